@@ -1,0 +1,13 @@
+"""Pure-tensor RL algorithms: advantage estimators, KL penalties, policy losses, token log-probs.
+
+Nothing here knows about models, workers or distributed groups; every function maps tensors to
+tensors and is unit-tested against hand-computed values (see ``tests/test_*.py``).
+
+Modules:
+    masked_ops        masked sum / mean / variance / whitening
+    advantages        advantage estimators, registry ``ADV_ESTIMATORS``
+    kl                KL estimators k1/k2/k3, KL controllers, in-reward KL penalty
+    losses            loss aggregation (``agg_loss``), policy losses, registry ``POLICY_LOSSES``, TIS weights
+    token_ops         log-probs and entropy from logits (memory-frugal)
+    dynamic_sampling  DAPO group filtering
+"""

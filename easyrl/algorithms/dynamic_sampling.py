@@ -1,0 +1,88 @@
+"""DAPO dynamic sampling: drop the groups that carry no learning signal.
+
+Yu et al. 2025, "DAPO: An Open-Source LLM Reinforcement Learning System at Scale", arXiv:2503.14476, Sec. 3.2
+(the constraint ``0 < |{o_i : is_equivalent(a, o_i)}| < G`` of the DAPO objective): when every sample of a
+prompt gets the same reward, every group-relative advantage is 0 and the prompt only dilutes the batch; such
+groups are filtered out and more prompts are sampled until the batch is full (the refill loop belongs to the
+trainer).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+__all__ = ["select_groups", "group_filter_metrics"]
+
+
+def select_groups(
+    values: np.ndarray | torch.Tensor,
+    index: np.ndarray,
+    *,
+    filter_low: float | None = None,
+    filter_high: float | None = None,
+) -> np.ndarray:
+    """Which samples to keep: those whose group's values are not all equal and, when bounds are given, whose
+    group mean lies in ``[filter_low, filter_high]`` (e.g. keep prompts with accuracy in [0.1, 0.9]).
+
+    Args:
+        values: ``(bsz,)`` per-sample value to filter on (the outcome score, or accuracy).
+        index: ``(bsz,)`` group ids (prompt uid).
+        filter_low: inclusive lower bound on the group mean, or None.
+        filter_high: inclusive upper bound on the group mean, or None.
+
+    Returns:
+        ``(bsz,)`` bool numpy array; all samples of a group share the same decision.
+
+    Raises:
+        ValueError: on mismatched lengths, a non-1-D input, or ``filter_low > filter_high``.
+    """
+    if isinstance(values, torch.Tensor):
+        values = values.detach().float().cpu().numpy()
+    values = np.asarray(values, dtype=np.float64)
+    index = np.asarray(index)
+    if values.ndim != 1 or index.shape != values.shape:
+        raise ValueError(
+            f"select_groups: values and index must both be (bsz,); got {values.shape} and {index.shape}"
+        )
+    if filter_low is not None and filter_high is not None and filter_low > filter_high:
+        raise ValueError(f"select_groups: filter_low ({filter_low}) must be <= filter_high ({filter_high})")
+    if values.size == 0:
+        return np.zeros(0, dtype=bool)
+    _, group = np.unique(index, return_inverse=True)
+    group = group.reshape(-1)
+    n_groups = int(group.max()) + 1
+    group_min = np.full(n_groups, np.inf)
+    group_max = np.full(n_groups, -np.inf)
+    np.minimum.at(group_min, group, values)
+    np.maximum.at(group_max, group, values)
+    group_mean = np.bincount(group, weights=values, minlength=n_groups) / np.bincount(group, minlength=n_groups)
+    keep = group_max > group_min
+    if filter_low is not None:
+        keep &= group_mean >= filter_low
+    if filter_high is not None:
+        keep &= group_mean <= filter_high
+    return keep[group]
+
+
+def group_filter_metrics(keep: np.ndarray, index: np.ndarray) -> dict[str, int]:
+    """Counts describing a :func:`select_groups` decision, for logging.
+
+    Args:
+        keep: ``(bsz,)`` bool, the result of :func:`select_groups`.
+        index: ``(bsz,)`` group ids.
+
+    Returns:
+        ``{"dynamic_sampling/groups_kept", "dynamic_sampling/groups_dropped", "dynamic_sampling/samples_kept",
+        "dynamic_sampling/samples_dropped"}`` as ints.
+    """
+    keep = np.asarray(keep, dtype=bool)
+    index = np.asarray(index)
+    kept_groups = np.unique(index[keep]).size
+    all_groups = np.unique(index).size
+    return {
+        "dynamic_sampling/groups_kept": int(kept_groups),
+        "dynamic_sampling/groups_dropped": int(all_groups - kept_groups),
+        "dynamic_sampling/samples_kept": int(keep.sum()),
+        "dynamic_sampling/samples_dropped": int((~keep).sum()),
+    }

@@ -1,0 +1,398 @@
+"""The whole run configuration: plain dataclasses, merged by OmegaConf.
+
+Precedence (later wins): dataclass defaults <- the YAML named by ``config=`` <- dotted CLI overrides, e.g.::
+
+    python -m easyrl.trainer config=config.yaml data.max_prompt_length=1024 worker.rollout.n=8
+
+Semantics follow EasyR1: batch sizes are counted in prompts (``data.rollout_batch_size``,
+``worker.actor.global_batch_size``); each prompt is sampled ``worker.rollout.n`` times inside. Values that follow
+from others ("auto keys", marked ``metadata={"auto": ...}``) are filled in by ``PPOConfig.finalize`` and cannot be set
+by users: setting one fails and names the key to set instead. An unknown key fails before any work starts, naming the
+key and the closest valid ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from omegaconf import OmegaConf
+
+
+class ConfigError(ValueError):
+    """A user-facing configuration mistake (unknown key, bad value, missing file)."""
+
+
+def auto(source: str, default: Any = None) -> Any:
+    """A field derived from ``source``; users cannot set it (see ``PPOConfig.finalize``)."""
+    return field(default=default, metadata={"auto": source})
+
+
+@dataclass
+class DataConfig:
+    """Where the prompts come from and how they are turned into model inputs."""
+
+    train_files: str = "hiyouga/geometry3k@train"
+    """A hub id ``name@split``, a local parquet/json/jsonl file or folder, or a raw InterGPS geometry3k folder."""
+    val_files: str = "hiyouga/geometry3k@test"
+    prompt_key: str = "problem"
+    answer_key: str = "answer"
+    image_key: str = "images"
+    image_dir: Optional[str] = None
+    """Folder that relative image paths in the data are resolved against."""
+    max_prompt_length: int = 1024
+    """Tokens, image tokens included; longer prompts are filtered out (``filter_overlong_prompts``)."""
+    max_response_length: int = 1024
+    """Tokens generated per sample at most."""
+    rollout_batch_size: int = 512
+    """Prompts per training step (each sampled ``worker.rollout.n`` times)."""
+    val_batch_size: int = -1
+    """Prompts per validation batch; -1 = the whole validation set at once."""
+    format_prompt: Optional[str] = None
+    """Path of a Jinja2 template that receives ``content`` (the problem) and renders the user message."""
+    shuffle: bool = True
+    seed: int = 1
+    min_pixels: int = 262144
+    max_pixels: int = 4194304
+    filter_overlong_prompts: bool = True
+
+
+@dataclass
+class AlgorithmConfig:
+    """The RL algorithm: advantage estimator and KL regularisation."""
+
+    adv_estimator: str = "grpo"
+    """One of ``easyrl.algorithms.advantages.ADV_ESTIMATORS``: grpo, rloo, reinforce_plus_plus, ..."""
+    norm_adv_by_std_in_grpo: bool = True
+    """False gives Dr.GRPO (no division by the group's std)."""
+    gamma: float = 1.0
+    disable_kl: bool = False
+    """Skip the reference model entirely (no ref forward, no ref memory)."""
+    use_kl_loss: bool = True
+    """KL as a loss term of the actor; ``use_kl_in_reward`` puts it in the reward instead."""
+    use_kl_in_reward: bool = False
+    kl_penalty: str = "low_var_kl"
+    """KL estimator: kl (k1), abs, mse (k2), low_var_kl (k3)."""
+    kl_coef: float = 1e-2
+    kl_type: str = "fixed"
+    """Controller of the in-reward KL coefficient: fixed or adaptive."""
+    kl_target: float = 0.1
+    kl_horizon: float = 10000.0
+
+
+@dataclass
+class ModelConfig:
+    model_path: Optional[str] = None
+    """A hub id or local folder in Hugging Face format."""
+    tokenizer_path: Optional[str] = None
+    """Defaults to ``model_path``."""
+    trust_remote_code: bool = False
+    freeze_vision_tower: bool = False
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-6
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = 1e-2
+    lr_warmup_ratio: float = 0.0
+    """Fraction of ``training_steps`` with a linear warm-up; constant afterwards."""
+    training_steps: int = auto("trainer", -1)
+
+
+@dataclass
+class FSDPConfig:
+    param_dtype: str = "bf16"
+    """Compute dtype of the sharded parameters (bf16, fp16 or fp32); fp32 on the CPU."""
+    reduce_dtype: str = "fp32"
+    enable_gradient_checkpointing: bool = True
+    reshard_after_forward: bool = True
+
+
+@dataclass
+class OffloadConfig:
+    offload_params: bool = False
+    """Keep parameters on the host between phases (moved to the device only while used)."""
+    offload_optimizer: bool = False
+
+
+@dataclass
+class ActorConfig:
+    global_batch_size: int = 256
+    """Prompts per optimizer step (a mini-batch); the rollout batch is split into such mini-batches."""
+    micro_batch_size_per_device_for_update: int = 4
+    """Samples per forward/backward on one device."""
+    micro_batch_size_per_device_for_experience: int = 16
+    """Samples per forward when computing old/ref log-probs."""
+    max_grad_norm: float = 1.0
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.3
+    clip_ratio_dual: float = 3.0
+    loss_type: str = "vanilla"
+    """Policy loss: vanilla (PPO clip, dual-clip), gspo, cispo."""
+    loss_agg_mode: str = "token-mean"
+    """token-mean, seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm."""
+    ppo_epochs: int = 1
+    entropy_coeff: float = 0.0
+    tis_cap: Optional[float] = None
+    """Truncated importance sampling cap against vLLM's sampled-token log-probs; None disables it."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    fsdp: FSDPConfig = field(default_factory=FSDPConfig)
+    offload: OffloadConfig = field(default_factory=OffloadConfig)
+    # copied from algorithm.*
+    use_kl_loss: bool = auto("algorithm.use_kl_loss", True)
+    kl_penalty: str = auto("algorithm.kl_penalty", "low_var_kl")
+    kl_coef: float = auto("algorithm.kl_coef", 1e-2)
+    disable_kl: bool = auto("algorithm.disable_kl", False)
+    temperature: float = auto("worker.rollout.temperature", 1.0)
+
+
+@dataclass
+class RefConfig:
+    offload: OffloadConfig = field(default_factory=lambda: OffloadConfig(offload_params=True))
+    micro_batch_size_per_device_for_experience: int = auto("worker.actor.micro_batch_size_per_device_for_experience", 16)
+
+
+@dataclass
+class RolloutConfig:
+    n: int = 5
+    """Samples per prompt (the GRPO group size)."""
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int = 1
+    dtype: str = "bf16"
+    gpu_memory_utilization: float = 0.6
+    """Fraction of device memory vLLM may take (weights + KV cache); ignored on the CPU."""
+    cpu_kvcache_space_gib: float = 1.0
+    """KV cache size on the CPU backend (GiB)."""
+    enforce_eager: bool = False
+    enable_chunked_prefill: bool = False
+    max_num_batched_tokens: int = 8192
+    limit_images: int = 1
+    """Images per prompt at most (vLLM's ``limit_mm_per_prompt``)."""
+    calculate_log_probs: bool = False
+    """Keep vLLM's sampled-token log-probs (``rollout_log_probs``), needed by ``worker.actor.tis_cap``."""
+    val_override_config: dict[str, Any] = field(default_factory=lambda: {"temperature": 0.6, "n": 1})
+    """Sampling settings that replace the above during validation."""
+    disable_tqdm: bool = True
+    prompt_length: int = auto("data.max_prompt_length", 1024)
+    response_length: int = auto("data.max_response_length", 1024)
+    trust_remote_code: bool = auto("worker.actor.model.trust_remote_code", False)
+    min_pixels: int = auto("data.min_pixels", 262144)
+    max_pixels: int = auto("data.max_pixels", 4194304)
+
+
+@dataclass
+class RewardConfig:
+    reward_type: str = "batch"
+    """batch: the function receives all samples; sequential: one sample per call."""
+    reward_function: Optional[str] = None
+    """``path/to/file.py:function_name``."""
+    reward_function_kwargs: dict[str, Any] = field(default_factory=dict)
+    skip_special_tokens: bool = True
+
+
+@dataclass
+class WorkerConfig:
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    ref: RefConfig = field(default_factory=RefConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+
+
+@dataclass
+class TrainerConfig:
+    total_epochs: int = 15
+    max_steps: Optional[int] = None
+    """Stop after this many steps (None: ``total_epochs`` passes over the data)."""
+    project_name: str = "easyrl"
+    experiment_name: str = "demo"
+    logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
+    """Any of console, jsonl, wandb, tensorboard."""
+    nnodes: int = 1
+    n_gpus_per_node: int = 8
+    """Devices per node (GPUs, NPUs, or CPU ranks on a CPU-only machine)."""
+    device: str = "auto"
+    """auto, cuda, npu or cpu."""
+    val_freq: int = -1
+    """Validate every this many steps; -1 never (besides ``val_before_train``)."""
+    val_before_train: bool = True
+    val_only: bool = False
+    val_generations_to_log: int = 0
+    save_model_path: Optional[str] = None
+    """Where the final actor is exported in Hugging Face format; default ``<run_dir>/huggingface``."""
+    run_dir: str = auto("trainer.project_name/experiment_name", "")
+    """``runs/<project_name>/<experiment_name>``: metrics JSONL, exported model."""
+    runs_root: str = "runs"
+
+
+@dataclass
+class PPOConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    worker: WorkerConfig = field(default_factory=WorkerConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+    def finalize(self) -> "PPOConfig":
+        """Fill in the auto keys and check values that relate to each other. Raises ``ConfigError``."""
+        actor, rollout, algo = self.worker.actor, self.worker.rollout, self.algorithm
+        rollout.prompt_length = self.data.max_prompt_length
+        rollout.response_length = self.data.max_response_length
+        rollout.trust_remote_code = actor.model.trust_remote_code
+        rollout.min_pixels, rollout.max_pixels = self.data.min_pixels, self.data.max_pixels
+        actor.use_kl_loss = algo.use_kl_loss
+        actor.kl_penalty = algo.kl_penalty
+        actor.kl_coef = algo.kl_coef
+        actor.disable_kl = algo.disable_kl
+        actor.temperature = rollout.temperature
+        self.worker.ref.micro_batch_size_per_device_for_experience = actor.micro_batch_size_per_device_for_experience
+        self.trainer.run_dir = os.path.join(
+            self.trainer.runs_root, self.trainer.project_name, self.trainer.experiment_name
+        )
+        self._check()
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return self.trainer.nnodes * self.trainer.n_gpus_per_node
+
+    def _check(self) -> None:
+        actor, rollout, algo = self.worker.actor, self.worker.rollout, self.algorithm
+        if actor.model.model_path is None:
+            raise ConfigError("worker.actor.model.model_path is not set: give a hub id or a local model folder.")
+        if algo.use_kl_loss and algo.use_kl_in_reward:
+            raise ConfigError("algorithm.use_kl_loss and algorithm.use_kl_in_reward are both true: choose one.")
+        if rollout.calculate_log_probs is False and actor.tis_cap is not None:
+            raise ConfigError("worker.actor.tis_cap needs worker.rollout.calculate_log_probs=true.")
+        if self.data.rollout_batch_size % actor.global_batch_size != 0:
+            raise ConfigError(
+                f"data.rollout_batch_size ({self.data.rollout_batch_size}) must be a multiple of "
+                f"worker.actor.global_batch_size ({actor.global_batch_size})."
+            )
+        samples_per_minibatch = actor.global_batch_size * rollout.n
+        if samples_per_minibatch % self.world_size != 0:
+            raise ConfigError(
+                f"worker.actor.global_batch_size * worker.rollout.n ({samples_per_minibatch}) samples must split "
+                f"evenly over {self.world_size} devices (trainer.nnodes * trainer.n_gpus_per_node)."
+            )
+        per_device = samples_per_minibatch // self.world_size
+        if per_device % actor.micro_batch_size_per_device_for_update != 0:
+            raise ConfigError(
+                f"{per_device} samples per device per mini-batch are not a multiple of "
+                f"worker.actor.micro_batch_size_per_device_for_update ({actor.micro_batch_size_per_device_for_update})."
+            )
+        for key, value in (("data.max_prompt_length", self.data.max_prompt_length),
+                           ("data.max_response_length", self.data.max_response_length),
+                           ("worker.rollout.n", rollout.n)):
+            if value <= 0:
+                raise ConfigError(f"{key} must be positive, got {value}.")
+
+
+def _auto_keys(cls: type, prefix: str = "") -> dict[str, str]:
+    """Dotted names of the auto fields of ``cls`` (recursively) -> the key they are derived from."""
+    found = {}
+    for f in dataclasses.fields(cls):
+        name = f"{prefix}{f.name}"
+        sub = _field_dataclass(f)
+        if "auto" in f.metadata:
+            found[name] = f.metadata["auto"]
+        elif sub is not None:
+            found.update(_auto_keys(sub, name + "."))
+    return found
+
+
+def _field_dataclass(f: dataclasses.Field) -> Optional[type]:
+    if f.default_factory is not dataclasses.MISSING:
+        value = f.default_factory()
+        if dataclasses.is_dataclass(value):
+            return type(value)
+    return None
+
+
+def _valid_keys(cls: type, prefix: str = "") -> dict[str, bool]:
+    """All dotted keys of ``cls`` -> whether the key holds a free-form dict (its children are not checked)."""
+    keys = {}
+    for f in dataclasses.fields(cls):
+        name = f"{prefix}{f.name}"
+        sub = _field_dataclass(f)
+        if sub is not None:
+            keys[name] = False
+            keys.update(_valid_keys(sub, name + "."))
+        else:
+            keys[name] = "dict" in str(f.type)
+    return keys
+
+
+def _check_keys(user: dict, source: str, valid: dict[str, bool], autos: dict[str, str], prefix: str = "") -> None:
+    for key, value in user.items():
+        name = f"{prefix}{key}"
+        if name not in valid:
+            close = difflib.get_close_matches(name, list(valid), n=3, cutoff=0.6)
+            leaf = [k for k in valid if k.rsplit(".", 1)[-1] == str(key)]
+            hint = close or leaf[:3]
+            raise ConfigError(
+                f"Unknown config key '{name}' (from {source})."
+                + (f" Did you mean: {', '.join(hint)}?" if hint else "")
+            )
+        if name in autos:
+            raise ConfigError(
+                f"'{name}' (from {source}) is derived automatically from {autos[name]}; set that instead."
+            )
+        if isinstance(value, dict) and not valid[name]:
+            _check_keys(value, source, valid, autos, name + ".")
+
+
+def load_config(argv: list[str]) -> PPOConfig:
+    """Build the run configuration from command-line words.
+
+    Args:
+        argv: ``["config=path.yaml", "a.b=1", ...]``; ``config=`` is optional and may appear once.
+
+    Returns:
+        A finalized ``PPOConfig`` (auto keys filled in).
+
+    Raises:
+        ConfigError: unknown or auto key, malformed override, missing YAML file, value of the wrong type.
+    """
+    yaml_path = None
+    overrides = []
+    for word in argv:
+        if "=" not in word:
+            raise ConfigError(f"Command-line argument '{word}' is not of the form key=value.")
+        if word.startswith("config="):
+            yaml_path = word.split("=", 1)[1]
+        else:
+            overrides.append(word)
+
+    valid, autos = _valid_keys(PPOConfig), _auto_keys(PPOConfig)
+    merged = OmegaConf.structured(PPOConfig)
+    layers = []
+    if yaml_path is not None:
+        if not os.path.isfile(yaml_path):
+            raise ConfigError(f"Config file '{yaml_path}' (from config=) does not exist.")
+        file_conf = OmegaConf.load(yaml_path)
+        layers.append((OmegaConf.to_container(file_conf), f"file {yaml_path}"))
+    try:
+        cli_conf = OmegaConf.from_dotlist(overrides)
+    except Exception as e:  # omegaconf's grammar errors
+        raise ConfigError(f"Could not parse command-line overrides {overrides}: {e}") from None
+    layers.append((OmegaConf.to_container(cli_conf), "the command line"))
+
+    for layer, source in layers:
+        _check_keys(layer or {}, source, valid, autos)
+        try:
+            merged = OmegaConf.merge(merged, layer or {})
+        except Exception as e:  # type mismatch, e.g. a string for an int
+            raise ConfigError(f"Bad value in {source}: {e}") from None
+    config: PPOConfig = OmegaConf.to_object(merged)
+    return config.finalize()
+
+
+def to_dict(config: PPOConfig) -> dict:
+    """The configuration as a plain nested dict (for logging and saving)."""
+    return dataclasses.asdict(config)

@@ -1,0 +1,478 @@
+"""Prompt datasets for RL: loading a source, turning each row into token ids + images, and batching.
+
+A source is one ``data_path`` string:
+
+- ``name@split``: a dataset on the HuggingFace hub, e.g. ``hiyouga/geometry3k@train``;
+- a local ``.parquet`` / ``.json`` / ``.jsonl`` file, or a local folder of such files (``datasets`` infers the splits
+  from the file names); ``path@split`` picks a split of a local folder;
+- a raw InterGPS Geometry3K folder (``<id>/data.json`` + ``<id>/img_diagram.png``, possibly under ``train/``, ``val/``,
+  ``test/``), converted on the fly to the hub's columns by :func:`load_intergps_geometry3k`.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+from typing import Any
+
+import datasets
+import torch
+from PIL import Image
+
+from easyrl.data.images import DEFAULT_FACTOR, load_image, process_image, target_size
+from easyrl.data.prompts import load_format_prompt
+
+logger = logging.getLogger("easyrl.data")
+
+IMAGE_PLACEHOLDER = "<image>"
+# Processor outputs aligned with the prompt's tokens, (1, prompt_len): not image features, so not in
+# `multi_modal_inputs`. `mm_token_type_ids` (0 text / 1 image / 2 video per token) is derived from the ids by the trainer
+# over the padded prompt + response, as transformers' Qwen-VL needs it to compute mRoPE position ids.
+TOKEN_ALIGNED_KEYS = ("input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids")
+LOCAL_FILE_BUILDERS = {".parquet": "parquet", ".json": "json", ".jsonl": "json"}
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Geometry3K in the raw InterGPS layout (Lu et al., ACL 2021) -> the columns of the hub copy `hiyouga/geometry3k`.
+
+GEO3K_CHOICE_LETTERS = "ABCD"
+INTERGPS_SPLIT_NAMES = {"train": "train", "val": "validation", "validation": "validation", "test": "test"}
+GEO3K_FEATURES = datasets.Features(
+    {
+        "images": datasets.Sequence(datasets.Image()),
+        "problem": datasets.Value("string"),
+        "answer": datasets.Value("string"),
+        "id": datasets.Value("int64"),
+        "choices": datasets.Sequence(datasets.Value("string")),
+        "ground_truth": datasets.Value("string"),
+    }
+)
+
+
+def intergps_problem_dirs(root: str) -> list[str]:
+    """Folders under ``root`` (depth 1 or 2) that hold a Geometry3K problem (``data.json``), sorted by problem id."""
+    found = []
+    for name in os.listdir(root):
+        sub = os.path.join(root, name)
+        if not os.path.isdir(sub):
+            continue
+        if os.path.isfile(os.path.join(sub, "data.json")):
+            found.append(sub)
+        else:  # the full dump has train/ val/ test/ folders of problems
+            found.extend(
+                os.path.join(sub, inner)
+                for inner in os.listdir(sub)
+                if os.path.isfile(os.path.join(sub, inner, "data.json"))
+            )
+
+    def key(path: str) -> tuple[int, str]:
+        base = os.path.basename(path)
+        return (int(base), path) if base.isdigit() else (1 << 62, path)
+
+    return sorted(found, key=key)
+
+
+def is_intergps_dir(path: str) -> bool:
+    """Whether ``path`` is a folder in the raw InterGPS Geometry3K layout."""
+    return os.path.isdir(path) and bool(intergps_problem_dirs(path))
+
+
+def convert_intergps_problem(problem_dir: str) -> tuple[str, dict[str, Any]]:
+    """One InterGPS problem folder -> ``(split, row)`` with the hub's columns.
+
+    ``row``: ``images`` = [the diagram as ``{"bytes", "path"}``], ``problem`` = ``"<image>" + problem_text``,
+    ``answer`` = the text of the correct choice (letter A-D -> index into ``choices``), ``id``, ``choices``,
+    ``ground_truth`` = the correct letter. ``split`` is ``data_type`` ("train" / "val" / "test"), with "val" renamed
+    "validation" as on the hub.
+
+    Raises:
+        FileNotFoundError: ``data.json`` or ``img_diagram.png`` is missing (names the path).
+        ValueError: a malformed ``data.json`` (names the file and the field).
+    """
+    json_path = os.path.join(problem_dir, "data.json")
+    image_path = os.path.join(problem_dir, "img_diagram.png")
+    for path in (json_path, image_path):
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"Geometry3K problem folder {problem_dir!r} lacks {os.path.basename(path)}")
+    with open(json_path, encoding="utf-8") as f:
+        try:
+            data = json.load(f)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{json_path}: not valid JSON ({err})") from err
+    missing = [k for k in ("problem_text", "choices", "answer", "id") if k not in data]
+    if missing:
+        raise ValueError(f"{json_path}: missing field(s) {missing}")
+    choices = [str(c) for c in data["choices"]]
+    letter = str(data["answer"]).strip()
+    index = GEO3K_CHOICE_LETTERS.find(letter) if len(letter) == 1 else -1
+    if not 0 <= index < len(choices):
+        raise ValueError(f"{json_path}: answer {letter!r} is not a letter A-D naming one of the {len(choices)} choices")
+    split_raw = str(data.get("data_type", "train"))
+    split = INTERGPS_SPLIT_NAMES.get(split_raw, split_raw)
+    with open(image_path, "rb") as f:
+        image_bytes = f.read()
+    row = {
+        "images": [{"bytes": image_bytes, "path": f"{os.path.basename(problem_dir)}/img_diagram.png"}],
+        "problem": IMAGE_PLACEHOLDER + str(data["problem_text"]),
+        "answer": choices[index],
+        "id": int(data["id"]),
+        "choices": choices,
+        "ground_truth": letter,
+    }
+    return split, row
+
+
+def load_intergps_geometry3k(root: str) -> dict[str, datasets.Dataset]:
+    """All problems under an InterGPS Geometry3K folder, as one ``datasets.Dataset`` per split (by ``data_type``),
+    with the columns and features of the hub copy (:data:`GEO3K_FEATURES`).
+
+    Raises:
+        FileNotFoundError: ``root`` is not a folder or holds no ``<id>/data.json``.
+    """
+    if not os.path.isdir(root):
+        raise FileNotFoundError(f"Geometry3K folder {root!r} does not exist")
+    problem_dirs = intergps_problem_dirs(root)
+    if not problem_dirs:
+        raise FileNotFoundError(f"{root!r} holds no InterGPS problem folders (<id>/data.json + <id>/img_diagram.png)")
+    by_split: dict[str, list[dict]] = {}
+    for problem_dir in problem_dirs:
+        split, row = convert_intergps_problem(problem_dir)
+        by_split.setdefault(split, []).append(row)
+    return {split: datasets.Dataset.from_list(rows, features=GEO3K_FEATURES) for split, rows in by_split.items()}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Sources
+
+
+def _pick_split(splits: dict[str, datasets.Dataset], split: str | None, source: str) -> datasets.Dataset:
+    """The requested split; without one, the only split or else ``train``."""
+    if split is None:
+        if len(splits) == 1:
+            return next(iter(splits.values()))
+        if "train" in splits:
+            logger.info("%s has splits %s; using 'train' (write %s@SPLIT for another)", source, sorted(splits), source)
+            return splits["train"]
+        raise ValueError(f"{source!r} has splits {sorted(splits)}; pick one by writing {source}@SPLIT")
+    if split not in splits:
+        raise ValueError(f"{source!r} has no split {split!r}; its splits are {sorted(splits)}")
+    return splits[split]
+
+
+def load_source(data_path: str) -> datasets.Dataset:
+    """Load the rows of a ``data_path`` (see the module docstring for the accepted forms).
+
+    Raises:
+        FileNotFoundError: a local path that does not exist (names it), or a local folder with no data files.
+        ValueError: an unsupported file extension, or a split the source does not have.
+        RuntimeError: a hub dataset that cannot be loaded (names the dataset and split; wraps the cause).
+    """
+    path, split = data_path, None
+    if not os.path.exists(data_path) and "@" in data_path:
+        path, split = data_path.rsplit("@", 1)
+    path = os.path.expanduser(path)
+    if os.path.isfile(path):
+        ext = os.path.splitext(path)[1].lower()
+        if ext not in LOCAL_FILE_BUILDERS:
+            raise ValueError(f"data file {path!r} has an unsupported extension; use one of {sorted(LOCAL_FILE_BUILDERS)}")
+        return load_split(LOCAL_FILE_BUILDERS[ext], data_path, split, data_files=path)
+    if os.path.isdir(path):
+        if is_intergps_dir(path):
+            return _pick_split(load_intergps_geometry3k(path), split, path)
+        return load_split(path, data_path, split)
+    looks_local = path.startswith((os.sep, ".", "~")) or os.path.splitext(path)[1].lower() in LOCAL_FILE_BUILDERS
+    if split is None or looks_local:
+        raise FileNotFoundError(
+            f"data path {data_path!r} does not exist; give a local .parquet/.json/.jsonl file or folder, or a hub "
+            "dataset as NAME@SPLIT (e.g. hiyouga/geometry3k@train)"
+        )
+    try:
+        return datasets.load_dataset(path, split=split)
+    except Exception as err:  # network, auth, unknown dataset or split: all surface as one clear message
+        raise RuntimeError(
+            f"cannot load hub dataset {path!r} split {split!r} (from data path {data_path!r}): "
+            f"{type(err).__name__}: {err}. Without network access, preprocess the data to a local parquet file "
+            "(e.g. examples/data_preprocess/geo3k.py) and point the data path at it."
+        ) from err
+
+
+def load_split(builder: str, source: str, split: str | None, **kwargs: Any) -> datasets.Dataset:
+    """``datasets.load_dataset(builder, **kwargs)`` reduced to one split (see :func:`_pick_split`)."""
+    try:
+        loaded = datasets.load_dataset(builder, **kwargs)
+    except datasets.exceptions.DataFilesNotFoundError as err:
+        raise FileNotFoundError(f"no .parquet/.json/.jsonl data files found in {source!r}: {err}") from err
+    return _pick_split(dict(loaded), split, source)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Rows -> prompts
+
+
+def _pixel_bounds(processor: Any, min_pixels: int, max_pixels: int) -> tuple[int, int, int]:
+    """``(min_pixels, max_pixels, factor)`` for ``process_image``: the data bounds intersected with the processor's
+    own bounds (so that the processor, and vLLM which uses the same config, never resize again)."""
+    image_processor = getattr(processor, "image_processor", None)
+    if image_processor is None:
+        return min_pixels, max_pixels, DEFAULT_FACTOR
+    factor = int(getattr(image_processor, "patch_size", 14)) * int(getattr(image_processor, "merge_size", 2))
+    size = getattr(image_processor, "size", None) or {}
+    lo = getattr(image_processor, "min_pixels", None) or size.get("shortest_edge")
+    hi = getattr(image_processor, "max_pixels", None) or size.get("longest_edge")
+    new_min = max(min_pixels, int(lo)) if lo else min_pixels
+    new_max = min(max_pixels, int(hi)) if hi else max_pixels
+    if new_min > new_max:
+        raise ValueError(
+            f"data.min_pixels/max_pixels [{min_pixels}, {max_pixels}] do not overlap the image processor's "
+            f"[{lo}, {hi}]; choose bounds inside the processor's"
+        )
+    if (new_min, new_max) != (min_pixels, max_pixels):
+        logger.warning(
+            "data pixel bounds [%d, %d] narrowed to [%d, %d] to fit the image processor's own bounds",
+            min_pixels, max_pixels, new_min, new_max,
+        )
+    return new_min, new_max, factor
+
+
+def _image_size(image: Any) -> tuple[int, int]:
+    """``(width, height)`` of an image without decoding its pixels when it is not already a PIL image."""
+    if isinstance(image, Image.Image):
+        return image.size
+    if isinstance(image, dict) and image.get("bytes") is None and image.get("path"):
+        image = image["path"]
+    try:
+        if isinstance(image, dict) and image.get("bytes") is not None:
+            with Image.open(io.BytesIO(image["bytes"])) as img:
+                return img.size
+        if isinstance(image, (str, os.PathLike)):
+            with Image.open(image) as img:
+                return img.size
+    except (OSError, ValueError, SyntaxError):
+        pass
+    return load_image(image).size  # raises the clear "cannot read ..." error (or TypeError)
+
+
+class RLDataset(torch.utils.data.Dataset):
+    """Prompts for RL rollouts: each row becomes the actor's token ids, vLLM's token ids, images and ground truth.
+
+    The row's ``prompt_key`` text, rendered by the ``format_prompt`` template if any, becomes the user message; its
+    ``<image>`` placeholders become Qwen-VL image content items in order (if the text has none, the images go first),
+    and the chat template is applied with ``add_generation_prompt=True``. With a text-only model (``processor=None``)
+    the images are ignored and ``<image>`` is removed.
+
+    Args:
+        data_path: the source (see the module docstring).
+        tokenizer: the model's tokenizer (a chat template is required).
+        processor: the model's multimodal processor (e.g. ``Qwen2_5_VLProcessor``) or None for text-only models.
+        prompt_key / answer_key / image_key: column names (config keys ``data.prompt_key`` / ``data.answer_key`` /
+            ``data.image_key``); a missing image column means text-only data.
+        image_dir: folder against which relative image paths are resolved.
+        max_prompt_length: maximum ``len(prompt_ids)`` in tokens, image tokens included.
+        format_prompt: path of a Jinja2 template receiving ``content`` (see :mod:`easyrl.data.prompts`) or None.
+        min_pixels / max_pixels: bounds on each image's area in pixels (see :func:`easyrl.data.images.process_image`),
+            intersected with the image processor's own bounds.
+        filter_overlong_prompts: drop rows longer than ``max_prompt_length`` at construction (the count is logged on
+            the ``easyrl.data`` logger). When False no row is dropped or truncated; the trainer sees them as they are.
+
+    Raises (construction):
+        FileNotFoundError: missing data file / folder / template.
+        KeyError: a missing column; the message names the column, the source, the available columns and the config key.
+        ValueError: a malformed row (names its index) or bad pixel bounds.
+    """
+
+    def __init__(
+        self,
+        data_path: str,
+        tokenizer: Any,
+        processor: Any = None,
+        *,
+        prompt_key: str = "problem",
+        answer_key: str = "answer",
+        image_key: str | None = "images",
+        image_dir: str | None = None,
+        max_prompt_length: int = 1024,
+        format_prompt: str | None = None,
+        min_pixels: int = 262144,
+        max_pixels: int = 4194304,
+        filter_overlong_prompts: bool = True,
+    ):
+        self.data_path = data_path
+        self.tokenizer = tokenizer
+        self.processor = processor
+        self.prompt_key, self.answer_key, self.image_key = prompt_key, answer_key, image_key
+        self.image_dir = image_dir
+        self.max_prompt_length = max_prompt_length
+        self.format_prompt = load_format_prompt(format_prompt)
+        if processor is not None:
+            self.min_pixels, self.max_pixels, self.factor = _pixel_bounds(processor, min_pixels, max_pixels)
+        else:
+            self.min_pixels, self.max_pixels, self.factor = min_pixels, max_pixels, DEFAULT_FACTOR
+
+        self.dataset = load_source(data_path)
+        columns = self.dataset.column_names
+        for key, config_key in ((prompt_key, "data.prompt_key"), (answer_key, "data.answer_key")):
+            if key not in columns:
+                raise KeyError(
+                    f"column {key!r} not found in {data_path!r}; available columns: {columns}. "
+                    f"Set {config_key} to the column that holds it."
+                )
+        self.has_images = image_key is not None and image_key in columns
+        self.row_ids = list(range(len(self.dataset)))  # index in the source, for error messages
+        if filter_overlong_prompts:
+            self._filter_overlong()
+
+    # -- row preparation ----------------------------------------------------------------------------------------
+
+    def _row_images(self, row: dict) -> list:
+        """The row's raw images (before loading), with relative paths resolved against ``image_dir``."""
+        if not self.has_images or self.processor is None:
+            return []
+        value = row[self.image_key]
+        if value is None:
+            return []
+        images = list(value) if isinstance(value, (list, tuple)) else [value]
+        if self.image_dir is not None:
+            images = [self._resolve(image) for image in images]
+        return images
+
+    def _resolve(self, image: Any) -> Any:
+        if isinstance(image, str) and not os.path.isabs(image):
+            return os.path.join(self.image_dir, image)
+        if isinstance(image, dict) and image.get("bytes") is None and image.get("path"):
+            path = image["path"]
+            return {"bytes": None, "path": path if os.path.isabs(path) else os.path.join(self.image_dir, path)}
+        return image
+
+    def _prompt_text(self, row: dict, n_images: int) -> str:
+        """The chat-templated prompt with one image placeholder token per image."""
+        content = row[self.prompt_key]
+        if not isinstance(content, str):
+            raise ValueError(f"column {self.prompt_key!r} holds a {type(content).__name__}, not a string")
+        text = self.format_prompt(content)
+        n_placeholders = text.count(IMAGE_PLACEHOLDER)
+        if self.processor is None:
+            message: Any = text.replace(IMAGE_PLACEHOLDER, "")
+        else:
+            if n_placeholders and n_placeholders != n_images:
+                where = (
+                    f"column {self.image_key!r} (data.image_key)" if self.has_images
+                    else f"no image column {self.image_key!r} in {self.data_path!r} (set data.image_key)"
+                )
+                raise ValueError(f"the prompt has {n_placeholders} {IMAGE_PLACEHOLDER} placeholders but {n_images} "
+                                 f"images: {where}")
+            if n_placeholders:  # text, image, text, ... in the order of the placeholders
+                message = []
+                for j, piece in enumerate(text.split(IMAGE_PLACEHOLDER)):
+                    if j > 0:
+                        message.append({"type": "image"})
+                    if piece:
+                        message.append({"type": "text", "text": piece})
+            else:  # no placeholder: the images first, then the text
+                message = [{"type": "image"}] * n_images + ([{"type": "text", "text": text}] if text else [])
+        templater = self.processor if getattr(self.processor, "chat_template", None) else self.tokenizer
+        return templater.apply_chat_template(
+            [{"role": "user", "content": message}], tokenize=False, add_generation_prompt=True
+        )
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def _filter_overlong(self) -> None:
+        """Drop rows whose ``len(prompt_ids)`` exceeds ``max_prompt_length``; image tokens are counted from each
+        image's target size (``w * h / factor**2`` per image) without running the processor."""
+        columns = [self.prompt_key] + ([self.image_key] if self.has_images else [])
+        view = self.dataset.select_columns(columns)
+        feature = view.features.get(self.image_key) if self.has_images else None
+        if isinstance(getattr(feature, "feature", None), datasets.Image):  # read sizes from headers, not pixels
+            view = view.cast_column(self.image_key, datasets.Sequence(datasets.Image(decode=False)))
+        elif isinstance(feature, datasets.Image):
+            view = view.cast_column(self.image_key, datasets.Image(decode=False))
+        keep = []
+        for index, row in enumerate(view):
+            try:
+                images = self._row_images(row)
+                length = len(self._encode(self._prompt_text(row, len(images))))
+                for image in images:
+                    w, h = target_size(*_image_size(image), self.min_pixels, self.max_pixels, self.factor)
+                    length += w * h // (self.factor * self.factor) - 1
+            except Exception as err:
+                raise ValueError(f"row {index} of {self.data_path!r}: {err}") from err
+            if length <= self.max_prompt_length:
+                keep.append(index)
+        dropped = len(self.dataset) - len(keep)
+        if dropped and not keep:
+            raise ValueError(
+                f"all {dropped} prompts of {self.data_path!r} are longer than max_prompt_length="
+                f"{self.max_prompt_length} tokens (image tokens included); raise data.max_prompt_length or lower "
+                "data.max_pixels"
+            )
+        logger.info(
+            "%s: filtered out %d of %d prompts longer than max_prompt_length=%d tokens",
+            self.data_path, dropped, len(self.dataset), self.max_prompt_length,
+        )
+        if dropped:
+            self.dataset = self.dataset.select(keep)
+            self.row_ids = keep
+
+    # -- torch Dataset --------------------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        """One prompt.
+
+        Returns:
+            ``prompt_ids`` (list[int]): the actor's ids, each image's placeholder expanded to its image tokens;
+            ``raw_prompt_ids`` (list[int]): vLLM's ids, one ``<|image_pad|>`` per image;
+            ``images`` (list[PIL.Image]): RGB, resized (``[]`` for text rows or text-only models);
+            ``multi_modal_inputs`` (dict[str, Tensor]): processor outputs besides ids and mask, e.g. ``pixel_values``
+            ``(n_patches, patch_dim)`` and ``image_grid_thw`` ``(n_images, 3)``; ``{}`` without images;
+            ``ground_truth`` (str): the row's answer.
+
+        Raises:
+            ValueError: a malformed row; the message names its index in the source.
+        """
+        row = self.dataset[index]
+        try:
+            return self._build(row)
+        except Exception as err:
+            raise ValueError(f"row {self.row_ids[index]} of {self.data_path!r}: {err}") from err
+
+    def _build(self, row: dict) -> dict[str, Any]:
+        images = [process_image(image, self.min_pixels, self.max_pixels, self.factor) for image in self._row_images(row)]
+        text = self._prompt_text(row, len(images))
+        raw_prompt_ids = self._encode(text)
+        answer = row[self.answer_key]
+        if answer is None:
+            raise ValueError(f"column {self.answer_key!r} (data.answer_key) is empty")
+        multi_modal_inputs: dict[str, torch.Tensor] = {}
+        if images:
+            inputs = self.processor(text=[text], images=images, return_tensors="pt")
+            prompt_ids = inputs["input_ids"][0].tolist()
+            multi_modal_inputs = {k: v for k, v in inputs.items() if k not in TOKEN_ALIGNED_KEYS}
+        else:
+            prompt_ids = list(raw_prompt_ids)
+        return {
+            "prompt_ids": prompt_ids,
+            "raw_prompt_ids": raw_prompt_ids,
+            "images": images,
+            "multi_modal_inputs": multi_modal_inputs,
+            "ground_truth": str(answer),
+        }
+
+
+def collate_fn(features: list[dict[str, Any]]) -> dict[str, list]:
+    """Batch ``RLDataset`` items into ``{key: [value per item]}`` plain lists (no padding; the trainer pads).
+
+    Raises:
+        ValueError: an empty batch, or items with different keys.
+    """
+    if not features:
+        raise ValueError("collate_fn got an empty batch")
+    keys = list(features[0])
+    for i, feature in enumerate(features):
+        if list(feature) != keys:
+            raise ValueError(f"batch item {i} has keys {sorted(feature)}, item 0 has {sorted(keys)}")
+    return {key: [feature[key] for feature in features] for key in keys}

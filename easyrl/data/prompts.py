@@ -1,0 +1,73 @@
+"""Format-prompt templates: a Jinja2 file that wraps a problem's text into the user message.
+
+The template receives one variable, ``content`` (the problem text, ``<image>`` placeholders included), and its
+rendering becomes the user turn of the chat. Example (``examples/format_prompt/math.jinja``)::
+
+    {{ content | trim }} Think step by step inside <think> </think> tags, then put the final answer in \\boxed{}.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+import jinja2
+
+
+class FormatPrompt:
+    """A loaded format template; ``FormatPrompt(path)(content) -> str``.
+
+    Raises (at construction):
+        FileNotFoundError: the file does not exist (the message names the path and ``data.format_prompt``).
+        ValueError: the file is not valid Jinja2 (the message names the path and line).
+    """
+
+    def __init__(self, path: str):
+        self.path = os.fspath(path)
+        if not os.path.isfile(self.path):
+            raise FileNotFoundError(
+                f"format prompt template {self.path!r} does not exist (set data.format_prompt to an existing "
+                ".jinja file, or to null to use the problem text as is)"
+            )
+        with open(self.path, encoding="utf-8") as f:
+            self.source = f.read()
+        self.template = self._compile()
+
+    def _compile(self) -> jinja2.Template:
+        env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=False)
+        try:
+            return env.from_string(self.source)
+        except jinja2.TemplateSyntaxError as err:
+            raise ValueError(f"format prompt template {self.path!r} line {err.lineno}: {err.message}") from err
+
+    def __getstate__(self) -> dict:  # compiled templates do not pickle (DataLoader workers, Ray): keep the source
+        return {"path": self.path, "source": self.source}
+
+    def __setstate__(self, state: dict) -> None:
+        self.path, self.source = state["path"], state["source"]
+        self.template = self._compile()
+
+    def __call__(self, content: str) -> str:
+        """Render the template with ``content`` = the problem text; returns the user message text."""
+        try:
+            return self.template.render(content=content)
+        except jinja2.UndefinedError as err:
+            raise ValueError(
+                f"format prompt template {self.path!r} uses an undefined variable ({err.message}); "
+                "only `content` is passed"
+            ) from err
+
+
+def load_format_prompt(path: str | None) -> Callable[[str], str]:
+    """The format template at ``path`` as a callable ``content -> user message``; the identity when ``path`` is None.
+
+    Raises:
+        FileNotFoundError / ValueError: see :class:`FormatPrompt`.
+    """
+    if path is None:
+        return _identity
+    return FormatPrompt(path)
+
+
+def _identity(content: str) -> str:
+    return content

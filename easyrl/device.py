@@ -1,0 +1,75 @@
+"""The hardware layer: which device a worker computes on and which collective backend connects the workers.
+
+Three paths: NVIDIA GPUs (``cuda`` + NCCL), Ascend NPUs (``npu`` + HCCL, through ``torch_npu``), and the CPU
+(``cpu`` + gloo), the last one for development and tests.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+BACKENDS = {"cuda": "nccl", "npu": "hccl", "cpu": "gloo"}
+
+
+def detect_device(cluster_resources: dict[str, float] | None = None) -> str:
+    """The device kind of the cluster: ``cuda`` if Ray (or this process) sees GPUs, ``npu`` if it sees NPUs, else ``cpu``.
+
+    Args:
+        cluster_resources: ``ray.cluster_resources()``; when None, this process's own devices decide.
+    """
+    if cluster_resources is not None:
+        if cluster_resources.get("GPU", 0) > 0:
+            return "cuda"
+        if cluster_resources.get("NPU", 0) > 0:
+            return "npu"
+        return "cpu"
+    if torch.cuda.is_available():
+        return "cuda"
+    if importlib.util.find_spec("torch_npu") is not None:
+        import torch_npu  # noqa: F401  (registers torch.npu)
+
+        if torch.npu.is_available():
+            return "npu"
+    return "cpu"
+
+
+def collective_backend(device: str) -> str:
+    """``nccl`` / ``hccl`` / ``gloo`` for ``cuda`` / ``npu`` / ``cpu``. Raises ValueError for another name."""
+    if device not in BACKENDS:
+        raise ValueError(f"trainer.device must be one of auto, {', '.join(BACKENDS)}; got '{device}'.")
+    return BACKENDS[device]
+
+
+def ray_actor_resources(device: str) -> dict:
+    """Ray ``.options(...)`` that give one worker one device (one CPU core on the CPU path)."""
+    if device == "cuda":
+        return {"num_gpus": 1, "num_cpus": 1}
+    if device == "npu":
+        return {"resources": {"NPU": 1}, "num_cpus": 1}
+    return {"num_cpus": 1}
+
+
+def torch_device(device: str) -> torch.device:
+    """The ``torch.device`` a worker computes on (its one visible accelerator, or the CPU)."""
+    if device == "cpu":
+        return torch.device("cpu")
+    return torch.device(device, 0) if device == "npu" else torch.device("cuda", torch.cuda.current_device())
+
+
+def empty_cache(device: str) -> None:
+    """Give cached accelerator memory back (no-op on the CPU)."""
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    elif device == "npu":
+        torch.npu.empty_cache()
+
+
+def memory_allocated_gib(device: str) -> float:
+    """Memory held by tensors on the worker's accelerator, in GiB (0 on the CPU)."""
+    if device == "cuda":
+        return torch.cuda.memory_allocated() / 2**30
+    if device == "npu":
+        return torch.npu.memory_allocated() / 2**30
+    return 0.0

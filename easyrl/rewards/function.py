@@ -1,0 +1,167 @@
+"""User reward functions loaded from a Python file, and their scores laid onto response tokens.
+
+Config: ``worker.reward.reward_function: path/to/file.py:fn_name``, ``worker.reward.reward_function_kwargs: {...}``,
+``worker.reward.reward_type: batch | sequential``.
+
+Each reward input is ``{"response": str, "response_length": int, "ground_truth": str}``. A ``batch`` function gets the
+list of all inputs and returns a list of score dicts (one per input); a ``sequential`` function gets one input and
+returns one score dict. A score dict maps names to numbers; ``overall`` is the reward, the other names (``format``,
+``accuracy``, ...) are only logged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import math
+import numbers
+import os
+import sys
+from typing import Any, Callable
+
+import torch
+
+REWARD_TYPES = ("batch", "sequential")
+
+
+def load_function(spec: str) -> tuple[Callable, str, str]:
+    """Import ``fn_name`` from the file of a ``path/to/file.py:fn_name`` spec; returns ``(fn, path, fn_name)``.
+
+    Raises:
+        ValueError: the spec has no ``:`` or an empty part.
+        FileNotFoundError: the file does not exist (names it).
+        AttributeError: the file has no callable ``fn_name`` (names both).
+    """
+    if ":" not in spec:
+        raise ValueError(
+            f"worker.reward.reward_function {spec!r} must be 'path/to/file.py:function_name' (no ':' found)"
+        )
+    path, name = spec.rsplit(":", 1)
+    if not path or not name:
+        raise ValueError(f"worker.reward.reward_function {spec!r} must be 'path/to/file.py:function_name'")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"reward function file {path!r} does not exist (worker.reward.reward_function)")
+    # A unique module name per file, so two reward files named `math.py` do not clash (nor shadow the stdlib).
+    module_name = "easyrl_reward_" + hashlib.sha1(os.path.abspath(path).encode()).hexdigest()[:12]
+    module = sys.modules.get(module_name)
+    if module is None:
+        module_spec = importlib.util.spec_from_file_location(module_name, path)
+        if module_spec is None or module_spec.loader is None:
+            raise ValueError(f"cannot import reward function file {path!r}: is it a .py file?")
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[module_name] = module  # one import per file and process
+        try:
+            module_spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[module_name]
+            raise
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        available = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
+        raise AttributeError(f"reward function file {path!r} has no function {name!r}; its functions: {available}")
+    return fn, path, name
+
+
+class RewardFunction:
+    """A user reward function; ``RewardFunction(spec, kwargs, reward_type)(reward_inputs) -> {name: [float] * bsz}``.
+
+    Args:
+        spec: ``path/to/file.py:fn_name`` (config ``worker.reward.reward_function``).
+        kwargs: extra keyword arguments passed on every call (``worker.reward.reward_function_kwargs``).
+        reward_type: ``batch`` (the function scores the whole list) or ``sequential`` (one input at a time).
+
+    Raises (construction): see :func:`load_function`; ``ValueError`` for an unknown ``reward_type``.
+    """
+
+    def __init__(self, spec: str, kwargs: dict | None = None, reward_type: str = "batch"):
+        if reward_type not in REWARD_TYPES:
+            raise ValueError(f"worker.reward.reward_type must be one of {REWARD_TYPES}, got {reward_type!r}")
+        self.spec = spec
+        self.fn, self.path, self.name = load_function(spec)
+        self.kwargs = dict(kwargs or {})
+        self.reward_type = reward_type
+
+    def __getstate__(self) -> dict:  # pickle by spec: the file is re-imported in the receiving process (e.g. Ray)
+        return {"spec": self.spec, "kwargs": self.kwargs, "reward_type": self.reward_type}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["spec"], state["kwargs"], state["reward_type"])
+
+    @property
+    def where(self) -> str:
+        return f"reward function {self.name!r} in {self.path!r}"
+
+    def __call__(self, reward_inputs: list[dict[str, Any]]) -> dict[str, list[float]]:
+        """Score ``reward_inputs``; returns each score name -> a list of ``len(reward_inputs)`` floats.
+
+        Raises:
+            ValueError: the function returned a non-list (batch) or a list of the wrong length, a non-dict, a dict
+                without ``overall``, a non-finite or non-number value, or names that differ between rows; the message
+                names the function, its file and the row.
+        """
+        if self.reward_type == "batch":
+            scores = self.fn(reward_inputs, **self.kwargs)
+            if not isinstance(scores, (list, tuple)):
+                raise ValueError(f"{self.where} (batch) returned a {type(scores).__name__}, expected a list of dicts")
+            if len(scores) != len(reward_inputs):
+                raise ValueError(
+                    f"{self.where} (batch) returned {len(scores)} score dicts for {len(reward_inputs)} inputs"
+                )
+        else:
+            scores = [self.fn(reward_input, **self.kwargs) for reward_input in reward_inputs]
+
+        names: list[str] | None = None
+        out: dict[str, list[float]] = {}
+        for row, score in enumerate(scores):
+            if not isinstance(score, dict):
+                raise ValueError(f"{self.where} returned a {type(score).__name__} for row {row}, expected a dict")
+            if "overall" not in score:
+                raise ValueError(
+                    f"{self.where} returned no 'overall' score for row {row} (got {sorted(score)}); 'overall' is the reward"
+                )
+            if names is None:
+                names = list(score)
+                out = {name: [] for name in names}
+            elif set(score) != set(names):
+                raise ValueError(
+                    f"{self.where} returned names {sorted(score)} for row {row} but {sorted(names)} for row 0; "
+                    "every row must have the same score names"
+                )
+            for name, value in score.items():
+                if isinstance(value, torch.Tensor) and value.numel() == 1:
+                    value = value.item()
+                if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+                    raise ValueError(f"{self.where} returned {name}={value!r} for row {row}: expected a finite number")
+                out[name].append(float(value))
+        if names is None:  # empty batch
+            return {"overall": []}
+        return out
+
+
+def scores_to_token_rewards(overall: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """Token-level rewards: each sequence's score on its last valid response token, 0 elsewhere.
+
+    Args:
+        overall: ``(bsz,)`` sequence scores.
+        response_mask: ``(bsz, resp_len)``, 1 on response tokens (any 0/1 layout; the last 1 is used).
+
+    Returns:
+        ``(bsz, resp_len)`` float tensor in ``overall``'s dtype (float32 if it is an integer tensor). A row with no
+        valid token gets all zeros.
+
+    Raises:
+        ValueError: shapes that do not match.
+    """
+    if overall.dim() != 1 or response_mask.dim() != 2 or overall.shape[0] != response_mask.shape[0]:
+        raise ValueError(
+            f"expected overall (bsz,) and response_mask (bsz, resp_len), got {tuple(overall.shape)} and "
+            f"{tuple(response_mask.shape)}"
+        )
+    dtype = overall.dtype if overall.is_floating_point() else torch.float32
+    mask = response_mask.bool()
+    positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
+    last = torch.where(mask, positions, -1).max(dim=1).values  # (bsz,), -1 when the row is empty
+    rewards = torch.zeros(mask.shape, dtype=dtype, device=overall.device)
+    rows = torch.nonzero(last >= 0).squeeze(1)
+    rewards[rows, last[rows]] = overall[rows].to(dtype)
+    return rewards

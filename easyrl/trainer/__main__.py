@@ -1,0 +1,77 @@
+"""``python -m easyrl.trainer config=config.yaml key=value ...``: parse the config, start Ray, build, train."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Optional
+
+from easyrl.config import ConfigError, PPOConfig, load_config
+
+logger = logging.getLogger("easyrl")
+
+
+def build_and_fit(config: PPOConfig):
+    """Load tokenizer/processor, datasets and reward functions, start the workers on Ray, and train.
+
+    Returns the trainer (its workers still alive) so that callers such as tests can inspect it.
+    """
+    import ray
+    from transformers import AutoConfig, AutoProcessor, AutoTokenizer
+
+    from easyrl.data.dataset import RLDataset
+    from easyrl.device import detect_device
+    from easyrl.rewards.function import RewardFunction
+    from easyrl.trainer.ray_trainer import RayPPOTrainer
+
+    model_cfg = config.worker.actor.model
+    tok_path = model_cfg.tokenizer_path or model_cfg.model_path
+    tokenizer = AutoTokenizer.from_pretrained(tok_path, trust_remote_code=model_cfg.trust_remote_code)
+    hf_config = AutoConfig.from_pretrained(model_cfg.model_path, trust_remote_code=model_cfg.trust_remote_code)
+    processor = None
+    if getattr(hf_config, "vision_config", None) is not None:
+        processor = AutoProcessor.from_pretrained(tok_path, trust_remote_code=model_cfg.trust_remote_code)
+
+    data = config.data
+
+    def dataset(path: str) -> RLDataset:
+        return RLDataset(
+            path, tokenizer, processor, prompt_key=data.prompt_key, answer_key=data.answer_key,
+            image_key=data.image_key, image_dir=data.image_dir, max_prompt_length=data.max_prompt_length,
+            format_prompt=data.format_prompt, min_pixels=data.min_pixels, max_pixels=data.max_pixels,
+            filter_overlong_prompts=data.filter_overlong_prompts,
+        )
+
+    train_dataset = dataset(data.train_files)
+    val_dataset = dataset(data.val_files) if data.val_files else None
+    reward = config.worker.reward
+    if reward.reward_function is None:
+        raise ConfigError("worker.reward.reward_function is not set: give path/to/file.py:function_name.")
+    reward_fn = RewardFunction(reward.reward_function, reward.reward_function_kwargs, reward.reward_type)
+
+    if not ray.is_initialized():
+        ray.init(runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+    device = config.trainer.device
+    if device == "auto":
+        device = detect_device(ray.cluster_resources())
+    trainer = RayPPOTrainer(config, tokenizer, train_dataset, val_dataset, reward_fn)
+    trainer.init_workers(device)
+    trainer.fit()
+    return trainer
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    logging.basicConfig(level=os.environ.get("EASYRL_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = load_config(sys.argv[1:] if argv is None else argv)
+    except ConfigError as e:
+        print(f"easyrl: config error: {e}", file=sys.stderr)
+        return 2
+    build_and_fit(config)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,277 @@
+"""``RayPPOTrainer``: the training loop, read top to bottom as the algorithm.
+
+Each step: generate -> reward -> old log-prob -> ref log-prob -> advantage -> update actor, every phase timed
+(``timing_s/<phase>``). The trainer process (the Ray driver) holds the batch and the reward function; the workers
+(one Ray actor per device) hold the FSDP2 actor, the reference policy and a vLLM engine each.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from collections import defaultdict
+from contextlib import contextmanager
+from typing import Any, Optional
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+from tensordict import TensorDict
+from torch.utils.data import DataLoader
+
+from easyrl.algorithms.advantages import get_adv_estimator
+from easyrl.algorithms.kl import AdaptiveKLController, FixedKLController, apply_kl_penalty
+from easyrl.batch import Batch
+from easyrl.config import PPOConfig, to_dict
+from easyrl.data.dataset import collate_fn
+from easyrl.rewards.function import RewardFunction, scores_to_token_rewards
+from easyrl.trainer.loggers import Tracker
+from easyrl.trainer.metrics import compute_data_metrics, compute_throughput_metrics, reduce_metrics
+from easyrl.workers.group import WorkerGroup
+
+logger = logging.getLogger("easyrl.trainer")
+
+
+@contextmanager
+def timer(name: str, timing: dict[str, float]):
+    """Adds the seconds spent in the block to ``timing[name]``."""
+    start = time.perf_counter()
+    yield
+    timing[name] = timing.get(name, 0.0) + time.perf_counter() - start
+
+
+def _left_pad(rows: list[list[int]], length: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), length), dtype=torch.long)
+    for i, row in enumerate(rows):
+        if len(row) > length:
+            raise ValueError(f"A prompt of {len(row)} tokens exceeds data.max_prompt_length={length}.")
+        if row:
+            ids[i, length - len(row):] = torch.tensor(row)
+            mask[i, length - len(row):] = 1
+    return ids, mask
+
+
+def _right_pad(rows: list[list[Any]], length: int, pad_value: Any, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    values = torch.full((len(rows), length), pad_value, dtype=dtype)
+    mask = torch.zeros((len(rows), length), dtype=torch.long)
+    for i, row in enumerate(rows):
+        row = row[:length]
+        if row:
+            values[i, : len(row)] = torch.tensor(row, dtype=dtype)
+            mask[i, : len(row)] = 1
+    return values, mask
+
+
+class RayPPOTrainer:
+    """Runs GRPO-style RL: see the module docstring for the phases.
+
+    Args:
+        config: finalized configuration.
+        tokenizer: the actor's tokenizer (pad id, decoding responses for the reward).
+        train_dataset, val_dataset: ``RLDataset``s.
+        reward_fn, val_reward_fn: ``RewardFunction``s (may be the same object).
+    """
+
+    def __init__(self, config: PPOConfig, tokenizer, train_dataset, val_dataset, reward_fn: RewardFunction,
+                 val_reward_fn: Optional[RewardFunction] = None):
+        self.config = config
+        self.tokenizer = tokenizer
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.reward_fn = reward_fn
+        self.val_reward_fn = val_reward_fn or reward_fn
+        self.val_dataset = val_dataset
+        generator = torch.Generator().manual_seed(config.data.seed)
+        self.train_dataloader = DataLoader(
+            train_dataset, batch_size=config.data.rollout_batch_size, shuffle=config.data.shuffle,
+            drop_last=True, collate_fn=collate_fn, generator=generator,
+        )
+        if len(self.train_dataloader) == 0:
+            raise ValueError(
+                f"The training set has {len(train_dataset)} prompts, fewer than data.rollout_batch_size="
+                f"{config.data.rollout_batch_size}: lower the batch size or add data."
+            )
+        steps_per_epoch = len(self.train_dataloader)
+        self.training_steps = steps_per_epoch * config.trainer.total_epochs
+        if config.trainer.max_steps is not None:
+            self.training_steps = min(self.training_steps, config.trainer.max_steps)
+        config.worker.actor.optim.training_steps = self.training_steps
+        algo = config.algorithm
+        if algo.kl_type == "adaptive":
+            self.kl_ctrl = AdaptiveKLController(algo.kl_coef, algo.kl_target, algo.kl_horizon)
+        else:
+            self.kl_ctrl = FixedKLController(algo.kl_coef)
+        self.workers: Optional[WorkerGroup] = None
+        self.global_step = 0
+
+    def init_workers(self, device: str) -> None:
+        """Start the Ray workers (process group, FSDP2 actor/ref, vLLM engines)."""
+        self.workers = WorkerGroup(self.config, device)
+
+    # ----------------------------------------------------------------------------------------------- batches
+    def _prompt_batch(self, features: dict[str, list], n: int) -> Batch:
+        """Repeat each prompt ``n`` times (consecutively) and give the copies one shared ``uid``."""
+        count = len(features["prompt_ids"])
+        order = [i for i in range(count) for _ in range(n)]
+        uids = [str(uuid.uuid4()) for _ in range(count)]
+        prompts, prompt_mask = _left_pad([features["prompt_ids"][i] for i in order],
+                                         self.config.data.max_prompt_length, self.pad_id)
+        tensors = TensorDict({"prompts": prompts, "prompt_mask": prompt_mask}, batch_size=[len(order)])
+        extras = {key: [features[key][i] for i in order]
+                  for key in ("raw_prompt_ids", "images", "multi_modal_inputs", "ground_truth")}
+        extras["uid"] = [uids[i] for i in order]
+        return Batch(tensors, extras)
+
+    def _generate(self, prompts: Batch, overrides: Optional[dict[str, Any]], timing: dict[str, float]) -> Batch:
+        """Sample a response for every prompt on the workers and assemble the full batch."""
+        rollout_cfg = self.config.worker.rollout
+        outputs = self.workers.run_split("generate_sequences", prompts, overrides=overrides)
+        response_ids = [ids for out in outputs for ids in out["response_ids"]]
+        timing["reshard"] = timing.get("reshard", 0.0) + max(out["timing_s/reshard"] for out in outputs)
+        responses, response_mask = _right_pad(response_ids, rollout_cfg.response_length, self.pad_id, torch.long)
+        batch = Batch(prompts.tensors.clone(), dict(prompts.extras))
+        batch["responses"] = responses
+        batch["response_mask"] = response_mask
+        batch["input_ids"] = torch.cat([prompts["prompts"], responses], dim=1)
+        batch["attention_mask"] = torch.cat([prompts["prompt_mask"], response_mask], dim=1)
+        if outputs[0]["response_log_probs"] is not None:
+            log_probs = [lp for out in outputs for lp in out["response_log_probs"]]
+            batch["rollout_log_probs"] = _right_pad(log_probs, rollout_cfg.response_length, 0.0, torch.float32)[0]
+        return batch
+
+    def _reward(self, batch: Batch, reward_fn: RewardFunction) -> dict[str, list[float]]:
+        """Score every response; puts ``token_level_scores`` (bsz, resp_len) in the batch, returns all named scores."""
+        lengths = batch["response_mask"].sum(-1).tolist()
+        skip = self.config.worker.reward.skip_special_tokens
+        texts = self.tokenizer.batch_decode(
+            [row[:n].tolist() for row, n in zip(batch["responses"], lengths)], skip_special_tokens=skip
+        )
+        inputs = [{"response": text, "response_length": int(n), "ground_truth": gt}
+                  for text, n, gt in zip(texts, lengths, batch["ground_truth"])]
+        scores = reward_fn(inputs)
+        overall = torch.tensor(scores["overall"], dtype=torch.float32)
+        batch["token_level_scores"] = scores_to_token_rewards(overall, batch["response_mask"])
+        return scores
+
+    def _compute_advantage(self, batch: Batch) -> None:
+        algo = self.config.algorithm
+        estimator = get_adv_estimator(algo.adv_estimator)
+        advantages, returns = estimator(
+            batch["token_level_rewards"], batch["response_mask"], np.array(batch["uid"], dtype=object),
+            gamma=algo.gamma, norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
+            reward_baselines=batch["reward_baselines"] if "reward_baselines" in batch else None,
+        )
+        batch["advantages"] = advantages
+        batch["returns"] = returns
+
+    # ----------------------------------------------------------------------------------------------- the loop
+    def fit(self) -> None:
+        """Train for ``training_steps`` steps; validate and export the actor as configured."""
+        cfg = self.config
+        tracker = Tracker(cfg.trainer.logger, cfg.trainer.run_dir, cfg.trainer.project_name,
+                          cfg.trainer.experiment_name, to_dict(cfg))
+        os.makedirs(cfg.trainer.run_dir, exist_ok=True)
+        OmegaConf.save(OmegaConf.structured(cfg), os.path.join(cfg.trainer.run_dir, "config.yaml"))
+        try:
+            if self.val_dataset is not None and (cfg.trainer.val_before_train or cfg.trainer.val_only):
+                tracker.log(self.validate(), step=self.global_step)
+                if cfg.trainer.val_only:
+                    return
+            while self.global_step < self.training_steps:
+                for features in self.train_dataloader:
+                    self.global_step += 1
+                    metrics = self.train_step(features)
+                    if self._should_validate():
+                        metrics.update(self.validate())
+                    tracker.log(metrics, step=self.global_step)
+                    if self.global_step >= self.training_steps:
+                        break
+            self.save_model()
+        finally:
+            tracker.close()
+
+    def _should_validate(self) -> bool:
+        freq = self.config.trainer.val_freq
+        last = self.global_step == self.training_steps
+        return self.val_dataset is not None and freq > 0 and (self.global_step % freq == 0 or last)
+
+    def train_step(self, features: dict[str, list]) -> dict[str, float]:
+        """One step of GRPO-style RL on a batch of prompts; returns the step's metrics."""
+        cfg = self.config
+        timing: dict[str, float] = {}
+        metrics: dict[str, float] = {}
+        with timer("step", timing):
+            prompts = self._prompt_batch(features, cfg.worker.rollout.n)
+            with timer("gen", timing):
+                batch = self._generate(prompts, overrides=None, timing=timing)
+            with timer("reward", timing):
+                scores = self._reward(batch, self.reward_fn)
+                metrics.update({f"reward/{name}": float(np.mean(values)) for name, values in scores.items()})
+            with timer("old_log_prob", timing):
+                batch["old_log_probs"] = torch.cat(self.workers.run_split("compute_log_probs", batch), dim=0)
+            if self.workers_need_ref():
+                with timer("ref", timing):
+                    batch["ref_log_probs"] = torch.cat(self.workers.run_split("compute_ref_log_probs", batch), dim=0)
+            with timer("adv", timing):
+                if cfg.algorithm.use_kl_in_reward and not cfg.algorithm.disable_kl:
+                    batch["token_level_rewards"], kl_metrics = apply_kl_penalty(
+                        batch["token_level_scores"], batch["old_log_probs"], batch["ref_log_probs"],
+                        batch["response_mask"], self.kl_ctrl, cfg.algorithm.kl_penalty,
+                    )
+                    metrics.update(kl_metrics)
+                else:
+                    batch["token_level_rewards"] = batch["token_level_scores"]
+                self._compute_advantage(batch)
+            with timer("update_actor", timing):
+                worker_metrics = self.workers.run_split("update_actor", batch)
+            merged = defaultdict(list)
+            for per_worker in worker_metrics:
+                for key, values in per_worker.items():
+                    merged[key].extend(values)
+            metrics.update(reduce_metrics(merged))
+        metrics.update(compute_data_metrics(batch, cfg.data.max_prompt_length, cfg.data.max_response_length))
+        metrics.update({f"timing_s/{name}": seconds for name, seconds in timing.items()})
+        metrics.update(compute_throughput_metrics(batch, timing["step"], self.workers.world_size))
+        return metrics
+
+    def workers_need_ref(self) -> bool:
+        algo = self.config.algorithm
+        return not algo.disable_kl and (algo.use_kl_loss or algo.use_kl_in_reward)
+
+    # ----------------------------------------------------------------------------------------------- validation
+    def validate(self) -> dict[str, float]:
+        """Generate on the whole validation set with ``worker.rollout.val_override_config``; mean of every reward
+        name as ``val/reward/<name>``, plus ``val/response_length/mean`` and ``timing_s/validation``."""
+        cfg = self.config
+        overrides = dict(cfg.worker.rollout.val_override_config)
+        n = int(overrides.pop("n", 1))
+        timing: dict[str, float] = {}
+        sums: dict[str, list[float]] = defaultdict(list)
+        lengths: list[float] = []
+        batch_size = cfg.data.val_batch_size if cfg.data.val_batch_size > 0 else len(self.val_dataset)
+        loader = DataLoader(self.val_dataset, batch_size=batch_size, shuffle=False, collate_fn=collate_fn)
+        with timer("validation", timing):
+            for features in loader:
+                prompts = self._prompt_batch(features, n)
+                real = len(prompts)
+                pad = (-real) % self.workers.world_size
+                if pad:  # repeat the first prompts so that every worker gets an equal share; dropped below
+                    prompts = Batch.cat([prompts, prompts.select(list(range(pad)))])
+                batch = self._generate(prompts, overrides=overrides, timing={})
+                batch = batch.select(list(range(real)))
+                for name, values in self._reward(batch, self.val_reward_fn).items():
+                    sums[name].extend(values)
+                lengths.extend(batch["response_mask"].sum(-1).float().tolist())
+        metrics = {f"val/reward/{name}": float(np.mean(values)) for name, values in sums.items()}
+        metrics["val/response_length/mean"] = float(np.mean(lengths))
+        metrics["timing_s/validation"] = timing["validation"]
+        return metrics
+
+    def save_model(self) -> str:
+        """Export the actor in Hugging Face format to ``trainer.save_model_path`` (default ``<run_dir>/huggingface``)."""
+        path = self.config.trainer.save_model_path or os.path.join(self.config.trainer.run_dir, "huggingface")
+        self.workers.run_all("save_hf", path)
+        logger.info("actor exported to %s", path)
+        return path

@@ -1,0 +1,186 @@
+"""One worker per device rank (a Ray actor): the FSDP2 actor, the reference policy and a colocated vLLM engine.
+
+The trainer calls every worker with its equal share of the batch and waits for all of them; the workers meet in
+collectives (FSDP2 all-gathers, gradient reduce-scatters, token counts) over a torch.distributed process group
+(gloo on the CPU, NCCL on GPUs, HCCL on NPUs).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from typing import Any, Optional
+
+import torch
+
+from easyrl.batch import Batch
+from easyrl.config import PPOConfig
+from easyrl.device import collective_backend, empty_cache, torch_device
+
+logger = logging.getLogger("easyrl.worker")
+
+
+def free_port() -> int:
+    """A TCP port that is free on this host right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+class FSDPWorker:
+    """Holds the actor, the reference policy and the rollout engine of one rank.
+
+    Args:
+        config: the finalized run configuration.
+        rank, world_size: this worker's place in the process group.
+        device: ``cuda``, ``npu`` or ``cpu``.
+    """
+
+    def __init__(self, config: PPOConfig, rank: int, world_size: int, device: str):
+        # vLLM must run in this process so weights can be handed over as tensors; set before vLLM is imported.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        self.config = config
+        self.rank = rank
+        self.world_size = world_size
+        self.device = device
+        self.actor = None
+        self.ref = None
+        self.rollout = None
+        self.weights_dirty = True
+
+    def address(self) -> tuple[str, int]:
+        """This host's IP and a free port (rank 0's is the process group's rendezvous)."""
+        return socket.gethostbyname(socket.gethostname()), free_port()
+
+    def init_process_group(self, master_addr: str, master_port: int) -> None:
+        import torch.distributed as dist
+
+        os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(self.rank),
+                          WORLD_SIZE=str(self.world_size), LOCAL_RANK="0")
+        if self.device == "cpu":
+            # one core per worker: keep torch's intra-op pool from oversubscribing the host
+            torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
+        self.torch_device = torch_device(self.device)
+        if self.device == "cuda":
+            torch.cuda.set_device(self.torch_device)
+        dist.init_process_group(backend=collective_backend(self.device), rank=self.rank, world_size=self.world_size)
+
+    def init_models(self) -> None:
+        """Build the FSDP2 actor, the reference policy (unless KL is disabled) and the vLLM engine."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        from easyrl.workers.actor import FSDPPolicy
+        from easyrl.workers.rollout import VLLMRollout
+
+        cfg = self.config.worker
+        mesh = init_device_mesh(self.device, (self.world_size,), mesh_dim_names=("dp",))
+        model_path = cfg.actor.model.model_path
+        self.actor = FSDPPolicy(model_path, cfg.actor, mesh, self.device, self.torch_device, trainable=True,
+                                offload=cfg.actor.offload)
+        if self.needs_ref():
+            self.ref = FSDPPolicy(model_path, cfg.actor, mesh, self.device, self.torch_device, trainable=False,
+                                  offload=cfg.ref.offload)
+        self.rollout = VLLMRollout(model_path, cfg.rollout, self.device, seed=cfg.rollout.seed + self.rank)
+        empty_cache(self.device)
+
+    def needs_ref(self) -> bool:
+        algo = self.config.algorithm
+        return not algo.disable_kl and (algo.use_kl_loss or algo.use_kl_in_reward)
+
+    def _actor_weights(self):
+        """The actor's full tensors, gathered one at a time (peak memory: one full tensor), HF names."""
+        for name, tensor in self.actor.model.state_dict().items():
+            if hasattr(tensor, "full_tensor"):
+                tensor = tensor.full_tensor()
+            yield name, tensor
+
+    def sync_weights(self) -> float:
+        """Load the current actor weights into vLLM in place. Returns the time taken (seconds)."""
+        start = time.perf_counter()
+        self.rollout.wake_up(tags=["weights"])
+        self.rollout.load_weights(self._actor_weights())
+        self.rollout.wake_up(tags=["kv_cache"])
+        self.weights_dirty = False
+        return time.perf_counter() - start
+
+    def generate_sequences(self, prompts: Batch, overrides: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+        """Sample one response per prompt (the trainer has already repeated each prompt ``n`` times).
+
+        Returns:
+            ``{"response_ids": list[list[int]], "response_log_probs": list[list[float]] | None,
+            "timing_s/reshard": seconds spent syncing weights}``.
+        """
+        reshard = self.sync_weights() if self.weights_dirty else 0.0
+        self.rollout.wake_up()
+        output = self.rollout.generate(prompts["raw_prompt_ids"], prompts["images"], overrides)
+        self.rollout.sleep()
+        empty_cache(self.device)
+        return {"response_ids": output.response_ids, "response_log_probs": output.response_log_probs,
+                "timing_s/reshard": reshard}
+
+    def compute_log_probs(self, data: Batch) -> torch.Tensor:
+        """Old log-probs: the actor's, before this step's update, ``(bsz, resp_len)``."""
+        actor = self.config.worker.actor
+        return self.actor.compute_log_probs(data, actor.micro_batch_size_per_device_for_experience, actor.temperature)
+
+    def compute_ref_log_probs(self, data: Batch) -> torch.Tensor:
+        """Reference-policy log-probs, ``(bsz, resp_len)``."""
+        cfg = self.config.worker
+        return self.ref.compute_log_probs(data, cfg.ref.micro_batch_size_per_device_for_experience,
+                                          cfg.actor.temperature)
+
+    def update_actor(self, data: Batch) -> dict[str, list[float]]:
+        """Policy update on this worker's share; marks the rollout weights stale."""
+        cfg = self.config
+        mini = cfg.worker.actor.global_batch_size * cfg.worker.rollout.n // self.world_size
+        metrics = self.actor.update_policy(data, mini, cfg.worker.actor.micro_batch_size_per_device_for_update)
+        self.weights_dirty = True
+        empty_cache(self.device)
+        return metrics
+
+    def rollout_score(self, token_ids: list[int], images: list[Any]) -> list[float]:
+        """vLLM's log-probs of ``token_ids[1:]`` (weights synced first if stale); see ``VLLMRollout.score``."""
+        if self.weights_dirty:
+            self.sync_weights()
+        self.rollout.wake_up()
+        scores = self.rollout.score(token_ids, images)
+        self.rollout.sleep()
+        return scores
+
+    def actor_state_dict(self) -> dict[str, torch.Tensor]:
+        """Full actor weights on the host (every rank must call it; all receive them)."""
+        return {name: tensor.detach().cpu().clone() for name, tensor in self._actor_weights()}
+
+    def save_hf(self, path: str) -> Optional[str]:
+        """Export the actor in Hugging Face format (weights, config, tokenizer/processor, generation config).
+
+        Every rank must call it (the weights are gathered collectively); rank 0 writes. Returns the folder on rank 0.
+        """
+        from transformers import AutoConfig, AutoProcessor, AutoTokenizer, GenerationConfig
+
+        from easyrl.workers.actor import load_hf_model  # noqa: F401  (same classes as training)
+
+        state = self.actor_state_dict()
+        if self.rank != 0:
+            return None
+        model_cfg = self.config.worker.actor.model
+        src = model_cfg.model_path
+        hf_config = AutoConfig.from_pretrained(src, trust_remote_code=model_cfg.trust_remote_code)
+        from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+        model_class = AutoModelForImageTextToText if getattr(hf_config, "vision_config", None) else AutoModelForCausalLM
+        with torch.device("meta"):
+            model = model_class.from_config(hf_config, trust_remote_code=model_cfg.trust_remote_code)
+        model.load_state_dict(state, assign=True, strict=True)
+        model.save_pretrained(path)
+        tok_src = model_cfg.tokenizer_path or src
+        AutoTokenizer.from_pretrained(tok_src, trust_remote_code=model_cfg.trust_remote_code).save_pretrained(path)
+        if getattr(hf_config, "vision_config", None) is not None:
+            AutoProcessor.from_pretrained(tok_src, trust_remote_code=model_cfg.trust_remote_code).save_pretrained(path)
+        try:
+            GenerationConfig.from_pretrained(src).save_pretrained(path)
+        except OSError:
+            logger.warning("%s has no generation_config.json; none exported", src)
+        return path

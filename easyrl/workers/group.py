@@ -1,0 +1,89 @@
+"""The workers as plain Ray actors, one per device rank, placed by one placement group (one bundle per rank).
+
+No dispatch decorators: the trainer asks for ``run_all`` (same arguments everywhere) or ``run_split`` (an equal share of
+a batch each) and gets the per-worker results back in rank order.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import ray
+from ray.util.placement_group import placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from easyrl.batch import Batch
+from easyrl.config import PPOConfig
+from easyrl.device import ray_actor_resources
+from easyrl.workers.fsdp_worker import FSDPWorker
+
+
+def _bundle(device: str) -> dict[str, float]:
+    res = ray_actor_resources(device)
+    bundle = {"CPU": float(res.get("num_cpus", 1))}
+    if "num_gpus" in res:
+        bundle["GPU"] = float(res["num_gpus"])
+    bundle.update({k: float(v) for k, v in res.get("resources", {}).items()})
+    return bundle
+
+
+def _worker_env(device: str, rank: int) -> dict[str, str]:
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false"}
+    if device == "cpu":
+        # each worker's vLLM CPU engine gets one core of its own instead of binding to all of them
+        env["VLLM_CPU_OMP_THREADS_BIND"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+class WorkerGroup:
+    """Starts ``world_size`` ``FSDPWorker`` actors, joins them in a process group and builds their models.
+
+    Raises:
+        RuntimeError: the cluster has fewer devices than ``trainer.nnodes * trainer.n_gpus_per_node``.
+    """
+
+    def __init__(self, config: PPOConfig, device: str):
+        world_size = config.world_size
+        bundle = _bundle(device)
+        available = ray.cluster_resources()
+        for key, need in bundle.items():
+            if available.get(key, 0) < need * world_size:
+                raise RuntimeError(
+                    f"{world_size} workers need {need * world_size:g} {key} but the Ray cluster has "
+                    f"{available.get(key, 0):g}; lower trainer.n_gpus_per_node / trainer.nnodes or add nodes."
+                )
+        self.placement_group = placement_group([bundle] * world_size, strategy="PACK")
+        ray.get(self.placement_group.ready())
+        remote_cls = ray.remote(FSDPWorker)
+        res = ray_actor_resources(device)
+        self.workers = [
+            remote_cls.options(
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement_group, placement_group_bundle_index=rank),
+                runtime_env={"env_vars": _worker_env(device, rank)},
+                **res,
+            ).remote(config, rank, world_size, device)
+            for rank in range(world_size)
+        ]
+        master_addr, master_port = ray.get(self.workers[0].address.remote())
+        self.run_all("init_process_group", master_addr, master_port)
+        self.run_all("init_models")
+
+    @property
+    def world_size(self) -> int:
+        return len(self.workers)
+
+    def run_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """Call ``method`` on every worker with the same arguments; results in rank order."""
+        return ray.get([getattr(w, method).remote(*args, **kwargs) for w in self.workers])
+
+    def run_split(self, method: str, batch: Batch, **kwargs: Any) -> list[Any]:
+        """Call ``method`` on every worker with its equal consecutive share of ``batch``; results in rank order."""
+        shares = batch.chunk(self.world_size)
+        return ray.get([getattr(w, method).remote(share, **kwargs) for w, share in zip(self.workers, shares)])
+
+    def shutdown(self) -> None:
+        for w in self.workers:
+            ray.kill(w)
+        ray.util.remove_placement_group(self.placement_group)

@@ -1,0 +1,176 @@
+"""The rollout engine: one in-process vLLM engine per worker, colocated with the FSDP2 actor.
+
+Life cycle per training step (see ``FSDPWorker.generate_sequences``)::
+
+    wake_up(weights) -> load_weights(actor's full tensors, in place) -> wake_up(kv_cache) -> generate -> sleep
+
+On GPUs/NPUs the engine sleeps while the actor trains and gives its memory back. vLLM's CPU backend has no sleep mode
+(``enable_sleep_mode=True`` fails with "Sleep mode is not supported on current platform"), so on the CPU sleep/wake are
+skipped and the engine stays resident. The engine must run in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
+set by the worker before vLLM is imported) so that weights are handed over as tensors, never through disk.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from easyrl.config import RolloutConfig
+
+logger = logging.getLogger("easyrl.rollout")
+
+_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+@dataclass
+class RolloutOutput:
+    """Generated samples, one entry per request, in request order.
+
+    ``response_ids[i]``: the sampled tokens of sample i (EOS included when generation stopped on it).
+    ``response_log_probs[i]``: vLLM's log-prob of each sampled token (same length), or None if not asked for.
+    """
+
+    response_ids: list[list[int]]
+    response_log_probs: Optional[list[list[float]]]
+
+
+class VLLMRollout:
+    """A vLLM ``LLM`` engine for sampling rollouts with the current actor weights.
+
+    Args:
+        model_path: Hugging Face model folder (the same one the actor was loaded from).
+        config: ``worker.rollout`` settings (sampling, memory, lengths).
+        device: ``cuda``, ``npu`` or ``cpu``.
+        seed: Sampling seed of this engine (differs per worker so that workers draw different samples).
+    """
+
+    def __init__(self, model_path: str, config: RolloutConfig, device: str, seed: int):
+        from vllm import LLM
+
+        self.config = config
+        self.device = device
+        self.sleep_supported = device != "cpu"
+        max_model_len = config.prompt_length + config.response_length
+        engine_kwargs: dict[str, Any] = dict(
+            model=model_path,
+            dtype=_DTYPES.get(config.dtype, config.dtype),
+            seed=seed,
+            max_model_len=max_model_len,
+            max_num_batched_tokens=max(config.max_num_batched_tokens, max_model_len),
+            enforce_eager=config.enforce_eager,
+            enable_chunked_prefill=config.enable_chunked_prefill,
+            trust_remote_code=config.trust_remote_code,
+            limit_mm_per_prompt={"image": config.limit_images, "video": 0},
+            disable_log_stats=True,
+            enable_prefix_caching=True,
+        )
+        from transformers import AutoConfig
+
+        hf_config = AutoConfig.from_pretrained(model_path, trust_remote_code=config.trust_remote_code)
+        if getattr(hf_config, "vision_config", None) is not None:
+            # the image size bounds of the data also bound vLLM's start-up profiling (its dummy image would otherwise
+            # be the model's largest, which takes tens of seconds to preprocess on a CPU)
+            engine_kwargs["mm_processor_kwargs"] = {"min_pixels": config.min_pixels, "max_pixels": config.max_pixels}
+        if device == "cpu":
+            # vLLM's CPU backend sizes its KV cache from this variable (GiB), not from gpu_memory_utilization.
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, math.ceil(config.cpu_kvcache_space_gib))))
+        else:
+            engine_kwargs.update(gpu_memory_utilization=config.gpu_memory_utilization, enable_sleep_mode=True)
+        self.llm = LLM(**engine_kwargs)
+        self.is_asleep = False
+        self.sleep()
+
+    def sleep(self) -> None:
+        """Free the engine's device memory (weights and KV cache) while the actor trains. No-op on the CPU."""
+        if self.sleep_supported and not self.is_asleep:
+            self.llm.sleep(level=1)
+            self.is_asleep = True
+
+    def wake_up(self, tags: Optional[list[str]] = None) -> None:
+        """Re-allocate ``tags`` (``weights``, ``kv_cache``; None = all). No-op on the CPU."""
+        if self.sleep_supported and self.is_asleep:
+            self.llm.wake_up(tags=tags)
+            self.is_asleep = tags is not None and "kv_cache" not in tags
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Overwrite the engine's weights in place with Hugging Face-named full tensors (no disk, no re-init).
+
+        Uses vLLM's public ``reload_weights`` worker method, which maps checkpoint names, repacks CPU weights and
+        resets the caches. The iterator is consumed inside (in-process engine), so it may gather tensors lazily.
+        """
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors)})
+        # Every cache computed with the old weights is stale. reload_weights clears the worker's encoder cache but not
+        # the scheduler's record of it, which otherwise ends in "Encoder cache miss" on the next image prompt.
+        self.llm.llm_engine.reset_encoder_cache()
+        self.llm.reset_mm_cache()
+        self.llm.reset_prefix_cache()
+
+    def _sampling_params(self, overrides: Optional[dict[str, Any]], logprobs: bool, max_tokens: int):
+        from vllm import SamplingParams
+
+        settings = dict(temperature=self.config.temperature, top_p=self.config.top_p, top_k=self.config.top_k)
+        settings.update({k: v for k, v in (overrides or {}).items() if k in settings})
+        return SamplingParams(
+            n=1,
+            max_tokens=max_tokens,
+            logprobs=0 if logprobs else None,
+            detokenize=False,
+            **settings,
+        )
+
+    def generate(
+        self,
+        raw_prompt_ids: list[list[int]],
+        images: list[list[Any]],
+        overrides: Optional[dict[str, Any]] = None,
+    ) -> RolloutOutput:
+        """Sample one response per request.
+
+        Args:
+            raw_prompt_ids: per request, the chat-templated prompt tokens with one ``<|image_pad|>`` per image
+                (vLLM expands it from the image).
+            images: per request, its PIL images (``[]`` for text-only requests).
+            overrides: sampling settings that replace ``worker.rollout``'s (``temperature``, ``top_p``, ``top_k``),
+                e.g. the validation settings.
+
+        Returns:
+            ``RolloutOutput`` with ``worker.rollout.response_length`` tokens per response at most.
+        """
+        requests = []
+        for ids, imgs in zip(raw_prompt_ids, images):
+            request: dict[str, Any] = {"prompt_token_ids": list(ids)}
+            if imgs:
+                request["multi_modal_data"] = {"image": list(imgs)}
+            requests.append(request)
+        want_logprobs = self.config.calculate_log_probs
+        params = self._sampling_params(overrides, want_logprobs, self.config.response_length)
+        outputs = self.llm.generate(requests, sampling_params=params, use_tqdm=not self.config.disable_tqdm)
+        response_ids, response_log_probs = [], [] if want_logprobs else None
+        for out in outputs:
+            completion = out.outputs[0]
+            ids = list(completion.token_ids)
+            response_ids.append(ids)
+            if want_logprobs:
+                response_log_probs.append([step[tok].logprob for step, tok in zip(completion.logprobs, ids)])
+        return RolloutOutput(response_ids=response_ids, response_log_probs=response_log_probs)
+
+    def score(self, token_ids: list[int], images: list[Any]) -> list[float]:
+        """vLLM's log-prob of each token of ``token_ids[1:]`` given the tokens before it, shape ``(len - 1,)``.
+
+        ``token_ids`` must already have the image pads expanded if images are given. Used to check that the engine
+        holds exactly the actor's weights (rollout/training mismatch).
+        """
+        from vllm import SamplingParams
+
+        request: dict[str, Any] = {"prompt_token_ids": list(token_ids)}
+        if images:
+            request["multi_modal_data"] = {"image": list(images)}
+        params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0, detokenize=False)
+        out = self.llm.generate([request], sampling_params=params, use_tqdm=False)[0]
+        return [step[tok].logprob for step, tok in zip(out.prompt_logprobs[1:], token_ids[1:])]
