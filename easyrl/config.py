@@ -347,6 +347,23 @@ def _check_keys(user: dict, source: str, valid: dict[str, bool], autos: dict[str
             _check_keys(value, source, valid, autos, name + ".")
 
 
+def _has_dotted(tree: dict, key: str) -> bool:
+    node = tree
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def _pop_dotted(tree: dict, key: str) -> Any:
+    *parents, last = key.split(".")
+    node = tree
+    for part in parents:
+        node = node[part]
+    return node.pop(last)
+
+
 def load_config(argv: list[str]) -> PPOConfig:
     """Build the run configuration from command-line words.
 
@@ -376,17 +393,32 @@ def load_config(argv: list[str]) -> PPOConfig:
         if not os.path.isfile(yaml_path):
             raise ConfigError(f"Config file '{yaml_path}' (from config=) does not exist.")
         file_conf = OmegaConf.load(yaml_path)
-        layers.append((OmegaConf.to_container(file_conf), f"file {yaml_path}"))
+        layers.append((OmegaConf.to_container(file_conf), f"file {yaml_path}", None))
     try:
         cli_conf = OmegaConf.from_dotlist(overrides)
     except Exception as e:  # omegaconf's grammar errors
         raise ConfigError(f"Could not parse command-line overrides {overrides}: {e}") from None
-    layers.append((OmegaConf.to_container(cli_conf), "the command line"))
+    cli_whole_keys = {word.split("=", 1)[0] for word in overrides}
+    layers.append((OmegaConf.to_container(cli_conf), "the command line", cli_whole_keys))
 
-    for layer, source in layers:
-        _check_keys(layer or {}, source, valid, autos)
+    free_dicts = [key for key, is_dict in valid.items() if is_dict]
+    for layer, source, whole_keys in layers:
+        layer = layer or {}
+        _check_keys(layer, source, valid, autos)
+        # A free-form dict given whole by a later layer replaces the earlier one instead of merging into it, so that
+        # worker.reward.reward_function_kwargs={} really drops the YAML's kwargs. A YAML gives dicts whole; on the
+        # command line only `key={...}` does, while `key.sub=value` merges into the dict.
+        replaced = {key: _pop_dotted(layer, key) for key in free_dicts
+                    if _has_dotted(layer, key) and (whole_keys is None or key in whole_keys)}
         try:
-            merged = OmegaConf.merge(merged, layer or {})
+            merged = OmegaConf.merge(merged, layer)
+            for key, value in replaced.items():
+                if isinstance(value, dict):
+                    OmegaConf.update(merged, key, value, merge=False)
+                else:
+                    raise ConfigError(f"'{key}' (from {source}) must be a mapping, got {value!r}.")
+        except ConfigError:
+            raise
         except Exception as e:  # type mismatch, e.g. a string for an int
             raise ConfigError(f"Bad value in {source}: {e}") from None
     config: PPOConfig = OmegaConf.to_object(merged)

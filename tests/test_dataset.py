@@ -1,4 +1,4 @@
-"""easyrl.data.dataset.RLDataset / collate_fn and easyrl.data.prompts, on the real Geometry3K sample and tiny Qwen models."""
+"""easyrl.data.dataset.RLDataset / collate_fn and easyrl.data.prompts, on the Geometry3K sample and tiny Qwen models."""
 
 import json
 import logging
@@ -207,3 +207,24 @@ def test_format_prompt_template(tmp_path):
     (tmp_path / "other.jinja").write_text("{{ question }}")
     with pytest.raises(ValueError, match=r"other\.jinja.*undefined"):
         load_format_prompt(str(tmp_path / "other.jinja"))("x")
+
+
+def test_pixel_bounds_follow_the_processor_and_qwen3_vl_factor_32(tiny_model_path, geo3k_parquet, caplog):
+    path = tiny_model_path("qwen3_vl")
+    tokenizer, processor = AutoTokenizer.from_pretrained(path), AutoProcessor.from_pretrained(path)
+    image_processor = processor.image_processor
+    factor = image_processor.patch_size * image_processor.merge_size  # 16 * 2
+    longest = image_processor.size["longest_edge"]
+    assert factor == 32 and longest < 4194304
+    with caplog.at_level(logging.WARNING, logger="easyrl.data"):
+        dataset = RLDataset(geo3k_parquet, tokenizer, processor)  # default bounds [262144, 4194304]
+    assert f"narrowed to [262144, {longest}]" in caplog.text
+    pad_id = tokenizer.convert_tokens_to_ids(IMAGE_PAD)
+    for index in (0, 3):
+        item = dataset[index]
+        (image,) = item["images"]
+        assert image.width % 32 == 0 and image.height % 32 == 0 and 262144 <= image.width * image.height <= longest
+        grid = item["multi_modal_inputs"]["image_grid_thw"]
+        assert grid.tolist() == [[1, image.height // 16, image.width // 16]]
+        assert len(item["prompt_ids"]) == len(item["raw_prompt_ids"]) - 1 + int(grid.prod()) // 4
+        assert item["prompt_ids"].count(pad_id) == int(grid.prod()) // 4

@@ -1,4 +1,4 @@
-"""easyrl.rewards.function, examples/reward_function/{math,dapo}.py: loading, validation, scores on crafted responses."""
+"""easyrl.rewards.function and examples/reward_function/{math,dapo}.py: loading, validation, crafted responses."""
 
 import math
 import pickle

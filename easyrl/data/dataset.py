@@ -28,8 +28,8 @@ logger = logging.getLogger("easyrl.data")
 
 IMAGE_PLACEHOLDER = "<image>"
 # Processor outputs aligned with the prompt's tokens, (1, prompt_len): not image features, so not in
-# `multi_modal_inputs`. `mm_token_type_ids` (0 text / 1 image / 2 video per token) is derived from the ids by the trainer
-# over the padded prompt + response, as transformers' Qwen-VL needs it to compute mRoPE position ids.
+# `multi_modal_inputs`. `mm_token_type_ids` (0 text / 1 image / 2 video per token) is derived from the ids by the
+# trainer over the padded prompt + response, as transformers' Qwen-VL needs it to compute mRoPE position ids.
 TOKEN_ALIGNED_KEYS = ("input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids")
 LOCAL_FILE_BUILDERS = {".parquet": "parquet", ".json": "json", ".jsonl": "json"}
 
@@ -175,7 +175,9 @@ def load_source(data_path: str) -> datasets.Dataset:
     if os.path.isfile(path):
         ext = os.path.splitext(path)[1].lower()
         if ext not in LOCAL_FILE_BUILDERS:
-            raise ValueError(f"data file {path!r} has an unsupported extension; use one of {sorted(LOCAL_FILE_BUILDERS)}")
+            raise ValueError(
+                f"data file {path!r} has an unsupported extension; use one of {sorted(LOCAL_FILE_BUILDERS)}"
+            )
         return load_split(LOCAL_FILE_BUILDERS[ext], data_path, split, data_files=path)
     if os.path.isdir(path):
         if is_intergps_dir(path):
@@ -441,7 +443,9 @@ class RLDataset(torch.utils.data.Dataset):
             raise ValueError(f"row {self.row_ids[index]} of {self.data_path!r}: {err}") from err
 
     def _build(self, row: dict) -> dict[str, Any]:
-        images = [process_image(image, self.min_pixels, self.max_pixels, self.factor) for image in self._row_images(row)]
+        images = [
+            process_image(image, self.min_pixels, self.max_pixels, self.factor) for image in self._row_images(row)
+        ]
         text = self._prompt_text(row, len(images))
         raw_prompt_ids = self._encode(text)
         answer = row[self.answer_key]

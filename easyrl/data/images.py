@@ -21,13 +21,16 @@ DEFAULT_FACTOR = 28  # Qwen2/2.5-VL: patch 14 x spatial merge 2
 MAX_ASPECT_RATIO = 200  # the Qwen-VL processors refuse more elongated images
 
 
-def target_size(width: int, height: int, min_pixels: int, max_pixels: int, factor: int = DEFAULT_FACTOR) -> tuple[int, int]:
+def target_size(
+    width: int, height: int, min_pixels: int, max_pixels: int, factor: int = DEFAULT_FACTOR
+) -> tuple[int, int]:
     """Size ``(width, height)`` in pixels that :func:`process_image` gives a ``width x height`` image.
 
-    The image is scaled, keeping its aspect ratio, so that its area lies in ``[min_pixels, max_pixels]``; then both sides
-    are snapped to multiples of ``factor`` (at least ``factor``): rounded to the nearest multiple, then rounded down if
-    that overshoots ``max_pixels`` or up if it undershoots ``min_pixels``. The number of image tokens of the result is
-    ``width * height // factor**2``.
+    The image is scaled, keeping its aspect ratio, so that its area lies in ``[min_pixels, max_pixels]``; then both
+    sides are snapped to multiples of ``factor`` (at least ``factor``): rounded to the nearest multiple, then rounded
+    down if that overshoots ``max_pixels`` or up if it undershoots ``min_pixels``. The number of image tokens of the
+    result is ``width * height // factor**2``. (With bounds very close to each other the snapped area can land just
+    outside them.)
 
     Raises:
         ValueError: if the bounds are not ``factor**2 <= min_pixels <= max_pixels`` (a non-empty range of snapped

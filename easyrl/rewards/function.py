@@ -117,7 +117,8 @@ class RewardFunction:
                 raise ValueError(f"{self.where} returned a {type(score).__name__} for row {row}, expected a dict")
             if "overall" not in score:
                 raise ValueError(
-                    f"{self.where} returned no 'overall' score for row {row} (got {sorted(score)}); 'overall' is the reward"
+                    f"{self.where} returned no 'overall' score for row {row} (got {sorted(score)}); "
+                    "'overall' is the reward"
                 )
             if names is None:
                 names = list(score)

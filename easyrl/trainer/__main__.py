@@ -12,10 +12,14 @@ from easyrl.config import ConfigError, PPOConfig, load_config
 logger = logging.getLogger("easyrl")
 
 
-def build_and_fit(config: PPOConfig):
-    """Load tokenizer/processor, datasets and reward functions, start the workers on Ray, and train.
+def build_trainer(config: PPOConfig):
+    """Load tokenizer/processor, datasets and the reward function, start Ray (unless already started) and the workers.
 
-    Returns the trainer (its workers still alive) so that callers such as tests can inspect it.
+    Returns:
+        A ``RayPPOTrainer`` ready to ``fit()``.
+
+    Raises:
+        ConfigError: no reward function configured.
     """
     import ray
     from transformers import AutoConfig, AutoProcessor, AutoTokenizer
@@ -57,7 +61,6 @@ def build_and_fit(config: PPOConfig):
         device = detect_device(ray.cluster_resources())
     trainer = RayPPOTrainer(config, tokenizer, train_dataset, val_dataset, reward_fn)
     trainer.init_workers(device)
-    trainer.fit()
     return trainer
 
 
@@ -69,7 +72,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     except ConfigError as e:
         print(f"easyrl: config error: {e}", file=sys.stderr)
         return 2
-    build_and_fit(config)
+    build_trainer(config).fit()
     return 0
 
 

@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader
 
 from easyrl.algorithms.advantages import get_adv_estimator
 from easyrl.algorithms.kl import AdaptiveKLController, FixedKLController, apply_kl_penalty
+from easyrl.algorithms.losses import compute_tis_weights
 from easyrl.batch import Batch
 from easyrl.config import PPOConfig, to_dict
 from easyrl.data.dataset import collate_fn
@@ -63,6 +64,18 @@ def _right_pad(rows: list[list[Any]], length: int, pad_value: Any, dtype: torch.
             values[i, : len(row)] = torch.tensor(row, dtype=dtype)
             mask[i, : len(row)] = 1
     return values, mask
+
+
+def rollout_mismatch_metrics(batch: Batch) -> dict[str, float]:
+    """How far vLLM's sampled-token log-probs are from the actor's recomputed ones (same weights, other kernels):
+    ``rollout/probs_diff_{mean,max}``, ``rollout/log_ppl_diff`` (see ``compute_tis_weights``) and
+    ``rollout/log_prob_diff_max`` = max |logp_rollout - logp_old| over valid tokens."""
+    mask = batch["response_mask"]
+    _, metrics = compute_tis_weights(batch["old_log_probs"], batch["rollout_log_probs"], mask, cap=float("inf"))
+    del metrics["rollout/tis_weight_mean"], metrics["rollout/tis_clip_frac"]
+    diff = (batch["rollout_log_probs"] - batch["old_log_probs"]).abs() * mask
+    metrics["rollout/log_prob_diff_max"] = diff.max().item()
+    return metrics
 
 
 class RayPPOTrainer:
@@ -211,6 +224,8 @@ class RayPPOTrainer:
                 metrics.update({f"reward/{name}": float(np.mean(values)) for name, values in scores.items()})
             with timer("old_log_prob", timing):
                 batch["old_log_probs"] = torch.cat(self.workers.run_split("compute_log_probs", batch), dim=0)
+            if "rollout_log_probs" in batch:
+                metrics.update(rollout_mismatch_metrics(batch))
             if self.workers_need_ref():
                 with timer("ref", timing):
                     batch["ref_log_probs"] = torch.cat(self.workers.run_split("compute_ref_log_probs", batch), dim=0)

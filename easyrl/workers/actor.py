@@ -122,13 +122,17 @@ class FSDPPolicy:
         """Log-probs (and entropies) of the response tokens of one micro-batch, each ``(micro_bsz, resp_len)``."""
         responses = micro["responses"].to(self.torch_device)
         resp_len = responses.shape[1]
-        mm = _merge_multimodal(micro.extras.get("multi_modal_inputs", []), self.torch_device)
+        input_ids = micro["input_ids"].to(self.torch_device)
+        attention_mask = micro["attention_mask"].to(self.torch_device)
+        inputs = _merge_multimodal(micro.extras.get("multi_modal_inputs", []), self.torch_device)
+        if inputs:
+            # Qwen-VL computes its 3-D (mRoPE) positions itself, from the image tokens and the padding mask
+            inputs["mm_token_type_ids"] = self._mm_token_type_ids(input_ids)
+        else:
+            # prompts are left-padded: positions count only real tokens, as in vLLM (which sees no padding)
+            inputs["position_ids"] = (attention_mask.cumsum(-1) - 1).clamp(min=0)
         output = self.model(
-            input_ids=micro["input_ids"].to(self.torch_device),
-            attention_mask=micro["attention_mask"].to(self.torch_device),
-            use_cache=False,
-            logits_to_keep=resp_len + 1,
-            **mm,
+            input_ids=input_ids, attention_mask=attention_mask, use_cache=False, logits_to_keep=resp_len + 1, **inputs
         )
         # position t predicts token t+1: the last resp_len + 1 positions minus the final one predict the response
         # no float32 copy of the (micro_bsz, resp_len, vocab) logits: the token ops upcast chunk by chunk
@@ -136,6 +140,16 @@ class FSDPPolicy:
         log_probs = log_probs_from_logits(logits, responses, temperature=temperature)
         entropy = entropy_from_logits(logits, temperature=temperature) if with_entropy else None
         return log_probs, entropy
+
+    def _mm_token_type_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """``(bsz, seq_len)``: 1 at image pad tokens, 2 at video pad tokens, 0 elsewhere (what the Qwen-VL
+        processor returns for a prompt; rebuilt here for the padded prompt + response)."""
+        config = self.model.config
+        types = torch.zeros_like(input_ids)
+        types[input_ids == config.image_token_id] = 1
+        if getattr(config, "video_token_id", None) is not None:
+            types[input_ids == config.video_token_id] = 2
+        return types
 
     @torch.no_grad()
     def compute_log_probs(self, data: Batch, micro_batch_size: int, temperature: float) -> torch.Tensor:

@@ -140,7 +140,7 @@ class FSDPWorker:
         empty_cache(self.device)
         return metrics
 
-    def rollout_score(self, token_ids: list[int], images: list[Any]) -> list[float]:
+    def rollout_score(self, token_ids: list[int], images: list[Any]) -> tuple[list[int], list[float]]:
         """vLLM's log-probs of ``token_ids[1:]`` (weights synced first if stale); see ``VLLMRollout.score``."""
         if self.weights_dirty:
             self.sync_weights()

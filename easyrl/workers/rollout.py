@@ -69,6 +69,9 @@ class VLLMRollout:
             limit_mm_per_prompt={"image": config.limit_images, "video": 0},
             disable_log_stats=True,
             enable_prefix_caching=True,
+            # sampled-token log-probs after temperature/top-k/top-p, i.e. of the distribution actually sampled from,
+            # which is what the actor recomputes (logits / temperature) for the rollout/training mismatch
+            logprobs_mode="processed_logprobs",
         )
         from transformers import AutoConfig
 
@@ -160,11 +163,17 @@ class VLLMRollout:
                 response_log_probs.append([step[tok].logprob for step, tok in zip(completion.logprobs, ids)])
         return RolloutOutput(response_ids=response_ids, response_log_probs=response_log_probs)
 
-    def score(self, token_ids: list[int], images: list[Any]) -> list[float]:
-        """vLLM's log-prob of each token of ``token_ids[1:]`` given the tokens before it, shape ``(len - 1,)``.
+    def score(self, token_ids: list[int], images: list[Any]) -> tuple[list[int], list[float]]:
+        """Teacher-forced log-probs of a fixed sequence under the engine's current weights.
 
-        ``token_ids`` must already have the image pads expanded if images are given. Used to check that the engine
-        holds exactly the actor's weights (rollout/training mismatch).
+        Args:
+            token_ids: prompt + continuation, with ONE ``<|image_pad|>`` per image (as ``raw_prompt_ids``).
+            images: the PIL images of the sequence (``[]`` for text).
+
+        Returns:
+            ``(expanded_ids, log_probs)``: the token ids as the engine saw them (image pads expanded), and the log-prob
+            of each of ``expanded_ids[1:]`` given the tokens before it, shape ``(len(expanded_ids) - 1,)``. Used to
+            check that the engine holds exactly the actor's weights (rollout/training mismatch).
         """
         from vllm import SamplingParams
 
@@ -173,4 +182,5 @@ class VLLMRollout:
             request["multi_modal_data"] = {"image": list(images)}
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0, detokenize=False)
         out = self.llm.generate([request], sampling_params=params, use_tqdm=False)[0]
-        return [step[tok].logprob for step, tok in zip(out.prompt_logprobs[1:], token_ids[1:])]
+        expanded = list(out.prompt_token_ids)
+        return expanded, [step[tok].logprob for step, tok in zip(out.prompt_logprobs[1:], expanded[1:])]
