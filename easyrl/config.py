@@ -257,6 +257,26 @@ class PPOConfig:
         self._check()
         return self
 
+    def _check_names(self) -> None:
+        """Names that select an implementation must exist (checked here, before any model is loaded)."""
+        from easyrl.algorithms.advantages import ADV_ESTIMATORS
+        from easyrl.algorithms.kl import KL_ESTIMATORS
+        from easyrl.algorithms.losses import LOSS_AGG_MODES, POLICY_LOSSES
+
+        actor = self.worker.actor
+        _check_choice("algorithm.adv_estimator", self.algorithm.adv_estimator, list(ADV_ESTIMATORS))
+        _check_choice("algorithm.kl_penalty", self.algorithm.kl_penalty, KL_ESTIMATORS)
+        _check_choice("algorithm.kl_type", self.algorithm.kl_type, ("fixed", "adaptive"))
+        _check_choice("worker.actor.loss_type", actor.loss_type, list(POLICY_LOSSES))
+        _check_choice("worker.actor.loss_agg_mode", actor.loss_agg_mode, LOSS_AGG_MODES)
+        for key in ("param_dtype", "reduce_dtype"):
+            _check_choice(f"worker.actor.fsdp.{key}", getattr(actor.fsdp, key), ("bf16", "fp16", "fp32"))
+        _check_choice("worker.rollout.dtype", self.worker.rollout.dtype, ("bf16", "fp16", "fp32"))
+        _check_choice("worker.reward.reward_type", self.worker.reward.reward_type, ("batch", "sequential"))
+        _check_choice("trainer.device", self.trainer.device, ("auto", "cuda", "npu", "cpu"))
+        for name in self.trainer.logger:
+            _check_choice("trainer.logger", name, ("console", "jsonl", "wandb", "tensorboard"))
+
     @property
     def world_size(self) -> int:
         return self.trainer.nnodes * self.trainer.n_gpus_per_node
@@ -286,11 +306,17 @@ class PPOConfig:
                 f"{per_device} samples per device per mini-batch are not a multiple of "
                 f"worker.actor.micro_batch_size_per_device_for_update ({actor.micro_batch_size_per_device_for_update})."
             )
+        self._check_names()
         for key, value in (("data.max_prompt_length", self.data.max_prompt_length),
                            ("data.max_response_length", self.data.max_response_length),
                            ("worker.rollout.n", rollout.n)):
             if value <= 0:
                 raise ConfigError(f"{key} must be positive, got {value}.")
+
+
+def _check_choice(key: str, value: Any, choices: Any) -> None:
+    if value not in choices:
+        raise ConfigError(f"{key}={value!r} is not one of: {', '.join(map(str, choices))}.")
 
 
 def _auto_keys(cls: type, prefix: str = "") -> dict[str, str]:

@@ -1,0 +1,22 @@
+# The two commands of the README: `make demo` and `make test`. Both do all set-up on a fresh machine (uv, .venv).
+UV := $(shell command -v uv 2>/dev/null || echo "python3 -m uv")
+PY := .venv/bin/python
+TINY := .cache/tiny_models/qwen2_5_vl
+
+.PHONY: setup demo test test-fast
+setup:
+	@command -v uv >/dev/null 2>&1 || python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet uv
+	$(UV) sync --locked --extra cpu --extra dev
+
+# GRPO on the ten bundled Geometry3K problems with a tiny Qwen2.5-VL, 2 CPU workers, 2 steps (~4 minutes).
+demo: setup
+	$(PY) -m easyrl.models.tiny qwen2_5_vl --output $(TINY)
+	$(PY) -m easyrl.trainer config=examples/configs/cpu_demo.yaml worker.actor.model.model_path=$(TINY) $(ARGS)
+
+# The whole suite: unit tests plus the real end-to-end runs (Ray + vLLM + FSDP2 on the CPU).
+test: setup
+	$(PY) -m pytest -q
+
+# Unit tests only (seconds to a minute).
+test-fast: setup
+	$(PY) -m pytest -q -m "not e2e"

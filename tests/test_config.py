@@ -1,0 +1,88 @@
+"""Configuration: defaults <- YAML <- CLI, auto keys, and errors that name the key before any work starts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from easyrl.config import ConfigError, load_config
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO = f"config={REPO / 'examples/configs/cpu_demo.yaml'}"
+
+
+def test_precedence_defaults_yaml_cli():
+    config = load_config([DEMO, "worker.actor.model.model_path=m", "worker.rollout.n=8"])
+    assert config.worker.rollout.n == 8  # CLI over YAML (4)
+    assert config.data.max_prompt_length == 256  # YAML over default (1024)
+    assert config.worker.actor.clip_ratio_dual == 3.0  # default
+    # auto keys follow their sources
+    assert config.worker.rollout.prompt_length == 256
+    assert config.worker.rollout.response_length == config.data.max_response_length == 48
+    assert config.worker.actor.kl_coef == config.algorithm.kl_coef
+
+
+def test_typo_fails_fast_from_the_command_line():
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "easyrl.trainer", f"config={REPO / 'config.yaml'}", "data.max_promt_length=1024"],
+        capture_output=True, text=True, cwd=REPO,
+    )
+    elapsed = time.perf_counter() - start
+    assert proc.returncode == 2
+    assert "data.max_promt_length" in proc.stderr and "data.max_prompt_length" in proc.stderr
+    assert elapsed < 5.0, f"the typo took {elapsed:.1f} s to be reported"
+
+
+def test_typo_in_yaml_names_file_and_suggestion(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("worker:\n  rollout:\n    tempreature: 0.5\n")
+    with pytest.raises(ConfigError, match=r"worker\.rollout\.tempreature.*bad\.yaml.*worker\.rollout\.temperature"):
+        load_config([f"config={bad}", "worker.actor.model.model_path=m"])
+
+
+def test_auto_key_cannot_be_set():
+    with pytest.raises(ConfigError, match=r"worker\.rollout\.prompt_length.*data\.max_prompt_length"):
+        load_config(["worker.actor.model.model_path=m", "worker.rollout.prompt_length=10"])
+
+
+@pytest.mark.parametrize("override, message", [
+    ("data.max_prompt_length=abc", r"data\.max_prompt_length"),
+    ("algorithm.adv_estimator=grpoo", r"algorithm\.adv_estimator.*grpo"),
+    ("worker.actor.loss_type=ppo2", r"worker\.actor\.loss_type.*vanilla"),
+    ("worker.actor.loss_agg_mode=mean", r"worker\.actor\.loss_agg_mode.*token-mean"),
+    ("algorithm.kl_penalty=k9", r"algorithm\.kl_penalty.*low_var_kl"),
+    ("algorithm.kl_type=adaptve", r"algorithm\.kl_type"),
+    ("worker.actor.fsdp.param_dtype=fp8", r"worker\.actor\.fsdp\.param_dtype"),
+    ("trainer.logger=[console,mlflow]", r"trainer\.logger.*mlflow"),
+    ("worker.reward.reward_type=parallel", r"worker\.reward\.reward_type"),
+    ("trainer.device=tpu", r"trainer\.device"),
+])
+def test_bad_values_name_the_key(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config([DEMO, "worker.actor.model.model_path=m", override])
+
+
+def test_batch_sizes_must_divide():
+    with pytest.raises(ConfigError, match=r"rollout_batch_size"):
+        load_config([DEMO, "worker.actor.model.model_path=m", "data.rollout_batch_size=3"])
+    with pytest.raises(ConfigError, match=r"micro_batch_size_per_device_for_update"):
+        load_config([DEMO, "worker.actor.model.model_path=m", "worker.actor.micro_batch_size_per_device_for_update=3"])
+
+
+def test_whole_dict_replaces_but_sub_key_merges():
+    replaced = load_config([DEMO, "worker.actor.model.model_path=m", "worker.reward.reward_function_kwargs={}"])
+    assert replaced.worker.reward.reward_function_kwargs == {}
+    merged = load_config([DEMO, "worker.actor.model.model_path=m", "worker.reward.reward_function_kwargs.scale=2"])
+    assert merged.worker.reward.reward_function_kwargs == {"format_weight": 0.1, "scale": 2}
+
+
+def test_missing_yaml_and_malformed_word():
+    with pytest.raises(ConfigError, match=r"nope\.yaml"):
+        load_config(["config=nope.yaml"])
+    with pytest.raises(ConfigError, match=r"'worker\.rollout\.n'.*key=value"):
+        load_config(["worker.rollout.n"])
