@@ -37,7 +37,8 @@ class DataConfig:
 
     train_files: str = "hiyouga/geometry3k@train"
     """A hub id ``name@split``, a local parquet/json/jsonl file or folder, or a raw InterGPS geometry3k folder."""
-    val_files: str = "hiyouga/geometry3k@test"
+    val_files: Optional[str] = "hiyouga/geometry3k@test"
+    """Same forms as ``train_files``; null = no validation."""
     prompt_key: str = "problem"
     answer_key: str = "answer"
     image_key: str = "images"
@@ -81,6 +82,15 @@ class AlgorithmConfig:
     """Controller of the in-reward KL coefficient: fixed or adaptive."""
     kl_target: float = 0.1
     kl_horizon: float = 10000.0
+    online_filtering: bool = False
+    """DAPO dynamic sampling: drop groups whose ``filter_key`` scores are all equal or whose mean lies outside
+    [``filter_low``, ``filter_high``], and keep generating until ``data.rollout_batch_size`` groups are kept."""
+    filter_key: str = "overall"
+    """The reward name that online filtering looks at (``overall``, ``accuracy``, ...)."""
+    filter_low: float = 0.01
+    filter_high: float = 0.99
+    max_try_make_batch: int = 20
+    """Generation rounds per step at most when filtering; then the step fails with a clear error (-1: no limit)."""
 
 
 @dataclass
@@ -115,8 +125,8 @@ class FSDPConfig:
 @dataclass
 class OffloadConfig:
     offload_params: bool = False
-    """Keep parameters on the host between phases (moved to the device only while used)."""
-    offload_optimizer: bool = False
+    """Keep parameters (and with them gradients and optimizer states: FSDP2's ``CPUOffloadPolicy``) on the host;
+    they are copied to the device block by block when used. Ignored on the CPU."""
 
 
 @dataclass
@@ -223,7 +233,6 @@ class TrainerConfig:
     """Validate every this many steps; -1 never (besides ``val_before_train``)."""
     val_before_train: bool = True
     val_only: bool = False
-    val_generations_to_log: int = 0
     save_model_path: Optional[str] = None
     """Where the final actor is exported in Hugging Face format; default ``<run_dir>/huggingface``."""
     run_dir: str = auto("trainer.project_name/experiment_name", "")

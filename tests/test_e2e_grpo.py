@@ -71,7 +71,7 @@ def test_grpo_two_steps_two_ranks(vl_trainer):
     weights_0 = workers.run_all("actor_state_dict")[0]
 
     trainer.global_step = 1
-    metrics_1 = trainer.train_step(next(features))
+    metrics_1 = trainer.train_step(features)
     weights_1 = workers.run_all("actor_state_dict")
     # FSDP2 gathers the same full weights on both ranks, and the update changed them
     assert _max_abs_diff(weights_1[0], weights_1[1]) == 0.0
@@ -81,7 +81,7 @@ def test_grpo_two_steps_two_ranks(vl_trainer):
     # step 2's rollout must have sampled with the step-1 weights: vLLM's log-probs of its own samples equal the
     # actor's (old_log_probs, computed with the step-1 weights), and differ from the initial weights' (ref_log_probs)
     trainer.global_step = 2
-    metrics_2 = trainer.train_step(next(features))
+    metrics_2 = trainer.train_step(features)
     assert metrics_2["rollout/log_prob_diff_max"] < LOGPROB_TOL, metrics_2["rollout/log_prob_diff_max"]
     assert metrics_2["actor/ppo_kl"] == pytest.approx(metrics_2["actor/ppo_kl"])  # finite
     required = [

@@ -13,6 +13,7 @@ import time
 import uuid
 from collections import defaultdict
 from contextlib import contextmanager
+from collections.abc import Iterator
 from typing import Any, Optional
 
 import numpy as np
@@ -22,6 +23,7 @@ from tensordict import TensorDict
 from torch.utils.data import DataLoader
 
 from easyrl.algorithms.advantages import get_adv_estimator
+from easyrl.algorithms.dynamic_sampling import select_groups
 from easyrl.algorithms.kl import AdaptiveKLController, FixedKLController, apply_kl_penalty
 from easyrl.algorithms.losses import compute_tis_weights
 from easyrl.batch import Batch
@@ -118,6 +120,7 @@ class RayPPOTrainer:
             self.kl_ctrl = FixedKLController(algo.kl_coef)
         self.workers: Optional[WorkerGroup] = None
         self.global_step = 0
+        self.last_batch: Optional[Batch] = None  # the most recent training batch, for inspection
 
     def init_workers(self, device: str) -> None:
         """Start the Ray workers (process group, FSDP2 actor/ref, vLLM engines)."""
@@ -155,7 +158,8 @@ class RayPPOTrainer:
         return batch
 
     def _reward(self, batch: Batch, reward_fn: RewardFunction) -> dict[str, list[float]]:
-        """Score every response; puts ``token_level_scores`` (bsz, resp_len) in the batch, returns all named scores."""
+        """Score every response; puts ``token_level_scores`` (bsz, resp_len) and each named score (``score/<name>``,
+        a list) in the batch; returns the named scores."""
         lengths = batch["response_mask"].sum(-1).tolist()
         skip = self.config.worker.reward.skip_special_tokens
         texts = self.tokenizer.batch_decode(
@@ -166,6 +170,8 @@ class RayPPOTrainer:
         scores = reward_fn(inputs)
         overall = torch.tensor(scores["overall"], dtype=torch.float32)
         batch["token_level_scores"] = scores_to_token_rewards(overall, batch["response_mask"])
+        for name, values in scores.items():
+            batch[f"score/{name}"] = values
         return scores
 
     def _compute_advantage(self, batch: Batch) -> None:
@@ -192,36 +198,36 @@ class RayPPOTrainer:
                 tracker.log(self.validate(), step=self.global_step)
                 if cfg.trainer.val_only:
                     return
+            prompts = self.prompt_stream()
             while self.global_step < self.training_steps:
-                for features in self.train_dataloader:
-                    self.global_step += 1
-                    metrics = self.train_step(features)
-                    if self._should_validate():
-                        metrics.update(self.validate())
-                    tracker.log(metrics, step=self.global_step)
-                    if self.global_step >= self.training_steps:
-                        break
+                self.global_step += 1
+                metrics = self.train_step(prompts)
+                if self._should_validate():
+                    metrics.update(self.validate())
+                tracker.log(metrics, step=self.global_step)
             self.save_model()
         finally:
             tracker.close()
+
+    def prompt_stream(self) -> Iterator[dict[str, list]]:
+        """Batches of ``data.rollout_batch_size`` prompts, epoch after epoch (reshuffled each epoch)."""
+        while True:
+            yield from self.train_dataloader
 
     def _should_validate(self) -> bool:
         freq = self.config.trainer.val_freq
         last = self.global_step == self.training_steps
         return self.val_dataset is not None and freq > 0 and (self.global_step % freq == 0 or last)
 
-    def train_step(self, features: dict[str, list]) -> dict[str, float]:
-        """One step of GRPO-style RL on a batch of prompts; returns the step's metrics."""
+    def train_step(self, prompt_stream: Iterator[dict[str, list]]) -> dict[str, float]:
+        """One step of GRPO-style RL on the next batch of prompts; returns the step's metrics."""
         cfg = self.config
         timing: dict[str, float] = {}
         metrics: dict[str, float] = {}
         with timer("step", timing):
-            prompts = self._prompt_batch(features, cfg.worker.rollout.n)
-            with timer("gen", timing):
-                batch = self._generate(prompts, overrides=None, timing=timing)
-            with timer("reward", timing):
-                scores = self._reward(batch, self.reward_fn)
-                metrics.update({f"reward/{name}": float(np.mean(values)) for name, values in scores.items()})
+            batch = self._make_batch(prompt_stream, timing, metrics)  # gen + reward (+ dynamic sampling)
+            metrics.update({key.replace("score/", "reward/", 1): float(np.mean(batch[key]))
+                            for key in batch.extras if key.startswith("score/")})
             with timer("old_log_prob", timing):
                 batch["old_log_probs"] = torch.cat(self.workers.run_split("compute_log_probs", batch), dim=0)
             if "rollout_log_probs" in batch:
@@ -249,7 +255,76 @@ class RayPPOTrainer:
         metrics.update(compute_data_metrics(batch, cfg.data.max_prompt_length, cfg.data.max_response_length))
         metrics.update({f"timing_s/{name}": seconds for name, seconds in timing.items()})
         metrics.update(compute_throughput_metrics(batch, timing["step"], self.workers.world_size))
+        self.last_batch = batch
         return metrics
+
+    def _make_batch(self, prompt_stream: Iterator[dict[str, list]], timing: dict[str, float],
+                    metrics: dict[str, float]) -> Batch:
+        """Generate and score ``data.rollout_batch_size`` groups of ``n`` samples.
+
+        With ``algorithm.online_filtering`` (DAPO dynamic sampling, Yu et al. 2025 sec. 3.2) groups whose
+        ``filter_key`` scores are all equal, or whose mean is outside [filter_low, filter_high], are dropped and
+        more prompts are generated until enough groups are kept (``max_try_make_batch`` rounds at most); metrics
+        ``dynamic_sampling/{num_gen_batches,groups_kept,groups_dropped}``.
+
+        Raises:
+            RuntimeError: ``max_try_make_batch`` rounds did not yield enough groups.
+        """
+        cfg, algo = self.config, self.config.algorithm
+        n, wanted = cfg.worker.rollout.n, cfg.data.rollout_batch_size
+        kept: list[Batch] = []
+        num_kept, rounds, dropped = 0, 0, 0
+        while num_kept < wanted:
+            rounds += 1
+            if algo.online_filtering and algo.max_try_make_batch > 0 and rounds > algo.max_try_make_batch:
+                raise RuntimeError(
+                    f"Dynamic sampling kept {num_kept} of {wanted} groups after {algo.max_try_make_batch} generation "
+                    f"rounds (algorithm.max_try_make_batch): the rewards barely vary. Widen algorithm.filter_low/"
+                    f"filter_high, raise max_try_make_batch, or turn algorithm.online_filtering off."
+                )
+            prompts = self._prompt_batch(next(prompt_stream), n)
+            with timer("gen", timing):
+                batch = self._generate(prompts, overrides=None, timing=timing)
+            with timer("reward", timing):
+                self._reward(batch, self.reward_fn)
+            if algo.adv_estimator == "remax":
+                with timer("gen_baseline", timing):
+                    batch["reward_baselines"] = self._greedy_baselines(prompts)
+            if not algo.online_filtering:
+                return batch
+            if f"score/{algo.filter_key}" not in batch:
+                names = sorted(k.split("/", 1)[1] for k in batch.extras if k.startswith("score/"))
+                raise ValueError(f"algorithm.filter_key={algo.filter_key!r} is not a score of the reward function "
+                                 f"(it returns {', '.join(names)}).")
+            keep = select_groups(np.array(batch[f"score/{algo.filter_key}"]), np.array(batch["uid"], dtype=object),
+                                 filter_low=algo.filter_low, filter_high=algo.filter_high)
+            dropped += len(set(batch["uid"])) - len(set(u for u, k in zip(batch["uid"], keep) if k))
+            if keep.any():
+                kept.append(batch.select(np.flatnonzero(keep).tolist()))
+                num_kept += int(keep.sum()) // n
+        batch = Batch.cat(kept).select(list(range(wanted * n)))  # groups are consecutive: whole groups are kept
+        metrics.update({"dynamic_sampling/num_gen_batches": float(rounds),
+                        "dynamic_sampling/groups_dropped": float(dropped),
+                        "dynamic_sampling/groups_kept": float(num_kept)})
+        return batch
+
+    def _greedy_baselines(self, prompts: Batch) -> torch.Tensor:
+        """ReMax's baseline (Li et al. 2023, Eq. 4): the reward of a greedy response to each prompt, ``(bsz,)``,
+        shared by the ``n`` samples of the prompt."""
+        n = self.config.worker.rollout.n
+        firsts = list(range(0, len(prompts), n))
+        greedy = self._generate_even(prompts.select(firsts), overrides={"temperature": 0.0})
+        scores = self._reward(greedy, self.reward_fn)["overall"]
+        return torch.tensor(scores, dtype=torch.float32).repeat_interleave(n)
+
+    def _generate_even(self, prompts: Batch, overrides: Optional[dict[str, Any]]) -> Batch:
+        """``_generate`` for any number of prompts: pads with copies of the first prompts so that every worker gets
+        an equal share, and drops their responses again."""
+        real = len(prompts)
+        pad = (-real) % self.workers.world_size
+        if pad:
+            prompts = Batch.cat([prompts, prompts.select([i % real for i in range(pad)])])
+        return self._generate(prompts, overrides=overrides, timing={}).select(list(range(real)))
 
     def workers_need_ref(self) -> bool:
         algo = self.config.algorithm
@@ -269,13 +344,7 @@ class RayPPOTrainer:
         loader = DataLoader(self.val_dataset, batch_size=batch_size, shuffle=False, collate_fn=collate_fn)
         with timer("validation", timing):
             for features in loader:
-                prompts = self._prompt_batch(features, n)
-                real = len(prompts)
-                pad = (-real) % self.workers.world_size
-                if pad:  # repeat the first prompts so that every worker gets an equal share; dropped below
-                    prompts = Batch.cat([prompts, prompts.select(list(range(pad)))])
-                batch = self._generate(prompts, overrides=overrides, timing={})
-                batch = batch.select(list(range(real)))
+                batch = self._generate_even(self._prompt_batch(features, n), overrides=overrides)
                 for name, values in self._reward(batch, self.val_reward_fn).items():
                     sums[name].extend(values)
                 lengths.extend(batch["response_mask"].sum(-1).float().tolist())

@@ -28,13 +28,16 @@ logger = logging.getLogger("easyrl.actor")
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
+def hf_model_class(hf_config) -> type:
+    """``AutoModelForImageTextToText`` when the config has a ``vision_config`` (Qwen2-VL, Qwen2.5-VL, Qwen3-VL),
+    else ``AutoModelForCausalLM``."""
+    return AutoModelForImageTextToText if getattr(hf_config, "vision_config", None) is not None else AutoModelForCausalLM
+
+
 def load_hf_model(model_path: str, trust_remote_code: bool = False) -> torch.nn.Module:
-    """Load a Hugging Face model in float32 on the host: ``AutoModelForImageTextToText`` when its config has a
-    ``vision_config`` (Qwen2-VL, Qwen2.5-VL, Qwen3-VL), else ``AutoModelForCausalLM``."""
+    """Load a Hugging Face model in float32 on the host (the FSDP2 master copy)."""
     hf_config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
-    is_vl = getattr(hf_config, "vision_config", None) is not None
-    model_class = AutoModelForImageTextToText if is_vl else AutoModelForCausalLM
-    return model_class.from_pretrained(
+    return hf_model_class(hf_config).from_pretrained(
         model_path, dtype=torch.float32, trust_remote_code=trust_remote_code, attn_implementation="sdpa"
     )
 

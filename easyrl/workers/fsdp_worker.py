@@ -140,6 +140,14 @@ class FSDPWorker:
         empty_cache(self.device)
         return metrics
 
+    def update_config(self, config: PPOConfig) -> None:
+        """Adopt new loss settings between steps (``worker.actor``: loss_type, loss_agg_mode, clip ratios, KL and
+        entropy coefficients, ppo_epochs, ...; ``algorithm.*``). Model, optimizer, FSDP and vLLM engine settings
+        were fixed at start-up and are not re-applied."""
+        self.config = config
+        self.actor.config = config.worker.actor
+        self.rollout.config = config.worker.rollout
+
     def rollout_score(self, token_ids: list[int], images: list[Any]) -> tuple[list[int], list[float]]:
         """vLLM's log-probs of ``token_ids[1:]`` (weights synced first if stale); see ``VLLMRollout.score``."""
         if self.weights_dirty:
@@ -160,7 +168,7 @@ class FSDPWorker:
         """
         from transformers import AutoConfig, AutoProcessor, AutoTokenizer, GenerationConfig
 
-        from easyrl.workers.actor import load_hf_model  # noqa: F401  (same classes as training)
+        from easyrl.workers.actor import hf_model_class
 
         state = self.actor_state_dict()
         if self.rank != 0:
@@ -168,11 +176,8 @@ class FSDPWorker:
         model_cfg = self.config.worker.actor.model
         src = model_cfg.model_path
         hf_config = AutoConfig.from_pretrained(src, trust_remote_code=model_cfg.trust_remote_code)
-        from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
-
-        model_class = AutoModelForImageTextToText if getattr(hf_config, "vision_config", None) else AutoModelForCausalLM
         with torch.device("meta"):
-            model = model_class.from_config(hf_config, trust_remote_code=model_cfg.trust_remote_code)
+            model = hf_model_class(hf_config).from_config(hf_config, trust_remote_code=model_cfg.trust_remote_code)
         model.load_state_dict(state, assign=True, strict=True)
         model.save_pretrained(path)
         tok_src = model_cfg.tokenizer_path or src
