@@ -99,6 +99,23 @@ def test_kl_in_reward_and_entropy_bonus(trainer):
         trainer.workers.run_all("update_config", trainer.config)
 
 
+def test_truncated_importance_sampling_with_rollout_log_probs(trainer):
+    """vLLM's sampled-token log-probs travel with the batch; TIS weights exp(old - rollout), capped, are ~1 when
+    the engine holds exactly the actor's weights (the mismatch is only kernel noise)."""
+    rollout, actor = trainer.config.worker.rollout, trainer.config.worker.actor
+    rollout.calculate_log_probs, actor.tis_cap = True, 2.0
+    trainer.workers.run_all("update_config", trainer.config)
+    try:
+        metrics = _steps(trainer, 1)[0]
+    finally:
+        rollout.calculate_log_probs, actor.tis_cap = False, None
+        trainer.workers.run_all("update_config", trainer.config)
+    _assert_finite(metrics)
+    assert metrics["rollout/tis_weight_mean"] == pytest.approx(1.0, abs=1e-2)
+    assert metrics["rollout/log_prob_diff_max"] < 2e-3
+    assert "rollout_log_probs" in trainer.last_batch
+
+
 def test_dynamic_sampling_drops_constant_groups_and_refills(trainer):
     """Half of the problems get a constant reward: their groups are dropped and more prompts are generated until
     the batch holds rollout_batch_size groups that all vary."""

@@ -27,12 +27,12 @@ class ConsoleLogger:
 
 
 class JsonlLogger:
-    """Appends one JSON object per step to ``path`` (non-finite values are written as strings)."""
+    """Writes one JSON object per step to ``path`` (non-finite values are written as strings)."""
 
     def __init__(self, path: str):
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         self.path = path
-        self.file = open(path, "a", encoding="utf-8")
+        self.file = open(path, "w", encoding="utf-8")  # a new run replaces the file (no resume yet)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         row = {"step": step}

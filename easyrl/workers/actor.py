@@ -110,6 +110,7 @@ class FSDPPolicy:
             model.to(torch_device)
         self.model = shard_model(model, mesh, config.fsdp, offload, device)
         self.optimizer: Optional[torch.optim.Optimizer] = None
+        self.num_updates = 0
         if trainable:
             optim = config.optim
             params = [p for p in self.model.parameters() if p.requires_grad]
@@ -177,7 +178,8 @@ class FSDPPolicy:
         self.model.train()
         policy_loss_fn = get_policy_loss(cfg.loss_type)
         metrics: dict[str, list[float]] = defaultdict(list)
-        generator = torch.Generator().manual_seed(len(data))
+        self.num_updates += 1
+        generator = torch.Generator().manual_seed(self.num_updates)  # a new mini-batch shuffle every step
         for _ in range(cfg.ppo_epochs):
             order = torch.randperm(len(data), generator=generator)
             for mini in data.select(order).split(mini_batch_size):
@@ -217,8 +219,8 @@ class FSDPPolicy:
             tis_weights, tis_metrics = compute_tis_weights(
                 old_log_probs, micro["rollout_log_probs"].to(dev), mask, cfg.tis_cap
             )
-            for key, value in tis_metrics.items():
-                step_metrics[key] += float(value) * _share(mask, agg_kwargs)
+            for key in ("rollout/tis_weight_mean", "rollout/tis_clip_frac"):  # token means: weight by token share
+                step_metrics[key] += tis_metrics[key] * _share(mask, agg_kwargs)
         pg_loss, pg_metrics = policy_loss_fn(
             old_log_probs, log_probs, advantages, mask,
             loss_agg_mode=cfg.loss_agg_mode, clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high,

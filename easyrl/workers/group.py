@@ -29,7 +29,9 @@ def _bundle(device: str) -> dict[str, float]:
 
 
 def _worker_env(device: str, rank: int) -> dict[str, str]:
-    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false"}
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false",
+           # vLLM's per-engine INFO lines would drown the step metrics; set VLLM_LOGGING_LEVEL=INFO to see them
+           "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")}
     if device == "cpu":
         # each worker's vLLM CPU engine gets one core of its own instead of binding to all of them
         env["VLLM_CPU_OMP_THREADS_BIND"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")
