@@ -1,0 +1,32 @@
+"""Worker decisions that need no Ray or model: which policies a worker builds, and its Ray resources."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from easyrl.config import load_config
+from easyrl.device import collective_backend, ray_actor_resources
+from easyrl.workers.fsdp_worker import FSDPWorker
+
+DEMO = f"config={Path(__file__).resolve().parents[1] / 'examples/configs/cpu_demo.yaml'}"
+
+
+@pytest.mark.parametrize("overrides, needs_ref", [
+    ([], True),
+    (["algorithm.disable_kl=true"], False),
+    (["algorithm.use_kl_loss=false"], False),
+    (["algorithm.use_kl_loss=false", "algorithm.use_kl_in_reward=true"], True),
+])
+def test_reference_model_only_when_a_kl_term_uses_it(overrides, needs_ref):
+    config = load_config([DEMO, "worker.actor.model.model_path=m", *overrides])
+    assert FSDPWorker(config, rank=0, world_size=2, device="cpu").needs_ref() is needs_ref
+
+
+def test_device_backends_and_resources():
+    assert [collective_backend(d) for d in ("cuda", "npu", "cpu")] == ["nccl", "hccl", "gloo"]
+    assert ray_actor_resources("cuda")["num_gpus"] == 1
+    assert ray_actor_resources("npu")["resources"] == {"NPU": 1}
+    with pytest.raises(ValueError, match="trainer.device"):
+        collective_backend("tpu")
