@@ -99,6 +99,22 @@ def test_kl_in_reward_and_entropy_bonus(trainer):
         trainer.workers.run_all("update_config", trainer.config)
 
 
+def test_disable_kl_skips_the_reference_forward(trainer):
+    algo = trainer.config.algorithm
+    algo.disable_kl = True
+    trainer.config.worker.actor.disable_kl = True
+    trainer.workers.run_all("update_config", trainer.config)
+    try:
+        metrics = _steps(trainer, 1)[0]
+    finally:
+        algo.disable_kl = False
+        trainer.config.worker.actor.disable_kl = False
+        trainer.workers.run_all("update_config", trainer.config)
+    _assert_finite(metrics)
+    assert "timing_s/ref" not in metrics and "actor/kl_loss" not in metrics
+    assert "ref_log_probs" not in trainer.last_batch
+
+
 def test_truncated_importance_sampling_with_rollout_log_probs(trainer):
     """vLLM's sampled-token log-probs travel with the batch; TIS weights exp(old - rollout), capped, are ~1 when
     the engine holds exactly the actor's weights (the mismatch is only kernel noise)."""

@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
@@ -34,19 +35,37 @@ def hf_model_class(hf_config) -> type:
     return AutoModelForImageTextToText if getattr(hf_config, "vision_config", None) is not None else AutoModelForCausalLM
 
 
-def load_hf_model(model_path: str, trust_remote_code: bool = False) -> torch.nn.Module:
-    """Load a Hugging Face model in float32 on the host (the FSDP2 master copy)."""
-    hf_config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
-    return hf_model_class(hf_config).from_pretrained(
-        model_path, dtype=torch.float32, trust_remote_code=trust_remote_code, attn_implementation="sdpa"
-    )
+def _instantiate(model_path: str, hf_config, trust_remote_code: bool, real: bool) -> tuple[torch.nn.Module, dict]:
+    """The float32 model (the FSDP2 master copy). ``real``: read the checkpoint into host memory and return its full
+    state dict too; otherwise build the same modules on the meta device (no memory) and return ``{}``."""
+    model_class = hf_model_class(hf_config)
+    kwargs = dict(dtype=torch.float32, trust_remote_code=trust_remote_code, attn_implementation="sdpa")
+    if real:
+        model = model_class.from_pretrained(model_path, **kwargs)
+        return model, model.state_dict()
+    with torch.device("meta"):
+        return model_class.from_config(hf_config, **kwargs), {}
+
+
+def _broadcast_weights(model: torch.nn.Module, full_state: dict[str, torch.Tensor]) -> None:
+    """Give every rank its shard of rank 0's checkpoint (``torch.distributed.checkpoint``'s
+    ``set_model_state_dict`` with ``broadcast_from_rank0``), so that only rank 0 ever holds the full model in host
+    memory; then copy rank 0's buffers (e.g. rotary ``inv_freq``, which checkpoints do not store)."""
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_model_state_dict(model, full_state, options=options)
+    for module in model.modules():
+        for name, buffer in module.named_buffers(recurse=False):
+            dist.broadcast(buffer, src=0)
+        original = getattr(module, "original_inv_freq", None)
+        if isinstance(original, torch.Tensor) and original.is_meta:  # a plain attribute: rebuild it from the buffer
+            module.original_inv_freq = module.inv_freq.clone()
 
 
 def shard_model(
     model: torch.nn.Module, mesh: DeviceMesh, fsdp: FSDPConfig, offload: OffloadConfig, device: str
 ) -> torch.nn.Module:
     """Apply FSDP2 ``fully_shard`` to each transformer block (the classes in ``model._no_split_modules``), then to
-    the whole model. Parameters stay float32 (the master copy); compute runs in ``fsdp.param_dtype``."""
+    the whole model, in place. Parameters stay float32 (the master copy); compute runs in ``fsdp.param_dtype``."""
     mp_policy = MixedPrecisionPolicy(
         param_dtype=TORCH_DTYPES[fsdp.param_dtype], reduce_dtype=TORCH_DTYPES[fsdp.reduce_dtype]
     )
@@ -99,16 +118,23 @@ class FSDPPolicy:
         self.device = device
         self.torch_device = torch_device
         self.dp_size = mesh.size()
-        model = load_hf_model(model_path, config.model.trust_remote_code)
+        hf_config = AutoConfig.from_pretrained(model_path, trust_remote_code=config.model.trust_remote_code)
+        is_rank0 = dist.get_rank() == 0
+        model, full_state = _instantiate(model_path, hf_config, config.model.trust_remote_code, real=is_rank0)
         if trainable and config.fsdp.enable_gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if trainable and config.model.freeze_vision_tower and hasattr(model, "model") and hasattr(model.model, "visual"):
             model.model.visual.requires_grad_(False)
         if not trainable:
             model.requires_grad_(False)
-        if not (offload.offload_params and device != "cpu"):
-            model.to(torch_device)
-        self.model = shard_model(model, mesh, config.fsdp, offload, device)
+        shard_model(model, mesh, config.fsdp, offload, device)
+        home = torch.device("cpu") if offload.offload_params and device != "cpu" else torch_device
+        if is_rank0:
+            model.to(home)
+        else:
+            model.to_empty(device=home)
+        _broadcast_weights(model, full_state)
+        self.model = model
         self.optimizer: Optional[torch.optim.Optimizer] = None
         self.num_updates = 0
         if trainable:
