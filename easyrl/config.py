@@ -95,6 +95,8 @@ class AlgorithmConfig:
 
 @dataclass
 class ModelConfig:
+    """The policy checkpoint (actor, reference and rollout all start from it)."""
+
     model_path: Optional[str] = None
     """A hub id or local folder in Hugging Face format."""
     tokenizer_path: Optional[str] = None
@@ -105,6 +107,8 @@ class ModelConfig:
 
 @dataclass
 class OptimConfig:
+    """AdamW and its learning-rate schedule (linear warm-up, then constant)."""
+
     lr: float = 1e-6
     betas: tuple[float, float] = (0.9, 0.999)
     weight_decay: float = 1e-2
@@ -115,6 +119,8 @@ class OptimConfig:
 
 @dataclass
 class FSDPConfig:
+    """FSDP2 (``fully_shard``) settings: mixed precision, activation checkpointing, resharding."""
+
     param_dtype: str = "bf16"
     """Compute dtype of the sharded parameters (bf16, fp16 or fp32); fp32 on the CPU."""
     reduce_dtype: str = "fp32"
@@ -124,6 +130,8 @@ class FSDPConfig:
 
 @dataclass
 class OffloadConfig:
+    """Host offloading of a sharded model."""
+
     offload_params: bool = False
     """Keep parameters (and with them gradients and optimizer states: FSDP2's ``CPUOffloadPolicy``) on the host;
     they are copied to the device block by block when used. Ignored on the CPU."""
@@ -131,6 +139,8 @@ class OffloadConfig:
 
 @dataclass
 class ActorConfig:
+    """The trained policy: batch sizes (mini-batch in prompts, micro-batches in samples), policy loss, KL/entropy terms."""
+
     global_batch_size: int = 256
     """Prompts per optimizer step (a mini-batch); the rollout batch is split into such mini-batches."""
     micro_batch_size_per_device_for_update: int = 4
@@ -163,12 +173,16 @@ class ActorConfig:
 
 @dataclass
 class RefConfig:
+    """The frozen reference policy (built only when a KL term uses it)."""
+
     offload: OffloadConfig = field(default_factory=lambda: OffloadConfig(offload_params=True))
     micro_batch_size_per_device_for_experience: int = auto("worker.actor.micro_batch_size_per_device_for_experience", 16)
 
 
 @dataclass
 class RolloutConfig:
+    """The colocated vLLM engine: sampling settings, memory, validation overrides."""
+
     n: int = 5
     """Samples per prompt (the GRPO group size)."""
     temperature: float = 1.0
@@ -199,6 +213,8 @@ class RolloutConfig:
 
 @dataclass
 class RewardConfig:
+    """The reward function: a Python file and function, called on the trainer process."""
+
     reward_type: str = "batch"
     """batch: the function receives all samples; sequential: one sample per call."""
     reward_function: Optional[str] = None
@@ -209,6 +225,8 @@ class RewardConfig:
 
 @dataclass
 class WorkerConfig:
+    """Everything that runs on the workers (one Ray actor per device)."""
+
     actor: ActorConfig = field(default_factory=ActorConfig)
     ref: RefConfig = field(default_factory=RefConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -217,6 +235,8 @@ class WorkerConfig:
 
 @dataclass
 class TrainerConfig:
+    """The training loop: length, validation, logging, devices, output folders."""
+
     total_epochs: int = 15
     max_steps: Optional[int] = None
     """Stop after this many steps (None: ``total_epochs`` passes over the data)."""
@@ -242,6 +262,8 @@ class TrainerConfig:
 
 @dataclass
 class PPOConfig:
+    """The whole run configuration (the root of the YAML)."""
+
     data: DataConfig = field(default_factory=DataConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     worker: WorkerConfig = field(default_factory=WorkerConfig)
@@ -288,6 +310,7 @@ class PPOConfig:
 
     @property
     def world_size(self) -> int:
+        """Number of workers (devices): ``trainer.nnodes * trainer.n_gpus_per_node``."""
         return self.trainer.nnodes * self.trainer.n_gpus_per_node
 
     def _check(self) -> None:

@@ -8,7 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from easyrl.algorithms.advantages import ADV_ESTIMATORS, get_adv_estimator, group_statistics
+from easyrl.algorithms.advantages import (
+    ADV_ESTIMATORS,
+    get_adv_estimator,
+    group_statistics,
+)
 
 EPS = 1e-6
 SQRT2 = math.sqrt(2.0)

@@ -10,7 +10,11 @@ from tensordict import TensorDict
 
 from easyrl.batch import Batch
 from easyrl.trainer.loggers import Tracker
-from easyrl.trainer.metrics import compute_data_metrics, compute_throughput_metrics, reduce_metrics
+from easyrl.trainer.metrics import (
+    compute_data_metrics,
+    compute_throughput_metrics,
+    reduce_metrics,
+)
 
 
 def _batch(n=4):

@@ -11,7 +11,12 @@ import pytest
 from PIL import Image
 from transformers import AutoProcessor, AutoTokenizer
 
-from easyrl.data import RLDataset, collate_fn, load_format_prompt, load_intergps_geometry3k
+from easyrl.data import (
+    RLDataset,
+    collate_fn,
+    load_format_prompt,
+    load_intergps_geometry3k,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 MATH_TEMPLATE = str(REPO / "examples" / "format_prompt" / "math.jinja")

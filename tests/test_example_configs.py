@@ -13,7 +13,7 @@ import shlex
 
 import pytest
 
-from easyrl.config import _auto_keys, _valid_keys, PPOConfig, load_config
+from easyrl.config import PPOConfig, _auto_keys, _valid_keys, load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 YAMLS = sorted(glob.glob(os.path.join(ROOT, "examples", "configs", "*.yaml"))) + [os.path.join(ROOT, "config.yaml")]

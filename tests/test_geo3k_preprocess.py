@@ -10,7 +10,7 @@ import huggingface_hub.constants
 import pytest
 from PIL import Image
 
-from easyrl.data.dataset import convert_intergps_problem, load_intergps_geometry3k
+from easyrl.data.intergps import convert_intergps_problem, load_intergps_geometry3k
 
 SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "data_preprocess" / "geo3k.py"
 

@@ -111,7 +111,13 @@ def _image(height: int, width: int) -> Image.Image:
 
 @pytest.mark.parametrize("arch", TINY_ARCHS)
 def test_tiny_model_loads_and_forwards(tiny_model_path, arch):
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
+    from transformers import (
+        AutoConfig,
+        AutoModelForCausalLM,
+        AutoModelForImageTextToText,
+        AutoProcessor,
+        AutoTokenizer,
+    )
 
     path = tiny_model_path(arch)
     config = AutoConfig.from_pretrained(path)

@@ -12,7 +12,6 @@ A source is one ``data_path`` string:
 from __future__ import annotations
 
 import io
-import json
 import logging
 import os
 from typing import Any
@@ -22,125 +21,16 @@ import torch
 from PIL import Image
 
 from easyrl.data.images import DEFAULT_FACTOR, load_image, process_image, target_size
+from easyrl.data.intergps import IMAGE_PLACEHOLDER, is_intergps_dir, load_intergps_geometry3k
 from easyrl.data.prompts import load_format_prompt
 
 logger = logging.getLogger("easyrl.data")
 
-IMAGE_PLACEHOLDER = "<image>"
 # Processor outputs aligned with the prompt's tokens, (1, prompt_len): not image features, so not in
 # `multi_modal_inputs`. `mm_token_type_ids` (0 text / 1 image / 2 video per token) is derived from the ids by the
 # trainer over the padded prompt + response, as transformers' Qwen-VL needs it to compute mRoPE position ids.
 TOKEN_ALIGNED_KEYS = ("input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids")
 LOCAL_FILE_BUILDERS = {".parquet": "parquet", ".json": "json", ".jsonl": "json"}
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Geometry3K in the raw InterGPS layout (Lu et al., ACL 2021) -> the columns of the hub copy `hiyouga/geometry3k`.
-
-GEO3K_CHOICE_LETTERS = "ABCD"
-INTERGPS_SPLIT_NAMES = {"train": "train", "val": "validation", "validation": "validation", "test": "test"}
-GEO3K_FEATURES = datasets.Features(
-    {
-        "images": datasets.Sequence(datasets.Image()),
-        "problem": datasets.Value("string"),
-        "answer": datasets.Value("string"),
-        "id": datasets.Value("int64"),
-        "choices": datasets.Sequence(datasets.Value("string")),
-        "ground_truth": datasets.Value("string"),
-    }
-)
-
-
-def intergps_problem_dirs(root: str) -> list[str]:
-    """Folders under ``root`` (depth 1 or 2) that hold a Geometry3K problem (``data.json``), sorted by problem id."""
-    found = []
-    for name in os.listdir(root):
-        sub = os.path.join(root, name)
-        if not os.path.isdir(sub):
-            continue
-        if os.path.isfile(os.path.join(sub, "data.json")):
-            found.append(sub)
-        else:  # the full dump has train/ val/ test/ folders of problems
-            found.extend(
-                os.path.join(sub, inner)
-                for inner in os.listdir(sub)
-                if os.path.isfile(os.path.join(sub, inner, "data.json"))
-            )
-
-    def key(path: str) -> tuple[int, str]:
-        base = os.path.basename(path)
-        return (int(base), path) if base.isdigit() else (1 << 62, path)
-
-    return sorted(found, key=key)
-
-
-def is_intergps_dir(path: str) -> bool:
-    """Whether ``path`` is a folder in the raw InterGPS Geometry3K layout."""
-    return os.path.isdir(path) and bool(intergps_problem_dirs(path))
-
-
-def convert_intergps_problem(problem_dir: str) -> tuple[str, dict[str, Any]]:
-    """One InterGPS problem folder -> ``(split, row)`` with the hub's columns.
-
-    ``row``: ``images`` = [the diagram as ``{"bytes", "path"}``], ``problem`` = ``"<image>" + problem_text``,
-    ``answer`` = the text of the correct choice (letter A-D -> index into ``choices``), ``id``, ``choices``,
-    ``ground_truth`` = the correct letter. ``split`` is ``data_type`` ("train" / "val" / "test"), with "val" renamed
-    "validation" as on the hub.
-
-    Raises:
-        FileNotFoundError: ``data.json`` or ``img_diagram.png`` is missing (names the path).
-        ValueError: a malformed ``data.json`` (names the file and the field).
-    """
-    json_path = os.path.join(problem_dir, "data.json")
-    image_path = os.path.join(problem_dir, "img_diagram.png")
-    for path in (json_path, image_path):
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"Geometry3K problem folder {problem_dir!r} lacks {os.path.basename(path)}")
-    with open(json_path, encoding="utf-8") as f:
-        try:
-            data = json.load(f)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{json_path}: not valid JSON ({err})") from err
-    missing = [k for k in ("problem_text", "choices", "answer", "id") if k not in data]
-    if missing:
-        raise ValueError(f"{json_path}: missing field(s) {missing}")
-    choices = [str(c) for c in data["choices"]]
-    letter = str(data["answer"]).strip()
-    index = GEO3K_CHOICE_LETTERS.find(letter) if len(letter) == 1 else -1
-    if not 0 <= index < len(choices):
-        raise ValueError(f"{json_path}: answer {letter!r} is not a letter A-D naming one of the {len(choices)} choices")
-    split_raw = str(data.get("data_type", "train"))
-    split = INTERGPS_SPLIT_NAMES.get(split_raw, split_raw)
-    with open(image_path, "rb") as f:
-        image_bytes = f.read()
-    row = {
-        "images": [{"bytes": image_bytes, "path": f"{os.path.basename(problem_dir)}/img_diagram.png"}],
-        "problem": IMAGE_PLACEHOLDER + str(data["problem_text"]),
-        "answer": choices[index],
-        "id": int(data["id"]),
-        "choices": choices,
-        "ground_truth": letter,
-    }
-    return split, row
-
-
-def load_intergps_geometry3k(root: str) -> dict[str, datasets.Dataset]:
-    """All problems under an InterGPS Geometry3K folder, as one ``datasets.Dataset`` per split (by ``data_type``),
-    with the columns and features of the hub copy (:data:`GEO3K_FEATURES`).
-
-    Raises:
-        FileNotFoundError: ``root`` is not a folder or holds no ``<id>/data.json``.
-    """
-    if not os.path.isdir(root):
-        raise FileNotFoundError(f"Geometry3K folder {root!r} does not exist")
-    problem_dirs = intergps_problem_dirs(root)
-    if not problem_dirs:
-        raise FileNotFoundError(f"{root!r} holds no InterGPS problem folders (<id>/data.json + <id>/img_diagram.png)")
-    by_split: dict[str, list[dict]] = {}
-    for problem_dir in problem_dirs:
-        split, row = convert_intergps_problem(problem_dir)
-        by_split.setdefault(split, []).append(row)
-    return {split: datasets.Dataset.from_list(rows, features=GEO3K_FEATURES) for split, rows in by_split.items()}
-
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Sources

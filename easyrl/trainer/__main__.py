@@ -65,6 +65,7 @@ def build_trainer(config: PPOConfig):
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    """Command-line entry point; returns the exit status (2 for a configuration error, printed without traceback)."""
     logging.basicConfig(level=os.environ.get("EASYRL_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

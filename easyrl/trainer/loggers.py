@@ -104,9 +104,11 @@ class Tracker:
                 raise ValueError(f"trainer.logger: unknown backend '{name}'; choose from {', '.join(self.BACKENDS)}.")
 
     def log(self, metrics: dict[str, float], step: int) -> None:
+        """Send one step's metrics (flat ``group/name`` keys) to every backend."""
         for backend in self.loggers:
             backend.log(metrics, step)
 
     def close(self) -> None:
+        """Flush and close every backend."""
         for backend in self.loggers:
             backend.close()

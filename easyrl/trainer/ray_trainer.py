@@ -12,8 +12,8 @@ import os
 import time
 import uuid
 from collections import defaultdict
-from contextlib import contextmanager
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Optional
 
 import numpy as np
@@ -24,14 +24,22 @@ from torch.utils.data import DataLoader
 
 from easyrl.algorithms.advantages import get_adv_estimator
 from easyrl.algorithms.dynamic_sampling import select_groups
-from easyrl.algorithms.kl import AdaptiveKLController, FixedKLController, apply_kl_penalty
+from easyrl.algorithms.kl import (
+    AdaptiveKLController,
+    FixedKLController,
+    apply_kl_penalty,
+)
 from easyrl.algorithms.losses import compute_tis_weights
 from easyrl.batch import Batch
 from easyrl.config import PPOConfig, to_dict
 from easyrl.data.dataset import collate_fn
 from easyrl.rewards.function import RewardFunction, scores_to_token_rewards
 from easyrl.trainer.loggers import Tracker
-from easyrl.trainer.metrics import compute_data_metrics, compute_throughput_metrics, reduce_metrics
+from easyrl.trainer.metrics import (
+    compute_data_metrics,
+    compute_throughput_metrics,
+    reduce_metrics,
+)
 from easyrl.workers.group import WorkerGroup
 
 logger = logging.getLogger("easyrl.trainer")
@@ -327,6 +335,7 @@ class RayPPOTrainer:
         return self._generate(prompts, overrides=overrides, timing={}).select(list(range(real)))
 
     def workers_need_ref(self) -> bool:
+        """Whether a KL term (loss or in-reward) needs reference log-probs this step."""
         algo = self.config.algorithm
         return not algo.disable_kl and (algo.use_kl_loss or algo.use_kl_in_reward)
 

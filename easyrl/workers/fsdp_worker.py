@@ -55,6 +55,7 @@ class FSDPWorker:
         return socket.gethostbyname(socket.gethostname()), free_port()
 
     def init_process_group(self, master_addr: str, master_port: int) -> None:
+        """Join the workers' torch.distributed group (gloo / NCCL / HCCL) at rank 0's address."""
         import torch.distributed as dist
 
         os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(self.rank),
@@ -86,6 +87,7 @@ class FSDPWorker:
         empty_cache(self.device)
 
     def needs_ref(self) -> bool:
+        """Whether to build the reference policy: only if KL is enabled and used as a loss or in the reward."""
         algo = self.config.algorithm
         return not algo.disable_kl and (algo.use_kl_loss or algo.use_kl_in_reward)
 
@@ -166,7 +168,12 @@ class FSDPWorker:
 
         Every rank must call it (the weights are gathered collectively); rank 0 writes. Returns the folder on rank 0.
         """
-        from transformers import AutoConfig, AutoProcessor, AutoTokenizer, GenerationConfig
+        from transformers import (
+            AutoConfig,
+            AutoProcessor,
+            AutoTokenizer,
+            GenerationConfig,
+        )
 
         from easyrl.workers.actor import hf_model_class
 

@@ -74,6 +74,7 @@ class WorkerGroup:
 
     @property
     def world_size(self) -> int:
+        """Number of workers."""
         return len(self.workers)
 
     def run_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
@@ -86,6 +87,7 @@ class WorkerGroup:
         return ray.get([getattr(w, method).remote(share, **kwargs) for w, share in zip(self.workers, shares)])
 
     def shutdown(self) -> None:
+        """Kill the workers and release their placement group."""
         for w in self.workers:
             ray.kill(w)
         ray.util.remove_placement_group(self.placement_group)

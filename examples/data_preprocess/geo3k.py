@@ -16,7 +16,7 @@ import os
 
 import datasets
 
-from easyrl.data.dataset import load_intergps_geometry3k
+from easyrl.data.intergps import load_intergps_geometry3k
 
 
 def load_splits(source: str | None, intergps_dir: str | None) -> dict[str, datasets.Dataset]:
