@@ -138,6 +138,10 @@ class FSDPPolicy:
             model.to_empty(device=home)
         _broadcast_weights(model, full_state)
         self.model = model
+        self.has_vision = getattr(hf_config, "vision_config", None) is not None
+        self.add_blank_image = False
+        if self.has_vision:
+            model.get_input_embeddings().register_forward_hook(self._blank_image_hook)
         self.optimizer: Optional[torch.optim.Optimizer] = None
         self.num_updates = 0
         if trainable:
@@ -158,21 +162,45 @@ class FSDPPolicy:
         input_ids = micro["input_ids"].to(self.torch_device)
         attention_mask = micro["attention_mask"].to(self.torch_device)
         inputs = _merge_multimodal(micro.extras.get("multi_modal_inputs", []), self.torch_device)
-        if inputs:
+        inputs["input_ids"] = input_ids
+        if "pixel_values" in inputs:
             # Qwen-VL computes its 3-D (mRoPE) positions itself, from the image tokens and the padding mask
             inputs["mm_token_type_ids"] = self._mm_token_type_ids(input_ids)
         else:
             # prompts are left-padded: positions count only real tokens, as in vLLM (which sees no padding)
             inputs["position_ids"] = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-        output = self.model(
-            input_ids=input_ids, attention_mask=attention_mask, use_cache=False, logits_to_keep=resp_len + 1, **inputs
-        )
+        self.add_blank_image = self.has_vision and "pixel_values" not in inputs
+        try:
+            output = self.model(attention_mask=attention_mask, use_cache=False, logits_to_keep=resp_len + 1, **inputs)
+        finally:
+            self.add_blank_image = False
         # position t predicts token t+1: the last resp_len + 1 positions minus the final one predict the response
         # no float32 copy of the (micro_bsz, resp_len, vocab) logits: the token ops upcast chunk by chunk
         logits = output.logits[:, :-1, :]
         log_probs = log_probs_from_logits(logits, responses, temperature=temperature)
         entropy = entropy_from_logits(logits, temperature=temperature) if with_entropy else None
         return log_probs, entropy
+
+    def _blank_image_hook(self, module: torch.nn.Module, args: Any, embeds: torch.Tensor) -> torch.Tensor:
+        """Forward hook of the token embedding of a VL model: for a micro-batch without images, add 0 * the vision
+        tower's output on one blank image of 2x2 patches to the embeddings ``(bsz, seq_len, hidden)``.
+
+        FSDP2 gathers (forward) and reduce-scatters (backward) each block's shards collectively, in the order the
+        blocks ran in the forward (it also prefetches by that order), so every rank must run the vision tower at the
+        same point of every micro-batch if any rank does: a micro-batch without images on one rank while another
+        rank's has some would otherwise hang. The model embeds tokens right before it encodes images, so running the
+        tower here, inside the root's forward, reproduces the order of an image batch (verl handles mixed text/image
+        data with a blank image too).
+        """
+        if not self.add_blank_image:
+            return embeds
+        vision = self.model.config.vision_config
+        merge = vision.spatial_merge_size
+        patch_dim = vision.in_channels * vision.temporal_patch_size * vision.patch_size**2
+        pixels = torch.zeros(merge * merge, patch_dim, device=embeds.device)
+        grid = torch.tensor([[1, merge, merge]], device=embeds.device)
+        features = [t for t in _tensors_in(self.model.model.visual(pixels, grid_thw=grid)) if t.is_floating_point()]
+        return embeds + sum(t.sum() for t in features).to(embeds.dtype) * 0.0
 
     def _mm_token_type_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         """``(bsz, seq_len)``: 1 at image pad tokens, 2 at video pad tokens, 0 elsewhere (what the Qwen-VL
@@ -269,6 +297,17 @@ class FSDPPolicy:
         share = _share(mask, agg_kwargs)
         for key, value in pg_metrics.items():
             step_metrics[f"actor/{key}"] += float(value) * share
+
+
+def _tensors_in(value: Any) -> list[torch.Tensor]:
+    """Every tensor in a (nested) model output, tuple, list or dict."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors_in(v)]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors_in(v)]
+    return []
 
 
 def _share(mask: torch.Tensor, agg_kwargs: dict) -> float:
