@@ -92,6 +92,11 @@ class AlgorithmConfig:
     max_try_make_batch: int = 20
     """Generation rounds per step at most when filtering; then the step fails with a clear error (-1: no limit)."""
 
+    @property
+    def needs_reference(self) -> bool:
+        """Whether a KL term (loss or in-reward) uses the reference policy; otherwise none is built or run."""
+        return not self.disable_kl and (self.use_kl_loss or self.use_kl_in_reward)
+
 
 @dataclass
 class ModelConfig:

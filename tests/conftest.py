@@ -36,3 +36,27 @@ def geo3k_sample_dir() -> Path:
     if not path.is_dir():
         pytest.fail(f"{path} is missing: it ships with the repository (restore it with git)")
     return path
+
+
+@pytest.fixture(scope="session")
+def e2e_config(tiny_model_path):
+    """Factory ``e2e_config(arch, runs_root, *overrides) -> PPOConfig``: the CPU demo config with a tiny model of
+    ``arch``, the Geometry3K sample as train and validation data, the test reward that varies between random
+    responses (``tests/reward_functions/letters.py``), runs under ``runs_root``, then ``overrides`` (later wins)."""
+    from easyrl.config import load_config
+
+    def build(arch: str, runs_root: Path, *overrides: str):
+        sample = REPO_ROOT / "examples" / "data" / "geometry3k_sample"
+        return load_config([
+            f"config={REPO_ROOT / 'examples/configs/cpu_demo.yaml'}",
+            f"worker.actor.model.model_path={tiny_model_path(arch)}",
+            f"data.train_files={sample}",
+            f"data.val_files={sample}",
+            f"data.format_prompt={REPO_ROOT / 'examples/format_prompt/math.jinja'}",
+            f"worker.reward.reward_function={REPO_ROOT / 'tests/reward_functions/letters.py'}:compute_score",
+            "worker.reward.reward_function_kwargs={}",
+            f"trainer.runs_root={runs_root}",
+            *overrides,
+        ])
+
+    return build

@@ -20,24 +20,17 @@ LOSSES = [("vanilla", "token-mean"), ("gspo", "seq-mean-token-mean"), ("cispo", 
 
 
 @pytest.fixture(scope="module")
-def trainer(tiny_model_path, tmp_path_factory):
+def trainer(e2e_config, tmp_path_factory):
     import ray
 
-    from easyrl.config import load_config
     from easyrl.trainer.__main__ import build_trainer
 
-    config = load_config([
-        f"config={REPO / 'examples/configs/cpu_demo.yaml'}",
-        f"worker.actor.model.model_path={tiny_model_path('qwen2_5')}",
-        f"data.train_files={REPO / 'examples/data/geometry3k_sample'}",
+    config = e2e_config(
+        "qwen2_5", tmp_path_factory.mktemp("runs"),
         "data.val_files=null",
-        f"data.format_prompt={REPO / 'examples/format_prompt/math.jinja'}",
         "data.max_response_length=16",
-        f"worker.reward.reward_function={REPO / 'tests/reward_functions/letters.py'}:compute_score",
-        "worker.reward.reward_function_kwargs={}",
         "worker.rollout.limit_images=0",
-        f"trainer.runs_root={tmp_path_factory.mktemp('runs')}",
-    ])
+    )
     ray.init(num_cpus=2, include_dashboard=False)
     trainer = build_trainer(config)
     yield trainer

@@ -22,22 +22,6 @@ REPO = Path(__file__).resolve().parents[1]
 LOGPROB_TOL = 2e-3
 
 
-def _config(tmp_path: Path, model_path: Path, *extra: str):
-    from easyrl.config import load_config
-
-    return load_config([
-        f"config={REPO / 'examples/configs/cpu_demo.yaml'}",
-        f"worker.actor.model.model_path={model_path}",
-        f"data.train_files={REPO / 'examples/data/geometry3k_sample'}",
-        f"data.val_files={REPO / 'examples/data/geometry3k_sample'}",
-        f"data.format_prompt={REPO / 'examples/format_prompt/math.jinja'}",
-        f"worker.reward.reward_function={REPO / 'tests/reward_functions/letters.py'}:compute_score",
-        "worker.reward.reward_function_kwargs={}",
-        f"trainer.runs_root={tmp_path / 'runs'}",
-        *extra,
-    ])
-
-
 @pytest.fixture(scope="module")
 def ray_cluster():
     import ray
@@ -48,12 +32,11 @@ def ray_cluster():
 
 
 @pytest.fixture(scope="module")
-def vl_trainer(ray_cluster, tiny_model_path, tmp_path_factory):
+def vl_trainer(ray_cluster, e2e_config, tmp_path_factory):
     from easyrl.trainer.__main__ import build_trainer
 
-    tmp = tmp_path_factory.mktemp("vl")
-    config = _config(tmp, tiny_model_path("qwen2_5_vl"), "trainer.max_steps=2", "trainer.val_freq=-1",
-                     "worker.rollout.calculate_log_probs=true")
+    config = e2e_config("qwen2_5_vl", tmp_path_factory.mktemp("vl") / "runs", "trainer.max_steps=2",
+                        "trainer.val_freq=-1", "worker.rollout.calculate_log_probs=true")
     trainer = build_trainer(config)
     yield trainer
     trainer.workers.shutdown()

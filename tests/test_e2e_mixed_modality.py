@@ -16,10 +16,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.timeout(900)
-def test_image_and_text_prompts_on_different_ranks(tiny_model_path, tmp_path):
+def test_image_and_text_prompts_on_different_ranks(e2e_config, tmp_path):
     import ray
 
-    from easyrl.config import load_config
     from easyrl.trainer.__main__ import build_trainer
 
     data = tmp_path / "mixed.jsonl"
@@ -28,19 +27,15 @@ def test_image_and_text_prompts_on_different_ranks(tiny_model_path, tmp_path):
         {"problem": "What is 2 + 3?", "answer": "5", "images": []},
     ]
     data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    config = load_config([
-        f"config={REPO / 'examples/configs/cpu_demo.yaml'}",
-        f"worker.actor.model.model_path={tiny_model_path('qwen2_5_vl')}",
+    config = e2e_config(
+        "qwen2_5_vl", tmp_path,
         f"data.train_files={data}",
         "data.val_files=null",
         f"data.image_dir={REPO / 'examples/data/geometry3k_sample'}",
         "data.rollout_batch_size=2",
         "data.max_response_length=16",
-        f"worker.reward.reward_function={REPO / 'tests/reward_functions/letters.py'}:compute_score",
-        "worker.reward.reward_function_kwargs={}",
         "worker.rollout.calculate_log_probs=true",
-        f"trainer.runs_root={tmp_path}",
-    ])
+    )
     ray.init(num_cpus=2, include_dashboard=False)
     try:
         trainer = build_trainer(config)

@@ -14,27 +14,19 @@ pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_text_model_trains_validates_and_exports(tiny_model_path, tmp_path):
+def test_text_model_trains_validates_and_exports(e2e_config, tmp_path):
     import ray
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from easyrl.config import load_config
     from easyrl.trainer.__main__ import build_trainer
 
-    config = load_config([
-        f"config={REPO / 'examples/configs/cpu_demo.yaml'}",
-        f"worker.actor.model.model_path={tiny_model_path('qwen2_5')}",
-        f"data.train_files={REPO / 'examples/data/geometry3k_sample'}",
-        f"data.val_files={REPO / 'examples/data/geometry3k_sample'}",
-        f"data.format_prompt={REPO / 'examples/format_prompt/math.jinja'}",
-        f"worker.reward.reward_function={REPO / 'tests/reward_functions/letters.py'}:compute_score",
-        "worker.reward.reward_function_kwargs={}",
+    config = e2e_config(
+        "qwen2_5", tmp_path,
         "worker.rollout.limit_images=0",
         "worker.rollout.calculate_log_probs=true",
         "trainer.max_steps=1",
         "trainer.val_freq=1",
-        f"trainer.runs_root={tmp_path}",
-    ])
+    )
     ray.init(num_cpus=2, include_dashboard=False)
     try:
         trainer = build_trainer(config)

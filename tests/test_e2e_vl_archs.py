@@ -15,24 +15,17 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("arch", ["qwen2_vl", "qwen3_vl"])
-def test_one_step_vllm_matches_actor(arch, tiny_model_path, tmp_path):
+def test_one_step_vllm_matches_actor(arch, e2e_config, tmp_path):
     import ray
 
-    from easyrl.config import load_config
     from easyrl.trainer.__main__ import build_trainer
 
-    config = load_config([
-        f"config={REPO / 'examples/configs/cpu_demo.yaml'}",
-        f"worker.actor.model.model_path={tiny_model_path(arch)}",
-        f"data.train_files={REPO / 'examples/data/geometry3k_sample'}",
+    config = e2e_config(
+        arch, tmp_path,
         "data.val_files=null",
-        f"data.format_prompt={REPO / 'examples/format_prompt/math.jinja'}",
         "data.max_response_length=16",
-        f"worker.reward.reward_function={REPO / 'tests/reward_functions/letters.py'}:compute_score",
-        "worker.reward.reward_function_kwargs={}",
         "worker.rollout.calculate_log_probs=true",
-        f"trainer.runs_root={tmp_path}",
-    ])
+    )
     ray.init(num_cpus=2, include_dashboard=False)
     try:
         trainer = build_trainer(config)

@@ -336,8 +336,7 @@ class RayPPOTrainer:
 
     def workers_need_ref(self) -> bool:
         """Whether a KL term (loss or in-reward) needs reference log-probs this step."""
-        algo = self.config.algorithm
-        return not algo.disable_kl and (algo.use_kl_loss or algo.use_kl_in_reward)
+        return self.config.algorithm.needs_reference
 
     # ----------------------------------------------------------------------------------------------- validation
     def validate(self) -> dict[str, float]:

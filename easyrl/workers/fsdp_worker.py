@@ -88,8 +88,7 @@ class FSDPWorker:
 
     def needs_ref(self) -> bool:
         """Whether to build the reference policy: only if KL is enabled and used as a loss or in the reward."""
-        algo = self.config.algorithm
-        return not algo.disable_kl and (algo.use_kl_loss or algo.use_kl_in_reward)
+        return self.config.algorithm.needs_reference
 
     def _actor_weights(self):
         """The actor's full tensors, gathered one at a time (peak memory: one full tensor), HF names."""
