@@ -21,9 +21,8 @@ from typing import Any, Optional
 
 from omegaconf import OmegaConf
 
-
-class ConfigError(ValueError):
-    """A user-facing configuration mistake (unknown key, bad value, missing file)."""
+from easyrl.config_checks import check_config
+from easyrl.errors import ConfigError  # noqa: F401  (re-exported: `from easyrl.config import ConfigError`)
 
 
 def auto(source: str, default: Any = None) -> Any:
@@ -275,7 +274,7 @@ class PPOConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
     def finalize(self) -> "PPOConfig":
-        """Fill in the auto keys and check values that relate to each other. Raises ``ConfigError``."""
+        """Fill in the auto keys and check every value (``easyrl.config_checks``). Raises ``ConfigError``."""
         actor, rollout, algo = self.worker.actor, self.worker.rollout, self.algorithm
         rollout.prompt_length = self.data.max_prompt_length
         rollout.response_length = self.data.max_response_length
@@ -290,70 +289,13 @@ class PPOConfig:
         self.trainer.run_dir = os.path.join(
             self.trainer.runs_root, self.trainer.project_name, self.trainer.experiment_name
         )
-        self._check()
+        check_config(self)
         return self
-
-    def _check_names(self) -> None:
-        """Names that select an implementation must exist (checked here, before any model is loaded)."""
-        from easyrl.algorithms.advantages import ADV_ESTIMATORS
-        from easyrl.algorithms.kl import KL_ESTIMATORS
-        from easyrl.algorithms.losses import LOSS_AGG_MODES, POLICY_LOSSES
-
-        actor = self.worker.actor
-        _check_choice("algorithm.adv_estimator", self.algorithm.adv_estimator, list(ADV_ESTIMATORS))
-        _check_choice("algorithm.kl_penalty", self.algorithm.kl_penalty, KL_ESTIMATORS)
-        _check_choice("algorithm.kl_type", self.algorithm.kl_type, ("fixed", "adaptive"))
-        _check_choice("worker.actor.loss_type", actor.loss_type, list(POLICY_LOSSES))
-        _check_choice("worker.actor.loss_agg_mode", actor.loss_agg_mode, LOSS_AGG_MODES)
-        for key in ("param_dtype", "reduce_dtype"):
-            _check_choice(f"worker.actor.fsdp.{key}", getattr(actor.fsdp, key), ("bf16", "fp16", "fp32"))
-        _check_choice("worker.rollout.dtype", self.worker.rollout.dtype, ("bf16", "fp16", "fp32"))
-        _check_choice("worker.reward.reward_type", self.worker.reward.reward_type, ("batch", "sequential"))
-        _check_choice("trainer.device", self.trainer.device, ("auto", "cuda", "npu", "cpu"))
-        for name in self.trainer.logger:
-            _check_choice("trainer.logger", name, ("console", "jsonl", "wandb", "tensorboard"))
 
     @property
     def world_size(self) -> int:
         """Number of workers (devices): ``trainer.nnodes * trainer.n_gpus_per_node``."""
         return self.trainer.nnodes * self.trainer.n_gpus_per_node
-
-    def _check(self) -> None:
-        actor, rollout, algo = self.worker.actor, self.worker.rollout, self.algorithm
-        if actor.model.model_path is None:
-            raise ConfigError("worker.actor.model.model_path is not set: give a hub id or a local model folder.")
-        if algo.use_kl_loss and algo.use_kl_in_reward:
-            raise ConfigError("algorithm.use_kl_loss and algorithm.use_kl_in_reward are both true: choose one.")
-        if rollout.calculate_log_probs is False and actor.tis_cap is not None:
-            raise ConfigError("worker.actor.tis_cap needs worker.rollout.calculate_log_probs=true.")
-        if self.data.rollout_batch_size % actor.global_batch_size != 0:
-            raise ConfigError(
-                f"data.rollout_batch_size ({self.data.rollout_batch_size}) must be a multiple of "
-                f"worker.actor.global_batch_size ({actor.global_batch_size})."
-            )
-        samples_per_minibatch = actor.global_batch_size * rollout.n
-        if samples_per_minibatch % self.world_size != 0:
-            raise ConfigError(
-                f"worker.actor.global_batch_size * worker.rollout.n ({samples_per_minibatch}) samples must split "
-                f"evenly over {self.world_size} devices (trainer.nnodes * trainer.n_gpus_per_node)."
-            )
-        per_device = samples_per_minibatch // self.world_size
-        if per_device % actor.micro_batch_size_per_device_for_update != 0:
-            raise ConfigError(
-                f"{per_device} samples per device per mini-batch are not a multiple of "
-                f"worker.actor.micro_batch_size_per_device_for_update ({actor.micro_batch_size_per_device_for_update})."
-            )
-        self._check_names()
-        for key, value in (("data.max_prompt_length", self.data.max_prompt_length),
-                           ("data.max_response_length", self.data.max_response_length),
-                           ("worker.rollout.n", rollout.n)):
-            if value <= 0:
-                raise ConfigError(f"{key} must be positive, got {value}.")
-
-
-def _check_choice(key: str, value: Any, choices: Any) -> None:
-    if value not in choices:
-        raise ConfigError(f"{key}={value!r} is not one of: {', '.join(map(str, choices))}.")
 
 
 def _auto_keys(cls: type, prefix: str = "") -> dict[str, str]:
@@ -395,8 +337,9 @@ def _check_keys(user: dict, source: str, valid: dict[str, bool], autos: dict[str
     for key, value in user.items():
         name = f"{prefix}{key}"
         if name not in valid:
-            close = difflib.get_close_matches(name, list(valid), n=3, cutoff=0.6)
-            leaf = [k for k in valid if k.rsplit(".", 1)[-1] == str(key)]
+            settable = [k for k in valid if k not in autos]
+            close = difflib.get_close_matches(name, settable, n=3, cutoff=0.6)
+            leaf = [k for k in settable if k.rsplit(".", 1)[-1] == str(key)]
             hint = close or leaf[:3]
             raise ConfigError(
                 f"Unknown config key '{name}' (from {source})."
@@ -406,6 +349,9 @@ def _check_keys(user: dict, source: str, valid: dict[str, bool], autos: dict[str
             raise ConfigError(
                 f"'{name}' (from {source}) is derived automatically from {autos[name]}; set that instead."
             )
+        is_section = not valid[name] and any(k.startswith(name + ".") for k in valid)
+        if is_section and value is not None and not isinstance(value, dict):
+            raise ConfigError(f"'{name}' (from {source}) is a section: give a mapping of its keys, got {value!r}.")
         if isinstance(value, dict) and not valid[name]:
             _check_keys(value, source, valid, autos, name + ".")
 
@@ -427,6 +373,41 @@ def _pop_dotted(tree: dict, key: str) -> Any:
     return node.pop(last)
 
 
+def _merge_error(err: Exception, source: str) -> str:
+    """One line for an OmegaConf merge error (a value of the wrong type), naming the key where OmegaConf knows it."""
+    key = getattr(err, "full_key", None)
+    message = (getattr(err, "msg", None) or str(err)).strip().splitlines()[0].rstrip(".")
+    if key:
+        return f"Bad value for '{key}' (from {source}): {message}."
+    return f"Bad value in {source}: {message} (a section must be a mapping of keys)."
+
+
+def _load_yaml(path: str) -> dict:
+    """The mapping in the YAML file at ``path``; raises ``ConfigError`` naming the file (and line) otherwise."""
+    import yaml
+
+    try:
+        conf = OmegaConf.load(path)
+    except yaml.YAMLError as err:
+        mark, context = getattr(err, "problem_mark", None), getattr(err, "context_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        if context is not None and getattr(err, "context", None) and context.line != getattr(mark, "line", None):
+            problem += f" ({err.context} that starts at line {context.line + 1})"
+        raise ConfigError(f"Config file '{path}' (from config=) is not valid YAML:{where}: {problem}.") from None
+    except Exception as err:  # omegaconf's own errors (e.g. a key it cannot represent), unreadable file
+        raise ConfigError(f"Config file '{path}' (from config=) cannot be read: {err}") from None
+    container = OmegaConf.to_container(conf)
+    if container is None:
+        return {}
+    if not isinstance(container, dict):
+        raise ConfigError(
+            f"Config file '{path}' (from config=) holds a {type(container).__name__} at the top level; it must be a "
+            "mapping of sections (data:, algorithm:, worker:, trainer:)."
+        )
+    return container
+
+
 def load_config(argv: list[str]) -> PPOConfig:
     """Build the run configuration from command-line words.
 
@@ -437,13 +418,14 @@ def load_config(argv: list[str]) -> PPOConfig:
         A finalized ``PPOConfig`` (auto keys filled in).
 
     Raises:
-        ConfigError: unknown or auto key, malformed override, missing YAML file, value of the wrong type.
+        ConfigError: unknown or auto key, malformed override, missing or malformed YAML file (not a mapping), value
+            of the wrong type or out of range (``easyrl.config_checks``).
     """
     yaml_path = None
     overrides = []
     for word in argv:
         if "=" not in word:
-            raise ConfigError(f"Command-line argument '{word}' is not of the form key=value.")
+            raise ConfigError(f"Command-line argument '{word}' is not of the form key=value (see --help).")
         if word.startswith("config="):
             yaml_path = word.split("=", 1)[1]
         else:
@@ -455,12 +437,14 @@ def load_config(argv: list[str]) -> PPOConfig:
     if yaml_path is not None:
         if not os.path.isfile(yaml_path):
             raise ConfigError(f"Config file '{yaml_path}' (from config=) does not exist.")
-        file_conf = OmegaConf.load(yaml_path)
-        layers.append((OmegaConf.to_container(file_conf), f"file {yaml_path}", None))
-    try:
-        cli_conf = OmegaConf.from_dotlist(overrides)
-    except Exception as e:  # omegaconf's grammar errors
-        raise ConfigError(f"Could not parse command-line overrides {overrides}: {e}") from None
+        layers.append((_load_yaml(yaml_path), f"file {yaml_path}", None))
+    for word in overrides:  # one word at a time, so that a grammar error names its word
+        try:
+            OmegaConf.from_dotlist([word])
+        except Exception as e:  # omegaconf's / PyYAML's grammar errors
+            reason = " ".join(str(e).strip().splitlines()[:2]).rstrip(".")
+            raise ConfigError(f"Could not parse the command-line word '{word}': {reason}.") from None
+    cli_conf = OmegaConf.from_dotlist(overrides)
     cli_whole_keys = {word.split("=", 1)[0] for word in overrides}
     layers.append((OmegaConf.to_container(cli_conf), "the command line", cli_whole_keys))
 
@@ -483,7 +467,7 @@ def load_config(argv: list[str]) -> PPOConfig:
         except ConfigError:
             raise
         except Exception as e:  # type mismatch, e.g. a string for an int
-            raise ConfigError(f"Bad value in {source}: {e}") from None
+            raise ConfigError(_merge_error(e, source)) from None
     config: PPOConfig = OmegaConf.to_object(merged)
     return config.finalize()
 

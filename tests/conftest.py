@@ -60,3 +60,25 @@ def e2e_config(tiny_model_path):
         ])
 
     return build
+
+
+@pytest.fixture
+def expect_user_error(capsys):
+    """``expect_user_error(fn, kind, *culprits) -> line``: run ``fn`` through the CLI's error handler
+    (``easyrl.errors.run_cli``, as ``python -m easyrl.trainer`` does) and check the one rule of docs/errors.md: exit
+    status 2, one line ``easyrl: <kind> error: ...`` naming every culprit, and no traceback."""
+    from easyrl.errors import run_cli
+
+    def check(fn: Callable[[], object], kind: str, *culprits: str) -> str:
+        capsys.readouterr()  # drop earlier output
+        status = run_cli(lambda: fn() and 0)
+        err = capsys.readouterr().err
+        assert status == 2, f"exit status {status}, stderr: {err}"
+        assert "Traceback" not in err
+        lines = [line for line in err.splitlines() if line.startswith("easyrl:")]
+        assert len(lines) == 1 and lines[0].startswith(f"easyrl: {kind} error: "), err
+        for culprit in culprits:
+            assert culprit in lines[0], f"{culprit!r} not named in: {lines[0]}"
+        return lines[0]
+
+    return check

@@ -1,4 +1,8 @@
-"""``python -m easyrl.trainer config=config.yaml key=value ...``: parse the config, start Ray, build, train."""
+"""``python -m easyrl.trainer config=config.yaml key=value ...``: parse the config, start Ray, build, train.
+
+A mistake in the user's input (``easyrl.errors.UserError``) ends the command with one line on stderr,
+``easyrl: <kind> error: <message>``, and exit status 2, without a traceback (``EASYRL_DEBUG=1`` shows it).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import sys
 from typing import Optional
 
 from easyrl.config import ConfigError, PPOConfig, load_config
+from easyrl.errors import run_cli
 
 logger = logging.getLogger("easyrl")
 
@@ -64,17 +69,44 @@ def build_trainer(config: PPOConfig):
     return trainer
 
 
+USAGE = """\
+usage: python -m easyrl.trainer [config=FILE.yaml] [KEY=VALUE ...]
+
+Train a policy with RL (GRPO, DAPO, Dr.GRPO, GSPO, RLOO, REINFORCE++, ReMax) on Ray + vLLM + FSDP2.
+
+Configuration, later wins:
+  1. the defaults of the dataclasses in easyrl/config.py
+  2. the YAML file named by config= (optional, at most one)
+  3. dotted KEY=VALUE words on the command line, in order (values are read as YAML)
+
+The documented configuration: config.yaml at the repository root lists every key with what it means;
+docs/config.md explains how batch sizes relate, docs/errors.md lists every error message.
+
+examples:
+  python -m easyrl.trainer config=config.yaml worker.actor.model.model_path=Qwen/Qwen2.5-VL-7B-Instruct
+  python -m easyrl.trainer config=examples/configs/cpu_demo.yaml worker.actor.model.model_path=PATH trainer.max_steps=1
+
+A mistake in the input is reported as one line, 'easyrl: <kind> error: ...', with exit status 2, before any
+worker starts where it can be known then; set EASYRL_DEBUG=1 to see its traceback. EASYRL_LOG_LEVEL sets the
+log level (default INFO).
+"""
+
+
 def main(argv: Optional[list[str]] = None) -> int:
-    """Command-line entry point; returns the exit status (2 for a configuration error, printed without traceback)."""
+    """Command-line entry point; returns the exit status (0, or 2 after a user error, printed without traceback)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if any(word in ("-h", "--help", "help") for word in argv):
+        print(USAGE, end="")
+        return 0
     logging.basicConfig(level=os.environ.get("EASYRL_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        config = load_config(sys.argv[1:] if argv is None else argv)
-    except ConfigError as e:
-        print(f"easyrl: config error: {e}", file=sys.stderr)
-        return 2
-    build_trainer(config).fit()
-    return 0
+
+    def run() -> int:
+        config = load_config(argv)
+        build_trainer(config).fit()
+        return 0
+
+    return run_cli(run)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,164 @@
+"""Checks of a merged configuration's values, before anything is loaded or started (called by ``PPOConfig.finalize``).
+
+Order matters for the messages: every size is checked to be in range first (so that a zero never reaches a
+division), then the sizes that must divide each other, then names chosen from a list, then settings that only make
+sense together. Each failure raises :class:`easyrl.errors.ConfigError` naming the key, the value and what to set.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from typing import TYPE_CHECKING, Any, Callable
+
+from easyrl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from easyrl.config import PPOConfig
+
+# (rule, keys): each rule is (test, the allowed range in words). None values are skipped (they mean "off").
+_RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "positive": (lambda v: v > 0, "a positive number"),
+    "non_negative": (lambda v: v >= 0, "0 or more"),
+    "positive_or_-1": (lambda v: v > 0 or v == -1, "a positive number, or -1"),
+    "at_least_-1": (lambda v: v >= -1, "-1 (off), 0 (off) or a positive number"),
+    "fraction": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "unit": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+    "below_1": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "above_1": (lambda v: v > 1, "greater than 1"),
+}
+RANGE_RULES: dict[str, tuple[str, ...]] = {
+    "positive": (
+        "data.max_prompt_length", "data.max_response_length", "data.rollout_batch_size", "data.min_pixels",
+        "data.max_pixels", "worker.actor.global_batch_size", "worker.actor.micro_batch_size_per_device_for_update",
+        "worker.actor.micro_batch_size_per_device_for_experience", "worker.actor.ppo_epochs", "worker.rollout.n",
+        "worker.rollout.max_num_batched_tokens", "trainer.total_epochs", "trainer.max_steps", "trainer.nnodes",
+        "trainer.n_gpus_per_node", "worker.actor.max_grad_norm", "worker.actor.tis_cap",
+        "worker.rollout.cpu_kvcache_space_gib", "algorithm.kl_target", "algorithm.kl_horizon",
+    ),
+    "non_negative": (
+        "worker.rollout.limit_images", "worker.rollout.temperature", "worker.actor.optim.lr",
+        "worker.actor.optim.weight_decay", "algorithm.kl_coef", "worker.actor.clip_ratio_high",
+    ),
+    "positive_or_-1": ("data.val_batch_size", "trainer.val_freq", "algorithm.max_try_make_batch"),
+    "at_least_-1": ("worker.rollout.top_k",),
+    "fraction": ("worker.rollout.top_p", "worker.rollout.gpu_memory_utilization"),
+    "unit": ("worker.actor.optim.lr_warmup_ratio", "algorithm.gamma", "algorithm.filter_low", "algorithm.filter_high"),
+    "below_1": ("worker.actor.clip_ratio_low",),  # the ratio is clipped below at 1 - clip_ratio_low > 0
+    "above_1": ("worker.actor.clip_ratio_dual",),  # dual-clip PPO's c > 1 (Ye et al. 2020, Eq. 5)
+}
+# Sampling settings that worker.rollout.val_override_config may replace during validation (see workers/rollout.py).
+VAL_OVERRIDE_RULES = {"n": "positive", "temperature": "non_negative", "top_p": "fraction", "top_k": "at_least_-1"}
+
+
+def get_dotted(config: Any, key: str) -> Any:
+    """``config.a.b.c`` for ``key="a.b.c"``."""
+    for part in key.split("."):
+        config = getattr(config, part)
+    return config
+
+
+def check_range(key: str, value: Any, rule: str) -> None:
+    """Raise ``ConfigError`` unless ``value`` (a number, or None = unset) satisfies ``RANGE_RULES``' ``rule``."""
+    if value is None:
+        return
+    test, words = _RANGES[rule]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not test(value):
+        raise ConfigError(f"{key} must be {words}, got {value!r}.")
+
+
+def check_choice(key: str, value: Any, choices: Any) -> None:
+    """Raise ``ConfigError`` unless ``value`` is one of ``choices`` (the message lists them)."""
+    if value not in choices:
+        raise ConfigError(f"{key}={value!r} is not one of: {', '.join(map(str, choices))}.")
+
+
+def check_ranges(config: "PPOConfig") -> None:
+    """Every numeric setting in its range (see ``RANGE_RULES``), and ``val_override_config``'s keys and values."""
+    for rule, keys in RANGE_RULES.items():
+        for key in keys:
+            check_range(key, get_dotted(config, key), rule)
+    for i, beta in enumerate(config.worker.actor.optim.betas):
+        check_range(f"worker.actor.optim.betas[{i}]", beta, "below_1")
+    if config.data.min_pixels > config.data.max_pixels:
+        raise ConfigError(f"data.min_pixels ({config.data.min_pixels}) is larger than data.max_pixels "
+                          f"({config.data.max_pixels}).")
+    if config.algorithm.filter_low > config.algorithm.filter_high:
+        raise ConfigError(f"algorithm.filter_low ({config.algorithm.filter_low}) is larger than "
+                          f"algorithm.filter_high ({config.algorithm.filter_high}).")
+    for name, value in config.worker.rollout.val_override_config.items():
+        key = f"worker.rollout.val_override_config.{name}"
+        if name not in VAL_OVERRIDE_RULES:
+            close = difflib.get_close_matches(str(name), list(VAL_OVERRIDE_RULES), n=1, cutoff=0.6)
+            raise ConfigError(
+                f"Unknown key '{key}'." + (f" Did you mean: {close[0]}?" if close else "")
+                + f" Validation can override: {', '.join(VAL_OVERRIDE_RULES)}."
+            )
+        check_range(key, value, VAL_OVERRIDE_RULES[name])
+
+
+def check_divisibility(config: "PPOConfig") -> None:
+    """Batch sizes that must split evenly: rollout batch into mini-batches, mini-batch samples over the devices, a
+    device's share into micro-batches (all counted as in EasyR1: batch sizes in prompts, micro-batches in samples)."""
+    actor, rollout = config.worker.actor, config.worker.rollout
+    if config.data.rollout_batch_size % actor.global_batch_size != 0:
+        raise ConfigError(
+            f"data.rollout_batch_size ({config.data.rollout_batch_size}) must be a multiple of "
+            f"worker.actor.global_batch_size ({actor.global_batch_size})."
+        )
+    samples_per_minibatch = actor.global_batch_size * rollout.n
+    if samples_per_minibatch % config.world_size != 0:
+        raise ConfigError(
+            f"worker.actor.global_batch_size * worker.rollout.n ({samples_per_minibatch}) samples must split "
+            f"evenly over {config.world_size} devices (trainer.nnodes * trainer.n_gpus_per_node)."
+        )
+    per_device = samples_per_minibatch // config.world_size
+    if per_device % actor.micro_batch_size_per_device_for_update != 0:
+        raise ConfigError(
+            f"{per_device} samples per device per mini-batch are not a multiple of "
+            f"worker.actor.micro_batch_size_per_device_for_update ({actor.micro_batch_size_per_device_for_update})."
+        )
+
+
+def check_names(config: "PPOConfig") -> None:
+    """Names that select an implementation must exist (checked before any model is loaded)."""
+    from easyrl.algorithms.advantages import ADV_ESTIMATORS
+    from easyrl.algorithms.kl import KL_ESTIMATORS
+    from easyrl.algorithms.losses import LOSS_AGG_MODES, POLICY_LOSSES
+
+    actor = config.worker.actor
+    check_choice("algorithm.adv_estimator", config.algorithm.adv_estimator, list(ADV_ESTIMATORS))
+    check_choice("algorithm.kl_penalty", config.algorithm.kl_penalty, KL_ESTIMATORS)
+    check_choice("algorithm.kl_type", config.algorithm.kl_type, ("fixed", "adaptive"))
+    check_choice("worker.actor.loss_type", actor.loss_type, list(POLICY_LOSSES))
+    check_choice("worker.actor.loss_agg_mode", actor.loss_agg_mode, LOSS_AGG_MODES)
+    for key in ("param_dtype", "reduce_dtype"):
+        check_choice(f"worker.actor.fsdp.{key}", getattr(actor.fsdp, key), ("bf16", "fp16", "fp32"))
+    check_choice("worker.rollout.dtype", config.worker.rollout.dtype, ("bf16", "fp16", "fp32"))
+    check_choice("worker.reward.reward_type", config.worker.reward.reward_type, ("batch", "sequential"))
+    check_choice("trainer.device", config.trainer.device, ("auto", "cuda", "npu", "cpu"))
+    for name in config.trainer.logger:
+        check_choice("trainer.logger", name, ("console", "jsonl", "wandb", "tensorboard"))
+
+
+def check_combinations(config: "PPOConfig") -> None:
+    """Settings that only make sense together."""
+    actor, rollout, algo = config.worker.actor, config.worker.rollout, config.algorithm
+    if algo.use_kl_loss and algo.use_kl_in_reward:
+        raise ConfigError("algorithm.use_kl_loss and algorithm.use_kl_in_reward are both true: choose one.")
+    if rollout.calculate_log_probs is False and actor.tis_cap is not None:
+        raise ConfigError("worker.actor.tis_cap needs worker.rollout.calculate_log_probs=true.")
+
+
+def check_config(config: "PPOConfig") -> None:
+    """All value checks of a merged configuration, in the order of the module docstring.
+
+    Raises:
+        ConfigError: the first failing check, naming the key(s), the value and the allowed range or choices.
+    """
+    if not config.worker.actor.model.model_path:
+        raise ConfigError("worker.actor.model.model_path is not set: give a hub id or a local model folder.")
+    check_ranges(config)
+    check_divisibility(config)
+    check_names(config)
+    check_combinations(config)
