@@ -1,0 +1,173 @@
+"""Log-probs and entropies straight from the last hidden states: the lm_head matmul fused with the log-softmax.
+
+``lm_head(hidden)`` materialises ``(tokens, vocab)`` logits (150k columns for Qwen: 0.6 MB per token in fp32), and
+autograd keeps them until backward. :func:`linear_log_probs` walks the tokens in chunks instead: per chunk it
+computes ``hidden_c @ W^T``, the label log-prob and the entropy, and keeps only ``hidden`` (a reference), one
+logsumexp and one entropy per token. Backward recomputes each chunk's logits and returns ``d hidden`` and ``d W``
+(the same trade as Liger-Kernel's fused linear cross-entropy, written here in plain torch).
+
+:class:`FusedLogProbHead` plugs it into an unmodified Hugging Face model through two public module hooks on its
+output embedding (``lm_head``): a forward pre-hook keeps the hidden states and hands the linear an empty slice, and a
+forward hook replaces the (empty) logits with ``(1, tokens, 2)`` = ``[log-prob, entropy]``. It all happens inside
+the model's own forward, so FSDP2 has the (tied) head weight gathered exactly as for a normal forward, and its
+gradient flows back through the usual reduce-scatter.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator, Optional
+
+import torch
+from torch.autograd.function import once_differentiable
+
+__all__ = ["linear_log_probs", "FusedLogProbHead"]
+
+DEFAULT_CHUNK_TOKENS = 512
+
+
+def _chunk_stats(hidden_c, weight, labels_c, temperature):
+    logits = (hidden_c @ weight.t()).float().div_(temperature)
+    logsumexp = torch.logsumexp(logits, dim=-1)
+    logp = logits.sub_(logsumexp.unsqueeze(-1))  # in place: logits -> log-probs
+    return logp, logsumexp
+
+
+class _LinearLogProb(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, labels, temperature, chunk):
+        n = hidden.shape[0]
+        log_probs = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        entropy = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        for s in range(0, n, chunk):
+            logp, _ = _chunk_stats(hidden[s:s + chunk], weight, labels[s:s + chunk], temperature)
+            log_probs[s:s + chunk] = logp.gather(-1, labels[s:s + chunk, None]).squeeze(-1)
+            entropy[s:s + chunk] = -(logp.exp() * logp).sum(-1)
+        ctx.save_for_backward(hidden, weight, labels, entropy)
+        ctx.temperature, ctx.chunk = temperature, chunk
+        return log_probs, entropy
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_lp, grad_ent):
+        hidden, weight, labels, entropy = ctx.saved_tensors
+        temperature, chunk = ctx.temperature, ctx.chunk
+        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) \
+            if ctx.needs_input_grad[1] else None
+        for s in range(0, hidden.shape[0], chunk):
+            h = hidden[s:s + chunk]
+            logp, _ = _chunk_stats(h, weight, labels[s:s + chunk], temperature)
+            p = logp.exp()
+            # d logp_y / dz = onehot(y) - p;  dH / dz = -p (logp + H)
+            g = torch.zeros_like(p)
+            if grad_lp is not None:
+                g_lp = grad_lp[s:s + chunk].float().unsqueeze(-1)
+                g.sub_(p * g_lp).scatter_add_(-1, labels[s:s + chunk, None], g_lp)
+            if grad_ent is not None:
+                g_ent = grad_ent[s:s + chunk].float().unsqueeze(-1)
+                g.sub_(p * (logp + entropy[s:s + chunk].unsqueeze(-1)) * g_ent)
+            g = g.div_(temperature).to(weight.dtype)  # chain rule through z = (h W^T) / T
+            if grad_hidden is not None:
+                grad_hidden[s:s + chunk] = g @ weight
+            if grad_weight is not None:
+                grad_weight.addmm_(g.t().float(), h.float())
+        if grad_weight is not None:
+            grad_weight = grad_weight.to(weight.dtype)
+        return grad_hidden, grad_weight, None, None, None
+
+
+def linear_log_probs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    temperature: float = 1.0,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    entropy_grad: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Label log-probs and entropies of ``softmax(hidden @ weight^T / temperature)`` without full logits.
+
+    Args:
+        hidden: ``(tokens, hidden_size)`` last hidden states (any float dtype, may require grad).
+        weight: ``(vocab, hidden_size)`` output embedding (``lm_head.weight``, no bias), same dtype as ``hidden``.
+        labels: ``(tokens,)`` int64 token ids in ``[0, vocab)``.
+        temperature: sampling temperature (> 0) the logits are divided by.
+        chunk_tokens: tokens per chunk (peak temporary: ``chunk_tokens x vocab`` float32).
+        entropy_grad: False: the entropy is returned detached, so no gradient flows through it even if it is
+            used in a loss with coefficient 0 (its backward would cost another vocabulary-wide pass).
+
+    Returns:
+        ``(log_probs, entropy)``, each ``(tokens,)`` float32 (nats).
+
+    Raises:
+        ValueError: on mismatched shapes, ``temperature <= 0`` or ``chunk_tokens < 1``.
+    """
+    if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
+        raise ValueError(f"hidden {tuple(hidden.shape)} and weight {tuple(weight.shape)} must be (tokens, hidden) "
+                         "and (vocab, hidden)")
+    if labels.shape != (hidden.shape[0],):
+        raise ValueError(f"labels {tuple(labels.shape)} must be ({hidden.shape[0]},)")
+    if not temperature > 0 or chunk_tokens < 1:
+        raise ValueError(f"temperature ({temperature}) must be > 0 and chunk_tokens ({chunk_tokens}) >= 1")
+    log_probs, entropy = _LinearLogProb.apply(hidden, weight, labels.long(), float(temperature), int(chunk_tokens))
+    return log_probs, entropy if entropy_grad else entropy.detach()
+
+
+class FusedLogProbHead:
+    """Makes a causal LM's forward return ``[log-prob, entropy]`` per kept position instead of logits.
+
+    Usage::
+
+        head = FusedLogProbHead(model)              # once: registers the hooks (inactive)
+        with head.scoring(labels, temperature):     # labels: (tokens,), one per kept position
+            out = model(..., logits_to_keep=indices)  # out.logits: (1, tokens, 2)
+        log_probs, entropy = out.logits[0, :, 0], out.logits[0, :, 1]
+
+    Outside ``scoring`` the model behaves as before (generation, plain logits).
+
+    Args:
+        model: a transformers model with ``get_output_embeddings()`` a bias-free ``nn.Linear``.
+        chunk_tokens: see :func:`linear_log_probs`.
+
+    Raises:
+        ValueError: the model has no bias-free linear output embedding.
+    """
+
+    def __init__(self, model: torch.nn.Module, chunk_tokens: int = DEFAULT_CHUNK_TOKENS):
+        head = model.get_output_embeddings()
+        if not isinstance(head, torch.nn.Linear) or head.bias is not None:
+            raise ValueError(f"{type(model).__name__}: the output embedding must be a bias-free nn.Linear")
+        self.chunk_tokens = chunk_tokens
+        self._labels: Optional[torch.Tensor] = None
+        self._temperature = 1.0
+        self._entropy_grad = True
+        self._hidden: Optional[torch.Tensor] = None
+        head.register_forward_pre_hook(self._pre_hook)
+        head.register_forward_hook(self._hook)
+
+    @contextmanager
+    def scoring(self, labels: torch.Tensor, temperature: float, entropy_grad: bool = True) -> Iterator[None]:
+        """Within the block, the head scores ``labels`` (``(tokens,)``) at the kept positions."""
+        self._labels, self._temperature, self._entropy_grad = labels, temperature, entropy_grad
+        try:
+            yield
+        finally:
+            self._labels, self._hidden = None, None
+
+    def _pre_hook(self, module, args):
+        if self._labels is None:
+            return None
+        (hidden,) = args
+        self._hidden = hidden
+        return (hidden[..., :0, :],)  # the linear runs on zero positions: no logits are made
+
+    def _hook(self, module, args, output):
+        if self._labels is None:
+            return None
+        hidden, self._hidden = self._hidden, None
+        if hidden.shape[0] != 1 or hidden.shape[1] != self._labels.shape[0]:
+            raise ValueError(f"FusedLogProbHead: {tuple(hidden.shape[:2])} kept positions for "
+                             f"{self._labels.shape[0]} labels; pass logits_to_keep with one index per label")
+        log_probs, entropy = linear_log_probs(hidden[0], module.weight, self._labels, self._temperature,
+                                              self.chunk_tokens, self._entropy_grad)
+        return torch.stack([log_probs[None], entropy[None]], dim=-1)  # a new tensor, not a view (FSDP2 hooks it)

@@ -1,0 +1,164 @@
+"""Padding-free (packed) model inputs: the worker's one translation between the padded batch layout and packed rows.
+
+The trainer keeps padded batches: ``input_ids`` / ``attention_mask`` ``(bsz, P + R)`` with left-padded prompts of
+width ``P`` and right-padded responses of width ``R``. A padded forward spends compute on every padding token, and
+the padding mask keeps flash kernels off. Packing removes the padding: the valid tokens of all rows are laid end to
+end in one row ``(1, total)``, and each sequence gets its own position ids restarting at 0. From such position ids
+transformers (>= 4.5x, checked with 5.19) infers the sequence boundaries itself when ``attention_mask`` is ``None``:
+
+* SDPA / eager: ``masking_utils.find_packed_sequence_indices`` turns every position that does not continue the
+  previous one (+1) into a sequence start and builds a block-diagonal causal mask;
+* flash-attention-2/3 (CUDA): ``modeling_flash_attention_utils`` derives ``cu_seqlens`` from the same position ids
+  and calls ``flash_attn_varlen_func``, the varlen kernel (no padding, no mask);
+* Qwen-VL (mRoPE): position ids of shape ``(4, 1, total)`` are split into the text positions (row 0, used for the
+  packed mask / varlen boundaries as above) and the 3-D rotary positions (rows 1-3, temporal/height/width), see
+  ``Qwen2VLTextModel.forward``. The 3-D positions are computed per sequence on the padded layout (the model's
+  ``get_rope_index``) and packed with the tokens.
+
+We deliberately do not pass ``cu_seq_lens_q`` and friends as keyword arguments: Qwen-VL forwards its keyword
+arguments to the vision tower too, whose attention has its own ``cu_seqlens``.
+
+The response log-probs come back through ``PackedBatch.logit_indices`` (the packed positions whose next-token
+logits score a response token, for ``logits_to_keep``) and ``PackedBatch.unpack`` (scatter to ``(bsz, R)``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+__all__ = ["PackedBatch", "pack_sequences", "padded_text_positions"]
+
+
+def padded_text_positions(attention_mask: torch.Tensor) -> torch.Tensor:
+    """``(bsz, L)`` positions counting only real tokens (0 at left padding), as vLLM sees them (it sees no padding).
+
+    Args:
+        attention_mask: ``(bsz, L)`` ``{0, 1}``.
+    """
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+@dataclass
+class PackedBatch:
+    """One packed row holding the valid tokens of ``bsz`` padded sequences.
+
+    Attributes:
+        input_ids: ``(1, total)`` the valid tokens, row after row.
+        position_ids: ``(1, total)`` per-sequence positions (0, 1, ...) or, for mRoPE, ``(4, 1, total)``: the text
+            positions then the three rotary rows.
+        cu_seqlens: ``(bsz + 1,)`` int32 offsets of each sequence in the packed row (as flash-attention's varlen
+            kernels take them).
+        max_seqlen: the longest sequence (tokens).
+        logit_indices: ``(num_response_tokens,)`` packed positions whose next-token logits score a response token
+            (pass as the model's ``logits_to_keep``).
+        labels: ``(num_response_tokens,)`` the response tokens scored at ``logit_indices``.
+        rows, cols: ``(num_response_tokens,)`` where each scored token sits in the padded ``(bsz, R)`` layout.
+        response_shape: ``(bsz, R)``.
+    """
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    cu_seqlens: torch.Tensor
+    max_seqlen: int
+    logit_indices: torch.Tensor
+    labels: torch.Tensor
+    rows: torch.Tensor
+    cols: torch.Tensor
+    response_shape: tuple[int, int]
+
+    @property
+    def num_tokens(self) -> int:
+        """Valid tokens in the packed row."""
+        return int(self.input_ids.shape[-1])
+
+    def unpack(self, values: torch.Tensor) -> torch.Tensor:
+        """Scatter per-response-token values back to the padded layout.
+
+        Args:
+            values: ``(num_response_tokens,)`` (or ``(1, num_response_tokens)``), e.g. log-probs at ``logit_indices``.
+
+        Returns:
+            ``(bsz, R)`` of ``values.dtype`` with 0 at padding; differentiable w.r.t. ``values``.
+
+        Raises:
+            ValueError: if the number of values is not the number of response tokens.
+        """
+        values = values.reshape(-1)
+        if values.shape[0] != self.labels.shape[0]:
+            raise ValueError(f"unpack got {values.shape[0]} values for {self.labels.shape[0]} response tokens")
+        out = values.new_zeros(self.response_shape)
+        return out.index_put((self.rows, self.cols), values)
+
+
+def pack_sequences(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_mask: torch.Tensor,
+    positions: Optional[torch.Tensor] = None,
+    mrope: bool = False,
+) -> PackedBatch:
+    """Pack left-padded prompt + right-padded response rows into one row without padding.
+
+    Args:
+        input_ids: ``(bsz, P + R)`` token ids.
+        attention_mask: ``(bsz, P + R)`` ``{0, 1}``, 1 at real tokens (its last ``R`` columns are ``response_mask``).
+        response_mask: ``(bsz, R)`` ``{0, 1}``, the response tokens to score (a prefix of each row).
+        positions: rotary positions in the padded layout: ``None`` for plain 1-D positions, or ``(3, bsz, P + R)``
+            Qwen-VL mRoPE positions (``get_rope_index`` with the same ``attention_mask``).
+        mrope: the model takes mRoPE positions (Qwen-VL): without ``positions`` (no image in the micro-batch) the
+            three rotary rows repeat the text positions. Qwen-VL needs the ``(4, 1, total)`` form even then: from
+            2-D position ids it builds no packed mask, and sequences would attend to each other.
+
+    Returns:
+        A :class:`PackedBatch` on ``input_ids.device``.
+
+    Raises:
+        ValueError: on mismatched shapes, a response token outside ``attention_mask``, or a row whose first response
+            token has no preceding token (an empty prompt) to be scored from.
+    """
+    if input_ids.dim() != 2 or attention_mask.shape != input_ids.shape:
+        raise ValueError(f"input_ids {tuple(input_ids.shape)} and attention_mask {tuple(attention_mask.shape)} "
+                         "must both be (bsz, prompt_len + resp_len)")
+    bsz, length = input_ids.shape
+    if response_mask.dim() != 2 or response_mask.shape[0] != bsz or response_mask.shape[1] >= length:
+        raise ValueError(f"response_mask {tuple(response_mask.shape)} must be (bsz={bsz}, resp_len < {length})")
+    resp_len = response_mask.shape[1]
+    prompt_len = length - resp_len
+    valid = attention_mask.bool()
+    if (response_mask.bool() & ~valid[:, prompt_len:]).any():
+        raise ValueError("response_mask marks tokens that attention_mask masks out")
+    # packed index of every valid padded position (row-major order keeps each sequence contiguous)
+    flat_index = valid.reshape(-1).long().cumsum(0).sub_(1).view(bsz, length)
+    seq_lens = valid.sum(-1)
+    cu_seqlens = torch.zeros(bsz + 1, dtype=torch.int32, device=input_ids.device)
+    cu_seqlens[1:] = seq_lens.cumsum(0)
+    text_positions = padded_text_positions(attention_mask)[valid].unsqueeze(0)
+    if positions is None and mrope:
+        position_ids = text_positions.expand(4, -1).unsqueeze(1)
+    elif positions is None:
+        position_ids = text_positions
+    else:
+        if positions.shape != (3, bsz, length):
+            raise ValueError(f"positions must be (3, bsz, seq_len) = (3, {bsz}, {length}), "
+                             f"got {tuple(positions.shape)}")
+        rope = positions[:, valid]  # (3, total)
+        position_ids = torch.cat([text_positions, rope], dim=0).unsqueeze(1)
+    rows, cols = response_mask.bool().nonzero(as_tuple=True)
+    source = prompt_len + cols - 1  # the padded position whose logits predict response token (row, col)
+    if not valid[rows, source].all():
+        bad = rows[~valid[rows, source]][0].item()
+        raise ValueError(f"row {bad}: the first response token has no prompt token before it (empty prompt)")
+    return PackedBatch(
+        input_ids=input_ids[valid].unsqueeze(0),
+        position_ids=position_ids,
+        cu_seqlens=cu_seqlens,
+        max_seqlen=int(seq_lens.max().item()) if bsz else 0,
+        logit_indices=flat_index[rows, source],
+        labels=input_ids[rows, prompt_len + cols],
+        rows=rows,
+        cols=cols,
+        response_shape=(bsz, resp_len),
+    )

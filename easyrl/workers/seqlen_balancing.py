@@ -1,0 +1,151 @@
+"""Sequence-length balancing: which rank and which micro-batch each sample goes to.
+
+Two decisions, both pure functions of the samples' token counts (``attention_mask.sum(-1)``):
+
+* **across ranks** (:func:`balanced_rank_order`): the trainer permutes the batch so that its equal consecutive
+  shares carry about the same number of tokens. Attention and MLP cost grow with tokens, not samples, so with
+  padding-free forwards the slowest rank sets the pace; equal counts of samples per rank are kept (every FSDP2
+  rank must run the same number of forwards). GRPO groups need not stay together: advantages are computed on the
+  trainer over the whole batch, by group id, before anything is split.
+* **within a rank** (:func:`dynamic_micro_batches`): micro-batches formed by a token budget
+  (``worker.actor.max_token_len_per_device``) instead of a fixed sample count; the ranks agree on the number of
+  micro-batches (the maximum of what each needs) so that their collectives stay in step.
+
+Both use the largest differencing method of Karmarkar and Karp ("The differencing method of set partitioning",
+1982), generalised to k parts (Michiels, Korst, Aarts, "Multi-way number partitioning", 2003). EasyR1 and verl
+balance the same way.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+
+__all__ = ["karmarkar_karp", "balanced_rank_order", "count_micro_batches", "dynamic_micro_batches"]
+
+
+def karmarkar_karp(lengths: Sequence[int], k: int, equal_size: bool = False) -> list[list[int]]:
+    """Partition sample indices into ``k`` parts with nearly equal sums of ``lengths``.
+
+    Each state is a k-tuple of (sum, indices) subsets; the two states with the largest spread (max - min sum) are
+    merged by pairing the heaviest subset of one with the lightest of the other, until one state remains.
+
+    Args:
+        lengths: per-sample cost (tokens), ``n`` values >= 0.
+        k: number of parts, >= 1.
+        equal_size: every part gets exactly ``n / k`` samples (``n`` must be divisible by ``k``); the initial
+            states are then the sorted samples taken ``k`` at a time, one per subset, which keeps counts equal.
+
+    Returns:
+        ``k`` lists of indices (each sorted ascending); every index in ``range(n)`` appears exactly once. Without
+        ``equal_size`` no part is empty when ``n >= k``.
+
+    Raises:
+        ValueError: ``k < 1``, a negative length, or ``equal_size`` with ``n`` not divisible by ``k``.
+    """
+    n = len(lengths)
+    if k < 1:
+        raise ValueError(f"karmarkar_karp: k must be >= 1, got {k}")
+    if any(x < 0 for x in lengths):
+        raise ValueError("karmarkar_karp: lengths must be >= 0")
+    if equal_size and n % k != 0:
+        raise ValueError(f"karmarkar_karp: {n} samples cannot be split into {k} parts of equal size")
+    order = sorted(range(n), key=lambda i: (lengths[i], i))
+    heap: list[tuple[int, int, list[tuple[int, list[int]]]]] = []
+    counter = 0  # tie-breaker so that heapq never compares the subsets
+
+    def push(subsets: list[tuple[int, list[int]]]) -> None:
+        nonlocal counter
+        subsets.sort(key=lambda s: s[0])
+        heapq.heappush(heap, (-(subsets[-1][0] - subsets[0][0]), counter, subsets))
+        counter += 1
+
+    if equal_size:
+        for start in range(0, n, k):
+            push([(lengths[i], [i]) for i in order[start:start + k]])
+    else:
+        for i in order:
+            push([(lengths[i], [i])] + [(0, []) for _ in range(k - 1)])
+    if not heap:
+        return [[] for _ in range(k)]
+    while len(heap) > 1:
+        _, _, a = heapq.heappop(heap)
+        _, _, b = heapq.heappop(heap)  # both sorted by sum ascending: pair a's lightest with b's heaviest
+        push([(a[i][0] + b[k - 1 - i][0], a[i][1] + b[k - 1 - i][1]) for i in range(k)])
+    parts = [sorted(indices) for _, indices in heap[0][2]]
+    if not equal_size:
+        _fill_empty(parts)
+    return parts
+
+
+def _fill_empty(parts: list[list[int]]) -> None:
+    """Move single samples from the most populated parts into empty ones (when there are enough samples)."""
+    for part in parts:
+        if not part:
+            donor = max(parts, key=len)
+            if len(donor) < 2:
+                return
+            part.append(donor.pop())
+
+
+def balanced_rank_order(lengths: Sequence[int], world_size: int) -> list[int]:
+    """A permutation of the batch whose ``world_size`` equal consecutive shares have nearly equal token sums.
+
+    Args:
+        lengths: ``(bsz,)`` tokens per sample (prompt + response, no padding).
+        world_size: number of data-parallel ranks; must divide ``bsz``.
+
+    Returns:
+        ``bsz`` indices, each exactly once: ``batch.select(order).chunk(world_size)[r]`` is rank ``r``'s share.
+
+    Raises:
+        ValueError: ``bsz`` not divisible by ``world_size``.
+    """
+    return [i for part in karmarkar_karp(lengths, world_size, equal_size=True) for i in part]
+
+
+def count_micro_batches(lengths: Sequence[int], max_tokens: int) -> int:
+    """How many micro-batches of at most ``max_tokens`` tokens this rank needs for ``lengths`` (>= 1).
+
+    Starts from the lower bound ``ceil(sum / max_tokens)`` and adds micro-batches until the Karmarkar-Karp
+    partition respects the budget.
+
+    Raises:
+        ValueError: a single sample is longer than ``max_tokens`` (raise
+            ``worker.actor.max_token_len_per_device`` to at least the longest prompt + response).
+    """
+    if max_tokens < 1:
+        raise ValueError(f"max_token_len_per_device must be >= 1, got {max_tokens}")
+    longest = max(lengths, default=0)
+    if longest > max_tokens:
+        raise ValueError(
+            f"A sample of {longest} tokens exceeds worker.actor.max_token_len_per_device={max_tokens}: set it to at "
+            "least data.max_prompt_length + data.max_response_length."
+        )
+    count = max(1, math.ceil(sum(lengths) / max_tokens))
+    while count < len(lengths):
+        parts = karmarkar_karp(lengths, count)
+        if max(sum(lengths[i] for i in part) for part in parts) <= max_tokens:
+            break
+        count += 1
+    return count
+
+
+def dynamic_micro_batches(lengths: Sequence[int], num_micro_batches: int) -> list[list[int]]:
+    """Split a rank's samples into ``num_micro_batches`` micro-batches of nearly equal token sums.
+
+    Args:
+        lengths: ``(bsz,)`` tokens per sample.
+        num_micro_batches: usually the maximum over ranks of :func:`count_micro_batches`; at most ``bsz``.
+
+    Returns:
+        ``num_micro_batches`` non-empty lists of indices, every index exactly once, heaviest micro-batch first.
+
+    Raises:
+        ValueError: ``num_micro_batches`` is not in ``[1, bsz]``.
+    """
+    if not 1 <= num_micro_batches <= max(1, len(lengths)):
+        raise ValueError(f"num_micro_batches={num_micro_batches} must lie in [1, {len(lengths)}] (the samples)")
+    parts = karmarkar_karp(lengths, num_micro_batches)
+    return sorted(parts, key=lambda part: -sum(lengths[i] for i in part))

@@ -1,0 +1,78 @@
+"""The fused lm_head + log-softmax against the plain matmul + log_softmax (values and both gradients)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from easyrl.models.fused_head import FusedLogProbHead, linear_log_probs
+
+
+def _data(tokens=37, hidden=16, vocab=101, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(tokens, hidden, generator=g, dtype=torch.float64)
+    w = torch.randn(vocab, hidden, generator=g, dtype=torch.float64) * 0.5
+    labels = torch.randint(0, vocab, (tokens,), generator=g)
+    return h, w, labels
+
+
+def _naive(h, w, labels, temperature):
+    logp = F.log_softmax((h @ w.t()) / temperature, dim=-1)
+    return logp.gather(-1, labels[:, None]).squeeze(-1), -(logp.exp() * logp).sum(-1)
+
+
+@pytest.mark.parametrize("chunk", [1, 8, 1000])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_values_and_gradients_match(chunk, temperature):
+    h, w, labels = _data()
+    a_h, a_w = h.float().requires_grad_(True), w.float().requires_grad_(True)
+    b_h, b_w = h.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    lp, ent = linear_log_probs(a_h, a_w, labels, temperature, chunk_tokens=chunk)
+    ref_lp, ref_ent = _naive(b_h, b_w, labels, temperature)
+    torch.testing.assert_close(lp.double(), ref_lp, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ent.double(), ref_ent, atol=1e-5, rtol=1e-5)
+    g = torch.Generator().manual_seed(3)
+    u, v = torch.randn(len(labels), generator=g, dtype=torch.float64), torch.randn(len(labels), generator=g,
+                                                                                   dtype=torch.float64)
+    ((lp.double() * u).sum() + (ent.double() * v).sum()).backward()
+    ((ref_lp * u).sum() + (ref_ent * v).sum()).backward()
+    torch.testing.assert_close(a_h.grad.double(), b_h.grad, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(a_w.grad.double(), b_w.grad, atol=1e-4, rtol=1e-4)
+
+
+def test_no_entropy_gradient_when_not_asked():
+    h, w, labels = _data()
+    a_w = w.float().requires_grad_(True)
+    lp, ent = linear_log_probs(h.float(), a_w, labels, entropy_grad=False)
+    assert not ent.requires_grad
+    lp.sum().backward()
+    b_w = w.clone().requires_grad_(True)
+    _naive(h, b_w, labels, 1.0)[0].sum().backward()
+    torch.testing.assert_close(a_w.grad.double(), b_w.grad, atol=1e-4, rtol=1e-4)
+
+
+def test_hooks_turn_a_model_head_into_log_probs():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(50, 8), torch.nn.Linear(8, 50, bias=False))
+    model.get_output_embeddings = lambda: model[1]
+    head = FusedLogProbHead(model, chunk_tokens=3)
+    ids = torch.randint(0, 50, (1, 7))
+    labels = torch.randint(0, 50, (7,))
+    plain = model(ids)  # inactive outside scoring: ordinary logits
+    assert plain.shape == (1, 7, 50)
+    with head.scoring(labels, temperature=1.0):
+        out = model(ids)
+    assert out.shape == (1, 7, 2)
+    ref = F.log_softmax(plain[0], -1).gather(-1, labels[:, None]).squeeze(-1)
+    torch.testing.assert_close(out[0, :, 0], ref, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="one index per label"), head.scoring(labels[:3], temperature=1.0):
+        model(ids)
+
+
+def test_rejects_bad_shapes():
+    h, w, labels = _data()
+    with pytest.raises(ValueError, match="labels"):
+        linear_log_probs(h, w, labels[:-1])
+    with pytest.raises(ValueError, match="temperature"):
+        linear_log_probs(h, w, labels, temperature=0.0)
