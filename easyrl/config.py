@@ -235,6 +235,8 @@ class WorkerConfig:
     ref: RefConfig = field(default_factory=RefConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    nccl_timeout: int = 1800
+    """Seconds a collective (NCCL, HCCL or gloo) may wait for the other ranks before the run fails (verl's name)."""
 
 
 @dataclass

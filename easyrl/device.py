@@ -58,6 +58,20 @@ def torch_device(device: str) -> torch.device:
     return torch.device(device, 0) if device == "npu" else torch.device("cuda", torch.cuda.current_device())
 
 
+def set_device(device: str) -> None:
+    """Make the worker's one visible accelerator the current device (``torch.cuda.set_device`` /
+    ``torch.npu.set_device``), before the process group starts; NCCL and HCCL bind to it. No-op on the CPU.
+
+    Ray gives each worker one device (``CUDA_VISIBLE_DEVICES`` / ``ASCEND_RT_VISIBLE_DEVICES``), so it is index 0.
+    """
+    if device == "cuda":
+        torch.cuda.set_device(0)
+    elif device == "npu":
+        import torch_npu  # noqa: F401  (registers torch.npu)
+
+        torch.npu.set_device(0)
+
+
 def empty_cache(device: str) -> None:
     """Give cached accelerator memory back (no-op on the CPU)."""
     if device == "cuda":

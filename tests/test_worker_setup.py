@@ -9,6 +9,7 @@ import pytest
 from easyrl.config import load_config
 from easyrl.device import collective_backend, ray_actor_resources
 from easyrl.workers.fsdp_worker import FSDPWorker
+from easyrl.workers.group import node_contiguous_bundles
 
 DEMO = f"config={Path(__file__).resolve().parents[1] / 'examples/configs/cpu_demo.yaml'}"
 
@@ -30,3 +31,14 @@ def test_device_backends_and_resources():
     assert ray_actor_resources("npu")["resources"] == {"NPU": 1}
     with pytest.raises(ValueError, match="trainer.device"):
         collective_backend("tpu")
+
+
+@pytest.mark.parametrize("bundle_nodes, expected", [
+    ({0: "a", 1: "a"}, [0, 1]),  # one node: bundle order
+    ({0: "a", 1: "b", 2: "a", 3: "b"}, [0, 2, 1, 3]),  # interleaved by PACK: node a's ranks first
+    ({0: "b", 1: "a", 2: "a", 3: "b"}, [0, 3, 1, 2]),  # bundle 0's node holds rank 0
+])
+def test_ranks_are_node_contiguous(bundle_nodes, expected):
+    order = node_contiguous_bundles(bundle_nodes)
+    assert order == expected
+

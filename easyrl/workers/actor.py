@@ -13,76 +13,19 @@ from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    set_model_state_dict,
-)
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
-from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+from transformers import AutoConfig
 
 from easyrl.algorithms.kl import kl_penalty
 from easyrl.algorithms.losses import agg_loss, compute_tis_weights, get_policy_loss
 from easyrl.algorithms.token_ops import entropy_from_logits, log_probs_from_logits
 from easyrl.batch import Batch
-from easyrl.config import ActorConfig, FSDPConfig, OffloadConfig
+from easyrl.config import ActorConfig, OffloadConfig
+from easyrl.workers.fsdp_model import clip_grad_norm, hf_model_class, load_sharded_model
+
+__all__ = ["FSDPPolicy", "hf_model_class"]
 
 logger = logging.getLogger("easyrl.actor")
-
-TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-
-
-def hf_model_class(hf_config) -> type:
-    """``AutoModelForImageTextToText`` when the config has a ``vision_config`` (Qwen2-VL, Qwen2.5-VL, Qwen3-VL),
-    else ``AutoModelForCausalLM``."""
-    return AutoModelForImageTextToText if getattr(hf_config, "vision_config", None) is not None else AutoModelForCausalLM
-
-
-def _instantiate(model_path: str, hf_config, trust_remote_code: bool, real: bool) -> tuple[torch.nn.Module, dict]:
-    """The float32 model (the FSDP2 master copy). ``real``: read the checkpoint into host memory and return its full
-    state dict too; otherwise build the same modules on the meta device (no memory) and return ``{}``."""
-    model_class = hf_model_class(hf_config)
-    kwargs = dict(dtype=torch.float32, trust_remote_code=trust_remote_code, attn_implementation="sdpa")
-    if real:
-        model = model_class.from_pretrained(model_path, **kwargs)
-        return model, model.state_dict()
-    with torch.device("meta"):
-        return model_class.from_config(hf_config, **kwargs), {}
-
-
-def _broadcast_weights(model: torch.nn.Module, full_state: dict[str, torch.Tensor]) -> None:
-    """Give every rank its shard of rank 0's checkpoint (``torch.distributed.checkpoint``'s
-    ``set_model_state_dict`` with ``broadcast_from_rank0``), so that only rank 0 ever holds the full model in host
-    memory; then copy rank 0's buffers (e.g. rotary ``inv_freq``, which checkpoints do not store)."""
-    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-    set_model_state_dict(model, full_state, options=options)
-    for module in model.modules():
-        for name, buffer in module.named_buffers(recurse=False):
-            dist.broadcast(buffer, src=0)
-        original = getattr(module, "original_inv_freq", None)
-        if isinstance(original, torch.Tensor) and original.is_meta:  # a plain attribute: rebuild it from the buffer
-            module.original_inv_freq = module.inv_freq.clone()
-
-
-def shard_model(
-    model: torch.nn.Module, mesh: DeviceMesh, fsdp: FSDPConfig, offload: OffloadConfig, device: str
-) -> torch.nn.Module:
-    """Apply FSDP2 ``fully_shard`` to each transformer block (the classes in ``model._no_split_modules``), then to
-    the whole model, in place. Parameters stay float32 (the master copy); compute runs in ``fsdp.param_dtype``."""
-    mp_policy = MixedPrecisionPolicy(
-        param_dtype=TORCH_DTYPES[fsdp.param_dtype], reduce_dtype=TORCH_DTYPES[fsdp.reduce_dtype]
-    )
-    kwargs: dict[str, Any] = dict(mesh=mesh, mp_policy=mp_policy, reshard_after_forward=fsdp.reshard_after_forward)
-    if offload.offload_params and device != "cpu":
-        kwargs["offload_policy"] = CPUOffloadPolicy()
-    block_names = set(getattr(model, "_no_split_modules", None) or [])
-    blocks = [m for m in model.modules() if type(m).__name__ in block_names]
-    if not blocks:
-        raise ValueError(f"{type(model).__name__} declares no transformer blocks (_no_split_modules) to shard.")
-    for block in blocks:
-        fully_shard(block, **kwargs)
-    fully_shard(model, **kwargs)
-    return model
 
 
 def _merge_multimodal(mm_inputs: list[dict[str, torch.Tensor]], device: torch.device) -> dict[str, torch.Tensor]:
@@ -105,6 +48,8 @@ class FSDPPolicy:
         device: ``cuda``, ``npu`` or ``cpu``.
         trainable: build an AdamW optimizer and a warm-up LR schedule.
         offload: parameter offload settings (the actor's or the reference's).
+        init_from: a policy of the same checkpoint whose shards to copy (the reference from the actor: no second
+            checkpoint read); None reads ``model_path`` on rank 0 and broadcasts it.
     """
 
     def __init__(
@@ -116,27 +61,15 @@ class FSDPPolicy:
         torch_device: torch.device,
         trainable: bool,
         offload: OffloadConfig,
+        init_from: Optional["FSDPPolicy"] = None,
     ):
         self.config = config
         self.device = device
         self.torch_device = torch_device
         self.dp_size = mesh.size()
         hf_config = AutoConfig.from_pretrained(model_path, trust_remote_code=config.model.trust_remote_code)
-        is_rank0 = dist.get_rank() == 0
-        model, full_state = _instantiate(model_path, hf_config, config.model.trust_remote_code, real=is_rank0)
-        if trainable and config.fsdp.enable_gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if trainable and config.model.freeze_vision_tower and hasattr(model, "model") and hasattr(model.model, "visual"):
-            model.model.visual.requires_grad_(False)
-        if not trainable:
-            model.requires_grad_(False)
-        shard_model(model, mesh, config.fsdp, offload, device)
-        home = torch.device("cpu") if offload.offload_params and device != "cpu" else torch_device
-        if is_rank0:
-            model.to(home)
-        else:
-            model.to_empty(device=home)
-        _broadcast_weights(model, full_state)
+        model = load_sharded_model(model_path, hf_config, config, mesh, device, trainable, offload,
+                                   init_from=init_from.model if init_from is not None else None)
         self.model = model
         self.has_vision = getattr(hf_config, "vision_config", None) is not None
         self.add_blank_image = False
@@ -241,15 +174,14 @@ class FSDPPolicy:
             order = torch.randperm(len(data), generator=generator)
             for mini in data.select(order).split(mini_batch_size):
                 mask = mini["response_mask"]
-                counts = torch.tensor([mask.sum(), (mask.sum(-1) > 0).sum()], dtype=torch.float64, device=self.torch_device)
+                # int64: exact, and supported by every backend (HCCL's float64 all-reduce is patchy)
+                counts = torch.tensor([mask.sum(), (mask.sum(-1) > 0).sum()], dtype=torch.int64, device=self.torch_device)
                 dist.all_reduce(counts)
                 agg_kwargs = dict(global_num_tokens=counts[0].item(), global_num_seqs=counts[1].item(), dp_size=self.dp_size)
                 step_metrics: dict[str, float] = defaultdict(float)
                 for micro in mini.split(micro_batch_size):
                     self._backward_micro(micro, policy_loss_fn, agg_kwargs, step_metrics)
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm=cfg.max_grad_norm)
-                if hasattr(grad_norm, "full_tensor"):
-                    grad_norm = grad_norm.full_tensor()
+                grad_norm = clip_grad_norm(self.model.parameters(), cfg.max_grad_norm, self.torch_device)
                 if torch.isfinite(grad_norm):
                     self.optimizer.step()
                 else:

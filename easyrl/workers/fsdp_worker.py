@@ -7,6 +7,7 @@ collectives (FSDP2 all-gathers, gradient reduce-scatters, token counts) over a t
 
 from __future__ import annotations
 
+import datetime
 import logging
 import os
 import socket
@@ -17,7 +18,8 @@ import torch
 
 from easyrl.batch import Batch
 from easyrl.config import PPOConfig
-from easyrl.device import collective_backend, empty_cache, torch_device
+from easyrl.device import collective_backend, empty_cache, set_device, torch_device
+from easyrl.workers.fsdp_model import gather_full
 
 logger = logging.getLogger("easyrl.worker")
 
@@ -51,8 +53,13 @@ class FSDPWorker:
         self.weights_dirty = True
 
     def address(self) -> tuple[str, int]:
-        """This host's IP and a free port (rank 0's is the process group's rendezvous)."""
-        return socket.gethostbyname(socket.gethostname()), free_port()
+        """This node's IP as Ray knows it and a free port (rank 0's is the process group's rendezvous).
+
+        Not ``gethostbyname(gethostname())``: on Debian/Ubuntu that is often 127.0.1.1, unreachable from other nodes.
+        """
+        import ray
+
+        return ray.util.get_node_ip_address(), free_port()
 
     def init_process_group(self, master_addr: str, master_port: int) -> None:
         """Join the workers' torch.distributed group (gloo / NCCL / HCCL) at rank 0's address."""
@@ -63,10 +70,10 @@ class FSDPWorker:
         if self.device == "cpu":
             # one core per worker: keep torch's intra-op pool from oversubscribing the host
             torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
+        set_device(self.device)
         self.torch_device = torch_device(self.device)
-        if self.device == "cuda":
-            torch.cuda.set_device(self.torch_device)
-        dist.init_process_group(backend=collective_backend(self.device), rank=self.rank, world_size=self.world_size)
+        dist.init_process_group(backend=collective_backend(self.device), rank=self.rank, world_size=self.world_size,
+                                timeout=datetime.timedelta(seconds=self.config.worker.nccl_timeout))
 
     def init_models(self) -> None:
         """Build the FSDP2 actor, the reference policy (unless KL is disabled) and the vLLM engine."""
@@ -81,8 +88,9 @@ class FSDPWorker:
         self.actor = FSDPPolicy(model_path, cfg.actor, mesh, self.device, self.torch_device, trainable=True,
                                 offload=cfg.actor.offload)
         if self.needs_ref():
+            # same checkpoint: copy the actor's shards (cast to the compute dtype) instead of reading it again
             self.ref = FSDPPolicy(model_path, cfg.actor, mesh, self.device, self.torch_device, trainable=False,
-                                  offload=cfg.ref.offload)
+                                  offload=cfg.ref.offload, init_from=self.actor)
         self.rollout = VLLMRollout(model_path, cfg.rollout, self.device, seed=cfg.rollout.seed + self.rank)
         empty_cache(self.device)
 
@@ -91,11 +99,10 @@ class FSDPWorker:
         return self.config.algorithm.needs_reference
 
     def _actor_weights(self):
-        """The actor's full tensors, gathered one at a time (peak memory: one full tensor), HF names."""
+        """The actor's full tensors on the compute device, gathered one at a time (peak memory: one full tensor),
+        HF names; offloaded shards are moved to the device before the gather (NCCL/HCCL take device tensors only)."""
         for name, tensor in self.actor.model.state_dict().items():
-            if hasattr(tensor, "full_tensor"):
-                tensor = tensor.full_tensor()
-            yield name, tensor
+            yield name, gather_full(tensor, self.torch_device)
 
     def sync_weights(self) -> float:
         """Load the current actor weights into vLLM in place. Returns the time taken (seconds)."""

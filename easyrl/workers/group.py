@@ -10,7 +10,7 @@ import os
 from typing import Any
 
 import ray
-from ray.util.placement_group import placement_group
+from ray.util.placement_group import placement_group, placement_group_table
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from easyrl.batch import Batch
@@ -26,6 +26,26 @@ def _bundle(device: str) -> dict[str, float]:
         bundle["GPU"] = float(res["num_gpus"])
     bundle.update({k: float(v) for k, v in res.get("resources", {}).items()})
     return bundle
+
+
+def node_contiguous_bundles(bundle_nodes: dict[int, str]) -> list[int]:
+    """Bundle index for each rank, so that every node's ranks are consecutive.
+
+    A ``PACK`` placement group may spread its bundles over nodes in any order; ranks in bundle order would then
+    interleave nodes, and rank-adjacent collectives (and anything that assumes ``rank // n_gpus_per_node`` is the
+    node) would cross the network. Nodes are ordered by their first bundle (so bundle 0's node holds rank 0), bundles
+    within a node by index.
+
+    Args:
+        bundle_nodes: bundle index -> node id (``placement_group_table(pg)["bundles_to_node_id"]``).
+
+    Returns:
+        ``order`` with ``order[rank]`` = the bundle index that rank is placed on.
+    """
+    first_bundle: dict[str, int] = {}
+    for index in sorted(bundle_nodes):
+        first_bundle.setdefault(bundle_nodes[index], index)
+    return sorted(bundle_nodes, key=lambda index: (first_bundle[bundle_nodes[index]], index))
 
 
 def _worker_env(device: str, rank: int) -> dict[str, str]:
@@ -58,11 +78,13 @@ class WorkerGroup:
                 )
         self.placement_group = placement_group([bundle] * world_size, strategy="PACK")
         ray.get(self.placement_group.ready())
+        bundles = node_contiguous_bundles(placement_group_table(self.placement_group)["bundles_to_node_id"])
         remote_cls = ray.remote(FSDPWorker)
         res = ray_actor_resources(device)
         self.workers = [
             remote_cls.options(
-                scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement_group, placement_group_bundle_index=rank),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    self.placement_group, placement_group_bundle_index=bundles[rank]),
                 runtime_env={"env_vars": _worker_env(device, rank)},
                 **res,
             ).remote(config, rank, world_size, device)

@@ -1,0 +1,265 @@
+"""Loading and sharding a Hugging Face model with FSDP2 (``fully_shard``): where each tensor lives, in which dtype.
+
+The rules, right by construction on every device (gloo accepts host tensors; NCCL and HCCL take device tensors only):
+
+* every rank builds the model on the meta device (no memory); only rank 0 reads the checkpoint, into host memory;
+* the sharded parameters (and with them gradients and Adam states) live where ``offload_params`` says: on the host
+  with FSDP2's ``CPUOffloadPolicy`` (an accelerator only), else on the compute device;
+* buffers (rotary ``inv_freq``, which checkpoints do not store) always live on the compute device, whatever the
+  offload: the forward uses them there and they are broadcast from rank 0 over the collective backend;
+* every collective runs on device tensors: a host-offloaded shard is copied to the device before a gather
+  (``full_tensor``) or a norm reduction;
+* a frozen copy (the reference policy) is held in the compute dtype (``fsdp.param_dtype``, bf16 by default) and is
+  built by copying the actor's local shards (same mesh, same layout), not by reading the checkpoint a second time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor, Replicate
+
+from easyrl.config import ActorConfig, FSDPConfig, OffloadConfig
+from easyrl.device import torch_device
+
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def hf_model_class(hf_config) -> type:
+    """``AutoModelForImageTextToText`` when the config has a ``vision_config`` (Qwen2-VL, Qwen2.5-VL, Qwen3-VL),
+    else ``AutoModelForCausalLM``."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText  # heavy: imported when used
+
+    return AutoModelForImageTextToText if getattr(hf_config, "vision_config", None) is not None else AutoModelForCausalLM
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the tensors of one sharded model live.
+
+    ``params``: device of the sharded parameters, their gradients and optimizer states (``cpu`` when offloaded).
+    ``buffers``: device of the buffers (always the compute device). ``offload``: use FSDP2's ``CPUOffloadPolicy``.
+    """
+
+    params: str
+    buffers: str
+    offload: bool
+
+
+def placement(device: str, offload_params: bool) -> Placement:
+    """Decide where a sharded model's tensors live.
+
+    Args:
+        device: the compute device kind, ``cuda``, ``npu`` or ``cpu``.
+        offload_params: the role's ``offload.offload_params`` setting (ignored on the CPU, where host = device).
+
+    Returns:
+        ``Placement``: parameters on the host only when offloading from an accelerator; buffers always on ``device``.
+
+    Raises:
+        ValueError: an unknown device kind.
+    """
+    if device not in ("cuda", "npu", "cpu"):
+        raise ValueError(f"Unknown device kind '{device}' (expected cuda, npu or cpu).")
+    offload = offload_params and device != "cpu"
+    return Placement(params="cpu" if offload else device, buffers=device, offload=offload)
+
+
+def build_empty_model(hf_config, dtype: torch.dtype, trust_remote_code: bool, attn_implementation: str):
+    """The model's modules on the meta device (no memory), parameters of ``dtype``."""
+    kwargs = dict(dtype=dtype, trust_remote_code=trust_remote_code, attn_implementation=attn_implementation)
+    with torch.device("meta"):
+        return hf_model_class(hf_config).from_config(hf_config, **kwargs)
+
+
+def read_checkpoint(model_path: str, hf_config, trust_remote_code: bool) -> tuple[dict, dict]:
+    """Rank 0 only: the checkpoint's float32 state dict and the model's buffers (``name -> tensor``), in host memory.
+
+    ``from_pretrained`` is used (not raw safetensors) so that the names match the model class of this transformers
+    version whatever the checkpoint's naming."""
+    model = hf_model_class(hf_config).from_pretrained(
+        model_path, dtype=torch.float32, trust_remote_code=trust_remote_code, attn_implementation="sdpa"
+    )
+    return model.state_dict(), {name: buf.detach().clone() for name, buf in model.named_buffers()}
+
+
+def load_sharded_model(
+    model_path: str,
+    hf_config,
+    config: ActorConfig,
+    mesh: DeviceMesh,
+    device: str,
+    trainable: bool,
+    offload: OffloadConfig,
+    init_from: Optional[torch.nn.Module] = None,
+    attn_implementation: str = "sdpa",
+) -> torch.nn.Module:
+    """Build one role's FSDP2-sharded model on every rank (collective: all ranks call it together).
+
+    Args:
+        model_path: Hugging Face folder or hub id (read on rank 0 only, and only when ``init_from`` is None).
+        hf_config: its ``AutoConfig``.
+        config: ``worker.actor`` settings (model, fsdp).
+        mesh: 1-D data-parallel device mesh.
+        device: ``cuda``, ``npu`` or ``cpu``.
+        trainable: True: float32 master parameters (compute in ``fsdp.param_dtype``), gradient checkpointing and
+            the vision-tower freeze as configured. False: frozen, parameters held in ``fsdp.param_dtype``.
+        offload: this role's offload settings (see ``placement``).
+        init_from: an already built sharded model of the same checkpoint (the actor) to copy the shards from.
+        attn_implementation: transformers' attention implementation name.
+
+    Returns:
+        The sharded model, parameters placed per ``placement(device, offload.offload_params)``.
+    """
+    dtype = torch.float32 if trainable else TORCH_DTYPES[config.fsdp.param_dtype]
+    trust = config.model.trust_remote_code
+    full_state, buffers = {}, {}
+    if init_from is None and dist.get_rank() == 0:
+        full_state, buffers = read_checkpoint(model_path, hf_config, trust)
+    model = build_empty_model(hf_config, dtype, trust, attn_implementation)
+    if trainable and config.fsdp.enable_gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if trainable and config.model.freeze_vision_tower and hasattr(model, "model") and hasattr(model.model, "visual"):
+        model.model.visual.requires_grad_(False)
+    if not trainable:
+        model.requires_grad_(False)
+    where = placement(device, offload.offload_params)
+    shard_model(model, mesh, config.fsdp, where)
+    materialize(model, where)
+    if init_from is not None:
+        copy_shards(init_from, model)
+    else:
+        broadcast_weights(model, full_state, buffers)
+    return model
+
+
+def shard_model(model: torch.nn.Module, mesh: DeviceMesh, fsdp: FSDPConfig, where: Placement) -> torch.nn.Module:
+    """Apply FSDP2 ``fully_shard`` to each transformer block (the classes in ``model._no_split_modules``), then to
+    the whole model, in place. Compute runs in ``fsdp.param_dtype``, gradients are reduced in ``fsdp.reduce_dtype``.
+
+    Raises:
+        ValueError: the model declares no transformer block classes.
+    """
+    mp_policy = MixedPrecisionPolicy(
+        param_dtype=TORCH_DTYPES[fsdp.param_dtype], reduce_dtype=TORCH_DTYPES[fsdp.reduce_dtype]
+    )
+    kwargs: dict[str, Any] = dict(mesh=mesh, mp_policy=mp_policy, reshard_after_forward=fsdp.reshard_after_forward)
+    if where.offload:
+        kwargs["offload_policy"] = CPUOffloadPolicy()
+    block_names = set(getattr(model, "_no_split_modules", None) or [])
+    blocks = [m for m in model.modules() if type(m).__name__ in block_names]
+    if not blocks:
+        raise ValueError(f"{type(model).__name__} declares no transformer blocks (_no_split_modules) to shard.")
+    for block in blocks:
+        fully_shard(block, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
+
+
+def materialize(model: torch.nn.Module, where: Placement) -> None:
+    """Allocate a meta-device sharded model: parameters on ``where.params``, buffers on ``where.buffers``
+    (uninitialised memory; fill it with ``broadcast_weights`` or ``copy_shards``)."""
+    model.to_empty(device=where.params)  # FSDP2 re-registers (and pins, when offloading) the local shards
+    buffer_device = torch_device(where.buffers)
+    for module in model.modules():
+        for name, buffer in list(module.named_buffers(recurse=False)):
+            if buffer is not None and buffer.device != buffer_device:
+                module._buffers[name] = buffer.to(buffer_device)
+
+
+def broadcast_weights(model: torch.nn.Module, full_state: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor]):
+    """Give every rank its shard of rank 0's checkpoint and rank 0's buffers.
+
+    Parameters go through ``torch.distributed.checkpoint``'s ``set_model_state_dict(broadcast_from_rank0=True)``,
+    which broadcasts tensor by tensor on the process group's device and copies each rank's slice into its shard
+    (host or device). Buffers (on the compute device, see ``materialize``) are broadcast in place.
+
+    Args:
+        full_state: rank 0: the full state dict (host); other ranks: ``{}``.
+        buffers: rank 0: the model's buffers by name (host); other ranks: ``{}``.
+    """
+    set_model_state_dict(model, full_state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    for name, buffer in model.named_buffers():
+        if name in buffers:
+            buffer.copy_(buffers[name])
+        dist.broadcast(buffer, src=0)
+    _restore_original_inv_freq(model)
+
+
+def _restore_original_inv_freq(model: torch.nn.Module) -> None:
+    """HF rotary modules keep ``original_inv_freq`` as a plain attribute (not a buffer): rebuild it from the buffer
+    on models that were built on the meta device."""
+    for module in model.modules():
+        original = getattr(module, "original_inv_freq", None)
+        if isinstance(original, torch.Tensor) and (original.is_meta or original.device != module.inv_freq.device):
+            module.original_inv_freq = module.inv_freq.clone()
+
+
+@torch.no_grad()
+def copy_shards(src: torch.nn.Module, dst: torch.nn.Module) -> None:
+    """Fill ``dst``'s local shards and buffers from ``src`` (same architecture, same mesh: FSDP2 shards both alike),
+    casting to ``dst``'s dtypes; no communication. Used to build the reference policy from the actor.
+
+    Raises:
+        ValueError: the two models' parameter names or local shard shapes differ.
+    """
+    src_params, dst_params = dict(src.named_parameters()), dict(dst.named_parameters())
+    if src_params.keys() != dst_params.keys():
+        raise ValueError(f"Cannot copy shards between different models: {sorted(src_params.keys() ^ dst_params.keys())[:5]}")
+    for name, param in dst_params.items():
+        mine, theirs = _local(param), _local(src_params[name])
+        if mine.shape != theirs.shape:
+            raise ValueError(f"Local shard of '{name}' has shape {tuple(theirs.shape)} vs {tuple(mine.shape)}.")
+        mine.copy_(theirs)
+    src_buffers = dict(src.named_buffers())
+    for name, buffer in dst.named_buffers():
+        buffer.copy_(src_buffers[name])
+    _restore_original_inv_freq(dst)
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def gather_full(tensor: torch.Tensor, device: torch.device, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """The full tensor of a (possibly host-offloaded) shard: the local shard is moved to the compute ``device`` and
+    cast to ``dtype`` first (less to send), then all-gathered (collective: every rank must call it). Plain tensors
+    are returned moved and cast."""
+    moved = tensor.detach().to(device=device, dtype=dtype or tensor.dtype)
+    return moved.full_tensor() if isinstance(moved, DTensor) else moved
+
+
+@torch.no_grad()
+def clip_grad_norm(parameters: Iterable[torch.nn.Parameter], max_norm: float, device: torch.device) -> torch.Tensor:
+    """Global L2 norm of the gradients of FSDP2-sharded parameters, clipped to ``max_norm`` in place.
+
+    Each rank sums the squares of its local gradient shards (where they live: host when offloaded), the sum is
+    moved to the compute ``device`` and all-reduced there (NCCL/HCCL take device tensors only); replicated
+    gradients count once. The gradients are scaled by ``min(1, max_norm / (norm + 1e-6))`` unless the norm is not
+    finite (then the caller skips the step). Same result as ``torch.nn.utils.clip_grad_norm_`` on the full model.
+
+    Returns:
+        the total norm before clipping, a float32 scalar on ``device``.
+    """
+    grads = [p.grad for p in parameters if p.grad is not None]
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    local_sq = torch.zeros((), dtype=torch.float32, device=device)
+    for grad in grads:
+        sq = _local(grad).float().pow(2).sum().to(device)
+        replicated = not isinstance(grad, DTensor) or all(isinstance(p, Replicate) for p in grad.placements)
+        local_sq += sq / world if replicated else sq
+    if world > 1:
+        dist.all_reduce(local_sq)
+    total = local_sq.sqrt()
+    if torch.isfinite(total):
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        for grad in grads:
+            local = _local(grad)
+            local.mul_(coef.to(local.device, local.dtype))
+    return total
