@@ -40,7 +40,8 @@ class DataConfig:
     """Same forms as ``train_files``; null = no validation."""
     prompt_key: str = "problem"
     answer_key: str = "answer"
-    image_key: str = "images"
+    image_key: Optional[str] = "images"
+    """Column holding the images; null = text-only (no column is read as images)."""
     image_dir: Optional[str] = None
     """Folder that relative image paths in the data are resolved against."""
     max_prompt_length: int = 1024

@@ -17,6 +17,7 @@ from easyrl.data import (
     load_format_prompt,
     load_intergps_geometry3k,
 )
+from easyrl.errors import ConfigError, DataError
 
 REPO = Path(__file__).resolve().parents[1]
 MATH_TEMPLATE = str(REPO / "examples" / "format_prompt" / "math.jinja")
@@ -136,9 +137,9 @@ def test_local_sources_jsonl_folder_intergps_and_image_dir(vl, geo3k_sample_dir,
 
 def test_missing_columns_name_column_file_and_config_key(vl, geo3k_parquet, tmp_path):
     tokenizer, processor = vl
-    with pytest.raises(KeyError, match=r"'question'.*train\.parquet.*'problem'.*data\.prompt_key"):
+    with pytest.raises(DataError, match=r"'question'.*train\.parquet.*'problem'.*data\.prompt_key"):
         RLDataset(geo3k_parquet, tokenizer, processor, prompt_key="question")
-    with pytest.raises(KeyError, match=r"'solution'.*train\.parquet.*'answer'.*data\.answer_key"):
+    with pytest.raises(DataError, match=r"'solution'.*train\.parquet.*'answer'.*data\.answer_key"):
         RLDataset(geo3k_parquet, tokenizer, processor, answer_key="solution")
     # prompts with <image> but no image column
     path = _write_jsonl(tmp_path / "noimg.jsonl", [{"problem": "<image>Find x.", "answer": "1"}])
@@ -148,16 +149,16 @@ def test_missing_columns_name_column_file_and_config_key(vl, geo3k_parquet, tmp_
 
 def test_bad_sources_and_rows(vl, geo3k_sample_dir, tmp_path, monkeypatch):
     tokenizer, processor = vl
-    with pytest.raises(FileNotFoundError, match="missing.parquet"):
+    with pytest.raises(DataError, match="missing.parquet"):
         RLDataset(str(tmp_path / "missing.parquet"), tokenizer, processor)
     (tmp_path / "data.txt").write_text("hello")
     with pytest.raises(ValueError, match=r"data\.txt.*unsupported extension"):
         RLDataset(str(tmp_path / "data.txt"), tokenizer, processor)
-    with pytest.raises(FileNotFoundError, match="NAME@SPLIT"):
+    with pytest.raises(DataError, match="NAME@SPLIT"):
         RLDataset("someone/some_dataset", tokenizer, processor)
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    with pytest.raises(RuntimeError, match=r"hub dataset 'someone/some_dataset' split 'validation'"):
+    with pytest.raises(DataError, match=r"hub dataset 'someone/some_dataset' split 'validation'"):
         RLDataset("someone/some_dataset@validation", tokenizer, processor)
 
     image = str(Path(geo3k_sample_dir) / "11" / "img_diagram.png")
@@ -170,13 +171,11 @@ def test_bad_sources_and_rows(vl, geo3k_sample_dir, tmp_path, monkeypatch):
         RLDataset(path, tokenizer, processor, **PIXELS)
     rows[1] = {"problem": "<image>broken", "answer": "1", "images": [str(tmp_path / "gone.png")]}
     path = _write_jsonl(tmp_path / "bad_image.jsonl", rows)
-    with pytest.raises(ValueError, match=r"row 1 of .*bad_image\.jsonl.*gone\.png"):
+    with pytest.raises(DataError, match=r"row 1 of .*bad_image\.jsonl.*gone\.png"):
         RLDataset(path, tokenizer, processor, **PIXELS)
-    # without the construction-time pass, the same error surfaces when the row is read
-    dataset = RLDataset(path, tokenizer, processor, filter_overlong_prompts=False, **PIXELS)
-    assert len(dataset[0]["images"]) == 1
-    with pytest.raises(ValueError, match=r"row 1 of .*gone\.png"):
-        dataset[1]
+    # rows are checked at construction also without the overlong filter
+    with pytest.raises(DataError, match=r"row 1 of .*bad_image\.jsonl.*gone\.png"):
+        RLDataset(path, tokenizer, processor, filter_overlong_prompts=False, **PIXELS)
 
 
 def test_collate_fn_makes_plain_lists(vl, geo3k_parquet):
@@ -204,10 +203,10 @@ def test_format_prompt_template(tmp_path):
     custom = tmp_path / "t.jinja"
     custom.write_text("Q: {{ content }}\n")
     assert load_format_prompt(str(custom))("<image>hi") == "Q: <image>hi"
-    with pytest.raises(FileNotFoundError, match=r"nope\.jinja.*data\.format_prompt"):
+    with pytest.raises(ConfigError, match=r"nope\.jinja.*data\.format_prompt"):
         load_format_prompt(str(tmp_path / "nope.jinja"))
     (tmp_path / "bad.jinja").write_text("{{ content ")
-    with pytest.raises(ValueError, match=r"bad\.jinja' line 1"):
+    with pytest.raises(ValueError, match=r"bad\.jinja' \(data\.format_prompt\) line 1"):
         load_format_prompt(str(tmp_path / "bad.jinja"))
     (tmp_path / "other.jinja").write_text("{{ question }}")
     with pytest.raises(ValueError, match=r"other\.jinja.*undefined"):

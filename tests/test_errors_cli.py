@@ -48,3 +48,14 @@ def test_easyrl_debug_shows_the_traceback():  # X04
     assert proc.returncode == 1
     assert "Traceback" in proc.stderr
     assert "ConfigError: data.rollout_batch_size must be a positive number" in proc.stderr
+
+
+def test_missing_local_model_is_reported_before_ray_starts(tmp_path):  # X05
+    proc = _run(f"config={REPO / 'examples/configs/cpu_demo.yaml'}", "worker.actor.model.model_path=./no/such/model",
+                f"trainer.runs_root={tmp_path}")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "easyrl: model error: worker.actor.model.model_path='./no/such/model' does not exist; give an existing local "
+        "model folder or a hub id org/name"
+    )
+    assert "ray" not in proc.stderr.lower()  # Ray logs its start-up on stderr; it must not have started

@@ -11,6 +11,7 @@ import pytest
 from PIL import Image
 
 from easyrl.data.intergps import convert_intergps_problem, load_intergps_geometry3k
+from easyrl.errors import DataError
 
 SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "data_preprocess" / "geo3k.py"
 
@@ -62,7 +63,7 @@ def test_splits_follow_data_type_and_bad_answers_name_the_file(geo3k_sample_dir,
     with pytest.raises(ValueError, match=r"13/data.json: answer 'E'"):
         load_intergps_geometry3k(str(root))
     (root / "12" / "img_diagram.png").unlink()
-    with pytest.raises(FileNotFoundError, match="img_diagram.png"):
+    with pytest.raises(DataError, match="img_diagram.png"):
         load_intergps_geometry3k(str(root))
 
 

@@ -11,7 +11,6 @@ A source is one ``data_path`` string:
 
 from __future__ import annotations
 
-import io
 import logging
 import os
 from typing import Any
@@ -20,9 +19,11 @@ import datasets
 import torch
 from PIL import Image
 
+from easyrl.data.checks import check_not_empty, data_files_under, image_like_columns, is_missing_answer, read_error
 from easyrl.data.images import DEFAULT_FACTOR, load_image, process_image, target_size
 from easyrl.data.intergps import IMAGE_PLACEHOLDER, is_intergps_dir, load_intergps_geometry3k
 from easyrl.data.prompts import load_format_prompt
+from easyrl.errors import ConfigError, DataError
 
 logger = logging.getLogger("easyrl.data")
 
@@ -44,9 +45,9 @@ def _pick_split(splits: dict[str, datasets.Dataset], split: str | None, source: 
         if "train" in splits:
             logger.info("%s has splits %s; using 'train' (write %s@SPLIT for another)", source, sorted(splits), source)
             return splits["train"]
-        raise ValueError(f"{source!r} has splits {sorted(splits)}; pick one by writing {source}@SPLIT")
+        raise DataError(f"{source!r} has splits {sorted(splits)}; pick one by writing {source}@SPLIT")
     if split not in splits:
-        raise ValueError(f"{source!r} has no split {split!r}; its splits are {sorted(splits)}")
+        raise DataError(f"{source!r} has no split {split!r}; its splits are {sorted(splits)}")
     return splits[split]
 
 
@@ -54,9 +55,10 @@ def load_source(data_path: str) -> datasets.Dataset:
     """Load the rows of a ``data_path`` (see the module docstring for the accepted forms).
 
     Raises:
-        FileNotFoundError: a local path that does not exist (names it), or a local folder with no data files.
-        ValueError: an unsupported file extension, or a split the source does not have.
-        RuntimeError: a hub dataset that cannot be loaded (names the dataset and split; wraps the cause).
+        DataError: a local path that does not exist (names it), an empty file, a folder with no data files, an
+            unsupported file extension, a malformed JSON line (names the file and line), an unreadable parquet file,
+            a split the source does not have, a source with no rows, or a hub dataset that cannot be loaded (names
+            the dataset and split).
     """
     path, split = data_path, None
     if not os.path.exists(data_path) and "@" in data_path:
@@ -65,24 +67,24 @@ def load_source(data_path: str) -> datasets.Dataset:
     if os.path.isfile(path):
         ext = os.path.splitext(path)[1].lower()
         if ext not in LOCAL_FILE_BUILDERS:
-            raise ValueError(
+            raise DataError(
                 f"data file {path!r} has an unsupported extension; use one of {sorted(LOCAL_FILE_BUILDERS)}"
             )
-        return load_split(LOCAL_FILE_BUILDERS[ext], data_path, split, data_files=path)
+        return _not_empty(load_split(LOCAL_FILE_BUILDERS[ext], data_path, split, data_files=path), data_path)
     if os.path.isdir(path):
         if is_intergps_dir(path):
-            return _pick_split(load_intergps_geometry3k(path), split, path)
-        return load_split(path, data_path, split)
+            return _not_empty(_pick_split(load_intergps_geometry3k(path), split, path), data_path)
+        return _not_empty(load_split(path, data_path, split), data_path)
     looks_local = path.startswith((os.sep, ".", "~")) or os.path.splitext(path)[1].lower() in LOCAL_FILE_BUILDERS
     if split is None or looks_local:
-        raise FileNotFoundError(
+        raise DataError(
             f"data path {data_path!r} does not exist; give a local .parquet/.json/.jsonl file or folder, or a hub "
             "dataset as NAME@SPLIT (e.g. hiyouga/geometry3k@train)"
         )
     try:
         return datasets.load_dataset(path, split=split)
     except Exception as err:  # network, auth, unknown dataset or split: all surface as one clear message
-        raise RuntimeError(
+        raise DataError(
             f"cannot load hub dataset {path!r} split {split!r} (from data path {data_path!r}): "
             f"{type(err).__name__}: {err}. Without network access, preprocess the data to a local parquet file "
             "(e.g. examples/data_preprocess/geo3k.py) and point the data path at it."
@@ -90,12 +92,28 @@ def load_source(data_path: str) -> datasets.Dataset:
 
 
 def load_split(builder: str, source: str, split: str | None, **kwargs: Any) -> datasets.Dataset:
-    """``datasets.load_dataset(builder, **kwargs)`` reduced to one split (see :func:`_pick_split`)."""
+    """``datasets.load_dataset(builder, **kwargs)`` reduced to one split (see :func:`_pick_split`).
+
+    Raises:
+        DataError: no data files, an empty file, or a file ``datasets`` cannot read (see :func:`read_error`).
+    """
+    files = data_files_under(kwargs.get("data_files") or builder)
+    if not files:
+        raise DataError(f"no .parquet/.json/.jsonl data files found in {source!r}")
+    check_not_empty(files)
     try:
         loaded = datasets.load_dataset(builder, **kwargs)
-    except datasets.exceptions.DataFilesNotFoundError as err:
-        raise FileNotFoundError(f"no .parquet/.json/.jsonl data files found in {source!r}: {err}") from err
+    except (datasets.exceptions.DataFilesNotFoundError, datasets.data_files.EmptyDatasetError) as err:
+        raise DataError(f"no .parquet/.json/.jsonl data files found in {source!r}: {err}") from err
+    except Exception as err:  # malformed JSON, corrupt parquet, ...: name the file and line
+        raise read_error(source, files, err) from err
     return _pick_split(dict(loaded), split, source)
+
+
+def _not_empty(dataset: datasets.Dataset, source: str) -> datasets.Dataset:
+    if len(dataset) == 0:
+        raise DataError(f"data {source!r} holds no rows")
+    return dataset
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -115,7 +133,7 @@ def _pixel_bounds(processor: Any, min_pixels: int, max_pixels: int) -> tuple[int
     new_min = max(min_pixels, int(lo)) if lo else min_pixels
     new_max = min(max_pixels, int(hi)) if hi else max_pixels
     if new_min > new_max:
-        raise ValueError(
+        raise ConfigError(
             f"data.min_pixels/max_pixels [{min_pixels}, {max_pixels}] do not overlap the image processor's "
             f"[{lo}, {hi}]; choose bounds inside the processor's"
         )
@@ -128,20 +146,10 @@ def _pixel_bounds(processor: Any, min_pixels: int, max_pixels: int) -> tuple[int
 
 
 def _image_size(image: Any) -> tuple[int, int]:
-    """``(width, height)`` of an image without decoding its pixels when it is not already a PIL image."""
+    """``(width, height)`` of an image, decoding all of its pixels, so that a truncated or corrupt file fails here
+    (the header alone can be intact)."""
     if isinstance(image, Image.Image):
         return image.size
-    if isinstance(image, dict) and image.get("bytes") is None and image.get("path"):
-        image = image["path"]
-    try:
-        if isinstance(image, dict) and image.get("bytes") is not None:
-            with Image.open(io.BytesIO(image["bytes"])) as img:
-                return img.size
-        if isinstance(image, (str, os.PathLike)):
-            with Image.open(image) as img:
-                return img.size
-    except (OSError, ValueError, SyntaxError):
-        pass
     return load_image(image).size  # raises the clear "cannot read ..." error (or TypeError)
 
 
@@ -205,14 +213,31 @@ class RLDataset(torch.utils.data.Dataset):
         columns = self.dataset.column_names
         for key, config_key in ((prompt_key, "data.prompt_key"), (answer_key, "data.answer_key")):
             if key not in columns:
-                raise KeyError(
+                raise DataError(
                     f"column {key!r} not found in {data_path!r}; available columns: {columns}. "
                     f"Set {config_key} to the column that holds it."
                 )
         self.has_images = image_key is not None and image_key in columns
+        self._check_image_column()
         self.row_ids = list(range(len(self.dataset)))  # index in the source, for error messages
-        if filter_overlong_prompts:
-            self._filter_overlong()
+        self._scan_rows(filter_overlong_prompts)
+
+    def _check_image_column(self) -> None:
+        """A wrong ``data.image_key`` beside a column of images is an error (the images would be dropped); images
+        given to a text-only model (``processor=None``) are a warning, as they are dropped on purpose."""
+        candidates = [c for c in image_like_columns(self.dataset) if c != self.prompt_key]
+        if self.image_key is not None and not self.has_images and candidates:
+            raise DataError(
+                f"data.image_key={self.image_key!r} is not a column of {self.data_path!r}, but column "
+                f"{candidates[0]!r} looks like images; set data.image_key={candidates[0]} (or data.image_key=null to "
+                "train on the text alone)"
+            )
+        if self.processor is None and self.has_images:
+            logger.warning(
+                "%s: column %r (data.image_key) holds images but the model is text-only (it has no vision_config): "
+                "the images are dropped and <image> placeholders removed. Use a vision-language model, or set "
+                "data.image_key=null to silence this warning", self.data_path, self.image_key,
+            )
 
     # -- row preparation ----------------------------------------------------------------------------------------
 
@@ -270,31 +295,39 @@ class RLDataset(torch.utils.data.Dataset):
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
-    def _filter_overlong(self) -> None:
-        """Drop rows whose ``len(prompt_ids)`` exceeds ``max_prompt_length``; image tokens are counted from each
-        image's target size (``w * h / factor**2`` per image) without running the processor."""
-        columns = [self.prompt_key] + ([self.image_key] if self.has_images else [])
-        view = self.dataset.select_columns(columns)
+    def _scan_rows(self, filter_overlong: bool) -> None:
+        """Check every row once, at construction: the prompt is a string, the answer is present, ``<image>``
+        placeholders match the images, every image decodes fully; and count its ``len(prompt_ids)`` (image tokens
+        from each image's target size, ``w * h / factor**2``, without running the processor). With
+        ``filter_overlong``, rows longer than ``max_prompt_length`` are dropped (the count is logged).
+
+        Raises:
+            DataError: the first bad row, naming its index, the source and the column; or every row too long.
+        """
+        columns = [self.prompt_key, self.answer_key] + ([self.image_key] if self.has_images else [])
+        view = self.dataset.select_columns(list(dict.fromkeys(columns)))
         feature = view.features.get(self.image_key) if self.has_images else None
-        if isinstance(getattr(feature, "feature", None), datasets.Image):  # read sizes from headers, not pixels
+        if isinstance(getattr(feature, "feature", None), datasets.Image):  # decode ourselves, to name the row
             view = view.cast_column(self.image_key, datasets.Sequence(datasets.Image(decode=False)))
         elif isinstance(feature, datasets.Image):
             view = view.cast_column(self.image_key, datasets.Image(decode=False))
         keep = []
         for index, row in enumerate(view):
             try:
+                if is_missing_answer(row[self.answer_key]):
+                    raise DataError(f"column {self.answer_key!r} (data.answer_key) is empty")
                 images = self._row_images(row)
                 length = len(self._encode(self._prompt_text(row, len(images))))
                 for image in images:
                     w, h = target_size(*_image_size(image), self.min_pixels, self.max_pixels, self.factor)
                     length += w * h // (self.factor * self.factor) - 1
             except Exception as err:
-                raise ValueError(f"row {index} of {self.data_path!r}: {err}") from err
-            if length <= self.max_prompt_length:
+                raise DataError(f"row {index} of {self.data_path!r}: {err}") from err
+            if length <= self.max_prompt_length or not filter_overlong:
                 keep.append(index)
         dropped = len(self.dataset) - len(keep)
         if dropped and not keep:
-            raise ValueError(
+            raise DataError(
                 f"all {dropped} prompts of {self.data_path!r} are longer than max_prompt_length="
                 f"{self.max_prompt_length} tokens (image tokens included); raise data.max_prompt_length or lower "
                 "data.max_pixels"
@@ -330,7 +363,7 @@ class RLDataset(torch.utils.data.Dataset):
         try:
             return self._build(row)
         except Exception as err:
-            raise ValueError(f"row {self.row_ids[index]} of {self.data_path!r}: {err}") from err
+            raise DataError(f"row {self.row_ids[index]} of {self.data_path!r}: {err}") from err
 
     def _build(self, row: dict) -> dict[str, Any]:
         images = [
@@ -339,8 +372,8 @@ class RLDataset(torch.utils.data.Dataset):
         text = self._prompt_text(row, len(images))
         raw_prompt_ids = self._encode(text)
         answer = row[self.answer_key]
-        if answer is None:
-            raise ValueError(f"column {self.answer_key!r} (data.answer_key) is empty")
+        if is_missing_answer(answer):
+            raise DataError(f"column {self.answer_key!r} (data.answer_key) is empty")
         multi_modal_inputs: dict[str, torch.Tensor] = {}
         if images:
             inputs = self.processor(text=[text], images=images, return_tensors="pt")

@@ -12,6 +12,8 @@ from typing import Any
 
 import datasets
 
+from easyrl.errors import DataError
+
 IMAGE_PLACEHOLDER = "<image>"
 
 GEO3K_CHOICE_LETTERS = "ABCD"
@@ -65,27 +67,27 @@ def convert_intergps_problem(problem_dir: str) -> tuple[str, dict[str, Any]]:
     "validation" as on the hub.
 
     Raises:
-        FileNotFoundError: ``data.json`` or ``img_diagram.png`` is missing (names the path).
-        ValueError: a malformed ``data.json`` (names the file and the field).
+        DataError: ``data.json`` or ``img_diagram.png`` is missing (names the path), or a malformed ``data.json``
+            (names the file and the field).
     """
     json_path = os.path.join(problem_dir, "data.json")
     image_path = os.path.join(problem_dir, "img_diagram.png")
     for path in (json_path, image_path):
         if not os.path.isfile(path):
-            raise FileNotFoundError(f"Geometry3K problem folder {problem_dir!r} lacks {os.path.basename(path)}")
+            raise DataError(f"Geometry3K problem folder {problem_dir!r} lacks {os.path.basename(path)}")
     with open(json_path, encoding="utf-8") as f:
         try:
             data = json.load(f)
         except json.JSONDecodeError as err:
-            raise ValueError(f"{json_path}: not valid JSON ({err})") from err
+            raise DataError(f"{json_path}: not valid JSON ({err})") from err
     missing = [k for k in ("problem_text", "choices", "answer", "id") if k not in data]
     if missing:
-        raise ValueError(f"{json_path}: missing field(s) {missing}")
+        raise DataError(f"{json_path}: missing field(s) {missing}")
     choices = [str(c) for c in data["choices"]]
     letter = str(data["answer"]).strip()
     index = GEO3K_CHOICE_LETTERS.find(letter) if len(letter) == 1 else -1
     if not 0 <= index < len(choices):
-        raise ValueError(f"{json_path}: answer {letter!r} is not a letter A-D naming one of the {len(choices)} choices")
+        raise DataError(f"{json_path}: answer {letter!r} is not a letter A-D naming one of the {len(choices)} choices")
     split_raw = str(data.get("data_type", "train"))
     split = INTERGPS_SPLIT_NAMES.get(split_raw, split_raw)
     with open(image_path, "rb") as f:

@@ -13,19 +13,21 @@ from typing import Callable
 
 import jinja2
 
+from easyrl.errors import ConfigError
+
 
 class FormatPrompt:
     """A loaded format template; ``FormatPrompt(path)(content) -> str``.
 
     Raises (at construction):
-        FileNotFoundError: the file does not exist (the message names the path and ``data.format_prompt``).
-        ValueError: the file is not valid Jinja2 (the message names the path and line).
+        ConfigError: the file does not exist, or is not valid Jinja2 (the message names the path,
+            ``data.format_prompt`` and the line).
     """
 
     def __init__(self, path: str):
         self.path = os.fspath(path)
         if not os.path.isfile(self.path):
-            raise FileNotFoundError(
+            raise ConfigError(
                 f"format prompt template {self.path!r} does not exist (set data.format_prompt to an existing "
                 ".jinja file, or to null to use the problem text as is)"
             )
@@ -38,7 +40,9 @@ class FormatPrompt:
         try:
             return env.from_string(self.source)
         except jinja2.TemplateSyntaxError as err:
-            raise ValueError(f"format prompt template {self.path!r} line {err.lineno}: {err.message}") from err
+            raise ConfigError(
+                f"format prompt template {self.path!r} (data.format_prompt) line {err.lineno}: {err.message}"
+            ) from err
 
     def __getstate__(self) -> dict:  # compiled templates do not pickle (DataLoader workers, Ray): keep the source
         return {"path": self.path, "source": self.source}
@@ -62,7 +66,7 @@ def load_format_prompt(path: str | None) -> Callable[[str], str]:
     """The format template at ``path`` as a callable ``content -> user message``; the identity when ``path`` is None.
 
     Raises:
-        FileNotFoundError / ValueError: see :class:`FormatPrompt`.
+        ConfigError: see :class:`FormatPrompt`.
     """
     if path is None:
         return _identity

@@ -11,60 +11,36 @@ import os
 import sys
 from typing import Optional
 
-from easyrl.config import ConfigError, PPOConfig, load_config
+from easyrl.config import PPOConfig, load_config
 from easyrl.errors import run_cli
 
 logger = logging.getLogger("easyrl")
 
 
 def build_trainer(config: PPOConfig):
-    """Load tokenizer/processor, datasets and the reward function, start Ray (unless already started) and the workers.
+    """Check and load the model's tokenizer/processor, the datasets and the reward function (``easyrl.preflight``),
+    then start Ray (unless already started) and the workers.
 
     Returns:
         A ``RayPPOTrainer`` ready to ``fit()``.
 
     Raises:
-        ConfigError: no reward function configured.
+        UserError: any pre-flight check (model, data, reward; see ``docs/errors.md``), before Ray starts.
     """
-    import ray
-    from transformers import AutoConfig, AutoProcessor, AutoTokenizer
+    from easyrl.preflight import prepare
 
-    from easyrl.data.dataset import RLDataset
+    ready = prepare(config)
+    import ray  # after the checks, which need none of this
+
     from easyrl.device import detect_device
-    from easyrl.rewards.function import RewardFunction
     from easyrl.trainer.ray_trainer import RayPPOTrainer
-
-    model_cfg = config.worker.actor.model
-    tok_path = model_cfg.tokenizer_path or model_cfg.model_path
-    tokenizer = AutoTokenizer.from_pretrained(tok_path, trust_remote_code=model_cfg.trust_remote_code)
-    hf_config = AutoConfig.from_pretrained(model_cfg.model_path, trust_remote_code=model_cfg.trust_remote_code)
-    processor = None
-    if getattr(hf_config, "vision_config", None) is not None:
-        processor = AutoProcessor.from_pretrained(tok_path, trust_remote_code=model_cfg.trust_remote_code)
-
-    data = config.data
-
-    def dataset(path: str) -> RLDataset:
-        return RLDataset(
-            path, tokenizer, processor, prompt_key=data.prompt_key, answer_key=data.answer_key,
-            image_key=data.image_key, image_dir=data.image_dir, max_prompt_length=data.max_prompt_length,
-            format_prompt=data.format_prompt, min_pixels=data.min_pixels, max_pixels=data.max_pixels,
-            filter_overlong_prompts=data.filter_overlong_prompts,
-        )
-
-    train_dataset = dataset(data.train_files)
-    val_dataset = dataset(data.val_files) if data.val_files else None
-    reward = config.worker.reward
-    if reward.reward_function is None:
-        raise ConfigError("worker.reward.reward_function is not set: give path/to/file.py:function_name.")
-    reward_fn = RewardFunction(reward.reward_function, reward.reward_function_kwargs, reward.reward_type)
 
     if not ray.is_initialized():
         ray.init(runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
     device = config.trainer.device
     if device == "auto":
         device = detect_device(ray.cluster_resources())
-    trainer = RayPPOTrainer(config, tokenizer, train_dataset, val_dataset, reward_fn)
+    trainer = RayPPOTrainer(config, ready.tokenizer, ready.train_dataset, ready.val_dataset, ready.reward_fn)
     trainer.init_workers(device)
     return trainer
 

@@ -1,0 +1,119 @@
+"""Why a data source cannot be read, said in the user's terms: which file, which line, which column.
+
+``datasets`` reports a malformed JSON line as pandas' "Expected object or value at position 29" and a corrupt parquet
+file as pyarrow's "magic bytes not found"; the functions here find the file and line behind such a failure (only
+after it happened, so a good source costs nothing) and turn it into a :class:`easyrl.errors.DataError`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Iterable
+
+import datasets
+
+from easyrl.errors import DataError
+
+JSON_EXTENSIONS = (".json", ".jsonl")
+DATA_EXTENSIONS = (".parquet",) + JSON_EXTENSIONS
+IMAGE_COLUMN_NAMES = ("images", "image", "imgs", "img", "pictures", "pics", "figures")
+
+
+def data_files_under(path: str) -> list[str]:
+    """``path`` itself if it is a file, else every ``.parquet/.json/.jsonl`` file below the folder, sorted."""
+    if os.path.isfile(path):
+        return [path]
+    found = []
+    for root, _, names in os.walk(path):
+        found += [os.path.join(root, n) for n in names if os.path.splitext(n)[1].lower() in DATA_EXTENSIONS]
+    return sorted(found)
+
+
+def check_not_empty(files: Iterable[str]) -> None:
+    """Raise ``DataError`` for the first data file with no bytes at all."""
+    for file in files:
+        if os.path.getsize(file) == 0:
+            raise DataError(f"data file {file!r} is empty; fill it or point the data path elsewhere")
+
+
+def bad_json_line(path: str) -> tuple[int, str] | None:
+    """``(line number, reason)`` of the first line of a JSON / JSON-lines file that does not parse, else None.
+
+    A ``.json`` file holding one document (``[...]`` or ``{...}`` over several lines) is parsed whole; otherwise, and
+    for ``.jsonl``, each non-blank line must be one JSON object.
+    """
+    with open(path, encoding="utf-8", errors="replace") as f:
+        text = f.read()
+    document_error = None
+    if path.lower().endswith(".json"):
+        try:
+            json.loads(text)
+            return None
+        except json.JSONDecodeError as err:
+            document_error = (err.lineno, f"{err.msg} at column {err.colno}")
+        first_line = next((line for line in text.splitlines() if line.strip()), "")
+        if text.lstrip().startswith("[") or not _parses(first_line):
+            return document_error  # one document over several lines, not JSON lines
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as err:
+            return number, f"{err.msg} at column {err.colno}"
+        if not isinstance(value, dict):
+            return number, f"a JSON {type(value).__name__}, not an object (one row per line)"
+    return None
+
+
+def _has_text(path: str) -> bool:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return any(line.strip() for line in f)
+
+
+def _parses(line: str) -> bool:
+    try:
+        json.loads(line)
+        return True
+    except json.JSONDecodeError:
+        return False
+
+
+def read_error(source: str, files: list[str], err: BaseException) -> DataError:
+    """The ``DataError`` for ``datasets`` failing on ``source``: the malformed JSON line or unreadable parquet file
+    among ``files`` when one is found, else the library's reason in one line."""
+    for file in files:
+        if file.lower().endswith(JSON_EXTENSIONS):
+            bad = bad_json_line(file)
+            if bad is not None:
+                return DataError(f"{file} line {bad[0]}: not valid JSON ({bad[1]}); fix or remove that line")
+        elif file.lower().endswith(".parquet"):
+            import pyarrow.parquet
+
+            try:
+                pyarrow.parquet.read_metadata(file)
+            except Exception as parquet_err:
+                return DataError(f"data file {file!r} is not a readable parquet file ({parquet_err})")
+    if all(f.lower().endswith(JSON_EXTENSIONS) and not _has_text(f) for f in files):
+        return DataError(f"data {source!r} holds no rows")
+    cause = err.__cause__ or err
+    reason = (str(cause).strip().splitlines() or [""])[0]
+    return DataError(f"cannot read data {source!r}: {type(cause).__name__}: {reason}")
+
+
+def image_like_columns(dataset: datasets.Dataset) -> list[str]:
+    """Columns that look like images: an ``Image`` feature (or a list of them), or a usual image column name."""
+    found = []
+    for name, feature in dataset.features.items():
+        inner = getattr(feature, "feature", None)
+        if isinstance(feature, datasets.Image) or isinstance(inner, datasets.Image) or (
+            isinstance(feature, list) and feature and isinstance(feature[0], datasets.Image)
+        ) or name.lower() in IMAGE_COLUMN_NAMES:
+            found.append(name)
+    return found
+
+
+def is_missing_answer(value: Any) -> bool:
+    """Whether a row's answer is absent: None, or a string with nothing but whitespace."""
+    return value is None or (isinstance(value, str) and not value.strip())

@@ -1,0 +1,293 @@
+"""Everything that can be checked about a run before Ray and the workers start: the model folder (or hub id), the
+tokenizer and processor, the datasets, the reward function with its keyword arguments and declared type.
+
+``prepare(config)`` runs the checks in the order a user would fix them and returns what the trainer needs. Each
+failure is an :class:`easyrl.errors.UserError` naming the config key (and file, row, column, function) and what to do;
+``docs/errors.md`` lists them with their tests.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import logging
+import os
+import re
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from easyrl.errors import ConfigError, DataError, ModelError, RewardError, UserError
+
+logger = logging.getLogger("easyrl")
+
+HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
+HUB_TIMEOUT_S = 10.0
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Model
+
+
+def looks_local(path: str) -> bool:
+    """Whether ``path`` names a local folder rather than a hub id ``org/name``: it exists, starts with ``/ . ~``,
+    or is not of the hub's ``name`` / ``org/name`` form (e.g. ``models/qwen/7b``)."""
+    return os.path.exists(os.path.expanduser(path)) or path.startswith(("/", ".", "~")) or not HUB_ID.match(path)
+
+
+def check_model_source(key: str, path: str, timeout_s: float = HUB_TIMEOUT_S) -> None:
+    """A local model folder must exist and hold ``config.json``; a hub id must be in the local cache or reachable.
+
+    The hub is asked once, with a ``timeout_s`` second timeout, and not at all under ``HF_HUB_OFFLINE=1`` (then only
+    the cache counts), so an unreachable hub answers in seconds instead of a minute of retries.
+
+    Raises:
+        ModelError: naming ``key`` and ``path``: a missing folder, a file, a folder without ``config.json``, a hub id
+            that is not cached and cannot be reached, or that the hub does not know.
+    """
+    if looks_local(path):
+        folder = os.path.expanduser(path)
+        if not os.path.exists(folder):
+            raise ModelError(f"{key}={path!r} does not exist; give an existing local model folder or a hub id org/name")
+        if not os.path.isdir(folder):
+            raise ModelError(f"{key}={path!r} is a file; give the model's folder (the one holding config.json)")
+        if not os.path.isfile(os.path.join(folder, "config.json")):
+            raise ModelError(f"{key}={path!r} holds no config.json: is it a Hugging Face model folder?")
+        return
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    cached = huggingface_hub.try_to_load_from_cache(path, "config.json")
+    if isinstance(cached, str):
+        return
+    if constants.HF_HUB_OFFLINE:
+        raise ModelError(
+            f"{key}={path!r} is not a local folder and not in the hub cache ({constants.HF_HUB_CACHE}), and "
+            "HF_HUB_OFFLINE is set; download the model to a folder and give its path"
+        )
+    try:
+        huggingface_hub.HfApi().model_info(path, timeout=timeout_s)
+    except (huggingface_hub.errors.RepositoryNotFoundError, huggingface_hub.errors.GatedRepoError) as err:
+        reason = str(err).strip().splitlines()[0]
+        raise ModelError(f"{key}={path!r}: the hub has no such model, or it needs a login ({reason})") from None
+    except Exception as err:  # network: DNS, connection refused, timeout, proxy
+        raise ModelError(
+            f"{key}={path!r} is not a local folder, and the Hugging Face hub cannot be reached to find it "
+            f"({type(err).__name__}: {str(err).strip()[:200]}); download the model to a folder and give its path, "
+            "or check the network"
+        ) from None
+
+
+def load_model_parts(model_cfg: Any) -> tuple[Any, Any, Any]:
+    """``(tokenizer, hf_config, processor or None)`` of ``worker.actor.model``, after :func:`check_model_source`.
+
+    Raises:
+        ModelError: naming the key whose folder cannot be loaded, or a tokenizer without a chat template.
+    """
+    model_key, tok_key = "worker.actor.model.model_path", "worker.actor.model.tokenizer_path"
+    check_model_source(model_key, model_cfg.model_path)
+    if model_cfg.tokenizer_path:
+        check_model_source(tok_key, model_cfg.tokenizer_path)
+    else:
+        tok_key = model_key
+    from transformers import AutoConfig, AutoProcessor, AutoTokenizer  # after the checks: a slow import
+
+    tok_path = model_cfg.tokenizer_path or model_cfg.model_path
+    remote = model_cfg.trust_remote_code
+    hf_config = _load(model_key, model_cfg.model_path, "model config", AutoConfig.from_pretrained, remote)
+    tokenizer = _load(tok_key, tok_path, "tokenizer", AutoTokenizer.from_pretrained, remote)
+    processor = None
+    if getattr(hf_config, "vision_config", None) is not None:
+        processor = _load(tok_key, tok_path, "processor", AutoProcessor.from_pretrained, remote)
+    check_chat_template(tokenizer, processor, f"{tok_key}={tok_path!r}")
+    return tokenizer, hf_config, processor
+
+
+def check_chat_template(tokenizer: Any, processor: Any, where: str) -> None:
+    """Prompts are built with the chat template of the processor or the tokenizer: one must have it.
+
+    Raises:
+        ModelError: neither has one (``where`` names the key and path).
+    """
+    if not getattr(tokenizer, "chat_template", None) and not getattr(processor, "chat_template", None):
+        raise ModelError(
+            f"the tokenizer of {where} has no chat template, which builds the prompts; use an instruct/chat model, "
+            "or set worker.actor.model.tokenizer_path to one"
+        )
+
+
+def _load(key: str, path: str, what: str, loader: Callable, trust_remote_code: bool) -> Any:
+    try:
+        return loader(path, trust_remote_code=trust_remote_code)
+    except Exception as err:
+        reason = " ".join(str(err).strip().split())[:300]
+        hint = " (set worker.actor.model.trust_remote_code=true if you trust it)" * ("trust_remote_code" in reason)
+        raise ModelError(f"cannot load the {what} of {key}={path!r}: {type(err).__name__}: {reason}{hint}") from None
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Reward
+
+
+def load_reward(reward_cfg: Any):
+    """The ``RewardFunction`` of ``worker.reward``, its file imported and its keyword arguments checked against the
+    function's signature (not yet called: see :func:`check_reward_on_sample`).
+
+    Raises:
+        RewardError: no function configured, a malformed spec, a missing file or function, an import that fails
+            (names the line), keyword arguments the function does not take or required ones not given.
+    """
+    from easyrl.rewards.function import RewardFunction
+
+    key = "worker.reward.reward_function"
+    spec = reward_cfg.reward_function
+    if not spec:
+        raise RewardError(f"{key} is not set: give path/to/file.py:function_name")
+    try:
+        reward_fn = RewardFunction(spec, reward_cfg.reward_function_kwargs, reward_cfg.reward_type)
+    except UserError:
+        raise
+    except (FileNotFoundError, AttributeError, ValueError) as err:
+        raise RewardError(str(err) if key in str(err) else f"{key}={spec!r}: {err}") from None
+    except BaseException as err:  # the user's module failed to import
+        path = spec.rsplit(":", 1)[0]
+        line = getattr(err, "lineno", None) if isinstance(err, SyntaxError) else _line_in(err, path)
+        where = f" line {line}" if line else ""
+        raise RewardError(
+            f"{key}={spec!r}: importing {path}{where} failed: {type(err).__name__}: {err}"
+        ) from None
+    check_reward_kwargs(reward_fn.fn, reward_fn.kwargs, reward_fn.where)
+    return reward_fn
+
+
+def _line_in(err: BaseException, path: str) -> Optional[int]:
+    """The last line of ``path`` in ``err``'s traceback (where the user's file failed)."""
+    target = os.path.abspath(path)
+    frames = [f for f in traceback.extract_tb(err.__traceback__) if os.path.abspath(f.filename) == target]
+    return frames[-1].lineno if frames else None
+
+
+def check_reward_kwargs(fn: Callable, kwargs: dict, where: str) -> None:
+    """``fn(reward_input(s), **kwargs)`` must bind: every key a parameter (unless ``fn`` takes ``**kwargs``), every
+    required parameter after the first given.
+
+    Raises:
+        RewardError: naming the key of ``worker.reward.reward_function_kwargs``, the function and its signature.
+    """
+    signature = inspect.signature(fn)
+    params = list(signature.parameters.values())
+    shown = f"{where} with signature {fn.__name__}{signature}"
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
+    if not positional:
+        raise RewardError(f"{shown} takes no positional argument for the reward input(s)")
+    takes_any = any(p.kind == p.VAR_KEYWORD for p in params)
+    names = [p.name for p in params[1:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    for name in kwargs:
+        if not takes_any and name not in names:
+            close = difflib.get_close_matches(str(name), names, n=1, cutoff=0.6)
+            raise RewardError(
+                f"worker.reward.reward_function_kwargs has {name!r}, which {shown} does not take"
+                + (f"; did you mean {close[0]!r}?" if close else f"; it takes {names}")
+            )
+    try:
+        signature.bind(None, **kwargs)
+    except TypeError as err:
+        raise RewardError(
+            f"{shown} cannot be called with worker.reward.reward_function_kwargs={kwargs}: {err}"
+        ) from None
+
+
+def check_reward_on_sample(reward_fn: Any, sample: dict) -> list[str]:
+    """Call the reward function once on ``sample`` (one reward input) as its declared ``reward_type`` says, and apply
+    the output checks of ``RewardFunction``; a mismatch is reported now instead of at step 1 on the workers.
+
+    Returns:
+        The names of the scores it returned (``overall``, ``accuracy``, ...).
+
+    Raises:
+        RewardError: the call or its output failed, with a hint at the other ``reward_type`` when it fits.
+    """
+    try:
+        return list(reward_fn([sample]))
+    except Exception as err:
+        declared = reward_fn.reward_type
+        if declared == "batch":
+            hint = ("a batch function takes the list of all reward inputs and returns a list of score dicts; if yours "
+                    "scores one input (a dict), set worker.reward.reward_type=sequential")
+        else:
+            hint = ("a sequential function takes one reward input (a dict) and returns one score dict; if yours "
+                    "takes the list, set worker.reward.reward_type=batch")
+        reason = " ".join(str(err).split())[:300]
+        raise RewardError(
+            f"{reward_fn.where} failed on one sample as worker.reward.reward_type={declared}: "
+            f"{type(err).__name__}: {reason}. {hint}"
+        ) from None
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Data and the whole pre-flight
+
+
+@dataclass
+class Prepared:
+    """What ``build_trainer`` needs, all checked: tokenizer, processor (None for text-only models), datasets, reward."""
+
+    tokenizer: Any
+    processor: Any
+    train_dataset: Any
+    val_dataset: Any
+    reward_fn: Any
+
+
+def load_dataset_for(key: str, path: str, config: Any, tokenizer: Any, processor: Any):
+    """``RLDataset`` of the data path ``path`` given by config key ``key``; data errors are prefixed with the key."""
+    from easyrl.data.dataset import RLDataset
+
+    data = config.data
+    try:
+        return RLDataset(
+            path, tokenizer, processor, prompt_key=data.prompt_key, answer_key=data.answer_key,
+            image_key=data.image_key, image_dir=data.image_dir, max_prompt_length=data.max_prompt_length,
+            format_prompt=data.format_prompt, min_pixels=data.min_pixels, max_pixels=data.max_pixels,
+            filter_overlong_prompts=data.filter_overlong_prompts,
+        )
+    except DataError as err:  # the message names the file; say which setting gave it
+        raise DataError(f"{key}: {err}") from None
+
+
+def prepare(config: Any) -> Prepared:
+    """All pre-flight checks of a finalized config, in order: reward function and keyword arguments (cheap), model
+    and tokenizer, datasets, then the reward function called on one sample of the training data.
+
+    Raises:
+        UserError: ``ModelError``, ``DataError``, ``RewardError`` or ``ConfigError``; see ``docs/errors.md``.
+    """
+    reward_fn = load_reward(config.worker.reward)
+    tokenizer, _, processor = load_model_parts(config.worker.actor.model)
+    train = load_dataset_for("data.train_files", config.data.train_files, config, tokenizer, processor)
+    val = None
+    if config.data.val_files:
+        val = load_dataset_for("data.val_files", config.data.val_files, config, tokenizer, processor)
+    check_enough_prompts(config, len(train))
+    ground_truth = str(train.dataset[0][config.data.answer_key])
+    response = f"<think>a sample</think> \\boxed{{{ground_truth}}}"
+    sample = {"response": response, "response_length": len(tokenizer.encode(response)), "ground_truth": ground_truth}
+    check_filter_key(config, check_reward_on_sample(reward_fn, sample), reward_fn.where)
+    return Prepared(tokenizer, processor, train, val, reward_fn)
+
+
+def check_enough_prompts(config: Any, n_prompts: int) -> None:
+    """The training set must fill one rollout batch. Raises ``DataError`` naming both keys."""
+    if n_prompts < config.data.rollout_batch_size:
+        raise DataError(
+            f"data.train_files={config.data.train_files!r} has {n_prompts} prompts (after dropping overlong ones), "
+            f"fewer than data.rollout_batch_size={config.data.rollout_batch_size}: lower the batch size or add data"
+        )
+
+
+def check_filter_key(config: Any, score_names: list[str], where: str) -> None:
+    """With online filtering, ``algorithm.filter_key`` must be a score the reward returns. Raises ``ConfigError``."""
+    algo = config.algorithm
+    if algo.online_filtering and algo.filter_key not in score_names:
+        raise ConfigError(f"algorithm.filter_key={algo.filter_key!r} is not a score of {where}; it returns "
+                          f"{score_names}")
