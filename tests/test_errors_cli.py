@@ -59,3 +59,26 @@ def test_missing_local_model_is_reported_before_ray_starts(tmp_path):  # X05
         "model folder or a hub id org/name"
     )
     assert "ray" not in proc.stderr.lower()  # Ray logs its start-up on stderr; it must not have started
+
+
+def test_user_error_inside_a_wrapper_is_found():
+    """A user error raised in a Ray worker reaches the driver as a ``RayTaskError`` that keeps it as ``.cause`` (and
+    subclasses its type); one re-raised ``from`` another error is found through ``__cause__``. Bugs are not."""
+    from easyrl.errors import DataError, user_error_of
+
+    original = DataError("row 3 of 'x.jsonl': bad")
+
+    class FakeRayTaskError(Exception):  # the shape of ray.exceptions.RayTaskError, without starting Ray
+        def __init__(self, cause):
+            super().__init__("Traceback of the remote task ...")
+            self.cause = cause
+
+    assert user_error_of(FakeRayTaskError(original)) is original
+    try:
+        try:
+            raise original
+        except DataError as err:
+            raise RuntimeError("wrapped") from err
+    except RuntimeError as wrapped:
+        assert user_error_of(wrapped) is original
+    assert user_error_of(ZeroDivisionError("a bug")) is None
