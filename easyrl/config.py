@@ -164,6 +164,15 @@ class ActorConfig:
     entropy_coeff: float = 0.0
     tis_cap: Optional[float] = None
     """Truncated importance sampling cap against vLLM's sampled-token log-probs; None disables it."""
+    padding_free: bool = True
+    """Pack each micro-batch's sequences into one row without padding (per-sequence positions, varlen attention,
+    no full-vocabulary logits); false runs the padded batch with an attention mask. Fixed at start-up."""
+    dynamic_batching: bool = True
+    """Form micro-batches by a token budget (``max_token_len_per_device``) instead of a fixed sample count; the
+    loss normalisation over the mini-batch is unchanged."""
+    max_token_len_per_device: Optional[int] = None
+    """Tokens (prompt + response, no padding) per micro-batch with ``dynamic_batching``; None: the phase's
+    ``micro_batch_size_per_device_for_*`` x (``data.max_prompt_length`` + ``data.max_response_length``)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
@@ -265,6 +274,8 @@ class TrainerConfig:
     run_dir: str = auto("trainer.project_name/experiment_name", "")
     """``runs/<project_name>/<experiment_name>``: metrics JSONL, exported model."""
     runs_root: str = "runs"
+    balance_batch: bool = True
+    """Reorder each step's batch so that every worker's share holds about as many tokens (Karmarkar-Karp)."""
 
 
 @dataclass
@@ -294,6 +305,17 @@ class PPOConfig:
         )
         check_config(self)
         return self
+
+    @property
+    def on_policy_update(self) -> bool:
+        """Whether the update is provably on-policy, so the old-log-prob pass can be skipped (verl does the same):
+        one epoch over one mini-batch (``ppo_epochs == 1``, ``global_batch_size == data.rollout_batch_size``), so
+        every forward of the update runs before its only optimizer step and its detached log-probs are the old
+        ones; no truncated importance sampling (``tis_cap``) and no in-reward KL, which need old log-probs before
+        the update."""
+        actor, algo = self.worker.actor, self.algorithm
+        return (actor.ppo_epochs == 1 and actor.global_batch_size == self.data.rollout_batch_size
+                and actor.tis_cap is None and not (algo.use_kl_in_reward and not algo.disable_kl))
 
     @property
     def world_size(self) -> int:

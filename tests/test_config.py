@@ -86,3 +86,18 @@ def test_missing_yaml_and_malformed_word():
         load_config(["config=nope.yaml"])
     with pytest.raises(ConfigError, match=r"'worker\.rollout\.n'.*key=value"):
         load_config(["worker.rollout.n"])
+
+
+@pytest.mark.parametrize("overrides, on_policy", [
+    ([], True),
+    (["worker.actor.ppo_epochs=2"], False),
+    (["worker.actor.global_batch_size=2"], False),
+    (["worker.rollout.calculate_log_probs=true", "worker.actor.tis_cap=2.0"], False),
+    (["algorithm.use_kl_loss=false", "algorithm.use_kl_in_reward=true"], False),
+    (["algorithm.use_kl_loss=false", "algorithm.use_kl_in_reward=true", "algorithm.disable_kl=true"], True),
+])
+def test_on_policy_update_skips_old_log_probs_only_when_provable(overrides, on_policy):
+    config = load_config(["worker.actor.model.model_path=x", "data.rollout_batch_size=4",
+                          "worker.actor.global_batch_size=4", "worker.rollout.n=2", "trainer.n_gpus_per_node=2",
+                          "worker.actor.micro_batch_size_per_device_for_update=1", *overrides])
+    assert config.on_policy_update is on_policy

@@ -41,6 +41,7 @@ from easyrl.trainer.metrics import (
     reduce_metrics,
 )
 from easyrl.workers.group import WorkerGroup
+from easyrl.workers.seqlen_balancing import balanced_rank_order
 
 logger = logging.getLogger("easyrl.trainer")
 
@@ -236,10 +237,14 @@ class RayPPOTrainer:
             batch = self._make_batch(prompt_stream, timing, metrics)  # gen + reward (+ dynamic sampling)
             metrics.update({key.replace("score/", "reward/", 1): float(np.mean(batch[key]))
                             for key in batch.extras if key.startswith("score/")})
-            with timer("old_log_prob", timing):
-                batch["old_log_probs"] = torch.cat(self.workers.run_split("compute_log_probs", batch), dim=0)
-            if "rollout_log_probs" in batch:
-                metrics.update(rollout_mismatch_metrics(batch))
+            order = self._balance(batch, metrics)
+            batch = batch.select(order)  # rank r gets the r-th equal share: about as many tokens as the others
+            on_policy = cfg.on_policy_update
+            if not on_policy:
+                with timer("old_log_prob", timing):
+                    batch["old_log_probs"] = torch.cat(self.workers.run_split("compute_log_probs", batch), dim=0)
+                if "rollout_log_probs" in batch:
+                    metrics.update(rollout_mismatch_metrics(batch))
             if self.workers_need_ref():
                 with timer("ref", timing):
                     batch["ref_log_probs"] = torch.cat(self.workers.run_split("compute_ref_log_probs", batch), dim=0)
@@ -255,16 +260,37 @@ class RayPPOTrainer:
                 self._compute_advantage(batch)
             with timer("update_actor", timing):
                 worker_metrics = self.workers.run_split("update_actor", batch)
+            if on_policy:  # the update's own (pre-step) log-probs are the old ones
+                batch["old_log_probs"] = torch.cat([m.pop("old_log_probs") for m in worker_metrics], dim=0)
+                if "rollout_log_probs" in batch:
+                    metrics.update(rollout_mismatch_metrics(batch))
             merged = defaultdict(list)
             for per_worker in worker_metrics:
                 for key, values in per_worker.items():
                     merged[key].extend(values)
             metrics.update(reduce_metrics(merged))
+            batch = batch.select(np.argsort(order).tolist())  # back to the group order of generation
         metrics.update(compute_data_metrics(batch, cfg.data.max_prompt_length, cfg.data.max_response_length))
         metrics.update({f"timing_s/{name}": seconds for name, seconds in timing.items()})
         metrics.update(compute_throughput_metrics(batch, timing["step"], self.workers.world_size))
         self.last_batch = batch
         return metrics
+
+    def _balance(self, batch: Batch, metrics: dict[str, float]) -> list[int]:
+        """The order that gives every worker an equal share of samples with nearly equal token counts
+        (``trainer.balance_batch``, Karmarkar-Karp; identity when off). Adds ``perf/padding_fraction`` (share of the
+        padded ``bsz x (prompt + response)`` positions that are padding) and ``perf/max_rank_tokens_ratio``
+        (the busiest rank's tokens over the mean)."""
+        lengths = batch["attention_mask"].sum(-1)
+        world = self.workers.world_size
+        if self.config.trainer.balance_batch:
+            order = balanced_rank_order(lengths.tolist(), world)
+        else:
+            order = list(range(len(batch)))
+        per_rank = lengths[order].view(world, -1).sum(-1).double()
+        metrics["perf/padding_fraction"] = 1.0 - lengths.sum().item() / batch["attention_mask"].numel()
+        metrics["perf/max_rank_tokens_ratio"] = (per_rank.max() / per_rank.mean().clamp(min=1)).item()
+        return order
 
     def _make_batch(self, prompt_stream: Iterator[dict[str, list]], timing: dict[str, float],
                     metrics: dict[str, float]) -> Batch:

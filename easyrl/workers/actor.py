@@ -18,10 +18,12 @@ from transformers import AutoConfig
 
 from easyrl.algorithms.kl import kl_penalty
 from easyrl.algorithms.losses import agg_loss, compute_tis_weights, get_policy_loss
-from easyrl.algorithms.token_ops import entropy_from_logits, log_probs_from_logits
 from easyrl.batch import Batch
 from easyrl.config import ActorConfig, OffloadConfig
+from easyrl.models.fused_head import FusedLogProbHead
 from easyrl.workers.fsdp_model import clip_grad_norm, hf_model_class, load_sharded_model
+from easyrl.workers.policy_forward import response_scores
+from easyrl.workers.seqlen_balancing import count_micro_batches, dynamic_micro_batches
 
 __all__ = ["FSDPPolicy", "hf_model_class"]
 
@@ -75,6 +77,7 @@ class FSDPPolicy:
         self.add_blank_image = False
         if self.has_vision:
             model.get_input_embeddings().register_forward_hook(self._blank_image_hook)
+        self.fused_head = FusedLogProbHead(model) if config.padding_free else None
         self.optimizer: Optional[torch.optim.Optimizer] = None
         self.num_updates = 0
         if trainable:
@@ -88,31 +91,37 @@ class FSDPPolicy:
                 self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0
             )
 
-    def _forward(self, micro: Batch, temperature: float, with_entropy: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """Log-probs (and entropies) of the response tokens of one micro-batch, each ``(micro_bsz, resp_len)``."""
-        responses = micro["responses"].to(self.torch_device)
-        resp_len = responses.shape[1]
+    def _forward(self, micro: Batch, temperature: float, with_entropy: bool,
+                 entropy_grad: bool = False) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Log-probs (and entropies) of the response tokens of one micro-batch, each ``(micro_bsz, resp_len)``,
+        padding-free or padded (``worker.actor.padding_free``, see ``easyrl.workers.policy_forward``)."""
         input_ids = micro["input_ids"].to(self.torch_device)
-        attention_mask = micro["attention_mask"].to(self.torch_device)
-        inputs = _merge_multimodal(micro.extras.get("multi_modal_inputs", []), self.torch_device)
-        inputs["input_ids"] = input_ids
-        if "pixel_values" in inputs:
-            # Qwen-VL computes its 3-D (mRoPE) positions itself, from the image tokens and the padding mask
-            inputs["mm_token_type_ids"] = self._mm_token_type_ids(input_ids)
-        else:
-            # prompts are left-padded: positions count only real tokens, as in vLLM (which sees no padding)
-            inputs["position_ids"] = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-        self.add_blank_image = self.has_vision and "pixel_values" not in inputs
+        multi_modal = _merge_multimodal(micro.extras.get("multi_modal_inputs", []), self.torch_device)
+        types = self._mm_token_type_ids(input_ids) if "pixel_values" in multi_modal else None
+        self.add_blank_image = self.has_vision and "pixel_values" not in multi_modal
         try:
-            output = self.model(attention_mask=attention_mask, use_cache=False, logits_to_keep=resp_len + 1, **inputs)
+            return response_scores(
+                self.model, input_ids, micro["attention_mask"].to(self.torch_device),
+                micro["response_mask"].to(self.torch_device), multi_modal, types, temperature,
+                with_entropy=with_entropy, entropy_grad=entropy_grad, fused_head=self.fused_head,
+                is_vl=self.has_vision,
+            )
         finally:
             self.add_blank_image = False
-        # position t predicts token t+1: the last resp_len + 1 positions minus the final one predict the response
-        # no float32 copy of the (micro_bsz, resp_len, vocab) logits: the token ops upcast chunk by chunk
-        logits = output.logits[:, :-1, :]
-        log_probs = log_probs_from_logits(logits, responses, temperature=temperature)
-        entropy = entropy_from_logits(logits, temperature=temperature) if with_entropy else None
-        return log_probs, entropy
+
+    def _micro_batches(self, data: Batch, micro_batch_size: int) -> list[tuple[list[int], Batch]]:
+        """``(indices, micro-batch)`` pairs covering ``data``: fixed ``micro_batch_size`` pieces, or with
+        ``worker.actor.dynamic_batching`` pieces of at most ``max_token_len_per_device`` tokens (default
+        ``micro_batch_size`` x the padded sequence length), as many on every rank (a MAX all-reduce)."""
+        if not self.config.dynamic_batching:
+            return [(list(range(s, min(s + micro_batch_size, len(data)))), piece)
+                    for s, piece in zip(range(0, len(data), micro_batch_size), data.split(micro_batch_size))]
+        lengths = data["attention_mask"].sum(-1).tolist()
+        budget = self.config.max_token_len_per_device or micro_batch_size * data["attention_mask"].shape[1]
+        count = torch.tensor(count_micro_batches(lengths, budget), device=self.torch_device)
+        dist.all_reduce(count, op=dist.ReduceOp.MAX)
+        parts = dynamic_micro_batches(lengths, int(count.item()))
+        return [(part, data.select(part)) for part in parts]
 
     def _blank_image_hook(self, module: torch.nn.Module, args: Any, embeds: torch.Tensor) -> torch.Tensor:
         """Forward hook of the token embedding of a VL model: for a micro-batch without images, add 0 * the vision
@@ -149,38 +158,57 @@ class FSDPPolicy:
     def compute_log_probs(self, data: Batch, micro_batch_size: int, temperature: float) -> torch.Tensor:
         """Response log-probs under the current weights, ``(bsz, resp_len)`` on the host, 0 at padding."""
         self.model.eval()
-        pieces = [self._forward(micro, temperature, with_entropy=False)[0].cpu() for micro in data.split(micro_batch_size)]
-        return torch.cat(pieces, dim=0) * data["response_mask"]
+        out = torch.zeros(data["response_mask"].shape, dtype=torch.float32)
+        for indices, micro in self._micro_batches(data, micro_batch_size):
+            out[indices] = self._forward(micro, temperature, with_entropy=False)[0].float().cpu()
+        return out * data["response_mask"]
 
     def update_policy(self, data: Batch, mini_batch_size: int, micro_batch_size: int) -> dict[str, list[float]]:
         """``ppo_epochs`` passes of clipped policy-gradient updates over this worker's share of the rollout batch.
 
         Args:
             data: this worker's samples with ``old_log_probs``, ``advantages``, ``response_mask`` (and
-                ``ref_log_probs`` when the KL loss is on, ``rollout_log_probs`` when ``tis_cap`` is set).
+                ``ref_log_probs`` when the KL loss is on, ``rollout_log_probs`` when ``tis_cap`` is set). Without
+                ``old_log_probs`` the step must be on-policy (one epoch, one mini-batch): every forward then runs
+                before the only optimizer step, so the detached current log-probs are the old ones (as in verl);
+                they are kept in ``self.on_policy_log_probs`` ``(bsz, resp_len)``.
             mini_batch_size: samples of this worker per optimizer step (``global_batch_size * n / world_size``).
-            micro_batch_size: samples per forward/backward.
+            micro_batch_size: samples per forward/backward (or the token budget's unit with dynamic batching).
 
         Returns:
             metric name -> values (one per micro-batch or per optimizer step); the trainer averages them.
+
+        Raises:
+            ValueError: ``old_log_probs`` is missing but the update takes several optimizer steps.
         """
         cfg = self.config
         self.model.train()
         policy_loss_fn = get_policy_loss(cfg.loss_type)
         metrics: dict[str, list[float]] = defaultdict(list)
+        on_policy = "old_log_probs" not in data
+        if on_policy and (cfg.ppo_epochs != 1 or mini_batch_size < len(data)):
+            raise ValueError("old_log_probs are needed: this update takes several optimizer steps (ppo_epochs="
+                             f"{cfg.ppo_epochs}, {len(data)} samples in mini-batches of {mini_batch_size})")
+        self.on_policy_log_probs = torch.zeros(data["response_mask"].shape) if on_policy else None
         self.num_updates += 1
         generator = torch.Generator().manual_seed(self.num_updates)  # a new mini-batch shuffle every step
         for _ in range(cfg.ppo_epochs):
             order = torch.randperm(len(data), generator=generator)
-            for mini in data.select(order).split(mini_batch_size):
+            for start in range(0, len(data), mini_batch_size):
+                mini_index = order[start:start + mini_batch_size]
+                mini = data.select(mini_index)
                 mask = mini["response_mask"]
                 # int64: exact, and supported by every backend (HCCL's float64 all-reduce is patchy)
-                counts = torch.tensor([mask.sum(), (mask.sum(-1) > 0).sum()], dtype=torch.int64, device=self.torch_device)
+                counts = torch.tensor([mask.sum(), (mask.sum(-1) > 0).sum()], dtype=torch.int64,
+                                      device=self.torch_device)
                 dist.all_reduce(counts)
-                agg_kwargs = dict(global_num_tokens=counts[0].item(), global_num_seqs=counts[1].item(), dp_size=self.dp_size)
+                agg_kwargs = dict(global_num_tokens=counts[0].item(), global_num_seqs=counts[1].item(),
+                                  dp_size=self.dp_size)
                 step_metrics: dict[str, float] = defaultdict(float)
-                for micro in mini.split(micro_batch_size):
-                    self._backward_micro(micro, policy_loss_fn, agg_kwargs, step_metrics)
+                for index, micro in self._micro_batches(mini, micro_batch_size):
+                    log_probs = self._backward_micro(micro, policy_loss_fn, agg_kwargs, step_metrics)
+                    if on_policy:
+                        self.on_policy_log_probs[mini_index[index]] = log_probs.float().cpu()
                 grad_norm = clip_grad_norm(self.model.parameters(), cfg.max_grad_norm, self.torch_device)
                 if torch.isfinite(grad_norm):
                     self.optimizer.step()
@@ -194,15 +222,19 @@ class FSDPPolicy:
         metrics["actor/lr"].append(self.lr_scheduler.get_last_lr()[0])
         return dict(metrics)
 
-    def _backward_micro(self, micro: Batch, policy_loss_fn, agg_kwargs: dict, step_metrics: dict[str, float]) -> None:
+    def _backward_micro(self, micro: Batch, policy_loss_fn, agg_kwargs: dict,
+                        step_metrics: dict[str, float]) -> torch.Tensor:
         """Loss of one micro-batch (scaled for global normalisation) and its backward pass; adds to ``step_metrics``
-        the micro-batch's share of each loss (they sum to the mini-batch value) and the share-weighted ratios."""
+        the micro-batch's share of each loss (they sum to the mini-batch value) and the share-weighted ratios.
+        Returns the micro-batch's detached log-probs ``(micro_bsz, resp_len)``."""
         cfg = self.config
         dev = self.torch_device
         mask = micro["response_mask"].to(dev)
-        old_log_probs = micro["old_log_probs"].to(dev)
         advantages = micro["advantages"].to(dev)
-        log_probs, entropy = self._forward(micro, cfg.temperature, with_entropy=True)
+        log_probs, entropy = self._forward(micro, cfg.temperature, with_entropy=True,
+                                           entropy_grad=cfg.entropy_coeff != 0)
+        # on-policy (no old-log-prob pass): the weights have not moved yet, so old = current, detached
+        old_log_probs = micro["old_log_probs"].to(dev) if "old_log_probs" in micro else log_probs.detach()
         tis_weights = None
         if cfg.tis_cap is not None:
             tis_weights, tis_metrics = compute_tis_weights(
@@ -229,6 +261,7 @@ class FSDPPolicy:
         share = _share(mask, agg_kwargs)
         for key, value in pg_metrics.items():
             step_metrics[f"actor/{key}"] += float(value) * share
+        return log_probs.detach()
 
 
 def _tensors_in(value: Any) -> list[torch.Tensor]:

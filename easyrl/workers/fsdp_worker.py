@@ -139,11 +139,16 @@ class FSDPWorker:
         return self.ref.compute_log_probs(data, cfg.ref.micro_batch_size_per_device_for_experience,
                                           cfg.actor.temperature)
 
-    def update_actor(self, data: Batch) -> dict[str, list[float]]:
-        """Policy update on this worker's share; marks the rollout weights stale."""
+    def update_actor(self, data: Batch) -> dict[str, Any]:
+        """Policy update on this worker's share; marks the rollout weights stale. Returns metric name -> values;
+        without ``old_log_probs`` in ``data`` (an on-policy step) also ``"old_log_probs"``: the update's own
+        pre-step log-probs ``(bsz, resp_len)``."""
         cfg = self.config
         mini = cfg.worker.actor.global_batch_size * cfg.worker.rollout.n // self.world_size
-        metrics = self.actor.update_policy(data, mini, cfg.worker.actor.micro_batch_size_per_device_for_update)
+        metrics: dict[str, Any] = self.actor.update_policy(
+            data, mini, cfg.worker.actor.micro_batch_size_per_device_for_update)
+        if self.actor.on_policy_log_probs is not None:
+            metrics["old_log_probs"] = self.actor.on_policy_log_probs
         self.weights_dirty = True
         empty_cache(self.device)
         return metrics

@@ -1,0 +1,104 @@
+"""The policy's forward for one micro-batch: response log-probs (and entropies) from a padded micro-batch.
+
+Two layouts, the same numbers (fp32: max difference 1e-6, see ``tests/test_packing.py``):
+
+* padding-free (``worker.actor.padding_free``, default): the micro-batch is packed into one row without padding
+  (``easyrl.models.packing``), the model scores only the positions that predict a response token
+  (``logits_to_keep`` = their indices), and the lm_head is fused with the log-softmax
+  (``easyrl.models.fused_head``), so no ``(tokens, vocab)`` logits exist at once;
+* padded: the batch as the trainer holds it, with an attention mask; logits of the last ``R + 1`` positions, then
+  the chunked token ops.
+
+The trainer keeps padded batches; this module is the one place that knows both layouts.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from easyrl.algorithms.token_ops import entropy_from_logits, log_probs_from_logits
+from easyrl.models.fused_head import FusedLogProbHead
+from easyrl.models.packing import pack_sequences, padded_text_positions
+
+__all__ = ["response_scores"]
+
+ROPE_INDEX_KEYS = ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")
+
+
+def response_scores(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_mask: torch.Tensor,
+    multi_modal: dict[str, torch.Tensor],
+    mm_token_type_ids: Optional[torch.Tensor],
+    temperature: float,
+    with_entropy: bool,
+    entropy_grad: bool,
+    fused_head: Optional[FusedLogProbHead] = None,
+    is_vl: bool = False,
+) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Log-probs (and entropies) of the response tokens of one padded micro-batch.
+
+    Args:
+        model: a transformers causal LM or Qwen-VL model (FSDP2-sharded or not), SDPA/eager/flash attention.
+        input_ids, attention_mask: ``(bsz, P + R)`` left-padded prompts + right-padded responses.
+        response_mask: ``(bsz, R)``.
+        multi_modal: processor outputs of the micro-batch's images (``pixel_values``, ``image_grid_thw``, ...),
+            merged in sample order; ``{}`` for text.
+        mm_token_type_ids: ``(bsz, P + R)`` 1 at image tokens, 2 at video tokens, 0 elsewhere (Qwen-VL mRoPE), or
+            None for text models.
+        temperature: the sampling temperature (logits are divided by it).
+        with_entropy: also return the entropies (else None).
+        entropy_grad: let gradients flow through the entropy (False when its loss coefficient is 0: the metric is
+            still computed, without the vocabulary-wide backward).
+        fused_head: given: the padding-free layout with this head on ``model``; None: the padded layout.
+        is_vl: the model takes mRoPE positions (Qwen-VL).
+
+    Returns:
+        ``(log_probs, entropy)``: ``(bsz, R)`` float32 each, 0 at response padding; ``entropy`` None unless asked.
+    """
+    if fused_head is not None:
+        return _packed(model, input_ids, attention_mask, response_mask, multi_modal, mm_token_type_ids, temperature,
+                       with_entropy, entropy_grad, fused_head, is_vl)
+    resp_len = response_mask.shape[1]
+    inputs = dict(multi_modal)
+    if "pixel_values" in inputs or "pixel_values_videos" in inputs:
+        inputs["mm_token_type_ids"] = mm_token_type_ids  # Qwen-VL computes its mRoPE positions from them
+    else:
+        inputs["position_ids"] = padded_text_positions(attention_mask)  # as vLLM counts them (no padding)
+    output = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
+                   logits_to_keep=resp_len + 1, **inputs)
+    # position t predicts token t+1: the last R + 1 positions minus the final one predict the response
+    logits = output.logits[:, :-1, :]
+    responses = input_ids[:, -resp_len:]
+    log_probs = log_probs_from_logits(logits, responses, temperature=temperature) * response_mask
+    entropy = None
+    if with_entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            entropy = entropy_from_logits(logits, temperature=temperature)
+    return log_probs, entropy
+
+
+def _packed(model, input_ids, attention_mask, response_mask, multi_modal, mm_token_type_ids, temperature,
+            with_entropy, entropy_grad, fused_head, is_vl):
+    positions = None
+    if "pixel_values" in multi_modal or "pixel_values_videos" in multi_modal:
+        # 3-D positions per sequence on the padded layout (padding skipped), then packed with the tokens
+        positions, _ = model.model.get_rope_index(
+            input_ids, mm_token_type_ids, attention_mask=attention_mask,
+            **{key: multi_modal[key] for key in ROPE_INDEX_KEYS if key in multi_modal},
+        )
+    packed = pack_sequences(input_ids, attention_mask, response_mask, positions, mrope=is_vl)
+    # attention_mask=None and use_cache=False: transformers then reads the sequence boundaries off the positions
+    with fused_head.scoring(packed.labels, temperature, entropy_grad=entropy_grad and with_entropy):
+        scores = model(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None,
+                       use_cache=False, logits_to_keep=packed.logit_indices, **multi_modal).logits[0]
+    log_probs = packed.unpack(scores[:, 0])
+    entropy = None
+    if with_entropy:
+        entropy = packed.unpack(scores[:, 1])
+        entropy = entropy if entropy_grad else entropy.detach()  # its column was built detached already
+    return log_probs, entropy
