@@ -163,3 +163,16 @@ def test_dapo_reward_soft_overlong_punishment():
     assert all(math.isfinite(v) for v in out["overall"])
     with pytest.raises(ValueError, match="overlong_buffer_length"):
         RewardFunction(f"{EXAMPLES / 'dapo.py'}:compute_score", dict(kwargs, overlong_buffer_length=0))(inputs)
+
+
+def test_reward_scorer_loads_each_function_once_and_scores(reward_file):
+    from easyrl.rewards.remote import RewardScorer
+
+    scorer = RewardScorer()  # what the trainer runs as a Ray actor
+    inputs = _inputs("80", "81")
+    assert scorer.score(f"{reward_file}:batch_fn", {"bonus": 0.5}, "batch", inputs)["overall"] == [1.5, 0.5]
+    assert scorer.score(f"{reward_file}:batch_fn", {"bonus": 0.0}, "batch", inputs)["overall"] == [1.0, 0.0]
+    scorer.score(f"{reward_file}:batch_fn", {"bonus": 0.5}, "batch", inputs)
+    assert len(scorer._functions) == 2
+    with pytest.raises(ValueError, match="row 0"):
+        scorer.score(f"{reward_file}:nan_fn", {}, "batch", inputs)

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from typing import Any, Optional
 
 import numpy as np
+import ray
 import torch
 from omegaconf import OmegaConf
 from tensordict import TensorDict
@@ -34,6 +35,7 @@ from easyrl.batch import Batch
 from easyrl.config import PPOConfig, to_dict
 from easyrl.data.dataset import collate_fn
 from easyrl.rewards.function import RewardFunction, scores_to_token_rewards
+from easyrl.rewards.remote import RewardScorer
 from easyrl.trainer.loggers import Tracker
 from easyrl.trainer.metrics import (
     compute_data_metrics,
@@ -128,6 +130,7 @@ class RayPPOTrainer:
         else:
             self.kl_ctrl = FixedKLController(algo.kl_coef)
         self.workers: Optional[WorkerGroup] = None
+        self._scorer = None  # the reward actor (RewardScorer), started on first use
         self.global_step = 0
         self.last_batch: Optional[Batch] = None  # the most recent training batch, for inspection
 
@@ -166,22 +169,44 @@ class RayPPOTrainer:
             batch["rollout_log_probs"] = _right_pad(log_probs, rollout_cfg.response_length, 0.0, torch.float32)[0]
         return batch
 
-    def _reward(self, batch: Batch, reward_fn: RewardFunction) -> dict[str, list[float]]:
-        """Score every response; puts ``token_level_scores`` (bsz, resp_len) and each named score (``score/<name>``,
-        a list) in the batch; returns the named scores."""
+    def _reward_inputs(self, batch: Batch) -> list[dict[str, Any]]:
+        """The reward function's inputs: decoded response, its length in tokens, ground truth."""
         lengths = batch["response_mask"].sum(-1).tolist()
         skip = self.config.worker.reward.skip_special_tokens
         texts = self.tokenizer.batch_decode(
             [row[:n].tolist() for row, n in zip(batch["responses"], lengths)], skip_special_tokens=skip
         )
-        inputs = [{"response": text, "response_length": int(n), "ground_truth": gt}
-                  for text, n, gt in zip(texts, lengths, batch["ground_truth"])]
-        scores = reward_fn(inputs)
+        return [{"response": text, "response_length": int(n), "ground_truth": gt}
+                for text, n, gt in zip(texts, lengths, batch["ground_truth"])]
+
+    @staticmethod
+    def _set_scores(batch: Batch, scores: dict[str, list[float]]) -> None:
+        """Put ``token_level_scores`` (bsz, resp_len) and each named score (``score/<name>``, a list) in the batch."""
         overall = torch.tensor(scores["overall"], dtype=torch.float32)
         batch["token_level_scores"] = scores_to_token_rewards(overall, batch["response_mask"])
         for name, values in scores.items():
             batch[f"score/{name}"] = values
+
+    def _reward(self, batch: Batch, reward_fn: RewardFunction) -> dict[str, list[float]]:
+        """Score every response here and now (see ``_set_scores``); returns the named scores."""
+        scores = reward_fn(self._reward_inputs(batch))
+        self._set_scores(batch, scores)
         return scores
+
+    def _reward_async(self, batch: Batch) -> ray.ObjectRef:
+        """Start scoring ``batch`` with ``self.reward_fn`` in the reward actor; collect with ``_reward_wait``."""
+        if self._scorer is None:
+            self._scorer = ray.remote(RewardScorer).options(num_cpus=0).remote()
+        fn = self.reward_fn
+        return self._scorer.score.remote(fn.spec, fn.kwargs, fn.reward_type, self._reward_inputs(batch))
+
+    def _reward_wait(self, batch: Batch, pending: ray.ObjectRef, order: list[int]) -> None:
+        """Wait for the scores of the batch as generated and set them on ``batch`` (reordered by ``order``)."""
+        try:
+            scores = ray.get(pending)
+        except ray.exceptions.RayTaskError as e:  # the reward function's own error, not Ray's wrapper
+            raise e.as_instanceof_cause() from None
+        self._set_scores(batch, {name: [values[i] for i in order] for name, values in scores.items()})
 
     def _compute_advantage(self, batch: Batch) -> None:
         algo = self.config.algorithm
@@ -234,9 +259,7 @@ class RayPPOTrainer:
         timing: dict[str, float] = {}
         metrics: dict[str, float] = {}
         with timer("step", timing):
-            batch = self._make_batch(prompt_stream, timing, metrics)  # gen + reward (+ dynamic sampling)
-            metrics.update({key.replace("score/", "reward/", 1): float(np.mean(batch[key]))
-                            for key in batch.extras if key.startswith("score/")})
+            batch, pending = self._make_batch(prompt_stream, timing, metrics)  # gen (+ reward, dynamic sampling)
             order = self._balance(batch, metrics)
             batch = batch.select(order)  # rank r gets the r-th equal share: about as many tokens as the others
             on_policy = cfg.on_policy_update
@@ -248,6 +271,11 @@ class RayPPOTrainer:
             if self.workers_need_ref():
                 with timer("ref", timing):
                     batch["ref_log_probs"] = torch.cat(self.workers.run_split("compute_ref_log_probs", batch), dim=0)
+            if pending is not None:  # scored in the reward actor while the log-prob passes ran
+                with timer("reward", timing):
+                    self._reward_wait(batch, pending, order)
+            metrics.update({key.replace("score/", "reward/", 1): float(np.mean(batch[key]))
+                            for key in batch.extras if key.startswith("score/")})
             with timer("adv", timing):
                 if cfg.algorithm.use_kl_in_reward and not cfg.algorithm.disable_kl:
                     batch["token_level_rewards"], kl_metrics = apply_kl_penalty(
@@ -293,8 +321,10 @@ class RayPPOTrainer:
         return order
 
     def _make_batch(self, prompt_stream: Iterator[dict[str, list]], timing: dict[str, float],
-                    metrics: dict[str, float]) -> Batch:
-        """Generate and score ``data.rollout_batch_size`` groups of ``n`` samples.
+                    metrics: dict[str, float]) -> tuple[Batch, Optional[ray.ObjectRef]]:
+        """Generate and score ``data.rollout_batch_size`` groups of ``n`` samples. Returns the batch and, without
+        online filtering, the pending scores (the reward actor is still scoring: see ``_reward_wait``); with it the
+        batch is scored already and the second value is None.
 
         With ``algorithm.online_filtering`` (DAPO dynamic sampling, Yu et al. 2025 sec. 3.2) groups whose
         ``filter_key`` scores are all equal, or whose mean is outside [filter_low, filter_high], are dropped and
@@ -319,13 +349,15 @@ class RayPPOTrainer:
             prompts = self._prompt_batch(next(prompt_stream), n)
             with timer("gen", timing):
                 batch = self._generate(prompts, overrides=None, timing=timing)
-            with timer("reward", timing):
-                self._reward(batch, self.reward_fn)
+            pending = None if algo.online_filtering else self._reward_async(batch)
+            if algo.online_filtering:
+                with timer("reward", timing):
+                    self._reward(batch, self.reward_fn)
             if algo.adv_estimator == "remax":
                 with timer("gen_baseline", timing):
                     batch["reward_baselines"] = self._greedy_baselines(prompts)
             if not algo.online_filtering:
-                return batch
+                return batch, pending
             if f"score/{algo.filter_key}" not in batch:
                 names = sorted(k.split("/", 1)[1] for k in batch.extras if k.startswith("score/"))
                 raise ValueError(f"algorithm.filter_key={algo.filter_key!r} is not a score of the reward function "
@@ -340,7 +372,7 @@ class RayPPOTrainer:
         metrics.update({"dynamic_sampling/num_gen_batches": float(rounds),
                         "dynamic_sampling/groups_dropped": float(dropped),
                         "dynamic_sampling/groups_kept": float(num_kept)})
-        return batch
+        return batch, None
 
     def _greedy_baselines(self, prompts: Batch) -> torch.Tensor:
         """ReMax's baseline (Li et al. 2023, Eq. 4): the reward of a greedy response to each prompt, ``(bsz,)``,

@@ -1,0 +1,33 @@
+"""The reward function in a Ray actor, so that scoring overlaps the workers' log-prob passes.
+
+The trainer decodes the responses, sends the reward inputs here and goes on with the old/reference log-prob passes
+while the actor scores; it collects the scores before computing advantages (``timing_s/reward`` is then only the
+time it still had to wait). Functions are loaded once per (spec, kwargs, reward_type) and kept.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from easyrl.rewards.function import RewardFunction
+
+__all__ = ["RewardScorer"]
+
+
+class RewardScorer:
+    """Scores reward inputs with a :class:`RewardFunction` (run it as ``ray.remote(RewardScorer)``)."""
+
+    def __init__(self) -> None:
+        self._functions: dict[tuple, RewardFunction] = {}
+
+    def score(self, spec: str, kwargs: dict, reward_type: str, inputs: list[dict[str, Any]]) -> dict[str, list[float]]:
+        """``RewardFunction(spec, kwargs, reward_type)(inputs)``: score name -> one float per input.
+
+        Raises:
+            whatever the reward function raises (see ``RewardFunction.__call__``); Ray wraps it, and the trainer
+            re-raises the original exception.
+        """
+        key = (spec, repr(sorted(kwargs.items())), reward_type)
+        if key not in self._functions:
+            self._functions[key] = RewardFunction(spec, kwargs, reward_type)
+        return self._functions[key](inputs)
