@@ -35,6 +35,7 @@ RANGE_RULES: dict[str, tuple[str, ...]] = {
         "worker.rollout.max_num_batched_tokens", "trainer.total_epochs", "trainer.max_steps", "trainer.nnodes",
         "trainer.n_gpus_per_node", "worker.actor.max_grad_norm", "worker.actor.tis_cap",
         "worker.rollout.cpu_kvcache_space_gib", "algorithm.kl_target", "algorithm.kl_horizon",
+        "worker.actor.max_token_len_per_device", "trainer.cpu_threads_per_worker",
     ),
     "non_negative": (
         "worker.rollout.limit_images", "worker.rollout.temperature", "worker.actor.optim.lr",
@@ -148,6 +149,12 @@ def check_combinations(config: "PPOConfig") -> None:
         raise ConfigError("algorithm.use_kl_loss and algorithm.use_kl_in_reward are both true: choose one.")
     if rollout.calculate_log_probs is False and actor.tis_cap is not None:
         raise ConfigError("worker.actor.tis_cap needs worker.rollout.calculate_log_probs=true.")
+    longest = config.data.max_prompt_length + config.data.max_response_length
+    if actor.dynamic_batching and actor.max_token_len_per_device is not None and actor.max_token_len_per_device < longest:
+        raise ConfigError(
+            f"worker.actor.max_token_len_per_device={actor.max_token_len_per_device} is below the longest sample, "
+            f"data.max_prompt_length + data.max_response_length = {longest}: raise it (or leave it null)."
+        )
 
 
 def check_config(config: "PPOConfig") -> None:

@@ -101,3 +101,10 @@ def test_on_policy_update_skips_old_log_probs_only_when_provable(overrides, on_p
                           "worker.actor.global_batch_size=4", "worker.rollout.n=2", "trainer.n_gpus_per_node=2",
                           "worker.actor.micro_batch_size_per_device_for_update=1", *overrides])
     assert config.on_policy_update is on_policy
+
+
+def test_token_budget_must_hold_the_longest_sample():
+    base = ["worker.actor.model.model_path=x", "data.max_prompt_length=100", "data.max_response_length=50"]
+    with pytest.raises(ConfigError, match="max_token_len_per_device=149 is below the longest sample"):
+        load_config([*base, "worker.actor.max_token_len_per_device=149"])
+    assert load_config([*base, "worker.actor.max_token_len_per_device=150"]).worker.actor.max_token_len_per_device == 150
