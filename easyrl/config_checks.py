@@ -150,9 +150,10 @@ def check_combinations(config: "PPOConfig") -> None:
     if rollout.calculate_log_probs is False and actor.tis_cap is not None:
         raise ConfigError("worker.actor.tis_cap needs worker.rollout.calculate_log_probs=true.")
     longest = config.data.max_prompt_length + config.data.max_response_length
-    if actor.dynamic_batching and actor.max_token_len_per_device is not None and actor.max_token_len_per_device < longest:
+    budget = actor.max_token_len_per_device
+    if actor.dynamic_batching and budget is not None and budget < longest:
         raise ConfigError(
-            f"worker.actor.max_token_len_per_device={actor.max_token_len_per_device} is below the longest sample, "
+            f"worker.actor.max_token_len_per_device={budget} is below the longest sample, "
             f"data.max_prompt_length + data.max_response_length = {longest}: raise it (or leave it null)."
         )
 

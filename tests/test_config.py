@@ -107,4 +107,5 @@ def test_token_budget_must_hold_the_longest_sample():
     base = ["worker.actor.model.model_path=x", "data.max_prompt_length=100", "data.max_response_length=50"]
     with pytest.raises(ConfigError, match="max_token_len_per_device=149 is below the longest sample"):
         load_config([*base, "worker.actor.max_token_len_per_device=149"])
-    assert load_config([*base, "worker.actor.max_token_len_per_device=150"]).worker.actor.max_token_len_per_device == 150
+    config = load_config([*base, "worker.actor.max_token_len_per_device=150"])
+    assert config.worker.actor.max_token_len_per_device == 150
