@@ -184,3 +184,14 @@ def test_on_policy_update_without_old_log_prob_pass(process_group, tiny_model_pa
         torch.testing.assert_close(grad, with_old[name], atol=1e-6, rtol=1e-4, msg=name)
     with pytest.raises(ValueError, match="old_log_probs are needed"):
         policy.update_policy(data, mini_batch_size=len(data) // 2, micro_batch_size=2)
+
+
+def test_attention_implementation_choice():
+    from easyrl.workers.policy_forward import attention_implementation
+
+    assert attention_implementation("cuda", True, "bf16", True) == "flash_attention_2"
+    assert attention_implementation("cuda", True, "fp32", True) == "sdpa"  # flash-attention has no fp32 kernels
+    assert attention_implementation("cuda", False, "bf16", True) == "sdpa"  # padded batches keep their mask
+    assert attention_implementation("cuda", True, "bf16", False) == "sdpa"
+    assert attention_implementation("npu", True, "bf16", True) == "sdpa"
+    assert attention_implementation("cpu", True, "bf16", True) == "sdpa"

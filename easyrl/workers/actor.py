@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from transformers import AutoConfig
+from transformers.utils import is_flash_attn_2_available
 
 from easyrl.algorithms.kl import kl_penalty
 from easyrl.algorithms.losses import agg_loss, compute_tis_weights, get_policy_loss
@@ -22,7 +23,7 @@ from easyrl.batch import Batch
 from easyrl.config import ActorConfig, OffloadConfig
 from easyrl.models.fused_head import FusedLogProbHead
 from easyrl.workers.fsdp_model import clip_grad_norm, hf_model_class, load_sharded_model
-from easyrl.workers.policy_forward import response_scores
+from easyrl.workers.policy_forward import attention_implementation, response_scores
 from easyrl.workers.seqlen_balancing import count_micro_batches, dynamic_micro_batches
 
 __all__ = ["FSDPPolicy", "hf_model_class"]
@@ -70,8 +71,11 @@ class FSDPPolicy:
         self.torch_device = torch_device
         self.dp_size = mesh.size()
         hf_config = AutoConfig.from_pretrained(model_path, trust_remote_code=config.model.trust_remote_code)
+        attn = attention_implementation(device, config.padding_free, config.fsdp.param_dtype,
+                                        is_flash_attn_2_available())
         model = load_sharded_model(model_path, hf_config, config, mesh, device, trainable, offload,
-                                   init_from=init_from.model if init_from is not None else None)
+                                   init_from=init_from.model if init_from is not None else None,
+                                   attn_implementation=attn)
         self.model = model
         self.has_vision = getattr(hf_config, "vision_config", None) is not None
         self.add_blank_image = False

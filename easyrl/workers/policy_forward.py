@@ -22,9 +22,25 @@ from easyrl.algorithms.token_ops import entropy_from_logits, log_probs_from_logi
 from easyrl.models.fused_head import FusedLogProbHead
 from easyrl.models.packing import pack_sequences, padded_text_positions
 
-__all__ = ["response_scores"]
+__all__ = ["response_scores", "attention_implementation"]
 
 ROPE_INDEX_KEYS = ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")
+
+
+def attention_implementation(device: str, padding_free: bool, param_dtype: str, flash_available: bool) -> str:
+    """transformers' attention for the policy: ``flash_attention_2`` (the varlen kernel: packed rows without a mask)
+    on CUDA with padding-free forwards in bf16/fp16 when the ``flash_attn`` package is installed, else ``sdpa`` (a
+    block-diagonal mask for packed rows; the CPU, NPU and fp32 path).
+
+    Args:
+        device: ``cuda``, ``npu`` or ``cpu``.
+        padding_free: ``worker.actor.padding_free``.
+        param_dtype: ``worker.actor.fsdp.param_dtype`` (flash-attention has no fp32 kernels).
+        flash_available: ``transformers.utils.is_flash_attn_2_available()``.
+    """
+    if device == "cuda" and padding_free and param_dtype in ("bf16", "fp16") and flash_available:
+        return "flash_attention_2"
+    return "sdpa"
 
 
 def response_scores(
