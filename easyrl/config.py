@@ -265,6 +265,10 @@ class TrainerConfig:
     """Devices per node (GPUs, NPUs, or CPU ranks on a CPU-only machine)."""
     device: str = "auto"
     """auto, cuda, npu or cpu."""
+    cpu_threads_per_worker: int = 1
+    """CPU path only: torch/OpenMP threads of each worker (its FSDP actor and its vLLM engine), and the CPUs Ray
+    reserves for it. On a 2-core machine one worker with 2 threads was as fast as two workers with one each, with
+    half the RAM. Ignored on GPUs/NPUs."""
     val_freq: int = -1
     """Validate every this many steps; -1 never (besides ``val_before_train``)."""
     val_before_train: bool = True
@@ -275,9 +279,6 @@ class TrainerConfig:
     """``runs/<project_name>/<experiment_name>``: metrics JSONL, exported model."""
     runs_root: str = "runs"
     balance_batch: bool = True
-    cpu_threads_per_worker: int = 1
-    """On the CPU device: torch/OpenMP threads of each worker, and the Ray CPUs it reserves. On a 2-core machine one
-    worker with 2 threads is about as fast as two workers with 1 each, with half the memory."""
     """Reorder each step's batch so that every worker's share holds about as many tokens (Karmarkar-Karp)."""
 
 

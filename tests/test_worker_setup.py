@@ -45,9 +45,9 @@ def test_ranks_are_node_contiguous(bundle_nodes, expected):
 
 
 def test_cpu_threads_per_worker_sets_threads_and_reserved_cpus():
-    from easyrl.workers.group import _worker_env, worker_resources
+    from easyrl.workers.group import _actor_resources, _bundle, _worker_env
 
-    assert worker_resources("cpu", 2)["num_cpus"] == 2
-    assert _worker_env("cpu", 0, 2)["OMP_NUM_THREADS"] == "2"
-    assert worker_resources("cuda", 2) == {"num_gpus": 1, "num_cpus": 1}  # GPU workers keep one host core
-    assert "OMP_NUM_THREADS" not in _worker_env("cuda", 0, 2)
+    assert _actor_resources("cpu", 2)["num_cpus"] == 2 and _bundle("cpu", 2) == {"CPU": 2.0}
+    assert _worker_env("cpu", 2)["OMP_NUM_THREADS"] == "2"
+    assert _actor_resources("cuda", 2) == {"num_gpus": 1, "num_cpus": 1}  # GPU workers keep one host core
+    assert "OMP_NUM_THREADS" not in _worker_env("cuda", 2)

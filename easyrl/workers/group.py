@@ -19,16 +19,15 @@ from easyrl.device import ray_actor_resources
 from easyrl.workers.fsdp_worker import FSDPWorker
 
 
-def worker_resources(device: str, cpu_threads: int) -> dict:
-    """Ray resources of one worker: ``ray_actor_resources(device)``, with ``cpu_threads`` CPUs on the CPU device
-    (its torch/OpenMP threads get a core each; ``trainer.cpu_threads_per_worker``)."""
-    res = dict(ray_actor_resources(device))
+def _actor_resources(device: str, cpu_threads: int) -> dict:
+    res = ray_actor_resources(device)
     if device == "cpu":
-        res["num_cpus"] = cpu_threads
+        res["num_cpus"] = cpu_threads  # a CPU worker's threads are its devices
     return res
 
 
-def _bundle(res: dict) -> dict[str, float]:
+def _bundle(device: str, cpu_threads: int) -> dict[str, float]:
+    res = _actor_resources(device, cpu_threads)
     bundle = {"CPU": float(res.get("num_cpus", 1))}
     if "num_gpus" in res:
         bundle["GPU"] = float(res["num_gpus"])
@@ -56,12 +55,13 @@ def node_contiguous_bundles(bundle_nodes: dict[int, str]) -> list[int]:
     return sorted(bundle_nodes, key=lambda index: (first_bundle[bundle_nodes[index]], index))
 
 
-def _worker_env(device: str, rank: int, cpu_threads: int = 1) -> dict[str, str]:
+def _worker_env(device: str, cpu_threads: int) -> dict[str, str]:
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false",
            # vLLM's per-engine INFO lines would drown the step metrics; set VLLM_LOGGING_LEVEL=INFO to see them
            "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")}
     if device == "cpu":
-        # each worker's vLLM CPU engine and torch get the worker's cores instead of binding to all of them
+        # each worker's vLLM CPU engine uses its own threads (trainer.cpu_threads_per_worker) instead of binding to
+        # all cores; the worker sets torch's intra-op pool from OMP_NUM_THREADS
         env["VLLM_CPU_OMP_THREADS_BIND"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         env["OMP_NUM_THREADS"] = str(cpu_threads)
     return env
@@ -77,24 +77,25 @@ class WorkerGroup:
     def __init__(self, config: PPOConfig, device: str):
         world_size = config.world_size
         threads = config.trainer.cpu_threads_per_worker
-        res = worker_resources(device, threads)
-        bundle = _bundle(res)
+        bundle = _bundle(device, threads)
         available = ray.cluster_resources()
         for key, need in bundle.items():
             if available.get(key, 0) < need * world_size:
                 raise RuntimeError(
                     f"{world_size} workers need {need * world_size:g} {key} but the Ray cluster has "
-                    f"{available.get(key, 0):g}; lower trainer.n_gpus_per_node / trainer.nnodes or add nodes."
+                    f"{available.get(key, 0):g}; lower trainer.n_gpus_per_node / trainer.nnodes"
+                    f"{' / trainer.cpu_threads_per_worker' if device == 'cpu' else ''} or add nodes."
                 )
         self.placement_group = placement_group([bundle] * world_size, strategy="PACK")
         ray.get(self.placement_group.ready())
         bundles = node_contiguous_bundles(placement_group_table(self.placement_group)["bundles_to_node_id"])
         remote_cls = ray.remote(FSDPWorker)
+        res = _actor_resources(device, threads)
         self.workers = [
             remote_cls.options(
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     self.placement_group, placement_group_bundle_index=bundles[rank]),
-                runtime_env={"env_vars": _worker_env(device, rank, threads)},
+                runtime_env={"env_vars": _worker_env(device, threads)},
                 **res,
             ).remote(config, rank, world_size, device)
             for rank in range(world_size)
