@@ -349,8 +349,10 @@ class RayPPOTrainer:
             prompts = self._prompt_batch(next(prompt_stream), n)
             with timer("gen", timing):
                 batch = self._generate(prompts, overrides=None, timing=timing)
-            pending = None if algo.online_filtering else self._reward_async(batch)
-            if algo.online_filtering:
+            pending = None
+            if not algo.online_filtering and isinstance(self.reward_fn, RewardFunction):
+                pending = self._reward_async(batch)  # scored while the log-prob passes run
+            else:  # filtering needs the scores now (and a plain callable cannot be shipped by spec)
                 with timer("reward", timing):
                     self._reward(batch, self.reward_fn)
             if algo.adv_estimator == "remax":
