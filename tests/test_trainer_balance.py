@@ -1,0 +1,43 @@
+"""The trainer's per-step rank balancing: a permutation with balanced shares, its metrics, and the way back."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+from easyrl.batch import Batch
+from easyrl.trainer.ray_trainer import RayPPOTrainer
+
+
+def _trainer(balance: bool, world: int) -> RayPPOTrainer:
+    trainer = RayPPOTrainer.__new__(RayPPOTrainer)  # only the pieces _balance reads
+    trainer.config = SimpleNamespace(trainer=SimpleNamespace(balance_batch=balance))
+    trainer.workers = SimpleNamespace(world_size=world)
+    return trainer
+
+
+def _batch(lengths, width=100):
+    mask = torch.zeros(len(lengths), width, dtype=torch.long)
+    for i, n in enumerate(lengths):
+        mask[i, :n] = 1
+    return Batch(TensorDict({"attention_mask": mask}, batch_size=[len(lengths)]), {"uid": list(range(len(lengths)))})
+
+
+def test_balance_gives_equal_token_shares_and_is_undone_by_argsort():
+    lengths = [90, 85, 80, 10, 12, 8, 70, 5]  # the long samples first: consecutive shares would be 265 vs 95 tokens
+    batch = _batch(lengths)
+    metrics = {}
+    order = _trainer(True, 2)._balance(batch, metrics)
+    assert sorted(order) == list(range(8))
+    shares = [sum(lengths[i] for i in order[:4]), sum(lengths[i] for i in order[4:])]
+    assert abs(shares[0] - shares[1]) <= 10
+    assert metrics["perf/max_rank_tokens_ratio"] < 1.05
+    assert metrics["perf/padding_fraction"] == 1 - sum(lengths) / 800
+    restored = batch.select(order).select(np.argsort(order).tolist())
+    assert restored["uid"] == list(range(8))
+    off = {}
+    assert _trainer(False, 2)._balance(batch, off) == list(range(8))
+    assert off["perf/max_rank_tokens_ratio"] > 1.4
