@@ -82,3 +82,17 @@ def expect_user_error(capsys):
         return lines[0]
 
     return check
+
+
+@pytest.fixture(scope="module")
+def process_group(tmp_path_factory):
+    """A one-rank gloo process group for the module (FSDP2 needs one even on a single process)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        yield
+        return
+    store = tmp_path_factory.mktemp("pg") / "store"
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()

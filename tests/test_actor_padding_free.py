@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 from tensordict import TensorDict
 
 from easyrl.batch import Batch
@@ -13,18 +12,6 @@ from easyrl.config import ActorConfig
 
 # measured on this CPU: log-probs max |diff| 1.4e-6 (text) / 1.9e-6 (VL); gradients max |diff| ~1e-8
 ATOL = 1e-5
-
-
-@pytest.fixture(scope="module")
-def process_group(tmp_path_factory):
-    """A one-rank gloo process group (FSDP2 needs one even on a single process)."""
-    if dist.is_initialized():
-        yield
-        return
-    store = tmp_path_factory.mktemp("pg") / "store"
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def _policy(model_path, padding_free: bool, dynamic_batching: bool, entropy_coeff: float = 0.0, budget=None):

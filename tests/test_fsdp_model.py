@@ -33,18 +33,6 @@ def test_placement_rejects_unknown_device():
         placement("tpu", False)
 
 
-@pytest.fixture(scope="module")
-def process_group(tmp_path_factory):
-    """A one-rank gloo process group (FSDP2 needs one even on a single process)."""
-    if dist.is_initialized():
-        yield
-        return
-    store = tmp_path_factory.mktemp("pg") / "store"
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
 def _actor_config(model_path, param_dtype: str) -> ActorConfig:
     config = ActorConfig()
     config.model.model_path = str(model_path)
