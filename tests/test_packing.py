@@ -82,8 +82,8 @@ def _padded_log_probs(model, ids, mask, resp_mask, **extra):
     return log_probs_from_logits(logits, ids[:, -resp_len:]) * resp_mask
 
 
-def _packed_log_probs(model, ids, mask, resp_mask, positions=None, **extra):
-    packed = pack_sequences(ids, mask, resp_mask, positions)
+def _packed_log_probs(model, ids, mask, resp_mask, positions=None, mrope=False, **extra):
+    packed = pack_sequences(ids, mask, resp_mask, positions, mrope=mrope)
     logits = model(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None,
                    use_cache=False, logits_to_keep=packed.logit_indices, **extra).logits[0]
     return packed.unpack(log_probs_from_logits(logits, packed.labels))
@@ -160,3 +160,15 @@ def test_packed_forward_matches_padded_vl(tiny_model_path, arch):
     max_diff = _compare(model, lambda: _padded_log_probs(model, ids, mask, resp_mask, mm_token_type_ids=types, **mm),
                         lambda: _packed_log_probs(model, ids, mask, resp_mask, positions, **mm))
     assert max_diff < ATOL
+
+
+def test_packed_text_only_rows_on_a_vl_model(tiny_model_path):
+    """A micro-batch without images on Qwen-VL: the mRoPE form (4, 1, tokens) of the text positions is what makes the
+    model build the packed mask (from 2-D position ids it builds none and the rows attend to each other)."""
+    model = _load(tiny_model_path("qwen2_5_vl"))
+    ids, mask, resp_mask = _text_batch()
+    _compare(model, lambda: _padded_log_probs(model, ids, mask, resp_mask),
+             lambda: _packed_log_probs(model, ids, mask, resp_mask, mrope=True))
+    with torch.no_grad():
+        wrong = _packed_log_probs(model, ids, mask, resp_mask, mrope=False)
+        assert (wrong - _padded_log_probs(model, ids, mask, resp_mask)).abs().max() > 1e-2
