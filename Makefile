@@ -6,7 +6,7 @@ TINY := .cache/tiny_models/qwen2_5_vl
 .PHONY: setup demo test test-fast
 setup:
 	@command -v uv >/dev/null 2>&1 || python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet uv
-	$(UV) sync --locked --extra cpu --extra dev
+	$(UV) sync --locked --extra cpu --extra dev --extra bench
 
 # GRPO on the ten bundled Geometry3K problems with a tiny Qwen2.5-VL, 2 CPU workers, 2 steps (~4 minutes).
 demo: setup

@@ -15,9 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -25,6 +22,7 @@ from typing import Callable
 import torch
 from transformers import GenerationConfig, PretrainedConfig
 
+from easyrl.models.cache import build_atomically, cache_root
 from easyrl.models.tokenizer import build_qwen_tokenizer
 
 TINY_ARCHS = ("qwen2_5_vl", "qwen2_vl", "qwen3_vl", "qwen2_5")
@@ -184,8 +182,7 @@ assert tuple(_ARCHS) == TINY_ARCHS
 
 def default_tiny_model_dir(arch: str) -> Path:
     """``$EASYRL_CACHE/tiny_models/<arch>`` (``EASYRL_CACHE`` defaults to ``~/.cache/easyrl``)."""
-    cache = os.environ.get("EASYRL_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "easyrl")
-    return Path(cache) / "tiny_models" / arch
+    return cache_root() / "tiny_models" / arch
 
 
 def _is_complete(path: Path, arch: str) -> bool:
@@ -244,28 +241,7 @@ def build_tiny_model(arch: str, output_dir: str | Path | None = None, seed: int 
     if arch not in _ARCHS:
         raise ValueError(f"unknown tiny model arch {arch!r}; choose one of {', '.join(TINY_ARCHS)}")
     final = Path(output_dir) if output_dir is not None else default_tiny_model_dir(arch)
-    if _is_complete(final, arch):
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
-    tmp.chmod(0o755)
-    try:
-        _write_model(arch, tmp, seed)
-        if final.exists() and not _is_complete(final, arch):  # stale or partial: move aside, then replace
-            stale = Path(tempfile.mkdtemp(prefix=f".{final.name}.stale-", dir=final.parent))
-            try:
-                os.rename(final, stale / "old")
-            except OSError:
-                pass  # someone else moved it first
-            shutil.rmtree(stale, ignore_errors=True)
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not _is_complete(final, arch):  # the folder that won the race must be usable
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+    return build_atomically(final, lambda path: _is_complete(path, arch), lambda tmp: _write_model(arch, tmp, seed))
 
 
 def main(argv: list[str] | None = None) -> None:
