@@ -78,18 +78,24 @@ def check_model_source(key: str, path: str, timeout_s: float = HUB_TIMEOUT_S) ->
         ) from None
 
 
-def load_model_parts(model_cfg: Any) -> tuple[Any, Any, Any]:
-    """``(tokenizer, hf_config, processor or None)`` of ``worker.actor.model``, after :func:`check_model_source`.
+def check_model_sources(model_cfg: Any) -> None:
+    """:func:`check_model_source` of ``worker.actor.model.model_path`` and, if set, ``tokenizer_path``."""
+    check_model_source("worker.actor.model.model_path", model_cfg.model_path)
+    if model_cfg.tokenizer_path:
+        check_model_source("worker.actor.model.tokenizer_path", model_cfg.tokenizer_path)
+
+
+def load_model_parts(model_cfg: Any, sources_checked: bool = False) -> tuple[Any, Any, Any]:
+    """``(tokenizer, hf_config, processor or None)`` of ``worker.actor.model``, after :func:`check_model_sources`
+    (unless ``sources_checked``).
 
     Raises:
         ModelError: naming the key whose folder cannot be loaded, or a tokenizer without a chat template.
     """
-    model_key, tok_key = "worker.actor.model.model_path", "worker.actor.model.tokenizer_path"
-    check_model_source(model_key, model_cfg.model_path)
-    if model_cfg.tokenizer_path:
-        check_model_source(tok_key, model_cfg.tokenizer_path)
-    else:
-        tok_key = model_key
+    if not sources_checked:
+        check_model_sources(model_cfg)
+    model_key = "worker.actor.model.model_path"
+    tok_key = "worker.actor.model.tokenizer_path" if model_cfg.tokenizer_path else model_key
     from transformers import AutoConfig, AutoProcessor, AutoTokenizer  # after the checks: a slow import
 
     tok_path = model_cfg.tokenizer_path or model_cfg.model_path
@@ -256,14 +262,15 @@ def load_dataset_for(key: str, path: str, config: Any, tokenizer: Any, processor
 
 
 def prepare(config: Any) -> Prepared:
-    """All pre-flight checks of a finalized config, in order: reward function and keyword arguments (cheap), model
-    and tokenizer, datasets, then the reward function called on one sample of the training data.
+    """All pre-flight checks of a finalized config, in order: model paths, reward function and keyword arguments (both
+    cheap), model config and tokenizer, datasets, then the reward function called on one sample of the training data.
 
     Raises:
         UserError: ``ModelError``, ``DataError``, ``RewardError`` or ``ConfigError``; see ``docs/errors.md``.
     """
+    check_model_sources(config.worker.actor.model)
     reward_fn = load_reward(config.worker.reward)
-    tokenizer, _, processor = load_model_parts(config.worker.actor.model)
+    tokenizer, _, processor = load_model_parts(config.worker.actor.model, sources_checked=True)
     train = load_dataset_for("data.train_files", config.data.train_files, config, tokenizer, processor)
     val = None
     if config.data.val_files:

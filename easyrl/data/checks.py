@@ -8,12 +8,15 @@ after it happened, so a good source costs nothing) and turn it into a :class:`ea
 from __future__ import annotations
 
 import json
+import logging
 import os
 from typing import Any, Iterable
 
 import datasets
 
 from easyrl.errors import DataError
+
+logger = logging.getLogger("easyrl.data")
 
 JSON_EXTENSIONS = (".json", ".jsonl")
 DATA_EXTENSIONS = (".parquet",) + JSON_EXTENSIONS
@@ -112,6 +115,29 @@ def image_like_columns(dataset: datasets.Dataset) -> list[str]:
         ) or name.lower() in IMAGE_COLUMN_NAMES:
             found.append(name)
     return found
+
+
+def check_image_column(dataset: datasets.Dataset, image_key: str | None, prompt_key: str, source: str,
+                       text_only: bool) -> None:
+    """A wrong ``data.image_key`` beside a column of images is an error (the images would be dropped silently);
+    images given to a text-only model are a warning, as they are dropped on purpose.
+
+    Raises:
+        DataError: ``image_key`` is not a column but another column looks like images (names both).
+    """
+    columns = dataset.column_names
+    candidates = [c for c in image_like_columns(dataset) if c != prompt_key]
+    if image_key is not None and image_key not in columns and candidates:
+        raise DataError(
+            f"data.image_key={image_key!r} is not a column of {source!r}, but column {candidates[0]!r} looks like "
+            f"images; set data.image_key={candidates[0]} (or data.image_key=null to train on the text alone)"
+        )
+    if text_only and image_key is not None and image_key in columns:
+        logger.warning(
+            "%s: column %r (data.image_key) holds images but the model is text-only (it has no vision_config): "
+            "the images are dropped and <image> placeholders removed. Use a vision-language model, or set "
+            "data.image_key=null to silence this warning", source, image_key,
+        )
 
 
 def is_missing_answer(value: Any) -> bool:

@@ -19,7 +19,7 @@ import datasets
 import torch
 from PIL import Image
 
-from easyrl.data.checks import check_not_empty, data_files_under, image_like_columns, is_missing_answer, read_error
+from easyrl.data.checks import check_image_column, check_not_empty, data_files_under, is_missing_answer, read_error
 from easyrl.data.images import DEFAULT_FACTOR, load_image, process_image, target_size
 from easyrl.data.intergps import IMAGE_PLACEHOLDER, is_intergps_dir, load_intergps_geometry3k
 from easyrl.data.prompts import load_format_prompt
@@ -218,26 +218,9 @@ class RLDataset(torch.utils.data.Dataset):
                     f"Set {config_key} to the column that holds it."
                 )
         self.has_images = image_key is not None and image_key in columns
-        self._check_image_column()
+        check_image_column(self.dataset, image_key, prompt_key, data_path, text_only=processor is None)
         self.row_ids = list(range(len(self.dataset)))  # index in the source, for error messages
         self._scan_rows(filter_overlong_prompts)
-
-    def _check_image_column(self) -> None:
-        """A wrong ``data.image_key`` beside a column of images is an error (the images would be dropped); images
-        given to a text-only model (``processor=None``) are a warning, as they are dropped on purpose."""
-        candidates = [c for c in image_like_columns(self.dataset) if c != self.prompt_key]
-        if self.image_key is not None and not self.has_images and candidates:
-            raise DataError(
-                f"data.image_key={self.image_key!r} is not a column of {self.data_path!r}, but column "
-                f"{candidates[0]!r} looks like images; set data.image_key={candidates[0]} (or data.image_key=null to "
-                "train on the text alone)"
-            )
-        if self.processor is None and self.has_images:
-            logger.warning(
-                "%s: column %r (data.image_key) holds images but the model is text-only (it has no vision_config): "
-                "the images are dropped and <image> placeholders removed. Use a vision-language model, or set "
-                "data.image_key=null to silence this warning", self.data_path, self.image_key,
-            )
 
     # -- row preparation ----------------------------------------------------------------------------------------
 
