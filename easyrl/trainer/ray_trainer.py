@@ -91,6 +91,13 @@ def rollout_mismatch_metrics(batch: Batch) -> dict[str, float]:
     return metrics
 
 
+def _for_workers(batch: Batch) -> Batch:
+    """What the log-prob and update passes need: the tensors and the processor outputs (``multi_modal_inputs``),
+    without the PIL images, prompt ids, ground truths and scores that only generation and the trainer use (no copy)."""
+    extras = {key: batch.extras[key] for key in ("multi_modal_inputs",) if key in batch.extras}
+    return Batch(batch.tensors, extras)
+
+
 class RayPPOTrainer:
     """Runs GRPO-style RL: see the module docstring for the phases.
 
@@ -265,12 +272,14 @@ class RayPPOTrainer:
             on_policy = cfg.on_policy_update
             if not on_policy:
                 with timer("old_log_prob", timing):
-                    batch["old_log_probs"] = torch.cat(self.workers.run_split("compute_log_probs", batch), dim=0)
+                    old = self.workers.run_split("compute_log_probs", _for_workers(batch))
+                    batch["old_log_probs"] = torch.cat(old, dim=0)
                 if "rollout_log_probs" in batch:
                     metrics.update(rollout_mismatch_metrics(batch))
             if self.workers_need_ref():
                 with timer("ref", timing):
-                    batch["ref_log_probs"] = torch.cat(self.workers.run_split("compute_ref_log_probs", batch), dim=0)
+                    ref = self.workers.run_split("compute_ref_log_probs", _for_workers(batch))
+                    batch["ref_log_probs"] = torch.cat(ref, dim=0)
             if pending is not None:  # scored in the reward actor while the log-prob passes ran
                 with timer("reward", timing):
                     self._reward_wait(batch, pending, order)
@@ -287,7 +296,7 @@ class RayPPOTrainer:
                     batch["token_level_rewards"] = batch["token_level_scores"]
                 self._compute_advantage(batch)
             with timer("update_actor", timing):
-                worker_metrics = self.workers.run_split("update_actor", batch)
+                worker_metrics = self.workers.run_split("update_actor", _for_workers(batch))
             if on_policy:  # the update's own (pre-step) log-probs are the old ones
                 batch["old_log_probs"] = torch.cat([m.pop("old_log_probs") for m in worker_metrics], dim=0)
                 if "rollout_log_probs" in batch:
