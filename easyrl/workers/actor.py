@@ -25,6 +25,7 @@ from easyrl.models.fused_head import FusedLogProbHead
 from easyrl.workers.fsdp_model import clip_grad_norm, hf_model_class, load_sharded_model
 from easyrl.workers.policy_forward import attention_implementation, response_scores
 from easyrl.workers.seqlen_balancing import count_micro_batches, dynamic_micro_batches
+from easyrl.workers.vl_tokens import mm_token_type_ids, stray_pads, visual_pad_ids
 
 __all__ = ["FSDPPolicy", "hf_model_class"]
 
@@ -79,8 +80,12 @@ class FSDPPolicy:
         self.model = model
         self.has_vision = getattr(hf_config, "vision_config", None) is not None
         self.add_blank_image = False
+        self.pad_ids = visual_pad_ids(hf_config)
+        self.stray_pads: Optional[tuple[torch.Tensor, torch.Tensor]] = None
         if self.has_vision:
             model.get_input_embeddings().register_forward_hook(self._blank_image_hook)
+            self._model_placeholder_mask = model.model.get_placeholder_mask
+            model.model.get_placeholder_mask = self._placeholder_mask
         self.fused_head = FusedLogProbHead(model) if config.padding_free else None
         self.optimizer: Optional[torch.optim.Optimizer] = None
         self.num_updates = 0
@@ -101,7 +106,11 @@ class FSDPPolicy:
         padding-free or padded (``worker.actor.padding_free``, see ``easyrl.workers.policy_forward``)."""
         input_ids = micro["input_ids"].to(self.torch_device)
         multi_modal = _merge_multimodal(micro.extras.get("multi_modal_inputs", []), self.torch_device)
-        types = self._mm_token_type_ids(input_ids) if "pixel_values" in multi_modal else None
+        prompt_len = input_ids.shape[1] - micro["response_mask"].shape[1]
+        types = mm_token_type_ids(input_ids, prompt_len, self.pad_ids) if "pixel_values" in multi_modal else None
+        stray = stray_pads(input_ids, prompt_len, self.pad_ids) if self.pad_ids else None
+        if stray is not None and stray.any():  # see _placeholder_mask
+            self.stray_pads = (stray, micro["attention_mask"].to(self.torch_device).bool())
         self.add_blank_image = self.has_vision and "pixel_values" not in multi_modal
         try:
             return response_scores(
@@ -112,6 +121,7 @@ class FSDPPolicy:
             )
         finally:
             self.add_blank_image = False
+            self.stray_pads = None
 
     def _micro_batches(self, data: Batch, micro_batch_size: int) -> list[tuple[list[int], Batch]]:
         """``(indices, micro-batch)`` pairs covering ``data``: fixed ``micro_batch_size`` pieces, or with
@@ -148,15 +158,17 @@ class FSDPPolicy:
         features = [t for t in _tensors_in(self.model.model.visual(pixels, grid_thw=grid)) if t.is_floating_point()]
         return embeds + sum(t.sum() for t in features).to(embeds.dtype) * 0.0
 
-    def _mm_token_type_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """``(bsz, seq_len)``: 1 at image pad tokens, 2 at video pad tokens, 0 elsewhere (what the Qwen-VL
-        processor returns for a prompt; rebuilt here for the padded prompt + response)."""
-        config = self.model.config
-        types = torch.zeros_like(input_ids)
-        types[input_ids == config.image_token_id] = 1
-        if getattr(config, "video_token_id", None) is not None:
-            types[input_ids == config.video_token_id] = 2
-        return types
+    def _placeholder_mask(self, input_ids: torch.Tensor, inputs_embeds: torch.Tensor, **features):
+        """Qwen-VL's ``get_placeholder_mask`` (which marks every image/video pad id as a slot for the vision
+        features and checks the counts), blind to pad ids sampled in a response: those stay the text tokens they are,
+        as in vLLM, and the count check passes (R1-V #91, verl #3469: "Image features and image tokens do not
+        match"). Works on the padded ``(bsz, P + R)`` and the packed ``(1, tokens)`` layout."""
+        if self.stray_pads is not None:
+            stray, valid = self.stray_pads
+            if stray.shape != input_ids.shape:  # packed: the valid positions, row-major (easyrl.models.packing)
+                stray = stray[valid].view(input_ids.shape)
+            input_ids = input_ids.masked_fill(stray, -1)
+        return self._model_placeholder_mask(input_ids, inputs_embeds, **features)
 
     @torch.no_grad()
     def compute_log_probs(self, data: Batch, micro_batch_size: int, temperature: float) -> torch.Tensor:

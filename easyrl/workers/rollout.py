@@ -22,6 +22,7 @@ from typing import Any, Optional
 import torch
 
 from easyrl.config import RolloutConfig
+from easyrl.workers.vl_tokens import forbidden_words
 
 logger = logging.getLogger("easyrl.rollout")
 
@@ -86,6 +87,8 @@ class VLLMRollout:
         else:
             engine_kwargs.update(gpu_memory_utilization=config.gpu_memory_utilization, enable_sleep_mode=True)
         self.llm = LLM(**engine_kwargs)
+        # a sampled image/video pad id in a response would break the actor's next forward: never sample one
+        self.bad_words = forbidden_words(hf_config, self.llm.get_tokenizer())
         self.is_asleep = False
         self.sleep()
 
@@ -124,6 +127,7 @@ class VLLMRollout:
             max_tokens=max_tokens,
             logprobs=0 if logprobs else None,
             detokenize=False,
+            bad_words=self.bad_words or None,
             **settings,
         )
 

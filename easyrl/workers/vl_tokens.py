@@ -1,0 +1,73 @@
+"""Image/video pad tokens of Qwen-VL models: forbidden in sampling, and harmless if a response contains one anyway.
+
+A Qwen-VL prompt holds one ``<|image_pad|>`` (``<|video_pad|>``) per visual patch group; the model replaces exactly
+those embeddings with the vision tower's features and checks that the counts agree. A sampled pad id in a response
+(seen in the wild: R1-V #91, verl #3469) would break that check in the next forward ("Image features and image tokens
+do not match"). So: the rollout forbids these ids (vLLM ``bad_words``), and the actor marks only the prompt's pads as
+visual (``mm_token_type_ids``) and hides a stray response pad from the placeholder check while embedding it as the
+text token it is, which is what vLLM does with a generated token.
+
+vLLM's ``processed_logprobs`` of a sampled token are taken after ``bad_words`` removed the pads from the distribution;
+the actor's include their mass. For a trained VL model that mass in a response is ~0 (for a random tiny model ~2/vocab,
+a log-prob gap of ~1e-5), far below the rollout/training mismatch the TIS correction is about.
+"""
+
+from __future__ import annotations
+
+import torch
+
+PAD_TOKEN_KEYS = {"image_token_id": 1, "video_token_id": 2}  # config key -> mm_token_type_ids value
+
+
+def visual_pad_ids(hf_config) -> dict[int, int]:
+    """``{token id: mm type}`` of the model's image (type 1) and video (type 2) pad tokens; ``{}`` for text models."""
+    if getattr(hf_config, "vision_config", None) is None:
+        return {}
+    found = {}
+    for key, kind in PAD_TOKEN_KEYS.items():
+        token_id = getattr(hf_config, key, None)
+        if token_id is not None:
+            found[int(token_id)] = kind
+    return found
+
+
+def forbidden_words(hf_config, tokenizer) -> list[str]:
+    """The pad tokens as strings for vLLM's ``SamplingParams(bad_words=...)`` (which takes text, not ids).
+
+    Raises:
+        ValueError: a pad token's text does not encode back to exactly its own id with this tokenizer (then vLLM
+            would forbid the wrong tokens); the message names the token and the ids it encodes to.
+    """
+    words = []
+    for token_id in visual_pad_ids(hf_config):
+        word = tokenizer.convert_ids_to_tokens(token_id)
+        encoded = tokenizer.encode(word, add_special_tokens=False)
+        if encoded != [token_id]:
+            raise ValueError(f"Pad token id {token_id} ({word!r}) encodes to {encoded} with the rollout tokenizer, "
+                             "not to itself: the tokenizer does not match the model config.")
+        words.append(word)
+    return words
+
+
+def mm_token_type_ids(input_ids: torch.Tensor, prompt_len: int, pad_ids: dict[int, int]) -> torch.Tensor:
+    """``(bsz, seq_len)`` int64: the pad type (1 image, 2 video) at the prompt's pad tokens, 0 elsewhere, including
+    every response position (what the Qwen-VL processor returns for the prompt, extended by text positions).
+
+    Args:
+        input_ids: ``(bsz, seq_len)``, the (left-padded) prompt in the first ``prompt_len`` columns, then the response.
+        pad_ids: ``visual_pad_ids(hf_config)``.
+    """
+    types = torch.zeros_like(input_ids)
+    prompt = input_ids[:, :prompt_len]
+    for token_id, kind in pad_ids.items():
+        types[:, :prompt_len][prompt == token_id] = kind
+    return types
+
+
+def stray_pads(input_ids: torch.Tensor, prompt_len: int, pad_ids: dict[int, int]) -> torch.Tensor:
+    """``(bsz, seq_len)`` bool: True at pad ids in the response part (columns from ``prompt_len`` on)."""
+    stray = torch.zeros_like(input_ids, dtype=torch.bool)
+    response = input_ids[:, prompt_len:]
+    for token_id in pad_ids:
+        stray[:, prompt_len:] |= response == token_id
+    return stray
