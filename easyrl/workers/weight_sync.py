@@ -1,0 +1,211 @@
+"""The one path from the FSDP2 actor to the colocated vLLM engine (every rank holds one engine, TP=1).
+
+Sequence (``sync_weights``)::
+
+    wake vLLM's weights -> for each bucket: cast shards to the rollout dtype, all-gather them in ONE collective,
+    hand the full tensors to vLLM, drop them -> check that every vLLM parameter was overwritten (raise otherwise)
+    -> empty_cache -> the caller wakes the KV cache
+
+* Cast before gather: the shards go over the wire (and into memory) in the rollout dtype (bf16), not float32.
+* Buckets of ``worker.rollout.update_weights_bucket_megabytes`` (full-tensor bytes in the rollout dtype): one
+  ``all_gather_single`` per bucket instead of one per tensor, and at most one bucket of full tensors alive.
+  Host-offloaded shards are moved to the device first (NCCL/HCCL take device tensors only).
+* One ``reload_weights`` call consumes a lazy iterator over all buckets: vLLM's layer-wise reload must see each layer
+  whole in one call (a layer left out of a call is restored from its old weights with a warning, one loaded in part
+  is processed with the part missing), so buckets are not separate calls.
+* vLLM's ``reload_weights`` only *warns* about parameters it did not load and keeps their old values (or, after a
+  level-2 sleep, garbage). ``sync_weights`` records the names vLLM's ``load_weights`` reports and raises naming every
+  vLLM parameter that was not written, so a renamed key stops the run instead of training on stale rollouts.
+
+What of vLLM 0.32's own RL weight-transfer machinery fits here, and what does not:
+
+* ``vllm.distributed.weight_transfer`` (``ipc``: CUDA IPC handles to an engine in another process on the same GPU;
+  ``nccl``: a trainer on other GPUs) moves tensors between *processes*. easyrl's engine runs in the worker's own
+  process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so tensors are handed over by reference through
+  ``collective_rpc`` with no transfer at all; on the CPU backend neither engine exists (``ipc`` is CUDA-only). A
+  future non-colocated engine would plug in here with the ``nccl`` engine.
+* ``compute_weight_checksums`` hashes vLLM's parameters in vLLM's layout (fused qkv/gate-up, repacked CPU weights),
+  which cannot be compared with the actor's Hugging Face tensors without re-implementing vLLM's name and layout
+  mapping; the name check above is what guarantees every parameter was written.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor, Shard
+
+from easyrl.device import empty_cache
+from easyrl.workers.fsdp_model import gather_full
+
+
+def sleep_level(device: str) -> Optional[int]:
+    """vLLM sleep level for the engine between rollouts: 2 on GPUs/NPUs (weights and KV cache freed, no pinned host
+    copy of weights that the next sync overwrites anyway), None on the CPU (vLLM's CPU backend has no sleep mode)."""
+    return None if device == "cpu" else 2
+
+
+def plan_buckets(sizes: list[tuple[str, int]], bucket_bytes: int) -> list[list[str]]:
+    """Group tensors, in order, into buckets of at most ``bucket_bytes`` (a larger tensor gets a bucket of its own).
+
+    Args:
+        sizes: ``(name, bytes of the full tensor in the rollout dtype)`` in state-dict order.
+        bucket_bytes: the budget per bucket (> 0).
+
+    Returns:
+        Consecutive lists of names covering ``sizes`` in order.
+
+    Raises:
+        ValueError: ``bucket_bytes`` is not positive.
+    """
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket size must be positive, got {bucket_bytes} bytes "
+                         "(worker.rollout.update_weights_bucket_megabytes).")
+    buckets: list[list[str]] = []
+    used = bucket_bytes  # forces a new bucket for the first tensor
+    for name, nbytes in sizes:
+        if used + nbytes > bucket_bytes and (not buckets or buckets[-1]):
+            buckets.append([])
+            used = 0
+        buckets[-1].append(name)
+        used += nbytes
+    return [b for b in buckets if b]
+
+
+def _rows_per_rank(rows: int, world: int) -> int:
+    """Rows of dim 0 per rank under ``Shard(0)`` (torch.chunk sizes: ceil; the last ranks may hold fewer or none)."""
+    return math.ceil(rows / world) if rows else 0
+
+
+def pack_shards(shards: list[torch.Tensor], full_shapes: list[torch.Size], world: int) -> torch.Tensor:
+    """This rank's ``Shard(0)`` pieces, each zero-padded to the per-rank row count, flattened into one 1-D buffer.
+
+    Every rank's buffer has the same length, so ``all_gather_single`` of it gives ``(world * len,)``.
+    """
+    pieces = []
+    for shard, shape in zip(shards, full_shapes):
+        rows = _rows_per_rank(shape[0], world)
+        padded = shard.new_zeros((rows, *shape[1:]))
+        padded[: shard.shape[0]] = shard
+        pieces.append(padded.reshape(-1))
+    return torch.cat(pieces) if pieces else torch.empty(0)
+
+
+def unpack_gathered(gathered: torch.Tensor, full_shapes: list[torch.Size], world: int) -> list[torch.Tensor]:
+    """Full tensors from the all-gather of every rank's ``pack_shards`` buffer, ``(world * len,)``."""
+    per_rank = gathered.view(world, -1)
+    tensors, offset = [], 0
+    for shape in full_shapes:
+        rows = _rows_per_rank(shape[0], world)
+        numel = rows * math.prod(shape[1:])
+        block = per_rank[:, offset: offset + numel].reshape(world * rows, *shape[1:])
+        tensors.append(block[: shape[0]])
+        offset += numel
+    return tensors
+
+
+def _is_row_sharded(tensor: torch.Tensor) -> bool:
+    return isinstance(tensor, DTensor) and tensor.device_mesh.ndim == 1 and tuple(tensor.placements) == (Shard(0),)
+
+
+def gather_bucket(tensors: list[torch.Tensor], device: torch.device, dtype: torch.dtype) -> list[torch.Tensor]:
+    """Full tensors of one bucket on ``device`` in ``dtype`` (collective: every rank calls it with the same bucket).
+
+    FSDP2's row-sharded parameters go through one ``all_gather_single`` (each local shard moved to the device
+    and cast first); anything else (replicated, plain) is gathered on its own by ``gather_full``.
+    """
+    out: list[Optional[torch.Tensor]] = [None] * len(tensors)
+    sharded = [i for i, t in enumerate(tensors) if _is_row_sharded(t)]
+    if sharded:
+        world = tensors[sharded[0]].device_mesh.size()
+        group = tensors[sharded[0]].device_mesh.get_group()
+        shapes = [tensors[i].shape for i in sharded]
+        local = [tensors[i].to_local().detach().to(device=device, dtype=dtype) for i in sharded]
+        packed = pack_shards(local, shapes, world)
+        gathered = packed.new_empty(world * packed.numel())
+        dist.all_gather_single(gathered, packed, group=group)
+        for i, full in zip(sharded, unpack_gathered(gathered, shapes, world)):
+            out[i] = full
+    for i, tensor in enumerate(tensors):
+        if out[i] is None:
+            out[i] = gather_full(tensor, device, dtype)
+    return out  # type: ignore[return-value]
+
+
+def iter_full_weights(state: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype,
+                      bucket_bytes: int) -> Iterator[tuple[str, torch.Tensor]]:
+    """Lazily gathered ``(HF name, full tensor)`` pairs, one bucket at a time; a bucket is gathered when the consumer
+    reaches it, and released (by this generator) when the next one is gathered."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    buckets = plan_buckets([(name, t.numel() * itemsize) for name, t in state.items()], bucket_bytes)
+    for names in buckets:
+        fulls = gather_bucket([state[name] for name in names], device, dtype)
+        yield from zip(names, fulls)
+        del fulls
+
+
+def check_all_loaded(expected: set[str], loaded: set[str]) -> None:
+    """Raise unless every vLLM parameter name in ``expected`` is in ``loaded``.
+
+    Raises:
+        RuntimeError: naming (up to 20 of) the parameters vLLM holds that the actor's weights did not write, and what
+            usually causes it.
+    """
+    missing = sorted(expected - loaded)
+    if missing:
+        shown = ", ".join(missing[:20]) + (f" ... (+{len(missing) - 20} more)" if len(missing) > 20 else "")
+        raise RuntimeError(
+            f"Weight sync left {len(missing)} of vLLM's {len(expected)} parameters unwritten: {shown}. The actor's "
+            "parameter names do not map onto vLLM's model (a renamed key: another transformers version, a LoRA "
+            "prefix, an unsupported architecture); rollouts would use stale weights, so the run stops."
+        )
+
+
+def reload_and_report(worker: Any, weights_iterator: Iterator[tuple[str, torch.Tensor]]) -> list[str]:
+    """Runs inside vLLM's worker (``llm.collective_rpc(reload_and_report, kwargs=...)``): vLLM's public
+    ``reload_weights`` with the model's ``load_weights`` wrapped to record the parameter names it reports loaded.
+
+    Returns:
+        ``[expected names, loaded names]`` as two sorted lists (vLLM's own parameter names).
+    """
+    model = worker.model_runner.get_model()
+    expected = sorted(name for name, _ in model.named_parameters())
+    loaded: set[str] = set()
+    load = model.load_weights
+
+    def recording_load(weights):
+        result = load(weights)
+        loaded.update(result or ())
+        return result
+
+    model.load_weights = recording_load
+    try:
+        worker.reload_weights(weights_iterator=weights_iterator)
+    finally:
+        del model.load_weights  # back to the class's method
+    return [expected, sorted(loaded)]
+
+
+def sync_weights(model: torch.nn.Module, rollout: Any, device: str, torch_device: torch.device,
+                 dtype: torch.dtype, bucket_bytes: int) -> None:
+    """Overwrite the engine's weights with the actor's (collective: every rank calls it), then free the gather
+    memory. The caller wakes the KV cache afterwards (so that it is allocated after ``empty_cache``).
+
+    Args:
+        model: the FSDP2-sharded actor.
+        rollout: the ``VLLMRollout`` of this rank.
+        device, torch_device: the compute device kind and device.
+        dtype: the rollout dtype (``worker.rollout.dtype``).
+        bucket_bytes: full-tensor bytes per gather bucket.
+
+    Raises:
+        RuntimeError: vLLM holds parameters that the actor's weights did not overwrite (``check_all_loaded``).
+    """
+    rollout.wake_up(tags=["weights"])
+    expected, loaded = rollout.load_weights(iter_full_weights(model.state_dict(), torch_device, dtype, bucket_bytes))
+    empty_cache(device)
+    check_all_loaded(set(expected), set(loaded))

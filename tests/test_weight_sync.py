@@ -1,0 +1,67 @@
+"""Weight sync (easyrl.workers.weight_sync): bucket plan, the one-collective bucket gather against torch.chunk
+sharding, and the name check that stops a run whose keys do not reach vLLM."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from easyrl.workers.weight_sync import (
+    check_all_loaded,
+    gather_bucket,
+    pack_shards,
+    plan_buckets,
+    sleep_level,
+    unpack_gathered,
+)
+
+
+def test_buckets_keep_order_and_budget():
+    sizes = [("a", 40), ("b", 50), ("c", 20), ("d", 150), ("e", 10), ("f", 90)]
+    assert plan_buckets(sizes, 100) == [["a", "b"], ["c"], ["d"], ["e", "f"]]
+    assert plan_buckets(sizes, 10**9) == [["a", "b", "c", "d", "e", "f"]]
+    with pytest.raises(ValueError, match="update_weights_bucket_megabytes"):
+        plan_buckets(sizes, 0)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_packed_gather_rebuilds_uneven_row_shards(world):
+    # FSDP2's Shard(0) = torch.chunk over dim 0: uneven, and empty on the last ranks when rows < world
+    fulls = [torch.randn(5, 3), torch.randn(7), torch.randn(2, 2, 2), torch.randn(1, 4)]
+    shapes = [t.shape for t in fulls]
+    per_rank = []
+    for rank in range(world):
+        shards = []
+        for t in fulls:
+            chunks = torch.chunk(t, world, dim=0)
+            shards.append(chunks[rank] if rank < len(chunks) else t.new_empty((0, *t.shape[1:])))
+        per_rank.append(pack_shards(shards, shapes, world))
+    assert len({p.numel() for p in per_rank}) == 1  # every rank contributes an equally long buffer
+    rebuilt = unpack_gathered(torch.cat(per_rank), shapes, world)  # what all_gather_single returns
+    for got, want in zip(rebuilt, fulls):
+        assert torch.equal(got, want)
+
+
+def test_gather_bucket_casts_to_the_rollout_dtype(single_rank_process_group):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (1,))
+    fulls = [torch.randn(4, 3), torch.randn(5)]
+    tensors = [distribute_tensor(fulls[0], mesh, [Shard(0)]), fulls[1]]  # a sharded and a plain tensor
+    gathered = gather_bucket(tensors, torch.device("cpu"), torch.bfloat16)
+    for got, want in zip(gathered, fulls):
+        assert got.dtype == torch.bfloat16
+        assert torch.equal(got, want.to(torch.bfloat16))
+
+
+def test_a_vllm_parameter_left_unwritten_stops_the_run():
+    vllm_names = {"model.layers.0.qkv_proj.weight", "model.norm.weight", "lm_head.weight"}
+    check_all_loaded(vllm_names, vllm_names | {"extra"})
+    # the actor sent "model.final_norm.weight" (a renamed key): vLLM loaded everything else
+    with pytest.raises(RuntimeError, match=r"1 of vLLM's 3 parameters unwritten: model\.norm\.weight"):
+        check_all_loaded(vllm_names, vllm_names - {"model.norm.weight"})
+
+
+def test_sleep_level_two_only_on_accelerators():
+    assert [sleep_level(d) for d in ("cuda", "npu", "cpu")] == [2, 2, None]
