@@ -208,6 +208,9 @@ class RolloutConfig:
     """Fraction of device memory vLLM may take (weights + KV cache); ignored on the CPU."""
     cpu_kvcache_space_gib: float = 1.0
     """KV cache size on the CPU backend (GiB)."""
+    update_weights_bucket_megabytes: int = 1024
+    """Weight sync: full-tensor MiB (in ``dtype``) gathered per collective and handed to vLLM at once (verl's name);
+    larger = fewer collectives, more transient device memory."""
     enforce_eager: bool = False
     enable_chunked_prefill: bool = False
     max_num_batched_tokens: int = 8192

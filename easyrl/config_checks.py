@@ -35,7 +35,8 @@ RANGE_RULES: dict[str, tuple[str, ...]] = {
         "worker.rollout.max_num_batched_tokens", "trainer.total_epochs", "trainer.max_steps", "trainer.nnodes",
         "trainer.n_gpus_per_node", "worker.actor.max_grad_norm", "worker.actor.tis_cap",
         "worker.rollout.cpu_kvcache_space_gib", "algorithm.kl_target", "algorithm.kl_horizon",
-        "worker.actor.max_token_len_per_device", "trainer.cpu_threads_per_worker", "worker.nccl_timeout",
+        "worker.actor.max_token_len_per_device", "trainer.cpu_threads_per_worker",
+        "worker.rollout.update_weights_bucket_megabytes", "worker.nccl_timeout",
     ),
     "non_negative": (
         "worker.rollout.limit_images", "worker.rollout.temperature", "worker.actor.optim.lr",

@@ -19,7 +19,8 @@ import torch
 from easyrl.batch import Batch
 from easyrl.config import PPOConfig
 from easyrl.device import collective_backend, empty_cache, set_device, torch_device
-from easyrl.workers.fsdp_model import gather_full
+from easyrl.workers.fsdp_model import TORCH_DTYPES, gather_full
+from easyrl.workers import weight_sync
 
 logger = logging.getLogger("easyrl.worker")
 
@@ -104,11 +105,25 @@ class FSDPWorker:
         for name, tensor in self.actor.model.state_dict().items():
             yield name, gather_full(tensor, self.torch_device)
 
+    def _ensure_rollout_weights(self) -> float:
+        """Sync the actor's weights into vLLM if they changed since the last sync or the engine dropped them (level-2
+        sleep); returns the seconds spent (0 if nothing to do). Every rank decides alike (same updates, same
+        sleeps), so the collective gathers stay in step."""
+        if self.weights_dirty or not self.rollout.holds_weights:
+            return self.sync_weights()
+        return 0.0
+
     def sync_weights(self) -> float:
-        """Load the current actor weights into vLLM in place. Returns the time taken (seconds)."""
+        """Load the current actor weights into vLLM in place (``weight_sync.sync_weights``), then wake the KV cache.
+        Returns the time taken (seconds).
+
+        Raises:
+            RuntimeError: a vLLM parameter was not overwritten (the message names it).
+        """
+        rollout = self.config.worker.rollout
         start = time.perf_counter()
-        self.rollout.wake_up(tags=["weights"])
-        self.rollout.load_weights(self._actor_weights())
+        weight_sync.sync_weights(self.actor.model.state_dict(), self.rollout, self.device, self.torch_device,
+                                 TORCH_DTYPES[rollout.dtype], rollout.update_weights_bucket_megabytes * 2**20)
         self.rollout.wake_up(tags=["kv_cache"])
         self.weights_dirty = False
         return time.perf_counter() - start
@@ -120,7 +135,7 @@ class FSDPWorker:
             ``{"response_ids": list[list[int]], "response_log_probs": list[list[float]] | None,
             "timing_s/reshard": seconds spent syncing weights}``.
         """
-        reshard = self.sync_weights() if self.weights_dirty else 0.0
+        reshard = self._ensure_rollout_weights()
         self.rollout.wake_up()
         output = self.rollout.generate(prompts["raw_prompt_ids"], prompts["images"], overrides)
         self.rollout.sleep()
@@ -163,8 +178,7 @@ class FSDPWorker:
 
     def rollout_score(self, token_ids: list[int], images: list[Any]) -> tuple[list[int], list[float]]:
         """vLLM's log-probs of ``token_ids[1:]`` (weights synced first if stale); see ``VLLMRollout.score``."""
-        if self.weights_dirty:
-            self.sync_weights()
+        self._ensure_rollout_weights()
         self.rollout.wake_up()
         scores = self.rollout.score(token_ids, images)
         self.rollout.sleep()

@@ -4,7 +4,9 @@ Life cycle per training step (see ``FSDPWorker.generate_sequences``)::
 
     wake_up(weights) -> load_weights(actor's full tensors, in place) -> wake_up(kv_cache) -> generate -> sleep
 
-On GPUs/NPUs the engine sleeps while the actor trains and gives its memory back. vLLM's CPU backend has no sleep mode
+(the weight side is ``easyrl.workers.weight_sync``). On GPUs/NPUs the engine sleeps at level 2 while the actor trains
+and gives its memory back, weights included (the next sync overwrites them all, so no host copy is kept): after a sleep
+``holds_weights`` is False and the worker syncs again before the next use. vLLM's CPU backend has no sleep mode
 (``enable_sleep_mode=True`` fails with "Sleep mode is not supported on current platform"), so on the CPU sleep/wake are
 skipped and the engine stays resident. The engine must run in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
 set by the worker before vLLM is imported) so that weights are handed over as tensors, never through disk.
@@ -23,6 +25,7 @@ import torch
 
 from easyrl.config import RolloutConfig
 from easyrl.workers.vl_tokens import forbidden_words
+from easyrl.workers.weight_sync import reload_and_report, sleep_level
 
 logger = logging.getLogger("easyrl.rollout")
 
@@ -56,7 +59,7 @@ class VLLMRollout:
 
         self.config = config
         self.device = device
-        self.sleep_supported = device != "cpu"
+        self.sleep_level = sleep_level(device)
         max_model_len = config.prompt_length + config.response_length
         engine_kwargs: dict[str, Any] = dict(
             model=model_path,
@@ -90,32 +93,41 @@ class VLLMRollout:
         # a sampled image/video pad id in a response would break the actor's next forward: never sample one
         self.bad_words = forbidden_words(hf_config, self.llm.get_tokenizer())
         self.is_asleep = False
+        self.holds_weights = True  # the checkpoint's, until the first sleep
         self.sleep()
 
     def sleep(self) -> None:
         """Free the engine's device memory (weights and KV cache) while the actor trains. No-op on the CPU."""
-        if self.sleep_supported and not self.is_asleep:
-            self.llm.sleep(level=1)
+        if self.sleep_level is not None and not self.is_asleep:
+            self.llm.sleep(level=self.sleep_level)
             self.is_asleep = True
+            self.holds_weights = self.sleep_level < 2  # level 2 drops the weights
 
     def wake_up(self, tags: Optional[list[str]] = None) -> None:
         """Re-allocate ``tags`` (``weights``, ``kv_cache``; None = all). No-op on the CPU."""
-        if self.sleep_supported and self.is_asleep:
+        if self.sleep_level is not None and self.is_asleep:
             self.llm.wake_up(tags=tags)
             self.is_asleep = tags is not None and "kv_cache" not in tags
 
-    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> tuple[list[str], list[str]]:
         """Overwrite the engine's weights in place with Hugging Face-named full tensors (no disk, no re-init).
 
-        Uses vLLM's public ``reload_weights`` worker method, which maps checkpoint names, repacks CPU weights and
-        resets the caches. The iterator is consumed inside (in-process engine), so it may gather tensors lazily.
+        Uses vLLM's public ``reload_weights`` worker method (it maps checkpoint names, repacks CPU weights and resets
+        the worker's caches), wrapped by ``weight_sync.reload_and_report``. The iterator is consumed inside
+        (in-process engine), so it may gather tensors lazily.
+
+        Returns:
+            ``(expected, loaded)``: vLLM's parameter names, and those the tensors wrote (``check_all_loaded``).
         """
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors)})
+        (expected, loaded), = self.llm.collective_rpc(reload_and_report,
+                                                      kwargs={"weights_iterator": iter(named_tensors)})
+        self.holds_weights = True
         # Every cache computed with the old weights is stale. reload_weights clears the worker's encoder cache but not
         # the scheduler's record of it, which otherwise ends in "Encoder cache miss" on the next image prompt.
         self.llm.llm_engine.reset_encoder_cache()
         self.llm.reset_mm_cache()
         self.llm.reset_prefix_cache()
+        return expected, loaded
 
     def _sampling_params(self, overrides: Optional[dict[str, Any]], logprobs: bool, max_tokens: int):
         from vllm import SamplingParams

@@ -190,13 +190,13 @@ def reload_and_report(worker: Any, weights_iterator: Iterator[tuple[str, torch.T
     return [expected, sorted(loaded)]
 
 
-def sync_weights(model: torch.nn.Module, rollout: Any, device: str, torch_device: torch.device,
+def sync_weights(state: dict[str, torch.Tensor], rollout: Any, device: str, torch_device: torch.device,
                  dtype: torch.dtype, bucket_bytes: int) -> None:
     """Overwrite the engine's weights with the actor's (collective: every rank calls it), then free the gather
     memory. The caller wakes the KV cache afterwards (so that it is allocated after ``empty_cache``).
 
     Args:
-        model: the FSDP2-sharded actor.
+        state: the FSDP2-sharded actor's ``state_dict()`` (Hugging Face names, DTensor shards).
         rollout: the ``VLLMRollout`` of this rank.
         device, torch_device: the compute device kind and device.
         dtype: the rollout dtype (``worker.rollout.dtype``).
@@ -206,6 +206,6 @@ def sync_weights(model: torch.nn.Module, rollout: Any, device: str, torch_device
         RuntimeError: vLLM holds parameters that the actor's weights did not overwrite (``check_all_loaded``).
     """
     rollout.wake_up(tags=["weights"])
-    expected, loaded = rollout.load_weights(iter_full_weights(model.state_dict(), torch_device, dtype, bucket_bytes))
+    expected, loaded = rollout.load_weights(iter_full_weights(state, torch_device, dtype, bucket_bytes))
     empty_cache(device)
     check_all_loaded(set(expected), set(loaded))
