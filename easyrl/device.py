@@ -80,6 +80,15 @@ def empty_cache(device: str) -> None:
         torch.npu.empty_cache()
 
 
+def device_memory_gib(device: str) -> float:
+    """Total memory of the worker's accelerator, in GiB (0 on the CPU, where the host's memory is shared)."""
+    if device == "cuda":
+        return torch.cuda.get_device_properties(0).total_memory / 2**30
+    if device == "npu":
+        return torch.npu.get_device_properties(0).total_memory / 2**30
+    return 0.0
+
+
 def memory_allocated_gib(device: str) -> float:
     """Memory held by tensors on the worker's accelerator, in GiB (0 on the CPU)."""
     if device == "cuda":

@@ -19,8 +19,8 @@ import torch
 from easyrl.batch import Batch
 from easyrl.config import PPOConfig
 from easyrl.device import collective_backend, empty_cache, set_device, torch_device
-from easyrl.workers.fsdp_model import TORCH_DTYPES, gather_full
 from easyrl.workers import weight_sync
+from easyrl.workers.fsdp_model import TORCH_DTYPES, gather_full
 
 logger = logging.getLogger("easyrl.worker")
 
@@ -84,8 +84,10 @@ class FSDPWorker:
         from easyrl.workers.rollout import VLLMRollout
 
         cfg = self.config.worker
-        mesh = init_device_mesh(self.device, (self.world_size,), mesh_dim_names=("dp",))
         model_path = cfg.actor.model.model_path
+        if self.device != "cpu":
+            self.check_memory()
+        mesh = init_device_mesh(self.device, (self.world_size,), mesh_dim_names=("dp",))
         self.actor = FSDPPolicy(model_path, cfg.actor, mesh, self.device, self.torch_device, trainable=True,
                                 offload=cfg.actor.offload)
         if self.needs_ref():
@@ -94,6 +96,23 @@ class FSDPWorker:
                                   offload=cfg.ref.offload, init_from=self.actor)
         self.rollout = VLLMRollout(model_path, cfg.rollout, self.device, seed=cfg.rollout.seed + self.rank)
         empty_cache(self.device)
+
+    def check_memory(self) -> None:
+        """Pre-flight: estimate this device's memory needs from the model's size and the config before anything is
+        loaded; raise ``ConfigError`` with the numbers and the setting to change when the run cannot fit."""
+        from transformers import AutoConfig
+
+        from easyrl.device import device_memory_gib
+        from easyrl.workers.memory_estimate import check_memory, count_parameters, estimate_memory
+
+        model = self.config.worker.actor.model
+        hf_config = AutoConfig.from_pretrained(model.model_path, trust_remote_code=model.trust_remote_code)
+        num_params, vocab = count_parameters(hf_config, model.trust_remote_code)
+        estimate = estimate_memory(num_params, vocab, self.config, device_memory_gib(self.device))
+        if self.rank == 0:
+            logger.info("memory per device (GiB of %.1f): rollout %.1f, training %.1f", estimate.capacity_gib,
+                        estimate.rollout_gib, estimate.training_gib)
+        check_memory(estimate)
 
     def needs_ref(self) -> bool:
         """Whether to build the reference policy: only if KL is enabled and used as a loss or in the reward."""

@@ -1,0 +1,63 @@
+"""Pre-flight memory estimate (easyrl.workers.memory_estimate) against a hand count."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from easyrl.config import load_config
+from easyrl.errors import ConfigError
+from easyrl.workers.memory_estimate import GIB, check_memory, count_parameters, estimate_memory
+
+DEFAULT = f"config={Path(__file__).resolve().parents[1] / 'config.yaml'}"
+
+
+def _config(*overrides):
+    return load_config([DEFAULT, "worker.actor.model.model_path=m", *overrides])
+
+
+def test_seven_billion_on_eight_80gb_gpus_by_hand():
+    # config.yaml: 8 GPUs, actor not offloaded, reference offloaded, bf16 compute and rollout, micro-batch 4,
+    # responses of 2048 tokens, gpu_memory_utilization 0.6
+    config = _config("data.max_response_length=2048", "worker.actor.micro_batch_size_per_device_for_update=4")
+    assert config.world_size == 8 and config.worker.ref.offload.offload_params
+    e = estimate_memory(7_000_000_000, 152_064, config, capacity_gib=80.0)
+    shard = 7e9 / 8
+    assert e.vllm_weights_gib == pytest.approx(2 * 7e9 / GIB)  # 13.04 GiB of bf16
+    assert e.vllm_claim_gib == pytest.approx(48.0)
+    assert e.rollout == pytest.approx({"vLLM (gpu_memory_utilization)": 48.0, "actor params": 4 * shard / GIB,
+                                       "actor Adam states": 8 * shard / GIB, "reference": 0.0})
+    logits = 2 * 4 * 2049 * 152_064 * 2 / GIB  # logits + their gradient, bf16: 4.65 GiB
+    assert e.training["logits (one micro-batch)"] == pytest.approx(logits)
+    assert e.training_gib == pytest.approx((4 + 4 + 8) * shard / GIB + logits)  # 13.04 + 4.65
+    assert e.rollout_gib == pytest.approx(48 + 12 * shard / GIB)  # 57.8
+    check_memory(e)  # fits
+
+
+def test_offload_removes_the_actor_and_a_resident_reference_adds_its_shard():
+    config = _config("worker.actor.offload.offload_params=true", "worker.ref.offload.offload_params=false")
+    e = estimate_memory(8_000_000_000, 1000, config, capacity_gib=80.0)
+    assert e.rollout["actor params"] == e.training["actor grads"] == e.rollout["actor Adam states"] == 0.0
+    assert e.rollout["reference"] == pytest.approx(2 * 1e9 / GIB)
+
+
+@pytest.mark.parametrize("params, capacity, overrides, culprit", [
+    (32_000_000_000, 80.0, (), "worker.rollout.gpu_memory_utilization"),  # 59.6 GiB of bf16 weights > 48 GiB
+    (7_000_000_000, 24.0, ("worker.rollout.gpu_memory_utilization=0.7",), "rollout phase needs"),  # 16.8 + 9.8
+    (1_000_000_000, 24.0, ("worker.actor.micro_batch_size_per_device_for_update=16", "data.max_response_length=8192"),
+     "worker.actor.micro_batch_size_per_device_for_update"),  # 152k-vocab logits: 74 GiB
+])
+def test_a_run_that_cannot_fit_stops_naming_the_setting(params, capacity, overrides, culprit):
+    config = _config(*overrides)
+    with pytest.raises(ConfigError, match=culprit):
+        check_memory(estimate_memory(params, 152_064, config, capacity_gib=capacity))
+
+
+def test_parameters_counted_on_the_meta_device(tiny_model_path):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    path = tiny_model_path("qwen2_5")
+    num, vocab = count_parameters(AutoConfig.from_pretrained(path))
+    assert num == sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(path).parameters())
+    assert vocab == AutoConfig.from_pretrained(path).vocab_size
