@@ -3,7 +3,7 @@ UV := $(shell command -v uv 2>/dev/null || echo "python3 -m uv")
 PY := .venv/bin/python
 TINY := .cache/tiny_models/qwen2_5_vl
 
-.PHONY: setup demo test test-fast
+.PHONY: setup demo test test-fast test-gpu
 setup:
 	@command -v uv >/dev/null 2>&1 || python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet uv
 	$(UV) sync --locked --extra cpu --extra dev --extra bench
@@ -20,3 +20,8 @@ test: setup
 # Unit tests only (seconds to a minute).
 test-fast: setup
 	$(PY) -m pytest -q -m "not e2e"
+
+# On a machine with a CUDA GPU: 1-GPU smoke tests of the actor path (no vLLM/Ray needed) and, where vLLM (CUDA build)
+# and Ray are installed (`uv sync --extra gpu --extra dev`), 2 GRPO steps with sleep mode on.
+test-gpu:
+	$(PY) -m pytest -q -m gpu tests/gpu
