@@ -97,12 +97,18 @@ def _grad_norm_rank(rank: int, world: int, store: str, results) -> None:
     model(inputs).pow(2).sum().backward()
     norm = clip_grad_norm(model.parameters(), 0.5, torch.device("cpu"))
     grads = {name: p.grad.full_tensor() for name, p in model.named_parameters()}
+    # the weight sync's one-collective bucket gather rebuilds FSDP2's uneven row shards (5 rows over 2 ranks: 3 + 2)
+    from easyrl.workers.weight_sync import gather_bucket
+
+    state = model.state_dict()
+    bucket = gather_bucket(list(state.values()), torch.device("cpu"), torch.float32)
+    same = all(torch.equal(full, value.full_tensor()) for full, value in zip(bucket, state.values()))
     if rank == 0:
-        results.put((norm.item(), {name: g.tolist() for name, g in grads.items()}))
+        results.put((norm.item(), {name: g.tolist() for name, g in grads.items()}, same))
     dist.destroy_process_group()
 
 
-def test_sharded_grad_norm_equals_torch_on_the_full_model(tmp_path):
+def test_sharded_grad_norm_and_bucket_gather_on_two_ranks(tmp_path):
     world = 2
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
@@ -110,7 +116,8 @@ def test_sharded_grad_norm_equals_torch_on_the_full_model(tmp_path):
     procs = [ctx.Process(target=_grad_norm_rank, args=(r, world, str(tmp_path / "store"), results)) for r in range(world)]
     for p in procs:
         p.start()
-    norm, grads = results.get(timeout=120)
+    norm, grads, bucket_gather_exact = results.get(timeout=120)
+    assert bucket_gather_exact
     for p in procs:
         p.join(timeout=60)
         assert p.exitcode == 0
