@@ -1,0 +1,76 @@
+"""Ascend NPU fused kernels for the Qwen family's RMSNorm, rotary embedding and SwiGLU MLP (``torch_npu``).
+
+One switch: ``worker.actor.model.npu_fused_kernels`` (only takes effect with ``trainer.device=npu``). It replaces, on
+the actor and reference models:
+
+* every ``*RMSNorm`` module's forward by ``torch_npu.npu_rms_norm(x, weight, epsilon)`` (one kernel instead of
+  pow/mean/rsqrt/mul);
+* every ``*MLP`` with ``gate_proj``/``up_proj``/``down_proj`` and SiLU: ``down(npu_swiglu(cat(gate(x), up(x))))``
+  (``npu_swiglu`` computes ``silu(a) * b`` of the two halves);
+* the text rotary ``apply_rotary_pos_emb(q, k, cos, sin)`` of the model's modeling module by
+  ``npu_rotary_mul(x, cos, sin)`` (``x * cos + rotate_half(x) * sin``); Qwen-VL's multimodal (mRoPE) and vision
+  rotaries keep transformers' code.
+
+Same arithmetic as transformers' modules (checked on the CPU against reference implementations of the three ops in
+``tests/test_npu_kernels.py``); not yet run on an NPU.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from typing import Any, Optional
+
+import torch
+
+
+def apply_npu_fused_kernels(model: torch.nn.Module, npu: Optional[Any] = None) -> dict[str, int]:
+    """Swap in the fused kernels, in place, before ``fully_shard``.
+
+    Args:
+        model: a transformers Qwen2/2.5/3 or Qwen-VL model.
+        npu: the ``torch_npu`` module (imported when None).
+
+    Returns:
+        how many modules/functions were replaced per kind (``rms_norm``, ``swiglu``, ``rotary``).
+    """
+    npu = npu if npu is not None else importlib.import_module("torch_npu")
+    counts = {"rms_norm": 0, "swiglu": 0, "rotary": 0}
+    for module in model.modules():
+        name = type(module).__name__
+        if name.endswith("RMSNorm") and hasattr(module, "variance_epsilon") and hasattr(module, "weight"):
+            module.forward = types.MethodType(_rms_norm_forward(npu), module)
+            counts["rms_norm"] += 1
+        elif name.endswith("MLP") and all(hasattr(module, n) for n in ("gate_proj", "up_proj", "down_proj")) \
+                and type(getattr(module, "act_fn", None)).__name__ in ("SiLU", "SiLUActivation"):
+            module.forward = types.MethodType(_swiglu_forward(npu), module)
+            counts["swiglu"] += 1
+    for module_name in {type(m).__module__ for m in model.modules()}:
+        modeling = sys.modules.get(module_name)
+        if modeling is not None and hasattr(modeling, "apply_rotary_pos_emb"):
+            modeling.apply_rotary_pos_emb = _rotary(npu)
+            counts["rotary"] += 1
+    return counts
+
+
+def _rms_norm_forward(npu):
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return npu.npu_rms_norm(hidden_states, self.weight, epsilon=self.variance_epsilon)[0]
+
+    return forward
+
+
+def _swiglu_forward(npu):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(npu.npu_swiglu(torch.cat([self.gate_proj(x), self.up_proj(x)], dim=-1), dim=-1))
+
+    return forward
+
+
+def _rotary(npu):
+    def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim: int = 1):
+        cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+        return npu.npu_rotary_mul(q, cos, sin), npu.npu_rotary_mul(k, cos, sin)
+
+    return apply_rotary_pos_emb

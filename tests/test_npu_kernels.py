@@ -1,0 +1,45 @@
+"""The NPU fused-kernel switch (easyrl.models.npu_kernels) on the CPU: with reference implementations of torch_npu's
+npu_rms_norm / npu_swiglu / npu_rotary_mul (their documented arithmetic), the patched models compute the same logits."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+import torch
+
+from easyrl.models.npu_kernels import apply_npu_fused_kernels
+
+
+def _rotate_half(x):
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat([-b, a], dim=-1)
+
+
+FAKE_NPU = types.SimpleNamespace(
+    npu_rms_norm=lambda x, w, epsilon: (
+        w * (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + epsilon)).to(x.dtype), None),
+    npu_swiglu=lambda x, dim: torch.nn.functional.silu(x.chunk(2, dim=dim)[0]) * x.chunk(2, dim=dim)[1],
+    npu_rotary_mul=lambda x, r1, r2: x * r1 + _rotate_half(x) * r2,
+)
+
+
+@pytest.mark.parametrize("arch, kinds", [("qwen2_5", {"rms_norm", "swiglu", "rotary"}),
+                                         ("qwen2_5_vl", {"rms_norm", "swiglu"})])
+def test_fused_kernels_compute_the_same_logits(tiny_model_path, monkeypatch, arch, kinds):
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    cls = AutoModelForImageTextToText if arch.endswith("vl") else AutoModelForCausalLM
+    model = cls.from_pretrained(tiny_model_path(arch), dtype=torch.float32)
+    for name in {type(m).__module__ for m in model.modules()}:  # undo the module-level rotary swap afterwards
+        if hasattr(sys.modules.get(name), "apply_rotary_pos_emb"):
+            monkeypatch.setattr(sys.modules[name], "apply_rotary_pos_emb", sys.modules[name].apply_rotary_pos_emb)
+    ids = torch.randint(100, 5000, (2, 12), generator=torch.Generator().manual_seed(0))
+    positions = torch.arange(12)[None].expand(2, -1)
+    with torch.no_grad():
+        before = model(input_ids=ids, position_ids=positions).logits
+        counts = apply_npu_fused_kernels(model, npu=FAKE_NPU)
+        after = model(input_ids=ids, position_ids=positions).logits
+    assert {k for k, n in counts.items() if n > 0} >= kinds, counts
+    torch.testing.assert_close(after, before, rtol=1e-5, atol=1e-5)
