@@ -108,6 +108,9 @@ class ModelConfig:
     """Defaults to ``model_path``."""
     trust_remote_code: bool = False
     freeze_vision_tower: bool = False
+    npu_fused_kernels: bool = False
+    """Ascend only (``trainer.device=npu``): torch_npu's fused RMSNorm, SwiGLU and rotary kernels in the actor and
+    reference (``easyrl/models/npu_kernels.py``); ignored on other devices."""
 
 
 @dataclass

@@ -150,6 +150,10 @@ def load_sharded_model(
     if init_from is None and dist.get_rank() == 0:
         full_state, buffers = read_checkpoint(model_path, hf_config, trust)
     model = build_empty_model(hf_config, dtype, trust, attn_implementation)
+    if device == "npu" and config.model.npu_fused_kernels:
+        from easyrl.models.npu_kernels import apply_npu_fused_kernels
+
+        apply_npu_fused_kernels(model)
     if trainable and config.fsdp.enable_gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if trainable and config.model.freeze_vision_tower and hasattr(model, "model") and hasattr(model.model, "visual"):
