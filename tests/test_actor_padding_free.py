@@ -180,5 +180,6 @@ def test_attention_implementation_choice():
     assert attention_implementation("cuda", True, "fp32", True) == "sdpa"  # flash-attention has no fp32 kernels
     assert attention_implementation("cuda", False, "bf16", True) == "sdpa"  # padded batches keep their mask
     assert attention_implementation("cuda", True, "bf16", False) == "sdpa"
-    assert attention_implementation("npu", True, "bf16", True) == "sdpa"
+    assert attention_implementation("npu", True, "bf16", False) == "flash_attention_2"  # npu_fusion_attention
+    assert attention_implementation("npu", True, "fp32", False) == "sdpa"
     assert attention_implementation("cpu", True, "bf16", True) == "sdpa"

@@ -15,7 +15,6 @@ from easyrl.config import ActorConfig, OffloadConfig
 from easyrl.workers import fsdp_model
 from easyrl.workers.fsdp_model import (
     Placement,
-    attention_implementation,
     clip_grad_norm,
     gather_full,
     load_sharded_model,
@@ -131,15 +130,3 @@ def test_sharded_grad_norm_and_bucket_gather_on_two_ranks(tmp_path):
     assert norm > 0.5  # so the clipping below really scaled the gradients
     for name, param in full.named_parameters():
         torch.testing.assert_close(torch.tensor(grads[name]), param.grad, rtol=1e-5, atol=1e-6)
-
-
-@pytest.mark.parametrize("device, dtype, flash, expected", [
-    ("cuda", "bf16", True, "flash_attention_2"),
-    ("cuda", "bf16", False, "sdpa"),
-    ("cuda", "fp32", True, "sdpa"),  # flash-attn has no fp32 kernels
-    ("npu", "bf16", False, "flash_attention_2"),  # transformers runs it with torch_npu.npu_fusion_attention
-    ("npu", "fp32", False, "sdpa"),
-    ("cpu", "bf16", True, "sdpa"),
-])
-def test_attention_implementation_per_device(device, dtype, flash, expected):
-    assert attention_implementation(device, dtype, flash) == expected

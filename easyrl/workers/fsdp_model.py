@@ -71,30 +71,6 @@ def placement(device: str, offload_params: bool) -> Placement:
     return Placement(params="cpu" if offload else device, buffers=device, offload=offload)
 
 
-def attention_implementation(device: str, compute_dtype: str, flash_attn_installed: bool) -> str:
-    """transformers' attention implementation for the actor/reference on ``device``.
-
-    * CUDA: ``flash_attention_2`` when the ``flash-attn`` package is installed and compute is bf16/fp16 (it has no
-      fp32 kernels), else ``sdpa`` (which with a padding mask may fall back to its slower math kernel);
-    * NPU: ``flash_attention_2``, which transformers runs on Ascend with ``torch_npu.npu_fusion_attention`` (its
-      ``integrations/npu_flash_attention``), for bf16/fp16 compute;
-    * CPU, or fp32 compute: ``sdpa``.
-    """
-    half = compute_dtype in ("bf16", "fp16")
-    if device == "cuda" and flash_attn_installed and half:
-        return "flash_attention_2"
-    if device == "npu" and half:
-        return "flash_attention_2"
-    return "sdpa"
-
-
-def flash_attn_installed() -> bool:
-    """Whether the ``flash_attn`` package can be imported here."""
-    import importlib.util
-
-    return importlib.util.find_spec("flash_attn") is not None
-
-
 def build_empty_model(hf_config, dtype: torch.dtype, trust_remote_code: bool, attn_implementation: str):
     """The model's modules on the meta device (no memory), parameters of ``dtype``."""
     kwargs = dict(dtype=dtype, trust_remote_code=trust_remote_code, attn_implementation=attn_implementation)
@@ -122,7 +98,7 @@ def load_sharded_model(
     trainable: bool,
     offload: OffloadConfig,
     init_from: Optional[torch.nn.Module] = None,
-    attn_implementation: Optional[str] = None,
+    attn_implementation: str = "sdpa",
 ) -> torch.nn.Module:
     """Build one role's FSDP2-sharded model on every rank (collective: all ranks call it together).
 
@@ -136,16 +112,14 @@ def load_sharded_model(
             the vision-tower freeze as configured. False: frozen, parameters held in ``fsdp.param_dtype``.
         offload: this role's offload settings (see ``placement``).
         init_from: an already built sharded model of the same checkpoint (the actor) to copy the shards from.
-        attn_implementation: transformers' attention implementation; None chooses per device
-            (``attention_implementation``).
+        attn_implementation: transformers' attention implementation (the actor chooses it per device:
+            ``easyrl.workers.policy_forward.attention_implementation``).
 
     Returns:
         The sharded model, parameters placed per ``placement(device, offload.offload_params)``.
     """
     dtype = torch.float32 if trainable else TORCH_DTYPES[config.fsdp.param_dtype]
     trust = config.model.trust_remote_code
-    if attn_implementation is None:
-        attn_implementation = attention_implementation(device, config.fsdp.param_dtype, flash_attn_installed())
     full_state, buffers = {}, {}
     if init_from is None and dist.get_rank() == 0:
         full_state, buffers = read_checkpoint(model_path, hf_config, trust)

@@ -29,8 +29,9 @@ ROPE_INDEX_KEYS = ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")
 
 def attention_implementation(device: str, padding_free: bool, param_dtype: str, flash_available: bool) -> str:
     """transformers' attention for the policy: ``flash_attention_2`` (the varlen kernel: packed rows without a mask)
-    on CUDA with padding-free forwards in bf16/fp16 when the ``flash_attn`` package is installed, else ``sdpa`` (a
-    block-diagonal mask for packed rows; the CPU, NPU and fp32 path).
+    on CUDA with padding-free forwards in bf16/fp16 when the ``flash_attn`` package is installed, and on Ascend NPUs
+    likewise (transformers' ``integrations/npu_flash_attention`` runs ``torch_npu.npu_fusion_attention``, varlen
+    included); else ``sdpa`` (a block-diagonal mask for packed rows; the CPU, padded and fp32 path).
 
     Args:
         device: ``cuda``, ``npu`` or ``cpu``.
@@ -40,6 +41,8 @@ def attention_implementation(device: str, padding_free: bool, param_dtype: str, 
     """
     if device == "cuda" and padding_free and param_dtype in ("bf16", "fp16") and flash_available:
         return "flash_attention_2"
+    if device == "npu" and padding_free and param_dtype in ("bf16", "fp16"):
+        return "flash_attention_2"  # transformers runs it on Ascend with torch_npu.npu_fusion_attention
     return "sdpa"
 
 
