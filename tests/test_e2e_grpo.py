@@ -110,26 +110,26 @@ def test_vllm_matches_actor_after_weight_sync(vl_trainer):
     assert actor.min() < -1.0  # a random model: the check compares real, non-trivial log-probs
 
 
-def _sync_without(worker, dropped: str) -> str:
-    """On a worker (``__ray_call__``): sync the actor's weights minus ``dropped`` (a key vLLM would not recognise,
-    e.g. renamed), return the error; then sync them all again."""
-    from easyrl.workers import weight_sync
-    from easyrl.workers.fsdp_model import TORCH_DTYPES
-
-    state = {k: v for k, v in worker.actor.model.state_dict().items() if k != dropped}
-    args = (worker.rollout, worker.device, worker.torch_device, TORCH_DTYPES[worker.config.worker.rollout.dtype], 2**20)
-    try:
-        weight_sync.sync_weights(state, *args)
-        error = ""
-    except RuntimeError as e:
-        error = str(e)
-    weight_sync.sync_weights(worker.actor.model.state_dict(), *args)
-    return error
-
-
 def test_weight_sync_refuses_a_missing_key(vl_trainer):
     """vLLM's reload_weights only warns about a parameter it did not receive; the sync must stop instead."""
     import ray
+
+    def _sync_without(worker, dropped: str) -> str:
+        """On a worker (``__ray_call__``): sync the actor's weights minus ``dropped`` (a key vLLM would not recognise,
+        e.g. renamed), return the error; then sync them all again."""
+        from easyrl.workers import weight_sync
+        from easyrl.workers.fsdp_model import TORCH_DTYPES
+
+        state = {k: v for k, v in worker.actor.model.state_dict().items() if k != dropped}
+        dtype = TORCH_DTYPES[worker.config.worker.rollout.dtype]
+        args = (worker.rollout, worker.device, worker.torch_device, dtype, 2**20)
+        try:
+            weight_sync.sync_weights(state, *args)
+            error = ""
+        except RuntimeError as e:
+            error = str(e)
+        weight_sync.sync_weights(worker.actor.model.state_dict(), *args)
+        return error
 
     workers = vl_trainer.workers.workers
     errors = ray.get([w.__ray_call__.remote(_sync_without, "model.language_model.norm.weight") for w in workers])

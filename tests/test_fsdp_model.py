@@ -112,7 +112,8 @@ def test_sharded_grad_norm_and_bucket_gather_on_two_ranks(tmp_path):
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    procs = [ctx.Process(target=_grad_norm_rank, args=(r, world, str(tmp_path / "store"), results)) for r in range(world)]
+    store = str(tmp_path / "store")
+    procs = [ctx.Process(target=_grad_norm_rank, args=(r, world, store, results)) for r in range(world)]
     for p in procs:
         p.start()
     norm, grads, bucket_gather_exact = results.get(timeout=120)

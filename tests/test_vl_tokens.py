@@ -49,7 +49,7 @@ def test_mm_types_and_stray_pads_only_look_at_their_part():
 
 
 def _vl_batch(tiny_path, response: list[int], with_image: bool):
-    """One sample: a chat prompt (with a 56x56 image or text only) followed by ``response``, as the trainer builds it."""
+    """One sample: a chat prompt (a 56x56 image, or text only) followed by ``response``, as the trainer builds it."""
     from PIL import Image
     from tensordict import TensorDict
     from transformers import AutoProcessor

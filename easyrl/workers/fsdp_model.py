@@ -216,7 +216,8 @@ def copy_shards(src: torch.nn.Module, dst: torch.nn.Module) -> None:
     """
     src_params, dst_params = dict(src.named_parameters()), dict(dst.named_parameters())
     if src_params.keys() != dst_params.keys():
-        raise ValueError(f"Cannot copy shards between different models: {sorted(src_params.keys() ^ dst_params.keys())[:5]}")
+        differ = sorted(src_params.keys() ^ dst_params.keys())[:5]
+        raise ValueError(f"Cannot copy shards between different models: {differ}")
     for name, param in dst_params.items():
         mine, theirs = _local(param), _local(src_params[name])
         if mine.shape != theirs.shape:
