@@ -42,7 +42,7 @@ def test_packed_gather_rebuilds_uneven_row_shards(world):
         assert torch.equal(got, want)
 
 
-def test_gather_bucket_casts_to_the_rollout_dtype(single_rank_process_group):
+def test_gather_bucket_casts_to_the_rollout_dtype(process_group):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
 
