@@ -176,6 +176,9 @@ class ActorConfig:
     max_token_len_per_device: Optional[int] = None
     """Tokens (prompt + response, no padding) per micro-batch with ``dynamic_batching``; None: the phase's
     ``micro_batch_size_per_device_for_*`` x (``data.max_prompt_length`` + ``data.max_response_length``)."""
+    max_consecutive_skips: int = 5
+    """An optimizer step whose gradient norm is NaN/inf is skipped (counted as ``actor/skipped_steps``); this many
+    skips in a row stop the run with an error (<= 0: never)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
@@ -241,6 +244,13 @@ class RewardConfig:
     """``path/to/file.py:function_name``."""
     reward_function_kwargs: dict[str, Any] = field(default_factory=dict)
     skip_special_tokens: bool = True
+    on_error: str = "raise"
+    """When the function raises or times out on a sample: ``raise`` stops the run, naming the step, the sample and
+    its response; ``zero`` scores that sample 0 on every name, logs it and counts it in ``reward/errors``."""
+    timeout_s: Optional[float] = 300.0
+    """Seconds one call of the function may take (a batch call, or one sample's call when ``sequential``); beyond
+    it the call counts as an error. The function then runs in a helper process, which is killed and restarted on a
+    timeout. null: no limit, the function runs in the trainer's process."""
 
 
 @dataclass
@@ -281,6 +291,20 @@ class TrainerConfig:
     val_only: bool = False
     save_model_path: Optional[str] = None
     """Where the final actor is exported in Hugging Face format; default ``<run_dir>/huggingface``."""
+    save_freq: int = 5
+    """Save a checkpoint every this many steps (and always after the last step); -1: only after the last step."""
+    save_limit: int = -1
+    """Keep the newest this many checkpoints, plus the best one (``best_metric``); -1 keeps all."""
+    save_checkpoint_path: Optional[str] = None
+    """Folder of the run's ``global_step_N`` checkpoints and ``checkpoint_tracker.json``; default ``run_dir``."""
+    load_checkpoint_path: Optional[str] = None
+    """A ``global_step_N`` folder to resume from (overrides ``find_last_checkpoint``)."""
+    find_last_checkpoint: bool = True
+    """Resume from the last complete checkpoint under ``save_checkpoint_path`` if there is one."""
+    best_metric: str = "val/reward/overall"
+    """The validation metric that ranks checkpoints (the best is never removed by ``save_limit``)."""
+    best_metric_mode: str = "max"
+    """max or min: which direction of ``best_metric`` is better."""
     run_dir: str = auto("trainer.project_name/experiment_name", "")
     """``runs/<project_name>/<experiment_name>``: metrics JSONL, exported model."""
     runs_root: str = "runs"
@@ -313,6 +337,8 @@ class PPOConfig:
         self.trainer.run_dir = os.path.join(
             self.trainer.runs_root, self.trainer.project_name, self.trainer.experiment_name
         )
+        if self.trainer.save_checkpoint_path is None:
+            self.trainer.save_checkpoint_path = self.trainer.run_dir
         check_config(self)
         return self
 

@@ -39,15 +39,15 @@ def geo3k_sample_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def e2e_config(tiny_model_path):
-    """Factory ``e2e_config(arch, runs_root, *overrides) -> PPOConfig``: the CPU demo config with a tiny model of
-    ``arch``, the Geometry3K sample as train and validation data, the test reward that varies between random
-    responses (``tests/reward_functions/letters.py``), runs under ``runs_root``, then ``overrides`` (later wins)."""
-    from easyrl.config import load_config
+def e2e_args(tiny_model_path):
+    """Factory ``e2e_args(arch, runs_root, *overrides) -> list[str]``: the command-line words of the CPU demo config
+    with a tiny model of ``arch``, the Geometry3K sample as train and validation data, the test reward that varies
+    between random responses (``tests/reward_functions/letters.py``), runs under ``runs_root``, then ``overrides``
+    (later wins); for ``load_config`` or ``python -m easyrl.trainer``."""
 
-    def build(arch: str, runs_root: Path, *overrides: str):
+    def build(arch: str, runs_root: Path, *overrides: str) -> list[str]:
         sample = REPO_ROOT / "examples" / "data" / "geometry3k_sample"
-        return load_config([
+        return [
             f"config={REPO_ROOT / 'examples/configs/cpu_demo.yaml'}",
             f"worker.actor.model.model_path={tiny_model_path(arch)}",
             f"data.train_files={sample}",
@@ -57,7 +57,18 @@ def e2e_config(tiny_model_path):
             "worker.reward.reward_function_kwargs={}",
             f"trainer.runs_root={runs_root}",
             *overrides,
-        ])
+        ]
+
+    return build
+
+
+@pytest.fixture(scope="session")
+def e2e_config(e2e_args):
+    """Factory ``e2e_config(arch, runs_root, *overrides) -> PPOConfig``: ``load_config(e2e_args(...))``."""
+    from easyrl.config import load_config
+
+    def build(arch: str, runs_root: Path, *overrides: str):
+        return load_config(e2e_args(arch, runs_root, *overrides))
 
     return build
 

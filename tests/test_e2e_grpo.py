@@ -158,4 +158,5 @@ def test_export_and_jsonl(vl_trainer):
     AutoProcessor.from_pretrained(exported)
     actor = trainer.workers.run_all("actor_state_dict")[0]
     exported_state = model.state_dict()
-    assert _max_abs_diff({k: actor[k] for k in actor}, {k: exported_state[k] for k in actor}) == 0.0
+    assert {exported_state[k].dtype for k in actor} == {torch.bfloat16}  # the base model's dtype (its config's)
+    assert _max_abs_diff({k: actor[k].to(torch.bfloat16) for k in actor}, {k: exported_state[k] for k in actor}) == 0.0

@@ -7,9 +7,10 @@ time it still had to wait). Functions are loaded once per (spec, kwargs, reward_
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 from easyrl.rewards.function import RewardFunction
+from easyrl.rewards.guard import GuardedReward, RewardFailure
 
 __all__ = ["RewardScorer"]
 
@@ -19,6 +20,7 @@ class RewardScorer:
 
     def __init__(self) -> None:
         self._functions: dict[tuple, RewardFunction] = {}
+        self._guards: dict[tuple, GuardedReward] = {}
 
     def score(self, spec: str, kwargs: dict, reward_type: str, inputs: list[dict[str, Any]]) -> dict[str, list[float]]:
         """``RewardFunction(spec, kwargs, reward_type)(inputs)``: score name -> one float per input.
@@ -31,3 +33,17 @@ class RewardScorer:
         if key not in self._functions:
             self._functions[key] = RewardFunction(spec, kwargs, reward_type)
         return self._functions[key](inputs)
+
+    def score_guarded(self, spec: str, kwargs: dict, reward_type: str, inputs: list[dict[str, Any]], on_error: str,
+                      timeout_s: Optional[float], step: int) -> tuple[dict[str, list[float]], list[RewardFailure]]:
+        """:meth:`score` through a :class:`GuardedReward` (``worker.reward.on_error``, ``timeout_s``): returns the
+        scores and the samples that failed (scored 0 with ``on_error: zero``).
+
+        Raises:
+            RewardSampleError: a sample failed and ``on_error`` is ``raise`` (names ``step``, the sample, its
+                response); the trainer re-raises it.
+        """
+        key = (spec, repr(sorted(kwargs.items())), reward_type, on_error, timeout_s)
+        if key not in self._guards:
+            self._guards[key] = GuardedReward(RewardFunction(spec, kwargs, reward_type), on_error, timeout_s)
+        return self._guards[key](inputs, step)

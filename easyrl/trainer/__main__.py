@@ -28,8 +28,10 @@ def build_trainer(config: PPOConfig):
         UserError: any pre-flight check (model, data, reward; see ``docs/errors.md``), before Ray starts.
     """
     from easyrl.preflight import prepare
+    from easyrl.trainer.checkpoint import check_run_folder
 
     ready = prepare(config)
+    check_run_folder(config.trainer)  # refuse another run's folder before anything starts
     import ray  # after the checks, which need none of this
 
     from easyrl.device import detect_device
@@ -69,7 +71,10 @@ log level (default INFO).
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """Command-line entry point; returns the exit status (0, or 2 after a user error, printed without traceback)."""
+    """Command-line entry point; returns the exit status: 0 done; 2 after a user error (a config mistake, a run
+    folder that belongs to another run, a reward function failing on a sample with ``on_error: raise``; printed as
+    one line, no traceback); ``128 + signal`` when SIGTERM/SIGINT stopped the run after a checkpoint. A failed run
+    (e.g. a dead worker) raises, naming the rank and the last good checkpoint (status 1)."""
     argv = sys.argv[1:] if argv is None else argv
     if any(word in ("-h", "--help", "help") for word in argv):
         print(USAGE, end="")
@@ -79,7 +84,10 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     def run() -> int:
         config = load_config(argv)
-        build_trainer(config).fit()
+        trainer = build_trainer(config)
+        trainer.fit()
+        if trainer.stop_signal is not None:  # stopped by SIGTERM/SIGINT after saving a checkpoint
+            return 128 + trainer.stop_signal
         return 0
 
     return run_cli(run)

@@ -26,13 +26,35 @@ class ConsoleLogger:
         pass
 
 
-class JsonlLogger:
-    """Writes one JSON object per step to ``path`` (non-finite values are written as strings)."""
+def refuse_existing_metrics(path: str) -> None:
+    """Raise ``RunStateError`` if ``path`` (a ``metrics.jsonl``) already holds rows."""
+    if os.path.exists(path) and os.path.getsize(path) > 0:
+        from easyrl.trainer.checkpoint import RunStateError
 
-    def __init__(self, path: str):
+        raise RunStateError(
+            f"{path} holds the metrics of another run and there is no checkpoint to resume it from. A run never "
+            f"overwrites another: choose a new trainer.experiment_name (or trainer.runs_root), or move the old "
+            f"folder away."
+        )
+
+
+class JsonlLogger:
+    """Writes one JSON object per step to ``path`` (non-finite values are written as strings).
+
+    The file is only ever appended to. A resumed run (``resume=True``) adds its steps after the earlier rows: when
+    the interrupted run had logged steps after its last checkpoint, those steps appear twice and the later row of a
+    step is the one of the resumed run. A new run (``resume=False``) refuses a file that already holds rows.
+
+    Raises:
+        RunStateError: ``path`` holds another run's metrics and ``resume`` is False.
+    """
+
+    def __init__(self, path: str, resume: bool = False):
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        if not resume:
+            refuse_existing_metrics(path)
         self.path = path
-        self.file = open(path, "w", encoding="utf-8")  # a new run replaces the file (no resume yet)
+        self.file = open(path, "a", encoding="utf-8")
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         row = {"step": step}
@@ -81,21 +103,23 @@ class TensorBoardLogger:
 
 
 class Tracker:
-    """Fans metrics out to the backends named in ``trainer.logger``.
+    """Fans metrics out to the backends named in ``trainer.logger``; ``resume``: a resumed run (see ``JsonlLogger``).
 
     Raises:
         ValueError: an unknown backend name.
+        RunStateError: a new run in a folder with another run's metrics.
     """
 
     BACKENDS = ("console", "jsonl", "wandb", "tensorboard")
 
-    def __init__(self, backends: list[str], run_dir: str, project: str, experiment: str, config: dict[str, Any]):
+    def __init__(self, backends: list[str], run_dir: str, project: str, experiment: str, config: dict[str, Any],
+                 resume: bool = False):
         self.loggers = []
         for name in backends:
             if name == "console":
                 self.loggers.append(ConsoleLogger())
             elif name == "jsonl":
-                self.loggers.append(JsonlLogger(os.path.join(run_dir, "metrics.jsonl")))
+                self.loggers.append(JsonlLogger(os.path.join(run_dir, "metrics.jsonl"), resume=resume))
             elif name == "wandb":
                 self.loggers.append(WandbLogger(project, experiment, config))
             elif name == "tensorboard":

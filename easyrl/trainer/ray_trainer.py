@@ -34,15 +34,26 @@ from easyrl.algorithms.losses import compute_tis_weights
 from easyrl.batch import Batch
 from easyrl.config import PPOConfig, to_dict
 from easyrl.data.dataset import collate_fn
+from easyrl.data.loader import PromptStream
 from easyrl.rewards.function import RewardFunction, scores_to_token_rewards
+from easyrl.rewards.guard import GuardedReward
 from easyrl.rewards.remote import RewardScorer
+from easyrl.trainer.checkpoint import (
+    TRAINER_STATE,
+    checkpoint_to_resume,
+    commit_checkpoint,
+    get_rng_state,
+    set_rng_state,
+)
 from easyrl.trainer.loggers import Tracker
 from easyrl.trainer.metrics import (
     compute_data_metrics,
     compute_throughput_metrics,
     reduce_metrics,
 )
-from easyrl.workers.group import WorkerGroup
+from easyrl.trainer.seeding import batch_seeds
+from easyrl.trainer.signals import GracefulStop
+from easyrl.workers.group import WorkerError, WorkerGroup
 from easyrl.workers.seqlen_balancing import balanced_rank_order
 
 logger = logging.getLogger("easyrl.trainer")
@@ -115,17 +126,13 @@ class RayPPOTrainer:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.reward_fn = reward_fn
         self.val_reward_fn = val_reward_fn or reward_fn
+        reward_cfg = config.worker.reward
+        self._guard = GuardedReward(reward_fn, reward_cfg.on_error, reward_cfg.timeout_s)
+        self._val_guard = (self._guard if self.val_reward_fn is reward_fn
+                           else GuardedReward(self.val_reward_fn, reward_cfg.on_error, reward_cfg.timeout_s))
         self.val_dataset = val_dataset
-        generator = torch.Generator().manual_seed(config.data.seed)
-        self.train_dataloader = DataLoader(
-            train_dataset, batch_size=config.data.rollout_batch_size, shuffle=config.data.shuffle,
-            drop_last=True, collate_fn=collate_fn, generator=generator,
-        )
-        if len(self.train_dataloader) == 0:
-            raise ValueError(
-                f"The training set has {len(train_dataset)} prompts, fewer than data.rollout_batch_size="
-                f"{config.data.rollout_batch_size}: lower the batch size or add data."
-            )
+        self.train_dataloader = PromptStream(train_dataset, config.data.rollout_batch_size, config.data.shuffle,
+                                             config.data.seed, collate_fn)
         steps_per_epoch = len(self.train_dataloader)
         self.training_steps = steps_per_epoch * config.trainer.total_epochs
         if config.trainer.max_steps is not None:
@@ -140,14 +147,19 @@ class RayPPOTrainer:
         self._scorer = None  # the reward actor (RewardScorer), started on first use
         self.global_step = 0
         self.last_batch: Optional[Batch] = None  # the most recent training batch, for inspection
+        self.last_checkpoint: Optional[str] = None  # the newest complete checkpoint of this run
+        self.stop_signal: Optional[int] = None  # the signal that stopped fit() early, if any
+        self._prompts: Optional[Iterator[dict[str, list]]] = None
+        self._reward_errors = 0  # samples the reward function failed on in this step
 
     def init_workers(self, device: str) -> None:
         """Start the Ray workers (process group, FSDP2 actor/ref, vLLM engines)."""
         self.workers = WorkerGroup(self.config, device)
 
     # ----------------------------------------------------------------------------------------------- batches
-    def _prompt_batch(self, features: dict[str, list], n: int) -> Batch:
-        """Repeat each prompt ``n`` times (consecutively) and give the copies one shared ``uid``."""
+    def _prompt_batch(self, features: dict[str, list], n: int, round_: int = 0, phase: str = "train") -> Batch:
+        """Repeat each prompt ``n`` times (consecutively) and give the copies one shared ``uid``; each sample gets
+        its own sampling seed (``rollout_seed``, from ``worker.rollout.seed``, the step, ``round_`` and its index)."""
         count = len(features["prompt_ids"])
         order = [i for i in range(count) for _ in range(n)]
         uids = [str(uuid.uuid4()) for _ in range(count)]
@@ -157,6 +169,8 @@ class RayPPOTrainer:
         extras = {key: [features[key][i] for i in order]
                   for key in ("raw_prompt_ids", "images", "multi_modal_inputs", "ground_truth")}
         extras["uid"] = [uids[i] for i in order]
+        extras["rollout_seed"] = batch_seeds(self.config.worker.rollout.seed, self.global_step, len(order), round_,
+                                             phase)
         return Batch(tensors, extras)
 
     def _generate(self, prompts: Batch, overrides: Optional[dict[str, Any]], timing: dict[str, float]) -> Batch:
@@ -194,9 +208,15 @@ class RayPPOTrainer:
         for name, values in scores.items():
             batch[f"score/{name}"] = values
 
-    def _reward(self, batch: Batch, reward_fn: RewardFunction) -> dict[str, list[float]]:
-        """Score every response here and now (see ``_set_scores``); returns the named scores."""
-        scores = reward_fn(self._reward_inputs(batch))
+    def _reward(self, batch: Batch, guard: GuardedReward) -> dict[str, list[float]]:
+        """Score every response here and now (see ``_set_scores``) through ``guard`` (``worker.reward.on_error``,
+        ``timeout_s``); adds the failed samples to ``_reward_errors``; returns the named scores.
+
+        Raises:
+            RewardSampleError: the function failed on a sample and ``on_error`` is ``raise``.
+        """
+        scores, failures = guard(self._reward_inputs(batch), self.global_step)
+        self._reward_errors += len(failures)
         self._set_scores(batch, scores)
         return scores
 
@@ -204,15 +224,17 @@ class RayPPOTrainer:
         """Start scoring ``batch`` with ``self.reward_fn`` in the reward actor; collect with ``_reward_wait``."""
         if self._scorer is None:
             self._scorer = ray.remote(RewardScorer).options(num_cpus=0).remote()
-        fn = self.reward_fn
-        return self._scorer.score.remote(fn.spec, fn.kwargs, fn.reward_type, self._reward_inputs(batch))
+        fn, cfg = self.reward_fn, self.config.worker.reward
+        return self._scorer.score_guarded.remote(fn.spec, fn.kwargs, fn.reward_type, self._reward_inputs(batch),
+                                                 cfg.on_error, cfg.timeout_s, self.global_step)
 
     def _reward_wait(self, batch: Batch, pending: ray.ObjectRef, order: list[int]) -> None:
         """Wait for the scores of the batch as generated and set them on ``batch`` (reordered by ``order``)."""
         try:
-            scores = ray.get(pending)
+            scores, failures = ray.get(pending)
         except ray.exceptions.RayTaskError as e:  # the reward function's own error, not Ray's wrapper
             raise e.as_instanceof_cause() from None
+        self._reward_errors += len(failures)
         self._set_scores(batch, {name: [values[i] for i in order] for name, values in scores.items()})
 
     def _compute_advantage(self, batch: Batch) -> None:
@@ -228,32 +250,118 @@ class RayPPOTrainer:
 
     # ----------------------------------------------------------------------------------------------- the loop
     def fit(self) -> None:
-        """Train for ``training_steps`` steps; validate and export the actor as configured."""
+        """Train until ``training_steps``; validate, checkpoint and export the actor as configured.
+
+        Resumes from ``trainer.load_checkpoint_path``, or else (``trainer.find_last_checkpoint``) from the last
+        complete checkpoint under ``trainer.save_checkpoint_path``. A checkpoint is saved every ``save_freq`` steps,
+        after the last step, and when SIGTERM/SIGINT asks the run to stop (``stop_signal`` then names it and fit
+        returns after that save, without exporting).
+
+        Raises:
+            RunStateError: the run folder holds another run's metrics or checkpoints, and this run does not resume.
+            RuntimeError: a worker died or failed (names its rank and the last good checkpoint to resume from).
+        """
         cfg = self.config
+        resume_from = self._checkpoint_to_resume()
         tracker = Tracker(cfg.trainer.logger, cfg.trainer.run_dir, cfg.trainer.project_name,
-                          cfg.trainer.experiment_name, to_dict(cfg))
+                          cfg.trainer.experiment_name, to_dict(cfg), resume=resume_from is not None)
         os.makedirs(cfg.trainer.run_dir, exist_ok=True)
-        OmegaConf.save(OmegaConf.structured(cfg), os.path.join(cfg.trainer.run_dir, "config.yaml"))
+        config_name = "config.yaml" if resume_from is None else f"config_resume_step_{self._step_of(resume_from)}.yaml"
+        OmegaConf.save(OmegaConf.structured(cfg), os.path.join(cfg.trainer.run_dir, config_name))
         try:
-            if self.val_dataset is not None and (cfg.trainer.val_before_train or cfg.trainer.val_only):
-                tracker.log(self.validate(), step=self.global_step)
-                if cfg.trainer.val_only:
-                    return
-            prompts = self.prompt_stream()
-            while self.global_step < self.training_steps:
-                self.global_step += 1
-                metrics = self.train_step(prompts)
-                if self._should_validate():
-                    metrics.update(self.validate())
-                tracker.log(metrics, step=self.global_step)
-            self.save_model()
+            with GracefulStop() as stop:
+                if resume_from is not None:
+                    self.load_checkpoint(resume_from)
+                self._train_loop(tracker, stop)
+        except WorkerError as err:
+            raise RuntimeError(
+                f"{err}. The run stopped; the last good checkpoint is {self.last_checkpoint or 'none (no step saved)'}"
+                f", and starting the same command again resumes from it."
+            ) from err
         finally:
             tracker.close()
+            self._guard.close()
+            self._val_guard.close()
+
+    def _train_loop(self, tracker: Tracker, stop: GracefulStop) -> None:
+        cfg = self.config
+        if self.val_dataset is not None and self.global_step == 0 and (cfg.trainer.val_before_train
+                                                                       or cfg.trainer.val_only):
+            tracker.log(self.validate(), step=self.global_step)
+            if cfg.trainer.val_only:
+                return
+        if self.global_step >= self.training_steps:
+            logger.warning("the checkpoint is at step %d and this run has %d steps: nothing to train (raise "
+                           "trainer.max_steps or trainer.total_epochs to train further)", self.global_step,
+                           self.training_steps)
+        self._prompts = iter(self.train_dataloader)
+        while self.global_step < self.training_steps:
+            self.global_step += 1
+            metrics = self.train_step(self._prompts)
+            if self._should_validate():
+                metrics.update(self.validate())
+            tracker.log(metrics, step=self.global_step)
+            freq = cfg.trainer.save_freq
+            last = self.global_step == self.training_steps
+            if last or stop.requested or (freq > 0 and self.global_step % freq == 0):
+                self.save_checkpoint(metrics)
+            if stop.requested:
+                self.stop_signal = stop.signum
+                logger.warning("stopped after step %d on a signal; checkpoint %s", self.global_step,
+                               self.last_checkpoint)
+                return
+        if self.global_step == self.training_steps and not cfg.trainer.val_only:
+            self.save_model()
+
+    # ----------------------------------------------------------------------------------------------- checkpoints
+    @staticmethod
+    def _step_of(path: str) -> int:
+        return int(os.path.basename(os.path.normpath(path)).rsplit("_", 1)[-1])
+
+    def _checkpoint_to_resume(self) -> Optional[str]:
+        return checkpoint_to_resume(self.config.trainer)
+
+    def save_checkpoint(self, metrics: Optional[dict[str, float]] = None) -> str:
+        """Save the whole training state as ``global_step_<N>`` under ``trainer.save_checkpoint_path`` (atomic; see
+        ``easyrl.trainer.checkpoint``) and apply ``trainer.save_limit``; ``metrics`` of this step rank it by
+        ``trainer.best_metric``. Returns the checkpoint folder."""
+        trainer = self.config.trainer
+
+        def write(tmp: str) -> None:
+            self.workers.run_all("save_checkpoint", tmp)
+            torch.save(self.state_dict(), os.path.join(tmp, TRAINER_STATE))
+
+        metric = (metrics or {}).get(trainer.best_metric)
+        self.last_checkpoint = commit_checkpoint(
+            trainer.save_checkpoint_path, self.global_step, write, metric=metric, metric_name=trainer.best_metric,
+            mode=trainer.best_metric_mode, save_limit=trainer.save_limit,
+        )
+        logger.info("checkpoint saved: %s", self.last_checkpoint)
+        return self.last_checkpoint
+
+    def load_checkpoint(self, path: str) -> None:
+        """Restore the training state saved by :meth:`save_checkpoint` (workers and this process)."""
+        self.workers.run_all("load_checkpoint", path)
+        self.load_state_dict(torch.load(os.path.join(path, TRAINER_STATE), weights_only=False))
+        self.last_checkpoint = path
+        logger.info("resumed from %s at step %d", path, self.global_step)
+
+    def state_dict(self) -> dict[str, Any]:
+        """This process's part of the training state: step, prompt-stream position, KL coefficient, RNG states."""
+        return {"global_step": self.global_step, "prompt_stream": self.train_dataloader.state_dict(),
+                "kl_coef": self.kl_ctrl.value, "rng": get_rng_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned (before iterating over the prompts)."""
+        self.global_step = state["global_step"]
+        self.train_dataloader.load_state_dict(state["prompt_stream"])
+        self.kl_ctrl.value = state["kl_coef"]
+        set_rng_state(state["rng"])
 
     def prompt_stream(self) -> Iterator[dict[str, list]]:
-        """Batches of ``data.rollout_batch_size`` prompts, epoch after epoch (reshuffled each epoch)."""
-        while True:
-            yield from self.train_dataloader
+        """Batches of ``data.rollout_batch_size`` prompts, epoch after epoch (reshuffled each epoch), from the
+        current position of ``train_dataloader`` (a ``PromptStream``)."""
+        return iter(self.train_dataloader)
 
     def _should_validate(self) -> bool:
         freq = self.config.trainer.val_freq
@@ -285,6 +393,7 @@ class RayPPOTrainer:
                     self._reward_wait(batch, pending, order)
             metrics.update({key.replace("score/", "reward/", 1): float(np.mean(batch[key]))
                             for key in batch.extras if key.startswith("score/")})
+            metrics["reward/errors"] = float(self._reward_errors)
             with timer("adv", timing):
                 if cfg.algorithm.use_kl_in_reward and not cfg.algorithm.disable_kl:
                     batch["token_level_rewards"], kl_metrics = apply_kl_penalty(
@@ -347,6 +456,7 @@ class RayPPOTrainer:
         n, wanted = cfg.worker.rollout.n, cfg.data.rollout_batch_size
         kept: list[Batch] = []
         num_kept, rounds, dropped = 0, 0, 0
+        self._reward_errors = 0
         while num_kept < wanted:
             rounds += 1
             if algo.online_filtering and algo.max_try_make_batch > 0 and rounds > algo.max_try_make_batch:
@@ -355,7 +465,7 @@ class RayPPOTrainer:
                     f"rounds (algorithm.max_try_make_batch): the rewards barely vary. Widen algorithm.filter_low/"
                     f"filter_high, raise max_try_make_batch, or turn algorithm.online_filtering off."
                 )
-            prompts = self._prompt_batch(next(prompt_stream), n)
+            prompts = self._prompt_batch(next(prompt_stream), n, round_=rounds - 1)
             with timer("gen", timing):
                 batch = self._generate(prompts, overrides=None, timing=timing)
             pending = None
@@ -363,7 +473,7 @@ class RayPPOTrainer:
                 pending = self._reward_async(batch)  # scored while the log-prob passes run
             else:  # filtering needs the scores now (and a plain callable cannot be shipped by spec)
                 with timer("reward", timing):
-                    self._reward(batch, self.reward_fn)
+                    self._reward(batch, self._guard)
             if algo.adv_estimator == "remax":
                 with timer("gen_baseline", timing):
                     batch["reward_baselines"] = self._greedy_baselines(prompts)
@@ -390,8 +500,11 @@ class RayPPOTrainer:
         shared by the ``n`` samples of the prompt."""
         n = self.config.worker.rollout.n
         firsts = list(range(0, len(prompts), n))
-        greedy = self._generate_even(prompts.select(firsts), overrides={"temperature": 0.0})
-        scores = self._reward(greedy, self.reward_fn)["overall"]
+        firsts_batch = prompts.select(firsts)
+        firsts_batch["rollout_seed"] = batch_seeds(self.config.worker.rollout.seed, self.global_step, len(firsts),
+                                                   phase="baseline")
+        greedy = self._generate_even(firsts_batch, overrides={"temperature": 0.0})
+        scores = self._reward(greedy, self._guard)["overall"]
         return torch.tensor(scores, dtype=torch.float32).repeat_interleave(n)
 
     def _generate_even(self, prompts: Batch, overrides: Optional[dict[str, Any]]) -> Batch:
@@ -420,9 +533,10 @@ class RayPPOTrainer:
         batch_size = cfg.data.val_batch_size if cfg.data.val_batch_size > 0 else len(self.val_dataset)
         loader = DataLoader(self.val_dataset, batch_size=batch_size, shuffle=False, collate_fn=collate_fn)
         with timer("validation", timing):
-            for features in loader:
-                batch = self._generate_even(self._prompt_batch(features, n), overrides=overrides)
-                for name, values in self._reward(batch, self.val_reward_fn).items():
+            for round_, features in enumerate(loader):
+                batch = self._generate_even(self._prompt_batch(features, n, round_=round_, phase="val"),
+                                            overrides=overrides)
+                for name, values in self._reward(batch, self._val_guard).items():
                     sums[name].extend(values)
                 lengths.extend(batch["response_mask"].sum(-1).float().tolist())
         metrics = {f"val/reward/{name}": float(np.mean(values)) for name, values in sums.items()}
@@ -431,7 +545,8 @@ class RayPPOTrainer:
         return metrics
 
     def save_model(self) -> str:
-        """Export the actor in Hugging Face format to ``trainer.save_model_path`` (default ``<run_dir>/huggingface``)."""
+        """Export the actor in Hugging Face format to ``trainer.save_model_path`` (default ``<run_dir>/huggingface``;
+        see ``easyrl.export``)."""
         path = self.config.trainer.save_model_path or os.path.join(self.config.trainer.run_dir, "huggingface")
         self.workers.run_all("save_hf", path)
         logger.info("actor exported to %s", path)

@@ -8,6 +8,7 @@ workers must run the same number of forwards).
 from __future__ import annotations
 
 import logging
+import math
 from collections import defaultdict
 from typing import Any, Optional
 
@@ -89,6 +90,7 @@ class FSDPPolicy:
         self.fused_head = FusedLogProbHead(model) if config.padding_free else None
         self.optimizer: Optional[torch.optim.Optimizer] = None
         self.num_updates = 0
+        self.consecutive_skips = 0  # optimizer steps skipped in a row for a non-finite gradient norm
         if trainable:
             optim = config.optim
             params = [p for p in self.model.parameters() if p.requires_grad]
@@ -208,6 +210,7 @@ class FSDPPolicy:
         self.on_policy_log_probs = torch.zeros(data["response_mask"].shape) if on_policy else None
         self.num_updates += 1
         generator = torch.Generator().manual_seed(self.num_updates)  # a new mini-batch shuffle every step
+        num_skipped = 0
         for _ in range(cfg.ppo_epochs):
             order = torch.randperm(len(data), generator=generator)
             for start in range(0, len(data), mini_batch_size):
@@ -226,14 +229,16 @@ class FSDPPolicy:
                     if on_policy:
                         self.on_policy_log_probs[mini_index[index]] = log_probs.float().cpu()
                 grad_norm = clip_grad_norm(self.model.parameters(), cfg.max_grad_norm, self.torch_device)
-                if torch.isfinite(grad_norm):
+                skipped = skip_nonfinite_step(grad_norm.item(), self.consecutive_skips, cfg.max_consecutive_skips)
+                self.consecutive_skips = skipped * (self.consecutive_skips + 1)
+                if not skipped:
                     self.optimizer.step()
-                else:
-                    logger.warning("grad_norm is %s: optimizer step skipped", grad_norm.item())
                 self.optimizer.zero_grad(set_to_none=True)
+                num_skipped += skipped
                 for key, value in step_metrics.items():
                     metrics[key].append(value)
                 metrics["actor/grad_norm"].append(grad_norm.item())
+        metrics["actor/skipped_steps"].append(float(num_skipped))  # a count; the same on every rank
         self.lr_scheduler.step()
         metrics["actor/lr"].append(self.lr_scheduler.get_last_lr()[0])
         return dict(metrics)
@@ -278,6 +283,34 @@ class FSDPPolicy:
         for key, value in pg_metrics.items():
             step_metrics[f"actor/{key}"] += float(value) * share
         return log_probs.detach()
+
+
+class NonFiniteGradientError(RuntimeError):
+    """Too many optimizer steps in a row had a non-finite gradient norm (``worker.actor.max_consecutive_skips``)."""
+
+
+def skip_nonfinite_step(grad_norm: float, consecutive: int, limit: int) -> bool:
+    """Whether to skip the optimizer step for this gradient norm (it is NaN or infinite).
+
+    Args:
+        grad_norm: the global gradient norm (before clipping) of the mini-batch.
+        consecutive: optimizer steps skipped in a row before this one.
+        limit: ``worker.actor.max_consecutive_skips``; the run stops when this many steps in a row are skipped
+            (``<= 0``: never).
+
+    Raises:
+        NonFiniteGradientError: this would be the ``limit``-th skip in a row.
+    """
+    if math.isfinite(grad_norm):
+        return False
+    if 0 < limit <= consecutive + 1:
+        raise NonFiniteGradientError(
+            f"the gradient norm was {grad_norm} in {consecutive + 1} optimizer steps in a row "
+            f"(worker.actor.max_consecutive_skips={limit}): the run is diverging. Lower worker.actor.optim.lr, check "
+            f"the data and rewards, or resume from an earlier checkpoint."
+        )
+    logger.warning("grad_norm is %s: optimizer step skipped (%d in a row)", grad_norm, consecutive + 1)
+    return True
 
 
 def _tensors_in(value: Any) -> list[torch.Tensor]:

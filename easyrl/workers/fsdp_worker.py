@@ -156,7 +156,8 @@ class FSDPWorker:
         """
         reshard = self._ensure_rollout_weights()
         self.rollout.wake_up()
-        output = self.rollout.generate(prompts["raw_prompt_ids"], prompts["images"], overrides)
+        seeds = prompts["rollout_seed"] if "rollout_seed" in prompts else None
+        output = self.rollout.generate(prompts["raw_prompt_ids"], prompts["images"], overrides, seeds=seeds)
         self.rollout.sleep()
         empty_cache(self.device)
         return {"response_ids": output.response_ids, "response_log_probs": output.response_log_probs,
@@ -208,35 +209,35 @@ class FSDPWorker:
         return {name: tensor.detach().cpu().clone() for name, tensor in self._actor_weights()}
 
     def save_hf(self, path: str) -> Optional[str]:
-        """Export the actor in Hugging Face format (weights, config, tokenizer/processor, generation config).
+        """Export the actor in Hugging Face format (see ``easyrl.export.write_hf_folder``: base dtype, sharded
+        safetensors, the base's generation config and tokenizer/processor, atomic).
 
-        Every rank must call it (the weights are gathered collectively); rank 0 writes. Returns the folder on rank 0.
+        Every rank must call it (the weights are gathered collectively, onto rank 0 only); rank 0 writes. Returns the
+        folder on rank 0, None elsewhere.
         """
-        from transformers import (
-            AutoConfig,
-            AutoProcessor,
-            AutoTokenizer,
-            GenerationConfig,
-        )
+        from easyrl.export import gather_full_state_dict, write_hf_folder
 
-        from easyrl.workers.actor import hf_model_class
-
-        state = self.actor_state_dict()
+        state = gather_full_state_dict(self.actor.model)
         if self.rank != 0:
             return None
         model_cfg = self.config.worker.actor.model
-        src = model_cfg.model_path
-        hf_config = AutoConfig.from_pretrained(src, trust_remote_code=model_cfg.trust_remote_code)
-        with torch.device("meta"):
-            model = hf_model_class(hf_config).from_config(hf_config, trust_remote_code=model_cfg.trust_remote_code)
-        model.load_state_dict(state, assign=True, strict=True)
-        model.save_pretrained(path)
-        tok_src = model_cfg.tokenizer_path or src
-        AutoTokenizer.from_pretrained(tok_src, trust_remote_code=model_cfg.trust_remote_code).save_pretrained(path)
-        if getattr(hf_config, "vision_config", None) is not None:
-            AutoProcessor.from_pretrained(tok_src, trust_remote_code=model_cfg.trust_remote_code).save_pretrained(path)
-        try:
-            GenerationConfig.from_pretrained(src).save_pretrained(path)
-        except OSError:
-            logger.warning("%s has no generation_config.json; none exported", src)
-        return path
+        sources = list(dict.fromkeys((model_cfg.model_path, model_cfg.tokenizer_path or model_cfg.model_path)))
+        return write_hf_folder(state, sources, path, trust_remote_code=model_cfg.trust_remote_code)
+
+    def save_checkpoint(self, path: str) -> None:
+        """Write this rank's part of a checkpoint into ``path`` (see ``easyrl.workers.checkpoint``); rank 0 also
+        copies the base model's config and tokenizer files. Every rank must call it."""
+        from easyrl.workers.checkpoint import save_actor, save_hf_metadata
+
+        save_actor(self.actor, path, self.rank)
+        if self.rank == 0:
+            model_cfg = self.config.worker.actor.model
+            save_hf_metadata(model_cfg.model_path, model_cfg.tokenizer_path or model_cfg.model_path, path)
+
+    def load_checkpoint(self, path: str) -> None:
+        """Restore the actor, its optimizer, LR schedule, counters and this rank's RNG states from ``path``; the
+        rollout engine receives the restored weights before the next generation. Every rank must call it."""
+        from easyrl.workers.checkpoint import load_actor
+
+        load_actor(self.actor, path, self.rank)
+        self.weights_dirty = True

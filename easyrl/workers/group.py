@@ -67,6 +67,49 @@ def _worker_env(device: str, cpu_threads: int) -> dict[str, str]:
     return env
 
 
+class WorkerError(RuntimeError):
+    """A worker died (``died``) or raised during ``method``; ``rank`` names it. The other workers may be blocked in a
+    collective with it: the group is unusable and must be shut down."""
+
+    def __init__(self, rank: int, method: str, cause: BaseException, died: bool):
+        what = "died" if died else "failed"
+        super().__init__(f"worker rank {rank} {what} during {method}: {type(cause).__name__}: {cause}")
+        self.rank, self.method, self.died = rank, method, died
+
+
+def gather(refs: list[Any], method: str = "call") -> list[Any]:
+    """``ray.get`` of one call per rank that fails as soon as ANY rank fails.
+
+    A plain ``ray.get(refs)`` waits for rank 0 first; when rank 1 dies, rank 0 waits forever in a collective with
+    it (FSDP2 all-gather, gradient reduce-scatter), and so would the trainer. Here the results are taken in the order
+    they arrive, so a dead rank (Ray ``ActorDiedError``) or a raising one surfaces within Ray's failure detection.
+
+    Args:
+        refs: object refs, one per rank, in rank order.
+        method: the worker method, for the message.
+
+    Returns:
+        The results in rank order.
+
+    Raises:
+        WorkerError: naming the first rank seen to fail (``died`` True for a dead process).
+    """
+    rank_of = {ref: rank for rank, ref in enumerate(refs)}
+    results: list[Any] = [None] * len(refs)
+    pending = list(refs)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1)
+        for ref in ready:
+            try:
+                results[rank_of[ref]] = ray.get(ref)
+            except ray.exceptions.RayActorError as err:
+                raise WorkerError(rank_of[ref], method, err, died=True) from err
+            except ray.exceptions.RayTaskError as err:
+                cause = err.cause if isinstance(getattr(err, "cause", None), BaseException) else err
+                raise WorkerError(rank_of[ref], method, cause, died=False) from err
+    return results
+
+
 class WorkerGroup:
     """Starts ``world_size`` ``FSDPWorker`` actors, joins them in a process group and builds their models.
 
@@ -110,13 +153,21 @@ class WorkerGroup:
         return len(self.workers)
 
     def run_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
-        """Call ``method`` on every worker with the same arguments; results in rank order."""
-        return ray.get([getattr(w, method).remote(*args, **kwargs) for w in self.workers])
+        """Call ``method`` on every worker with the same arguments; results in rank order.
+
+        Raises:
+            WorkerError: a worker died or raised (see :func:`gather`).
+        """
+        return gather([getattr(w, method).remote(*args, **kwargs) for w in self.workers], method)
 
     def run_split(self, method: str, batch: Batch, **kwargs: Any) -> list[Any]:
-        """Call ``method`` on every worker with its equal consecutive share of ``batch``; results in rank order."""
+        """Call ``method`` on every worker with its equal consecutive share of ``batch``; results in rank order.
+
+        Raises:
+            WorkerError: a worker died or raised (see :func:`gather`).
+        """
         shares = batch.chunk(self.world_size)
-        return ray.get([getattr(w, method).remote(share, **kwargs) for w, share in zip(self.workers, shares)])
+        return gather([getattr(w, method).remote(share, **kwargs) for w, share in zip(self.workers, shares)], method)
 
     def shutdown(self) -> None:
         """Kill the workers and release their placement group."""

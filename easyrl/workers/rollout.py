@@ -129,7 +129,8 @@ class VLLMRollout:
         self.llm.reset_prefix_cache()
         return expected, loaded
 
-    def _sampling_params(self, overrides: Optional[dict[str, Any]], logprobs: bool, max_tokens: int):
+    def _sampling_params(self, overrides: Optional[dict[str, Any]], logprobs: bool, max_tokens: int,
+                         seed: Optional[int] = None):
         from vllm import SamplingParams
 
         settings = dict(temperature=self.config.temperature, top_p=self.config.top_p, top_k=self.config.top_k)
@@ -140,6 +141,7 @@ class VLLMRollout:
             logprobs=0 if logprobs else None,
             detokenize=False,
             bad_words=self.bad_words or None,
+            seed=seed,
             **settings,
         )
 
@@ -148,6 +150,7 @@ class VLLMRollout:
         raw_prompt_ids: list[list[int]],
         images: list[list[Any]],
         overrides: Optional[dict[str, Any]] = None,
+        seeds: Optional[list[int]] = None,
     ) -> RolloutOutput:
         """Sample one response per request.
 
@@ -157,6 +160,8 @@ class VLLMRollout:
             images: per request, its PIL images (``[]`` for text-only requests).
             overrides: sampling settings that replace ``worker.rollout``'s (``temperature``, ``top_p``, ``top_k``),
                 e.g. the validation settings.
+            seeds: per request, its own sampling seed (``easyrl.trainer.seeding``), so that a request draws the
+                same tokens whatever else the engine ran before; None: the engine's seed.
 
         Returns:
             ``RolloutOutput`` with ``worker.rollout.response_length`` tokens per response at most.
@@ -168,7 +173,11 @@ class VLLMRollout:
                 request["multi_modal_data"] = {"image": list(imgs)}
             requests.append(request)
         want_logprobs = self.config.calculate_log_probs
-        params = self._sampling_params(overrides, want_logprobs, self.config.response_length)
+        if seeds is None:
+            params = self._sampling_params(overrides, want_logprobs, self.config.response_length)
+        else:
+            params = [self._sampling_params(overrides, want_logprobs, self.config.response_length, seed)
+                      for seed in seeds]
         outputs = self.llm.generate(requests, sampling_params=params, use_tqdm=not self.config.disable_tqdm)
         response_ids, response_log_probs = [], [] if want_logprobs else None
         for out in outputs:
