@@ -64,3 +64,14 @@ def test_timeout_with_raise_stops():
             guard(_inputs("hang"), step=4)
     finally:
         guard.close()
+
+
+def test_the_reward_actor_scores_through_the_guard():
+    from easyrl.rewards.remote import RewardScorer
+
+    scorer = RewardScorer()  # what the trainer runs as a Ray actor, overlapped with the log-prob passes
+    scores, failures = scorer.score_guarded(f"{FAULTY_FILE}:compute_score", {}, "batch", _inputs("ab", "boom"),
+                                            "zero", None, 5)
+    assert scores["overall"] == [2.0, 0.0] and [f.index for f in failures] == [1]
+    with pytest.raises(RewardSampleError, match="step 6, sample 1"):
+        scorer.score_guarded(f"{FAULTY_FILE}:compute_score", {}, "batch", _inputs("ab", "boom"), "raise", None, 6)
