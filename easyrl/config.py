@@ -160,9 +160,14 @@ class ActorConfig:
     clip_ratio_high: float = 0.3
     clip_ratio_dual: float = 3.0
     loss_type: str = "vanilla"
-    """Policy loss: vanilla (PPO clip, dual-clip), gspo, cispo."""
+    """Policy loss: vanilla (PPO clip, dual-clip), gspo, cispo, sapo."""
     loss_agg_mode: str = "token-mean"
-    """token-mean, seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm."""
+    """token-mean, seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm (verl's: a sum over sequences),
+    seq-mean-token-sum-norm-drgrpo (Dr. GRPO's: a mean over sequences); see docs/algorithms.md."""
+    tau_positive: float = 1.0
+    """SAPO gate temperature for tokens with a positive advantage (``loss_type: sapo``)."""
+    tau_negative: float = 1.05
+    """SAPO gate temperature for tokens with a zero or negative advantage (``loss_type: sapo``)."""
     ppo_epochs: int = 1
     entropy_coeff: float = 0.0
     tis_cap: Optional[float] = None
@@ -340,6 +345,9 @@ class PPOConfig:
         if self.trainer.save_checkpoint_path is None:
             self.trainer.save_checkpoint_path = self.trainer.run_dir
         check_config(self)
+        from easyrl.config_warnings import warn_config_traps
+
+        warn_config_traps(self)
         return self
 
     @property

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[1]
 ESTIMATORS = ["grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "grpo_passk"]
 LOSSES = [("vanilla", "token-mean"), ("gspo", "seq-mean-token-mean"), ("cispo", "seq-mean-token-sum"),
-          ("vanilla", "seq-mean-token-sum-norm")]
+          ("vanilla", "seq-mean-token-sum-norm"), ("sapo", "seq-mean-token-mean")]
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +132,15 @@ def test_dynamic_sampling_drops_constant_groups_and_refills(trainer):
 
     algo = trainer.config.algorithm
     saved_fn = trainer.reward_fn
-    trainer.reward_fn = RewardFunction(f"{REPO / 'tests/reward_functions/half_constant.py'}:compute_score")
+    half_constant = RewardFunction(f"{REPO / 'tests/reward_functions/half_constant.py'}:compute_score")
+    generated: list[float] = []
+
+    def recording_reward(inputs):  # the real reward function; records every generated sample's score
+        scores = half_constant(inputs)
+        generated.extend(scores["overall"])
+        return scores
+
+    trainer.reward_fn = recording_reward
     algo.online_filtering, algo.filter_low, algo.filter_high = True, None, None
     try:
         metrics = _steps(trainer, 1)[0]
@@ -147,3 +155,7 @@ def test_dynamic_sampling_drops_constant_groups_and_refills(trainer):
     scores = np.array(batch["score/overall"]).reshape(groups, n)
     assert (scores.max(axis=1) > scores.min(axis=1)).all()  # every kept group varies
     assert len(set(batch["uid"])) == groups
+    # reward/* is over every generated sample (dropped groups included, as EasyR1), not only the kept batch
+    assert len(generated) > len(batch)
+    assert metrics["reward/overall"] == pytest.approx(np.mean(generated))
+    assert metrics["reward/overall"] != pytest.approx(np.mean(batch["score/overall"]))

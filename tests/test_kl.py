@@ -45,6 +45,23 @@ def test_low_var_kl_clamps():
     assert torch.isfinite(out).all()
 
 
+@pytest.mark.parametrize("base", ["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"])
+def test_straight_through_variants_keep_the_value_and_take_k2s_gradient(base):
+    logp = LOGP.clone().requires_grad_(True)
+    value = kl_penalty(logp, REF, base + "+")
+    torch.testing.assert_close(value, kl_penalty(LOGP, REF, base))
+    value.sum().backward()
+    # grad of 0.5 (logp - ref)^2 w.r.t. logp: logp - ref = 0.5, 0, -1
+    torch.testing.assert_close(logp.grad, torch.tensor([[0.5, 0.0, -1.0]], dtype=D))
+
+
+def test_k3_as_a_loss_has_the_forward_kl_gradient():
+    # d k3 / d logp = 1 - exp(ref - logp) = 1 - pi_ref/pi: x = ref - logp = -0.5, 0, 1
+    logp = LOGP.clone().requires_grad_(True)
+    kl_penalty(logp, REF, "k3").sum().backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([[1 - math.exp(-0.5), 0.0, 1 - math.e]], dtype=D))
+
+
 def test_low_var_kl_gradient_is_finite_far_from_reference():
     logp = torch.tensor([-80.0, -1.0], dtype=D, requires_grad=True)
     kl_penalty(logp, torch.tensor([0.0, -1.2], dtype=D), "low_var_kl").sum().backward()

@@ -33,7 +33,8 @@ MASK = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1]], dt
         ("token-mean", 22 / 8),  # (1+2+3 + 4 + 2+2+2+6) / 8 valid tokens
         ("seq-mean-token-sum", 22 / 3),  # sums 6, 4, 12 over the 3 non-empty sequences
         ("seq-mean-token-mean", (6 / 3 + 4 / 1 + 12 / 4) / 3),  # = 3
-        ("seq-mean-token-sum-norm", (6 / 4 + 4 / 4 + 12 / 4) / 3),  # constant L = 4
+        ("seq-mean-token-sum-norm", 6 / 4 + 4 / 4 + 12 / 4),  # verl: a SUM over sequences, constant L = 4
+        ("seq-mean-token-sum-norm-drgrpo", (6 / 4 + 4 / 4 + 12 / 4) / 3),  # Dr. GRPO: a mean over the 3 sequences
     ],
 )
 def test_agg_loss_hand_values(mode, expected):
@@ -41,8 +42,13 @@ def test_agg_loss_hand_values(mode, expected):
 
 
 def test_agg_loss_norm_length_and_global_counts():
-    # Dr. GRPO constant 8 instead of the padded length: (6/8 + 4/8 + 12/8) / 3
-    assert agg_loss(LOSS, MASK, "seq-mean-token-sum-norm", norm_length=8).item() == pytest.approx(22 / 24)
+    # Dr. GRPO constant 8 instead of the padded length: (6/8 + 4/8 + 12/8) / 3; verl's mode: not divided by 3
+    assert agg_loss(LOSS, MASK, "seq-mean-token-sum-norm-drgrpo", norm_length=8).item() == pytest.approx(22 / 24)
+    assert agg_loss(LOSS, MASK, "seq-mean-token-sum-norm", norm_length=8).item() == pytest.approx(22 / 8)
+    # verl's mode ignores the global sequence count (nothing to divide by) but still scales by dp_size
+    assert agg_loss(LOSS, MASK, "seq-mean-token-sum-norm", global_num_seqs=5, dp_size=2).item() == (
+        pytest.approx(22 / 4 * 2)
+    )
     # global denominators and dp_size: 22 / 16 tokens * 2 ranks; 22 / 5 seqs * 2
     assert agg_loss(LOSS, MASK, "token-mean", global_num_tokens=16, dp_size=2).item() == pytest.approx(22 / 16 * 2)
     assert agg_loss(LOSS, MASK, "seq-mean-token-sum", global_num_seqs=torch.tensor(5), dp_size=2).item() == (
@@ -251,7 +257,7 @@ def test_cispo_without_lower_bound():
     assert loss.item() == pytest.approx(-0.5 * 1.0 * -1.0)
 
 
-@pytest.mark.parametrize("name", ["vanilla", "gspo", "cispo"])
+@pytest.mark.parametrize("name", ["vanilla", "gspo", "cispo", "sapo"])
 def test_on_policy_gradient_is_policy_gradient(name):
     # at ratio 1 no clipping is active: every loss has gradient -A/N w.r.t. logp (token-mean)
     old = torch.tensor([[-1.0, -2.0], [-0.5, -0.1]], dtype=D)
@@ -269,7 +275,63 @@ def test_unknown_policy_loss_lists_names():
         get_policy_loss("ppo2")
     for name in POLICY_LOSSES:
         assert name in str(err.value)
-    assert set(POLICY_LOSSES) >= {"vanilla", "gspo", "cispo"}
+    assert set(POLICY_LOSSES) >= {"vanilla", "gspo", "cispo", "sapo"}
+
+
+def _sigmoid(x):
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+def test_sapo_hand_values_and_gradient():
+    # token 0: A = +2, r = 1.5, tau_pos = 1:    f = 4 * sig(0.5),              loss -2 f
+    # token 1: A = -1, r = 0.5, tau_neg = 1.05: f = 4/1.05 * sig(1.05 * -0.5), loss +f
+    # token 2: A = +1, r = 1 (on policy):       f = 4 * sig(0) = 2,             loss -2
+    # token 3: padding (ratio 9, A 5): ignored
+    ratios = torch.tensor([[1.5, 0.5, 1.0, 9.0]], dtype=D)
+    old = torch.tensor([[-1.0, -2.0, -0.3, -1.0]], dtype=D)
+    log_prob = (old + ratios.log()).requires_grad_(True)
+    adv = torch.tensor([[2.0, -1.0, 1.0, 5.0]], dtype=D)
+    mask = torch.tensor([[1, 1, 1, 0]], dtype=D)
+    loss, m = get_policy_loss("sapo")(old, log_prob, adv, mask, loss_agg_mode="token-mean", **CLIP,
+                                      tau_positive=1.0, tau_negative=1.05)
+    f0, f1 = 4 * _sigmoid(0.5), 4 / 1.05 * _sigmoid(-0.525)
+    assert loss.item() == pytest.approx((-2 * f0 + f1 - 2.0) / 3)
+    assert m["pg_clipfrac"] == 0.0 and m["pg_clipfrac_lower"] == 0.0
+    assert m["ppo_kl"] == pytest.approx(-(math.log(1.5) + math.log(0.5)) / 3)
+    loss.backward()
+    # dl/dlogp = -A * f'(r) * r with f'(r) = 4 sig(x)(1 - sig(x)), x = tau (r - 1); no token's gradient is cut off
+    s0, s1 = _sigmoid(0.5), _sigmoid(-0.525)
+    expected = torch.tensor([[-2 * 4 * s0 * (1 - s0) * 1.5, 1 * 4 * s1 * (1 - s1) * 0.5, -1.0, 0.0]], dtype=D) / 3
+    torch.testing.assert_close(log_prob.grad, expected)
+
+
+def test_sapo_temperature_sets_how_fast_the_gate_decays():
+    # far off policy (r = 3, A = +1) a hotter gate (larger tau) passes less gradient than a cooler one
+    grads = []
+    for tau in (0.5, 4.0):
+        log_prob = torch.tensor([[math.log(3.0)]], dtype=D, requires_grad=True)
+        loss, _ = get_policy_loss("sapo")(torch.zeros(1, 1, dtype=D), log_prob, torch.ones(1, 1, dtype=D),
+                                          torch.ones(1, 1), loss_agg_mode="token-mean", **CLIP, tau_positive=tau)
+        loss.backward()
+        grads.append(-log_prob.grad.item())
+        x = tau * 2.0
+        assert grads[-1] == pytest.approx(4 * _sigmoid(x) * (1 - _sigmoid(x)) * 3.0)
+    assert grads[0] > grads[1] > 0
+
+
+def test_sapo_rejects_bad_temperature():
+    old, log_prob, adv, mask, _ = _policy_batch()
+    with pytest.raises(ValueError, match="tau"):
+        get_policy_loss("sapo")(old, log_prob, adv, mask, loss_agg_mode="token-mean", **CLIP, tau_negative=0.0)
+
+
+def test_losses_ignore_settings_they_do_not_use():
+    old, log_prob, adv, mask, _ = _policy_batch()
+    for name in ("vanilla", "gspo", "cispo"):
+        plain, _ = get_policy_loss(name)(old, log_prob, adv, mask, loss_agg_mode="token-mean", **CLIP)
+        extra, _ = get_policy_loss(name)(old, log_prob, adv, mask, loss_agg_mode="token-mean", **CLIP,
+                                         tau_positive=0.3, tau_negative=7.0)
+        assert extra.item() == plain.item()
 
 
 # -------------------------------------------------------------------------------------------- TIS weights

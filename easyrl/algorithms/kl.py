@@ -6,6 +6,12 @@ with samples drawn from the policy ``pi`` and ``x = ref_logp - logp = log(pi_ref
 * ``k1 = -x = logp - ref_logp``      unbiased for KL(pi || pi_ref), high variance, can be negative;
 * ``k2 = x^2 / 2``                    biased, low variance, always >= 0;
 * ``k3 = exp(x) - x - 1``             unbiased, low variance, always >= 0.
+
+Their *gradients*, when used as a loss on samples of ``pi`` (``d = logp - ref_logp``), differ from their values'
+properties: ``E[grad k1] = E[grad logp] = 0`` (no regularisation at all); ``grad k2 = d * grad logp``, whose
+expectation is the gradient of KL(pi || pi_ref); ``grad k3 = (1 - pi_ref / pi) * grad logp``, whose expectation is the
+gradient of the *forward* KL(pi_ref || pi). A name with a trailing ``+`` (``k1+``, ``k3+``, ``low_var_kl+``, as in verl)
+keeps the estimator's value but takes k2's gradient (straight-through): ``v + k2 - sg[k2]`` with ``v = sg[estimate]``.
 """
 
 from __future__ import annotations
@@ -25,8 +31,10 @@ __all__ = [
     "apply_kl_penalty",
 ]
 
-# Accepted names; k1/k2/k3 are aliases of the names used in verl/EasyR1 configs.
-KL_ESTIMATORS = ("kl", "abs", "mse", "low_var_kl", "k1", "k2", "k3")
+# Accepted names; k1/k2/k3 are aliases of the names used in verl/EasyR1 configs; a trailing "+" (verl) keeps the value
+# and takes k2's gradient.
+_BASE_ESTIMATORS = ("kl", "abs", "mse", "low_var_kl", "k1", "k2", "k3")
+KL_ESTIMATORS = _BASE_ESTIMATORS + tuple(f"{name}+" for name in _BASE_ESTIMATORS)
 
 
 def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, estimator: str) -> torch.Tensor:
@@ -38,7 +46,11 @@ def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, estimator: st
         estimator: ``"kl"``/``"k1"``: ``logp - ref``; ``"abs"``: ``|logp - ref|``; ``"mse"``/``"k2"``:
             ``0.5 (logp - ref)^2``; ``"low_var_kl"``/``"k3"``: ``exp(ref - logp) - (ref - logp) - 1`` with
             ``ref - logp`` clamped to [-20, 20] before ``exp`` (no overflow) and the result clamped to [-10, 10]
-            (bounds the penalty of the rare token the reference finds far likelier than the policy).
+            (bounds the penalty of the rare token the reference finds far likelier than the policy). Any of these
+            with a trailing ``+`` (verl's straight-through variants, e.g. ``"k3+"``): the same value, but the
+            gradient of k2, ``(logp - ref) * grad logp``, an unbiased estimate of the gradient of KL(pi || pi_ref)
+            on samples of ``pi`` (k3's own gradient estimates that of the forward KL(pi_ref || pi); k1's is 0 in
+            expectation).
 
     Returns:
         ``(bsz, resp_len)``, differentiable w.r.t. both inputs. Not masked: multiply by the response mask.
@@ -46,6 +58,10 @@ def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, estimator: st
     Raises:
         ValueError: for an unknown estimator; the message lists the valid names.
     """
+    if estimator.endswith("+") and estimator[:-1] in _BASE_ESTIMATORS:
+        value = kl_penalty(log_prob, ref_log_prob, estimator[:-1]).detach()
+        k2 = 0.5 * (log_prob - ref_log_prob).square()
+        return value + (k2 - k2.detach())
     diff = log_prob - ref_log_prob
     if estimator in ("kl", "k1"):
         return diff

@@ -27,10 +27,17 @@ __all__ = [
     "POLICY_LOSSES",
     "register_policy_loss",
     "get_policy_loss",
+    "sapo_gate",
     "compute_tis_weights",
 ]
 
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+LOSS_AGG_MODES = (
+    "token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum-norm",
+    "seq-mean-token-sum-norm-drgrpo",
+)
 
 _LOG_RATIO_CLAMP = 20.0  # |log pi/pi_old| above this is clamped before exp (exp(20) ~ 4.9e8)
 
@@ -74,13 +81,17 @@ def agg_loss(
     * ``"seq-mean-token-sum"``: ``sum_i (sum_t m_it l_it) / S``.
     * ``"seq-mean-token-mean"``: ``sum_i (sum_t m_it l_it / n_i) / S`` (the original GRPO objective,
       Shao et al. 2024, Eq. 3: ``1/G sum_i 1/|o_i| sum_t``).
-    * ``"seq-mean-token-sum-norm"``: ``sum_i (sum_t m_it l_it / L) / S`` with the constant ``L = norm_length``
-      (default ``loss_mat.shape[-1]``, the padded response length): Dr. GRPO's length-unbiased loss (Liu et al.
-      2025, arXiv:2503.20783, Sec. 3.1, which divides by the generation budget MAX_TOKENS instead of
-      ``|o_i|``). Choice: we average over sequences like Dr. GRPO's reference implementation (sail-sg/oat);
-      verl's mode of the same name *sums* over sequences (no ``1/S``), which makes the loss scale grow with
-      the batch size. Pass the configured max response length as ``norm_length`` when micro-batches may be
-      padded to different lengths, otherwise the constant differs between them.
+    * ``"seq-mean-token-sum-norm"`` (verl's mode of this name): ``sum_i (sum_t m_it l_it) / L``, a *sum* over the
+      sequences (no ``1/S``, despite the name; verl's docs: "turns off seq-dim averaging") divided by the constant
+      ``L = norm_length`` (default ``loss_mat.shape[-1]``, the padded response length). The loss scale grows with
+      the mini-batch size.
+    * ``"seq-mean-token-sum-norm-drgrpo"``: ``sum_i (sum_t m_it l_it / L) / S``, Dr. GRPO's length-unbiased loss as in
+      its paper and reference implementation (Liu et al. 2025, arXiv:2503.20783, Sec. 3.1 and sail-sg/oat: divide by
+      the generation budget instead of ``|o_i|``, average over the ``G`` sequences). It is exactly
+      ``1/S`` times ``"seq-mean-token-sum-norm"``.
+
+    Pass the configured max response length as ``norm_length`` when micro-batches may be padded to different
+    lengths, otherwise the constant ``L`` differs between them.
 
     Every mode is then multiplied by ``dp_size`` (see the module docstring). Empty denominators count as 1, so a
     micro-batch without valid tokens gives 0.
@@ -92,7 +103,7 @@ def agg_loss(
         global_num_tokens: valid tokens in the whole mini-batch over all ranks (``None``: this batch's count).
         global_num_seqs: sequences with >= 1 valid token in the whole mini-batch over all ranks (``None``: local).
         dp_size: number of data-parallel ranks averaging gradients.
-        norm_length: the constant ``L`` of ``"seq-mean-token-sum-norm"``.
+        norm_length: the constant ``L`` of the two ``"seq-mean-token-sum-norm*"`` modes.
 
     Returns:
         0-dim tensor.
@@ -114,8 +125,10 @@ def agg_loss(
     seq_loss = masked_sum(loss_mat, valid, dim=-1)  # (bsz,)
     if loss_agg_mode == "seq-mean-token-mean":
         seq_loss = seq_loss / valid.sum(dim=-1).clamp(min=1).to(seq_loss.dtype)
-    elif loss_agg_mode == "seq-mean-token-sum-norm":
+    elif loss_agg_mode.startswith("seq-mean-token-sum-norm"):
         seq_loss = seq_loss / (loss_mat.shape[-1] if norm_length is None else norm_length)
+        if loss_agg_mode == "seq-mean-token-sum-norm":  # verl: a sum over sequences
+            return masked_sum(seq_loss, seq_valid) * dp_size
     return masked_sum(seq_loss, seq_valid) / _denominator(global_num_seqs, seq_valid.sum(), loss_mat) * dp_size
 
 
@@ -173,7 +186,9 @@ def _metrics(clipfrac, clipfrac_lower, ppo_kl) -> dict[str, float]:
 # All policy losses share this signature:
 #   fn(old_log_prob, log_prob, advantages, response_mask,      # (bsz, resp_len) each
 #      *, loss_agg_mode, clip_ratio_low, clip_ratio_high, clip_ratio_dual,
-#      agg_kwargs=None, rollout_is_weights=None) -> (pg_loss 0-dim tensor, metrics dict of floats)
+#      agg_kwargs=None, rollout_is_weights=None, **settings) -> (pg_loss 0-dim tensor, metrics dict of floats)
+# ``settings`` carries the loss-specific keys of ``worker.actor`` (SAPO's tau_positive / tau_negative); a loss
+# ignores the ones it does not use, so the actor calls every loss the same way.
 # metrics: pg_clipfrac (fraction of valid tokens where clipping changed the loss), pg_clipfrac_lower
 # (fraction where the dual clip engaged; 0 for losses without one), ppo_kl (masked mean of old - new log-prob).
 
@@ -191,6 +206,7 @@ def vanilla_policy_loss(
     clip_ratio_dual: float,
     agg_kwargs: dict | None = None,
     rollout_is_weights: torch.Tensor | None = None,
+    **settings: float,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO clipped surrogate (Schulman et al. 2017, arXiv:1707.06347, Eq. 7) with decoupled clip range
     ``[1 - clip_ratio_low, 1 + clip_ratio_high]`` (DAPO "clip-higher", Yu et al. 2025, arXiv:2503.14476, Sec. 3.1)
@@ -254,6 +270,7 @@ def gspo_policy_loss(
     clip_ratio_dual: float,
     agg_kwargs: dict | None = None,
     rollout_is_weights: torch.Tensor | None = None,
+    **settings: float,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Group Sequence Policy Optimization, token form "GSPO-token" (Zheng et al. 2025, arXiv:2507.18071).
 
@@ -302,6 +319,7 @@ def cispo_policy_loss(
     clip_ratio_dual: float,
     agg_kwargs: dict | None = None,
     rollout_is_weights: torch.Tensor | None = None,
+    **settings: float,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """CISPO, clipped IS-weight policy optimisation (MiniMax 2025, "MiniMax-M1: Scaling Test-Time Compute
     Efficiently with Lightning Attention", arXiv:2506.13585, Eq. 4-5).
@@ -329,6 +347,77 @@ def cispo_policy_loss(
             0.0,
             masked_mean(old_log_prob - log_prob, response_mask),
         )
+    return pg_loss, metrics
+
+
+def sapo_gate(ratio: torch.Tensor, tau: torch.Tensor | float) -> torch.Tensor:
+    """SAPO's soft gate ``f(r) = (4 / tau) * sigmoid(tau * (r - 1))`` (Gao et al. 2025, arXiv:2511.20347).
+
+    ``f(1) = 2 / tau`` and ``f'(r) = 4 sigmoid(x) (1 - sigmoid(x))`` with ``x = tau (r - 1)``, so ``f'(1) = 1``: on
+    policy the gradient equals the plain policy gradient; away from ``r = 1`` it decays smoothly (faster for a
+    larger ``tau``) instead of dropping to 0 at a hard clip boundary.
+
+    Args:
+        ratio: importance ratio ``r``, any shape.
+        tau: temperature > 0, a float or a tensor broadcastable to ``ratio``.
+
+    Returns:
+        Tensor shaped like ``ratio``.
+    """
+    return torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
+
+
+@register_policy_loss("sapo")
+def sapo_policy_loss(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    loss_agg_mode: str,
+    clip_ratio_low: float,
+    clip_ratio_high: float,
+    clip_ratio_dual: float,
+    agg_kwargs: dict | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
+    tau_positive: float = 1.0,
+    tau_negative: float = 1.05,
+    **settings: float,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Soft Adaptive Policy Optimization (Gao et al. 2025, "Soft Adaptive Policy Optimization", arXiv:2511.20347,
+    the SAPO objective and its gate ``f``).
+
+    Per token ``l_t = -A_t * f(r_t; tau_t)`` with ``r_t = exp(clamp(logp_t - logp_old_t, -20, 20))``, the soft gate
+    :func:`sapo_gate`, and ``tau_t = tau_positive`` where ``A_t > 0``, ``tau_negative`` otherwise (negative
+    advantages get the larger temperature: their gradient decays faster off-policy, which the paper finds
+    stabilises training). No hard clipping: ``clip_ratio_*`` are unused.
+
+    Notes:
+        * The paper averages each sequence's token mean over the group (``1/G sum_i 1/|y_i| sum_t``), i.e.
+          ``loss_agg_mode="seq-mean-token-mean"``, which verl forces; easyrl honours the configured mode (as EasyR1
+          does) and warns at config load when it differs.
+        * Metrics: ``pg_clipfrac`` and ``pg_clipfrac_lower`` are 0 (nothing is clipped), as in verl.
+
+    Args:
+        tau_positive, tau_negative: gate temperatures > 0 (``worker.actor.tau_positive`` / ``tau_negative``;
+            EasyR1's and verl's defaults 1.0 / 1.05).
+        others: as :func:`vanilla_policy_loss`.
+
+    Returns:
+        ``(pg_loss, metrics)`` as :func:`vanilla_policy_loss`.
+
+    Raises:
+        ValueError: if a temperature is not positive, or the mode is unknown.
+    """
+    if not (tau_positive > 0 and tau_negative > 0):
+        raise ValueError(f"SAPO temperatures must be > 0, got tau_positive={tau_positive}, tau_negative={tau_negative}")
+    log_ratio = torch.clamp(log_prob - old_log_prob, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    ratio = torch.exp(log_ratio)
+    tau = torch.where(advantages > 0, float(tau_positive), float(tau_negative)).to(ratio.dtype)
+    pg_losses = -advantages * sapo_gate(ratio, tau)
+    pg_loss = _finish(pg_losses, response_mask, loss_agg_mode, agg_kwargs, rollout_is_weights)
+    with torch.no_grad():
+        metrics = _metrics(0.0, 0.0, masked_mean(old_log_prob - log_prob, response_mask))
     return pg_loss, metrics
 
 

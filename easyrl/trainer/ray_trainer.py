@@ -391,8 +391,8 @@ class RayPPOTrainer:
             if pending is not None:  # scored in the reward actor while the log-prob passes ran
                 with timer("reward", timing):
                     self._reward_wait(batch, pending, order)
-            metrics.update({key.replace("score/", "reward/", 1): float(np.mean(batch[key]))
-                            for key in batch.extras if key.startswith("score/")})
+            for key in [key for key in batch.extras if key.startswith("score/")]:  # unless set over all generated
+                metrics.setdefault(key.replace("score/", "reward/", 1), float(np.mean(batch[key])))
             metrics["reward/errors"] = float(self._reward_errors)
             with timer("adv", timing):
                 if cfg.algorithm.use_kl_in_reward and not cfg.algorithm.disable_kl:
@@ -447,7 +447,8 @@ class RayPPOTrainer:
         With ``algorithm.online_filtering`` (DAPO dynamic sampling, Yu et al. 2025 sec. 3.2) groups whose
         ``filter_key`` scores are all equal, or whose mean is outside [filter_low, filter_high], are dropped and
         more prompts are generated until enough groups are kept (``max_try_make_batch`` rounds at most); metrics
-        ``dynamic_sampling/{num_gen_batches,groups_kept,groups_dropped}``.
+        ``dynamic_sampling/{num_gen_batches,groups_kept,groups_dropped}``. ``reward/<name>`` is the mean over every
+        generated sample, dropped groups included (as EasyR1 logs it): the policy's reward, not the filter's.
 
         Raises:
             RuntimeError: ``max_try_make_batch`` rounds did not yield enough groups.
@@ -457,6 +458,7 @@ class RayPPOTrainer:
         kept: list[Batch] = []
         num_kept, rounds, dropped = 0, 0, 0
         self._reward_errors = 0
+        generated: dict[str, list[float]] = defaultdict(list)  # every sample's named scores, for reward/*
         while num_kept < wanted:
             rounds += 1
             if algo.online_filtering and algo.max_try_make_batch > 0 and rounds > algo.max_try_make_batch:
@@ -473,7 +475,9 @@ class RayPPOTrainer:
                 pending = self._reward_async(batch)  # scored while the log-prob passes run
             else:  # filtering needs the scores now (and a plain callable cannot be shipped by spec)
                 with timer("reward", timing):
-                    self._reward(batch, self._guard)
+                    for name, values in self._reward(batch, self._guard).items():
+                        generated[name].extend(values)
+                metrics.update({f"reward/{name}": float(np.mean(values)) for name, values in generated.items()})
             if algo.adv_estimator == "remax":
                 with timer("gen_baseline", timing):
                     batch["reward_baselines"] = self._greedy_baselines(prompts)

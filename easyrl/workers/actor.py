@@ -239,8 +239,8 @@ class FSDPPolicy:
                     metrics[key].append(value)
                 metrics["actor/grad_norm"].append(grad_norm.item())
         metrics["actor/skipped_steps"].append(float(num_skipped))  # a count; the same on every rank
+        metrics["actor/lr"].append(self.lr_scheduler.get_last_lr()[0])  # the LR this step's updates used
         self.lr_scheduler.step()
-        metrics["actor/lr"].append(self.lr_scheduler.get_last_lr()[0])
         return dict(metrics)
 
     def _backward_micro(self, micro: Batch, policy_loss_fn, agg_kwargs: dict,
@@ -267,6 +267,7 @@ class FSDPPolicy:
             old_log_probs, log_probs, advantages, mask,
             loss_agg_mode=cfg.loss_agg_mode, clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high,
             clip_ratio_dual=cfg.clip_ratio_dual, agg_kwargs=agg_kwargs, rollout_is_weights=tis_weights,
+            tau_positive=cfg.tau_positive, tau_negative=cfg.tau_negative,
         )
         entropy_loss = agg_loss(entropy, mask, cfg.loss_agg_mode, **agg_kwargs)
         loss = pg_loss - cfg.entropy_coeff * entropy_loss

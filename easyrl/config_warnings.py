@@ -1,0 +1,97 @@
+"""Warnings at config load for settings that run, but silently differ from what a paper or a verl recipe means.
+
+Each check is a pure function of the finalized config returning messages that name the keys and the reference setting;
+:func:`warn_config_traps` emits them as :class:`ConfigWarning` (a ``UserWarning``), before any model is loaded. None of
+them is an error: the setting may be intended.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from easyrl.config import PPOConfig
+
+__all__ = ["ConfigWarning", "config_trap_messages", "warn_config_traps"]
+
+
+class ConfigWarning(UserWarning):
+    """A setting that differs from its paper's or verl's meaning (see ``config_trap_messages``)."""
+
+
+def _loss_messages(config: PPOConfig) -> list[str]:
+    actor = config.worker.actor
+    mode, loss = actor.loss_agg_mode, actor.loss_type
+    messages = []
+    if mode == "seq-mean-token-sum-norm":
+        seqs = actor.global_batch_size * config.worker.rollout.n
+        messages.append(
+            "worker.actor.loss_agg_mode=seq-mean-token-sum-norm is verl's mode: each sequence's token-loss sum / "
+            f"max_response_length is SUMMED over the {seqs} sequences of a mini-batch (global_batch_size * "
+            "rollout.n), not averaged, so the loss is that many times Dr. GRPO's (paper, sail-sg/oat), which is "
+            "worker.actor.loss_agg_mode=seq-mean-token-sum-norm-drgrpo. AdamW barely sees a constant scale, "
+            "but worker.actor.max_grad_norm clips at a different point."
+        )
+    if loss == "gspo" and (mode != "seq-mean-token-mean" or max(actor.clip_ratio_low, actor.clip_ratio_high) > 1e-2):
+        messages.append(
+            f"worker.actor.loss_type=gspo with loss_agg_mode={mode}, clip_ratio_low={actor.clip_ratio_low}, "
+            f"clip_ratio_high={actor.clip_ratio_high}: the GSPO paper (arXiv:2507.18071) clips the sequence ratio "
+            "to [1 - 3e-4, 1 + 4e-4] and averages over sequences (seq-mean-token-mean, which verl forces); "
+            "token-level ranges such as 0.2/0.28 almost never clip a length-normalised sequence ratio."
+        )
+    if loss == "cispo" and (actor.clip_ratio_low < 1.0 or mode != "token-mean"):
+        messages.append(
+            f"worker.actor.loss_type=cispo with clip_ratio_low={actor.clip_ratio_low}, loss_agg_mode={mode}: "
+            "MiniMax-M1's CISPO (arXiv:2506.13585, Eq. 4-5) has no lower bound on the IS weight "
+            "(set worker.actor.clip_ratio_low: 1.0) and normalises by the number of tokens (token-mean)."
+        )
+    if loss == "sapo" and mode != "seq-mean-token-mean":
+        messages.append(
+            f"worker.actor.loss_type=sapo with loss_agg_mode={mode}: the SAPO paper (arXiv:2511.20347) averages "
+            "each sequence's token mean over the group (seq-mean-token-mean, which verl forces)."
+        )
+    return messages
+
+
+def _sampling_messages(config: PPOConfig) -> list[str]:
+    algo, actor, rollout = config.algorithm, config.worker.actor, config.worker.rollout
+    messages = []
+    bounds = [b for b in (algo.filter_low, algo.filter_high) if b is not None]
+    if algo.online_filtering and algo.filter_key == "overall" and bounds and all(0.0 <= b <= 1.0 for b in bounds):
+        messages.append(
+            f"algorithm.online_filtering with filter_key=overall, filter_low={algo.filter_low}, "
+            f"filter_high={algo.filter_high}: the bounds apply to a group's mean score and assume scores in [0, 1]. "
+            "With DAPO's +1/-1 reward (examples/reward_function/dapo.py) a filter_low of 0.01 drops every group with "
+            "accuracy <= 50%. Filter on a 0/1 score (algorithm.filter_key=accuracy, as DAPO's recipe) or set bounds "
+            "in your reward's range (null disables a bound)."
+        )
+    truncated = rollout.top_p < 1.0 or rollout.top_k > 0
+    if truncated and (actor.tis_cap is not None or rollout.calculate_log_probs):
+        messages.append(
+            f"worker.rollout.top_p={rollout.top_p} / top_k={rollout.top_k} with worker.rollout.calculate_log_probs"
+            f" (tis_cap={actor.tis_cap}): vLLM reports log-probs of the truncated (top-p/top-k) distribution while "
+            "the actor computes the full one, so rollout/* mismatch metrics and TIS weights compare different "
+            "distributions (the TIS blog and verl's rollout correction assume top_p=1, top_k=-1)."
+        )
+    return messages
+
+
+def config_trap_messages(config: PPOConfig) -> list[str]:
+    """Every trap the configuration falls into, one message each (empty when none).
+
+    Args:
+        config: a finalized ``PPOConfig``.
+
+    Returns:
+        Messages naming the keys, their values and the paper's or verl's setting.
+    """
+    return _loss_messages(config) + _sampling_messages(config)
+
+
+def warn_config_traps(config: PPOConfig) -> list[str]:
+    """Emit :func:`config_trap_messages` as :class:`ConfigWarning`s; returns them."""
+    messages = config_trap_messages(config)
+    for message in messages:
+        warnings.warn(message, ConfigWarning, stacklevel=3)
+    return messages
