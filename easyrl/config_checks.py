@@ -37,6 +37,7 @@ RANGE_RULES: dict[str, tuple[str, ...]] = {
         "worker.rollout.cpu_kvcache_space_gib", "algorithm.kl_target", "algorithm.kl_horizon",
         "worker.actor.max_token_len_per_device", "trainer.cpu_threads_per_worker",
         "worker.rollout.update_weights_bucket_megabytes", "worker.nccl_timeout",
+        "worker.actor.tau_positive", "worker.actor.tau_negative",
     ),
     "non_negative": (
         "worker.rollout.limit_images", "worker.rollout.temperature", "worker.actor.optim.lr",
@@ -45,8 +46,9 @@ RANGE_RULES: dict[str, tuple[str, ...]] = {
     "positive_or_-1": ("data.val_batch_size", "trainer.val_freq", "algorithm.max_try_make_batch"),
     "at_least_-1": ("worker.rollout.top_k",),
     "fraction": ("worker.rollout.top_p", "worker.rollout.gpu_memory_utilization"),
-    "unit": ("worker.actor.optim.lr_warmup_ratio", "algorithm.gamma", "algorithm.filter_low", "algorithm.filter_high"),
-    "below_1": ("worker.actor.clip_ratio_low",),  # the ratio is clipped below at 1 - clip_ratio_low > 0
+    # clip_ratio_low = 1: no lower bound on the ratio (CISPO's paper setting; the ratio itself is > 0)
+    "unit": ("worker.actor.optim.lr_warmup_ratio", "algorithm.gamma", "algorithm.filter_low", "algorithm.filter_high",
+             "worker.actor.clip_ratio_low"),
     "above_1": ("worker.actor.clip_ratio_dual",),  # dual-clip PPO's c > 1 (Ye et al. 2020, Eq. 5)
 }
 # Sampling settings that worker.rollout.val_override_config may replace during validation (see workers/rollout.py).
