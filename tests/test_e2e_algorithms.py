@@ -131,7 +131,7 @@ def test_dynamic_sampling_drops_constant_groups_and_refills(trainer):
     from easyrl.rewards.function import RewardFunction
 
     algo = trainer.config.algorithm
-    saved_fn = trainer.reward_fn
+    saved_fn = trainer._guard.reward_fn  # the trainer scores through its guard (worker.reward.on_error)
     half_constant = RewardFunction(f"{REPO / 'tests/reward_functions/half_constant.py'}:compute_score")
     generated: list[float] = []
 
@@ -140,12 +140,12 @@ def test_dynamic_sampling_drops_constant_groups_and_refills(trainer):
         generated.extend(scores["overall"])
         return scores
 
-    trainer.reward_fn = recording_reward
+    trainer._guard.reward_fn = recording_reward
     algo.online_filtering, algo.filter_low, algo.filter_high = True, None, None
     try:
         metrics = _steps(trainer, 1)[0]
     finally:
-        trainer.reward_fn = saved_fn
+        trainer._guard.reward_fn = saved_fn
         algo.online_filtering, algo.filter_low, algo.filter_high = False, 0.01, 0.99
     batch = trainer.last_batch
     n, groups = trainer.config.worker.rollout.n, trainer.config.data.rollout_batch_size
