@@ -129,9 +129,10 @@ def test_dynamic_sampling_drops_constant_groups_and_refills(trainer):
     """Half of the problems get a constant reward: their groups are dropped and more prompts are generated until
     the batch holds rollout_batch_size groups that all vary."""
     from easyrl.rewards.function import RewardFunction
+    from easyrl.rewards.guard import GuardedReward
 
     algo = trainer.config.algorithm
-    saved_fn = trainer._guard.reward_fn  # the trainer scores through its guard (worker.reward.on_error)
+    saved_guard = trainer._guard  # the trainer scores through its guard (worker.reward.on_error, timeout_s)
     half_constant = RewardFunction(f"{REPO / 'tests/reward_functions/half_constant.py'}:compute_score")
     generated: list[float] = []
 
@@ -140,12 +141,13 @@ def test_dynamic_sampling_drops_constant_groups_and_refills(trainer):
         generated.extend(scores["overall"])
         return scores
 
-    trainer._guard.reward_fn = recording_reward
+    # a plain callable cannot run in the guard's helper process: a guard of its own, scoring in-process
+    trainer._guard = GuardedReward(recording_reward, on_error="raise")
     algo.online_filtering, algo.filter_low, algo.filter_high = True, None, None
     try:
         metrics = _steps(trainer, 1)[0]
     finally:
-        trainer._guard.reward_fn = saved_fn
+        trainer._guard = saved_guard
         algo.online_filtering, algo.filter_low, algo.filter_high = False, 0.01, 0.99
     batch = trainer.last_batch
     n, groups = trainer.config.worker.rollout.n, trainer.config.data.rollout_batch_size
