@@ -3,7 +3,7 @@ UV := $(shell command -v uv 2>/dev/null || echo "python3 -m uv")
 PY := .venv/bin/python
 TINY := .cache/tiny_models/qwen2_5_vl
 
-.PHONY: setup demo test test-fast test-gpu
+.PHONY: setup demo demo-learn test test-fast test-gpu
 setup:
 	@command -v uv >/dev/null 2>&1 || python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet uv
 	$(UV) sync --locked --extra cpu --extra dev --extra bench
@@ -12,6 +12,14 @@ setup:
 demo: setup
 	$(PY) -m easyrl.models.tiny qwen2_5_vl --output $(TINY)
 	$(PY) -m easyrl.trainer config=examples/configs/cpu_demo.yaml worker.actor.model.model_path=$(TINY) $(ARGS)
+
+# GRPO that visibly learns: SmolLM2-135M-Instruct on single-digit addition, 1 CPU worker x 2 threads, validation on
+# held-out prompts before, during and after; ends with runs/easyrl/smollm2_learn/learning.png (~15 minutes on 2 cores).
+demo-learn: setup
+	$(PY) -m easyrl.trainer config=examples/configs/smollm2_learn.yaml \
+		worker.actor.model.model_path=$$($(PY) -m easyrl.models.smollm2) $(ARGS)
+	$(PY) bench/plots.py runs/easyrl/smollm2_learn/metrics.jsonl --labels easyrl \
+		--title "make demo-learn: GRPO on SmolLM2-135M-Instruct, single-digit addition"
 
 # The whole suite: unit tests plus the real end-to-end runs (Ray + vLLM + FSDP2 on the CPU).
 test: setup
