@@ -99,6 +99,23 @@ class AlgorithmConfig:
 
 
 @dataclass
+class LoraConfig:
+    """LoRA with peft (``easyrl/models/lora.py``; EasyR1's keys). Only the adapter is trained; the reference policy is
+    the base model (the adapter switched off); vLLM receives the merged weights ``W + alpha / rank * B @ A``."""
+
+    rank: int = 0
+    """Rank of the adapter matrices; 0 = LoRA off (full fine-tuning)."""
+    alpha: float = 64
+    """The adapter's output is scaled by ``alpha / rank``."""
+    target_modules: str = "all-linear"
+    """``all-linear`` (every linear layer but the output head) or comma-separated module names
+    (``q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj``)."""
+    exclude_modules: Optional[str] = ".*visual.*"
+    """A regular expression of full module names left without adapter; by default the vision tower of Qwen-VL
+    models (``model.visual``). null: none."""
+
+
+@dataclass
 class ModelConfig:
     """The policy checkpoint (actor, reference and rollout all start from it)."""
 
@@ -108,6 +125,7 @@ class ModelConfig:
     """Defaults to ``model_path``."""
     trust_remote_code: bool = False
     freeze_vision_tower: bool = False
+    lora: LoraConfig = field(default_factory=LoraConfig)
     npu_fused_kernels: bool = False
     """Ascend only (``trainer.device=npu``): torch_npu's fused RMSNorm, SwiGLU and rotary kernels in the actor and
     reference (``easyrl/models/npu_kernels.py``); ignored on other devices."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from typing import TYPE_CHECKING, Any, Callable
 
 from easyrl.errors import ConfigError
@@ -37,11 +38,12 @@ RANGE_RULES: dict[str, tuple[str, ...]] = {
         "worker.rollout.cpu_kvcache_space_gib", "algorithm.kl_target", "algorithm.kl_horizon",
         "worker.actor.max_token_len_per_device", "trainer.cpu_threads_per_worker",
         "worker.rollout.update_weights_bucket_megabytes", "worker.nccl_timeout",
-        "worker.actor.tau_positive", "worker.actor.tau_negative",
+        "worker.actor.tau_positive", "worker.actor.tau_negative", "worker.actor.model.lora.alpha",
     ),
     "non_negative": (
         "worker.rollout.limit_images", "worker.rollout.temperature", "worker.actor.optim.lr",
         "worker.actor.optim.weight_decay", "algorithm.kl_coef", "worker.actor.clip_ratio_high",
+        "worker.actor.model.lora.rank",
     ),
     "positive_or_-1": ("data.val_batch_size", "trainer.val_freq", "algorithm.max_try_make_batch"),
     "at_least_-1": ("worker.rollout.top_k",),
@@ -163,6 +165,22 @@ def check_combinations(config: "PPOConfig") -> None:
         )
 
 
+def check_lora(lora: Any) -> None:
+    """``worker.actor.model.lora`` (when ``rank > 0``): some module names to target, and an exclude pattern that is a
+    valid regular expression (peft matches it against full module names)."""
+    if lora.rank == 0:
+        return
+    if not str(lora.target_modules).strip(" ,"):
+        raise ConfigError("worker.actor.model.lora.target_modules is empty: give 'all-linear' or comma-separated "
+                          "module names (q_proj,k_proj,v_proj,o_proj).")
+    if lora.exclude_modules:
+        try:
+            re.compile(lora.exclude_modules)
+        except re.error as err:
+            raise ConfigError(f"worker.actor.model.lora.exclude_modules={lora.exclude_modules!r} is not a regular "
+                              f"expression ({err}); e.g. '.*visual.*' leaves the vision tower without adapter.") from None
+
+
 def check_config(config: "PPOConfig") -> None:
     """All value checks of a merged configuration, in the order of the module docstring.
 
@@ -175,3 +193,4 @@ def check_config(config: "PPOConfig") -> None:
     check_divisibility(config)
     check_names(config)
     check_combinations(config)
+    check_lora(config.worker.actor.model.lora)

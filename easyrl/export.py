@@ -4,7 +4,7 @@ writes) and from any checkpoint, on one process without Ray::
     python -m easyrl.export CHECKPOINT OUT [--dtype auto|float32|bfloat16|float16]
 
 ``CHECKPOINT`` is a ``global_step_N`` folder (or a run's checkpoint folder: its tracker's last checkpoint). ``OUT``
-receives sharded ``*.safetensors`` in the base model's dtype (its config's ``dtype`` / ``torch_dtype``; the training
+receives sharded ``*.safetensors`` (a LoRA actor merged into plain weights) in the base model's dtype (its config's ``dtype`` / ``torch_dtype``; the training
 master copy is float32), ``config.json``, the tokenizer/processor files and the base model's
 ``generation_config.json`` byte for byte. The folder is written under a temporary name and renamed when complete, so
 an interrupted export never leaves a folder that looks whole.
@@ -181,7 +181,29 @@ def export_checkpoint(checkpoint: str, out: str, dtype: Optional[torch.dtype] = 
     step_dir = resolve_checkpoint(checkpoint)
     actor_dir = os.path.join(step_dir, "actor")
     state = load_checkpoint_weights(actor_dir)
-    return write_hf_folder(state, [os.path.join(actor_dir, "huggingface")], out, dtype)
+    hf_dir = os.path.join(actor_dir, "huggingface")
+    state = merge_lora_checkpoint(state, hf_dir)
+    return write_hf_folder(state, [hf_dir], out, dtype)
+
+
+def merge_lora_checkpoint(state: dict[str, torch.Tensor], hf_dir: str) -> dict[str, torch.Tensor]:
+    """A LoRA actor's weights merged into the plain model's (``W + lora_alpha / r * B @ A``, see
+    ``easyrl.models.lora.merge_lora_stream``), with the scale from the checkpoint's ``adapter_config.json``;
+    ``state`` unchanged when it holds no adapter.
+
+    Raises:
+        FileNotFoundError: the weights hold an adapter but ``hf_dir`` has no ``adapter_config.json``.
+    """
+    from easyrl.models.lora import is_adapter_key, merge_lora_stream
+
+    if not any(is_adapter_key(name) for name in state):
+        return state
+    path = os.path.join(hf_dir, "adapter_config.json")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"the checkpoint holds a LoRA adapter but {path} is missing (its scale is needed)")
+    with open(path, encoding="utf-8") as f:
+        adapter = json.load(f)
+    return dict(merge_lora_stream(state.items(), adapter["lora_alpha"] / adapter["r"]))
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -55,6 +55,13 @@ CASES = [
     ("C31", ["worker.rollout.n"], ["'worker.rollout.n'", "key=value", "--help"]),
     ("C32", ["config=nope.yaml"], ["nope.yaml", "does not exist"]),
     ("C33", ["worker.actor.optim.betas=[0.9,1.5]"], ["worker.actor.optim.betas[1]", "[0, 1)"]),
+    ("C50", ["worker.actor.model.lora.rank=-4"], ["worker.actor.model.lora.rank", "0 or more", "-4"]),
+    ("C51", ["worker.actor.model.lora.rank=8", "worker.actor.model.lora.alpha=0"],
+     ["worker.actor.model.lora.alpha", "positive"]),
+    ("C52", ["worker.actor.model.lora.rank=8", "worker.actor.model.lora.target_modules=' , '"],
+     ["worker.actor.model.lora.target_modules", "all-linear"]),
+    ("C53", ["worker.actor.model.lora.rank=8", "worker.actor.model.lora.exclude_modules='.*visual(.*'"],
+     ["worker.actor.model.lora.exclude_modules", ".*visual(.*", "regular expression"]),
 ]
 
 

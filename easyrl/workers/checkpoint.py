@@ -68,8 +68,14 @@ def load_actor(policy, path: str, rank: int) -> None:
     set_rng_state(extra["rng"])
 
 
-def save_hf_metadata(model_path: str, tokenizer_path: str, path: str) -> None:
+def save_hf_metadata(model_path: str, tokenizer_path: str, path: str, lora: Any = None) -> None:
     """Copy the base model's small Hugging Face files (config, generation config, tokenizer/processor; no weights)
-    byte for byte to ``<path>/actor/huggingface``, so that ``easyrl.export`` needs nothing but the checkpoint.
+    byte for byte to ``<path>/actor/huggingface``, so that ``easyrl.export`` needs nothing but the checkpoint; with
+    ``lora`` (``worker.actor.model.lora``) also peft's ``adapter_config.json`` (export merges the adapter with it).
     Call it on one rank."""
-    copy_hf_files(dict.fromkeys((model_path, tokenizer_path)), os.path.join(path, ACTOR_DIR, HF_DIR))
+    out = os.path.join(path, ACTOR_DIR, HF_DIR)
+    copy_hf_files(dict.fromkeys((model_path, tokenizer_path)), out)
+    if lora is not None:
+        from easyrl.models.lora import peft_config
+
+        peft_config(lora).save_pretrained(out)

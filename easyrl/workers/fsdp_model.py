@@ -78,14 +78,20 @@ def build_empty_model(hf_config, dtype: torch.dtype, trust_remote_code: bool, at
         return hf_model_class(hf_config).from_config(hf_config, **kwargs)
 
 
-def read_checkpoint(model_path: str, hf_config, trust_remote_code: bool) -> tuple[dict, dict]:
+def read_checkpoint(model_path: str, hf_config, trust_remote_code: bool, lora: Any = None) -> tuple[dict, dict]:
     """Rank 0 only: the checkpoint's float32 state dict and the model's buffers (``name -> tensor``), in host memory.
 
     ``from_pretrained`` is used (not raw safetensors) so that the names match the model class of this transformers
-    version whatever the checkpoint's naming."""
+    version whatever the checkpoint's naming. With ``lora`` (``worker.actor.model.lora``, rank > 0) the model is
+    wrapped first, so the state dict has peft's names and rank 0's freshly initialised adapter (B = 0), which every
+    rank then receives."""
     model = hf_model_class(hf_config).from_pretrained(
         model_path, dtype=torch.float32, trust_remote_code=trust_remote_code, attn_implementation="sdpa"
     )
+    if lora is not None:
+        from easyrl.models.lora import apply_lora
+
+        apply_lora(model, lora, model_path)
     return model.state_dict(), {name: buf.detach().clone() for name, buf in model.named_buffers()}
 
 
@@ -109,7 +115,9 @@ def load_sharded_model(
         mesh: 1-D data-parallel device mesh.
         device: ``cuda``, ``npu`` or ``cpu``.
         trainable: True: float32 master parameters (compute in ``fsdp.param_dtype``), gradient checkpointing and
-            the vision-tower freeze as configured. False: frozen, parameters held in ``fsdp.param_dtype``.
+            the vision-tower freeze as configured, and with ``model.lora.rank > 0`` peft's LoRA layers inserted
+            before sharding (only they stay trainable; see ``easyrl.models.lora``). False: frozen, parameters held
+            in ``fsdp.param_dtype``.
         offload: this role's offload settings (see ``placement``).
         init_from: an already built sharded model of the same checkpoint (the actor) to copy the shards from.
         attn_implementation: transformers' attention implementation (the actor chooses it per device:
@@ -120,9 +128,10 @@ def load_sharded_model(
     """
     dtype = torch.float32 if trainable else TORCH_DTYPES[config.fsdp.param_dtype]
     trust = config.model.trust_remote_code
+    lora = config.model.lora if trainable and config.model.lora.rank > 0 else None
     full_state, buffers = {}, {}
     if init_from is None and dist.get_rank() == 0:
-        full_state, buffers = read_checkpoint(model_path, hf_config, trust)
+        full_state, buffers = read_checkpoint(model_path, hf_config, trust, lora)
     model = build_empty_model(hf_config, dtype, trust, attn_implementation)
     if device == "npu" and config.model.npu_fused_kernels:
         from easyrl.models.npu_kernels import apply_npu_fused_kernels
@@ -134,6 +143,10 @@ def load_sharded_model(
         model.model.visual.requires_grad_(False)
     if not trainable:
         model.requires_grad_(False)
+    if lora is not None:
+        from easyrl.models.lora import apply_lora
+
+        apply_lora(model, lora, model_path)  # in place: peft's wrapper is not kept (see easyrl.models.lora)
     where = placement(device, offload.offload_params)
     shard_model(model, mesh, config.fsdp, where)
     materialize(model, where)

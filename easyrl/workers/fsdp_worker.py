@@ -90,7 +90,7 @@ class FSDPWorker:
         mesh = init_device_mesh(self.device, (self.world_size,), mesh_dim_names=("dp",))
         self.actor = FSDPPolicy(model_path, cfg.actor, mesh, self.device, self.torch_device, trainable=True,
                                 offload=cfg.actor.offload)
-        if self.needs_ref():
+        if self.needs_ref() and not self.uses_lora():
             # same checkpoint: copy the actor's shards (cast to the compute dtype) instead of reading it again
             self.ref = FSDPPolicy(model_path, cfg.actor, mesh, self.device, self.torch_device, trainable=False,
                                   offload=cfg.ref.offload, init_from=self.actor)
@@ -113,6 +113,16 @@ class FSDPWorker:
             logger.info("memory per device (GiB of %.1f): rollout %.1f, training %.1f", estimate.capacity_gib,
                         estimate.rollout_gib, estimate.training_gib)
         check_memory(estimate)
+
+    def uses_lora(self) -> bool:
+        """Whether the actor carries a LoRA adapter (``worker.actor.model.lora.rank > 0``); the reference policy is
+        then the actor with its adapter switched off, not a second model."""
+        return self.config.worker.actor.model.lora.rank > 0
+
+    def _lora_scale(self) -> Optional[float]:
+        from easyrl.models.lora import lora_scale
+
+        return lora_scale(self.config.worker.actor.model.lora) if self.uses_lora() else None
 
     def needs_ref(self) -> bool:
         """Whether to build the reference policy: only if KL is enabled and used as a loss or in the reward."""
@@ -142,7 +152,8 @@ class FSDPWorker:
         rollout = self.config.worker.rollout
         start = time.perf_counter()
         weight_sync.sync_weights(self.actor.model.state_dict(), self.rollout, self.device, self.torch_device,
-                                 TORCH_DTYPES[rollout.dtype], rollout.update_weights_bucket_megabytes * 2**20)
+                                 TORCH_DTYPES[rollout.dtype], rollout.update_weights_bucket_megabytes * 2**20,
+                                 lora_scale=self._lora_scale())
         self.rollout.wake_up(tags=["kv_cache"])
         self.weights_dirty = False
         return time.perf_counter() - start
@@ -169,10 +180,16 @@ class FSDPWorker:
         return self.actor.compute_log_probs(data, actor.micro_batch_size_per_device_for_experience, actor.temperature)
 
     def compute_ref_log_probs(self, data: Batch) -> torch.Tensor:
-        """Reference-policy log-probs, ``(bsz, resp_len)``."""
+        """Reference-policy log-probs, ``(bsz, resp_len)``: the reference model's, or with LoRA the actor's with its
+        adapter switched off (the base weights)."""
         cfg = self.config.worker
-        return self.ref.compute_log_probs(data, cfg.ref.micro_batch_size_per_device_for_experience,
-                                          cfg.actor.temperature)
+        micro, temperature = cfg.ref.micro_batch_size_per_device_for_experience, cfg.actor.temperature
+        if self.uses_lora():
+            from easyrl.models.lora import adapter_disabled
+
+            with adapter_disabled(self.actor.model):
+                return self.actor.compute_log_probs(data, micro, temperature)
+        return self.ref.compute_log_probs(data, micro, temperature)
 
     def update_actor(self, data: Batch) -> dict[str, Any]:
         """Policy update on this worker's share; marks the rollout weights stale. Returns metric name -> values;
@@ -210,7 +227,9 @@ class FSDPWorker:
 
     def save_hf(self, path: str) -> Optional[str]:
         """Export the actor in Hugging Face format (see ``easyrl.export.write_hf_folder``: base dtype, sharded
-        safetensors, the base's generation config and tokenizer/processor, atomic).
+        safetensors, the base's generation config and tokenizer/processor, atomic). With LoRA: the merged model
+        (``W + alpha / rank * B @ A``, plain names) in ``path``, and the adapter alone in peft's format in
+        ``path/lora_adapter``.
 
         Every rank must call it (the weights are gathered collectively, onto rank 0 only); rank 0 writes. Returns the
         folder on rank 0, None elsewhere.
@@ -222,7 +241,14 @@ class FSDPWorker:
             return None
         model_cfg = self.config.worker.actor.model
         sources = list(dict.fromkeys((model_cfg.model_path, model_cfg.tokenizer_path or model_cfg.model_path)))
-        return write_hf_folder(state, sources, path, trust_remote_code=model_cfg.trust_remote_code)
+        if not self.uses_lora():
+            return write_hf_folder(state, sources, path, trust_remote_code=model_cfg.trust_remote_code)
+        from easyrl.models.lora import merge_lora_stream, save_adapter
+
+        merged = dict(merge_lora_stream(state.items(), self._lora_scale()))
+        write_hf_folder(merged, sources, path, trust_remote_code=model_cfg.trust_remote_code)
+        save_adapter(state, model_cfg.lora, model_cfg.model_path, os.path.join(path, "lora_adapter"))
+        return path
 
     def save_checkpoint(self, path: str) -> None:
         """Write this rank's part of a checkpoint into ``path`` (see ``easyrl.workers.checkpoint``); rank 0 also
@@ -232,7 +258,8 @@ class FSDPWorker:
         save_actor(self.actor, path, self.rank)
         if self.rank == 0:
             model_cfg = self.config.worker.actor.model
-            save_hf_metadata(model_cfg.model_path, model_cfg.tokenizer_path or model_cfg.model_path, path)
+            save_hf_metadata(model_cfg.model_path, model_cfg.tokenizer_path or model_cfg.model_path, path,
+                             lora=model_cfg.lora if self.uses_lora() else None)
 
     def load_checkpoint(self, path: str) -> None:
         """Restore the actor, its optimizer, LR schedule, counters and this rank's RNG states from ``path``; the

@@ -191,7 +191,7 @@ def reload_and_report(worker: Any, weights_iterator: Iterator[tuple[str, torch.T
 
 
 def sync_weights(state: dict[str, torch.Tensor], rollout: Any, device: str, torch_device: torch.device,
-                 dtype: torch.dtype, bucket_bytes: int) -> None:
+                 dtype: torch.dtype, bucket_bytes: int, lora_scale: Optional[float] = None) -> None:
     """Overwrite the engine's weights with the actor's (collective: every rank calls it), then free the gather
     memory. The caller wakes the KV cache afterwards (so that it is allocated after ``empty_cache``).
 
@@ -201,11 +201,19 @@ def sync_weights(state: dict[str, torch.Tensor], rollout: Any, device: str, torc
         device, torch_device: the compute device kind and device.
         dtype: the rollout dtype (``worker.rollout.dtype``).
         bucket_bytes: full-tensor bytes per gather bucket.
+        lora_scale: with a LoRA actor, ``alpha / rank``: each bucket's adapted weights reach vLLM merged,
+            ``W + scale * B @ A`` under the plain model's names (``easyrl.models.lora.merge_lora_stream``; the module
+            docstring there says why merged rather than a vLLM LoRA adapter).
 
     Raises:
         RuntimeError: vLLM holds parameters that the actor's weights did not overwrite (``check_all_loaded``).
     """
     rollout.wake_up(tags=["weights"])
-    expected, loaded = rollout.load_weights(iter_full_weights(state, torch_device, dtype, bucket_bytes))
+    weights = iter_full_weights(state, torch_device, dtype, bucket_bytes)
+    if lora_scale is not None:
+        from easyrl.models.lora import merge_lora_stream
+
+        weights = merge_lora_stream(weights, lora_scale)
+    expected, loaded = rollout.load_weights(weights)
     empty_cache(device)
     check_all_loaded(set(expected), set(loaded))

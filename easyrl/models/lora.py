@@ -1,0 +1,171 @@
+"""LoRA on the actor with peft (``worker.actor.model.lora``; the keys and their meaning are EasyR1's).
+
+* ``apply_lora`` wraps the Hugging Face model in place with peft's ``get_peft_model`` before it is sharded: peft swaps
+  each targeted ``nn.Linear`` for a LoRA layer holding the frozen original (``<module>.base_layer``) and two trainable
+  matrices ``lora_A`` ``(rank, in)`` and ``lora_B`` ``(out, rank)`` (Hu et al. 2021, "LoRA", Eq. 3:
+  ``h = W x + (alpha / rank) B A x``, ``B`` starts at 0). Everything else is frozen, so only adapter parameters get
+  gradients and enter the optimizer; FSDP2 then shards the adapter like any parameter of its block.
+* The reference policy is the same model with the adapter switched off (``disable_adapter``): no second model.
+* ``merge_lora_stream`` turns the actor's names and tensors into the plain model's (``W + scale * B @ A``), for vLLM
+  and for the exported merged model. Merged rather than an in-memory vLLM LoRA adapter, because: the engine then runs
+  the base model's kernels at full speed (no LoRA kernels per token), the same ``reload_weights`` path and its check
+  that every vLLM parameter was written serve LoRA and full fine-tuning alike, vLLM's LoRA does not cover every module
+  peft can target (vision towers, fused MoE experts) and its in-memory adapters are loaded through internal classes,
+  and vLLM's CPU backend is then exercised exactly as on GPUs. The cost: each sync gathers the full model, not only
+  the adapter (for a colocated engine that is a device-local all-gather, as for full fine-tuning).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any, Optional
+
+import torch
+
+ADAPTER_NAME = "default"  # peft's name of the one adapter
+_LORA_KEY = re.compile(rf"^(?P<module>.+)\.(?P<part>lora_A|lora_B)\.{ADAPTER_NAME}\.weight$")
+_BASE_KEY = re.compile(r"^(?P<module>.+)\.base_layer\.(?P<leaf>weight|bias)$")
+
+
+def target_modules(spec: str) -> Any:
+    """peft's ``target_modules`` from the config string: ``"all-linear"`` as is (every linear layer but the output
+    head), else a comma-separated list of module-name suffixes (``"q_proj,v_proj"`` -> ``["q_proj", "v_proj"]``)."""
+    spec = spec.strip()
+    return spec if spec == "all-linear" else [part.strip() for part in spec.split(",") if part.strip()]
+
+
+def peft_config(lora: Any) -> Any:
+    """A ``peft.LoraConfig`` from ``worker.actor.model.lora`` (``rank``, ``alpha``, ``target_modules``,
+    ``exclude_modules``: a regular expression matched against full module names); dropout 0 (the log-probs of the
+    update must equal the ones computed for the same weights), no bias training."""
+    from peft import LoraConfig
+
+    return LoraConfig(r=lora.rank, lora_alpha=lora.alpha, target_modules=target_modules(lora.target_modules),
+                      exclude_modules=lora.exclude_modules or None, lora_dropout=0.0, bias="none")
+
+
+def apply_lora(model: torch.nn.Module, lora: Any, model_path: Optional[str] = None) -> Any:
+    """Insert LoRA layers into ``model`` in place (works on the meta device) and freeze everything but them.
+
+    Args:
+        model: a Hugging Face model (its module names are kept: ``self.model`` stays this object).
+        lora: ``worker.actor.model.lora`` with ``rank > 0``.
+        model_path: recorded in the adapter's config (``base_model_name_or_path``).
+
+    Returns:
+        the ``peft.PeftModel`` wrapper (for ``disable_adapter`` and ``save_pretrained``); ``wrapper.base_model.model``
+        is ``model``.
+
+    Raises:
+        ModelError: no module of the model matches ``target_modules`` (names the key and the value).
+    """
+    from peft import get_peft_model
+
+    from easyrl.errors import ModelError
+
+    config = peft_config(lora)
+    config.base_model_name_or_path = model_path
+    with warnings.catch_warnings():  # the default exclude pattern (the vision tower) matches nothing on text models
+        warnings.filterwarnings("ignore", message=".*no modules were excluded.*")
+        try:
+            return get_peft_model(model, config)
+        except ValueError as err:
+            raise ModelError(
+                f"worker.actor.model.lora.target_modules={lora.target_modules!r} selects no layer of "
+                f"{type(model).__name__} ({err}). Give 'all-linear' or names such as q_proj,k_proj,v_proj,o_proj."
+            ) from None
+
+
+@contextmanager
+def adapter_disabled(model: torch.nn.Module) -> Iterator[None]:
+    """Run ``model`` (with LoRA layers from ``apply_lora``) as the base model: every peft tuner layer's adapter is
+    switched off (``BaseTunerLayer.enable_adapters(False)``, what ``PeftModel.disable_adapter`` does) and back on at
+    exit. This is the reference policy of a LoRA run."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    layers = [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
+    for layer in layers:
+        layer.enable_adapters(False)
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.enable_adapters(True)
+
+
+def lora_scale(lora: Any) -> float:
+    """peft's scaling of the adapter's output, ``alpha / rank`` (Hu et al. 2021, Sec. 4.1)."""
+    return lora.alpha / lora.rank
+
+
+def is_adapter_key(name: str) -> bool:
+    """Whether ``name`` is a LoRA matrix (``...lora_A.default.weight`` / ``...lora_B.default.weight``)."""
+    return _LORA_KEY.match(name) is not None
+
+
+def merge_lora_stream(named: Iterable[tuple[str, torch.Tensor]], scale: float,
+                      dtype: Optional[torch.dtype] = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """The plain model's ``(name, tensor)`` pairs from a LoRA model's, lazily: ``X.base_layer.weight`` ``(out, in)``
+    with ``X.lora_A.default.weight`` ``(rank, in)`` and ``X.lora_B.default.weight`` ``(out, rank)`` becomes
+    ``X.weight = W + scale * B @ A`` (computed in float32, returned in ``dtype`` or W's dtype),
+    ``X.base_layer.bias`` becomes ``X.bias``; other names pass through unchanged, in order.
+
+    A module's three tensors may arrive in any order and in different buckets; the base weight is held until its two
+    matrices have arrived (peft registers them right after it, so at most one module is held at a time).
+
+    Raises:
+        ValueError: a LoRA matrix without its base weight, or a base weight left without its matrices at the end.
+    """
+    pending: dict[str, dict[str, torch.Tensor]] = {}
+    for name, tensor in named:
+        lora = _LORA_KEY.match(name)
+        base = _BASE_KEY.match(name)
+        if base is not None and base["leaf"] == "bias":
+            yield f"{base['module']}.bias", tensor
+            continue
+        if lora is None and base is None:
+            yield name, tensor
+            continue
+        module = (lora or base)["module"]
+        parts = pending.setdefault(module, {})
+        parts[lora["part"] if lora else "W"] = tensor
+        if len(parts) == 3:
+            del pending[module]
+            yield f"{module}.weight", merge_weight(parts["W"], parts["lora_A"], parts["lora_B"], scale, dtype)
+    if pending:
+        incomplete = {module: sorted(parts) for module, parts in pending.items()}
+        raise ValueError(f"LoRA modules without a base weight or a matrix: {incomplete}")
+
+
+def merge_weight(weight: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, scale: float,
+                 dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """``W + scale * B @ A`` in float32, cast to ``dtype`` (default: W's). ``W`` ``(out, in)``, ``A`` ``(rank, in)``,
+    ``B`` ``(out, rank)``."""
+    merged = weight.float() + scale * (lora_b.float() @ lora_a.float())
+    return merged.to(dtype or weight.dtype)
+
+
+def save_adapter(state: dict[str, torch.Tensor], lora: Any, model_path: str, out: str) -> str:
+    """Write the adapter in peft's format into folder ``out``: ``adapter_config.json`` and
+    ``adapter_model.safetensors`` (names ``base_model.model.<module>.lora_A.weight``), loadable with
+    ``peft.PeftModel.from_pretrained(base_model, out)``.
+
+    Args:
+        state: the actor's full state dict (peft names; only the adapter matrices are written).
+        lora: ``worker.actor.model.lora``.
+        model_path: the base model (recorded as ``base_model_name_or_path``).
+    """
+    from safetensors.torch import save_file
+
+    os.makedirs(out, exist_ok=True)
+    config = peft_config(lora)
+    config.base_model_name_or_path = model_path
+    config.save_pretrained(out)
+    tensors = {f"base_model.model.{name.replace(f'.{ADAPTER_NAME}.', '.')}": t.contiguous()
+               for name, t in state.items() if is_adapter_key(name)}
+    save_file(tensors, os.path.join(out, "adapter_model.safetensors"), metadata={"format": "pt"})
+    return out
