@@ -53,16 +53,23 @@ def run(lib: str, seed: int, root: str, extra: list[str]) -> str:
     return os.path.join(folder, "metrics.jsonl")
 
 
+def command_and_env(lib: str, args: list[str]) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment of one run: ``python -m easyrl.trainer ARGS`` or ``python
+    bench/trl_grpo.py ARGS`` (TRL gets all cores as torch threads, as easyrl's one worker with
+    ``trainer.cpu_threads_per_worker`` = the core count does)."""
+    command = [sys.executable, "-m", "easyrl.trainer", *args] if lib == "easyrl" else \
+        [sys.executable, os.path.join(REPO, "bench", "trl_grpo.py"), *args]
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", str(os.cpu_count() or 1)))
+    return command, env
+
+
 def train(lib: str, args: list[str]) -> None:
-    """``python -m easyrl.trainer ARGS`` or ``python bench/trl_grpo.py ARGS`` in a subprocess (TRL gets all cores
-    as torch threads, as easyrl's one worker with ``trainer.cpu_threads_per_worker`` = the core count does).
+    """Run :func:`command_and_env` in a subprocess, to completion.
 
     Raises:
         subprocess.CalledProcessError: the run failed.
     """
-    command = [sys.executable, "-m", "easyrl.trainer", *args] if lib == "easyrl" else \
-        [sys.executable, os.path.join(REPO, "bench", "trl_grpo.py"), *args]
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", str(os.cpu_count() or 1)))
+    command, env = command_and_env(lib, args)
     subprocess.run(command, check=True, cwd=REPO, env=env)
 
 

@@ -112,8 +112,9 @@ def grpo_config(config: PPOConfig, output_dir: str):
 
 
 def make_recorder(config: PPOConfig, tokenizer, val_rows: Optional[list[dict]], reward_fn, path: str):
-    """A ``transformers.TrainerCallback`` that times each step, renames TRL's logged metrics to easyrl's, validates
-    on easyrl's schedule (``validate``) and appends one JSON line per step to ``path``."""
+    """A ``transformers.TrainerCallback`` that times each step, renames TRL's logged metrics to easyrl's (the step's
+    prompt + completion tokens as ``perf/total_num_tokens``), validates on easyrl's schedule (``validate``) and appends
+    one JSON line per step to ``path``."""
     from transformers import TrainerCallback
 
     names = {"reward": "reward/overall", "completions/mean_length": "response_length/mean", "kl": "actor/kl_loss",
@@ -123,6 +124,7 @@ def make_recorder(config: PPOConfig, tokenizer, val_rows: Optional[list[dict]], 
         def __init__(self):
             self.step_start = 0.0
             self.step_metrics: Optional[tuple[int, dict[str, float]]] = None
+            self.tokens_seen = 0.0
             self.file = open(path, "a", encoding="utf-8")
 
         def write(self, step: int, metrics: dict[str, float]) -> None:
@@ -149,7 +151,10 @@ def make_recorder(config: PPOConfig, tokenizer, val_rows: Optional[list[dict]], 
                 return
             step, metrics = self.step_metrics
             for key, value in (logs or {}).items():
-                if key.startswith("rewards/") and key.endswith("/mean"):
+                if key == "num_tokens":  # TRL's running count of prompt + completion tokens: this step's share
+                    metrics["perf/total_num_tokens"] = float(value) - self.tokens_seen
+                    self.tokens_seen = float(value)
+                elif key.startswith("rewards/") and key.endswith("/mean"):
                     metrics["reward/" + key.split("/")[1]] = float(value)
                 elif key in names:
                     metrics[names[key]] = float(value)
