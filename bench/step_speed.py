@@ -136,9 +136,8 @@ def floor(config, repeats: int) -> dict[str, float]:
     bytes the weight copy moved."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from vllm import LLM, SamplingParams
-
     from trl_grpo import load_prompts
+    from vllm import LLM, SamplingParams
 
     data, rollout, actor = config.data, config.worker.rollout, config.worker.actor
     model_path = actor.model.model_path
@@ -158,7 +157,7 @@ def floor(config, repeats: int) -> dict[str, float]:
 
     out = {"gen_s": _median_time(generate, repeats)}
     sequences = [prompt.prompt_token_ids + list(sample.token_ids) for prompt in outputs for sample in prompt.outputs]
-    del llm, outputs
+    llm = outputs = None  # the engine's memory is not needed for the rest
     out["tokens_per_step"] = float(sum(len(s) for s in sequences))
     input_ids = torch.tensor([[t for s in sequences for t in s]])
     position_ids = torch.tensor([[p for s in sequences for p in range(len(s))]])
@@ -287,7 +286,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats of each floor part")
     parser.add_argument("--libs", nargs="+", default=["easyrl", "trl", "floor"], choices=("easyrl", "trl", "floor"))
     parser.add_argument("--root", default=os.path.join("runs", "bench", "step_speed"))
-    parser.add_argument("--model", help="model folder (default: SmolLM2-135M-Instruct, `python -m easyrl.models.smollm2`)")
+    parser.add_argument("--model", help="model folder (default: SmolLM2-135M-Instruct, converted once)")
     parser.add_argument("--out", help="floor: the JSON file to write")
     parser.add_argument("overrides", nargs="*", help="config key=value overrides for all three")
     args = parser.parse_args(argv)

@@ -47,9 +47,10 @@ def test_summarize_takes_medians_after_the_first_step(tmp_path):
 def test_ratios_are_of_throughput_and_step_time():
     from step_speed import ratios, table
 
+    phases = ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor")
     summary = {"easyrl": {"median_step_s": 10.0, "tokens_per_s": 300.0, "tokens_per_step": 3000.0,
                           "weight_sync_s": 0.5, "padding_fraction": 0.4, "rss_gb": {"ray::FSDPWorker#0": 3.5},
-                          **{f"share/{p}": 0.1 for p in ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor")}},
+                          **{f"share/{p}": 0.1 for p in phases}},
                "trl": {"median_step_s": 20.0, "tokens_per_s": 100.0, "rss_gb": {"main": 9.0}},
                "floor": {"step_s": 8.0, "tokens_per_s": 330.0, "tokens_per_step": 2640.0, "gen_s": 4.0,
                          "forward_s": 1.0, "train_step_s": 2.9, "weight_copy_s": 0.1, "weight_bytes": 5e8,
