@@ -32,7 +32,8 @@ def speed(tmp_path_factory, tiny_model_path) -> tuple[Path, dict]:
     val = tmp / "val.jsonl"
     val.write_text("\n".join((REPO / "examples/data/digit_addition/val.jsonl").read_text().splitlines()[:2]) + "\n")
     smallest = ["data.rollout_batch_size=2", "worker.actor.global_batch_size=2", "worker.rollout.n=2",
-                "data.max_response_length=8", f"data.val_files={val}", "worker.rollout.val_override_config.n=1",
+                "worker.actor.micro_batch_size_per_device_for_update=4",
+                "worker.actor.micro_batch_size_per_device_for_experience=4", "data.max_response_length=8", f"data.val_files={val}", "worker.rollout.val_override_config.n=1",
                 "trainer.val_freq=1", "trainer.val_before_train=true"]
     root = tmp / "step_speed"
     summary = step_speed.run(str(root), STEPS, 1, ["easyrl", "trl", "floor"], smallest,
