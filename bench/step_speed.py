@@ -55,8 +55,8 @@ def overrides(lib: str, root: str, model_path: str, steps: int, threads: int, ex
 
 def run_watched(command: list[str], env: dict[str, str], interval: float = 0.2) -> dict[str, float]:
     """Run ``command`` to completion while polling the RSS of its process tree; returns the peak RSS (GB) per
-    process, named ``main`` (the command itself) or by its Ray title (``ray::FSDPWorker#0``, ...; idle Ray workers
-    and processes under 0.2 GB are left out).
+    process, named ``main`` (the command itself), by its Ray title (``ray::FSDPWorker#0``, ...) or its executable's
+    name; idle Ray workers and processes under 0.2 GB are left out.
 
     Raises:
         subprocess.CalledProcessError: the command failed.
@@ -76,7 +76,10 @@ def run_watched(command: list[str], env: dict[str, str], interval: float = 0.2) 
                 processes = []
             for p in processes:
                 try:
-                    title = "main" if p.pid == proc.pid else (p.cmdline() or [p.name()])[0].split(".")[0]
+                    title = "main" if p.pid == proc.pid else p.name()
+                    cmdline = p.cmdline()
+                    if cmdline and cmdline[0].startswith("ray::"):  # a Ray worker's title: ray::Class.method
+                        title = cmdline[0].split(".")[0]
                     rss = p.memory_info().rss
                 except psutil.Error:
                     continue
@@ -182,7 +185,8 @@ def floor(config, repeats: int) -> dict[str, float]:
 
     out["forward_s"] = _median_time(forward, repeats)
     out["train_step_s"] = _median_time(train_step, repeats)
-    source = [p.detach() for p in model.state_dict().values()]
+    unique = {p.data_ptr(): p.detach() for p in model.state_dict().values()}  # tied embeddings: one tensor
+    source = list(unique.values())
     target = [torch.empty_like(p) for p in source]
 
     def copy() -> None:
@@ -289,7 +293,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--model", help="model folder (default: SmolLM2-135M-Instruct, converted once)")
     parser.add_argument("--out", help="floor: the JSON file to write")
     parser.add_argument("overrides", nargs="*", help="config key=value overrides for all three")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # options may come after the action and between the overrides
     if args.action == "floor":
         import torch
 

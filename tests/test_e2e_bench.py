@@ -56,8 +56,8 @@ def test_step_speed_runs_easyrl_trl_and_the_floor(speed):
     assert set(easyrl["rss_gb"]) >= {"main", "ray::FSDPWorker#0"} and "ray::FSDPWorker#1" not in easyrl["rss_gb"]
     assert min(easyrl["rss_gb"]["ray::FSDPWorker#0"], trl["rss_gb"]["main"], floor["rss_gb"]["main"]) > 0.2
     assert min(floor[k] for k in ("gen_s", "forward_s", "train_step_s", "weight_copy_s")) > 0
-    # the tiny Qwen2.5's parameters in fp32 (tied embeddings: one copy of the 151936 x 256 matrix)
-    assert 151936 * 256 * 4 < floor["weight_bytes"] < 60e6
+    # the tiny Qwen2.5's parameters in fp32: the 151936 x 256 embedding (tied: counted once) and 2 small layers
+    assert 151936 * 256 * 4 < floor["weight_bytes"] < 151936 * 256 * 4 + 8e6
     assert floor["step_s"] == pytest.approx(floor["gen_s"] + floor["forward_s"] + floor["train_step_s"]
                                             + floor["weight_copy_s"])
     assert summary["ratios"] == step_speed.ratios(summary) and len(summary["ratios"]) == 5
