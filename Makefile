@@ -14,7 +14,7 @@ demo: setup
 	$(PY) -m easyrl.trainer config=examples/configs/cpu_demo.yaml worker.actor.model.model_path=$(TINY) $(ARGS)
 
 # GRPO that visibly learns: SmolLM2-135M-Instruct on single-digit addition, 1 CPU worker x 2 threads, validation on
-# held-out prompts before, during and after; ends with runs/easyrl/smollm2_learn/learning.png (~15 minutes on 2 cores).
+# held-out prompts before, during and after; ends with runs/easyrl/smollm2_learn/learning.png (~12 minutes on 2 cores).
 demo-learn: setup
 	$(PY) -m easyrl.trainer config=examples/configs/smollm2_learn.yaml \
 		worker.actor.model.model_path=$$($(PY) -m easyrl.models.smollm2) $(ARGS)
