@@ -2,11 +2,13 @@
 UV := $(shell command -v uv 2>/dev/null || echo "python3 -m uv")
 PY := .venv/bin/python
 TINY := .cache/tiny_models/qwen2_5_vl
+# the dashboards' libraries: the logger tests write real wandb/SwanLab/MLflow files (offline)
+LOGGER_EXTRAS := --extra wandb --extra swanlab --extra mlflow
 
 .PHONY: setup demo demo-learn test test-fast test-gpu
 setup:
 	@command -v uv >/dev/null 2>&1 || python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet uv
-	$(UV) sync --locked --extra cpu --extra dev --extra bench
+	$(UV) sync --locked --extra cpu --extra dev --extra bench $(LOGGER_EXTRAS)
 
 # GRPO on the ten bundled Geometry3K problems with a tiny Qwen2.5-VL, 2 CPU workers, 2 steps (~4 minutes).
 demo: setup

@@ -298,7 +298,7 @@ class TrainerConfig:
     project_name: str = "easyrl"
     experiment_name: str = "demo"
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
-    """Any of console, jsonl, wandb, tensorboard."""
+    """Any of console, jsonl, wandb, tensorboard, swanlab, mlflow (see docs/metrics.md; the last three are extras)."""
     nnodes: int = 1
     n_gpus_per_node: int = 8
     """Devices per node (GPUs, NPUs, or CPU ranks on a CPU-only machine)."""
@@ -312,6 +312,8 @@ class TrainerConfig:
     """Validate every this many steps; -1 never (besides ``val_before_train``)."""
     val_before_train: bool = True
     val_only: bool = False
+    val_generations_to_log: int = 0
+    """Log the first this many validation samples (prompt, response, ground truth, score) as a table."""
     save_model_path: Optional[str] = None
     """Where the final actor is exported in Hugging Face format; default ``<run_dir>/huggingface``."""
     save_freq: int = 5

@@ -44,6 +44,7 @@ RANGE_RULES: dict[str, tuple[str, ...]] = {
         "worker.rollout.limit_images", "worker.rollout.temperature", "worker.actor.optim.lr",
         "worker.actor.optim.weight_decay", "algorithm.kl_coef", "worker.actor.clip_ratio_high",
         "worker.actor.model.lora.rank",
+        "trainer.val_generations_to_log",
     ),
     "positive_or_-1": ("data.val_batch_size", "trainer.val_freq", "algorithm.max_try_make_batch"),
     "at_least_-1": ("worker.rollout.top_k",),
@@ -145,8 +146,9 @@ def check_names(config: "PPOConfig") -> None:
     check_choice("trainer.device", config.trainer.device, ("auto", "cuda", "npu", "cpu"))
     check_choice("trainer.best_metric_mode", config.trainer.best_metric_mode, ("max", "min"))
     check_choice("worker.reward.on_error", config.worker.reward.on_error, ("raise", "zero"))
-    for name in config.trainer.logger:
-        check_choice("trainer.logger", name, ("console", "jsonl", "wandb", "tensorboard"))
+    from easyrl.trainer.loggers import check_backends
+
+    check_backends(config.trainer.logger)  # known names, and their libraries installed
 
 
 def check_combinations(config: "PPOConfig") -> None:

@@ -96,3 +96,29 @@ def memory_allocated_gib(device: str) -> float:
     if device == "npu":
         return torch.npu.memory_allocated() / 2**30
     return 0.0
+
+
+def device_name(device: str) -> str:
+    """The accelerator's marketing name (``NVIDIA H100 80GB HBM3``, ``Ascend910B3``), or ``cpu``."""
+    if device == "cuda":
+        return torch.cuda.get_device_name()
+    if device == "npu":
+        return torch.npu.get_device_name()
+    return "cpu"
+
+
+def memory_metrics(device: str) -> dict[str, float]:
+    """This worker's memory, in GiB (2**30 bytes, verl's ``_gb`` convention).
+
+    ``perf/max_memory_allocated_gb`` / ``perf/max_memory_reserved_gb``: the accelerator allocator's peaks since the
+    worker started (tensors / cached blocks; only on cuda and npu, the CPU has no such allocator);
+    ``perf/cpu_memory_used_gb``: the worker process's resident host memory now (RSS).
+    """
+    import psutil
+
+    metrics = {"perf/cpu_memory_used_gb": psutil.Process().memory_info().rss / 2**30}
+    if device in ("cuda", "npu"):
+        module = torch.cuda if device == "cuda" else torch.npu
+        metrics["perf/max_memory_allocated_gb"] = module.max_memory_allocated() / 2**30
+        metrics["perf/max_memory_reserved_gb"] = module.max_memory_reserved() / 2**30
+    return metrics

@@ -68,5 +68,5 @@ def test_tracker_jsonl_and_tensorboard(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert rows == [{"step": 1, "actor/pg_loss": 0.5, "bad": "nan"}, {"step": 2, "actor/pg_loss": 0.25}]
     assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
-    with pytest.raises(ValueError, match="unknown backend 'mlflow'"):
-        Tracker(["mlflow"], str(tmp_path), "p", "e", {})
+    with pytest.raises(ValueError, match="unknown backend 'neptune'"):
+        Tracker(["neptune"], str(tmp_path), "p", "e", {})

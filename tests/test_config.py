@@ -59,7 +59,7 @@ def test_auto_key_cannot_be_set():
     ("algorithm.kl_penalty=k9", r"algorithm\.kl_penalty.*low_var_kl"),
     ("algorithm.kl_type=adaptve", r"algorithm\.kl_type"),
     ("worker.actor.fsdp.param_dtype=fp8", r"worker\.actor\.fsdp\.param_dtype"),
-    ("trainer.logger=[console,mlflow]", r"trainer\.logger.*mlflow"),
+    ("trainer.logger=[console,neptune]", r"trainer\.logger.*neptune"),
     ("worker.reward.reward_type=parallel", r"worker\.reward\.reward_type"),
     ("trainer.device=tpu", r"trainer\.device"),
 ])

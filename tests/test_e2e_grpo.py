@@ -64,7 +64,9 @@ def test_grpo_two_steps_two_ranks(vl_trainer):
     # step 2's rollout must have sampled with the step-1 weights: vLLM's log-probs of its own samples equal the
     # actor's (old_log_probs, computed with the step-1 weights), and differ from the initial weights' (ref_log_probs)
     trainer.global_step = 2
+    trainer.peak_flops = 1e12  # a nominal 1 TFLOP/s device: the CPU has no listed peak, so no MFU otherwise
     metrics_2 = trainer.train_step(features)
+    trainer.peak_flops = None
     assert metrics_2["rollout/log_prob_diff_max"] < LOGPROB_TOL, metrics_2["rollout/log_prob_diff_max"]
     batch = trainer.last_batch
     stale_gap = ((batch["rollout_log_probs"] - batch["ref_log_probs"]).abs() * batch["response_mask"]).max().item()
@@ -83,6 +85,26 @@ def test_grpo_two_steps_two_ranks(vl_trainer):
         assert not missing, missing
         assert all(math.isfinite(v) for v in metrics.values()), metrics
     assert metrics_2["actor/kl_loss"] > 0  # the actor moved away from the reference policy
+    _check_perf_signals(metrics_1, metrics_2, trainer.last_batch)
+
+
+def _check_perf_signals(metrics_1: dict, metrics_2: dict, batch) -> None:
+    """Signals of issue #11 on a real step: constant-reward groups, the weight sync timed apart from generation,
+    throughput per phase, MFU (only with a peak), the workers' memory."""
+    groups: dict[str, set] = {}
+    for uid, score in zip(batch["uid"], batch["token_level_scores"].sum(-1).tolist()):
+        groups.setdefault(uid, set()).add(score)
+    constant = sum(len(scores) == 1 for scores in groups.values()) / len(groups)
+    assert metrics_2["reward/frac_reward_zero_std"] == pytest.approx(constant)
+    for m in (metrics_1, metrics_2):
+        assert m["timing_s/gen"] + m["timing_s/reshard"] <= m["timing_s/step"]
+        generated = m["response_length/mean"] * len(batch)
+        assert m["perf/rollout_tokens_per_s"] == pytest.approx(generated / m["timing_s/gen"], rel=1e-4)
+        assert m["perf/throughput_total"] == pytest.approx(2 * m["perf/throughput"])
+        assert 0.5 < m["perf/cpu_memory_used_gb"] < 20  # a worker holds vLLM, the actor and the reference
+    assert metrics_1["timing_s/reshard"] > 0  # the first rollout synced the actor's weights into vLLM
+    assert "perf/mfu/actor" not in metrics_1  # CPU: no peak, no MFU
+    assert 0 < metrics_2["perf/mfu/actor"] < 1 and 0 < metrics_2["perf/mfu/rollout"] < 1
 
 
 def test_vllm_matches_actor_after_weight_sync(vl_trainer):
@@ -137,8 +159,9 @@ def test_weight_sync_refuses_a_missing_key(vl_trainer):
         assert "1 of vLLM's" in error and "norm.weight" in error, error
 
 
-def test_export_and_jsonl(vl_trainer):
-    """fit() writes the JSONL metrics and a Hugging Face folder that transformers loads."""
+def test_export_and_jsonl(vl_trainer, capsys):
+    """fit() writes the JSONL metrics and a Hugging Face folder that transformers loads; the console shows the step's
+    summary line and the progress bar."""
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     trainer = vl_trainer
@@ -150,6 +173,12 @@ def test_export_and_jsonl(vl_trainer):
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1]
     assert "val/reward/overall" in rows[0] and "timing_s/gen" in rows[0]
+    generations = rows[0]["val/generations"]  # trainer.val_generations_to_log: 2 in the demo config
+    assert len(generations) == 2 and all(g["prompt"].startswith("system\n") for g in generations)
+    assert [g["ground_truth"] for g in generations] == [trainer.val_dataset[i]["ground_truth"] for i in range(2)]
+    assert all(g["response"] and 0.0 <= g["score"] <= 1.0 for g in generations)
+    console = capsys.readouterr().err
+    assert f"step 1/1 | reward {rows[0]['critic/score/mean']:.3f}" in console and "training: 100%" in console
     exported = run_dir / "huggingface"
     for name in ("config.json", "model.safetensors", "tokenizer.json", "generation_config.json",
                  "processor_config.json"):

@@ -62,6 +62,7 @@ CASES = [
      ["worker.actor.model.lora.target_modules", "all-linear"]),
     ("C53", ["worker.actor.model.lora.rank=8", "worker.actor.model.lora.exclude_modules='.*visual(.*'"],
      ["worker.actor.model.lora.exclude_modules", ".*visual(.*", "regular expression"]),
+    ("C39", ["trainer.logger=[console,neptune]"], ["trainer.logger", "'neptune'", "swanlab, mlflow"]),
 ]
 
 

@@ -13,6 +13,7 @@ from typing import Optional
 
 from easyrl.config import PPOConfig, load_config
 from easyrl.errors import run_cli
+from easyrl.quiet import quiet_libraries, verbose
 
 logger = logging.getLogger("easyrl")
 
@@ -30,6 +31,10 @@ def build_trainer(config: PPOConfig):
     from easyrl.preflight import prepare
     from easyrl.trainer.checkpoint import check_run_folder
 
+    if not verbose():
+        import datasets
+
+        datasets.disable_progress_bars()  # "Casting the dataset" bars of every load
     ready = prepare(config)
     check_run_folder(config.trainer)  # refuse another run's folder before anything starts
     import ray  # after the checks, which need none of this
@@ -38,7 +43,8 @@ def build_trainer(config: PPOConfig):
     from easyrl.trainer.ray_trainer import RayPPOTrainer
 
     if not ray.is_initialized():
-        ray.init(runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+        ray.init(runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}},
+                 logging_level=logging.INFO if verbose() else logging.WARNING)
     device = config.trainer.device
     if device == "auto":
         device = detect_device(ray.cluster_resources())
@@ -81,6 +87,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 0
     logging.basicConfig(level=os.environ.get("EASYRL_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    quiet_libraries()
 
     def run() -> int:
         config = load_config(argv)

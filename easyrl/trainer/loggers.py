@@ -1,29 +1,48 @@
-"""Where metrics go: the console, a JSONL file in the run folder, Weights & Biases, TensorBoard.
+"""Where metrics go: the console (``easyrl.trainer.console``), a JSONL file in the run folder, and the dashboards of
+``easyrl.trainer.dashboards`` (Weights & Biases, TensorBoard, SwanLab, MLflow).
 
-``trainer.logger`` lists the backends; each receives ``log(metrics, step)`` with flat ``group/name`` keys.
-The JSONL file (``<run_dir>/metrics.jsonl``) has one object per step: ``{"step": int, "<metric>": float, ...}``.
+``trainer.logger`` lists the backends; each receives ``log(metrics, step, generations=None)`` with flat
+``group/name`` keys. The JSONL file (``<run_dir>/metrics.jsonl``) has one object per step:
+``{"step": int, "<metric>": float, ...}``, and on validation steps with ``trainer.val_generations_to_log > 0`` also
+``"val/generations": [{"prompt", "response", "ground_truth", "score"}, ...]``.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import math
 import os
-from typing import Any
+from typing import Any, Optional
+
+from easyrl.errors import ConfigError
+from easyrl.trainer.console import ConsoleLogger
+from easyrl.trainer.dashboards import MlflowLogger, SwanlabLogger, TensorBoardLogger, WandbLogger
+
+# backend -> (module it imports, the extra that installs it; None: a core dependency)
+BACKENDS: dict[str, tuple[Optional[str], Optional[str]]] = {
+    "console": (None, None), "jsonl": (None, None), "tensorboard": ("tensorboard", None),
+    "wandb": ("wandb", "wandb"), "swanlab": ("swanlab", "swanlab"), "mlflow": ("mlflow", "mlflow"),
+}
+
+
+def check_backends(names: list[str]) -> None:
+    """Every name is a known backend whose library is installed (checked without importing it).
+
+    Raises:
+        ConfigError: an unknown name (the valid ones are listed) or a missing library, with a one-line install hint.
+    """
+    for name in names:
+        if name not in BACKENDS:
+            raise ConfigError(f"trainer.logger: unknown backend '{name}'; choose from {', '.join(BACKENDS)}.")
+        module, extra = BACKENDS[name]
+        if module is not None and importlib.util.find_spec(module) is None:
+            hint = f"pip install 'easyrl[{extra}]' (or uv sync --extra {extra})" if extra else f"pip install {module}"
+            raise ConfigError(f"trainer.logger contains '{name}' but {module} is not installed: {hint}")
+
 
 logger = logging.getLogger("easyrl.metrics")
-
-
-class ConsoleLogger:
-    """One line per step: ``step 3 | actor/pg_loss: 0.0123 | ...`` (keys sorted)."""
-
-    def log(self, metrics: dict[str, float], step: int) -> None:
-        parts = [f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}" for k, v in sorted(metrics.items())]
-        logger.info("step %d | %s", step, " | ".join(parts))
-
-    def close(self) -> None:
-        pass
 
 
 def refuse_existing_metrics(path: str) -> None:
@@ -56,10 +75,12 @@ class JsonlLogger:
         self.path = path
         self.file = open(path, "a", encoding="utf-8")
 
-    def log(self, metrics: dict[str, float], step: int) -> None:
-        row = {"step": step}
+    def log(self, metrics: dict[str, float], step: int, generations: Optional[list[dict]] = None) -> None:
+        row: dict[str, Any] = {"step": step}
         for key, value in metrics.items():
             row[key] = value if not isinstance(value, float) or math.isfinite(value) else str(value)
+        if generations:
+            row["val/generations"] = generations
         self.file.write(json.dumps(row) + "\n")
         self.file.flush()
 
@@ -67,70 +88,41 @@ class JsonlLogger:
         self.file.close()
 
 
-class WandbLogger:
-    """Weights & Biases run ``project/experiment`` with the whole config (needs ``pip install wandb``)."""
-
-    def __init__(self, project: str, experiment: str, config: dict[str, Any]):
-        try:
-            import wandb
-        except ImportError:
-            raise ImportError("trainer.logger contains 'wandb' but wandb is not installed: uv sync --extra wandb") from None
-        self.run = wandb.init(project=project, name=experiment, config=config)
-
-    def log(self, metrics: dict[str, float], step: int) -> None:
-        self.run.log(metrics, step=step)
-
-    def close(self) -> None:
-        self.run.finish()
-
-
-class TensorBoardLogger:
-    """TensorBoard event files under ``<run_dir>/tensorboard``."""
-
-    def __init__(self, log_dir: str):
-        from torch.utils.tensorboard import SummaryWriter
-
-        self.writer = SummaryWriter(log_dir=log_dir)
-
-    def log(self, metrics: dict[str, float], step: int) -> None:
-        for key, value in metrics.items():
-            if isinstance(value, (int, float)):
-                self.writer.add_scalar(key, value, step)
-        self.writer.flush()
-
-    def close(self) -> None:
-        self.writer.close()
-
-
 class Tracker:
-    """Fans metrics out to the backends named in ``trainer.logger``; ``resume``: a resumed run (see ``JsonlLogger``).
+    """Fans metrics out to the backends named in ``trainer.logger``.
+
+    Args:
+        backends: names from ``BACKENDS``.
+        run_dir: the run folder (JSONL, TensorBoard, wandb, SwanLab and MLflow files go under it).
+        project, experiment: ``trainer.project_name`` / ``trainer.experiment_name``.
+        config: the whole config as a plain dict (logged by the dashboards).
+        total_steps, initial_step: for the console's progress bar (a resumed run's bar starts at its step).
+        resume: a resumed run (see ``JsonlLogger``).
 
     Raises:
-        ValueError: an unknown backend name.
+        ConfigError: an unknown backend name or a missing library (see ``check_backends``).
         RunStateError: a new run in a folder with another run's metrics.
     """
 
-    BACKENDS = ("console", "jsonl", "wandb", "tensorboard")
-
     def __init__(self, backends: list[str], run_dir: str, project: str, experiment: str, config: dict[str, Any],
-                 resume: bool = False):
+                 total_steps: Optional[int] = None, initial_step: int = 0, resume: bool = False):
+        check_backends(backends)
         self.loggers = []
         for name in backends:
             if name == "console":
-                self.loggers.append(ConsoleLogger())
+                self.loggers.append(ConsoleLogger(total_steps, initial_step))
             elif name == "jsonl":
                 self.loggers.append(JsonlLogger(os.path.join(run_dir, "metrics.jsonl"), resume=resume))
-            elif name == "wandb":
-                self.loggers.append(WandbLogger(project, experiment, config))
             elif name == "tensorboard":
                 self.loggers.append(TensorBoardLogger(os.path.join(run_dir, "tensorboard")))
             else:
-                raise ValueError(f"trainer.logger: unknown backend '{name}'; choose from {', '.join(self.BACKENDS)}.")
+                cls = {"wandb": WandbLogger, "swanlab": SwanlabLogger, "mlflow": MlflowLogger}[name]
+                self.loggers.append(cls(run_dir, project, experiment, config))
 
-    def log(self, metrics: dict[str, float], step: int) -> None:
-        """Send one step's metrics (flat ``group/name`` keys) to every backend."""
+    def log(self, metrics: dict[str, float], step: int, generations: Optional[list[dict]] = None) -> None:
+        """Send one step's metrics (flat ``group/name`` keys), and validation generations if any, to every backend."""
         for backend in self.loggers:
-            backend.log(metrics, step)
+            backend.log(metrics, step, generations)
 
     def close(self) -> None:
         """Flush and close every backend."""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from typing import Optional
 
 import numpy as np
 import torch
@@ -36,17 +38,81 @@ def compute_data_metrics(batch: Batch, max_prompt_length: int, max_response_leng
     return metrics
 
 
-def compute_throughput_metrics(batch: Batch, step_seconds: float, world_size: int) -> dict[str, float]:
-    """``perf/total_num_tokens`` (prompt + response tokens of the step), ``perf/time_per_step`` (seconds) and
-    ``perf/throughput`` (tokens per second per device)."""
+def compute_throughput_metrics(batch: Batch, step_seconds: float, world_size: int,
+                               timing: Optional[dict[str, float]] = None, ppo_epochs: int = 1) -> dict[str, float]:
+    """Token counts and rates of one step.
+
+    ``perf/total_num_tokens``: prompt + response tokens of the step; ``perf/time_per_step``: seconds;
+    ``perf/throughput``: tokens per second per device (verl's name); ``perf/throughput_total``: over all devices.
+    With ``timing`` (seconds per phase, ``timing_s/*`` without the prefix), the phases separately, over all devices:
+    ``perf/rollout_tokens_per_s`` = generated (response) tokens / ``gen`` seconds, and ``perf/update_tokens_per_s`` =
+    ``ppo_epochs`` x prompt + response tokens / ``update_actor`` seconds.
+    """
     total_tokens = int(batch["attention_mask"].sum().item())
-    return {
+    seconds = max(step_seconds, 1e-9)
+    metrics = {
         "perf/total_num_tokens": float(total_tokens),
         "perf/time_per_step": step_seconds,
-        "perf/throughput": total_tokens / max(step_seconds, 1e-9) / world_size,
+        "perf/throughput": total_tokens / seconds / world_size,
+        "perf/throughput_total": total_tokens / seconds,
     }
+    timing = timing or {}
+    if timing.get("gen", 0) > 0:
+        metrics["perf/rollout_tokens_per_s"] = float(batch["response_mask"].sum().item()) / timing["gen"]
+    if timing.get("update_actor", 0) > 0:
+        metrics["perf/update_tokens_per_s"] = ppo_epochs * total_tokens / timing["update_actor"]
+    return metrics
+
+
+def frac_reward_zero_std(scores: Sequence[float], uids: Sequence[str]) -> float:
+    """Fraction of GRPO groups (samples sharing a ``uid``) whose scores are all equal (TRL's
+    ``frac_reward_zero_std``). Such a group has zero group-normalised advantage everywhere: it teaches nothing.
+
+    Args:
+        scores: one score per sample, ``(bsz,)``.
+        uids: the group id of each sample, ``(bsz,)``.
+
+    Raises:
+        ValueError: ``scores`` and ``uids`` differ in length, or are empty.
+    """
+    if len(scores) != len(uids) or len(scores) == 0:
+        raise ValueError(f"frac_reward_zero_std needs one uid per score; got {len(scores)} scores, {len(uids)} uids.")
+    groups: dict[str, list[float]] = defaultdict(list)
+    for uid, score in zip(uids, scores):
+        groups[uid].append(float(score))
+    constant = sum(max(values) == min(values) for values in groups.values())
+    return constant / len(groups)
+
+
+def constant_reward_warning(step: int, num_groups: int, scores: Sequence[float]) -> str:
+    """The warning printed when ``frac_reward_zero_std`` is 1: no group has a reward spread, so every
+    group-normalised advantage is 0 and only the KL term moves the policy."""
+    values = ", ".join(f"{s:g}" for s in sorted(set(scores))[:5])
+    return (f"step {step}: every one of the {num_groups} groups has equal rewards (scores {values}): all advantages "
+            f"are 0, so only the KL term moves the policy. Check that responses can earn a reward (e.g. the model "
+            f"never answers in the rewarded format; see reward/* in metrics.jsonl).")
+
+
+def generation_rows(tokenizer, batch: Batch, count: int) -> list[dict]:
+    """The first ``count`` samples of a scored batch as ``{"prompt", "response", "ground_truth", "score"}`` (texts
+    decoded without special tokens, so image placeholders are dropped; ``score`` is the ``overall`` reward) for the
+    loggers' validation-generation tables. ``[]`` when ``count <= 0``."""
+    rows = list(range(min(max(count, 0), len(batch))))
+    if not rows:
+        return []
+    prompts = tokenizer.batch_decode(batch["prompts"][rows], skip_special_tokens=True)
+    lengths = batch["response_mask"].sum(-1).tolist()
+    responses = tokenizer.batch_decode([batch["responses"][i, : lengths[i]] for i in rows], skip_special_tokens=True)
+    return [{"prompt": prompt, "response": response, "ground_truth": str(batch["ground_truth"][i]),
+             "score": float(batch["score/overall"][i])} for i, prompt, response in zip(rows, prompts, responses)]
+
+
+# per-worker values that are reduced by their maximum, not their mean (peaks over the workers)
+MAX_REDUCED_PREFIXES = ("perf/max_memory_", "perf/cpu_memory_")
 
 
 def reduce_metrics(metrics: dict[str, Iterable[float]]) -> dict[str, float]:
-    """Mean of each metric's values (e.g. over micro-batches and workers)."""
-    return {key: float(np.mean(list(values))) for key, values in metrics.items()}
+    """Mean of each metric's values (e.g. over micro-batches and workers); the maximum for the memory peaks
+    (keys starting with ``MAX_REDUCED_PREFIXES``)."""
+    return {key: float(np.max(list(values)) if key.startswith(MAX_REDUCED_PREFIXES) else np.mean(list(values)))
+            for key, values in metrics.items()}

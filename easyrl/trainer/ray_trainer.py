@@ -45,10 +45,14 @@ from easyrl.trainer.checkpoint import (
     get_rng_state,
     set_rng_state,
 )
+from easyrl.trainer.flops import ModelShape, compute_mfu_metrics, peak_flops
 from easyrl.trainer.loggers import Tracker
 from easyrl.trainer.metrics import (
     compute_data_metrics,
     compute_throughput_metrics,
+    constant_reward_warning,
+    frac_reward_zero_std,
+    generation_rows,
     reduce_metrics,
 )
 from easyrl.trainer.seeding import batch_seeds
@@ -145,16 +149,32 @@ class RayPPOTrainer:
             self.kl_ctrl = FixedKLController(algo.kl_coef)
         self.workers: Optional[WorkerGroup] = None
         self._scorer = None  # the reward actor (RewardScorer), started on first use
+        self.model_shape: Optional[ModelShape] = None  # for perf/mfu/*, set with the workers
+        self.peak_flops: Optional[float] = None
         self.global_step = 0
         self.last_batch: Optional[Batch] = None  # the most recent training batch, for inspection
         self.last_checkpoint: Optional[str] = None  # the newest complete checkpoint of this run
         self.stop_signal: Optional[int] = None  # the signal that stopped fit() early, if any
         self._prompts: Optional[Iterator[dict[str, list]]] = None
         self._reward_errors = 0  # samples the reward function failed on in this step
+        self.val_generations: list[dict[str, Any]] = []  # the last validation's first samples (for the loggers)
 
     def init_workers(self, device: str) -> None:
         """Start the Ray workers (process group, FSDP2 actor/ref, vLLM engines)."""
         self.workers = WorkerGroup(self.config, device)
+        self._init_perf()
+
+    def _init_perf(self) -> None:
+        """The model's shape for the FLOPs formula and the devices' peak FLOP/s (None on the CPU: no MFU)."""
+        from transformers import AutoConfig
+
+        model = self.config.worker.actor.model
+        hf_config = AutoConfig.from_pretrained(model.model_path, trust_remote_code=model.trust_remote_code)
+        try:
+            self.model_shape = ModelShape.from_hf_config(hf_config)
+        except Exception as e:  # an architecture transformers cannot build from its config alone: no MFU, no stop
+            logger.warning("perf/mfu/* not reported: cannot count the weights of %s (%s)", model.model_path, e)
+        self.peak_flops = peak_flops(self.workers.run_all("device_name")[0])
 
     # ----------------------------------------------------------------------------------------------- batches
     def _prompt_batch(self, features: dict[str, list], n: int, round_: int = 0, phase: str = "train") -> Batch:
@@ -264,7 +284,9 @@ class RayPPOTrainer:
         cfg = self.config
         resume_from = self._checkpoint_to_resume()
         tracker = Tracker(cfg.trainer.logger, cfg.trainer.run_dir, cfg.trainer.project_name,
-                          cfg.trainer.experiment_name, to_dict(cfg), resume=resume_from is not None)
+                          cfg.trainer.experiment_name, to_dict(cfg), total_steps=self.training_steps,
+                          initial_step=0 if resume_from is None else self._step_of(resume_from),
+                          resume=resume_from is not None)
         os.makedirs(cfg.trainer.run_dir, exist_ok=True)
         config_name = "config.yaml" if resume_from is None else f"config_resume_step_{self._step_of(resume_from)}.yaml"
         OmegaConf.save(OmegaConf.structured(cfg), os.path.join(cfg.trainer.run_dir, config_name))
@@ -287,7 +309,7 @@ class RayPPOTrainer:
         cfg = self.config
         if self.val_dataset is not None and self.global_step == 0 and (cfg.trainer.val_before_train
                                                                        or cfg.trainer.val_only):
-            tracker.log(self.validate(), step=self.global_step)
+            tracker.log(self.validate(), step=self.global_step, generations=self.val_generations)
             if cfg.trainer.val_only:
                 return
         if self.global_step >= self.training_steps:
@@ -298,9 +320,11 @@ class RayPPOTrainer:
         while self.global_step < self.training_steps:
             self.global_step += 1
             metrics = self.train_step(self._prompts)
+            generations = None
             if self._should_validate():
                 metrics.update(self.validate())
-            tracker.log(metrics, step=self.global_step)
+                generations = self.val_generations
+            tracker.log(metrics, step=self.global_step, generations=generations)
             freq = cfg.trainer.save_freq
             last = self.global_step == self.training_steps
             if last or stop.requested or (freq > 0 and self.global_step % freq == 0):
@@ -394,6 +418,7 @@ class RayPPOTrainer:
             for key in [key for key in batch.extras if key.startswith("score/")]:  # unless set over all generated
                 metrics.setdefault(key.replace("score/", "reward/", 1), float(np.mean(batch[key])))
             metrics["reward/errors"] = float(self._reward_errors)
+            metrics["reward/frac_reward_zero_std"] = self._check_reward_variance(batch)
             with timer("adv", timing):
                 if cfg.algorithm.use_kl_in_reward and not cfg.algorithm.disable_kl:
                     batch["token_level_rewards"], kl_metrics = apply_kl_penalty(
@@ -417,8 +442,14 @@ class RayPPOTrainer:
             metrics.update(reduce_metrics(merged))
             batch = batch.select(np.argsort(order).tolist())  # back to the group order of generation
         metrics.update(compute_data_metrics(batch, cfg.data.max_prompt_length, cfg.data.max_response_length))
+        if "reshard" in timing:  # the weight sync is reported apart from the generation that waited for it
+            timing["gen"] = max(timing["gen"] - timing["reshard"], 0.0)
         metrics.update({f"timing_s/{name}": seconds for name, seconds in timing.items()})
-        metrics.update(compute_throughput_metrics(batch, timing["step"], self.workers.world_size))
+        ppo_epochs = cfg.worker.actor.ppo_epochs
+        metrics.update(compute_throughput_metrics(batch, timing["step"], self.workers.world_size, timing, ppo_epochs))
+        if self.model_shape is not None:
+            metrics.update(compute_mfu_metrics(self.model_shape, batch["attention_mask"], batch["multi_modal_inputs"],
+                                               timing, self.workers.world_size, self.peak_flops, ppo_epochs))
         self.last_batch = batch
         return metrics
 
@@ -437,6 +468,14 @@ class RayPPOTrainer:
         metrics["perf/padding_fraction"] = 1.0 - lengths.sum().item() / batch["attention_mask"].numel()
         metrics["perf/max_rank_tokens_ratio"] = (per_rank.max() / per_rank.mean().clamp(min=1)).item()
         return order
+
+    def _check_reward_variance(self, batch: Batch) -> float:
+        """``frac_reward_zero_std`` of the training batch; warns when every group's rewards are equal."""
+        scores = batch["token_level_scores"].sum(-1).tolist()
+        frac = frac_reward_zero_std(scores, batch["uid"])
+        if frac == 1.0:
+            logger.warning(constant_reward_warning(self.global_step, len(set(batch["uid"])), scores))
+        return frac
 
     def _make_batch(self, prompt_stream: Iterator[dict[str, list]], timing: dict[str, float],
                     metrics: dict[str, float]) -> tuple[Batch, Optional[ray.ObjectRef]]:
@@ -536,6 +575,7 @@ class RayPPOTrainer:
         lengths: list[float] = []
         batch_size = cfg.data.val_batch_size if cfg.data.val_batch_size > 0 else len(self.val_dataset)
         loader = DataLoader(self.val_dataset, batch_size=batch_size, shuffle=False, collate_fn=collate_fn)
+        self.val_generations = []
         with timer("validation", timing):
             for round_, features in enumerate(loader):
                 batch = self._generate_even(self._prompt_batch(features, n, round_=round_, phase="val"),
@@ -543,10 +583,16 @@ class RayPPOTrainer:
                 for name, values in self._reward(batch, self._val_guard).items():
                     sums[name].extend(values)
                 lengths.extend(batch["response_mask"].sum(-1).float().tolist())
+                self._keep_generations(batch)
         metrics = {f"val/reward/{name}": float(np.mean(values)) for name, values in sums.items()}
         metrics["val/response_length/mean"] = float(np.mean(lengths))
         metrics["timing_s/validation"] = timing["validation"]
         return metrics
+
+    def _keep_generations(self, batch: Batch) -> None:
+        """Adds ``batch``'s first samples to ``val_generations`` until ``trainer.val_generations_to_log`` are kept."""
+        wanted = self.config.trainer.val_generations_to_log - len(self.val_generations)
+        self.val_generations.extend(generation_rows(self.tokenizer, batch, wanted))
 
     def save_model(self) -> str:
         """Export the actor in Hugging Face format to ``trainer.save_model_path`` (default ``<run_dir>/huggingface``;

@@ -18,7 +18,15 @@ import torch
 
 from easyrl.batch import Batch
 from easyrl.config import PPOConfig
-from easyrl.device import collective_backend, empty_cache, set_device, torch_device
+from easyrl.device import (
+    collective_backend,
+    device_name,
+    empty_cache,
+    memory_metrics,
+    set_device,
+    torch_device,
+)
+from easyrl.quiet import quiet_libraries
 from easyrl.workers import weight_sync
 from easyrl.workers.fsdp_model import TORCH_DTYPES, gather_full
 
@@ -44,6 +52,7 @@ class FSDPWorker:
     def __init__(self, config: PPOConfig, rank: int, world_size: int, device: str):
         # vLLM must run in this process so weights can be handed over as tensors; set before vLLM is imported.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        quiet_libraries()  # library messages that do not matter to a user (easyrl.quiet; EASYRL_VERBOSE=1: all)
         self.config = config
         self.rank = rank
         self.world_size = world_size
@@ -203,7 +212,12 @@ class FSDPWorker:
             metrics["old_log_probs"] = self.actor.on_policy_log_probs
         self.weights_dirty = True
         empty_cache(self.device)
+        metrics.update({key: [value] for key, value in memory_metrics(self.device).items()})
         return metrics
+
+    def device_name(self) -> str:
+        """The accelerator's name (for its peak FLOP/s), or ``cpu``."""
+        return device_name(self.device)
 
     def update_config(self, config: PPOConfig) -> None:
         """Adopt new loss settings between steps (``worker.actor``: loss_type, loss_agg_mode, clip ratios, KL and

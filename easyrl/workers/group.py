@@ -16,6 +16,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from easyrl.batch import Batch
 from easyrl.config import PPOConfig
 from easyrl.device import ray_actor_resources
+from easyrl.quiet import worker_env
 from easyrl.workers.fsdp_worker import FSDPWorker
 
 
@@ -57,8 +58,8 @@ def node_contiguous_bundles(bundle_nodes: dict[int, str]) -> list[int]:
 
 def _worker_env(device: str, cpu_threads: int) -> dict[str, str]:
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false",
-           # vLLM's per-engine INFO lines would drown the step metrics; set VLLM_LOGGING_LEVEL=INFO to see them
-           "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")}
+           # vLLM at WARNING, no worker progress bars (see easyrl.quiet; EASYRL_VERBOSE=1 for the full logs)
+           **worker_env()}
     if device == "cpu":
         # each worker's vLLM CPU engine uses its own threads (trainer.cpu_threads_per_worker) instead of binding to
         # all cores; the worker sets torch's intra-op pool from OMP_NUM_THREADS

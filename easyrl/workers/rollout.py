@@ -24,6 +24,7 @@ from typing import Any, Optional
 import torch
 
 from easyrl.config import RolloutConfig
+from easyrl.quiet import verbose
 from easyrl.workers.vl_tokens import forbidden_words
 from easyrl.workers.weight_sync import reload_and_report, sleep_level
 
@@ -72,6 +73,7 @@ class VLLMRollout:
             trust_remote_code=config.trust_remote_code,
             limit_mm_per_prompt={"image": config.limit_images, "video": 0},
             disable_log_stats=True,
+            use_tqdm_on_load=verbose(),  # no checkpoint-loading bar per engine (easyrl.quiet; EASYRL_VERBOSE=1 shows it)
             enable_prefix_caching=True,
             # sampled-token log-probs after temperature/top-k/top-p, i.e. of the distribution actually sampled from,
             # which is what the actor recomputes (logits / temperature) for the rollout/training mismatch

@@ -1,0 +1,83 @@
+"""The console backend: a progress bar over the training steps (tqdm: ETA, latest reward) and one short line per step.
+
+The full metric set goes to the JSONL file (and the dashboards); the console shows what a person watches::
+
+    step 3/10 | reward 0.412 acc 0.250 | len 37.5 | kl 0.0012 | ent 1.23 | 41.2s | 96 tok/s/dev | val 0.300
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
+
+# (label, metric keys tried in order, format): the first key present in a step's metrics is shown
+SUMMARY_FIELDS: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    ("reward", ("critic/score/mean", "reward/overall"), "{:.3f}"),
+    ("acc", ("reward/accuracy",), "{:.3f}"),
+    ("len", ("response_length/mean",), "{:.1f}"),
+    ("kl", ("actor/kl_loss", "actor/reward_kl_penalty"), "{:.4f}"),
+    ("ent", ("actor/entropy",), "{:.3g}"),
+    ("", ("timing_s/step",), "{:.1f}s"),
+    ("", ("perf/throughput",), "{:.0f} tok/s/dev"),
+    ("mfu", ("perf/mfu/actor",), "{:.1%}"),
+    ("val", ("val/reward/overall",), "{:.3f}"),
+)
+
+
+def summary_line(metrics: dict[str, float], step: int, total: Optional[int] = None) -> str:
+    """``step 3/10 | reward 0.412 acc 0.250 | ...``: the ``SUMMARY_FIELDS`` present in ``metrics``, in their order;
+    the reward and accuracy share one field, the others are separated by `` | ``."""
+    head = f"step {step}/{total}" if total else f"step {step}"
+    parts = [head]
+    for label, keys, fmt in SUMMARY_FIELDS:
+        key = next((k for k in keys if k in metrics and isinstance(metrics[k], (int, float))), None)
+        if key is None:
+            continue
+        text = (f"{label} " if label else "") + fmt.format(metrics[key])
+        if label == "acc" and parts[-1].startswith("reward"):
+            parts[-1] += " " + text
+        else:
+            parts.append(text)
+    return " | ".join(parts)
+
+
+class ConsoleLogger:
+    """A tqdm bar over ``total_steps`` training steps (``initial``: steps already done, e.g. after a resume) with the
+    latest reward as postfix, and ``summary_line`` per logged step written above the bar (on stderr).
+
+    Logging step 0 (validation before training) prints its line without moving the bar.
+    """
+
+    def __init__(self, total_steps: Optional[int] = None, initial: int = 0):
+        self.total = total_steps
+        self.bar = None
+        self._redirect = None
+        if total_steps:
+            self.bar = tqdm(total=total_steps, initial=initial, desc="training", unit="step", file=sys.stderr,
+                            dynamic_ncols=True, mininterval=1.0)
+            # log records of this process (warnings) are written above the bar instead of through it
+            self._redirect = logging_redirect_tqdm()
+            self._redirect.__enter__()
+
+    def log(self, metrics: dict[str, float], step: int, generations: Optional[list[dict]] = None) -> None:
+        """Write the step's summary line and move the bar to ``step`` (``generations`` are not shown)."""
+        line = summary_line(metrics, step, self.total)
+        if self.bar is None:
+            print(line, file=sys.stderr, flush=True)
+            return
+        self.bar.write(line, file=sys.stderr)
+        reward = metrics.get("critic/score/mean")
+        if isinstance(reward, (int, float)):
+            self.bar.set_postfix(reward=f"{reward:.3f}", refresh=False)
+        if step > self.bar.n:
+            self.bar.update(step - self.bar.n)
+
+    def close(self) -> None:
+        if self._redirect is not None:
+            self._redirect.__exit__(None, None, None)
+            self._redirect = None
+        if self.bar is not None:
+            self.bar.close()
