@@ -9,8 +9,10 @@ checkpoint every step, validation every 2 steps:
   outside, while the run is inside step 3): the resume starts at an epoch boundary;
 - run C, the same command: resumes, gets SIGTERM once its tracker names step 3, saves after the step it is in and
   exits with 143;
-- run D, the same command: resumes and finishes. Every step logged after a resume equals run A's, except the
-  wall-clock metrics (``timing_s/*``, ``perf/time_per_step``, ``perf/throughput``).
+- run D, the same command: resumes and finishes (its progress bar starts at the resumed step). Every step logged
+  after a resume equals run A's, except the metrics measured from the machine (the clock and memory:
+  ``easyrl.trainer.metrics.MEASURED_PREFIXES``, e.g. ``timing_s/*``, ``perf/throughput``, ``perf/mfu/*``,
+  ``perf/cpu_memory_used_gb``).
 
 Then a checkpoint of run A is exported with ``python -m easyrl.export`` and loaded in transformers and in vLLM.
 """
@@ -31,7 +33,6 @@ import torch
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[1]
-WALL_CLOCK = ("timing_s/", "perf/time_per_step", "perf/throughput")  # the only metrics a resume may change
 OVERRIDES = (
     "worker.rollout.limit_images=0", "trainer.total_epochs=3", "trainer.max_steps=5", "trainer.save_freq=1",
     "trainer.save_limit=2", "trainer.val_freq=2", "data.max_response_length=24",
@@ -46,7 +47,10 @@ def _rows(run_dir: Path) -> dict[int, dict]:
 
 
 def _comparable(row: dict) -> dict:
-    return {k: v for k, v in row.items() if not k.startswith(WALL_CLOCK)}
+    """The row without the wall-clock and memory measurements (the only metrics a resume may change)."""
+    from easyrl.trainer.metrics import is_measured
+
+    return {k: v for k, v in row.items() if not is_measured(k)}
 
 
 def _tracker_step(root: Path) -> int:
@@ -150,6 +154,7 @@ def runs(e2e_args, tmp_path_factory):
     done = subprocess.run([sys.executable, "-m", "easyrl.trainer", *args], cwd=REPO, capture_output=True, text=True,
                           timeout=400)
     assert done.returncode == 0, done.stderr[-3000:]
+    out["d_console"] = done.stderr
     return out
 
 
@@ -162,6 +167,11 @@ def test_killed_and_stopped_run_resumes_exactly(runs):
         assert _comparable(b[step]) == _comparable(a[step]), step
         assert b[step]["timing_s/step"] > 0
     assert "val/reward/overall" in a[4] and a[3]["critic/advantages/max"] > 0  # the comparison covers real training
+    assert len(_comparable(a[5])) > 40 and "perf/total_num_tokens" in _comparable(a[5])
+    # the resumed run's progress bar starts at the step it resumed from, and its summary lines follow
+    stopped = runs["stopped_at"]
+    assert f"| {stopped}/5 [" in runs["d_console"] and "| 0/5 [" not in runs["d_console"], runs["d_console"][-3000:]
+    assert f"step {stopped + 1}/5 | reward" in runs["d_console"] and "step 5/5 | reward" in runs["d_console"]
     # resumes appended: the killed run's rows are still there
     steps = [json.loads(line)["step"] for line in (runs["b_dir"] / "metrics.jsonl").read_text().splitlines()]
     assert steps[:runs["killed_at"]] == list(range(1, runs["killed_at"] + 1)) and len(steps) >= 5

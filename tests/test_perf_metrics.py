@@ -14,7 +14,7 @@ from tensordict import TensorDict
 from easyrl.batch import Batch
 from easyrl.device import memory_metrics
 from easyrl.trainer.flops import ModelShape, compute_mfu_metrics, forward_flops, mfu, peak_flops
-from easyrl.trainer.metrics import compute_throughput_metrics, frac_reward_zero_std, reduce_metrics
+from easyrl.trainer.metrics import compute_throughput_metrics, frac_reward_zero_std, is_measured, reduce_metrics
 
 
 def _tiny_qwen2_5_vl_config():
@@ -82,6 +82,23 @@ def test_throughput_per_device_total_and_per_phase():
     assert m["perf/throughput"] == pytest.approx(7 / 7 / 2) and m["perf/throughput_total"] == pytest.approx(1.0)
     assert m["perf/rollout_tokens_per_s"] == pytest.approx(3 / 1.5)  # 3 generated tokens
     assert m["perf/update_tokens_per_s"] == pytest.approx(2 * 7 / 2.0)  # 2 epochs over 7 tokens
+
+
+def test_measured_metrics_are_exactly_the_clock_and_memory_ones():
+    """The rule that tells a resumed run's reproducible metrics from the measured ones (tests/test_e2e_resume.py)."""
+    batch = Batch(TensorDict({"attention_mask": torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]]),
+                              "response_mask": torch.tensor([[1, 0], [1, 1]])}, batch_size=[2]))
+    throughput = compute_throughput_metrics(batch, 7.0, 2, timing={"gen": 1.5, "update_actor": 2.0})
+    shape = ModelShape.from_hf_config(_tiny_qwen2_5_vl_config())
+    mfu_metrics = compute_mfu_metrics(shape, batch["attention_mask"], [{}, {}], {"gen": 1.0, "update_actor": 1.0}, 2,
+                                      1e12, 1)
+    measured = {*throughput, *mfu_metrics, "perf/cpu_memory_used_gb", "perf/max_memory_allocated_gb",
+                "perf/max_memory_reserved_gb", "timing_s/gen", "timing_s/step"} - {"perf/total_num_tokens"}
+    assert len(mfu_metrics) == 2 and all(is_measured(key) for key in measured), measured
+    computed = ("perf/total_num_tokens", "perf/padding_fraction", "perf/max_rank_tokens_ratio", "actor/pg_loss",
+                "actor/kl_loss", "critic/score/mean", "reward/overall", "reward/frac_reward_zero_std",
+                "response_length/mean", "val/reward/overall", "actor/grad_norm", "rollout/log_prob_diff_max")
+    assert not [key for key in computed if is_measured(key)]
 
 
 def test_memory_metrics_and_their_reduction():

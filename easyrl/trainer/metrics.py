@@ -116,3 +116,17 @@ def reduce_metrics(metrics: dict[str, Iterable[float]]) -> dict[str, float]:
     (keys starting with ``MAX_REDUCED_PREFIXES``)."""
     return {key: float(np.max(list(values)) if key.startswith(MAX_REDUCED_PREFIXES) else np.mean(list(values)))
             for key, values in metrics.items()}
+
+
+# Metrics measured from the machine (the clock, the allocator, the process's memory) rather than computed from the
+# batch: a resumed or repeated run with the same seed reproduces every other metric exactly, but not these.
+MEASURED_PREFIXES = (
+    "timing_s/", "perf/time_per_step", "perf/throughput", "perf/rollout_tokens_per_s", "perf/update_tokens_per_s",
+    "perf/mfu/", "perf/max_memory_", "perf/cpu_memory_",
+)
+
+
+def is_measured(key: str) -> bool:
+    """Whether metric ``key`` is a wall-clock or memory measurement (``MEASURED_PREFIXES``), i.e. not reproducible
+    by a rerun with the same seed; ``perf/total_num_tokens``, ``perf/padding_fraction`` and the learning metrics are."""
+    return key.startswith(MEASURED_PREFIXES)
