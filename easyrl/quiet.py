@@ -47,6 +47,7 @@ NOISE: tuple[tuple[str, str, str], ...] = (
 WARNINGS: tuple[tuple[str, type[Warning]], ...] = (
     (r"`torch\.distributed\.reduce_op` is deprecated", FutureWarning),  # vLLM's triton dispatcher scans torch
     (r"Passing `min_pixels` and `max_pixels` to a processor call is deprecated", FutureWarning),  # vLLM -> HF call
+    (r"'set_vital' is deprecated", UserWarning),  # torchdata's StatefulDataLoader calls it on every iterator
 )
 
 

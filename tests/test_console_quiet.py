@@ -69,6 +69,7 @@ def test_noise_is_dropped_and_real_warnings_kept(monkeypatch):
         warnings.simplefilter("default")
         quiet_libraries()  # re-applies the ignore filters after simplefilter
         warnings.warn("`torch.distributed.reduce_op` is deprecated, please use ...", FutureWarning)
+        warnings.warn("'set_vital' is deprecated, please do not call", UserWarning)  # torchdata's, every epoch
         warnings.warn("something else is deprecated", FutureWarning)
     assert [str(w.message) for w in caught] == ["something else is deprecated"]
 
