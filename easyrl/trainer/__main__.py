@@ -59,7 +59,7 @@ usage: python -m easyrl.trainer [config=FILE.yaml] [KEY=VALUE ...]
 Train a policy with RL (GRPO, DAPO, Dr.GRPO, GSPO, RLOO, REINFORCE++, ReMax) on Ray + vLLM + FSDP2.
 
 Configuration, later wins:
-  1. the defaults of the dataclasses in easyrl/config.py
+  1. the defaults of the dataclasses in easyrl/config/ (one module per section)
   2. the YAML file named by config= (optional, at most one)
   3. dotted KEY=VALUE words on the command line, in order (values are read as YAML)
 

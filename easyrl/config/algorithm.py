@@ -1,0 +1,42 @@
+"""``algorithm:``: the RL algorithm (advantage estimator, KL regularisation, dynamic sampling)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class AlgorithmConfig:
+    """The RL algorithm: advantage estimator and KL regularisation."""
+
+    adv_estimator: str = "grpo"
+    """One of ``easyrl.algorithms.advantages.ADV_ESTIMATORS``: grpo, rloo, reinforce_plus_plus, ..."""
+    norm_adv_by_std_in_grpo: bool = True
+    """False gives Dr.GRPO (no division by the group's std)."""
+    gamma: float = 1.0
+    disable_kl: bool = False
+    """Skip the reference model entirely (no ref forward, no ref memory)."""
+    use_kl_loss: bool = True
+    """KL as a loss term of the actor; ``use_kl_in_reward`` puts it in the reward instead."""
+    use_kl_in_reward: bool = False
+    kl_penalty: str = "low_var_kl"
+    """KL estimator: kl (k1), abs, mse (k2), low_var_kl (k3)."""
+    kl_coef: float = 1e-2
+    kl_type: str = "fixed"
+    """Controller of the in-reward KL coefficient: fixed or adaptive."""
+    kl_target: float = 0.1
+    kl_horizon: float = 10000.0
+    online_filtering: bool = False
+    """DAPO dynamic sampling: drop groups whose ``filter_key`` scores are all equal or whose mean lies outside
+    [``filter_low``, ``filter_high``], and keep generating until ``data.rollout_batch_size`` groups are kept."""
+    filter_key: str = "overall"
+    """The reward name that online filtering looks at (``overall``, ``accuracy``, ...)."""
+    filter_low: float = 0.01
+    filter_high: float = 0.99
+    max_try_make_batch: int = 20
+    """Generation rounds per step at most when filtering; then the step fails with a clear error (-1: no limit)."""
+
+    @property
+    def needs_reference(self) -> bool:
+        """Whether a KL term (loss or in-reward) uses the reference policy; otherwise none is built or run."""
+        return not self.disable_kl and (self.use_kl_loss or self.use_kl_in_reward)

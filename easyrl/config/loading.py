@@ -1,0 +1,193 @@
+"""Building a ``PPOConfig`` from command-line words: defaults <- YAML (``config=``) <- dotted overrides, with
+unknown and auto keys refused before any merge (``load_config``), and ``to_dict``."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+from typing import Any, Optional
+
+from omegaconf import OmegaConf
+
+from easyrl.config.ppo import PPOConfig
+from easyrl.errors import ConfigError
+
+
+def _auto_keys(cls: type, prefix: str = "") -> dict[str, str]:
+    """Dotted names of the auto fields of ``cls`` (recursively) -> the key they are derived from."""
+    found = {}
+    for f in dataclasses.fields(cls):
+        name = f"{prefix}{f.name}"
+        sub = _field_dataclass(f)
+        if "auto" in f.metadata:
+            found[name] = f.metadata["auto"]
+        elif sub is not None:
+            found.update(_auto_keys(sub, name + "."))
+    return found
+
+
+def _field_dataclass(f: dataclasses.Field) -> Optional[type]:
+    if f.default_factory is not dataclasses.MISSING:
+        value = f.default_factory()
+        if dataclasses.is_dataclass(value):
+            return type(value)
+    return None
+
+
+def _valid_keys(cls: type, prefix: str = "") -> dict[str, bool]:
+    """All dotted keys of ``cls`` -> whether the key holds a free-form dict (its children are not checked)."""
+    keys = {}
+    for f in dataclasses.fields(cls):
+        name = f"{prefix}{f.name}"
+        sub = _field_dataclass(f)
+        if sub is not None:
+            keys[name] = False
+            keys.update(_valid_keys(sub, name + "."))
+        else:
+            keys[name] = "dict" in str(f.type)
+    return keys
+
+
+def _check_keys(user: dict, source: str, valid: dict[str, bool], autos: dict[str, str], prefix: str = "") -> None:
+    for key, value in user.items():
+        name = f"{prefix}{key}"
+        if name not in valid:
+            settable = [k for k in valid if k not in autos]
+            close = difflib.get_close_matches(name, settable, n=3, cutoff=0.6)
+            leaf = [k for k in settable if k.rsplit(".", 1)[-1] == str(key)]
+            hint = close or leaf[:3]
+            raise ConfigError(
+                f"Unknown config key '{name}' (from {source})."
+                + (f" Did you mean: {', '.join(hint)}?" if hint else "")
+            )
+        if name in autos:
+            raise ConfigError(
+                f"'{name}' (from {source}) is derived automatically from {autos[name]}; set that instead."
+            )
+        is_section = not valid[name] and any(k.startswith(name + ".") for k in valid)
+        if is_section and value is not None and not isinstance(value, dict):
+            raise ConfigError(f"'{name}' (from {source}) is a section: give a mapping of its keys, got {value!r}.")
+        if isinstance(value, dict) and not valid[name]:
+            _check_keys(value, source, valid, autos, name + ".")
+
+
+def _has_dotted(tree: dict, key: str) -> bool:
+    node = tree
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def _pop_dotted(tree: dict, key: str) -> Any:
+    *parents, last = key.split(".")
+    node = tree
+    for part in parents:
+        node = node[part]
+    return node.pop(last)
+
+
+def _merge_error(err: Exception, source: str) -> str:
+    """One line for an OmegaConf merge error (a value of the wrong type), naming the key where OmegaConf knows it."""
+    key = getattr(err, "full_key", None)
+    message = (getattr(err, "msg", None) or str(err)).strip().splitlines()[0].rstrip(".")
+    if key:
+        return f"Bad value for '{key}' (from {source}): {message}."
+    return f"Bad value in {source}: {message} (a section must be a mapping of keys)."
+
+
+def _load_yaml(path: str) -> dict:
+    """The mapping in the YAML file at ``path``; raises ``ConfigError`` naming the file (and line) otherwise."""
+    import yaml
+
+    try:
+        conf = OmegaConf.load(path)
+    except yaml.YAMLError as err:
+        mark, context = getattr(err, "problem_mark", None), getattr(err, "context_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        if context is not None and getattr(err, "context", None) and context.line != getattr(mark, "line", None):
+            problem += f" ({err.context} that starts at line {context.line + 1})"
+        raise ConfigError(f"Config file '{path}' (from config=) is not valid YAML:{where}: {problem}.") from None
+    except Exception as err:  # omegaconf's own errors (e.g. a key it cannot represent), unreadable file
+        raise ConfigError(f"Config file '{path}' (from config=) cannot be read: {err}") from None
+    container = OmegaConf.to_container(conf)
+    if container is None:
+        return {}
+    if not isinstance(container, dict):
+        raise ConfigError(
+            f"Config file '{path}' (from config=) holds a {type(container).__name__} at the top level; it must be a "
+            "mapping of sections (data:, algorithm:, worker:, trainer:)."
+        )
+    return container
+
+
+def load_config(argv: list[str]) -> PPOConfig:
+    """Build the run configuration from command-line words.
+
+    Args:
+        argv: ``["config=path.yaml", "a.b=1", ...]``; ``config=`` is optional and may appear once.
+
+    Returns:
+        A finalized ``PPOConfig`` (auto keys filled in).
+
+    Raises:
+        ConfigError: unknown or auto key, malformed override, missing or malformed YAML file (not a mapping), value
+            of the wrong type or out of range (``easyrl.config_checks``).
+    """
+    yaml_path = None
+    overrides = []
+    for word in argv:
+        if "=" not in word:
+            raise ConfigError(f"Command-line argument '{word}' is not of the form key=value (see --help).")
+        if word.startswith("config="):
+            yaml_path = word.split("=", 1)[1]
+        else:
+            overrides.append(word)
+
+    valid, autos = _valid_keys(PPOConfig), _auto_keys(PPOConfig)
+    merged = OmegaConf.structured(PPOConfig)
+    layers = []
+    if yaml_path is not None:
+        if not os.path.isfile(yaml_path):
+            raise ConfigError(f"Config file '{yaml_path}' (from config=) does not exist.")
+        layers.append((_load_yaml(yaml_path), f"file {yaml_path}", None))
+    for word in overrides:  # one word at a time, so that a grammar error names its word
+        try:
+            OmegaConf.from_dotlist([word])
+        except Exception as e:  # omegaconf's / PyYAML's grammar errors
+            reason = " ".join(str(e).strip().splitlines()[:2]).rstrip(".")
+            raise ConfigError(f"Could not parse the command-line word '{word}': {reason}.") from None
+    cli_conf = OmegaConf.from_dotlist(overrides)
+    cli_whole_keys = {word.split("=", 1)[0] for word in overrides}
+    layers.append((OmegaConf.to_container(cli_conf), "the command line", cli_whole_keys))
+
+    free_dicts = [key for key, is_dict in valid.items() if is_dict]
+    for layer, source, whole_keys in layers:
+        layer = layer or {}
+        _check_keys(layer, source, valid, autos)
+        # A free-form dict given whole by a later layer replaces the earlier one instead of merging into it, so that
+        # worker.reward.reward_function_kwargs={} really drops the YAML's kwargs. A YAML gives dicts whole; on the
+        # command line only `key={...}` does, while `key.sub=value` merges into the dict.
+        replaced = {key: _pop_dotted(layer, key) for key in free_dicts
+                    if _has_dotted(layer, key) and (whole_keys is None or key in whole_keys)}
+        try:
+            merged = OmegaConf.merge(merged, layer)
+            for key, value in replaced.items():
+                if isinstance(value, dict):
+                    OmegaConf.update(merged, key, value, merge=False)
+                else:
+                    raise ConfigError(f"'{key}' (from {source}) must be a mapping, got {value!r}.")
+        except ConfigError:
+            raise
+        except Exception as e:  # type mismatch, e.g. a string for an int
+            raise ConfigError(_merge_error(e, source)) from None
+    config: PPOConfig = OmegaConf.to_object(merged)
+    return config.finalize()
+
+
+def to_dict(config: PPOConfig) -> dict:
+    """The configuration as a plain nested dict (for logging and saving)."""
+    return dataclasses.asdict(config)

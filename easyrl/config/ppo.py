@@ -1,0 +1,62 @@
+"""``PPOConfig``: the root of the configuration; ``finalize`` fills in the auto keys and checks every value."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from easyrl.config.algorithm import AlgorithmConfig
+from easyrl.config.data import DataConfig
+from easyrl.config.trainer import TrainerConfig
+from easyrl.config.worker import WorkerConfig
+from easyrl.config_checks import check_config
+
+
+@dataclass
+class PPOConfig:
+    """The whole run configuration (the root of the YAML)."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    worker: WorkerConfig = field(default_factory=WorkerConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+    def finalize(self) -> "PPOConfig":
+        """Fill in the auto keys and check every value (``easyrl.config_checks``). Raises ``ConfigError``."""
+        actor, rollout, algo = self.worker.actor, self.worker.rollout, self.algorithm
+        rollout.prompt_length = self.data.max_prompt_length
+        rollout.response_length = self.data.max_response_length
+        rollout.trust_remote_code = actor.model.trust_remote_code
+        rollout.min_pixels, rollout.max_pixels = self.data.min_pixels, self.data.max_pixels
+        actor.use_kl_loss = algo.use_kl_loss
+        actor.kl_penalty = algo.kl_penalty
+        actor.kl_coef = algo.kl_coef
+        actor.disable_kl = algo.disable_kl
+        actor.temperature = rollout.temperature
+        self.worker.ref.micro_batch_size_per_device_for_experience = actor.micro_batch_size_per_device_for_experience
+        self.trainer.run_dir = os.path.join(
+            self.trainer.runs_root, self.trainer.project_name, self.trainer.experiment_name
+        )
+        if self.trainer.save_checkpoint_path is None:
+            self.trainer.save_checkpoint_path = self.trainer.run_dir
+        check_config(self)
+        from easyrl.config_warnings import warn_config_traps
+
+        warn_config_traps(self)
+        return self
+
+    @property
+    def on_policy_update(self) -> bool:
+        """Whether the update is provably on-policy, so the old-log-prob pass can be skipped (verl does the same):
+        one epoch over one mini-batch (``ppo_epochs == 1``, ``global_batch_size == data.rollout_batch_size``), so
+        every forward of the update runs before its only optimizer step and its detached log-probs are the old
+        ones; no truncated importance sampling (``tis_cap``) and no in-reward KL, which need old log-probs before
+        the update."""
+        actor, algo = self.worker.actor, self.algorithm
+        return (actor.ppo_epochs == 1 and actor.global_batch_size == self.data.rollout_batch_size
+                and actor.tis_cap is None and not (algo.use_kl_in_reward and not algo.disable_kl))
+
+    @property
+    def world_size(self) -> int:
+        """Number of workers (devices): ``trainer.nnodes * trainer.n_gpus_per_node``."""
+        return self.trainer.nnodes * self.trainer.n_gpus_per_node

@@ -1,0 +1,57 @@
+"""``trainer:``: the training loop (length, validation, logging, devices, checkpoints, output folders)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from easyrl.config.fields import auto
+
+
+@dataclass
+class TrainerConfig:
+    """The training loop: length, validation, logging, devices, output folders."""
+
+    total_epochs: int = 15
+    max_steps: Optional[int] = None
+    """Stop after this many steps (None: ``total_epochs`` passes over the data)."""
+    project_name: str = "easyrl"
+    experiment_name: str = "demo"
+    logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
+    """Any of console, jsonl, wandb, tensorboard, swanlab, mlflow (see docs/metrics.md; the last three are extras)."""
+    nnodes: int = 1
+    n_gpus_per_node: int = 8
+    """Devices per node (GPUs, NPUs, or CPU ranks on a CPU-only machine)."""
+    device: str = "auto"
+    """auto, cuda, npu or cpu."""
+    cpu_threads_per_worker: int = 1
+    """CPU path only: torch/OpenMP threads of each worker (its FSDP actor and its vLLM engine), and the CPUs Ray
+    reserves for it. On a 2-core machine one worker with 2 threads was as fast as two workers with one each, with
+    half the RAM. Ignored on GPUs/NPUs."""
+    val_freq: int = -1
+    """Validate every this many steps; -1 never (besides ``val_before_train``)."""
+    val_before_train: bool = True
+    val_only: bool = False
+    val_generations_to_log: int = 0
+    """Log the first this many validation samples (prompt, response, ground truth, score) as a table."""
+    save_model_path: Optional[str] = None
+    """Where the final actor is exported in Hugging Face format; default ``<run_dir>/huggingface``."""
+    save_freq: int = 5
+    """Save a checkpoint every this many steps (and always after the last step); -1: only after the last step."""
+    save_limit: int = -1
+    """Keep the newest this many checkpoints, plus the best one (``best_metric``); -1 keeps all."""
+    save_checkpoint_path: Optional[str] = None
+    """Folder of the run's ``global_step_N`` checkpoints and ``checkpoint_tracker.json``; default ``run_dir``."""
+    load_checkpoint_path: Optional[str] = None
+    """A ``global_step_N`` folder to resume from (overrides ``find_last_checkpoint``)."""
+    find_last_checkpoint: bool = True
+    """Resume from the last complete checkpoint under ``save_checkpoint_path`` if there is one."""
+    best_metric: str = "val/reward/overall"
+    """The validation metric that ranks checkpoints (the best is never removed by ``save_limit``)."""
+    best_metric_mode: str = "max"
+    """max or min: which direction of ``best_metric`` is better."""
+    run_dir: str = auto("trainer.project_name/experiment_name", "")
+    """``runs/<project_name>/<experiment_name>``: metrics JSONL, exported model."""
+    runs_root: str = "runs"
+    balance_batch: bool = True
+    """Reorder each step's batch so that every worker's share holds about as many tokens (Karmarkar-Karp)."""

@@ -1,0 +1,75 @@
+"""``worker:``: the rollout engine (vLLM), the reward function, and the section that holds every worker part."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from easyrl.config.actor import ActorConfig, RefConfig
+from easyrl.config.fields import auto
+
+
+@dataclass
+class RolloutConfig:
+    """The colocated vLLM engine: sampling settings, memory, validation overrides."""
+
+    n: int = 5
+    """Samples per prompt (the GRPO group size)."""
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int = 1
+    dtype: str = "bf16"
+    gpu_memory_utilization: float = 0.6
+    """Fraction of device memory vLLM may take (weights + KV cache); ignored on the CPU."""
+    cpu_kvcache_space_gib: float = 1.0
+    """KV cache size on the CPU backend (GiB)."""
+    update_weights_bucket_megabytes: int = 1024
+    """Weight sync: full-tensor MiB (in ``dtype``) gathered per collective and handed to vLLM at once (verl's name);
+    larger = fewer collectives, more transient device memory."""
+    enforce_eager: bool = False
+    enable_chunked_prefill: bool = False
+    max_num_batched_tokens: int = 8192
+    limit_images: int = 1
+    """Images per prompt at most (vLLM's ``limit_mm_per_prompt``)."""
+    calculate_log_probs: bool = False
+    """Keep vLLM's sampled-token log-probs (``rollout_log_probs``), needed by ``worker.actor.tis_cap``."""
+    val_override_config: dict[str, Any] = field(default_factory=lambda: {"temperature": 0.6, "n": 1})
+    """Sampling settings that replace the above during validation."""
+    disable_tqdm: bool = True
+    prompt_length: int = auto("data.max_prompt_length", 1024)
+    response_length: int = auto("data.max_response_length", 1024)
+    trust_remote_code: bool = auto("worker.actor.model.trust_remote_code", False)
+    min_pixels: int = auto("data.min_pixels", 262144)
+    max_pixels: int = auto("data.max_pixels", 4194304)
+
+
+@dataclass
+class RewardConfig:
+    """The reward function: a Python file and function, called on the trainer process."""
+
+    reward_type: str = "batch"
+    """batch: the function receives all samples; sequential: one sample per call."""
+    reward_function: Optional[str] = None
+    """``path/to/file.py:function_name``."""
+    reward_function_kwargs: dict[str, Any] = field(default_factory=dict)
+    skip_special_tokens: bool = True
+    on_error: str = "raise"
+    """When the function raises or times out on a sample: ``raise`` stops the run, naming the step, the sample and
+    its response; ``zero`` scores that sample 0 on every name, logs it and counts it in ``reward/errors``."""
+    timeout_s: Optional[float] = 300.0
+    """Seconds one call of the function may take (a batch call, or one sample's call when ``sequential``); beyond
+    it the call counts as an error. The function then runs in a helper process, which is killed and restarted on a
+    timeout. null: no limit, the function runs in the trainer's process."""
+
+
+@dataclass
+class WorkerConfig:
+    """Everything that runs on the workers (one Ray actor per device)."""
+
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    ref: RefConfig = field(default_factory=RefConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    nccl_timeout: int = 1800
+    """Seconds a collective (NCCL, HCCL or gloo) may wait for the other ranks before the run fails (verl's name)."""
