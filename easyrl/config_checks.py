@@ -183,6 +183,18 @@ def check_lora(lora: Any) -> None:
                               f"expression ({err}); e.g. '.*visual.*' leaves the vision tower without adapter.") from None
 
 
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def check_env_vars(env_vars: dict) -> None:
+    """``worker.env_vars``: every name a valid environment variable name (letters, digits, ``_``; not starting with
+    a digit). Values are strings by the field's type (OmegaConf refuses lists, mappings and null)."""
+    for name in env_vars:
+        if not ENV_NAME.match(str(name)):
+            raise ConfigError(f"worker.env_vars has the name {name!r}, which is not an environment variable name "
+                              "(letters, digits and _, not starting with a digit).")
+
+
 def check_config(config: "PPOConfig") -> None:
     """All value checks of a merged configuration, in the order of the module docstring.
 
@@ -196,3 +208,4 @@ def check_config(config: "PPOConfig") -> None:
     check_names(config)
     check_combinations(config)
     check_lora(config.worker.actor.model.lora)
+    check_env_vars(config.worker.env_vars)

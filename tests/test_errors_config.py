@@ -63,6 +63,7 @@ CASES = [
     ("C53", ["worker.actor.model.lora.rank=8", "worker.actor.model.lora.exclude_modules='.*visual(.*'"],
      ["worker.actor.model.lora.exclude_modules", ".*visual(.*", "regular expression"]),
     ("C39", ["trainer.logger=[console,neptune]"], ["trainer.logger", "'neptune'", "swanlab, mlflow"]),
+    ("C54", ["worker.env_vars={1BAD: x}"], ["worker.env_vars", "'1BAD'", "environment variable name"]),
 ]
 
 

@@ -137,7 +137,8 @@ def test_tiny_model_loads_and_forwards(tiny_model_path, arch):
         text = tok.apply_chat_template([{"role": "user", "content": "What is x?"}], tokenize=False)
         inputs = tok(text, return_tensors="pt")
     else:
-        assert sum(text_config.rope_parameters["mrope_section"]) == head_dim // 2
+        rotary_dim = int(head_dim * text_config.rope_parameters.get("partial_rotary_factor", 1.0))  # Qwen3.5: 1/4
+        assert sum(text_config.rope_parameters["mrope_section"]) == rotary_dim // 2
         for field, token in [("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>"),
                              ("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>")]:
             assert getattr(config, field) == QWEN_SPECIAL_IDS[token], field

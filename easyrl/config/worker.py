@@ -73,3 +73,8 @@ class WorkerConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     nccl_timeout: int = 1800
     """Seconds a collective (NCCL, HCCL or gloo) may wait for the other ranks before the run fails (verl's name)."""
+    env_vars: dict[str, str] = field(default_factory=dict)
+    """Environment variables of every worker process, on every node (Ray's ``runtime_env.env_vars``, as verl's
+    ``ray_kwargs.ray_init.runtime_env.env_vars``), set before the process starts, so ``LD_PRELOAD`` works, e.g.
+    ``{HCCL_CONNECT_TIMEOUT: "1800", LD_PRELOAD: /usr/lib/aarch64-linux-gnu/libjemalloc.so.2}``. They override
+    easyrl's own worker settings of the same name (docs/multinode.md)."""

@@ -25,7 +25,7 @@ from transformers import GenerationConfig, PretrainedConfig
 from easyrl.models.cache import build_atomically, cache_root
 from easyrl.models.tokenizer import build_qwen_tokenizer
 
-TINY_ARCHS = ("qwen2_5_vl", "qwen2_vl", "qwen3_vl", "qwen2_5")
+TINY_ARCHS = ("qwen2_5_vl", "qwen2_vl", "qwen3_vl", "qwen2_5", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
 
 # Bump when the built files change, so stale caches are rebuilt.
 BUILD_VERSION = 2
@@ -141,6 +141,55 @@ def _qwen3_vl_config() -> PretrainedConfig:
     return Qwen3VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=True, **_VISION_IDS)
 
 
+# Mixture of experts, as small as it gets while still routing: 4 experts of width 128, 2 per token, in every layer.
+_MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=128)
+# Qwen3-VL's vision tower at the tiny size (patch 16); deepstack is Qwen3-VL's only.
+_QWEN3_VISION = dict(depth=2, hidden_size=64, intermediate_size=128, num_heads=2, out_hidden_size=256, patch_size=16,
+                     spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=2304,
+                     hidden_act="gelu_pytorch_tanh")
+
+
+def _qwen3_vl_moe_config() -> PretrainedConfig:
+    """Qwen3-VL-MoE (the 30B-A3B's architecture): Qwen3-VL with a routed-expert MLP in every text layer."""
+    from transformers import Qwen3VLMoeConfig
+
+    text = dict(_qwen3_vl_config().text_config.to_dict(), **_MOE, decoder_sparse_step=1, mlp_only_layers=[])
+    for key in ("model_type", "architectures", "transformers_version", "dtype", "intermediate_size"):
+        text.pop(key, None)
+    vision = dict(_QWEN3_VISION, deepstack_visual_indexes=[0, 1])
+    return Qwen3VLMoeConfig(text_config=text, vision_config=vision, tie_word_embeddings=True, **_VISION_IDS)
+
+
+def _qwen3_5_text(moe: bool) -> dict:
+    """Qwen3.5's hybrid text stack: layer 0 Gated DeltaNet (linear attention), layer 1 gated full attention (head dim
+    64, a quarter of it rotary with interleaved mRoPE: sum(mrope_section) = 64 * 0.25 / 2)."""
+    text = dict(_TEXT, head_dim=64, layer_types=["linear_attention", "full_attention"],
+                linear_conv_kernel_dim=4, linear_key_head_dim=32, linear_value_head_dim=32, linear_num_key_heads=2,
+                linear_num_value_heads=4,
+                rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
+                                 "mrope_section": [2, 3, 3], "mrope_interleaved": True})  # fmt: skip
+    if moe:
+        text.pop("intermediate_size")
+        text.update(_MOE, shared_expert_intermediate_size=128)
+    return text
+
+
+def _qwen3_5_config() -> PretrainedConfig:
+    """Qwen3.5 (dense; natively multimodal as released: ``Qwen3_5ForConditionalGeneration``)."""
+    from transformers import Qwen3_5Config
+
+    return Qwen3_5Config(text_config=_qwen3_5_text(moe=False), vision_config=dict(_QWEN3_VISION),
+                         tie_word_embeddings=True, **_VISION_IDS)
+
+
+def _qwen3_5_moe_config() -> PretrainedConfig:
+    """Qwen3.5-MoE: Qwen3.5's hybrid stack with routed experts plus a shared expert in every layer."""
+    from transformers import Qwen3_5MoeConfig
+
+    return Qwen3_5MoeConfig(text_config=_qwen3_5_text(moe=True), vision_config=dict(_QWEN3_VISION),
+                            tie_word_embeddings=True, **_VISION_IDS)
+
+
 def _processor(arch: str, tokenizer, template: str):
     """The HF processor of a VL arch, sized like the released model's (patch 14, or 16 for Qwen3-VL)."""
     from transformers import (
@@ -152,7 +201,7 @@ def _processor(arch: str, tokenizer, template: str):
         Qwen3VLVideoProcessor,
     )
 
-    if arch == "qwen3_vl":
+    if arch in ("qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe"):  # all Qwen3VLProcessor in transformers
         half = [0.5, 0.5, 0.5]
         image = Qwen2VLImageProcessor(patch_size=16, merge_size=2, temporal_patch_size=2, image_mean=half,
                                       image_std=half, size={"shortest_edge": 64 * 64, "longest_edge": 32 * 32 * 1280})
@@ -176,6 +225,9 @@ _ARCHS = {
     "qwen2_vl": _Arch(_qwen2_vl_config, "Qwen2VLForConditionalGeneration", True),
     "qwen3_vl": _Arch(_qwen3_vl_config, "Qwen3VLForConditionalGeneration", True),
     "qwen2_5": _Arch(_qwen2_5_config, "Qwen2ForCausalLM", False),
+    "qwen3_vl_moe": _Arch(_qwen3_vl_moe_config, "Qwen3VLMoeForConditionalGeneration", True),
+    "qwen3_5": _Arch(_qwen3_5_config, "Qwen3_5ForConditionalGeneration", True),
+    "qwen3_5_moe": _Arch(_qwen3_5_moe_config, "Qwen3_5MoeForConditionalGeneration", True),
 }
 assert tuple(_ARCHS) == TINY_ARCHS
 

@@ -56,7 +56,9 @@ def node_contiguous_bundles(bundle_nodes: dict[int, str]) -> list[int]:
     return sorted(bundle_nodes, key=lambda index: (first_bundle[bundle_nodes[index]], index))
 
 
-def _worker_env(device: str, cpu_threads: int) -> dict[str, str]:
+def worker_env(device: str, cpu_threads: int, user: dict[str, str]) -> dict[str, str]:
+    """The environment variables of each worker process (Ray ``runtime_env.env_vars``): easyrl's (in-process vLLM,
+    quiet logs, on the CPU the thread count), then ``worker.env_vars`` (``user``), which win."""
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false",
            # vLLM at WARNING, no worker progress bars (see easyrl.quiet; EASYRL_VERBOSE=1 for the full logs)
            **worker_env()}
@@ -65,6 +67,7 @@ def _worker_env(device: str, cpu_threads: int) -> dict[str, str]:
         # all cores; the worker sets torch's intra-op pool from OMP_NUM_THREADS
         env["VLLM_CPU_OMP_THREADS_BIND"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         env["OMP_NUM_THREADS"] = str(cpu_threads)
+    env.update({str(k): str(v) for k, v in user.items()})
     return env
 
 
@@ -139,7 +142,7 @@ class WorkerGroup:
             remote_cls.options(
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     self.placement_group, placement_group_bundle_index=bundles[rank]),
-                runtime_env={"env_vars": _worker_env(device, threads)},
+                runtime_env={"env_vars": worker_env(device, threads, dict(config.worker.env_vars))},
                 **res,
             ).remote(config, rank, world_size, device)
             for rank in range(world_size)
