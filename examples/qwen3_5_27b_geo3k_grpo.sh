@@ -3,7 +3,8 @@
 # Qwen3_5ForConditionalGeneration) on one node of 8 GPUs with 80 GB or more. The actor's parameters, gradients and
 # Adam states stay on the host (offload_params); every rank holds the model in vLLM (50 GiB of bf16 weights), which
 # sleeps and frees it while the actor trains. `pip install flash-linear-attention causal-conv1d` gives the actor the
-# fast Gated DeltaNet kernels (transformers falls back to a slow PyTorch implementation without them).
+# fast Gated DeltaNet kernels (transformers falls back to a slow PyTorch implementation without them). vLLM requires
+# chunked prefill for the Gated DeltaNet state cache ("Chunked prefill is required for mamba cache mode 'align'").
 # Run from the repository root: bash examples/qwen3_5_27b_geo3k_grpo.sh [more key=value overrides]
 set -x
 
@@ -16,6 +17,7 @@ python3 -m easyrl.trainer \
     worker.actor.micro_batch_size_per_device_for_update=1 \
     worker.actor.micro_batch_size_per_device_for_experience=4 \
     worker.rollout.gpu_memory_utilization=0.85 \
+    worker.rollout.enable_chunked_prefill=true \
     trainer.n_gpus_per_node=8 \
     trainer.experiment_name=qwen3_5_27b_geo3k_grpo \
     "$@"

@@ -153,7 +153,10 @@ def _qwen3_vl_moe_config() -> PretrainedConfig:
     """Qwen3-VL-MoE (the 30B-A3B's architecture): Qwen3-VL with a routed-expert MLP in every text layer."""
     from transformers import Qwen3VLMoeConfig
 
-    text = dict(_qwen3_vl_config().text_config.to_dict(), **_MOE, decoder_sparse_step=1, mlp_only_layers=[])
+    # norm_topk_prob: the released config.json has it and vLLM's Qwen3-VL-MoE reads it (transformers 5.19 always
+    # renormalises the top-k router weights and no longer declares the field)
+    text = dict(_qwen3_vl_config().text_config.to_dict(), **_MOE, decoder_sparse_step=1, mlp_only_layers=[],
+                norm_topk_prob=True)
     for key in ("model_type", "architectures", "transformers_version", "dtype", "intermediate_size"):
         text.pop(key, None)
     vision = dict(_QWEN3_VISION, deepstack_visual_indexes=[0, 1])
