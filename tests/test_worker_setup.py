@@ -45,18 +45,18 @@ def test_ranks_are_node_contiguous(bundle_nodes, expected):
 
 
 def test_cpu_threads_per_worker_sets_threads_and_reserved_cpus():
-    from easyrl.workers.group import _actor_resources, _bundle, worker_env
+    from easyrl.workers.group import _actor_resources, _bundle, worker_runtime_env
 
     assert _actor_resources("cpu", 2)["num_cpus"] == 2 and _bundle("cpu", 2) == {"CPU": 2.0}
-    assert worker_env("cpu", 2, {})["OMP_NUM_THREADS"] == "2"
+    assert worker_runtime_env("cpu", 2, {})["OMP_NUM_THREADS"] == "2"
     assert _actor_resources("cuda", 2) == {"num_gpus": 1, "num_cpus": 1}  # GPU workers keep one host core
-    assert "OMP_NUM_THREADS" not in worker_env("cuda", 2, {})
+    assert "OMP_NUM_THREADS" not in worker_runtime_env("cuda", 2, {})
 
 
 def test_worker_env_vars_from_the_config_reach_the_workers_and_win():
-    from easyrl.workers.group import worker_env
+    from easyrl.workers.group import worker_runtime_env
 
-    env = worker_env("npu", 1, {"HCCL_CONNECT_TIMEOUT": "1800", "LD_PRELOAD": "/lib/libjemalloc.so.2",
+    env = worker_runtime_env("npu", 1, {"HCCL_CONNECT_TIMEOUT": "1800", "LD_PRELOAD": "/lib/libjemalloc.so.2",
                                 "VLLM_LOGGING_LEVEL": "DEBUG"})
     assert env["HCCL_CONNECT_TIMEOUT"] == "1800" and env["LD_PRELOAD"] == "/lib/libjemalloc.so.2"
     assert env["VLLM_LOGGING_LEVEL"] == "DEBUG"  # the user's value over easyrl's default (WARNING)

@@ -56,7 +56,7 @@ def node_contiguous_bundles(bundle_nodes: dict[int, str]) -> list[int]:
     return sorted(bundle_nodes, key=lambda index: (first_bundle[bundle_nodes[index]], index))
 
 
-def worker_env(device: str, cpu_threads: int, user: dict[str, str]) -> dict[str, str]:
+def worker_runtime_env(device: str, cpu_threads: int, user: dict[str, str]) -> dict[str, str]:
     """The environment variables of each worker process (Ray ``runtime_env.env_vars``): easyrl's (in-process vLLM,
     quiet logs, on the CPU the thread count), then ``worker.env_vars`` (``user``), which win."""
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false",
@@ -142,7 +142,7 @@ class WorkerGroup:
             remote_cls.options(
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     self.placement_group, placement_group_bundle_index=bundles[rank]),
-                runtime_env={"env_vars": worker_env(device, threads, dict(config.worker.env_vars))},
+                runtime_env={"env_vars": worker_runtime_env(device, threads, dict(config.worker.env_vars))},
                 **res,
             ).remote(config, rank, world_size, device)
             for rank in range(world_size)
