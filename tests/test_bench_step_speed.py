@@ -1,5 +1,5 @@
 """bench/step_speed.py's pure parts: the workload's settings, step summaries, ratios, the RSS watcher (no model is
-run here)."""
+run here; tests/test_e2e_bench.py runs the benchmark at its smallest size)."""
 
 from __future__ import annotations
 
