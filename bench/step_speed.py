@@ -41,7 +41,7 @@ from plots import read_metrics  # noqa: E402
 
 WORKLOAD = ("data.max_response_length=64", "algorithm.kl_coef=0.04", "worker.actor.optim.lr=1.0e-5",
             "trainer.val_freq=-1", "trainer.val_before_train=false", "trainer.n_gpus_per_node=1")
-PHASES = ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor")  # gen includes the weight sync (reshard)
+PHASES = ("reshard", "gen", "reward", "old_log_prob", "ref", "adv", "update_actor")  # reshard: the weight sync
 
 
 def overrides(lib: str, root: str, model_path: str, steps: int, threads: int, extra: list[str]) -> list[str]:
@@ -206,7 +206,7 @@ def table(summary: dict[str, Any]) -> str:
     lines = ["| run | s/step (median) | tokens/step | tokens/s | phases (share of the step) | peak RSS GB |",
              "| --- | --- | --- | --- | --- | --- |"]
     if e:
-        phases = ", ".join(f"{p} {e[f'share/{p}']:.0%}" for p in PHASES if e.get(f"share/{p}", 0) >= 0.005)
+        phases = ", ".join(f"{p} {e.get(f'share/{p}', 0):.0%}" for p in PHASES if e.get(f"share/{p}", 0) >= 0.005)
         phases += f"; weight sync {e['weight_sync_s']:.2f} s, padded-layout fraction {e['padding_fraction']:.2f}"
         rss = ", ".join(f"{k} {v:.1f}" for k, v in e["rss_gb"].items())
         lines.append(f"| easyrl | {e['median_step_s']:.2f} | {e['tokens_per_step']:.0f} | {e['tokens_per_s']:.1f} "
