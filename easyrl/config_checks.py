@@ -39,19 +39,25 @@ RANGE_RULES: dict[str, tuple[str, ...]] = {
         "worker.actor.max_token_len_per_device", "trainer.cpu_threads_per_worker",
         "worker.rollout.update_weights_bucket_megabytes", "worker.nccl_timeout",
         "worker.actor.tau_positive", "worker.actor.tau_negative", "worker.actor.model.lora.alpha",
+        "worker.critic.global_batch_size",
+        "worker.critic.micro_batch_size_per_device_for_update",
+        "worker.critic.micro_batch_size_per_device_for_experience",
+        "worker.critic.ppo_epochs", "worker.critic.max_grad_norm", "worker.critic.cliprange_value",
+        "worker.critic.max_token_len_per_device",
     ),
     "non_negative": (
         "worker.rollout.limit_images", "worker.rollout.temperature", "worker.actor.optim.lr",
         "worker.actor.optim.weight_decay", "algorithm.kl_coef", "worker.actor.clip_ratio_high",
         "worker.actor.model.lora.rank",
         "trainer.val_generations_to_log",
+        "worker.critic.optim.lr", "worker.critic.optim.weight_decay", "trainer.critic_warmup",
     ),
     "positive_or_-1": ("data.val_batch_size", "trainer.val_freq", "algorithm.max_try_make_batch"),
     "at_least_-1": ("worker.rollout.top_k",),
     "fraction": ("worker.rollout.top_p", "worker.rollout.gpu_memory_utilization"),
     # clip_ratio_low = 1: no lower bound on the ratio (CISPO's paper setting; the ratio itself is > 0)
     "unit": ("worker.actor.optim.lr_warmup_ratio", "algorithm.gamma", "algorithm.filter_low", "algorithm.filter_high",
-             "worker.actor.clip_ratio_low"),
+             "worker.actor.clip_ratio_low", "algorithm.lam", "worker.critic.optim.lr_warmup_ratio"),
     "above_1": ("worker.actor.clip_ratio_dual",),  # dual-clip PPO's c > 1 (Ye et al. 2020, Eq. 5)
 }
 # Sampling settings that worker.rollout.val_override_config may replace during validation (see workers/rollout.py).
@@ -85,8 +91,9 @@ def check_ranges(config: "PPOConfig") -> None:
     for rule, keys in RANGE_RULES.items():
         for key in keys:
             check_range(key, get_dotted(config, key), rule)
-    for i, beta in enumerate(config.worker.actor.optim.betas):
-        check_range(f"worker.actor.optim.betas[{i}]", beta, "below_1")
+    for section in ("actor", "critic"):
+        for i, beta in enumerate(get_dotted(config, f"worker.{section}.optim.betas")):
+            check_range(f"worker.{section}.optim.betas[{i}]", beta, "below_1")
     if config.data.min_pixels > config.data.max_pixels:
         raise ConfigError(f"data.min_pixels ({config.data.min_pixels}) is larger than data.max_pixels "
                           f"({config.data.max_pixels}).")
@@ -106,24 +113,32 @@ def check_ranges(config: "PPOConfig") -> None:
 
 def check_divisibility(config: "PPOConfig") -> None:
     """Batch sizes that must split evenly: rollout batch into mini-batches, mini-batch samples over the devices, a
-    device's share into micro-batches (all counted as in EasyR1: batch sizes in prompts, micro-batches in samples)."""
-    actor, rollout = config.worker.actor, config.worker.rollout
-    if config.data.rollout_batch_size % actor.global_batch_size != 0:
+    device's share into micro-batches (all counted as in EasyR1: batch sizes in prompts, micro-batches in samples),
+    for the actor and, with ``algorithm.adv_estimator: gae``, the critic."""
+    sections = [("worker.actor", config.worker.actor)]
+    if config.algorithm.needs_critic:
+        sections.append(("worker.critic", config.worker.critic))
+    for section, cfg in sections:
+        _check_batch_split(config, section, cfg.global_batch_size, cfg.micro_batch_size_per_device_for_update)
+
+
+def _check_batch_split(config: "PPOConfig", section: str, global_batch_size: int, micro_batch_size: int) -> None:
+    if config.data.rollout_batch_size % global_batch_size != 0:
         raise ConfigError(
             f"data.rollout_batch_size ({config.data.rollout_batch_size}) must be a multiple of "
-            f"worker.actor.global_batch_size ({actor.global_batch_size})."
+            f"{section}.global_batch_size ({global_batch_size})."
         )
-    samples_per_minibatch = actor.global_batch_size * rollout.n
+    samples_per_minibatch = global_batch_size * config.worker.rollout.n
     if samples_per_minibatch % config.world_size != 0:
         raise ConfigError(
-            f"worker.actor.global_batch_size * worker.rollout.n ({samples_per_minibatch}) samples must split "
+            f"{section}.global_batch_size * worker.rollout.n ({samples_per_minibatch}) samples must split "
             f"evenly over {config.world_size} devices (trainer.nnodes * trainer.n_gpus_per_node)."
         )
     per_device = samples_per_minibatch // config.world_size
-    if per_device % actor.micro_batch_size_per_device_for_update != 0:
+    if per_device % micro_batch_size != 0:
         raise ConfigError(
             f"{per_device} samples per device per mini-batch are not a multiple of "
-            f"worker.actor.micro_batch_size_per_device_for_update ({actor.micro_batch_size_per_device_for_update})."
+            f"{section}.micro_batch_size_per_device_for_update ({micro_batch_size})."
         )
 
 
@@ -139,8 +154,11 @@ def check_names(config: "PPOConfig") -> None:
     check_choice("algorithm.kl_type", config.algorithm.kl_type, ("fixed", "adaptive"))
     check_choice("worker.actor.loss_type", actor.loss_type, list(POLICY_LOSSES))
     check_choice("worker.actor.loss_agg_mode", actor.loss_agg_mode, LOSS_AGG_MODES)
+    check_choice("worker.critic.loss_agg_mode", config.worker.critic.loss_agg_mode, LOSS_AGG_MODES)
     for key in ("param_dtype", "reduce_dtype"):
-        check_choice(f"worker.actor.fsdp.{key}", getattr(actor.fsdp, key), ("bf16", "fp16", "fp32"))
+        for section in ("actor", "critic"):
+            check_choice(f"worker.{section}.fsdp.{key}", get_dotted(config, f"worker.{section}.fsdp.{key}"),
+                         ("bf16", "fp16", "fp32"))
     check_choice("worker.rollout.dtype", config.worker.rollout.dtype, ("bf16", "fp16", "fp32"))
     check_choice("worker.reward.reward_type", config.worker.reward.reward_type, ("batch", "sequential"))
     check_choice("trainer.device", config.trainer.device, ("auto", "cuda", "npu", "cpu"))
@@ -159,12 +177,20 @@ def check_combinations(config: "PPOConfig") -> None:
     if rollout.calculate_log_probs is False and actor.tis_cap is not None:
         raise ConfigError("worker.actor.tis_cap needs worker.rollout.calculate_log_probs=true.")
     longest = config.data.max_prompt_length + config.data.max_response_length
-    budget = actor.max_token_len_per_device
-    if actor.dynamic_batching and budget is not None and budget < longest:
-        raise ConfigError(
-            f"worker.actor.max_token_len_per_device={budget} is below the longest sample, "
-            f"data.max_prompt_length + data.max_response_length = {longest}: raise it (or leave it null)."
-        )
+    for section in ("actor", "critic"):
+        role = getattr(config.worker, section)
+        budget = role.max_token_len_per_device
+        if role.dynamic_batching and budget is not None and budget < longest:
+            raise ConfigError(
+                f"worker.{section}.max_token_len_per_device={budget} is below the longest sample, "
+                f"data.max_prompt_length + data.max_response_length = {longest}: raise it (or leave it null)."
+            )
+    if algo.needs_critic and config.worker.critic.model.lora.rank > 0:
+        raise ConfigError("worker.critic.model.lora.rank must be 0: the critic (algorithm.adv_estimator=gae) trains "
+                          "all its weights (LoRA applies to the actor only, worker.actor.model.lora).")
+    if config.trainer.critic_warmup > 0 and not algo.needs_critic:
+        raise ConfigError(f"trainer.critic_warmup={config.trainer.critic_warmup} needs a critic "
+                          "(algorithm.adv_estimator=gae); set it to 0.")
 
 
 def check_lora(lora: Any) -> None:

@@ -1,5 +1,6 @@
-"""The FSDP2 actor (one gloo rank, fp32) with padding-free forwards and dynamic batching vs the padded, fixed-size
-micro-batch path: same log-probs, same loss, same gradients; entropy gets no gradient at coefficient 0."""
+"""The FSDP2 actor and critic (one gloo rank, fp32) with padding-free forwards and dynamic batching vs the padded,
+fixed-size micro-batch path: same log-probs / values, same loss, same gradients; entropy gets no gradient at
+coefficient 0."""
 
 from __future__ import annotations
 
@@ -183,3 +184,82 @@ def test_attention_implementation_choice():
     assert attention_implementation("npu", True, "bf16", False) == "flash_attention_2"  # npu_fusion_attention
     assert attention_implementation("npu", True, "fp32", False) == "sdpa"
     assert attention_implementation("cpu", True, "bf16", True) == "sdpa"
+
+
+def _critic(model_path, padding_free: bool, dynamic_batching: bool):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from easyrl.config import CriticConfig
+    from easyrl.workers.critic import FSDPCritic
+
+    config = CriticConfig(padding_free=padding_free, dynamic_batching=dynamic_batching, max_token_len_per_device=40,
+                          cliprange_value=0.05)
+    config.model.model_path = str(model_path)
+    config.fsdp.param_dtype = "fp32"
+    config.fsdp.enable_gradient_checkpointing = False
+    config.optim.training_steps = 1
+    mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("dp",))
+    return FSDPCritic(str(model_path), config, mesh, "cpu", torch.device("cpu"))
+
+
+def test_sharded_critic_starts_at_zero_and_packed_matches_padded(process_group, tiny_model_path):
+    """The FSDP2 critic: its values start at 0 (zero value head), and once the head is non-zero the padding-free,
+    dynamic micro-batch path gives the padded, fixed-size path's values, value loss and gradients."""
+    path = tiny_model_path("qwen2_5")
+    data = _text_batch()
+    results = []
+    for padding_free, dynamic in ((False, False), (True, True)):
+        critic = _critic(path, padding_free, dynamic)
+        assert critic.fused_head is None
+        torch.testing.assert_close(critic.compute_values(data, 2), torch.zeros(data["response_mask"].shape))
+        torch.manual_seed(1)
+        with torch.no_grad():
+            for p in critic.model.parameters():
+                p.add_(torch.randn_like(p) * 0.02)
+        values = critic.compute_values(data, 2)
+        batch = Batch(data.tensors.clone(), dict(data.extras))
+        batch["values"] = values
+        batch["returns"] = values + torch.linspace(-0.1, 0.1, values.shape[1]) * data["response_mask"]
+        grads = {}
+        step = critic.optimizer.step
+        critic.optimizer.step = lambda: (grads.update({n: p.grad.full_tensor().clone() for n, p in
+                                                       critic.model.named_parameters() if p.grad is not None}), step())
+        metrics = critic.update_critic(batch, mini_batch_size=len(batch), micro_batch_size=2)
+        results.append((values, metrics, grads))
+        del critic
+    (values, metrics, grads), (values_pf, metrics_pf, grads_pf) = results
+    mask = data["response_mask"]
+    assert values.abs().sum() > 0.1 and (values[mask == 0] == 0).all()
+    torch.testing.assert_close(values_pf, values, atol=1e-5, rtol=0)
+    # the loss is on the rollout's own values (no clipping at the first step): 0.5 * mean((V - R)^2) over valid tokens
+    expected = 0.5 * ((torch.linspace(-0.1, 0.1, values.shape[1]) * mask) ** 2).sum() / mask.sum()
+    for m in (metrics, metrics_pf):
+        assert m["critic/vf_loss"][0] == pytest.approx(expected.item(), rel=1e-4)
+        assert m["critic/vf_clipfrac"][0] == 0.0 and len(m["critic/grad_norm"]) == 1
+    assert grads.keys() == grads_pf.keys() and "lm_head.bias" in grads
+    for name, grad in grads.items():
+        torch.testing.assert_close(grads_pf[name], grad, atol=1e-6, rtol=1e-4, msg=name)
+
+
+def test_critic_checkpoint_round_trip(process_group, tiny_model_path, tmp_path):
+    """save_critic / load_critic restore the critic's weights, optimizer state and schedule; a checkpoint without a
+    critic is refused with the reason."""
+    from easyrl.workers.checkpoint import load_critic, save_critic
+
+    path = tiny_model_path("qwen2_5")
+    data = _text_batch()
+    critic = _critic(path, True, True)
+    batch = Batch(data.tensors.clone(), dict(data.extras))
+    batch["values"] = critic.compute_values(data, 2)
+    batch["returns"] = data["response_mask"].float()
+    critic.update_critic(batch, mini_batch_size=len(batch), micro_batch_size=2)
+    save_critic(critic, str(tmp_path), rank=0)
+    saved = critic.compute_values(data, 2)
+    assert saved.abs().sum() > 0  # the update moved the zero head
+    critic.update_critic(batch, mini_batch_size=len(batch), micro_batch_size=2)
+    assert not torch.allclose(critic.compute_values(data, 2), saved)
+    load_critic(critic, str(tmp_path), rank=0)
+    torch.testing.assert_close(critic.compute_values(data, 2), saved)
+    assert critic.num_updates == 1 and critic.lr_scheduler.last_epoch == 1
+    with pytest.raises(FileNotFoundError, match="adv_estimator=gae"):
+        load_critic(critic, str(tmp_path / "none"), rank=0)

@@ -58,6 +58,15 @@ def test_data_metrics_by_hand():
     perf = compute_throughput_metrics(batch, step_seconds=2.0, world_size=2)
     assert perf["perf/total_num_tokens"] == 11 and perf["perf/throughput"] == pytest.approx(11 / 2 / 2)
     assert reduce_metrics({"a": [1.0, 2.0, 6.0]}) == {"a": 3.0}
+    assert "critic/values/mean" not in m
+    # with a critic: values over the 6 valid tokens; returns 1 1 | .5 .5 .5 .5 minus values .5 .5 | 0 0 0 1
+    batch["values"] = torch.tensor([[0.5, 0.5, 7, 7], [0.0, 0, 0, 1]])
+    m = compute_data_metrics(batch, max_prompt_length=3, max_response_length=4)
+    assert m["critic/values/max"] == 1.0 and m["critic/values/mean"] == pytest.approx(2.0 / 6)
+    # R - V = .5 .5 .5 .5 .5 -.5: var (unbiased) = 1/6; var(R) = (4 * (1/6)^2 + 2 * (1/3)^2) ... = 1/15
+    residual, returns = torch.tensor([0.5] * 5 + [-0.5]), torch.tensor([1.0, 1, 0.5, 0.5, 0.5, 0.5])
+    assert residual.var().item() == pytest.approx(1 / 6) and returns.var().item() == pytest.approx(1 / 15)
+    assert m["critic/vf_explained_var"] == pytest.approx(1 - (1 / 6) / (1 / 15 + 1e-5))
 
 
 def test_tracker_jsonl_and_tensorboard(tmp_path):

@@ -1,6 +1,11 @@
-"""Every advantage estimator, policy loss and aggregation mode, and DAPO dynamic sampling, through the real loop:
-2 Ray workers (FSDP2 over gloo + vLLM each) and the tiny text Qwen2.5. One trainer serves all cases (start-up is
-the expensive part on a CPU); the estimator is the trainer's setting, the loss settings are pushed to the workers."""
+"""Every advantage estimator (GAE with a critic included), policy loss and aggregation mode, and DAPO dynamic sampling,
+through the real loop: 2 Ray workers (FSDP2 over gloo + vLLM each) and the tiny text Qwen2.5. One trainer serves all
+cases (start-up is the expensive part on a CPU): it is built with GAE so that the workers hold a critic too; the
+estimator is the trainer's setting, the loss settings are pushed to the workers.
+
+Each setting is checked by an assertion that fails if a worker ignored it: the actor updates are replayed from one
+snapshot (same weights, optimizer state and mini-batch shuffle) on one batch, so that settings are compared update
+against update."""
 
 from __future__ import annotations
 
@@ -14,9 +19,12 @@ import pytest
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[1]
+# fp32 vLLM (CPU) vs the fp32 FSDP2 actor: max |diff| of per-token log-probs measured 1.9e-6 (tests/test_e2e_grpo.py)
+FP32_LOGPROB_TOL = 1e-4
 ESTIMATORS = ["grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "grpo_passk"]
-LOSSES = [("vanilla", "token-mean"), ("gspo", "seq-mean-token-mean"), ("cispo", "seq-mean-token-sum"),
-          ("vanilla", "seq-mean-token-sum-norm"), ("sapo", "seq-mean-token-mean")]
+# "gae" (needs the critic) has its own test below
+AGG_MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm",
+             "seq-mean-token-sum-norm-drgrpo"]
 
 
 @pytest.fixture(scope="module")
@@ -30,9 +38,17 @@ def trainer(e2e_config, tmp_path_factory):
         "data.val_files=null",
         "data.max_response_length=16",
         "worker.rollout.limit_images=0",
+        "algorithm.adv_estimator=gae",  # builds the critic; the tests below choose their estimator per step
+        "worker.critic.global_batch_size=2",
+        "worker.critic.micro_batch_size_per_device_for_update=2",
+        "worker.critic.fsdp.param_dtype=fp32",
+        "worker.critic.fsdp.enable_gradient_checkpointing=false",
+        "worker.critic.optim.lr=1e-2",  # large, so that one step visibly moves the zero-initialised value head
+        "worker.critic.optim.lr_warmup_ratio=1.0",  # linear warm-up over the 2 training steps: the LR logging is seen
     )
     ray.init(num_cpus=2, include_dashboard=False)
     trainer = build_trainer(config)
+    trainer.config.algorithm.adv_estimator = "grpo"
     yield trainer
     trainer.workers.shutdown()
     ray.shutdown()
@@ -49,47 +65,217 @@ def _assert_finite(metrics):
 
 
 @pytest.mark.parametrize("estimator", ESTIMATORS)
-def test_each_advantage_estimator_two_steps(trainer, estimator):
+def test_each_advantage_estimator_one_step(trainer, estimator):
     trainer.config.algorithm.adv_estimator = estimator
-    for metrics in _steps(trainer):
-        _assert_finite(metrics)
-        assert metrics["critic/advantages/max"] > metrics["critic/advantages/min"]
+    try:
+        metrics = _steps(trainer, 1)[0]
+    finally:
+        trainer.config.algorithm.adv_estimator = "grpo"
+    _assert_finite(metrics)
+    assert metrics["critic/advantages/max"] > metrics["critic/advantages/min"]
+    assert "critic/vf_loss" not in metrics and "timing_s/values" not in metrics  # no critic without GAE
     if estimator == "remax":
         assert "timing_s/gen_baseline" in metrics
         assert "reward_baselines" in trainer.last_batch
-    trainer.config.algorithm.adv_estimator = "grpo"
 
 
-@pytest.mark.parametrize("loss_type, agg_mode", LOSSES)
-def test_each_policy_loss_two_steps(trainer, loss_type, agg_mode):
+def _zero_value_returns(batch, decay):
+    """GAE returns when every value is 0 and the score sits on the last token: ``decay^(n - 1 - t) * R``."""
+    import torch
+
+    mask = batch["response_mask"].float()
+    lengths = mask.sum(-1, keepdim=True)
+    steps_to_end = lengths - 1 - torch.arange(mask.shape[1]).unsqueeze(0)
+    return batch["token_level_rewards"].sum(-1, keepdim=True) * decay ** steps_to_end.clamp(min=0) * mask
+
+
+def test_ppo_with_a_critic_two_steps_with_warmup_and_checkpoint(trainer):
+    """PPO with GAE: step 1 is the critic's warm-up (``critic_warmup: 2``: the actor updates from step 2 on, as in
+    verl/EasyR1); the values start at 0 (zero value head), so the returns are the plain discounted rewards; step 2
+    uses the trained critic's values and updates the actor. The critic's state goes through a checkpoint."""
+    import os
+
+    import torch
+
+    algo, tcfg = trainer.config.algorithm, trainer.config.trainer
+    algo.adv_estimator, algo.gamma, algo.lam, tcfg.critic_warmup = "gae", 1.0, 0.9, 2
+    stream = trainer.prompt_stream()
+    weights_before = trainer.workers.run_all("actor_state_dict")[0]
+    try:
+        trainer.global_step = 1
+        warm = trainer.train_step(stream)
+        warm_batch = trainer.last_batch
+        weights_after = trainer.workers.run_all("actor_state_dict")[0]
+        trainer.global_step = 2
+        second = trainer.train_step(stream)
+        batch = trainer.last_batch
+        path = trainer.save_checkpoint()
+        saved = torch.cat(trainer.workers.run_split("compute_values", batch), dim=0)
+        trainer.workers.run_split("update_critic", batch)  # moves the critic away from the checkpoint
+        moved = torch.cat(trainer.workers.run_split("compute_values", batch), dim=0)
+        trainer.load_checkpoint(path)
+        restored = torch.cat(trainer.workers.run_split("compute_values", batch), dim=0)
+    finally:
+        algo.adv_estimator, algo.gamma, algo.lam, tcfg.critic_warmup = "grpo", 1.0, 1.0, 0
+        trainer.global_step = 0
+    for metrics in (warm, second):
+        _assert_finite(metrics)
+        assert metrics["critic/vf_loss"] > 0 and 0.0 <= metrics["critic/vf_clipfrac"] <= 1.0
+        assert "timing_s/values" in metrics and "timing_s/update_critic" in metrics
+    # warm-up: only the critic trained; the zero head predicts 0 everywhere, so GAE's return on token t of a response
+    # of n tokens with outcome score R is (gamma * lam)^(n - 1 - t) * R (every TD error but the last is 0)
+    assert "actor/pg_loss" not in warm and "timing_s/update_actor" not in warm
+    # the critic's first update ran at the first warm-up LR of the schedule (lr_warmup_ratio 1 over 2 steps: half)
+    assert warm["critic/lr"] == pytest.approx(0.5 * 1e-2)
+    assert all(torch.equal(weights_before[k], weights_after[k]) for k in weights_before)
+    assert warm["critic/values/max"] == warm["critic/values/min"] == 0.0
+    torch.testing.assert_close(warm_batch["returns"], _zero_value_returns(warm_batch, 0.9))
+    # step 2: the critic moved, its values shape the returns, the actor trains
+    assert second["critic/values/max"] > second["critic/values/min"]
+    assert "actor/pg_loss" in second and second["critic/lr"] == pytest.approx(1e-2)
+    assert (batch["returns"] - _zero_value_returns(batch, 0.9)).abs().max() > 1e-3
+    advantages = batch["advantages"][batch["response_mask"].bool()]
+    assert abs(advantages.mean().item()) < 1e-4  # GAE advantages are whitened over the batch's valid tokens
+    assert advantages.std().item() == pytest.approx(1.0, abs=1e-3)
+    # the checkpoint holds the critic: loading it undoes the update made after saving
+    assert os.path.exists(os.path.join(path, "critic", ".metadata"))
+    assert (moved - saved).abs().max() > 1e-4
+    torch.testing.assert_close(restored, saved)
+
+
+TIGHT = dict(clip_ratio_low=0.02, clip_ratio_high=0.02)  # so that the off-policy mini-batch clips some tokens
+
+
+@pytest.fixture(scope="module")
+def replay(trainer):
+    """One step, then a snapshot of the actor and that step's batch with its old log-probs recomputed from the
+    snapshot's weights: every update below (``_update``) starts from the same weights, optimizer state and
+    mini-batch shuffle and uses the same batch (2 mini-batches of 8 samples, 4 per worker), so that settings are
+    compared update against update. Returns ``(batch, start weights)``."""
+    import torch
+
+    from easyrl.trainer.batch_layout import for_workers
+
+    _steps(trainer, 1)
+    batch = for_workers(trainer.last_batch)
+    batch["old_log_probs"] = torch.cat(trainer.workers.run_split("compute_log_probs", batch), dim=0)
+    trainer.workers.run_all("snapshot_actor")
+    return batch, trainer.workers.run_all("actor_state_dict")[0]
+
+
+def _update(trainer, batch, **actor_settings):
+    """From the snapshot, one actor update of ``batch`` with ``actor_settings``; returns rank 0's per-optimizer-step
+    metrics (lists: one value per mini-batch and epoch)."""
     actor = trainer.config.worker.actor
     original = dataclasses.replace(actor)
-    actor.loss_type, actor.loss_agg_mode = loss_type, agg_mode
-    if loss_type == "gspo":
-        actor.clip_ratio_low, actor.clip_ratio_high = 3e-4, 4e-4
+    for key, value in actor_settings.items():
+        setattr(actor, key, value)
+    trainer.workers.run_all("restore_actor")
     trainer.workers.run_all("update_config", trainer.config)
     try:
-        for metrics in _steps(trainer):
-            _assert_finite(metrics)
-            assert metrics["actor/pg_loss"] != 0.0
+        return trainer.workers.run_split("update_actor", batch)[0]
     finally:
         trainer.config.worker.actor = original
         trainer.workers.run_all("update_config", trainer.config)
 
 
-def test_kl_in_reward_and_entropy_bonus(trainer):
+def _max_diff(a, b):
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+def test_loss_types_agree_on_policy_and_differ_off_policy(trainer, replay):
+    """On-policy invariant: the first mini-batch sees r = 1, so nothing is clipped, ppo_kl ~ 0, and every loss type's
+    gradient is the plain policy gradient (same norm); the second mini-batch is off policy: each loss differs."""
+    batch, _ = replay
+    runs = {loss: _update(trainer, batch, loss_type=loss, **TIGHT) for loss in ("vanilla", "gspo", "cispo", "sapo")}
+    first = {loss: run["actor/grad_norm"][0] for loss, run in runs.items()}
+    second = {loss: run["actor/grad_norm"][1] for loss, run in runs.items()}
+    for loss in first:
+        assert first[loss] == pytest.approx(first["vanilla"], rel=1e-5), (loss, first)
+    assert len({round(v, 6) for v in second.values()}) == len(second), second
+    for run in runs.values():
+        assert abs(run["actor/ppo_kl"][0]) < 1e-4 and run["actor/pg_clipfrac"][0] == 0.0
+
+
+def test_aggregation_modes_scale_the_update_as_defined(trainer, replay):
+    batch, _ = replay
+    runs = {agg: _update(trainer, batch, loss_agg_mode=agg, **TIGHT) for agg in AGG_MODES}
+    norm = {agg: run["actor/grad_norm"][0] for agg, run in runs.items()}  # first mini-batch, before clipping
+    # verl's seq-mean-token-sum-norm is exactly S = 8 sequences times Dr. GRPO's mean
+    assert norm["seq-mean-token-sum-norm"] == pytest.approx(8 * norm["seq-mean-token-sum-norm-drgrpo"], rel=1e-5)
+    # with responses of equal length n (the tiny random model rarely stops before the maximum) seq-mean-token-sum is
+    # n x token-mean and seq-mean-token-mean equals it; otherwise they differ
+    lengths = batch["response_mask"].sum(-1)
+    if bool((lengths == lengths[0]).all()):
+        assert norm["seq-mean-token-sum"] == pytest.approx(lengths[0].item() * norm["token-mean"], rel=1e-5)
+        assert norm["seq-mean-token-mean"] == pytest.approx(norm["token-mean"], rel=1e-5)
+        assert norm["seq-mean-token-sum-norm-drgrpo"] == pytest.approx(
+            lengths[0].item() / batch["response_mask"].shape[1] * norm["token-mean"], rel=1e-5)
+    else:
+        assert norm["seq-mean-token-sum"] != pytest.approx(norm["token-mean"], rel=1e-3)
+
+
+def test_entropy_bonus_enters_the_update(trainer, replay):
+    batch, _ = replay
+    base = _update(trainer, batch, **TIGHT)
+    entropy = _update(trainer, batch, entropy_coeff=0.1, **TIGHT)
+    assert entropy["actor/grad_norm"][0] != pytest.approx(base["actor/grad_norm"][0], rel=1e-4)
+
+
+def test_micro_batch_1_and_2_give_the_same_new_weights(trainer, replay):
+    """Micro-batches of 1 or 2 samples accumulate to the same update (global token normalisation)."""
+    batch, start = replay
+    _update(trainer, batch)  # micro-batch 2 (the fixture's)
+    micro_2 = trainer.workers.run_all("actor_state_dict")[0]
+    _update(trainer, batch, micro_batch_size_per_device_for_update=1)
+    micro_1 = trainer.workers.run_all("actor_state_dict")[0]
+    moved = _max_diff(micro_2, start)
+    assert moved > 1e-4 and _max_diff(micro_1, micro_2) < 1e-2 * moved, (_max_diff(micro_1, micro_2), moved)
+
+
+def test_second_ppo_epoch_is_off_policy(trainer, replay):
+    """ppo_epochs = 2 over one mini-batch: epoch 1 on policy, epoch 2 off policy (ratio moved, clipping acts)."""
+    batch, _ = replay
+    epochs = _update(trainer, batch, ppo_epochs=2, global_batch_size=trainer.config.data.rollout_batch_size, **TIGHT)
+    assert len(epochs["actor/ppo_kl"]) == 2
+    assert abs(epochs["actor/ppo_kl"][0]) < 1e-4 and epochs["actor/pg_clipfrac"][0] == 0.0
+    assert abs(epochs["actor/ppo_kl"][1]) > 1e-4 and epochs["actor/pg_clipfrac"][1] > 0.0
+
+
+def test_kl_in_reward_with_the_adaptive_controller(trainer):
+    """Token rewards are scores - beta * KL(old, ref) per token, and beta follows the adaptive controller."""
+    import torch
+
+    from easyrl.algorithms.kl import kl_penalty, make_kl_controller
+
     algo, actor = trainer.config.algorithm, trainer.config.worker.actor
-    algo.use_kl_loss, algo.use_kl_in_reward, algo.kl_type = False, True, "adaptive"
-    actor.use_kl_loss, actor.entropy_coeff = False, 1e-3
+    algo.use_kl_loss, algo.use_kl_in_reward, algo.kl_type, algo.kl_horizon = False, True, "adaptive", 10.0
+    actor.use_kl_loss = False
+    trainer.kl_ctrl = make_kl_controller(algo.kl_type, algo.kl_coef, algo.kl_target, algo.kl_horizon)
     trainer.workers.run_all("update_config", trainer.config)
+    stream = trainer.prompt_stream()
     try:
-        metrics = _steps(trainer, 1)[0]
-        _assert_finite(metrics)
-        assert "actor/reward_kl_penalty" in metrics and "actor/kl_loss" not in metrics
+        steps = []
+        for _ in range(2):
+            metrics = trainer.train_step(stream)
+            batch = trainer.last_batch
+            kl = kl_penalty(batch["old_log_probs"], batch["ref_log_probs"], algo.kl_penalty) * batch["response_mask"]
+            steps.append((metrics, batch["token_level_rewards"], batch["token_level_scores"], kl, len(batch)))
     finally:
-        algo.use_kl_loss, algo.use_kl_in_reward, algo.kl_type = True, False, "fixed"
-        actor.use_kl_loss, actor.entropy_coeff = True, 0.0
+        algo.use_kl_loss, algo.use_kl_in_reward, algo.kl_type, algo.kl_horizon = True, False, "fixed", 10000.0
+        actor.use_kl_loss = True
+        trainer.kl_ctrl = make_kl_controller(algo.kl_type, algo.kl_coef, algo.kl_target, algo.kl_horizon)
         trainer.workers.run_all("update_config", trainer.config)
+    for metrics, rewards, scores, kl, _ in steps:
+        _assert_finite(metrics)
+        assert "actor/kl_loss" not in metrics
+        assert kl.abs().max() > 0  # the actor has moved from the reference: the penalty is not trivially 0
+        torch.testing.assert_close(rewards, scores - metrics["actor/reward_kl_penalty_coeff"] * kl)
+    (first, *_), (second, *_) = steps
+    error = min(max(first["actor/reward_kl_penalty"] / algo.kl_target - 1, -0.2), 0.2)
+    expected = first["actor/reward_kl_penalty_coeff"] * (1 + error * steps[0][4] / 10.0)
+    assert second["actor/reward_kl_penalty_coeff"] == pytest.approx(expected, rel=1e-6)
+    assert second["actor/reward_kl_penalty_coeff"] != pytest.approx(first["actor/reward_kl_penalty_coeff"])
 
 
 def test_disable_kl_skips_the_reference_forward(trainer):
@@ -108,31 +294,56 @@ def test_disable_kl_skips_the_reference_forward(trainer):
     assert "ref_log_probs" not in trainer.last_batch
 
 
-def test_truncated_importance_sampling_with_rollout_log_probs(trainer):
-    """vLLM's sampled-token log-probs travel with the batch; TIS weights exp(old - rollout), capped, are ~1 when
-    the engine holds exactly the actor's weights (the mismatch is only kernel noise)."""
+def test_truncated_importance_sampling_at_temperature_0_7(trainer):
+    """vLLM's sampled-token log-probs travel with the batch at temperature 0.7: they equal the actor's log-probs of
+    softmax(logits / 0.7) within the fp32 tolerance (an actor ignoring the temperature would be off by far more), so
+    the TIS weights exp(old - rollout), capped, are 1 up to kernel noise."""
     rollout, actor = trainer.config.worker.rollout, trainer.config.worker.actor
     rollout.calculate_log_probs, actor.tis_cap = True, 2.0
+    rollout.temperature = actor.temperature = 0.7
     trainer.workers.run_all("update_config", trainer.config)
     try:
         metrics = _steps(trainer, 1)[0]
     finally:
         rollout.calculate_log_probs, actor.tis_cap = False, None
+        rollout.temperature = actor.temperature = 1.0
         trainer.workers.run_all("update_config", trainer.config)
     _assert_finite(metrics)
-    assert metrics["rollout/tis_weight_mean"] == pytest.approx(1.0, abs=1e-2)
-    assert metrics["rollout/log_prob_diff_max"] < 2e-3
+    assert metrics["rollout/log_prob_diff_max"] < FP32_LOGPROB_TOL, metrics["rollout/log_prob_diff_max"]
+    assert metrics["rollout/tis_weight_mean"] == pytest.approx(1.0, abs=FP32_LOGPROB_TOL)
     assert "rollout_log_probs" in trainer.last_batch
+
+
+def _swap_reward(trainer, fn):
+    """Score with ``fn`` behind a guard of its own (a plain callable cannot run in the guard's helper process);
+    returns the trainer's guard, to put back."""
+    from easyrl.rewards.guard import GuardedReward
+
+    saved = trainer._guard
+    trainer._guard = GuardedReward(fn, on_error="raise")
+    return saved
+
+
+def test_dynamic_sampling_gives_up_after_max_try_make_batch(trainer):
+    """A reward that never varies leaves no group to keep: after max_try_make_batch rounds the step fails, naming
+    the key."""
+    algo = trainer.config.algorithm
+    saved_guard = _swap_reward(trainer, lambda inputs: {"overall": [0.5] * len(inputs)})
+    algo.online_filtering, algo.max_try_make_batch = True, 1
+    try:
+        with pytest.raises(RuntimeError, match=r"kept 0 of 4 groups after 1 generation rounds.*max_try_make_batch"):
+            _steps(trainer, 1)
+    finally:
+        trainer._guard = saved_guard
+        algo.online_filtering, algo.max_try_make_batch = False, 20
 
 
 def test_dynamic_sampling_drops_constant_groups_and_refills(trainer):
     """Half of the problems get a constant reward: their groups are dropped and more prompts are generated until
     the batch holds rollout_batch_size groups that all vary."""
     from easyrl.rewards.function import RewardFunction
-    from easyrl.rewards.guard import GuardedReward
 
     algo = trainer.config.algorithm
-    saved_guard = trainer._guard  # the trainer scores through its guard (worker.reward.on_error, timeout_s)
     half_constant = RewardFunction(f"{REPO / 'tests/reward_functions/half_constant.py'}:compute_score")
     generated: list[float] = []
 
@@ -141,8 +352,7 @@ def test_dynamic_sampling_drops_constant_groups_and_refills(trainer):
         generated.extend(scores["overall"])
         return scores
 
-    # a plain callable cannot run in the guard's helper process: a guard of its own, scoring in-process
-    trainer._guard = GuardedReward(recording_reward, on_error="raise")
+    saved_guard = _swap_reward(trainer, recording_reward)
     algo.online_filtering, algo.filter_low, algo.filter_high = True, None, None
     try:
         metrics = _steps(trainer, 1)[0]

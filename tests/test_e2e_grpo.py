@@ -18,8 +18,12 @@ pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[1]
 # vLLM's CPU kernels and the FSDP2/transformers forward are both float32 here; measured max |diff| of per-token
-# log-probs between them was 1.9e-6 on a step of this model; 2e-3 leaves room for kernel differences.
-LOGPROB_TOL = 2e-3
+# log-probs between them was 1.9e-6 on a step of this model, so 1e-4 (50x) fails on any real plumbing error (a wrong
+# temperature, position, image or weight) while leaving room for kernel differences. In bf16 (the GPU default:
+# worker.actor.fsdp.param_dtype and worker.rollout.dtype) gaps are orders of magnitude larger: bf16 keeps ~3
+# significant digits, so per-token gaps of 1e-2 and more are normal (tests/gpu/test_gpu_actor.py allows 0.05 for a
+# bf16 copy); in training that is what the rollout/* metrics and TIS (worker.actor.tis_cap) watch.
+LOGPROB_TOL = 1e-4
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +75,6 @@ def test_grpo_two_steps_two_ranks(vl_trainer):
     batch = trainer.last_batch
     stale_gap = ((batch["rollout_log_probs"] - batch["ref_log_probs"]).abs() * batch["response_mask"]).max().item()
     assert stale_gap > 10 * LOGPROB_TOL, stale_gap  # the initial weights would have been told apart
-    assert metrics_2["actor/ppo_kl"] == pytest.approx(metrics_2["actor/ppo_kl"])  # finite
     required = [
         "timing_s/gen", "timing_s/reward", "timing_s/old_log_prob", "timing_s/ref", "timing_s/adv",
         "timing_s/update_actor", "timing_s/reshard", "timing_s/step",

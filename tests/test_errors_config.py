@@ -64,6 +64,11 @@ CASES = [
      ["worker.actor.model.lora.exclude_modules", ".*visual(.*", "regular expression"]),
     ("C39", ["trainer.logger=[console,neptune]"], ["trainer.logger", "'neptune'", "swanlab, mlflow"]),
     ("C54", ["worker.env_vars={1BAD: x}"], ["worker.env_vars", "'1BAD'", "environment variable name"]),
+    ("C60", ["algorithm.adv_estimator=gae", "worker.critic.global_batch_size=3"],
+     ["data.rollout_batch_size (4)", "worker.critic.global_batch_size (3)"]),
+    ("C61", ["trainer.critic_warmup=2"], ["trainer.critic_warmup=2", "algorithm.adv_estimator=gae"]),
+    ("C62", ["algorithm.adv_estimator=gae", "worker.critic.global_batch_size=2", "worker.critic.model.lora.rank=8"],
+     ["worker.critic.model.lora.rank", "worker.actor.model.lora"]),
 ]
 
 

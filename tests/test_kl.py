@@ -11,6 +11,7 @@ from easyrl.algorithms.kl import (
     FixedKLController,
     apply_kl_penalty,
     kl_penalty,
+    make_kl_controller,
 )
 
 D = torch.float64
@@ -89,6 +90,15 @@ def test_adaptive_controller_hand_values():
     assert ctrl.value == pytest.approx(0.1 * 1.00512 * 0.999)
     ctrl.update(current_kl=0.0, n_steps=500)  # -1 -> clipped to -0.2; x (1 - 0.2 * 500 / 10000) = x 0.99
     assert ctrl.value == pytest.approx(0.1 * 1.00512 * 0.999 * 0.99)
+
+
+def test_make_kl_controller_follows_kl_type():
+    fixed = make_kl_controller("fixed", 0.3, kl_target=0.1, kl_horizon=100)
+    adaptive = make_kl_controller("adaptive", 0.3, kl_target=0.1, kl_horizon=100)
+    assert type(fixed) is FixedKLController and fixed.value == 0.3
+    assert type(adaptive) is AdaptiveKLController and (adaptive.target, adaptive.horizon) == (0.1, 100)
+    with pytest.raises(ValueError, match="kl_type"):
+        make_kl_controller("pid", 0.3, 0.1, 100)
 
 
 @pytest.mark.parametrize("kwargs", [dict(target_kl=0.0, horizon=10), dict(target_kl=1.0, horizon=0)])

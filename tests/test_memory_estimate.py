@@ -27,7 +27,8 @@ def test_seven_billion_on_eight_80gb_gpus_by_hand():
     assert e.vllm_weights_gib == pytest.approx(2 * 7e9 / GIB)  # 13.04 GiB of bf16
     assert e.vllm_claim_gib == pytest.approx(48.0)
     assert e.rollout == pytest.approx({"vLLM (gpu_memory_utilization)": 48.0, "actor params": 4 * shard / GIB,
-                                       "actor Adam states": 8 * shard / GIB, "reference": 0.0})
+                                       "actor Adam states": 8 * shard / GIB, "reference": 0.0,
+                                       "critic params + Adam states": 0.0})
     logits = 2 * 4 * 2049 * 152_064 * 2 / GIB  # logits + their gradient, bf16: 4.65 GiB
     assert e.training["logits (one micro-batch)"] == pytest.approx(logits)
     assert e.training_gib == pytest.approx((4 + 4 + 8) * shard / GIB + logits)  # 13.04 + 4.65
@@ -40,6 +41,17 @@ def test_offload_removes_the_actor_and_a_resident_reference_adds_its_shard():
     e = estimate_memory(8_000_000_000, 1000, config, capacity_gib=80.0)
     assert e.rollout["actor params"] == e.training["actor grads"] == e.rollout["actor Adam states"] == 0.0
     assert e.rollout["reference"] == pytest.approx(2 * 1e9 / GIB)
+
+
+def test_a_critic_adds_a_trained_copy():
+    # adv_estimator gae: fp32 params + Adam (12 bytes per parameter) in both phases, + fp32 grads in training
+    plain = estimate_memory(8_000_000_000, 1000, _config(), capacity_gib=80.0)
+    e = estimate_memory(8_000_000_000, 1000, _config("algorithm.adv_estimator=gae"), capacity_gib=80.0)
+    assert e.rollout_gib - plain.rollout_gib == pytest.approx(12 * 1e9 / GIB)
+    assert e.training_gib - plain.training_gib == pytest.approx(16 * 1e9 / GIB)
+    offloaded = _config("algorithm.adv_estimator=gae", "worker.critic.offload.offload_params=true")
+    assert estimate_memory(8_000_000_000, 1000, offloaded, capacity_gib=80.0).training_gib == pytest.approx(
+        plain.training_gib)
 
 
 @pytest.mark.parametrize("params, capacity, overrides, culprit", [

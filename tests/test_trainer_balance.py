@@ -44,10 +44,10 @@ def test_balance_gives_equal_token_shares_and_is_undone_by_argsort():
 
 
 def test_worker_batches_leave_driver_only_extras_behind():
-    from easyrl.trainer.ray_trainer import _for_workers
+    from easyrl.trainer.batch_layout import for_workers
 
     batch = _batch([3, 4])
     batch["images"] = [["a PIL image"], []]
     batch["multi_modal_inputs"] = [{"pixel_values": torch.zeros(2, 3)}, {}]
-    sent = _for_workers(batch)
+    sent = for_workers(batch)
     assert set(sent.extras) == {"multi_modal_inputs"} and sent.tensors is batch.tensors

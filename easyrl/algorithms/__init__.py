@@ -10,4 +10,7 @@ Modules:
     losses            loss aggregation (``agg_loss``), policy losses, registry ``POLICY_LOSSES``, TIS weights
     token_ops         log-probs and entropy from logits (memory-frugal)
     dynamic_sampling  DAPO group filtering
+    critic            GAE (registered as the estimator "gae") and the clipped value loss
 """
+
+from easyrl.algorithms import critic as _critic  # noqa: F401  (registers the "gae" advantage estimator)

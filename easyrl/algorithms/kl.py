@@ -28,6 +28,7 @@ __all__ = [
     "kl_penalty",
     "FixedKLController",
     "AdaptiveKLController",
+    "make_kl_controller",
     "apply_kl_penalty",
 ]
 
@@ -130,6 +131,24 @@ class AdaptiveKLController:
         """
         error = float(np.clip(current_kl / self.target - 1.0, -0.2, 0.2))
         self.value *= 1.0 + error * n_steps / self.horizon
+
+
+def make_kl_controller(kl_type: str, kl_coef: float, kl_target: float, kl_horizon: float) -> KLController:
+    """The in-reward KL coefficient's controller named by ``algorithm.kl_type``.
+
+    Args:
+        kl_type: ``"fixed"`` (:class:`FixedKLController`) or ``"adaptive"`` (:class:`AdaptiveKLController`).
+        kl_coef: the (initial) coefficient.
+        kl_target, kl_horizon: the adaptive controller's target KL and horizon (ignored by ``"fixed"``).
+
+    Raises:
+        ValueError: for another ``kl_type``, or a non-positive target / horizon with ``"adaptive"``.
+    """
+    if kl_type == "fixed":
+        return FixedKLController(kl_coef)
+    if kl_type == "adaptive":
+        return AdaptiveKLController(kl_coef, kl_target, kl_horizon)
+    raise ValueError(f"unknown algorithm.kl_type {kl_type!r}; valid: fixed, adaptive")
 
 
 @torch.no_grad()

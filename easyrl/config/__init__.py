@@ -10,7 +10,8 @@ from others ("auto keys", marked ``metadata={"auto": ...}``) are filled in by ``
 by users: setting one fails and names the key to set instead. An unknown key fails before any work starts, naming the
 key and the closest valid ones.
 
-One module per section: ``data``, ``algorithm``, ``actor`` (``worker.actor``/``worker.ref``), ``worker``
+One module per section: ``data``, ``algorithm``, ``actor`` (``worker.actor``/``worker.ref``), ``critic``
+(``worker.critic``), ``worker``
 (rollout, reward, the worker section), ``trainer``, ``ppo`` (the root); ``loading`` builds a config from the
 command line. Every name is importable from ``easyrl.config``.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 from easyrl.config.actor import ActorConfig, FSDPConfig, LoraConfig, ModelConfig, OffloadConfig, OptimConfig, RefConfig
 from easyrl.config.algorithm import AlgorithmConfig
+from easyrl.config.critic import CriticConfig
 from easyrl.config.data import DataConfig
 from easyrl.config.fields import auto
 from easyrl.config.loading import _auto_keys, _valid_keys, load_config, to_dict
@@ -31,6 +33,7 @@ __all__ = [
     "ActorConfig",
     "AlgorithmConfig",
     "ConfigError",
+    "CriticConfig",
     "DataConfig",
     "FSDPConfig",
     "LoraConfig",

@@ -14,6 +14,9 @@ class AlgorithmConfig:
     norm_adv_by_std_in_grpo: bool = True
     """False gives Dr.GRPO (no division by the group's std)."""
     gamma: float = 1.0
+    """Discount per token (GAE and REINFORCE++)."""
+    lam: float = 1.0
+    """GAE's lambda (``adv_estimator: gae``): 1 = Monte-Carlo return minus the value, 0 = one-step TD error."""
     disable_kl: bool = False
     """Skip the reference model entirely (no ref forward, no ref memory)."""
     use_kl_loss: bool = True
@@ -40,3 +43,8 @@ class AlgorithmConfig:
     def needs_reference(self) -> bool:
         """Whether a KL term (loss or in-reward) uses the reference policy; otherwise none is built or run."""
         return not self.disable_kl and (self.use_kl_loss or self.use_kl_in_reward)
+
+    @property
+    def needs_critic(self) -> bool:
+        """Whether the estimator needs a learned value model (``gae``); otherwise no critic is built or run."""
+        return self.adv_estimator == "gae"

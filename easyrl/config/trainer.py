@@ -32,6 +32,9 @@ class TrainerConfig:
     """Validate every this many steps; -1 never (besides ``val_before_train``)."""
     val_before_train: bool = True
     val_only: bool = False
+    critic_warmup: int = 0
+    """With a critic: the actor is updated from step ``critic_warmup`` on (steps count from 1; verl's and EasyR1's test
+    ``critic_warmup <= global_step``), so ``critic_warmup - 1`` steps train only the critic; 0 and 1: none."""
     val_generations_to_log: int = 0
     """Log the first this many validation samples (prompt, response, ground truth, score) as a table."""
     save_model_path: Optional[str] = None

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from easyrl.config.actor import ActorConfig, RefConfig
+from easyrl.config.critic import CriticConfig
 from easyrl.config.fields import auto
 
 
@@ -69,6 +70,8 @@ class WorkerConfig:
 
     actor: ActorConfig = field(default_factory=ActorConfig)
     ref: RefConfig = field(default_factory=RefConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    """Built only for ``algorithm.adv_estimator: gae``."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     nccl_timeout: int = 1800

@@ -1,4 +1,5 @@
-"""Checkpoint folders of a run: names, the tracker file, atomic commits, retention, and the driver's own state.
+"""Checkpoint folders of a run: names, the tracker file, atomic commits, retention, the driver's own state, and the
+trainer's save/load (``CheckpointMixin``, a part of :class:`~easyrl.trainer.ray_trainer.RayPPOTrainer`).
 
 Layout (EasyR1's names), under ``trainer.save_checkpoint_path`` (default: the run folder ``<runs_root>/<project_name>/
 <experiment_name>``, next to ``metrics.jsonl``)::
@@ -8,6 +9,8 @@ Layout (EasyR1's names), under ``trainer.save_checkpoint_path`` (default: the ru
         actor/                    torch.distributed.checkpoint shards of the actor's model and optimizer (all ranks)
         actor/huggingface/        config, generation config, tokenizer/processor (no weights; for ``easyrl.export``)
         extra_state_rank_R.pt     per rank: LR scheduler, RNG states, update counters
+        critic/                   with algorithm.adv_estimator=gae: the critic's DCP shards (model with its value
+                                  head, optimizer) and critic/extra_state_rank_R.pt (its LR scheduler, counters)
         trainer_state.pt          the driver: global step, dataloader position, KL controller, RNG states
 
 A checkpoint is written under ``.global_step_N.tmp`` and renamed to ``global_step_N`` only when every file is there;
@@ -224,3 +227,53 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
     if "npu" in state:
         torch.npu.set_rng_state(state["npu"])
+
+
+class CheckpointMixin:
+    """The trainer's checkpoints: save/load the whole training state (the workers' shards and this process's state).
+    Uses the trainer's ``config``, ``workers``, ``global_step``, ``train_dataloader``, ``kl_ctrl`` and
+    ``last_checkpoint``."""
+
+    @staticmethod
+    def _step_of(path: str) -> int:
+        return int(os.path.basename(os.path.normpath(path)).rsplit("_", 1)[-1])
+
+    def _checkpoint_to_resume(self) -> Optional[str]:
+        return checkpoint_to_resume(self.config.trainer)
+
+    def save_checkpoint(self, metrics: Optional[dict[str, float]] = None) -> str:
+        """Save the whole training state as ``global_step_<N>`` under ``trainer.save_checkpoint_path`` (atomic; see
+        ``easyrl.trainer.checkpoint``) and apply ``trainer.save_limit``; ``metrics`` of this step rank it by
+        ``trainer.best_metric``. Returns the checkpoint folder."""
+        trainer = self.config.trainer
+
+        def write(tmp: str) -> None:
+            self.workers.run_all("save_checkpoint", tmp)
+            torch.save(self.state_dict(), os.path.join(tmp, TRAINER_STATE))
+
+        metric = (metrics or {}).get(trainer.best_metric)
+        self.last_checkpoint = commit_checkpoint(
+            trainer.save_checkpoint_path, self.global_step, write, metric=metric, metric_name=trainer.best_metric,
+            mode=trainer.best_metric_mode, save_limit=trainer.save_limit,
+        )
+        logger.info("checkpoint saved: %s", self.last_checkpoint)
+        return self.last_checkpoint
+
+    def load_checkpoint(self, path: str) -> None:
+        """Restore the training state saved by :meth:`save_checkpoint` (workers and this process)."""
+        self.workers.run_all("load_checkpoint", path)
+        self.load_state_dict(torch.load(os.path.join(path, TRAINER_STATE), weights_only=False))
+        self.last_checkpoint = path
+        logger.info("resumed from %s at step %d", path, self.global_step)
+
+    def state_dict(self) -> dict[str, Any]:
+        """This process's part of the training state: step, prompt-stream position, KL coefficient, RNG states."""
+        return {"global_step": self.global_step, "prompt_stream": self.train_dataloader.state_dict(),
+                "kl_coef": self.kl_ctrl.value, "rng": get_rng_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned (before iterating over the prompts)."""
+        self.global_step = state["global_step"]
+        self.train_dataloader.load_state_dict(state["prompt_stream"])
+        self.kl_ctrl.value = state["kl_coef"]
+        set_rng_state(state["rng"])

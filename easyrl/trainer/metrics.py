@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from contextlib import contextmanager
 from typing import Optional
 
 import numpy as np
 import torch
 
+from easyrl.algorithms.losses import compute_tis_weights
 from easyrl.batch import Batch
 
 
@@ -18,7 +21,9 @@ def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
 
 
 def compute_data_metrics(batch: Batch, max_prompt_length: int, max_response_length: int) -> dict[str, float]:
-    """``critic/{score,rewards,advantages,returns}/{mean,max,min}``, ``response_length/*``, ``prompt_length/*``.
+    """``critic/{score,rewards,advantages,returns}/{mean,max,min}``, ``response_length/*``, ``prompt_length/*``; with a
+    critic also ``critic/values/{mean,max,min}`` and ``critic/vf_explained_var`` (``1 - var(R - V) / var(R)`` over
+    valid tokens, verl's definition).
 
     Scores and rewards are per sequence (sum over tokens); advantages and returns are over valid response tokens.
     ``*/clip_ratio`` is the fraction of samples that reached the maximum length.
@@ -31,6 +36,10 @@ def compute_data_metrics(batch: Batch, max_prompt_length: int, max_response_leng
     metrics.update(_stats("critic/rewards", batch["token_level_rewards"].sum(-1)))
     metrics.update(_stats("critic/advantages", batch["advantages"][mask]))
     metrics.update(_stats("critic/returns", batch["returns"][mask]))
+    if "values" in batch:  # PPO with a critic: what the critic predicted, and how much of the returns it explains
+        values, returns = batch["values"][mask], batch["returns"][mask]
+        metrics.update(_stats("critic/values", values))
+        metrics["critic/vf_explained_var"] = (1.0 - (returns - values).var() / (returns.var() + 1e-5)).item()
     metrics.update(_stats("response_length", response_length))
     metrics["response_length/clip_ratio"] = (response_length >= max_response_length).float().mean().item()
     metrics.update(_stats("prompt_length", prompt_length))
@@ -130,3 +139,23 @@ def is_measured(key: str) -> bool:
     """Whether metric ``key`` is a wall-clock or memory measurement (``MEASURED_PREFIXES``), i.e. not reproducible
     by a rerun with the same seed; ``perf/total_num_tokens``, ``perf/padding_fraction`` and the learning metrics are."""
     return key.startswith(MEASURED_PREFIXES)
+
+
+@contextmanager
+def timer(name: str, timing: dict[str, float]):
+    """Adds the seconds spent in the block to ``timing[name]``."""
+    start = time.perf_counter()
+    yield
+    timing[name] = timing.get(name, 0.0) + time.perf_counter() - start
+
+
+def rollout_mismatch_metrics(batch: Batch) -> dict[str, float]:
+    """How far vLLM's sampled-token log-probs are from the actor's recomputed ones (same weights, other kernels):
+    ``rollout/probs_diff_{mean,max}``, ``rollout/log_ppl_diff`` (see ``compute_tis_weights``) and
+    ``rollout/log_prob_diff_max`` = max |logp_rollout - logp_old| over valid tokens."""
+    mask = batch["response_mask"]
+    _, metrics = compute_tis_weights(batch["old_log_probs"], batch["rollout_log_probs"], mask, cap=float("inf"))
+    del metrics["rollout/tis_weight_mean"], metrics["rollout/tis_clip_frac"]
+    diff = (batch["rollout_log_probs"] - batch["old_log_probs"]).abs() * mask
+    metrics["rollout/log_prob_diff_max"] = diff.max().item()
+    return metrics

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import defaultdict
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -57,6 +57,8 @@ class FSDPPolicy:
             checkpoint read); None reads ``model_path`` on rank 0 and broadcasts it.
     """
 
+    scores_tokens = True  # the output embedding is the LM head (log-probs); the critic's is a value head
+
     def __init__(
         self,
         model_path: str,
@@ -77,7 +79,7 @@ class FSDPPolicy:
                                         is_flash_attn_2_available())
         model = load_sharded_model(model_path, hf_config, config, mesh, device, trainable, offload,
                                    init_from=init_from.model if init_from is not None else None,
-                                   attn_implementation=attn)
+                                   attn_implementation=attn, adapt=self._adapt_model)
         self.model = model
         self.has_vision = getattr(hf_config, "vision_config", None) is not None
         self.add_blank_image = False
@@ -87,7 +89,7 @@ class FSDPPolicy:
             model.get_input_embeddings().register_forward_hook(self._blank_image_hook)
             self._model_placeholder_mask = model.model.get_placeholder_mask
             model.model.get_placeholder_mask = self._placeholder_mask
-        self.fused_head = FusedLogProbHead(model) if config.padding_free else None
+        self.fused_head = FusedLogProbHead(model) if config.padding_free and self.scores_tokens else None
         self.optimizer: Optional[torch.optim.Optimizer] = None
         self.num_updates = 0
         self.consecutive_skips = 0  # optimizer steps skipped in a row for a non-finite gradient norm
@@ -102,10 +104,21 @@ class FSDPPolicy:
                 self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0
             )
 
+    def _adapt_model(self, model: torch.nn.Module, full_state: dict[str, torch.Tensor]) -> None:
+        """Change the freshly built (meta) model, and on rank 0 the checkpoint's state dict to match, before
+        sharding. The policy keeps the checkpoint's model as is (the critic swaps its head)."""
+
     def _forward(self, micro: Batch, temperature: float, with_entropy: bool,
                  entropy_grad: bool = False) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Log-probs (and entropies) of the response tokens of one micro-batch, each ``(micro_bsz, resp_len)``,
         padding-free or padded (``worker.actor.padding_free``, see ``easyrl.workers.policy_forward``)."""
+        return self._run_model(micro, lambda *inputs: response_scores(
+            *inputs, temperature, with_entropy=with_entropy, entropy_grad=entropy_grad, fused_head=self.fused_head,
+            is_vl=self.has_vision))
+
+    def _run_model(self, micro: Batch, forward: Callable[..., Any]) -> Any:
+        """``forward(model, input_ids, attention_mask, response_mask, multi_modal, mm_token_type_ids)`` on one
+        micro-batch's tensors moved to the device, with the VL hooks armed (blank image, stray pad ids)."""
         input_ids = micro["input_ids"].to(self.torch_device)
         multi_modal = _merge_multimodal(micro.extras.get("multi_modal_inputs", []), self.torch_device)
         prompt_len = input_ids.shape[1] - micro["response_mask"].shape[1]
@@ -115,12 +128,8 @@ class FSDPPolicy:
             self.stray_pads = (stray, micro["attention_mask"].to(self.torch_device).bool())
         self.add_blank_image = self.has_vision and "pixel_values" not in multi_modal
         try:
-            return response_scores(
-                self.model, input_ids, micro["attention_mask"].to(self.torch_device),
-                micro["response_mask"].to(self.torch_device), multi_modal, types, temperature,
-                with_entropy=with_entropy, entropy_grad=entropy_grad, fused_head=self.fused_head,
-                is_vl=self.has_vision,
-            )
+            return forward(self.model, input_ids, micro["attention_mask"].to(self.torch_device),
+                           micro["response_mask"].to(self.torch_device), multi_modal, types)
         finally:
             self.add_blank_image = False
             self.stray_pads = None
@@ -200,14 +209,35 @@ class FSDPPolicy:
             ValueError: ``old_log_probs`` is missing but the update takes several optimizer steps.
         """
         cfg = self.config
-        self.model.train()
         policy_loss_fn = get_policy_loss(cfg.loss_type)
-        metrics: dict[str, list[float]] = defaultdict(list)
         on_policy = "old_log_probs" not in data
         if on_policy and (cfg.ppo_epochs != 1 or mini_batch_size < len(data)):
             raise ValueError("old_log_probs are needed: this update takes several optimizer steps (ppo_epochs="
                              f"{cfg.ppo_epochs}, {len(data)} samples in mini-batches of {mini_batch_size})")
         self.on_policy_log_probs = torch.zeros(data["response_mask"].shape) if on_policy else None
+
+        def backward_micro(indices: torch.Tensor, micro: Batch, agg_kwargs: dict, step_metrics: dict) -> None:
+            log_probs = self._backward_micro(micro, policy_loss_fn, agg_kwargs, step_metrics)
+            if on_policy:
+                self.on_policy_log_probs[indices] = log_probs.float().cpu()
+
+        return self.run_epochs(data, mini_batch_size, micro_batch_size, backward_micro, role="actor")
+
+    def run_epochs(self, data: Batch, mini_batch_size: int, micro_batch_size: int,
+                   backward_micro: Callable[[torch.Tensor, Batch, dict, dict], None],
+                   role: str) -> dict[str, list[float]]:
+        """``ppo_epochs`` reshuffled passes over ``data`` (the actor's and the critic's update loop): per mini-batch,
+        the global token/sequence counts (all-reduced), ``backward_micro(indices, micro, agg_kwargs, step_metrics)``
+        per micro-batch (``indices``: the micro-batch's rows in ``data``), gradient clipping to ``max_grad_norm`` and
+        one optimizer step (skipped on a non-finite norm); then one LR-schedule step.
+
+        Returns:
+            metric name -> values: what ``backward_micro`` added per optimizer step, ``<role>/grad_norm`` per step,
+            ``<role>/skipped_steps`` and ``<role>/lr`` (the learning rate these steps used).
+        """
+        cfg = self.config
+        self.model.train()
+        metrics: dict[str, list[float]] = defaultdict(list)
         self.num_updates += 1
         generator = torch.Generator().manual_seed(self.num_updates)  # a new mini-batch shuffle every step
         num_skipped = 0
@@ -225,11 +255,10 @@ class FSDPPolicy:
                                   dp_size=self.dp_size)
                 step_metrics: dict[str, float] = defaultdict(float)
                 for index, micro in self._micro_batches(mini, micro_batch_size):
-                    log_probs = self._backward_micro(micro, policy_loss_fn, agg_kwargs, step_metrics)
-                    if on_policy:
-                        self.on_policy_log_probs[mini_index[index]] = log_probs.float().cpu()
+                    backward_micro(mini_index[index], micro, agg_kwargs, step_metrics)
                 grad_norm = clip_grad_norm(self.model.parameters(), cfg.max_grad_norm, self.torch_device)
-                skipped = skip_nonfinite_step(grad_norm.item(), self.consecutive_skips, cfg.max_consecutive_skips)
+                skipped = skip_nonfinite_step(grad_norm.item(), self.consecutive_skips, cfg.max_consecutive_skips,
+                                              role)
                 self.consecutive_skips = skipped * (self.consecutive_skips + 1)
                 if not skipped:
                     self.optimizer.step()
@@ -237,9 +266,9 @@ class FSDPPolicy:
                 num_skipped += skipped
                 for key, value in step_metrics.items():
                     metrics[key].append(value)
-                metrics["actor/grad_norm"].append(grad_norm.item())
-        metrics["actor/skipped_steps"].append(float(num_skipped))  # a count; the same on every rank
-        metrics["actor/lr"].append(self.lr_scheduler.get_last_lr()[0])  # the LR this step's updates used
+                metrics[f"{role}/grad_norm"].append(grad_norm.item())
+        metrics[f"{role}/skipped_steps"].append(float(num_skipped))  # a count; the same on every rank
+        metrics[f"{role}/lr"].append(self.lr_scheduler.get_last_lr()[0])  # the LR this step's updates used
         self.lr_scheduler.step()
         return dict(metrics)
 
@@ -290,14 +319,15 @@ class NonFiniteGradientError(RuntimeError):
     """Too many optimizer steps in a row had a non-finite gradient norm (``worker.actor.max_consecutive_skips``)."""
 
 
-def skip_nonfinite_step(grad_norm: float, consecutive: int, limit: int) -> bool:
+def skip_nonfinite_step(grad_norm: float, consecutive: int, limit: int, role: str = "actor") -> bool:
     """Whether to skip the optimizer step for this gradient norm (it is NaN or infinite).
 
     Args:
         grad_norm: the global gradient norm (before clipping) of the mini-batch.
         consecutive: optimizer steps skipped in a row before this one.
-        limit: ``worker.actor.max_consecutive_skips``; the run stops when this many steps in a row are skipped
+        limit: ``worker.<role>.max_consecutive_skips``; the run stops when this many steps in a row are skipped
             (``<= 0``: never).
+        role: ``actor`` or ``critic`` (named in the error).
 
     Raises:
         NonFiniteGradientError: this would be the ``limit``-th skip in a row.
@@ -307,10 +337,10 @@ def skip_nonfinite_step(grad_norm: float, consecutive: int, limit: int) -> bool:
     if 0 < limit <= consecutive + 1:
         raise NonFiniteGradientError(
             f"the gradient norm was {grad_norm} in {consecutive + 1} optimizer steps in a row "
-            f"(worker.actor.max_consecutive_skips={limit}): the run is diverging. Lower worker.actor.optim.lr, check "
+            f"(worker.{role}.max_consecutive_skips={limit}): the run is diverging. Lower worker.{role}.optim.lr, check "
             f"the data and rewards, or resume from an earlier checkpoint."
         )
-    logger.warning("grad_norm is %s: optimizer step skipped (%d in a row)", grad_norm, consecutive + 1)
+    logger.warning("%s grad_norm is %s: optimizer step skipped (%d in a row)", role, grad_norm, consecutive + 1)
     return True
 
 

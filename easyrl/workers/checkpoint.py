@@ -1,5 +1,5 @@
-"""One rank's part of a checkpoint: the FSDP2 actor's model and optimizer shards through
-``torch.distributed.checkpoint`` (DCP), and the rank's own state (LR scheduler, update counters, RNG states).
+"""One rank's part of a checkpoint: the FSDP2 actor's (and with GAE the critic's) model and optimizer shards through
+``torch.distributed.checkpoint`` (DCP), and the rank's own state (LR schedulers, update counters, RNG states).
 
 Every rank calls :func:`save_actor` / :func:`load_actor` together (DCP coordinates over the default process group;
 each rank writes and reads only its shards, and a checkpoint loads onto any number of ranks). The folder layout is
@@ -19,12 +19,43 @@ from easyrl.export import copy_hf_files
 from easyrl.trainer.checkpoint import get_rng_state, set_rng_state
 
 ACTOR_DIR = "actor"
+CRITIC_DIR = "critic"
 HF_DIR = "huggingface"  # inside ACTOR_DIR: config, generation config, tokenizer/processor (no weights)
 
 
 def extra_state_file(rank: int) -> str:
     """``extra_state_rank_<rank>.pt``."""
     return f"extra_state_rank_{rank}.pt"
+
+
+def _training_state(model) -> dict[str, Any]:
+    """The rank's own state of a trained model (``FSDPPolicy`` or ``FSDPCritic``) that DCP does not hold."""
+    return {"lr_scheduler": model.lr_scheduler.state_dict(), "num_updates": model.num_updates,
+            "consecutive_skips": model.consecutive_skips}
+
+
+def _load_training_state(model, state: dict[str, Any]) -> None:
+    model.lr_scheduler.load_state_dict(state["lr_scheduler"])
+    model.num_updates = state["num_updates"]
+    model.consecutive_skips = state["consecutive_skips"]
+
+
+def _save_shards(model, folder: str) -> None:
+    model_state, optim_state = get_state_dict(model.model, model.optimizer)
+    dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=folder)
+
+
+def _load_shards(model, folder: str) -> None:
+    model_state, optim_state = get_state_dict(model.model, model.optimizer)
+    state = {"model": model_state, "optimizer": optim_state}
+    dcp.load(state, checkpoint_id=folder)
+    set_state_dict(model.model, model.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+
+def _require(path: str, rank: int, needed: list[str], what: str) -> None:
+    for item in needed:
+        if not os.path.exists(item):
+            raise FileNotFoundError(f"rank {rank}: checkpoint {path} lacks {item}; {what}")
 
 
 def save_actor(policy, path: str, rank: int) -> None:
@@ -36,10 +67,8 @@ def save_actor(policy, path: str, rank: int) -> None:
         path: the (temporary) checkpoint folder, on a file system every rank sees.
         rank: this worker's rank.
     """
-    model_state, optim_state = get_state_dict(policy.model, policy.optimizer)
-    dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=os.path.join(path, ACTOR_DIR))
-    extra = {"lr_scheduler": policy.lr_scheduler.state_dict(), "num_updates": policy.num_updates,
-             "consecutive_skips": policy.consecutive_skips, "rng": get_rng_state()}
+    _save_shards(policy, os.path.join(path, ACTOR_DIR))
+    extra = {**_training_state(policy), "rng": get_rng_state()}
     torch.save(extra, os.path.join(path, extra_state_file(rank)))
 
 
@@ -52,20 +81,66 @@ def load_actor(policy, path: str, rank: int) -> None:
     """
     actor_dir = os.path.join(path, ACTOR_DIR)
     extra_path = os.path.join(path, extra_state_file(rank))
-    for needed in (os.path.join(actor_dir, ".metadata"), extra_path):
-        if not os.path.exists(needed):
-            raise FileNotFoundError(f"rank {rank}: checkpoint {path} lacks {needed}; was it written by a run with "
-                                    f"as many ranks as this one (trainer.nnodes * trainer.n_gpus_per_node)?")
-    model_state, optim_state = get_state_dict(policy.model, policy.optimizer)
-    state = {"model": model_state, "optimizer": optim_state}
-    dcp.load(state, checkpoint_id=actor_dir)
-    set_state_dict(policy.model, policy.optimizer, model_state_dict=state["model"],
-                   optim_state_dict=state["optimizer"])
+    _require(path, rank, [os.path.join(actor_dir, ".metadata"), extra_path],
+             "was it written by a run with as many ranks as this one (trainer.nnodes * trainer.n_gpus_per_node)?")
+    _load_shards(policy, actor_dir)
     extra: dict[str, Any] = torch.load(extra_path, weights_only=False)
-    policy.lr_scheduler.load_state_dict(extra["lr_scheduler"])
-    policy.num_updates = extra["num_updates"]
-    policy.consecutive_skips = extra["consecutive_skips"]
+    _load_training_state(policy, extra)
     set_rng_state(extra["rng"])
+
+
+def critic_state_file(rank: int) -> str:
+    """``critic/extra_state_rank_<rank>.pt``: the critic's LR schedule and counters on that rank."""
+    return os.path.join(CRITIC_DIR, f"extra_state_rank_{rank}.pt")
+
+
+def save_critic(critic, path: str, rank: int) -> None:
+    """Write the critic's shards (model with its value head, optimizer) to ``<path>/critic`` and this rank's LR
+    schedule and counters to ``<path>/critic/extra_state_rank_R.pt``. Every rank calls it."""
+    _save_shards(critic, os.path.join(path, CRITIC_DIR))
+    torch.save(_training_state(critic), os.path.join(path, critic_state_file(rank)))
+
+
+def load_critic(critic, path: str, rank: int) -> None:
+    """Restore what :func:`save_critic` wrote.
+
+    Raises:
+        FileNotFoundError: the checkpoint holds no critic (it was saved by a run without
+            ``algorithm.adv_estimator=gae``) or none for this rank.
+    """
+    folder = os.path.join(path, CRITIC_DIR)
+    _require(path, rank, [os.path.join(folder, ".metadata"), os.path.join(path, critic_state_file(rank))],
+             "this run trains a critic (algorithm.adv_estimator=gae): resume from a checkpoint of a run with a "
+             "critic and as many ranks, or start a new run (another trainer.experiment_name).")
+    _load_shards(critic, folder)
+    _load_training_state(critic, torch.load(os.path.join(path, critic_state_file(rank)), weights_only=False))
+
+
+def snapshot(model) -> dict[str, Any]:
+    """An in-memory copy of a trained model's state on this rank (``FSDPPolicy`` or ``FSDPCritic``): its parameter
+    and optimizer shards (``torch.distributed.checkpoint``'s sharded state dicts, cloned), LR schedule and counters
+    (``num_updates`` seeds the mini-batch shuffle). :func:`restore` returns to it, e.g. to compare two updates from
+    the same start."""
+    model_state, optim_state = get_state_dict(model.model, model.optimizer)
+    return {"model": _clone_tree(model_state), "optim": _clone_tree(optim_state), **_training_state(model)}
+
+
+def restore(model, state: dict[str, Any]) -> None:
+    """Return to a :func:`snapshot` (every rank restores its own, together: the optimizer state load is collective)."""
+    set_state_dict(model.model, model.optimizer, model_state_dict=_clone_tree(state["model"]),
+                   optim_state_dict=_clone_tree(state["optim"]))
+    _load_training_state(model, state)
+
+
+def _clone_tree(value: Any) -> Any:
+    """A copy of a (nested) state dict in which every tensor is cloned (DTensors stay sharded)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, dict):
+        return {key: _clone_tree(v) for key, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_clone_tree(v) for v in value)
+    return value
 
 
 def save_hf_metadata(model_path: str, tokenizer_path: str, path: str, lora: Any = None) -> None:

@@ -16,7 +16,7 @@ The rules, right by construction on every device (gloo accepts host tensors; NCC
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import torch
 import torch.distributed as dist
@@ -105,6 +105,7 @@ def load_sharded_model(
     offload: OffloadConfig,
     init_from: Optional[torch.nn.Module] = None,
     attn_implementation: str = "sdpa",
+    adapt: Optional[Callable[[torch.nn.Module, dict], None]] = None,
 ) -> torch.nn.Module:
     """Build one role's FSDP2-sharded model on every rank (collective: all ranks call it together).
 
@@ -122,6 +123,8 @@ def load_sharded_model(
         init_from: an already built sharded model of the same checkpoint (the actor) to copy the shards from.
         attn_implementation: transformers' attention implementation (the actor chooses it per device:
             ``easyrl.workers.policy_forward.attention_implementation``).
+        adapt: ``adapt(meta_model, full_state)`` changes the freshly built model before sharding (on every rank) and
+            rank 0's checkpoint state dict to match it (``{}`` elsewhere), e.g. the critic's value head.
 
     Returns:
         The sharded model, parameters placed per ``placement(device, offload.offload_params)``.
@@ -133,6 +136,8 @@ def load_sharded_model(
     if init_from is None and dist.get_rank() == 0:
         full_state, buffers = read_checkpoint(model_path, hf_config, trust, lora)
     model = build_empty_model(hf_config, dtype, trust, attn_implementation)
+    if adapt is not None:
+        adapt(model, full_state)
     if device == "npu" and config.model.npu_fused_kernels:
         from easyrl.models.npu_kernels import apply_npu_fused_kernels
 

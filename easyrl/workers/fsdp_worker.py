@@ -59,6 +59,7 @@ class FSDPWorker:
         self.device = device
         self.actor = None
         self.ref = None
+        self.critic = None  # FSDPCritic, only for algorithm.adv_estimator: gae
         self.rollout = None
         self.weights_dirty = True
 
@@ -86,7 +87,8 @@ class FSDPWorker:
                                 timeout=datetime.timedelta(seconds=self.config.worker.nccl_timeout))
 
     def init_models(self) -> None:
-        """Build the FSDP2 actor, the reference policy (unless KL is disabled) and the vLLM engine."""
+        """Build the FSDP2 actor, the reference policy (unless KL is disabled), the critic (with GAE) and the vLLM
+        engine."""
         from torch.distributed.device_mesh import init_device_mesh
 
         from easyrl.workers.actor import FSDPPolicy
@@ -103,6 +105,10 @@ class FSDPWorker:
             # same checkpoint: copy the actor's shards (cast to the compute dtype) instead of reading it again
             self.ref = FSDPPolicy(model_path, cfg.actor, mesh, self.device, self.torch_device, trainable=False,
                                   offload=cfg.ref.offload, init_from=self.actor)
+        if self.config.algorithm.needs_critic:
+            from easyrl.workers.critic import FSDPCritic
+
+            self.critic = FSDPCritic(cfg.critic.model.model_path, cfg.critic, mesh, self.device, self.torch_device)
         self.rollout = VLLMRollout(model_path, cfg.rollout, self.device, seed=cfg.rollout.seed + self.rank)
         empty_cache(self.device)
 
@@ -218,6 +224,31 @@ class FSDPWorker:
     def device_name(self) -> str:
         """The accelerator's name (for its peak FLOP/s), or ``cpu``."""
         return device_name(self.device)
+    def compute_values(self, data: Batch) -> torch.Tensor:
+        """The critic's values of the response positions, ``(bsz, resp_len)``."""
+        return self.critic.compute_values(data, self.config.worker.critic.micro_batch_size_per_device_for_experience)
+
+    def update_critic(self, data: Batch) -> dict[str, list[float]]:
+        """Value-loss update of the critic on this worker's share (needs ``values`` and ``returns``)."""
+        cfg = self.config
+        mini = cfg.worker.critic.global_batch_size * cfg.worker.rollout.n // self.world_size
+        metrics = self.critic.update_critic(data, mini, cfg.worker.critic.micro_batch_size_per_device_for_update)
+        empty_cache(self.device)
+        return metrics
+
+    def snapshot_actor(self) -> None:
+        """Keep an in-memory copy of the actor's training state on this worker (``easyrl.workers.checkpoint.snapshot``:
+        weights, optimizer, LR schedule, update counter)."""
+        from easyrl.workers.checkpoint import snapshot
+
+        self._actor_snapshot = snapshot(self.actor)
+
+    def restore_actor(self) -> None:
+        """Return the actor to the last ``snapshot_actor`` (all workers together); the rollout weights go stale."""
+        from easyrl.workers.checkpoint import restore
+
+        restore(self.actor, self._actor_snapshot)
+        self.weights_dirty = True
 
     def update_config(self, config: PPOConfig) -> None:
         """Adopt new loss settings between steps (``worker.actor``: loss_type, loss_agg_mode, clip ratios, KL and
@@ -225,6 +256,8 @@ class FSDPWorker:
         were fixed at start-up and are not re-applied."""
         self.config = config
         self.actor.config = config.worker.actor
+        if self.critic is not None:
+            self.critic.config = config.worker.critic
         self.rollout.config = config.worker.rollout
 
     def rollout_score(self, token_ids: list[int], images: list[Any]) -> tuple[list[int], list[float]]:
@@ -265,20 +298,26 @@ class FSDPWorker:
         return path
 
     def save_checkpoint(self, path: str) -> None:
-        """Write this rank's part of a checkpoint into ``path`` (see ``easyrl.workers.checkpoint``); rank 0 also
-        copies the base model's config and tokenizer files. Every rank must call it."""
-        from easyrl.workers.checkpoint import save_actor, save_hf_metadata
+        """Write this rank's part of a checkpoint into ``path`` (see ``easyrl.workers.checkpoint``): the actor and,
+        with GAE, the critic; rank 0 also copies the base model's config and tokenizer files. Every rank must call
+        it."""
+        from easyrl.workers.checkpoint import save_actor, save_critic, save_hf_metadata
 
         save_actor(self.actor, path, self.rank)
+        if self.critic is not None:
+            save_critic(self.critic, path, self.rank)
         if self.rank == 0:
             model_cfg = self.config.worker.actor.model
             save_hf_metadata(model_cfg.model_path, model_cfg.tokenizer_path or model_cfg.model_path, path,
                              lora=model_cfg.lora if self.uses_lora() else None)
 
     def load_checkpoint(self, path: str) -> None:
-        """Restore the actor, its optimizer, LR schedule, counters and this rank's RNG states from ``path``; the
-        rollout engine receives the restored weights before the next generation. Every rank must call it."""
-        from easyrl.workers.checkpoint import load_actor
+        """Restore the actor (and the critic), optimizers, LR schedules, counters and this rank's RNG states from
+        ``path``; the rollout engine receives the restored weights before the next generation. Every rank must call
+        it."""
+        from easyrl.workers.checkpoint import load_actor, load_critic
 
         load_actor(self.actor, path, self.rank)
+        if self.critic is not None:
+            load_critic(self.critic, path, self.rank)
         self.weights_dirty = True

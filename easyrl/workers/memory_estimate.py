@@ -66,14 +66,18 @@ def estimate_memory(num_params: int, vocab_size: int, config: PPOConfig, capacit
     claim = worker.rollout.gpu_memory_utilization * capacity_gib
     micro = worker.actor.micro_batch_size_per_device_for_update
     logits = 2 * micro * (config.data.max_response_length + 1) * vocab_size * compute_bytes / GIB
+    # PPO with GAE: the critic is a second trained copy (fp32 params, grads, Adam), without the vocabulary-wide logits
+    critic_on_device = config.algorithm.needs_critic and not worker.critic.offload.offload_params
+    critic = 12 * shard / GIB if critic_on_device else 0.0
+    critic_grads = 4 * shard / GIB if critic_on_device else 0.0
     return MemoryEstimate(
         capacity_gib=capacity_gib,
         vllm_weights_gib=num_params * DTYPE_BYTES[worker.rollout.dtype] / GIB,
         vllm_claim_gib=claim,
         rollout={"vLLM (gpu_memory_utilization)": claim, "actor params": params, "actor Adam states": adam,
-                 "reference": reference},
+                 "reference": reference, "critic params + Adam states": critic},
         training={"actor params": params, "actor grads": params, "actor Adam states": adam, "reference": reference,
-                  "logits (one micro-batch)": logits},
+                  "logits (one micro-batch)": logits, "critic params + grads + Adam states": critic + critic_grads},
     )
 
 
@@ -90,7 +94,8 @@ def check_memory(estimate: MemoryEstimate) -> None:
     """
     e = estimate
     cap = e.capacity_gib
-    offload = "worker.actor.offload.offload_params=true / worker.ref.offload.offload_params=true"
+    offload = ("worker.actor.offload.offload_params=true / worker.ref.offload.offload_params=true (and "
+               "worker.critic.offload.offload_params=true with a critic)")
     if e.vllm_weights_gib >= e.vllm_claim_gib:
         raise ConfigError(
             f"vLLM's weights ({e.vllm_weights_gib:.1f} GiB in worker.rollout.dtype) do not fit in its share of the "

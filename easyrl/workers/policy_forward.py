@@ -1,4 +1,5 @@
-"""The policy's forward for one micro-batch: response log-probs (and entropies) from a padded micro-batch.
+"""The policy's (and the critic's) forward for one micro-batch: response log-probs (and entropies), or values, from a
+padded micro-batch.
 
 Two layouts, the same numbers (fp32: max difference 1e-6, see ``tests/test_packing.py``):
 
@@ -8,6 +9,9 @@ Two layouts, the same numbers (fp32: max difference 1e-6, see ``tests/test_packi
   (``easyrl.models.fused_head``), so no ``(tokens, vocab)`` logits exist at once;
 * padded: the batch as the trainer holds it, with an attention mask; logits of the last ``R + 1`` positions, then
   the chunked token ops.
+
+The critic (``response_values``) takes the same two paths: its value head's ``(tokens, 1)`` output is read at the
+same positions (those that predict a response token) and scattered back to ``(bsz, R)``.
 
 The trainer keeps padded batches; this module is the one place that knows both layouts.
 """
@@ -22,7 +26,7 @@ from easyrl.algorithms.token_ops import entropy_from_logits, log_probs_from_logi
 from easyrl.models.fused_head import FusedLogProbHead
 from easyrl.models.packing import pack_sequences, padded_text_positions
 
-__all__ = ["response_scores", "attention_implementation"]
+__all__ = ["response_scores", "response_values", "attention_implementation"]
 
 ROPE_INDEX_KEYS = ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")
 
@@ -83,15 +87,7 @@ def response_scores(
         return _packed(model, input_ids, attention_mask, response_mask, multi_modal, mm_token_type_ids, temperature,
                        with_entropy, entropy_grad, fused_head, is_vl)
     resp_len = response_mask.shape[1]
-    inputs = dict(multi_modal)
-    if "pixel_values" in inputs or "pixel_values_videos" in inputs:
-        inputs["mm_token_type_ids"] = mm_token_type_ids  # Qwen-VL computes its mRoPE positions from them
-    else:
-        inputs["position_ids"] = padded_text_positions(attention_mask)  # as vLLM counts them (no padding)
-    output = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
-                   logits_to_keep=resp_len + 1, **inputs)
-    # position t predicts token t+1: the last R + 1 positions minus the final one predict the response
-    logits = output.logits[:, :-1, :]
+    logits = _padded_outputs(model, input_ids, attention_mask, resp_len, multi_modal, mm_token_type_ids)
     responses = input_ids[:, -resp_len:]
     log_probs = log_probs_from_logits(logits, responses, temperature=temperature) * response_mask
     entropy = None
@@ -101,8 +97,51 @@ def response_scores(
     return log_probs, entropy
 
 
-def _packed(model, input_ids, attention_mask, response_mask, multi_modal, mm_token_type_ids, temperature,
-            with_entropy, entropy_grad, fused_head, is_vl):
+def response_values(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_mask: torch.Tensor,
+    multi_modal: dict[str, torch.Tensor],
+    mm_token_type_ids: Optional[torch.Tensor],
+    padding_free: bool,
+    is_vl: bool = False,
+) -> torch.Tensor:
+    """A value model's outputs at the positions that predict each response token: ``V(s_t)``, the value of the state
+    before response token ``t`` (prompt + ``response[:t]``), read where the actor reads token ``t``'s log-prob.
+
+    Args:
+        model: a causal LM (or Qwen-VL) whose output embedding is a ``hidden -> 1`` value head
+            (``easyrl.workers.critic.attach_value_head``).
+        input_ids, attention_mask, response_mask, multi_modal, mm_token_type_ids, is_vl: as :func:`response_scores`.
+        padding_free: pack the micro-batch into one row (``worker.critic.padding_free``) or run it padded.
+
+    Returns:
+        ``(bsz, R)`` float32 values, 0 at response padding; differentiable.
+    """
+    if padding_free:
+        packed = _pack(model, input_ids, attention_mask, response_mask, multi_modal, mm_token_type_ids, is_vl)
+        out = model(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None,
+                    use_cache=False, logits_to_keep=packed.logit_indices, **multi_modal).logits[0]
+        return packed.unpack(out[:, 0].float())
+    out = _padded_outputs(model, input_ids, attention_mask, response_mask.shape[1], multi_modal, mm_token_type_ids)
+    return out[..., 0].float() * response_mask
+
+
+def _padded_outputs(model, input_ids, attention_mask, resp_len, multi_modal, mm_token_type_ids) -> torch.Tensor:
+    """The model's outputs ``(bsz, R, out)`` at the padded positions that predict the ``R`` response tokens."""
+    inputs = dict(multi_modal)
+    if "pixel_values" in inputs or "pixel_values_videos" in inputs:
+        inputs["mm_token_type_ids"] = mm_token_type_ids  # Qwen-VL computes its mRoPE positions from them
+    else:
+        inputs["position_ids"] = padded_text_positions(attention_mask)  # as vLLM counts them (no padding)
+    output = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
+                   logits_to_keep=resp_len + 1, **inputs)
+    # position t predicts token t+1: the last R + 1 positions minus the final one predict the response
+    return output.logits[:, :-1, :]
+
+
+def _pack(model, input_ids, attention_mask, response_mask, multi_modal, mm_token_type_ids, is_vl):
     positions = None
     if "pixel_values" in multi_modal or "pixel_values_videos" in multi_modal:
         # 3-D positions per sequence on the padded layout (padding skipped), then packed with the tokens
@@ -110,7 +149,12 @@ def _packed(model, input_ids, attention_mask, response_mask, multi_modal, mm_tok
             input_ids, mm_token_type_ids, attention_mask=attention_mask,
             **{key: multi_modal[key] for key in ROPE_INDEX_KEYS if key in multi_modal},
         )
-    packed = pack_sequences(input_ids, attention_mask, response_mask, positions, mrope=is_vl)
+    return pack_sequences(input_ids, attention_mask, response_mask, positions, mrope=is_vl)
+
+
+def _packed(model, input_ids, attention_mask, response_mask, multi_modal, mm_token_type_ids, temperature,
+            with_entropy, entropy_grad, fused_head, is_vl):
+    packed = _pack(model, input_ids, attention_mask, response_mask, multi_modal, mm_token_type_ids, is_vl)
     # attention_mask=None and use_cache=False: transformers then reads the sequence boundaries off the positions
     with fused_head.scoring(packed.labels, temperature, entropy_grad=entropy_grad and with_entropy):
         scores = model(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None,

@@ -1,0 +1,132 @@
+"""What PPO with a learned critic adds: GAE advantages (registered as the estimator ``"gae"``) and the clipped value
+loss.
+
+Values are per response token: ``values[:, t] = V(s_t)``, the critic's estimate of the return from the state *before*
+response token ``t`` (prompt + ``response[:t]``), read at the position that predicts token ``t`` like the actor's
+log-probs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from easyrl.algorithms.advantages import register_adv_estimator
+from easyrl.algorithms.losses import agg_loss
+from easyrl.algorithms.masked_ops import masked_mean, masked_whiten
+
+__all__ = ["gae_advantage", "compute_value_loss"]
+
+
+@register_adv_estimator("gae")
+@torch.no_grad()
+def gae_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray | None = None,
+    *,
+    values: torch.Tensor | None = None,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    epsilon: float = 1e-6,
+    norm_adv_by_std_in_grpo: bool = True,
+    reward_baselines: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalized Advantage Estimation (Schulman et al. 2016, "High-Dimensional Continuous Control Using Generalized
+    Advantage Estimation", arXiv:1506.02438, Eq. 16), as PPO uses it (Schulman et al. 2017, arXiv:1707.06347,
+    Eq. 11-12).
+
+    Right to left over the valid tokens of each response, with ``V_{T} = 0`` after the last one::
+
+        delta_t = r_t + gamma * V_{t+1} - V_t
+        A_t     = delta_t + gamma * lam * A_{t+1}
+        R_t     = A_t + V_t                          (the critic's regression target)
+
+    then the advantages are whitened over all valid tokens of the batch (mean 0, unit variance; as verl and EasyR1).
+    A masked position passes ``V_{t+1}`` and ``A_{t+1}`` of the next valid token through unchanged, so padding (or a
+    masked token inside a response) neither discounts nor adds a TD error.
+
+    Args:
+        token_level_rewards: ``(bsz, resp_len)``; for outcome rewards the score sits on the last valid token.
+        response_mask: ``(bsz, resp_len)`` ``{0, 1}``.
+        index: unused (the baseline is the critic).
+        values: ``(bsz, resp_len)`` critic values ``V(s_t)`` (required).
+        gamma: discount per token, in [0, 1].
+        lam: GAE's lambda in [0, 1]: 0 is the one-step TD error, 1 the Monte-Carlo return minus ``V_t``.
+        epsilon, norm_adv_by_std_in_grpo, reward_baselines: unused (the critic-free estimators' keywords).
+
+    Returns:
+        ``(advantages, returns)``, ``(bsz, resp_len)``, 0 outside the mask; ``returns`` are not whitened.
+
+    Raises:
+        ValueError: without ``values``, on mismatched shapes, or when the batch has fewer than 2 valid tokens.
+    """
+    if values is None:
+        raise ValueError("adv estimator 'gae' needs the critic's values (bsz, resp_len): set up worker.critic")
+    if not (token_level_rewards.shape == values.shape == response_mask.shape) or values.dim() != 2:
+        raise ValueError(
+            "gae: token_level_rewards, values and response_mask must all be (bsz, resp_len); got "
+            f"{tuple(token_level_rewards.shape)}, {tuple(values.shape)}, {tuple(response_mask.shape)}"
+        )
+    mask = response_mask.to(values.dtype)
+    rewards, values = token_level_rewards.to(values.dtype) * mask, values * mask
+    advantages = torch.zeros_like(values)
+    next_value = torch.zeros_like(values[:, 0])
+    next_adv = torch.zeros_like(values[:, 0])
+    for t in reversed(range(values.shape[1])):
+        m = mask[:, t]
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        adv_t = delta + gamma * lam * next_adv
+        next_adv = m * adv_t + (1 - m) * next_adv
+        next_value = m * values[:, t] + (1 - m) * next_value
+        advantages[:, t] = adv_t * m
+    returns = (advantages + values) * mask
+    advantages = masked_whiten(advantages, response_mask) * mask
+    return advantages, returns
+
+
+def compute_value_loss(
+    vpreds: torch.Tensor,
+    returns: torch.Tensor,
+    values: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    cliprange_value: float,
+    loss_agg_mode: str,
+    agg_kwargs: dict | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO's clipped value loss (Schulman et al. 2017, arXiv:1707.06347, as in OpenAI baselines' ppo2 and verl):
+
+    ``l_t = 0.5 * max((V_t - R_t)^2, (clip(V_t, V_old_t - c, V_old_t + c) - R_t)^2)``, aggregated like the policy
+    loss (:func:`~easyrl.algorithms.losses.agg_loss`). The clip keeps the new value within ``c`` of the value the
+    advantages were computed with; ``max`` makes it pessimistic (it never rewards moving farther).
+
+    Args:
+        vpreds: ``(bsz, resp_len)`` values of the critic being trained (gradient flows here).
+        returns: ``(bsz, resp_len)`` GAE returns (targets).
+        values: ``(bsz, resp_len)`` values before the update (no gradient).
+        response_mask: ``(bsz, resp_len)`` ``{0, 1}``.
+        cliprange_value: ``c`` > 0 (``worker.critic.cliprange_value``).
+        loss_agg_mode: see :func:`~easyrl.algorithms.losses.agg_loss`.
+        agg_kwargs: global counts for :func:`~easyrl.algorithms.losses.agg_loss`.
+
+    Returns:
+        ``(vf_loss, metrics)``: 0-dim loss; ``vf_clipfrac`` (fraction of valid tokens where the clipped term is the
+        larger one) and ``vpred_mean`` (masked mean of ``vpreds``) as floats.
+
+    Raises:
+        ValueError: if ``cliprange_value <= 0`` or the mode is unknown.
+    """
+    if cliprange_value <= 0:
+        raise ValueError(f"cliprange_value must be > 0, got {cliprange_value}")
+    clipped = values + torch.clamp(vpreds - values, -cliprange_value, cliprange_value)
+    loss_unclipped = (vpreds - returns).square()
+    loss_clipped = (clipped - returns).square()
+    vf_losses = 0.5 * torch.maximum(loss_unclipped, loss_clipped)
+    vf_loss = agg_loss(vf_losses, response_mask, loss_agg_mode, **(agg_kwargs or {}))
+    with torch.no_grad():
+        metrics = {
+            "vf_clipfrac": float(masked_mean((loss_clipped > loss_unclipped).float(), response_mask)),
+            "vpred_mean": float(masked_mean(vpreds, response_mask)),
+        }
+    return vf_loss, metrics

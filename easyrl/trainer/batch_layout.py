@@ -1,0 +1,57 @@
+"""The trainer's padded batch layout: left-padded prompts, right-padded responses, and the part of a batch the
+workers need.
+
+A batch holds ``prompts`` ``(bsz, P)`` left-padded to ``data.max_prompt_length`` and ``responses`` ``(bsz, R)``
+right-padded to ``data.max_response_length``, so that ``input_ids = cat(prompts, responses)`` has every sequence's
+prompt end and response start at column ``P`` (the workers pack rows without padding themselves:
+``easyrl.models.packing``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from easyrl.batch import Batch
+
+__all__ = ["left_pad", "right_pad", "for_workers"]
+
+
+def left_pad(rows: list[list[int]], length: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token rows right-aligned in ``(len(rows), length)`` long tensors: ``(ids, mask)``, padding ``pad_id`` / 0 on
+    the left.
+
+    Raises:
+        ValueError: a row is longer than ``length`` (``data.max_prompt_length``).
+    """
+    ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), length), dtype=torch.long)
+    for i, row in enumerate(rows):
+        if len(row) > length:
+            raise ValueError(f"A prompt of {len(row)} tokens exceeds data.max_prompt_length={length}.")
+        if row:
+            ids[i, length - len(row):] = torch.tensor(row)
+            mask[i, length - len(row):] = 1
+    return ids, mask
+
+
+def right_pad(rows: list[list[Any]], length: int, pad_value: Any,
+              dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows left-aligned in ``(len(rows), length)``: ``(values of dtype, long mask)``, ``pad_value`` / 0 on the right;
+    rows longer than ``length`` are cut."""
+    values = torch.full((len(rows), length), pad_value, dtype=dtype)
+    mask = torch.zeros((len(rows), length), dtype=torch.long)
+    for i, row in enumerate(rows):
+        row = row[:length]
+        if row:
+            values[i, : len(row)] = torch.tensor(row, dtype=dtype)
+            mask[i, : len(row)] = 1
+    return values, mask
+
+
+def for_workers(batch: Batch) -> Batch:
+    """What the log-prob and update passes need: the tensors and the processor outputs (``multi_modal_inputs``),
+    without the PIL images, prompt ids, ground truths and scores that only generation and the trainer use (no copy)."""
+    extras = {key: batch.extras[key] for key in ("multi_modal_inputs",) if key in batch.extras}
+    return Batch(batch.tensors, extras)

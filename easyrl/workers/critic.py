@@ -1,0 +1,112 @@
+"""The FSDP2 critic (value model) of PPO with GAE: the policy's backbone class with a scalar value head.
+
+It is built, sharded and fed exactly like the actor (``FSDPPolicy`` over ``workers/fsdp_model.py``: meta build,
+rank-0 read + broadcast, ``fully_shard`` per block, placement, multimodal inputs and positions, the blank-image hook
+of VL models, the padding-free packed forward, dynamic micro-batches, the update loop): only the LM head differs. Its
+state is saved with the actor's in every checkpoint (``easyrl.workers.checkpoint``, folder ``critic/``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from easyrl.algorithms.critic import compute_value_loss
+from easyrl.batch import Batch
+from easyrl.config import CriticConfig
+from easyrl.workers.actor import FSDPPolicy, _share
+from easyrl.workers.policy_forward import response_values
+
+__all__ = ["FSDPCritic", "attach_value_head"]
+
+
+def attach_value_head(model: torch.nn.Module) -> str:
+    """Replace the causal LM's output embedding (``lm_head``, hidden -> vocab) by a value head (hidden -> 1, with bias)
+    whose weight and bias are zero, so every initial value is 0, in place. The head is created on the device of the
+    old one (the meta device on ranks that receive their weights by broadcast); the word embeddings are untied from it.
+
+    Returns:
+        The head's module name (``lm_head``), under which its ``weight`` and ``bias`` appear in the state dict.
+
+    Raises:
+        ValueError: if the model has no output embedding (``get_output_embeddings()`` is None).
+    """
+    head = model.get_output_embeddings()
+    if head is None:
+        raise ValueError(f"{type(model).__name__} has no output embedding (lm_head) to replace by a value head")
+    name = next(n for n, module in model.named_modules() if module is head)
+    value_head = torch.nn.Linear(head.in_features, 1, bias=True, device=head.weight.device, dtype=head.weight.dtype)
+    if not head.weight.is_meta:
+        torch.nn.init.zeros_(value_head.weight)
+        torch.nn.init.zeros_(value_head.bias)
+    model.set_output_embeddings(value_head)
+    for config in (model.config, getattr(model.config, "text_config", None)):
+        if config is not None and getattr(config, "tie_word_embeddings", False):
+            config.tie_word_embeddings = False
+    return name
+
+
+class FSDPCritic(FSDPPolicy):
+    """A sharded value model: ``compute_values`` and PPO's clipped value-loss updates.
+
+    Args:
+        model_path: the checkpoint whose backbone the critic starts from (``worker.critic.model.model_path``).
+        config: ``worker.critic``.
+        mesh, device, torch_device: as :class:`~easyrl.workers.actor.FSDPPolicy`.
+    """
+
+    scores_tokens = False  # no fused log-prob head: the output embedding is the value head
+
+    def __init__(self, model_path: str, config: CriticConfig, mesh, device: str, torch_device: torch.device):
+        super().__init__(model_path, config, mesh, device, torch_device, trainable=True, offload=config.offload)
+
+    def _adapt_model(self, model: torch.nn.Module, full_state: dict[str, torch.Tensor]) -> None:
+        """The value head on the meta model; on rank 0 the checkpoint's LM head replaced by the head's zeros."""
+        name = attach_value_head(model)
+        if full_state:
+            head = model.get_output_embeddings()
+            full_state[f"{name}.weight"] = torch.zeros(tuple(head.weight.shape), dtype=torch.float32)
+            full_state[f"{name}.bias"] = torch.zeros(tuple(head.bias.shape), dtype=torch.float32)
+
+    def _values(self, micro: Batch) -> torch.Tensor:
+        """``(micro_bsz, resp_len)`` float32 values ``V(s_t)``, read where the actor reads token ``t``'s log-prob
+        (packed or padded: ``worker.critic.padding_free``)."""
+        return self._run_model(micro, lambda *inputs: response_values(
+            *inputs, padding_free=self.config.padding_free, is_vl=self.has_vision))
+
+    @torch.no_grad()
+    def compute_values(self, data: Batch, micro_batch_size: int) -> torch.Tensor:
+        """Values of the response positions under the current weights, ``(bsz, resp_len)`` on the host, 0 at
+        padding."""
+        self.model.eval()
+        out = torch.zeros(data["response_mask"].shape, dtype=torch.float32)
+        for indices, micro in self._micro_batches(data, micro_batch_size):
+            out[indices] = self._values(micro).cpu()
+        return out * data["response_mask"]
+
+    def update_critic(self, data: Batch, mini_batch_size: int, micro_batch_size: int) -> dict[str, list[float]]:
+        """``ppo_epochs`` passes of clipped value-loss updates over this worker's share of the rollout batch.
+
+        Args:
+            data: this worker's samples with ``values`` (before the update), ``returns`` and ``response_mask``.
+            mini_batch_size: samples of this worker per optimizer step.
+            micro_batch_size: samples per forward/backward (the token budget's unit with dynamic batching).
+
+        Returns:
+            ``critic/vf_loss``, ``critic/vf_clipfrac``, ``critic/vpred_mean``, ``critic/grad_norm``, ``critic/lr``,
+            ``critic/skipped_steps``: metric name -> values; the trainer averages them.
+        """
+        return self.run_epochs(data, mini_batch_size, micro_batch_size, self._backward_micro_value, role="critic")
+
+    def _backward_micro_value(self, indices: torch.Tensor, micro: Batch, agg_kwargs: dict,
+                              step_metrics: dict[str, float]) -> None:
+        cfg, dev = self.config, self.torch_device
+        mask = micro["response_mask"].to(dev)
+        vf_loss, metrics = compute_value_loss(
+            self._values(micro), micro["returns"].to(dev), micro["values"].to(dev), mask,
+            cliprange_value=cfg.cliprange_value, loss_agg_mode=cfg.loss_agg_mode, agg_kwargs=agg_kwargs,
+        )
+        vf_loss.backward()
+        step_metrics["critic/vf_loss"] += vf_loss.item()
+        share = _share(mask, agg_kwargs)
+        for key, value in metrics.items():
+            step_metrics[f"critic/{key}"] += value * share
