@@ -89,58 +89,75 @@ def _zero_value_returns(batch, decay):
     return batch["token_level_rewards"].sum(-1, keepdim=True) * decay ** steps_to_end.clamp(min=0) * mask
 
 
-def test_ppo_with_a_critic_two_steps_with_warmup_and_checkpoint(trainer):
-    """PPO with GAE: step 1 is the critic's warm-up (``critic_warmup: 2``: the actor updates from step 2 on, as in
-    verl/EasyR1); the values start at 0 (zero value head), so the returns are the plain discounted rewards; step 2
-    uses the trained critic's values and updates the actor. The critic's state goes through a checkpoint."""
-    import os
-
+@pytest.fixture(scope="module")
+def critic_run(trainer):
+    """PPO with GAE for two steps: step 1 is the critic's warm-up (``critic_warmup: 2``: the actor updates from step 2
+    on, as in verl/EasyR1), step 2 updates both; then the critic's state goes through a checkpoint (saved, moved by
+    one more update, loaded). Returns what the tests below look at."""
     import torch
 
     algo, tcfg = trainer.config.algorithm, trainer.config.trainer
     algo.adv_estimator, algo.gamma, algo.lam, tcfg.critic_warmup = "gae", 1.0, 0.9, 2
     stream = trainer.prompt_stream()
-    weights_before = trainer.workers.run_all("actor_state_dict")[0]
+    run = {"weights_before": trainer.workers.run_all("actor_state_dict")[0]}
     try:
         trainer.global_step = 1
-        warm = trainer.train_step(stream)
-        warm_batch = trainer.last_batch
-        weights_after = trainer.workers.run_all("actor_state_dict")[0]
+        run["warm"], run["warm_batch"] = trainer.train_step(stream), trainer.last_batch
+        run["weights_after"] = trainer.workers.run_all("actor_state_dict")[0]
         trainer.global_step = 2
-        second = trainer.train_step(stream)
-        batch = trainer.last_batch
-        path = trainer.save_checkpoint()
-        saved = torch.cat(trainer.workers.run_split("compute_values", batch), dim=0)
-        trainer.workers.run_split("update_critic", batch)  # moves the critic away from the checkpoint
-        moved = torch.cat(trainer.workers.run_split("compute_values", batch), dim=0)
+        run["second"], run["batch"] = trainer.train_step(stream), trainer.last_batch
+        run["path"] = path = trainer.save_checkpoint()
+        run["saved"] = torch.cat(trainer.workers.run_split("compute_values", run["batch"]), dim=0)
+        trainer.workers.run_split("update_critic", run["batch"])  # moves the critic away from the checkpoint
+        run["moved"] = torch.cat(trainer.workers.run_split("compute_values", run["batch"]), dim=0)
         trainer.load_checkpoint(path)
-        restored = torch.cat(trainer.workers.run_split("compute_values", batch), dim=0)
+        run["restored"] = torch.cat(trainer.workers.run_split("compute_values", run["batch"]), dim=0)
     finally:
         algo.adv_estimator, algo.gamma, algo.lam, tcfg.critic_warmup = "grpo", 1.0, 1.0, 0
         trainer.global_step = 0
-    for metrics in (warm, second):
-        _assert_finite(metrics)
-        assert metrics["critic/vf_loss"] > 0 and 0.0 <= metrics["critic/vf_clipfrac"] <= 1.0
-        assert "timing_s/values" in metrics and "timing_s/update_critic" in metrics
-    # warm-up: only the critic trained; the zero head predicts 0 everywhere, so GAE's return on token t of a response
-    # of n tokens with outcome score R is (gamma * lam)^(n - 1 - t) * R (every TD error but the last is 0)
+    return run
+
+
+def test_critic_warmup_step_trains_only_the_critic(critic_run):
+    """Step 1: only the critic trained; the zero value head predicts 0 everywhere, so GAE's return on token t of a
+    response of n tokens with outcome score R is (gamma * lam)^(n - 1 - t) * R (every TD error but the last is 0)."""
+    import torch
+
+    warm, batch = critic_run["warm"], critic_run["warm_batch"]
+    _assert_finite(warm)
+    assert warm["critic/vf_loss"] > 0 and 0.0 <= warm["critic/vf_clipfrac"] <= 1.0
+    assert "timing_s/values" in warm and "timing_s/update_critic" in warm
     assert "actor/pg_loss" not in warm and "timing_s/update_actor" not in warm
+    before, after = critic_run["weights_before"], critic_run["weights_after"]
+    assert all(torch.equal(before[k], after[k]) for k in before)
     # the critic's first update ran at the first warm-up LR of the schedule (lr_warmup_ratio 1 over 2 steps: half)
     assert warm["critic/lr"] == pytest.approx(0.5 * 1e-2)
-    assert all(torch.equal(weights_before[k], weights_after[k]) for k in weights_before)
     assert warm["critic/values/max"] == warm["critic/values/min"] == 0.0
-    torch.testing.assert_close(warm_batch["returns"], _zero_value_returns(warm_batch, 0.9))
-    # step 2: the critic moved, its values shape the returns, the actor trains
+    torch.testing.assert_close(batch["returns"], _zero_value_returns(batch, 0.9))
+
+
+def test_critic_values_shape_the_returns_after_warmup(critic_run):
+    """Step 2: the critic moved, its values shape the returns (GAE), the actor trains; advantages are whitened."""
+    second, batch = critic_run["second"], critic_run["batch"]
+    _assert_finite(second)
+    assert second["critic/vf_loss"] > 0 and "timing_s/update_critic" in second
     assert second["critic/values/max"] > second["critic/values/min"]
     assert "actor/pg_loss" in second and second["critic/lr"] == pytest.approx(1e-2)
     assert (batch["returns"] - _zero_value_returns(batch, 0.9)).abs().max() > 1e-3
     advantages = batch["advantages"][batch["response_mask"].bool()]
     assert abs(advantages.mean().item()) < 1e-4  # GAE advantages are whitened over the batch's valid tokens
     assert advantages.std().item() == pytest.approx(1.0, abs=1e-3)
-    # the checkpoint holds the critic: loading it undoes the update made after saving
-    assert os.path.exists(os.path.join(path, "critic", ".metadata"))
-    assert (moved - saved).abs().max() > 1e-4
-    torch.testing.assert_close(restored, saved)
+
+
+def test_critic_state_goes_through_a_checkpoint(critic_run):
+    """The checkpoint holds the critic: loading it undoes the update made after saving."""
+    import os
+
+    import torch
+
+    assert os.path.exists(os.path.join(critic_run["path"], "critic", ".metadata"))
+    assert (critic_run["moved"] - critic_run["saved"]).abs().max() > 1e-4
+    torch.testing.assert_close(critic_run["restored"], critic_run["saved"])
 
 
 TIGHT = dict(clip_ratio_low=0.02, clip_ratio_high=0.02)  # so that the off-policy mini-batch clips some tokens
@@ -183,18 +200,27 @@ def _max_diff(a, b):
     return max((a[k] - b[k]).abs().max().item() for k in a)
 
 
-def test_loss_types_agree_on_policy_and_differ_off_policy(trainer, replay):
-    """On-policy invariant: the first mini-batch sees r = 1, so nothing is clipped, ppo_kl ~ 0, and every loss type's
-    gradient is the plain policy gradient (same norm); the second mini-batch is off policy: each loss differs."""
+@pytest.fixture(scope="module")
+def loss_type_runs(trainer, replay):
+    """The update of every loss type from the snapshot (rank 0's per-mini-batch metrics)."""
     batch, _ = replay
-    runs = {loss: _update(trainer, batch, loss_type=loss, **TIGHT) for loss in ("vanilla", "gspo", "cispo", "sapo")}
-    first = {loss: run["actor/grad_norm"][0] for loss, run in runs.items()}
-    second = {loss: run["actor/grad_norm"][1] for loss, run in runs.items()}
+    return {loss: _update(trainer, batch, loss_type=loss, **TIGHT) for loss in ("vanilla", "gspo", "cispo", "sapo")}
+
+
+def test_loss_types_agree_on_policy(loss_type_runs):
+    """On-policy invariant: the first mini-batch sees r = 1, so nothing is clipped, ppo_kl ~ 0, and every loss type's
+    gradient is the plain policy gradient (same norm)."""
+    first = {loss: run["actor/grad_norm"][0] for loss, run in loss_type_runs.items()}
     for loss in first:
         assert first[loss] == pytest.approx(first["vanilla"], rel=1e-5), (loss, first)
-    assert len({round(v, 6) for v in second.values()}) == len(second), second
-    for run in runs.values():
+    for run in loss_type_runs.values():
         assert abs(run["actor/ppo_kl"][0]) < 1e-4 and run["actor/pg_clipfrac"][0] == 0.0
+
+
+def test_loss_types_differ_off_policy(loss_type_runs):
+    """The second mini-batch is off policy (the first one's step moved the weights): each loss gives its own update."""
+    second = {loss: run["actor/grad_norm"][1] for loss, run in loss_type_runs.items()}
+    assert len({round(v, 6) for v in second.values()}) == len(second), second
 
 
 def test_aggregation_modes_scale_the_update_as_defined(trainer, replay):
@@ -242,10 +268,10 @@ def test_second_ppo_epoch_is_off_policy(trainer, replay):
     assert abs(epochs["actor/ppo_kl"][1]) > 1e-4 and epochs["actor/pg_clipfrac"][1] > 0.0
 
 
-def test_kl_in_reward_with_the_adaptive_controller(trainer):
-    """Token rewards are scores - beta * KL(old, ref) per token, and beta follows the adaptive controller."""
-    import torch
-
+@pytest.fixture(scope="module")
+def kl_in_reward_steps(trainer):
+    """Two steps with the KL in the reward and the adaptive controller (horizon 10 samples, so that it moves):
+    ``(metrics, token_level_rewards, token_level_scores, KL(old, ref) per token, batch size)`` per step."""
     from easyrl.algorithms.kl import kl_penalty, make_kl_controller
 
     algo, actor = trainer.config.algorithm, trainer.config.worker.actor
@@ -266,14 +292,25 @@ def test_kl_in_reward_with_the_adaptive_controller(trainer):
         actor.use_kl_loss = True
         trainer.kl_ctrl = make_kl_controller(algo.kl_type, algo.kl_coef, algo.kl_target, algo.kl_horizon)
         trainer.workers.run_all("update_config", trainer.config)
-    for metrics, rewards, scores, kl, _ in steps:
+    return steps
+
+
+def test_kl_in_reward_rewards_are_scores_minus_beta_kl(kl_in_reward_steps):
+    """Token rewards are scores - beta * KL(old, ref) per token, with the beta the step reports."""
+    import torch
+
+    for metrics, rewards, scores, kl, _ in kl_in_reward_steps:
         _assert_finite(metrics)
         assert "actor/kl_loss" not in metrics
         assert kl.abs().max() > 0  # the actor has moved from the reference: the penalty is not trivially 0
         torch.testing.assert_close(rewards, scores - metrics["actor/reward_kl_penalty_coeff"] * kl)
-    (first, *_), (second, *_) = steps
-    error = min(max(first["actor/reward_kl_penalty"] / algo.kl_target - 1, -0.2), 0.2)
-    expected = first["actor/reward_kl_penalty_coeff"] * (1 + error * steps[0][4] / 10.0)
+
+
+def test_kl_in_reward_coefficient_follows_the_adaptive_controller(kl_in_reward_steps, trainer):
+    """beta after step 1 = beta * (1 + clip(KL / target - 1, -0.2, 0.2) * batch size / horizon) (Ziegler et al.)."""
+    (first, *_, size), (second, *_) = kl_in_reward_steps
+    error = min(max(first["actor/reward_kl_penalty"] / trainer.config.algorithm.kl_target - 1, -0.2), 0.2)
+    expected = first["actor/reward_kl_penalty_coeff"] * (1 + error * size / 10.0)
     assert second["actor/reward_kl_penalty_coeff"] == pytest.approx(expected, rel=1e-6)
     assert second["actor/reward_kl_penalty_coeff"] != pytest.approx(first["actor/reward_kl_penalty_coeff"])
 
