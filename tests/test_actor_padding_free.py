@@ -186,6 +186,18 @@ def test_attention_implementation_choice():
     assert attention_implementation("cpu", True, "bf16", True) == "sdpa"
 
 
+def _recording_step(trained, grads: dict):
+    """``trained.optimizer.step`` that first copies the full gradients into ``grads``."""
+    step = trained.optimizer.step
+
+    def record():
+        grads.update({n: p.grad.full_tensor().clone() for n, p in trained.model.named_parameters()
+                      if p.grad is not None})
+        return step()
+
+    return record
+
+
 def _critic(model_path, padding_free: bool, dynamic_batching: bool):
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -221,9 +233,7 @@ def test_sharded_critic_starts_at_zero_and_packed_matches_padded(process_group, 
         batch["values"] = values
         batch["returns"] = values + torch.linspace(-0.1, 0.1, values.shape[1]) * data["response_mask"]
         grads = {}
-        step = critic.optimizer.step
-        critic.optimizer.step = lambda: (grads.update({n: p.grad.full_tensor().clone() for n, p in
-                                                       critic.model.named_parameters() if p.grad is not None}), step())
+        critic.optimizer.step = _recording_step(critic, grads)
         metrics = critic.update_critic(batch, mini_batch_size=len(batch), micro_batch_size=2)
         results.append((values, metrics, grads))
         del critic
