@@ -120,17 +120,26 @@ def test_frac_reward_zero_std_and_the_warning(caplog):
 
     from easyrl.trainer.ray_trainer import RayPPOTrainer
 
-    trainer = SimpleNamespace(global_step=7)
+    trainer = SimpleNamespace(global_step=7, _last_frac_zero_std=None)
     scores = torch.zeros(4, 3)
     batch = Batch(TensorDict({"token_level_scores": scores}, batch_size=[4]), {"uid": ["a", "a", "b", "b"]})
     with caplog.at_level(logging.WARNING, logger="easyrl.trainer"):
         assert RayPPOTrainer._check_reward_variance(trainer, batch) == 1.0
     assert "step 7: every one of the 2 groups has equal rewards (scores 0)" in caplog.text
     caplog.clear()
+    trainer.global_step = 8  # still constant: the warning is not repeated
+    with caplog.at_level(logging.WARNING, logger="easyrl.trainer"):
+        assert RayPPOTrainer._check_reward_variance(trainer, batch) == 1.0
+    assert caplog.text == ""
     scores[0, 2] = 1.0  # one group now varies: no warning
     with caplog.at_level(logging.WARNING, logger="easyrl.trainer"):
         assert RayPPOTrainer._check_reward_variance(trainer, batch) == 0.5
     assert caplog.text == ""
+    scores[0, 2] = 0.0  # constant again: a new run of such steps warns again
+    trainer.global_step = 10
+    with caplog.at_level(logging.WARNING, logger="easyrl.trainer"):
+        assert RayPPOTrainer._check_reward_variance(trainer, batch) == 1.0
+    assert "step 10: every one" in caplog.text
 
 
 def test_generation_rows_decode_the_first_samples(tiny_model_path):

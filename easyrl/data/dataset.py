@@ -315,7 +315,7 @@ class RLDataset(torch.utils.data.Dataset):
                 f"{self.max_prompt_length} tokens (image tokens included); raise data.max_prompt_length or lower "
                 "data.max_pixels"
             )
-        logger.info(
+        (logger.info if dropped else logger.debug)(  # a console line only when prompts were dropped
             "%s: filtered out %d of %d prompts longer than max_prompt_length=%d tokens",
             self.data_path, dropped, len(self.dataset), self.max_prompt_length,
         )

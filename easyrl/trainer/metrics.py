@@ -93,13 +93,20 @@ def frac_reward_zero_std(scores: Sequence[float], uids: Sequence[str]) -> float:
     return constant / len(groups)
 
 
+def constant_rewards_began(frac: float, previous: Optional[float]) -> bool:
+    """Whether to print ``constant_reward_warning``: every group is constant now (``frac`` = 1) and was not at the
+    previous step (``previous``: its ``frac_reward_zero_std``, None before the first step), so that a run that never
+    earns a reward warns once instead of every step."""
+    return frac == 1.0 and previous != 1.0
+
+
 def constant_reward_warning(step: int, num_groups: int, scores: Sequence[float]) -> str:
     """The warning printed when ``frac_reward_zero_std`` is 1: no group has a reward spread, so every
     group-normalised advantage is 0 and only the KL term moves the policy."""
     values = ", ".join(f"{s:g}" for s in sorted(set(scores))[:5])
     return (f"step {step}: every one of the {num_groups} groups has equal rewards (scores {values}): all advantages "
             f"are 0, so only the KL term moves the policy. Check that responses can earn a reward (e.g. the model "
-            f"never answers in the rewarded format; see reward/* in metrics.jsonl).")
+            f"never answers in the rewarded format; see reward/* in metrics.jsonl). Not repeated while it lasts.")
 
 
 def generation_rows(tokenizer, batch: Batch, count: int) -> list[dict]:

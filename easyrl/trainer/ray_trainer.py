@@ -39,6 +39,7 @@ from easyrl.trainer.metrics import (
     compute_data_metrics,
     compute_throughput_metrics,
     constant_reward_warning,
+    constant_rewards_began,
     frac_reward_zero_std,
     reduce_metrics,
     rollout_mismatch_metrics,
@@ -95,6 +96,7 @@ class RayPPOTrainer(GenerationMixin, ScoringMixin, ValidationMixin, CheckpointMi
         self.stop_signal: Optional[int] = None  # the signal that stopped fit() early, if any
         self._prompts: Optional[Iterator[dict[str, list]]] = None
         self._reward_errors = 0  # samples the reward function failed on in this step
+        self._last_frac_zero_std: Optional[float] = None  # the previous step's reward/frac_reward_zero_std
         self.val_generations: list[dict[str, Any]] = []  # the last validation's first samples (for the loggers)
 
     def init_workers(self, device: str) -> None:
@@ -288,11 +290,13 @@ class RayPPOTrainer(GenerationMixin, ScoringMixin, ValidationMixin, CheckpointMi
         return order
 
     def _check_reward_variance(self, batch: Batch) -> float:
-        """``frac_reward_zero_std`` of the training batch; warns when every group's rewards are equal."""
+        """``frac_reward_zero_std`` of the training batch; warns when every group's rewards become equal (once per
+        run of such steps)."""
         scores = batch["token_level_scores"].sum(-1).tolist()
         frac = frac_reward_zero_std(scores, batch["uid"])
-        if frac == 1.0:
+        if constant_rewards_began(frac, self._last_frac_zero_std):
             logger.warning(constant_reward_warning(self.global_step, len(set(batch["uid"])), scores))
+        self._last_frac_zero_std = frac
         return frac
 
     def actor_updates_this_step(self) -> bool:
