@@ -116,13 +116,16 @@ def _update(policy, data, micro_batch_size=2):
 
 
 def test_padding_free_dynamic_update_matches_padded_fixed(process_group, tiny_model_path):
+    """Padded fixed micro-batches of 2 = padding-free, dynamic token budgets, and micro-batches of 1: the same losses
+    and gradients. The responses have unequal lengths (1-9 tokens), so a loss normalised per micro-batch instead of
+    by the mini-batch's global token count would give different gradients."""
     path = tiny_model_path("qwen2_5")
     data = _text_batch()
     results = []
-    for padding_free, dynamic in ((False, False), (True, True), (True, False)):
+    for padding_free, dynamic, micro in ((False, False, 2), (True, True, 2), (True, False, 2), (False, False, 1)):
         policy = _policy(path, padding_free, dynamic, entropy_coeff=0.01, budget=40)
         _perturb(policy)
-        results.append(_update(policy, data))
+        results.append(_update(policy, data, micro_batch_size=micro))
         del policy
     (ref_metrics, ref_grads) = results[0]
     assert len(ref_grads) > 10 and max(g.abs().max() for g in ref_grads.values()) > 1e-4
