@@ -146,7 +146,8 @@ def check_names(config: "PPOConfig") -> None:
     """Names that select an implementation must exist (checked before any model is loaded)."""
     from easyrl.algorithms.advantages import ADV_ESTIMATORS
     from easyrl.algorithms.kl import KL_ESTIMATORS
-    from easyrl.algorithms.losses import LOSS_AGG_MODES, POLICY_LOSSES
+    from easyrl.algorithms.loss_agg import LOSS_AGG_MODES
+    from easyrl.algorithms.policy_losses import POLICY_LOSSES
 
     actor = config.worker.actor
     check_choice("algorithm.adv_estimator", config.algorithm.adv_estimator, list(ADV_ESTIMATORS))

@@ -8,7 +8,14 @@ import pytest
 import torch
 
 from easyrl.config import ActorConfig, LoraConfig, OffloadConfig
-from easyrl.models.lora import adapter_disabled, is_adapter_key, lora_scale, merge_lora_stream, save_adapter, target_modules
+from easyrl.models.lora import (
+    adapter_disabled,
+    is_adapter_key,
+    lora_scale,
+    merge_lora_stream,
+    save_adapter,
+    target_modules,
+)
 from easyrl.workers.fsdp_model import gather_full, hf_model_class, load_sharded_model
 
 

@@ -6,14 +6,9 @@ import random
 import pytest
 import torch
 
-from easyrl.algorithms.losses import (
-    LOSS_AGG_MODES,
-    POLICY_LOSSES,
-    agg_loss,
-    compute_tis_weights,
-    get_policy_loss,
-    mask_counts,
-)
+from easyrl.algorithms.loss_agg import LOSS_AGG_MODES, agg_loss, mask_counts
+from easyrl.algorithms.policy_losses import POLICY_LOSSES, get_policy_loss
+from easyrl.algorithms.rollout_correction import compute_tis_weights
 
 D = torch.float64
 NAN = float("nan")

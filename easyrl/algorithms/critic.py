@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from easyrl.algorithms.advantages import register_adv_estimator
-from easyrl.algorithms.losses import agg_loss
+from easyrl.algorithms.loss_agg import agg_loss
 from easyrl.algorithms.masked_ops import masked_mean, masked_whiten
 
 __all__ = ["gae_advantage", "compute_value_loss"]
@@ -98,7 +98,7 @@ def compute_value_loss(
     """PPO's clipped value loss (Schulman et al. 2017, arXiv:1707.06347, as in OpenAI baselines' ppo2 and verl):
 
     ``l_t = 0.5 * max((V_t - R_t)^2, (clip(V_t, V_old_t - c, V_old_t + c) - R_t)^2)``, aggregated like the policy
-    loss (:func:`~easyrl.algorithms.losses.agg_loss`). The clip keeps the new value within ``c`` of the value the
+    loss (:func:`~easyrl.algorithms.loss_agg.agg_loss`). The clip keeps the new value within ``c`` of the value the
     advantages were computed with; ``max`` makes it pessimistic (it never rewards moving farther).
 
     Args:
@@ -107,8 +107,8 @@ def compute_value_loss(
         values: ``(bsz, resp_len)`` values before the update (no gradient).
         response_mask: ``(bsz, resp_len)`` ``{0, 1}``.
         cliprange_value: ``c`` > 0 (``worker.critic.cliprange_value``).
-        loss_agg_mode: see :func:`~easyrl.algorithms.losses.agg_loss`.
-        agg_kwargs: global counts for :func:`~easyrl.algorithms.losses.agg_loss`.
+        loss_agg_mode: see :func:`~easyrl.algorithms.loss_agg.agg_loss`.
+        agg_kwargs: global counts for :func:`~easyrl.algorithms.loss_agg.agg_loss`.
 
     Returns:
         ``(vf_loss, metrics)``: 0-dim loss; ``vf_clipfrac`` (fraction of valid tokens where the clipped term is the

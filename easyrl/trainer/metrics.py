@@ -11,7 +11,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from easyrl.algorithms.losses import compute_tis_weights
+from easyrl.algorithms.rollout_correction import compute_tis_weights
 from easyrl.batch import Batch
 
 

@@ -19,7 +19,9 @@ from transformers import AutoConfig
 from transformers.utils import is_flash_attn_2_available
 
 from easyrl.algorithms.kl import kl_penalty
-from easyrl.algorithms.losses import agg_loss, compute_tis_weights, get_policy_loss
+from easyrl.algorithms.loss_agg import agg_loss
+from easyrl.algorithms.policy_losses import get_policy_loss
+from easyrl.algorithms.rollout_correction import compute_tis_weights
 from easyrl.batch import Batch
 from easyrl.config import ActorConfig, OffloadConfig
 from easyrl.models.fused_head import FusedLogProbHead

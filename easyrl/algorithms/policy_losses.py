@@ -1,15 +1,7 @@
-"""Loss aggregation and policy-gradient losses.
+"""Policy-gradient losses, registered by ``worker.actor.loss_type`` in :data:`POLICY_LOSSES`.
 
-Global normalisation (what makes the loss independent of how a mini-batch is split): a mini-batch is split over
-``dp_size`` data-parallel ranks and, on each rank, into micro-batches whose gradients are *summed*
-(accumulated); the FSDP all-reduce then *averages* over ranks. If every micro-batch divides by the
-denominator of the whole mini-batch (``global_num_tokens`` / ``global_num_seqs``, counted over all ranks)
-and multiplies by ``dp_size``, then::
-
-    mean_over_ranks( sum_over_micro_batches( agg_loss(micro, global counts, dp_size) ) ) == agg_loss(mini-batch)
-
-for the value and for the gradient (``tests/test_losses.py`` checks both). Per-micro-batch means would instead
-weight a token by ``1 / tokens in its micro-batch``, which depends on the split.
+Each loss maps the per-token log-probs of a micro-batch to a scalar through :func:`~easyrl.algorithms.loss_agg.agg_loss`
+(the shared signature is documented above :func:`vanilla_policy_loss`); docs/algorithms.md gives every formula.
 """
 
 from __future__ import annotations
@@ -18,121 +10,12 @@ from collections.abc import Callable
 
 import torch
 
-from easyrl.algorithms.masked_ops import masked_mean, masked_sum
+from easyrl.algorithms.loss_agg import agg_loss
+from easyrl.algorithms.masked_ops import masked_mean
 
-__all__ = [
-    "LOSS_AGG_MODES",
-    "agg_loss",
-    "mask_counts",
-    "POLICY_LOSSES",
-    "register_policy_loss",
-    "get_policy_loss",
-    "sapo_gate",
-    "compute_tis_weights",
-]
+__all__ = ["POLICY_LOSSES", "register_policy_loss", "get_policy_loss", "sapo_gate", "LOG_RATIO_CLAMP"]
 
-LOSS_AGG_MODES = (
-    "token-mean",
-    "seq-mean-token-sum",
-    "seq-mean-token-mean",
-    "seq-mean-token-sum-norm",
-    "seq-mean-token-sum-norm-drgrpo",
-)
-
-_LOG_RATIO_CLAMP = 20.0  # |log pi/pi_old| above this is clamped before exp (exp(20) ~ 4.9e8)
-
-
-def mask_counts(loss_mask: torch.Tensor) -> tuple[int, int]:
-    """Local denominators of :func:`agg_loss` for one rank's share of a mini-batch.
-
-    Args:
-        loss_mask: ``(bsz, resp_len)`` ``{0, 1}``.
-
-    Returns:
-        ``(num_tokens, num_seqs)``: valid tokens, and sequences with at least one valid token. Sum them over the
-        micro-batches of a rank and all-reduce (sum) over ranks to get ``global_num_tokens``/``global_num_seqs``.
-    """
-    valid = loss_mask.bool()
-    return int(valid.sum()), int(valid.any(dim=-1).sum())
-
-
-def _denominator(global_count, local_count: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    count = local_count if global_count is None else global_count
-    return torch.as_tensor(count, dtype=like.dtype, device=like.device).clamp(min=1)
-
-
-def agg_loss(
-    loss_mat: torch.Tensor,
-    loss_mask: torch.Tensor,
-    loss_agg_mode: str,
-    *,
-    global_num_tokens: int | torch.Tensor | None = None,
-    global_num_seqs: int | torch.Tensor | None = None,
-    dp_size: int = 1,
-    norm_length: int | None = None,
-) -> torch.Tensor:
-    """Reduce a per-token loss matrix to the scalar a micro-batch back-propagates.
-
-    Modes (``m`` the mask, ``n_i = sum_t m_it``, ``T`` the number of valid tokens, ``S`` the number of
-    sequences with ``n_i > 0``, both over the whole mini-batch when the global counts are given):
-
-    * ``"token-mean"``: ``sum_it m_it l_it / T``. Every token weighs the same (DAPO's token-level loss,
-      Yu et al. 2025, arXiv:2503.14476, Sec. 3.3).
-    * ``"seq-mean-token-sum"``: ``sum_i (sum_t m_it l_it) / S``.
-    * ``"seq-mean-token-mean"``: ``sum_i (sum_t m_it l_it / n_i) / S`` (the original GRPO objective,
-      Shao et al. 2024, Eq. 3: ``1/G sum_i 1/|o_i| sum_t``).
-    * ``"seq-mean-token-sum-norm"`` (verl's mode of this name): ``sum_i (sum_t m_it l_it) / L``, a *sum* over the
-      sequences (no ``1/S``, despite the name; verl's docs: "turns off seq-dim averaging") divided by the constant
-      ``L = norm_length`` (default ``loss_mat.shape[-1]``, the padded response length). The loss scale grows with
-      the mini-batch size.
-    * ``"seq-mean-token-sum-norm-drgrpo"``: ``sum_i (sum_t m_it l_it / L) / S``, Dr. GRPO's length-unbiased loss as in
-      its paper and reference implementation (Liu et al. 2025, arXiv:2503.20783, Sec. 3.1 and sail-sg/oat: divide by
-      the generation budget instead of ``|o_i|``, average over the ``G`` sequences). It is exactly
-      ``1/S`` times ``"seq-mean-token-sum-norm"``.
-
-    Pass the configured max response length as ``norm_length`` when micro-batches may be padded to different
-    lengths, otherwise the constant ``L`` differs between them.
-
-    Every mode is then multiplied by ``dp_size`` (see the module docstring). Empty denominators count as 1, so a
-    micro-batch without valid tokens gives 0.
-
-    Args:
-        loss_mat: ``(bsz, resp_len)`` per-token loss.
-        loss_mask: ``(bsz, resp_len)`` ``{0, 1}``.
-        loss_agg_mode: one of :data:`LOSS_AGG_MODES`.
-        global_num_tokens: valid tokens in the whole mini-batch over all ranks (``None``: this batch's count).
-        global_num_seqs: sequences with >= 1 valid token in the whole mini-batch over all ranks (``None``: local).
-        dp_size: number of data-parallel ranks averaging gradients.
-        norm_length: the constant ``L`` of the two ``"seq-mean-token-sum-norm*"`` modes.
-
-    Returns:
-        0-dim tensor.
-
-    Raises:
-        ValueError: for an unknown mode (the message lists the valid ones) or mismatched shapes.
-    """
-    if loss_mat.shape != loss_mask.shape or loss_mat.dim() != 2:
-        raise ValueError(
-            f"agg_loss: loss_mat and loss_mask must both be (bsz, resp_len); got {tuple(loss_mat.shape)} "
-            f"and {tuple(loss_mask.shape)}"
-        )
-    if loss_agg_mode not in LOSS_AGG_MODES:
-        raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}; valid modes: {list(LOSS_AGG_MODES)}")
-    valid = loss_mask.bool()
-    if loss_agg_mode == "token-mean":
-        return masked_sum(loss_mat, valid) / _denominator(global_num_tokens, valid.sum(), loss_mat) * dp_size
-    seq_valid = valid.any(dim=-1)
-    seq_loss = masked_sum(loss_mat, valid, dim=-1)  # (bsz,)
-    if loss_agg_mode == "seq-mean-token-mean":
-        seq_loss = seq_loss / valid.sum(dim=-1).clamp(min=1).to(seq_loss.dtype)
-    elif loss_agg_mode.startswith("seq-mean-token-sum-norm"):
-        seq_loss = seq_loss / (loss_mat.shape[-1] if norm_length is None else norm_length)
-        if loss_agg_mode == "seq-mean-token-sum-norm":  # verl: a sum over sequences
-            return masked_sum(seq_loss, seq_valid) * dp_size
-    return masked_sum(seq_loss, seq_valid) / _denominator(global_num_seqs, seq_valid.sum(), loss_mat) * dp_size
-
-
-# ------------------------------------------------------------------------------------------ policy losses
+LOG_RATIO_CLAMP = 20.0  # |log pi/pi_old| above this is clamped before exp (exp(20) ~ 4.9e8)
 
 PolicyLoss = Callable[..., tuple[torch.Tensor, dict[str, float]]]
 
@@ -239,7 +122,7 @@ def vanilla_policy_loss(
     """
     if clip_ratio_dual <= 1.0:
         raise ValueError(f"clip_ratio_dual must be > 1 (dual-clip PPO), got {clip_ratio_dual}")
-    log_ratio = torch.clamp(log_prob - old_log_prob, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    log_ratio = torch.clamp(log_prob - old_log_prob, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio)
     loss_unclipped = -advantages * ratio
     loss_clipped = -advantages * torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
@@ -291,7 +174,7 @@ def gspo_policy_loss(
     """
     log_ratio = log_prob - old_log_prob
     seq_log_ratio = masked_mean(log_ratio, response_mask, dim=-1).detach()  # (bsz,)
-    seq_log_ratio = torch.clamp(seq_log_ratio, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    seq_log_ratio = torch.clamp(seq_log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     token_ratio = torch.exp(seq_log_ratio.unsqueeze(-1) + log_prob - log_prob.detach())
     loss_unclipped = -advantages * token_ratio
     loss_clipped = -advantages * torch.clamp(token_ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
@@ -336,7 +219,7 @@ def cispo_policy_loss(
 
     Args / Returns / Raises: as :func:`vanilla_policy_loss` (no ValueError for ``clip_ratio_dual``).
     """
-    log_ratio = torch.clamp(log_prob - old_log_prob, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    log_ratio = torch.clamp(log_prob - old_log_prob, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio).detach()
     weight = torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
     pg_losses = -weight * advantages * log_prob
@@ -411,7 +294,7 @@ def sapo_policy_loss(
     """
     if not (tau_positive > 0 and tau_negative > 0):
         raise ValueError(f"SAPO temperatures must be > 0, got tau_positive={tau_positive}, tau_negative={tau_negative}")
-    log_ratio = torch.clamp(log_prob - old_log_prob, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    log_ratio = torch.clamp(log_prob - old_log_prob, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio)
     tau = torch.where(advantages > 0, float(tau_positive), float(tau_negative)).to(ratio.dtype)
     pg_losses = -advantages * sapo_gate(ratio, tau)
@@ -419,58 +302,3 @@ def sapo_policy_loss(
     with torch.no_grad():
         metrics = _metrics(0.0, 0.0, masked_mean(old_log_prob - log_prob, response_mask))
     return pg_loss, metrics
-
-
-# ------------------------------------------------------------------------------- rollout correction (TIS)
-
-
-@torch.no_grad()
-def compute_tis_weights(
-    old_log_prob: torch.Tensor,
-    rollout_log_probs: torch.Tensor,
-    response_mask: torch.Tensor,
-    cap: float,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """Truncated importance-sampling weights correcting the rollout engine / trainer mismatch (Yao et al. 2025,
-    "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training", blog,
-    https://fengyao.notion.site/off-policy-rl): the rollout engine (vLLM) samples from ``pi_rollout`` while the
-    loss assumes ``pi_old`` (the trainer's recomputation), so each token is reweighted by
-    ``w = min(pi_old / pi_rollout, cap)``.
-
-    Args:
-        old_log_prob: ``(bsz, resp_len)`` log-probs recomputed by the trainer before the update.
-        rollout_log_probs: ``(bsz, resp_len)`` log-probs reported by the rollout engine for the same tokens.
-        response_mask: ``(bsz, resp_len)`` ``{0, 1}``.
-        cap: truncation ``C`` > 0 (the blog uses 2).
-
-    Returns:
-        ``(weights, metrics)``: ``weights`` ``(bsz, resp_len)`` detached, 0 outside the mask; metrics (floats):
-
-        * ``rollout/tis_weight_mean``: masked mean of the truncated weights;
-        * ``rollout/tis_clip_frac``: fraction of valid tokens whose raw weight exceeded ``cap``;
-        * ``rollout/probs_diff_mean`` / ``rollout/probs_diff_max``: masked mean / max of
-          ``|exp(rollout_logp) - exp(old_logp)|``, the token-probability gap;
-        * ``rollout/log_ppl_diff``: mean over non-empty sequences of
-          ``mean_t(rollout_logp) - mean_t(old_logp) = log PPL_old - log PPL_rollout`` (> 0: the trainer finds the
-          rollouts less likely than the engine did).
-
-    Raises:
-        ValueError: if ``cap <= 0``.
-    """
-    if cap <= 0:
-        raise ValueError(f"compute_tis_weights: cap must be > 0, got {cap}")
-    valid = response_mask.bool()
-    log_w = torch.clamp(old_log_prob - rollout_log_probs, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
-    raw = torch.exp(log_w)
-    weights = torch.where(valid, raw.clamp(max=cap), torch.zeros_like(raw))
-    probs_diff = torch.where(valid, (torch.exp(rollout_log_probs) - torch.exp(old_log_prob)).abs(), 0.0)
-    seq_valid = valid.any(dim=-1)
-    seq_diff = masked_mean(rollout_log_probs, valid, dim=-1) - masked_mean(old_log_prob, valid, dim=-1)
-    metrics = {
-        "rollout/tis_weight_mean": float(masked_mean(weights, valid)),
-        "rollout/tis_clip_frac": float(masked_mean((raw > cap).float(), valid)),
-        "rollout/probs_diff_mean": float(masked_mean(probs_diff, valid)),
-        "rollout/probs_diff_max": float(probs_diff.max()) if probs_diff.numel() else 0.0,
-        "rollout/log_ppl_diff": float(masked_mean(seq_diff, seq_valid)),
-    }
-    return weights, metrics
