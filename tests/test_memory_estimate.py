@@ -43,6 +43,18 @@ def test_offload_removes_the_actor_and_a_resident_reference_adds_its_shard():
     assert e.rollout["reference"] == pytest.approx(2 * 1e9 / GIB)
 
 
+def test_lora_counts_the_frozen_base_without_grads_adam_or_reference():
+    # resident reference (not offloaded) so that dropping it under LoRA shows: 8B, 8 ranks -> 1e9 per rank
+    plain = _config("worker.ref.offload.offload_params=false")
+    e = estimate_memory(8_000_000_000, 1000, _config("worker.ref.offload.offload_params=false",
+                                                      "worker.actor.model.lora.rank=16"), capacity_gib=80.0)
+    assert e.training["actor params"] == pytest.approx(4 * 1e9 / GIB)
+    assert e.training["actor grads"] == e.training["actor Adam states"] == e.rollout["actor Adam states"] == 0.0
+    assert e.rollout["reference"] == e.training["reference"] == 0.0
+    full = estimate_memory(8_000_000_000, 1000, plain, capacity_gib=80.0)
+    assert full.training_gib - e.training_gib == pytest.approx((4 + 8 + 2) * 1e9 / GIB)
+
+
 def test_a_critic_adds_a_trained_copy():
     # adv_estimator gae: fp32 params + Adam (12 bytes per parameter) in both phases, + fp32 grads in training
     plain = estimate_memory(8_000_000_000, 1000, _config(), capacity_gib=80.0)

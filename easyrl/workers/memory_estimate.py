@@ -11,6 +11,10 @@ A worker holds, on its one device (tensor parallelism 1: the colocated vLLM engi
   and the logits of one update micro-batch (``micro x (response_length + 1) x vocab`` in the compute dtype, twice
   with their gradient).
 
+With LoRA (``worker.actor.model.lora.rank > 0``) the base weights are frozen: no gradients or AdamW moments for them
+(the adapter's own, typically < 1% of the parameters, are not counted) and no reference copy (the reference policy is
+the base with the adapter disabled).
+
 Not counted (the estimate is a lower bound): activations (small with gradient checkpointing), the transient unsharded
 block FSDP2 gathers, CUDA context and NCCL buffers (~1-2 GiB), allocator fragmentation.
 """
@@ -59,9 +63,11 @@ def estimate_memory(num_params: int, vocab_size: int, config: PPOConfig, capacit
     shard = num_params / world
     compute_bytes = DTYPE_BYTES[worker.actor.fsdp.param_dtype]
     actor_on_device = not worker.actor.offload.offload_params
-    ref_on_device = config.algorithm.needs_reference and not worker.ref.offload.offload_params
+    lora = worker.actor.model.lora.rank > 0  # frozen base: no grads/Adam for it, and the reference is the base itself
+    ref_on_device = config.algorithm.needs_reference and not worker.ref.offload.offload_params and not lora
     params = 4 * shard / GIB if actor_on_device else 0.0
-    adam = 8 * shard / GIB if actor_on_device else 0.0
+    adam = 8 * shard / GIB if actor_on_device and not lora else 0.0
+    grads = 0.0 if lora else params
     reference = compute_bytes * shard / GIB if ref_on_device else 0.0
     claim = worker.rollout.gpu_memory_utilization * capacity_gib
     micro = worker.actor.micro_batch_size_per_device_for_update
@@ -76,7 +82,7 @@ def estimate_memory(num_params: int, vocab_size: int, config: PPOConfig, capacit
         vllm_claim_gib=claim,
         rollout={"vLLM (gpu_memory_utilization)": claim, "actor params": params, "actor Adam states": adam,
                  "reference": reference, "critic params + Adam states": critic},
-        training={"actor params": params, "actor grads": params, "actor Adam states": adam, "reference": reference,
+        training={"actor params": params, "actor grads": grads, "actor Adam states": adam, "reference": reference,
                   "logits (one micro-batch)": logits, "critic params + grads + Adam states": critic + critic_grads},
     )
 
