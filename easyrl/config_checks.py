@@ -48,7 +48,7 @@ RANGE_RULES: dict[str, tuple[str, ...]] = {
     "non_negative": (
         "worker.rollout.limit_images", "worker.rollout.temperature", "worker.actor.optim.lr",
         "worker.actor.optim.weight_decay", "algorithm.kl_coef", "worker.actor.clip_ratio_high",
-        "worker.actor.model.lora.rank",
+        "worker.actor.model.lora.rank", "worker.actor.router_aux_loss_coef",
         "trainer.val_generations_to_log",
         "worker.critic.optim.lr", "worker.critic.optim.weight_decay", "trainer.critic_warmup",
     ),

@@ -15,13 +15,15 @@ from easyrl.config import ActorConfig
 ATOL = 1e-5
 
 
-def _policy(model_path, padding_free: bool, dynamic_batching: bool, entropy_coeff: float = 0.0, budget=None):
+def _policy(model_path, padding_free: bool, dynamic_batching: bool, entropy_coeff: float = 0.0, budget=None,
+            router_aux_loss_coef: float = 0.0):
     from torch.distributed.device_mesh import init_device_mesh
 
     from easyrl.workers.actor import FSDPPolicy
 
     config = ActorConfig(padding_free=padding_free, dynamic_batching=dynamic_batching, entropy_coeff=entropy_coeff,
-                         max_token_len_per_device=budget, use_kl_loss=False)
+                         max_token_len_per_device=budget, use_kl_loss=False,
+                         router_aux_loss_coef=router_aux_loss_coef)
     config.model.model_path = str(model_path)
     config.fsdp.param_dtype = "fp32"
     config.fsdp.enable_gradient_checkpointing = False
@@ -144,10 +146,10 @@ def test_no_entropy_gradient_at_coefficient_zero(process_group, tiny_model_path)
     for padding_free in (False, True):
         policy = _policy(path, padding_free, False)
         micro = data.select([0, 1])
-        log_probs, entropy = policy._forward(micro, 1.0, with_entropy=True, entropy_grad=False)
+        log_probs, entropy, _ = policy._forward(micro, 1.0, with_entropy=True, entropy_grad=False)
         assert log_probs.requires_grad and not entropy.requires_grad
         assert entropy.abs().sum() > 0
-        _, entropy = policy._forward(micro, 1.0, with_entropy=True, entropy_grad=True)
+        _, entropy, _ = policy._forward(micro, 1.0, with_entropy=True, entropy_grad=True)
         assert entropy.requires_grad
         del policy
 
@@ -175,6 +177,50 @@ def test_on_policy_update_without_old_log_prob_pass(process_group, tiny_model_pa
         torch.testing.assert_close(grad, with_old[name], atol=1e-6, rtol=1e-4, msg=name)
     with pytest.raises(ValueError, match="old_log_probs are needed"):
         policy.update_policy(data, mini_batch_size=len(data) // 2, micro_batch_size=2)
+
+
+def test_router_aux_loss_of_an_moe_actor(process_group, tiny_model_path):
+    """MoE (tiny Qwen3-VL-MoE, text prompts, one micro-batch): with ``router_aux_loss_coef`` > 0 the update logs the
+    router's load-balancing loss, equal to the model's own over the batch's non-padding tokens in both layouts, and
+    its gradient is ``coef x`` the aux loss's own; at 0 it is neither computed nor logged."""
+    path = tiny_model_path("qwen3_vl_moe")
+    data = _text_batch()
+    coef = 0.5
+    results = {}
+    for padding_free, c in ((True, 0.0), (True, coef), (False, coef)):
+        policy = _policy(path, padding_free, False, router_aux_loss_coef=c)
+        policy.config.max_grad_norm = 1e9  # no clipping: the gradients add up exactly
+        _perturb(policy)
+        if c == 0.0:
+            # the model's own loss on the padded batch (_run_model arms the VL hooks that FSDP needs); + 0 x logits:
+            # FSDP2 re-gathers a layer's weights for backward when a gradient reaches the layer's output, which the
+            # router logits (recorded inside the layer) alone never do
+            out = policy._run_model(data, lambda model, ids, mask, *_: model(
+                input_ids=ids, attention_mask=mask, output_router_logits=True, use_cache=False))
+            aux = out.aux_loss
+            (aux + 0.0 * out.logits.sum()).backward()
+            aux_grads = {n: p.grad.full_tensor().clone() for n, p in policy.model.named_parameters()
+                         if p.grad is not None}
+            policy.model.zero_grad(set_to_none=True)
+        results[padding_free, c] = _update(policy, data, micro_batch_size=len(data))
+        del policy
+    assert aux.item() > 1.0  # transformers: top-k (2 here) at perfect balance, more when unbalanced: a real value
+    assert "actor/router_aux_loss" not in results[True, 0.0][0]
+    for padding_free in (True, False):
+        assert results[padding_free, coef][0]["actor/router_aux_loss"][0] == pytest.approx(aux.item(), rel=1e-5)
+    router = [n for n in aux_grads if n.endswith("mlp.gate.weight")]
+    assert router and max(aux_grads[n].abs().max() for n in router) > 1e-3
+    without, with_aux = results[True, 0.0][1], results[True, coef][1]
+    for name in router:
+        torch.testing.assert_close(with_aux[name] - without[name], coef * aux_grads[name], atol=1e-6, rtol=1e-3,
+                                   msg=name)
+
+
+def test_router_aux_loss_on_a_dense_model_is_a_config_error(process_group, tiny_model_path):
+    from easyrl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="router_aux_loss_coef=0.1 .* not a mixture-of-experts"):
+        _policy(tiny_model_path("qwen2_5"), True, True, router_aux_loss_coef=0.1)
 
 
 def test_attention_implementation_choice():

@@ -100,6 +100,11 @@ class ActorConfig:
     """SAPO gate temperature for tokens with a zero or negative advantage (``loss_type: sapo``)."""
     ppo_epochs: int = 1
     entropy_coeff: float = 0.0
+    router_aux_loss_coef: float = 0.0
+    """MoE models (Qwen3-MoE, Qwen3-VL-MoE, Qwen3.5-MoE, ...): weight of the router's load-balancing loss (Switch
+    Transformer, Fedus et al. 2022, arXiv:2101.03961, Eq. 4-6, as transformers computes it over every token of a
+    micro-batch) added to the actor's loss, logged as ``actor/router_aux_loss``. 0 (default, as verl's FSDP actor):
+    not computed. The released Qwen3-MoE checkpoints were pre-trained with 0.001."""
     tis_cap: Optional[float] = None
     """Truncated importance sampling cap against vLLM's sampled-token log-probs; None disables it."""
     padding_free: bool = True

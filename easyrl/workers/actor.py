@@ -23,10 +23,11 @@ from easyrl.algorithms.loss_agg import agg_loss
 from easyrl.algorithms.policy_losses import get_policy_loss
 from easyrl.algorithms.rollout_correction import compute_tis_weights
 from easyrl.batch import Batch
+from easyrl.errors import ConfigError
 from easyrl.config import ActorConfig, OffloadConfig
 from easyrl.models.fused_head import FusedLogProbHead
 from easyrl.workers.fsdp_model import clip_grad_norm, hf_model_class, load_sharded_model
-from easyrl.workers.policy_forward import attention_implementation, response_scores
+from easyrl.workers.policy_forward import PolicyScores, attention_implementation, response_scores
 from easyrl.workers.seqlen_balancing import count_micro_batches, dynamic_micro_batches
 from easyrl.workers.vl_tokens import mm_token_type_ids, stray_pads, visual_pad_ids
 
@@ -77,6 +78,11 @@ class FSDPPolicy:
         self.torch_device = torch_device
         self.dp_size = mesh.size()
         hf_config = AutoConfig.from_pretrained(model_path, trust_remote_code=config.model.trust_remote_code)
+        if getattr(config, "router_aux_loss_coef", 0) > 0 and not has_router(hf_config):
+            raise ConfigError(
+                f"worker.actor.router_aux_loss_coef={config.router_aux_loss_coef} but {model_path} "
+                f"({hf_config.model_type}) is not a mixture-of-experts model (no router): set it to 0"
+            )
         attn = attention_implementation(device, config.padding_free, config.fsdp.param_dtype,
                                         is_flash_attn_2_available())
         model = load_sharded_model(model_path, hf_config, config, mesh, device, trainable, offload,
@@ -111,12 +117,13 @@ class FSDPPolicy:
         sharding. The policy keeps the checkpoint's model as is (the critic swaps its head)."""
 
     def _forward(self, micro: Batch, temperature: float, with_entropy: bool,
-                 entropy_grad: bool = False) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """Log-probs (and entropies) of the response tokens of one micro-batch, each ``(micro_bsz, resp_len)``,
-        padding-free or padded (``worker.actor.padding_free``, see ``easyrl.workers.policy_forward``)."""
+                 entropy_grad: bool = False, router_aux: bool = False) -> PolicyScores:
+        """Log-probs (and entropies, and the MoE router's aux loss) of the response tokens of one micro-batch, each
+        ``(micro_bsz, resp_len)``, padding-free or padded (``worker.actor.padding_free``, see
+        ``easyrl.workers.policy_forward``)."""
         return self._run_model(micro, lambda *inputs: response_scores(
             *inputs, temperature, with_entropy=with_entropy, entropy_grad=entropy_grad, fused_head=self.fused_head,
-            is_vl=self.has_vision))
+            is_vl=self.has_vision, router_aux=router_aux))
 
     def _run_model(self, micro: Batch, forward: Callable[..., Any]) -> Any:
         """``forward(model, input_ids, attention_mask, response_mask, multi_modal, mm_token_type_ids)`` on one
@@ -189,7 +196,7 @@ class FSDPPolicy:
         self.model.eval()
         out = torch.zeros(data["response_mask"].shape, dtype=torch.float32)
         for indices, micro in self._micro_batches(data, micro_batch_size):
-            out[indices] = self._forward(micro, temperature, with_entropy=False)[0].float().cpu()
+            out[indices] = self._forward(micro, temperature, with_entropy=False).log_probs.float().cpu()
         return out * data["response_mask"]
 
     def update_policy(self, data: Batch, mini_batch_size: int, micro_batch_size: int) -> dict[str, list[float]]:
@@ -283,8 +290,9 @@ class FSDPPolicy:
         dev = self.torch_device
         mask = micro["response_mask"].to(dev)
         advantages = micro["advantages"].to(dev)
-        log_probs, entropy = self._forward(micro, cfg.temperature, with_entropy=True,
-                                           entropy_grad=cfg.entropy_coeff != 0)
+        log_probs, entropy, router_aux_loss = self._forward(
+            micro, cfg.temperature, with_entropy=True, entropy_grad=cfg.entropy_coeff != 0,
+            router_aux=cfg.router_aux_loss_coef > 0)
         # on-policy (no old-log-prob pass): the weights have not moved yet, so old = current, detached
         old_log_probs = micro["old_log_probs"].to(dev) if "old_log_probs" in micro else log_probs.detach()
         tis_weights = None
@@ -308,6 +316,12 @@ class FSDPPolicy:
             loss = loss + cfg.kl_coef * kl_loss
             step_metrics["actor/kl_loss"] += kl_loss.item()
             step_metrics["actor/kl_coef"] = cfg.kl_coef
+        if router_aux_loss is not None:
+            # a micro-batch mean over its tokens, weighted by the micro-batch's share of the mini-batch's response
+            # tokens (x dp_size, as agg_loss): a token-weighted mean over the mini-batch, whatever the split
+            weighted = router_aux_loss * _share(mask, agg_kwargs)
+            loss = loss + cfg.router_aux_loss_coef * weighted
+            step_metrics["actor/router_aux_loss"] += weighted.item()
         loss.backward()
         step_metrics["actor/pg_loss"] += pg_loss.item()
         step_metrics["actor/entropy"] += entropy_loss.item()
@@ -315,6 +329,13 @@ class FSDPPolicy:
         for key, value in pg_metrics.items():
             step_metrics[f"actor/{key}"] += float(value) * share
         return log_probs.detach()
+
+
+def has_router(hf_config) -> bool:
+    """Whether a transformers model config describes a mixture of experts that can return its router's
+    load-balancing loss (``output_router_logits`` in the config or its ``text_config``)."""
+    text = getattr(hf_config, "text_config", None) or hf_config
+    return hasattr(text, "output_router_logits") or hasattr(hf_config, "output_router_logits")
 
 
 class NonFiniteGradientError(RuntimeError):

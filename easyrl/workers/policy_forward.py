@@ -18,7 +18,7 @@ The trainer keeps padded batches; this module is the one place that knows both l
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -26,7 +26,7 @@ from easyrl.algorithms.token_ops import entropy_from_logits, log_probs_from_logi
 from easyrl.models.fused_head import FusedLogProbHead
 from easyrl.models.packing import pack_sequences, padded_text_positions
 
-__all__ = ["response_scores", "response_values", "attention_implementation"]
+__all__ = ["PolicyScores", "response_scores", "response_values", "attention_implementation"]
 
 ROPE_INDEX_KEYS = ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")
 
@@ -50,6 +50,17 @@ def attention_implementation(device: str, padding_free: bool, param_dtype: str, 
     return "sdpa"
 
 
+class PolicyScores(NamedTuple):
+    """What one policy forward of a micro-batch returns."""
+
+    log_probs: torch.Tensor
+    """``(bsz, R)`` float32 log-probs of the response tokens, 0 at response padding."""
+    entropy: Optional[torch.Tensor]
+    """``(bsz, R)`` float32 entropies, or None when not asked for."""
+    router_aux_loss: Optional[torch.Tensor]
+    """0-dim load-balancing loss of an MoE router over the micro-batch's tokens, or None when not asked for."""
+
+
 def response_scores(
     model: torch.nn.Module,
     input_ids: torch.Tensor,
@@ -62,8 +73,10 @@ def response_scores(
     entropy_grad: bool,
     fused_head: Optional[FusedLogProbHead] = None,
     is_vl: bool = False,
-) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """Log-probs (and entropies) of the response tokens of one padded micro-batch.
+    router_aux: bool = False,
+) -> PolicyScores:
+    """Log-probs (and entropies, and an MoE router's load-balancing loss) of the response tokens of one padded
+    micro-batch.
 
     Args:
         model: a transformers causal LM or Qwen-VL model (FSDP2-sharded or not), SDPA/eager/flash attention.
@@ -79,22 +92,42 @@ def response_scores(
             still computed, without the vocabulary-wide backward).
         fused_head: given: the padding-free layout with this head on ``model``; None: the padded layout.
         is_vl: the model takes mRoPE positions (Qwen-VL).
+        router_aux: ask the model for its router's load-balancing loss (``output_router_logits=True``; transformers'
+            ``load_balancing_loss_func`` over every non-padding token, prompt included).
 
     Returns:
-        ``(log_probs, entropy)``: ``(bsz, R)`` float32 each, 0 at response padding; ``entropy`` None unless asked.
+        :class:`PolicyScores`; ``entropy`` None unless ``with_entropy``, ``router_aux_loss`` None unless
+        ``router_aux``.
+
+    Raises:
+        ValueError: ``router_aux`` and the model returned no ``aux_loss`` (not an MoE model).
     """
+    extra = {"output_router_logits": True} if router_aux else {}
     if fused_head is not None:
         return _packed(model, input_ids, attention_mask, response_mask, multi_modal, mm_token_type_ids, temperature,
-                       with_entropy, entropy_grad, fused_head, is_vl)
+                       with_entropy, entropy_grad, fused_head, is_vl, extra)
     resp_len = response_mask.shape[1]
-    logits = _padded_outputs(model, input_ids, attention_mask, resp_len, multi_modal, mm_token_type_ids)
+    output = _padded_outputs(model, input_ids, attention_mask, resp_len, multi_modal, mm_token_type_ids, extra)
+    logits = output.logits[:, :-1, :]  # position t predicts token t+1: drop the last of the R + 1 kept positions
     responses = input_ids[:, -resp_len:]
     log_probs = log_probs_from_logits(logits, responses, temperature=temperature) * response_mask
     entropy = None
     if with_entropy:
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             entropy = entropy_from_logits(logits, temperature=temperature)
-    return log_probs, entropy
+    return PolicyScores(log_probs, entropy, _router_aux_loss(output, router_aux))
+
+
+def _router_aux_loss(output, router_aux: bool) -> Optional[torch.Tensor]:
+    if not router_aux:
+        return None
+    aux = getattr(output, "aux_loss", None)
+    if not isinstance(aux, torch.Tensor):
+        raise ValueError(
+            f"worker.actor.router_aux_loss_coef > 0 but {type(output).__name__} carries no router aux_loss: the model "
+            "is not a mixture of experts (set worker.actor.router_aux_loss_coef=0)"
+        )
+    return aux.float()
 
 
 def response_values(
@@ -125,20 +158,19 @@ def response_values(
                     use_cache=False, logits_to_keep=packed.logit_indices, **multi_modal).logits[0]
         return packed.unpack(out[:, 0].float())
     out = _padded_outputs(model, input_ids, attention_mask, response_mask.shape[1], multi_modal, mm_token_type_ids)
-    return out[..., 0].float() * response_mask
+    return out.logits[:, :-1, 0].float() * response_mask
 
 
-def _padded_outputs(model, input_ids, attention_mask, resp_len, multi_modal, mm_token_type_ids) -> torch.Tensor:
-    """The model's outputs ``(bsz, R, out)`` at the padded positions that predict the ``R`` response tokens."""
-    inputs = dict(multi_modal)
+def _padded_outputs(model, input_ids, attention_mask, resp_len, multi_modal, mm_token_type_ids, extra=None):
+    """The model's output, its ``logits`` ``(bsz, R + 1, out)`` at the last ``R + 1`` padded positions: all but the
+    last predict the ``R`` response tokens."""
+    inputs = dict(multi_modal, **(extra or {}))
     if "pixel_values" in inputs or "pixel_values_videos" in inputs:
         inputs["mm_token_type_ids"] = mm_token_type_ids  # Qwen-VL computes its mRoPE positions from them
     else:
         inputs["position_ids"] = padded_text_positions(attention_mask)  # as vLLM counts them (no padding)
-    output = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
-                   logits_to_keep=resp_len + 1, **inputs)
-    # position t predicts token t+1: the last R + 1 positions minus the final one predict the response
-    return output.logits[:, :-1, :]
+    return model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
+                 logits_to_keep=resp_len + 1, **inputs)
 
 
 def _pack(model, input_ids, attention_mask, response_mask, multi_modal, mm_token_type_ids, is_vl):
@@ -153,15 +185,16 @@ def _pack(model, input_ids, attention_mask, response_mask, multi_modal, mm_token
 
 
 def _packed(model, input_ids, attention_mask, response_mask, multi_modal, mm_token_type_ids, temperature,
-            with_entropy, entropy_grad, fused_head, is_vl):
+            with_entropy, entropy_grad, fused_head, is_vl, extra):
     packed = _pack(model, input_ids, attention_mask, response_mask, multi_modal, mm_token_type_ids, is_vl)
     # attention_mask=None and use_cache=False: transformers then reads the sequence boundaries off the positions
     with fused_head.scoring(packed.labels, temperature, entropy_grad=entropy_grad and with_entropy):
-        scores = model(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None,
-                       use_cache=False, logits_to_keep=packed.logit_indices, **multi_modal).logits[0]
+        output = model(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None,
+                       use_cache=False, logits_to_keep=packed.logit_indices, **multi_modal, **extra)
+    scores = output.logits[0]
     log_probs = packed.unpack(scores[:, 0])
     entropy = None
     if with_entropy:
         entropy = packed.unpack(scores[:, 1])
         entropy = entropy if entropy_grad else entropy.detach()  # its column was built detached already
-    return log_probs, entropy
+    return PolicyScores(log_probs, entropy, _router_aux_loss(output, bool(extra)))
