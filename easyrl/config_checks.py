@@ -43,7 +43,7 @@ RANGE_RULES: dict[str, tuple[str, ...]] = {
         "worker.critic.micro_batch_size_per_device_for_update",
         "worker.critic.micro_batch_size_per_device_for_experience",
         "worker.critic.ppo_epochs", "worker.critic.max_grad_norm", "worker.critic.cliprange_value",
-        "worker.critic.max_token_len_per_device",
+        "worker.critic.max_token_len_per_device", "worker.rollout.tensor_parallel_size",
     ),
     "non_negative": (
         "worker.rollout.limit_images", "worker.rollout.temperature", "worker.actor.optim.lr",
@@ -114,12 +114,19 @@ def check_ranges(config: "PPOConfig") -> None:
 def check_divisibility(config: "PPOConfig") -> None:
     """Batch sizes that must split evenly: rollout batch into mini-batches, mini-batch samples over the devices, a
     device's share into micro-batches (all counted as in EasyR1: batch sizes in prompts, micro-batches in samples),
-    for the actor and, with ``algorithm.adv_estimator: gae``, the critic."""
+    for the actor and, with ``algorithm.adv_estimator: gae``, the critic; and the devices into vLLM engines of
+    ``worker.rollout.tensor_parallel_size``."""
     sections = [("worker.actor", config.worker.actor)]
     if config.algorithm.needs_critic:
         sections.append(("worker.critic", config.worker.critic))
     for section, cfg in sections:
         _check_batch_split(config, section, cfg.global_batch_size, cfg.micro_batch_size_per_device_for_update)
+    from easyrl.workers.rollout_layout import check_tensor_parallel
+
+    try:
+        check_tensor_parallel(config.world_size, config.worker.rollout.tensor_parallel_size)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
 
 
 def _check_batch_split(config: "PPOConfig", section: str, global_batch_size: int, micro_batch_size: int) -> None:

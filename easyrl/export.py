@@ -116,6 +116,7 @@ def write_hf_folder(state: dict[str, torch.Tensor], sources: list[str], out: str
     """
     from transformers import AutoConfig
 
+    from easyrl.models.expert_layout import save_pretrained_released
     from easyrl.workers.fsdp_model import hf_model_class
 
     config_path = next((p for p in (local_file(s, "config.json") for s in sources) if p), None)
@@ -132,7 +133,7 @@ def write_hf_folder(state: dict[str, torch.Tensor], sources: list[str], out: str
     os.makedirs(parent, exist_ok=True)
     tmp = os.path.join(parent, f".{os.path.basename(os.path.abspath(out))}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, max_shard_size=MAX_SHARD_SIZE)
+    save_pretrained_released(model, tmp, max_shard_size=MAX_SHARD_SIZE)  # MoE experts as the released checkpoints
     generation = next((p for p in (local_file(s, "generation_config.json") for s in sources) if p), None)
     if generation is not None:  # the base's, unchanged (save_pretrained writes one derived from the model config)
         shutil.copyfile(generation, os.path.join(tmp, "generation_config.json"))

@@ -270,7 +270,8 @@ def prepare(config: Any) -> Prepared:
     """
     check_model_sources(config.worker.actor.model)
     reward_fn = load_reward(config.worker.reward)
-    tokenizer, _, processor = load_model_parts(config.worker.actor.model, sources_checked=True)
+    tokenizer, hf_config, processor = load_model_parts(config.worker.actor.model, sources_checked=True)
+    check_rollout_split(hf_config, config.worker.rollout.tensor_parallel_size)
     train = load_dataset_for("data.train_files", config.data.train_files, config, tokenizer, processor)
     val = None
     if config.data.val_files:
@@ -281,6 +282,17 @@ def prepare(config: Any) -> Prepared:
     sample = {"response": response, "response_length": len(tokenizer.encode(response)), "ground_truth": ground_truth}
     check_filter_key(config, check_reward_on_sample(reward_fn, sample), reward_fn.where)
     return Prepared(tokenizer, processor, train, val, reward_fn)
+
+
+def check_rollout_split(hf_config: Any, tensor_parallel_size: int) -> None:
+    """vLLM can split the model over ``worker.rollout.tensor_parallel_size`` ranks (its heads divide evenly;
+    ``easyrl.workers.rollout_layout.check_heads_split``). Raises ``ConfigError`` naming the key and the config field."""
+    from easyrl.workers.rollout_layout import check_heads_split
+
+    try:
+        check_heads_split(hf_config, tensor_parallel_size)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
 
 
 def check_enough_prompts(config: Any, n_prompts: int) -> None:

@@ -64,6 +64,9 @@ CASES = [
      ["worker.actor.model.lora.exclude_modules", ".*visual(.*", "regular expression"]),
     ("C39", ["trainer.logger=[console,neptune]"], ["trainer.logger", "'neptune'", "swanlab, mlflow"]),
     ("C54", ["worker.env_vars={1BAD: x}"], ["worker.env_vars", "'1BAD'", "environment variable name"]),
+    ("C55", ["worker.rollout.tensor_parallel_size=3"],
+     ["worker.rollout.tensor_parallel_size=3", "2 devices", "choose one of 1, 2"]),
+    ("C56", ["worker.rollout.tensor_parallel_size=0"], ["worker.rollout.tensor_parallel_size", "positive", "0"]),
     ("C60", ["algorithm.adv_estimator=gae", "worker.critic.global_batch_size=3"],
      ["data.rollout_batch_size (4)", "worker.critic.global_batch_size (3)"]),
     ("C61", ["trainer.critic_warmup=2"], ["trainer.critic_warmup=2", "algorithm.adv_estimator=gae"]),
@@ -101,3 +104,15 @@ def test_valid_base_config_loads():
     """The base of the cases above is valid, so each case fails for its own mistake only."""
     config = load_config(BASE)
     assert config.data.rollout_batch_size == 4 and config.worker.rollout.n == 4 and config.world_size == 2
+
+
+def test_tensor_parallel_size_that_cannot_split_the_heads(expect_user_error):  # C57
+    """Checked before Ray (``easyrl.preflight.prepare``) against the model's config, instead of by vLLM on every
+    worker after the model has loaded: 4 devices, TP 4, a model with 6 attention heads."""
+    from transformers import Qwen2Config
+
+    from easyrl.preflight import check_rollout_split
+
+    hf_config = Qwen2Config(num_attention_heads=6, num_key_value_heads=2, hidden_size=384)
+    expect_user_error(lambda: check_rollout_split(hf_config, 4), "config", "worker.rollout.tensor_parallel_size=4",
+                      "num_attention_heads=6", "divide it")

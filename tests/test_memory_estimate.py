@@ -78,6 +78,19 @@ def test_a_run_that_cannot_fit_stops_naming_the_setting(params, capacity, overri
         check_memory(estimate_memory(params, 152_064, config, capacity_gib=capacity))
 
 
+def test_tensor_parallelism_splits_the_engine_weights_so_32b_fits_on_80gb():
+    # Qwen2.5-VL-32B in bf16: 59.6 GiB of weights do not fit in 0.6 x 80 GiB with one device per engine (the message
+    # names tensor_parallel_size), 14.9 GiB per device with engines over 4 devices do (the actor offloaded to the host)
+    offload = "worker.actor.offload.offload_params=true"
+    single = estimate_memory(32_000_000_000, 152_064, _config(offload), capacity_gib=80.0)
+    with pytest.raises(ConfigError, match=r"worker.rollout.tensor_parallel_size \(now 1\)"):
+        check_memory(single)
+    split = estimate_memory(32_000_000_000, 152_064, _config(offload, "worker.rollout.tensor_parallel_size=4"),
+                            capacity_gib=80.0)
+    assert split.vllm_weights_gib == pytest.approx(2 * 32e9 / 4 / GIB)
+    check_memory(split)
+
+
 def test_parameters_counted_on_the_meta_device(tiny_model_path):
     from transformers import AutoConfig, AutoModelForCausalLM
 

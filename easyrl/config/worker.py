@@ -21,6 +21,12 @@ class RolloutConfig:
     top_k: int = -1
     seed: int = 1
     dtype: str = "bf16"
+    tensor_parallel_size: int = 1
+    """Devices per vLLM engine (vLLM's tensor parallelism, verl's name). 1: every device runs its own engine. k > 1:
+    groups of k consecutive devices run one engine split over them (vLLM's ``external_launcher`` executor, SPMD), for
+    models whose weights do not fit on one device; the batch is split over the ``world / k`` engines. Must divide
+    ``trainer.nnodes * trainer.n_gpus_per_node`` (and, to stay within a node, ``trainer.n_gpus_per_node``);
+    ``easyrl.workers.rollout_layout``."""
     gpu_memory_utilization: float = 0.6
     """Fraction of device memory vLLM may take (weights + KV cache); ignored on the CPU."""
     cpu_kvcache_space_gib: float = 1.0

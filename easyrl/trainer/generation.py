@@ -51,7 +51,7 @@ class GenerationMixin:
     def _generate(self, prompts: Batch, overrides: Optional[dict[str, Any]], timing: dict[str, float]) -> Batch:
         """Sample a response for every prompt on the workers and assemble the full batch."""
         rollout_cfg = self.config.worker.rollout
-        outputs = self.workers.run_split("generate_sequences", prompts, overrides=overrides)
+        outputs = self.workers.run_rollout("generate_sequences", prompts, overrides=overrides)  # one per engine
         response_ids = [ids for out in outputs for ids in out["response_ids"]]
         timing["reshard"] = timing.get("reshard", 0.0) + max(out["timing_s/reshard"] for out in outputs)
         responses, response_mask = right_pad(response_ids, rollout_cfg.response_length, self.pad_id, torch.long)
@@ -139,10 +139,10 @@ class GenerationMixin:
         return torch.tensor(scores, dtype=torch.float32).repeat_interleave(n)
 
     def _generate_even(self, prompts: Batch, overrides: Optional[dict[str, Any]]) -> Batch:
-        """``_generate`` for any number of prompts: pads with copies of the first prompts so that every worker gets
-        an equal share, and drops their responses again."""
+        """``_generate`` for any number of prompts: pads with copies of the first prompts so that every vLLM engine
+        gets an equal share, and drops their responses again."""
         real = len(prompts)
-        pad = (-real) % self.workers.world_size
+        pad = (-real) % self.workers.rollout_dp_size
         if pad:
             prompts = Batch.cat([prompts, prompts.select([i % real for i in range(pad)])])
         return self._generate(prompts, overrides=overrides, timing={}).select(list(range(real)))

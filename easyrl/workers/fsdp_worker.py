@@ -93,6 +93,7 @@ class FSDPWorker:
 
         from easyrl.workers.actor import FSDPPolicy
         from easyrl.workers.rollout import VLLMRollout
+        from easyrl.workers.rollout_layout import RolloutLayout
 
         cfg = self.config.worker
         model_path = cfg.actor.model.model_path
@@ -109,7 +110,9 @@ class FSDPWorker:
             from easyrl.workers.critic import FSDPCritic
 
             self.critic = FSDPCritic(cfg.critic.model.model_path, cfg.critic, mesh, self.device, self.torch_device)
-        self.rollout = VLLMRollout(model_path, cfg.rollout, self.device, seed=cfg.rollout.seed + self.rank)
+        # one seed per engine: the ranks of a tensor-parallel engine must sample alike
+        replica = RolloutLayout(self.world_size, cfg.rollout.tensor_parallel_size).dp_rank(self.rank)
+        self.rollout = VLLMRollout(model_path, cfg.rollout, self.device, seed=cfg.rollout.seed + replica)
         empty_cache(self.device)
 
     def check_memory(self) -> None:

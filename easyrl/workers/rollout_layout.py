@@ -1,0 +1,142 @@
+"""Which ranks share a vLLM engine under rollout tensor parallelism, and which prompts each engine samples.
+
+With ``worker.rollout.tensor_parallel_size = tp`` the ``world`` FSDP ranks form ``world / tp`` tensor-parallel (TP)
+groups of ``tp`` consecutive ranks: ranks ``[0, tp)``, ``[tp, 2 tp)``, ... Each group runs ONE vLLM engine split over
+its ranks (vLLM's ``external_launcher`` executor: SPMD, every rank of the group runs the same engine code on the same
+requests with the same seed and gets the same tokens). The groups are the rollout's data-parallel (DP) replicas:
+
+* dispatch: the batch is cut into ``world / tp`` equal consecutive shares; DP replica ``d = rank // tp`` samples
+  share ``d``, and every rank of the replica receives that same share;
+* collection: every rank returns the responses of its replica; only the first rank of each group (``rank % tp ==
+  0``) is kept, in replica order, so the responses line up with the prompts of the undivided batch.
+
+Consecutive groups are what vLLM builds itself from the torch.distributed world under ``external_launcher`` (its
+ranks laid out as ``(external DP, DP, PP, PCP, TP)``, TP fastest; ``vllm.distributed.parallel_state.
+initialize_model_parallel``), and with node-contiguous ranks (``easyrl.workers.group``) a group stays within a node
+when ``tp`` divides ``trainer.n_gpus_per_node``, so its all-reduces use NVLink/HCCS rather than the network. The same
+layout as verl's rollout mesh ``(dp, infer_tp)``.
+
+``tp = 1`` is the plain layout: every rank its own engine and its own share.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence, TypeVar
+
+T = TypeVar("T")
+
+
+def check_tensor_parallel(world_size: int, tensor_parallel_size: int) -> None:
+    """Raise unless ``tensor_parallel_size`` (>= 1) divides ``world_size``.
+
+    Raises:
+        ValueError: naming ``worker.rollout.tensor_parallel_size``, the device count and the sizes that would fit.
+    """
+    if tensor_parallel_size < 1 or world_size % tensor_parallel_size != 0:
+        fits = [d for d in range(1, world_size + 1) if world_size % d == 0]
+        raise ValueError(
+            f"worker.rollout.tensor_parallel_size={tensor_parallel_size} does not divide the {world_size} devices "
+            f"(trainer.nnodes * trainer.n_gpus_per_node): each vLLM engine spans tensor_parallel_size devices, so "
+            f"choose one of {', '.join(map(str, fits))}."
+        )
+
+
+@dataclass(frozen=True)
+class RolloutLayout:
+    """The rollout's TP groups over ``world_size`` ranks (see the module docstring).
+
+    Args:
+        world_size: the number of FSDP ranks (devices).
+        tensor_parallel_size: ranks per vLLM engine; must divide ``world_size``.
+
+    Raises:
+        ValueError: ``tensor_parallel_size`` does not divide ``world_size`` (``check_tensor_parallel``).
+    """
+
+    world_size: int
+    tensor_parallel_size: int = 1
+
+    def __post_init__(self) -> None:
+        check_tensor_parallel(self.world_size, self.tensor_parallel_size)
+
+    @property
+    def dp_size(self) -> int:
+        """The number of engines (rollout data-parallel replicas), ``world_size / tensor_parallel_size``."""
+        return self.world_size // self.tensor_parallel_size
+
+    def dp_rank(self, rank: int) -> int:
+        """The replica (engine) that ``rank`` belongs to, ``rank // tensor_parallel_size``."""
+        return rank // self.tensor_parallel_size
+
+    def tp_rank(self, rank: int) -> int:
+        """``rank``'s place within its engine, ``rank % tensor_parallel_size``."""
+        return rank % self.tensor_parallel_size
+
+    def groups(self) -> list[list[int]]:
+        """The ranks of each engine, in replica order: ``[[0, .., tp - 1], [tp, .., 2 tp - 1], ...]``."""
+        tp = self.tensor_parallel_size
+        return [list(range(d * tp, (d + 1) * tp)) for d in range(self.dp_size)]
+
+    def dispatch(self, shares: Sequence[T]) -> list[T]:
+        """Per rank, the share its replica samples: ``shares[dp_rank(rank)]`` for every rank, in rank order.
+
+        Args:
+            shares: one per replica (``dp_size`` of them), e.g. ``batch.chunk(dp_size)``.
+
+        Raises:
+            ValueError: ``len(shares) != dp_size``.
+        """
+        if len(shares) != self.dp_size:
+            raise ValueError(f"{len(shares)} shares for {self.dp_size} rollout replicas")
+        return [shares[self.dp_rank(rank)] for rank in range(self.world_size)]
+
+    def collect(self, per_rank: Sequence[T]) -> list[T]:
+        """Each replica's result once, in replica order: the result of the first rank of every group.
+
+        Args:
+            per_rank: one result per rank, in rank order (``world_size`` of them).
+
+        Raises:
+            ValueError: ``len(per_rank) != world_size``.
+        """
+        if len(per_rank) != self.world_size:
+            raise ValueError(f"{len(per_rank)} results for {self.world_size} ranks")
+        return [per_rank[group[0]] for group in self.groups()]
+
+
+def split_head_counts(hf_config: Any) -> dict[str, int]:
+    """The head counts of a Hugging Face config that vLLM's tensor parallelism splits over the ranks of an engine:
+    the text model's ``num_attention_heads`` and ``num_key_value_heads``, Gated DeltaNet's ``linear_num_key_heads``
+    and ``linear_num_value_heads`` (Qwen3.5, Qwen3-Next), the vision tower's ``num_heads`` (Qwen-VL); those the config
+    has, by dotted name."""
+    counts: dict[str, int] = {}
+    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    prefix = "text_config." if text is not hf_config else ""
+    for name in ("num_attention_heads", "num_key_value_heads", "linear_num_key_heads", "linear_num_value_heads"):
+        if isinstance(getattr(text, name, None), int):
+            counts[prefix + name] = getattr(text, name)
+    vision = getattr(hf_config, "vision_config", None)
+    if isinstance(getattr(vision, "num_heads", None), int):
+        counts["vision_config.num_heads"] = vision.num_heads
+    return counts
+
+
+def check_heads_split(hf_config: Any, tensor_parallel_size: int) -> None:
+    """Raise unless vLLM can split the model's heads over ``tensor_parallel_size`` ranks: every head count of
+    ``split_head_counts`` divisible by it, except the KV heads, which vLLM replicates when there are fewer of them
+    than ranks (then the ranks must be a multiple of them).
+
+    Raises:
+        ValueError: naming the config field, its count and the sizes that would work (vLLM itself would say so only
+            after every worker has loaded the model).
+    """
+    tp = tensor_parallel_size
+    for name, count in split_head_counts(hf_config).items():
+        kv = name.endswith("num_key_value_heads")
+        if (tp % count if kv and tp > count else count % tp) != 0:
+            rule = "divide it or be a multiple of it" if kv else "divide it"
+            raise ValueError(
+                f"worker.rollout.tensor_parallel_size={tp} cannot split the model's {name}={count} over the ranks of "
+                f"one vLLM engine: it must {rule} (and divide the device count)."
+            )

@@ -1,0 +1,87 @@
+"""Fused MoE experts between transformers' layout and the released checkpoints' (easyrl.models.expert_layout): the
+conversion the weight sync applies for vLLM, and the tiny Qwen3-VL-MoE saved in the released layout."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from easyrl.models.expert_layout import TRANSPOSED_FUSED_EXPERTS, needs_transpose, to_checkpoint_layout
+
+GATE_UP = "model.language_model.layers.0.mlp.experts.gate_up_proj"
+DOWN = "model.language_model.layers.0.mlp.experts.down_proj"
+
+
+def test_qwen3_vl_moe_experts_are_transposed_and_everything_else_passes_unchanged():
+    gate_up, down = torch.randn(4, 128, 256), torch.randn(4, 256, 64)  # (experts, out, in) as F.linear
+    router, attn = torch.randn(4, 256), torch.randn(256, 256)
+    out = dict(to_checkpoint_layout([(GATE_UP, gate_up), (DOWN, down), ("model.language_model.layers.0.mlp.gate.weight",
+                                     router), ("model.language_model.layers.0.self_attn.q_proj.weight", attn)],
+                                    "qwen3_vl_moe"))
+    assert out[GATE_UP].shape == (4, 256, 128) and out[DOWN].shape == (4, 64, 256)  # (experts, in, out)
+    assert torch.equal(out[GATE_UP][2], gate_up[2].T) and torch.equal(out[DOWN][1], down[1].T)
+    assert out[GATE_UP].is_contiguous()
+    assert out["model.language_model.layers.0.mlp.gate.weight"] is router
+    assert out["model.language_model.layers.0.self_attn.q_proj.weight"] is attn
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_5_moe", "qwen2_5_vl", "qwen3_moe"])
+def test_models_stored_in_transformers_layout_pass_unchanged(model_type):
+    tensor = torch.randn(4, 128, 256)
+    assert next(to_checkpoint_layout([(GATE_UP, tensor)], model_type))[1] is tensor
+
+
+def test_an_unfused_tensor_under_a_fused_name_is_refused():
+    with pytest.raises(ValueError, match="down_proj.*fused"):
+        list(to_checkpoint_layout([(DOWN, torch.randn(256, 64))], "qwen3_vl_moe"))
+
+
+def test_the_table_agrees_with_transformers_load_conversion():
+    """transformers transposes exactly these tensors when it loads a released checkpoint of the model type (if it
+    stopped, the released layout would equal its in-memory one and the sync must stop transposing)."""
+    from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+    from transformers.core_model_loading import Transpose
+
+    for model_type, names in TRANSPOSED_FUSED_EXPERTS.items():
+        transposed = {pattern for conv in get_checkpoint_conversion_mapping(model_type) or []
+                      if any(isinstance(op, Transpose) for op in getattr(conv, "operations", []))
+                      for pattern in conv.source_patterns}
+        assert transposed == set(names), (model_type, transposed)
+
+
+def test_tiny_qwen3_vl_moe_is_saved_in_the_released_layout_and_loads_back(tiny_model_path):
+    """The saved experts are (experts, in, out) (what vLLM's Qwen3-VL-MoE loads), and transformers loads them back
+    into its (experts, out, in) layout with the same values."""
+    from safetensors import safe_open
+    from transformers import AutoConfig, Qwen3VLMoeForConditionalGeneration
+
+    path = tiny_model_path("qwen3_vl_moe")
+    text = AutoConfig.from_pretrained(path).text_config
+    hidden, inter, experts = text.hidden_size, text.moe_intermediate_size, text.num_experts
+    assert 2 * inter != hidden  # gate_up_proj not square: a wrong orientation cannot go unnoticed by shape
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        saved = {name: f.get_tensor(name) for name in (GATE_UP, DOWN)}
+    assert saved[GATE_UP].shape == (experts, hidden, 2 * inter) and saved[DOWN].shape == (experts, inter, hidden)
+    model = Qwen3VLMoeForConditionalGeneration.from_pretrained(path, dtype=torch.bfloat16)
+    state = model.state_dict()
+    assert torch.equal(state[GATE_UP], saved[GATE_UP].transpose(1, 2))
+    assert torch.equal(state[DOWN], saved[DOWN].transpose(1, 2))
+    assert needs_transpose(GATE_UP, "qwen3_vl_moe") and not needs_transpose(GATE_UP, "qwen3_5_moe")
+
+
+def test_the_hf_export_of_a_qwen3_vl_moe_actor_is_in_the_released_layout(tiny_model_path, tmp_path):
+    """easyrl.export.write_hf_folder (what save_hf and the checkpoint converter write) from transformers-layout full
+    weights: the folder holds the released layout, and transformers loads it back to the same weights."""
+    from safetensors import safe_open
+    from transformers import Qwen3VLMoeForConditionalGeneration
+
+    from easyrl.export import write_hf_folder
+
+    base = tiny_model_path("qwen3_vl_moe")
+    state = Qwen3VLMoeForConditionalGeneration.from_pretrained(base, dtype=torch.float32).state_dict()
+    state = {name: tensor + 0.5 if name in (GATE_UP, DOWN) else tensor for name, tensor in state.items()}  # "trained"
+    out = write_hf_folder(state, [str(base)], str(tmp_path / "export"))
+    with safe_open(str(tmp_path / "export" / "model.safetensors"), "pt") as f:
+        assert torch.equal(f.get_tensor(DOWN), state[DOWN].to(torch.bfloat16).transpose(1, 2))
+    reloaded = Qwen3VLMoeForConditionalGeneration.from_pretrained(out, dtype=torch.float32).state_dict()
+    assert torch.equal(reloaded[GATE_UP], state[GATE_UP].to(torch.bfloat16).float())
