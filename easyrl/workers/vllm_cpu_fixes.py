@@ -59,8 +59,8 @@ def repack_cpu_moe_experts(model: Any) -> int:
         if padded != width:
             raise RuntimeError(
                 f"{name}: vLLM's CPU MoE kernel pads the expert width {width} to {padded}, and vLLM 0.32 does not "
-                "re-pack padded experts after an in-place weight reload (easyrl.workers.vllm_cpu_fixes); on the CPU use "
-                f"a model whose moe_intermediate_size / tensor_parallel_size is a multiple of "
+                "re-pack padded experts after an in-place weight reload (easyrl.workers.vllm_cpu_fixes); on the CPU "
+                f"use a model whose moe_intermediate_size / tensor_parallel_size is a multiple of "
                 f"{experts._intermediate_alignment()}."
             )
         experts.process_weights_after_loading(module)
