@@ -6,11 +6,12 @@ Both runs must have finite metrics and vLLM/actor log-prob parity after each wei
 updated weights, which each TP rank's engine shards itself); the TP engine must span exactly the ranks the dispatch
 gives one share (``easyrl.workers.rollout_layout``); and the two runs sample the same responses in step 1 (same
 weights, same per-sample seeds: a prompt dispatched to the wrong engine or a response collected from the wrong rank
-would differ)."""
+would differ); and the shared memory of the TP engine is released at shutdown."""
 
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 
@@ -54,11 +55,16 @@ def _run(e2e_config, runs_root, tp: int) -> dict:
 def test_tensor_parallel_2_and_1_on_two_ranks(e2e_config, tmp_path):
     import ray
 
+    shm_before = set(os.listdir("/dev/shm"))
     ray.init(num_cpus=2, include_dashboard=False)
     try:
         runs = {tp: _run(e2e_config, tmp_path / f"tp{tp}", tp) for tp in (2, 1)}
     finally:
         ray.shutdown()
+    # the TP group's shared memory (vLLM's 24 MiB broadcast ring, the CPU all-reduce buffers) is released at shutdown
+    # (FSDPWorker.close), not left in /dev/shm by the killed workers
+    assert set(os.listdir("/dev/shm")) - shm_before == set()
+    assert not [name for name in os.listdir("/dev/shm") if name.endswith(("-[0-1]-cpushm_0", "-[0-1]-cpushm_1"))]
     for tp, run in runs.items():
         for metrics in run["steps"]:
             print(f"ROLLOUT_TP tp={tp} parity={metrics['rollout/log_prob_diff_max']:.3g} "

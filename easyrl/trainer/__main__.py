@@ -93,6 +93,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         config = load_config(argv)
         trainer = build_trainer(config)
         trainer.fit()
+        trainer.workers.shutdown()  # workers release their shared memory (a failed run raised above: Ray kills them)
         if trainer.stop_signal is not None:  # stopped by SIGTERM/SIGINT after saving a checkpoint
             return 128 + trainer.stop_signal
         return 0

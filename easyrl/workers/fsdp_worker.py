@@ -120,6 +120,28 @@ class FSDPWorker:
         self.rollout = VLLMRollout(model_path, cfg.rollout, self.device, seed=cfg.rollout.seed + replica)
         empty_cache(self.device)
 
+    def close(self) -> None:
+        """Release what would outlive this process when Ray kills it: vLLM's tensor-parallel groups own shared-memory
+        segments in ``/dev/shm`` (a 24 MiB broadcast ring per group, on every device kind, and on the CPU the
+        all-reduce buffers), which are removed only by their owners' clean teardown. Every rank calls it at the end
+        of a run (``WorkerGroup.shutdown``)."""
+        if self.rollout is None:
+            return
+        import gc
+
+        from vllm.distributed.parallel_state import destroy_model_parallel
+
+        self.rollout = None
+        gc.collect()
+        destroy_model_parallel()  # drops the TP group's broadcast ring: its owner unlinks the segment
+        tp = self.config.worker.rollout.tensor_parallel_size
+        if self.device == "cpu" and tp > 1:
+            from easyrl.workers.rollout_layout import RolloutLayout
+            from easyrl.workers.vllm_cpu_fixes import remove_stale_tp_shm
+
+            layout = RolloutLayout(self.world_size, tp)
+            remove_stale_tp_shm(layout.groups()[layout.dp_rank(self.rank)], layout.tp_rank(self.rank))
+
     def check_memory(self) -> None:
         """Pre-flight: estimate this device's memory needs from the model's size and the config before anything is
         loaded; raise ``ConfigError`` with the numbers and the setting to change when the run cannot fit."""

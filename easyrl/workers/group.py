@@ -194,8 +194,10 @@ class WorkerGroup:
                 for w, share in zip(self.workers, self.rollout_layout.dispatch(shares))]
         return self.rollout_layout.collect(gather(refs, method))
 
-    def shutdown(self) -> None:
-        """Kill the workers and release their placement group."""
+    def shutdown(self, close_timeout_s: float = 30.0) -> None:
+        """Let the workers release their shared memory (``FSDPWorker.close``, waiting at most ``close_timeout_s``: a
+        worker stuck in a collective is not waited for), then kill them and release their placement group."""
+        ray.wait([w.close.remote() for w in self.workers], num_returns=len(self.workers), timeout=close_timeout_s)
         for w in self.workers:
             ray.kill(w)
         ray.util.remove_placement_group(self.placement_group)
