@@ -9,7 +9,8 @@ machine can run them one at a time), and ``report`` gathers whatever runs exist:
     python bench/learning.py report                         # -> runs/bench/learning/{learning.png,summary.json}
 
 ``report`` plots both libraries' validation accuracy (and reward, response length) on one PNG, one line per seed,
-and prints per run: validation accuracy before training and at the end, and the median seconds per step.
+and prints per run: validation accuracy before training and at the end, and the median seconds per step, then a
+Markdown table of every run's validation accuracy per step (the one bench/README.md quotes).
 A run folder is never overwritten: ``run`` refuses an existing one (delete it, or pass another ``--root``).
 """
 
@@ -73,9 +74,9 @@ def train(lib: str, args: list[str]) -> None:
     subprocess.run(command, check=True, cwd=REPO, env=env)
 
 
-def summarize(path: str) -> dict[str, float]:
-    """Validation accuracy before training (step 0) and at the last validation, their steps, and the median
-    ``timing_s/step`` of the run."""
+def summarize(path: str) -> dict:
+    """Validation accuracy before training (step 0) and at the last validation, their steps, every validation as
+    ``[step, accuracy]`` pairs (``val_accuracy``), and the median ``timing_s/step`` of the run (s)."""
     sys.path.insert(0, os.path.join(REPO, "bench"))
     from plots import read_metrics, series
 
@@ -87,14 +88,29 @@ def summarize(path: str) -> dict[str, float]:
         "val_accuracy_end": accuracy[-1] if accuracy else float("nan"),
         "val_step_start": steps[0] if steps else -1,
         "val_step_end": steps[-1] if steps else -1,
+        "val_accuracy": [[step, value] for step, value in zip(steps, accuracy)],
         "steps": max((row["step"] for row in rows), default=0),
         "median_step_s": statistics.median(step_times) if step_times else float("nan"),
     }
 
 
-def report(root: str) -> dict[str, dict[str, float]]:
+def accuracy_table(summary: dict[str, dict]) -> str:
+    """A Markdown table of :func:`summarize`'s ``val_accuracy``: one row per run (``summary``'s keys, in order), one
+    column per validation step that any run has (``-`` where a run has none), then the median s/step."""
+    steps = sorted({step for s in summary.values() for step, _ in s["val_accuracy"]})
+    lines = ["| run | " + " | ".join(f"step {step}" for step in steps) + " | s/step (median) |",
+             "| --- " * (len(steps) + 2) + "|"]
+    for name, s in summary.items():
+        by_step = dict(s["val_accuracy"])
+        cells = [f"{by_step[step]:.3f}" if step in by_step else "-" for step in steps]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {s['median_step_s']:.1f} |")
+    return "\n".join(lines)
+
+
+def report(root: str) -> dict[str, dict]:
     """Summaries of every ``<root>/<lib>_seed<k>/metrics.jsonl``, written to ``<root>/summary.json`` and plotted to
-    ``<root>/learning.png``; returns the summaries by run name.
+    ``<root>/learning.png``; prints each run's validation accuracy per step (:func:`accuracy_table`); returns the
+    summaries by run name.
 
     Raises:
         FileNotFoundError: no run under ``root``.
@@ -115,6 +131,7 @@ def report(root: str) -> dict[str, dict[str, float]]:
     for name, s in summary.items():
         print(f"{name:16s} val accuracy {s['val_accuracy_start']:.3f} (step {s['val_step_start']}) -> "
               f"{s['val_accuracy_end']:.3f} (step {s['val_step_end']}), median {s['median_step_s']:.1f} s/step")
+    print(accuracy_table(summary))
     return summary
 
 
