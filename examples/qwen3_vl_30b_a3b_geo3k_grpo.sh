@@ -3,10 +3,9 @@
 # 8 GPUs with 80 GB or more. FSDP2 shards the experts like any other parameter (the fused expert tensors along the
 # expert dimension); the actor's parameters, gradients and Adam states stay on the host (offload_params). vLLM runs
 # with tensor parallelism 4: 2 engines per node, each split over 4 devices (58 GiB of bf16 weights, ~15 GiB per
-# device), which sleep and free them while the actor trains. The same split fits 64 GB Ascend 910B devices: on NPUs use
-# the settings of examples/qwen2_5_vl_7b_geo3k_grpo_npu.sh plus worker.env_vars (see docs/multinode.md: HCCL timeouts,
-# jemalloc through LD_PRELOAD) and trainer.nnodes for several machines (keep tensor_parallel_size a divisor of
-# trainer.n_gpus_per_node, so that no engine spans two machines).
+# device), which sleep and free them while the actor trains. The same split fits 64 GB Ascend 910B devices: the NPU
+# variant, over 2 nodes with HCCL timeouts and jemalloc in worker.env_vars, is examples/qwen3_vl_30b_a3b_geo3k_grpo_npu.sh
+# (keep tensor_parallel_size a divisor of trainer.n_gpus_per_node, so that no engine spans two machines).
 # Run from the repository root: bash examples/qwen3_vl_30b_a3b_geo3k_grpo.sh [more key=value overrides]
 set -x
 
