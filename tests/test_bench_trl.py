@@ -32,6 +32,8 @@ def test_grpo_config_matches_the_easyrl_settings(tmp_path):
     assert (trl.max_grad_norm, trl.lr_scheduler_type, trl.num_iterations) == (1.0, "constant", 1)
     assert (trl.scale_rewards, trl.max_steps, trl.seed) == ("group", 16, 7)
     assert grpo_config(config("algorithm.use_kl_loss=false"), str(tmp_path)).beta == 0.0
+    assert not trl.bf16  # the learning config trains in fp32
+    assert grpo_config(config("worker.actor.fsdp.param_dtype=bf16"), str(tmp_path)).bf16  # autocast, as easyrl
 
 
 @pytest.mark.parametrize("override, key", [

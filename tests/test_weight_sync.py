@@ -40,6 +40,11 @@ def test_packed_gather_rebuilds_uneven_row_shards(world):
     rebuilt = unpack_gathered(torch.cat(per_rank), shapes, world)  # what all_gather_single returns
     for got, want in zip(rebuilt, fulls):
         assert torch.equal(got, want)
+    # cast while packing (the rollout dtype goes over the wire)
+    shards = [torch.chunk(t, world, dim=0)[0] for t in fulls]
+    packed = pack_shards(shards, shapes, world, torch.bfloat16)
+    assert packed.dtype == torch.bfloat16
+    assert torch.equal(packed, pack_shards([t.to(torch.bfloat16) for t in shards], shapes, world))
 
 
 def test_gather_bucket_casts_to_the_rollout_dtype(process_group):
@@ -53,6 +58,9 @@ def test_gather_bucket_casts_to_the_rollout_dtype(process_group):
     for got, want in zip(gathered, fulls):
         assert got.dtype == torch.bfloat16
         assert torch.equal(got, want.to(torch.bfloat16))
+    # one rank, same dtype: a copy all the same (vLLM-CPU may repack what it is given in place)
+    full = gather_bucket(tensors[:1], torch.device("cpu"), torch.float32)[0]
+    assert torch.equal(full, fulls[0]) and full.data_ptr() != tensors[0].to_local().data_ptr()
 
 
 def test_a_vllm_parameter_left_unwritten_stops_the_run():

@@ -23,8 +23,8 @@ from easyrl.algorithms.loss_agg import agg_loss
 from easyrl.algorithms.policy_losses import get_policy_loss
 from easyrl.algorithms.rollout_correction import compute_tis_weights
 from easyrl.batch import Batch
-from easyrl.errors import ConfigError
 from easyrl.config import ActorConfig, OffloadConfig
+from easyrl.errors import ConfigError
 from easyrl.models.fused_head import FusedLogProbHead
 from easyrl.workers.fsdp_model import clip_grad_norm, hf_model_class, load_sharded_model
 from easyrl.workers.policy_forward import PolicyScores, attention_implementation, response_scores

@@ -24,6 +24,7 @@ import torch
 
 from easyrl.algorithms.token_ops import entropy_from_logits, log_probs_from_logits
 from easyrl.models.fused_head import FusedLogProbHead
+from easyrl.models.packed_attention import PACKED_SDPA
 from easyrl.models.packing import pack_sequences, padded_text_positions
 
 __all__ = ["PolicyScores", "response_scores", "response_values", "attention_implementation"]
@@ -32,10 +33,14 @@ ROPE_INDEX_KEYS = ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")
 
 
 def attention_implementation(device: str, padding_free: bool, param_dtype: str, flash_available: bool) -> str:
-    """transformers' attention for the policy: ``flash_attention_2`` (the varlen kernel: packed rows without a mask)
-    on CUDA with padding-free forwards in bf16/fp16 when the ``flash_attn`` package is installed, and on Ascend NPUs
-    likewise (transformers' ``integrations/npu_flash_attention`` runs ``torch_npu.npu_fusion_attention``, varlen
-    included); else ``sdpa`` (a block-diagonal mask for packed rows; the CPU, padded and fp32 path).
+    """transformers' attention for the policy:
+
+    * ``flash_attention_2`` (the varlen kernel: packed rows without a mask) for padding-free forwards in bf16/fp16 on
+      CUDA when the ``flash_attn`` package is installed, and on Ascend NPUs (transformers'
+      ``integrations/npu_flash_attention`` runs ``torch_npu.npu_fusion_attention``, varlen included);
+    * ``PACKED_SDPA`` (``easyrl.models.packed_attention``: one causal SDPA call per packed sequence) for the other
+      padding-free forwards: the CPU, fp32, CUDA without ``flash_attn``;
+    * ``sdpa`` with the padding mask for padded forwards.
 
     Args:
         device: ``cuda``, ``npu`` or ``cpu``.
@@ -43,11 +48,11 @@ def attention_implementation(device: str, padding_free: bool, param_dtype: str, 
         param_dtype: ``worker.actor.fsdp.param_dtype`` (flash-attention has no fp32 kernels).
         flash_available: ``transformers.utils.is_flash_attn_2_available()``.
     """
-    if device == "cuda" and padding_free and param_dtype in ("bf16", "fp16") and flash_available:
+    if not padding_free:
+        return "sdpa"
+    if param_dtype in ("bf16", "fp16") and (device == "npu" or (device == "cuda" and flash_available)):
         return "flash_attention_2"
-    if device == "npu" and padding_free and param_dtype in ("bf16", "fp16"):
-        return "flash_attention_2"  # transformers runs it on Ascend with torch_npu.npu_fusion_attention
-    return "sdpa"
+    return PACKED_SDPA
 
 
 class PolicyScores(NamedTuple):

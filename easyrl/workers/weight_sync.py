@@ -89,18 +89,23 @@ def _rows_per_rank(rows: int, world: int) -> int:
     return math.ceil(rows / world) if rows else 0
 
 
-def pack_shards(shards: list[torch.Tensor], full_shapes: list[torch.Size], world: int) -> torch.Tensor:
-    """This rank's ``Shard(0)`` pieces, each zero-padded to the per-rank row count, flattened into one 1-D buffer.
-
+def pack_shards(shards: list[torch.Tensor], full_shapes: list[torch.Size], world: int,
+                dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """This rank's ``Shard(0)`` pieces, each zero-padded to the per-rank row count, flattened into one 1-D buffer
+    (each shard copied once, cast to ``dtype`` on the way; default: the first shard's dtype).
     Every rank's buffer has the same length, so ``all_gather_single`` of it gives ``(world * len,)``.
     """
-    pieces = []
-    for shard, shape in zip(shards, full_shapes):
-        rows = _rows_per_rank(shape[0], world)
-        padded = shard.new_zeros((rows, *shape[1:]))
-        padded[: shard.shape[0]] = shard
-        pieces.append(padded.reshape(-1))
-    return torch.cat(pieces) if pieces else torch.empty(0)
+    sizes = [_rows_per_rank(shape[0], world) * math.prod(shape[1:]) for shape in full_shapes]
+    if not shards:
+        return torch.empty(0)
+    packed = torch.empty(sum(sizes), dtype=dtype or shards[0].dtype, device=shards[0].device)
+    offset = 0
+    for shard, size in zip(shards, sizes):
+        piece = packed[offset: offset + size]
+        piece[: shard.numel()].copy_(shard.reshape(-1))
+        piece[shard.numel():].zero_()
+        offset += size
+    return packed
 
 
 def unpack_gathered(gathered: torch.Tensor, full_shapes: list[torch.Size], world: int) -> list[torch.Tensor]:
@@ -123,17 +128,23 @@ def _is_row_sharded(tensor: torch.Tensor) -> bool:
 def gather_bucket(tensors: list[torch.Tensor], device: torch.device, dtype: torch.dtype) -> list[torch.Tensor]:
     """Full tensors of one bucket on ``device`` in ``dtype`` (collective: every rank calls it with the same bucket).
 
-    FSDP2's row-sharded parameters go through one ``all_gather_single`` (each local shard moved to the device
-    and cast first); anything else (replicated, plain) is gathered on its own by ``gather_full``.
+    FSDP2's row-sharded parameters go through one ``all_gather_single`` (each local shard moved to the device, then
+    cast while packed into the send buffer), or, on a one-rank mesh, are copied (cast) without a collective; anything
+    else (replicated, plain) is gathered on its own by ``gather_full``. The returned tensors never share storage with
+    the actor's parameters (vLLM's CPU loaders may repack what they are given in place).
     """
     out: list[Optional[torch.Tensor]] = [None] * len(tensors)
     sharded = [i for i, t in enumerate(tensors) if _is_row_sharded(t)]
-    if sharded:
+    if sharded and tensors[sharded[0]].device_mesh.size() == 1:  # one rank holds everything: a cast copy, no gather
+        for i in sharded:
+            out[i] = tensors[i].to_local().detach().to(device=device, dtype=dtype, copy=True)
+    elif sharded:
         world = tensors[sharded[0]].device_mesh.size()
         group = tensors[sharded[0]].device_mesh.get_group()
         shapes = [tensors[i].shape for i in sharded]
-        local = [tensors[i].to_local().detach().to(device=device, dtype=dtype) for i in sharded]
-        packed = pack_shards(local, shapes, world)
+        local = [tensors[i].to_local().detach() for i in sharded]
+        local = [t if t.device == device else t.to(device=device, dtype=dtype) for t in local]  # offloaded: cast once
+        packed = pack_shards(local, shapes, world, dtype)
         gathered = packed.new_empty(world * packed.numel())
         dist.all_gather_single(gathered, packed, group=group)
         for i, full in zip(sharded, unpack_gathered(gathered, shapes, world)):

@@ -1,0 +1,116 @@
+"""Attention over a packed row one sequence at a time: the padding-free layout's attention where no varlen kernel
+exists (the CPU).
+
+A packed row ``(1, total)`` holds many sequences end to end (``easyrl.models.packing``). transformers' ``sdpa`` runs
+it as ONE ``total x total`` attention with a block-diagonal causal mask: its cost grows with ``total ** 2`` although
+only the diagonal blocks (``sum(len_i ** 2)``) are needed (32 sequences of ~70 tokens: 32x the needed work), the
+mask keeps SDPA's flash kernel off, and the masked kernel keeps ``(heads, total, total)`` attention weights per layer
+for the backward (the bulk of a CPU worker's RAM during the update). flash-attention's varlen kernel (CUDA, Ascend)
+skips the masked blocks; :data:`PACKED_SDPA` does the same in plain torch: one SDPA call per sequence with
+``is_causal=True`` and no mask, which on the CPU runs torch's flash-attention kernel (it keeps only a log-sum-exp per
+row for the backward).
+
+How transformers is told: :data:`PACKED_SDPA` is registered with ``AttentionInterface`` (the attention function) and
+``AttentionMaskInterface`` (the mask function). Build the model with ``attn_implementation=PACKED_SDPA``
+(``easyrl.workers.policy_forward.attention_implementation`` chooses it for padding-free CPU forwards). Then
+
+* packed rows (``attention_mask=None``, positions restarting at each sequence): the mask function returns no mask,
+  and the attention splits the row where the text position ids do not continue by +1 (transformers' own rule,
+  ``masking_utils.find_packed_sequence_indices``; every decoder layer passes its text position ids to its attention,
+  Qwen-VL's row 0 of the mRoPE positions included);
+* anything else (a padding mask, a vision tower's bidirectional attention, decoding with a cache): transformers'
+  ``sdpa`` mask and attention, unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+__all__ = ["PACKED_SDPA", "sequence_lengths", "packed_sdpa_attention", "packed_sdpa_mask"]
+
+PACKED_SDPA = "easyrl_packed_sdpa"
+"""The ``attn_implementation`` name of the per-sequence attention."""
+
+
+def sequence_lengths(position_ids: torch.Tensor) -> list[int]:
+    """Lengths of the sequences packed in one row, read off their position ids.
+
+    Args:
+        position_ids: ``(1, total)`` or ``(total,)`` positions; a position that is not the previous one + 1 starts a
+            sequence (as ``masking_utils.find_packed_sequence_indices`` decides).
+
+    Returns:
+        The length (tokens) of each sequence in order; they sum to ``total``.
+    """
+    pos = position_ids.reshape(-1)
+    starts = torch.ones_like(pos, dtype=torch.bool)
+    starts[1:] = pos[1:] != pos[:-1] + 1
+    edges = torch.nonzero(starts).flatten().tolist() + [pos.numel()]
+    return [end - start for start, end in zip(edges[:-1], edges[1:])]
+
+
+def packed_sdpa_mask(*args, **kwargs) -> Optional[torch.Tensor]:
+    """transformers' mask-function signature (``masking_utils.sdpa_mask``'s arguments): no mask for a packed row
+    without a padding mask (``attention_mask`` None: :func:`packed_sdpa_attention` reads the sequence boundaries
+    off the position ids), else ``sdpa_mask``'s."""
+    if kwargs.get("attention_mask") is None and not args:
+        return None
+    return sdpa_mask(*args, **kwargs)
+
+
+def packed_sdpa_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: Optional[torch.Tensor],
+    dropout: float = 0.0,
+    scaling: Optional[float] = None,
+    is_causal: Optional[bool] = None,
+    position_ids: Optional[torch.Tensor] = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention-function signature, causal within each sequence of one packed row and nothing across.
+
+    Args:
+        module: the attention module (its ``is_causal`` and ``num_key_value_groups`` are read).
+        query: ``(1, heads, total, head_dim)``.
+        key, value: ``(1, kv_heads, total, head_dim)``.
+        attention_mask: must be None for the per-sequence path (a mask means a padded batch).
+        position_ids: ``(1, total)`` text positions restarting at 0 at each sequence.
+
+    Returns:
+        ``((1, total, heads, head_dim), None)``, as transformers' ``sdpa_attention_forward``.
+
+    Raises:
+        NotImplementedError: a packed row through a sliding-window layer.
+
+    Calls with a mask, without position ids, of more than one row, of a bidirectional module (a vision tower) or with
+    a query shorter than the keys (decoding with a cache) go to ``sdpa_attention_forward`` unchanged.
+    """
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    packed = (attention_mask is None and position_ids is not None and query.shape[0] == 1 and causal
+              and query.shape[2] == key.shape[2] == position_ids.shape[-1])
+    lengths = sequence_lengths(position_ids) if packed else []
+    if len(lengths) > 1 and kwargs.get("sliding_window") is not None:
+        raise NotImplementedError(
+            f"{type(module).__name__} uses sliding-window attention, which the per-sequence CPU attention does not "
+            "implement: set worker.actor.padding_free=false for this model"
+        )
+    if len(lengths) <= 1:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    outputs = [
+        sdpa_attention_forward(module, q, k, v, None, dropout=dropout, scaling=scaling, is_causal=True, **kwargs)[0]
+        for q, k, v in zip(query.split(lengths, dim=2), key.split(lengths, dim=2), value.split(lengths, dim=2))
+    ]
+    return torch.cat(outputs, dim=1), None
+
+
+AttentionInterface.register(PACKED_SDPA, packed_sdpa_attention)
+AttentionMaskInterface.register(PACKED_SDPA, packed_sdpa_mask)
