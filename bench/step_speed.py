@@ -307,7 +307,7 @@ def run(root: str, steps: int, repeats: int, libs: list[str], extra: list[str],
 
 def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("action", nargs="?", choices=("run", "floor"), default="run")
+    parser.add_argument("action", nargs="?", default="run", help="run (default) or floor (one part, internal)")
     parser.add_argument("--steps", type=int, default=4, help="training steps per library (median over 2..steps)")
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats of each floor part")
     parser.add_argument("--libs", nargs="+", default=["easyrl", "trl", "floor"], choices=("easyrl", "trl", "floor"))
@@ -316,6 +316,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--out", help="floor: the JSON file to write")
     parser.add_argument("overrides", nargs="*", help="config key=value overrides for all three")
     args = parser.parse_intermixed_args(argv)  # options may come after the action and between the overrides
+    if args.action not in ("run", "floor"):  # no action given: the first positional is an override
+        args.overrides.insert(0, args.action)
+        args.action = "run"
     if args.action == "floor":
         import torch
 

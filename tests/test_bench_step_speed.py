@@ -79,3 +79,17 @@ def test_run_watched_reports_the_peak_rss_and_failures():
     assert list(peaks) == ["main"] and 0.4 < peaks["main"] < 1.0
     with pytest.raises(subprocess.CalledProcessError):
         run_watched([sys.executable, "-c", "raise SystemExit(3)"], {})
+
+
+@pytest.mark.parametrize("argv", [
+    ["--libs", "easyrl", "floor", "--root", "/r", "a.b=1", "c=2"],
+    ["run", "--libs", "easyrl", "floor", "--root", "/r", "a.b=1", "c=2"],
+    ["a.b=1", "c=2", "--libs", "easyrl", "floor", "--root", "/r"],
+])
+def test_command_line_overrides_after_the_options(monkeypatch, argv):
+    import step_speed
+
+    calls = []
+    monkeypatch.setattr(step_speed, "run", lambda *args: calls.append(args))
+    step_speed.main(argv)
+    assert calls == [("/r", 4, 3, ["easyrl", "floor"], ["a.b=1", "c=2"], None)]
