@@ -5,9 +5,9 @@ floor, one after the other in one command, with the ratios.
     python bench/step_speed.py --steps 2 --repeats 1 --root /tmp/s data.max_response_length=8   # smallest
 
 The workload (issue #7's): SmolLM2-135M-Instruct, fp32, GRPO, ``data.rollout_batch_size`` = 8 prompts x ``n`` = 4
-samples, up to 64 new tokens, KL loss k3 with coefficient 0.04, AdamW lr 1e-5, one optimizer step per rollout batch,
-on the digit-addition prompts of ``examples/configs/smollm2_learn.yaml`` (plus any ``key=value`` overrides, for all
-three). easyrl runs 1 worker x all cores (``trainer.cpu_threads_per_worker``), TRL one process with all cores as torch
+samples, up to 64 new tokens, KL loss k3 with coefficient 0.04, AdamW lr 1e-5, one optimizer step per rollout batch
+(and one forward/backward of all 32 samples: TRL's ``per_device_train_batch_size``), on the digit-addition prompts
+of ``examples/configs/smollm2_learn.yaml`` (plus any ``key=value`` overrides, for all three). easyrl runs 1 worker x all cores (``trainer.cpu_threads_per_worker``), TRL one process with all cores as torch
 threads, the floor one process with all cores. Each library trains ``--steps`` steps; its step time is the median
 over the steps after the first (which includes warm-up).
 
@@ -45,7 +45,8 @@ from plots import read_metrics  # noqa: E402
 
 WORKLOAD = ("data.max_response_length=64", "algorithm.kl_coef=0.04", "worker.actor.optim.lr=1.0e-5",
             "trainer.val_freq=-1", "trainer.val_before_train=false", "trainer.n_gpus_per_node=1",
-            "worker.rollout.calculate_log_probs=true")  # easyrl reports its vLLM/actor log-prob gap (rollout/*)
+            "worker.rollout.calculate_log_probs=true",  # easyrl reports its vLLM/actor log-prob gap (rollout/*)
+            "worker.actor.micro_batch_size_per_device_for_update=32")  # one forward/backward per step, as TRL's 32
 MISMATCH = ("rollout/probs_diff_mean", "rollout/log_prob_diff_max")
 PHASES = ("reshard", "gen", "reward", "old_log_prob", "ref", "adv", "update_actor")  # reshard: the weight sync
 

@@ -24,6 +24,7 @@ def test_the_workload_is_the_issue_s():
     assert (cfg.algorithm.kl_coef, cfg.algorithm.kl_penalty, cfg.worker.actor.optim.lr) == (0.04, "low_var_kl", 1e-5)
     assert (cfg.worker.actor.fsdp.param_dtype, cfg.worker.rollout.dtype) == ("fp32", "fp32")
     assert cfg.on_policy_update  # one optimizer step per rollout batch
+    assert cfg.worker.actor.micro_batch_size_per_device_for_update == 32  # one forward/backward, as TRL's batch
     assert (cfg.trainer.max_steps, cfg.trainer.val_freq, cfg.trainer.val_before_train) == (5, -1, False)
     assert (cfg.trainer.n_gpus_per_node, cfg.trainer.cpu_threads_per_worker) == (1, 2)
     assert cfg.trainer.run_dir == "/tmp/x/speed/easyrl"
