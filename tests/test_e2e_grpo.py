@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from easyrl.workers.mm_staging import multi_modal_nbytes
+
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[1]
@@ -75,6 +77,11 @@ def test_grpo_two_steps_two_ranks(vl_trainer):
     batch = trainer.last_batch
     stale_gap = ((batch["rollout_log_probs"] - batch["ref_log_probs"]).abs() * batch["response_mask"]).max().item()
     assert stale_gap > 10 * LOGPROB_TOL, stale_gap  # the initial weights would have been told apart
+    # the images' processor outputs reached the workers once in the step (staged after balancing), not once per pass
+    # (old log-probs, ref log-probs, update: 3x without staging)
+    sent = multi_modal_nbytes(batch["multi_modal_inputs"])
+    assert metrics_2["perf/multi_modal_bytes_to_workers"] == sent > 0, (metrics_2["perf/multi_modal_bytes_to_workers"],
+                                                                        sent)
     required = [
         "timing_s/gen", "timing_s/reward", "timing_s/old_log_prob", "timing_s/ref", "timing_s/adv",
         "timing_s/update_actor", "timing_s/reshard", "timing_s/step",

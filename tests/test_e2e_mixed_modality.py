@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from easyrl.workers.mm_staging import multi_modal_nbytes
+
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,3 +50,5 @@ def test_image_and_text_prompts_on_different_ranks(e2e_config, tmp_path):
     assert with_images == [with_images[0]] * 4 + [not with_images[0]] * 4  # one prompt per rank, one of each kind
     assert all(math.isfinite(v) for v in metrics.values()), metrics
     assert metrics["rollout/log_prob_diff_max"] < 2e-3  # the blank image changes no log-prob
+    # staged once per step: the text-only rank staged an empty share, and the passes shipped no pixels again
+    assert metrics["perf/multi_modal_bytes_to_workers"] == multi_modal_nbytes(batch["multi_modal_inputs"]) > 0

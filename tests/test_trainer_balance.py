@@ -51,3 +51,13 @@ def test_worker_batches_leave_driver_only_extras_behind():
     batch["multi_modal_inputs"] = [{"pixel_values": torch.zeros(2, 3)}, {}]
     sent = for_workers(batch)
     assert set(sent.extras) == {"multi_modal_inputs"} and sent.tensors is batch.tensors
+
+
+def test_generation_gets_the_images_but_not_the_processor_outputs():
+    from easyrl.trainer.batch_layout import for_rollout
+
+    batch = _batch([3, 4])
+    batch["images"] = [["a PIL image"], []]
+    batch["multi_modal_inputs"] = [{"pixel_values": torch.zeros(2, 3)}, {}]
+    sent = for_rollout(batch)
+    assert set(sent.extras) == {"uid", "images"} and sent.tensors is batch.tensors

@@ -9,13 +9,14 @@ prompt end and response start at column ``P`` (the workers pack rows without pad
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
 from easyrl.batch import Batch
+from easyrl.workers.mm_staging import STAGE_KEY
 
-__all__ = ["left_pad", "right_pad", "for_workers"]
+__all__ = ["left_pad", "right_pad", "for_workers", "for_rollout"]
 
 
 def left_pad(rows: list[list[int]], length: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,8 +51,18 @@ def right_pad(rows: list[list[Any]], length: int, pad_value: Any,
     return values, mask
 
 
-def for_workers(batch: Batch) -> Batch:
+def for_workers(batch: Batch, staged: Optional[list[tuple[str, int]]] = None) -> Batch:
     """What the log-prob and update passes need: the tensors and the processor outputs (``multi_modal_inputs``),
-    without the PIL images, prompt ids, ground truths and scores that only generation and the trainer use (no copy)."""
+    without the PIL images, prompt ids, ground truths and scores that only generation and the trainer use (no copy).
+    With ``staged`` (one reference per sample, ``easyrl.workers.mm_staging``) the references replace the processor
+    outputs, which the workers already hold for this step."""
+    if staged is not None:
+        return Batch(batch.tensors, {STAGE_KEY: staged})
     extras = {key: batch.extras[key] for key in ("multi_modal_inputs",) if key in batch.extras}
     return Batch(batch.tensors, extras)
+
+
+def for_rollout(prompts: Batch) -> Batch:
+    """What generation needs of a prompt batch: all of it but the processor outputs (``multi_modal_inputs``), which
+    vLLM recomputes from the PIL ``images`` (no copy)."""
+    return Batch(prompts.tensors, {key: value for key, value in prompts.extras.items() if key != "multi_modal_inputs"})

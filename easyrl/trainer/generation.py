@@ -22,7 +22,7 @@ from tensordict import TensorDict
 from easyrl.algorithms.dynamic_sampling import select_groups
 from easyrl.batch import Batch
 from easyrl.rewards.function import RewardFunction
-from easyrl.trainer.batch_layout import left_pad, right_pad
+from easyrl.trainer.batch_layout import for_rollout, left_pad, right_pad
 from easyrl.trainer.metrics import timer
 from easyrl.trainer.seeding import batch_seeds
 
@@ -51,7 +51,8 @@ class GenerationMixin:
     def _generate(self, prompts: Batch, overrides: Optional[dict[str, Any]], timing: dict[str, float]) -> Batch:
         """Sample a response for every prompt on the workers and assemble the full batch."""
         rollout_cfg = self.config.worker.rollout
-        outputs = self.workers.run_rollout("generate_sequences", prompts, overrides=overrides)  # one per engine
+        # one result per engine; vLLM takes the images, not the processor outputs
+        outputs = self.workers.run_rollout("generate_sequences", for_rollout(prompts), overrides=overrides)
         response_ids = [ids for out in outputs for ids in out["response_ids"]]
         timing["reshard"] = timing.get("reshard", 0.0) + max(out["timing_s/reshard"] for out in outputs)
         responses, response_mask = right_pad(response_ids, rollout_cfg.response_length, self.pad_id, torch.long)

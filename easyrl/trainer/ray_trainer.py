@@ -49,6 +49,7 @@ from easyrl.trainer.scoring import ScoringMixin
 from easyrl.trainer.signals import GracefulStop
 from easyrl.trainer.validation import ValidationMixin
 from easyrl.workers.group import WorkerError, WorkerGroup
+from easyrl.workers.mm_staging import has_multi_modal, stage_references, staging_batch
 from easyrl.workers.seqlen_balancing import balanced_rank_order
 
 logger = logging.getLogger("easyrl.trainer")
@@ -211,16 +212,17 @@ class RayPPOTrainer(GenerationMixin, ScoringMixin, ValidationMixin, CheckpointMi
             batch, pending = self._make_batch(prompt_stream, timing, metrics)  # gen (+ reward, dynamic sampling)
             order = self._balance(batch, metrics)
             batch = batch.select(order)  # rank r gets the r-th equal share: about as many tokens as the others
+            staged = self._stage_multi_modal(batch)  # each share's images reach its worker once, not once per pass
             on_policy = cfg.on_policy_update
             if not on_policy:
                 with timer("old_log_prob", timing):
-                    old = self.workers.run_split("compute_log_probs", for_workers(batch))
+                    old = self.workers.run_split("compute_log_probs", for_workers(batch, staged))
                     batch["old_log_probs"] = torch.cat(old, dim=0)
                 if "rollout_log_probs" in batch:
                     metrics.update(rollout_mismatch_metrics(batch))
             if self.workers_need_ref():
                 with timer("ref", timing):
-                    ref = self.workers.run_split("compute_ref_log_probs", for_workers(batch))
+                    ref = self.workers.run_split("compute_ref_log_probs", for_workers(batch, staged))
                     batch["ref_log_probs"] = torch.cat(ref, dim=0)
             if pending is not None:  # scored in the reward actor while the log-prob passes ran
                 with timer("reward", timing):
@@ -231,7 +233,7 @@ class RayPPOTrainer(GenerationMixin, ScoringMixin, ValidationMixin, CheckpointMi
             metrics["reward/frac_reward_zero_std"] = self._check_reward_variance(batch)
             if cfg.algorithm.needs_critic:
                 with timer("values", timing):
-                    batch["values"] = torch.cat(self.workers.run_split("compute_values", for_workers(batch)), dim=0)
+                    batch["values"] = torch.cat(self.workers.run_split("compute_values", for_workers(batch, staged)), dim=0)
             with timer("adv", timing):
                 if cfg.algorithm.use_kl_in_reward and not cfg.algorithm.disable_kl:
                     batch["token_level_rewards"], kl_metrics = apply_kl_penalty(
@@ -245,11 +247,11 @@ class RayPPOTrainer(GenerationMixin, ScoringMixin, ValidationMixin, CheckpointMi
             worker_metrics = []
             if cfg.algorithm.needs_critic:
                 with timer("update_critic", timing):
-                    worker_metrics += self.workers.run_split("update_critic", for_workers(batch))
+                    worker_metrics += self.workers.run_split("update_critic", for_workers(batch, staged))
             actor_metrics = []
             if self.actor_updates_this_step():
                 with timer("update_actor", timing):
-                    actor_metrics = self.workers.run_split("update_actor", for_workers(batch))
+                    actor_metrics = self.workers.run_split("update_actor", for_workers(batch, staged))
             worker_metrics += actor_metrics
             if on_policy and actor_metrics:  # the update's own (pre-step) log-probs are the old ones
                 batch["old_log_probs"] = torch.cat([m.pop("old_log_probs") for m in actor_metrics], dim=0)
@@ -260,6 +262,8 @@ class RayPPOTrainer(GenerationMixin, ScoringMixin, ValidationMixin, CheckpointMi
                 for key, values in per_worker.items():
                     merged[key].extend(values)
             metrics.update(reduce_metrics(merged))
+            if has_multi_modal(batch):  # the staged inputs are freed; what the workers received, once per step
+                metrics["perf/multi_modal_bytes_to_workers"] = float(sum(self.workers.run_all("release_multi_modal")))
             batch = batch.select(np.argsort(order).tolist())  # back to the group order of generation
         metrics.update(compute_data_metrics(batch, cfg.data.max_prompt_length, cfg.data.max_response_length))
         if "reshard" in timing:  # the weight sync is reported apart from the generation that waited for it
@@ -288,6 +292,16 @@ class RayPPOTrainer(GenerationMixin, ScoringMixin, ValidationMixin, CheckpointMi
         metrics["perf/padding_fraction"] = 1.0 - lengths.sum().item() / batch["attention_mask"].numel()
         metrics["perf/max_rank_tokens_ratio"] = (per_rank.max() / per_rank.mean().clamp(min=1)).item()
         return order
+
+    def _stage_multi_modal(self, batch: Batch) -> Optional[list[tuple[str, int]]]:
+        """Ship each worker its share of the balanced ``batch``'s ``multi_modal_inputs`` once for the step
+        (``FSDPWorker.stage_multi_modal``); returns the per-sample references the passes send instead, or None for a
+        batch without images (nothing staged)."""
+        if not has_multi_modal(batch):
+            return None
+        references = stage_references(len(batch))
+        self.workers.run_split("stage_multi_modal", staging_batch(batch, references))
+        return references
 
     def _check_reward_variance(self, batch: Batch) -> float:
         """``frac_reward_zero_std`` of the training batch; warns when every group's rewards become equal (once per

@@ -29,6 +29,7 @@ from easyrl.device import (
 from easyrl.quiet import quiet_libraries
 from easyrl.workers import weight_sync
 from easyrl.workers.fsdp_model import TORCH_DTYPES, gather_full
+from easyrl.workers.mm_staging import MultiModalStage
 
 logger = logging.getLogger("easyrl.worker")
 
@@ -62,6 +63,7 @@ class FSDPWorker:
         self.critic = None  # FSDPCritic, only for algorithm.adv_estimator: gae
         self.rollout = None
         self.weights_dirty = True
+        self.mm_stage = MultiModalStage()  # this step's share's images, staged once (easyrl.workers.mm_staging)
 
     def address(self) -> tuple[str, int]:
         """This node's IP as Ray knows it and a free port (rank 0's is the process group's rendezvous).
@@ -210,6 +212,7 @@ class FSDPWorker:
             ``{"response_ids": list[list[int]], "response_log_probs": list[list[float]] | None,
             "timing_s/reshard": seconds spent syncing weights}``.
         """
+        self.mm_stage.count(prompts)  # processor outputs sent along, if any (the trainer sends none: vLLM takes images)
         reshard = self._ensure_rollout_weights()
         self.rollout.wake_up()
         seeds = prompts["rollout_seed"] if "rollout_seed" in prompts else None
@@ -219,8 +222,18 @@ class FSDPWorker:
         return {"response_ids": output.response_ids, "response_log_probs": output.response_log_probs,
                 "timing_s/reshard": reshard}
 
+    def stage_multi_modal(self, share: Batch) -> None:
+        """Keep this worker's share of the step's ``multi_modal_inputs`` for the step's passes, which then send
+        references to them instead (``easyrl.workers.mm_staging``)."""
+        self.mm_stage.stage(share)
+
+    def release_multi_modal(self) -> int:
+        """Drop the staged multi-modal inputs; returns the bytes of multi-modal inputs received since the last call."""
+        return self.mm_stage.release()
+
     def compute_log_probs(self, data: Batch) -> torch.Tensor:
         """Old log-probs: the actor's, before this step's update, ``(bsz, resp_len)``."""
+        data = self.mm_stage.attach(data)
         actor = self.config.worker.actor
         return self.actor.compute_log_probs(data, actor.micro_batch_size_per_device_for_experience, actor.temperature)
 
@@ -229,6 +242,7 @@ class FSDPWorker:
         adapter switched off (the base weights)."""
         cfg = self.config.worker
         micro, temperature = cfg.ref.micro_batch_size_per_device_for_experience, cfg.actor.temperature
+        data = self.mm_stage.attach(data)
         if self.uses_lora():
             from easyrl.models.lora import adapter_disabled
 
@@ -242,6 +256,7 @@ class FSDPWorker:
         pre-step log-probs ``(bsz, resp_len)``."""
         cfg = self.config
         mini = cfg.worker.actor.global_batch_size * cfg.worker.rollout.n // self.world_size
+        data = self.mm_stage.attach(data)
         metrics: dict[str, Any] = self.actor.update_policy(
             data, mini, cfg.worker.actor.micro_batch_size_per_device_for_update)
         if self.actor.on_policy_log_probs is not None:
@@ -256,12 +271,14 @@ class FSDPWorker:
         return device_name(self.device)
     def compute_values(self, data: Batch) -> torch.Tensor:
         """The critic's values of the response positions, ``(bsz, resp_len)``."""
+        data = self.mm_stage.attach(data)
         return self.critic.compute_values(data, self.config.worker.critic.micro_batch_size_per_device_for_experience)
 
     def update_critic(self, data: Batch) -> dict[str, list[float]]:
         """Value-loss update of the critic on this worker's share (needs ``values`` and ``returns``)."""
         cfg = self.config
         mini = cfg.worker.critic.global_batch_size * cfg.worker.rollout.n // self.world_size
+        data = self.mm_stage.attach(data)
         metrics = self.critic.update_critic(data, mini, cfg.worker.critic.micro_batch_size_per_device_for_update)
         empty_cache(self.device)
         return metrics
