@@ -61,3 +61,20 @@ def test_generation_gets_the_images_but_not_the_processor_outputs():
     batch["multi_modal_inputs"] = [{"pixel_values": torch.zeros(2, 3)}, {}]
     sent = for_rollout(batch)
     assert set(sent.extras) == {"uid", "images"} and sent.tensors is batch.tensors
+
+
+def test_the_trainer_stages_images_once_and_nothing_for_text():
+    from easyrl.workers.mm_staging import STAGE_KEY
+
+    calls = []
+    trainer = RayPPOTrainer.__new__(RayPPOTrainer)
+    trainer.workers = SimpleNamespace(world_size=2, run_split=lambda method, batch: calls.append((method, batch)))
+    text = _batch([3, 4, 5, 6])
+    text["multi_modal_inputs"] = [{}] * 4
+    assert trainer._stage_multi_modal(text) is None and calls == []  # a text batch pays nothing
+    vl = _batch([3, 4, 5, 6])
+    vl["multi_modal_inputs"] = [{"pixel_values": torch.zeros(2, 3)}, {}, {}, {}]
+    refs = trainer._stage_multi_modal(vl)
+    [(method, staged)] = calls
+    assert method == "stage_multi_modal" and staged[STAGE_KEY] == refs and len(refs) == 4
+    assert staged["multi_modal_inputs"] == vl["multi_modal_inputs"] and not list(staged.tensors.keys())
