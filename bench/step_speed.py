@@ -7,8 +7,9 @@ floor, one after the other in one command, with the ratios.
 The workload (issue #7's): SmolLM2-135M-Instruct, fp32, GRPO, ``data.rollout_batch_size`` = 8 prompts x ``n`` = 4
 samples, up to 64 new tokens, KL loss k3 with coefficient 0.04, AdamW lr 1e-5, one optimizer step per rollout batch
 (and one forward/backward of all 32 samples: TRL's ``per_device_train_batch_size``), on the digit-addition prompts
-of ``examples/configs/smollm2_learn.yaml`` (plus any ``key=value`` overrides, for all three). easyrl runs 1 worker x all cores (``trainer.cpu_threads_per_worker``), TRL one process with all cores as torch
-threads, the floor one process with all cores. Each library trains ``--steps`` steps; its step time is the median
+of ``examples/configs/smollm2_learn.yaml`` (plus any ``key=value`` overrides, for all three). easyrl runs 1 worker x
+all cores (``trainer.cpu_threads_per_worker``), TRL one process with all cores as torch threads, the floor one process
+with all cores. Each library trains ``--steps`` steps; its step time is the median
 over the steps after the first (which includes warm-up).
 
 The floor is what a plain program spends on the same step, each part measured bare (``floor``, in its own process):
@@ -165,8 +166,8 @@ def floor(config, repeats: int) -> dict[str, float]:
                for row in load_prompts(config, data.train_files, tokenizer)[: data.rollout_batch_size]]
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(rollout.cpu_kvcache_space_gib))))
     llm = LLM(model=model_path, dtype=TORCH_DTYPES[rollout.dtype], seed=rollout.seed,
-              enforce_eager=rollout.enforce_eager, max_model_len=data.max_prompt_length + data.max_response_length, enable_prefix_caching=True,
-              disable_log_stats=True)
+              enforce_eager=rollout.enforce_eager, max_model_len=data.max_prompt_length + data.max_response_length,
+              enable_prefix_caching=True, disable_log_stats=True)
     params = SamplingParams(n=rollout.n, temperature=rollout.temperature, top_p=rollout.top_p,
                             max_tokens=data.max_response_length)
     outputs: list = []

@@ -233,7 +233,8 @@ class RayPPOTrainer(GenerationMixin, ScoringMixin, ValidationMixin, CheckpointMi
             metrics["reward/frac_reward_zero_std"] = self._check_reward_variance(batch)
             if cfg.algorithm.needs_critic:
                 with timer("values", timing):
-                    batch["values"] = torch.cat(self.workers.run_split("compute_values", for_workers(batch, staged)), dim=0)
+                    values = self.workers.run_split("compute_values", for_workers(batch, staged))
+                    batch["values"] = torch.cat(values, dim=0)
             with timer("adv", timing):
                 if cfg.algorithm.use_kl_in_reward and not cfg.algorithm.disable_kl:
                     batch["token_level_rewards"], kl_metrics = apply_kl_penalty(

@@ -129,24 +129,23 @@ def gather_bucket(tensors: list[torch.Tensor], device: torch.device, dtype: torc
     """Full tensors of one bucket on ``device`` in ``dtype`` (collective: every rank calls it with the same bucket).
 
     FSDP2's row-sharded parameters go through one ``all_gather_single`` (each local shard moved to the device, then
-    cast while packed into the send buffer), or, on a one-rank mesh, are copied (cast) without a collective; anything
+    cast while packed into the send buffer; on a one-rank mesh the packed buffer is the result, no collective); anything
     else (replicated, plain) is gathered on its own by ``gather_full``. The returned tensors never share storage with
     the actor's parameters (vLLM's CPU loaders may repack what they are given in place).
     """
     out: list[Optional[torch.Tensor]] = [None] * len(tensors)
     sharded = [i for i, t in enumerate(tensors) if _is_row_sharded(t)]
-    if sharded and tensors[sharded[0]].device_mesh.size() == 1:  # one rank holds everything: a cast copy, no gather
-        for i in sharded:
-            out[i] = tensors[i].to_local().detach().to(device=device, dtype=dtype, copy=True)
-    elif sharded:
+    if sharded:
         world = tensors[sharded[0]].device_mesh.size()
         group = tensors[sharded[0]].device_mesh.get_group()
         shapes = [tensors[i].shape for i in sharded]
         local = [tensors[i].to_local().detach() for i in sharded]
         local = [t if t.device == device else t.to(device=device, dtype=dtype) for t in local]  # offloaded: cast once
         packed = pack_shards(local, shapes, world, dtype)
-        gathered = packed.new_empty(world * packed.numel())
-        dist.all_gather_single(gathered, packed, group=group)
+        gathered = packed  # one rank holds everything: no collective
+        if world > 1:
+            gathered = packed.new_empty(world * packed.numel())
+            dist.all_gather_single(gathered, packed, group=group)
         for i, full in zip(sharded, unpack_gathered(gathered, shapes, world)):
             out[i] = full
     for i, tensor in enumerate(tensors):
