@@ -67,6 +67,13 @@ class RewardError(UserError):
     kind = "reward"
 
 
+class RunStateError(UserError):
+    """The run folder or checkpoint cannot be used as asked (another run's metrics or checkpoints, an incomplete
+    checkpoint): the message says what to do. Printed as ``easyrl: run error: ...`` (exit status 2)."""
+
+    kind = "run"
+
+
 def debug_enabled() -> bool:
     """Whether ``EASYRL_DEBUG`` asks for tracebacks of user errors (any value but ``""``/``0``/``false``)."""
     return os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no")

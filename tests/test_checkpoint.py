@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from easyrl.errors import RunStateError
 from easyrl.trainer.checkpoint import (
     TRAINER_STATE,
-    RunStateError,
     checkpoints_to_delete,
     commit_checkpoint,
     find_last_checkpoint,
@@ -99,8 +99,8 @@ def test_missing_checkpoint_named_by_the_tracker_is_an_error(tmp_path):
 def test_run_folder_refusals(tmp_path):
     from types import SimpleNamespace
 
-    from easyrl.trainer.checkpoint import check_run_folder, checkpoint_to_resume
     from easyrl.trainer.loggers import JsonlLogger
+    from easyrl.trainer.run_folder import check_run_folder, checkpoint_to_resume
 
     trainer = SimpleNamespace(save_checkpoint_path=str(tmp_path), load_checkpoint_path=None,
                               find_last_checkpoint=True, logger=["jsonl"], run_dir=str(tmp_path))

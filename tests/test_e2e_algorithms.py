@@ -356,8 +356,8 @@ def _swap_reward(trainer, fn):
     returns the trainer's guard, to put back."""
     from easyrl.rewards.guard import GuardedReward
 
-    saved = trainer._guard
-    trainer._guard = GuardedReward(fn, on_error="raise")
+    saved = trainer.scorer.guard
+    trainer.scorer.guard = GuardedReward(fn, on_error="raise")
     return saved
 
 
@@ -371,7 +371,7 @@ def test_dynamic_sampling_gives_up_after_max_try_make_batch(trainer):
         with pytest.raises(RuntimeError, match=r"kept 0 of 4 groups after 1 generation rounds.*max_try_make_batch"):
             _steps(trainer, 1)
     finally:
-        trainer._guard = saved_guard
+        trainer.scorer.guard = saved_guard
         algo.online_filtering, algo.max_try_make_batch = False, 20
 
 
@@ -394,7 +394,7 @@ def test_dynamic_sampling_drops_constant_groups_and_refills(trainer):
     try:
         metrics = _steps(trainer, 1)[0]
     finally:
-        trainer._guard = saved_guard
+        trainer.scorer.guard = saved_guard
         algo.online_filtering, algo.filter_low, algo.filter_high = False, 0.01, 0.99
     batch = trainer.last_batch
     n, groups = trainer.config.worker.rollout.n, trainer.config.data.rollout_batch_size

@@ -121,9 +121,9 @@ def test_vllm_matches_actor_after_weight_sync(vl_trainer):
     """After a sync, vLLM scores a fixed image+text sequence like the FSDP2 actor does, token by token."""
     trainer = vl_trainer
     features = next(iter(trainer.train_dataloader))
-    prompts = trainer._prompt_batch(features, n=2)  # 2 workers: one copy each
+    prompts = trainer.generator.prompt_batch(features, 2, trainer.global_step)  # 2 workers: one copy each
     response = trainer.tokenizer.encode(" The answer is \\boxed{80}.", add_special_tokens=False)
-    batch = trainer._generate(prompts, overrides=None, timing={})  # also syncs the current actor weights
+    batch = trainer.generator.generate(prompts, overrides=None, timing={})  # also syncs the current actor weights
     batch["responses"][:, :] = trainer.pad_id
     batch["responses"][:, : len(response)] = torch.tensor(response)
     batch["response_mask"].zero_()

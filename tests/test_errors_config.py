@@ -107,11 +107,11 @@ def test_valid_base_config_loads():
 
 
 def test_tensor_parallel_size_that_cannot_split_the_heads(expect_user_error):  # C57
-    """Checked before Ray (``easyrl.preflight.prepare``) against the model's config, instead of by vLLM on every
+    """Checked before Ray (``easyrl.trainer.preflight.prepare``) against the model's config, instead of by vLLM on every
     worker after the model has loaded: 4 devices, TP 4, a model with 6 attention heads."""
     from transformers import Qwen2Config
 
-    from easyrl.preflight import check_rollout_split
+    from easyrl.trainer.preflight import check_rollout_split
 
     hf_config = Qwen2Config(num_attention_heads=6, num_key_value_heads=2, hidden_size=384)
     expect_user_error(lambda: check_rollout_split(hf_config, 4), "config", "worker.rollout.tensor_parallel_size=4",

@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 from easyrl.config import load_config
-from easyrl.preflight import check_enough_prompts, load_dataset_for
+from easyrl.trainer.preflight import check_enough_prompts, load_dataset_for
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "examples" / "data" / "geometry3k_sample"

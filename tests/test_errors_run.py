@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
-from easyrl.trainer.checkpoint import TRAINER_STATE, check_run_folder, commit_checkpoint
+from easyrl.trainer.checkpoint import TRAINER_STATE, commit_checkpoint
+from easyrl.trainer.run_folder import check_run_folder
 
 FAULTY = str(Path(__file__).parent / "reward_functions" / "faulty.py")
 

@@ -64,6 +64,7 @@ def test_generation_gets_the_images_but_not_the_processor_outputs():
 
 
 def test_the_trainer_stages_images_once_and_nothing_for_text():
+    from easyrl.workers.fsdp_worker import FSDPWorker
     from easyrl.workers.mm_staging import STAGE_KEY
 
     calls = []
@@ -76,5 +77,5 @@ def test_the_trainer_stages_images_once_and_nothing_for_text():
     vl["multi_modal_inputs"] = [{"pixel_values": torch.zeros(2, 3)}, {}, {}, {}]
     refs = trainer._stage_multi_modal(vl)
     [(method, staged)] = calls
-    assert method == "stage_multi_modal" and staged[STAGE_KEY] == refs and len(refs) == 4
+    assert method is FSDPWorker.stage_multi_modal and staged[STAGE_KEY] == refs and len(refs) == 4
     assert staged["multi_modal_inputs"] == vl["multi_modal_inputs"] and not list(staged.tensors.keys())

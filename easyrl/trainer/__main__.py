@@ -18,9 +18,10 @@ from easyrl.quiet import quiet_libraries, verbose
 logger = logging.getLogger("easyrl")
 
 
-def build_trainer(config: PPOConfig):
-    """Check and load the model's tokenizer/processor, the datasets and the reward function (``easyrl.preflight``),
-    then start Ray (unless already started) and the workers.
+def build_trainer(config: PPOConfig, worker_cls: Optional[type] = None):
+    """Check and load the model's tokenizer/processor, the datasets and the reward function
+    (``easyrl.trainer.preflight``), then start Ray (unless already started) and the workers (``worker_cls``: None
+    for ``FSDPWorker``, or a subclass of it such as the tests' ``easyrl.testing.worker.InspectableWorker``).
 
     Returns:
         A ``RayPPOTrainer`` ready to ``fit()``.
@@ -28,8 +29,8 @@ def build_trainer(config: PPOConfig):
     Raises:
         UserError: any pre-flight check (model, data, reward; see ``docs/errors.md``), before Ray starts.
     """
-    from easyrl.preflight import prepare
-    from easyrl.trainer.checkpoint import check_run_folder
+    from easyrl.trainer.preflight import prepare
+    from easyrl.trainer.run_folder import check_run_folder
 
     if not verbose():
         import datasets
@@ -41,6 +42,7 @@ def build_trainer(config: PPOConfig):
 
     from easyrl.device import detect_device
     from easyrl.trainer.ray_trainer import RayPPOTrainer
+    from easyrl.workers.fsdp_worker import FSDPWorker
 
     if not ray.is_initialized():
         ray.init(runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}},
@@ -49,7 +51,7 @@ def build_trainer(config: PPOConfig):
     if device == "auto":
         device = detect_device(ray.cluster_resources())
     trainer = RayPPOTrainer(config, ready.tokenizer, ready.train_dataset, ready.val_dataset, ready.reward_fn)
-    trainer.init_workers(device)
+    trainer.init_workers(device, worker_cls or FSDPWorker)
     return trainer
 
 

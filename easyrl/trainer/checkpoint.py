@@ -1,5 +1,5 @@
-"""Checkpoint folders of a run: names, the tracker file, atomic commits, retention, the driver's own state, and the
-trainer's save/load (``CheckpointMixin``, a part of :class:`~easyrl.trainer.ray_trainer.RayPPOTrainer`).
+"""Checkpoint folders of a run: names, the tracker file, atomic commits, retention, and the trainer's part that saves
+and restores the whole training state (:class:`Checkpointer`: the workers' shards and the driver's own state).
 
 Layout (EasyR1's names), under ``trainer.save_checkpoint_path`` (default: the run folder ``<runs_root>/<project_name>/
 <experiment_name>``, next to ``metrics.jsonl``)::
@@ -32,20 +32,11 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from easyrl.errors import UserError
-
 logger = logging.getLogger("easyrl.checkpoint")
 
 TRACKER = "checkpoint_tracker.json"
 TRAINER_STATE = "trainer_state.pt"
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
-
-
-class RunStateError(UserError):
-    """The run folder or checkpoint cannot be used as asked (another run's metrics or checkpoints, an incomplete
-    checkpoint): the message says what to do. Printed by the CLI as ``easyrl: run error: ...`` (exit status 2)."""
-
-    kind = "run"
 
 
 def step_dir_name(step: int) -> str:
@@ -162,50 +153,6 @@ def commit_checkpoint(root: str, step: int, write: Callable[[str], None], metric
     return final
 
 
-def checkpoint_to_resume(trainer) -> Optional[str]:
-    """Which checkpoint a run resumes from: ``trainer.load_checkpoint_path``, else the last one under
-    ``trainer.save_checkpoint_path`` (if ``trainer.find_last_checkpoint``), else None (a new run).
-
-    Args:
-        trainer: the ``trainer`` config section.
-
-    Raises:
-        RunStateError: ``load_checkpoint_path`` is not a complete checkpoint; or, not resuming, the checkpoint
-            folder already holds another run's checkpoints (they would be overwritten).
-    """
-    root = trainer.save_checkpoint_path
-    if trainer.load_checkpoint_path is not None:
-        path = trainer.load_checkpoint_path
-        if not os.path.isfile(os.path.join(path, TRAINER_STATE)):
-            raise RunStateError(f"trainer.load_checkpoint_path={path} is not a complete checkpoint (no "
-                                f"{TRAINER_STATE}); give a global_step_N folder.")
-        return path
-    last = find_last_checkpoint(root) if trainer.find_last_checkpoint else None
-    if last is None and read_tracker(root):
-        raise RunStateError(
-            f"{root} holds checkpoints of an earlier run (checkpoint_tracker.json) and trainer.find_last_checkpoint="
-            f"false: resume it, or choose another trainer.experiment_name or trainer.save_checkpoint_path (a run "
-            f"never overwrites another's checkpoints)."
-        )
-    if last is not None:
-        logger.info("resuming from %s (trainer.find_last_checkpoint=false and a new experiment_name start afresh)",
-                    last)
-    return last
-
-
-def check_run_folder(trainer) -> None:
-    """Fail early, before any worker starts, if the run would be refused (see :func:`checkpoint_to_resume` and
-    ``easyrl.trainer.loggers.JsonlLogger``).
-
-    Raises:
-        RunStateError: as described there.
-    """
-    from easyrl.trainer.loggers import refuse_existing_metrics
-
-    if checkpoint_to_resume(trainer) is None and "jsonl" in trainer.logger:
-        refuse_existing_metrics(os.path.join(trainer.run_dir, "metrics.jsonl"))
-
-
 # ------------------------------------------------------------------------------------------------- RNG states
 def get_rng_state() -> dict[str, Any]:
     """This process's Python, NumPy and torch (CPU and, if any, CUDA/NPU) generator states."""
@@ -229,51 +176,58 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.npu.set_rng_state(state["npu"])
 
 
-class CheckpointMixin:
-    """The trainer's checkpoints: save/load the whole training state (the workers' shards and this process's state).
-    Uses the trainer's ``config``, ``workers``, ``global_step``, ``train_dataloader``, ``kl_ctrl`` and
-    ``last_checkpoint``."""
+class Checkpointer:
+    """Saves and restores the whole training state under ``trainer.save_checkpoint_path``: every worker's shards
+    (``FSDPWorker.save_checkpoint`` / ``load_checkpoint``) and the driver's state (``trainer_state.pt``: what the
+    trainer's ``state_dict`` returns). Owns ``last``, the newest complete checkpoint of this run.
+
+    Args:
+        config: the ``trainer`` config section (paths, ``save_limit``, ``best_metric``, ``best_metric_mode``).
+        workers: the ``WorkerGroup``.
+    """
+
+    def __init__(self, config, workers):
+        self.config = config
+        self.workers = workers
+        self.last: Optional[str] = None
 
     @staticmethod
-    def _step_of(path: str) -> int:
+    def step_of(path: str) -> int:
+        """The global step of a ``global_step_N`` folder."""
         return int(os.path.basename(os.path.normpath(path)).rsplit("_", 1)[-1])
 
-    def _checkpoint_to_resume(self) -> Optional[str]:
-        return checkpoint_to_resume(self.config.trainer)
+    def save(self, step: int, driver_state: dict[str, Any], metrics: Optional[dict[str, float]] = None) -> str:
+        """Save the training state after ``step`` as ``global_step_<step>`` (atomic; see the module docstring) and
+        apply ``trainer.save_limit``; ``metrics`` of this step rank it by ``trainer.best_metric``.
 
-    def save_checkpoint(self, metrics: Optional[dict[str, float]] = None) -> str:
-        """Save the whole training state as ``global_step_<N>`` under ``trainer.save_checkpoint_path`` (atomic; see
-        ``easyrl.trainer.checkpoint``) and apply ``trainer.save_limit``; ``metrics`` of this step rank it by
-        ``trainer.best_metric``. Returns the checkpoint folder."""
-        trainer = self.config.trainer
+        Args:
+            step: the global step just finished.
+            driver_state: the trainer's own state (written as ``trainer_state.pt``).
+            metrics: this step's metrics (None: not ranked).
+
+        Returns:
+            The checkpoint folder.
+        """
+        from easyrl.workers.fsdp_worker import FSDPWorker
+
+        cfg = self.config
 
         def write(tmp: str) -> None:
-            self.workers.run_all("save_checkpoint", tmp)
-            torch.save(self.state_dict(), os.path.join(tmp, TRAINER_STATE))
+            self.workers.run_all(FSDPWorker.save_checkpoint, tmp)
+            torch.save(driver_state, os.path.join(tmp, TRAINER_STATE))
 
-        metric = (metrics or {}).get(trainer.best_metric)
-        self.last_checkpoint = commit_checkpoint(
-            trainer.save_checkpoint_path, self.global_step, write, metric=metric, metric_name=trainer.best_metric,
-            mode=trainer.best_metric_mode, save_limit=trainer.save_limit,
-        )
-        logger.info("checkpoint saved: %s", self.last_checkpoint)
-        return self.last_checkpoint
+        metric = (metrics or {}).get(cfg.best_metric)
+        self.last = commit_checkpoint(cfg.save_checkpoint_path, step, write, metric=metric,
+                                      metric_name=cfg.best_metric, mode=cfg.best_metric_mode,
+                                      save_limit=cfg.save_limit)
+        logger.info("checkpoint saved: %s", self.last)
+        return self.last
 
-    def load_checkpoint(self, path: str) -> None:
-        """Restore the training state saved by :meth:`save_checkpoint` (workers and this process)."""
-        self.workers.run_all("load_checkpoint", path)
-        self.load_state_dict(torch.load(os.path.join(path, TRAINER_STATE), weights_only=False))
-        self.last_checkpoint = path
-        logger.info("resumed from %s at step %d", path, self.global_step)
+    def load(self, path: str) -> dict[str, Any]:
+        """Restore every worker's shards from checkpoint folder ``path``; returns the driver's state saved with it
+        (for the trainer's ``load_state_dict``)."""
+        from easyrl.workers.fsdp_worker import FSDPWorker
 
-    def state_dict(self) -> dict[str, Any]:
-        """This process's part of the training state: step, prompt-stream position, KL coefficient, RNG states."""
-        return {"global_step": self.global_step, "prompt_stream": self.train_dataloader.state_dict(),
-                "kl_coef": self.kl_ctrl.value, "rng": get_rng_state()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned (before iterating over the prompts)."""
-        self.global_step = state["global_step"]
-        self.train_dataloader.load_state_dict(state["prompt_stream"])
-        self.kl_ctrl.value = state["kl_coef"]
-        set_rng_state(state["rng"])
+        self.workers.run_all(FSDPWorker.load_checkpoint, path)
+        self.last = path
+        return torch.load(os.path.join(path, TRAINER_STATE), weights_only=False)

@@ -19,6 +19,7 @@ from typing import Any, Optional
 from easyrl.errors import ConfigError
 from easyrl.trainer.console import ConsoleLogger
 from easyrl.trainer.dashboards import MlflowLogger, SwanlabLogger, TensorBoardLogger, WandbLogger
+from easyrl.trainer.run_folder import METRICS_FILE, refuse_existing_metrics
 
 # backend -> (module it imports, the extra that installs it; None: a core dependency)
 BACKENDS: dict[str, tuple[Optional[str], Optional[str]]] = {
@@ -43,18 +44,6 @@ def check_backends(names: list[str]) -> None:
 
 
 logger = logging.getLogger("easyrl.metrics")
-
-
-def refuse_existing_metrics(path: str) -> None:
-    """Raise ``RunStateError`` if ``path`` (a ``metrics.jsonl``) already holds rows."""
-    if os.path.exists(path) and os.path.getsize(path) > 0:
-        from easyrl.trainer.checkpoint import RunStateError
-
-        raise RunStateError(
-            f"{path} holds the metrics of another run and there is no checkpoint to resume it from. A run never "
-            f"overwrites another: choose a new trainer.experiment_name (or trainer.runs_root), or move the old "
-            f"folder away."
-        )
 
 
 class JsonlLogger:
@@ -112,7 +101,7 @@ class Tracker:
             if name == "console":
                 self.loggers.append(ConsoleLogger(total_steps, initial_step))
             elif name == "jsonl":
-                self.loggers.append(JsonlLogger(os.path.join(run_dir, "metrics.jsonl"), resume=resume))
+                self.loggers.append(JsonlLogger(os.path.join(run_dir, METRICS_FILE), resume=resume))
             elif name == "tensorboard":
                 self.loggers.append(TensorBoardLogger(os.path.join(run_dir, "tensorboard")))
             else:

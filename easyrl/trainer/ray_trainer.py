@@ -5,9 +5,11 @@ Each step: generate -> reward -> old log-prob -> ref log-prob -> values (with a 
 reward function; the workers (one Ray actor per device) hold the FSDP2 actor, the reference policy, the critic (PPO
 with GAE) and a vLLM engine each.
 
-The phases around the loop live in their own modules, mixed into ``RayPPOTrainer``: ``generation`` (prompt batches,
-vLLM generation, dynamic sampling, ReMax baselines), ``scoring`` (the reward function), ``validation``, and
-``checkpoint`` (save/resume); ``batch_layout`` holds the padded layout, ``metrics`` the metric names and timers.
+The trainer is composed of parts, each owning its state: a ``Generator`` (``generation``: prompt batches, dynamic
+sampling, ReMax baselines) over a ``Rollout`` (``rollout``: prompts -> trajectories on the workers' engines), a
+``Scorer`` (``scoring``: the reward function, its guards and error count), a ``Validator`` (``validation``) and a
+``Checkpointer`` (``checkpoint``: save/resume); ``batch_layout`` holds the padded layout, ``metrics`` the metric names
+and timers. The step below calls them in the order of the algorithm.
 """
 
 from __future__ import annotations
@@ -29,11 +31,10 @@ from easyrl.config import PPOConfig, to_dict
 from easyrl.data.dataset import collate_fn
 from easyrl.data.loader import PromptStream
 from easyrl.rewards.function import RewardFunction
-from easyrl.rewards.guard import GuardedReward
 from easyrl.trainer.batch_layout import for_workers
-from easyrl.trainer.checkpoint import CheckpointMixin
+from easyrl.trainer.checkpoint import Checkpointer, get_rng_state, set_rng_state
 from easyrl.trainer.flops import ModelShape, compute_mfu_metrics, peak_flops
-from easyrl.trainer.generation import GenerationMixin
+from easyrl.trainer.generation import Generator
 from easyrl.trainer.loggers import Tracker
 from easyrl.trainer.metrics import (
     compute_data_metrics,
@@ -45,9 +46,12 @@ from easyrl.trainer.metrics import (
     rollout_mismatch_metrics,
     timer,
 )
-from easyrl.trainer.scoring import ScoringMixin
+from easyrl.trainer.rollout import SingleTurnRollout
+from easyrl.trainer.run_folder import checkpoint_to_resume
+from easyrl.trainer.scoring import Scorer
 from easyrl.trainer.signals import GracefulStop
-from easyrl.trainer.validation import ValidationMixin
+from easyrl.trainer.validation import Validator
+from easyrl.workers.fsdp_worker import FSDPWorker
 from easyrl.workers.group import WorkerError, WorkerGroup
 from easyrl.workers.mm_staging import has_multi_modal, stage_references, staging_batch
 from easyrl.workers.seqlen_balancing import balanced_rank_order
@@ -55,8 +59,8 @@ from easyrl.workers.seqlen_balancing import balanced_rank_order
 logger = logging.getLogger("easyrl.trainer")
 
 
-class RayPPOTrainer(GenerationMixin, ScoringMixin, ValidationMixin, CheckpointMixin):
-    """Runs GRPO-style RL: see the module docstring for the phases.
+class RayPPOTrainer:
+    """Runs GRPO-style RL: see the module docstring for the phases and parts.
 
     Args:
         config: finalized configuration.
@@ -70,12 +74,7 @@ class RayPPOTrainer(GenerationMixin, ScoringMixin, ValidationMixin, CheckpointMi
         self.config = config
         self.tokenizer = tokenizer
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        self.reward_fn = reward_fn
-        self.val_reward_fn = val_reward_fn or reward_fn
-        reward_cfg = config.worker.reward
-        self._guard = GuardedReward(reward_fn, reward_cfg.on_error, reward_cfg.timeout_s)
-        self._val_guard = (self._guard if self.val_reward_fn is reward_fn
-                           else GuardedReward(self.val_reward_fn, reward_cfg.on_error, reward_cfg.timeout_s))
+        self.scorer = Scorer(config.worker.reward, tokenizer, reward_fn, val_reward_fn)
         self.val_dataset = val_dataset
         self.train_dataloader = PromptStream(train_dataset, config.data.rollout_batch_size, config.data.shuffle,
                                              config.data.seed, collate_fn)
@@ -87,22 +86,27 @@ class RayPPOTrainer(GenerationMixin, ScoringMixin, ValidationMixin, CheckpointMi
         config.worker.critic.optim.training_steps = self.training_steps
         algo = config.algorithm
         self.kl_ctrl = make_kl_controller(algo.kl_type, algo.kl_coef, algo.kl_target, algo.kl_horizon)
+        # the parts that need the workers are made with them (init_workers)
         self.workers: Optional[WorkerGroup] = None
-        self._scorer = None  # the reward actor (RewardScorer), started on first use
+        self.generator: Optional[Generator] = None
+        self.validator: Optional[Validator] = None
+        self.checkpointer: Optional[Checkpointer] = None
         self.model_shape: Optional[ModelShape] = None  # for perf/mfu/*, set with the workers
         self.peak_flops: Optional[float] = None
         self.global_step = 0
         self.last_batch: Optional[Batch] = None  # the most recent training batch, for inspection
-        self.last_checkpoint: Optional[str] = None  # the newest complete checkpoint of this run
         self.stop_signal: Optional[int] = None  # the signal that stopped fit() early, if any
-        self._prompts: Optional[Iterator[dict[str, list]]] = None
-        self._reward_errors = 0  # samples the reward function failed on in this step
         self._last_frac_zero_std: Optional[float] = None  # the previous step's reward/frac_reward_zero_std
-        self.val_generations: list[dict[str, Any]] = []  # the last validation's first samples (for the loggers)
 
-    def init_workers(self, device: str) -> None:
-        """Start the Ray workers (process group, FSDP2 actor/ref, vLLM engines)."""
-        self.workers = WorkerGroup(self.config, device)
+    def init_workers(self, device: str, worker_cls: type = FSDPWorker) -> None:
+        """Start the Ray workers (process group, FSDP2 actor/ref, vLLM engines; ``worker_cls`` is ``FSDPWorker`` or
+        a subclass of it, e.g. ``easyrl.testing.worker.InspectableWorker``) and the parts that call them."""
+        cfg = self.config
+        self.workers = WorkerGroup(cfg, device, worker_cls=worker_cls)
+        rollout = SingleTurnRollout(self.workers, cfg.data.max_response_length, self.pad_id)
+        self.generator = Generator(cfg, rollout, self.scorer, self.pad_id)
+        self.validator = Validator(cfg, self.val_dataset, self.generator, self.scorer, self.tokenizer)
+        self.checkpointer = Checkpointer(cfg.trainer, self.workers)
         self._init_perf()
 
     def _init_perf(self) -> None:
@@ -115,7 +119,7 @@ class RayPPOTrainer(GenerationMixin, ScoringMixin, ValidationMixin, CheckpointMi
             self.model_shape = ModelShape.from_hf_config(hf_config)
         except Exception as e:  # an architecture transformers cannot build from its config alone: no MFU, no stop
             logger.warning("perf/mfu/* not reported: cannot count the weights of %s (%s)", model.model_path, e)
-        self.peak_flops = peak_flops(self.workers.run_all("device_name")[0])
+        self.peak_flops = peak_flops(self.workers.run_all(FSDPWorker.device_name)[0])
 
     def _compute_advantage(self, batch: Batch) -> None:
         algo = self.config.algorithm
@@ -143,13 +147,13 @@ class RayPPOTrainer(GenerationMixin, ScoringMixin, ValidationMixin, CheckpointMi
             RuntimeError: a worker died or failed (names its rank and the last good checkpoint to resume from).
         """
         cfg = self.config
-        resume_from = self._checkpoint_to_resume()
+        resume_from = checkpoint_to_resume(cfg.trainer)
+        start_step = 0 if resume_from is None else Checkpointer.step_of(resume_from)
         tracker = Tracker(cfg.trainer.logger, cfg.trainer.run_dir, cfg.trainer.project_name,
                           cfg.trainer.experiment_name, to_dict(cfg), total_steps=self.training_steps,
-                          initial_step=0 if resume_from is None else self._step_of(resume_from),
-                          resume=resume_from is not None)
+                          initial_step=start_step, resume=resume_from is not None)
         os.makedirs(cfg.trainer.run_dir, exist_ok=True)
-        config_name = "config.yaml" if resume_from is None else f"config_resume_step_{self._step_of(resume_from)}.yaml"
+        config_name = "config.yaml" if resume_from is None else f"config_resume_step_{start_step}.yaml"
         OmegaConf.save(OmegaConf.structured(cfg), os.path.join(cfg.trainer.run_dir, config_name))
         try:
             with GracefulStop() as stop:
@@ -163,28 +167,28 @@ class RayPPOTrainer(GenerationMixin, ScoringMixin, ValidationMixin, CheckpointMi
             ) from err
         finally:
             tracker.close()
-            self._guard.close()
-            self._val_guard.close()
+            self.scorer.close()
 
     def _train_loop(self, tracker: Tracker, stop: GracefulStop) -> None:
         cfg = self.config
         if self.val_dataset is not None and self.global_step == 0 and (cfg.trainer.val_before_train
                                                                        or cfg.trainer.val_only):
-            tracker.log(self.validate(), step=self.global_step, generations=self.val_generations)
+            tracker.log(self.validator.run(self.global_step), step=self.global_step,
+                        generations=self.validator.generations)
             if cfg.trainer.val_only:
                 return
         if self.global_step >= self.training_steps:
             logger.warning("the checkpoint is at step %d and this run has %d steps: nothing to train (raise "
                            "trainer.max_steps or trainer.total_epochs to train further)", self.global_step,
                            self.training_steps)
-        self._prompts = iter(self.train_dataloader)
+        prompts = self.prompt_stream()
         while self.global_step < self.training_steps:
             self.global_step += 1
-            metrics = self.train_step(self._prompts)
+            metrics = self.train_step(prompts)
             generations = None
-            if self._should_validate():
-                metrics.update(self.validate())
-                generations = self.val_generations
+            if self.validator.due(self.global_step, self.training_steps):
+                metrics.update(self.validator.run(self.global_step))
+                generations = self.validator.generations
             tracker.log(metrics, step=self.global_step, generations=generations)
             freq = cfg.trainer.save_freq
             last = self.global_step == self.training_steps
@@ -208,32 +212,33 @@ class RayPPOTrainer(GenerationMixin, ScoringMixin, ValidationMixin, CheckpointMi
         cfg = self.config
         timing: dict[str, float] = {}
         metrics: dict[str, float] = {}
+        self.scorer.errors = 0
         with timer("step", timing):
-            batch, pending = self._make_batch(prompt_stream, timing, metrics)  # gen (+ reward, dynamic sampling)
+            batch, pending = self.generator.make_batch(prompt_stream, self.global_step, timing, metrics)  # gen, reward
             order = self._balance(batch, metrics)
             batch = batch.select(order)  # rank r gets the r-th equal share: about as many tokens as the others
             staged = self._stage_multi_modal(batch)  # each share's images reach its worker once, not once per pass
             on_policy = cfg.on_policy_update
             if not on_policy:
                 with timer("old_log_prob", timing):
-                    old = self.workers.run_split("compute_log_probs", for_workers(batch, staged))
+                    old = self.workers.run_split(FSDPWorker.compute_log_probs, for_workers(batch, staged))
                     batch["old_log_probs"] = torch.cat(old, dim=0)
                 if "rollout_log_probs" in batch:
                     metrics.update(rollout_mismatch_metrics(batch))
             if self.workers_need_ref():
                 with timer("ref", timing):
-                    ref = self.workers.run_split("compute_ref_log_probs", for_workers(batch, staged))
+                    ref = self.workers.run_split(FSDPWorker.compute_ref_log_probs, for_workers(batch, staged))
                     batch["ref_log_probs"] = torch.cat(ref, dim=0)
             if pending is not None:  # scored in the reward actor while the log-prob passes ran
                 with timer("reward", timing):
-                    self._reward_wait(batch, pending, order)
+                    self.scorer.wait(batch, pending, order)
             for key in [key for key in batch.extras if key.startswith("score/")]:  # unless set over all generated
                 metrics.setdefault(key.replace("score/", "reward/", 1), float(np.mean(batch[key])))
-            metrics["reward/errors"] = float(self._reward_errors)
+            metrics["reward/errors"] = float(self.scorer.errors)
             metrics["reward/frac_reward_zero_std"] = self._check_reward_variance(batch)
             if cfg.algorithm.needs_critic:
                 with timer("values", timing):
-                    values = self.workers.run_split("compute_values", for_workers(batch, staged))
+                    values = self.workers.run_split(FSDPWorker.compute_values, for_workers(batch, staged))
                     batch["values"] = torch.cat(values, dim=0)
             with timer("adv", timing):
                 if cfg.algorithm.use_kl_in_reward and not cfg.algorithm.disable_kl:
@@ -248,11 +253,11 @@ class RayPPOTrainer(GenerationMixin, ScoringMixin, ValidationMixin, CheckpointMi
             worker_metrics = []
             if cfg.algorithm.needs_critic:
                 with timer("update_critic", timing):
-                    worker_metrics += self.workers.run_split("update_critic", for_workers(batch, staged))
+                    worker_metrics += self.workers.run_split(FSDPWorker.update_critic, for_workers(batch, staged))
             actor_metrics = []
             if self.actor_updates_this_step():
                 with timer("update_actor", timing):
-                    actor_metrics = self.workers.run_split("update_actor", for_workers(batch, staged))
+                    actor_metrics = self.workers.run_split(FSDPWorker.update_actor, for_workers(batch, staged))
             worker_metrics += actor_metrics
             if on_policy and actor_metrics:  # the update's own (pre-step) log-probs are the old ones
                 batch["old_log_probs"] = torch.cat([m.pop("old_log_probs") for m in actor_metrics], dim=0)
@@ -264,7 +269,8 @@ class RayPPOTrainer(GenerationMixin, ScoringMixin, ValidationMixin, CheckpointMi
                     merged[key].extend(values)
             metrics.update(reduce_metrics(merged))
             if has_multi_modal(batch):  # the staged inputs are freed; what the workers received, once per step
-                metrics["perf/multi_modal_bytes_to_workers"] = float(sum(self.workers.run_all("release_multi_modal")))
+                received = self.workers.run_all(FSDPWorker.release_multi_modal)
+                metrics["perf/multi_modal_bytes_to_workers"] = float(sum(received))
             batch = batch.select(np.argsort(order).tolist())  # back to the group order of generation
         metrics.update(compute_data_metrics(batch, cfg.data.max_prompt_length, cfg.data.max_response_length))
         if "reshard" in timing:  # the weight sync is reported apart from the generation that waited for it
@@ -301,7 +307,7 @@ class RayPPOTrainer(GenerationMixin, ScoringMixin, ValidationMixin, CheckpointMi
         if not has_multi_modal(batch):
             return None
         references = stage_references(len(batch))
-        self.workers.run_split("stage_multi_modal", staging_batch(batch, references))
+        self.workers.run_split(FSDPWorker.stage_multi_modal, staging_batch(batch, references))
         return references
 
     def _check_reward_variance(self, batch: Batch) -> float:
@@ -328,6 +334,34 @@ class RayPPOTrainer(GenerationMixin, ScoringMixin, ValidationMixin, CheckpointMi
         """Export the actor in Hugging Face format to ``trainer.save_model_path`` (default ``<run_dir>/huggingface``;
         see ``easyrl.export``)."""
         path = self.config.trainer.save_model_path or os.path.join(self.config.trainer.run_dir, "huggingface")
-        self.workers.run_all("save_hf", path)
+        self.workers.run_all(FSDPWorker.save_hf, path)
         logger.info("actor exported to %s", path)
         return path
+
+    # --------------------------------------------------------------------------------------------- checkpoints
+    @property
+    def last_checkpoint(self) -> Optional[str]:
+        """The newest complete checkpoint of this run (None before the first save or resume)."""
+        return self.checkpointer.last if self.checkpointer is not None else None
+
+    def save_checkpoint(self, metrics: Optional[dict[str, float]] = None) -> str:
+        """Save the whole training state as ``global_step_<N>`` (``Checkpointer.save``); ``metrics`` of this step
+        rank it by ``trainer.best_metric``. Returns the checkpoint folder."""
+        return self.checkpointer.save(self.global_step, self.state_dict(), metrics)
+
+    def load_checkpoint(self, path: str) -> None:
+        """Restore the training state saved by :meth:`save_checkpoint` (the workers' and this process's)."""
+        self.load_state_dict(self.checkpointer.load(path))
+        logger.info("resumed from %s at step %d", path, self.global_step)
+
+    def state_dict(self) -> dict[str, Any]:
+        """This process's part of the training state: step, prompt-stream position, KL coefficient, RNG states."""
+        return {"global_step": self.global_step, "prompt_stream": self.train_dataloader.state_dict(),
+                "kl_coef": self.kl_ctrl.value, "rng": get_rng_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned (before iterating over the prompts)."""
+        self.global_step = state["global_step"]
+        self.train_dataloader.load_state_dict(state["prompt_stream"])
+        self.kl_ctrl.value = state["kl_coef"]
+        set_rng_state(state["rng"])

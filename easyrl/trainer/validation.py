@@ -1,51 +1,68 @@
 """The trainer's validation: when to validate (``trainer.val_freq``, after the last step) and a pass over the whole
-validation set with ``worker.rollout.val_override_config``, keeping its first samples for the loggers'
-tables (``trainer.val_generations_to_log``).
-
-``ValidationMixin`` is a part of :class:`~easyrl.trainer.ray_trainer.RayPPOTrainer`; it uses the trainer's ``config``,
-``val_dataset``, ``global_step``, ``training_steps``, ``tokenizer``, ``_val_guard``, ``val_generations`` and its
-generation and scoring methods.
+validation set with ``worker.rollout.val_override_config``, keeping its first samples for the loggers' tables
+(``trainer.val_generations_to_log``).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any
 
 import numpy as np
 from torch.utils.data import DataLoader
 
 from easyrl.batch import Batch
 from easyrl.data.dataset import collate_fn
+from easyrl.trainer.generation import Generator
 from easyrl.trainer.metrics import generation_rows, timer
+from easyrl.trainer.scoring import Scorer
 
-__all__ = ["ValidationMixin"]
+__all__ = ["Validator"]
 
 
-class ValidationMixin:
-    """Validation passes (see the module docstring)."""
+class Validator:
+    """Validation passes over ``dataset``; owns ``generations``, the last pass's first samples (for the loggers).
 
-    def _should_validate(self) -> bool:
+    Args:
+        config: the whole ``PPOConfig``.
+        dataset: the validation ``RLDataset`` (None: no validation).
+        generator: generates the validation samples (its prompt batches and rollout).
+        scorer: scores them with the validation reward.
+        tokenizer: decodes prompts and responses for the generations table.
+    """
+
+    def __init__(self, config, dataset, generator: Generator, scorer: Scorer, tokenizer):
+        self.config = config
+        self.dataset = dataset
+        self.generator = generator
+        self.scorer = scorer
+        self.tokenizer = tokenizer
+        self.generations: list[dict[str, Any]] = []
+
+    def due(self, step: int, total_steps: int) -> bool:
+        """Whether to validate after training step ``step`` of ``total_steps``: every ``trainer.val_freq`` steps
+        and after the last one (never without a validation set or with ``val_freq`` <= 0)."""
         freq = self.config.trainer.val_freq
-        last = self.global_step == self.training_steps
-        return self.val_dataset is not None and freq > 0 and (self.global_step % freq == 0 or last)
+        return self.dataset is not None and freq > 0 and (step % freq == 0 or step == total_steps)
 
-    def validate(self) -> dict[str, float]:
-        """Generate on the whole validation set with ``worker.rollout.val_override_config``; mean of every reward
-        name as ``val/reward/<name>``, plus ``val/response_length/mean`` and ``timing_s/validation``."""
+    def run(self, step: int) -> dict[str, float]:
+        """Generate on the whole validation set with ``worker.rollout.val_override_config`` (sampling seeds of
+        ``step``); mean of every reward name as ``val/reward/<name>``, plus ``val/response_length/mean`` and
+        ``timing_s/validation`` (seconds)."""
         cfg = self.config
         overrides = dict(cfg.worker.rollout.val_override_config)
         n = int(overrides.pop("n", 1))
         timing: dict[str, float] = {}
         sums: dict[str, list[float]] = defaultdict(list)
         lengths: list[float] = []
-        batch_size = cfg.data.val_batch_size if cfg.data.val_batch_size > 0 else len(self.val_dataset)
-        loader = DataLoader(self.val_dataset, batch_size=batch_size, shuffle=False, collate_fn=collate_fn)
-        self.val_generations = []
+        batch_size = cfg.data.val_batch_size if cfg.data.val_batch_size > 0 else len(self.dataset)
+        loader = DataLoader(self.dataset, batch_size=batch_size, shuffle=False, collate_fn=collate_fn)
+        self.generations = []
         with timer("validation", timing):
             for round_, features in enumerate(loader):
-                batch = self._generate_even(self._prompt_batch(features, n, round_=round_, phase="val"),
-                                            overrides=overrides)
-                for name, values in self._reward(batch, self._val_guard).items():
+                prompts = self.generator.prompt_batch(features, n, step, round_=round_, phase="val")
+                batch = self.generator.generate_even(prompts, overrides=overrides)
+                for name, values in self.scorer.score(batch, step, validation=True).items():
                     sums[name].extend(values)
                 lengths.extend(batch["response_mask"].sum(-1).float().tolist())
                 self._keep_generations(batch)
@@ -55,6 +72,6 @@ class ValidationMixin:
         return metrics
 
     def _keep_generations(self, batch: Batch) -> None:
-        """Adds ``batch``'s first samples to ``val_generations`` until ``trainer.val_generations_to_log`` are kept."""
-        wanted = self.config.trainer.val_generations_to_log - len(self.val_generations)
-        self.val_generations.extend(generation_rows(self.tokenizer, batch, wanted))
+        """Adds ``batch``'s first samples to ``generations`` until ``trainer.val_generations_to_log`` are kept."""
+        wanted = self.config.trainer.val_generations_to_log - len(self.generations)
+        self.generations.extend(generation_rows(self.tokenizer, batch, wanted))
