@@ -12,12 +12,12 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="session")
 def tiny_model_path() -> Callable[[str], Path]:
-    """Factory ``tiny_model_path(arch) -> Path`` of a tiny random-weight model (see ``easyrl.models.tiny``).
+    """Factory ``tiny_model_path(arch) -> Path`` of a tiny random-weight model (see ``easyrl.testing.tiny``).
 
     Models are built into the shared cache ``$EASYRL_CACHE/tiny_models/<arch>`` (default ``~/.cache/easyrl``), once
     per cache (later sessions reuse them) and at most once per test session.
     """
-    from easyrl.models.tiny import build_tiny_model
+    from easyrl.testing.tiny import build_tiny_model
 
     built: dict[str, Path] = {}
 
