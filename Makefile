@@ -12,14 +12,14 @@ setup:
 
 # GRPO on the ten bundled Geometry3K problems with a tiny Qwen2.5-VL, 2 CPU workers, 2 steps (~4 minutes).
 demo: setup
-	$(PY) -m easyrl.models.tiny qwen2_5_vl --output $(TINY)
+	$(PY) -m easyrl.testing.tiny qwen2_5_vl --output $(TINY)
 	$(PY) -m easyrl.trainer config=examples/configs/cpu_demo.yaml worker.actor.model.model_path=$(TINY) $(ARGS)
 
 # GRPO that visibly learns: SmolLM2-135M-Instruct on single-digit addition, 1 CPU worker x 2 threads, validation on
 # held-out prompts before, during and after; ends with runs/easyrl/smollm2_learn/learning.png (~12 minutes on 2 cores).
 demo-learn: setup
 	$(PY) -m easyrl.trainer config=examples/configs/smollm2_learn.yaml \
-		worker.actor.model.model_path=$$($(PY) -m easyrl.models.smollm2) $(ARGS)
+		worker.actor.model.model_path=$$($(PY) -m easyrl.testing.smollm2) $(ARGS)
 	$(PY) bench/plots.py runs/easyrl/smollm2_learn/metrics.jsonl --labels easyrl \
 		--title "make demo-learn: GRPO on SmolLM2-135M-Instruct, single-digit addition"
 

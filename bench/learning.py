@@ -45,7 +45,7 @@ def run(lib: str, seed: int, root: str, extra: list[str]) -> str:
         FileExistsError: the run folder exists.
         subprocess.CalledProcessError: the run failed.
     """
-    from easyrl.models.smollm2 import smollm2_path
+    from easyrl.testing.smollm2 import smollm2_path
 
     folder = os.path.join(root, f"{lib}_seed{seed}")
     if os.path.exists(folder):

@@ -58,7 +58,7 @@ def main() -> None:
     args = parser.parse_args()
     from vllm import LLM, SamplingParams
 
-    from easyrl.models.smollm2 import smollm2_path
+    from easyrl.testing.smollm2 import smollm2_path
 
     llm = LLM(str(smollm2_path()), dtype="float32", enforce_eager=True, max_model_len=512, seed=0)
     tok = llm.get_tokenizer()

@@ -96,7 +96,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     if args.action == "report":
         report(args.root)
         return
-    from easyrl.models.smollm2 import smollm2_path
+    from easyrl.testing.smollm2 import smollm2_path
 
     for point in args.point or DEFAULT_POINTS:
         folder = os.path.join(args.root, point)

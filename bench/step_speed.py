@@ -273,7 +273,7 @@ def run(root: str, steps: int, repeats: int, libs: list[str], extra: list[str],
     Raises:
         FileExistsError: ``root`` exists.
     """
-    from easyrl.models.smollm2 import smollm2_path
+    from easyrl.testing.smollm2 import smollm2_path
 
     if os.path.exists(root):
         raise FileExistsError(f"{root} exists: delete it to run again, or pass another --root")

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import pytest
 
@@ -12,12 +13,12 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="session")
 def tiny_model_path() -> Callable[[str], Path]:
-    """Factory ``tiny_model_path(arch) -> Path`` of a tiny random-weight model (see ``easyrl.models.tiny``).
+    """Factory ``tiny_model_path(arch) -> Path`` of a tiny random-weight model (see ``easyrl.testing.tiny``).
 
     Models are built into the shared cache ``$EASYRL_CACHE/tiny_models/<arch>`` (default ``~/.cache/easyrl``), once
     per cache (later sessions reuse them) and at most once per test session.
     """
-    from easyrl.models.tiny import build_tiny_model
+    from easyrl.testing.tiny import build_tiny_model
 
     built: dict[str, Path] = {}
 
@@ -71,6 +72,48 @@ def e2e_config(e2e_args):
         return load_config(e2e_args(arch, runs_root, *overrides))
 
     return build
+
+
+@pytest.fixture(scope="session")
+def e2e_text_config(e2e_config):
+    """Factory ``e2e_text_config(runs_root, *overrides) -> PPOConfig``: ``e2e_config`` with the tiny text model
+    (``qwen2_5``) for short runs: no validation, responses of at most 16 tokens, images dropped, and vLLM's log-probs
+    kept (``rollout/log_prob_diff_max``, the vLLM/actor parity); then ``overrides`` (later wins)."""
+
+    def build(runs_root: Path, *overrides: str):
+        return e2e_config(
+            "qwen2_5", runs_root,
+            "data.val_files=null",
+            "data.max_response_length=16",
+            "worker.rollout.limit_images=0",
+            "worker.rollout.calculate_log_probs=true",
+            *overrides,
+        )
+
+    return build
+
+
+@pytest.fixture(scope="session")
+def trainer_on_ray() -> Callable:
+    """Context-manager factory: ``with trainer_on_ray(config) as trainer:`` starts Ray on 2 CPUs (no dashboard) and
+    builds the trainer (``easyrl.trainer.__main__.build_trainer``); on leaving the block its workers are shut down
+    (only when the block raised nothing; Ray's shutdown ends them anyway), then Ray, always."""
+
+    @contextmanager
+    def run(config) -> Iterator:
+        import ray
+
+        from easyrl.trainer.__main__ import build_trainer
+
+        ray.init(num_cpus=2, include_dashboard=False)
+        try:
+            trainer = build_trainer(config)
+            yield trainer
+            trainer.workers.shutdown()
+        finally:
+            ray.shutdown()
+
+    return run
 
 
 @pytest.fixture

@@ -54,7 +54,7 @@ def test_prompts_are_the_ones_easyrl_tokenizes():
     from trl_grpo import load_prompts
 
     from easyrl.data.dataset import RLDataset
-    from easyrl.models.smollm2 import smollm2_path
+    from easyrl.testing.smollm2 import smollm2_path
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2_path())
     cfg = config()

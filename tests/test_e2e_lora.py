@@ -18,27 +18,20 @@ pytestmark = pytest.mark.e2e
 LOGPROB_TOL = 2e-3
 
 
-def test_lora_grpo_updates_only_the_adapter_and_vllm_samples_the_merged_model(e2e_config, tmp_path):
-    import ray
+def test_lora_grpo_updates_only_the_adapter_and_vllm_samples_the_merged_model(e2e_text_config, trainer_on_ray,
+                                                                             tmp_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
     from easyrl.models.lora import is_adapter_key
-    from easyrl.trainer.__main__ import build_trainer
 
-    config = e2e_config(
-        "qwen2_5", tmp_path,
-        "data.val_files=null",
-        "data.max_response_length=16",
-        "worker.rollout.limit_images=0",
-        "worker.rollout.calculate_log_probs=true",
+    config = e2e_text_config(
+        tmp_path,
         "worker.actor.model.lora.rank=4",
         "worker.actor.model.lora.alpha=8",
         "worker.actor.optim.lr=1e-2",  # an adapter starting at B = 0 must visibly move in one step
     )
-    ray.init(num_cpus=2, include_dashboard=False)
-    try:
-        trainer = build_trainer(config)
+    with trainer_on_ray(config) as trainer:
         stream = trainer.prompt_stream()
         weights_0 = trainer.workers.run_all("actor_state_dict")[0]
         trainer.global_step = 1
@@ -49,9 +42,6 @@ def test_lora_grpo_updates_only_the_adapter_and_vllm_samples_the_merged_model(e2
         batch = trainer.last_batch
         weights_2 = trainer.workers.run_all("actor_state_dict")[0]
         export = trainer.save_model()
-        trainer.workers.shutdown()
-    finally:
-        ray.shutdown()
 
     assert metrics_1["critic/advantages/max"] > 0  # the test reward varies within groups
     changed = {name for name in weights_0 if not torch.equal(weights_0[name], weights_1[name])}

@@ -18,11 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.timeout(900)
-def test_image_and_text_prompts_on_different_ranks(e2e_config, tmp_path):
-    import ray
-
-    from easyrl.trainer.__main__ import build_trainer
-
+def test_image_and_text_prompts_on_different_ranks(e2e_config, trainer_on_ray, tmp_path):
     data = tmp_path / "mixed.jsonl"
     rows = [
         {"problem": "<image>Find m \\widehat A B.", "answer": "80", "images": ["11/img_diagram.png"]},
@@ -38,14 +34,9 @@ def test_image_and_text_prompts_on_different_ranks(e2e_config, tmp_path):
         "data.max_response_length=16",
         "worker.rollout.calculate_log_probs=true",
     )
-    ray.init(num_cpus=2, include_dashboard=False)
-    try:
-        trainer = build_trainer(config)
+    with trainer_on_ray(config) as trainer:
         metrics = trainer.train_step(trainer.prompt_stream())
         batch = trainer.last_batch
-        trainer.workers.shutdown()
-    finally:
-        ray.shutdown()
     with_images = [bool(mm) for mm in batch["multi_modal_inputs"]]
     assert with_images == [with_images[0]] * 4 + [not with_images[0]] * 4  # one prompt per rank, one of each kind
     assert all(math.isfinite(v) for v in metrics.values()), metrics

@@ -13,18 +13,14 @@ import pytest
 pytestmark = pytest.mark.e2e
 
 
-def test_two_nodes_one_worker_each_two_grpo_steps(e2e_config, tmp_path):
+def test_two_nodes_one_worker_each_two_grpo_steps(e2e_text_config, tmp_path):
     import ray
     from ray.cluster_utils import Cluster
 
     from easyrl.trainer.__main__ import build_trainer
 
-    config = e2e_config(
-        "qwen2_5", tmp_path,
-        "data.val_files=null",
-        "data.max_response_length=16",
-        "worker.rollout.limit_images=0",
-        "worker.rollout.calculate_log_probs=true",
+    config = e2e_text_config(
+        tmp_path,
         "trainer.nnodes=2",
         "trainer.n_gpus_per_node=1",
         "trainer.max_steps=2",

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.e2e
 LOGPROB_TOL = 1e-4  # float32 on both sides; measured 1.9e-6 with TP 2 and 1 (as tests/test_e2e_grpo.py)
 
 
-def _run(e2e_config, runs_root, tp: int) -> dict:
+def _run(e2e_text_config, runs_root, tp: int) -> dict:
     from easyrl.trainer.__main__ import build_trainer
 
     def tp_group_ranks(worker) -> list[int]:  # runs inside vLLM's worker (nested: Ray pickles it by value)
@@ -28,12 +28,8 @@ def _run(e2e_config, runs_root, tp: int) -> dict:
 
         return list(get_tp_group().ranks)
 
-    config = e2e_config(
-        "qwen2_5", runs_root,
-        "data.val_files=null",
-        "data.max_response_length=16",
-        "worker.rollout.limit_images=0",
-        "worker.rollout.calculate_log_probs=true",
+    config = e2e_text_config(
+        runs_root,
         f"worker.rollout.tensor_parallel_size={tp}",
         "trainer.save_freq=-1",
     )
@@ -52,13 +48,13 @@ def _run(e2e_config, runs_root, tp: int) -> dict:
     return {"groups": groups, "steps": steps, "batches": batches}
 
 
-def test_tensor_parallel_2_and_1_on_two_ranks(e2e_config, tmp_path):
+def test_tensor_parallel_2_and_1_on_two_ranks(e2e_text_config, tmp_path):
     import ray
 
     shm_before = set(os.listdir("/dev/shm"))
     ray.init(num_cpus=2, include_dashboard=False)
     try:
-        runs = {tp: _run(e2e_config, tmp_path / f"tp{tp}", tp) for tp in (2, 1)}
+        runs = {tp: _run(e2e_text_config, tmp_path / f"tp{tp}", tp) for tp in (2, 1)}
     finally:
         ray.shutdown()
     # the TP group's shared memory (vLLM's 24 MiB broadcast ring, the CPU all-reduce buffers) is released at shutdown

@@ -14,11 +14,8 @@ pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_text_model_trains_validates_and_exports(e2e_config, tmp_path):
-    import ray
+def test_text_model_trains_validates_and_exports(e2e_config, trainer_on_ray, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from easyrl.trainer.__main__ import build_trainer
 
     config = e2e_config(
         "qwen2_5", tmp_path,
@@ -27,13 +24,8 @@ def test_text_model_trains_validates_and_exports(e2e_config, tmp_path):
         "trainer.max_steps=1",
         "trainer.val_freq=1",
     )
-    ray.init(num_cpus=2, include_dashboard=False)
-    try:
-        trainer = build_trainer(config)
+    with trainer_on_ray(config) as trainer:
         trainer.fit()
-        trainer.workers.shutdown()
-    finally:
-        ray.shutdown()
     run_dir = Path(config.trainer.run_dir)
     (row,) = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert row["step"] == 1

