@@ -104,6 +104,7 @@ def _grad_norm_rank(rank: int, world: int, store: str, results) -> None:
     same = all(torch.equal(full, value.full_tensor()) for full, value in zip(bucket, state.values()))
     if rank == 0:
         results.put((norm.item(), {name: g.tolist() for name, g in grads.items()}, same))
+    dist.barrier()  # neither rank tears gloo down while the other still uses it (SIGABRT at exit under load)
     dist.destroy_process_group()
 
 
