@@ -14,7 +14,7 @@ from easyrl.config.ppo import PPOConfig
 from easyrl.errors import ConfigError
 
 
-def _auto_keys(cls: type, prefix: str = "") -> dict[str, str]:
+def auto_keys(cls: type, prefix: str = "") -> dict[str, str]:
     """Dotted names of the auto fields of ``cls`` (recursively) -> the key they are derived from."""
     found = {}
     for f in dataclasses.fields(cls):
@@ -23,7 +23,7 @@ def _auto_keys(cls: type, prefix: str = "") -> dict[str, str]:
         if "auto" in f.metadata:
             found[name] = f.metadata["auto"]
         elif sub is not None:
-            found.update(_auto_keys(sub, name + "."))
+            found.update(auto_keys(sub, name + "."))
     return found
 
 
@@ -35,7 +35,7 @@ def _field_dataclass(f: dataclasses.Field) -> Optional[type]:
     return None
 
 
-def _valid_keys(cls: type, prefix: str = "") -> dict[str, bool]:
+def valid_keys(cls: type, prefix: str = "") -> dict[str, bool]:
     """All dotted keys of ``cls`` -> whether the key holds a free-form dict (its children are not checked)."""
     keys = {}
     for f in dataclasses.fields(cls):
@@ -43,7 +43,7 @@ def _valid_keys(cls: type, prefix: str = "") -> dict[str, bool]:
         sub = _field_dataclass(f)
         if sub is not None:
             keys[name] = False
-            keys.update(_valid_keys(sub, name + "."))
+            keys.update(valid_keys(sub, name + "."))
         else:
             keys[name] = "dict" in str(f.type)
     return keys
@@ -135,7 +135,7 @@ def load_config(argv: list[str]) -> PPOConfig:
 
     Raises:
         ConfigError: unknown or auto key, malformed override, missing or malformed YAML file (not a mapping), value
-            of the wrong type or out of range (``easyrl.config_checks``).
+            of the wrong type or out of range (``easyrl.config.checks``).
     """
     yaml_path = None
     overrides = []
@@ -147,7 +147,7 @@ def load_config(argv: list[str]) -> PPOConfig:
         else:
             overrides.append(word)
 
-    valid, autos = _valid_keys(PPOConfig), _auto_keys(PPOConfig)
+    valid, autos = valid_keys(PPOConfig), auto_keys(PPOConfig)
     merged = OmegaConf.structured(PPOConfig)
     layers = []
     if yaml_path is not None:

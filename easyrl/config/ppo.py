@@ -6,10 +6,11 @@ import os
 from dataclasses import dataclass, field
 
 from easyrl.config.algorithm import AlgorithmConfig
+from easyrl.config.checks import check_config
 from easyrl.config.data import DataConfig
 from easyrl.config.trainer import TrainerConfig
+from easyrl.config.traps import warn_config_traps
 from easyrl.config.worker import WorkerConfig
-from easyrl.config_checks import check_config
 
 
 @dataclass
@@ -22,7 +23,8 @@ class PPOConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
     def finalize(self) -> "PPOConfig":
-        """Fill in the auto keys and check every value (``easyrl.config_checks``). Raises ``ConfigError``."""
+        """Fill in the auto keys, check every value (``easyrl.config.checks``) and warn of settings that differ from
+        their paper's meaning (``easyrl.config.traps``). Raises ``ConfigError``."""
         actor, rollout, algo = self.worker.actor, self.worker.rollout, self.algorithm
         rollout.prompt_length = self.data.max_prompt_length
         rollout.response_length = self.data.max_response_length
@@ -42,8 +44,6 @@ class PPOConfig:
         if self.trainer.save_checkpoint_path is None:
             self.trainer.save_checkpoint_path = self.trainer.run_dir
         check_config(self)
-        from easyrl.config_warnings import warn_config_traps
-
         warn_config_traps(self)
         return self
 

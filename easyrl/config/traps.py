@@ -11,7 +11,7 @@ import warnings
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from easyrl.config import PPOConfig
+    from easyrl.config.ppo import PPOConfig
 
 __all__ = ["ConfigWarning", "config_trap_messages", "warn_config_traps"]
 
