@@ -1,4 +1,5 @@
-"""Checks of a merged configuration's values, before anything is loaded or started (called by ``PPOConfig.finalize``).
+"""Checks of a merged configuration's values, before anything is loaded or started (called by ``load_config`` once
+``PPOConfig.finalize`` has filled in the auto keys).
 
 Order matters for the messages: every size is checked to be in range first (so that a zero never reaches a
 division), then the sizes that must divide each other, then names chosen from a list, then settings that only make

@@ -10,7 +10,9 @@ from typing import Any, Optional
 
 from omegaconf import OmegaConf
 
+from easyrl.config.checks import check_config
 from easyrl.config.ppo import PPOConfig
+from easyrl.config.traps import warn_config_traps
 from easyrl.errors import ConfigError
 
 
@@ -131,7 +133,8 @@ def load_config(argv: list[str]) -> PPOConfig:
         argv: ``["config=path.yaml", "a.b=1", ...]``; ``config=`` is optional and may appear once.
 
     Returns:
-        A finalized ``PPOConfig`` (auto keys filled in).
+        A finalized ``PPOConfig`` (auto keys filled in, every value checked); settings that run but differ from their
+        paper's meaning are warned of (``easyrl.config.traps.ConfigWarning``).
 
     Raises:
         ConfigError: unknown or auto key, malformed override, missing or malformed YAML file (not a mapping), value
@@ -185,7 +188,10 @@ def load_config(argv: list[str]) -> PPOConfig:
         except Exception as e:  # type mismatch, e.g. a string for an int
             raise ConfigError(_merge_error(e, source)) from None
     config: PPOConfig = OmegaConf.to_object(merged)
-    return config.finalize()
+    config.finalize()
+    check_config(config)
+    warn_config_traps(config)
+    return config
 
 
 def to_dict(config: PPOConfig) -> dict:

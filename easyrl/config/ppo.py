@@ -1,4 +1,5 @@
-"""``PPOConfig``: the root of the configuration; ``finalize`` fills in the auto keys and checks every value."""
+"""``PPOConfig``: the root of the configuration; ``finalize`` fills in the auto keys (``load_config`` then checks every
+value, ``easyrl.config.checks``, and warns of traps, ``easyrl.config.traps``)."""
 
 from __future__ import annotations
 
@@ -6,10 +7,8 @@ import os
 from dataclasses import dataclass, field
 
 from easyrl.config.algorithm import AlgorithmConfig
-from easyrl.config.checks import check_config
 from easyrl.config.data import DataConfig
 from easyrl.config.trainer import TrainerConfig
-from easyrl.config.traps import warn_config_traps
 from easyrl.config.worker import WorkerConfig
 
 
@@ -23,8 +22,8 @@ class PPOConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
     def finalize(self) -> "PPOConfig":
-        """Fill in the auto keys, check every value (``easyrl.config.checks``) and warn of settings that differ from
-        their paper's meaning (``easyrl.config.traps``). Raises ``ConfigError``."""
+        """Fill in the auto keys (values that follow from others); returns ``self``. The values are checked after
+        this by ``load_config`` (``easyrl.config.checks``, ``easyrl.config.traps``)."""
         actor, rollout, algo = self.worker.actor, self.worker.rollout, self.algorithm
         rollout.prompt_length = self.data.max_prompt_length
         rollout.response_length = self.data.max_response_length
@@ -43,8 +42,6 @@ class PPOConfig:
         )
         if self.trainer.save_checkpoint_path is None:
             self.trainer.save_checkpoint_path = self.trainer.run_dir
-        check_config(self)
-        warn_config_traps(self)
         return self
 
     @property

@@ -93,5 +93,5 @@ def warn_config_traps(config: PPOConfig) -> list[str]:
     """Emit :func:`config_trap_messages` as :class:`ConfigWarning`s; returns them."""
     messages = config_trap_messages(config)
     for message in messages:
-        warnings.warn(message, ConfigWarning, stacklevel=3)
+        warnings.warn(message, ConfigWarning, stacklevel=2)  # the caller's line (load_config's)
     return messages
