@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from easyrl.config import ConfigError, load_config
-from easyrl.trainer.loggers import Tracker, check_backends
+from easyrl.config.trainer import check_backends
+from easyrl.trainer.loggers import Tracker
 
 STEPS = [
     {"actor/pg_loss": 0.5, "critic/score/mean": 0.25, "perf/throughput": 120.0, "timing_s/step": 3.5},

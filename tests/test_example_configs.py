@@ -13,7 +13,7 @@ import shlex
 
 import pytest
 
-from easyrl.config import PPOConfig, _auto_keys, _valid_keys, load_config
+from easyrl.config import PPOConfig, auto_keys, load_config, valid_keys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 YAMLS = sorted(glob.glob(os.path.join(ROOT, "examples", "configs", "*.yaml"))) + [os.path.join(ROOT, "config.yaml")]
@@ -114,8 +114,8 @@ def test_default_config_documents_every_key():
     rejected by ``load_config``, see ``test_yaml_loads``)."""
     with open(os.path.join(ROOT, "config.yaml"), encoding="utf-8") as f:
         text = f.read()
-    autos = _auto_keys(PPOConfig)
-    leaves = [k for k in _valid_keys(PPOConfig) if k not in autos]
+    autos = auto_keys(PPOConfig)
+    leaves = [k for k in valid_keys(PPOConfig) if k not in autos]
     # a YAML key at nesting depth d is indented 2*d spaces; walk the file and rebuild dotted names
     found, stack = set(), []
     for line in text.splitlines():

@@ -8,10 +8,10 @@ import torch
 from tensordict import TensorDict
 
 from easyrl.batch import Batch
+from easyrl.config.checks import check_tensor_parallel
 from easyrl.workers.rollout_layout import (
     RolloutLayout,
     check_heads_split,
-    check_tensor_parallel,
     split_head_counts,
 )
 

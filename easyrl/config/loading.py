@@ -10,11 +10,13 @@ from typing import Any, Optional
 
 from omegaconf import OmegaConf
 
+from easyrl.config.checks import check_config
 from easyrl.config.ppo import PPOConfig
+from easyrl.config.traps import warn_config_traps
 from easyrl.errors import ConfigError
 
 
-def _auto_keys(cls: type, prefix: str = "") -> dict[str, str]:
+def auto_keys(cls: type, prefix: str = "") -> dict[str, str]:
     """Dotted names of the auto fields of ``cls`` (recursively) -> the key they are derived from."""
     found = {}
     for f in dataclasses.fields(cls):
@@ -23,7 +25,7 @@ def _auto_keys(cls: type, prefix: str = "") -> dict[str, str]:
         if "auto" in f.metadata:
             found[name] = f.metadata["auto"]
         elif sub is not None:
-            found.update(_auto_keys(sub, name + "."))
+            found.update(auto_keys(sub, name + "."))
     return found
 
 
@@ -35,7 +37,7 @@ def _field_dataclass(f: dataclasses.Field) -> Optional[type]:
     return None
 
 
-def _valid_keys(cls: type, prefix: str = "") -> dict[str, bool]:
+def valid_keys(cls: type, prefix: str = "") -> dict[str, bool]:
     """All dotted keys of ``cls`` -> whether the key holds a free-form dict (its children are not checked)."""
     keys = {}
     for f in dataclasses.fields(cls):
@@ -43,7 +45,7 @@ def _valid_keys(cls: type, prefix: str = "") -> dict[str, bool]:
         sub = _field_dataclass(f)
         if sub is not None:
             keys[name] = False
-            keys.update(_valid_keys(sub, name + "."))
+            keys.update(valid_keys(sub, name + "."))
         else:
             keys[name] = "dict" in str(f.type)
     return keys
@@ -131,11 +133,12 @@ def load_config(argv: list[str]) -> PPOConfig:
         argv: ``["config=path.yaml", "a.b=1", ...]``; ``config=`` is optional and may appear once.
 
     Returns:
-        A finalized ``PPOConfig`` (auto keys filled in).
+        A finalized ``PPOConfig`` (auto keys filled in, every value checked); settings that run but differ from their
+        paper's meaning are warned of (``easyrl.config.traps.ConfigWarning``).
 
     Raises:
         ConfigError: unknown or auto key, malformed override, missing or malformed YAML file (not a mapping), value
-            of the wrong type or out of range (``easyrl.config_checks``).
+            of the wrong type or out of range (``easyrl.config.checks``).
     """
     yaml_path = None
     overrides = []
@@ -147,7 +150,7 @@ def load_config(argv: list[str]) -> PPOConfig:
         else:
             overrides.append(word)
 
-    valid, autos = _valid_keys(PPOConfig), _auto_keys(PPOConfig)
+    valid, autos = valid_keys(PPOConfig), auto_keys(PPOConfig)
     merged = OmegaConf.structured(PPOConfig)
     layers = []
     if yaml_path is not None:
@@ -185,7 +188,10 @@ def load_config(argv: list[str]) -> PPOConfig:
         except Exception as e:  # type mismatch, e.g. a string for an int
             raise ConfigError(_merge_error(e, source)) from None
     config: PPOConfig = OmegaConf.to_object(merged)
-    return config.finalize()
+    config.finalize()
+    check_config(config)
+    warn_config_traps(config)
+    return config
 
 
 def to_dict(config: PPOConfig) -> dict:

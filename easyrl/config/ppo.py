@@ -1,4 +1,5 @@
-"""``PPOConfig``: the root of the configuration; ``finalize`` fills in the auto keys and checks every value."""
+"""``PPOConfig``: the root of the configuration; ``finalize`` fills in the auto keys (``load_config`` then checks every
+value, ``easyrl.config.checks``, and warns of traps, ``easyrl.config.traps``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from easyrl.config.algorithm import AlgorithmConfig
 from easyrl.config.data import DataConfig
 from easyrl.config.trainer import TrainerConfig
 from easyrl.config.worker import WorkerConfig
-from easyrl.config_checks import check_config
 
 
 @dataclass
@@ -22,7 +22,8 @@ class PPOConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
     def finalize(self) -> "PPOConfig":
-        """Fill in the auto keys and check every value (``easyrl.config_checks``). Raises ``ConfigError``."""
+        """Fill in the auto keys (values that follow from others); returns ``self``. The values are checked after
+        this by ``load_config`` (``easyrl.config.checks``, ``easyrl.config.traps``)."""
         actor, rollout, algo = self.worker.actor, self.worker.rollout, self.algorithm
         rollout.prompt_length = self.data.max_prompt_length
         rollout.response_length = self.data.max_response_length
@@ -41,10 +42,6 @@ class PPOConfig:
         )
         if self.trainer.save_checkpoint_path is None:
             self.trainer.save_checkpoint_path = self.trainer.run_dir
-        check_config(self)
-        from easyrl.config_warnings import warn_config_traps
-
-        warn_config_traps(self)
         return self
 
     @property

@@ -1,11 +1,35 @@
-"""``trainer:``: the training loop (length, validation, logging, devices, checkpoints, output folders)."""
+"""``trainer:``: the training loop (length, validation, logging, devices, checkpoints, output folders), and the
+metric backends ``trainer.logger`` may name (``BACKENDS``, checked by ``check_backends``)."""
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, field
 from typing import Optional
 
 from easyrl.config.fields import auto
+from easyrl.errors import ConfigError
+
+# backend -> (module it imports, the extra that installs it; None: a core dependency)
+BACKENDS: dict[str, tuple[Optional[str], Optional[str]]] = {
+    "console": (None, None), "jsonl": (None, None), "tensorboard": ("tensorboard", None),
+    "wandb": ("wandb", "wandb"), "swanlab": ("swanlab", "swanlab"), "mlflow": ("mlflow", "mlflow"),
+}
+
+
+def check_backends(names: list[str]) -> None:
+    """Every name is a known backend whose library is installed (checked without importing it).
+
+    Raises:
+        ConfigError: an unknown name (the valid ones are listed) or a missing library, with a one-line install hint.
+    """
+    for name in names:
+        if name not in BACKENDS:
+            raise ConfigError(f"trainer.logger: unknown backend '{name}'; choose from {', '.join(BACKENDS)}.")
+        module, extra = BACKENDS[name]
+        if module is not None and importlib.util.find_spec(module) is None:
+            hint = f"pip install 'easyrl[{extra}]' (or uv sync --extra {extra})" if extra else f"pip install {module}"
+            raise ConfigError(f"trainer.logger contains '{name}' but {module} is not installed: {hint}")
 
 
 @dataclass

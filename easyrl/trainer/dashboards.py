@@ -1,7 +1,7 @@
 """The dashboard backends of ``trainer.logger``: Weights & Biases, TensorBoard, SwanLab, MLflow.
 
 Each is an optional dependency (an extra: ``pip install 'easyrl[wandb]'``), checked when the config is loaded
-(``easyrl.trainer.loggers.check_backends``). Each takes ``log(metrics, step, generations=None)``: flat ``group/name``
+(``easyrl.config.trainer.check_backends``). Each takes ``log(metrics, step, generations=None)``: flat ``group/name``
 metrics, and on validation steps the first ``trainer.val_generations_to_log`` samples as rows
 ``{"prompt", "response", "ground_truth", "score"}``, logged as a table named ``val/generations``.
 

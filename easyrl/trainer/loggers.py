@@ -9,39 +9,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import math
 import os
 from typing import Any, Optional
 
-from easyrl.errors import ConfigError
+from easyrl.config.trainer import check_backends
 from easyrl.trainer.console import ConsoleLogger
 from easyrl.trainer.dashboards import MlflowLogger, SwanlabLogger, TensorBoardLogger, WandbLogger
 from easyrl.trainer.run_folder import METRICS_FILE, refuse_existing_metrics
-
-# backend -> (module it imports, the extra that installs it; None: a core dependency)
-BACKENDS: dict[str, tuple[Optional[str], Optional[str]]] = {
-    "console": (None, None), "jsonl": (None, None), "tensorboard": ("tensorboard", None),
-    "wandb": ("wandb", "wandb"), "swanlab": ("swanlab", "swanlab"), "mlflow": ("mlflow", "mlflow"),
-}
-
-
-def check_backends(names: list[str]) -> None:
-    """Every name is a known backend whose library is installed (checked without importing it).
-
-    Raises:
-        ConfigError: an unknown name (the valid ones are listed) or a missing library, with a one-line install hint.
-    """
-    for name in names:
-        if name not in BACKENDS:
-            raise ConfigError(f"trainer.logger: unknown backend '{name}'; choose from {', '.join(BACKENDS)}.")
-        module, extra = BACKENDS[name]
-        if module is not None and importlib.util.find_spec(module) is None:
-            hint = f"pip install 'easyrl[{extra}]' (or uv sync --extra {extra})" if extra else f"pip install {module}"
-            raise ConfigError(f"trainer.logger contains '{name}' but {module} is not installed: {hint}")
-
 
 logger = logging.getLogger("easyrl.metrics")
 
@@ -81,7 +58,7 @@ class Tracker:
     """Fans metrics out to the backends named in ``trainer.logger``.
 
     Args:
-        backends: names from ``BACKENDS``.
+        backends: names from ``easyrl.config.trainer.BACKENDS``.
         run_dir: the run folder (JSONL, TensorBoard, wandb, SwanLab and MLflow files go under it).
         project, experiment: ``trainer.project_name`` / ``trainer.experiment_name``.
         config: the whole config as a plain dict (logged by the dashboards).

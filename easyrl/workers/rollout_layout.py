@@ -24,22 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence, TypeVar
 
+from easyrl.config.checks import check_tensor_parallel
+
 T = TypeVar("T")
-
-
-def check_tensor_parallel(world_size: int, tensor_parallel_size: int) -> None:
-    """Raise unless ``tensor_parallel_size`` (>= 1) divides ``world_size``.
-
-    Raises:
-        ValueError: naming ``worker.rollout.tensor_parallel_size``, the device count and the sizes that would fit.
-    """
-    if tensor_parallel_size < 1 or world_size % tensor_parallel_size != 0:
-        fits = [d for d in range(1, world_size + 1) if world_size % d == 0]
-        raise ValueError(
-            f"worker.rollout.tensor_parallel_size={tensor_parallel_size} does not divide the {world_size} devices "
-            f"(trainer.nnodes * trainer.n_gpus_per_node): each vLLM engine spans tensor_parallel_size devices, so "
-            f"choose one of {', '.join(map(str, fits))}."
-        )
 
 
 @dataclass(frozen=True)

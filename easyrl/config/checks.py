@@ -1,4 +1,5 @@
-"""Checks of a merged configuration's values, before anything is loaded or started (called by ``PPOConfig.finalize``).
+"""Checks of a merged configuration's values, before anything is loaded or started (called by ``load_config`` once
+``PPOConfig.finalize`` has filled in the auto keys).
 
 Order matters for the messages: every size is checked to be in range first (so that a zero never reaches a
 division), then the sizes that must divide each other, then names chosen from a list, then settings that only make
@@ -12,10 +13,11 @@ import math
 import re
 from typing import TYPE_CHECKING, Any, Callable
 
+from easyrl.config.trainer import check_backends
 from easyrl.errors import ConfigError
 
 if TYPE_CHECKING:
-    from easyrl.config import PPOConfig
+    from easyrl.config.ppo import PPOConfig
 
 # (rule, keys): each rule is (test, the allowed range in words). None values are skipped (they mean "off").
 _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
@@ -111,6 +113,22 @@ def check_ranges(config: "PPOConfig") -> None:
         check_range(key, value, VAL_OVERRIDE_RULES[name])
 
 
+def check_tensor_parallel(world_size: int, tensor_parallel_size: int) -> None:
+    """Raise unless ``tensor_parallel_size`` (>= 1) divides ``world_size`` (the rollout's vLLM engines each span
+    ``tensor_parallel_size`` devices; see ``easyrl.workers.rollout_layout``).
+
+    Raises:
+        ValueError: naming ``worker.rollout.tensor_parallel_size``, the device count and the sizes that would fit.
+    """
+    if tensor_parallel_size < 1 or world_size % tensor_parallel_size != 0:
+        fits = [d for d in range(1, world_size + 1) if world_size % d == 0]
+        raise ValueError(
+            f"worker.rollout.tensor_parallel_size={tensor_parallel_size} does not divide the {world_size} devices "
+            f"(trainer.nnodes * trainer.n_gpus_per_node): each vLLM engine spans tensor_parallel_size devices, so "
+            f"choose one of {', '.join(map(str, fits))}."
+        )
+
+
 def check_divisibility(config: "PPOConfig") -> None:
     """Batch sizes that must split evenly: rollout batch into mini-batches, mini-batch samples over the devices, a
     device's share into micro-batches (all counted as in EasyR1: batch sizes in prompts, micro-batches in samples),
@@ -121,8 +139,6 @@ def check_divisibility(config: "PPOConfig") -> None:
         sections.append(("worker.critic", config.worker.critic))
     for section, cfg in sections:
         _check_batch_split(config, section, cfg.global_batch_size, cfg.micro_batch_size_per_device_for_update)
-    from easyrl.workers.rollout_layout import check_tensor_parallel
-
     try:
         check_tensor_parallel(config.world_size, config.worker.rollout.tensor_parallel_size)
     except ValueError as err:
@@ -172,8 +188,6 @@ def check_names(config: "PPOConfig") -> None:
     check_choice("trainer.device", config.trainer.device, ("auto", "cuda", "npu", "cpu"))
     check_choice("trainer.best_metric_mode", config.trainer.best_metric_mode, ("max", "min"))
     check_choice("worker.reward.on_error", config.worker.reward.on_error, ("raise", "zero"))
-    from easyrl.trainer.loggers import check_backends
-
     check_backends(config.trainer.logger)  # known names, and their libraries installed
 
 

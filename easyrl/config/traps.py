@@ -11,7 +11,7 @@ import warnings
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from easyrl.config import PPOConfig
+    from easyrl.config.ppo import PPOConfig
 
 __all__ = ["ConfigWarning", "config_trap_messages", "warn_config_traps"]
 
@@ -93,5 +93,5 @@ def warn_config_traps(config: PPOConfig) -> list[str]:
     """Emit :func:`config_trap_messages` as :class:`ConfigWarning`s; returns them."""
     messages = config_trap_messages(config)
     for message in messages:
-        warnings.warn(message, ConfigWarning, stacklevel=3)
+        warnings.warn(message, ConfigWarning, stacklevel=2)  # the caller's line (load_config's)
     return messages

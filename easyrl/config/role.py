@@ -1,0 +1,110 @@
+"""An FSDP2-trained model role (``worker.actor``, ``worker.critic``): its checkpoint (and LoRA), optimizer, FSDP
+sharding, host offloading, batch sizes and update loop, the fields both roles share (``TrainedRoleConfig``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from easyrl.config.fields import auto
+
+
+@dataclass
+class LoraConfig:
+    """LoRA with peft (``easyrl/models/lora.py``; EasyR1's keys). Only the adapter is trained; the reference policy is
+    the base model (the adapter switched off); vLLM receives the merged weights ``W + alpha / rank * B @ A``."""
+
+    rank: int = 0
+    """Rank of the adapter matrices; 0 = LoRA off (full fine-tuning)."""
+    alpha: float = 64
+    """The adapter's output is scaled by ``alpha / rank``."""
+    target_modules: str = "all-linear"
+    """``all-linear`` (every linear layer but the output head) or comma-separated module names
+    (``q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj``)."""
+    exclude_modules: Optional[str] = ".*visual.*"
+    """A regular expression of full module names left without adapter; by default the vision tower of Qwen-VL
+    models (``model.visual``). null: none."""
+
+
+@dataclass
+class ModelConfig:
+    """The policy checkpoint (actor, reference and rollout all start from it)."""
+
+    model_path: Optional[str] = None
+    """A hub id or local folder in Hugging Face format."""
+    tokenizer_path: Optional[str] = None
+    """Defaults to ``model_path``."""
+    trust_remote_code: bool = False
+    freeze_vision_tower: bool = False
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    npu_fused_kernels: bool = False
+    """Ascend only (``trainer.device=npu``): torch_npu's fused RMSNorm, SwiGLU and rotary kernels in the actor and
+    reference (``easyrl/models/npu_kernels.py``); ignored on other devices."""
+
+
+@dataclass
+class OptimConfig:
+    """AdamW and its learning-rate schedule (linear warm-up, then constant)."""
+
+    lr: float = 1e-6
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = 1e-2
+    lr_warmup_ratio: float = 0.0
+    """Fraction of ``training_steps`` with a linear warm-up; constant afterwards."""
+    training_steps: int = auto("trainer", -1)
+
+
+@dataclass
+class FSDPConfig:
+    """FSDP2 (``fully_shard``) settings: mixed precision, activation checkpointing, resharding."""
+
+    param_dtype: str = "bf16"
+    """Compute dtype of the sharded parameters (bf16, fp16 or fp32); fp32 on the CPU."""
+    reduce_dtype: str = "fp32"
+    enable_gradient_checkpointing: bool = True
+    reshard_after_forward: bool = True
+
+
+@dataclass
+class OffloadConfig:
+    """Host offloading of a sharded model."""
+
+    offload_params: bool = False
+    """Keep parameters (and with them gradients and optimizer states: FSDP2's ``CPUOffloadPolicy``) on the host;
+    they are copied to the device block by block when used. Ignored on the CPU."""
+
+
+@dataclass
+class TrainedRoleConfig:
+    """What the actor and the critic share as models trained with FSDP2 on the rollout batch: batch sizes
+    (mini-batch in prompts, micro-batches in samples), the update loop, the checkpoint, optimizer, sharding and
+    offloading. Extended by ``ActorConfig`` and ``CriticConfig``."""
+
+    global_batch_size: int = 256
+    """Prompts per optimizer step (a mini-batch); the rollout batch is split into such mini-batches."""
+    micro_batch_size_per_device_for_update: int = 4
+    """Samples per forward/backward on one device."""
+    micro_batch_size_per_device_for_experience: int = 16
+    """Samples per forward over a rollout batch: the actor's old/ref log-probs, the critic's values."""
+    max_grad_norm: float = 1.0
+    loss_agg_mode: str = "token-mean"
+    """How the per-token loss (the policy loss, the critic's value loss) is aggregated: token-mean,
+    seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm (verl's: a sum over sequences),
+    seq-mean-token-sum-norm-drgrpo (Dr. GRPO's: a mean over sequences); see docs/algorithms.md."""
+    ppo_epochs: int = 1
+    padding_free: bool = True
+    """Pack each micro-batch's sequences into one row without padding (per-sequence positions, varlen attention,
+    no full-vocabulary logits); false runs the padded batch with an attention mask. Fixed at start-up."""
+    dynamic_batching: bool = True
+    """Form micro-batches by a token budget (``max_token_len_per_device``) instead of a fixed sample count; the
+    loss normalisation over the mini-batch is unchanged."""
+    max_token_len_per_device: Optional[int] = None
+    """Tokens (prompt + response, no padding) per micro-batch with ``dynamic_batching``; None: the phase's
+    ``micro_batch_size_per_device_for_*`` x (``data.max_prompt_length`` + ``data.max_response_length``)."""
+    max_consecutive_skips: int = 5
+    """An optimizer step whose gradient norm is NaN/inf is skipped (counted as ``actor/skipped_steps``,
+    ``critic/skipped_steps``); this many skips in a row stop the run with an error (<= 0: never)."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    fsdp: FSDPConfig = field(default_factory=FSDPConfig)
+    offload: OffloadConfig = field(default_factory=OffloadConfig)
