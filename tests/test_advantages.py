@@ -10,7 +10,8 @@ import torch
 
 from easyrl.algorithms.advantages import (
     ADV_ESTIMATORS,
-    get_adv_estimator,
+    AdvantageInputs,
+    compute_advantage,
     group_statistics,
 )
 
@@ -20,6 +21,18 @@ SQRT2 = math.sqrt(2.0)
 
 def _mask(lengths, resp_len):
     return torch.tensor([[1.0 if t < n else 0.0 for t in range(resp_len)] for n in lengths], dtype=torch.float64)
+
+
+def _advantage(name, rewards, mask, index, **settings):
+    """``(advantages, returns)`` of the estimator ``name``; ``settings``: the other fields of AdvantageInputs."""
+    return compute_advantage(name, AdvantageInputs(rewards, mask, index, **settings))
+
+
+def _random_groups(rng, bsz, resp_len, n_groups, prefix):
+    """``(index, lengths, mask)`` of ``bsz`` samples in up to ``n_groups`` random groups, random lengths."""
+    index = np.array([f"{prefix}{rng.randrange(n_groups)}" for _ in range(bsz)], dtype=object)
+    lengths = [rng.randint(1, resp_len) for _ in range(bsz)]
+    return index, lengths, _mask(lengths, resp_len)
 
 
 # Batch used by the outcome-reward tests: 6 samples, groups interleaved, uneven lengths.
@@ -56,7 +69,7 @@ def _expected(per_sample):
 
 
 def test_grpo_hand_values():
-    adv, ret = get_adv_estimator("grpo")(_rewards(), MASK, INDEX, epsilon=EPS)
+    adv, ret = _advantage("grpo", _rewards(), MASK, INDEX, epsilon=EPS)
     expected = _expected(
         [
             (1 - 2) / (1 + EPS),
@@ -72,7 +85,7 @@ def test_grpo_hand_values():
 
 
 def test_drgrpo_hand_values():
-    adv, _ = get_adv_estimator("grpo")(_rewards(), MASK, INDEX, norm_adv_by_std_in_grpo=False)
+    adv, _ = _advantage("grpo", _rewards(), MASK, INDEX, norm_adv_by_std_in_grpo=False)
     # score - group mean, no std division: 1-2, 0-2, 3-2, 2-2, 4-2, 5-0
     torch.testing.assert_close(adv, _expected([-1.0, -2.0, 1.0, 0.0, 2.0, 5.0]))
 
@@ -80,14 +93,12 @@ def test_drgrpo_hand_values():
 def test_drgrpo_switch_changes_exactly_the_std_division():
     rng = random.Random(0)
     bsz, resp_len = 24, 7
-    index = np.array([f"uid{rng.randrange(5)}" for _ in range(bsz)], dtype=object)
-    lengths = [rng.randint(1, resp_len) for _ in range(bsz)]
-    mask = _mask(lengths, resp_len)
+    index, lengths, mask = _random_groups(rng, bsz, resp_len, n_groups=5, prefix="uid")
     rewards = torch.zeros(bsz, resp_len, dtype=torch.float64)
     for i, n in enumerate(lengths):
         rewards[i, n - 1] = float(rng.randint(0, 3))
-    grpo, _ = get_adv_estimator("grpo")(rewards, mask, index, epsilon=EPS)
-    dr, _ = get_adv_estimator("grpo")(rewards, mask, index, epsilon=EPS, norm_adv_by_std_in_grpo=False)
+    grpo, _ = _advantage("grpo", rewards, mask, index, epsilon=EPS)
+    dr, _ = _advantage("grpo", rewards, mask, index, epsilon=EPS, norm_adv_by_std_in_grpo=False)
     for uid in set(index):
         rows = [i for i in range(bsz) if index[i] == uid]
         scores = torch.tensor([float(rewards[i].sum()) for i in rows], dtype=torch.float64)
@@ -99,11 +110,9 @@ def test_drgrpo_switch_changes_exactly_the_std_division():
 def test_grpo_vectorised_equals_plain_loop():
     rng = random.Random(1)
     bsz, resp_len = 64, 5
-    index = np.array([f"p{rng.randrange(9)}" for _ in range(bsz)], dtype=object)
-    lengths = [rng.randint(1, resp_len) for _ in range(bsz)]
-    mask = _mask(lengths, resp_len)
+    index, lengths, mask = _random_groups(rng, bsz, resp_len, n_groups=9, prefix="p")
     rewards = torch.tensor([[rng.random() for _ in range(resp_len)] for _ in range(bsz)], dtype=torch.float64)
-    adv, _ = get_adv_estimator("grpo")(rewards, mask, index, epsilon=EPS)
+    adv, _ = _advantage("grpo", rewards, mask, index, epsilon=EPS)
 
     scores = [sum(float(rewards[i, t]) for t in range(lengths[i])) for i in range(bsz)]
     for i in range(bsz):
@@ -124,7 +133,7 @@ def test_group_statistics():
 
 
 def test_rloo_hand_values():
-    adv, ret = get_adv_estimator("rloo")(_rewards(), MASK, INDEX)
+    adv, ret = _advantage("rloo", _rewards(), MASK, INDEX)
     # a = {s0: 1, s2: 3, s3: 2}: 1 - (3+2)/2 = -1.5, 3 - (1+2)/2 = 1.5, 2 - (1+3)/2 = 0
     # b = {s1: 0, s4: 4}: 0 - 4 = -4, 4 - 0 = 4;  c = {s5: 5}: no other sample, baseline 0 -> 5
     expected = _expected([-1.5, -4.0, 1.5, 0.0, 4.0, 5.0])
@@ -138,7 +147,7 @@ def test_reinforce_plus_plus_hand_values():
     # row 1: mask 1 1 0, rewards 0 4 9(padding, ignored) -> G2 = 0, G1 = 4, G0 = 0 + .5*4 = 2
     rewards = torch.tensor([[1.0, 0.0, 2.0], [0.0, 4.0, 9.0]], dtype=torch.float64)
     mask = _mask([3, 2], 3)
-    adv, ret = get_adv_estimator("reinforce_plus_plus")(rewards, mask, np.array(["x", "y"]), gamma=0.5)
+    adv, ret = _advantage("reinforce_plus_plus", rewards, mask, np.array(["x", "y"]), gamma=0.5)
     torch.testing.assert_close(ret, torch.tensor([[1.5, 1.0, 2.0], [2.0, 4.0, 0.0]], dtype=torch.float64))
     # valid returns 1.5 1 2 2 4: mean 10.5/5 = 2.1; squared deviations .36 1.21 .01 .01 3.61 = 5.2;
     # unbiased var 5.2/4 = 1.3
@@ -151,12 +160,12 @@ def test_reinforce_plus_plus_masked_hole_passes_return_through():
     # mask 1 0 1, rewards 1 7 2, gamma .5: G2 = 2; t=1 masked -> return 0, passes 2 on; G0 = 1 + .5*2 = 2
     rewards = torch.tensor([[1.0, 7.0, 2.0], [3.0, 0.0, 0.0]], dtype=torch.float64)
     mask = torch.tensor([[1.0, 0.0, 1.0], [1.0, 0.0, 0.0]], dtype=torch.float64)
-    _, ret = get_adv_estimator("reinforce_plus_plus")(rewards, mask, np.array(["x", "y"]), gamma=0.5)
+    _, ret = _advantage("reinforce_plus_plus", rewards, mask, np.array(["x", "y"]), gamma=0.5)
     torch.testing.assert_close(ret, torch.tensor([[2.0, 0.0, 2.0], [3.0, 0.0, 0.0]], dtype=torch.float64))
 
 
 def test_reinforce_plus_plus_baseline_matches_loop():
-    adv, ret = get_adv_estimator("reinforce_plus_plus_baseline")(_rewards(), MASK, INDEX)
+    adv, ret = _advantage("reinforce_plus_plus_baseline", _rewards(), MASK, INDEX)
     # score - group mean (single-sample group: mean 0): -1, -2, 1, 0, 2, 5, repeated over each valid token
     centred = [-1.0, -2.0, 1.0, 0.0, 2.0, 5.0]
     tokens = [centred[i] for i in range(6) for _ in range(LENGTHS[i])]
@@ -172,51 +181,51 @@ def test_remax_hand_values():
     rewards = torch.tensor([[1.0, 0.0, 2.0], [0.0, 4.0, 9.0]], dtype=torch.float64)
     mask = _mask([3, 2], 3)
     baselines = torch.tensor([1.5, 5.0], dtype=torch.float64)
-    adv, ret = get_adv_estimator("remax")(rewards, mask, np.array(["x", "y"]), reward_baselines=baselines)
+    adv, ret = _advantage("remax", rewards, mask, np.array(["x", "y"]), reward_baselines=baselines)
     torch.testing.assert_close(ret, torch.tensor([[3.0, 2.0, 2.0], [4.0, 4.0, 0.0]], dtype=torch.float64))
     torch.testing.assert_close(adv, torch.tensor([[1.5, 0.5, 0.5], [-1.0, -1.0, 0.0]], dtype=torch.float64))
 
 
 def test_remax_without_baselines_raises():
     with pytest.raises(ValueError, match="reward_baselines"):
-        get_adv_estimator("remax")(_rewards(), MASK, INDEX)
+        _advantage("remax", _rewards(), MASK, INDEX)
 
 
 def test_grpo_passk_hand_values():
     # groups a = {s0: 1, s2: 3, s3: 2}, b = {s1: 0, s4: 4}; the single-sample group c is left out
     rewards, mask, index = _rewards()[:5], MASK[:5], INDEX[:5]
-    adv, _ = get_adv_estimator("grpo_passk")(rewards, mask, index, epsilon=EPS)
+    adv, _ = _advantage("grpo_passk", rewards, mask, index, epsilon=EPS)
     # a: best s2, 3 - 2 = 1, / (std 1 + eps);  b: best s4, 4 - 0 = 4, / (2 sqrt 2 + eps); others 0
     expected = torch.tensor([0, 0, 1 / (1 + EPS), 0, 4 / (2 * SQRT2 + EPS)], dtype=torch.float64)
     torch.testing.assert_close(adv, expected.unsqueeze(-1) * mask)
-    adv_raw, _ = get_adv_estimator("grpo_passk")(rewards, mask, index, norm_adv_by_std_in_grpo=False)
+    adv_raw, _ = _advantage("grpo_passk", rewards, mask, index, norm_adv_by_std_in_grpo=False)
     torch.testing.assert_close(adv_raw, torch.tensor([0, 0, 1.0, 0, 4.0], dtype=torch.float64).unsqueeze(-1) * mask)
 
 
 def test_grpo_passk_tie_gives_zero():
     # group {1, 1, 0}: max 1, second max 1 -> the best sample's advantage is 0, all are 0
     rewards = torch.tensor([[1.0], [1.0], [0.0]], dtype=torch.float64)
-    adv, _ = get_adv_estimator("grpo_passk")(rewards, torch.ones(3, 1), np.array(["g", "g", "g"]))
+    adv, _ = _advantage("grpo_passk", rewards, torch.ones(3, 1), np.array(["g", "g", "g"]))
     assert adv.abs().sum().item() == 0.0
 
 
 def test_grpo_passk_single_sample_group_raises():
     with pytest.raises(ValueError, match="'c'"):
-        get_adv_estimator("grpo_passk")(_rewards(), MASK, INDEX)
+        _advantage("grpo_passk", _rewards(), MASK, INDEX)
 
 
 @pytest.mark.parametrize("name", ["grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax"])
 def test_zero_outside_mask_and_float32(name):
     rewards = _rewards().float() + 0.5  # non-zero everywhere, including padding
     baselines = torch.ones(6)
-    adv, ret = get_adv_estimator(name)(rewards, MASK.float(), INDEX, gamma=0.9, reward_baselines=baselines)
+    adv, ret = _advantage(name, rewards, MASK.float(), INDEX, gamma=0.9, reward_baselines=baselines)
     assert adv.dtype == torch.float32 and adv.shape == (6, 4)
     assert torch.all(adv[MASK == 0] == 0) and torch.all(ret[MASK == 0] == 0)
 
 
 def test_unknown_estimator_lists_names():
     with pytest.raises(ValueError) as err:
-        get_adv_estimator("gae_typo")
+        ADV_ESTIMATORS.get("gae_typo")
     for name in ADV_ESTIMATORS:
         assert name in str(err.value)
     assert set(ADV_ESTIMATORS) >= {"grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax",
@@ -225,4 +234,13 @@ def test_unknown_estimator_lists_names():
 
 def test_bad_index_length_raises():
     with pytest.raises(ValueError, match="index"):
-        get_adv_estimator("grpo")(_rewards(), MASK, INDEX[:5])
+        _advantage("grpo", _rewards(), MASK, INDEX[:5])
+
+
+def test_inputs_check_shapes_at_construction():
+    with pytest.raises(ValueError, match="response_mask"):
+        AdvantageInputs(_rewards(), MASK[:, :3], INDEX)
+    with pytest.raises(ValueError, match="reward_baselines"):
+        AdvantageInputs(_rewards(), MASK, INDEX, reward_baselines=torch.ones(5))
+    with pytest.raises(ValueError, match="values"):
+        AdvantageInputs(_rewards(), MASK, INDEX, values=torch.ones(6, 3))

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from easyrl.algorithms.advantages import get_adv_estimator
+from easyrl.algorithms.advantages import AdvantageInputs, compute_advantage
 from easyrl.algorithms.critic import compute_value_loss, gae_advantage
 
 D = torch.float64
@@ -14,8 +14,13 @@ VALUES = torch.tensor([[0.5, 0.2, 0.4], [1.0, -1.0, 7.0]], dtype=D)
 MASK = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=D)
 
 
+def _gae(rewards=REWARDS, mask=MASK, values=VALUES, **settings):
+    """``gae_advantage`` on one group id per sample (GAE ignores them)."""
+    return gae_advantage(AdvantageInputs(rewards, mask, np.arange(len(rewards)), values=values, **settings))
+
+
 def test_gae_hand_values():
-    adv, returns = gae_advantage(REWARDS, MASK, values=VALUES, gamma=0.9, lam=0.8)
+    adv, returns = _gae(gamma=0.9, lam=0.8)
     # row 0, gamma * lam = 0.72:
     #   t=2: delta = 1 + 0.9 * 0 - 0.4 = 0.6                    A = 0.6
     #   t=1: delta = 0 + 0.9 * 0.4 - 0.2 = 0.16                 A = 0.16 + 0.72 * 0.6 = 0.592
@@ -30,9 +35,9 @@ def test_gae_hand_values():
 
 def test_gae_lambda_limits():
     # lam = 1, gamma = 1: A_t = (sum of rewards from t) - V_t (Monte Carlo); lam = 0: A_t = the TD error delta_t
-    _, returns = gae_advantage(REWARDS, MASK, values=VALUES, gamma=1.0, lam=1.0)
+    _, returns = _gae(gamma=1.0, lam=1.0)
     torch.testing.assert_close(returns, torch.tensor([[1.0, 1.0, 1.0], [2.0, 2.0, 0.0]], dtype=D))
-    _, returns = gae_advantage(REWARDS, MASK, values=VALUES, gamma=0.5, lam=0.0)
+    _, returns = _gae(gamma=0.5, lam=0.0)
     # R_t = delta_t + V_t = r_t + gamma * V_{t+1}: row 0: 0.1, 0.2, 1; row 1: -0.5, 2
     torch.testing.assert_close(returns, torch.tensor([[0.1, 0.2, 1.0], [-0.5, 2.0, 0.0]], dtype=D))
 
@@ -40,18 +45,17 @@ def test_gae_lambda_limits():
 def test_gae_masked_token_inside_a_response_passes_through():
     # the middle token is masked: it adds no TD error, and the value after token 0 is token 2's (undiscounted skip)
     mask = torch.tensor([[1, 0, 1]], dtype=D)
-    _, returns = gae_advantage(REWARDS[:1], mask, values=VALUES[:1], gamma=0.5, lam=1.0)
+    _, returns = _gae(REWARDS[:1], mask, VALUES[:1], gamma=0.5, lam=1.0)
     # t=2: A = 1 - 0.4 = 0.6, R = 1; t=0: delta = 0 + 0.5 * 0.4 - 0.5 = -0.3, A = -0.3 + 0.5 * 0.6 = 0, R = 0.5
     torch.testing.assert_close(returns, torch.tensor([[0.5, 0.0, 1.0]], dtype=D))
 
 
 def test_gae_is_registered_and_needs_values():
-    estimator = get_adv_estimator("gae")
-    adv, _ = estimator(REWARDS, MASK, np.array(["a", "b"]), values=VALUES, gamma=0.9, lam=0.8,
-                       norm_adv_by_std_in_grpo=True, reward_baselines=None)
-    torch.testing.assert_close(adv, gae_advantage(REWARDS, MASK, values=VALUES, gamma=0.9, lam=0.8)[0])
+    adv, _ = compute_advantage("gae", AdvantageInputs(REWARDS, MASK, np.array(["a", "b"]), values=VALUES, gamma=0.9,
+                                                      lam=0.8, norm_adv_by_std_in_grpo=True, reward_baselines=None))
+    torch.testing.assert_close(adv, _gae(gamma=0.9, lam=0.8)[0])
     with pytest.raises(ValueError, match="critic"):
-        estimator(REWARDS, MASK, np.array(["a", "b"]))
+        compute_advantage("gae", AdvantageInputs(REWARDS, MASK, np.array(["a", "b"])))
 
 
 def test_value_loss_hand_values_and_gradient():

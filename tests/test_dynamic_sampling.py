@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from easyrl.algorithms.dynamic_sampling import group_filter_metrics, select_groups
+from easyrl.algorithms.dynamic_sampling import select_groups
 
 # Interleaved groups:
 #   a: 1 1 1   -> all equal (always solved)         -> dropped
@@ -51,16 +51,6 @@ def test_continuous_values():
     # g: 0.5 0.5 -> dropped; h: 0.2 0.3 -> kept
     keep = select_groups(np.array([0.5, 0.2, 0.5, 0.3]), np.array(["g", "h", "g", "h"]))
     assert keep.tolist() == [False, True, False, True]
-
-
-def test_metrics():
-    keep = select_groups(VALUES, INDEX)
-    assert group_filter_metrics(keep, INDEX) == {
-        "dynamic_sampling/groups_kept": 2,
-        "dynamic_sampling/groups_dropped": 3,
-        "dynamic_sampling/samples_kept": 6,
-        "dynamic_sampling/samples_dropped": 6,
-    }
 
 
 def test_bad_inputs_raise():

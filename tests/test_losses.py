@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from easyrl.algorithms.loss_agg import LOSS_AGG_MODES, agg_loss, mask_counts
-from easyrl.algorithms.policy_losses import POLICY_LOSSES, get_policy_loss
+from easyrl.algorithms.policy_losses import POLICY_LOSSES, PolicyLossInputs, PolicyLossSettings
 from easyrl.algorithms.rollout_correction import compute_tis_weights
 
 D = torch.float64
@@ -128,6 +128,12 @@ def test_local_means_are_not_invariant():
 CLIP = dict(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_dual=3.0)  # clip range [0.8, 1.28]
 
 
+def _policy_loss(name, old, log_prob, adv, mask, *, rollout_is_weights=None, agg_kwargs=None, **settings):
+    """``(pg_loss, metrics)`` of the loss ``name``; ``settings``: the fields of PolicyLossSettings."""
+    inputs = PolicyLossInputs(old, log_prob, adv, mask, rollout_is_weights=rollout_is_weights, agg_kwargs=agg_kwargs)
+    return POLICY_LOSSES.get(name)(inputs, PolicyLossSettings(**settings))
+
+
 def _policy_batch():
     """Row 0: A = +1, ratios 1.5, 0.5, 1.1.  Row 1: A = -2, ratios 4, 0.5, (padding)."""
     ratios = torch.tensor([[1.5, 0.5, 1.1], [4.0, 0.5, 1.2]], dtype=D)
@@ -140,7 +146,7 @@ def _policy_batch():
 
 def test_vanilla_hand_values():
     old, log_prob, adv, mask, ratios = _policy_batch()
-    loss, m = get_policy_loss("vanilla")(old, log_prob, adv, mask, loss_agg_mode="token-mean", **CLIP)
+    loss, m = _policy_loss("vanilla", old, log_prob, adv, mask, loss_agg_mode="token-mean", **CLIP)
     # A=+1: r=1.5: max(-1.5, -1.28) = -1.28 (clipped) | r=0.5: max(-0.5, -0.8) = -0.5 | r=1.1: -1.1
     # A=-2: r=4: max(8, 2.56) = 8, dual bound -A*3 = 6 -> 6 (dual clip) | r=0.5: max(1.0, 1.6) = 1.6 (clipped)
     assert loss.item() == pytest.approx((-1.28 - 0.5 - 1.1 + 6.0 + 1.6) / 5)
@@ -166,7 +172,7 @@ def test_dual_clip_only_for_negative_advantage_and_large_ratio(advantage, ratio,
     old = torch.zeros(1, 1, dtype=D)
     log_prob = torch.full((1, 1), math.log(ratio), dtype=D)
     adv = torch.full((1, 1), advantage, dtype=D)
-    loss, m = get_policy_loss("vanilla")(old, log_prob, adv, torch.ones(1, 1), loss_agg_mode="token-mean", **CLIP)
+    loss, m = _policy_loss("vanilla", old, log_prob, adv, torch.ones(1, 1), loss_agg_mode="token-mean", **CLIP)
     assert loss.item() == pytest.approx(expected_loss)
     assert m["pg_clipfrac_lower"] == (1.0 if dual else 0.0)
 
@@ -174,15 +180,15 @@ def test_dual_clip_only_for_negative_advantage_and_large_ratio(advantage, ratio,
 def test_vanilla_rejects_bad_dual_clip():
     old, log_prob, adv, mask, _ = _policy_batch()
     with pytest.raises(ValueError, match="clip_ratio_dual"):
-        get_policy_loss("vanilla")(old, log_prob, adv, mask, loss_agg_mode="token-mean", clip_ratio_low=0.2,
-                                   clip_ratio_high=0.2, clip_ratio_dual=1.0)
+        _policy_loss("vanilla", old, log_prob, adv, mask, loss_agg_mode="token-mean", clip_ratio_low=0.2,
+                     clip_ratio_high=0.2, clip_ratio_dual=1.0)
 
 
 def test_vanilla_log_ratio_is_clamped():
     old = torch.tensor([[-100.0]], dtype=D)
     log_prob = torch.tensor([[0.0]], dtype=D, requires_grad=True)  # log-ratio 100 -> clamped to 20
-    loss, _ = get_policy_loss("vanilla")(old, log_prob, torch.tensor([[-1.0]], dtype=D), torch.ones(1, 1),
-                                         loss_agg_mode="token-mean", **CLIP)
+    loss, _ = _policy_loss("vanilla", old, log_prob, torch.tensor([[-1.0]], dtype=D), torch.ones(1, 1),
+                           loss_agg_mode="token-mean", **CLIP)
     loss.backward()
     assert loss.item() == pytest.approx(3.0) and torch.isfinite(log_prob.grad).all()
 
@@ -190,8 +196,8 @@ def test_vanilla_log_ratio_is_clamped():
 def test_rollout_is_weights_multiply_per_token_loss_and_stay_detached():
     old, log_prob, adv, mask, _ = _policy_batch()
     weights = torch.tensor([[1.0, 2.0, 0.5], [1.0, 1.0, 1.0]], dtype=D, requires_grad=True)
-    loss, _ = get_policy_loss("vanilla")(old, log_prob, adv, mask, loss_agg_mode="token-mean",
-                                         rollout_is_weights=weights, **CLIP)
+    loss, _ = _policy_loss("vanilla", old, log_prob, adv, mask, loss_agg_mode="token-mean",
+                           rollout_is_weights=weights, **CLIP)
     # per-token losses -1.28 -0.5 -1.1 | 6 1.6, weighted by 1 2 .5 | 1 1
     assert loss.item() == pytest.approx((-1.28 - 1.0 - 0.55 + 6.0 + 1.6) / 5)
     loss.backward()
@@ -200,8 +206,8 @@ def test_rollout_is_weights_multiply_per_token_loss_and_stay_detached():
 
 def test_policy_loss_uses_agg_kwargs():
     old, log_prob, adv, mask, _ = _policy_batch()
-    loss, _ = get_policy_loss("vanilla")(old, log_prob, adv, mask, loss_agg_mode="token-mean",
-                                         agg_kwargs=dict(global_num_tokens=10, dp_size=4), **CLIP)
+    loss, _ = _policy_loss("vanilla", old, log_prob, adv, mask, loss_agg_mode="token-mean",
+                           agg_kwargs=dict(global_num_tokens=10, dp_size=4), **CLIP)
     assert loss.item() == pytest.approx((-1.28 - 0.5 - 1.1 + 6.0 + 1.6) / 10 * 4)
 
 
@@ -215,7 +221,7 @@ def test_gspo_ratio_is_sequence_level():
     log_prob = (old + log_ratio).requires_grad_(True)
     adv = torch.tensor([[1.0] * 3, [1.0] * 3, [-1.0] * 3], dtype=D)
     mask = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 1, 1]], dtype=D)
-    loss, m = get_policy_loss("gspo")(old, log_prob, adv, mask, loss_agg_mode="seq-mean-token-mean", **CLIP)
+    loss, m = _policy_loss("gspo", old, log_prob, adv, mask, loss_agg_mode="seq-mean-token-mean", **CLIP)
     s0 = math.exp(0.1)
     # seq-mean-token-mean: row 0 every token -s0; row 1 every token -1.28; row 2 every token max(.607, .8) = .8
     assert loss.item() == pytest.approx((-s0 - 1.28 + 0.8) / 3)
@@ -233,7 +239,7 @@ def test_cispo_hand_values():
     old = log_prob.detach() - torch.tensor([[math.log(1.5), math.log(0.5), 0.0]], dtype=D)
     adv = torch.tensor([[1.0, -1.0, 2.0]], dtype=D)
     mask = torch.ones(1, 3, dtype=D)
-    loss, m = get_policy_loss("cispo")(old, log_prob, adv, mask, loss_agg_mode="token-mean", **CLIP)
+    loss, m = _policy_loss("cispo", old, log_prob, adv, mask, loss_agg_mode="token-mean", **CLIP)
     # -w A logp: -1.28*1*(-.5) = .64; -.8*(-1)*(-1) = -.8; -1*2*(-2) = 4 -> mean 3.84/3
     assert loss.item() == pytest.approx(3.84 / 3)
     assert m["pg_clipfrac"] == pytest.approx(2 / 3)
@@ -246,9 +252,9 @@ def test_cispo_without_lower_bound():
     # clip_ratio_low = 1 -> lower bound 0: the weight 0.5 is kept
     log_prob = torch.tensor([[-1.0]], dtype=D)
     old = log_prob - math.log(0.5)
-    loss, _ = get_policy_loss("cispo")(old, log_prob, torch.ones(1, 1, dtype=D), torch.ones(1, 1),
-                                       loss_agg_mode="token-mean", clip_ratio_low=1.0, clip_ratio_high=0.28,
-                                       clip_ratio_dual=3.0)
+    loss, _ = _policy_loss("cispo", old, log_prob, torch.ones(1, 1, dtype=D), torch.ones(1, 1),
+                           loss_agg_mode="token-mean", clip_ratio_low=1.0, clip_ratio_high=0.28,
+                           clip_ratio_dual=3.0)
     assert loss.item() == pytest.approx(-0.5 * 1.0 * -1.0)
 
 
@@ -259,7 +265,7 @@ def test_on_policy_gradient_is_policy_gradient(name):
     log_prob = old.clone().requires_grad_(True)
     adv = torch.tensor([[1.0, 1.0], [-0.5, -0.5]], dtype=D)
     mask = torch.tensor([[1, 1], [1, 0]], dtype=D)
-    loss, m = get_policy_loss(name)(old, log_prob, adv, mask, loss_agg_mode="token-mean", **CLIP)
+    loss, m = _policy_loss(name, old, log_prob, adv, mask, loss_agg_mode="token-mean", **CLIP)
     loss.backward()
     torch.testing.assert_close(log_prob.grad, -adv * mask / 3)
     assert m["pg_clipfrac"] == 0.0 and m["ppo_kl"] == 0.0
@@ -267,7 +273,7 @@ def test_on_policy_gradient_is_policy_gradient(name):
 
 def test_unknown_policy_loss_lists_names():
     with pytest.raises(ValueError) as err:
-        get_policy_loss("ppo2")
+        POLICY_LOSSES.get("ppo2")
     for name in POLICY_LOSSES:
         assert name in str(err.value)
     assert set(POLICY_LOSSES) >= {"vanilla", "gspo", "cispo", "sapo"}
@@ -287,8 +293,8 @@ def test_sapo_hand_values_and_gradient():
     log_prob = (old + ratios.log()).requires_grad_(True)
     adv = torch.tensor([[2.0, -1.0, 1.0, 5.0]], dtype=D)
     mask = torch.tensor([[1, 1, 1, 0]], dtype=D)
-    loss, m = get_policy_loss("sapo")(old, log_prob, adv, mask, loss_agg_mode="token-mean", **CLIP,
-                                      tau_positive=1.0, tau_negative=1.05)
+    loss, m = _policy_loss("sapo", old, log_prob, adv, mask, loss_agg_mode="token-mean", **CLIP,
+                           tau_positive=1.0, tau_negative=1.05)
     f0, f1 = 4 * _sigmoid(0.5), 4 / 1.05 * _sigmoid(-0.525)
     assert loss.item() == pytest.approx((-2 * f0 + f1 - 2.0) / 3)
     assert m["pg_clipfrac"] == 0.0 and m["pg_clipfrac_lower"] == 0.0
@@ -305,8 +311,8 @@ def test_sapo_temperature_sets_how_fast_the_gate_decays():
     grads = []
     for tau in (0.5, 4.0):
         log_prob = torch.tensor([[math.log(3.0)]], dtype=D, requires_grad=True)
-        loss, _ = get_policy_loss("sapo")(torch.zeros(1, 1, dtype=D), log_prob, torch.ones(1, 1, dtype=D),
-                                          torch.ones(1, 1), loss_agg_mode="token-mean", **CLIP, tau_positive=tau)
+        loss, _ = _policy_loss("sapo", torch.zeros(1, 1, dtype=D), log_prob, torch.ones(1, 1, dtype=D),
+                               torch.ones(1, 1), loss_agg_mode="token-mean", **CLIP, tau_positive=tau)
         loss.backward()
         grads.append(-log_prob.grad.item())
         x = tau * 2.0
@@ -317,15 +323,15 @@ def test_sapo_temperature_sets_how_fast_the_gate_decays():
 def test_sapo_rejects_bad_temperature():
     old, log_prob, adv, mask, _ = _policy_batch()
     with pytest.raises(ValueError, match="tau"):
-        get_policy_loss("sapo")(old, log_prob, adv, mask, loss_agg_mode="token-mean", **CLIP, tau_negative=0.0)
+        _policy_loss("sapo", old, log_prob, adv, mask, loss_agg_mode="token-mean", **CLIP, tau_negative=0.0)
 
 
 def test_losses_ignore_settings_they_do_not_use():
     old, log_prob, adv, mask, _ = _policy_batch()
     for name in ("vanilla", "gspo", "cispo"):
-        plain, _ = get_policy_loss(name)(old, log_prob, adv, mask, loss_agg_mode="token-mean", **CLIP)
-        extra, _ = get_policy_loss(name)(old, log_prob, adv, mask, loss_agg_mode="token-mean", **CLIP,
-                                         tau_positive=0.3, tau_negative=7.0)
+        plain, _ = _policy_loss(name, old, log_prob, adv, mask, loss_agg_mode="token-mean", **CLIP)
+        extra, _ = _policy_loss(name, old, log_prob, adv, mask, loss_agg_mode="token-mean", **CLIP,
+                                tau_positive=0.3, tau_negative=7.0)
         assert extra.item() == plain.item()
 
 

@@ -1,88 +1,109 @@
-"""Advantage estimators for critic-free RL post-training, registered by name.
+"""Advantage estimators for critic-free RL post-training, registered by name in :data:`ADV_ESTIMATORS`.
 
-Every estimator has the same signature::
+Every estimator takes one :class:`AdvantageInputs` and returns ``(advantages, returns)``::
 
-    fn(token_level_rewards, response_mask, index, *, gamma=1.0, epsilon=1e-6,
-       norm_adv_by_std_in_grpo=True, reward_baselines=None) -> (advantages, returns)
+    advantages, returns = compute_advantage("grpo", AdvantageInputs(token_level_rewards, response_mask, index))
 
-with
-
-* ``token_level_rewards``: ``(bsz, resp_len)`` float, the reward of each response token (for outcome rewards
-  all of it sits on the last valid token); the *score* of a sample is the sum over its valid tokens;
-* ``response_mask``: ``(bsz, resp_len)`` ``{0, 1}``, 1 on the generated tokens;
-* ``index``: ``(bsz,)`` numpy array of group ids (the prompt's uid string; the ``n`` samples of one prompt share
-  it). Group ids are turned into integers with ``np.unique`` and every group statistic is computed with
-  ``index_add_``/``scatter_reduce`` in one pass over the batch, never with a Python loop over samples;
-* ``advantages`` and ``returns``: ``(bsz, resp_len)``, 0 outside ``response_mask``, computed under
-  ``torch.no_grad()``.
-
-Keyword arguments an estimator does not use are ignored, so a trainer can call any of them the same way.
+Group ids (``index``) are turned into integers with ``np.unique`` and every group statistic is computed with
+``index_add_``/``scatter_reduce`` in one pass over the batch, never with a Python loop over samples. ``advantages``
+and ``returns`` are ``(bsz, resp_len)``, 0 outside ``response_mask``, computed under ``torch.no_grad()``. An estimator
+reads only the fields it needs, so a trainer builds the same inputs whatever the estimator.
 A group with a single sample has no baseline: its group mean is taken as 0 and its std as 1 (as in verl).
+The critic's estimator ``gae`` lives in :mod:`easyrl.algorithms.critic`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from easyrl.algorithms.masked_ops import masked_whiten
+from easyrl.algorithms.registry import Registry
 
-__all__ = ["ADV_ESTIMATORS", "register_adv_estimator", "get_adv_estimator", "group_statistics"]
-
-AdvEstimator = Callable[..., tuple[torch.Tensor, torch.Tensor]]
-
-ADV_ESTIMATORS: dict[str, AdvEstimator] = {}
+__all__ = ["ADV_ESTIMATORS", "AdvantageInputs", "compute_advantage", "group_statistics"]
 
 
-def register_adv_estimator(name: str) -> Callable[[AdvEstimator], AdvEstimator]:
-    """Decorator adding an estimator to :data:`ADV_ESTIMATORS` under ``name``.
+@dataclass(frozen=True, eq=False)
+class AdvantageInputs:
+    """What an advantage estimator reads; the shapes are checked once, at construction.
 
-    Raises:
-        ValueError: if ``name`` is already taken by a different function.
-    """
-
-    def decorator(fn: AdvEstimator) -> AdvEstimator:
-        if name in ADV_ESTIMATORS and ADV_ESTIMATORS[name] is not fn:
-            raise ValueError(f"advantage estimator {name!r} is already registered ({ADV_ESTIMATORS[name]!r})")
-        ADV_ESTIMATORS[name] = fn
-        return fn
-
-    return decorator
-
-
-def get_adv_estimator(name: str) -> AdvEstimator:
-    """Return the estimator registered as ``name``.
+    Attributes:
+        token_level_rewards: ``(bsz, resp_len)`` float, the reward of each response token (for outcome rewards all
+            of it sits on the last valid token); the *score* of a sample is the sum over its valid tokens.
+        response_mask: ``(bsz, resp_len)`` ``{0, 1}``, 1 on the generated tokens.
+        index: ``(bsz,)`` numpy array of group ids (the prompt's uid string; the ``n`` samples of one prompt share
+            it); stored as given through ``np.asarray``.
+        gamma: discount per token (``reinforce_plus_plus``, ``gae``).
+        epsilon: added to the group std (``grpo``, ``grpo_passk``).
+        norm_adv_by_std_in_grpo: divide by the group std (``grpo``, ``grpo_passk``); False is Dr. GRPO.
+        reward_baselines: ``(bsz,)`` reward of the greedy rollout of each sample's prompt (``remax``), or None.
+        values: ``(bsz, resp_len)`` critic values ``V(s_t)`` (``gae``), or None.
+        lam: GAE's lambda in [0, 1] (``gae``).
 
     Raises:
-        ValueError: if ``name`` is unknown; the message lists the valid names.
+        ValueError: if ``token_level_rewards`` is not 2-D or its shape differs from ``response_mask``'s or (when
+            given) ``values``'s, if ``index`` is not ``(bsz,)``, or if ``reward_baselines`` is given and not
+            ``(bsz,)``.
     """
-    if name not in ADV_ESTIMATORS:
-        raise ValueError(f"unknown advantage estimator {name!r}; valid names: {sorted(ADV_ESTIMATORS)}")
-    return ADV_ESTIMATORS[name]
+
+    token_level_rewards: torch.Tensor
+    response_mask: torch.Tensor
+    index: np.ndarray
+    gamma: float = 1.0
+    epsilon: float = 1e-6
+    norm_adv_by_std_in_grpo: bool = True
+    reward_baselines: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    lam: float = 1.0
+
+    def __post_init__(self) -> None:
+        rewards, mask = self.token_level_rewards, self.response_mask
+        if rewards.dim() != 2 or rewards.shape != mask.shape:
+            raise ValueError(
+                "token_level_rewards and response_mask must both be (bsz, resp_len); got "
+                f"{tuple(rewards.shape)} and {tuple(mask.shape)}"
+            )
+        if self.values is not None and self.values.shape != rewards.shape:
+            raise ValueError(
+                "token_level_rewards, values and response_mask must all be (bsz, resp_len); got "
+                f"{tuple(rewards.shape)}, {tuple(self.values.shape)}, {tuple(mask.shape)}"
+            )
+        bsz = rewards.shape[0]
+        index = np.asarray(self.index)
+        if index.shape != (bsz,):
+            raise ValueError(f"index (group ids) must have shape (bsz,) = ({bsz},), got {index.shape}")
+        object.__setattr__(self, "index", index)
+        if self.reward_baselines is not None and self.reward_baselines.shape != (bsz,):
+            raise ValueError(f"reward_baselines must be (bsz,) = ({bsz},), got {tuple(self.reward_baselines.shape)}")
+
+
+AdvEstimator = Callable[[AdvantageInputs], tuple[torch.Tensor, torch.Tensor]]
+
+ADV_ESTIMATORS: Registry[AdvEstimator] = Registry("advantage estimator")
+"""``algorithm.adv_estimator`` -> estimator ``fn(inputs: AdvantageInputs) -> (advantages, returns)``."""
+
+
+def compute_advantage(name: str, inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the estimator registered as ``name``.
+
+    Returns:
+        ``(advantages, returns)``, both ``(bsz, resp_len)``, 0 outside the mask.
+
+    Raises:
+        ValueError: if ``name`` is unknown (the message lists the valid names), or what the estimator raises.
+    """
+    return ADV_ESTIMATORS.get(name)(inputs)
 
 
 # ----------------------------------------------------------------------------------------------- helpers
 
 
-def _check_inputs(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index) -> np.ndarray:
-    if token_level_rewards.dim() != 2 or token_level_rewards.shape != response_mask.shape:
-        raise ValueError(
-            "token_level_rewards and response_mask must both be (bsz, resp_len); got "
-            f"{tuple(token_level_rewards.shape)} and {tuple(response_mask.shape)}"
-        )
-    index = np.asarray(index)
-    if index.shape != (token_level_rewards.shape[0],):
-        raise ValueError(
-            f"index (group ids) must have shape (bsz,) = ({token_level_rewards.shape[0]},), got {index.shape}"
-        )
-    return index
-
-
-def _scores(token_level_rewards: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+def _scores(inputs: AdvantageInputs) -> torch.Tensor:
     """Outcome score per sample, ``(bsz,)``: the sum of the rewards on valid tokens."""
-    return (token_level_rewards * response_mask).sum(dim=-1)
+    return (inputs.token_level_rewards * inputs.response_mask).sum(dim=-1)
 
 
 def group_statistics(
@@ -123,18 +144,9 @@ def _broadcast(per_sample: torch.Tensor, response_mask: torch.Tensor) -> torch.T
 # --------------------------------------------------------------------------------------------- estimators
 
 
-@register_adv_estimator("grpo")
+@ADV_ESTIMATORS.register("grpo")
 @torch.no_grad()
-def grpo_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: np.ndarray,
-    *,
-    gamma: float = 1.0,
-    epsilon: float = 1e-6,
-    norm_adv_by_std_in_grpo: bool = True,
-    reward_baselines: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def grpo_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """GRPO outcome advantage (Shao et al. 2024, DeepSeekMath, arXiv:2402.03300, Sec. 4.1.2 and Eq. 3).
 
     ``A_i = (R_i - mean_group(R)) / (std_group(R) + epsilon)`` for every valid token of sample ``i``, where
@@ -143,45 +155,27 @@ def grpo_advantage(
     With ``norm_adv_by_std_in_grpo=False`` this is Dr. GRPO's advantage ``A_i = R_i - mean_group(R)``
     (Liu et al. 2025, "Understanding R1-Zero-Like Training: A Critical Perspective", arXiv:2503.20783, Sec. 3.1:
     the std division biases updates towards too easy / too hard questions). Dr. GRPO's other change, removing
-    the ``1/|o_i|`` length normalisation, belongs to the loss: use ``loss_agg_mode="seq-mean-token-sum-norm"``.
+    the ``1/|o_i|`` length normalisation, belongs to the loss: use
+    ``loss_agg_mode="seq-mean-token-sum-norm-drgrpo"``.
 
-    Args:
-        token_level_rewards: ``(bsz, resp_len)``.
-        response_mask: ``(bsz, resp_len)`` ``{0, 1}``.
-        index: ``(bsz,)`` group ids.
-        gamma: unused.
-        epsilon: added to the group std.
-        norm_adv_by_std_in_grpo: divide by the group std (GRPO) or not (Dr. GRPO).
-        reward_baselines: unused.
+    Reads ``token_level_rewards``, ``response_mask``, ``index`` (group ids), ``epsilon`` (added to the group std)
+    and ``norm_adv_by_std_in_grpo`` (divide by the group std: GRPO; or not: Dr. GRPO) of ``inputs``.
 
     Returns:
         ``(advantages, returns)``, both ``(bsz, resp_len)`` and equal, 0 outside the mask.
-
-    Raises:
-        ValueError: on mismatched shapes.
     """
-    index = _check_inputs(token_level_rewards, response_mask, index)
-    scores = _scores(token_level_rewards, response_mask)
-    _, _, mean, std = group_statistics(scores, index)
+    scores = _scores(inputs)
+    _, _, mean, std = group_statistics(scores, inputs.index)
     adv = scores - mean
-    if norm_adv_by_std_in_grpo:
-        adv = adv / (std + epsilon)
-    adv = _broadcast(adv, response_mask)
+    if inputs.norm_adv_by_std_in_grpo:
+        adv = adv / (std + inputs.epsilon)
+    adv = _broadcast(adv, inputs.response_mask)
     return adv, adv
 
 
-@register_adv_estimator("rloo")
+@ADV_ESTIMATORS.register("rloo")
 @torch.no_grad()
-def rloo_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: np.ndarray,
-    *,
-    gamma: float = 1.0,
-    epsilon: float = 1e-6,
-    norm_adv_by_std_in_grpo: bool = True,
-    reward_baselines: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def rloo_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE Leave-One-Out advantage (Ahmadian et al. 2024, "Back to Basics: Revisiting REINFORCE Style
     Optimization for Learning from Human Feedback in LLMs", arXiv:2402.14740; the estimator is Kool et al. 2019,
     "Buy 4 REINFORCE Samples, Get a Baseline for Free!").
@@ -189,16 +183,15 @@ def rloo_advantage(
     ``A_i = R_i - (1 / (k - 1)) * sum_{j != i} R_j`` over the ``k`` samples of the group, which equals
     ``k / (k - 1) * (R_i - mean_group(R))``. A group of size 1 has no other sample: its baseline is 0.
 
-    Args / Returns / Raises: as :func:`grpo_advantage` (``epsilon`` and ``norm_adv_by_std_in_grpo`` unused).
+    Reads ``token_level_rewards``, ``response_mask`` and ``index``. Returns: as :func:`grpo_advantage`.
     """
-    index = _check_inputs(token_level_rewards, response_mask, index)
-    scores = _scores(token_level_rewards, response_mask)
-    group_id, count, _, _ = group_statistics(scores, index)
+    scores = _scores(inputs)
+    group_id, count, _, _ = group_statistics(scores, inputs.index)
     group_sum = torch.zeros(int(group_id.max()) + 1, dtype=scores.dtype, device=scores.device).index_add_(
         0, group_id, scores
     )[group_id]
     leave_one_out = (group_sum - scores) / (count - 1).clamp(min=1)
-    adv = _broadcast(scores - leave_one_out, response_mask)
+    adv = _broadcast(scores - leave_one_out, inputs.response_mask)
     return adv, adv
 
 
@@ -220,84 +213,55 @@ def _discounted_returns(rewards: torch.Tensor, response_mask: torch.Tensor, gamm
     return returns
 
 
-@register_adv_estimator("reinforce_plus_plus")
+@ADV_ESTIMATORS.register("reinforce_plus_plus")
 @torch.no_grad()
-def reinforce_plus_plus_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: np.ndarray,
-    *,
-    gamma: float = 1.0,
-    epsilon: float = 1e-6,
-    norm_adv_by_std_in_grpo: bool = True,
-    reward_baselines: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def reinforce_plus_plus_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++ (Hu 2025, "REINFORCE++: A Simple and Efficient Approach for Aligning Large Language Models",
     arXiv:2501.03262): token-level discounted return ``G_t = sum_{s >= t} gamma^(s-t) r_s`` (the
     per-token KL penalty, when used, is already inside ``token_level_rewards``), then global advantage
     normalisation: the returns are whitened with the mean and unbiased std of all valid tokens of the batch.
 
-    Args:
-        token_level_rewards, response_mask: ``(bsz, resp_len)``.
-        index: unused (the baseline is batch-wide).
-        gamma: discount factor per token.
-        epsilon, norm_adv_by_std_in_grpo, reward_baselines: unused.
+    Reads ``token_level_rewards``, ``response_mask`` and ``gamma`` (discount per token); not ``index`` (the
+    baseline is batch-wide).
 
     Returns:
         ``advantages`` (whitened returns) and ``returns`` (the discounted returns), ``(bsz, resp_len)``,
         0 outside the mask.
 
     Raises:
-        ValueError: on mismatched shapes, or when the batch has fewer than 2 valid tokens.
+        ValueError: when the batch has fewer than 2 valid tokens.
     """
-    _check_inputs(token_level_rewards, response_mask, index)
-    returns = _discounted_returns(token_level_rewards, response_mask, gamma)
-    adv = masked_whiten(returns, response_mask) * response_mask
+    returns = _discounted_returns(inputs.token_level_rewards, inputs.response_mask, inputs.gamma)
+    adv = masked_whiten(returns, inputs.response_mask) * inputs.response_mask
     return adv, returns
 
 
-@register_adv_estimator("reinforce_plus_plus_baseline")
+@ADV_ESTIMATORS.register("reinforce_plus_plus_baseline")
 @torch.no_grad()
-def reinforce_plus_plus_baseline_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: np.ndarray,
-    *,
-    gamma: float = 1.0,
-    epsilon: float = 1e-6,
-    norm_adv_by_std_in_grpo: bool = True,
-    reward_baselines: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def reinforce_plus_plus_baseline_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++ with a group baseline (Hu 2025, arXiv:2501.03262, the "REINFORCE++-baseline" variant for
     several samples per prompt): ``A_i = R_i - mean_group(R)`` broadcast over the valid tokens, then whitened
     over all valid tokens of the batch (global, not per-group, std normalisation).
 
-    Args / Raises: as :func:`grpo_advantage` (``gamma``, ``epsilon``, ``norm_adv_by_std_in_grpo`` unused);
-    also ValueError when the batch has fewer than 2 valid tokens.
+    Reads ``token_level_rewards``, ``response_mask`` and ``index``.
 
     Returns:
         ``(advantages, returns)``, equal, ``(bsz, resp_len)``, 0 outside the mask.
+
+    Raises:
+        ValueError: when the batch has fewer than 2 valid tokens.
     """
-    index = _check_inputs(token_level_rewards, response_mask, index)
-    scores = _scores(token_level_rewards, response_mask)
-    _, _, mean, _ = group_statistics(scores, index)
+    response_mask = inputs.response_mask
+    scores = _scores(inputs)
+    _, _, mean, _ = group_statistics(scores, inputs.index)
     adv = _broadcast(scores - mean, response_mask)
     adv = masked_whiten(adv, response_mask) * response_mask
     return adv, adv
 
 
-@register_adv_estimator("remax")
+@ADV_ESTIMATORS.register("remax")
 @torch.no_grad()
-def remax_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: np.ndarray,
-    *,
-    gamma: float = 1.0,
-    epsilon: float = 1e-6,
-    norm_adv_by_std_in_grpo: bool = True,
-    reward_baselines: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def remax_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """ReMax (Li et al. 2023, "ReMax: A Simple, Effective, and Efficient Reinforcement Learning Method for Aligning
     Large Language Models", arXiv:2310.10505, Algorithm 1): the baseline is the reward of the greedy response
     to the same prompt.
@@ -305,45 +269,30 @@ def remax_advantage(
     ``returns_t = sum_{s >= t} r_s`` (undiscounted reward-to-go over valid tokens) and
     ``advantages_t = returns_t - reward_baselines``.
 
-    Args:
-        token_level_rewards, response_mask: ``(bsz, resp_len)``.
-        index, gamma, epsilon, norm_adv_by_std_in_grpo: unused.
-        reward_baselines: ``(bsz,)`` reward of the greedy rollout of each sample's prompt.
+    Reads ``token_level_rewards``, ``response_mask`` and ``reward_baselines`` (``(bsz,)``, the reward of the greedy
+    rollout of each sample's prompt).
 
     Returns:
         ``(advantages, returns)``, ``(bsz, resp_len)``, 0 outside the mask.
 
     Raises:
-        ValueError: if ``reward_baselines`` is None or not ``(bsz,)``.
+        ValueError: if ``reward_baselines`` is None.
     """
-    _check_inputs(token_level_rewards, response_mask, index)
-    if reward_baselines is None:
+    if inputs.reward_baselines is None:
         raise ValueError(
             "adv estimator 'remax' needs reward_baselines (bsz,): the reward of a greedy rollout per prompt; "
             "generate it (ReMax) or choose another estimator"
         )
-    if reward_baselines.shape != (token_level_rewards.shape[0],):
-        raise ValueError(
-            f"reward_baselines must be (bsz,) = ({token_level_rewards.shape[0]},), got {tuple(reward_baselines.shape)}"
-        )
-    mask = response_mask.to(token_level_rewards.dtype)
-    returns = (token_level_rewards * mask).flip(-1).cumsum(-1).flip(-1) * mask
-    adv = (returns - reward_baselines.to(returns.dtype).unsqueeze(-1)) * mask
+    rewards = inputs.token_level_rewards
+    mask = inputs.response_mask.to(rewards.dtype)
+    returns = (rewards * mask).flip(-1).cumsum(-1).flip(-1) * mask
+    adv = (returns - inputs.reward_baselines.to(returns.dtype).unsqueeze(-1)) * mask
     return adv, returns
 
 
-@register_adv_estimator("grpo_passk")
+@ADV_ESTIMATORS.register("grpo_passk")
 @torch.no_grad()
-def grpo_passk_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: np.ndarray,
-    *,
-    gamma: float = 1.0,
-    epsilon: float = 1e-6,
-    norm_adv_by_std_in_grpo: bool = True,
-    reward_baselines: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def grpo_passk_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """Pass@k-style outcome advantage, defined as in verl's ``grpo_passk``.
 
     The group is rewarded by its best sample (``max_j R_j``, the pass@k reward when ``k`` equals the group
@@ -356,16 +305,15 @@ def grpo_passk_advantage(
     ``norm_adv_by_std_in_grpo``), and ``A = 0`` for every other sample. On ties the first sample (in batch
     order) holding the max is "best" and its advantage is 0 anyway.
 
-    Args / Returns: as :func:`grpo_advantage`.
+    Reads what :func:`grpo_advantage` reads. Returns: as :func:`grpo_advantage`.
 
     Raises:
-        ValueError: on mismatched shapes or when a group has fewer than 2 samples (naming the group id).
+        ValueError: when a group has fewer than 2 samples (naming the group id).
     """
-    index = _check_inputs(token_level_rewards, response_mask, index)
-    scores = _scores(token_level_rewards, response_mask)
-    group_id, count, _, std = group_statistics(scores, index)
+    scores = _scores(inputs)
+    group_id, count, _, std = group_statistics(scores, inputs.index)
     if bool((count < 2).any()):
-        bad = index[int(torch.nonzero(count < 2)[0, 0])]
+        bad = inputs.index[int(torch.nonzero(count < 2)[0, 0])]
         raise ValueError(f"adv estimator 'grpo_passk' needs >= 2 samples per group; group {bad!r} has 1")
     n_groups = int(group_id.max()) + 1
     bsz = scores.shape[0]
@@ -382,7 +330,7 @@ def grpo_passk_advantage(
         0, group_id, others, reduce="amax"
     )[group_id]
     adv = torch.where(is_best, group_max - second_max, torch.zeros_like(scores))
-    if norm_adv_by_std_in_grpo:
-        adv = adv / (std + epsilon)
-    adv = _broadcast(adv, response_mask)
+    if inputs.norm_adv_by_std_in_grpo:
+        adv = adv / (std + inputs.epsilon)
+    adv = _broadcast(adv, inputs.response_mask)
     return adv, adv

@@ -8,30 +8,18 @@ log-probs.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
-from easyrl.algorithms.advantages import register_adv_estimator
+from easyrl.algorithms.advantages import ADV_ESTIMATORS, AdvantageInputs
 from easyrl.algorithms.loss_agg import agg_loss
 from easyrl.algorithms.masked_ops import masked_mean, masked_whiten
 
 __all__ = ["gae_advantage", "compute_value_loss"]
 
 
-@register_adv_estimator("gae")
+@ADV_ESTIMATORS.register("gae")
 @torch.no_grad()
-def gae_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: np.ndarray | None = None,
-    *,
-    values: torch.Tensor | None = None,
-    gamma: float = 1.0,
-    lam: float = 1.0,
-    epsilon: float = 1e-6,
-    norm_adv_by_std_in_grpo: bool = True,
-    reward_baselines: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def gae_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalized Advantage Estimation (Schulman et al. 2016, "High-Dimensional Continuous Control Using Generalized
     Advantage Estimation", arXiv:1506.02438, Eq. 16), as PPO uses it (Schulman et al. 2017, arXiv:1707.06347,
     Eq. 11-12).
@@ -46,30 +34,22 @@ def gae_advantage(
     A masked position passes ``V_{t+1}`` and ``A_{t+1}`` of the next valid token through unchanged, so padding (or a
     masked token inside a response) neither discounts nor adds a TD error.
 
-    Args:
-        token_level_rewards: ``(bsz, resp_len)``; for outcome rewards the score sits on the last valid token.
-        response_mask: ``(bsz, resp_len)`` ``{0, 1}``.
-        index: unused (the baseline is the critic).
-        values: ``(bsz, resp_len)`` critic values ``V(s_t)`` (required).
-        gamma: discount per token, in [0, 1].
-        lam: GAE's lambda in [0, 1]: 0 is the one-step TD error, 1 the Monte-Carlo return minus ``V_t``.
-        epsilon, norm_adv_by_std_in_grpo, reward_baselines: unused (the critic-free estimators' keywords).
+    Reads ``token_level_rewards`` (for outcome rewards the score sits on the last valid token),
+    ``response_mask``, ``values`` (``(bsz, resp_len)`` critic values ``V(s_t)``, required), ``gamma`` (discount per
+    token, in [0, 1]) and ``lam`` (GAE's lambda in [0, 1]: 0 is the one-step TD error, 1 the Monte-Carlo return
+    minus ``V_t``); not ``index`` (the baseline is the critic).
 
     Returns:
         ``(advantages, returns)``, ``(bsz, resp_len)``, 0 outside the mask; ``returns`` are not whitened.
 
     Raises:
-        ValueError: without ``values``, on mismatched shapes, or when the batch has fewer than 2 valid tokens.
+        ValueError: without ``values``, or when the batch has fewer than 2 valid tokens.
     """
-    if values is None:
+    if inputs.values is None:
         raise ValueError("adv estimator 'gae' needs the critic's values (bsz, resp_len): set up worker.critic")
-    if not (token_level_rewards.shape == values.shape == response_mask.shape) or values.dim() != 2:
-        raise ValueError(
-            "gae: token_level_rewards, values and response_mask must all be (bsz, resp_len); got "
-            f"{tuple(token_level_rewards.shape)}, {tuple(values.shape)}, {tuple(response_mask.shape)}"
-        )
-    mask = response_mask.to(values.dtype)
-    rewards, values = token_level_rewards.to(values.dtype) * mask, values * mask
+    gamma, lam, response_mask = inputs.gamma, inputs.lam, inputs.response_mask
+    mask = response_mask.to(inputs.values.dtype)
+    rewards, values = inputs.token_level_rewards.to(mask.dtype) * mask, inputs.values * mask
     advantages = torch.zeros_like(values)
     next_value = torch.zeros_like(values[:, 0])
     next_adv = torch.zeros_like(values[:, 0])

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["select_groups", "group_filter_metrics"]
+__all__ = ["select_groups"]
 
 
 def select_groups(
@@ -64,25 +64,3 @@ def select_groups(
         keep &= group_mean <= filter_high
     return keep[group]
 
-
-def group_filter_metrics(keep: np.ndarray, index: np.ndarray) -> dict[str, int]:
-    """Counts describing a :func:`select_groups` decision, for logging.
-
-    Args:
-        keep: ``(bsz,)`` bool, the result of :func:`select_groups`.
-        index: ``(bsz,)`` group ids.
-
-    Returns:
-        ``{"dynamic_sampling/groups_kept", "dynamic_sampling/groups_dropped", "dynamic_sampling/samples_kept",
-        "dynamic_sampling/samples_dropped"}`` as ints.
-    """
-    keep = np.asarray(keep, dtype=bool)
-    index = np.asarray(index)
-    kept_groups = np.unique(index[keep]).size
-    all_groups = np.unique(index).size
-    return {
-        "dynamic_sampling/groups_kept": int(kept_groups),
-        "dynamic_sampling/groups_dropped": int(all_groups - kept_groups),
-        "dynamic_sampling/samples_kept": int(keep.sum()),
-        "dynamic_sampling/samples_dropped": int((~keep).sum()),
-    }

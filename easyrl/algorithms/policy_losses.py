@@ -1,95 +1,117 @@
 """Policy-gradient losses, registered by ``worker.actor.loss_type`` in :data:`POLICY_LOSSES`.
 
-Each loss maps the per-token log-probs of a micro-batch to a scalar through :func:`~easyrl.algorithms.loss_agg.agg_loss`
-(the shared signature is documented above :func:`vanilla_policy_loss`); docs/algorithms.md gives every formula.
+Every loss maps one micro-batch's :class:`PolicyLossInputs` and the actor's :class:`PolicyLossSettings` to a scalar
+aggregated by :func:`~easyrl.algorithms.loss_agg.agg_loss` and a dict of metrics::
+
+    pg_loss, metrics = POLICY_LOSSES.get(loss_type)(inputs, settings)
+
+metrics (floats): ``pg_clipfrac`` (fraction of valid tokens where clipping changed the loss), ``pg_clipfrac_lower``
+(fraction where the dual clip engaged; 0 for losses without one), ``ppo_kl`` (masked mean of old - new log-prob).
+A loss reads only the settings it uses, so the actor calls every loss the same way. docs/algorithms.md gives every
+formula.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from easyrl.algorithms.loss_agg import agg_loss
 from easyrl.algorithms.masked_ops import masked_mean
+from easyrl.algorithms.registry import Registry
 
-__all__ = ["POLICY_LOSSES", "register_policy_loss", "get_policy_loss", "sapo_gate", "LOG_RATIO_CLAMP"]
+__all__ = ["LOG_RATIO_CLAMP", "POLICY_LOSSES", "PolicyLossInputs", "PolicyLossSettings", "sapo_gate"]
 
 LOG_RATIO_CLAMP = 20.0  # |log pi/pi_old| above this is clamped before exp (exp(20) ~ 4.9e8)
 
-PolicyLoss = Callable[..., tuple[torch.Tensor, dict[str, float]]]
 
-POLICY_LOSSES: dict[str, PolicyLoss] = {}
+@dataclass(frozen=True, eq=False)
+class PolicyLossInputs:
+    """One micro-batch's tensors for a policy loss.
 
-
-def register_policy_loss(name: str) -> Callable[[PolicyLoss], PolicyLoss]:
-    """Decorator adding a policy loss to :data:`POLICY_LOSSES` under ``name``.
-
-    Raises:
-        ValueError: if ``name`` is already taken by a different function.
+    Attributes:
+        old_log_prob: ``(bsz, resp_len)`` log-probs of the policy that sampled the data (no gradient).
+        log_prob: ``(bsz, resp_len)`` log-probs of the current policy (gradient flows here).
+        advantages: ``(bsz, resp_len)``.
+        response_mask: ``(bsz, resp_len)`` ``{0, 1}``.
+        rollout_is_weights: optional ``(bsz, resp_len)`` truncated-IS weights (see
+            :func:`~easyrl.algorithms.rollout_correction.compute_tis_weights`), multiplied into the per-token loss
+            (detached).
+        agg_kwargs: keyword arguments for :func:`~easyrl.algorithms.loss_agg.agg_loss` (``global_num_tokens``,
+            ``global_num_seqs``, ``dp_size``, ``norm_length``), or None.
     """
 
-    def decorator(fn: PolicyLoss) -> PolicyLoss:
-        if name in POLICY_LOSSES and POLICY_LOSSES[name] is not fn:
-            raise ValueError(f"policy loss {name!r} is already registered ({POLICY_LOSSES[name]!r})")
-        POLICY_LOSSES[name] = fn
-        return fn
+    old_log_prob: torch.Tensor
+    log_prob: torch.Tensor
+    advantages: torch.Tensor
+    response_mask: torch.Tensor
+    rollout_is_weights: torch.Tensor | None = None
+    agg_kwargs: dict | None = None
 
-    return decorator
 
+@dataclass(frozen=True)
+class PolicyLossSettings:
+    """The ``worker.actor`` settings a policy loss reads (the actor copies them from its config).
 
-def get_policy_loss(name: str) -> PolicyLoss:
-    """Return the policy loss registered as ``name``.
-
-    Raises:
-        ValueError: if ``name`` is unknown; the message lists the valid names.
+    Attributes:
+        loss_agg_mode: see :func:`~easyrl.algorithms.loss_agg.agg_loss`.
+        clip_ratio_low, clip_ratio_high: clip range ``[1 - low, 1 + high]`` (``vanilla``, ``gspo``; ``cispo``'s IS
+            weight bounds).
+        clip_ratio_dual: dual-clip constant ``c`` > 1 (``vanilla``).
+        tau_positive, tau_negative: SAPO's gate temperatures > 0 (``sapo``).
     """
-    if name not in POLICY_LOSSES:
-        raise ValueError(f"unknown policy loss {name!r}; valid names: {sorted(POLICY_LOSSES)}")
-    return POLICY_LOSSES[name]
+
+    loss_agg_mode: str
+    clip_ratio_low: float
+    clip_ratio_high: float
+    clip_ratio_dual: float
+    tau_positive: float = 1.0
+    tau_negative: float = 1.05
+
+
+PolicyLoss = Callable[[PolicyLossInputs, PolicyLossSettings], tuple[torch.Tensor, dict[str, float]]]
+
+POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss")
+"""``worker.actor.loss_type`` -> loss ``fn(inputs, settings) -> (pg_loss 0-dim tensor, metrics dict of floats)``."""
+
+
+def _ratio(inputs: PolicyLossInputs) -> torch.Tensor:
+    """Importance ratio ``r = exp(clamp(logp - logp_old, -20, 20))``, ``(bsz, resp_len)``, differentiable in logp."""
+    return torch.exp(torch.clamp(inputs.log_prob - inputs.old_log_prob, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
 
 
 def _finish(
     pg_losses: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str,
-    agg_kwargs: dict | None,
-    rollout_is_weights: torch.Tensor | None,
-) -> torch.Tensor:
-    """Apply the (detached) truncated-IS weights, then aggregate."""
-    if rollout_is_weights is not None:
-        pg_losses = pg_losses * rollout_is_weights.detach()
-    return agg_loss(pg_losses, response_mask, loss_agg_mode, **(agg_kwargs or {}))
+    inputs: PolicyLossInputs,
+    settings: PolicyLossSettings,
+    clipped: torch.Tensor | None = None,
+    dual_clipped: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Apply the (detached) truncated-IS weights to the per-token losses ``(bsz, resp_len)``, aggregate them, and
+    compute the metrics: ``pg_clipfrac`` / ``pg_clipfrac_lower`` are the masked means of the bool ``(bsz, resp_len)``
+    ``clipped`` / ``dual_clipped`` (0 when None), ``ppo_kl`` the masked mean of ``old_log_prob - log_prob``.
+
+    Raises:
+        ValueError: if ``settings.loss_agg_mode`` is unknown.
+    """
+    mask = inputs.response_mask
+    if inputs.rollout_is_weights is not None:
+        pg_losses = pg_losses * inputs.rollout_is_weights.detach()
+    pg_loss = agg_loss(pg_losses, mask, settings.loss_agg_mode, **(inputs.agg_kwargs or {}))
+    with torch.no_grad():
+        metrics = {
+            "pg_clipfrac": 0.0 if clipped is None else float(masked_mean(clipped.float(), mask)),
+            "pg_clipfrac_lower": 0.0 if dual_clipped is None else float(masked_mean(dual_clipped.float(), mask)),
+            "ppo_kl": float(masked_mean(inputs.old_log_prob - inputs.log_prob, mask)),
+        }
+    return pg_loss, metrics
 
 
-def _metrics(clipfrac, clipfrac_lower, ppo_kl) -> dict[str, float]:
-    return {"pg_clipfrac": float(clipfrac), "pg_clipfrac_lower": float(clipfrac_lower), "ppo_kl": float(ppo_kl)}
-
-
-# All policy losses share this signature:
-#   fn(old_log_prob, log_prob, advantages, response_mask,      # (bsz, resp_len) each
-#      *, loss_agg_mode, clip_ratio_low, clip_ratio_high, clip_ratio_dual,
-#      agg_kwargs=None, rollout_is_weights=None, **settings) -> (pg_loss 0-dim tensor, metrics dict of floats)
-# ``settings`` carries the loss-specific keys of ``worker.actor`` (SAPO's tau_positive / tau_negative); a loss
-# ignores the ones it does not use, so the actor calls every loss the same way.
-# metrics: pg_clipfrac (fraction of valid tokens where clipping changed the loss), pg_clipfrac_lower
-# (fraction where the dual clip engaged; 0 for losses without one), ppo_kl (masked mean of old - new log-prob).
-
-
-@register_policy_loss("vanilla")
+@POLICY_LOSSES.register("vanilla")
 def vanilla_policy_loss(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    *,
-    loss_agg_mode: str,
-    clip_ratio_low: float,
-    clip_ratio_high: float,
-    clip_ratio_dual: float,
-    agg_kwargs: dict | None = None,
-    rollout_is_weights: torch.Tensor | None = None,
-    **settings: float,
+    inputs: PolicyLossInputs, settings: PolicyLossSettings
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO clipped surrogate (Schulman et al. 2017, arXiv:1707.06347, Eq. 7) with decoupled clip range
     ``[1 - clip_ratio_low, 1 + clip_ratio_high]`` (DAPO "clip-higher", Yu et al. 2025, arXiv:2503.14476, Sec. 3.1)
@@ -101,18 +123,8 @@ def vanilla_policy_loss(
     * ``A >= 0``: ``l = max(-A r, -A clip(r))``;
     * ``A < 0``:  ``l = min(max(-A r, -A clip(r)), -A c)`` (bounds the loss when ``r`` explodes).
 
-    Args:
-        old_log_prob: ``(bsz, resp_len)`` log-probs of the policy that sampled the data (no gradient).
-        log_prob: ``(bsz, resp_len)`` log-probs of the current policy (gradient flows here).
-        advantages: ``(bsz, resp_len)``.
-        response_mask: ``(bsz, resp_len)`` ``{0, 1}``.
-        loss_agg_mode: see :func:`agg_loss`.
-        clip_ratio_low, clip_ratio_high: clip range ``[1 - low, 1 + high]``.
-        clip_ratio_dual: dual-clip constant ``c`` > 1.
-        agg_kwargs: keyword arguments for :func:`agg_loss` (``global_num_tokens``, ``global_num_seqs``,
-            ``dp_size``, ``norm_length``).
-        rollout_is_weights: optional ``(bsz, resp_len)`` truncated-IS weights (see :func:`compute_tis_weights`),
-            multiplied into the per-token loss (detached).
+    Reads ``settings.loss_agg_mode``, ``clip_ratio_low``, ``clip_ratio_high`` (clip range ``[1 - low, 1 + high]``)
+    and ``clip_ratio_dual`` (``c`` > 1).
 
     Returns:
         ``(pg_loss, metrics)`` with metrics ``pg_clipfrac``, ``pg_clipfrac_lower`` (dual clip), ``ppo_kl``.
@@ -120,40 +132,23 @@ def vanilla_policy_loss(
     Raises:
         ValueError: if ``clip_ratio_dual <= 1`` or the mode is unknown.
     """
-    if clip_ratio_dual <= 1.0:
-        raise ValueError(f"clip_ratio_dual must be > 1 (dual-clip PPO), got {clip_ratio_dual}")
-    log_ratio = torch.clamp(log_prob - old_log_prob, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    ratio = torch.exp(log_ratio)
+    if settings.clip_ratio_dual <= 1.0:
+        raise ValueError(f"clip_ratio_dual must be > 1 (dual-clip PPO), got {settings.clip_ratio_dual}")
+    advantages = inputs.advantages
+    ratio = _ratio(inputs)
     loss_unclipped = -advantages * ratio
-    loss_clipped = -advantages * torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    loss_clipped = -advantages * torch.clamp(ratio, 1.0 - settings.clip_ratio_low, 1.0 + settings.clip_ratio_high)
     clip_loss = torch.maximum(loss_unclipped, loss_clipped)
-    dual_bound = -advantages * clip_ratio_dual
+    dual_bound = -advantages * settings.clip_ratio_dual
     negative = advantages < 0
     pg_losses = torch.where(negative, torch.minimum(clip_loss, dual_bound), clip_loss)
-    pg_loss = _finish(pg_losses, response_mask, loss_agg_mode, agg_kwargs, rollout_is_weights)
-    with torch.no_grad():
-        metrics = _metrics(
-            masked_mean((loss_clipped > loss_unclipped).float(), response_mask),
-            masked_mean((negative & (clip_loss > dual_bound)).float(), response_mask),
-            masked_mean(old_log_prob - log_prob, response_mask),
-        )
-    return pg_loss, metrics
+    return _finish(pg_losses, inputs, settings, clipped=loss_clipped > loss_unclipped,
+                   dual_clipped=negative & (clip_loss > dual_bound))
 
 
-@register_policy_loss("gspo")
+@POLICY_LOSSES.register("gspo")
 def gspo_policy_loss(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    *,
-    loss_agg_mode: str,
-    clip_ratio_low: float,
-    clip_ratio_high: float,
-    clip_ratio_dual: float,
-    agg_kwargs: dict | None = None,
-    rollout_is_weights: torch.Tensor | None = None,
-    **settings: float,
+    inputs: PolicyLossInputs, settings: PolicyLossSettings
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Group Sequence Policy Optimization, token form "GSPO-token" (Zheng et al. 2025, arXiv:2507.18071).
 
@@ -170,39 +165,24 @@ def gspo_policy_loss(
         * ``clip_ratio_dual`` is unused (no dual clip in GSPO); ``pg_clipfrac_lower`` is 0.
         * ``log s_i`` is clamped to [-20, 20] before ``exp``.
 
-    Args / Returns / Raises: as :func:`vanilla_policy_loss` (no ValueError for ``clip_ratio_dual``).
+    Reads ``settings.loss_agg_mode``, ``clip_ratio_low`` and ``clip_ratio_high``.
+    Returns / Raises: as :func:`vanilla_policy_loss` (no ValueError for ``clip_ratio_dual``).
     """
-    log_ratio = log_prob - old_log_prob
-    seq_log_ratio = masked_mean(log_ratio, response_mask, dim=-1).detach()  # (bsz,)
+    log_prob, advantages = inputs.log_prob, inputs.advantages
+    seq_log_ratio = masked_mean(log_prob - inputs.old_log_prob, inputs.response_mask, dim=-1).detach()  # (bsz,)
     seq_log_ratio = torch.clamp(seq_log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     token_ratio = torch.exp(seq_log_ratio.unsqueeze(-1) + log_prob - log_prob.detach())
     loss_unclipped = -advantages * token_ratio
-    loss_clipped = -advantages * torch.clamp(token_ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    loss_clipped = -advantages * torch.clamp(
+        token_ratio, 1.0 - settings.clip_ratio_low, 1.0 + settings.clip_ratio_high
+    )
     pg_losses = torch.maximum(loss_unclipped, loss_clipped)
-    pg_loss = _finish(pg_losses, response_mask, loss_agg_mode, agg_kwargs, rollout_is_weights)
-    with torch.no_grad():
-        metrics = _metrics(
-            masked_mean((loss_clipped > loss_unclipped).float(), response_mask),
-            0.0,
-            masked_mean(-log_ratio, response_mask),
-        )
-    return pg_loss, metrics
+    return _finish(pg_losses, inputs, settings, clipped=loss_clipped > loss_unclipped)
 
 
-@register_policy_loss("cispo")
+@POLICY_LOSSES.register("cispo")
 def cispo_policy_loss(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    *,
-    loss_agg_mode: str,
-    clip_ratio_low: float,
-    clip_ratio_high: float,
-    clip_ratio_dual: float,
-    agg_kwargs: dict | None = None,
-    rollout_is_weights: torch.Tensor | None = None,
-    **settings: float,
+    inputs: PolicyLossInputs, settings: PolicyLossSettings
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """CISPO, clipped IS-weight policy optimisation (MiniMax 2025, "MiniMax-M1: Scaling Test-Time Compute
     Efficiently with Lightning Attention", arXiv:2506.13585, Eq. 4-5).
@@ -217,20 +197,13 @@ def cispo_policy_loss(
     ``clip_ratio_dual`` is unused. Metrics: ``pg_clipfrac`` = fraction of valid tokens whose IS weight was
     clipped (either bound); ``pg_clipfrac_lower`` = 0 (no dual clip).
 
-    Args / Returns / Raises: as :func:`vanilla_policy_loss` (no ValueError for ``clip_ratio_dual``).
+    Reads ``settings.loss_agg_mode``, ``clip_ratio_low`` and ``clip_ratio_high``.
+    Returns / Raises: as :func:`vanilla_policy_loss` (no ValueError for ``clip_ratio_dual``).
     """
-    log_ratio = torch.clamp(log_prob - old_log_prob, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    ratio = torch.exp(log_ratio).detach()
-    weight = torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
-    pg_losses = -weight * advantages * log_prob
-    pg_loss = _finish(pg_losses, response_mask, loss_agg_mode, agg_kwargs, rollout_is_weights)
-    with torch.no_grad():
-        metrics = _metrics(
-            masked_mean((weight != ratio).float(), response_mask),
-            0.0,
-            masked_mean(old_log_prob - log_prob, response_mask),
-        )
-    return pg_loss, metrics
+    ratio = _ratio(inputs).detach()
+    weight = torch.clamp(ratio, 1.0 - settings.clip_ratio_low, 1.0 + settings.clip_ratio_high)
+    pg_losses = -weight * inputs.advantages * inputs.log_prob
+    return _finish(pg_losses, inputs, settings, clipped=weight != ratio)
 
 
 def sapo_gate(ratio: torch.Tensor, tau: torch.Tensor | float) -> torch.Tensor:
@@ -250,22 +223,9 @@ def sapo_gate(ratio: torch.Tensor, tau: torch.Tensor | float) -> torch.Tensor:
     return torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
 
 
-@register_policy_loss("sapo")
+@POLICY_LOSSES.register("sapo")
 def sapo_policy_loss(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    *,
-    loss_agg_mode: str,
-    clip_ratio_low: float,
-    clip_ratio_high: float,
-    clip_ratio_dual: float,
-    agg_kwargs: dict | None = None,
-    rollout_is_weights: torch.Tensor | None = None,
-    tau_positive: float = 1.0,
-    tau_negative: float = 1.05,
-    **settings: float,
+    inputs: PolicyLossInputs, settings: PolicyLossSettings
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Soft Adaptive Policy Optimization (Gao et al. 2025, "Soft Adaptive Policy Optimization", arXiv:2511.20347,
     the SAPO objective and its gate ``f``).
@@ -281,10 +241,8 @@ def sapo_policy_loss(
           does) and warns at config load when it differs.
         * Metrics: ``pg_clipfrac`` and ``pg_clipfrac_lower`` are 0 (nothing is clipped), as in verl.
 
-    Args:
-        tau_positive, tau_negative: gate temperatures > 0 (``worker.actor.tau_positive`` / ``tau_negative``;
-            EasyR1's and verl's defaults 1.0 / 1.05).
-        others: as :func:`vanilla_policy_loss`.
+    Reads ``settings.loss_agg_mode``, ``tau_positive`` and ``tau_negative`` (gate temperatures > 0,
+    ``worker.actor.tau_positive`` / ``tau_negative``; EasyR1's and verl's defaults 1.0 / 1.05).
 
     Returns:
         ``(pg_loss, metrics)`` as :func:`vanilla_policy_loss`.
@@ -292,13 +250,11 @@ def sapo_policy_loss(
     Raises:
         ValueError: if a temperature is not positive, or the mode is unknown.
     """
+    tau_positive, tau_negative = settings.tau_positive, settings.tau_negative
     if not (tau_positive > 0 and tau_negative > 0):
         raise ValueError(f"SAPO temperatures must be > 0, got tau_positive={tau_positive}, tau_negative={tau_negative}")
-    log_ratio = torch.clamp(log_prob - old_log_prob, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    ratio = torch.exp(log_ratio)
+    advantages = inputs.advantages
+    ratio = _ratio(inputs)
     tau = torch.where(advantages > 0, float(tau_positive), float(tau_negative)).to(ratio.dtype)
     pg_losses = -advantages * sapo_gate(ratio, tau)
-    pg_loss = _finish(pg_losses, response_mask, loss_agg_mode, agg_kwargs, rollout_is_weights)
-    with torch.no_grad():
-        metrics = _metrics(0.0, 0.0, masked_mean(old_log_prob - log_prob, response_mask))
-    return pg_loss, metrics
+    return _finish(pg_losses, inputs, settings)

@@ -18,7 +18,7 @@ supported.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -44,6 +44,24 @@ def _blocks(x: torch.Tensor, chunk_rows: int, offset: int = 0) -> Iterator[tuple
         yield offset + start, offset + start + block.shape[0], block
 
 
+def _chunked_backward(
+    ctx, grad_out: torch.Tensor, chunk_grad: Callable[[torch.Tensor, slice, torch.Tensor], torch.Tensor]
+) -> torch.Tensor:
+    """The gradient w.r.t. the logits saved first in ``ctx``, in their dtype, written chunk by chunk.
+
+    ``chunk_grad(z, rows, g)`` returns the float32 gradient of one chunk: ``z`` is its ``(rows, vocab)`` float32
+    ``logits / temperature``, ``rows`` the slice of the flattened positions it covers, ``g`` the ``(rows, 1)``
+    incoming gradient already divided by the temperature (the chain rule through ``z = logits / T``).
+    """
+    logits = ctx.saved_tensors[0]
+    grad_flat = grad_out.reshape(-1, 1).float() / ctx.temperature
+    grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+    grad_rows = grad.view(-1, logits.shape[-1])
+    for start, stop, block in _blocks(logits, ctx.chunk_rows):
+        grad_rows[start:stop] = chunk_grad(block.float() / ctx.temperature, slice(start, stop), grad_flat[start:stop])
+    return grad
+
+
 class _LabelLogProb(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits: torch.Tensor, labels: torch.Tensor, chunk_rows: int, temperature: float) -> torch.Tensor:
@@ -59,15 +77,13 @@ class _LabelLogProb(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out: torch.Tensor):
-        logits, flat_labels = ctx.saved_tensors
-        grad_flat = grad_out.reshape(-1, 1).float() / ctx.temperature  # chain rule through z = logits / T
-        grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
-        grad_rows = grad.view(-1, logits.shape[-1])
-        for start, stop, block in _blocks(logits, ctx.chunk_rows):
-            g = torch.softmax(block.float() / ctx.temperature, dim=-1).mul_(-grad_flat[start:stop])
-            g.scatter_add_(-1, flat_labels[start:stop], grad_flat[start:stop])
-            grad_rows[start:stop] = g
-        return grad, None, None, None
+        flat_labels = ctx.saved_tensors[1]
+
+        def chunk_grad(z: torch.Tensor, rows: slice, g: torch.Tensor) -> torch.Tensor:
+            # d log p(y) / dz = onehot(y) - p
+            return torch.softmax(z, dim=-1).mul_(-g).scatter_add_(-1, flat_labels[rows], g)
+
+        return _chunked_backward(ctx, grad_out, chunk_grad), None, None, None
 
 
 class _Entropy(torch.autograd.Function):
@@ -84,16 +100,14 @@ class _Entropy(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out: torch.Tensor):
-        logits, entropy = ctx.saved_tensors
-        grad_flat = grad_out.reshape(-1, 1).float() / ctx.temperature  # chain rule through z = logits / T
-        grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
-        grad_rows = grad.view(-1, logits.shape[-1])
-        for start, stop, block in _blocks(logits, ctx.chunk_rows):
-            logp = torch.log_softmax(block.float() / ctx.temperature, dim=-1)
+        entropy = ctx.saved_tensors[1]
+
+        def chunk_grad(z: torch.Tensor, rows: slice, g: torch.Tensor) -> torch.Tensor:
             # dH/dz_j = -p_j (log p_j + H)
-            p = logp.exp()
-            grad_rows[start:stop] = p.mul_(logp.add_(entropy[start:stop].unsqueeze(-1))).mul_(-grad_flat[start:stop])
-        return grad, None, None
+            logp = torch.log_softmax(z, dim=-1)
+            return logp.exp().mul_(logp.add_(entropy[rows].unsqueeze(-1))).mul_(-g)
+
+        return _chunked_backward(ctx, grad_out, chunk_grad), None, None
 
 
 def _check_logits(logits: torch.Tensor, chunk_rows: int, temperature: float) -> None:

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from easyrl.algorithms.advantages import get_adv_estimator
+from easyrl.algorithms.advantages import AdvantageInputs, compute_advantage
 from easyrl.algorithms.kl import apply_kl_penalty, make_kl_controller
 from easyrl.batch import Batch
 from easyrl.config import PPOConfig, to_dict
@@ -123,13 +123,12 @@ class RayPPOTrainer:
 
     def _compute_advantage(self, batch: Batch) -> None:
         algo = self.config.algorithm
-        estimator = get_adv_estimator(algo.adv_estimator)
-        advantages, returns = estimator(
+        advantages, returns = compute_advantage(algo.adv_estimator, AdvantageInputs(
             batch["token_level_rewards"], batch["response_mask"], np.array(batch["uid"], dtype=object),
             gamma=algo.gamma, norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
             reward_baselines=batch["reward_baselines"] if "reward_baselines" in batch else None,
             **({"values": batch["values"], "lam": algo.lam} if algo.needs_critic else {}),
-        )
+        ))
         batch["advantages"] = advantages
         batch["returns"] = returns
 

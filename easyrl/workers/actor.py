@@ -20,7 +20,7 @@ from transformers.utils import is_flash_attn_2_available
 
 from easyrl.algorithms.kl import kl_penalty
 from easyrl.algorithms.loss_agg import agg_loss
-from easyrl.algorithms.policy_losses import get_policy_loss
+from easyrl.algorithms.policy_losses import POLICY_LOSSES, PolicyLossInputs, PolicyLossSettings
 from easyrl.algorithms.rollout_correction import compute_tis_weights
 from easyrl.batch import Batch
 from easyrl.config import ActorConfig, OffloadConfig
@@ -218,7 +218,7 @@ class FSDPPolicy:
             ValueError: ``old_log_probs`` is missing but the update takes several optimizer steps.
         """
         cfg = self.config
-        policy_loss_fn = get_policy_loss(cfg.loss_type)
+        policy_loss_fn = POLICY_LOSSES.get(cfg.loss_type)
         on_policy = "old_log_probs" not in data
         if on_policy and (cfg.ppo_epochs != 1 or mini_batch_size < len(data)):
             raise ValueError("old_log_probs are needed: this update takes several optimizer steps (ppo_epochs="
@@ -303,10 +303,11 @@ class FSDPPolicy:
             for key in ("rollout/tis_weight_mean", "rollout/tis_clip_frac"):  # token means: weight by token share
                 step_metrics[key] += tis_metrics[key] * _share(mask, agg_kwargs)
         pg_loss, pg_metrics = policy_loss_fn(
-            old_log_probs, log_probs, advantages, mask,
-            loss_agg_mode=cfg.loss_agg_mode, clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high,
-            clip_ratio_dual=cfg.clip_ratio_dual, agg_kwargs=agg_kwargs, rollout_is_weights=tis_weights,
-            tau_positive=cfg.tau_positive, tau_negative=cfg.tau_negative,
+            PolicyLossInputs(old_log_probs, log_probs, advantages, mask, rollout_is_weights=tis_weights,
+                             agg_kwargs=agg_kwargs),
+            PolicyLossSettings(loss_agg_mode=cfg.loss_agg_mode, clip_ratio_low=cfg.clip_ratio_low,
+                               clip_ratio_high=cfg.clip_ratio_high, clip_ratio_dual=cfg.clip_ratio_dual,
+                               tau_positive=cfg.tau_positive, tau_negative=cfg.tau_negative),
         )
         entropy_loss = agg_loss(entropy, mask, cfg.loss_agg_mode, **agg_kwargs)
         loss = pg_loss - cfg.entropy_coeff * entropy_loss
