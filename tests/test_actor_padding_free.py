@@ -19,7 +19,7 @@ def _policy(model_path, padding_free: bool, dynamic_batching: bool, entropy_coef
             router_aux_loss_coef: float = 0.0):
     from torch.distributed.device_mesh import init_device_mesh
 
-    from easyrl.workers.actor import FSDPPolicy
+    from easyrl.workers.policy import FSDPPolicy
 
     config = ActorConfig(padding_free=padding_free, dynamic_batching=dynamic_batching, entropy_coeff=entropy_coeff,
                          max_token_len_per_device=budget, use_kl_loss=False,

@@ -23,16 +23,15 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
 import re
 import shutil
 from collections.abc import Callable
 from typing import Any, Optional
 
-import numpy as np
 import torch
 
 from easyrl.errors import UserError
+from easyrl.rng import get_rng_state, set_rng_state
 
 logger = logging.getLogger("easyrl.checkpoint")
 
@@ -204,29 +203,6 @@ def check_run_folder(trainer) -> None:
 
     if checkpoint_to_resume(trainer) is None and "jsonl" in trainer.logger:
         refuse_existing_metrics(os.path.join(trainer.run_dir, "metrics.jsonl"))
-
-
-# ------------------------------------------------------------------------------------------------- RNG states
-def get_rng_state() -> dict[str, Any]:
-    """This process's Python, NumPy and torch (CPU and, if any, CUDA/NPU) generator states."""
-    state: dict[str, Any] = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state()
-    npu = getattr(torch, "npu", None)
-    if npu is not None and npu.is_available():
-        state["npu"] = npu.get_rng_state()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what :func:`get_rng_state` returned."""
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"])
-    if "npu" in state:
-        torch.npu.set_rng_state(state["npu"])
 
 
 class CheckpointMixin:

@@ -93,7 +93,7 @@ class FSDPWorker:
         engine."""
         from torch.distributed.device_mesh import init_device_mesh
 
-        from easyrl.workers.actor import FSDPPolicy
+        from easyrl.workers.policy import FSDPPolicy
         from easyrl.workers.rollout import VLLMRollout
         from easyrl.workers.rollout_layout import RolloutLayout
 
