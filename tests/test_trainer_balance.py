@@ -10,6 +10,7 @@ from tensordict import TensorDict
 
 from easyrl.batch import Batch
 from easyrl.trainer.ray_trainer import RayPPOTrainer
+from easyrl.workers.fsdp_worker import FSDPWorker
 
 
 def _trainer(balance: bool, world: int) -> RayPPOTrainer:
@@ -76,5 +77,5 @@ def test_the_trainer_stages_images_once_and_nothing_for_text():
     vl["multi_modal_inputs"] = [{"pixel_values": torch.zeros(2, 3)}, {}, {}, {}]
     refs = trainer._stage_multi_modal(vl)
     [(method, staged)] = calls
-    assert method == "stage_multi_modal" and staged[STAGE_KEY] == refs and len(refs) == 4
+    assert method is FSDPWorker.stage_multi_modal and staged[STAGE_KEY] == refs and len(refs) == 4
     assert staged["multi_modal_inputs"] == vl["multi_modal_inputs"] and not list(staged.tensors.keys())

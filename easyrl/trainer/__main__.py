@@ -18,9 +18,10 @@ from easyrl.quiet import quiet_libraries, verbose
 logger = logging.getLogger("easyrl")
 
 
-def build_trainer(config: PPOConfig):
+def build_trainer(config: PPOConfig, worker_cls: Optional[type] = None):
     """Check and load the model's tokenizer/processor, the datasets and the reward function (``easyrl.preflight``),
-    then start Ray (unless already started) and the workers.
+    then start Ray (unless already started) and the workers (``worker_cls``: ``FSDPWorker`` when None, or a subclass
+    such as the tests' ``easyrl.testing.worker.InspectableWorker``; None keeps torch out of this module's imports).
 
     Returns:
         A ``RayPPOTrainer`` ready to ``fit()``.
@@ -41,6 +42,7 @@ def build_trainer(config: PPOConfig):
 
     from easyrl.device import detect_device
     from easyrl.trainer.ray_trainer import RayPPOTrainer
+    from easyrl.workers.fsdp_worker import FSDPWorker
 
     if not ray.is_initialized():
         ray.init(runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}},
@@ -49,7 +51,7 @@ def build_trainer(config: PPOConfig):
     if device == "auto":
         device = detect_device(ray.cluster_resources())
     trainer = RayPPOTrainer(config, ready.tokenizer, ready.train_dataset, ready.val_dataset, ready.reward_fn)
-    trainer.init_workers(device)
+    trainer.init_workers(device, worker_cls or FSDPWorker)
     return trainer
 
 

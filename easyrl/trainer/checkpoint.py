@@ -221,10 +221,12 @@ class CheckpointMixin:
         """Save the whole training state as ``global_step_<N>`` under ``trainer.save_checkpoint_path`` (atomic; see
         ``easyrl.trainer.checkpoint``) and apply ``trainer.save_limit``; ``metrics`` of this step rank it by
         ``trainer.best_metric``. Returns the checkpoint folder."""
+        from easyrl.workers.fsdp_worker import FSDPWorker  # torch.distributed, tensordict: not for the path checks
+
         trainer = self.config.trainer
 
         def write(tmp: str) -> None:
-            self.workers.run_all("save_checkpoint", tmp)
+            self.workers.run_all(FSDPWorker.save_checkpoint, tmp)
             torch.save(self.state_dict(), os.path.join(tmp, TRAINER_STATE))
 
         metric = (metrics or {}).get(trainer.best_metric)
@@ -237,7 +239,9 @@ class CheckpointMixin:
 
     def load_checkpoint(self, path: str) -> None:
         """Restore the training state saved by :meth:`save_checkpoint` (workers and this process)."""
-        self.workers.run_all("load_checkpoint", path)
+        from easyrl.workers.fsdp_worker import FSDPWorker
+
+        self.workers.run_all(FSDPWorker.load_checkpoint, path)
         self.load_state_dict(torch.load(os.path.join(path, TRAINER_STATE), weights_only=False))
         self.last_checkpoint = path
         logger.info("resumed from %s at step %d", path, self.global_step)

@@ -25,6 +25,7 @@ from easyrl.rewards.function import RewardFunction
 from easyrl.trainer.batch_layout import for_rollout, left_pad, right_pad
 from easyrl.trainer.metrics import timer
 from easyrl.trainer.seeding import batch_seeds
+from easyrl.workers.fsdp_worker import FSDPWorker
 
 __all__ = ["GenerationMixin"]
 
@@ -52,7 +53,7 @@ class GenerationMixin:
         """Sample a response for every prompt on the workers and assemble the full batch."""
         rollout_cfg = self.config.worker.rollout
         # one result per engine; vLLM takes the images, not the processor outputs
-        outputs = self.workers.run_rollout("generate_sequences", for_rollout(prompts), overrides=overrides)
+        outputs = self.workers.run_rollout(FSDPWorker.generate_sequences, for_rollout(prompts), overrides=overrides)
         response_ids = [ids for out in outputs for ids in out["response_ids"]]
         timing["reshard"] = timing.get("reshard", 0.0) + max(out["timing_s/reshard"] for out in outputs)
         responses, response_mask = right_pad(response_ids, rollout_cfg.response_length, self.pad_id, torch.long)

@@ -48,6 +48,7 @@ from easyrl.trainer.metrics import (
 from easyrl.trainer.scoring import ScoringMixin
 from easyrl.trainer.signals import GracefulStop
 from easyrl.trainer.validation import ValidationMixin
+from easyrl.workers.fsdp_worker import FSDPWorker
 from easyrl.workers.group import WorkerError, WorkerGroup
 from easyrl.workers.mm_staging import has_multi_modal, stage_references, staging_batch
 from easyrl.workers.seqlen_balancing import balanced_rank_order
@@ -100,9 +101,10 @@ class RayPPOTrainer(GenerationMixin, ScoringMixin, ValidationMixin, CheckpointMi
         self._last_frac_zero_std: Optional[float] = None  # the previous step's reward/frac_reward_zero_std
         self.val_generations: list[dict[str, Any]] = []  # the last validation's first samples (for the loggers)
 
-    def init_workers(self, device: str) -> None:
-        """Start the Ray workers (process group, FSDP2 actor/ref, vLLM engines)."""
-        self.workers = WorkerGroup(self.config, device)
+    def init_workers(self, device: str, worker_cls: type = FSDPWorker) -> None:
+        """Start the Ray workers (process group, FSDP2 actor/ref, vLLM engines); ``worker_cls``: ``FSDPWorker`` or a
+        subclass (the tests' ``easyrl.testing.worker.InspectableWorker``)."""
+        self.workers = WorkerGroup(self.config, device, worker_cls)
         self._init_perf()
 
     def _init_perf(self) -> None:
@@ -115,7 +117,7 @@ class RayPPOTrainer(GenerationMixin, ScoringMixin, ValidationMixin, CheckpointMi
             self.model_shape = ModelShape.from_hf_config(hf_config)
         except Exception as e:  # an architecture transformers cannot build from its config alone: no MFU, no stop
             logger.warning("perf/mfu/* not reported: cannot count the weights of %s (%s)", model.model_path, e)
-        self.peak_flops = peak_flops(self.workers.run_all("device_name")[0])
+        self.peak_flops = peak_flops(self.workers.run_all(FSDPWorker.device_name)[0])
 
     def _compute_advantage(self, batch: Batch) -> None:
         algo = self.config.algorithm
@@ -216,13 +218,13 @@ class RayPPOTrainer(GenerationMixin, ScoringMixin, ValidationMixin, CheckpointMi
             on_policy = cfg.on_policy_update
             if not on_policy:
                 with timer("old_log_prob", timing):
-                    old = self.workers.run_split("compute_log_probs", for_workers(batch, staged))
+                    old = self.workers.run_split(FSDPWorker.compute_log_probs, for_workers(batch, staged))
                     batch["old_log_probs"] = torch.cat(old, dim=0)
                 if "rollout_log_probs" in batch:
                     metrics.update(rollout_mismatch_metrics(batch))
             if self.workers_need_ref():
                 with timer("ref", timing):
-                    ref = self.workers.run_split("compute_ref_log_probs", for_workers(batch, staged))
+                    ref = self.workers.run_split(FSDPWorker.compute_ref_log_probs, for_workers(batch, staged))
                     batch["ref_log_probs"] = torch.cat(ref, dim=0)
             if pending is not None:  # scored in the reward actor while the log-prob passes ran
                 with timer("reward", timing):
@@ -233,7 +235,7 @@ class RayPPOTrainer(GenerationMixin, ScoringMixin, ValidationMixin, CheckpointMi
             metrics["reward/frac_reward_zero_std"] = self._check_reward_variance(batch)
             if cfg.algorithm.needs_critic:
                 with timer("values", timing):
-                    values = self.workers.run_split("compute_values", for_workers(batch, staged))
+                    values = self.workers.run_split(FSDPWorker.compute_values, for_workers(batch, staged))
                     batch["values"] = torch.cat(values, dim=0)
             with timer("adv", timing):
                 if cfg.algorithm.use_kl_in_reward and not cfg.algorithm.disable_kl:
@@ -248,11 +250,11 @@ class RayPPOTrainer(GenerationMixin, ScoringMixin, ValidationMixin, CheckpointMi
             worker_metrics = []
             if cfg.algorithm.needs_critic:
                 with timer("update_critic", timing):
-                    worker_metrics += self.workers.run_split("update_critic", for_workers(batch, staged))
+                    worker_metrics += self.workers.run_split(FSDPWorker.update_critic, for_workers(batch, staged))
             actor_metrics = []
             if self.actor_updates_this_step():
                 with timer("update_actor", timing):
-                    actor_metrics = self.workers.run_split("update_actor", for_workers(batch, staged))
+                    actor_metrics = self.workers.run_split(FSDPWorker.update_actor, for_workers(batch, staged))
             worker_metrics += actor_metrics
             if on_policy and actor_metrics:  # the update's own (pre-step) log-probs are the old ones
                 batch["old_log_probs"] = torch.cat([m.pop("old_log_probs") for m in actor_metrics], dim=0)
@@ -264,7 +266,8 @@ class RayPPOTrainer(GenerationMixin, ScoringMixin, ValidationMixin, CheckpointMi
                     merged[key].extend(values)
             metrics.update(reduce_metrics(merged))
             if has_multi_modal(batch):  # the staged inputs are freed; what the workers received, once per step
-                metrics["perf/multi_modal_bytes_to_workers"] = float(sum(self.workers.run_all("release_multi_modal")))
+                released = self.workers.run_all(FSDPWorker.release_multi_modal)
+                metrics["perf/multi_modal_bytes_to_workers"] = float(sum(released))
             batch = batch.select(np.argsort(order).tolist())  # back to the group order of generation
         metrics.update(compute_data_metrics(batch, cfg.data.max_prompt_length, cfg.data.max_response_length))
         if "reshard" in timing:  # the weight sync is reported apart from the generation that waited for it
@@ -301,7 +304,7 @@ class RayPPOTrainer(GenerationMixin, ScoringMixin, ValidationMixin, CheckpointMi
         if not has_multi_modal(batch):
             return None
         references = stage_references(len(batch))
-        self.workers.run_split("stage_multi_modal", staging_batch(batch, references))
+        self.workers.run_split(FSDPWorker.stage_multi_modal, staging_batch(batch, references))
         return references
 
     def _check_reward_variance(self, batch: Batch) -> float:
@@ -328,6 +331,6 @@ class RayPPOTrainer(GenerationMixin, ScoringMixin, ValidationMixin, CheckpointMi
         """Export the actor in Hugging Face format to ``trainer.save_model_path`` (default ``<run_dir>/huggingface``;
         see ``easyrl.export``)."""
         path = self.config.trainer.save_model_path or os.path.join(self.config.trainer.run_dir, "huggingface")
-        self.workers.run_all("save_hf", path)
+        self.workers.run_all(FSDPWorker.save_hf, path)
         logger.info("actor exported to %s", path)
         return path
