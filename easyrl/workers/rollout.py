@@ -8,8 +8,9 @@ Life cycle per training step (see ``FSDPWorker.generate_sequences``)::
 and gives its memory back, weights included (the next sync overwrites them all, so no host copy is kept): after a sleep
 ``holds_weights`` is False and the worker syncs again before the next use. vLLM's CPU backend has no sleep mode
 (``enable_sleep_mode=True`` fails with "Sleep mode is not supported on current platform"), so on the CPU sleep/wake are
-skipped and the engine stays resident. The engine must run in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
-set by the worker before vLLM is imported) so that weights are handed over as tensors, never through disk.
+skipped and the engine stays resident. The engine must run in this process (``vllm_compat.in_process_engine_env``,
+set by the worker before vLLM is imported) so that weights are handed over as tensors, never through disk. Calls whose
+API differs between vLLM lines go through ``easyrl.workers.vllm_compat``.
 """
 
 from __future__ import annotations
