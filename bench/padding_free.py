@@ -58,7 +58,7 @@ def run_layout(args, layout: str) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
 
     from easyrl.config import ActorConfig
-    from easyrl.workers.actor import FSDPPolicy
+    from easyrl.workers.policy import FSDPPolicy
 
     torch.set_num_threads(args.threads)
     store = tempfile.mktemp(prefix="easyrl-bench-pg-")

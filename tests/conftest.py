@@ -95,19 +95,20 @@ def e2e_text_config(e2e_config):
 
 @pytest.fixture(scope="session")
 def trainer_on_ray() -> Callable:
-    """Context-manager factory: ``with trainer_on_ray(config) as trainer:`` starts Ray on 2 CPUs (no dashboard) and
-    builds the trainer (``easyrl.trainer.__main__.build_trainer``); on leaving the block its workers are shut down
-    (only when the block raised nothing; Ray's shutdown ends them anyway), then Ray, always."""
+    """Context-manager factory: ``with trainer_on_ray(config, worker_cls=None) as trainer:`` starts Ray on 2 CPUs (no
+    dashboard) and builds the trainer (``easyrl.trainer.__main__.build_trainer``; ``worker_cls`` e.g.
+    ``easyrl.testing.worker.InspectableWorker``); on leaving the block its workers are shut down (only when the block
+    raised nothing; Ray's shutdown ends them anyway), then Ray, always."""
 
     @contextmanager
-    def run(config) -> Iterator:
+    def run(config, worker_cls=None) -> Iterator:
         import ray
 
         from easyrl.trainer.__main__ import build_trainer
 
         ray.init(num_cpus=2, include_dashboard=False)
         try:
-            trainer = build_trainer(config)
+            trainer = build_trainer(config, worker_cls)
             yield trainer
             trainer.workers.shutdown()
         finally:

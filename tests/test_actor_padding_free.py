@@ -19,7 +19,7 @@ def _policy(model_path, padding_free: bool, dynamic_batching: bool, entropy_coef
             router_aux_loss_coef: float = 0.0):
     from torch.distributed.device_mesh import init_device_mesh
 
-    from easyrl.workers.actor import FSDPPolicy
+    from easyrl.workers.policy import FSDPPolicy
 
     config = ActorConfig(padding_free=padding_free, dynamic_batching=dynamic_batching, entropy_coeff=entropy_coeff,
                          max_token_len_per_device=budget, use_kl_loss=False,
@@ -195,8 +195,9 @@ def test_router_aux_loss_of_an_moe_actor(process_group, tiny_model_path):
             # the model's own loss on the padded batch (_run_model arms the VL hooks that FSDP needs); + 0 x logits:
             # FSDP2 re-gathers a layer's weights for backward when a gradient reaches the layer's output, which the
             # router logits (recorded inside the layer) alone never do
-            out = policy._run_model(data, lambda model, ids, mask, *_: model(
-                input_ids=ids, attention_mask=mask, output_router_logits=True, use_cache=False))
+            out = policy._run_model(data, lambda model, inputs: model(
+                input_ids=inputs.input_ids, attention_mask=inputs.attention_mask, output_router_logits=True,
+                use_cache=False))
             aux = out.aux_loss
             (aux + 0.0 * out.logits.sum()).backward()
             aux_grads = {n: p.grad.full_tensor().clone() for n, p in policy.model.named_parameters()

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoConfig
 
-from easyrl.workers.actor import hf_model_class
+from easyrl.models.hf_folder import hf_model_class
 from easyrl.workers.critic import attach_value_head
 
 

@@ -16,6 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from easyrl.testing.worker import InspectableWorker
+from easyrl.workers.fsdp_worker import FSDPWorker
+
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,7 +50,7 @@ def trainer(e2e_config, tmp_path_factory):
         "worker.critic.optim.lr_warmup_ratio=1.0",  # linear warm-up over the 2 training steps: the LR logging is seen
     )
     ray.init(num_cpus=2, include_dashboard=False)
-    trainer = build_trainer(config)
+    trainer = build_trainer(config, worker_cls=InspectableWorker)
     trainer.config.algorithm.adv_estimator = "grpo"
     yield trainer
     trainer.workers.shutdown()
@@ -99,19 +102,19 @@ def critic_run(trainer):
     algo, tcfg = trainer.config.algorithm, trainer.config.trainer
     algo.adv_estimator, algo.gamma, algo.lam, tcfg.critic_warmup = "gae", 1.0, 0.9, 2
     stream = trainer.prompt_stream()
-    run = {"weights_before": trainer.workers.run_all("actor_state_dict")[0]}
+    run = {"weights_before": trainer.workers.run_all(InspectableWorker.actor_state_dict)[0]}
     try:
         trainer.global_step = 1
         run["warm"], run["warm_batch"] = trainer.train_step(stream), trainer.last_batch
-        run["weights_after"] = trainer.workers.run_all("actor_state_dict")[0]
+        run["weights_after"] = trainer.workers.run_all(InspectableWorker.actor_state_dict)[0]
         trainer.global_step = 2
         run["second"], run["batch"] = trainer.train_step(stream), trainer.last_batch
         run["path"] = path = trainer.save_checkpoint()
-        run["saved"] = torch.cat(trainer.workers.run_split("compute_values", run["batch"]), dim=0)
-        trainer.workers.run_split("update_critic", run["batch"])  # moves the critic away from the checkpoint
-        run["moved"] = torch.cat(trainer.workers.run_split("compute_values", run["batch"]), dim=0)
+        run["saved"] = torch.cat(trainer.workers.run_split(FSDPWorker.compute_values, run["batch"]), dim=0)
+        trainer.workers.run_split(FSDPWorker.update_critic, run["batch"])  # moves the critic away from the checkpoint
+        run["moved"] = torch.cat(trainer.workers.run_split(FSDPWorker.compute_values, run["batch"]), dim=0)
         trainer.load_checkpoint(path)
-        run["restored"] = torch.cat(trainer.workers.run_split("compute_values", run["batch"]), dim=0)
+        run["restored"] = torch.cat(trainer.workers.run_split(FSDPWorker.compute_values, run["batch"]), dim=0)
     finally:
         algo.adv_estimator, algo.gamma, algo.lam, tcfg.critic_warmup = "grpo", 1.0, 1.0, 0
         trainer.global_step = 0
@@ -175,9 +178,9 @@ def replay(trainer):
 
     _steps(trainer, 1)
     batch = for_workers(trainer.last_batch)
-    batch["old_log_probs"] = torch.cat(trainer.workers.run_split("compute_log_probs", batch), dim=0)
-    trainer.workers.run_all("snapshot_actor")
-    return batch, trainer.workers.run_all("actor_state_dict")[0]
+    batch["old_log_probs"] = torch.cat(trainer.workers.run_split(FSDPWorker.compute_log_probs, batch), dim=0)
+    trainer.workers.run_all(InspectableWorker.snapshot_actor)
+    return batch, trainer.workers.run_all(InspectableWorker.actor_state_dict)[0]
 
 
 def _update(trainer, batch, **actor_settings):
@@ -187,13 +190,13 @@ def _update(trainer, batch, **actor_settings):
     original = dataclasses.replace(actor)
     for key, value in actor_settings.items():
         setattr(actor, key, value)
-    trainer.workers.run_all("restore_actor")
-    trainer.workers.run_all("update_config", trainer.config)
+    trainer.workers.run_all(InspectableWorker.restore_actor)
+    trainer.workers.run_all(InspectableWorker.update_config, trainer.config)
     try:
-        return trainer.workers.run_split("update_actor", batch)[0]
+        return trainer.workers.run_split(FSDPWorker.update_actor, batch)[0]
     finally:
         trainer.config.worker.actor = original
-        trainer.workers.run_all("update_config", trainer.config)
+        trainer.workers.run_all(InspectableWorker.update_config, trainer.config)
 
 
 def _max_diff(a, b):
@@ -252,9 +255,9 @@ def test_micro_batch_1_and_2_give_the_same_new_weights(trainer, replay):
     """Micro-batches of 1 or 2 samples accumulate to the same update (global token normalisation)."""
     batch, start = replay
     _update(trainer, batch)  # micro-batch 2 (the fixture's)
-    micro_2 = trainer.workers.run_all("actor_state_dict")[0]
+    micro_2 = trainer.workers.run_all(InspectableWorker.actor_state_dict)[0]
     _update(trainer, batch, micro_batch_size_per_device_for_update=1)
-    micro_1 = trainer.workers.run_all("actor_state_dict")[0]
+    micro_1 = trainer.workers.run_all(InspectableWorker.actor_state_dict)[0]
     moved = _max_diff(micro_2, start)
     assert moved > 1e-4 and _max_diff(micro_1, micro_2) < 1e-2 * moved, (_max_diff(micro_1, micro_2), moved)
 
@@ -278,7 +281,7 @@ def kl_in_reward_steps(trainer):
     algo.use_kl_loss, algo.use_kl_in_reward, algo.kl_type, algo.kl_horizon = False, True, "adaptive", 10.0
     actor.use_kl_loss = False
     trainer.kl_ctrl = make_kl_controller(algo.kl_type, algo.kl_coef, algo.kl_target, algo.kl_horizon)
-    trainer.workers.run_all("update_config", trainer.config)
+    trainer.workers.run_all(InspectableWorker.update_config, trainer.config)
     stream = trainer.prompt_stream()
     try:
         steps = []
@@ -291,7 +294,7 @@ def kl_in_reward_steps(trainer):
         algo.use_kl_loss, algo.use_kl_in_reward, algo.kl_type, algo.kl_horizon = True, False, "fixed", 10000.0
         actor.use_kl_loss = True
         trainer.kl_ctrl = make_kl_controller(algo.kl_type, algo.kl_coef, algo.kl_target, algo.kl_horizon)
-        trainer.workers.run_all("update_config", trainer.config)
+        trainer.workers.run_all(InspectableWorker.update_config, trainer.config)
     return steps
 
 
@@ -319,13 +322,13 @@ def test_disable_kl_skips_the_reference_forward(trainer):
     algo = trainer.config.algorithm
     algo.disable_kl = True
     trainer.config.worker.actor.disable_kl = True
-    trainer.workers.run_all("update_config", trainer.config)
+    trainer.workers.run_all(InspectableWorker.update_config, trainer.config)
     try:
         metrics = _steps(trainer, 1)[0]
     finally:
         algo.disable_kl = False
         trainer.config.worker.actor.disable_kl = False
-        trainer.workers.run_all("update_config", trainer.config)
+        trainer.workers.run_all(InspectableWorker.update_config, trainer.config)
     _assert_finite(metrics)
     assert "timing_s/ref" not in metrics and "actor/kl_loss" not in metrics
     assert "ref_log_probs" not in trainer.last_batch
@@ -338,13 +341,13 @@ def test_truncated_importance_sampling_at_temperature_0_7(trainer):
     rollout, actor = trainer.config.worker.rollout, trainer.config.worker.actor
     rollout.calculate_log_probs, actor.tis_cap = True, 2.0
     rollout.temperature = actor.temperature = 0.7
-    trainer.workers.run_all("update_config", trainer.config)
+    trainer.workers.run_all(InspectableWorker.update_config, trainer.config)
     try:
         metrics = _steps(trainer, 1)[0]
     finally:
         rollout.calculate_log_probs, actor.tis_cap = False, None
         rollout.temperature = actor.temperature = 1.0
-        trainer.workers.run_all("update_config", trainer.config)
+        trainer.workers.run_all(InspectableWorker.update_config, trainer.config)
     _assert_finite(metrics)
     assert metrics["rollout/log_prob_diff_max"] < FP32_LOGPROB_TOL, metrics["rollout/log_prob_diff_max"]
     assert metrics["rollout/tis_weight_mean"] == pytest.approx(1.0, abs=FP32_LOGPROB_TOL)

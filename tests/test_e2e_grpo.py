@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from easyrl.testing.worker import InspectableWorker
+from easyrl.workers.fsdp_worker import FSDPWorker
 from easyrl.workers.mm_staging import multi_modal_nbytes
 
 pytestmark = pytest.mark.e2e
@@ -43,7 +45,7 @@ def vl_trainer(ray_cluster, e2e_config, tmp_path_factory):
 
     config = e2e_config("qwen2_5_vl", tmp_path_factory.mktemp("vl") / "runs", "trainer.max_steps=2",
                         "trainer.val_freq=-1", "worker.rollout.calculate_log_probs=true")
-    trainer = build_trainer(config)
+    trainer = build_trainer(config, worker_cls=InspectableWorker)
     yield trainer
     trainer.workers.shutdown()
 
@@ -57,11 +59,11 @@ def test_grpo_two_steps_two_ranks(vl_trainer):
     workers = trainer.workers
     assert workers.world_size == 2
     features = iter(trainer.train_dataloader)
-    weights_0 = workers.run_all("actor_state_dict")[0]
+    weights_0 = workers.run_all(InspectableWorker.actor_state_dict)[0]
 
     trainer.global_step = 1
     metrics_1 = trainer.train_step(features)
-    weights_1 = workers.run_all("actor_state_dict")
+    weights_1 = workers.run_all(InspectableWorker.actor_state_dict)
     # FSDP2 gathers the same full weights on both ranks, and the update changed them
     assert _max_abs_diff(weights_1[0], weights_1[1]) == 0.0
     assert _max_abs_diff(weights_0, weights_1[0]) > 1e-4
@@ -130,11 +132,11 @@ def test_vllm_matches_actor_after_weight_sync(vl_trainer):
     batch["response_mask"][:, : len(response)] = 1
     batch["input_ids"] = torch.cat([batch["prompts"], batch["responses"]], dim=1)
     batch["attention_mask"] = torch.cat([batch["prompt_mask"], batch["response_mask"]], dim=1)
-    actor = torch.cat(trainer.workers.run_split("compute_log_probs", batch))[0, : len(response)]
+    actor = torch.cat(trainer.workers.run_split(FSDPWorker.compute_log_probs, batch))[0, : len(response)]
 
     prompt_ids = features["prompt_ids"][0]
     expanded, vllm_scores = trainer.workers.run_all(
-        "rollout_score", features["raw_prompt_ids"][0] + response, features["images"][0])[0]
+        InspectableWorker.rollout_score, features["raw_prompt_ids"][0] + response, features["images"][0])[0]
     assert expanded == prompt_ids + response  # vLLM expanded the image pads exactly like the processor
     vllm_response = torch.tensor(vllm_scores[len(prompt_ids) - 1:])
     assert vllm_response.shape == actor.shape
@@ -195,7 +197,7 @@ def test_export_and_jsonl(vl_trainer, capsys):
         assert (exported / name).exists(), name
     model = AutoModelForImageTextToText.from_pretrained(exported)
     AutoProcessor.from_pretrained(exported)
-    actor = trainer.workers.run_all("actor_state_dict")[0]
+    actor = trainer.workers.run_all(InspectableWorker.actor_state_dict)[0]
     exported_state = model.state_dict()
     assert {exported_state[k].dtype for k in actor} == {torch.bfloat16}  # the base model's dtype (its config's)
     assert _max_abs_diff({k: actor[k].to(torch.bfloat16) for k in actor}, {k: exported_state[k] for k in actor}) == 0.0

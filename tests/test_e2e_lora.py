@@ -12,6 +12,8 @@ import math
 import pytest
 import torch
 
+from easyrl.testing.worker import InspectableWorker
+
 pytestmark = pytest.mark.e2e
 
 # fp32 vLLM CPU kernels vs the FSDP2 forward (see tests/test_e2e_grpo.py)
@@ -31,16 +33,16 @@ def test_lora_grpo_updates_only_the_adapter_and_vllm_samples_the_merged_model(e2
         "worker.actor.model.lora.alpha=8",
         "worker.actor.optim.lr=1e-2",  # an adapter starting at B = 0 must visibly move in one step
     )
-    with trainer_on_ray(config) as trainer:
+    with trainer_on_ray(config, InspectableWorker) as trainer:
         stream = trainer.prompt_stream()
-        weights_0 = trainer.workers.run_all("actor_state_dict")[0]
+        weights_0 = trainer.workers.run_all(InspectableWorker.actor_state_dict)[0]
         trainer.global_step = 1
         metrics_1 = trainer.train_step(stream)
-        weights_1 = trainer.workers.run_all("actor_state_dict")[0]
+        weights_1 = trainer.workers.run_all(InspectableWorker.actor_state_dict)[0]
         trainer.global_step = 2
         metrics_2 = trainer.train_step(stream)
         batch = trainer.last_batch
-        weights_2 = trainer.workers.run_all("actor_state_dict")[0]
+        weights_2 = trainer.workers.run_all(InspectableWorker.actor_state_dict)[0]
         export = trainer.save_model()
 
     assert metrics_1["critic/advantages/max"] > 0  # the test reward varies within groups

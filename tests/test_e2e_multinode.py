@@ -34,8 +34,9 @@ def test_two_nodes_one_worker_each_two_grpo_steps(e2e_text_config, tmp_path):
         cluster.wait_for_nodes()
         assert len([n for n in ray.nodes() if n["Alive"]]) == 2
         trainer = build_trainer(config)
-        where = trainer.workers.run_all("__ray_call__", lambda worker: (
+        where = ray.get([w.__ray_call__.remote(lambda worker: (
             ray.get_runtime_context().get_node_id(), __import__("os").environ.get("EASYRL_NODE_TEST")))
+            for w in trainer.workers.workers])
         trainer.fit()
         trainer.workers.shutdown()
     finally:

@@ -30,6 +30,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from easyrl.workers.fsdp_worker import FSDPWorker
+
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[1]
@@ -129,7 +131,7 @@ def runs(e2e_args, tmp_path_factory):
         out["a_dir"] = Path(config.trainer.run_dir)
         response = trainer.tokenizer.encode(" The answer is \\boxed{80}.", add_special_tokens=False)
         batch, prompt = _fixed_batch(trainer, response)
-        out["actor_log_probs"] = torch.cat(trainer.workers.run_split("compute_log_probs", batch))[0].tolist()
+        out["actor_log_probs"] = torch.cat(trainer.workers.run_split(FSDPWorker.compute_log_probs, batch))[0].tolist()
         out["sequence"] = (prompt, response)
         out["model_path"] = config.worker.actor.model.model_path
         # a worker dies: the next call that needs it (rank 0 then waits in a collective) must stop the trainer

@@ -21,6 +21,8 @@ LOGPROB_TOL = 1e-4  # float32 on both sides; measured 1.9e-6 with TP 2 and 1 (as
 
 
 def _run(e2e_text_config, runs_root, tp: int) -> dict:
+    import ray
+
     from easyrl.trainer.__main__ import build_trainer
 
     def tp_group_ranks(worker) -> list[int]:  # runs inside vLLM's worker (nested: Ray pickles it by value)
@@ -35,8 +37,8 @@ def _run(e2e_text_config, runs_root, tp: int) -> dict:
     )
     trainer = build_trainer(config)
     try:
-        groups = trainer.workers.run_all(
-            "__ray_call__", lambda w: w.rollout.llm.collective_rpc(tp_group_ranks)[0])
+        groups = ray.get([worker.__ray_call__.remote(lambda w: w.rollout.llm.collective_rpc(tp_group_ranks)[0])
+                          for worker in trainer.workers.workers])
         stream = trainer.prompt_stream()
         steps, batches = [], []
         for step in (1, 2):

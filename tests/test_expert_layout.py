@@ -70,12 +70,13 @@ def test_tiny_qwen3_vl_moe_is_saved_in_the_released_layout_and_loads_back(tiny_m
 
 
 def test_the_hf_export_of_a_qwen3_vl_moe_actor_is_in_the_released_layout(tiny_model_path, tmp_path):
-    """easyrl.export.write_hf_folder (what save_hf and the checkpoint converter write) from transformers-layout full
-    weights: the folder holds the released layout, and transformers loads it back to the same weights."""
+    """easyrl.models.hf_folder.write_hf_folder (what save_hf and the checkpoint converter write) from
+    transformers-layout full weights: the folder holds the released layout, and transformers loads it back to the same
+    weights."""
     from safetensors import safe_open
     from transformers import Qwen3VLMoeForConditionalGeneration
 
-    from easyrl.export import write_hf_folder
+    from easyrl.models.hf_folder import write_hf_folder
 
     base = tiny_model_path("qwen3_vl_moe")
     state = Qwen3VLMoeForConditionalGeneration.from_pretrained(base, dtype=torch.float32).state_dict()

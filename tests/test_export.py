@@ -71,7 +71,7 @@ def test_export_cli_writes_base_dtype_and_generation_config(two_ranks, small_mod
 
 
 def test_config_dtype():
-    from easyrl.export import config_dtype
+    from easyrl.models.hf_folder import config_dtype
 
     assert config_dtype({"dtype": "bfloat16"}) == torch.bfloat16
     assert config_dtype({"torch_dtype": "float16"}) == torch.float16

@@ -16,7 +16,8 @@ from easyrl.models.lora import (
     save_adapter,
     target_modules,
 )
-from easyrl.workers.fsdp_model import gather_full, hf_model_class, load_sharded_model
+from easyrl.models.hf_folder import hf_model_class
+from easyrl.workers.fsdp_model import gather_full, load_sharded_model
 
 
 def test_merge_by_hand_in_any_order_with_bias_renamed_and_other_names_passed_through():

@@ -55,7 +55,7 @@ def test_pack_rejects_bad_rows():
 def _load(path):
     from transformers import AutoConfig
 
-    from easyrl.workers.actor import hf_model_class
+    from easyrl.models.hf_folder import hf_model_class
 
     config = AutoConfig.from_pretrained(path)
     model = hf_model_class(config).from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")

@@ -107,5 +107,7 @@ def test_only_this_ranks_leftover_tp_shm_segment_is_removed(tmp_path):
     assert stale_tp_shm_segments(names, [0, 1, 2, 3], 1) == []
     for name in names:
         (tmp_path / name).write_bytes(b"x")
-    assert remove_stale_tp_shm([0, 1], 1, shm_dir=str(tmp_path)) == ["-tp:0-[0-1]-cpushm_1"]
+    assert remove_stale_tp_shm("cuda", RolloutLayout(4, 2), 1, shm_dir=str(tmp_path)) == []  # the CPU backend's only
+    assert remove_stale_tp_shm("cpu", RolloutLayout(4, 1), 1, shm_dir=str(tmp_path)) == []  # no TP: no segments
+    assert remove_stale_tp_shm("cpu", RolloutLayout(4, 2), 1, shm_dir=str(tmp_path)) == ["-tp:0-[0-1]-cpushm_1"]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(set(names) - {"-tp:0-[0-1]-cpushm_1"})

@@ -10,6 +10,7 @@ from tensordict import TensorDict
 
 from easyrl.batch import Batch
 from easyrl.trainer.ray_trainer import RayPPOTrainer
+from easyrl.workers.fsdp_worker import FSDPWorker
 
 
 def _trainer(balance: bool, world: int) -> RayPPOTrainer:

@@ -76,7 +76,7 @@ def test_actor_scores_a_response_containing_an_image_pad(process_group, tiny_mod
     from transformers import AutoModelForImageTextToText
 
     from easyrl.config import ActorConfig, OffloadConfig
-    from easyrl.workers.actor import FSDPPolicy
+    from easyrl.workers.policy import FSDPPolicy
 
     path = tiny_model_path("qwen2_5_vl")
     config = ActorConfig()

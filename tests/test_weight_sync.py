@@ -73,3 +73,24 @@ def test_a_vllm_parameter_left_unwritten_stops_the_run():
 
 def test_sleep_level_two_only_on_accelerators():
     assert [sleep_level(d) for d in ("cuda", "npu", "cpu")] == [2, 2, None]
+
+
+def test_vllm_version_is_read_once_from_the_installed_distribution():
+    from importlib import metadata
+
+    from easyrl.workers.vllm_compat import VLLM_DISTRIBUTIONS, vllm_version
+
+    installed = []
+    for name in VLLM_DISTRIBUTIONS:
+        try:
+            installed.append(metadata.version(name))
+        except metadata.PackageNotFoundError:
+            pass
+    expected = tuple(int(part) for part in installed[0].split(".")[:2]) if installed else None
+    assert vllm_version() == expected and vllm_version() is vllm_version()  # cached
+
+
+def test_cpu_moe_repack_does_nothing_off_the_cpu_backend():
+    from easyrl.workers.vllm_cpu_fixes import repack_cpu_moe_experts
+
+    assert repack_cpu_moe_experts(object(), "cuda") == 0  # the model is not even looked at

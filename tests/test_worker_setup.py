@@ -9,7 +9,8 @@ import pytest
 from easyrl.config import load_config
 from easyrl.device import collective_backend, ray_actor_resources
 from easyrl.workers.fsdp_worker import FSDPWorker
-from easyrl.workers.group import node_contiguous_bundles
+from easyrl.workers.group import method_name, node_contiguous_bundles
+from easyrl.workers.roles import builds_reference
 
 DEMO = f"config={Path(__file__).resolve().parents[1] / 'examples/configs/cpu_demo.yaml'}"
 
@@ -19,10 +20,17 @@ DEMO = f"config={Path(__file__).resolve().parents[1] / 'examples/configs/cpu_dem
     (["algorithm.disable_kl=true"], False),
     (["algorithm.use_kl_loss=false"], False),
     (["algorithm.use_kl_loss=false", "algorithm.use_kl_in_reward=true"], True),
+    (["worker.actor.model.lora.rank=4"], False),  # LoRA: the reference is the actor with its adapter off
 ])
 def test_reference_model_only_when_a_kl_term_uses_it(overrides, needs_ref):
     config = load_config([DEMO, "worker.actor.model.model_path=m", *overrides])
-    assert FSDPWorker(config, rank=0, world_size=2, device="cpu").needs_ref() is needs_ref
+    assert builds_reference(config) is needs_ref
+
+
+def test_workers_are_called_by_method_not_by_name():
+    assert method_name(FSDPWorker.save_checkpoint) == "save_checkpoint"
+    with pytest.raises(TypeError, match="FSDPWorker.save_checkpoint"):
+        method_name("save_checkpoint")
 
 
 def test_device_backends_and_resources():

@@ -31,8 +31,9 @@ from easyrl.config import PPOConfig, to_dict
 from easyrl.data.dataset import collate_fn
 from easyrl.data.loader import PromptStream
 from easyrl.rewards.function import RewardFunction
+from easyrl.rng import get_rng_state, set_rng_state
 from easyrl.trainer.batch_layout import for_workers
-from easyrl.trainer.checkpoint import Checkpointer, get_rng_state, set_rng_state
+from easyrl.trainer.checkpoint import Checkpointer
 from easyrl.trainer.flops import ModelShape, compute_mfu_metrics, peak_flops
 from easyrl.trainer.generation import Generator
 from easyrl.trainer.loggers import Tracker

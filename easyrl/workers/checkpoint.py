@@ -15,8 +15,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from easyrl.export import copy_hf_files
-from easyrl.trainer.checkpoint import get_rng_state, set_rng_state
+from easyrl.models.hf_folder import copy_hf_files
+from easyrl.rng import get_rng_state, set_rng_state
 
 ACTOR_DIR = "actor"
 CRITIC_DIR = "critic"

@@ -13,7 +13,7 @@ import torch
 from easyrl.algorithms.critic import compute_value_loss
 from easyrl.batch import Batch
 from easyrl.config import CriticConfig
-from easyrl.workers.actor import FSDPPolicy, _share
+from easyrl.workers.policy import FSDPPolicy, _share
 from easyrl.workers.policy_forward import response_values
 
 __all__ = ["FSDPCritic", "attach_value_head"]
@@ -51,7 +51,7 @@ class FSDPCritic(FSDPPolicy):
     Args:
         model_path: the checkpoint whose backbone the critic starts from (``worker.critic.model.model_path``).
         config: ``worker.critic``.
-        mesh, device, torch_device: as :class:`~easyrl.workers.actor.FSDPPolicy`.
+        mesh, device, torch_device: as :class:`~easyrl.workers.policy.FSDPPolicy`.
     """
 
     scores_tokens = False  # no fused log-prob head: the output embedding is the value head
@@ -70,8 +70,8 @@ class FSDPCritic(FSDPPolicy):
     def _values(self, micro: Batch) -> torch.Tensor:
         """``(micro_bsz, resp_len)`` float32 values ``V(s_t)``, read where the actor reads token ``t``'s log-prob
         (packed or padded: ``worker.critic.padding_free``)."""
-        return self._run_model(micro, lambda *inputs: response_values(
-            *inputs, padding_free=self.config.padding_free, is_vl=self.has_vision))
+        return self._run_model(micro, lambda model, inputs: response_values(
+            model, inputs, padding_free=self.config.padding_free, is_vl=self.has_vision))
 
     @torch.no_grad()
     def compute_values(self, data: Batch, micro_batch_size: int) -> torch.Tensor:

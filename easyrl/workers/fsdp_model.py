@@ -20,23 +20,16 @@ from typing import Any, Callable, Iterable, Optional
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Replicate
 
 from easyrl.config import ActorConfig, FSDPConfig, OffloadConfig
 from easyrl.device import torch_device
+from easyrl.models.hf_folder import hf_model_class
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-
-
-def hf_model_class(hf_config) -> type:
-    """``AutoModelForImageTextToText`` when the config has a ``vision_config`` (Qwen2-VL, Qwen2.5-VL, Qwen3-VL),
-    else ``AutoModelForCausalLM``."""
-    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText  # heavy: imported when used
-
-    return AutoModelForImageTextToText if getattr(hf_config, "vision_config", None) is not None else AutoModelForCausalLM
 
 
 @dataclass(frozen=True)
@@ -287,3 +280,13 @@ def clip_grad_norm(parameters: Iterable[torch.nn.Parameter], max_norm: float, de
             local = _local(grad)
             local.mul_(coef.to(local.device, local.dtype))
     return total
+
+
+def gather_full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The full (unsharded) weights of an FSDP2 model on rank 0's host, ``{}`` on every other rank.
+
+    Every rank must call it (tensors are gathered collectively, one at a time). With ``cpu_offload=True``
+    ``torch.distributed.checkpoint``'s ``get_model_state_dict`` keeps the gathered copy only on rank 0, so the other
+    ranks never hold a full model in host memory.
+    """
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))

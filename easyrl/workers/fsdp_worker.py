@@ -1,8 +1,12 @@
-"""One worker per device rank (a Ray actor): the FSDP2 actor, the reference policy and a colocated vLLM engine.
+"""One worker per device rank (a Ray actor): its FSDP2 model roles (the actor, and when needed the reference policy
+and the critic: ``easyrl.workers.roles``) and a colocated vLLM engine (``easyrl.workers.rollout``) that receives the
+actor's weights in place (``easyrl.workers.weight_sync``).
 
-The trainer calls every worker with its equal share of the batch and waits for all of them; the workers meet in
-collectives (FSDP2 all-gathers, gradient reduce-scatters, token counts) over a torch.distributed process group
-(gloo on the CPU, NCCL on GPUs, HCCL on NPUs).
+The trainer calls every worker through ``easyrl.workers.group.WorkerGroup`` (by method, e.g.
+``run_split(FSDPWorker.compute_log_probs, batch)``) with its equal share of the batch and waits for all of them; the
+workers meet in collectives (FSDP2 all-gathers, gradient reduce-scatters, token counts) over a torch.distributed
+process group (gloo on the CPU, NCCL on GPUs, HCCL on NPUs). Methods that only tests use (snapshots, full weights,
+vLLM scoring) live in ``easyrl.testing.worker.InspectableWorker``, a subclass.
 """
 
 from __future__ import annotations
@@ -27,9 +31,12 @@ from easyrl.device import (
     torch_device,
 )
 from easyrl.quiet import quiet_libraries
-from easyrl.workers import weight_sync
-from easyrl.workers.fsdp_model import TORCH_DTYPES, gather_full
+from easyrl.workers import vllm_compat, weight_sync
+from easyrl.workers.fsdp_model import TORCH_DTYPES, gather_full_state_dict
 from easyrl.workers.mm_staging import MultiModalStage
+from easyrl.workers.roles import build_roles, uses_lora
+from easyrl.workers.rollout_layout import RolloutLayout
+from easyrl.workers.vllm_cpu_fixes import remove_stale_tp_shm
 
 logger = logging.getLogger("easyrl.worker")
 
@@ -42,7 +49,7 @@ def free_port() -> int:
 
 
 class FSDPWorker:
-    """Holds the actor, the reference policy and the rollout engine of one rank.
+    """Holds the model roles (actor, reference, critic) and the rollout engine of one rank.
 
     Args:
         config: the finalized run configuration.
@@ -52,16 +59,17 @@ class FSDPWorker:
 
     def __init__(self, config: PPOConfig, rank: int, world_size: int, device: str):
         # vLLM must run in this process so weights can be handed over as tensors; set before vLLM is imported.
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        os.environ.update(vllm_compat.in_process_engine_env())
         quiet_libraries()  # library messages that do not matter to a user (easyrl.quiet; EASYRL_VERBOSE=1: all)
         self.config = config
         self.rank = rank
         self.world_size = world_size
         self.device = device
-        self.actor = None
-        self.ref = None
+        self.actor = None  # the model roles (easyrl.workers.roles), built by init_models
+        self.ref = None  # None without KL, and under LoRA (the actor with its adapter off)
         self.critic = None  # FSDPCritic, only for algorithm.adv_estimator: gae
         self.rollout = None
+        self.rollout_layout: Optional[RolloutLayout] = None  # the vLLM engines over the ranks, set by init_models
         self.weights_dirty = True
         self.mm_stage = MultiModalStage()  # this step's share's images, staged once (easyrl.workers.mm_staging)
 
@@ -89,37 +97,23 @@ class FSDPWorker:
                                 timeout=datetime.timedelta(seconds=self.config.worker.nccl_timeout))
 
     def init_models(self) -> None:
-        """Build the FSDP2 actor, the reference policy (unless KL is disabled), the critic (with GAE) and the vLLM
-        engine."""
+        """Build the model roles (``easyrl.workers.roles.build_roles``: the FSDP2 actor, the reference policy when a
+        KL term needs one, the critic with GAE) and the vLLM engine."""
         from torch.distributed.device_mesh import init_device_mesh
 
-        from easyrl.workers.actor import FSDPPolicy
         from easyrl.workers.rollout import VLLMRollout
-        from easyrl.workers.rollout_layout import RolloutLayout
 
         cfg = self.config.worker
-        model_path = cfg.actor.model.model_path
         if self.device != "cpu":
             self.check_memory()
         mesh = init_device_mesh(self.device, (self.world_size,), mesh_dim_names=("dp",))
-        self.actor = FSDPPolicy(model_path, cfg.actor, mesh, self.device, self.torch_device, trainable=True,
-                                offload=cfg.actor.offload)
-        if self.needs_ref() and not self.uses_lora():
-            # same checkpoint: copy the actor's shards (cast to the compute dtype) instead of reading it again
-            self.ref = FSDPPolicy(model_path, cfg.actor, mesh, self.device, self.torch_device, trainable=False,
-                                  offload=cfg.ref.offload, init_from=self.actor)
-        if self.config.algorithm.needs_critic:
-            from easyrl.workers.critic import FSDPCritic
-
-            self.critic = FSDPCritic(cfg.critic.model.model_path, cfg.critic, mesh, self.device, self.torch_device)
+        roles = build_roles(self.config, mesh, self.device, self.torch_device)
+        self.actor, self.ref, self.critic = roles.actor, roles.ref, roles.critic
+        self.rollout_layout = RolloutLayout(self.world_size, cfg.rollout.tensor_parallel_size)
+        remove_stale_tp_shm(self.device, self.rollout_layout, self.rank)  # an earlier run's (vLLM-CPU only)
         # one seed per engine: the ranks of a tensor-parallel engine must sample alike
-        layout = RolloutLayout(self.world_size, cfg.rollout.tensor_parallel_size)
-        replica = layout.dp_rank(self.rank)
-        if self.device == "cpu" and layout.tensor_parallel_size > 1:
-            from easyrl.workers.vllm_cpu_fixes import remove_stale_tp_shm
-
-            remove_stale_tp_shm(layout.groups()[replica], layout.tp_rank(self.rank))
-        self.rollout = VLLMRollout(model_path, cfg.rollout, self.device, seed=cfg.rollout.seed + replica)
+        seed = cfg.rollout.seed + self.rollout_layout.dp_rank(self.rank)
+        self.rollout = VLLMRollout(cfg.actor.model.model_path, cfg.rollout, self.device, seed=seed)
         empty_cache(self.device)
 
     def close(self) -> None:
@@ -131,18 +125,10 @@ class FSDPWorker:
             return
         import gc
 
-        from vllm.distributed.parallel_state import destroy_model_parallel
-
         self.rollout = None
         gc.collect()
-        destroy_model_parallel()  # drops the TP group's broadcast ring: its owner unlinks the segment
-        tp = self.config.worker.rollout.tensor_parallel_size
-        if self.device == "cpu" and tp > 1:
-            from easyrl.workers.rollout_layout import RolloutLayout
-            from easyrl.workers.vllm_cpu_fixes import remove_stale_tp_shm
-
-            layout = RolloutLayout(self.world_size, tp)
-            remove_stale_tp_shm(layout.groups()[layout.dp_rank(self.rank)], layout.tp_rank(self.rank))
+        vllm_compat.destroy_model_parallel()  # drops the TP group's broadcast ring: its owner unlinks the segment
+        remove_stale_tp_shm(self.device, self.rollout_layout, self.rank)  # vLLM-CPU's all-reduce segments
 
     def check_memory(self) -> None:
         """Pre-flight: estimate this device's memory needs from the model's size and the config before anything is
@@ -161,25 +147,11 @@ class FSDPWorker:
                         estimate.rollout_gib, estimate.training_gib)
         check_memory(estimate)
 
-    def uses_lora(self) -> bool:
-        """Whether the actor carries a LoRA adapter (``worker.actor.model.lora.rank > 0``); the reference policy is
-        then the actor with its adapter switched off, not a second model."""
-        return self.config.worker.actor.model.lora.rank > 0
-
     def _lora_scale(self) -> Optional[float]:
+        """``alpha / rank`` of the actor's LoRA adapter, None without one."""
         from easyrl.models.lora import lora_scale
 
-        return lora_scale(self.config.worker.actor.model.lora) if self.uses_lora() else None
-
-    def needs_ref(self) -> bool:
-        """Whether to build the reference policy: only if KL is enabled and used as a loss or in the reward."""
-        return self.config.algorithm.needs_reference
-
-    def _actor_weights(self):
-        """The actor's full tensors on the compute device, gathered one at a time (peak memory: one full tensor),
-        HF names; offloaded shards are moved to the device before the gather (NCCL/HCCL take device tensors only)."""
-        for name, tensor in self.actor.model.state_dict().items():
-            yield name, gather_full(tensor, self.torch_device)
+        return lora_scale(self.config.worker.actor.model.lora) if uses_lora(self.config) else None
 
     def _ensure_rollout_weights(self) -> float:
         """Sync the actor's weights into vLLM if they changed since the last sync or the engine dropped them (level-2
@@ -243,7 +215,7 @@ class FSDPWorker:
         cfg = self.config.worker
         micro, temperature = cfg.ref.micro_batch_size_per_device_for_experience, cfg.actor.temperature
         data = self.mm_stage.attach(data)
-        if self.uses_lora():
+        if uses_lora(self.config):
             from easyrl.models.lora import adapter_disabled
 
             with adapter_disabled(self.actor.model):
@@ -269,6 +241,7 @@ class FSDPWorker:
     def device_name(self) -> str:
         """The accelerator's name (for its peak FLOP/s), or ``cpu``."""
         return device_name(self.device)
+
     def compute_values(self, data: Batch) -> torch.Tensor:
         """The critic's values of the response positions, ``(bsz, resp_len)``."""
         data = self.mm_stage.attach(data)
@@ -283,44 +256,8 @@ class FSDPWorker:
         empty_cache(self.device)
         return metrics
 
-    def snapshot_actor(self) -> None:
-        """Keep an in-memory copy of the actor's training state on this worker (``easyrl.workers.checkpoint.snapshot``:
-        weights, optimizer, LR schedule, update counter)."""
-        from easyrl.workers.checkpoint import snapshot
-
-        self._actor_snapshot = snapshot(self.actor)
-
-    def restore_actor(self) -> None:
-        """Return the actor to the last ``snapshot_actor`` (all workers together); the rollout weights go stale."""
-        from easyrl.workers.checkpoint import restore
-
-        restore(self.actor, self._actor_snapshot)
-        self.weights_dirty = True
-
-    def update_config(self, config: PPOConfig) -> None:
-        """Adopt new loss settings between steps (``worker.actor``: loss_type, loss_agg_mode, clip ratios, KL and
-        entropy coefficients, ppo_epochs, ...; ``algorithm.*``). Model, optimizer, FSDP and vLLM engine settings
-        were fixed at start-up and are not re-applied."""
-        self.config = config
-        self.actor.config = config.worker.actor
-        if self.critic is not None:
-            self.critic.config = config.worker.critic
-        self.rollout.config = config.worker.rollout
-
-    def rollout_score(self, token_ids: list[int], images: list[Any]) -> tuple[list[int], list[float]]:
-        """vLLM's log-probs of ``token_ids[1:]`` (weights synced first if stale); see ``VLLMRollout.score``."""
-        self._ensure_rollout_weights()
-        self.rollout.wake_up()
-        scores = self.rollout.score(token_ids, images)
-        self.rollout.sleep()
-        return scores
-
-    def actor_state_dict(self) -> dict[str, torch.Tensor]:
-        """Full actor weights on the host (every rank must call it; all receive them)."""
-        return {name: tensor.detach().cpu().clone() for name, tensor in self._actor_weights()}
-
     def save_hf(self, path: str) -> Optional[str]:
-        """Export the actor in Hugging Face format (see ``easyrl.export.write_hf_folder``: base dtype, sharded
+        """Export the actor in Hugging Face format (see ``easyrl.models.hf_folder.write_hf_folder``: base dtype, sharded
         safetensors, the base's generation config and tokenizer/processor, atomic). With LoRA: the merged model
         (``W + alpha / rank * B @ A``, plain names) in ``path``, and the adapter alone in peft's format in
         ``path/lora_adapter``.
@@ -328,14 +265,14 @@ class FSDPWorker:
         Every rank must call it (the weights are gathered collectively, onto rank 0 only); rank 0 writes. Returns the
         folder on rank 0, None elsewhere.
         """
-        from easyrl.export import gather_full_state_dict, write_hf_folder
+        from easyrl.models.hf_folder import write_hf_folder
 
         state = gather_full_state_dict(self.actor.model)
         if self.rank != 0:
             return None
         model_cfg = self.config.worker.actor.model
         sources = list(dict.fromkeys((model_cfg.model_path, model_cfg.tokenizer_path or model_cfg.model_path)))
-        if not self.uses_lora():
+        if not uses_lora(self.config):
             return write_hf_folder(state, sources, path, trust_remote_code=model_cfg.trust_remote_code)
         from easyrl.models.lora import merge_lora_stream, save_adapter
 
@@ -356,7 +293,7 @@ class FSDPWorker:
         if self.rank == 0:
             model_cfg = self.config.worker.actor.model
             save_hf_metadata(model_cfg.model_path, model_cfg.tokenizer_path or model_cfg.model_path, path,
-                             lora=model_cfg.lora if self.uses_lora() else None)
+                             lora=model_cfg.lora if uses_lora(self.config) else None)
 
     def load_checkpoint(self, path: str) -> None:
         """Restore the actor (and the critic), optimizers, LR schedules, counters and this rank's RNG states from

@@ -2,13 +2,16 @@
 
 No dispatch decorators: the trainer asks for ``run_all`` (same arguments everywhere), ``run_split`` (an equal share of
 a batch each) or ``run_rollout`` (an equal share per vLLM engine, the same share on every rank of a tensor-parallel
-engine: ``easyrl.workers.rollout_layout``) and gets the results back in rank (or engine) order.
+engine: ``easyrl.workers.rollout_layout``) and gets the results back in rank (or engine) order. The method is named by
+reference, ``run_split(FSDPWorker.compute_log_probs, batch)``, not by string, so that it can be followed and renamed
+with the code; the workers are ``FSDPWorker`` or a subclass of it (``worker_cls``, e.g. the tests'
+``easyrl.testing.worker.InspectableWorker``).
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Callable
 
 import ray
 from ray.util.placement_group import placement_group, placement_group_table
@@ -20,6 +23,7 @@ from easyrl.device import ray_actor_resources
 from easyrl.quiet import worker_env
 from easyrl.workers.fsdp_worker import FSDPWorker
 from easyrl.workers.rollout_layout import RolloutLayout
+from easyrl.workers.vllm_compat import in_process_engine_env
 
 
 def _actor_resources(device: str, cpu_threads: int) -> dict:
@@ -61,7 +65,7 @@ def node_contiguous_bundles(bundle_nodes: dict[int, str]) -> list[int]:
 def worker_runtime_env(device: str, cpu_threads: int, user: dict[str, str]) -> dict[str, str]:
     """The environment variables of each worker process (Ray ``runtime_env.env_vars``): easyrl's (in-process vLLM,
     quiet logs, on the CPU the thread count), then ``worker.env_vars`` (``user``), which win."""
-    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false",
+    env = {**in_process_engine_env(), "TOKENIZERS_PARALLELISM": "false",
            # vLLM at WARNING, no worker progress bars (see easyrl.quiet; EASYRL_VERBOSE=1 for the full logs)
            **worker_env()}
     if device == "cpu":
@@ -116,14 +120,30 @@ def gather(refs: list[Any], method: str = "call") -> list[Any]:
     return results
 
 
+def method_name(method: Callable[..., Any]) -> str:
+    """The name under which a Ray actor handle exposes ``method``, an unbound worker method such as
+    ``FSDPWorker.save_checkpoint``.
+
+    Raises:
+        TypeError: ``method`` is a string (name the method itself: ``FSDPWorker.save_checkpoint``), or not a function.
+    """
+    if isinstance(method, str):
+        raise TypeError(f"name the worker method itself (e.g. FSDPWorker.{method}), not the string {method!r}")
+    name = getattr(method, "__name__", None)
+    if not callable(method) or name is None:
+        raise TypeError(f"expected a worker method such as FSDPWorker.save_checkpoint, got {method!r}")
+    return name
+
+
 class WorkerGroup:
-    """Starts ``world_size`` ``FSDPWorker`` actors, joins them in a process group and builds their models.
+    """Starts ``world_size`` worker actors (``worker_cls``: ``FSDPWorker`` or a subclass), joins them in a process
+    group and builds their models.
 
     Raises:
         RuntimeError: the cluster has fewer devices than ``trainer.nnodes * trainer.n_gpus_per_node``.
     """
 
-    def __init__(self, config: PPOConfig, device: str):
+    def __init__(self, config: PPOConfig, device: str, worker_cls: type = FSDPWorker):
         world_size = config.world_size
         threads = config.trainer.cpu_threads_per_worker
         bundle = _bundle(device, threads)
@@ -138,7 +158,7 @@ class WorkerGroup:
         self.placement_group = placement_group([bundle] * world_size, strategy="PACK")
         ray.get(self.placement_group.ready())
         bundles = node_contiguous_bundles(placement_group_table(self.placement_group)["bundles_to_node_id"])
-        remote_cls = ray.remote(FSDPWorker)
+        remote_cls = ray.remote(worker_cls)
         res = _actor_resources(device, threads)
         self.workers = [
             remote_cls.options(
@@ -151,48 +171,57 @@ class WorkerGroup:
         ]
         master_addr, master_port = ray.get(self.workers[0].address.remote())
         self.rollout_layout = RolloutLayout(world_size, config.worker.rollout.tensor_parallel_size)
-        self.run_all("init_process_group", master_addr, master_port)
-        self.run_all("init_models")
+        self.run_all(FSDPWorker.init_process_group, master_addr, master_port)
+        self.run_all(FSDPWorker.init_models)
 
     @property
     def world_size(self) -> int:
         """Number of workers."""
         return len(self.workers)
 
-    def run_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
-        """Call ``method`` on every worker with the same arguments; results in rank order.
+    def run_all(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
+        """Call ``method`` (e.g. ``FSDPWorker.save_checkpoint``) on every worker with the same arguments; results in
+        rank order.
 
         Raises:
+            TypeError: ``method`` is a string (see :func:`method_name`).
             WorkerError: a worker died or raised (see :func:`gather`).
         """
-        return gather([getattr(w, method).remote(*args, **kwargs) for w in self.workers], method)
+        name = method_name(method)
+        return gather([getattr(w, name).remote(*args, **kwargs) for w in self.workers], name)
 
-    def run_split(self, method: str, batch: Batch, **kwargs: Any) -> list[Any]:
-        """Call ``method`` on every worker with its equal consecutive share of ``batch``; results in rank order.
+    def run_split(self, method: Callable[..., Any], batch: Batch, **kwargs: Any) -> list[Any]:
+        """Call ``method`` (e.g. ``FSDPWorker.compute_log_probs``) on every worker with its equal consecutive share of
+        ``batch``; results in rank order.
 
         Raises:
+            TypeError: ``method`` is a string (see :func:`method_name`).
             WorkerError: a worker died or raised (see :func:`gather`).
         """
+        name = method_name(method)
         shares = batch.chunk(self.world_size)
-        return gather([getattr(w, method).remote(share, **kwargs) for w, share in zip(self.workers, shares)], method)
+        return gather([getattr(w, name).remote(share, **kwargs) for w, share in zip(self.workers, shares)], name)
 
     @property
     def rollout_dp_size(self) -> int:
         """Number of vLLM engines (``world_size / worker.rollout.tensor_parallel_size``)."""
         return self.rollout_layout.dp_size
 
-    def run_rollout(self, method: str, batch: Batch, **kwargs: Any) -> list[Any]:
-        """Call ``method`` on every worker with its engine's equal consecutive share of ``batch`` (every rank of a
-        tensor-parallel engine gets the same share, stored once in Ray's object store); results once per engine, in
-        engine order, so that they line up with ``batch`` (``RolloutLayout.dispatch`` / ``collect``).
+    def run_rollout(self, method: Callable[..., Any], batch: Batch, **kwargs: Any) -> list[Any]:
+        """Call ``method`` (e.g. ``FSDPWorker.generate_sequences``) on every worker with its engine's equal consecutive
+        share of ``batch`` (every rank of a tensor-parallel engine gets the same share, stored once in Ray's object
+        store); results once per engine, in engine order, so that they line up with ``batch``
+        (``RolloutLayout.dispatch`` / ``collect``).
 
         Raises:
+            TypeError: ``method`` is a string (see :func:`method_name`).
             WorkerError: a worker died or raised (see :func:`gather`).
         """
+        name = method_name(method)
         shares = [ray.put(share) for share in batch.chunk(self.rollout_dp_size)]
-        refs = [getattr(w, method).remote(share, **kwargs)
+        refs = [getattr(w, name).remote(share, **kwargs)
                 for w, share in zip(self.workers, self.rollout_layout.dispatch(shares))]
-        return self.rollout_layout.collect(gather(refs, method))
+        return self.rollout_layout.collect(gather(refs, name))
 
     def shutdown(self, close_timeout_s: float = 30.0) -> None:
         """Let the workers release their shared memory (``FSDPWorker.close``, waiting at most ``close_timeout_s``: a

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from easyrl.config import PPOConfig
 from easyrl.errors import ConfigError
+from easyrl.workers.roles import builds_reference, uses_lora
 
 GIB = 2**30
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -66,8 +67,8 @@ def estimate_memory(num_params: int, vocab_size: int, config: PPOConfig, capacit
     shard = num_params / world
     compute_bytes = DTYPE_BYTES[worker.actor.fsdp.param_dtype]
     actor_on_device = not worker.actor.offload.offload_params
-    lora = worker.actor.model.lora.rank > 0  # frozen base: no grads/Adam for it, and the reference is the base itself
-    ref_on_device = config.algorithm.needs_reference and not worker.ref.offload.offload_params and not lora
+    lora = uses_lora(config)  # frozen base: no grads/Adam for it, and the reference is the base itself
+    ref_on_device = builds_reference(config) and not worker.ref.offload.offload_params
     params = 4 * shard / GIB if actor_on_device else 0.0
     adam = 8 * shard / GIB if actor_on_device and not lora else 0.0
     grads = 0.0 if lora else params

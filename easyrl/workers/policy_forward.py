@@ -27,7 +27,7 @@ from easyrl.models.fused_head import FusedLogProbHead
 from easyrl.models.packed_attention import PACKED_SDPA
 from easyrl.models.packing import pack_sequences, padded_text_positions
 
-__all__ = ["PolicyScores", "response_scores", "response_values", "attention_implementation"]
+__all__ = ["ModelInputs", "PolicyScores", "response_scores", "response_values", "attention_implementation"]
 
 ROPE_INDEX_KEYS = ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")
 
@@ -55,6 +55,22 @@ def attention_implementation(device: str, padding_free: bool, param_dtype: str, 
     return PACKED_SDPA
 
 
+class ModelInputs(NamedTuple):
+    """One padded micro-batch on the compute device, as both forwards (policy and critic) take it."""
+
+    input_ids: torch.Tensor
+    """``(bsz, P + R)`` left-padded prompts + right-padded responses."""
+    attention_mask: torch.Tensor
+    """``(bsz, P + R)`` 1 at real tokens."""
+    response_mask: torch.Tensor
+    """``(bsz, R)`` 1 at response tokens."""
+    multi_modal: dict[str, torch.Tensor]
+    """Processor outputs of the micro-batch's images (``pixel_values``, ``image_grid_thw``, ...), merged in sample
+    order; ``{}`` for text."""
+    mm_token_type_ids: Optional[torch.Tensor]
+    """``(bsz, P + R)`` 1 at image tokens, 2 at video tokens, 0 elsewhere (Qwen-VL mRoPE), or None for text."""
+
+
 class PolicyScores(NamedTuple):
     """What one policy forward of a micro-batch returns."""
 
@@ -68,11 +84,7 @@ class PolicyScores(NamedTuple):
 
 def response_scores(
     model: torch.nn.Module,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    response_mask: torch.Tensor,
-    multi_modal: dict[str, torch.Tensor],
-    mm_token_type_ids: Optional[torch.Tensor],
+    inputs: ModelInputs,
     temperature: float,
     with_entropy: bool,
     entropy_grad: bool,
@@ -85,12 +97,7 @@ def response_scores(
 
     Args:
         model: a transformers causal LM or Qwen-VL model (FSDP2-sharded or not), SDPA/eager/flash attention.
-        input_ids, attention_mask: ``(bsz, P + R)`` left-padded prompts + right-padded responses.
-        response_mask: ``(bsz, R)``.
-        multi_modal: processor outputs of the micro-batch's images (``pixel_values``, ``image_grid_thw``, ...),
-            merged in sample order; ``{}`` for text.
-        mm_token_type_ids: ``(bsz, P + R)`` 1 at image tokens, 2 at video tokens, 0 elsewhere (Qwen-VL mRoPE), or
-            None for text models.
+        inputs: the micro-batch (:class:`ModelInputs`).
         temperature: the sampling temperature (logits are divided by it).
         with_entropy: also return the entropies (else None).
         entropy_grad: let gradients flow through the entropy (False when its loss coefficient is 0: the metric is
@@ -109,13 +116,11 @@ def response_scores(
     """
     extra = {"output_router_logits": True} if router_aux else {}
     if fused_head is not None:
-        return _packed(model, input_ids, attention_mask, response_mask, multi_modal, mm_token_type_ids, temperature,
-                       with_entropy, entropy_grad, fused_head, is_vl, extra)
-    resp_len = response_mask.shape[1]
-    output = _padded_outputs(model, input_ids, attention_mask, resp_len, multi_modal, mm_token_type_ids, extra)
+        return _packed(model, inputs, temperature, with_entropy, entropy_grad, fused_head, is_vl, extra)
+    output = _padded_outputs(model, inputs, extra)
     logits = output.logits[:, :-1, :]  # position t predicts token t+1: drop the last of the R + 1 kept positions
-    responses = input_ids[:, -resp_len:]
-    log_probs = log_probs_from_logits(logits, responses, temperature=temperature) * response_mask
+    responses = inputs.input_ids[:, -inputs.response_mask.shape[1]:]
+    log_probs = log_probs_from_logits(logits, responses, temperature=temperature) * inputs.response_mask
     entropy = None
     if with_entropy:
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
@@ -135,67 +140,59 @@ def _router_aux_loss(output, router_aux: bool) -> Optional[torch.Tensor]:
     return aux.float()
 
 
-def response_values(
-    model: torch.nn.Module,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    response_mask: torch.Tensor,
-    multi_modal: dict[str, torch.Tensor],
-    mm_token_type_ids: Optional[torch.Tensor],
-    padding_free: bool,
-    is_vl: bool = False,
-) -> torch.Tensor:
+def response_values(model: torch.nn.Module, inputs: ModelInputs, padding_free: bool,
+                    is_vl: bool = False) -> torch.Tensor:
     """A value model's outputs at the positions that predict each response token: ``V(s_t)``, the value of the state
     before response token ``t`` (prompt + ``response[:t]``), read where the actor reads token ``t``'s log-prob.
 
     Args:
         model: a causal LM (or Qwen-VL) whose output embedding is a ``hidden -> 1`` value head
             (``easyrl.workers.critic.attach_value_head``).
-        input_ids, attention_mask, response_mask, multi_modal, mm_token_type_ids, is_vl: as :func:`response_scores`.
+        inputs, is_vl: as :func:`response_scores`.
         padding_free: pack the micro-batch into one row (``worker.critic.padding_free``) or run it padded.
 
     Returns:
         ``(bsz, R)`` float32 values, 0 at response padding; differentiable.
     """
     if padding_free:
-        packed = _pack(model, input_ids, attention_mask, response_mask, multi_modal, mm_token_type_ids, is_vl)
+        packed = _pack(model, inputs, is_vl)
         out = model(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None,
-                    use_cache=False, logits_to_keep=packed.logit_indices, **multi_modal).logits[0]
+                    use_cache=False, logits_to_keep=packed.logit_indices, **inputs.multi_modal).logits[0]
         return packed.unpack(out[:, 0].float())
-    out = _padded_outputs(model, input_ids, attention_mask, response_mask.shape[1], multi_modal, mm_token_type_ids)
-    return out.logits[:, :-1, 0].float() * response_mask
+    out = _padded_outputs(model, inputs)
+    return out.logits[:, :-1, 0].float() * inputs.response_mask
 
 
-def _padded_outputs(model, input_ids, attention_mask, resp_len, multi_modal, mm_token_type_ids, extra=None):
+def _padded_outputs(model, inputs: ModelInputs, extra=None):
     """The model's output, its ``logits`` ``(bsz, R + 1, out)`` at the last ``R + 1`` padded positions: all but the
     last predict the ``R`` response tokens."""
-    inputs = dict(multi_modal, **(extra or {}))
-    if "pixel_values" in inputs or "pixel_values_videos" in inputs:
-        inputs["mm_token_type_ids"] = mm_token_type_ids  # Qwen-VL computes its mRoPE positions from them
+    kwargs = dict(inputs.multi_modal, **(extra or {}))
+    if "pixel_values" in kwargs or "pixel_values_videos" in kwargs:
+        kwargs["mm_token_type_ids"] = inputs.mm_token_type_ids  # Qwen-VL computes its mRoPE positions from them
     else:
-        inputs["position_ids"] = padded_text_positions(attention_mask)  # as vLLM counts them (no padding)
-    return model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
-                 logits_to_keep=resp_len + 1, **inputs)
+        kwargs["position_ids"] = padded_text_positions(inputs.attention_mask)  # as vLLM counts them (no padding)
+    return model(input_ids=inputs.input_ids, attention_mask=inputs.attention_mask, use_cache=False,
+                 logits_to_keep=inputs.response_mask.shape[1] + 1, **kwargs)
 
 
-def _pack(model, input_ids, attention_mask, response_mask, multi_modal, mm_token_type_ids, is_vl):
+def _pack(model, inputs: ModelInputs, is_vl: bool):
+    multi_modal = inputs.multi_modal
     positions = None
     if "pixel_values" in multi_modal or "pixel_values_videos" in multi_modal:
         # 3-D positions per sequence on the padded layout (padding skipped), then packed with the tokens
         positions, _ = model.model.get_rope_index(
-            input_ids, mm_token_type_ids, attention_mask=attention_mask,
+            inputs.input_ids, inputs.mm_token_type_ids, attention_mask=inputs.attention_mask,
             **{key: multi_modal[key] for key in ROPE_INDEX_KEYS if key in multi_modal},
         )
-    return pack_sequences(input_ids, attention_mask, response_mask, positions, mrope=is_vl)
+    return pack_sequences(inputs.input_ids, inputs.attention_mask, inputs.response_mask, positions, mrope=is_vl)
 
 
-def _packed(model, input_ids, attention_mask, response_mask, multi_modal, mm_token_type_ids, temperature,
-            with_entropy, entropy_grad, fused_head, is_vl, extra):
-    packed = _pack(model, input_ids, attention_mask, response_mask, multi_modal, mm_token_type_ids, is_vl)
+def _packed(model, inputs: ModelInputs, temperature, with_entropy, entropy_grad, fused_head, is_vl, extra):
+    packed = _pack(model, inputs, is_vl)
     # attention_mask=None and use_cache=False: transformers then reads the sequence boundaries off the positions
     with fused_head.scoring(packed.labels, temperature, entropy_grad=entropy_grad and with_entropy):
         output = model(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None,
-                       use_cache=False, logits_to_keep=packed.logit_indices, **multi_modal, **extra)
+                       use_cache=False, logits_to_keep=packed.logit_indices, **inputs.multi_modal, **extra)
     scores = output.logits[0]
     log_probs = packed.unpack(scores[:, 0])
     entropy = None

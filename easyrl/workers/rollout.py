@@ -8,8 +8,9 @@ Life cycle per training step (see ``FSDPWorker.generate_sequences``)::
 and gives its memory back, weights included (the next sync overwrites them all, so no host copy is kept): after a sleep
 ``holds_weights`` is False and the worker syncs again before the next use. vLLM's CPU backend has no sleep mode
 (``enable_sleep_mode=True`` fails with "Sleep mode is not supported on current platform"), so on the CPU sleep/wake are
-skipped and the engine stays resident. The engine must run in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
-set by the worker before vLLM is imported) so that weights are handed over as tensors, never through disk.
+skipped and the engine stays resident. The engine must run in this process (``vllm_compat.in_process_engine_env``,
+set by the worker before vLLM is imported) so that weights are handed over as tensors, never through disk. Calls whose
+API differs between vLLM lines go through ``easyrl.workers.vllm_compat``.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch
 from easyrl.config import RolloutConfig
 from easyrl.models.expert_layout import to_checkpoint_layout
 from easyrl.quiet import verbose
+from easyrl.workers import vllm_compat
 from easyrl.workers.vl_tokens import forbidden_words
 from easyrl.workers.weight_sync import reload_and_report, sleep_level
 
@@ -84,9 +86,7 @@ class VLLMRollout:
             disable_log_stats=True,
             use_tqdm_on_load=verbose(),  # no checkpoint-loading bar per engine (easyrl.quiet; EASYRL_VERBOSE=1 shows it)
             enable_prefix_caching=True,
-            # sampled-token log-probs after temperature/top-k/top-p, i.e. of the distribution actually sampled from,
-            # which is what the actor recomputes (logits / temperature) for the rollout/training mismatch
-            logprobs_mode="processed_logprobs",
+            **vllm_compat.sampled_logprobs_kwargs(),  # log-probs of the distribution sampled from
         )
         if config.tensor_parallel_size > 1:
             # SPMD: one engine per rank of the TP group, each holding 1/tp of every sharded weight, all fed the same
@@ -116,22 +116,23 @@ class VLLMRollout:
     def sleep(self) -> None:
         """Free the engine's device memory (weights and KV cache) while the actor trains. No-op on the CPU."""
         if self.sleep_level is not None and not self.is_asleep:
-            self.llm.sleep(level=self.sleep_level)
+            vllm_compat.sleep(self.llm, self.sleep_level)
             self.is_asleep = True
             self.holds_weights = self.sleep_level < 2  # level 2 drops the weights
 
     def wake_up(self, tags: Optional[list[str]] = None) -> None:
         """Re-allocate ``tags`` (``weights``, ``kv_cache``; None = all). No-op on the CPU."""
         if self.sleep_level is not None and self.is_asleep:
-            self.llm.wake_up(tags=tags)
+            vllm_compat.wake_up(self.llm, tags)
             self.is_asleep = tags is not None and "kv_cache" not in tags
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> tuple[list[str], list[str]]:
         """Overwrite the engine's weights in place with Hugging Face-named full tensors (no disk, no re-init).
 
-        Uses vLLM's public ``reload_weights`` worker method (it maps checkpoint names, repacks CPU weights and resets
-        the worker's caches), wrapped by ``weight_sync.reload_and_report``. The iterator is consumed inside
-        (in-process engine), so it may gather tensors lazily. Fused MoE experts are turned into the layout of the
+        Uses vLLM's public ``reload_weights`` worker method (``vllm_compat.reload_weights``: it maps checkpoint
+        names, repacks CPU weights and resets the worker's caches), wrapped by ``weight_sync.reload_and_report``, then
+        drops every cache computed with the old weights (``vllm_compat.reset_caches_after_reload``). The iterator is
+        consumed inside (in-process engine), so it may gather tensors lazily. Fused MoE experts are turned into the layout of the
         released checkpoints on the way (``easyrl.models.expert_layout``). With tensor parallelism every rank of the
         engine passes the full tensors and vLLM's weight loaders keep this rank's slice.
 
@@ -139,13 +140,10 @@ class VLLMRollout:
             ``(expected, loaded)``: vLLM's parameter names, and those the tensors wrote (``check_all_loaded``).
         """
         weights = to_checkpoint_layout(named_tensors, self.model_type)
-        (expected, loaded), = self.llm.collective_rpc(reload_and_report, kwargs={"weights_iterator": weights})
+        (expected, loaded), = vllm_compat.run_on_workers(self.llm, reload_and_report, weights_iterator=weights,
+                                                         device=self.device)
         self.holds_weights = True
-        # Every cache computed with the old weights is stale. reload_weights clears the worker's encoder cache but not
-        # the scheduler's record of it, which otherwise ends in "Encoder cache miss" on the next image prompt.
-        self.llm.llm_engine.reset_encoder_cache()
-        self.llm.reset_mm_cache()
-        self.llm.reset_prefix_cache()
+        vllm_compat.reset_caches_after_reload(self.llm)  # every cache computed with the old weights is stale
         return expected, loaded
 
     def _sampling_params(self, overrides: Optional[dict[str, Any]], logprobs: bool, max_tokens: int,

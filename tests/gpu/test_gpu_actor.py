@@ -39,7 +39,7 @@ def _batch(bsz: int = 4, prompt_len: int = 8, resp_len: int = 6) -> Batch:
 def test_actor_and_reference_update_and_weight_sync_on_one_gpu(nccl_group, tiny_model_path, offload):
     from torch.distributed.device_mesh import init_device_mesh
 
-    from easyrl.workers.actor import FSDPPolicy
+    from easyrl.workers.policy import FSDPPolicy
     from easyrl.workers.fsdp_model import gather_full
     from easyrl.workers.weight_sync import iter_full_weights
 

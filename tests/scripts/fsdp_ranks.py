@@ -1,7 +1,8 @@
 """Two gloo ranks with an FSDP2-sharded Qwen2 (``torchrun --nproc_per_node 2 fsdp_ranks.py MODEL_DIR OUT_DIR``):
 saves a checkpoint with ``easyrl.workers.checkpoint.save_actor``, loads it into a differently initialised copy with
-``load_actor``, and gathers the full weights with ``easyrl.export.gather_full_state_dict``. Each rank writes
-``OUT_DIR/rank_R.json`` with what it saw; rank 0 also saves the full weights it gathered to ``OUT_DIR/full.pt``."""
+``load_actor``, and gathers the full weights with ``easyrl.workers.fsdp_model.gather_full_state_dict``. Each rank
+writes ``OUT_DIR/rank_R.json`` with what it saw; rank 0 also saves the full weights it gathered to
+``OUT_DIR/full.pt``."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def build(model_dir: str, seed: int):
 
 
 def main() -> None:
-    from easyrl.export import gather_full_state_dict
+    from easyrl.workers.fsdp_model import gather_full_state_dict
     from easyrl.workers.checkpoint import load_actor, save_actor, save_hf_metadata
 
     model_dir, out = sys.argv[1], sys.argv[2]

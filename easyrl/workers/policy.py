@@ -26,12 +26,12 @@ from easyrl.batch import Batch
 from easyrl.config import ActorConfig, OffloadConfig
 from easyrl.errors import ConfigError
 from easyrl.models.fused_head import FusedLogProbHead
-from easyrl.workers.fsdp_model import clip_grad_norm, hf_model_class, load_sharded_model
-from easyrl.workers.policy_forward import PolicyScores, attention_implementation, response_scores
+from easyrl.workers.fsdp_model import clip_grad_norm, load_sharded_model
+from easyrl.workers.policy_forward import ModelInputs, PolicyScores, attention_implementation, response_scores
 from easyrl.workers.seqlen_balancing import count_micro_batches, dynamic_micro_batches
 from easyrl.workers.vl_tokens import mm_token_type_ids, stray_pads, visual_pad_ids
 
-__all__ = ["FSDPPolicy", "hf_model_class"]
+__all__ = ["FSDPPolicy"]
 
 logger = logging.getLogger("easyrl.actor")
 
@@ -121,13 +121,13 @@ class FSDPPolicy:
         """Log-probs (and entropies, and the MoE router's aux loss) of the response tokens of one micro-batch, each
         ``(micro_bsz, resp_len)``, padding-free or padded (``worker.actor.padding_free``, see
         ``easyrl.workers.policy_forward``)."""
-        return self._run_model(micro, lambda *inputs: response_scores(
-            *inputs, temperature, with_entropy=with_entropy, entropy_grad=entropy_grad, fused_head=self.fused_head,
-            is_vl=self.has_vision, router_aux=router_aux))
+        return self._run_model(micro, lambda model, inputs: response_scores(
+            model, inputs, temperature, with_entropy=with_entropy, entropy_grad=entropy_grad,
+            fused_head=self.fused_head, is_vl=self.has_vision, router_aux=router_aux))
 
-    def _run_model(self, micro: Batch, forward: Callable[..., Any]) -> Any:
-        """``forward(model, input_ids, attention_mask, response_mask, multi_modal, mm_token_type_ids)`` on one
-        micro-batch's tensors moved to the device, with the VL hooks armed (blank image, stray pad ids)."""
+    def _run_model(self, micro: Batch, forward: Callable[[torch.nn.Module, ModelInputs], Any]) -> Any:
+        """``forward(model, inputs)`` on one micro-batch's tensors moved to the device (:class:`ModelInputs`), with
+        the VL hooks armed (blank image, stray pad ids)."""
         input_ids = micro["input_ids"].to(self.torch_device)
         multi_modal = _merge_multimodal(micro.extras.get("multi_modal_inputs", []), self.torch_device)
         prompt_len = input_ids.shape[1] - micro["response_mask"].shape[1]
@@ -137,8 +137,8 @@ class FSDPPolicy:
             self.stray_pads = (stray, micro["attention_mask"].to(self.torch_device).bool())
         self.add_blank_image = self.has_vision and "pixel_values" not in multi_modal
         try:
-            return forward(self.model, input_ids, micro["attention_mask"].to(self.torch_device),
-                           micro["response_mask"].to(self.torch_device), multi_modal, types)
+            return forward(self.model, ModelInputs(input_ids, micro["attention_mask"].to(self.torch_device),
+                                                   micro["response_mask"].to(self.torch_device), multi_modal, types))
         finally:
             self.add_blank_image = False
             self.stray_pads = None

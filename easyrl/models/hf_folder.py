@@ -1,0 +1,132 @@
+"""Hugging Face model folders from full weights: the model class for a config, the folder's small files, and the
+atomic write of a whole folder (:func:`write_hf_folder`).
+
+Used by the workers (``FSDPWorker.save_hf`` at the end of a run, the checkpoint's ``actor/huggingface`` files) and by
+the ``python -m easyrl.export`` command (a folder from a checkpoint). A folder holds sharded ``*.safetensors`` in the
+base model's dtype (its config's ``dtype`` / ``torch_dtype``; the training master copy is float32), ``config.json``,
+the tokenizer/processor files and the base model's ``generation_config.json`` byte for byte. It is written under a
+temporary name and renamed when complete, so an interrupted write never leaves a folder that looks whole.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterable
+from typing import Optional
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# The small files of a model folder besides weights; config.json and generation_config.json are handled apart.
+TOKENIZER_FILES = ("chat_template.jinja", "chat_template.json", "tokenizer.json", "tokenizer_config.json",
+                   "special_tokens_map.json", "vocab.json", "merges.txt", "added_tokens.json",
+                   "preprocessor_config.json", "processor_config.json", "video_preprocessor_config.json")
+HF_FILES = ("config.json", "generation_config.json", *TOKENIZER_FILES)
+MAX_SHARD_SIZE = "5GB"
+
+
+def hf_model_class(hf_config) -> type:
+    """``AutoModelForImageTextToText`` when the config has a ``vision_config`` (Qwen2-VL, Qwen2.5-VL, Qwen3-VL),
+    else ``AutoModelForCausalLM``."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText  # heavy: imported when used
+
+    return AutoModelForImageTextToText if getattr(hf_config, "vision_config", None) is not None else AutoModelForCausalLM
+
+
+def config_dtype(config: dict) -> torch.dtype:
+    """The dtype a model folder's ``config.json`` declares (``dtype``, or the older ``torch_dtype``; float32 if
+    neither, or for ``auto``).
+
+    Raises:
+        ValueError: a dtype name this export does not write.
+    """
+    name = config.get("dtype") or config.get("torch_dtype") or "float32"
+    name = str(name).replace("torch.", "")
+    if name == "auto":
+        return torch.float32
+    if name not in DTYPES:
+        raise ValueError(f"config.json declares dtype {name!r}; export supports {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def local_file(source: str, name: str) -> Optional[str]:
+    """Path of file ``name`` of a model folder or hub id (through transformers' cache), or None if it has none."""
+    if os.path.isdir(source):
+        candidate = os.path.join(source, name)
+        return candidate if os.path.isfile(candidate) else None
+    from transformers.utils import cached_file
+
+    return cached_file(source, name, _raise_exceptions_for_missing_entries=False)
+
+
+def copy_hf_files(sources: Iterable[str], out: str, names: Iterable[str] = HF_FILES) -> None:
+    """Copy files ``names`` byte for byte into ``out`` from the first of ``sources`` (folders or hub ids) that has
+    each; files already in ``out`` are kept."""
+    os.makedirs(out, exist_ok=True)
+    for name in names:
+        if os.path.exists(os.path.join(out, name)):
+            continue
+        for source in sources:
+            path = local_file(source, name)
+            if path is not None:
+                shutil.copyfile(path, os.path.join(out, name))
+                break
+
+
+def _replace_dir(tmp: str, out: str) -> None:
+    """Move the finished folder ``tmp`` to ``out`` (replacing an older ``out``) with renames only."""
+    old = f"{out}.old"
+    if os.path.exists(out):
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(out, old)
+    os.rename(tmp, out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def write_hf_folder(state: dict[str, torch.Tensor], sources: list[str], out: str,
+                    dtype: Optional[torch.dtype] = None, trust_remote_code: bool = False) -> str:
+    """Write a Hugging Face model folder from full weights, atomically.
+
+    Args:
+        state: full tensors by Hugging Face name (e.g. ``easyrl.workers.fsdp_model.gather_full_state_dict`` on
+            rank 0).
+        sources: folders or hub ids holding the base model's config, generation config and tokenizer/processor
+            files (the first that has a file wins), e.g. ``[model_path, tokenizer_path]``.
+        out: the folder to write (replaced if it exists, only once the new one is complete).
+        dtype: weight dtype; None: the base config's (:func:`config_dtype`).
+        trust_remote_code: for the model class of the config.
+
+    Returns:
+        ``out``.
+
+    Raises:
+        FileNotFoundError: none of ``sources`` has a ``config.json``.
+        KeyError / RuntimeError: ``state`` does not match the config's model (missing or unexpected names).
+    """
+    from transformers import AutoConfig
+
+    from easyrl.models.expert_layout import save_pretrained_released
+
+    config_path = next((p for p in (local_file(s, "config.json") for s in sources) if p), None)
+    if config_path is None:
+        raise FileNotFoundError(f"none of {sources} has a config.json")
+    with open(config_path, encoding="utf-8") as f:
+        dtype = dtype or config_dtype(json.load(f))
+    hf_config = AutoConfig.from_pretrained(os.path.dirname(config_path), trust_remote_code=trust_remote_code)
+    with torch.device("meta"):
+        model = hf_model_class(hf_config).from_config(hf_config, trust_remote_code=trust_remote_code, dtype=dtype)
+    model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, assign=True, strict=True)
+    model.tie_weights()
+    parent = os.path.dirname(os.path.abspath(out))
+    os.makedirs(parent, exist_ok=True)
+    tmp = os.path.join(parent, f".{os.path.basename(os.path.abspath(out))}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_pretrained_released(model, tmp, max_shard_size=MAX_SHARD_SIZE)  # MoE experts as the released checkpoints
+    generation = next((p for p in (local_file(s, "generation_config.json") for s in sources) if p), None)
+    if generation is not None:  # the base's, unchanged (save_pretrained writes one derived from the model config)
+        shutil.copyfile(generation, os.path.join(tmp, "generation_config.json"))
+    copy_hf_files(sources, tmp, TOKENIZER_FILES)
+    _replace_dir(tmp, out)
+    return out

@@ -1,0 +1,69 @@
+"""A worker that tests can look into: ``InspectableWorker``, the runtime ``FSDPWorker`` plus the methods that only tests
+call (full weights, snapshots, new loss settings between steps, vLLM's scoring of a fixed sequence).
+
+A test builds its trainer with it, ``build_trainer(config, worker_cls=InspectableWorker)``, and calls the methods by
+reference like the trainer does, e.g. ``trainer.workers.run_all(InspectableWorker.actor_state_dict)[0]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from easyrl.config import PPOConfig
+from easyrl.workers.checkpoint import restore, snapshot
+from easyrl.workers.fsdp_model import gather_full
+from easyrl.workers.fsdp_worker import FSDPWorker
+
+
+class InspectableWorker(FSDPWorker):
+    """``FSDPWorker`` with test-only methods (each called on every rank together through ``WorkerGroup.run_all``):
+
+    * ``actor_state_dict``: the actor's full weights on the host, to compare before and after an update, across
+      ranks, or with an export;
+    * ``snapshot_actor`` / ``restore_actor``: keep the actor's training state in memory and return to it, to run two
+      updates from the same start (e.g. one per loss setting);
+    * ``update_config``: adopt new loss settings between steps (the trainer's config changed by the test);
+    * ``rollout_score``: vLLM's teacher-forced log-probs of a fixed sequence, to check that the engine holds exactly
+      the actor's weights.
+    """
+
+    def _actor_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The actor's full tensors on the compute device, gathered one at a time (peak memory: one full tensor),
+        HF names; offloaded shards are moved to the device before the gather (NCCL/HCCL take device tensors only)."""
+        for name, tensor in self.actor.model.state_dict().items():
+            yield name, gather_full(tensor, self.torch_device)
+
+    def actor_state_dict(self) -> dict[str, torch.Tensor]:
+        """Full actor weights on the host (every rank must call it; all receive them)."""
+        return {name: tensor.detach().cpu().clone() for name, tensor in self._actor_weights()}
+
+    def snapshot_actor(self) -> None:
+        """Keep an in-memory copy of the actor's training state on this worker (``easyrl.workers.checkpoint.snapshot``:
+        weights, optimizer, LR schedule, update counter)."""
+        self._actor_snapshot = snapshot(self.actor)
+
+    def restore_actor(self) -> None:
+        """Return the actor to the last ``snapshot_actor`` (all workers together); the rollout weights go stale."""
+        restore(self.actor, self._actor_snapshot)
+        self.weights_dirty = True
+
+    def update_config(self, config: PPOConfig) -> None:
+        """Adopt new loss settings between steps (``worker.actor``: loss_type, loss_agg_mode, clip ratios, KL and
+        entropy coefficients, ppo_epochs, ...; ``algorithm.*``). Model, optimizer, FSDP and vLLM engine settings
+        were fixed at start-up and are not re-applied."""
+        self.config = config
+        self.actor.config = config.worker.actor
+        if self.critic is not None:
+            self.critic.config = config.worker.critic
+        self.rollout.config = config.worker.rollout
+
+    def rollout_score(self, token_ids: list[int], images: list[Any]) -> tuple[list[int], list[float]]:
+        """vLLM's log-probs of ``token_ids[1:]`` (weights synced first if stale); see ``VLLMRollout.score``."""
+        self._ensure_rollout_weights()
+        self.rollout.wake_up()
+        scores = self.rollout.score(token_ids, images)
+        self.rollout.sleep()
+        return scores

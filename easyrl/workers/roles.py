@@ -1,0 +1,98 @@
+"""The model roles of one worker, built in one place (:func:`build_roles`, called by ``FSDPWorker.init_models``).
+
+A role is a Hugging Face model sharded with FSDP2 over all workers (every rank holds a shard of each), with a forward
+and, when trainable, an update:
+
+* ``actor``: the policy being trained (``FSDPPolicy``, float32 master weights, AdamW); always built.
+* ``ref``: the reference policy of the KL terms (``FSDPPolicy``, frozen, held in the compute dtype), built by copying
+  the actor's shards rather than reading the checkpoint again; only when a KL term uses it
+  (``algorithm.needs_reference``) and the actor has no LoRA adapter: with LoRA the reference is the actor with its
+  adapter switched off (``easyrl.models.lora.adapter_disabled``), no second model.
+* ``critic``: the value model of PPO with GAE (``FSDPCritic``: the policy's backbone with a scalar value head,
+  trainable); only for ``algorithm.adv_estimator: gae``.
+
+Roles are built in this order on every rank together (loading and sharding are collective), so a role may start from
+one built before it (``init_from``, as the reference copies the actor).
+
+Adding a role (a teacher for distillation, a reward model) is a few lines here and one worker method:
+
+1. a config section for it (model path, offload, micro-batch) and a property that says when the run needs it;
+2. a field on :class:`Roles` and one statement in :func:`build_roles`, e.g. a frozen teacher read from its own
+   checkpoint::
+
+       teacher = None
+       if config.algorithm.needs_teacher:
+           teacher = FSDPPolicy(cfg.teacher.model.model_path, cfg.teacher, mesh, device, torch_device,
+                                trainable=False, offload=cfg.teacher.offload)
+
+   (a reward model likewise: a frozen model whose output embedding is a value head, as ``FSDPCritic`` builds it);
+3. a ``FSDPWorker`` method that runs it on the worker's share, like ``compute_ref_log_probs``, which the trainer
+   calls with ``WorkerGroup.run_split``;
+4. its memory in ``easyrl.workers.memory_estimate``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional
+
+import torch
+
+from easyrl.config import PPOConfig
+
+if TYPE_CHECKING:  # the model classes import transformers' models: only the workers build them (in build_roles)
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from easyrl.workers.critic import FSDPCritic
+    from easyrl.workers.policy import FSDPPolicy
+
+
+@dataclass
+class Roles:
+    """The sharded models of one worker; a role the run does not need is None."""
+
+    actor: FSDPPolicy
+    ref: Optional[FSDPPolicy] = None
+    critic: Optional[FSDPCritic] = None
+
+
+def uses_lora(config: PPOConfig) -> bool:
+    """Whether the actor carries a LoRA adapter (``worker.actor.model.lora.rank > 0``); the reference policy is then
+    the actor with its adapter switched off, not a second model."""
+    return config.worker.actor.model.lora.rank > 0
+
+
+def builds_reference(config: PPOConfig) -> bool:
+    """Whether a reference model is built: a KL term (loss or in-reward) uses the reference policy
+    (``algorithm.needs_reference``) and the actor has no LoRA adapter (:func:`uses_lora`)."""
+    return config.algorithm.needs_reference and not uses_lora(config)
+
+
+def build_roles(config: PPOConfig, mesh: DeviceMesh, device: str, torch_device: torch.device) -> Roles:
+    """Build the roles this run needs (see the module docstring), on every rank together.
+
+    Args:
+        config: the finalized run configuration (``worker.actor`` / ``worker.ref`` / ``worker.critic``,
+            ``algorithm``).
+        mesh: the 1-D data-parallel device mesh over all workers.
+        device: ``cuda``, ``npu`` or ``cpu``.
+        torch_device: this rank's compute device.
+
+    Returns:
+        :class:`Roles`: the actor, and the reference and critic when needed.
+    """
+    from easyrl.workers.critic import FSDPCritic
+    from easyrl.workers.policy import FSDPPolicy
+
+    cfg = config.worker
+    model_path = cfg.actor.model.model_path
+    actor = FSDPPolicy(model_path, cfg.actor, mesh, device, torch_device, trainable=True, offload=cfg.actor.offload)
+    ref = None
+    if builds_reference(config):
+        # same checkpoint: copy the actor's shards (cast to the compute dtype) instead of reading it again
+        ref = FSDPPolicy(model_path, cfg.actor, mesh, device, torch_device, trainable=False, offload=cfg.ref.offload,
+                         init_from=actor)
+    critic = None
+    if config.algorithm.needs_critic:
+        critic = FSDPCritic(cfg.critic.model.model_path, cfg.critic, mesh, device, torch_device)
+    return Roles(actor=actor, ref=ref, critic=critic)
