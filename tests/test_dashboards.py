@@ -139,7 +139,8 @@ def test_missing_library_fails_at_config_load_with_an_install_hint(monkeypatch):
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "swanlab" else real(name, *a))
-    with pytest.raises(ValueError, match=r"swanlab is not installed: pip install 'easyrl\[swanlab\]'"):
+    with pytest.raises(ValueError, match=r"swanlab is not installed: uv sync --locked (--extra \w+ )*--extra swanlab "
+                                         r"from the checkout .* or uv pip install swanlab into the active environment"):
         check_backends(["console", "swanlab"])
     demo = Path(__file__).resolve().parents[1] / "examples/configs/cpu_demo.yaml"
     with pytest.raises(ConfigError, match=r"trainer.logger contains 'swanlab'"):
