@@ -162,7 +162,7 @@ def plot_runs(runs: list[Run], output: str):
         limits = y_limits(drawn, panel.fraction)
         if limits is not None:
             ax.set_ylim(*limits)
-        ax.legend(fontsize=7)
+        _legend(ax, runs)
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(shown):]:
         ax.axis("off")
@@ -175,6 +175,24 @@ def plot_runs(runs: list[Run], output: str):
     _write_html(runs, output)
     plt.close(fig)
     return fig
+
+
+def _legend(ax, runs: list[Run]) -> None:
+    """One run: a legend entry per line. Several runs: one entry per metric (its color and marker) and one per run
+    (its line style), not one per (run, metric)."""
+    if len(runs) == 1:
+        ax.legend(fontsize=7)
+        return
+    from matplotlib.lines import Line2D
+
+    metrics: dict[str, Line2D] = {}
+    for line in ax.lines:
+        key = line.get_label().split(": ", 1)[1]
+        metrics.setdefault(key, Line2D([], [], color=line.get_color(), marker=line.get_marker(), markersize=4,
+                                       label=key))
+    styles = [Line2D([], [], color="gray", linestyle=LINE_STYLES[r % len(LINE_STYLES)], label=run.name)
+              for r, run in enumerate(runs)]
+    ax.legend(handles=list(metrics.values()) + styles, fontsize=7)
 
 
 def _write_html(runs: list[Run], png: str) -> str:

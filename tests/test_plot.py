@@ -62,6 +62,8 @@ def test_panels_and_lines_from_two_runs(tmp_path):
     assert lines["grpo: critic/score/mean"].get_linestyle() == "-"
     assert lines["dapo: critic/score/mean"].get_linestyle() == "--"
     assert list(lines["grpo: val/reward/overall"].get_xdata()) == [4]
+    legend = [text.get_text() for text in panels["reward"].get_legend().get_texts()]
+    assert legend == ["critic/score/mean", "val/reward/overall", "grpo", "dapo"]  # metrics once, then the runs
     assert _labels(panels["accuracy"]) == {f"{run}: {key}" for run in ("grpo", "dapo")
                                            for key in ("reward/accuracy", "val/reward/accuracy")}
     # truncation has its own panel, not the PPO clip fraction's; per-device and total throughput separate axes
