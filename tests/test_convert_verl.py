@@ -60,7 +60,7 @@ def test_verl_parquet_converts_and_trains_as_easyrl_data(vl, tmp_path, capsys):
     src, dst = _verl_parquet(tmp_path / "verl.parquet"), str(tmp_path / "easyrl.parquet")
     assert main([src, dst]) == 0
     printed = capsys.readouterr().out
-    assert f'data.system_prompt="{SYSTEM}"' in printed and "columns problem, answer, images" in printed
+    assert f'system_prompt: "{SYSTEM}"' in printed and "columns problem, answer, images" in printed
     out = datasets.load_dataset("parquet", data_files=dst, split="train")
     assert out.column_names == ["problem", "answer", "images", "data_source"]
     assert out[1]["problem"] == "<image>Find x in problem 1." and out[1]["answer"] == "4"
@@ -91,19 +91,27 @@ def test_ground_truth_that_is_not_a_string_becomes_json(tmp_path):
         '["1", "2"]'
 
 
-def test_refusals_name_the_row_or_columns(tmp_path, capsys):
+def test_multi_turn_prompt_is_refused_naming_the_row(tmp_path):  # D29
     multi_turn = [[{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
                    {"role": "user", "content": "c"}]]
     src = _verl_parquet(tmp_path / "turns.parquet", rows=1, images=False, prompt=multi_turn)
-    with pytest.raises(DataError, match=r"row 0: the prompt's roles are \['user', 'assistant', 'user'\]"):
+    with pytest.raises(DataError, match=r"^row 0: the prompt's roles are \['user', 'assistant', 'user'\]; only a "
+                                        r"single-turn prompt \(\[system,\] user\) can be converted$"):
         convert(src, str(tmp_path / "out.parquet"))
+
+
+def test_different_system_messages_are_refused(tmp_path):  # D30
     systems = [[{"role": "system", "content": f"s{i}"}, {"role": "user", "content": "q"}] for i in range(2)]
     src = _verl_parquet(tmp_path / "systems.parquet", images=False, prompt=systems)
-    with pytest.raises(DataError, match="2 different system messages"):
+    with pytest.raises(DataError, match="the rows have 2 different system messages; data.system_prompt is one text"):
         convert(src, str(tmp_path / "out.parquet"))
+
+
+def test_a_file_without_verl_columns_is_refused(tmp_path, capsys):  # D31
     plain = tmp_path / "plain.parquet"
     datasets.Dataset.from_dict({"problem": ["q"], "answer": ["1"]}).to_parquet(str(plain))
+    capsys.readouterr()  # the progress bar of writing it
     assert main([str(plain), str(tmp_path / "out.parquet")]) == 2
-    assert "easyrl: data error:" in capsys.readouterr().err
-    with pytest.raises(DataError, match=r"has no column\(s\) \['prompt', 'reward_model'\] of verl's format"):
-        convert(str(plain), str(tmp_path / "out.parquet"))
+    err = capsys.readouterr().err
+    assert err.startswith("easyrl: data error: ") and err.count("\n") == 1
+    assert "has no column(s) ['prompt', 'reward_model'] of verl's format; its columns are ['problem', 'answer']" in err

@@ -12,7 +12,7 @@ The easyrl file has ``problem`` (the user message's text, ``<image>`` placeholde
 truth as a string: what the reward function receives as ``ground_truth``), ``images`` (unchanged, when present) and
 ``data_source`` (kept for reference; easyrl's reward is ``worker.reward.reward_function``), so the defaults
 ``data.prompt_key: problem``, ``data.answer_key: answer``, ``data.image_key: images`` read it. A system message
-cannot be a column: when every row has the same one, its text is printed as the ``data.system_prompt=...`` to set;
+cannot be a column: when every row has the same one, its text is printed as the ``data.system_prompt`` to set;
 rows with different system messages, several user messages or assistant turns are refused (single-turn prompts only).
 """
 
@@ -99,11 +99,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parser.parse_args(argv)
 
     def run() -> int:
+        import datasets
+
+        datasets.disable_progress_bars()
         system = convert(args.src, args.dst)
         print(f"wrote {args.dst}: data.train_files={args.dst} (columns problem, answer"
               f"{', images' if _has_images(args.dst) else ''})")
         if system is not None:
-            print(f"every prompt had this system message; set data.system_prompt={json.dumps(system)}")
+            print(f"every prompt had this system message; put it in your config YAML's data section: "
+                  f"system_prompt: {json.dumps(system)}")
         return 0
 
     return run_cli(run)
