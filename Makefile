@@ -32,6 +32,6 @@ test-fast: setup
 	$(PY) -m pytest -q -m "not e2e"
 
 # On a machine with a CUDA GPU: 1-GPU smoke tests of the actor path (no vLLM/Ray needed) and, where vLLM (CUDA build)
-# and Ray are installed (`uv sync --extra gpu --extra dev`), 2 GRPO steps with sleep mode on.
+# and Ray are installed (`uv sync --locked --extra gpu --extra dev --extra wandb`), 2 GRPO steps with sleep mode on.
 test-gpu:
 	$(PY) -m pytest -q -m gpu tests/gpu

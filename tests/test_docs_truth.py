@@ -262,6 +262,14 @@ def test_metrics_doc_lists_every_emitted_metric():
     assert missing == [], f"emitted but not in docs/metrics.md: {missing}"
 
 
+@pytest.mark.parametrize("source", ["pyproject.toml", "Makefile", "Dockerfile", "config.yaml",
+                                    "easyrl/trainer/__main__.py"])
+def test_paths_named_by_project_files_exist(source):
+    """The pointers outside the docs: pyproject's comments (docs/environment.md), the Makefile, the Dockerfile,
+    config.yaml's values and comments, ``python -m easyrl.trainer --help``."""
+    assert [path for path in PATH.findall(_read(source)) if not path_exists(path)] == []
+
+
 # -- the extractor itself -------------------------------------------------------------------------------------------
 
 
