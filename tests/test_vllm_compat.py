@@ -85,3 +85,8 @@ def test_the_in_process_backend_exists_only_on_the_0_23_line():
     vllm_compat.reload_weights(native, iter(_pairs()))
     assert native.calls == ["start(is_checkpoint_format=True)", "update", "finish"]
     assert [n for n, _ in native.loaded] == ["model.embed_tokens.weight", "lm_head.weight"]
+
+
+def test_the_colocated_engine_runs_in_process_and_without_fractal_nz():
+    # vllm-ascend 0.23 refuses wake_up and start_weight_update while VLLM_ASCEND_ENABLE_NZ is on (its default)
+    assert vllm_compat.in_process_engine_env() == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_ASCEND_ENABLE_NZ": "0"}
