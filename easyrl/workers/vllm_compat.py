@@ -53,7 +53,8 @@ def in_process_engine_env() -> dict[str, str]:
     vLLM 0.23 through 0.33: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``. vllm-ascend 0.23: ``VLLM_ASCEND_ENABLE_NZ=0``
     (its default, 1, stores weights in the FRACTAL_NZ layout, and its ``wake_up`` and ``start_weight_update`` then
     refuse to run: "FRACTAL_NZ mode is enabled. This may cause model parameter precision issues in the RL
-    scenarios"); other platforms ignore it.
+    scenarios"); other platforms ignore it (vLLM 0.23 warns about an unknown ``VLLM_`` variable, which
+    ``easyrl.quiet`` hides).
     """
     return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_ASCEND_ENABLE_NZ": "0"}
 
