@@ -53,9 +53,11 @@ $(COMPAT)/.venv/synced: $(COMPAT)/uv.lock $(COMPAT)/pyproject.toml
 	$(UV) sync --locked --project $(COMPAT)
 	touch $@
 
-# The end-to-end core on vLLM 0.23: the 2-rank weight gather, a VL GRPO step with vLLM/actor parity, a killed run's
-# exact resume, rollout TP=2.
-COMPAT_TESTS := tests/test_weight_sync.py tests/test_e2e_grpo.py tests/test_e2e_resume.py tests/test_e2e_rollout_tp.py
-COMPAT_SELECT := two_gloo_ranks or grpo_two_steps or vllm_matches_actor or resumes_exactly or tensor_parallel_2
+# The end-to-end core on vLLM 0.23: the weight-update API choice and vLLM 0.23's in-process backend, the 2-rank weight
+# gather, a VL GRPO step with vLLM/actor parity, a killed run's exact resume, rollout TP=2.
+COMPAT_TESTS := tests/test_vllm_compat.py tests/test_weight_sync.py tests/test_e2e_grpo.py tests/test_e2e_resume.py \
+	tests/test_e2e_rollout_tp.py
+COMPAT_SELECT := vllm_compat or two_gloo_ranks or grpo_two_steps or vllm_matches_actor or resumes_exactly \
+	or tensor_parallel_2
 test-compat: compat-setup
 	$(COMPAT)/.venv/bin/python -m pytest -q -p no:cacheprovider $(COMPAT_TESTS) -k "$(COMPAT_SELECT)"
