@@ -96,9 +96,9 @@ def main(argv: Optional[list[str]] = None, prog: str = "python -m easyrl.trainer
     quiet_libraries()
 
     def run() -> int:
+        config = load_config(argv)  # first: a config mistake is reported before any heavy import
         from easyrl.trainer.run_folder import RunFinished
 
-        config = load_config(argv)
         if config.trainer.val_only:  # validation only: easyrl eval
             from easyrl.trainer.evaluation import evaluate_model
 
