@@ -36,8 +36,9 @@ def test_which_keys_alter_training():
                 "worker.actor.optim.lr", "data.rollout_batch_size", "data.max_response_length", "worker.rollout.n",
                 "worker.rollout.seed", "worker.reward.reward_function_kwargs", "trainer.critic_warmup"):
         assert alters_training(key), key
-    for key in ("trainer.logger", "trainer.experiment_name", "trainer.runs_root", "trainer.val_freq", "trainer.save_freq",
-                "trainer.max_steps", "trainer.wandb_tags", "data.val_files", "worker.rollout.val_override_config",
+    for key in ("trainer.logger", "trainer.experiment_name", "trainer.runs_root", "trainer.val_freq",
+                "trainer.save_freq", "trainer.max_steps", "trainer.wandb_tags", "data.val_files",
+                "worker.rollout.val_override_config",
                 "worker.actor.micro_batch_size_per_device_for_update", "worker.actor.offload.offload_params",
                 "worker.rollout.gpu_memory_utilization", "worker.actor.optim.training_steps", "trainer.resume_mode"):
         assert not alters_training(key), key

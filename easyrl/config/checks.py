@@ -214,8 +214,8 @@ def check_combinations(config: "PPOConfig") -> None:
         raise ConfigError("worker.critic.model.lora.rank must be 0: the critic (algorithm.adv_estimator=gae) trains "
                           "all its weights (LoRA applies to the actor only, worker.actor.model.lora).")
     if config.trainer.val_only and not config.data.val_files:
-        raise ConfigError("trainer.val_only=true validates on data.val_files, which is not set: give data.val_files "
-                          "(or run `easyrl eval config=... data.val_files=PATH`).")
+        raise ConfigError("trainer.val_only=true validates on data.val_files, which is not set: give "
+                          "data.val_files=PATH (the validation set; easyrl eval needs it too).")
     if config.trainer.resume_mode == "resume_path" and not config.trainer.load_checkpoint_path:
         raise ConfigError("trainer.resume_mode=resume_path resumes trainer.load_checkpoint_path, which is not set: "
                           "give it a global_step_N folder, or use resume_mode=auto.")
