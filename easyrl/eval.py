@@ -14,14 +14,10 @@ in a training command routes here.
 
 from __future__ import annotations
 
-import logging
-import os
 import sys
 from typing import Optional
 
 from easyrl.errors import run_cli
-
-logger = logging.getLogger("easyrl.eval")
 
 USAGE = """\
 usage: {prog} config=FILE.yaml [model=HF_FOLDER|CHECKPOINT] [KEY=VALUE ...]
@@ -48,11 +44,9 @@ def main(argv: Optional[list[str]] = None, prog: str = "python -m easyrl.eval") 
     if not argv or any(word in ("-h", "--help", "help") for word in argv):
         print(USAGE.format(prog=prog), end="")
         return 0
-    from easyrl.quiet import quiet_libraries
+    from easyrl.quiet import setup_command_logging
 
-    logging.basicConfig(level=os.environ.get("EASYRL_LOG_LEVEL", "INFO"),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    quiet_libraries()
+    setup_command_logging()
 
     def run() -> int:
         from easyrl.trainer.evaluation import evaluate_command

@@ -7,13 +7,12 @@ A mistake in the user's input (``easyrl.errors.UserError``) ends the command wit
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from typing import Optional
 
 from easyrl.config import PPOConfig, load_config, to_dict
 from easyrl.errors import run_cli
-from easyrl.quiet import quiet_libraries
+from easyrl.quiet import setup_command_logging
 
 logger = logging.getLogger("easyrl")
 
@@ -91,9 +90,7 @@ def main(argv: Optional[list[str]] = None, prog: str = "python -m easyrl.trainer
     if any(word in ("-h", "--help", "help") for word in argv):
         print(USAGE.format(prog=prog), end="")
         return 0
-    logging.basicConfig(level=os.environ.get("EASYRL_LOG_LEVEL", "INFO"),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    quiet_libraries()
+    setup_command_logging()
 
     def run() -> int:
         config = load_config(argv)  # first: a config mistake is reported before any heavy import
