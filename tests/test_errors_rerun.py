@@ -152,3 +152,15 @@ def test_eval_of_a_model_that_is_not_a_folder(tmp_path, expect_user_error):  # M
     config = _config(tmp_path, "trainer.val_only=true")
     expect_user_error(lambda: evaluate_model(config, str(tmp_path / "nowhere")), "model",
                       f"model={tmp_path / 'nowhere'}", "global_step_N")
+
+
+def test_val_only_routes_the_training_command_to_eval(tmp_path, capsys):
+    """``python -m easyrl.trainer ... trainer.val_only=true`` runs the eval command (here up to its model check, with
+    ``trainer.load_checkpoint_path`` as the model), not a training run that would resume and train on."""
+    from easyrl.trainer.__main__ import main
+
+    missing = tmp_path / "global_step_3"
+    status = main([DEMO, "worker.actor.model.model_path=m", f"trainer.runs_root={tmp_path}", "trainer.val_only=true",
+                   f"trainer.load_checkpoint_path={missing}"])
+    assert status == 2
+    assert f"easyrl: model error: model={missing} is not a folder" in capsys.readouterr().err
