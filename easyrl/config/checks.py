@@ -19,6 +19,8 @@ from easyrl.errors import ConfigError
 if TYPE_CHECKING:
     from easyrl.config.ppo import PPOConfig
 
+RESUME_MODES = ("auto", "disable", "force", "resume_path")
+
 # (rule, keys): each rule is (test, the allowed range in words). None values are skipped (they mean "off").
 _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "positive": (lambda v: v > 0, "a positive number"),
@@ -187,6 +189,7 @@ def check_names(config: "PPOConfig") -> None:
     check_choice("worker.reward.reward_type", config.worker.reward.reward_type, ("batch", "sequential"))
     check_choice("trainer.device", config.trainer.device, ("auto", "cuda", "npu", "cpu"))
     check_choice("trainer.best_metric_mode", config.trainer.best_metric_mode, ("max", "min"))
+    check_choice("trainer.resume_mode", config.trainer.resume_mode, RESUME_MODES)
     check_choice("worker.reward.on_error", config.worker.reward.on_error, ("raise", "zero"))
     check_backends(config.trainer.logger)  # known names, and their libraries installed
 
@@ -210,6 +213,12 @@ def check_combinations(config: "PPOConfig") -> None:
     if algo.needs_critic and config.worker.critic.model.lora.rank > 0:
         raise ConfigError("worker.critic.model.lora.rank must be 0: the critic (algorithm.adv_estimator=gae) trains "
                           "all its weights (LoRA applies to the actor only, worker.actor.model.lora).")
+    if config.trainer.val_only and not config.data.val_files:
+        raise ConfigError("trainer.val_only=true validates on data.val_files, which is not set: give "
+                          "data.val_files=PATH (the validation set; easyrl eval needs it too).")
+    if config.trainer.resume_mode == "resume_path" and not config.trainer.load_checkpoint_path:
+        raise ConfigError("trainer.resume_mode=resume_path resumes trainer.load_checkpoint_path, which is not set: "
+                          "give it a global_step_N folder, or use resume_mode=auto.")
     if config.trainer.critic_warmup > 0 and not algo.needs_critic:
         raise ConfigError(f"trainer.critic_warmup={config.trainer.critic_warmup} needs a critic "
                           "(algorithm.adv_estimator=gae); set it to 0.")

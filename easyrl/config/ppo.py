@@ -55,6 +55,13 @@ class PPOConfig:
         return (actor.ppo_epochs == 1 and actor.global_batch_size == self.data.rollout_batch_size
                 and actor.tis_cap is None and not (algo.use_kl_in_reward and not algo.disable_kl))
 
+    def training_steps(self, n_prompts: int) -> int:
+        """The run's number of steps for a training set of ``n_prompts`` prompts: ``trainer.total_epochs`` passes of
+        ``n_prompts // data.rollout_batch_size`` steps (a short last batch is dropped), at most
+        ``trainer.max_steps``."""
+        steps = n_prompts // self.data.rollout_batch_size * self.trainer.total_epochs
+        return steps if self.trainer.max_steps is None else min(steps, self.trainer.max_steps)
+
     @property
     def world_size(self) -> int:
         """Number of workers (devices): ``trainer.nnodes * trainer.n_gpus_per_node``."""
