@@ -43,6 +43,9 @@ PATH_ROOTS = ("easyrl", "examples", "docs", "tests", "bench")
 ALLOWED: dict[str, str] = {
     "data.rollout_bach_size": "a deliberate typo: the example of the unknown-key error (config.md, errors.md C1)",
     "worker.rollout.tempreature": "a deliberate typo: the example of the unknown-key error (errors.md)",
+    "data.max_promt_length": "a deliberate typo: the example of several unknown keys at once (errors.md C63)",
+    "trainer.max_step": "a deliberate typo: the example of several unknown keys at once (errors.md C63)",
+    "worker.model_runner.get_model": "vLLM's worker attribute path, not a config key (vllm-versions.md)",
 }
 
 CODE_SPAN = re.compile(r"`([^`\n]+)`")
@@ -132,7 +135,9 @@ FREE_DICTS = [key for key, is_dict in KEYS.items() if is_dict]
 
 
 def key_exists(key: str) -> bool:
-    return key in KEYS or any(key.startswith(free + ".") for free in FREE_DICTS)
+    """A config key, a key inside a free-form dict, or a prefix written as ``trainer.val_*`` (``trainer.val_``)."""
+    return (key in KEYS or any(key.startswith(free + ".") for free in FREE_DICTS)
+            or (key.endswith("_") and any(known.startswith(key) for known in KEYS)))
 
 
 def make_targets() -> set[str]:
