@@ -11,7 +11,7 @@ import torch
 from easyrl.algorithms.masked_ops import masked_mean, masked_sum
 from easyrl.algorithms.policy_losses import LOG_RATIO_CLAMP
 
-__all__ = ["ROLLOUT_IS_LEVELS", "ROLLOUT_RS_OPTIONS", "compute_rollout_correction_weights",
+__all__ = ["ROLLOUT_IS_LEVELS", "ROLLOUT_RS_OPTIONS", "compute_rollout_correction_weights", "correct_rollout",
            "compute_rollout_rejection_mask", "compute_tis_weights", "parse_rs_thresholds"]
 
 
@@ -223,3 +223,38 @@ def compute_rollout_rejection_mask(
     new_mask = response_mask * keep.to(response_mask.dtype)
     metrics = {"rollout_corr/rollout_rs_masked_fraction": float(masked_mean((~keep).float(), valid))}
     return new_mask, metrics
+
+
+@torch.no_grad()
+def correct_rollout(
+    old_log_prob: torch.Tensor,
+    rollout_log_probs: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    tis_cap: float | None = None,
+    rollout_is: str | None = None,
+    rollout_is_threshold: float = 2.0,
+    rollout_is_threshold_lower: float | None = None,
+    rollout_rs: str | None = None,
+    rollout_rs_threshold: str | float | None = None,
+) -> tuple[torch.Tensor | None, torch.Tensor, dict[str, float]]:
+    """The actor's rollout correction of one micro-batch (``worker.actor.tis_cap`` / ``rollout_is*`` /
+    ``rollout_rs*``): :func:`compute_tis_weights` when ``tis_cap`` is set, else
+    :func:`compute_rollout_correction_weights` when ``rollout_is`` is set; then :func:`compute_rollout_rejection_mask`
+    when ``rollout_rs`` is set.
+
+    Returns:
+        ``(weights or None, response_mask with rejected tokens at 0, token-mean metrics)``; each ``(bsz, resp_len)``.
+    """
+    weights, metrics, mask = None, {}, response_mask
+    log_ratio = old_log_prob - rollout_log_probs
+    if tis_cap is not None:
+        weights, tis = compute_tis_weights(old_log_prob, rollout_log_probs, response_mask, tis_cap)
+        metrics = {key: tis[key] for key in ("rollout/tis_weight_mean", "rollout/tis_clip_frac")}
+    elif rollout_is is not None:
+        weights, metrics = compute_rollout_correction_weights(log_ratio, response_mask, rollout_is,
+                                                              rollout_is_threshold, rollout_is_threshold_lower)
+    if rollout_rs is not None:
+        mask, rs_metrics = compute_rollout_rejection_mask(log_ratio, response_mask, rollout_rs, rollout_rs_threshold)
+        metrics.update(rs_metrics)
+    return weights, mask, metrics
