@@ -155,8 +155,9 @@ def test_gdpo_with_reward_components_matches_verl():
     b = _batch(0, holes=False)
     prompt = torch.ones(len(b["index"]), 3, dtype=torch.long)
     keys = {"format": b["components"][:, 0].numpy(), "accuracy": b["components"][:, 1].numpy()}
+    config = AlgoConfig(gdpo_reward_keys=list(keys), gdpo_reward_weights=[1, .5])
     expected, _ = V.compute_gdpo_outcome_advantage(
-        b["rewards"], b["mask"], b["index"], config=AlgoConfig(gdpo_reward_keys=list(keys), gdpo_reward_weights=[1, .5]),
+        b["rewards"], b["mask"], b["index"], config=config,
         non_tensor_batch=keys, batch={"prompts": prompt, "attention_mask": torch.cat([prompt, b["mask"].long()], 1)})
     got, _ = ADV_ESTIMATORS.get("gdpo")(AdvantageInputs(b["rewards"], b["mask"], b["index"],
                                                          reward_components=b["components"], reward_weights=(1, .5)))

@@ -55,7 +55,8 @@ def clip_cov_policy_loss(
     loss_clipped = -advantages * torch.clamp(ratio, 1.0 - settings.clip_ratio_low, 1.0 + settings.clip_ratio_high)
     with torch.no_grad():
         cov = (advantages - masked_mean(advantages, mask)) * (log_prob - masked_mean(log_prob, mask))
-        eligible = valid & ~(loss_clipped > loss_unclipped) & (cov > settings.clip_cov_lb) & (cov < settings.clip_cov_ub)
+        in_band = (cov > settings.clip_cov_lb) & (cov < settings.clip_cov_ub)
+        eligible = valid & ~(loss_clipped > loss_unclipped) & in_band
         candidates = torch.nonzero(eligible)  # (n, 2), row-major
         n_detach = max(int(settings.clip_cov_ratio * int(valid.sum())), 1)
         keep = torch.ones_like(advantages)

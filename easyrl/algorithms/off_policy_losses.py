@@ -31,8 +31,8 @@ __all__ = ["bypass_mode_policy_loss", "dppo_kl_policy_loss", "dppo_tv_policy_los
 @POLICY_LOSSES.register("gpg")
 def gpg_policy_loss(inputs: PolicyLossInputs, settings: PolicyLossSettings) -> tuple[torch.Tensor, dict[str, float]]:
     """GPG, Group Policy Gradient (Chu et al. 2025, "GPG: A Simple and Strong Reinforcement Learning Baseline for
-    Model Reasoning", arXiv:2504.02546, the GPG objective): plain REINFORCE, ``l_t = -A_t * logp_t``, no ratio and no clip (pair
-    it with ``algorithm.adv_estimator: gpg``). Reads ``settings.loss_agg_mode``. Metrics as
+    Model Reasoning", arXiv:2504.02546, the GPG objective): plain REINFORCE, ``l_t = -A_t * logp_t``, no ratio and
+    no clip (pair it with ``algorithm.adv_estimator: gpg``). Reads ``settings.loss_agg_mode``. Metrics as
     :func:`~easyrl.algorithms.policy_losses.vanilla_policy_loss` (clip fractions 0)."""
     return finish_policy_loss(-inputs.advantages * inputs.log_prob, inputs, settings)
 
@@ -40,8 +40,8 @@ def gpg_policy_loss(inputs: PolicyLossInputs, settings: PolicyLossSettings) -> t
 @POLICY_LOSSES.register("dro")
 def dro_policy_loss(inputs: PolicyLossInputs, settings: PolicyLossSettings) -> tuple[torch.Tensor, dict[str, float]]:
     """Direct Reward Optimization's policy term (Richemond et al. 2024, "Offline Regularised Reinforcement Learning
-    for Large Language Models Alignment", arXiv:2405.19107, the DRO policy loss, as verl 0.9.1's ``dro``): REINFORCE with a
-    quadratic penalty on the log-ratio to the old policy,
+    for Large Language Models Alignment", arXiv:2405.19107, the DRO policy loss, as verl 0.9.1's ``dro``): REINFORCE
+    with a quadratic penalty on the log-ratio to the old policy,
 
     ``l_t = -(A_t * logp_t - beta / 2 * (logp_t - logp_old_t)^2)``, ``beta = dro_beta``.
 
@@ -57,8 +57,9 @@ def dro_policy_loss(inputs: PolicyLossInputs, settings: PolicyLossSettings) -> t
 def geo_mean_policy_loss(
     inputs: PolicyLossInputs, settings: PolicyLossSettings
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """GMPO, Geometric-Mean Policy Optimization (Zhao et al. 2025, "Geometric-Mean Policy Optimization", arXiv:2507.20673, the GMPO objective): the sequence's
-    ratio is the geometric mean of its clipped token ratios, which bounds the influence of outlier tokens.
+    """GMPO, Geometric-Mean Policy Optimization (Zhao et al. 2025, "Geometric-Mean Policy Optimization",
+    arXiv:2507.20673, the GMPO objective): the sequence's ratio is the geometric mean of its clipped token ratios,
+    which bounds the influence of outlier tokens.
 
     With ``d_t = logp_t - logp_old_t`` (not clamped, as in verl), ``s = sign(A_t)`` and
     ``c_t = s * min(s d_t, s clip(d_t, -clip_ratio_low, clip_ratio_high))`` (clipping in log space, pessimistic in
@@ -80,7 +81,8 @@ def geo_mean_policy_loss(
     clamped = torch.clamp(log_ratio, -settings.clip_ratio_low, settings.clip_ratio_high)
     pessimistic = sign * torch.minimum(sign * log_ratio, sign * clamped)
     lengths = mask.sum(dim=-1).clamp(min=1).to(log_ratio.dtype)
-    seq_loss = -(masked_sum(advantages, mask, dim=-1) / lengths) * torch.exp(masked_sum(pessimistic, mask, -1) / lengths)
+    seq_ratio = torch.exp(masked_sum(pessimistic, mask, dim=-1) / lengths)
+    seq_loss = -(masked_sum(advantages, mask, dim=-1) / lengths) * seq_ratio
     if inputs.rollout_is_weights is not None:
         log_w = torch.log(inputs.rollout_is_weights.detach() + 1e-10)
         seq_loss = seq_loss * torch.exp(masked_sum(log_w, mask, dim=-1) / lengths)

@@ -259,7 +259,7 @@ def check_rollout_correction(config: "PPOConfig") -> None:
                           "log-ratio penalty).")
     if config.algorithm.adv_estimator == "optimal_token_baseline":
         raise ConfigError("algorithm.adv_estimator=optimal_token_baseline needs sum_v pi(v)^2 at every response "
-                          "token, which easyrl's actor does not compute yet; choose another estimator (grpo, opo, ...).")
+                          "token, which easyrl's actor does not compute yet; choose another estimator (grpo, opo).")
 
 
 def check_lora(lora: Any) -> None:

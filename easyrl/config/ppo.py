@@ -49,8 +49,8 @@ class PPOConfig:
         """Whether the update is provably on-policy, so the old-log-prob pass can be skipped (verl does the same):
         one epoch over one mini-batch (``ppo_epochs == 1``, ``global_batch_size == data.rollout_batch_size``), so
         every forward of the update runs before its only optimizer step and its detached log-probs are the old
-        ones; no truncated importance sampling (``tis_cap``, ``rollout_is``, ``rollout_rs``) and no in-reward KL, which need old log-probs before
-        the update."""
+        ones; no truncated importance sampling (``tis_cap``, ``rollout_is``, ``rollout_rs``) and no in-reward KL,
+        which need old log-probs before the update."""
         actor, algo = self.worker.actor, self.algorithm
         return (actor.ppo_epochs == 1 and actor.global_batch_size == self.data.rollout_batch_size
                 and actor.tis_cap is None and actor.rollout_is is None and actor.rollout_rs is None
