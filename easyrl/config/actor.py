@@ -47,7 +47,7 @@ class ActorConfig(TrainedRoleConfig):
     """``loss_type: dro``: weight of the quadratic log-ratio penalty, > 0 (required with dro)."""
     bypass_loss_type: str = "ppo_clip"
     """``loss_type: bypass_mode``: ppo_clip (PPO's ratio against the engine's log-probs) or reinforce (REINFORCE
-    with the rollout_is weights); verl's ``algorithm.rollout_correction.loss_type``."""
+    with the rollout_is weights); verl's ``loss_type`` of its rollout_correction section."""
     rollout_is: Optional[str] = None
     """Rollout importance sampling: token or sequence (``pi_old / pi_rollout`` per token or per sequence), capped at
     rollout_is_threshold (or IcePop with rollout_is_threshold_lower); None: off (``tis_cap`` is the token TIS
