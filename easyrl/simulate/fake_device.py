@@ -247,7 +247,8 @@ def culprit(exc: BaseException) -> str:
     frame = (ours or outside or frames or [None])[-1]
     if frame is None:
         return "?"
-    where = os.path.relpath(frame.filename, os.path.dirname(root)) if frame.filename.startswith(root) else frame.filename
+    inside = frame.filename.startswith(root)
+    where = os.path.relpath(frame.filename, os.path.dirname(root)) if inside else frame.filename
     return f"{where}:{frame.lineno} in {frame.name}: {(frame.line or '').strip()}"
 
 

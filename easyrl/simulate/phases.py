@@ -96,10 +96,10 @@ def simulate(config: PPOConfig, spec: DeviceSpec, log: Callable[[str], None] = p
     Raises:
         DeviceCheckError: a host tensor reached a device op or a collective (the message names phase and call).
     """
-    import easyrl.workers.fsdp_model as fsdp_model
     from torch.distributed.checkpoint.state_dict import get_state_dict
     from torch.distributed.device_mesh import init_device_mesh
 
+    import easyrl.workers.fsdp_model as fsdp_model
     from easyrl.workers.policy import FSDPPolicy
     from easyrl.workers.roles import builds_reference
     from easyrl.workers.weight_sync import iter_full_weights
