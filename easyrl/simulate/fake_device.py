@@ -94,8 +94,12 @@ class SimulatedDevice(TorchDispatchMode):
         self.peak = self.allocated
 
     def _track(self, tensor: torch.Tensor) -> None:
-        """Count ``tensor``'s storage until it is freed (storages keep their Python object while alive)."""
-        if tensor.device.type != self.device_type:
+        """Count ``tensor``'s storage until it is freed (storages keep their Python object while alive). Only fake
+        tensors hold (simulated) memory: a wrapper subclass such as DTensor reports its global size, its local
+        tensor is counted when it is made."""
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        if type(tensor) is not FakeTensor or tensor.device.type != self.device_type:
             return
         storage = tensor.untyped_storage()
         key = storage._cdata
@@ -329,13 +333,16 @@ def _patch_shard_offsets(stack: contextlib.ExitStack) -> None:
 
 
 @contextlib.contextmanager
-def fake_world(rank: int, world_size: int) -> Iterator[None]:
-    """This process as ``rank`` of ``world_size`` over the fake process group (collectives return at once)."""
+def fake_world(rank: int, world_size: int, device_type: str = "cuda") -> Iterator[None]:
+    """This process as ``rank`` of ``world_size`` over the fake process group (collectives return at once), bound to
+    ``device_type`` only, as NCCL is to ``cuda``: torch picks a collective's device from the group's device types
+    (``set_model_state_dict(broadcast_from_rank0=True)`` moves host-offloaded tensors to it first), and a fake group
+    that also claimed ``cpu`` would send host tensors where NCCL never sees one."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     if dist.is_initialized():
         raise RuntimeError("a process group is already initialized in this process")
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    dist.init_process_group(f"{device_type}:fake", store=FakeStore(), rank=rank, world_size=world_size)
     try:
         yield
     finally:
