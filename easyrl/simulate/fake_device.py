@@ -62,6 +62,7 @@ class HostTensorInCollective(RuntimeError):
     """A collective was given a host tensor while the process group runs on an accelerator (NCCL/HCCL)."""
 
 
+BACKEND_NAMES = {"cuda": "NCCL", "npu": "HCCL"}
 SHADOW_LIMIT = 1 << 24  # elements: small tensors (ids, masks, positions, counts) carry real values; weights never
 
 
@@ -177,7 +178,7 @@ class SimulatedDevice(TorchDispatchMode):
             if tensor.device.type != self.device_type:
                 raise HostTensorInCollective(
                     f"collective {func} got a tensor on '{tensor.device}' (shape {tuple(tensor.shape)}): the real "
-                    f"process group ({'NCCL' if self.device_type == 'cuda' else 'HCCL'}) takes '{self.device_type}' "
+                    f"process group ({BACKEND_NAMES.get(self.device_type, 'gloo')}) takes '{self.device_type}' "
                     "tensors only")
 
     def _tracked(self, out):
@@ -303,11 +304,6 @@ def accelerator_standins(spec: DeviceSpec) -> Iterator[None]:
     with contextlib.ExitStack() as stack:
         for name, value in patches.items():
             stack.enter_context(mock.patch.object(cuda, name, value))
-        # object collectives (broadcast_object_list, ...) pick their tensors' device from the backend: the real NCCL
-        # one picks the accelerator, the fake one the host (which the collective check would refuse)
-        from torch.distributed import distributed_c10d
-
-        stack.enter_context(mock.patch.object(distributed_c10d, "_get_object_coll_device", lambda group=None: "cuda"))
         _patch_shard_offsets(stack)
         yield
 
@@ -343,8 +339,13 @@ def fake_world(rank: int, world_size: int, device_type: str = "cuda") -> Iterato
     if dist.is_initialized():
         raise RuntimeError("a process group is already initialized in this process")
     dist.init_process_group(f"{device_type}:fake", store=FakeStore(), rank=rank, world_size=world_size)
+    # object collectives (broadcast_object_list, ...) pick their tensors' device from the backend: NCCL's is the
+    # accelerator, the fake backend's the host (which the collective check would refuse)
+    from torch.distributed import distributed_c10d
+
     try:
-        yield
+        with mock.patch.object(distributed_c10d, "_get_object_coll_device", lambda group=None: device_type):
+            yield
     finally:
         dist.destroy_process_group()
 
@@ -364,8 +365,21 @@ def fake_tensors(device_type: Optional[str]) -> Iterator["SimulatedDevice"]:
             mode.resized(storage, nbytes)
             return result
 
-        with mock.patch.object(torch.UntypedStorage, "resize_", resize), mode:
+        with mock.patch.object(torch.UntypedStorage, "resize_", resize), \
+                mock.patch.object(torch, "tensor", _tensor_of_scalars), mode:
             yield mode
+
+
+_torch_tensor = torch.tensor
+
+
+def _tensor_of_scalars(data, *args, **kwargs):
+    """``torch.tensor`` whose list elements that are 0-dim tensors are read as Python numbers first: under a dispatch
+    mode ``torch.tensor([float_tensor], dtype=torch.int64)`` converts elements with ``__index__`` and fails, where
+    plain PyTorch accepts it (easyrl's token counts do this)."""
+    if isinstance(data, (list, tuple)) and any(isinstance(v, torch.Tensor) and v.dim() == 0 for v in data):
+        data = [v.item() if isinstance(v, torch.Tensor) and v.dim() == 0 else v for v in data]
+    return _torch_tensor(data, *args, **kwargs)
 
 
 def fake_checkpoint_reader(model_path: str, hf_config, trust_remote_code: bool, lora=None) -> tuple[dict, dict]:

@@ -90,7 +90,8 @@ def token_budget(config: PPOConfig, micro: int) -> int:
     return actor.max_token_len_per_device or micro * (config.data.max_prompt_length + config.data.max_response_length)
 
 
-def simulate(config: PPOConfig, spec: DeviceSpec, log: Callable[[str], None] = print) -> Simulation:
+def simulate(config: PPOConfig, spec: DeviceSpec, log: Callable[[str], None] = print,
+             update: bool = True) -> Simulation:
     """Run the phases (module docstring) as rank 0 of ``config.world_size`` on fake ``spec`` devices.
 
     Raises:
@@ -110,7 +111,7 @@ def simulate(config: PPOConfig, spec: DeviceSpec, log: Callable[[str], None] = p
     world = config.world_size
     sim = Simulation(spec, world)
     path = model_folder(cfg.actor.model.model_path)
-    with fake_world(0, world), accelerator_standins(spec), \
+    with fake_world(0, world, kind), accelerator_standins(spec), \
             mock.patch.object(fsdp_model, "read_checkpoint", fake_checkpoint_reader):
         mesh = init_device_mesh(kind, (world,), mesh_dim_names=("dp",))
         with fake_tensors(kind) as mode:
@@ -141,4 +142,54 @@ def simulate(config: PPOConfig, spec: DeviceSpec, log: Callable[[str], None] = p
                                                                                   dtype, bucket)])
             phase("checkpoint state dict", lambda: get_state_dict(actor.model, actor.optimizer))
             phase("export gather", lambda: fsdp_model.gather_full_state_dict(actor.model))
+    if update:
+        sim.phases.append(simulate_update(config, spec, log))
     return sim
+
+
+def _state_bytes(policy) -> dict[str, int]:
+    """Bytes of this rank's float32 parameter shards, gradient shards and AdamW states (counted from the tensors)."""
+    from torch.distributed.tensor import DTensor
+
+    def local(t):
+        return t.to_local() if isinstance(t, DTensor) else t
+
+    params = [p for p in policy.model.parameters() if p.requires_grad]
+    states = [v for state in policy.optimizer.state.values() for v in state.values()
+              if isinstance(v, torch.Tensor) and v.dim() > 0]
+    return {"params": sum(local(p).numel() * local(p).element_size() for p in params),
+            "grads": sum(local(p).numel() * 4 for p in params),
+            "optimizer": sum(local(v).numel() * local(v).element_size() for v in states)}
+
+
+def simulate_update(config: PPOConfig, spec: DeviceSpec, log: Callable[[str], None] = print) -> PhaseResult:
+    """The actor update (forward, backward, gradient clipping, AdamW step) on one micro-batch at the update token
+    budget, as rank 0 of the config's world, on fake CPU tensors: PyTorch's autograd engine cannot run backward on a
+    fake ``cuda`` device (docs/simulate.md), so the device checks of this phase are the CPU path's. Its peak stands for
+    the device's: with ``worker.actor.offload.offload_params`` the parameter, gradient and AdamW shards live on the
+    host, and are taken out of the peak."""
+    import easyrl.workers.fsdp_model as fsdp_model
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from easyrl.workers.policy import FSDPPolicy
+
+    cfg = config.worker
+    path = model_folder(cfg.actor.model.model_path)
+    start = time.perf_counter()
+    with fake_world(0, config.world_size, "cpu"), accelerator_standins(spec), \
+            mock.patch.object(fsdp_model, "read_checkpoint", fake_checkpoint_reader):
+        mesh = init_device_mesh("cpu", (config.world_size,), mesh_dim_names=("dp",))
+        with fake_tensors("cpu") as mode:
+            actor = FSDPPolicy(path, cfg.actor, mesh, "cpu", torch.device("cpu"), trainable=True,
+                               offload=cfg.actor.offload)
+            micro = cfg.actor.micro_batch_size_per_device_for_update
+            batch = budget_batch(config, token_budget(config, micro))
+            mode.reset_peak()
+            with device_check("actor update"):
+                actor.update_policy(batch, len(batch), micro)
+            peak = mode.peak
+            if cfg.actor.offload.offload_params:
+                peak -= sum(_state_bytes(actor).values())
+    result = PhaseResult("actor update (fwd+bwd+AdamW)", peak / GIB, float("nan"), time.perf_counter() - start)
+    log(f"  {result.name}: peak {result.peak_gib:.1f} GiB ({result.seconds:.0f} s)")
+    return result

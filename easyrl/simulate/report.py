@@ -43,7 +43,8 @@ def table(sim: Optional[Simulation], estimate: MemoryEstimate, problem: Optional
     lines = [f"easyrl simulate: {device} ({estimate.capacity_gib:.1f} GiB) x {world}, GiB per device", ""]
     lines.append(f"{'simulated phase (rank 0)':34} {'peak':>7} {'after':>7} {'seconds':>8}")
     for p in (sim.phases if sim is not None else []):
-        lines.append(f"{p.name:34} {p.peak_gib:7.1f} {p.resident_gib:7.1f} {p.seconds:8.0f}")
+        after = "" if p.resident_gib != p.resident_gib else f"{p.resident_gib:7.1f}"  # NaN: not measured
+        lines.append(f"{p.name:34} {p.peak_gib:7.1f} {after:>7} {p.seconds:8.0f}")
     lines += ["", f"{'estimate (memory_estimate.py)':34} {'rollout':>7} {'train':>7}"]
     for name in dict.fromkeys(list(estimate.rollout) + list(estimate.training)):
         lines.append(f"{name:34} {estimate.rollout.get(name, 0.0):7.1f} {estimate.training.get(name, 0.0):7.1f}")
