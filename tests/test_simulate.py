@@ -72,3 +72,35 @@ def test_thirty_b_moe_on_one_80gb_gpu_without_offload_exits_nonzero_with_the_num
     assert out["capacity_gib"] == pytest.approx(79.2)
     assert out["estimate"]["vllm_weights_gib"] == pytest.approx(57.9, abs=0.1)  # 31.07e9 bf16 parameters
     assert "worker.rollout.tensor_parallel_size" in out["problem"]
+
+
+def _small_model(folder: Path) -> str:
+    from transformers import Qwen2Config
+
+    Qwen2Config(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, vocab_size=1024, tie_word_embeddings=False).save_pretrained(folder)
+    return str(folder)
+
+
+def test_every_phase_runs_on_a_small_model_and_the_shards_match_a_hand_count(tmp_path, capsys):
+    from transformers import AutoConfig
+
+    from easyrl.config import load_config
+    from easyrl.simulate.phases import simulate
+    from easyrl.workers.memory_estimate import GIB, count_parameters
+
+    path = _small_model(tmp_path / "model")
+    config = load_config(["config=" + str(ROOT / "config.yaml"), f"worker.actor.model.model_path={path}",
+                          "data.max_prompt_length=256", "data.max_response_length=256"])
+    sim = simulate(config, DEVICES["h100"])
+    phases = {p.name: p for p in sim.phases}
+    assert list(phases) == ["load actor", "load reference", "old log-probs (forward)", "reference forward",
+                            "weight sync gather", "checkpoint state dict", "export gather",
+                            "actor update (fwd+bwd+AdamW)"]
+    params = count_parameters(AutoConfig.from_pretrained(path))[0]
+    # after loading, rank 0 holds its float32 shard (the reference is offloaded to the host by config.yaml)
+    assert phases["load actor"].resident_gib == pytest.approx(4 * params / 8 / GIB, rel=0.01)
+    assert phases["load reference"].resident_gib == pytest.approx(phases["load actor"].resident_gib, rel=0.01)
+    # rank 0 broadcasts the checkpoint tensor by tensor: the largest full float32 tensor on top of the shard
+    assert phases["load actor"].peak_gib == pytest.approx((4 * params / 8 + 4 * 1024 * 256) / GIB, rel=0.01)
+    assert all(p.peak_gib > 0 for p in sim.phases)

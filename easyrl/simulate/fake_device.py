@@ -159,6 +159,10 @@ class SimulatedDevice(TorchDispatchMode):
                 return self._run_real(func, args, kwargs, inputs, reals)
             except RuntimeError:  # an op that cannot run on host copies (storage surgery, ...) stays fake
                 pass
+        if func is torch.ops.aten._local_scalar_dense.default:
+            # a number computed from weights or activations (a loss, a gradient norm): its value is not simulated;
+            # it reads 0 (finite: the optimizer step runs; False: no branch on an unknown condition)
+            return {torch.bool: False}.get(args[0].dtype, 0.0 if args[0].is_floating_point() else 0)
         out = func(*args, **kwargs)
         self._drop_written_shadows(func, args, kwargs)
         if not inputs and func is not torch.ops.aten._local_scalar_dense.default:
@@ -218,8 +222,9 @@ class SimulatedDevice(TorchDispatchMode):
     def _shadow_factory(self, func, args, kwargs, out) -> None:
         from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
-        if not isinstance(out, FakeTensor) or out.numel() > SHADOW_LIMIT or out.device.type not in self.kinds:
-            return
+        if not isinstance(out, FakeTensor) or out.numel() > SHADOW_LIMIT or out.device.type not in self.kinds \
+                or out.is_floating_point() or out.is_complex():
+            return  # weights, activations and their buffers: never data (and a host copy would cost real memory)
         with unset_fake_temporarily():
             try:
                 self._set_shadow(out, func(*args, **dict(kwargs, device=torch.device("cpu"))))

@@ -111,6 +111,8 @@ def simulate(config: PPOConfig, spec: DeviceSpec, log: Callable[[str], None] = p
     world = config.world_size
     sim = Simulation(spec, world)
     path = model_folder(cfg.actor.model.model_path)
+    micro = cfg.actor.micro_batch_size_per_device_for_experience
+    batch = budget_batch(config, token_budget(config, micro))  # real host tensors, as the trainer sends them
     with fake_world(0, world, kind), accelerator_standins(spec), \
             mock.patch.object(fsdp_model, "read_checkpoint", fake_checkpoint_reader):
         mesh = init_device_mesh(kind, (world,), mesh_dim_names=("dp",))
@@ -131,8 +133,6 @@ def simulate(config: PPOConfig, spec: DeviceSpec, log: Callable[[str], None] = p
             if builds_reference(config):
                 ref = phase("load reference", lambda: FSDPPolicy(path, cfg.actor, mesh, kind, device, trainable=False,
                                                                  offload=cfg.ref.offload, init_from=actor))
-            micro = cfg.actor.micro_batch_size_per_device_for_experience
-            batch = budget_batch(config, token_budget(config, micro))
             phase("old log-probs (forward)", lambda: actor.compute_log_probs(batch, micro, cfg.actor.temperature))
             if ref is not None:
                 phase("reference forward", lambda: ref.compute_log_probs(batch, micro, cfg.actor.temperature))
@@ -176,14 +176,14 @@ def simulate_update(config: PPOConfig, spec: DeviceSpec, log: Callable[[str], No
     cfg = config.worker
     path = model_folder(cfg.actor.model.model_path)
     start = time.perf_counter()
+    micro = cfg.actor.micro_batch_size_per_device_for_update
+    batch = budget_batch(config, token_budget(config, micro))  # real host tensors, as the trainer sends them
     with fake_world(0, config.world_size, "cpu"), accelerator_standins(spec), \
             mock.patch.object(fsdp_model, "read_checkpoint", fake_checkpoint_reader):
         mesh = init_device_mesh("cpu", (config.world_size,), mesh_dim_names=("dp",))
         with fake_tensors("cpu") as mode:
             actor = FSDPPolicy(path, cfg.actor, mesh, "cpu", torch.device("cpu"), trainable=True,
                                offload=cfg.actor.offload)
-            micro = cfg.actor.micro_batch_size_per_device_for_update
-            batch = budget_batch(config, token_budget(config, micro))
             mode.reset_peak()
             with device_check("actor update"):
                 actor.update_policy(batch, len(batch), micro)
