@@ -25,11 +25,15 @@ demo-learn: setup
 
 # The whole suite: unit tests plus the real end-to-end runs (Ray + vLLM + FSDP2 on the CPU).
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m "not slow"
 
 # Unit tests only (seconds to a minute).
 test-fast: setup
-	$(PY) -m pytest -q -m "not e2e"
+	$(PY) -m pytest -q -m "not e2e and not slow"
+
+# `easyrl simulate` on every recipe in examples/ (minutes each on 2 cores: docs/simulate.md).
+test-slow: setup
+	$(PY) -m pytest -q -m slow
 
 # On a machine with a CUDA GPU: 1-GPU smoke tests of the actor path (no vLLM/Ray needed) and, where vLLM (CUDA build)
 # and Ray are installed (`uv sync --extra gpu --extra dev`), 2 GRPO steps with sleep mode on.

@@ -168,9 +168,9 @@ def simulate_update(config: PPOConfig, spec: DeviceSpec, log: Callable[[str], No
     fake ``cuda`` device (docs/simulate.md), so the device checks of this phase are the CPU path's. Its peak stands for
     the device's: with ``worker.actor.offload.offload_params`` the parameter, gradient and AdamW shards live on the
     host, and are taken out of the peak."""
-    import easyrl.workers.fsdp_model as fsdp_model
     from torch.distributed.device_mesh import init_device_mesh
 
+    import easyrl.workers.fsdp_model as fsdp_model
     from easyrl.workers.policy import FSDPPolicy
 
     cfg = config.worker
