@@ -167,7 +167,8 @@ def simulate_update(config: PPOConfig, spec: DeviceSpec, log: Callable[[str], No
     budget, as rank 0 of the config's world, on fake CPU tensors: PyTorch's autograd engine cannot run backward on a
     fake ``cuda`` device (docs/simulate.md), so the device checks of this phase are the CPU path's. Its peak stands for
     the device's: with ``worker.actor.offload.offload_params`` the parameter, gradient and AdamW shards live on the
-    host, and are taken out of the peak."""
+    host, and are taken out of the peak. Two steps run; the peak is the second's (the first has no AdamW states
+    during its forward and backward, every later step has)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     import easyrl.workers.fsdp_model as fsdp_model
@@ -184,9 +185,10 @@ def simulate_update(config: PPOConfig, spec: DeviceSpec, log: Callable[[str], No
         with fake_tensors("cpu") as mode:
             actor = FSDPPolicy(path, cfg.actor, mesh, "cpu", torch.device("cpu"), trainable=True,
                                offload=cfg.actor.offload)
-            mode.reset_peak()
             with device_check("actor update"):
-                actor.update_policy(batch, len(batch), micro)
+                actor.update_policy(batch, len(batch), micro)  # the first step creates the AdamW states
+                mode.reset_peak()
+                actor.update_policy(batch, len(batch), micro)  # a later step: they are resident throughout
             peak = mode.peak
             if cfg.actor.offload.offload_params:
                 peak -= sum(_state_bytes(actor).values())
