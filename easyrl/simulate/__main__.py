@@ -39,8 +39,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         check_memory(estimate)
         estimate_error = None
-    except ConfigError as exc:
-        estimate_error = str(exc)
+    except ConfigError as exc:  # vLLM's weights vs its claim: the rollout phase (the others name their phase)
+        estimate_error = ("rollout phase: " if str(exc).startswith("vLLM") else "") + str(exc)
     sim = None
     if not args.estimate_only and estimate_error is None:
         try:
