@@ -96,10 +96,12 @@ class SimulatedDevice(TorchDispatchMode):
 
     def _track(self, tensor: torch.Tensor) -> None:
         """Count ``tensor``'s storage until it is freed (storages keep their Python object while alive). Only fake
-        tensors hold (simulated) memory: a wrapper subclass such as DTensor reports its global size, its local
-        tensor is counted when it is made."""
+        tensors hold (simulated) memory: a DTensor wrapper reports its global size, so its local tensor is counted."""
         from torch._subclasses.fake_tensor import FakeTensor
+        from torch.distributed.tensor import DTensor
 
+        if isinstance(tensor, DTensor):  # made inside DTensor's dispatch, below this mode: count its local tensor
+            tensor = tensor._local_tensor
         if type(tensor) is not FakeTensor or tensor.device.type != self.device_type:
             return
         storage = tensor.untyped_storage()
