@@ -20,8 +20,7 @@ def _config(*overrides):
 def test_seven_billion_on_eight_80gb_gpus_by_hand():
     # config.yaml: 8 GPUs, actor not offloaded, reference offloaded, bf16 compute and rollout, micro-batch 4,
     # responses of 2048 tokens, gpu_memory_utilization 0.6
-    config = _config("data.max_response_length=2048", "worker.actor.micro_batch_size_per_device_for_update=4",
-                     "worker.actor.padding_free=false")  # padded: the micro-batch's logits are materialised
+    config = _config("data.max_response_length=2048", "worker.actor.micro_batch_size_per_device_for_update=4")
     assert config.world_size == 8 and config.worker.ref.offload.offload_params
     e = estimate_memory(7_000_000_000, 152_064, config, capacity_gib=80.0)
     shard = 7e9 / 8
@@ -35,13 +34,6 @@ def test_seven_billion_on_eight_80gb_gpus_by_hand():
     assert e.training_gib == pytest.approx((4 + 4 + 8) * shard / GIB + logits)  # 13.04 + 4.65
     assert e.rollout_gib == pytest.approx(48 + 12 * shard / GIB)  # 57.8
     check_memory(e)  # fits
-
-
-def test_padding_free_counts_one_fused_head_chunk_not_the_micro_batch_logits():
-    # measured by easyrl simulate (7B geo3k recipe, 8 x H100): update peak 16.7 GiB; the padded-logits term gave 20.1
-    e = estimate_memory(8_292_000_000, 152_064, _config(), capacity_gib=79.2)
-    assert e.training["logits (one micro-batch)"] == pytest.approx(3 * 512 * 152_064 * 4 / GIB)  # 0.87 GiB
-    assert e.training_gib == pytest.approx(16.7, rel=0.05)
 
 
 def test_offload_removes_the_actor_and_a_resident_reference_adds_its_shard():
@@ -77,8 +69,7 @@ def test_a_critic_adds_a_trained_copy():
 @pytest.mark.parametrize("params, capacity, overrides, culprit", [
     (32_000_000_000, 80.0, (), "worker.rollout.gpu_memory_utilization"),  # 59.6 GiB of bf16 weights > 48 GiB
     (7_000_000_000, 24.0, ("worker.rollout.gpu_memory_utilization=0.7",), "rollout phase needs"),  # 16.8 + 9.8
-    (1_000_000_000, 24.0, ("worker.actor.micro_batch_size_per_device_for_update=16", "data.max_response_length=8192",
-                           "worker.actor.padding_free=false"),
+    (1_000_000_000, 24.0, ("worker.actor.micro_batch_size_per_device_for_update=16", "data.max_response_length=8192"),
      "worker.actor.micro_batch_size_per_device_for_update"),  # 152k-vocab logits: 74 GiB
 ])
 def test_a_run_that_cannot_fit_stops_naming_the_setting(params, capacity, overrides, culprit):

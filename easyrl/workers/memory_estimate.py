@@ -11,7 +11,7 @@ not counted apart):
   ``worker.ref.offload.offload_params``);
 * training phase: vLLM asleep (level 2: ~0), the actor's shard + float32 gradients + AdamW moments, the reference,
   and the logits of one update micro-batch (``micro x (response_length + 1) x vocab`` in the compute dtype, twice
-  with their gradient; padding-free, the fused head's one chunk instead: ``3 x 512 x vocab`` float32).
+  with their gradient).
 
 With LoRA (``worker.actor.model.lora.rank > 0``) the base weights are frozen: no gradients or AdamW moments for them
 (the adapter's own, typically < 1% of the parameters, are not counted) and no reference copy (the reference policy is
@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 
 from easyrl.config import PPOConfig
 from easyrl.errors import ConfigError
-from easyrl.models.fused_head import DEFAULT_CHUNK_TOKENS
 from easyrl.workers.roles import builds_reference, uses_lora
 
 GIB = 2**30
@@ -77,11 +76,6 @@ def estimate_memory(num_params: int, vocab_size: int, config: PPOConfig, capacit
     claim = worker.rollout.gpu_memory_utilization * capacity_gib
     micro = worker.actor.micro_batch_size_per_device_for_update
     logits = 2 * micro * (config.data.max_response_length + 1) * vocab_size * compute_bytes / GIB
-    if worker.actor.padding_free:
-        # the fused log-prob head (easyrl.models.fused_head) never holds the micro-batch's logits: one chunk of
-        # DEFAULT_CHUNK_TOKENS tokens at a time, in float32 (log-softmax, its exp, its gradient). easyrl simulate
-        # measured the update of the 7B geo3k recipe at 16.7 GiB where the padded-logits term made it 20.1 (+20%).
-        logits = 3 * DEFAULT_CHUNK_TOKENS * vocab_size * 4 / GIB
     # PPO with GAE: the critic is a second trained copy (fp32 params, grads, Adam), without the vocabulary-wide logits
     critic_on_device = config.algorithm.needs_critic and not worker.critic.offload.offload_params
     critic = 12 * shard / GIB if critic_on_device else 0.0
