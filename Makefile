@@ -33,13 +33,17 @@ demo-learn: setup
 SUMMARY := .cache/test-summary.txt
 test: setup
 	@mkdir -p .cache && rm -f $(SUMMARY)
-	EASYRL_TEST_SUMMARY=$(SUMMARY) $(PY) -m pytest -q; main=$$?; \
+	EASYRL_TEST_SUMMARY=$(SUMMARY) $(PY) -m pytest -q -m "not slow"; main=$$?; \
 	EASYRL_TEST_SUMMARY=$(SUMMARY) $(MAKE) --no-print-directory test-compat; compat=$$?; \
 	echo "== easyrl: vLLM/torch lines tested"; cat $(SUMMARY); test $$main -eq 0 -a $$compat -eq 0
 
 # Unit tests only (seconds to a minute).
 test-fast: setup
-	$(PY) -m pytest -q -m "not e2e"
+	$(PY) -m pytest -q -m "not e2e and not slow"
+
+# `easyrl simulate` on every recipe in examples/ (minutes each on 2 cores: docs/simulate.md).
+test-slow: setup
+	$(PY) -m pytest -q -m slow
 
 # On a machine with a CUDA GPU: 1-GPU smoke tests of the actor path (no vLLM/Ray needed) and, where vLLM (CUDA build)
 # and Ray are installed (`uv sync --locked --extra gpu --extra dev --extra wandb`), 2 GRPO steps with sleep mode on.

@@ -4,6 +4,7 @@
     easyrl eval config=FILE.yaml [model=PATH]     validation only (same as python -m easyrl.eval)
     easyrl export CHECKPOINT OUT                  a Hugging Face folder from a checkpoint (python -m easyrl.export)
     easyrl plot RUN_DIR ...                       plot runs' metrics.jsonl (python -m easyrl.plot)
+    easyrl simulate config=FILE.yaml [--device D] one step's memory on simulated devices (python -m easyrl.simulate)
     easyrl --version
 
 Each command's ``--help`` names itself (``easyrl train --help`` says ``easyrl train``). Bare ``easyrl`` prints the
@@ -22,7 +23,8 @@ COMMANDS: dict[str, str] = {
     "eval": "validation only: easyrl eval config=FILE.yaml [model=HF_FOLDER|CHECKPOINT] KEY=VALUE ...",
     "export": "a Hugging Face folder from a checkpoint: easyrl export CHECKPOINT OUT",
     "plot": "plot runs' metrics.jsonl to a PNG and an HTML page: easyrl plot RUN_DIR ...",
-    # "simulate": added with its command
+    "simulate": "memory and device placement of one step on simulated devices: easyrl simulate config=FILE.yaml "
+                "[--device h100|h200|a100-40|a100-80|910b] [--json]",
 }
 
 
@@ -70,6 +72,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         plot_parser = argparse.ArgumentParser(prog="easyrl plot", description=COMMANDS["plot"])
         plot.add_arguments(plot_parser)
         return plot.run_command(plot_parser.parse_args(rest))
+    if command == "simulate":
+        from easyrl.simulate.__main__ import main as simulate
+
+        return simulate(rest, prog="easyrl simulate")
     if command is None:
         parser().print_help()
         return 0

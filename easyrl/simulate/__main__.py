@@ -1,0 +1,67 @@
+"""``python -m easyrl.simulate config=... [key=value ...] [--device h100|h200|a100-40|a100-80|910b] [--json]
+[--estimate-only]``: simulate one training step's memory and device placement before renting devices; exits 1 when
+the run cannot fit (naming the phase and the setting to change) or a host tensor reaches a device op or collective."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Optional
+
+from easyrl.simulate.fake_device import DEFAULT_DEVICE, DEVICES
+
+
+def main(argv: Optional[list[str]] = None, prog: str = "python -m easyrl.simulate") -> int:
+    """Run the simulation; returns the exit status (0 fits, 1 does not fit or a device check failed, 2 usage or a
+    user error, printed as one ``easyrl: <kind> error:`` line)."""
+    from easyrl.errors import run_cli
+
+    argv = sys.argv[1:] if argv is None else argv
+    return run_cli(lambda: _simulate(argv, prog))
+
+
+def _simulate(argv: list[str], prog: str) -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__)
+    parser.add_argument("--device", choices=sorted(DEVICES), default=None,
+                        help="accelerator to simulate (default: from trainer.device: cuda -> h100, npu -> 910b)")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--estimate-only", action="store_true", help="only the pre-flight estimate (no simulation)")
+    args, overrides = parser.parse_known_args(argv)
+    from transformers import AutoConfig
+
+    from easyrl.config import load_config
+    from easyrl.errors import ConfigError
+    from easyrl.simulate import report
+    from easyrl.simulate.fake_device import DeviceCheckError
+    from easyrl.simulate.phases import model_folder, simulate
+    from easyrl.workers.memory_estimate import check_memory, count_parameters, estimate_memory
+
+    config = load_config(overrides)
+    name = args.device or DEFAULT_DEVICE.get(config.trainer.device, "h100")
+    spec = DEVICES[name]
+    model = config.worker.actor.model
+    hf_config = AutoConfig.from_pretrained(model_folder(model.model_path), trust_remote_code=model.trust_remote_code)
+    num_params, vocab = count_parameters(hf_config, model.trust_remote_code)
+    estimate = estimate_memory(num_params, vocab, config, spec.memory_gib)
+    try:
+        check_memory(estimate)
+        estimate_error = None
+    except ConfigError as exc:  # vLLM's weights vs its claim: the rollout phase (the others name their phase)
+        estimate_error = ("rollout phase: " if str(exc).startswith("vLLM") else "") + str(exc)
+    sim = None
+    if not args.estimate_only and estimate_error is None:
+        try:
+            sim = simulate(config, spec, log=(lambda _: None) if args.json else print)
+        except DeviceCheckError as exc:
+            print(f"easyrl: device error: {exc}", file=sys.stderr)
+            return 1
+    problem = report.verdict(sim, estimate, estimate_error)
+    if args.json:
+        print(report.dumps(report.as_dict(sim, estimate, problem, name, config.world_size)))
+    else:
+        print(report.table(sim, estimate, problem, name, config.world_size))
+    return 0 if problem is None else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,405 @@
+"""Simulated devices: one process acting as one rank of the config's real world, on fake accelerator tensors.
+
+Three pieces of PyTorch make it (checked with torch 2.13, see docs/simulate.md):
+
+* the fake process group (``backend="fake"`` with ``FakeStore``): this process is rank ``r`` of a world of ``n``;
+  every collective returns at once (no data moves, shapes and dtypes are right);
+* ``FakeTensorMode``: tensors have shapes, dtypes and devices but no storage, so a 30B model "fits" in no memory and
+  ``device="cuda"`` works without a GPU or driver; an op that mixes a host and a device tensor raises, as the device
+  would (:func:`device_check`);
+* stand-ins for the CUDA runtime calls that FSDP2 and easyrl make outside tensors (current device, streams, events).
+
+What it checks beyond FakeTensorMode: a collective (``c10d`` / functional-collective op) given a host tensor while the
+world is on an accelerator raises :class:`HostTensorInCollective` (NCCL and HCCL accept device tensors only; the fake
+process group accepts anything). Both errors are turned into :class:`DeviceCheckError` naming the innermost easyrl
+call (file, line, function) by :func:`device_check`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import traceback
+import weakref
+from dataclasses import dataclass
+from typing import Iterator, Optional
+from unittest import mock
+
+import torch
+import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """One accelerator model: ``kind`` (``cuda`` / ``npu``), ``name`` as the driver reports it, ``memory_gib`` the
+    total memory the driver reports (``torch.cuda.get_device_properties(0).total_memory / 2**30``)."""
+
+    kind: str
+    name: str
+    memory_gib: float
+
+
+# total_memory as the drivers report it (nvidia-smi / npu-smi MiB / 1024); the label's "80 GB" is decimal gigabytes
+DEVICES = {
+    "h100": DeviceSpec("cuda", "NVIDIA H100 80GB HBM3", 79.2),  # 81559 MiB
+    "h200": DeviceSpec("cuda", "NVIDIA H200", 139.8),  # 143171 MiB
+    "a100-40": DeviceSpec("cuda", "NVIDIA A100-SXM4-40GB", 39.4),  # 40338 MiB usable of 40960
+    "a100-80": DeviceSpec("cuda", "NVIDIA A100-SXM4-80GB", 79.1),  # 81038 MiB usable of 81920
+    "910b": DeviceSpec("npu", "Ascend910B3", 64.0),  # 65536 MiB HBM (npu-smi)
+}
+DEFAULT_DEVICE = {"cuda": "h100", "npu": "910b", "auto": "h100", "cpu": "h100"}
+
+
+class DeviceCheckError(RuntimeError):
+    """A step would fail on the real device: a host tensor reached a device op or a collective. The message names
+    the easyrl call where it happened."""
+
+
+class HostTensorInCollective(RuntimeError):
+    """A collective was given a host tensor while the process group runs on an accelerator (NCCL/HCCL)."""
+
+
+BACKEND_NAMES = {"cuda": "NCCL", "npu": "HCCL"}
+SHADOW_LIMIT = 1 << 24  # elements: small tensors (ids, masks, positions, counts) carry real values; weights never
+
+
+class SimulatedDevice(TorchDispatchMode):
+    """Runs above ``FakeTensorMode`` and adds three things to it:
+
+    * real values for small data-carrying tensors ("shadows"): an op whose tensor inputs all have real values (the
+      batch's ids and masks, what is computed from them: packed indices, positions, counts) runs for real on the host
+      and its output, placed on the fake device, keeps the real result; so easyrl's data-dependent code (boolean
+      masks, ``nonzero``, ``.item()``, ``.tolist()``) runs unchanged. Ops touching weights or activations stay fake;
+    * the collective check: a ``c10d::*`` / ``_c10d_functional::*`` op given a tensor not on ``device_type`` raises
+      :class:`HostTensorInCollective` (NCCL and HCCL accept device tensors only; the fake process group anything);
+    * device memory accounting: every storage on ``device_type`` is counted from its allocation until it is freed
+      (garbage-collected, or resized to 0 as FSDP2 frees unsharded parameters): ``allocated`` and ``peak`` bytes.
+
+    A host/device mix is left to ``FakeTensorMode``, which raises ``FakeTensorDeviceMismatchError``.
+    """
+
+    def __init__(self, device_type: str):
+        super().__init__()
+        self.device_type = device_type
+        self.shadows: dict[int, tuple[weakref.ref, torch.Tensor]] = {}  # id(fake) -> (the fake, its real value)
+        self.sizes: dict[int, int] = {}  # live device storage (StorageImpl address) -> bytes
+        self.allocated = 0
+        self.peak = 0
+        self.kinds = {"cpu", device_type}
+
+    # memory -------------------------------------------------------------------------------------------------
+    def reset_peak(self) -> None:
+        self.peak = self.allocated
+
+    def _track(self, tensor: torch.Tensor) -> None:
+        """Count ``tensor``'s storage until it is freed (storages keep their Python object while alive). Only fake
+        tensors hold (simulated) memory: a DTensor wrapper reports its global size, so its local tensor is counted."""
+        from torch._subclasses.fake_tensor import FakeTensor
+        from torch.distributed.tensor import DTensor
+
+        if isinstance(tensor, DTensor):  # made inside DTensor's dispatch, below this mode: count its local tensor
+            tensor = tensor._local_tensor
+        if type(tensor) is not FakeTensor or tensor.device.type != self.device_type:
+            return
+        storage = tensor.untyped_storage()
+        key = storage._cdata
+        if key in self.sizes:
+            return
+        self.sizes[key] = storage.nbytes()
+        self.allocated += self.sizes[key]
+        self.peak = max(self.peak, self.allocated)
+        weakref.finalize(storage, self._release, key)
+
+    def _release(self, key: int) -> None:
+        self.allocated -= self.sizes.pop(key, 0)
+
+    def resized(self, storage, nbytes: int) -> None:
+        """``UntypedStorage.resize_`` on a tracked storage (FSDP2 frees and re-allocates unsharded parameters)."""
+        key = storage._cdata
+        if key in self.sizes:
+            self.allocated += nbytes - self.sizes[key]
+            self.sizes[key] = nbytes
+            self.peak = max(self.peak, self.allocated)
+
+    # dispatch -----------------------------------------------------------------------------------------------
+    def _real(self, tensor: torch.Tensor) -> Optional[torch.Tensor]:
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        if not isinstance(tensor, FakeTensor):
+            return tensor if type(tensor) is torch.Tensor and tensor.device.type == "cpu" else None
+        ref, real = self.shadows.get(id(tensor), (None, None))
+        return real if ref is not None and ref() is tensor else None
+
+    def _set_shadow(self, fake: torch.Tensor, real: torch.Tensor) -> None:
+        key = id(fake)
+        self.shadows[key] = (weakref.ref(fake), real)
+        weakref.finalize(fake, self.shadows.pop, key, None)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "namespace", "") in ("c10d", "_c10d_functional"):
+            self._check_collective(func, args, kwargs)
+            return self._tracked(func(*args, **kwargs))
+        if func is torch.ops.inductor.resize_storage_bytes_.default:  # FSDP2 frees/re-allocates unsharded params
+            out = func(*args, **kwargs)
+            self.resized(args[0].untyped_storage(), args[1])
+            return out
+        if func in (torch.ops.aten._pin_memory.default, torch.ops.aten.is_pinned.default):
+            # FakeTensorMode has no pinned memory (NYI): a host-offloaded shard is pinned host memory, not device
+            return args[0] if func is torch.ops.aten._pin_memory.default else True
+        if getattr(func, "namespace", "") == "prim":  # metadata (device, ...): the fake tensor answers
+            return func(*args, **kwargs)
+        inputs = _tensors(args) + _tensors(kwargs)
+        reals = [self._real(t) for t in inputs]
+        devices = {t.device.type for t in inputs if t.dim() > 0}
+        if inputs and all(r is not None for r in reals) and len(devices) <= 1 and devices <= self.kinds \
+                and sum(t.numel() for t in inputs) <= SHADOW_LIMIT:
+            try:
+                return self._run_real(func, args, kwargs, inputs, reals)
+            except RuntimeError:  # an op that cannot run on host copies (storage surgery, ...) stays fake
+                pass
+        if func is torch.ops.aten._local_scalar_dense.default:
+            # a number computed from weights or activations (a loss, a gradient norm): its value is not simulated;
+            # it reads 0 (finite: the optimizer step runs; False: no branch on an unknown condition)
+            return {torch.bool: False}.get(args[0].dtype, 0.0 if args[0].is_floating_point() else 0)
+        out = func(*args, **kwargs)
+        self._drop_written_shadows(func, args, kwargs)
+        if not inputs and func is not torch.ops.aten._local_scalar_dense.default:
+            self._shadow_factory(func, args, kwargs, out)
+        return self._tracked(out)
+
+    def _drop_written_shadows(self, func, args, kwargs) -> None:
+        """A fake op wrote into its arguments (in place, ``out=``): their real values are stale now."""
+        for i, arg in enumerate(func._schema.arguments):
+            if arg.alias_info is not None and arg.alias_info.is_write:
+                value = args[i] if i < len(args) else kwargs.get(arg.name)
+                for tensor in _tensors(value):
+                    self.shadows.pop(id(tensor), None)
+
+    def _check_collective(self, func, args, kwargs) -> None:
+        for tensor in _tensors(args) + _tensors(kwargs):
+            if tensor.device.type != self.device_type:
+                raise HostTensorInCollective(
+                    f"collective {func} got a tensor on '{tensor.device}' (shape {tuple(tensor.shape)}): the real "
+                    f"process group ({BACKEND_NAMES.get(self.device_type, 'gloo')}) takes '{self.device_type}' "
+                    "tensors only")
+
+    def _tracked(self, out):
+        for tensor in _tensors(out):
+            self._track(tensor)
+        return out
+
+    def _run_real(self, func, args, kwargs, inputs, reals):
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+        from torch.utils._pytree import tree_map
+
+        swap = {id(t): r for t, r in zip(inputs, reals)}
+        back = {id(r): t for t, r in zip(inputs, reals)}
+        target = kwargs.get("device") if func in _COPIES else None
+        target = torch.device(target) if target is not None else next(
+            (t.device for t in inputs if t.device.type != "cpu"), torch.device("cpu"))
+        real_kwargs = dict(tree_map(lambda v: swap.get(id(v), v), kwargs))
+        if "device" in real_kwargs:
+            real_kwargs["device"] = torch.device("cpu")
+        with unset_fake_temporarily():
+            out = func(*tree_map(lambda v: swap.get(id(v), v), args), **real_kwargs)
+
+        def place(value):
+            if not isinstance(value, torch.Tensor):
+                return value
+            if id(value) in back:  # in place, or the input itself
+                return back[id(value)]
+            if target.type == "cpu":
+                return value
+            fake = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=target)
+            self._set_shadow(fake, value)
+            self._track(fake)
+            return fake
+
+        return tree_map(place, out)
+
+    def _shadow_factory(self, func, args, kwargs, out) -> None:
+        from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+
+        if not isinstance(out, FakeTensor) or out.numel() > SHADOW_LIMIT or out.device.type not in self.kinds \
+                or out.is_floating_point() or out.is_complex():
+            return  # weights, activations and their buffers: never data (and a host copy would cost real memory)
+        with unset_fake_temporarily():
+            try:
+                self._set_shadow(out, func(*args, **dict(kwargs, device=torch.device("cpu"))))
+            except Exception:  # noqa: BLE001 - a factory we cannot mirror stays fake
+                pass
+
+
+_COPIES = {torch.ops.aten._to_copy.default}
+
+
+def _tensors(value) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    return []
+
+
+def culprit(exc: BaseException) -> str:
+    """``file:line in function: source`` of the innermost frame of ``exc``'s traceback that is easyrl's own code (not
+    ``easyrl/simulate``), else of its innermost frame outside torch; ``?`` when there is none."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    here = os.path.dirname(os.path.abspath(__file__))
+    frames = [f for f in frames if not f.filename.startswith(here)]
+    ours = [f for f in frames if f.filename.startswith(root)]
+    outside = [f for f in frames if os.sep + "torch" + os.sep not in f.filename]
+    frame = (ours or outside or frames or [None])[-1]
+    if frame is None:
+        return "?"
+    inside = frame.filename.startswith(root)
+    where = os.path.relpath(frame.filename, os.path.dirname(root)) if inside else frame.filename
+    return f"{where}:{frame.lineno} in {frame.name}: {(frame.line or '').strip()}"
+
+
+@contextlib.contextmanager
+def device_check(phase: str) -> Iterator[None]:
+    """Turn a host/device mix (``FakeTensorDeviceMismatchError``) or a host tensor in a collective into a
+    :class:`DeviceCheckError` naming ``phase`` and the easyrl call."""
+    from torch._subclasses.fake_tensor import FakeTensorDeviceMismatchError
+
+    try:
+        yield
+    except (FakeTensorDeviceMismatchError, HostTensorInCollective) as exc:
+        kind = "host tensor in a collective" if isinstance(exc, HostTensorInCollective) else "host/device mix"
+        raise DeviceCheckError(f"phase '{phase}': {kind} at {culprit(exc)}\n  {str(exc).splitlines()[0]}") from exc
+
+
+class _Stream:
+    """Stand-in for ``torch.cuda.Stream`` / ``Event``: every method is a no-op (one simulated stream)."""
+
+    def __init__(self, *args, **kwargs):
+        self.device = torch.device("cuda", 0)
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+@contextlib.contextmanager
+def accelerator_standins(spec: DeviceSpec) -> Iterator[None]:
+    """Replace the CUDA runtime calls made outside tensors (current device, device count, streams, events, memory
+    queries) by stand-ins for one visible ``spec`` device. ``torch.cuda.is_available`` is kept (False): random
+    initialisation would otherwise call the CUDA RNG."""
+    cuda = torch.cuda
+    props = mock.Mock(total_memory=int(spec.memory_gib * GIB), name=spec.name)
+    patches = dict(current_device=lambda: 0, device_count=lambda: 1, set_device=lambda *a, **k: None,
+                   Stream=_Stream, Event=_Stream, current_stream=lambda *a, **k: _Stream(),
+                   default_stream=lambda *a, **k: _Stream(), stream=lambda *a, **k: contextlib.nullcontext(),
+                   synchronize=lambda *a, **k: None, empty_cache=lambda: None,
+                   get_device_properties=lambda *a, **k: props, get_device_name=lambda *a, **k: spec.name,
+                   get_device_capability=lambda *a, **k: (9, 0),
+                   memory_allocated=lambda *a, **k: 0, max_memory_allocated=lambda *a, **k: 0,
+                   max_memory_reserved=lambda *a, **k: 0)
+    with contextlib.ExitStack() as stack:
+        for name, value in patches.items():
+            stack.enter_context(mock.patch.object(cuda, name, value))
+        _patch_shard_offsets(stack)
+        yield
+
+
+def _patch_shard_offsets(stack: contextlib.ExitStack) -> None:
+    """DTensor computes a shard's global offset with small index tensors and ``int()``, which a fake tensor cannot
+    answer (data-dependent): run that computation (shapes and the mesh only) on real tensors, wherever imported."""
+    import sys
+
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.distributed.tensor import _utils
+
+    original = _utils.compute_local_shape_and_global_offset
+
+    def real_offsets(*args, **kwargs):
+        with unset_fake_temporarily():
+            return original(*args, **kwargs)
+
+    for name, module in list(sys.modules.items()):
+        if name.startswith("torch.distributed") and getattr(module, "compute_local_shape_and_global_offset",
+                                                            None) is original:
+            stack.enter_context(mock.patch.object(module, "compute_local_shape_and_global_offset", real_offsets))
+
+
+@contextlib.contextmanager
+def fake_world(rank: int, world_size: int, device_type: str = "cuda") -> Iterator[None]:
+    """This process as ``rank`` of ``world_size`` over the fake process group (collectives return at once), bound to
+    ``device_type`` only, as NCCL is to ``cuda``: torch picks a collective's device from the group's device types
+    (``set_model_state_dict(broadcast_from_rank0=True)`` moves host-offloaded tensors to it first), and a fake group
+    that also claimed ``cpu`` would send host tensors where NCCL never sees one."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        raise RuntimeError("a process group is already initialized in this process")
+    dist.init_process_group(f"{device_type}:fake", store=FakeStore(), rank=rank, world_size=world_size)
+    # object collectives (broadcast_object_list, ...) pick their tensors' device from the backend: NCCL's is the
+    # accelerator, the fake backend's the host (which the collective check would refuse)
+    from torch.distributed import distributed_c10d
+
+    try:
+        with mock.patch.object(distributed_c10d, "_get_object_coll_device", lambda group=None: device_type):
+            yield
+    finally:
+        dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def fake_tensors(device_type: Optional[str]) -> Iterator["SimulatedDevice"]:
+    """``FakeTensorMode`` (host tensors created before it are accepted as inputs) with, for an accelerator
+    ``device_type``, the collective check; new tensors are fake, whatever their device."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        mode = SimulatedDevice(device_type or "cpu")
+        original_resize = torch.UntypedStorage.resize_
+
+        def resize(storage, nbytes):
+            result = original_resize(storage, nbytes)
+            mode.resized(storage, nbytes)
+            return result
+
+        with mock.patch.object(torch.UntypedStorage, "resize_", resize), \
+                mock.patch.object(torch, "tensor", _tensor_of_scalars), mode:
+            yield mode
+
+
+_torch_tensor = torch.tensor
+
+
+def _tensor_of_scalars(data, *args, **kwargs):
+    """``torch.tensor`` whose list elements that are 0-dim tensors are read as Python numbers first: under a dispatch
+    mode ``torch.tensor([float_tensor], dtype=torch.int64)`` converts elements with ``__index__`` and fails, where
+    plain PyTorch accepts it (easyrl's token counts do this)."""
+    if isinstance(data, (list, tuple)) and any(isinstance(v, torch.Tensor) and v.dim() == 0 for v in data):
+        data = [v.item() if isinstance(v, torch.Tensor) and v.dim() == 0 else v for v in data]
+    return _torch_tensor(data, *args, **kwargs)
+
+
+def fake_checkpoint_reader(model_path: str, hf_config, trust_remote_code: bool, lora=None) -> tuple[dict, dict]:
+    """Stand-in for ``easyrl.workers.fsdp_model.read_checkpoint`` on rank 0: the same names, shapes and dtypes
+    (float32, the model's own buffers; with ``lora`` peft's names) as fake tensors; no weights are read. Call it
+    under ``FakeTensorMode``."""
+    from easyrl.workers.fsdp_model import build_empty_model
+
+    model = build_empty_model(hf_config, torch.float32, trust_remote_code, "sdpa")
+    if lora is not None:
+        from easyrl.models.lora import apply_lora
+
+        apply_lora(model, lora, model_path)
+    state = {name: torch.empty(t.shape, dtype=t.dtype) for name, t in model.state_dict().items()}
+    buffers = {name: torch.empty(b.shape, dtype=b.dtype) for name, b in model.named_buffers()}
+    return state, buffers

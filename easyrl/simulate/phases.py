@@ -1,0 +1,197 @@
+"""The phases of one training step, run with easyrl's own worker code as one rank of the config's world on simulated
+devices (``easyrl.simulate.fake_device``): load and shard (the actor, the reference as configured, each with its
+offload setting), the old-log-prob forward at the config's token budget, the reference forward, the weight-sync
+gather in buckets, the checkpoint state dict and the export gather. Each phase records the device's peak memory.
+
+The simulated rank is rank 0: it is the rank that reads the checkpoint (here a stand-in of the same names and shapes,
+``fake_checkpoint_reader``: no weights are read) and holds the largest ``Shard(0)`` pieces.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+from unittest import mock
+
+import torch
+
+from easyrl.config import PPOConfig
+from easyrl.simulate.fake_device import (
+    GIB,
+    DeviceSpec,
+    accelerator_standins,
+    device_check,
+    fake_checkpoint_reader,
+    fake_tensors,
+    fake_world,
+)
+
+MODEL_CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                             "examples", "model_configs")
+
+
+@dataclass
+class PhaseResult:
+    """One phase: ``peak_gib`` of device memory while it ran, ``resident_gib`` after it, ``seconds`` on this CPU."""
+
+    name: str
+    peak_gib: float
+    resident_gib: float
+    seconds: float
+
+
+@dataclass
+class Simulation:
+    """What one simulated rank measured."""
+
+    device: DeviceSpec
+    world_size: int
+    phases: list[PhaseResult] = field(default_factory=list)
+
+
+def model_folder(model_path: str) -> str:
+    """A folder holding the model's ``config.json``: ``model_path`` itself when it has one, else the shipped
+    ``examples/model_configs/<last part of the hub id>``.
+
+    Raises:
+        FileNotFoundError: neither exists.
+    """
+    if os.path.isfile(os.path.join(model_path, "config.json")):
+        return model_path
+    shipped = os.path.join(MODEL_CONFIGS, model_path.rstrip("/").split("/")[-1])
+    if os.path.isfile(os.path.join(shipped, "config.json")):
+        return shipped
+    raise FileNotFoundError(f"no config.json for '{model_path}': give a folder holding one, or add "
+                            f"{shipped}/config.json")
+
+
+def budget_batch(config: PPOConfig, tokens: int):
+    """A packed micro-batch's worth of samples: full-length rows (``max_prompt_length + max_response_length``) until
+    ``tokens`` are used, host tensors (the trainer sends the batch from the host)."""
+    from tensordict import TensorDict
+
+    from easyrl.batch import Batch
+
+    prompt, response = config.data.max_prompt_length, config.data.max_response_length
+    bsz = max(1, tokens // (prompt + response))
+    length = prompt + response
+    tensors = {"input_ids": torch.randint(0, 1000, (bsz, length)),
+               "attention_mask": torch.ones(bsz, length, dtype=torch.long),
+               "response_mask": torch.ones(bsz, response), "advantages": torch.zeros(bsz, response),
+               "old_log_probs": torch.zeros(bsz, response), "ref_log_probs": torch.zeros(bsz, response)}
+    return Batch(TensorDict(tensors, batch_size=[bsz]))
+
+
+def token_budget(config: PPOConfig, micro: int) -> int:
+    """``worker.actor.max_token_len_per_device`` or ``micro x (max_prompt_length + max_response_length)``."""
+    actor = config.worker.actor
+    return actor.max_token_len_per_device or micro * (config.data.max_prompt_length + config.data.max_response_length)
+
+
+def simulate(config: PPOConfig, spec: DeviceSpec, log: Callable[[str], None] = print,
+             update: bool = True) -> Simulation:
+    """Run the phases (module docstring) as rank 0 of ``config.world_size`` on fake ``spec`` devices.
+
+    Raises:
+        DeviceCheckError: a host tensor reached a device op or a collective (the message names phase and call).
+    """
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+
+    import easyrl.workers.fsdp_model as fsdp_model
+    from easyrl.workers.policy import FSDPPolicy
+    from easyrl.workers.roles import builds_reference
+    from easyrl.workers.weight_sync import iter_full_weights
+
+    cfg = config.worker
+    kind = "cuda"  # Ascend is simulated on fake cuda tensors: torch_npu's device type needs its driver to register
+    device = torch.device(kind, 0)
+    world = config.world_size
+    sim = Simulation(spec, world)
+    path = model_folder(cfg.actor.model.model_path)
+    micro = cfg.actor.micro_batch_size_per_device_for_experience
+    batch = budget_batch(config, token_budget(config, micro))  # real host tensors, as the trainer sends them
+    with fake_world(0, world, kind), accelerator_standins(spec), \
+            mock.patch.object(fsdp_model, "read_checkpoint", fake_checkpoint_reader):
+        mesh = init_device_mesh(kind, (world,), mesh_dim_names=("dp",))
+        with fake_tensors(kind) as mode:
+            def phase(name: str, run: Callable[[], object]) -> object:
+                start = time.perf_counter()
+                mode.reset_peak()
+                with device_check(name):
+                    result = run()
+                sim.phases.append(PhaseResult(name, mode.peak / GIB, mode.allocated / GIB,
+                                              time.perf_counter() - start))
+                log(f"  {name}: peak {mode.peak / GIB:.1f} GiB ({time.perf_counter() - start:.0f} s)")
+                return result
+
+            actor = phase("load actor", lambda: FSDPPolicy(path, cfg.actor, mesh, kind, device, trainable=True,
+                                                           offload=cfg.actor.offload))
+            ref = None
+            if builds_reference(config):
+                ref = phase("load reference", lambda: FSDPPolicy(path, cfg.actor, mesh, kind, device, trainable=False,
+                                                                 offload=cfg.ref.offload, init_from=actor))
+            phase("old log-probs (forward)", lambda: actor.compute_log_probs(batch, micro, cfg.actor.temperature))
+            if ref is not None:
+                phase("reference forward", lambda: ref.compute_log_probs(batch, micro, cfg.actor.temperature))
+            dtype = fsdp_model.TORCH_DTYPES[cfg.rollout.dtype]
+            bucket = cfg.rollout.update_weights_bucket_megabytes * 2**20
+            phase("weight sync gather", lambda: [None for _ in iter_full_weights(actor.model.state_dict(), device,
+                                                                                  dtype, bucket)])
+            phase("checkpoint state dict", lambda: get_state_dict(actor.model, actor.optimizer))
+            phase("export gather", lambda: fsdp_model.gather_full_state_dict(actor.model))
+    if update:
+        sim.phases.append(simulate_update(config, spec, log))
+    return sim
+
+
+def _state_bytes(policy) -> dict[str, int]:
+    """Bytes of this rank's float32 parameter shards, gradient shards and AdamW states (counted from the tensors)."""
+    from torch.distributed.tensor import DTensor
+
+    def local(t):
+        return t.to_local() if isinstance(t, DTensor) else t
+
+    params = [p for p in policy.model.parameters() if p.requires_grad]
+    states = [v for state in policy.optimizer.state.values() for v in state.values()
+              if isinstance(v, torch.Tensor) and v.dim() > 0]
+    return {"params": sum(local(p).numel() * local(p).element_size() for p in params),
+            "grads": sum(local(p).numel() * 4 for p in params),
+            "optimizer": sum(local(v).numel() * local(v).element_size() for v in states)}
+
+
+def simulate_update(config: PPOConfig, spec: DeviceSpec, log: Callable[[str], None] = print) -> PhaseResult:
+    """The actor update (forward, backward, gradient clipping, AdamW step) on one micro-batch at the update token
+    budget, as rank 0 of the config's world, on fake CPU tensors: PyTorch's autograd engine cannot run backward on a
+    fake ``cuda`` device (docs/simulate.md), so the device checks of this phase are the CPU path's. Its peak stands for
+    the device's: with ``worker.actor.offload.offload_params`` the parameter, gradient and AdamW shards live on the
+    host, and are taken out of the peak. Two steps run; the peak is the second's (the first has no AdamW states
+    during its forward and backward, every later step has)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    import easyrl.workers.fsdp_model as fsdp_model
+    from easyrl.workers.policy import FSDPPolicy
+
+    cfg = config.worker
+    path = model_folder(cfg.actor.model.model_path)
+    start = time.perf_counter()
+    micro = cfg.actor.micro_batch_size_per_device_for_update
+    batch = budget_batch(config, token_budget(config, micro))  # real host tensors, as the trainer sends them
+    with fake_world(0, config.world_size, "cpu"), accelerator_standins(spec), \
+            mock.patch.object(fsdp_model, "read_checkpoint", fake_checkpoint_reader):
+        mesh = init_device_mesh("cpu", (config.world_size,), mesh_dim_names=("dp",))
+        with fake_tensors("cpu") as mode:
+            actor = FSDPPolicy(path, cfg.actor, mesh, "cpu", torch.device("cpu"), trainable=True,
+                               offload=cfg.actor.offload)
+            with device_check("actor update"):
+                actor.update_policy(batch, len(batch), micro)  # the first step creates the AdamW states
+                mode.reset_peak()
+                actor.update_policy(batch, len(batch), micro)  # a later step: they are resident throughout
+            peak = mode.peak
+            if cfg.actor.offload.offload_params:
+                peak -= sum(_state_bytes(actor).values())
+    result = PhaseResult("actor update (fwd+bwd+AdamW)", peak / GIB, float("nan"), time.perf_counter() - start)
+    log(f"  {result.name}: peak {result.peak_gib:.1f} GiB ({result.seconds:.0f} s)")
+    return result

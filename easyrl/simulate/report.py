@@ -1,0 +1,59 @@
+"""The simulation's table: per-device peak memory by phase beside ``easyrl.workers.memory_estimate``'s estimate,
+and the verdict (fits, or the phase that does not and the setting to change)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Optional
+
+from easyrl.simulate.phases import Simulation
+from easyrl.workers.memory_estimate import MemoryEstimate
+
+
+def verdict(sim: Optional[Simulation], estimate: MemoryEstimate, estimate_error: Optional[str]) -> Optional[str]:
+    """None when the run fits; else why not (the estimate's error naming the setting, or the simulated phase whose
+    peak exceeds the device)."""
+    if estimate_error:
+        return estimate_error
+    if sim is not None:
+        for phase in sim.phases:
+            if phase.peak_gib > estimate.capacity_gib:
+                return (f"phase '{phase.name}' peaks at {phase.peak_gib:.1f} GiB on a {estimate.capacity_gib:.1f} GiB "
+                        "device: set worker.actor.offload.offload_params=true, lower "
+                        "worker.actor.micro_batch_size_per_device_for_experience / max_token_len_per_device, or use "
+                        "more devices (trainer.n_gpus_per_node / trainer.nnodes)")
+    return None
+
+
+def as_dict(sim: Optional[Simulation], estimate: MemoryEstimate, problem: Optional[str], device: str,
+            world: int) -> dict[str, Any]:
+    """The ``--json`` output."""
+    return {"device": device, "capacity_gib": estimate.capacity_gib, "world_size": world,
+            "estimate": {"rollout": estimate.rollout, "training": estimate.training,
+                         "rollout_gib": estimate.rollout_gib, "training_gib": estimate.training_gib,
+                         "vllm_weights_gib": estimate.vllm_weights_gib,
+                         "tensor_parallel_size": estimate.tensor_parallel_size},
+            "simulated": [vars(p) for p in sim.phases] if sim is not None else None,
+            "fits": problem is None, "problem": problem}
+
+
+def table(sim: Optional[Simulation], estimate: MemoryEstimate, problem: Optional[str], device: str,
+          world: int) -> str:
+    """A table a person can read (GiB per device)."""
+    lines = [f"easyrl simulate: {device} ({estimate.capacity_gib:.1f} GiB) x {world}, GiB per device", ""]
+    lines.append(f"{'simulated phase (rank 0)':34} {'peak':>7} {'after':>7} {'seconds':>8}")
+    for p in (sim.phases if sim is not None else []):
+        after = "" if p.resident_gib != p.resident_gib else f"{p.resident_gib:7.1f}"  # NaN: not measured
+        lines.append(f"{p.name:34} {p.peak_gib:7.1f} {after:>7} {p.seconds:8.0f}")
+    lines += ["", f"{'estimate (memory_estimate.py)':34} {'rollout':>7} {'train':>7}"]
+    for name in dict.fromkeys(list(estimate.rollout) + list(estimate.training)):
+        lines.append(f"{name:34} {estimate.rollout.get(name, 0.0):7.1f} {estimate.training.get(name, 0.0):7.1f}")
+    lines.append(f"{'total':34} {estimate.rollout_gib:7.1f} {estimate.training_gib:7.1f}")
+    lines.append(f"vLLM weights under TP {estimate.tensor_parallel_size}: {estimate.vllm_weights_gib:.1f} GiB of a "
+                 f"{estimate.vllm_claim_gib:.1f} GiB gpu_memory_utilization claim")
+    lines += ["", "fits" if problem is None else f"DOES NOT FIT: {problem}"]
+    return "\n".join(lines)
+
+
+def dumps(data: dict[str, Any]) -> str:
+    return json.dumps(data, indent=2)
