@@ -21,7 +21,7 @@ def main(argv: Optional[list[str]] = None, prog: str = "python -m easyrl.simulat
 
 
 def _simulate(argv: list[str], prog: str) -> int:
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__)
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.replace("``", ""))
     parser.add_argument("--device", choices=sorted(DEVICES), default=None,
                         help="accelerator to simulate (default: from trainer.device: cuda -> h100, npu -> 910b)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
