@@ -90,6 +90,30 @@ def test_a_save_killed_half_way_leaves_the_previous_checkpoint_as_the_last(tmp_p
     assert not (root / ".global_step_2.tmp").exists()
 
 
+def test_a_tracker_write_that_fails_half_way_leaves_the_previous_tracker(tmp_path, monkeypatch):
+    """The tracker is written to a temporary file and then renamed over the old one: a write cut short (here the
+    disk fills after 12 bytes) leaves the old tracker whole. Written in place, it would be left as '{"last_glob'."""
+    import errno
+
+    import easyrl.trainer.checkpoint as checkpoint
+
+    root = str(tmp_path)
+    commit_checkpoint(root, 1, _write)
+
+    def dump_until_full(data, f, **kwargs):
+        f.write(json.dumps(data)[:12])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpoint.json, "dump", dump_until_full)
+    with pytest.raises(RunStateError, match="last good checkpoint is .*global_step_1"):
+        commit_checkpoint(root, 2, _write)
+    monkeypatch.undo()
+    assert read_tracker(root)["last_global_step"] == 1
+    assert find_last_checkpoint(root) == os.path.join(root, "global_step_1")
+    commit_checkpoint(root, 2, _write)  # the same save again, with space: the stale step-2 folder is replaced
+    assert find_last_checkpoint(root) == os.path.join(root, "global_step_2")
+
+
 def test_missing_checkpoint_named_by_the_tracker_is_an_error(tmp_path):
     (tmp_path / "checkpoint_tracker.json").write_text(json.dumps({"last_global_step": 3}))
     with pytest.raises(FileNotFoundError, match="global_step_3"):

@@ -30,7 +30,7 @@ def build_trainer(config: PPOConfig, worker_cls: Optional[type] = None):
         UserError: any pre-flight check (model, data, reward; see ``docs/errors.md``), before Ray starts.
     """
     from easyrl.trainer.preflight import prepare
-    from easyrl.trainer.run_folder import check_run_folder
+    from easyrl.trainer.run_folder import check_resumable, check_run_folder
 
     if not verbose():
         import datasets
@@ -38,6 +38,7 @@ def build_trainer(config: PPOConfig, worker_cls: Optional[type] = None):
         datasets.disable_progress_bars()  # "Casting the dataset" bars of every load
     ready = prepare(config)
     check_run_folder(config.trainer)  # refuse another run's folder before anything starts
+    check_resumable(config)  # a truncated or mismatched checkpoint to resume, before anything starts
     import ray  # after the checks, which need none of this
 
     from easyrl.device import detect_device

@@ -13,6 +13,7 @@ from typing import Optional
 
 from easyrl.errors import RunStateError
 from easyrl.trainer.checkpoint import TRAINER_STATE, find_last_checkpoint, read_tracker
+from easyrl.trainer.checkpoint_manifest import check_checkpoint, run_identity
 
 logger = logging.getLogger("easyrl.checkpoint")
 
@@ -79,3 +80,18 @@ def check_run_folder(trainer) -> None:
     """
     if checkpoint_to_resume(trainer) is None and "jsonl" in trainer.logger:
         refuse_existing_metrics(os.path.join(trainer.run_dir, METRICS_FILE))
+
+
+def check_resumable(config) -> None:
+    """The checkpoint this run would resume from (if any) is complete and fits this run (model, ranks, optimizer;
+    ``easyrl.trainer.checkpoint_manifest.check_checkpoint``), checked before Ray starts.
+
+    Args:
+        config: the whole ``PPOConfig``.
+
+    Raises:
+        RunStateError: naming the file or the mismatch.
+    """
+    path = checkpoint_to_resume(config.trainer)
+    if path is not None:
+        check_checkpoint(path, run_identity(config))
