@@ -186,7 +186,8 @@ def report(root: str, warmup: int, plot: Optional[str]) -> None:
                 rows = [json.loads(line) for line in f if line.strip()]
             steps = [r["step"] for r in rows]
             for col in rows[-1]:
-                target = ax_mem if col.endswith("rss_mb") else ax_other if col in ("shm_used_mb", "run_dir_mb") else None
+                on_disk = col in ("shm_used_mb", "run_dir_mb")
+                target = ax_mem if col.endswith("rss_mb") else ax_other if on_disk else None
                 if target is not None:
                     target.plot(steps, [r.get(col) for r in rows], label=col)
             ax_mem.set(title=f"{workload}: RSS", xlabel="step", ylabel="MB")

@@ -108,7 +108,8 @@ def _required_files(folder: str, identity: dict[str, Any]) -> list[str]:
     if identity.get("critic"):
         needed += [os.path.join("critic", ".metadata"), *(os.path.join("critic", f"extra_state_rank_{r}.pt")
                                                            for r in ranks)]
-    return [f"{os.path.join(folder, rel)} is missing" for rel in needed if not os.path.exists(os.path.join(folder, rel))]
+    paths = [os.path.join(folder, rel) for rel in needed]
+    return [f"{path} is missing" for path in paths if not os.path.exists(path)]
 
 
 def check_checkpoint(folder: str, identity: dict[str, Any]) -> None:
