@@ -112,6 +112,7 @@ def _load_yaml(path: str) -> dict:
         raise ConfigError(f"Config file '{path}' (from config=) is not valid YAML:{where}: {problem}.") from None
     except Exception as err:  # omegaconf's own errors (e.g. a malformed ${...}), a file that is not UTF-8
         raise ConfigError(malformed.read_error(err, path)) from None
+    malformed.check_top_level(path)
     container = OmegaConf.to_container(conf)
     if container is None:
         return {}

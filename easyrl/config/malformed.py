@@ -2,7 +2,8 @@
 write instead (docs/errors.md, "Configuration"). ``easyrl.config.loading`` calls these at its steps:
 
 - :func:`check_words`: the words themselves (``=5`` without a key, ``config=`` empty, given twice, or a folder);
-- :func:`read_error`: a YAML file that cannot be read (not UTF-8, a malformed ``${...}``);
+- :func:`read_error`: a YAML file that cannot be read (not UTF-8, a malformed ``${...}``); :func:`check_top_level`:
+  one that holds a single value;
 - :func:`check_leaf_values`: a mapping given where a single value belongs (``data.max_prompt_length={a: 1}``);
 - :func:`value_error`: a value OmegaConf refuses (wrong type, empty, a list of the wrong length), with the key's
   expected type and its default as the example;
@@ -70,6 +71,22 @@ def read_error(err: Exception, path: str) -> str:
         return (f"Config file '{path}' (from config=): '{key}' holds a malformed ${{...}} interpolation ({first}); "
                 f"write ${{section.key}} with its closing brace, or quote the value if the '$' is meant literally.")
     return f"Config file '{path}' (from config=) cannot be read: {first}"
+
+
+def check_top_level(path: str) -> None:
+    """Refuse a YAML file (already parsed once by OmegaConf) whose top level is a single value: OmegaConf reads the
+    word ``cpu_demo`` as the key ``cpu_demo:``, which would be reported as an unknown key.
+
+    Raises:
+        ConfigError: naming the file and the type found.
+    """
+    import yaml
+
+    with open(path, encoding="utf-8") as f:
+        top = yaml.safe_load(f)
+    if top is not None and not isinstance(top, (dict, list)):
+        raise ConfigError(f"Config file '{path}' (from config=) holds a {type(top).__name__} at the top level ({top!r});"
+                          " it must be a mapping of sections (data:, algorithm:, worker:, trainer:).")
 
 
 def check_leaf_values(layer: dict, source: str, valid: dict[str, bool], defaults: Any, prefix: str = "") -> None:
