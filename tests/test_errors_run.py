@@ -133,8 +133,7 @@ def test_disk_full_during_a_save_keeps_the_previous_checkpoint(tmp_path, expect_
     assert not (tmp_path / ".global_step_10.tmp").exists() and not (tmp_path / "global_step_10").exists()
 
 
-def test_a_real_config_identity_refuses_a_checkpoint_of_other_ranks(tmp_path, e2e_text_config,
-                                                                    expect_user_error):  # K16
+def test_a_real_config_refuses_a_checkpoint_of_other_ranks(tmp_path, e2e_text_config, expect_user_error):  # K16
     """``check_resumable`` (called before Ray starts) with the identity of a real config and model folder."""
     from easyrl.trainer.checkpoint_manifest import run_identity
     from easyrl.trainer.run_folder import check_resumable
