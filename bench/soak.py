@@ -9,6 +9,7 @@ sampled once per finished step (a new row in ``metrics.jsonl``):
 
     python bench/soak.py run --workload demo --steps 120          # tiny Qwen2.5-VL with images, 2 workers
     python bench/soak.py run --workload smollm2 --steps 100       # SmolLM2-135M-Instruct, 1 worker x 2 threads
+    python bench/soak.py images --cache-gb 0                      # vLLM's image cache alone, fresh images
     python bench/soak.py report                                   # table (Markdown) + runs/bench/soak/soak.png
 
 Each run writes ``runs/bench/soak/<workload>/soak.jsonl`` (one row per step). The slope is a least-squares line
@@ -140,6 +141,44 @@ def run(workload: str, steps: int, root: str, extra: list[str]) -> str:
     return out_path
 
 
+def images(steps: int, per_step: int, cache_gb: Optional[float], side: int = 448) -> str:
+    """vLLM's multi-modal processor cache in isolation: one in-process engine (tiny Qwen2.5-VL, as each easyrl worker
+    holds one) generates from ``per_step`` fresh random ``side`` x ``side`` images a step, as an RL run sees new images
+    every step, and this process's RSS is sampled after each step. ``cache_gb`` None: vLLM's default
+    ``mm_processor_cache_gb`` (4 GiB, LRU); 0: what ``easyrl.workers.rollout`` sets. Returns the path of the JSONL.
+    """
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    import numpy as np
+    from PIL import Image
+    from vllm import LLM, SamplingParams
+
+    from easyrl.testing.tiny import build_tiny_model
+
+    kwargs = dict(model=str(build_tiny_model("qwen2_5_vl")), dtype="float32", enforce_eager=True, max_model_len=1024,
+                  limit_mm_per_prompt={"image": 1, "video": 0}, disable_log_stats=True,
+                  mm_processor_kwargs={"min_pixels": 3136, "max_pixels": side * side})
+    if cache_gb is not None:
+        kwargs["mm_processor_cache_gb"] = cache_gb
+    llm = LLM(**kwargs)
+    prompt = ("<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>What is this?<|im_end|>\n"
+              "<|im_start|>assistant\n")
+    rng, me = np.random.default_rng(0), psutil.Process()
+    name = "default" if cache_gb is None else f"{cache_gb:g}"
+    out_path = os.path.join(ROOT, f"images_cache_{name}", "soak.jsonl")
+    os.makedirs(os.path.dirname(out_path), exist_ok=True)
+    with open(out_path, "w", encoding="utf-8") as out:
+        for step in range(1, steps + 1):
+            batch = [{"prompt": prompt, "multi_modal_data": {"image": Image.fromarray(
+                rng.integers(0, 256, (side, side, 3), dtype=np.uint8))}} for _ in range(per_step)]
+            llm.generate(batch, SamplingParams(max_tokens=4, temperature=1.0), use_tqdm=False)
+            row = {"step": step, "engine_rss_mb": _mb(me.memory_info().rss)}
+            out.write(json.dumps(row) + "\n")
+            out.flush()
+            print(json.dumps(row), flush=True)
+    return out_path
+
+
 def slope(steps: list[float], values: list[float]) -> float:
     """Least-squares slope of ``values`` over ``steps`` (units of value per step); 0.0 for fewer than 2 points."""
     n = len(steps)
@@ -206,12 +245,18 @@ def main(argv: Optional[list[str]] = None) -> int:
     r.add_argument("--workload", choices=("demo", "smollm2"), default="demo")
     r.add_argument("--steps", type=int, default=120)
     r.add_argument("--runs-root", default=os.path.join(REPO, "runs"))
+    i = sub.add_parser("images", help="vLLM's multi-modal processor cache alone: fresh images every step")
+    i.add_argument("--steps", type=int, default=30)
+    i.add_argument("--per-step", type=int, default=16)
+    i.add_argument("--cache-gb", type=float, default=None, help="mm_processor_cache_gb (default: vLLM's, 4)")
     p = sub.add_parser("report")
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--plot", default=os.path.join(ROOT, "soak.png"))
     args, extra = parser.parse_known_args(argv)
     if args.cmd == "run":
         run(args.workload, args.steps, args.runs_root, extra)
+    elif args.cmd == "images":
+        images(args.steps, args.per_step, args.cache_gb)
     else:
         report(ROOT, args.warmup, args.plot)
     return 0

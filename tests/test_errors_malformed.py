@@ -17,7 +17,8 @@ BASE = [f"config={REPO / 'examples/configs/cpu_demo.yaml'}", MODEL]
 
 # (catalog id, words after BASE, strings the message must contain)
 WORD_CASES = [
-    ("C72", ["data.max_prompt_length=${data.max_response_length}", "data.max_response_length=${data.max_prompt_length}"],
+    ("C72", ["data.max_prompt_length=${data.max_response_length}",
+             "data.max_response_length=${data.max_prompt_length}"],
      ["'data.max_prompt_length' = '${data.max_response_length}'", "refers back to itself", "write a value"]),
     ("C76", [f"config={REPO / 'examples/configs/smollm2_learn.yaml'}"],
      ["config= is given 2 times", "cpu_demo.yaml", "smollm2_learn.yaml", "merge them into one"]),

@@ -85,8 +85,8 @@ def check_top_level(path: str) -> None:
     with open(path, encoding="utf-8") as f:
         top = yaml.safe_load(f)
     if top is not None and not isinstance(top, (dict, list)):
-        raise ConfigError(f"Config file '{path}' (from config=) holds a {type(top).__name__} at the top level ({top!r});"
-                          " it must be a mapping of sections (data:, algorithm:, worker:, trainer:).")
+        raise ConfigError(f"Config file '{path}' (from config=) holds a {type(top).__name__} at the top level "
+                          f"({top!r}); it must be a mapping of sections (data:, algorithm:, worker:, trainer:).")
 
 
 def check_leaf_values(layer: dict, source: str, valid: dict[str, bool], defaults: Any, prefix: str = "") -> None:
