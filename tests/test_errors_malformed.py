@@ -98,3 +98,15 @@ def test_greedy_sampling_without_groups_is_allowed():
     """``temperature=0`` is refused only where the advantage is relative to the group; ``n=1`` is fine."""
     assert load_config(BASE + ["worker.rollout.temperature=0", "worker.rollout.n=1", "worker.actor.global_batch_size=2",
                                "worker.actor.micro_batch_size_per_device_for_update=1"]).worker.rollout.n == 1
+
+
+def test_greedy_sampling_with_n_copies_warns_where_it_still_learns():  # W10
+    """Without a group baseline (gae, reinforce_plus_plus) greedy ``n > 1`` trains, on copies: a warning."""
+    from easyrl.config.traps import ConfigWarning
+
+    with pytest.warns(ConfigWarning) as caught:
+        load_config(BASE + ["worker.rollout.temperature=0", "algorithm.adv_estimator=reinforce_plus_plus"])
+    line = next(str(w.message) for w in caught if "samples greedily" in str(w.message))
+    for culprit in ("worker.rollout.temperature=0.0", "worker.rollout.n=4", "reinforce_plus_plus", "1/4",
+                    "worker.rollout.n=1"):
+        assert culprit in line, line
