@@ -149,6 +149,7 @@ def images(steps: int, per_step: int, cache_gb: Optional[float], side: int = 448
     """
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # as easyrl's CPU workers (workers/group.py)
     import numpy as np
     from PIL import Image
     from vllm import LLM, SamplingParams
