@@ -90,6 +90,30 @@ def test_a_save_killed_half_way_leaves_the_previous_checkpoint_as_the_last(tmp_p
     assert not (root / ".global_step_2.tmp").exists()
 
 
+def test_a_tracker_write_that_fails_half_way_leaves_the_previous_tracker(tmp_path, monkeypatch):
+    """The tracker is written to a temporary file and then renamed over the old one: a write cut short (here the
+    disk fills after 12 bytes) leaves the old tracker whole. Written in place, it would be left as '{"last_glob'."""
+    import errno
+
+    import easyrl.trainer.checkpoint as checkpoint
+
+    root = str(tmp_path)
+    commit_checkpoint(root, 1, _write)
+
+    def dump_until_full(data, f, **kwargs):
+        f.write(json.dumps(data)[:12])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpoint.json, "dump", dump_until_full)
+    with pytest.raises(RunStateError, match="last good checkpoint is .*global_step_1"):
+        commit_checkpoint(root, 2, _write)
+    monkeypatch.undo()
+    assert read_tracker(root)["last_global_step"] == 1
+    assert find_last_checkpoint(root) == os.path.join(root, "global_step_1")
+    commit_checkpoint(root, 2, _write)  # the same save again, with space: the stale step-2 folder is replaced
+    assert find_last_checkpoint(root) == os.path.join(root, "global_step_2")
+
+
 def test_missing_checkpoint_named_by_the_tracker_is_an_error(tmp_path):
     (tmp_path / "checkpoint_tracker.json").write_text(json.dumps({"last_global_step": 3}))
     with pytest.raises(FileNotFoundError, match="global_step_3"):
@@ -198,3 +222,34 @@ def test_first_signal_asks_to_stop_second_exits_at_once():
     twice = subprocess.run([sys.executable, "-c", TWO_SIGNALS, "twice"], cwd=REPO, capture_output=True, text=True,
                            timeout=60)
     assert twice.returncode == 128 + signal.SIGINT and "not reached" not in twice.stdout
+
+
+def test_checkpointer_writes_a_manifest_and_refuses_a_mismatch_before_the_workers_load(tmp_path):
+    """``Checkpointer.save`` writes ``manifest.json`` after every shard; ``load`` checks it before any worker reads."""
+    from types import SimpleNamespace
+
+    from easyrl.trainer.checkpoint import Checkpointer
+    from easyrl.trainer.checkpoint_manifest import MANIFEST
+
+    class Workers:
+        calls: list[str] = []
+
+        def run_all(self, method, path):
+            self.calls.append(method.__name__)
+            if method.__name__ == "save_checkpoint":
+                Path(path, "actor").mkdir()
+                Path(path, "actor", "__0_0.distcp").write_bytes(b"w" * 64)
+
+    identity = {"world_size": 2, "optimizer": "AdamW", "actor_lora_rank": 0, "critic": False, "model": {}}
+    trainer = SimpleNamespace(save_checkpoint_path=str(tmp_path), save_limit=-1, best_metric="val/reward/overall",
+                              best_metric_mode="max")
+    workers = Workers()
+    path = Checkpointer(trainer, workers, identity).save(4, {"global_step": 4})
+    manifest = json.loads(Path(path, MANIFEST).read_text())
+    assert manifest["world_size"] == 2 and manifest["files"]["actor/__0_0.distcp"] == 64
+    assert TRAINER_STATE in manifest["files"]
+    assert Checkpointer(trainer, workers, identity).load(path)["global_step"] == 4
+    workers.calls.clear()
+    with pytest.raises(RunStateError, match="this run has 4"):
+        Checkpointer(trainer, workers, {**identity, "world_size": 4}).load(path)
+    assert workers.calls == []  # refused before any worker was asked to load

@@ -75,3 +75,36 @@ def test_the_reward_actor_scores_through_the_guard():
     assert scores["overall"] == [2.0, 0.0] and [f.index for f in failures] == [1]
     with pytest.raises(RewardSampleError, match="step 6, sample 1"):
         scorer.score_guarded(f"{FAULTY_FILE}:compute_score", {}, "batch", _inputs("ab", "boom"), "raise", None, 6)
+
+
+@pytest.mark.parametrize("on_error", ["raise", "zero"])
+def test_an_exception_other_than_value_error_is_guarded_in_process(on_error):
+    """Every other test reward raises ValueError; a guard narrowed to ``except ValueError`` would let this
+    ZeroDivisionError through as a traceback."""
+    guard = GuardedReward(_fn("batch"), on_error=on_error, timeout_s=None)
+    if on_error == "raise":
+        with pytest.raises(RewardSampleError, match=r"step 2, sample 1: ZeroDivisionError: division by zero"):
+            guard(_inputs("ab", "divide me"), step=2)
+    else:
+        scores, failures = guard(_inputs("ab", "divide me"), step=2)
+        assert scores["overall"] == [2.0, 0.0] and [f.index for f in failures] == [1]
+        assert failures[0].error.startswith("ZeroDivisionError")
+
+
+def test_a_helper_process_that_dies_is_reported_and_replaced():
+    """A reward function that ends its own process (``os._exit``; a segfault or the OOM killer look the same): the call
+    reports the sample as failed, naming the death and the exit code, and a new helper scores the next call."""
+    guard = GuardedReward(_fn("sequential"), on_error="zero", timeout_s=30.0)
+    try:
+        assert guard(_inputs("warm"), step=1)[1] == []
+        first = guard._helper.process.pid
+        scores, failures = guard(_inputs("ab", "exit now", "abc"), step=2)
+        assert scores["overall"] == [2.0, 0.0, 3.0]
+        assert [f.index for f in failures] == [1]
+        assert "died (exit code 3)" in failures[0].error
+        assert guard(_inputs("xyz"), step=3) == ({"overall": [3.0], "format": [1.0]}, [])
+        assert guard._helper.process.pid != first  # replaced
+        with pytest.raises(RewardSampleError, match=r"step 4, sample 0: the reward process died \(exit code 3\)"):
+            GuardedReward(_fn("sequential"), on_error="raise", timeout_s=30.0)(_inputs("exit now"), step=4)
+    finally:
+        guard.close()

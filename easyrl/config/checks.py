@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
 import re
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -299,6 +300,45 @@ def check_env_vars(env_vars: dict) -> None:
                               "(letters, digits and _, not starting with a digit).")
 
 
+GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline", "remax", "grpo_passk")
+"""Advantage estimators whose baseline comes from the other samples of the same prompt (or, remax, its greedy one)."""
+
+
+def check_greedy_groups(config: "PPOConfig") -> None:
+    """Greedy sampling (``worker.rollout.temperature=0`` or ``top_k=1``) with ``n > 1`` and a group-relative
+    estimator: the ``n`` samples of a prompt are identical, every advantage is 0 and the policy never moves (only the
+    KL term acts), so the run would spend its compute for nothing. An error, not a warning: nothing sensible goes on.
+    With ``gae`` or ``reinforce_plus_plus`` (no group baseline) it only duplicates work: ``easyrl.config.traps``."""
+    rollout, estimator = config.worker.rollout, config.algorithm.adv_estimator
+    greedy = "temperature=0" if rollout.temperature == 0 else "top_k=1" if rollout.top_k == 1 else None
+    if greedy and rollout.n > 1 and estimator in GROUP_ESTIMATORS:
+        raise ConfigError(
+            f"worker.rollout.{greedy} samples greedily, so the worker.rollout.n={rollout.n} responses of each prompt "
+            f"are identical and every advantage of algorithm.adv_estimator={estimator} (relative to its group) is 0: "
+            "nothing would be learned. Sample with worker.rollout.temperature=1.0 (and top_k=-1); keep greedy "
+            "decoding for validation (worker.rollout.val_override_config)."
+        )
+
+
+def check_run_names(trainer: Any) -> None:
+    """``trainer.project_name`` and ``trainer.experiment_name`` are each one folder name, so that the run folder
+    ``<runs_root>/<project_name>/<experiment_name>`` stays inside ``trainer.runs_root``: not empty, no ``/`` or
+    ``\\``, not ``.`` or ``..``."""
+    for key in ("project_name", "experiment_name"):
+        name = getattr(trainer, key)
+        if not name.strip():
+            raise ConfigError(f"trainer.{key} is empty: give a folder name for the run, e.g. trainer.{key}=my_run.")
+        if "/" in name or "\\" in name or name.strip() in (".", ".."):
+            safe = re.sub(r"[/\\]+", "_", name).strip("._") or "my_run"
+            folder = os.path.normpath(os.path.join(trainer.runs_root, trainer.project_name, trainer.experiment_name))
+            raise ConfigError(
+                f"trainer.{key}={name!r} is not one folder name: the run folder would be {folder!r}, not "
+                f"<runs_root>/<project_name>/<experiment_name> inside trainer.runs_root={trainer.runs_root!r}. Write a "
+                f"name without '/', '\\' or '..', e.g. trainer.{key}={safe}, and choose where runs go with "
+                "trainer.runs_root."
+            )
+
+
 def check_config(config: "PPOConfig") -> None:
     """All value checks of a merged configuration, in the order of the module docstring.
 
@@ -313,3 +353,5 @@ def check_config(config: "PPOConfig") -> None:
     check_combinations(config)
     check_lora(config.worker.actor.model.lora)
     check_env_vars(config.worker.env_vars)
+    check_run_names(config.trainer)
+    check_greedy_groups(config)

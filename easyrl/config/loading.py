@@ -10,6 +10,7 @@ from typing import Any, Optional
 
 from omegaconf import OmegaConf
 
+from easyrl.config import malformed
 from easyrl.config.checks import check_config
 from easyrl.config.paths import resolve_config_paths
 from easyrl.config.ppo import PPOConfig
@@ -102,13 +103,9 @@ def _pop_dotted(tree: dict, key: str) -> Any:
     return node.pop(last)
 
 
-def _merge_error(err: Exception, source: str) -> str:
+def _merge_error(err: Exception, source: str, layer: Optional[dict] = None) -> str:
     """One line for an OmegaConf merge error (a value of the wrong type), naming the key where OmegaConf knows it."""
-    key = getattr(err, "full_key", None)
-    message = (getattr(err, "msg", None) or str(err)).strip().splitlines()[0].rstrip(".")
-    if key:
-        return f"Bad value for '{key}' (from {source}): {message}."
-    return f"Bad value in {source}: {message} (a section must be a mapping of keys)."
+    return malformed.value_error(err, source, layer, OmegaConf.structured(PPOConfig))
 
 
 def _load_yaml(path: str) -> dict:
@@ -124,8 +121,9 @@ def _load_yaml(path: str) -> dict:
         if context is not None and getattr(err, "context", None) and context.line != getattr(mark, "line", None):
             problem += f" ({err.context} that starts at line {context.line + 1})"
         raise ConfigError(f"Config file '{path}' (from config=) is not valid YAML:{where}: {problem}.") from None
-    except Exception as err:  # omegaconf's own errors (e.g. a key it cannot represent), unreadable file
-        raise ConfigError(f"Config file '{path}' (from config=) cannot be read: {err}") from None
+    except Exception as err:  # omegaconf's own errors (e.g. a malformed ${...}), a file that is not UTF-8
+        raise ConfigError(malformed.read_error(err, path)) from None
+    malformed.check_top_level(path)
     container = OmegaConf.to_container(conf)
     if container is None:
         return {}
@@ -151,6 +149,7 @@ def load_config(argv: list[str]) -> PPOConfig:
         ConfigError: unknown or auto key, malformed override, missing or malformed YAML file (not a mapping), value
             of the wrong type or out of range (``easyrl.config.checks``).
     """
+    malformed.check_words(argv)
     yaml_path = None
     overrides = []
     for word in argv:
@@ -173,7 +172,8 @@ def load_config(argv: list[str]) -> PPOConfig:
             OmegaConf.from_dotlist([word])
         except Exception as e:  # omegaconf's / PyYAML's grammar errors
             reason = " ".join(str(e).strip().splitlines()[:2]).rstrip(".")
-            raise ConfigError(f"Could not parse the command-line word '{word}': {reason}.") from None
+            raise ConfigError(f"Could not parse the command-line word '{word}': {reason}. Write the value as YAML "
+                              "(a number, a word, [a,b] or {k: v}), its brackets and quotes closed.") from None
     cli_conf = OmegaConf.from_dotlist(overrides)
     cli_whole_keys = {word.split("=", 1)[0] for word in overrides}
     layers.append((OmegaConf.to_container(cli_conf), "the command line", cli_whole_keys))
@@ -181,6 +181,7 @@ def load_config(argv: list[str]) -> PPOConfig:
     free_dicts = [key for key, is_dict in valid.items() if is_dict]
     for layer, source, whole_keys in layers:
         layer = layer or {}
+        malformed.check_leaf_values(layer, source, valid, OmegaConf.structured(PPOConfig))
         _check_keys(layer, source, valid, autos)
         # A free-form dict given whole by a later layer replaces the earlier one instead of merging into it, so that
         # worker.reward.reward_function_kwargs={} really drops the YAML's kwargs. A YAML gives dicts whole; on the
@@ -193,12 +194,16 @@ def load_config(argv: list[str]) -> PPOConfig:
                 if isinstance(value, dict):
                     OmegaConf.update(merged, key, value, merge=False)
                 else:
-                    raise ConfigError(f"'{key}' (from {source}) must be a mapping, got {value!r}.")
+                    raise ConfigError(f"'{key}' (from {source}) must be a mapping, got {value!r}: write "
+                                      f"{key}={{name: value}}, or {key}={{}} for none.")
         except ConfigError:
             raise
         except Exception as e:  # type mismatch, e.g. a string for an int
-            raise ConfigError(_merge_error(e, source)) from None
-    config: PPOConfig = OmegaConf.to_object(merged)
+            raise ConfigError(_merge_error(e, source, layer)) from None
+    try:
+        config: PPOConfig = OmegaConf.to_object(merged)
+    except Exception as e:  # a ${...} that cannot be resolved, or resolves to a value of the wrong type
+        raise ConfigError(malformed.resolve_error(e, merged, valid, OmegaConf.structured(PPOConfig))) from None
     config.finalize()
     check_config(config)
     warn_config_traps(config)

@@ -72,6 +72,13 @@ def _sampling_messages(config: PPOConfig) -> list[str]:
             "the actor computes the full one, so rollout/* mismatch metrics and TIS weights compare different "
             "distributions (the TIS blog and verl's rollout correction assume top_p=1, top_k=-1)."
         )
+    if (rollout.temperature == 0 or rollout.top_k == 1) and rollout.n > 1:  # group estimators: an error (checks.py)
+        messages.append(
+            f"worker.rollout.temperature={rollout.temperature} / top_k={rollout.top_k} samples greedily, so the "
+            f"worker.rollout.n={rollout.n} responses of each prompt are copies of one: "
+            f"algorithm.adv_estimator={algo.adv_estimator} still learns, but from 1/{rollout.n} of the samples it "
+            "generates. Set worker.rollout.n=1, or sample (worker.rollout.temperature=1.0)."
+        )
     return messages
 
 

@@ -86,13 +86,17 @@ class _Helper:
             raise RuntimeError(f"the reward helper process could not load {reward_fn.spec}: {value}")
 
     def call(self, inputs: list[dict[str, Any]], timeout_s: float) -> tuple[str, Any]:
-        self.conn.send(inputs)
-        if not self.conn.poll(timeout_s):
-            return "timeout", f"no result within worker.reward.timeout_s={timeout_s:g} s"
+        """``("ok", scores)``, ``("error", text)`` (the function raised), ``("timeout", text)`` or ``("crash", text)``
+        (the process died: ``os._exit``, a segfault, the OOM killer; a new one serves the next call)."""
         try:
+            self.conn.send(inputs)
+            if not self.conn.poll(timeout_s):
+                return "timeout", f"no result within worker.reward.timeout_s={timeout_s:g} s"
             return self.conn.recv()
-        except EOFError:
-            return "crash", f"the reward process died (exit code {self.process.exitcode})"
+        except (EOFError, OSError):  # the pipe closed under us: the process is gone
+            self.process.join(5)
+            return "crash", (f"the reward process died (exit code {self.process.exitcode}) while scoring; a new one "
+                             "is started for the next call")
 
     def kill(self) -> None:
         self.process.kill()

@@ -32,13 +32,14 @@ def build_trainer(config: PPOConfig, worker_cls: Optional[type] = None):
     from easyrl.trainer.dashboards import check_logger_credentials
     from easyrl.trainer.launch import quiet_datasets, start_ray
     from easyrl.trainer.preflight import prepare
-    from easyrl.trainer.run_folder import check_run_folder
+    from easyrl.trainer.run_folder import check_resumable, check_run_folder
 
     quiet_datasets()
     ready = prepare(config)
     check_logger_credentials(config.trainer)
     # refuse another run's folder, or a changed config, and stop at a finished run, before anything starts
     check_run_folder(config.trainer, to_dict(config), config.training_steps(len(ready.train_dataset)))
+    check_resumable(config)  # a truncated or mismatched checkpoint to resume, before anything starts
     from easyrl.trainer.ray_trainer import RayPPOTrainer  # after the checks, which need none of this
     from easyrl.workers.fsdp_worker import FSDPWorker
 

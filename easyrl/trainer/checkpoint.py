@@ -12,14 +12,18 @@ Layout (EasyR1's names), under ``trainer.save_checkpoint_path`` (default: the ru
         critic/                   with algorithm.adv_estimator=gae: the critic's DCP shards (model with its value
                                   head, optimizer) and critic/extra_state_rank_R.pt (its LR scheduler, counters)
         trainer_state.pt          the driver: global step, dataloader position, KL controller, RNG states
+        manifest.json             written last: ranks, optimizer, model shape, every file's size
+                                  (``easyrl.trainer.checkpoint_manifest``, checked before a resume loads anything)
 
 A checkpoint is written under ``.global_step_N.tmp`` and renamed to ``global_step_N`` only when every file is there;
 the tracker is then replaced atomically (write + ``os.replace``). A crash at any moment leaves the tracker naming the
-previous complete checkpoint, which is what a resume picks.
+previous complete checkpoint, which is what a resume picks. A save that fails (a full disk) removes its temporary
+folder and ends the run with one line naming the last good checkpoint (:func:`commit_checkpoint`).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -29,6 +33,9 @@ from collections.abc import Callable
 from typing import Any, Optional
 
 import torch
+
+from easyrl.errors import RunStateError
+from easyrl.trainer.checkpoint_manifest import check_checkpoint, write_manifest
 
 logger = logging.getLogger("easyrl.checkpoint")
 
@@ -129,26 +136,60 @@ def commit_checkpoint(root: str, step: int, write: Callable[[str], None], metric
 
     Returns:
         The final checkpoint folder ``<root>/global_step_<step>``.
+
+    Raises:
+        RunStateError: writing failed with an ``OSError`` (a full disk, a quota, a read-only folder; also inside a
+            worker): the temporary folder is removed, the tracker still names the previous checkpoint, and the
+            message names it.
     """
     os.makedirs(root, exist_ok=True)
     final = os.path.join(root, step_dir_name(step))
     tmp = os.path.join(root, f".{step_dir_name(step)}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)  # left by a save that was interrupted
-    os.makedirs(tmp)
-    write(tmp)
-    if os.path.exists(final):  # written by a run that died after it and before the tracker named it: stale
-        shutil.rmtree(final)
-    os.rename(tmp, final)
     tracker = read_tracker(root)
-    tracker["last_global_step"] = step
-    if metric is not None and is_better(metric, tracker.get("best_metric_value"), mode):
-        tracker.update(best_global_step=step, best_metric=metric_name, best_metric_value=metric)
-    _write_json_atomic(os.path.join(root, TRACKER), tracker)
+    try:
+        os.makedirs(tmp)
+        write(tmp)
+        if os.path.exists(final):  # written by a run that died after it and before the tracker named it: stale
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        tracker["last_global_step"] = step
+        if metric is not None and is_better(metric, tracker.get("best_metric_value"), mode):
+            tracker.update(best_global_step=step, best_metric=metric_name, best_metric_value=metric)
+        _write_json_atomic(os.path.join(root, TRACKER), tracker)
+    except Exception as err:
+        shutil.rmtree(tmp, ignore_errors=True)  # give the space back
+        os_error = _os_error_in(err)
+        if os_error is None:
+            raise
+        last = read_tracker(root).get("last_global_step")
+        good = os.path.join(root, step_dir_name(last)) if last is not None else "none (no step saved yet)"
+        hint = "free disk space" if os_error.errno in (errno.ENOSPC, errno.EDQUOT) else "fix the folder"
+        raise RunStateError(
+            f"saving checkpoint {step_dir_name(step)} under {root} failed ({os_error}); the last good checkpoint is "
+            f"{good}. {hint.capitalize()} (or lower trainer.save_limit, or set trainer.save_checkpoint_path to "
+            f"another disk), then run the same command again: it resumes from there."
+        ) from err
     present = [int(m.group(1)) for name in os.listdir(root) if (m := _STEP_DIR.match(name))]
     for old in checkpoints_to_delete(present, step, save_limit, tracker.get("best_global_step")):
         shutil.rmtree(os.path.join(root, step_dir_name(old)), ignore_errors=True)
         logger.info("save_limit=%d: removed %s", save_limit, step_dir_name(old))
     return final
+
+
+def _os_error_in(err: Optional[BaseException], depth: int = 0) -> Optional[OSError]:
+    """The ``OSError`` behind ``err``: itself, a Ray task error's cause (``.cause``), one of a DCP
+    ``CheckpointException``'s per-rank ``failures``, or an explicit ``raise ... from``."""
+    if err is None or depth > 8:
+        return None
+    if isinstance(err, OSError):
+        return err
+    failures = getattr(err, "failures", None)
+    for inner in failures.values() if isinstance(failures, dict) else ():
+        if isinstance(inner, BaseException) and (found := _os_error_in(inner, depth + 1)) is not None:
+            return found
+    cause = getattr(err, "cause", None)
+    return _os_error_in(cause if isinstance(cause, BaseException) else err.__cause__, depth + 1)
 
 
 class Checkpointer:
@@ -159,11 +200,14 @@ class Checkpointer:
     Args:
         config: the ``trainer`` config section (paths, ``save_limit``, ``best_metric``, ``best_metric_mode``).
         workers: the ``WorkerGroup``.
+        identity: this run's ``easyrl.trainer.checkpoint_manifest.run_identity`` (None: no manifest written, none
+            checked).
     """
 
-    def __init__(self, config, workers):
+    def __init__(self, config, workers, identity: Optional[dict[str, Any]] = None):
         self.config = config
         self.workers = workers
+        self.identity = identity
         self.last: Optional[str] = None
 
     @staticmethod
@@ -190,6 +234,8 @@ class Checkpointer:
         def write(tmp: str) -> None:
             self.workers.run_all(FSDPWorker.save_checkpoint, tmp)
             torch.save(driver_state, os.path.join(tmp, TRAINER_STATE))
+            if self.identity is not None:
+                write_manifest(tmp, self.identity)
 
         metric = (metrics or {}).get(cfg.best_metric)
         self.last = commit_checkpoint(cfg.save_checkpoint_path, step, write, metric=metric,
@@ -200,9 +246,16 @@ class Checkpointer:
 
     def load(self, path: str) -> dict[str, Any]:
         """Restore every worker's shards from checkpoint folder ``path``; returns the driver's state saved with it
-        (for the trainer's ``load_state_dict``)."""
+        (for the trainer's ``load_state_dict``).
+
+        Raises:
+            RunStateError: the checkpoint is truncated or does not fit this run (``check_checkpoint``), before any
+                worker loads from it.
+        """
         from easyrl.workers.fsdp_worker import FSDPWorker
 
+        if self.identity is not None:
+            check_checkpoint(path, self.identity)
         self.workers.run_all(FSDPWorker.load_checkpoint, path)
         self.last = path
         return torch.load(os.path.join(path, TRAINER_STATE), weights_only=False)

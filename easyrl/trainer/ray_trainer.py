@@ -34,6 +34,7 @@ from easyrl.rewards.function import RewardFunction
 from easyrl.rng import get_rng_state, set_rng_state
 from easyrl.trainer.batch_layout import for_workers
 from easyrl.trainer.checkpoint import Checkpointer
+from easyrl.trainer.checkpoint_manifest import run_identity
 from easyrl.trainer.flops import ModelShape, compute_mfu_metrics, peak_flops
 from easyrl.trainer.generation import Generator
 from easyrl.trainer.loggers import Tracker
@@ -104,7 +105,7 @@ class RayPPOTrainer:
         rollout = SingleTurnRollout(self.workers, cfg.data.max_response_length, self.pad_id)
         self.generator = Generator(cfg, rollout, self.scorer, self.pad_id)
         self.validator = Validator(cfg, self.val_dataset, self.generator, self.scorer, self.tokenizer)
-        self.checkpointer = Checkpointer(cfg.trainer, self.workers)
+        self.checkpointer = Checkpointer(cfg.trainer, self.workers, run_identity(cfg))
         self._init_perf()
 
     def _init_perf(self) -> None:

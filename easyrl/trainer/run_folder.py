@@ -20,6 +20,7 @@ from easyrl.config import PPOConfig, valid_keys
 from easyrl.config.rerun import training_changes
 from easyrl.errors import RunStateError
 from easyrl.trainer.checkpoint import TRAINER_STATE, Checkpointer, find_last_checkpoint, read_tracker
+from easyrl.trainer.checkpoint_manifest import check_checkpoint, run_identity
 
 logger = logging.getLogger("easyrl.checkpoint")
 
@@ -170,3 +171,18 @@ def check_run_folder(trainer, new_config: Optional[dict[str, Any]] = None,
             f"new run choose a new trainer.experiment_name; to validate it: easyrl eval config=... model={resume_from}"
         )
     return resume_from
+
+
+def check_resumable(config) -> None:
+    """The checkpoint this run would resume from (if any) is complete and fits this run (model, ranks, optimizer;
+    ``easyrl.trainer.checkpoint_manifest.check_checkpoint``), checked before Ray starts.
+
+    Args:
+        config: the whole ``PPOConfig``.
+
+    Raises:
+        RunStateError: naming the file or the mismatch.
+    """
+    path = checkpoint_to_resume(config.trainer)
+    if path is not None:
+        check_checkpoint(path, run_identity(config))

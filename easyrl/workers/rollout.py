@@ -102,6 +102,10 @@ class VLLMRollout:
             # the image size bounds of the data also bound vLLM's start-up profiling (its dummy image would otherwise
             # be the model's largest, which takes tens of seconds to preprocess on a CPU)
             engine_kwargs["mm_processor_kwargs"] = {"min_pixels": config.min_pixels, "max_pixels": config.max_pixels}
+            # vLLM keeps every processed image in an LRU cache of up to 4 GiB per engine (mm_processor_cache_gb),
+            # which an RL run, seeing each image once an epoch, fills step after step (EasyR1 #11002's host-memory
+            # growth; bench/soak.py images measures it): keep none, as EasyR1 does (disable_mm_preprocessor_cache)
+            engine_kwargs["mm_processor_cache_gb"] = 0
         if device == "cpu":
             # vLLM's CPU backend sizes its KV cache from this variable (GiB), not from gpu_memory_utilization.
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, math.ceil(config.cpu_kvcache_space_gib))))

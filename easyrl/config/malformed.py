@@ -1,0 +1,248 @@
+"""One line for each way a command-line word, a YAML file or a value can be malformed, naming the culprit and what to
+write instead (docs/errors.md, "Configuration"). ``easyrl.config.loading`` calls these at its steps:
+
+- :func:`check_words`: the words themselves (``=5`` without a key, ``config=`` empty, given twice, or a folder);
+- :func:`read_error`: a YAML file that cannot be read (not UTF-8, a malformed ``${...}``); :func:`check_top_level`:
+  one that holds a single value;
+- :func:`check_leaf_values`: a mapping given where a single value belongs (``data.max_prompt_length={a: 1}``);
+- :func:`value_error`: a value OmegaConf refuses (wrong type, empty, a list of the wrong length), with the key's
+  expected type and its default as the example;
+- :func:`resolve_error`: a ``${...}`` interpolation that cannot be resolved (unknown key, unset environment variable,
+  a loop, an unknown resolver).
+
+Duplicate keys on the command line are not an error: the later word wins (OmegaConf's and EasyR1's rule; launch
+scripts append overrides). Duplicate keys inside one YAML file are (PyYAML's "found duplicate key", with its line).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import re
+import typing
+from typing import Any, Optional
+
+from easyrl.errors import ConfigError
+
+_MISSING_KEY = re.compile(r"Interpolation key '([^']+)' not found")
+_MISSING_ENV = re.compile(r"Environment variable '([^']+)' not found")
+_RESOLVER = re.compile(r"Unsupported interpolation type (\S+)")
+
+
+def check_words(argv: list[str]) -> None:
+    """Refuse command-line words that cannot mean anything: ``=value`` without a key, an empty ``config=``, ``config=``
+    given twice (the first file would be ignored) or naming a folder.
+
+    Raises:
+        ConfigError: naming the word and what to write instead.
+    """
+    configs = [word.split("=", 1)[1] for word in argv if word.startswith("config=")]
+    for word in argv:
+        if word.startswith("="):
+            raise ConfigError(f"Command-line word '{word}' has no key before '=': write key=value, e.g. "
+                              f"data.max_prompt_length{word}.")
+    if len(configs) > 1:
+        raise ConfigError(f"config= is given {len(configs)} times ({', '.join(repr(c) for c in configs)}); easyrl "
+                          "reads one YAML file: merge them into one, or give the later file's settings as key=value "
+                          "words after config=.")
+    if configs and not configs[0].strip():
+        raise ConfigError("config= is empty: give the path of a YAML file, e.g. config=examples/configs/cpu_demo.yaml,"
+                          " or leave the word out to start from the defaults.")
+    if configs and os.path.isdir(configs[0]):
+        found = sorted(name for name in os.listdir(configs[0]) if name.endswith((".yaml", ".yml")))
+        example = os.path.join(configs[0], found[0]) if found else os.path.join(configs[0], "<file>.yaml")
+        raise ConfigError(f"Config file '{configs[0]}' (from config=) is a folder: give one YAML file, e.g. "
+                          f"config={example}.")
+
+
+def read_error(err: Exception, path: str) -> str:
+    """The one line for a YAML file that PyYAML parsed but OmegaConf or the decoder could not read."""
+    if isinstance(err, UnicodeDecodeError):
+        with open(path, "rb") as f:
+            head = f.read(err.start)
+        line = head.count(b"\n") + 1
+        column = err.start - (head.rfind(b"\n") + 1) + 1
+        return (f"Config file '{path}' (from config=) is not UTF-8 text: byte 0x{err.object[err.start]:02x} at line "
+                f"{line}, column {column}; save the file as UTF-8.")
+    key = getattr(err, "full_key", None)
+    first = (getattr(err, "msg", None) or str(err)).strip().splitlines()[0]
+    if key and "GrammarParse" in type(err).__name__:
+        return (f"Config file '{path}' (from config=): '{key}' holds a malformed ${{...}} interpolation ({first}); "
+                f"write ${{section.key}} with its closing brace, or quote the value if the '$' is meant literally.")
+    return f"Config file '{path}' (from config=) cannot be read: {first}"
+
+
+def check_top_level(path: str) -> None:
+    """Refuse a YAML file (already parsed once by OmegaConf) whose top level is a single value: OmegaConf reads the
+    word ``cpu_demo`` as the key ``cpu_demo:``, which would be reported as an unknown key.
+
+    Raises:
+        ConfigError: naming the file and the type found.
+    """
+    import yaml
+
+    with open(path, encoding="utf-8") as f:
+        top = yaml.safe_load(f)
+    if top is not None and not isinstance(top, (dict, list)):
+        raise ConfigError(f"Config file '{path}' (from config=) holds a {type(top).__name__} at the top level "
+                          f"({top!r}); it must be a mapping of sections (data:, algorithm:, worker:, trainer:).")
+
+
+def check_leaf_values(layer: dict, source: str, valid: dict[str, bool], defaults: Any, prefix: str = "") -> None:
+    """Refuse a mapping given for a key that holds one value (``data.max_prompt_length={a: 1}`` or a YAML block under
+    it), which would otherwise read as unknown keys below it.
+
+    Args:
+        layer: one layer (YAML file or command line) as a nested dict.
+        source: where it came from, for the message.
+        valid: ``easyrl.config.loading.valid_keys(PPOConfig)``.
+        defaults: ``OmegaConf.structured(PPOConfig)``, for the example value.
+
+    Raises:
+        ConfigError: naming the key, the mapping given and an example value.
+    """
+    for key, value in layer.items():
+        name = f"{prefix}{key}"
+        if name not in valid or valid[name]:
+            continue
+        is_section = any(k.startswith(name + ".") for k in valid)
+        if isinstance(value, dict) and not is_section:
+            raise ConfigError(f"'{name}' (from {source}) holds one value, not a section: got the mapping {value!r}; "
+                              f"write {_expected(name, defaults)}.")
+        if isinstance(value, dict):
+            check_leaf_values(value, source, valid, defaults, name + ".")
+
+
+def value_error(err: Exception, source: str, layer: Optional[dict], defaults: Any) -> str:
+    """The one line for a value OmegaConf refused while merging ``layer`` into the defaults: the key (found by merging
+    the layer's values one at a time when OmegaConf does not name it), what was wrong and what to write."""
+    from omegaconf import OmegaConf
+
+    key = getattr(err, "full_key", None)
+    message = (getattr(err, "msg", None) or str(err)).strip().splitlines()[0].rstrip(".")
+    if not key and layer:
+        for leaf, value in _leaves(layer):
+            try:
+                OmegaConf.merge(defaults, _nest(leaf, value))
+            except Exception as leaf_err:  # noqa: BLE001 - the first value that fails is the culprit
+                key = leaf
+                message = (getattr(leaf_err, "msg", None) or str(leaf_err)).strip().splitlines()[0].rstrip(".")
+                break
+    if not key:
+        return f"Bad value in {source}: {message} (a section must be a mapping of keys)."
+    if _is_section(key):
+        how = (f"set its keys one by one ({key}.<key>=value), or remove the word" if source == "the command line"
+               else "give its keys indented below it, or remove the line")
+        return f"'{key}' (from {source}) is an empty section: {how}."
+    if message.startswith("Incompatible value 'None'") or "is not Optional" in message:
+        return (f"'{key}' (from {source}) has no value (empty or null); write {_expected(key, defaults)}, or leave "
+                "the key out to keep its default.")
+    return f"Bad value for '{key}' (from {source}): {message}; write {_expected(key, defaults)}."
+
+
+def resolve_error(err: Exception, merged: Any, valid: dict[str, bool], defaults: Any) -> str:
+    """The one line for a ``${...}`` that ``OmegaConf.to_object`` could not resolve (or whose resolved value does not
+    fit its key), naming the key, the interpolation and what to write instead."""
+    from omegaconf import OmegaConf
+
+    key = getattr(err, "full_key", None) or "?"
+    text = str(getattr(err, "msg", None) or err)
+    raw = OmegaConf.to_container(merged, resolve=False)
+    for part in key.split("."):
+        raw = raw.get(part) if isinstance(raw, dict) else None
+    given = f"'{key}' = {raw!r}" if isinstance(raw, str) and "${" in raw else None
+    if given is None:  # no interpolation here: a plain value (or a resolved one) of the wrong type
+        return value_error(err, "the merged config", None, defaults)
+    if m := _MISSING_KEY.search(text):
+        close = difflib.get_close_matches(m.group(1), list(valid), n=2, cutoff=0.6)
+        hint = f" such as ${{{close[0]}}}" if close else ""
+        return (f"{given}: ${{{m.group(1)}}} names no config key; write the value itself, or refer to an existing "
+                f"key{hint}.")
+    if m := _MISSING_ENV.search(text):
+        return (f"{given}: the environment variable {m.group(1)} is not set; export it, give a default "
+                f"(${{oc.env:{m.group(1)},<default>}}), or write the value itself.")
+    if "Recursive interpolation" in text:
+        return f"{given} refers back to itself through other interpolations; write a value in one of them."
+    if m := _RESOLVER.search(text):
+        return (f"{given}: unknown resolver {m.group(1)}; easyrl resolves ${{section.key}} and ${{oc.env:NAME}}, or "
+                "write the value itself.")
+    first = text.strip().splitlines()[0].rstrip(".")
+    return f"{given} cannot be resolved ({first}); write the value itself."
+
+
+# ------------------------------------------------------------------------------------------------------ helpers
+
+
+def _leaves(tree: dict, prefix: str = "") -> list[tuple[str, Any]]:
+    out = []
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        out.extend(_leaves(value, name + ".") if isinstance(value, dict) and value else [(name, value)])
+    return out
+
+
+def _nest(key: str, value: Any) -> dict:
+    for part in reversed(key.split(".")):
+        value = {part: value}
+    return value
+
+
+def _field_type(key: str) -> Any:
+    """The annotated type of dotted ``key`` in ``PPOConfig`` (None where the path leaves the dataclasses)."""
+    from easyrl.config.ppo import PPOConfig
+
+    cls: Any = PPOConfig
+    hint: Any = None
+    for part in key.split("."):
+        if not dataclasses.is_dataclass(cls):
+            return None
+        hint = typing.get_type_hints(cls).get(part)
+        cls = hint
+    return hint
+
+
+def _is_section(key: str) -> bool:
+    return dataclasses.is_dataclass(_field_type(key))
+
+
+def _describe(hint: Any) -> str:
+    """``an integer``, ``a number``, ``true or false``, ``a list``, ... for a type hint."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Union:
+        inner = [a for a in args if a is not type(None)]
+        return (_describe(inner[0]) if len(inner) == 1 else "a value") + " (or null)"
+    if origin is tuple:
+        return f"a list of {len(args)} values"
+    if origin is list or hint is list:
+        return "a list"
+    if origin is dict or hint is dict:
+        return "a mapping"
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(hint, "a value")
+
+
+def _cli_value(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_cli_value(v) for v in value) + "]"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if value is None:
+        return "null"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_cli_value(v)}" for k, v in value.items()) + "}"
+    return str(value)
+
+
+def _expected(key: str, defaults: Any) -> str:
+    """``an integer, e.g. data.max_prompt_length=1024`` (the key's type, its default as the example)."""
+    from omegaconf import OmegaConf
+
+    described = _describe(_field_type(key))
+    try:
+        default = OmegaConf.to_container(OmegaConf.select(defaults, key)) if OmegaConf.is_config(
+            OmegaConf.select(defaults, key)) else OmegaConf.select(defaults, key)
+    except Exception:  # noqa: BLE001 - an auto key or a missing value: no example
+        default = None
+    if default is None or default == "":
+        return described
+    return f"{described}, e.g. {key}={_cli_value(default)} (the default)"

@@ -1,0 +1,142 @@
+"""What wrote a checkpoint, and the refusal, before any worker loads it, of one that is truncated or does not fit this
+run (another model, another number of ranks, another optimizer or trained-parameter set).
+
+Each ``global_step_N`` holds ``manifest.json``, written last (after every shard)::
+
+    {"world_size": 2, "optimizer": "AdamW", "actor_lora_rank": 0, "critic": false,
+     "model": {"model_type": "qwen2_5_vl", "hidden_size": 256, ...},
+     "files": {"actor/__0_0.distcp": 123456, "trainer_state.pt": 2345, ...}}
+
+At resume :func:`check_checkpoint` compares it with this run's :func:`run_identity` and every file's size with the
+one recorded (a half-deleted or truncated shard is named). A checkpoint without a manifest (written by an older
+easyrl) gets only the presence checks of the files each rank reads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from easyrl.errors import RunStateError
+
+MANIFEST = "manifest.json"
+OPTIMIZER = "AdamW"  # the one easyrl builds (workers/policy.py, workers/critic.py)
+MODEL_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+              "intermediate_size", "vocab_size")
+_SETTINGS = {  # manifest key -> how the message names it
+    "world_size": "ranks (trainer.nnodes * trainer.n_gpus_per_node)",
+    "optimizer": "optimizer",
+    "actor_lora_rank": "worker.actor.model.lora.rank (which parameters the optimizer holds)",
+    "critic": "a critic (algorithm.adv_estimator=gae)",
+}
+
+
+def model_fingerprint(hf_config: dict[str, Any]) -> dict[str, Any]:
+    """The shape-defining entries of a Hugging Face model config (``config.json`` as a dict); a vision-language
+    model's ``text_config`` fills what its top level lacks."""
+    text = hf_config.get("text_config") or {}
+    out = {}
+    for key in MODEL_KEYS:
+        value = hf_config.get(key, text.get(key))
+        if value is not None:
+            out[key] = value
+    return out
+
+
+def run_identity(config) -> dict[str, Any]:
+    """This run's side of the comparison: ranks, optimizer, LoRA rank, critic, and the model's fingerprint (its config
+    read from ``worker.actor.model.model_path``, local folder or hub cache)."""
+    from transformers import AutoConfig
+
+    model = config.worker.actor.model
+    hf_config = AutoConfig.from_pretrained(model.model_path, trust_remote_code=model.trust_remote_code).to_dict()
+    return {"world_size": config.world_size, "optimizer": OPTIMIZER, "actor_lora_rank": model.lora.rank,
+            "critic": config.algorithm.needs_critic, "model": model_fingerprint(hf_config)}
+
+
+def file_sizes(folder: str) -> dict[str, int]:
+    """Every file under ``folder`` (relative path -> bytes), the manifest itself left out."""
+    sizes = {}
+    for dirpath, _, names in os.walk(folder):
+        for name in names:
+            path = os.path.join(dirpath, name)
+            rel = os.path.relpath(path, folder)
+            if rel != MANIFEST:
+                sizes[rel] = os.path.getsize(path)
+    return dict(sorted(sizes.items()))
+
+
+def write_manifest(folder: str, identity: dict[str, Any]) -> None:
+    """Write ``<folder>/manifest.json``: ``identity`` and the size of every file written so far (call it last)."""
+    with open(os.path.join(folder, MANIFEST), "w", encoding="utf-8") as f:
+        json.dump({**identity, "files": file_sizes(folder)}, f, indent=1)
+
+
+def mismatches(saved: dict[str, Any], expected: dict[str, Any]) -> list[str]:
+    """How the checkpoint's manifest ``saved`` differs from this run's ``expected`` (``run_identity``): one phrase per
+    difference, e.g. ``"2 ranks (...), this run has 4"``; empty when it fits. Keys missing on either side are not
+    compared."""
+    found = []
+    for key, label in _SETTINGS.items():
+        if key in saved and key in expected and saved[key] != expected[key]:
+            found.append(f"saved with {label} = {saved[key]}, this run has {expected[key]}")
+    model_saved, model_now = saved.get("model", {}), expected.get("model", {})
+    for key in MODEL_KEYS:
+        if key in model_saved and key in model_now and model_saved[key] != model_now[key]:
+            found.append(f"saved from a model with {key}={model_saved[key]}, this run's model "
+                         f"(worker.actor.model.model_path) has {key}={model_now[key]}")
+    return found
+
+
+def damaged_files(folder: str, files: dict[str, int]) -> list[str]:
+    """The recorded files of ``folder`` that are missing or whose size differs from the recorded one."""
+    found = []
+    for rel, size in files.items():
+        path = os.path.join(folder, rel)
+        if not os.path.isfile(path):
+            found.append(f"{path} is missing")
+        elif os.path.getsize(path) != size:
+            found.append(f"{path} holds {os.path.getsize(path)} of its {size} bytes")
+    return found
+
+
+def _required_files(folder: str, identity: dict[str, Any]) -> list[str]:
+    """Without a manifest: the files every rank reads (DCP metadata, each rank's extra state, the critic's)."""
+    ranks = range(identity.get("world_size", 1))
+    needed = [os.path.join("actor", ".metadata"), "trainer_state.pt", *(f"extra_state_rank_{r}.pt" for r in ranks)]
+    if identity.get("critic"):
+        needed += [os.path.join("critic", ".metadata"), *(os.path.join("critic", f"extra_state_rank_{r}.pt")
+                                                           for r in ranks)]
+    paths = [os.path.join(folder, rel) for rel in needed]
+    return [f"{path} is missing" for path in paths if not os.path.exists(path)]
+
+
+def check_checkpoint(folder: str, identity: dict[str, Any]) -> None:
+    """Refuse checkpoint ``folder`` if a file is missing or truncated, or it was written by a run that does not fit
+    this one (``identity``: :func:`run_identity`).
+
+    Raises:
+        RunStateError: naming the file(s) or the mismatch, and what to do.
+    """
+    path = os.path.join(folder, MANIFEST)
+    if not os.path.isfile(path):
+        damaged = _required_files(folder, identity)
+        saved: dict[str, Any] = {}
+    else:
+        try:
+            with open(path, encoding="utf-8") as f:
+                saved = json.load(f)
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise RunStateError(f"{path} is not valid JSON ({err}): the checkpoint {folder} is damaged. Resume from "
+                                "another one (trainer.load_checkpoint_path=<folder>/global_step_M).") from None
+        damaged = damaged_files(folder, saved.get("files", {}))
+    if damaged:
+        raise RunStateError(f"checkpoint {folder} is incomplete: {'; '.join(damaged)}. Restore the files, or resume "
+                            "from an earlier checkpoint (trainer.load_checkpoint_path=<folder>/global_step_M).")
+    different = mismatches(saved, identity)
+    if different:
+        raise RunStateError(
+            f"checkpoint {folder} ({path}) does not fit this run: {'; '.join(different)}. Resume it with the settings "
+            "it was saved with, or start a new run: another trainer.experiment_name (or trainer.save_checkpoint_path)."
+        )
