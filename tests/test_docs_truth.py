@@ -45,6 +45,7 @@ ALLOWED: dict[str, str] = {
     "worker.rollout.tempreature": "a deliberate typo: the example of the unknown-key error (errors.md)",
     "data.max_promt_length": "a deliberate typo: the example of several unknown keys at once (errors.md C63)",
     "trainer.max_step": "a deliberate typo: the example of several unknown keys at once (errors.md C63)",
+    "data.max_prompt_length.a": "the unknown key an earlier easyrl reported for a mapping value (errors.md C83)",
     "worker.model_runner.get_model": "vLLM's worker attribute path, not a config key (vllm-versions.md)",
 }
 
