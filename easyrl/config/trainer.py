@@ -65,8 +65,9 @@ class TrainerConfig:
     """Where the final actor is exported in Hugging Face format; default ``<run_dir>/huggingface``."""
     save_freq: int = 5
     """Save a checkpoint every this many steps (and always after the last step); -1: only after the last step."""
-    save_limit: int = -1
-    """Keep the newest this many checkpoints, plus the best one (``best_metric``); -1 keeps all."""
+    save_limit: int = 3
+    """Keep the newest this many checkpoints, plus the best one (``best_metric``); -1 keeps all. 3 as EasyR1's example
+    config: a source recipe's checkpoint (actor + Adam states) is ~100 GB, keeping all of them ~1.2 TB per run."""
     save_checkpoint_path: Optional[str] = None
     """Folder of the run's ``global_step_N`` checkpoints and ``checkpoint_tracker.json``; default ``run_dir``."""
     load_checkpoint_path: Optional[str] = None
