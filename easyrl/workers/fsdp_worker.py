@@ -88,9 +88,9 @@ class FSDPWorker:
 
         os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(self.rank),
                           WORLD_SIZE=str(self.world_size), LOCAL_RANK="0")
-        if self.device == "cpu":
-            # one core per worker: keep torch's intra-op pool from oversubscribing the host
-            torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
+        # the host threads WorkerGroup gave this worker (workers.group.worker_cpu_threads): the CPU path's cores, or
+        # the offloaded Adam step's share of the node; keeps torch's intra-op pool from oversubscribing the host
+        torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
         set_device(self.device)
         self.torch_device = torch_device(self.device)
         dist.init_process_group(backend=collective_backend(self.device), rank=self.rank, world_size=self.world_size,
