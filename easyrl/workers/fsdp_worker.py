@@ -30,6 +30,7 @@ from easyrl.device import (
     set_device,
     torch_device,
 )
+from easyrl.models.hub_snapshot import local_model_path
 from easyrl.quiet import quiet_libraries
 from easyrl.workers import vllm_compat, weight_sync
 from easyrl.workers.fsdp_model import TORCH_DTYPES, gather_full_state_dict
@@ -81,6 +82,16 @@ class FSDPWorker:
         import ray
 
         return ray.util.get_node_ip_address(), free_port()
+
+    def fetch_model_files(self) -> None:
+        """Point this worker's model paths (actor, its tokenizer, the critic's) at local folders, downloading a hub id
+        into this node's hub cache (``easyrl.models.hub_snapshot``). Called on every worker BEFORE the process group
+        exists, so a long download waits under no collective timeout (rank 0 used to download inside the weight
+        broadcast while the other ranks timed out); the workers of one node share the download."""
+        worker = self.config.worker
+        for model in (worker.actor.model, worker.critic.model):
+            model.model_path = local_model_path(model.model_path)
+            model.tokenizer_path = local_model_path(model.tokenizer_path)
 
     def init_process_group(self, master_addr: str, master_port: int) -> None:
         """Join the workers' torch.distributed group (gloo / NCCL / HCCL) at rank 0's address."""

@@ -207,6 +207,7 @@ class WorkerGroup:
         ]
         master_addr, master_port = ray.get(self.workers[0].address.remote())
         self.rollout_layout = RolloutLayout(world_size, config.worker.rollout.tensor_parallel_size)
+        self.run_all(FSDPWorker.fetch_model_files)  # a hub id downloaded per node, before any collective timeout
         self.run_all(FSDPWorker.init_process_group, master_addr, master_port)
         self.run_all(FSDPWorker.init_models)
 
