@@ -255,6 +255,19 @@ def test_attention_implementation_choice():
     assert attention_implementation("cpu", True, "bf16", True) == PACKED_SDPA
 
 
+def test_flash_attention_warning_only_where_the_varlen_kernel_is_lost():
+    """#20: an H100 without flash_attn silently took the per-sequence fallback; now the start-up says so."""
+    from easyrl.workers.policy_forward import flash_attention_warning
+
+    message = flash_attention_warning("cuda", True, "bf16", False)
+    assert message.startswith("easyrl: flash_attn is not installed") and "pip install flash-attn" in message
+    assert flash_attention_warning("cuda", True, "bf16", True) is None
+    assert flash_attention_warning("cuda", True, "fp32", False) is None  # no fp32 flash kernels anyway
+    assert flash_attention_warning("cuda", False, "bf16", False) is None
+    assert flash_attention_warning("npu", True, "bf16", False) is None  # npu_fusion_attention
+    assert flash_attention_warning("cpu", True, "bf16", False) is None
+
+
 def _recording_step(trained, grads: dict):
     """``trained.optimizer.step`` that first copies the full gradients into ``grads``."""
     step = trained.optimizer.step
