@@ -255,12 +255,12 @@ def test_attention_implementation_choice():
     assert attention_implementation("cpu", True, "bf16", True) == PACKED_SDPA
 
 
-def test_flash_attention_warning_only_where_the_varlen_kernel_is_lost():
+def test_flash_attention_warning_only_where_the_varlen_kernel_is_lost():  # W02
     """#20: an H100 without flash_attn silently took the per-sequence fallback; now the start-up says so."""
     from easyrl.workers.policy_forward import flash_attention_warning
 
     message = flash_attention_warning("cuda", True, "bf16", False)
-    assert message.startswith("easyrl: flash_attn is not installed") and "pip install flash-attn" in message
+    assert message.startswith("flash_attn is not installed") and "pip install flash-attn" in message
     assert flash_attention_warning("cuda", True, "bf16", True) is None
     assert flash_attention_warning("cuda", True, "fp32", False) is None  # no fp32 flash kernels anyway
     assert flash_attention_warning("cuda", False, "bf16", False) is None

@@ -71,7 +71,7 @@ def flash_attention_warning(device: str, padding_free: bool, param_dtype: str, f
     """
     if device != "cuda" or not padding_free or param_dtype not in ("bf16", "fp16") or flash_available:
         return None
-    return ("easyrl: flash_attn is not installed: padding-free forwards on CUDA fall back to one SDPA call per "
+    return ("flash_attn is not installed: padding-free forwards on CUDA fall back to one SDPA call per "
             "sequence (correct, slower); install it for the varlen kernel: "
             "pip install flash-attn --no-build-isolation (needs the CUDA toolkit)")
 
