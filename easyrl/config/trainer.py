@@ -51,7 +51,8 @@ class TrainerConfig:
     cpu_threads_per_worker: int = 1
     """CPU path only: torch/OpenMP threads of each worker (its FSDP actor and its vLLM engine), and the CPUs Ray
     reserves for it. On a 2-core machine one worker with 2 threads was as fast as two workers with one each, with
-    half the RAM. Ignored on GPUs/NPUs."""
+    half the RAM. Ignored on GPUs/NPUs (there a worker gets one host thread, or with ``offload_params`` an equal share of
+    the node's CPUs for the host Adam step: ``easyrl.workers.group.worker_cpu_threads``)."""
     val_freq: int = -1
     """Validate every this many steps; -1 never (besides ``val_before_train``)."""
     val_before_train: bool = True
