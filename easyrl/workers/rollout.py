@@ -49,16 +49,20 @@ def engine_arguments(model_path: str, config: RolloutConfig, device: str, seed: 
     Returns:
         Keyword arguments for ``vllm.LLM``. Beside the sampling/memory settings:
 
-        * ``load_format="dummy"``: the engine is built with random weights instead of reading the checkpoint (tens of
-          GB for the source recipes' models) from disk only to overwrite it: ``VLLMRollout.holds_weights`` starts
-          False and ``FSDPWorker._ensure_rollout_weights`` syncs the actor's weights before every first use
-          (``generate_sequences``, ``rollout_score``); vLLM still reads the folder's config and tokenizer. The CPU
-          backend packs the random weights for oneDNN / its MoE kernel as it would the checkpoint's, and the reload
-          path repacks after every sync (``easyrl.workers.vllm_cpu_fixes``), so the CPU takes it too (#20).
-        * ``disable_custom_all_reduce=True``: vLLM's custom all-reduce (CUDA) looks every TP rank's GPU up in the
-          worker's ``CUDA_VISIBLE_DEVICES``, where Ray shows each worker only its own GPU: an IndexError while the
+        * GPU/NPU: ``load_format="dummy"``: the engine is built with random weights instead of reading the checkpoint
+          (tens of GB for the source recipes' models) from disk only to overwrite it, as verl's colocated rollout does:
+          ``VLLMRollout.holds_weights`` starts False and ``FSDPWorker._ensure_rollout_weights`` syncs the actor's
+          weights before every first use (``generate_sequences``, ``rollout_score``; ``weights_dirty`` starts True);
+          vLLM still reads the folder's config and tokenizer. The CPU backend keeps the disk load: with dummy weights
+          vLLM-CPU 0.32 no longer matched the actor after the in-place sync (tests/test_e2e_grpo.py, tiny Qwen2.5-VL
+          in fp32: vLLM/actor log-prob gap 0.64 instead of < 1e-4; cause not found yet: the CPU backend's weight
+          processing after loading is the suspect, since every parameter is overwritten), and the tiny CPU models
+          are read in milliseconds anyway (#20). Not yet run on a GPU: check ``rollout/log_prob_diff_max`` at step 1.
+        * GPU/NPU: ``disable_custom_all_reduce=True``: vLLM's custom all-reduce (CUDA) looks every TP rank's GPU up in
+          the worker's ``CUDA_VISIBLE_DEVICES``, where Ray shows each worker only its own GPU: an IndexError while the
           engine is built with ``tensor_parallel_size > 1`` (EasyR1 sets the same). The all-reduce then goes over
-          NCCL/HCCL/gloo through the process group.
+          NCCL/HCCL through the process group. The CPU backend has no custom all-reduce; its arguments stay as they
+          were (its shared-memory all-reduce is vLLM-CPU's own).
         * TP > 1: ``tensor_parallel_size`` and the ``external_launcher`` executor (SPMD: one engine per rank of the TP
           group, each holding 1/tp of every sharded weight, all fed the same requests; vLLM takes the existing
           torch.distributed world and builds TP groups of consecutive ranks).
@@ -79,8 +83,6 @@ def engine_arguments(model_path: str, config: RolloutConfig, device: str, seed: 
         disable_log_stats=True,
         use_tqdm_on_load=verbose(),  # no checkpoint-loading bar per engine (easyrl.quiet; EASYRL_VERBOSE=1 shows it)
         enable_prefix_caching=True,
-        load_format="dummy",
-        disable_custom_all_reduce=True,
         **vllm_compat.sampled_logprobs_kwargs(),  # log-probs of the distribution sampled from
     )
     if config.tensor_parallel_size > 1:
@@ -91,7 +93,8 @@ def engine_arguments(model_path: str, config: RolloutConfig, device: str, seed: 
         # be the model's largest, which takes tens of seconds to preprocess on a CPU)
         engine_kwargs["mm_processor_kwargs"] = {"min_pixels": config.min_pixels, "max_pixels": config.max_pixels}
     if device != "cpu":
-        engine_kwargs.update(gpu_memory_utilization=config.gpu_memory_utilization, enable_sleep_mode=True)
+        engine_kwargs.update(gpu_memory_utilization=config.gpu_memory_utilization, enable_sleep_mode=True,
+                             load_format="dummy", disable_custom_all_reduce=True)
     return engine_kwargs
 
 
@@ -143,7 +146,7 @@ class VLLMRollout:
         # a sampled image/video pad id in a response would break the actor's next forward: never sample one
         self.bad_words = forbidden_words(hf_config, self.llm.get_tokenizer())
         self.is_asleep = False
-        self.holds_weights = False  # random weights (load_format="dummy"): the worker syncs before the first use
+        self.holds_weights = False  # random weights off the CPU (load_format="dummy"): the worker syncs before use
         self.sleep()
 
     def sleep(self) -> None:
