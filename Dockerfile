@@ -19,13 +19,13 @@
 # Ascend NPUs (Atlas 800 A2/A3, aarch64 hosts): this file does not apply. Start from the vllm-ascend image, which
 # already holds CANN, torch_npu, vLLM and vllm-ascend for the NPU, and install easyrl into its Python without the lock:
 #
-#   FROM quay.io/ascend/vllm-ascend:<version>     # a release whose vLLM supports the models you train
+#   FROM quay.io/ascend/vllm-ascend:v0.23.0       # vllm-ascend 0.23 (the npu extra's pin); docs/ascend.md
 #   RUN pip install uv
 #   WORKDIR /workspace/easyrl
 #   COPY pyproject.toml README.md config.yaml ./
 #   COPY easyrl ./easyrl
 #   COPY examples ./examples
-#   RUN uv pip install --system -e ".[npu,wandb]"  # torch-npu and vllm-ascend are already satisfied by the image
+#   RUN uv pip install --system --no-config -e ".[npu,wandb]"  # --no-config: not the x86_64 lock's torch 2.13 override
 #
 # then check with `pip list` that the image's torch / torch-npu / vllm were not replaced, and run
 # `bash examples/qwen2_5_vl_7b_geo3k_grpo_npu.sh` (trainer.device=npu).

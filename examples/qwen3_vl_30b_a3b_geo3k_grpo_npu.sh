@@ -5,7 +5,7 @@
 # Adam states stay on the host. Start Ray first: `ray start --head` on the first node, `ray start --address=HEAD_IP:6379`
 # on the second (docs/multinode.md), then run this on the head node. The worker environment sets HCCL's timeouts
 # (seconds) for the cross-node links and jemalloc (less host memory fragmentation with offloaded states); adjust
-# JEMALLOC to your image's path (aarch64 shown).
+# JEMALLOC to your image's path (aarch64 shown). Install: docs/ascend.md (vllm-ascend 0.23).
 # Run from the repository root: bash examples/qwen3_vl_30b_a3b_geo3k_grpo_npu.sh [more key=value overrides]
 set -x
 

@@ -16,7 +16,7 @@ ATOL = 1e-5
 
 
 def _policy(model_path, padding_free: bool, dynamic_batching: bool, entropy_coeff: float = 0.0, budget=None,
-            router_aux_loss_coef: float = 0.0):
+            router_aux_loss_coef: float = 0.0, checkpointing: bool = False):
     from torch.distributed.device_mesh import init_device_mesh
 
     from easyrl.workers.policy import FSDPPolicy
@@ -26,7 +26,7 @@ def _policy(model_path, padding_free: bool, dynamic_batching: bool, entropy_coef
                          router_aux_loss_coef=router_aux_loss_coef)
     config.model.model_path = str(model_path)
     config.fsdp.param_dtype = "fp32"
-    config.fsdp.enable_gradient_checkpointing = False
+    config.fsdp.enable_gradient_checkpointing = checkpointing
     config.optim.lr = 1e-3
     mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("dp",))
     torch.manual_seed(0)
@@ -86,10 +86,12 @@ def _perturb(policy):
             p.add_(torch.randn_like(p) * 0.02)
 
 
-@pytest.mark.parametrize("arch", ["qwen2_5", "qwen2_5_vl"])
+@pytest.mark.parametrize("arch", ["qwen2_5", "qwen2_5_vl", "qwen3_5", "qwen3_5_moe"])
 def test_padding_free_log_probs_match_padded(process_group, tiny_model_path, arch):
+    """Packed rows score as the padded batch; for Qwen3.5 (a Gated-DeltaNet layer: a convolution and a recurrent state
+    over the sequence) only when each packed sequence runs through that layer on its own (#20)."""
     path = tiny_model_path(arch)
-    data = _text_batch() if arch == "qwen2_5" else _vl_batch(path)
+    data = _vl_batch(path) if arch == "qwen2_5_vl" else _text_batch()
     outs = []
     for padding_free, dynamic in ((False, False), (True, True)):
         policy = _policy(path, padding_free, dynamic, budget=40)  # 40 tokens: several dynamic micro-batches
@@ -137,6 +139,22 @@ def test_padding_free_dynamic_update_matches_padded_fixed(process_group, tiny_mo
         assert grads.keys() == ref_grads.keys()
         for name, grad in grads.items():
             torch.testing.assert_close(grad, ref_grads[name], atol=1e-6, rtol=1e-4, msg=name)
+
+
+def test_qwen3_5_packed_gradients_match_padded_under_checkpointing(process_group, tiny_model_path):
+    """Qwen3.5's Gated-DeltaNet layer runs each packed sequence on its own also when gradient checkpointing
+    recomputes it in the backward: packed and padded gradients agree (#20)."""
+    path = tiny_model_path("qwen3_5")
+    data = _text_batch()
+    results = []
+    for padding_free in (False, True):
+        policy = _policy(path, padding_free, padding_free, budget=40, checkpointing=True)
+        _perturb(policy)
+        results.append(_update(policy, data)[1])
+        del policy
+    assert len(results[0]) > 10 and results[1].keys() == results[0].keys()
+    for name, grad in results[1].items():
+        torch.testing.assert_close(grad, results[0][name], atol=1e-6, rtol=1e-4, msg=name)
 
 
 def test_no_entropy_gradient_at_coefficient_zero(process_group, tiny_model_path):
@@ -235,6 +253,19 @@ def test_attention_implementation_choice():
     assert attention_implementation("npu", True, "bf16", False) == "flash_attention_2"  # npu_fusion_attention
     assert attention_implementation("npu", True, "fp32", False) == PACKED_SDPA
     assert attention_implementation("cpu", True, "bf16", True) == PACKED_SDPA
+
+
+def test_flash_attention_warning_only_where_the_varlen_kernel_is_lost():  # W02
+    """#20: an H100 without flash_attn silently took the per-sequence fallback; now the start-up says so."""
+    from easyrl.workers.policy_forward import flash_attention_warning
+
+    message = flash_attention_warning("cuda", True, "bf16", False)
+    assert message.startswith("flash_attn is not installed") and "pip install flash-attn" in message
+    assert flash_attention_warning("cuda", True, "bf16", True) is None
+    assert flash_attention_warning("cuda", True, "fp32", False) is None  # no fp32 flash kernels anyway
+    assert flash_attention_warning("cuda", False, "bf16", False) is None
+    assert flash_attention_warning("npu", True, "bf16", False) is None  # npu_fusion_attention
+    assert flash_attention_warning("cpu", True, "bf16", False) is None
 
 
 def _recording_step(trained, grads: dict):

@@ -110,3 +110,14 @@ def test_token_budget_must_hold_the_longest_sample():
         load_config([*base, "worker.actor.max_token_len_per_device=149"])
     config = load_config([*base, "worker.actor.max_token_len_per_device=150"])
     assert config.worker.actor.max_token_len_per_device == 150
+
+
+def test_default_checkpoint_limit_keeps_three_and_the_best():
+    """#20: the default run keeps the newest 3 checkpoints plus the best (EasyR1's example config), not every ~100 GB
+    checkpoint; config.yaml says the same."""
+    from easyrl.config import PPOConfig
+    from easyrl.trainer.checkpoint import checkpoints_to_delete
+
+    config = load_config([f"config={REPO / 'config.yaml'}", "worker.actor.model.model_path=m"])
+    assert PPOConfig().trainer.save_limit == config.trainer.save_limit == 3
+    assert checkpoints_to_delete([5, 10, 15, 20, 25], 25, config.trainer.save_limit, best=5) == [10]

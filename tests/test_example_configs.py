@@ -109,6 +109,18 @@ def test_script_overrides_load(path, monkeypatch):
             assert node == value, f"{_rel(path)}: {key}={value} gave {node!r}"
 
 
+@pytest.mark.parametrize("path", [p for p in SCRIPTS if p.endswith("_npu.sh")], ids=_rel)
+def test_npu_recipes_carry_the_source_recipes_environment(path, monkeypatch):
+    """#20: the Ascend recipes set HCCL's timeouts and jemalloc on the workers, as the source recipes do."""
+    monkeypatch.chdir(ROOT)
+    with open(path, encoding="utf-8") as f:
+        config = load_config(script_overrides(f.read(), _rel(path)))
+    env = dict(config.worker.env_vars)
+    assert config.trainer.device == "npu"
+    assert int(env["HCCL_CONNECT_TIMEOUT"]) >= 1800 and int(env["HCCL_EXEC_TIMEOUT"]) >= 1800
+    assert "libjemalloc" in env["LD_PRELOAD"]
+
+
 def test_default_config_documents_every_key():
     """``config.yaml`` is the reference users read: it sets every user-settable key (unknown and auto keys are
     rejected by ``load_config``, see ``test_yaml_loads``)."""

@@ -57,8 +57,31 @@ def test_cpu_threads_per_worker_sets_threads_and_reserved_cpus():
 
     assert _actor_resources("cpu", 2)["num_cpus"] == 2 and _bundle("cpu", 2) == {"CPU": 2.0}
     assert worker_runtime_env("cpu", 2, {})["OMP_NUM_THREADS"] == "2"
-    assert _actor_resources("cuda", 2) == {"num_gpus": 1, "num_cpus": 1}  # GPU workers keep one host core
-    assert "OMP_NUM_THREADS" not in worker_runtime_env("cuda", 2, {})
+    assert _actor_resources("cuda", 1) == {"num_gpus": 1, "num_cpus": 1}  # GPU workers without offload: one core
+    assert worker_runtime_env("cuda", 1, {})["OMP_NUM_THREADS"] == "1"
+
+
+@pytest.mark.parametrize("device", ["cuda", "npu"])
+def test_offloaded_adam_gets_the_nodes_cpus(device):
+    """#20: with offload_params the actor's Adam step runs on the host; Ray's one CPU per actor made it one thread.
+    The worker now gets an equal share of the node's CPUs (one kept back), as Ray CPUs and as OMP_NUM_THREADS."""
+    from easyrl.workers.group import _actor_resources, worker_cpu_threads, worker_runtime_env
+
+    threads = worker_cpu_threads(device, offload=True, cpus_per_node=64, workers_per_node=8)
+    assert threads == 7
+    assert _actor_resources(device, threads)["num_cpus"] == 7
+    assert worker_runtime_env(device, threads, {})["OMP_NUM_THREADS"] == "7"
+    assert worker_cpu_threads(device, offload=False, cpus_per_node=64, workers_per_node=8) == 1
+    assert worker_cpu_threads(device, offload=True, cpus_per_node=8, workers_per_node=8) == 1  # never 0
+    assert worker_cpu_threads("cpu", offload=True, cpus_per_node=64, workers_per_node=8, cpu_threads_per_worker=2) == 2
+
+
+def test_npu_workers_turn_vllm_ascend_nz_mode_off():
+    """vllm-ascend refuses wake_up while VLLM_ASCEND_ENABLE_NZ (default 1) keeps weights in FRACTAL_NZ (#20)."""
+    from easyrl.workers.group import worker_runtime_env
+
+    assert worker_runtime_env("npu", 1, {})["VLLM_ASCEND_ENABLE_NZ"] == "0"
+    assert "VLLM_ASCEND_ENABLE_NZ" not in worker_runtime_env("cuda", 1, {})
 
 
 def test_worker_env_vars_from_the_config_reach_the_workers_and_win():

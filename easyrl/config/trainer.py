@@ -77,7 +77,8 @@ class TrainerConfig:
     cpu_threads_per_worker: int = 1
     """CPU path only: torch/OpenMP threads of each worker (its FSDP actor and its vLLM engine), and the CPUs Ray
     reserves for it. On a 2-core machine one worker with 2 threads was as fast as two workers with one each, with
-    half the RAM. Ignored on GPUs/NPUs."""
+    half the RAM. Ignored on GPUs/NPUs (there a worker gets one host thread, or with ``offload_params`` an equal share of
+    the node's CPUs for the host Adam step: ``easyrl.workers.group.worker_cpu_threads``)."""
     val_freq: int = -1
     """Validate every this many steps; -1 never (besides ``val_before_train``)."""
     val_before_train: bool = True
@@ -91,8 +92,9 @@ class TrainerConfig:
     """Where the final actor is exported in Hugging Face format; default ``<run_dir>/huggingface``."""
     save_freq: int = 5
     """Save a checkpoint every this many steps (and always after the last step); -1: only after the last step."""
-    save_limit: int = -1
-    """Keep the newest this many checkpoints, plus the best one (``best_metric``); -1 keeps all."""
+    save_limit: int = 3
+    """Keep the newest this many checkpoints, plus the best one (``best_metric``); -1 keeps all. 3 as EasyR1's example
+    config: a source recipe's checkpoint (actor + Adam states) is ~100 GB, keeping all of them ~1.2 TB per run."""
     save_checkpoint_path: Optional[str] = None
     """Folder of the run's ``global_step_N`` checkpoints and ``checkpoint_tracker.json``; default ``run_dir``."""
     load_checkpoint_path: Optional[str] = None

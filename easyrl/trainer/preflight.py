@@ -12,27 +12,20 @@ import difflib
 import inspect
 import logging
 import os
-import re
 import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from easyrl.errors import ConfigError, DataError, ModelError, RewardError, UserError
+from easyrl.models.hub_snapshot import looks_local
 
 logger = logging.getLogger("easyrl")
 
-HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 HUB_TIMEOUT_S = 10.0
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Model
-
-
-def looks_local(path: str) -> bool:
-    """Whether ``path`` names a local folder rather than a hub id ``org/name``: it exists, starts with ``/ . ~``,
-    or is not of the hub's ``name`` / ``org/name`` form (e.g. ``models/qwen/7b``)."""
-    return os.path.exists(os.path.expanduser(path)) or path.startswith(("/", ".", "~")) or not HUB_ID.match(path)
 
 
 def check_model_source(key: str, path: str, timeout_s: float = HUB_TIMEOUT_S) -> None:

@@ -28,6 +28,7 @@ from torch.distributed.tensor import DTensor, Replicate
 from easyrl.config import ActorConfig, FSDPConfig, OffloadConfig
 from easyrl.device import torch_device
 from easyrl.models.hf_folder import hf_model_class
+from easyrl.models.packed_linear_attention import split_linear_attention_at_sequences
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -135,6 +136,7 @@ def load_sharded_model(
         from easyrl.models.npu_kernels import apply_npu_fused_kernels
 
         apply_npu_fused_kernels(model)
+    split_linear_attention_at_sequences(model)  # packed rows through Gated DeltaNet (Qwen3.5): one sequence at a time
     if trainable and config.fsdp.enable_gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if trainable and config.model.freeze_vision_tower and hasattr(model, "model") and hasattr(model.model, "visual"):

@@ -30,6 +30,7 @@ from easyrl.device import (
     set_device,
     torch_device,
 )
+from easyrl.models.hub_snapshot import local_model_path
 from easyrl.quiet import quiet_libraries
 from easyrl.workers import vllm_compat, weight_sync
 from easyrl.workers.fsdp_model import TORCH_DTYPES, gather_full_state_dict
@@ -82,15 +83,25 @@ class FSDPWorker:
 
         return ray.util.get_node_ip_address(), free_port()
 
+    def fetch_model_files(self) -> None:
+        """Point this worker's model paths (actor, its tokenizer, the critic's) at local folders, downloading a hub id
+        into this node's hub cache (``easyrl.models.hub_snapshot``). Called on every worker BEFORE the process group
+        exists, so a long download waits under no collective timeout (rank 0 used to download inside the weight
+        broadcast while the other ranks timed out); the workers of one node share the download."""
+        worker = self.config.worker
+        for model in (worker.actor.model, worker.critic.model):
+            model.model_path = local_model_path(model.model_path)
+            model.tokenizer_path = local_model_path(model.tokenizer_path)
+
     def init_process_group(self, master_addr: str, master_port: int) -> None:
         """Join the workers' torch.distributed group (gloo / NCCL / HCCL) at rank 0's address."""
         import torch.distributed as dist
 
         os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(self.rank),
                           WORLD_SIZE=str(self.world_size), LOCAL_RANK="0")
-        if self.device == "cpu":
-            # one core per worker: keep torch's intra-op pool from oversubscribing the host
-            torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
+        # the host threads WorkerGroup gave this worker (workers.group.worker_cpu_threads): the CPU path's cores, or
+        # the offloaded Adam step's share of the node; keeps torch's intra-op pool from oversubscribing the host
+        torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
         set_device(self.device)
         self.torch_device = torch_device(self.device)
         dist.init_process_group(backend=collective_backend(self.device), rank=self.rank, world_size=self.world_size,

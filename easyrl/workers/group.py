@@ -26,10 +26,37 @@ from easyrl.workers.rollout_layout import RolloutLayout
 from easyrl.workers.vllm_compat import in_process_engine_env
 
 
+def worker_cpu_threads(device: str, offload: bool, cpus_per_node: int, workers_per_node: int,
+                       cpu_threads_per_worker: int = 1) -> int:
+    """Host CPU threads (and Ray CPUs) of one worker process.
+
+    * CPU path: ``trainer.cpu_threads_per_worker`` (a CPU worker's threads are its devices);
+    * GPU/NPU with a role's parameters offloaded to the host (``offload_params``): FSDP2's ``CPUOffloadPolicy`` keeps
+      the shards, their gradients and Adam's states on the host, so the optimizer step runs on the CPU: an equal share
+      of the node's CPUs, one kept for the driver and Ray. With Ray's default (one CPU per actor, so
+      ``OMP_NUM_THREADS=1``) that Adam step ran on one thread (#20);
+    * GPU/NPU otherwise: 1 (the host only feeds the device).
+
+    Args:
+        device: ``cuda``, ``npu`` or ``cpu``.
+        offload: a trained role (actor, critic) offloads its parameters (``worker.*.offload.offload_params``).
+        cpus_per_node: CPUs Ray sees per node.
+        workers_per_node: worker processes per node (``trainer.n_gpus_per_node``).
+        cpu_threads_per_worker: ``trainer.cpu_threads_per_worker`` (CPU path only).
+
+    Returns:
+        At least 1.
+    """
+    if device == "cpu":
+        return max(1, cpu_threads_per_worker)
+    if not offload:
+        return 1
+    return max(1, (cpus_per_node - 1) // max(1, workers_per_node))
+
+
 def _actor_resources(device: str, cpu_threads: int) -> dict:
     res = ray_actor_resources(device)
-    if device == "cpu":
-        res["num_cpus"] = cpu_threads  # a CPU worker's threads are its devices
+    res["num_cpus"] = cpu_threads  # worker_cpu_threads: Ray reserves them and sets OMP_NUM_THREADS to match
     return res
 
 
@@ -64,15 +91,21 @@ def node_contiguous_bundles(bundle_nodes: dict[int, str]) -> list[int]:
 
 def worker_runtime_env(device: str, cpu_threads: int, user: dict[str, str]) -> dict[str, str]:
     """The environment variables of each worker process (Ray ``runtime_env.env_vars``): easyrl's (in-process vLLM,
-    quiet logs, on the CPU the thread count), then ``worker.env_vars`` (``user``), which win."""
+    quiet logs, the thread count of :func:`worker_cpu_threads`, on NPUs vllm-ascend's NZ weight mode off), then
+    ``worker.env_vars`` (``user``), which win."""
     env = {**in_process_engine_env(), "TOKENIZERS_PARALLELISM": "false",
            # vLLM at WARNING, no worker progress bars (see easyrl.quiet; EASYRL_VERBOSE=1 for the full logs)
            **worker_env()}
+    # the worker sets torch's intra-op pool from OMP_NUM_THREADS (FSDPWorker.init_process_group)
+    env["OMP_NUM_THREADS"] = str(cpu_threads)
     if device == "cpu":
         # each worker's vLLM CPU engine uses its own threads (trainer.cpu_threads_per_worker) instead of binding to
-        # all cores; the worker sets torch's intra-op pool from OMP_NUM_THREADS
+        # all cores
         env["VLLM_CPU_OMP_THREADS_BIND"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-        env["OMP_NUM_THREADS"] = str(cpu_threads)
+    if device == "npu":
+        # vllm-ascend (0.18-0.23) keeps weights in FRACTAL_NZ by default and then refuses wake_up, which the colocated
+        # engine needs after every training phase; the in-place weight sync also writes the plain ND layout
+        env["VLLM_ASCEND_ENABLE_NZ"] = "0"
     env.update({str(k): str(v) for k, v in user.items()})
     return env
 
@@ -145,9 +178,12 @@ class WorkerGroup:
 
     def __init__(self, config: PPOConfig, device: str, worker_cls: type = FSDPWorker):
         world_size = config.world_size
-        threads = config.trainer.cpu_threads_per_worker
-        bundle = _bundle(device, threads)
         available = ray.cluster_resources()
+        # a trained role's offloaded parameters mean a CPU Adam step (the frozen reference has no optimizer)
+        offload = config.worker.actor.offload.offload_params or config.worker.critic.offload.offload_params
+        threads = worker_cpu_threads(device, offload, int(available.get("CPU", 1) // max(1, config.trainer.nnodes)),
+                                     config.trainer.n_gpus_per_node, config.trainer.cpu_threads_per_worker)
+        bundle = _bundle(device, threads)
         for key, need in bundle.items():
             if available.get(key, 0) < need * world_size:
                 raise RuntimeError(
@@ -171,6 +207,7 @@ class WorkerGroup:
         ]
         master_addr, master_port = ray.get(self.workers[0].address.remote())
         self.rollout_layout = RolloutLayout(world_size, config.worker.rollout.tensor_parallel_size)
+        self.run_all(FSDPWorker.fetch_model_files)  # a hub id downloaded per node, before any collective timeout
         self.run_all(FSDPWorker.init_process_group, master_addr, master_port)
         self.run_all(FSDPWorker.init_models)
 

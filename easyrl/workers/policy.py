@@ -28,13 +28,27 @@ from easyrl.config import ActorConfig, OffloadConfig
 from easyrl.errors import ConfigError
 from easyrl.models.fused_head import FusedLogProbHead
 from easyrl.workers.fsdp_model import clip_grad_norm, load_sharded_model
-from easyrl.workers.policy_forward import ModelInputs, PolicyScores, attention_implementation, response_scores
+from easyrl.workers.policy_forward import (
+    ModelInputs,
+    PolicyScores,
+    attention_implementation,
+    flash_attention_warning,
+    response_scores,
+)
 from easyrl.workers.seqlen_balancing import count_micro_batches, dynamic_micro_batches
 from easyrl.workers.vl_tokens import mm_token_type_ids, stray_pads, visual_pad_ids
 
 __all__ = ["FSDPPolicy"]
 
 logger = logging.getLogger("easyrl.actor")
+_warned: set[str] = set()
+
+
+def _warn_once(message: Optional[str]) -> None:
+    """Log ``message`` once per process, on rank 0 only (None: nothing)."""
+    if message and message not in _warned and (not dist.is_initialized() or dist.get_rank() == 0):
+        _warned.add(message)
+        logger.warning(message)
 
 
 def _merge_multimodal(mm_inputs: list[dict[str, torch.Tensor]], device: torch.device) -> dict[str, torch.Tensor]:
@@ -86,6 +100,8 @@ class FSDPPolicy:
             )
         attn = attention_implementation(device, config.padding_free, config.fsdp.param_dtype,
                                         is_flash_attn_2_available())
+        _warn_once(flash_attention_warning(device, config.padding_free, config.fsdp.param_dtype,
+                                           is_flash_attn_2_available()))
         model = load_sharded_model(model_path, hf_config, config, mesh, device, trainable, offload,
                                    init_from=init_from.model if init_from is not None else None,
                                    attn_implementation=attn, adapt=self._adapt_model)

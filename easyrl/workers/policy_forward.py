@@ -27,7 +27,8 @@ from easyrl.models.fused_head import FusedLogProbHead
 from easyrl.models.packed_attention import PACKED_SDPA
 from easyrl.models.packing import pack_sequences, padded_text_positions
 
-__all__ = ["ModelInputs", "PolicyScores", "response_scores", "response_values", "attention_implementation"]
+__all__ = ["ModelInputs", "PolicyScores", "response_scores", "response_values", "attention_implementation",
+           "flash_attention_warning"]
 
 ROPE_INDEX_KEYS = ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")
 
@@ -53,6 +54,26 @@ def attention_implementation(device: str, padding_free: bool, param_dtype: str, 
     if param_dtype in ("bf16", "fp16") and (device == "npu" or (device == "cuda" and flash_available)):
         return "flash_attention_2"
     return PACKED_SDPA
+
+
+def flash_attention_warning(device: str, padding_free: bool, param_dtype: str, flash_available: bool) -> Optional[str]:
+    """The start-up warning for a CUDA run that would use the varlen flash kernel but has no ``flash_attn`` package
+    (``attention_implementation`` then falls back to ``PACKED_SDPA``, one SDPA call per sequence: correct, slower).
+
+    ``flash-attn`` is not in the ``gpu`` extra: the registry has only its source distribution, which compiles against
+    the installed torch and CUDA toolkit (nvcc) and cannot be locked beside the CPU stack.
+
+    Args:
+        device, padding_free, param_dtype, flash_available: as :func:`attention_implementation`.
+
+    Returns:
+        The message, or None when nothing is lost (another device, padded or fp32 forwards, flash_attn installed).
+    """
+    if device != "cuda" or not padding_free or param_dtype not in ("bf16", "fp16") or flash_available:
+        return None
+    return ("flash_attn is not installed: padding-free forwards on CUDA fall back to one SDPA call per "
+            "sequence (correct, slower); install it for the varlen kernel: "
+            "pip install flash-attn --no-build-isolation (needs the CUDA toolkit)")
 
 
 class ModelInputs(NamedTuple):

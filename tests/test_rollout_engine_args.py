@@ -1,0 +1,55 @@
+"""The colocated vLLM engine's arguments (``easyrl.workers.rollout.engine_arguments``), checked without starting vLLM
+(#20: the review of the CUDA path)."""
+
+from __future__ import annotations
+
+import pytest
+
+from easyrl.config import RolloutConfig
+from easyrl.workers.rollout import engine_arguments
+
+
+@pytest.mark.parametrize("device", ["cuda", "npu"])
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_custom_all_reduce_is_off(device, tp):
+    """Ray shows each worker one GPU; vLLM's custom all-reduce looks the other TP ranks up in that one-entry
+    CUDA_VISIBLE_DEVICES (IndexError while the engine is built): off, as EasyR1 does."""
+    config = RolloutConfig(tensor_parallel_size=tp)
+    args = engine_arguments("/models/m", config, device, seed=3, vision=False)
+    assert args["disable_custom_all_reduce"] is True
+    if tp > 1:
+        assert args["tensor_parallel_size"] == tp and args["distributed_executor_backend"] == "external_launcher"
+    else:
+        assert "tensor_parallel_size" not in args
+
+
+@pytest.mark.parametrize("device", ["cuda", "npu"])
+def test_accelerator_engine_keeps_the_disk_load_until_dummy_weights_are_proven(device):
+    """``load_format="dummy"`` is held back on every backend: on vLLM-CPU a sync from dummy weights did not match the
+    actor (0.64 nats, cause not found), and nothing has run on a GPU yet to show the same cannot happen there."""
+    args = engine_arguments("/models/m", RolloutConfig(), device, seed=0, vision=True)
+    assert "load_format" not in args and args["model"] == "/models/m"
+    assert args["enable_sleep_mode"] is True and "mm_processor_kwargs" in args
+    assert args["mm_processor_cache_gb"] == 0  # no processed-image cache growing over a run (#27)
+
+
+def test_cpu_engine_keeps_the_disk_load():
+    """vLLM-CPU after a sync from dummy weights did not match the actor (tests/test_e2e_grpo.py: 0.64 nats): the CPU
+    keeps reading the checkpoint, and has no custom all-reduce or sleep mode to switch."""
+    args = engine_arguments("/models/m", RolloutConfig(tensor_parallel_size=2), "cpu", seed=0, vision=False)
+    assert "load_format" not in args and "disable_custom_all_reduce" not in args and "enable_sleep_mode" not in args
+    assert args["tensor_parallel_size"] == 2
+
+
+def test_first_use_syncs_weights(monkeypatch):
+    """Dummy weights are safe only because nothing generates before a sync: a new worker's rollout weights are
+    stale (``_ensure_rollout_weights`` syncs before ``generate_sequences`` and ``rollout_score``)."""
+    import inspect
+
+    from easyrl.config import PPOConfig
+    from easyrl.workers.fsdp_worker import FSDPWorker
+    from easyrl.workers.rollout import VLLMRollout
+
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the worker sets it; restored after the test
+    assert FSDPWorker(PPOConfig(), rank=0, world_size=1, device="cpu").weights_dirty is True
+    assert "self.holds_weights = False" in inspect.getsource(VLLMRollout.__init__)
