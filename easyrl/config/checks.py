@@ -257,3 +257,23 @@ def check_config(config: "PPOConfig") -> None:
     check_combinations(config)
     check_lora(config.worker.actor.model.lora)
     check_env_vars(config.worker.env_vars)
+    check_easyr1_keys(config)
+
+
+def check_easyr1_keys(config: "PPOConfig") -> None:
+    """The keys taken from EasyR1's schema (docs/migrating.md): optimizer strategy, LR schedule, stored dtype, and
+    the generation batch (``data.mini_rollout_batch_size``), whose samples must split over the devices."""
+    for section in ("actor", "critic"):
+        role = getattr(config.worker, section)
+        check_choice(f"worker.{section}.optim.strategy", role.optim.strategy, ("adamw", "adamw_bf16"))
+        check_choice(f"worker.{section}.optim.lr_scheduler_type", role.optim.lr_scheduler_type, ("constant", "cosine"))
+        check_choice(f"worker.{section}.fsdp.torch_dtype", role.fsdp.torch_dtype, (None, "bf16", "fp16", "fp32"))
+        check_range(f"worker.{section}.optim.lr_warmup_steps", role.optim.lr_warmup_steps, "non_negative")
+        check_range(f"worker.{section}.optim.min_lr_ratio", role.optim.min_lr_ratio, "unit")
+    mini = config.data.mini_rollout_batch_size
+    check_range("data.mini_rollout_batch_size", mini, "positive")
+    if mini is not None and mini * config.worker.rollout.n % config.world_size != 0:
+        raise ConfigError(
+            f"data.mini_rollout_batch_size * worker.rollout.n ({mini * config.worker.rollout.n}) samples must split "
+            f"evenly over {config.world_size} devices (trainer.nnodes * trainer.n_gpus_per_node)."
+        )

@@ -10,6 +10,7 @@ from typing import Any, Optional
 
 from omegaconf import OmegaConf
 
+from easyrl.config.aliases import apply_aliases
 from easyrl.config.checks import check_config
 from easyrl.config.ppo import PPOConfig
 from easyrl.config.traps import warn_config_traps
@@ -169,7 +170,7 @@ def load_config(argv: list[str]) -> PPOConfig:
 
     free_dicts = [key for key, is_dict in valid.items() if is_dict]
     for layer, source, whole_keys in layers:
-        layer = layer or {}
+        layer = apply_aliases(layer or {}, source)  # EasyR1's keys -> easyrl's (easyrl/config/aliases.py)
         _check_keys(layer, source, valid, autos)
         # A free-form dict given whole by a later layer replaces the earlier one instead of merging into it, so that
         # worker.reward.reward_function_kwargs={} really drops the YAML's kwargs. A YAML gives dicts whole; on the

@@ -77,9 +77,11 @@ class RayPPOTrainer:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.scorer = Scorer(config.worker.reward, tokenizer, reward_fn, val_reward_fn)
         self.val_dataset = val_dataset
-        self.train_dataloader = PromptStream(train_dataset, config.data.rollout_batch_size, config.data.shuffle,
+        self.train_dataloader = PromptStream(train_dataset, config.data.generation_batch_size, config.data.shuffle,
                                              config.data.seed, collate_fn)
-        steps_per_epoch = len(self.train_dataloader)
+        # EasyR1's count: the prompts an epoch generates / the prompts a step trains on
+        data = config.data
+        steps_per_epoch = len(self.train_dataloader) * data.generation_batch_size // data.rollout_batch_size
         self.training_steps = steps_per_epoch * config.trainer.total_epochs
         if config.trainer.max_steps is not None:
             self.training_steps = min(self.training_steps, config.trainer.max_steps)
