@@ -46,7 +46,8 @@ def test_reward_function_not_set(expect_user_error):  # R01
 
 
 def test_spec_without_function_name(expect_user_error):  # R02
-    expect_user_error(lambda: load_reward(_reward(LETTERS)), "reward", KEY, "letters.py", "no ':' found")
+    expect_user_error(lambda: load_reward(_reward(LETTERS)), "reward", KEY, "letters.py", "no function 'main'",
+                      "names 'main', as in EasyR1", "compute_score")
 
 
 def test_reward_file_missing(expect_user_error, tmp_path):  # R03

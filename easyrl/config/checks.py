@@ -184,7 +184,7 @@ def check_names(config: "PPOConfig") -> None:
             check_choice(f"worker.{section}.fsdp.{key}", get_dotted(config, f"worker.{section}.fsdp.{key}"),
                          ("bf16", "fp16", "fp32"))
     check_choice("worker.rollout.dtype", config.worker.rollout.dtype, ("bf16", "fp16", "fp32"))
-    check_choice("worker.reward.reward_type", config.worker.reward.reward_type, ("batch", "sequential"))
+    check_choice("worker.reward.reward_type", config.worker.reward.reward_type, ("auto", "batch", "sequential"))
     check_choice("trainer.device", config.trainer.device, ("auto", "cuda", "npu", "cpu"))
     check_choice("trainer.best_metric_mode", config.trainer.best_metric_mode, ("max", "min"))
     check_choice("worker.reward.on_error", config.worker.reward.on_error, ("raise", "zero"))

@@ -85,6 +85,12 @@ class OffloadConfig:
     offload_params: bool = False
     """Keep parameters (and with them gradients and optimizer states: FSDP2's ``CPUOffloadPolicy``) on the host;
     they are copied to the device block by block when used. Ignored on the CPU."""
+
+
+@dataclass
+class TrainedOffloadConfig(OffloadConfig):
+    """Host offloading of a trained model: its parameters, and apart from them its optimizer states."""
+
     offload_optimizer: bool = False
     """Without ``offload_params``: keep the optimizer states (AdamW's moments) on the host between updates, moved to
     the device for each update and checkpoint (EasyR1's key); with ``offload_params`` they are on the host anyway.
@@ -124,4 +130,4 @@ class TrainedRoleConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
-    offload: OffloadConfig = field(default_factory=OffloadConfig)
+    offload: TrainedOffloadConfig = field(default_factory=TrainedOffloadConfig)
