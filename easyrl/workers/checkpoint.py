@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict, set_model_state_dict,
+                                                     set_state_dict)
 
 from easyrl.models.hf_folder import copy_hf_files
 from easyrl.rng import get_rng_state, set_rng_state
@@ -42,24 +43,28 @@ def _load_training_state(model, state: dict[str, Any]) -> None:
 
 def _save_shards(model, folder: str, model_only: bool = False) -> None:
     """DCP shards of the model and (unless ``model_only``: ``trainer.save_model_only``) its optimizer states."""
+    if model_only:
+        dcp.save({"model": get_model_state_dict(model.model)}, checkpoint_id=folder)
+        return
     model.optimizer_to(model.torch_device)
     model_state, optim_state = get_state_dict(model.model, model.optimizer)
-    dcp.save({"model": model_state} if model_only else {"model": model_state, "optimizer": optim_state},
-             checkpoint_id=folder)
+    dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=folder)
     model.optimizer_to("cpu")
 
 
 def _load_shards(model, folder: str) -> None:
     """Restore :func:`_save_shards`' model (and optimizer states, when the checkpoint holds them: a model-only
     checkpoint leaves the optimizer fresh)."""
+    if not holds_optimizer(folder):
+        state = {"model": get_model_state_dict(model.model)}
+        dcp.load(state, checkpoint_id=folder)
+        set_model_state_dict(model.model, state["model"])
+        return
     model.optimizer_to(model.torch_device)
     model_state, optim_state = get_state_dict(model.model, model.optimizer)
     state = {"model": model_state, "optimizer": optim_state}
-    if not holds_optimizer(folder):
-        del state["optimizer"]
     dcp.load(state, checkpoint_id=folder)
-    set_state_dict(model.model, model.optimizer, model_state_dict=state["model"],
-                   optim_state_dict=state.get("optimizer", {}))
+    set_state_dict(model.model, model.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     model.optimizer_to("cpu")
 
 

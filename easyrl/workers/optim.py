@@ -47,7 +47,7 @@ def lr_factor(step: int, warmup: int, training_steps: int, kind: str = "constant
         return (step + 1) / warmup
     if kind == "constant":
         return 1.0
-    progress = (step - warmup) / max(1, training_steps - warmup)
+    progress = min(1.0, (step - warmup) / max(1, training_steps - warmup))  # held at the floor past the end
     return max(floor, floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress)))
 
 
