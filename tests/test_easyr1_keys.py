@@ -160,3 +160,60 @@ def test_video_column_refused_until_implemented():
 
 def test_gspo_token_is_gspo():
     assert POLICY_LOSSES.get("gspo_token") is POLICY_LOSSES.get("gspo")
+
+
+class _CountingRollout:
+    """A rollout (``easyrl.trainer.rollout.Rollout``'s interface) answering every prompt with two tokens, that counts
+    the prompts of each call; no engine."""
+
+    engines = 1
+
+    def __init__(self):
+        self.calls: list[int] = []
+
+    def generate(self, prompts, overrides):
+        from easyrl.batch import Batch
+
+        size = len(prompts)
+        self.calls.append(size)
+        tensors = prompts.tensors.clone()
+        tensors["responses"] = torch.full((size, 2), 11)
+        tensors["response_mask"] = torch.ones(size, 2, dtype=torch.long)
+        return Batch(tensors, dict(prompts.extras)), 0.0
+
+
+def _prompt_stream(size: int):
+    index = 0
+    while True:
+        ids = [[1, 2, 3 + index + i] for i in range(size)]
+        yield {"prompt_ids": ids, "raw_prompt_ids": ids, "images": [[]] * size, "multi_modal_inputs": [{}] * size,
+               "ground_truth": [str(index + i) for i in range(size)], "columns": [{}] * size}
+        index += size
+
+
+@pytest.mark.parametrize("filtering", [False, True])
+def test_generation_rounds_of_mini_rollout_batch_size(filtering):
+    from easyrl.config import PPOConfig
+    from easyrl.testing.tokenizer import build_qwen_tokenizer
+    from easyrl.trainer.generation import Generator
+    from easyrl.trainer.scoring import Scorer
+
+    config = PPOConfig()
+    config.data.rollout_batch_size, config.data.mini_rollout_batch_size, config.worker.rollout.n = 4, 3, 2
+    config.algorithm.online_filtering = filtering
+    config.worker.reward.timeout_s = None
+
+    def reward(inputs):  # prompts with an even ground truth: one sample right, one wrong (a group kept by filtering)
+        return {"overall": [float(int(x["ground_truth"]) % 2 == 0 and i % 2 == 0) for i, x in enumerate(inputs)]}
+
+    rollout = _CountingRollout()
+    generator = Generator(config, rollout, Scorer(config.worker.reward, build_qwen_tokenizer(), reward), pad_id=0)
+    metrics: dict = {}
+    batch, pending = generator.make_batch(_prompt_stream(3), step=1, timing={}, metrics=metrics)
+    assert pending is None and len(batch) == 4 * 2  # rollout_batch_size groups of n
+    if filtering:  # groups of prompts 0, 2, 4, 6 kept: three rounds of 3 prompts
+        assert rollout.calls == [6, 6, 6] and batch["ground_truth"][::2] == ["0", "2", "4", "6"]
+    else:  # rounds kept whole until 4 prompts: 3 + 3, the last two dropped
+        assert rollout.calls == [6, 6] and batch["ground_truth"][::2] == ["0", "1", "2", "3"]
+    assert metrics["dynamic_sampling/num_gen_batches"] == len(rollout.calls)
+    assert "score/overall" in batch and batch["token_level_scores"].shape == (8, 2)
