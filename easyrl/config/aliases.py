@@ -105,7 +105,7 @@ def _either(given: Any, mapped: Any) -> Any:
     return bool(given) or bool(mapped)
 
 
-ULYSSES = ("sequence parallelism (Ulysses) is not implemented in easyrl yet; set it to 1 and shorten "
+ULYSSES = ("sequence parallelism (Ulysses) is not implemented yet; set it to 1 and shorten "
            "data.max_response_length or lower worker.actor.max_token_len_per_device to fit memory")
 
 ALIASES: dict[str, Rule] = {
