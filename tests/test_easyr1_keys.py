@@ -14,8 +14,15 @@ import torch
 from easyrl.algorithms.policy_losses import POLICY_LOSSES
 from easyrl.config import FSDPConfig, OptimConfig
 from easyrl.errors import ConfigError, DataError
-from easyrl.workers.optim import (BF16AdamW, build_lr_scheduler, build_optimizer, lr_factor, move_optimizer_state,
-                                  offloads_optimizer, warmup_steps)
+from easyrl.workers.optim import (
+    BF16AdamW,
+    build_lr_scheduler,
+    build_optimizer,
+    lr_factor,
+    move_optimizer_state,
+    offloads_optimizer,
+    warmup_steps,
+)
 
 
 def test_constant_schedule_with_warmup_steps_by_hand():

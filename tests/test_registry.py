@@ -38,4 +38,4 @@ def test_algorithm_registries():
     assert list(ADV_ESTIMATORS)[:6] == ["grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline",
                                         "remax", "grpo_passk"]
     assert "gae" in ADV_ESTIMATORS  # registered by easyrl.algorithms.critic when the package is imported
-    assert list(POLICY_LOSSES) == ["vanilla", "gspo", "cispo", "sapo"]
+    assert list(POLICY_LOSSES) == ["vanilla", "gspo", "cispo", "sapo", "gspo_token"]

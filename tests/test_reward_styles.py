@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from easyrl.config.worker import RewardConfig
-from easyrl.errors import RewardError
 from easyrl.rewards.function import RewardFunction
 from easyrl.trainer.preflight import load_reward
 

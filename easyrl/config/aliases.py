@@ -27,30 +27,33 @@ TRAINED = ("actor", "critic")
 ROLES = ("actor", "critic", "ref")
 
 
+def _parent(tree: dict, key: str, create: bool = False) -> tuple[Optional[dict], str]:
+    """The mapping that holds ``key``'s last part (made on the way when ``create``; None when absent), and that part."""
+    *sections, last = key.split(".")
+    node: Any = tree
+    for section in sections:
+        if create:
+            node = node.setdefault(section, {})
+        elif isinstance(node, dict):
+            node = node.get(section)
+    return (node if isinstance(node, dict) else None), last
+
+
 def _get(tree: dict, key: str) -> Any:
-    node = tree
-    for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return _MISSING
-        node = node[part]
-    return node
+    node, last = _parent(tree, key)
+    return node.get(last, _MISSING) if node is not None else _MISSING
 
 
 def _pop(tree: dict, key: str) -> None:
-    *parents, last = key.split(".")
-    node = tree
-    for part in parents:
-        node = node[part]
+    """Remove ``key``, and the sections it leaves empty (e.g. ``worker.ref.fsdp``)."""
+    node, last = _parent(tree, key)
     node.pop(last)
-    if not node and parents:  # an emptied section (e.g. worker.ref.fsdp) goes too
-        _pop(tree, ".".join(parents))
+    if not node and "." in key:
+        _pop(tree, key.rsplit(".", 1)[0])
 
 
 def _set(tree: dict, key: str, value: Any) -> None:
-    *parents, last = key.split(".")
-    node = tree
-    for part in parents:
-        node = node.setdefault(part, {})
+    node, last = _parent(tree, key, create=True)
     node[last] = value
 
 
