@@ -166,7 +166,15 @@ def test_video_column_refused_until_implemented():
 
 
 def test_gspo_token_is_gspo():
+    from pathlib import Path
+
+    from easyrl.config import load_config
+    from easyrl.config.traps import ConfigWarning
+
     assert POLICY_LOSSES.get("gspo_token") is POLICY_LOSSES.get("gspo")
+    demo = f"config={Path(__file__).resolve().parents[1] / 'examples/configs/cpu_demo.yaml'}"
+    with pytest.warns(ConfigWarning, match="loss_type=gspo_token with loss_agg_mode=token-mean"):  # as for gspo
+        load_config([demo, "worker.actor.model.model_path=m", "worker.actor.loss_type=gspo_token"])
 
 
 class _CountingRollout:

@@ -33,9 +33,10 @@ def _loss_messages(config: PPOConfig) -> list[str]:
             "worker.actor.loss_agg_mode=seq-mean-token-sum-norm-drgrpo. AdamW barely sees a constant scale, "
             "but worker.actor.max_grad_norm clips at a different point."
         )
-    if loss == "gspo" and (mode != "seq-mean-token-mean" or max(actor.clip_ratio_low, actor.clip_ratio_high) > 1e-2):
+    if loss in ("gspo", "gspo_token") and (mode != "seq-mean-token-mean"
+                                          or max(actor.clip_ratio_low, actor.clip_ratio_high) > 1e-2):
         messages.append(
-            f"worker.actor.loss_type=gspo with loss_agg_mode={mode}, clip_ratio_low={actor.clip_ratio_low}, "
+            f"worker.actor.loss_type={loss} with loss_agg_mode={mode}, clip_ratio_low={actor.clip_ratio_low}, "
             f"clip_ratio_high={actor.clip_ratio_high}: the GSPO paper (arXiv:2507.18071) clips the sequence ratio "
             "to [1 - 3e-4, 1 + 4e-4] and averages over sequences (seq-mean-token-mean, which verl forces); "
             "token-level ranges such as 0.2/0.28 almost never clip a length-normalised sequence ratio."
