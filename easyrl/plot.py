@@ -1,9 +1,14 @@
 """``python -m easyrl.plot RUN_DIR [RUN_DIR ...]`` (or ``easyrl plot``): one figure of a run's metrics over steps.
 
-Reads ``<run_dir>/metrics.jsonl`` of each run and draws the panels of ``PANELS`` (reward and accuracy, response
-length, KL, entropy, clip fraction, grad norm, phase timings, throughput, memory) with matplotlib, all runs on the
-same axes (color: the series; line style: the run). Writes a PNG and an HTML page (the PNG embedded, plus a table of
-each run's last values), by default ``<first run_dir>/plots/metrics.{png,html}``.
+Reads ``<run_dir>/metrics.jsonl`` of each run and draws the panels of ``PANELS`` with matplotlib, one quantity per
+panel (reward, accuracy, groups without reward spread, response length, truncated responses, KL, entropy, PPO clip
+fraction, grad norm, phase timings, per-device throughput, all-device throughput, MFU, memory), every run on the same
+axes (color and marker: the metric, named as in metrics.jsonl; line style: the run). Training and validation values
+of one quantity share a panel (``critic/score/mean`` beside ``val/reward/overall``). Panels that no run logged are left
+out and named under the figure. A series that barely moves is drawn flat: the y axis spans at least
+``MIN_RELATIVE_SPAN`` of the values' magnitude, and ticks are plain numbers (no offset such as ``+1.1879e1``).
+Writes a PNG and an HTML page (the PNG embedded, plus a table of each run's last values), by default
+``<first run_dir>/plots/metrics.{png,html}``.
 """
 
 from __future__ import annotations
@@ -17,30 +22,65 @@ import sys
 from dataclasses import dataclass
 from typing import Optional
 
-# (title, y label, [(metric key, legend label)])
-PANELS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
-    ("reward and accuracy", "score", (("critic/score/mean", "reward"), ("reward/accuracy", "accuracy"),
-                                      ("val/reward/overall", "val reward"),
-                                      ("reward/frac_reward_zero_std", "groups w/o reward spread"))),
-    ("response length", "tokens", (("response_length/mean", "mean"), ("response_length/max", "max"),
-                                   ("response_length/min", "min"))),
-    ("KL", "KL", (("actor/kl_loss", "KL loss"), ("actor/reward_kl_penalty", "KL in reward"),
-                  ("actor/ppo_kl", "PPO KL (new vs old)"))),
-    ("entropy", "nats / token", (("actor/entropy", "entropy"),)),
-    ("clip fraction", "fraction", (("actor/pg_clipfrac", "ratio clipped"),
-                                   ("actor/pg_clipfrac_lower", "dual-clip lower"),
-                                   ("response_length/clip_ratio", "responses cut at max length"))),
-    ("grad norm", "L2 norm", (("actor/grad_norm", "grad norm"),)),
-    ("phase timings", "seconds", (("timing_s/gen", "gen"), ("timing_s/reshard", "weight sync"),
-                                  ("timing_s/reward", "reward"), ("timing_s/old_log_prob", "old log-prob"),
-                                  ("timing_s/ref", "ref"), ("timing_s/update_actor", "update actor"),
-                                  ("timing_s/step", "step"))),
-    ("throughput", "tokens / s", (("perf/throughput", "per device"), ("perf/rollout_tokens_per_s", "rollout"),
-                                  ("perf/update_tokens_per_s", "update"))),
-    ("memory", "GiB", (("perf/cpu_memory_used_gb", "host RSS"), ("perf/max_memory_allocated_gb", "device allocated"),
-                       ("perf/max_memory_reserved_gb", "device reserved"))),
+
+@dataclass(frozen=True)
+class Panel:
+    """One axis: a quantity (``unit``) and the metrics.jsonl keys that measure it; ``fraction``: values in [0, 1]."""
+
+    title: str
+    unit: str
+    keys: tuple[str, ...]
+    fraction: bool = False
+
+
+PANELS: tuple[Panel, ...] = (
+    Panel("reward", "score (reward function's overall)", ("critic/score/mean", "val/reward/overall")),
+    Panel("accuracy", "fraction correct", ("reward/accuracy", "val/reward/accuracy"), fraction=True),
+    Panel("groups without reward spread", "fraction of groups", ("reward/frac_reward_zero_std",), fraction=True),
+    Panel("response length", "tokens", ("response_length/mean", "response_length/max", "response_length/min",
+                                        "val/response_length/mean")),
+    Panel("responses cut at max length", "fraction of responses", ("response_length/clip_ratio",), fraction=True),
+    Panel("KL", "nats / token", ("actor/kl_loss", "actor/reward_kl_penalty", "actor/ppo_kl")),
+    Panel("entropy", "nats / token", ("actor/entropy",)),
+    Panel("PPO clip fraction", "fraction of tokens", ("actor/pg_clipfrac", "actor/pg_clipfrac_lower"), fraction=True),
+    Panel("grad norm", "L2 norm before clipping", ("actor/grad_norm", "critic/grad_norm")),
+    Panel("phase timings", "seconds", ("timing_s/step", "timing_s/gen", "timing_s/reshard", "timing_s/reward",
+                                       "timing_s/gen_baseline", "timing_s/old_log_prob", "timing_s/ref",
+                                       "timing_s/values", "timing_s/adv", "timing_s/update_critic",
+                                       "timing_s/update_actor", "timing_s/validation")),
+    Panel("throughput per device", "tokens / s / device", ("perf/throughput",)),
+    Panel("throughput, all devices", "tokens / s", ("perf/throughput_total", "perf/rollout_tokens_per_s",
+                                                    "perf/update_tokens_per_s")),
+    Panel("MFU", "fraction of peak FLOP/s", ("perf/mfu/actor", "perf/mfu/rollout"), fraction=True),
+    Panel("memory", "GiB", ("perf/cpu_memory_used_gb", "perf/max_memory_allocated_gb", "perf/max_memory_reserved_gb")),
 )
 LINE_STYLES = ("-", "--", ":", "-.")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h", "p")
+MIN_RELATIVE_SPAN = 0.05  # a y axis spans at least 5% of the largest |value| (a change below that is drawn flat)
+
+
+def y_limits(values: list[float], fraction: bool = False) -> Optional[tuple[float, float]]:
+    """The y limits that keep a nearly flat series flat, or None to let matplotlib autoscale.
+
+    ``values`` are every value drawn on the axis. When they span less than ``MIN_RELATIVE_SPAN`` x their largest
+    magnitude (or are all 0: a span of 1), the limits are that span centred on them, moved up to start at 0 when
+    the values are all >= 0 (and capped at 1 for a ``fraction``): 11.87995 and 11.87996 give about (11.58, 12.18).
+    """
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        return None
+    lo, hi = min(finite), max(finite)
+    magnitude = max(abs(lo), abs(hi))
+    min_span = MIN_RELATIVE_SPAN * magnitude if magnitude > 0 else 1.0
+    if hi - lo >= min_span:
+        return None
+    bottom = (lo + hi) / 2 - min_span / 2
+    if lo >= 0 > bottom:
+        bottom = 0.0
+    top = bottom + min_span
+    if fraction and hi <= 1 < top:
+        bottom, top = max(0.0, 1.0 - min_span), 1.0
+    return bottom, top
 
 
 @dataclass
@@ -85,45 +125,74 @@ def read_run(path: str, name: Optional[str] = None) -> Run:
 
 
 def plot_runs(runs: list[Run], output: str):
-    """Draw ``PANELS`` for ``runs`` into ``output`` (a .png path) and ``output`` with .html. Returns the figure
-    (its axes carry the panel titles and lines, for inspection)."""
+    """Draw the ``PANELS`` that some run logged for ``runs`` into ``output`` (a .png path) and ``output`` with .html.
+    Returns the figure (its axes carry the panel titles and lines, labelled with the metrics.jsonl keys, prefixed by
+    ``<run>: `` when there are several runs; ``fig.texts`` names the panels left out)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.ticker import MaxNLocator, ScalarFormatter
 
+    shown = [panel for panel in PANELS if any(key in run.series for key in panel.keys for run in runs)]
+    missing = [panel.title for panel in PANELS if panel not in shown]
     cols = 3
-    rows = math.ceil(len(PANELS) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 3.6 * rows), squeeze=False)
-    for ax, (title, ylabel, keys) in zip(axes.flat, PANELS):
-        ax.set_title(title)
+    rows = max(1, math.ceil(len(shown) / cols))
+    fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 3.4 * rows), squeeze=False)
+    for ax, panel in zip(axes.flat, shown):
+        ax.set_title(panel.title)
         ax.set_xlabel("step")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_ylabel(ylabel)
-        for color, (key, label) in enumerate(keys):
+        ax.set_ylabel(panel.unit)
+        drawn: list[float] = []
+        palette = plt.get_cmap("tab10" if len(panel.keys) <= 10 else "tab20")
+        colors = (lambda i: palette(i)) if len(panel.keys) <= 10 else (lambda i: palette(2 * i % 20 + 2 * i // 20))
+        for index, key in enumerate(panel.keys):
             for r, run in enumerate(runs):
                 if key not in run.series:
                     continue
                 steps, values = run.series[key]
-                name = f"{run.name}: {label}" if len(runs) > 1 else label
-                ax.plot(steps, values, LINE_STYLES[r % len(LINE_STYLES)], color=f"C{color}", marker="o",
-                        markersize=3, label=name)
-        if ax.lines:
-            ax.ticklabel_format(axis="y", useOffset=False)  # 11.8799 rather than 0.0009 + 1.1879e1
-            ax.legend(fontsize=7)
-            ax.grid(alpha=0.3)
-        else:
-            ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="gray")
-    for ax in list(axes.flat)[len(PANELS):]:
+                drawn += values
+                ax.plot(steps, values, LINE_STYLES[r % len(LINE_STYLES)], color=colors(index),
+                        marker=MARKERS[index % len(MARKERS)], markersize=4, alpha=0.85,
+                        label=f"{run.name}: {key}" if len(runs) > 1 else key)
+        formatter = ScalarFormatter(useOffset=False)  # 11.88, never 0.0001 + 1.1879e1
+        formatter.set_powerlimits((-3, 5))
+        ax.yaxis.set_major_formatter(formatter)
+        limits = y_limits(drawn, panel.fraction)
+        if limits is not None:
+            ax.set_ylim(*limits)
+        _legend(ax, runs)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(shown):]:
         ax.axis("off")
     fig.suptitle(" vs ".join(run.name for run in runs))
-    fig.tight_layout()
+    if missing:
+        fig.text(0.5, 0.005, "not logged: " + ", ".join(missing), ha="center", va="bottom", fontsize=8, color="gray")
+    fig.tight_layout(rect=(0, 0.02 if missing else 0, 1, 1 - 0.3 / fig.get_figheight()))
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
     fig.savefig(output, dpi=90)
     _write_html(runs, output)
     plt.close(fig)
     return fig
+
+
+def _legend(ax, runs: list[Run]) -> None:
+    """One run: a legend entry per line. Several runs: one entry per metric (its color and marker) and one per run
+    (its line style), not one per (run, metric)."""
+    if len(runs) == 1:
+        ax.legend(fontsize=7)
+        return
+    from matplotlib.lines import Line2D
+
+    metrics: dict[str, Line2D] = {}
+    for line in ax.lines:
+        key = line.get_label().split(": ", 1)[1]
+        metrics.setdefault(key, Line2D([], [], color=line.get_color(), marker=line.get_marker(), markersize=4,
+                                       label=key))
+    styles = [Line2D([], [], color="gray", linestyle=LINE_STYLES[r % len(LINE_STYLES)], label=run.name)
+              for r, run in enumerate(runs)]
+    ax.legend(handles=list(metrics.values()) + styles, fontsize=7)
 
 
 def _write_html(runs: list[Run], png: str) -> str:
@@ -132,7 +201,7 @@ def _write_html(runs: list[Run], png: str) -> str:
 
     with open(png, "rb") as f:
         image = base64.b64encode(f.read()).decode()
-    keys = [key for _, _, pairs in PANELS for key, _ in pairs if any(key in run.series for run in runs)]
+    keys = [key for panel in PANELS for key in panel.keys if any(key in run.series for run in runs)]
     last = {run.name: {key: run.series[key][1][-1] for key in keys if key in run.series} for run in runs}
     template = jinja2.Template(
         "<!doctype html><html><head><meta charset='utf-8'><title>easyrl: {{ title }}</title>"

@@ -39,6 +39,8 @@ NOISE: tuple[tuple[str, str, str], ...] = (
      r"(\w*RotaryEmbedding|FusedMMInputNorm): Failed to load weights",
      "these layers hold no checkpoint weights (rotary caches, fused norms); an in-place reload has none to give"),
     ("torch.utils.cpp_extension", r"No CUDA runtime is found", "torch's note on a CPU-only host"),
+    ("vllm.envs", r"Unknown vLLM environment variable detected: VLLM_ASCEND_ENABLE_NZ",
+     "vLLM 0.23 without vllm-ascend does not know the NZ switch that easyrl sets for NPUs (vllm_compat)"),
     ("ray._private.authentication.authentication_token_setup", r"(Token authentication is enabled|Generated new "
      r"authentication token)", "a local Ray cluster's own token; nothing to do"),
 )

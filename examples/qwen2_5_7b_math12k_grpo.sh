@@ -6,7 +6,7 @@ set -x
 
 MODEL_PATH=Qwen/Qwen2.5-7B-Instruct  # a hub id, or a local folder holding the model
 
-python3 -m easyrl.trainer \
+${PYTHON:-python3} -m easyrl.trainer \
     config=config.yaml \
     data.train_files=hiyouga/math12k@train \
     data.val_files=hiyouga/math12k@test \

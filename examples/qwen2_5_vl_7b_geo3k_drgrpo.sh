@@ -8,7 +8,7 @@ set -x
 
 MODEL_PATH=Qwen/Qwen2.5-VL-7B-Instruct  # a hub id, or a local folder holding the model
 
-python3 -m easyrl.trainer \
+${PYTHON:-python3} -m easyrl.trainer \
     config=config.yaml \
     worker.actor.model.model_path=${MODEL_PATH} \
     algorithm.norm_adv_by_std_in_grpo=false \

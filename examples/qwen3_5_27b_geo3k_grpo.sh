@@ -11,7 +11,7 @@ set -x
 
 MODEL_PATH=Qwen/Qwen3.5-27B  # a hub id, or a local folder holding the model
 
-python3 -m easyrl.trainer \
+${PYTHON:-python3} -m easyrl.trainer \
     config=config.yaml \
     worker.actor.model.model_path=${MODEL_PATH} \
     worker.actor.offload.offload_params=true \

@@ -12,7 +12,7 @@ set -x
 MODEL_PATH=Qwen/Qwen3-VL-30B-A3B-Instruct  # a hub id, or a local folder holding the model (on every node)
 JEMALLOC=/usr/lib/aarch64-linux-gnu/libjemalloc.so.2
 
-python3 -m easyrl.trainer \
+${PYTHON:-python3} -m easyrl.trainer \
     config=config.yaml \
     worker.actor.model.model_path=${MODEL_PATH} \
     trainer.device=npu \

@@ -7,7 +7,7 @@ set -x
 
 MODEL_PATH=Qwen/Qwen3-VL-8B-Instruct  # a hub id, or a local folder holding the model
 
-python3 -m easyrl.trainer \
+${PYTHON:-python3} -m easyrl.trainer \
     config=config.yaml \
     worker.actor.model.model_path=${MODEL_PATH} \
     worker.actor.loss_agg_mode=seq-mean-token-mean \

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from easyrl.config import ConfigError, load_config
-from easyrl.config.trainer import check_backends
+from easyrl.config.trainer import check_backends, install_hint
 from easyrl.trainer.loggers import Tracker
 
 STEPS = [
@@ -134,12 +134,31 @@ def test_swanlab_offline_run_reads_back(run_dir):
     assert tables == [("val/generations", 2)]
 
 
+@pytest.mark.parametrize("installed, hint", [
+    ({"vllm", "pytest", "wandb"}, "uv sync --locked --extra gpu --extra dev --extra wandb --extra swanlab from the "
+                                  "checkout (uv sync removes the extras it is not given), or uv pip install swanlab "
+                                  "into the active environment"),
+    ({"vllm-ascend"}, 'uv pip install -e ".[npu,swanlab]" from the checkout'),  # no lock for the Ascend host
+])
+def test_install_hint_repeats_the_installed_extras(installed, hint, monkeypatch):
+    """``uv sync --extra swanlab`` alone would remove vLLM (the gpu extra): the hint names every installed extra."""
+    import importlib.metadata
+
+    def distribution(name):
+        if name not in installed:
+            raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", distribution)
+    assert install_hint("swanlab") == hint
+
+
 def test_missing_library_fails_at_config_load_with_an_install_hint(monkeypatch):
     import importlib.util
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "swanlab" else real(name, *a))
-    with pytest.raises(ValueError, match=r"swanlab is not installed: pip install 'easyrl\[swanlab\]'"):
+    with pytest.raises(ValueError, match=r"swanlab is not installed: uv sync --locked (--extra \w+ )*--extra swanlab "
+                                         r"from the checkout .* or uv pip install swanlab into the active environment"):
         check_backends(["console", "swanlab"])
     demo = Path(__file__).resolve().parents[1] / "examples/configs/cpu_demo.yaml"
     with pytest.raises(ConfigError, match=r"trainer.logger contains 'swanlab'"):

@@ -64,7 +64,8 @@ def test_forward_flops_formula_by_hand():
 
 
 @pytest.mark.parametrize("name, tflops", [
-    ("NVIDIA H100 80GB HBM3", 989), ("NVIDIA H200", 989), ("NVIDIA H20", 148), ("NVIDIA A100-SXM4-80GB", 312),
+    ("NVIDIA H100 80GB HBM3", 989), ("NVIDIA H100 PCIe", 756), ("NVIDIA H100 NVL", 835), ("NVIDIA H800 PCIe", 756),
+    ("NVIDIA H200", 989), ("NVIDIA H20", 148), ("NVIDIA A100-SXM4-80GB", 312),
     ("NVIDIA L20", 119.5), ("Ascend910B3", 354), ("cpu", None), ("Some Future GPU", None),
 ])
 def test_peak_flops_per_device(name, tflops, monkeypatch):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from easyrl.cli import main as easyrl_main
-from easyrl.plot import PANELS, plot_runs, read_run
+from easyrl.plot import MIN_RELATIVE_SPAN, PANELS, plot_runs, read_run, y_limits
 
 
 def _write_run(folder: Path, reward_slope: float, steps: int = 4) -> Path:
@@ -19,15 +19,25 @@ def _write_run(folder: Path, reward_slope: float, steps: int = 4) -> Path:
     for step in range(1, steps + 1):
         rows.append({
             "step": step, "critic/score/mean": reward_slope * step, "reward/accuracy": 0.1 * step,
-            "response_length/mean": 30.0 + step, "actor/kl_loss": 0.001 * step, "actor/entropy": 2.0 - 0.1 * step,
-            "actor/pg_clipfrac": 0.01, "actor/grad_norm": "nan" if step == 2 else 1.5, "timing_s/gen": 10.0,
-            "timing_s/update_actor": 5.0, "timing_s/step": 20.0, "perf/throughput": 100.0 + step,
+            "response_length/mean": 30.0 + step, "response_length/clip_ratio": 0.25, "actor/kl_loss": 0.001 * step,
+            "actor/entropy": 11.8799525 + 1e-7 * (step % 2), "actor/pg_clipfrac": 0.01,
+            "actor/grad_norm": "nan" if step == 2 else 1.5, "timing_s/gen": 10.0, "timing_s/update_actor": 5.0,
+            "timing_s/step": 20.0, "perf/throughput": 100.0 + step, "perf/throughput_total": 200.0 + 2 * step,
             "reward/frac_reward_zero_std": 0.5,
         })
     rows[-1]["val/reward/overall"] = 0.42
+    rows[-1]["val/reward/accuracy"] = 0.5
     rows[-1]["val/generations"] = [{"prompt": "p", "response": "r", "ground_truth": "g", "score": 1.0}]
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return folder
+
+
+def _panels(fig) -> dict[str, object]:
+    return {ax.get_title(): ax for ax in fig.axes if ax.get_title()}
+
+
+def _labels(ax) -> set[str]:
+    return {line.get_label() for line in ax.lines}
 
 
 def test_panels_and_lines_from_two_runs(tmp_path):
@@ -37,21 +47,64 @@ def test_panels_and_lines_from_two_runs(tmp_path):
     assert runs[0].series["actor/grad_norm"][1][1] != runs[0].series["actor/grad_norm"][1][1]  # "nan" -> float nan
     assert "val/generations" not in runs[0].series
     fig = plot_runs(runs, str(tmp_path / "out/metrics.png"))
-    titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
-    assert titles == [title for title, _, _ in PANELS]
-    reward_ax = fig.axes[0]
-    lines = {line.get_label(): line for line in reward_ax.lines}
-    assert list(lines["dapo: reward"].get_ydata()) == pytest.approx([0.2, 0.4, 0.6, 0.8])
-    assert list(lines["grpo: reward"].get_xdata()) == [1, 2, 3, 4]
-    assert lines["grpo: reward"].get_linestyle() == "-" and lines["dapo: reward"].get_linestyle() == "--"
-    assert list(lines["grpo: val reward"].get_xdata()) == [4]
-    timing_labels = {line.get_label() for line in fig.axes[6].lines}
-    assert timing_labels == {f"{run}: {phase}" for run in ("grpo", "dapo") for phase in ("gen", "update actor", "step")}
-    assert fig.axes[8].texts[0].get_text() == "not logged"  # no memory metrics in these runs
+    panels = _panels(fig)
+    logged = ["reward", "accuracy", "groups without reward spread", "response length", "responses cut at max length",
+              "KL", "entropy", "PPO clip fraction", "grad norm", "phase timings", "throughput per device",
+              "throughput, all devices"]
+    assert list(panels) == logged == [panel.title for panel in PANELS if panel.title in logged]
+    assert fig.texts[-1].get_text() == "not logged: MFU, memory"  # panels no run logged are left out, and named
+
+    lines = {line.get_label(): line for line in panels["reward"].lines}  # legends: the metrics.jsonl keys
+    assert set(lines) == {f"{run}: {key}" for run in ("grpo", "dapo") for key in ("critic/score/mean",
+                                                                                  "val/reward/overall")}
+    assert list(lines["dapo: critic/score/mean"].get_ydata()) == pytest.approx([0.2, 0.4, 0.6, 0.8])
+    assert list(lines["grpo: critic/score/mean"].get_xdata()) == [1, 2, 3, 4]
+    assert lines["grpo: critic/score/mean"].get_linestyle() == "-"
+    assert lines["dapo: critic/score/mean"].get_linestyle() == "--"
+    assert list(lines["grpo: val/reward/overall"].get_xdata()) == [4]
+    legend = [text.get_text() for text in panels["reward"].get_legend().get_texts()]
+    assert legend == ["critic/score/mean", "val/reward/overall", "grpo", "dapo"]  # metrics once, then the runs
+    assert _labels(panels["accuracy"]) == {f"{run}: {key}" for run in ("grpo", "dapo")
+                                           for key in ("reward/accuracy", "val/reward/accuracy")}
+    # truncation has its own panel, not the PPO clip fraction's; per-device and total throughput separate axes
+    assert _labels(panels["PPO clip fraction"]) == {"grpo: actor/pg_clipfrac", "dapo: actor/pg_clipfrac"}
+    assert _labels(panels["responses cut at max length"]) == {f"{run}: response_length/clip_ratio"
+                                                              for run in ("grpo", "dapo")}
+    assert _labels(panels["throughput per device"]) == {f"{run}: perf/throughput" for run in ("grpo", "dapo")}
+    assert _labels(panels["throughput, all devices"]) == {f"{run}: perf/throughput_total" for run in ("grpo", "dapo")}
+    assert _labels(panels["phase timings"]) == {f"{run}: timing_s/{phase}" for run in ("grpo", "dapo")
+                                                for phase in ("gen", "update_actor", "step")}
+    # one colour per metric in a panel, the same in every run
+    timing = {line.get_label(): line.get_color() for line in panels["phase timings"].lines}
+    assert timing["grpo: timing_s/gen"] == timing["dapo: timing_s/gen"] != timing["grpo: timing_s/step"]
     png = (tmp_path / "out/metrics.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
     html = (tmp_path / "out/metrics.html").read_text()
     assert "data:image/png;base64," in html and "<td>critic/score/mean</td><td>0.4</td><td>0.8</td>" in html
+
+
+def test_a_flat_series_is_drawn_flat_with_plain_ticks(tmp_path):
+    fig = plot_runs([read_run(str(_write_run(tmp_path / "run", reward_slope=0.1)))], str(tmp_path / "m.png"))
+    panels = _panels(fig)
+    entropy = panels["entropy"]  # 11.8799525 and 11.8799526: a change of 1e-8 relative
+    bottom, top = entropy.get_ylim()
+    assert top - bottom == pytest.approx(MIN_RELATIVE_SPAN * 11.8799526) and bottom < 11.8799525 < top
+    fig.canvas.draw()
+    ticks = [label.get_text() for label in entropy.get_yticklabels() if label.get_text()]
+    assert ticks and all(len(tick.replace("\u2212", "-")) <= 5 for tick in ticks), ticks  # "11.8", not 11.8799525
+    assert entropy.yaxis.get_major_formatter().get_useOffset() is False
+    assert entropy.yaxis.get_offset_text().get_text() == ""
+    assert panels["reward"].get_ylim()[1] - panels["reward"].get_ylim()[0] < 1  # a moving series keeps autoscale
+
+
+def test_y_limits():
+    assert y_limits([0.0, 0.0], fraction=True) == (0.0, 1.0)  # an all-zero fraction: the whole [0, 1]
+    assert y_limits([1.0, 1.0], fraction=True) == pytest.approx((0.95, 1.0))  # capped at 1
+    assert y_limits([20.0, 20.0]) == pytest.approx((19.5, 20.5))
+    assert y_limits([0.01, 0.0101]) == pytest.approx((0.0097975, 0.0103025))
+    assert y_limits([0.0, 0.0]) == (0.0, 1.0)  # all >= 0: moved up to start at 0 rather than (-0.5, 0.5)
+    assert y_limits([-3.0, -3.0001]) == pytest.approx((-3.07505, -2.92505))
+    assert y_limits([0.8, 0.9]) is None and y_limits([float("nan")]) is None and y_limits([]) is None
 
 
 def test_console_script_and_module_entry_points(tmp_path, capsys):

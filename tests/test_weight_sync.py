@@ -63,6 +63,35 @@ def test_gather_bucket_casts_to_the_rollout_dtype(process_group):
     assert torch.equal(full, fulls[0]) and full.data_ptr() != tensors[0].to_local().data_ptr()
 
 
+def _gather_on_two_ranks(rank: int, store: str, out: str) -> None:
+    """One rank of ``test_gather_bucket_on_two_gloo_ranks``: shard uneven tensors over a 2-rank mesh and gather them."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    torch.manual_seed(0)  # the same full tensors on both ranks
+    fulls = [torch.randn(5, 3), torch.randn(1, 4), torch.randn(7)]  # uneven rows, and a rank with no rows
+    mesh = init_device_mesh("cpu", (2,))
+    tensors = [distribute_tensor(t, mesh, [Shard(0)]) for t in fulls]
+    gathered = gather_bucket(tensors, torch.device("cpu"), torch.bfloat16)
+    if rank == 0:
+        torch.save([fulls, gathered], out)
+    dist.destroy_process_group()
+
+
+def test_gather_bucket_on_two_gloo_ranks(tmp_path):
+    # the collective itself, on the torch of this environment (2.13 in the main lock, 2.11 in compat/vllm-0.23, which
+    # has no dist.all_gather_single): uneven Shard(0) rows come back whole, in the rollout dtype
+    import torch.multiprocessing as mp
+
+    out = tmp_path / "gathered.pt"
+    mp.spawn(_gather_on_two_ranks, args=(str(tmp_path / "store"), str(out)), nprocs=2)
+    fulls, gathered = torch.load(out)
+    for got, want in zip(gathered, fulls):
+        assert got.dtype == torch.bfloat16 and torch.equal(got, want.to(torch.bfloat16))
+
+
 def test_a_vllm_parameter_left_unwritten_stops_the_run():
     vllm_names = {"model.layers.0.qkv_proj.weight", "model.norm.weight", "lm_head.weight"}
     check_all_loaded(vllm_names, vllm_names | {"extra"})

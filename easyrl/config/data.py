@@ -30,6 +30,9 @@ class DataConfig:
     """Prompts per validation batch; -1 = the whole validation set at once."""
     format_prompt: Optional[str] = None
     """Path of a Jinja2 template that receives ``content`` (the problem) and renders the user message."""
+    system_prompt: Optional[str] = None
+    """Text of a system message put before every prompt's user message (training and validation); null = none (the
+    chat template's default system message, if it has one, stays)."""
     shuffle: bool = True
     seed: int = 1
     min_pixels: int = 262144

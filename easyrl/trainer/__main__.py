@@ -58,7 +58,8 @@ def build_trainer(config: PPOConfig, worker_cls: Optional[type] = None):
 USAGE = """\
 usage: python -m easyrl.trainer [config=FILE.yaml] [KEY=VALUE ...]
 
-Train a policy with RL (GRPO, DAPO, Dr.GRPO, GSPO, RLOO, REINFORCE++, ReMax) on Ray + vLLM + FSDP2.
+Train a policy with RL on Ray + vLLM + FSDP2: GRPO, DAPO, Dr.GRPO, GSPO, CISPO, SAPO, RLOO, REINFORCE++,
+ReMax, pass@k (grpo_passk), PPO with a learned critic (gae); full fine-tuning or LoRA.
 
 Configuration, later wins:
   1. the defaults of the dataclasses in easyrl/config/ (one module per section)
@@ -71,6 +72,7 @@ docs/config.md explains how batch sizes relate, docs/errors.md lists every error
 examples:
   python -m easyrl.trainer config=config.yaml worker.actor.model.model_path=Qwen/Qwen2.5-VL-7B-Instruct
   python -m easyrl.trainer config=examples/configs/cpu_demo.yaml worker.actor.model.model_path=PATH trainer.max_steps=1
+  bash examples/qwen2_5_vl_7b_geo3k_cispo.sh    (recipes: examples/*.sh, one per algorithm; docs/algorithms.md)
 
 A mistake in the input is reported as one line, 'easyrl: <kind> error: ...', with exit status 2, before any
 worker starts where it can be known then; set EASYRL_DEBUG=1 to see its traceback. EASYRL_LOG_LEVEL sets the

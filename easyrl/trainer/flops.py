@@ -34,8 +34,11 @@ import torch
 # substring of the device name, longest key first. The CPU has no entry: no MFU is reported there unless
 # EASYRL_PEAK_TFLOPS gives a nominal peak.
 PEAK_TFLOPS: dict[str, float] = {
-    "H100": 989.0,   # SXM; the PCIe card is lower (756)
-    "H800": 989.0,
+    "H100": 989.0,   # SXM, which torch names "NVIDIA H100 80GB HBM3"; the PCIe and NVL cards are named below
+    "H100 PCIe": 756.0,
+    "H100 NVL": 835.0,
+    "H800": 989.0,   # SXM
+    "H800 PCIe": 756.0,
     "H200": 989.0,
     "H20": 148.0,
     "A100": 312.0,

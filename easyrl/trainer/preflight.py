@@ -308,7 +308,7 @@ def load_dataset_for(key: str, path: str, config: Any, tokenizer: Any, processor
             path, tokenizer, processor, prompt_key=data.prompt_key, answer_key=data.answer_key,
             image_key=data.image_key, image_dir=data.image_dir, max_prompt_length=data.max_prompt_length,
             format_prompt=data.format_prompt, min_pixels=data.min_pixels, max_pixels=data.max_pixels,
-            filter_overlong_prompts=data.filter_overlong_prompts,
+            filter_overlong_prompts=data.filter_overlong_prompts, system_prompt=data.system_prompt,
         )
     except DataError as err:  # the message names the file; say which setting gave it
         raise DataError(f"{key}: {err}") from None

@@ -87,6 +87,7 @@ class VLLMRollout:
             use_tqdm_on_load=verbose(),  # no checkpoint-loading bar per engine (easyrl.quiet; EASYRL_VERBOSE=1 shows it)
             enable_prefix_caching=True,
             **vllm_compat.sampled_logprobs_kwargs(),  # log-probs of the distribution sampled from
+            **vllm_compat.weight_transfer_kwargs(),  # vLLM 0.23: the native weight-update calls' in-process backend
         )
         if config.tensor_parallel_size > 1:
             # SPMD: one engine per rank of the TP group, each holding 1/tp of every sharded weight, all fed the same

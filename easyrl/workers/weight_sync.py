@@ -15,7 +15,9 @@ Sequence (``sync_weights``)::
 
 * Cast before gather: the shards go over the wire (and into memory) in the rollout dtype (bf16), not float32.
 * Buckets of ``worker.rollout.update_weights_bucket_megabytes`` (full-tensor bytes in the rollout dtype): one
-  ``all_gather_single`` per bucket instead of one per tensor, and at most one bucket of full tensors alive.
+  ``all_gather_into_tensor`` per bucket instead of one per tensor (the flat all-gather that every torch of the range
+  has; torch 2.10/2.11, the vLLM 0.23 line, have no ``all_gather_single``), and at most one bucket of full tensors
+  alive.
   Host-offloaded shards are moved to the device first (NCCL/HCCL take device tensors only).
 * One ``reload_weights`` call consumes a lazy iterator over all buckets: vLLM's layer-wise reload must see each layer
   whole in one call (a layer left out of a call is restored from its old weights with a warning, one loaded in part
@@ -47,8 +49,8 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Shard
 
 from easyrl.device import empty_cache
-from easyrl.workers.fsdp_model import gather_full
 from easyrl.workers import vllm_compat
+from easyrl.workers.fsdp_model import gather_full
 from easyrl.workers.vllm_cpu_fixes import repack_cpu_moe_experts
 
 
@@ -94,7 +96,7 @@ def pack_shards(shards: list[torch.Tensor], full_shapes: list[torch.Size], world
                 dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """This rank's ``Shard(0)`` pieces, each zero-padded to the per-rank row count, flattened into one 1-D buffer
     (each shard copied once, cast to ``dtype`` on the way; default: the first shard's dtype).
-    Every rank's buffer has the same length, so ``all_gather_single`` of it gives ``(world * len,)``.
+    Every rank's buffer has the same length, so ``all_gather_into_tensor`` of it gives ``(world * len,)``.
     """
     sizes = [_rows_per_rank(shape[0], world) * math.prod(shape[1:]) for shape in full_shapes]
     if not shards:
@@ -129,10 +131,10 @@ def _is_row_sharded(tensor: torch.Tensor) -> bool:
 def gather_bucket(tensors: list[torch.Tensor], device: torch.device, dtype: torch.dtype) -> list[torch.Tensor]:
     """Full tensors of one bucket on ``device`` in ``dtype`` (collective: every rank calls it with the same bucket).
 
-    FSDP2's row-sharded parameters go through one ``all_gather_single`` (each local shard moved to the device, then
-    cast while packed into the send buffer; on a one-rank mesh the packed buffer is the result, no collective); anything
-    else (replicated, plain) is gathered on its own by ``gather_full``. The returned tensors never share storage with
-    the actor's parameters (vLLM's CPU loaders may repack what they are given in place).
+    FSDP2's row-sharded parameters go through one ``all_gather_into_tensor`` (each local shard moved to the device,
+    then cast while packed into the send buffer; on a one-rank mesh the packed buffer is the result, no collective);
+    anything else (replicated, plain) is gathered on its own by ``gather_full``. The returned tensors never share
+    storage with the actor's parameters (vLLM's CPU loaders may repack what they are given in place).
     """
     out: list[Optional[torch.Tensor]] = [None] * len(tensors)
     sharded = [i for i, t in enumerate(tensors) if _is_row_sharded(t)]
@@ -146,7 +148,7 @@ def gather_bucket(tensors: list[torch.Tensor], device: torch.device, dtype: torc
         gathered = packed  # one rank holds everything: no collective
         if world > 1:
             gathered = packed.new_empty(world * packed.numel())
-            dist.all_gather_single(gathered, packed, group=group)
+            dist.all_gather_into_tensor(gathered, packed, group=group)  # torch 2.10 through 2.13
         for i, full in zip(sharded, unpack_gathered(gathered, shapes, world)):
             out[i] = full
     for i, tensor in enumerate(tensors):

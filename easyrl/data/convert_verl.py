@@ -1,0 +1,123 @@
+"""``python -m easyrl.data.convert_verl IN OUT``: a verl-format parquet file -> easyrl's columns.
+
+verl's preprocessing scripts (``examples/data_preprocess/*.py`` in verl) write one row per prompt as::
+
+    prompt          list of chat messages [{"role": "system" | "user", "content": str}, ...]; images as <image>
+    images          list of images ({"bytes", "path"} dicts, as datasets stores them), only for multimodal data
+    reward_model    {"style": "rule", "ground_truth": ...}
+    data_source     str (which reward verl's default reward manager picks)
+    ability, extra_info   anything
+
+The easyrl file has ``problem`` (the user message's text, ``<image>`` placeholders kept), ``answer`` (the ground
+truth as a string: what the reward function receives as ``ground_truth``), ``images`` (unchanged, when present) and
+``data_source`` (kept for reference; easyrl's reward is ``worker.reward.reward_function``), so the defaults
+``data.prompt_key: problem``, ``data.answer_key: answer``, ``data.image_key: images`` read it. A system message
+cannot be a column: when every row has the same one, its text is printed as the ``data.system_prompt`` to set;
+rows with different system messages, several user messages or assistant turns are refused (single-turn prompts only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Optional
+
+from easyrl.errors import DataError, run_cli
+
+VERL_COLUMNS = ("prompt", "reward_model")
+
+
+def convert_row(row: dict[str, Any], index: int) -> tuple[dict[str, Any], Optional[str]]:
+    """One verl row -> ``({"problem", "answer"}, system message text or None)``.
+
+    Raises:
+        DataError: ``prompt`` is not a list of messages with exactly one user message (and at most one system message
+            before it), or ``reward_model`` has no ``ground_truth``; the message names the row.
+    """
+    messages = row["prompt"]
+    if isinstance(messages, str):  # some verl datasets store the chat as a JSON string
+        messages = json.loads(messages)
+    if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
+        raise DataError(f"row {index}: column 'prompt' must be a list of {{'role', 'content'}} messages, got "
+                        f"{type(messages).__name__}")
+    roles = [m["role"] for m in messages]
+    if roles not in (["user"], ["system", "user"]):
+        raise DataError(f"row {index}: the prompt's roles are {roles}; only a single-turn prompt ([system,] user) can "
+                        "be converted")
+    ground_truth = (row["reward_model"] or {}).get("ground_truth")
+    if ground_truth is None:
+        raise DataError(f"row {index}: column 'reward_model' has no 'ground_truth'")
+    answer = ground_truth if isinstance(ground_truth, str) else json.dumps(ground_truth)
+    system = messages[0]["content"] if roles[0] == "system" else None
+    return {"problem": messages[-1]["content"], "answer": answer}, system
+
+
+def convert(src: str, dst: str) -> Optional[str]:
+    """Convert the verl parquet file ``src`` into the easyrl parquet file ``dst``.
+
+    Returns:
+        The system message all rows share (to set as ``data.system_prompt``), or None when there is none.
+
+    Raises:
+        DataError: ``src`` cannot be read or lacks verl's columns (names the columns it has), a row that cannot be
+            converted (see :func:`convert_row`), or rows with different system messages.
+    """
+    import datasets
+
+    try:
+        rows = datasets.load_dataset("parquet", data_files=src, split="train")
+    except Exception as err:
+        raise DataError(f"cannot read {src!r} as parquet: {type(err).__name__}: {err}") from None
+    missing = [c for c in VERL_COLUMNS if c not in rows.column_names]
+    if missing:
+        raise DataError(f"{src!r} has no column(s) {missing} of verl's format; its columns are {rows.column_names}")
+    systems: set[Optional[str]] = set()
+    converted: dict[str, list] = {"problem": [], "answer": []}
+    for index, row in enumerate(rows.select_columns(list(VERL_COLUMNS))):
+        out, system = convert_row(row, index)
+        systems.add(system)
+        for key, value in out.items():
+            converted[key].append(value)
+    if len(systems) > 1:
+        raise DataError(f"{src!r}: the rows have {len(systems)} different system messages; data.system_prompt is one "
+                        "text for all rows (convert the groups separately)")
+    kept = [c for c in ("images", "data_source") if c in rows.column_names]
+    out = rows.select_columns(kept)
+    for key, values in converted.items():
+        out = out.add_column(key, values)
+    out.select_columns(["problem", "answer"] + kept).to_parquet(dst)
+    return next(iter(systems))
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m easyrl.data.convert_verl",
+                                     description="Convert a verl-format parquet file to easyrl's columns "
+                                                 "(problem, answer, images, data_source); see docs/data.md.")
+    parser.add_argument("src", metavar="IN", help="verl parquet file (prompt, reward_model, [images, data_source])")
+    parser.add_argument("dst", metavar="OUT", help="easyrl parquet file to write")
+    args = parser.parse_args(argv)
+
+    def run() -> int:
+        import datasets
+
+        datasets.disable_progress_bars()
+        system = convert(args.src, args.dst)
+        print(f"wrote {args.dst}: data.train_files={args.dst} (columns problem, answer"
+              f"{', images' if _has_images(args.dst) else ''})")
+        if system is not None:
+            print(f"every prompt had this system message; put it in your config YAML's data section: "
+                  f"system_prompt: {json.dumps(system)}")
+        return 0
+
+    return run_cli(run)
+
+
+def _has_images(path: str) -> bool:
+    import pyarrow.parquet as pq
+
+    return "images" in pq.read_schema(path).names
+
+
+if __name__ == "__main__":
+    sys.exit(main())

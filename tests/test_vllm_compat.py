@@ -1,0 +1,92 @@
+"""easyrl.workers.vllm_compat across the vLLM range: the weight sync takes ``reload_weights`` where the worker has it
+(vLLM 0.23 through 0.33 on GPUs and the CPU) and vLLM 0.23's native start/update/finish calls where it does not
+(vllm-ascend 0.23's ``NPUWorker``), through the in-process weight-transfer backend registered for the 0.23 line.
+
+The native calls themselves cannot run on the CPU: vLLM 0.23's ``Worker.update_weights`` ends in
+``torch.accelerator.synchronize()``, which raises "RuntimeError: Found no NVIDIA driver on your system" on a machine
+without an accelerator; the stand-in worker below has the NPU worker's three methods and nothing else.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from easyrl.workers import vllm_compat
+
+
+class _NativeOnlyWorker:
+    """The weight-update surface of vllm-ascend 0.23's NPUWorker: start/update/finish, no ``reload_weights``; its
+    engine is the one vLLM's factory builds from ``weight_transfer_config`` (here: whatever the test passes)."""
+
+    def __init__(self, engine):
+        self.weight_transfer_engine = engine
+        self.calls: list[str] = []
+        self.loaded: list[tuple[str, torch.Tensor]] = []
+
+    def start_weight_update(self, is_checkpoint_format: bool = True) -> None:
+        self.calls.append(f"start(is_checkpoint_format={is_checkpoint_format})")
+
+    def update_weights(self, update_info: dict) -> None:
+        self.calls.append("update")
+        info = self.weight_transfer_engine.parse_update_info(update_info)
+        self.weight_transfer_engine.receive_weights(info, load_weights=self.loaded.extend)
+
+    def finish_weight_update(self) -> None:
+        self.calls.append("finish")
+
+
+class _ReloadWorker:
+    def reload_weights(self, weights_iterator=None):
+        self.loaded = list(weights_iterator)
+
+
+def _pairs():
+    return [("model.embed_tokens.weight", torch.ones(2, 2)), ("lm_head.weight", torch.zeros(2, 2))]
+
+
+def test_reload_weights_goes_through_whichever_api_the_worker_has():
+    worker = _ReloadWorker()
+    vllm_compat.reload_weights(worker, iter(_pairs()))
+    assert [n for n, _ in worker.loaded] == ["model.embed_tokens.weight", "lm_head.weight"]
+
+    class Engine:  # vLLM 0.23's engine protocol, as the in-process backend implements it
+        def parse_update_info(self, update_info):
+            return update_info["weights"]
+
+        def receive_weights(self, info, load_weights):
+            load_weights(info)
+
+    native = _NativeOnlyWorker(Engine())
+    vllm_compat.reload_weights(native, iter(_pairs()))
+    assert native.calls == ["start(is_checkpoint_format=True)", "update", "finish"]
+    assert [n for n, _ in native.loaded] == ["model.embed_tokens.weight", "lm_head.weight"]
+
+    with pytest.raises(RuntimeError, match="no reload_weights, and no weight-transfer engine"):
+        vllm_compat.reload_weights(_NativeOnlyWorker(None), iter(_pairs()))
+
+
+def test_the_in_process_backend_exists_only_on_the_0_23_line():
+    version = vllm_compat.vllm_version()
+    if version is None or version >= (0, 24):
+        # vLLM 0.32: every worker has reload_weights, and the native calls changed their signatures
+        assert vllm_compat.weight_transfer_kwargs() == {}
+        return
+    from vllm.config.weight_transfer import WeightTransferConfig
+    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+
+    kwargs = vllm_compat.weight_transfer_kwargs()
+    assert kwargs == {"weight_transfer_config": {"backend": vllm_compat.IN_PROCESS_TRANSFER}}
+    assert vllm_compat.weight_transfer_kwargs() == kwargs  # a second engine in the process: registered once
+    # what vLLM 0.23's worker does with it in load_model, and in update_weights
+    engine = WeightTransferEngineFactory.create_engine(WeightTransferConfig(backend=vllm_compat.IN_PROCESS_TRANSFER),
+                                                       None, torch.nn.Linear(2, 2))
+    native = _NativeOnlyWorker(engine)
+    vllm_compat.reload_weights(native, iter(_pairs()))
+    assert native.calls == ["start(is_checkpoint_format=True)", "update", "finish"]
+    assert [n for n, _ in native.loaded] == ["model.embed_tokens.weight", "lm_head.weight"]
+
+
+def test_the_colocated_engine_runs_in_process_and_without_fractal_nz():
+    # vllm-ascend 0.23 refuses wake_up and start_weight_update while VLLM_ASCEND_ENABLE_NZ is on (its default)
+    assert vllm_compat.in_process_engine_env() == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_ASCEND_ENABLE_NZ": "0"}
