@@ -2,6 +2,7 @@
 UV := $(shell command -v uv 2>/dev/null || echo "python3 -m uv")
 PY := .venv/bin/python
 TINY := .cache/tiny_models/qwen2_5_vl
+VERL_DIR := .cache/verl
 # the dashboards' libraries: the logger tests write real wandb/SwanLab/MLflow files (offline)
 LOGGER_EXTRAS := --extra wandb --extra swanlab --extra mlflow
 
@@ -9,6 +10,10 @@ LOGGER_EXTRAS := --extra wandb --extra swanlab --extra mlflow
 setup:
 	@command -v uv >/dev/null 2>&1 || python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet uv
 	$(UV) sync --locked --extra cpu --extra dev --extra bench $(LOGGER_EXTRAS)
+	@# verl 0.9.1 for tests/test_verl_parity.py, without its dependencies (core_algos needs only what .venv has, plus
+	@# codetiming), in a folder of its own that `uv sync` leaves alone; the test puts it on sys.path
+	test -d $(VERL_DIR)/verl || $(UV) pip install --quiet --python $(PY) --target $(VERL_DIR) --no-deps \
+		verl==0.9.1 codetiming==1.4.0
 
 # GRPO on the ten bundled Geometry3K problems with a tiny Qwen2.5-VL, 2 CPU workers, 2 steps (~4 minutes).
 demo: setup

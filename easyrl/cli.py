@@ -1,4 +1,14 @@
-"""The ``easyrl`` console script: ``easyrl train config=... key=value ...`` and ``easyrl plot RUN_DIR ...``."""
+"""The ``easyrl`` console script, one command per task::
+
+    easyrl train config=FILE.yaml KEY=VALUE ...   train (same as python -m easyrl.trainer, EasyR1's entry)
+    easyrl eval config=FILE.yaml [model=PATH]     validation only (same as python -m easyrl.eval)
+    easyrl export CHECKPOINT OUT                  a Hugging Face folder from a checkpoint (python -m easyrl.export)
+    easyrl plot RUN_DIR ...                       plot runs' metrics.jsonl (python -m easyrl.plot)
+    easyrl --version
+
+Each command's ``--help`` names itself (``easyrl train --help`` says ``easyrl train``). Bare ``easyrl`` prints the
+help. A new command is one entry of ``COMMANDS`` and one branch of :func:`main`.
+"""
 
 from __future__ import annotations
 
@@ -6,23 +16,65 @@ import argparse
 import sys
 from typing import Optional
 
+# name -> one-line help; the order of `easyrl --help`
+COMMANDS: dict[str, str] = {
+    "train": "train a policy: easyrl train config=FILE.yaml KEY=VALUE ... (same as python -m easyrl.trainer)",
+    "eval": "validation only: easyrl eval config=FILE.yaml [model=HF_FOLDER|CHECKPOINT] KEY=VALUE ...",
+    "export": "a Hugging Face folder from a checkpoint: easyrl export CHECKPOINT OUT",
+    "plot": "plot runs' metrics.jsonl to a PNG and an HTML page: easyrl plot RUN_DIR ...",
+    # "simulate": added with its command
+}
+
+
+def version() -> str:
+    """The installed easyrl's version (``unknown`` when run from a checkout that is not installed)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as package_version
+
+    try:
+        return package_version("easyrl")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def parser() -> argparse.ArgumentParser:
+    """The top-level parser: the commands and ``--version`` (each command parses its own words)."""
+    top = argparse.ArgumentParser(prog="easyrl", description="RL post-training for language and vision models "
+                                  "(GRPO and its relatives) on Ray + vLLM + FSDP2. `easyrl COMMAND --help` for more.")
+    top.add_argument("--version", action="version", version=f"easyrl {version()}")
+    commands = top.add_subparsers(dest="command", metavar="COMMAND")
+    for name, help_line in COMMANDS.items():
+        commands.add_parser(name, help=help_line, add_help=False)
+    return top
+
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """Dispatch to a subcommand; returns its exit status."""
+    """Dispatch to a command; returns its exit status (bare ``easyrl``: the help, status 0)."""
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="easyrl", description="RL post-training for language and vision models.")
-    commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("train", help="train: easyrl train config=config.yaml key=value ... "
-                                      "(same as python -m easyrl.trainer)", add_help=False)
-    from easyrl import plot
-
-    plot.add_arguments(commands.add_parser("plot", help="plot runs' metrics.jsonl to a PNG and an HTML page"))
-    if argv[:1] == ["train"]:
+    command, rest = (argv[0], argv[1:]) if argv else (None, [])
+    if command == "train":
         from easyrl.trainer.__main__ import main as train
 
-        return train(argv[1:])
-    args = parser.parse_args(argv)
-    return plot.run_command(args)
+        return train(rest, prog="easyrl train")
+    if command == "eval":
+        from easyrl.eval import main as evaluate
+
+        return evaluate(rest, prog="easyrl eval")
+    if command == "export":
+        from easyrl.export import main as export
+
+        return export(rest, prog="easyrl export")
+    if command == "plot":
+        from easyrl import plot
+
+        plot_parser = argparse.ArgumentParser(prog="easyrl plot", description=COMMANDS["plot"])
+        plot.add_arguments(plot_parser)
+        return plot.run_command(plot_parser.parse_args(rest))
+    if command is None:
+        parser().print_help()
+        return 0
+    parser().parse_args(argv)  # --version, --help, or an unknown command (argparse's message, status 2)
+    return 0
 
 
 if __name__ == "__main__":

@@ -92,3 +92,11 @@ def quiet_libraries() -> None:
             target.addFilter(NoiseFilter(pattern))
     for pattern, category in WARNINGS:
         warnings.filterwarnings("ignore", message=pattern, category=category)
+
+
+def setup_command_logging() -> None:
+    """The logging of a command (``easyrl train``, ``easyrl eval``): ``EASYRL_LOG_LEVEL`` (default INFO) with
+    timestamps, and the library-noise filters (:func:`quiet_libraries`)."""
+    logging.basicConfig(level=os.environ.get("EASYRL_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    quiet_libraries()

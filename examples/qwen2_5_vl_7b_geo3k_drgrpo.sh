@@ -1,8 +1,8 @@
 #!/bin/bash
 # Dr. GRPO (Liu et al. 2025, arXiv:2503.20783) on Geometry3K with Qwen2.5-VL-7B-Instruct: advantages are not divided
 # by the group's reward std, and each sequence's token-loss sum is divided by the constant max_response_length
-# instead of its own length (no length bias), averaged over the sequences as in the paper (verl's
-# seq-mean-token-sum-norm sums over them instead). Everything else as in config.yaml.
+# instead of its own length (no length bias), averaged over the sequences as in the paper (verl 0.7.1-0.9.1's
+# seq-mean-token-sum-norm; verl <= 0.7.0 summed over them). Everything else as in config.yaml.
 # Run from the repository root: bash examples/qwen2_5_vl_7b_geo3k_drgrpo.sh [more key=value overrides]
 set -x
 

@@ -29,7 +29,7 @@ def test_default_config_has_no_warning():
 @pytest.mark.parametrize("trap, fix, words", [
     (["worker.actor.loss_agg_mode=seq-mean-token-sum-norm"],
      ["worker.actor.loss_agg_mode=seq-mean-token-sum-norm-drgrpo"],
-     ["seq-mean-token-sum-norm", "SUMMED over the 640 sequences", "seq-mean-token-sum-norm-drgrpo"]),
+     ["seq-mean-token-sum-norm", "verl 0.7.1-0.9.1", "640x", "max_grad_norm"]),
     (["worker.actor.loss_type=gspo"],
      ["worker.actor.loss_type=gspo", "worker.actor.loss_agg_mode=seq-mean-token-mean",
       "worker.actor.clip_ratio_low=3e-4", "worker.actor.clip_ratio_high=4e-4"],

@@ -24,10 +24,20 @@ pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[1]
 # fp32 vLLM (CPU) vs the fp32 FSDP2 actor: max |diff| of per-token log-probs measured 1.9e-6 (tests/test_e2e_grpo.py)
 FP32_LOGPROB_TOL = 1e-4
-ESTIMATORS = ["grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "grpo_passk"]
+ESTIMATORS = ["grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "grpo_passk", "opo",
+              "gpg", "gdpo"]
 # "gae" (needs the critic) has its own test below
-AGG_MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm",
+AGG_MODES = ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm",
              "seq-mean-token-sum-norm-drgrpo"]
+# the first four agree on policy; the others change even the first (on-policy) mini-batch's update (clip_cov/kl_cov
+# act on high-covariance tokens, geo_mean averages per sequence, bypass_mode's ratio is against vLLM's log-probs)
+LOSS_TYPES = ["vanilla", "gspo", "cispo", "sapo"]
+NEW_LOSS_SETTINGS = {  # verl 0.9's losses (#24), with settings that make each visibly act on this small batch
+    "clip_cov": dict(clip_cov_ratio=0.2, clip_cov_lb=-10.0, clip_cov_ub=10.0),
+    "kl_cov": dict(kl_cov_ratio=0.2, ppo_kl_coef=1.0),
+    "geo_mean": {}, "dppo_tv": {}, "dppo_kl": {}, "dro": dict(dro_beta=1.0), "gpg": {},
+    "bypass_mode": dict(bypass_loss_type="reinforce", rollout_is="token", rollout_is_threshold=1.01),
+}
 
 
 @pytest.fixture(scope="module")
@@ -207,31 +217,45 @@ def _max_diff(a, b):
 def loss_type_runs(trainer, replay):
     """The update of every loss type from the snapshot (rank 0's per-mini-batch metrics)."""
     batch, _ = replay
-    return {loss: _update(trainer, batch, loss_type=loss, **TIGHT) for loss in ("vanilla", "gspo", "cispo", "sapo")}
+    runs = {loss: _update(trainer, batch, loss_type=loss, **TIGHT) for loss in LOSS_TYPES}
+    # bypass_mode takes vLLM's log-probs as the old ones: here the recomputed old log-probs stand for them
+    bypass_batch = batch.select(list(range(len(batch))))
+    bypass_batch["rollout_log_probs"] = batch["old_log_probs"]
+    for loss, settings in NEW_LOSS_SETTINGS.items():
+        runs[loss] = _update(trainer, bypass_batch if loss == "bypass_mode" else batch, loss_type=loss,
+                             **{**TIGHT, **settings})
+    return runs
 
 
 def test_loss_types_agree_on_policy(loss_type_runs):
     """On-policy invariant: the first mini-batch sees r = 1, so nothing is clipped, ppo_kl ~ 0, and every loss type's
     gradient is the plain policy gradient (same norm)."""
-    first = {loss: run["actor/grad_norm"][0] for loss, run in loss_type_runs.items()}
+    first = {loss: run["actor/grad_norm"][0] for loss, run in loss_type_runs.items()
+             if loss in LOSS_TYPES + ["dppo_tv", "dppo_kl", "dro", "gpg"]}
     for loss in first:
         assert first[loss] == pytest.approx(first["vanilla"], rel=1e-5), (loss, first)
-    for run in loss_type_runs.values():
+    for loss in first:
+        run = loss_type_runs[loss]
         assert abs(run["actor/ppo_kl"][0]) < 1e-4 and run["actor/pg_clipfrac"][0] == 0.0
 
 
 def test_loss_types_differ_off_policy(loss_type_runs):
     """The second mini-batch is off policy (the first one's step moved the weights): each loss gives its own update."""
     second = {loss: run["actor/grad_norm"][1] for loss, run in loss_type_runs.items()}
-    assert len({round(v, 6) for v in second.values()}) == len(second), second
+    assert len({round(second[loss], 6) for loss in LOSS_TYPES}) == len(LOSS_TYPES), second
+    for loss in NEW_LOSS_SETTINGS:  # each of verl 0.9's losses changes the update
+        _assert_finite({f"{loss}/{i}": v for i, v in enumerate(loss_type_runs[loss]["actor/grad_norm"])})
+        assert second[loss] != pytest.approx(second["vanilla"], rel=1e-6), (loss, second)
 
 
 def test_aggregation_modes_scale_the_update_as_defined(trainer, replay):
     batch, _ = replay
     runs = {agg: _update(trainer, batch, loss_agg_mode=agg, **TIGHT) for agg in AGG_MODES}
     norm = {agg: run["actor/grad_norm"][0] for agg, run in runs.items()}  # first mini-batch, before clipping
-    # verl's seq-mean-token-sum-norm is exactly S = 8 sequences times Dr. GRPO's mean
-    assert norm["seq-mean-token-sum-norm"] == pytest.approx(8 * norm["seq-mean-token-sum-norm-drgrpo"], rel=1e-5)
+    # seq-mean-token-sum-norm is Dr. GRPO's mean (verl 0.7.1-0.9.1); token-sum is S = 8 sequences times
+    # seq-mean-token-sum
+    assert norm["seq-mean-token-sum-norm"] == pytest.approx(norm["seq-mean-token-sum-norm-drgrpo"], rel=1e-6)
+    assert norm["token-sum"] == pytest.approx(8 * norm["seq-mean-token-sum"], rel=1e-5)
     # with responses of equal length n (the tiny random model rarely stops before the maximum) seq-mean-token-sum is
     # n x token-mean and seq-mean-token-mean equals it; otherwise they differ
     lengths = batch["response_mask"].sum(-1)

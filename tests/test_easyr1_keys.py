@@ -232,3 +232,13 @@ def test_generation_rounds_of_mini_rollout_batch_size(filtering):
         assert rollout.calls == [6, 6] and batch["ground_truth"][::2] == ["0", "1", "2", "3"]
     assert metrics["dynamic_sampling/num_gen_batches"] == len(rollout.calls)
     assert "score/overall" in batch and batch["token_level_scores"].shape == (8, 2)
+
+
+def test_training_steps_count_whole_generation_batches():
+    from easyrl.config import PPOConfig
+
+    config = PPOConfig()
+    config.data.rollout_batch_size, config.trainer.total_epochs = 4, 1
+    assert config.training_steps(9) == 2  # 9 // 4
+    config.data.mini_rollout_batch_size = 6
+    assert config.training_steps(9) == 1  # one generation batch of 6 prompts per epoch, 6 // 4 steps (EasyR1)

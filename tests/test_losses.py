@@ -28,7 +28,8 @@ MASK = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1]], dt
         ("token-mean", 22 / 8),  # (1+2+3 + 4 + 2+2+2+6) / 8 valid tokens
         ("seq-mean-token-sum", 22 / 3),  # sums 6, 4, 12 over the 3 non-empty sequences
         ("seq-mean-token-mean", (6 / 3 + 4 / 1 + 12 / 4) / 3),  # = 3
-        ("seq-mean-token-sum-norm", 6 / 4 + 4 / 4 + 12 / 4),  # verl: a SUM over sequences, constant L = 4
+        ("token-sum", 22.0),  # verl 0.9: no normalisation
+        ("seq-mean-token-sum-norm", (6 / 4 + 4 / 4 + 12 / 4) / 3),  # verl 0.7.1-0.9.1 = Dr. GRPO: mean over 3 seqs
         ("seq-mean-token-sum-norm-drgrpo", (6 / 4 + 4 / 4 + 12 / 4) / 3),  # Dr. GRPO: a mean over the 3 sequences
     ],
 )
@@ -37,13 +38,14 @@ def test_agg_loss_hand_values(mode, expected):
 
 
 def test_agg_loss_norm_length_and_global_counts():
-    # Dr. GRPO constant 8 instead of the padded length: (6/8 + 4/8 + 12/8) / 3; verl's mode: not divided by 3
+    # Dr. GRPO constant 8 instead of the padded length: (6/8 + 4/8 + 12/8) / 3, under both names
     assert agg_loss(LOSS, MASK, "seq-mean-token-sum-norm-drgrpo", norm_length=8).item() == pytest.approx(22 / 24)
-    assert agg_loss(LOSS, MASK, "seq-mean-token-sum-norm", norm_length=8).item() == pytest.approx(22 / 8)
-    # verl's mode ignores the global sequence count (nothing to divide by) but still scales by dp_size
+    assert agg_loss(LOSS, MASK, "seq-mean-token-sum-norm", norm_length=8).item() == pytest.approx(22 / 24)
+    # verl 0.7.1+: divided by the global sequence count, times dp_size; token-sum ignores the counts
     assert agg_loss(LOSS, MASK, "seq-mean-token-sum-norm", global_num_seqs=5, dp_size=2).item() == (
-        pytest.approx(22 / 4 * 2)
+        pytest.approx(22 / 4 / 5 * 2)
     )
+    assert agg_loss(LOSS, MASK, "token-sum", global_num_tokens=16, dp_size=2).item() == pytest.approx(22 * 2)
     # global denominators and dp_size: 22 / 16 tokens * 2 ranks; 22 / 5 seqs * 2
     assert agg_loss(LOSS, MASK, "token-mean", global_num_tokens=16, dp_size=2).item() == pytest.approx(22 / 16 * 2)
     assert agg_loss(LOSS, MASK, "seq-mean-token-sum", global_num_seqs=torch.tensor(5), dp_size=2).item() == (

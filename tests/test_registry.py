@@ -38,4 +38,8 @@ def test_algorithm_registries():
     assert list(ADV_ESTIMATORS)[:6] == ["grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline",
                                         "remax", "grpo_passk"]
     assert "gae" in ADV_ESTIMATORS  # registered by easyrl.algorithms.critic when the package is imported
-    assert list(POLICY_LOSSES) == ["vanilla", "gspo", "cispo", "sapo", "gspo_token"]
+    # verl 0.9's, registered by advantage_variants / covariance_losses / off_policy_losses when the package is imported
+    assert {"opo", "gpg", "gdpo", "optimal_token_baseline"} <= set(ADV_ESTIMATORS)
+    assert list(POLICY_LOSSES)[:4] == ["vanilla", "gspo", "cispo", "sapo"]
+    assert set(POLICY_LOSSES) == {"vanilla", "gspo", "cispo", "sapo", "clip_cov", "kl_cov", "geo_mean", "dppo_tv",
+                                  "dppo_kl", "dro", "gpg", "bypass_mode", "gspo_token"}

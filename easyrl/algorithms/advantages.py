@@ -23,7 +23,8 @@ import torch
 from easyrl.algorithms.masked_ops import masked_whiten
 from easyrl.algorithms.registry import Registry
 
-__all__ = ["ADV_ESTIMATORS", "AdvantageInputs", "compute_advantage", "group_statistics"]
+__all__ = ["ADV_ESTIMATORS", "AdvantageInputs", "broadcast_to_tokens", "compute_advantage", "group_statistics",
+           "sample_scores"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -42,6 +43,12 @@ class AdvantageInputs:
         reward_baselines: ``(bsz,)`` reward of the greedy rollout of each sample's prompt (``remax``), or None.
         values: ``(bsz, resp_len)`` critic values ``V(s_t)`` (``gae``), or None.
         lam: GAE's lambda in [0, 1] (``gae``).
+        reward_components: ``(bsz, K)`` the ``K`` reward components of each sample (``gdpo``), or None.
+        reward_weights: ``K`` weights of the components (``gdpo``), or None for all 1.
+        old_log_probs: ``(bsz, resp_len)`` log-probs of the sampled tokens (``optimal_token_baseline``), or None.
+        sum_pi_squared: ``(bsz, resp_len)`` ``sum_v pi(v)^2`` over the vocabulary at each response position
+            (``optimal_token_baseline``), or None.
+        rollout_is_weights: ``(bsz, resp_len)`` rollout-correction IS weights (``optimal_token_baseline``), or None.
 
     Raises:
         ValueError: if ``token_level_rewards`` is not 2-D or its shape differs from ``response_mask``'s or (when
@@ -58,6 +65,11 @@ class AdvantageInputs:
     reward_baselines: torch.Tensor | None = None
     values: torch.Tensor | None = None
     lam: float = 1.0
+    reward_components: torch.Tensor | None = None
+    reward_weights: tuple[float, ...] | None = None
+    old_log_probs: torch.Tensor | None = None
+    sum_pi_squared: torch.Tensor | None = None
+    rollout_is_weights: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         rewards, mask = self.token_level_rewards, self.response_mask
@@ -66,11 +78,13 @@ class AdvantageInputs:
                 "token_level_rewards and response_mask must both be (bsz, resp_len); got "
                 f"{tuple(rewards.shape)} and {tuple(mask.shape)}"
             )
-        if self.values is not None and self.values.shape != rewards.shape:
-            raise ValueError(
-                "token_level_rewards, values and response_mask must all be (bsz, resp_len); got "
-                f"{tuple(rewards.shape)}, {tuple(self.values.shape)}, {tuple(mask.shape)}"
-            )
+        for name in ("values", "old_log_probs", "sum_pi_squared", "rollout_is_weights"):
+            value = getattr(self, name)
+            if value is not None and value.shape != rewards.shape:
+                raise ValueError(
+                    f"token_level_rewards, {name} and response_mask must all be (bsz, resp_len); got "
+                    f"{tuple(rewards.shape)}, {tuple(value.shape)}, {tuple(mask.shape)}"
+                )
         bsz = rewards.shape[0]
         index = np.asarray(self.index)
         if index.shape != (bsz,):
@@ -78,6 +92,9 @@ class AdvantageInputs:
         object.__setattr__(self, "index", index)
         if self.reward_baselines is not None and self.reward_baselines.shape != (bsz,):
             raise ValueError(f"reward_baselines must be (bsz,) = ({bsz},), got {tuple(self.reward_baselines.shape)}")
+        components = self.reward_components
+        if components is not None and (components.dim() != 2 or components.shape[0] != bsz):
+            raise ValueError(f"reward_components must be (bsz, K) with bsz = {bsz}, got {tuple(components.shape)}")
 
 
 AdvEstimator = Callable[[AdvantageInputs], tuple[torch.Tensor, torch.Tensor]]
@@ -101,7 +118,7 @@ def compute_advantage(name: str, inputs: AdvantageInputs) -> tuple[torch.Tensor,
 # ----------------------------------------------------------------------------------------------- helpers
 
 
-def _scores(inputs: AdvantageInputs) -> torch.Tensor:
+def sample_scores(inputs: AdvantageInputs) -> torch.Tensor:
     """Outcome score per sample, ``(bsz,)``: the sum of the rewards on valid tokens."""
     return (inputs.token_level_rewards * inputs.response_mask).sum(dim=-1)
 
@@ -136,7 +153,7 @@ def group_statistics(
     return group_id, counts[group_id], group_mean[group_id], group_std[group_id]
 
 
-def _broadcast(per_sample: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+def broadcast_to_tokens(per_sample: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
     """``(bsz,)`` -> ``(bsz, resp_len)``, 0 outside the mask."""
     return per_sample.unsqueeze(-1) * response_mask.to(per_sample.dtype)
 
@@ -155,8 +172,8 @@ def grpo_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]
     With ``norm_adv_by_std_in_grpo=False`` this is Dr. GRPO's advantage ``A_i = R_i - mean_group(R)``
     (Liu et al. 2025, "Understanding R1-Zero-Like Training: A Critical Perspective", arXiv:2503.20783, Sec. 3.1:
     the std division biases updates towards too easy / too hard questions). Dr. GRPO's other change, removing
-    the ``1/|o_i|`` length normalisation, belongs to the loss: use
-    ``loss_agg_mode="seq-mean-token-sum-norm-drgrpo"``.
+    the ``1/|o_i|`` length normalisation, belongs to the loss: use ``loss_agg_mode="seq-mean-token-sum-norm"``
+    (verl 0.7.1-0.9.1's mode; ``seq-mean-token-sum-norm-drgrpo`` is the same).
 
     Reads ``token_level_rewards``, ``response_mask``, ``index`` (group ids), ``epsilon`` (added to the group std)
     and ``norm_adv_by_std_in_grpo`` (divide by the group std: GRPO; or not: Dr. GRPO) of ``inputs``.
@@ -164,12 +181,12 @@ def grpo_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]
     Returns:
         ``(advantages, returns)``, both ``(bsz, resp_len)`` and equal, 0 outside the mask.
     """
-    scores = _scores(inputs)
+    scores = sample_scores(inputs)
     _, _, mean, std = group_statistics(scores, inputs.index)
     adv = scores - mean
     if inputs.norm_adv_by_std_in_grpo:
         adv = adv / (std + inputs.epsilon)
-    adv = _broadcast(adv, inputs.response_mask)
+    adv = broadcast_to_tokens(adv, inputs.response_mask)
     return adv, adv
 
 
@@ -185,13 +202,13 @@ def rloo_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]
 
     Reads ``token_level_rewards``, ``response_mask`` and ``index``. Returns: as :func:`grpo_advantage`.
     """
-    scores = _scores(inputs)
+    scores = sample_scores(inputs)
     group_id, count, _, _ = group_statistics(scores, inputs.index)
     group_sum = torch.zeros(int(group_id.max()) + 1, dtype=scores.dtype, device=scores.device).index_add_(
         0, group_id, scores
     )[group_id]
     leave_one_out = (group_sum - scores) / (count - 1).clamp(min=1)
-    adv = _broadcast(scores - leave_one_out, inputs.response_mask)
+    adv = broadcast_to_tokens(scores - leave_one_out, inputs.response_mask)
     return adv, adv
 
 
@@ -252,9 +269,9 @@ def reinforce_plus_plus_baseline_advantage(inputs: AdvantageInputs) -> tuple[tor
         ValueError: when the batch has fewer than 2 valid tokens.
     """
     response_mask = inputs.response_mask
-    scores = _scores(inputs)
+    scores = sample_scores(inputs)
     _, _, mean, _ = group_statistics(scores, inputs.index)
-    adv = _broadcast(scores - mean, response_mask)
+    adv = broadcast_to_tokens(scores - mean, response_mask)
     adv = masked_whiten(adv, response_mask) * response_mask
     return adv, adv
 
@@ -310,7 +327,7 @@ def grpo_passk_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.T
     Raises:
         ValueError: when a group has fewer than 2 samples (naming the group id).
     """
-    scores = _scores(inputs)
+    scores = sample_scores(inputs)
     group_id, count, _, std = group_statistics(scores, inputs.index)
     if bool((count < 2).any()):
         bad = inputs.index[int(torch.nonzero(count < 2)[0, 0])]
@@ -332,5 +349,5 @@ def grpo_passk_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.T
     adv = torch.where(is_best, group_max - second_max, torch.zeros_like(scores))
     if inputs.norm_adv_by_std_in_grpo:
         adv = adv / (std + inputs.epsilon)
-    adv = _broadcast(adv, inputs.response_mask)
+    adv = broadcast_to_tokens(adv, inputs.response_mask)
     return adv, adv

@@ -22,6 +22,7 @@ __all__ = ["LOSS_AGG_MODES", "agg_loss", "mask_counts"]
 
 LOSS_AGG_MODES = (
     "token-mean",
+    "token-sum",
     "seq-mean-token-sum",
     "seq-mean-token-mean",
     "seq-mean-token-sum-norm",
@@ -67,14 +68,15 @@ def agg_loss(
     * ``"seq-mean-token-sum"``: ``sum_i (sum_t m_it l_it) / S``.
     * ``"seq-mean-token-mean"``: ``sum_i (sum_t m_it l_it / n_i) / S`` (the original GRPO objective,
       Shao et al. 2024, Eq. 3: ``1/G sum_i 1/|o_i| sum_t``).
-    * ``"seq-mean-token-sum-norm"`` (verl's mode of this name): ``sum_i (sum_t m_it l_it) / L``, a *sum* over the
-      sequences (no ``1/S``, despite the name; verl's docs: "turns off seq-dim averaging") divided by the constant
-      ``L = norm_length`` (default ``loss_mat.shape[-1]``, the padded response length). The loss scale grows with
-      the mini-batch size.
-    * ``"seq-mean-token-sum-norm-drgrpo"``: ``sum_i (sum_t m_it l_it / L) / S``, Dr. GRPO's length-unbiased loss as in
-      its paper and reference implementation (Liu et al. 2025, arXiv:2503.20783, Sec. 3.1 and sail-sg/oat: divide by
-      the generation budget instead of ``|o_i|``, average over the ``G`` sequences). It is exactly
-      ``1/S`` times ``"seq-mean-token-sum-norm"``.
+    * ``"token-sum"``: ``sum_it m_it l_it``, no normalisation (verl 0.9's mode of this name; the loss scale grows
+      with the mini-batch).
+    * ``"seq-mean-token-sum-norm"``: ``sum_i (sum_t m_it l_it / L) / S``, Dr. GRPO's length-unbiased loss (Liu et
+      al. 2025, arXiv:2503.20783, Sec. 3.1, and its reference implementation sail-sg/oat: divide by the generation
+      budget ``L = norm_length`` (default ``loss_mat.shape[-1]``, the padded response length) instead of ``|o_i|``,
+      average over the ``G`` sequences). This is verl 0.7.1-0.9.1's mode of this name; verl <= 0.7.0 *summed* over
+      the sequences (no ``1/S``), a loss ``S`` times larger (a ConfigWarning says so at config load).
+    * ``"seq-mean-token-sum-norm-drgrpo"``: the same as ``"seq-mean-token-sum-norm"`` (kept so that configs written
+      for easyrl before verl 0.7.1's semantics still load and mean what they meant).
 
     Pass the configured max response length as ``norm_length`` when micro-batches may be padded to different
     lengths, otherwise the constant ``L`` differs between them.
@@ -89,7 +91,7 @@ def agg_loss(
         global_num_tokens: valid tokens in the whole mini-batch over all ranks (``None``: this batch's count).
         global_num_seqs: sequences with >= 1 valid token in the whole mini-batch over all ranks (``None``: local).
         dp_size: number of data-parallel ranks averaging gradients.
-        norm_length: the constant ``L`` of the two ``"seq-mean-token-sum-norm*"`` modes.
+        norm_length: the constant ``L`` of the ``"seq-mean-token-sum-norm*"`` modes (verl's ``loss_scale_factor``).
 
     Returns:
         0-dim tensor.
@@ -107,12 +109,12 @@ def agg_loss(
     valid = loss_mask.bool()
     if loss_agg_mode == "token-mean":
         return masked_sum(loss_mat, valid) / _denominator(global_num_tokens, valid.sum(), loss_mat) * dp_size
+    if loss_agg_mode == "token-sum":
+        return masked_sum(loss_mat, valid) * dp_size
     seq_valid = valid.any(dim=-1)
     seq_loss = masked_sum(loss_mat, valid, dim=-1)  # (bsz,)
     if loss_agg_mode == "seq-mean-token-mean":
         seq_loss = seq_loss / valid.sum(dim=-1).clamp(min=1).to(seq_loss.dtype)
     elif loss_agg_mode.startswith("seq-mean-token-sum-norm"):
         seq_loss = seq_loss / (loss_mat.shape[-1] if norm_length is None else norm_length)
-        if loss_agg_mode == "seq-mean-token-sum-norm":  # verl: a sum over sequences
-            return masked_sum(seq_loss, seq_valid) * dp_size
     return masked_sum(seq_loss, seq_valid) / _denominator(global_num_seqs, seq_valid.sum(), loss_mat) * dp_size

@@ -22,7 +22,8 @@ from easyrl.algorithms.loss_agg import agg_loss
 from easyrl.algorithms.masked_ops import masked_mean
 from easyrl.algorithms.registry import Registry
 
-__all__ = ["LOG_RATIO_CLAMP", "POLICY_LOSSES", "PolicyLossInputs", "PolicyLossSettings", "sapo_gate"]
+__all__ = ["LOG_RATIO_CLAMP", "POLICY_LOSSES", "PolicyLossInputs", "PolicyLossSettings", "finish_policy_loss",
+           "importance_ratio", "sapo_gate"]
 
 LOG_RATIO_CLAMP = 20.0  # |log pi/pi_old| above this is clamped before exp (exp(20) ~ 4.9e8)
 
@@ -61,6 +62,15 @@ class PolicyLossSettings:
             weight bounds).
         clip_ratio_dual: dual-clip constant ``c`` > 1 (``vanilla``).
         tau_positive, tau_negative: SAPO's gate temperatures > 0 (``sapo``).
+        clip_cov_ratio, clip_cov_lb, clip_cov_ub: fraction of tokens clip-cov detaches and the covariance band they are
+            drawn from (``clip_cov``).
+        kl_cov_ratio, ppo_kl_coef: fraction of tokens KL-cov penalises and the weight of ``|log r|`` (``kl_cov``).
+        dro_beta: DRO's quadratic log-ratio penalty > 0 (``dro``).
+        bypass_loss_type: ``"ppo_clip"`` or ``"reinforce"`` (``bypass_mode``).
+        rollout_is, rollout_is_threshold, rollout_is_threshold_lower, rollout_rs, rollout_rs_threshold: the rollout
+            correction ``bypass_mode`` computes itself (see
+            :func:`~easyrl.algorithms.rollout_correction.compute_rollout_correction_weights` and
+            :func:`~easyrl.algorithms.rollout_correction.compute_rollout_rejection_mask`).
     """
 
     loss_agg_mode: str
@@ -69,6 +79,18 @@ class PolicyLossSettings:
     clip_ratio_dual: float
     tau_positive: float = 1.0
     tau_negative: float = 1.05
+    clip_cov_ratio: float = 2e-4
+    clip_cov_lb: float = 1.0
+    clip_cov_ub: float = 5.0
+    kl_cov_ratio: float = 2e-4
+    ppo_kl_coef: float = 0.1
+    dro_beta: float | None = None
+    bypass_loss_type: str = "ppo_clip"
+    rollout_is: str | None = None
+    rollout_is_threshold: float = 2.0
+    rollout_is_threshold_lower: float | None = None
+    rollout_rs: str | None = None
+    rollout_rs_threshold: str | float | None = None
 
 
 PolicyLoss = Callable[[PolicyLossInputs, PolicyLossSettings], tuple[torch.Tensor, dict[str, float]]]
@@ -77,12 +99,12 @@ POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss")
 """``worker.actor.loss_type`` -> loss ``fn(inputs, settings) -> (pg_loss 0-dim tensor, metrics dict of floats)``."""
 
 
-def _ratio(inputs: PolicyLossInputs) -> torch.Tensor:
+def importance_ratio(inputs: PolicyLossInputs) -> torch.Tensor:
     """Importance ratio ``r = exp(clamp(logp - logp_old, -20, 20))``, ``(bsz, resp_len)``, differentiable in logp."""
     return torch.exp(torch.clamp(inputs.log_prob - inputs.old_log_prob, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
 
 
-def _finish(
+def finish_policy_loss(
     pg_losses: torch.Tensor,
     inputs: PolicyLossInputs,
     settings: PolicyLossSettings,
@@ -135,14 +157,14 @@ def vanilla_policy_loss(
     if settings.clip_ratio_dual <= 1.0:
         raise ValueError(f"clip_ratio_dual must be > 1 (dual-clip PPO), got {settings.clip_ratio_dual}")
     advantages = inputs.advantages
-    ratio = _ratio(inputs)
+    ratio = importance_ratio(inputs)
     loss_unclipped = -advantages * ratio
     loss_clipped = -advantages * torch.clamp(ratio, 1.0 - settings.clip_ratio_low, 1.0 + settings.clip_ratio_high)
     clip_loss = torch.maximum(loss_unclipped, loss_clipped)
     dual_bound = -advantages * settings.clip_ratio_dual
     negative = advantages < 0
     pg_losses = torch.where(negative, torch.minimum(clip_loss, dual_bound), clip_loss)
-    return _finish(pg_losses, inputs, settings, clipped=loss_clipped > loss_unclipped,
+    return finish_policy_loss(pg_losses, inputs, settings, clipped=loss_clipped > loss_unclipped,
                    dual_clipped=negative & (clip_loss > dual_bound))
 
 
@@ -160,10 +182,11 @@ def gspo_policy_loss(
 
     Notes:
         * The paper averages over sequences (``1/G sum_i``) and uses the tiny ranges 3e-4 / 4e-4; use
-          ``loss_agg_mode="seq-mean-token-mean"`` to match it. The given mode is honoured (verl forces
-          seq-mean-token-mean).
+          ``loss_agg_mode="seq-mean-token-mean"`` to match it. The given mode is honoured, as in verl 0.9.1 (verl up
+          to 0.9.0 forced seq-mean-token-mean).
+        * verl 0.9.1 clamps the combined log-ratio at 10 from above only, which also zeroes the gradient of a
+          sequence past it; here ``log s_i`` (detached) is clamped to [-20, 20] and the gradient always flows.
         * ``clip_ratio_dual`` is unused (no dual clip in GSPO); ``pg_clipfrac_lower`` is 0.
-        * ``log s_i`` is clamped to [-20, 20] before ``exp``.
 
     Reads ``settings.loss_agg_mode``, ``clip_ratio_low`` and ``clip_ratio_high``.
     Returns / Raises: as :func:`vanilla_policy_loss` (no ValueError for ``clip_ratio_dual``).
@@ -177,7 +200,7 @@ def gspo_policy_loss(
         token_ratio, 1.0 - settings.clip_ratio_low, 1.0 + settings.clip_ratio_high
     )
     pg_losses = torch.maximum(loss_unclipped, loss_clipped)
-    return _finish(pg_losses, inputs, settings, clipped=loss_clipped > loss_unclipped)
+    return finish_policy_loss(pg_losses, inputs, settings, clipped=loss_clipped > loss_unclipped)
 
 
 @POLICY_LOSSES.register("cispo")
@@ -200,10 +223,10 @@ def cispo_policy_loss(
     Reads ``settings.loss_agg_mode``, ``clip_ratio_low`` and ``clip_ratio_high``.
     Returns / Raises: as :func:`vanilla_policy_loss` (no ValueError for ``clip_ratio_dual``).
     """
-    ratio = _ratio(inputs).detach()
+    ratio = importance_ratio(inputs).detach()
     weight = torch.clamp(ratio, 1.0 - settings.clip_ratio_low, 1.0 + settings.clip_ratio_high)
     pg_losses = -weight * inputs.advantages * inputs.log_prob
-    return _finish(pg_losses, inputs, settings, clipped=weight != ratio)
+    return finish_policy_loss(pg_losses, inputs, settings, clipped=weight != ratio)
 
 
 def sapo_gate(ratio: torch.Tensor, tau: torch.Tensor | float) -> torch.Tensor:
@@ -254,10 +277,10 @@ def sapo_policy_loss(
     if not (tau_positive > 0 and tau_negative > 0):
         raise ValueError(f"SAPO temperatures must be > 0, got tau_positive={tau_positive}, tau_negative={tau_negative}")
     advantages = inputs.advantages
-    ratio = _ratio(inputs)
+    ratio = importance_ratio(inputs)
     tau = torch.where(advantages > 0, float(tau_positive), float(tau_negative)).to(ratio.dtype)
     pg_losses = -advantages * sapo_gate(ratio, tau)
-    return _finish(pg_losses, inputs, settings)
+    return finish_policy_loss(pg_losses, inputs, settings)
 
 
 # EasyR1's name for the token form of GSPO, which is what ``gspo`` computes (EasyR1's own ``gspo`` takes the gradient

@@ -1,13 +1,18 @@
-"""Rollout correction: truncated importance sampling between the rollout engine's and the trainer's log-probs."""
+"""Rollout correction between the rollout engine's and the trainer's log-probs: truncated importance sampling
+(:func:`compute_tis_weights`, ``worker.actor.tis_cap``) and verl 0.9's family: sequence-level IS, IcePop (masked IS)
+and rejection sampling (:func:`compute_rollout_correction_weights`, :func:`compute_rollout_rejection_mask`)."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from easyrl.algorithms.masked_ops import masked_mean
+from easyrl.algorithms.masked_ops import masked_mean, masked_sum
 from easyrl.algorithms.policy_losses import LOG_RATIO_CLAMP
 
-__all__ = ["compute_tis_weights"]
+__all__ = ["ROLLOUT_IS_LEVELS", "ROLLOUT_RS_OPTIONS", "compute_rollout_correction_weights", "correct_rollout",
+           "compute_rollout_rejection_mask", "compute_tis_weights", "parse_rs_thresholds"]
 
 
 @torch.no_grad()
@@ -60,3 +65,196 @@ def compute_tis_weights(
         "rollout/log_ppl_diff": float(masked_mean(seq_diff, seq_valid)),
     }
     return weights, metrics
+
+
+# ------------------------------------------------------------------------- verl 0.9's rollout-correction family
+
+ROLLOUT_IS_LEVELS = ("token", "sequence")
+ROLLOUT_RS_OPTIONS = ("token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3",
+                      "seq_mean_k1", "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3")
+
+
+@torch.no_grad()
+def compute_rollout_correction_weights(
+    log_ratio: torch.Tensor,
+    response_mask: torch.Tensor,
+    rollout_is: str = "token",
+    threshold: float = 2.0,
+    threshold_lower: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Importance weights ``pi_train / pi_rollout`` against the engine/trainer mismatch, token- or sequence-level,
+    truncated (TIS) or masked (IcePop); verl 0.9.1's ``compute_rollout_correction_weights`` without batch
+    normalisation.
+
+    With ``x_t = log_ratio_t`` (``log pi_old - log pi_rollout``), clamped to [-20, 20] before ``exp``:
+
+    * ``rollout_is="token"``: ``rho_t = exp(x_t)`` (Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You
+      Off-Policy RL Training", https://fengyao.notion.site/off-policy-rl: per-token truncated IS, biased, low variance);
+    * ``rollout_is="sequence"``: ``rho_i = exp(sum_t m_it x_it)`` on every token of sequence ``i`` (the sequence
+      likelihood ratio, unbiased, high variance; Liu et al. 2025, "When Speed Kills Stability: Demystifying RL
+      Collapse from the Training-Inference Mismatch", https://richardli.xyz/rl-collapse, Sec. 4, sequence-level IS).
+
+    Then, without ``threshold_lower``, TIS: ``w = min(rho, threshold)``; with it, IcePop (Ling Team 2025, "Every Step
+    Evolves: Scaling Reinforcement Learning for Trillion-Scale Thinking Model", arXiv:2510.18855, IcePop, masked IS):
+    ``w = rho`` where ``threshold_lower <= rho <= threshold`` and 0 elsewhere (the token's gradient is dropped).
+
+    Args:
+        log_ratio: ``(bsz, resp_len)`` ``old_log_prob - rollout_log_probs``.
+        response_mask: ``(bsz, resp_len)`` ``{0, 1}``.
+        rollout_is: ``"token"`` or ``"sequence"``.
+        threshold: upper bound > 0 (verl's ``rollout_is_threshold``; the TIS blog uses 2).
+        threshold_lower: IcePop's lower bound in (0, threshold], or None for TIS.
+
+    Returns:
+        ``(weights, metrics)``: ``weights`` ``(bsz, resp_len)`` detached, 0 outside the mask; metrics (floats)
+        ``rollout_corr/rollout_is_mean`` (masked mean of the weights), ``rollout_corr/rollout_is_ratio_fraction_high``
+        / ``_low`` (fraction of valid tokens whose raw weight is above ``threshold`` / below ``threshold_lower``,
+        default ``1 / threshold``).
+
+    Raises:
+        ValueError: for another level, a non-positive threshold, or ``threshold_lower`` outside (0, threshold].
+    """
+    if rollout_is not in ROLLOUT_IS_LEVELS:
+        raise ValueError(f"rollout_is must be one of {ROLLOUT_IS_LEVELS}, got {rollout_is!r}")
+    if threshold <= 0 or (threshold_lower is not None and not 0 < threshold_lower <= threshold):
+        raise ValueError(f"need 0 < threshold_lower <= threshold, got {threshold_lower}, {threshold}")
+    mask = response_mask.to(log_ratio.dtype)
+    if rollout_is == "sequence":
+        log_ratio = masked_sum(log_ratio, response_mask, dim=-1).unsqueeze(-1).expand_as(log_ratio)
+    raw = torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)) * mask
+    if threshold_lower is None:
+        weights = raw.clamp(max=threshold)
+    else:
+        weights = torch.where((raw >= threshold_lower) & (raw <= threshold), raw, torch.zeros_like(raw))
+    lower = 1.0 / threshold if threshold_lower is None else threshold_lower
+    metrics = {
+        "rollout_corr/rollout_is_mean": float(masked_mean(weights, response_mask)),
+        "rollout_corr/rollout_is_ratio_fraction_high": float(masked_mean((raw > threshold).float(), response_mask)),
+        "rollout_corr/rollout_is_ratio_fraction_low": float(masked_mean((raw < lower).float(), response_mask)),
+    }
+    return weights.detach(), metrics
+
+
+def parse_rs_thresholds(options: list[str], spec: str | float) -> dict[str, tuple[float | None, float]]:
+    """verl's ``rollout_rs_threshold`` for each option: one value for all, or one per option, comma-separated; a
+    ``*k1`` option takes ``"lower_upper"`` ratio bounds (a lone ``upper`` means ``[1/upper, upper]``), the others one
+    upper bound. Returns option -> ``(lower or None, upper)``.
+
+    Raises:
+        ValueError: for a count that matches neither 1 nor ``len(options)``, a non-positive or unordered bound, or a
+            ``lower_upper`` pair on a k2/k3 option.
+    """
+    parts = [p.strip() for p in str(spec).split(",") if p.strip()]
+    if len(parts) == 1:
+        parts = parts * len(options)
+    if len(parts) != len(options):
+        raise ValueError(f"rollout_rs_threshold {spec!r}: give 1 value or {len(options)} (one per rollout_rs option)")
+    bounds: dict[str, tuple[float | None, float]] = {}
+    for option, part in zip(options, parts):
+        if option.endswith("k1"):
+            lower_s, _, upper_s = part.rpartition("_") if "_" in part else ("", "", part)
+            upper = float(upper_s)
+            lower = float(lower_s) if lower_s else 1.0 / upper
+        elif "_" in part:
+            raise ValueError(f"rollout_rs_threshold {part!r} for {option}: a single upper bound, no '_'")
+        else:
+            lower, upper = None, float(part)
+        if upper <= 0 or (lower is not None and not 0 < lower <= upper):
+            raise ValueError(f"rollout_rs_threshold {part!r} for {option}: need 0 < lower <= upper")
+        bounds[option] = (lower, upper)
+    return bounds
+
+
+@torch.no_grad()
+def compute_rollout_rejection_mask(
+    log_ratio: torch.Tensor,
+    response_mask: torch.Tensor,
+    rollout_rs: str,
+    rollout_rs_threshold: str | float,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Rejection sampling (masked IS) against the engine/trainer mismatch: tokens, or whole sequences, whose
+    divergence estimate leaves a hard trust region are dropped from the loss (verl 0.9.1's
+    ``compute_rollout_rejection_mask``; Liu et al. 2025, https://richardli.xyz/rl-collapse, Sec. 4, masked IS).
+
+    With ``x = clamp(log_ratio, -20, 20)`` the per-token estimators of KL(pi_rollout || pi_old) are Schulman's
+    ``k1 = -x``, ``k2 = x^2 / 2``, ``k3 = exp(x) - 1 - x``. An option ``<level>_<k>`` compares, per token
+    (``token_``), or per sequence the masked sum (``seq_sum_``), mean (``seq_mean_``) or max (``seq_max_``) over its
+    tokens, to its threshold: ``k1`` statistics must lie in ``[log lower, log upper]``, ``k2``/``k3`` ones be
+    ``<= upper``. Several comma-separated options must all pass.
+
+    Args:
+        log_ratio: ``(bsz, resp_len)`` ``old_log_prob - rollout_log_probs``.
+        response_mask: ``(bsz, resp_len)`` ``{0, 1}``.
+        rollout_rs: comma-separated options from :data:`ROLLOUT_RS_OPTIONS`, e.g. ``"token_k1,seq_max_k2"``.
+        rollout_rs_threshold: see :func:`parse_rs_thresholds`.
+
+    Returns:
+        ``(mask, metrics)``: the response mask with rejected tokens set to 0 (same dtype), and
+        ``rollout_corr/rollout_rs_masked_fraction`` (fraction of valid tokens rejected).
+
+    Raises:
+        ValueError: for an unknown option or a bad threshold.
+    """
+    options = list(dict.fromkeys(o.strip() for o in rollout_rs.split(",") if o.strip()))
+    unknown = [o for o in options if o not in ROLLOUT_RS_OPTIONS]
+    if unknown or not options:
+        raise ValueError(f"rollout_rs options {unknown or rollout_rs!r} unknown; valid: {list(ROLLOUT_RS_OPTIONS)}")
+    bounds = parse_rs_thresholds(options, rollout_rs_threshold)
+    x = log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    estimators = {"k1": -x, "k2": 0.5 * x.square(), "k3": torch.exp(x) - 1.0 - x}
+    valid = response_mask.bool()
+    keep = torch.ones_like(valid)
+    for option in options:
+        level, k = option.rsplit("_", 1)
+        stat = estimators[k]
+        if level == "seq_sum":
+            stat = masked_sum(stat, valid, dim=-1).unsqueeze(-1)
+        elif level == "seq_mean":
+            stat = masked_mean(stat, valid, dim=-1).unsqueeze(-1)
+        elif level == "seq_max":
+            stat = torch.where(valid, stat, -torch.inf).amax(dim=-1, keepdim=True)
+            stat = torch.where(stat == -torch.inf, torch.zeros_like(stat), stat)
+        lower, upper = bounds[option]
+        if k == "k1":
+            passed = (stat >= math.log(lower)) & (stat <= math.log(upper))
+        else:
+            passed = stat <= upper
+        keep = keep & passed.expand_as(valid)
+    new_mask = response_mask * keep.to(response_mask.dtype)
+    metrics = {"rollout_corr/rollout_rs_masked_fraction": float(masked_mean((~keep).float(), valid))}
+    return new_mask, metrics
+
+
+@torch.no_grad()
+def correct_rollout(
+    old_log_prob: torch.Tensor,
+    rollout_log_probs: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    tis_cap: float | None = None,
+    rollout_is: str | None = None,
+    rollout_is_threshold: float = 2.0,
+    rollout_is_threshold_lower: float | None = None,
+    rollout_rs: str | None = None,
+    rollout_rs_threshold: str | float | None = None,
+) -> tuple[torch.Tensor | None, torch.Tensor, dict[str, float]]:
+    """The actor's rollout correction of one micro-batch (``worker.actor.tis_cap`` / ``rollout_is*`` /
+    ``rollout_rs*``): :func:`compute_tis_weights` when ``tis_cap`` is set, else
+    :func:`compute_rollout_correction_weights` when ``rollout_is`` is set; then :func:`compute_rollout_rejection_mask`
+    when ``rollout_rs`` is set.
+
+    Returns:
+        ``(weights or None, response_mask with rejected tokens at 0, token-mean metrics)``; each ``(bsz, resp_len)``.
+    """
+    weights, metrics, mask = None, {}, response_mask
+    log_ratio = old_log_prob - rollout_log_probs
+    if tis_cap is not None:
+        weights, tis = compute_tis_weights(old_log_prob, rollout_log_probs, response_mask, tis_cap)
+        metrics = {key: tis[key] for key in ("rollout/tis_weight_mean", "rollout/tis_clip_frac")}
+    elif rollout_is is not None:
+        weights, metrics = compute_rollout_correction_weights(log_ratio, response_mask, rollout_is,
+                                                              rollout_is_threshold, rollout_is_threshold_lower)
+    if rollout_rs is not None:
+        mask, rs_metrics = compute_rollout_rejection_mask(log_ratio, response_mask, rollout_rs, rollout_rs_threshold)
+        metrics.update(rs_metrics)
+    return weights, mask, metrics

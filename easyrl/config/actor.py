@@ -19,7 +19,8 @@ class ActorConfig(TrainedRoleConfig):
     clip_ratio_high: float = 0.3
     clip_ratio_dual: float = 3.0
     loss_type: str = "vanilla"
-    """Policy loss: vanilla (PPO clip, dual-clip), gspo, cispo, sapo."""
+    """Policy loss (``easyrl.algorithms.policy_losses.POLICY_LOSSES``): vanilla (PPO clip, dual-clip), gspo, cispo,
+    sapo, clip_cov, kl_cov, geo_mean (GMPO), dppo_tv, dppo_kl, dro, gpg, bypass_mode; see docs/algorithms.md."""
     tau_positive: float = 1.0
     """SAPO gate temperature for tokens with a positive advantage (``loss_type: sapo``)."""
     tau_negative: float = 1.05
@@ -32,6 +33,35 @@ class ActorConfig(TrainedRoleConfig):
     not computed. The released Qwen3-MoE checkpoints were pre-trained with 0.001."""
     tis_cap: Optional[float] = None
     """Truncated importance sampling cap against vLLM's sampled-token log-probs; None disables it."""
+    clip_cov_ratio: float = 2e-4
+    """``loss_type: clip_cov``: fraction of the micro-batch's tokens whose gradient is detached (verl's default)."""
+    clip_cov_lb: float = 1.0
+    """``loss_type: clip_cov``: tokens are drawn among those with covariance in (clip_cov_lb, clip_cov_ub)."""
+    clip_cov_ub: float = 5.0
+    """``loss_type: clip_cov``: upper end of that covariance band."""
+    kl_cov_ratio: float = 2e-4
+    """``loss_type: kl_cov``: fraction of the micro-batch's tokens (largest covariance) given the KL penalty."""
+    ppo_kl_coef: float = 0.1
+    """``loss_type: kl_cov``: weight of ``|log pi - log pi_old|`` on those tokens (verl's default)."""
+    dro_beta: Optional[float] = None
+    """``loss_type: dro``: weight of the quadratic log-ratio penalty, > 0 (required with dro)."""
+    bypass_loss_type: str = "ppo_clip"
+    """``loss_type: bypass_mode``: ppo_clip (PPO's ratio against the engine's log-probs) or reinforce (REINFORCE
+    with the rollout_is weights); verl's ``loss_type`` of its rollout_correction section."""
+    rollout_is: Optional[str] = None
+    """Rollout importance sampling: token or sequence (``pi_old / pi_rollout`` per token or per sequence), capped at
+    rollout_is_threshold (or IcePop with rollout_is_threshold_lower); None: off (``tis_cap`` is the token TIS
+    shortcut). Needs worker.rollout.calculate_log_probs."""
+    rollout_is_threshold: float = 2.0
+    """Upper bound of the rollout IS weights (truncation; IcePop's upper bound)."""
+    rollout_is_threshold_lower: Optional[float] = None
+    """IcePop: weights outside [rollout_is_threshold_lower, rollout_is_threshold] are set to 0 instead of truncated."""
+    rollout_rs: Optional[str] = None
+    """Rejection sampling: comma-separated token_k1|k2|k3, seq_sum_k1|k2|k3, seq_mean_k1|k2|k3, seq_max_k2|k3;
+    tokens (or sequences) whose divergence from the engine exceeds rollout_rs_threshold leave the loss."""
+    rollout_rs_threshold: Optional[str] = None
+    """One threshold per rollout_rs option (comma-separated) or one for all; k1 options take "lower_upper" ratio
+    bounds (e.g. "0.5_2.0"), the others an upper bound (e.g. "0.05")."""
     # copied from algorithm.*
     use_kl_loss: bool = auto("algorithm.use_kl_loss", True)
     kl_penalty: str = auto("algorithm.kl_penalty", "low_var_kl")

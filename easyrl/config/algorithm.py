@@ -10,7 +10,9 @@ class AlgorithmConfig:
     """The RL algorithm: advantage estimator and KL regularisation."""
 
     adv_estimator: str = "grpo"
-    """One of ``easyrl.algorithms.advantages.ADV_ESTIMATORS``: grpo, rloo, reinforce_plus_plus, ..."""
+    """One of ``easyrl.algorithms.advantages.ADV_ESTIMATORS``: grpo, rloo, reinforce_plus_plus,
+    reinforce_plus_plus_baseline, remax, grpo_passk, opo, gpg, gdpo, gae (optimal_token_baseline is registered but
+    needs per-token sum_v pi(v)^2, which the actor does not compute yet)."""
     norm_adv_by_std_in_grpo: bool = True
     """False gives Dr.GRPO (no division by the group's std)."""
     gamma: float = 1.0

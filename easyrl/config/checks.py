@@ -19,6 +19,8 @@ from easyrl.errors import ConfigError
 if TYPE_CHECKING:
     from easyrl.config.ppo import PPOConfig
 
+RESUME_MODES = ("auto", "disable", "force", "resume_path")
+
 # (rule, keys): each rule is (test, the allowed range in words). None values are skipped (they mean "off").
 _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "positive": (lambda v: v > 0, "a positive number"),
@@ -46,6 +48,8 @@ RANGE_RULES: dict[str, tuple[str, ...]] = {
         "worker.critic.micro_batch_size_per_device_for_experience",
         "worker.critic.ppo_epochs", "worker.critic.max_grad_norm", "worker.critic.cliprange_value",
         "worker.critic.max_token_len_per_device", "worker.rollout.tensor_parallel_size",
+        "worker.actor.clip_cov_ratio", "worker.actor.kl_cov_ratio", "worker.actor.dro_beta",
+        "worker.actor.rollout_is_threshold", "worker.actor.rollout_is_threshold_lower",
     ),
     "non_negative": (
         "worker.rollout.limit_images", "worker.rollout.temperature", "worker.actor.optim.lr",
@@ -53,6 +57,7 @@ RANGE_RULES: dict[str, tuple[str, ...]] = {
         "worker.actor.model.lora.rank", "worker.actor.router_aux_loss_coef",
         "trainer.val_generations_to_log",
         "worker.critic.optim.lr", "worker.critic.optim.weight_decay", "trainer.critic_warmup",
+        "worker.actor.ppo_kl_coef",
     ),
     "positive_or_-1": ("data.val_batch_size", "trainer.val_freq", "algorithm.max_try_make_batch"),
     "at_least_-1": ("worker.rollout.top_k",),
@@ -187,6 +192,7 @@ def check_names(config: "PPOConfig") -> None:
     check_choice("worker.reward.reward_type", config.worker.reward.reward_type, ("auto", "batch", "sequential"))
     check_choice("trainer.device", config.trainer.device, ("auto", "cuda", "npu", "cpu"))
     check_choice("trainer.best_metric_mode", config.trainer.best_metric_mode, ("max", "min"))
+    check_choice("trainer.resume_mode", config.trainer.resume_mode, RESUME_MODES)
     check_choice("worker.reward.on_error", config.worker.reward.on_error, ("raise", "zero"))
     check_backends(config.trainer.logger)  # known names, and their libraries installed
 
@@ -198,6 +204,7 @@ def check_combinations(config: "PPOConfig") -> None:
         raise ConfigError("algorithm.use_kl_loss and algorithm.use_kl_in_reward are both true: choose one.")
     if rollout.calculate_log_probs is False and actor.tis_cap is not None:
         raise ConfigError("worker.actor.tis_cap needs worker.rollout.calculate_log_probs=true.")
+    check_rollout_correction(config)
     longest = config.data.max_prompt_length + config.data.max_response_length
     for section in ("actor", "critic"):
         role = getattr(config.worker, section)
@@ -210,9 +217,58 @@ def check_combinations(config: "PPOConfig") -> None:
     if algo.needs_critic and config.worker.critic.model.lora.rank > 0:
         raise ConfigError("worker.critic.model.lora.rank must be 0: the critic (algorithm.adv_estimator=gae) trains "
                           "all its weights (LoRA applies to the actor only, worker.actor.model.lora).")
+    if config.trainer.val_only and not config.data.val_files:
+        raise ConfigError("trainer.val_only=true validates on data.val_files, which is not set: give "
+                          "data.val_files=PATH (the validation set; easyrl eval needs it too).")
+    if config.trainer.resume_mode == "resume_path" and not config.trainer.load_checkpoint_path:
+        raise ConfigError("trainer.resume_mode=resume_path resumes trainer.load_checkpoint_path, which is not set: "
+                          "give it a global_step_N folder, or use resume_mode=auto.")
     if config.trainer.critic_warmup > 0 and not algo.needs_critic:
         raise ConfigError(f"trainer.critic_warmup={config.trainer.critic_warmup} needs a critic "
                           "(algorithm.adv_estimator=gae); set it to 0.")
+
+
+def check_rollout_correction(config: "PPOConfig") -> None:
+    """``worker.actor``'s rollout correction and the losses that need a setting of their own (verl 0.9's family)."""
+    from easyrl.algorithms.rollout_correction import ROLLOUT_IS_LEVELS, parse_rs_thresholds
+
+    actor, rollout = config.worker.actor, config.worker.rollout
+    uses_engine = {"worker.actor.rollout_is": actor.rollout_is is not None,
+                   "worker.actor.rollout_rs": actor.rollout_rs is not None,
+                   "worker.actor.loss_type=bypass_mode": actor.loss_type == "bypass_mode"}
+    for key, used in uses_engine.items():
+        if used and rollout.calculate_log_probs is False:
+            raise ConfigError(f"{key} needs worker.rollout.calculate_log_probs=true (vLLM's sampled-token log-probs).")
+    if actor.rollout_is is not None:
+        check_choice("worker.actor.rollout_is", actor.rollout_is, ROLLOUT_IS_LEVELS)
+        if actor.tis_cap is not None:
+            raise ConfigError("worker.actor.tis_cap and worker.actor.rollout_is are both set: tis_cap is token TIS, "
+                              "the same as rollout_is=token with rollout_is_threshold=<cap>; keep one.")
+    lower = actor.rollout_is_threshold_lower
+    if lower is not None and lower > actor.rollout_is_threshold:
+        raise ConfigError(f"worker.actor.rollout_is_threshold_lower={lower} is above rollout_is_threshold="
+                          f"{actor.rollout_is_threshold}: IcePop keeps weights in [lower, upper].")
+    if actor.rollout_rs is not None:
+        if actor.rollout_rs_threshold is None:
+            raise ConfigError("worker.actor.rollout_rs needs worker.actor.rollout_rs_threshold (e.g. \"0.5_2.0\" for "
+                              "a k1 option, \"0.05\" for k2/k3).")
+        try:
+            from easyrl.algorithms.rollout_correction import ROLLOUT_RS_OPTIONS
+
+            options = [o.strip() for o in actor.rollout_rs.split(",") if o.strip()]
+            for option in options:
+                check_choice("worker.actor.rollout_rs", option, ROLLOUT_RS_OPTIONS)
+            parse_rs_thresholds(options, actor.rollout_rs_threshold)
+        except ValueError as e:
+            raise ConfigError(f"worker.actor.rollout_rs_threshold: {e}") from None
+    if actor.loss_type == "bypass_mode":
+        check_choice("worker.actor.bypass_loss_type", actor.bypass_loss_type, ("ppo_clip", "reinforce"))
+    if actor.loss_type == "dro" and actor.dro_beta is None:
+        raise ConfigError("worker.actor.loss_type=dro needs worker.actor.dro_beta (> 0, the weight of the quadratic "
+                          "log-ratio penalty).")
+    if config.algorithm.adv_estimator == "optimal_token_baseline":
+        raise ConfigError("algorithm.adv_estimator=optimal_token_baseline needs sum_v pi(v)^2 at every response "
+                          "token, which easyrl's actor does not compute yet; choose another estimator (grpo, opo).")
 
 
 def check_lora(lora: Any) -> None:

@@ -10,8 +10,9 @@ from typing import Optional
 class DataConfig:
     """Where the prompts come from and how they are turned into model inputs."""
 
-    train_files: str = "hiyouga/geometry3k@train"
-    """A hub id ``name@split``, a local parquet/json/jsonl file or folder, or a raw InterGPS geometry3k folder."""
+    train_files: Optional[str] = "hiyouga/geometry3k@train"
+    """A hub id ``name@split``, a local parquet/json/jsonl file or folder, or a raw InterGPS geometry3k folder
+    (null only for ``easyrl eval``, which needs no training data)."""
     val_files: Optional[str] = "hiyouga/geometry3k@test"
     """Same forms as ``train_files``; null = no validation."""
     prompt_key: str = "problem"

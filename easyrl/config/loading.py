@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 
 from easyrl.config.aliases import apply_aliases
 from easyrl.config.checks import check_config
+from easyrl.config.paths import resolve_config_paths
 from easyrl.config.ppo import PPOConfig
 from easyrl.config.traps import warn_config_traps
 from easyrl.errors import ConfigError
@@ -52,7 +53,11 @@ def valid_keys(cls: type, prefix: str = "") -> dict[str, bool]:
     return keys
 
 
-def _check_keys(user: dict, source: str, valid: dict[str, bool], autos: dict[str, str], prefix: str = "") -> None:
+def _check_keys(user: dict, source: str, valid: dict[str, bool], autos: dict[str, str], prefix: str = "",
+                unknown: Optional[list[tuple[str, list[str]]]] = None) -> None:
+    """Refuse the keys of one layer ``user`` (from ``source``) that are unknown (all of them in one error, each with
+    its "did you mean"), derived automatically, or a section given a plain value."""
+    found: list[tuple[str, list[str]]] = [] if unknown is None else unknown
     for key, value in user.items():
         name = f"{prefix}{key}"
         if name not in valid:
@@ -60,10 +65,8 @@ def _check_keys(user: dict, source: str, valid: dict[str, bool], autos: dict[str
             close = difflib.get_close_matches(name, settable, n=3, cutoff=0.6)
             leaf = [k for k in settable if k.rsplit(".", 1)[-1] == str(key)]
             hint = close or leaf[:3]
-            raise ConfigError(
-                f"Unknown config key '{name}' (from {source})."
-                + (f" Did you mean: {', '.join(hint)}?" if hint else "")
-            )
+            found.append((name, hint))
+            continue
         if name in autos:
             raise ConfigError(
                 f"'{name}' (from {source}) is derived automatically from {autos[name]}; set that instead."
@@ -72,7 +75,15 @@ def _check_keys(user: dict, source: str, valid: dict[str, bool], autos: dict[str
         if is_section and value is not None and not isinstance(value, dict):
             raise ConfigError(f"'{name}' (from {source}) is a section: give a mapping of its keys, got {value!r}.")
         if isinstance(value, dict) and not valid[name]:
-            _check_keys(value, source, valid, autos, name + ".")
+            _check_keys(value, source, valid, autos, name + ".", found)
+    if unknown is None and len(found) == 1:
+        name, hint = found[0]
+        raise ConfigError(f"Unknown config key '{name}' (from {source})."
+                          + (f" Did you mean: {', '.join(hint)}?" if hint else ""))
+    if unknown is None and found:
+        listed = "; ".join(f"'{name}'" + (f" (did you mean: {', '.join(hint)}?)" if hint else "")
+                           for name, hint in found)
+        raise ConfigError(f"{len(found)} unknown config keys (from {source}): {listed}.")
 
 
 def _has_dotted(tree: dict, key: str) -> bool:
@@ -157,7 +168,7 @@ def load_config(argv: list[str]) -> PPOConfig:
     if yaml_path is not None:
         if not os.path.isfile(yaml_path):
             raise ConfigError(f"Config file '{yaml_path}' (from config=) does not exist.")
-        layers.append((_load_yaml(yaml_path), f"file {yaml_path}", None))
+        layers.append((resolve_config_paths(_load_yaml(yaml_path), yaml_path), f"file {yaml_path}", None))
     for word in overrides:  # one word at a time, so that a grammar error names its word
         try:
             OmegaConf.from_dotlist([word])

@@ -49,11 +49,21 @@ class PPOConfig:
         """Whether the update is provably on-policy, so the old-log-prob pass can be skipped (verl does the same):
         one epoch over one mini-batch (``ppo_epochs == 1``, ``global_batch_size == data.rollout_batch_size``), so
         every forward of the update runs before its only optimizer step and its detached log-probs are the old
-        ones; no truncated importance sampling (``tis_cap``) and no in-reward KL, which need old log-probs before
-        the update."""
+        ones; no truncated importance sampling (``tis_cap``, ``rollout_is``, ``rollout_rs``) and no in-reward KL,
+        which need old log-probs before the update."""
         actor, algo = self.worker.actor, self.algorithm
         return (actor.ppo_epochs == 1 and actor.global_batch_size == self.data.rollout_batch_size
-                and actor.tis_cap is None and not (algo.use_kl_in_reward and not algo.disable_kl))
+                and actor.tis_cap is None and actor.rollout_is is None and actor.rollout_rs is None
+                and not (algo.use_kl_in_reward and not algo.disable_kl))
+
+    def training_steps(self, n_prompts: int) -> int:
+        """The run's number of steps for a training set of ``n_prompts`` prompts: ``trainer.total_epochs`` passes of
+        ``n_prompts // data.rollout_batch_size`` steps (a short last batch is dropped), at most
+        ``trainer.max_steps``. With ``data.mini_rollout_batch_size`` EasyR1's count: the prompts an epoch generates
+        (whole generation batches) per rollout batch."""
+        generated = n_prompts // self.data.generation_batch_size * self.data.generation_batch_size
+        steps = generated // self.data.rollout_batch_size * self.trainer.total_epochs
+        return steps if self.trainer.max_steps is None else min(steps, self.trainer.max_steps)
 
     @property
     def world_size(self) -> int:

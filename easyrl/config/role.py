@@ -111,9 +111,9 @@ class TrainedRoleConfig:
     """Samples per forward over a rollout batch: the actor's old/ref log-probs, the critic's values."""
     max_grad_norm: float = 1.0
     loss_agg_mode: str = "token-mean"
-    """How the per-token loss (the policy loss, the critic's value loss) is aggregated: token-mean,
-    seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm (verl's: a sum over sequences),
-    seq-mean-token-sum-norm-drgrpo (Dr. GRPO's: a mean over sequences); see docs/algorithms.md."""
+    """How the per-token loss (the policy loss, the critic's value loss) is aggregated: token-mean, token-sum,
+    seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm (Dr. GRPO's mean over sequences / L, as verl
+    0.7.1-0.9.1), seq-mean-token-sum-norm-drgrpo (the same); see docs/algorithms.md."""
     ppo_epochs: int = 1
     padding_free: bool = True
     """Pack each micro-batch's sequences into one row without padding (per-sequence positions, varlen attention,

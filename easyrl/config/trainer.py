@@ -101,7 +101,14 @@ class TrainerConfig:
     load_checkpoint_path: Optional[str] = None
     """A ``global_step_N`` folder to resume from (overrides ``find_last_checkpoint``)."""
     find_last_checkpoint: bool = True
-    """Resume from the last complete checkpoint under ``save_checkpoint_path`` if there is one."""
+    """Resume from the last complete checkpoint under ``save_checkpoint_path`` if there is one (EasyR1's switch;
+    ``false`` is ``resume_mode: disable``)."""
+    resume_mode: str = "auto"
+    """verl's names: ``auto`` resumes the last checkpoint of the run folder if its saved config trains the same
+    way (a change to the model, data, algorithm, batch sizes, lengths, optimizer or seeds is refused, naming the
+    keys); ``disable`` starts afresh (never in a folder holding another run's checkpoints or metrics); ``force``
+    resumes the last checkpoint even with such changes; ``resume_path`` resumes ``load_checkpoint_path`` (setting
+    ``load_checkpoint_path`` alone does the same). See README "Running again"."""
     best_metric: str = "val/reward/overall"
     """The validation metric that ranks checkpoints (the best is never removed by ``save_limit``)."""
     best_metric_mode: str = "max"
@@ -109,5 +116,11 @@ class TrainerConfig:
     run_dir: str = auto("trainer.project_name/experiment_name", "")
     """``runs/<project_name>/<experiment_name>``: metrics JSONL, exported model."""
     runs_root: str = "runs"
+    wandb_entity: Optional[str] = None
+    """wandb only: the team or user the run is logged under (None: wandb's default, or ``WANDB_ENTITY``)."""
+    wandb_group: Optional[str] = None
+    """wandb only: the group of the run (None: ``WANDB_RUN_GROUP``, or none)."""
+    wandb_tags: Optional[list[str]] = None
+    """wandb only: tags of the run (None: ``WANDB_TAGS``, or none)."""
     balance_batch: bool = True
     """Reorder each step's batch so that every worker's share holds about as many tokens (Karmarkar-Karp)."""

@@ -27,18 +27,16 @@ def _loss_messages(config: PPOConfig) -> list[str]:
     if mode == "seq-mean-token-sum-norm":
         seqs = actor.global_batch_size * config.worker.rollout.n
         messages.append(
-            "worker.actor.loss_agg_mode=seq-mean-token-sum-norm is verl's mode: each sequence's token-loss sum / "
-            f"max_response_length is SUMMED over the {seqs} sequences of a mini-batch (global_batch_size * "
-            "rollout.n), not averaged, so the loss is that many times Dr. GRPO's (paper, sail-sg/oat), which is "
-            "worker.actor.loss_agg_mode=seq-mean-token-sum-norm-drgrpo. AdamW barely sees a constant scale, "
-            "but worker.actor.max_grad_norm clips at a different point."
+            "worker.actor.loss_agg_mode=seq-mean-token-sum-norm averages over sequences as verl 0.7.1-0.9.1 (Dr. "
+            f"GRPO); verl <= 0.7.0 and easyrl before it summed them, a loss {seqs}x (global_batch_size * rollout.n) "
+            "larger: re-tune worker.actor.max_grad_norm if your config was written for the sum."
         )
     if loss in ("gspo", "gspo_token") and (mode != "seq-mean-token-mean"
                                           or max(actor.clip_ratio_low, actor.clip_ratio_high) > 1e-2):
         messages.append(
             f"worker.actor.loss_type={loss} with loss_agg_mode={mode}, clip_ratio_low={actor.clip_ratio_low}, "
             f"clip_ratio_high={actor.clip_ratio_high}: the GSPO paper (arXiv:2507.18071) clips the sequence ratio "
-            "to [1 - 3e-4, 1 + 4e-4] and averages over sequences (seq-mean-token-mean, which verl forces); "
+            "to [1 - 3e-4, 1 + 4e-4] and averages over sequences (seq-mean-token-mean; verl <= 0.9.0 forced it); "
             "token-level ranges such as 0.2/0.28 almost never clip a length-normalised sequence ratio."
         )
     if loss == "cispo" and (actor.clip_ratio_low < 1.0 or mode != "token-mean"):

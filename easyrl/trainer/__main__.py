@@ -7,13 +7,12 @@ A mistake in the user's input (``easyrl.errors.UserError``) ends the command wit
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from typing import Optional
 
-from easyrl.config import PPOConfig, load_config
+from easyrl.config import PPOConfig, load_config, to_dict
 from easyrl.errors import run_cli
-from easyrl.quiet import quiet_libraries, verbose
+from easyrl.quiet import setup_command_logging
 
 logger = logging.getLogger("easyrl")
 
@@ -27,36 +26,30 @@ def build_trainer(config: PPOConfig, worker_cls: Optional[type] = None):
         A ``RayPPOTrainer`` ready to ``fit()``.
 
     Raises:
-        UserError: any pre-flight check (model, data, reward; see ``docs/errors.md``), before Ray starts.
+        UserError: any pre-flight check (model, data, reward, run folder; see ``docs/errors.md``), before Ray starts.
+        RunFinished: the run folder's checkpoint is at the run's last step (``easyrl.trainer.run_folder``).
     """
+    from easyrl.trainer.dashboards import check_logger_credentials
+    from easyrl.trainer.launch import quiet_datasets, start_ray
     from easyrl.trainer.preflight import prepare
     from easyrl.trainer.run_folder import check_run_folder
 
-    if not verbose():
-        import datasets
-
-        datasets.disable_progress_bars()  # "Casting the dataset" bars of every load
+    quiet_datasets()
     ready = prepare(config)
-    check_run_folder(config.trainer)  # refuse another run's folder before anything starts
-    import ray  # after the checks, which need none of this
-
-    from easyrl.device import detect_device
-    from easyrl.trainer.ray_trainer import RayPPOTrainer
+    check_logger_credentials(config.trainer)
+    # refuse another run's folder, or a changed config, and stop at a finished run, before anything starts
+    check_run_folder(config.trainer, to_dict(config), config.training_steps(len(ready.train_dataset)))
+    from easyrl.trainer.ray_trainer import RayPPOTrainer  # after the checks, which need none of this
     from easyrl.workers.fsdp_worker import FSDPWorker
 
-    if not ray.is_initialized():
-        ray.init(runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}},
-                 logging_level=logging.INFO if verbose() else logging.WARNING)
-    device = config.trainer.device
-    if device == "auto":
-        device = detect_device(ray.cluster_resources())
+    device = start_ray(config)
     trainer = RayPPOTrainer(config, ready.tokenizer, ready.train_dataset, ready.val_dataset, ready.reward_fn)
     trainer.init_workers(device, worker_cls or FSDPWorker)
     return trainer
 
 
 USAGE = """\
-usage: python -m easyrl.trainer [config=FILE.yaml] [KEY=VALUE ...]
+usage: {prog} [config=FILE.yaml] [KEY=VALUE ...]
 
 Train a policy with RL on Ray + vLLM + FSDP2: GRPO, DAPO, Dr.GRPO, GSPO, CISPO, SAPO, RLOO, REINFORCE++,
 ReMax, pass@k (grpo_passk), PPO with a learned critic (gae); full fine-tuning or LoRA.
@@ -69,9 +62,18 @@ Configuration, later wins:
 The documented configuration: config.yaml at the repository root lists every key with what it means;
 docs/config.md explains how batch sizes relate, docs/errors.md lists every error message.
 
+Relative paths in the config file (data, reward function, prompt template, model) are found next to the file
+first, then in the current folder (docs/config.md).
+
+Running again with the same trainer.experiment_name resumes the run's last checkpoint, if the new config trains the
+same way; a change to the model, data, algorithm, batch sizes, lengths, optimizer or seeds is refused naming the keys
+(choose a new trainer.experiment_name, or set trainer.resume_mode=force); a finished run says so and exits 0.
+trainer.resume_mode (verl's names): auto (default), disable (start afresh), force, resume_path
+(trainer.load_checkpoint_path). trainer.val_only=true runs `easyrl eval` instead (validation only).
+
 examples:
-  python -m easyrl.trainer config=config.yaml worker.actor.model.model_path=Qwen/Qwen2.5-VL-7B-Instruct
-  python -m easyrl.trainer config=examples/configs/cpu_demo.yaml worker.actor.model.model_path=PATH trainer.max_steps=1
+  {prog} config=config.yaml worker.actor.model.model_path=Qwen/Qwen2.5-VL-7B-Instruct
+  {prog} config=examples/configs/cpu_demo.yaml worker.actor.model.model_path=PATH trainer.max_steps=1
   bash examples/qwen2_5_vl_7b_geo3k_cispo.sh    (recipes: examples/*.sh, one per algorithm; docs/algorithms.md)
 
 A mistake in the input is reported as one line, 'easyrl: <kind> error: ...', with exit status 2, before any
@@ -80,22 +82,32 @@ log level (default INFO).
 """
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    """Command-line entry point; returns the exit status: 0 done; 2 after a user error (a config mistake, a run
-    folder that belongs to another run, a reward function failing on a sample with ``on_error: raise``; printed as
-    one line, no traceback); ``128 + signal`` when SIGTERM/SIGINT stopped the run after a checkpoint. A failed run
-    (e.g. a dead worker) raises, naming the rank and the last good checkpoint (status 1)."""
+def main(argv: Optional[list[str]] = None, prog: str = "python -m easyrl.trainer") -> int:
+    """Command-line entry point; returns the exit status: 0 done, or nothing to do (a finished run, said on stdout);
+    2 after a user error (a config mistake, a run folder that belongs to another run or trained with other settings,
+    a reward function failing on a sample with ``on_error: raise``; printed as one line, no traceback);
+    ``128 + signal`` when SIGTERM/SIGINT stopped the run after a checkpoint. A failed run (e.g. a dead worker) raises,
+    naming the rank and the last good checkpoint (status 1). ``trainer.val_only=true`` runs ``easyrl eval``."""
     argv = sys.argv[1:] if argv is None else argv
     if any(word in ("-h", "--help", "help") for word in argv):
-        print(USAGE, end="")
+        print(USAGE.format(prog=prog), end="")
         return 0
-    logging.basicConfig(level=os.environ.get("EASYRL_LOG_LEVEL", "INFO"),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    quiet_libraries()
+    setup_command_logging()
 
     def run() -> int:
-        config = load_config(argv)
-        trainer = build_trainer(config)
+        config = load_config(argv)  # first: a config mistake is reported before any heavy import
+        from easyrl.trainer.run_folder import RunFinished
+
+        if config.trainer.val_only:  # validation only: easyrl eval
+            from easyrl.trainer.evaluation import evaluate_model
+
+            evaluate_model(config)
+            return 0
+        try:
+            trainer = build_trainer(config)
+        except RunFinished as done:
+            print(f"easyrl: {done}")
+            return 0
         trainer.fit()
         trainer.workers.shutdown()  # workers release their shared memory (a failed run raised above: Ray kills them)
         if trainer.stop_signal is not None:  # stopped by SIGTERM/SIGINT after saving a checkpoint

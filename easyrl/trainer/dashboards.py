@@ -7,7 +7,9 @@ metrics, and on validation steps the first ``trainer.val_generations_to_log`` sa
 
 Where each writes, and the library's own switches (online/offline modes are the libraries' environment variables):
 
-- wandb: ``<run_dir>/wandb``; ``WANDB_MODE=offline`` keeps the run on disk (``wandb sync`` uploads it later).
+- wandb: ``<run_dir>/wandb``; ``WANDB_MODE=offline`` keeps the run on disk (``wandb sync`` uploads it later). The run
+  id is kept in ``<run_dir>/wandb_run_id``, so a resumed run continues the same wandb run (``resume="allow"``);
+  ``trainer.wandb_entity`` / ``wandb_group`` / ``wandb_tags`` set its team, group and tags.
 - tensorboard: ``<run_dir>/tensorboard`` event files (generations as a text table).
 - swanlab: ``<run_dir>/swanlog`` (``SWANLAB_LOGDIR`` overrides); ``SWANLAB_MODE=offline`` (sync later) or ``local``
   (needs ``swanlab[dashboard]``); default: SwanLab's own (cloud, after ``swanlab login``).
@@ -19,11 +21,77 @@ Where each writes, and the library's own switches (online/offline modes are the 
 
 from __future__ import annotations
 
+import netrc
 import os
 import time
 from typing import Any, Optional
+from urllib.parse import urlparse
+
+from easyrl.errors import ConfigError
 
 GENERATION_COLUMNS = ("step", "prompt", "response", "ground_truth", "score")
+WANDB_ID_FILE = "wandb_run_id"
+_OFFLINE = ("offline", "dryrun", "disabled", "local")
+
+
+def _netrc_has(host: str) -> bool:
+    """Whether the netrc file (``NETRC``, else ``~/.netrc``) holds a login for ``host``."""
+    path = os.environ.get("NETRC") or os.path.join(os.path.expanduser("~"), ".netrc")
+    try:
+        return os.path.isfile(path) and netrc.netrc(path).authenticators(host) is not None
+    except (netrc.NetrcParseError, OSError):
+        return False
+
+
+def check_logger_credentials(trainer) -> None:
+    """The online dashboards of ``trainer.logger`` have credentials, checked before any worker starts (a run would
+    otherwise stop at its first log, or wait for a login prompt): wandb needs ``WANDB_API_KEY`` or a ``wandb login``
+    (netrc entry for ``WANDB_BASE_URL``'s host, default api.wandb.ai) unless ``WANDB_MODE`` is offline/disabled;
+    swanlab needs ``SWANLAB_API_KEY`` or a ``swanlab login`` (``~/.swanlab/.netrc``) unless ``SWANLAB_MODE`` is
+    offline/local/disabled. MLflow and TensorBoard write local files by default.
+
+    Raises:
+        ConfigError: naming the backend, the variable to set and the offline switch.
+    """
+    backends = trainer.logger
+    if "wandb" in backends and os.environ.get("WANDB_MODE", "").lower() not in _OFFLINE \
+            and os.environ.get("WANDB_DISABLED", "").lower() not in ("true", "1") \
+            and not os.environ.get("WANDB_API_KEY"):
+        host = urlparse(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname or "api.wandb.ai"
+        if not _netrc_has(host):
+            raise ConfigError(
+                f"trainer.logger has wandb but no wandb login was found (no WANDB_API_KEY, no {host} entry in "
+                f"~/.netrc): set WANDB_API_KEY or run `wandb login`, or set WANDB_MODE=offline to keep the run on disk "
+                f"(`wandb sync` uploads it later), or drop wandb from trainer.logger."
+            )
+    if "swanlab" in backends and os.environ.get("SWANLAB_MODE", "").lower() not in _OFFLINE \
+            and not os.environ.get("SWANLAB_API_KEY"):
+        root = os.environ.get("SWANLAB_ROOT") or os.environ.get("SWANLAB_SAVE_DIR") \
+            or os.path.join(os.path.expanduser("~"), ".swanlab")
+        if not os.path.isfile(os.path.join(root, ".netrc")):
+            raise ConfigError(
+                "trainer.logger has swanlab but no swanlab login was found (no SWANLAB_API_KEY, no "
+                f"{os.path.join(root, '.netrc')}): set SWANLAB_API_KEY or run `swanlab login`, or set "
+                "SWANLAB_MODE=offline (or local), or drop swanlab from trainer.logger."
+            )
+
+
+def wandb_run_id(run_dir: str, resume: bool) -> str:
+    """The wandb run id of the run folder ``run_dir``: the one kept in ``<run_dir>/wandb_run_id`` when the run
+    resumes (so its steps continue the same wandb run), else a new one, written there."""
+    path = os.path.join(run_dir, WANDB_ID_FILE)
+    if resume and os.path.isfile(path):
+        with open(path, encoding="utf-8") as f:
+            kept = f.read().strip()
+        if kept:
+            return kept
+    import uuid
+
+    run_id = uuid.uuid4().hex[:8]
+    os.makedirs(run_dir, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(run_id + "\n")
+    return run_id
 
 
 def _numeric(metrics: dict[str, Any]) -> dict[str, float]:
@@ -35,14 +103,19 @@ def _table_rows(generations: list[dict[str, Any]], step: int) -> list[list[Any]]
 
 
 class WandbLogger:
-    """A Weights & Biases run ``project/experiment`` with the whole config, under ``<run_dir>/wandb``."""
+    """A Weights & Biases run ``project/experiment`` with the whole config, under ``<run_dir>/wandb``; its id is kept
+    in ``<run_dir>/wandb_run_id`` (:func:`wandb_run_id`), so a resumed run (``resume``) continues it. Entity, group
+    and tags come from ``config["trainer"]`` (``wandb_entity``, ``wandb_group``, ``wandb_tags``)."""
 
-    def __init__(self, run_dir: str, project: str, experiment: str, config: dict[str, Any]):
+    def __init__(self, run_dir: str, project: str, experiment: str, config: dict[str, Any], resume: bool = False):
         import wandb
 
-        os.makedirs(run_dir, exist_ok=True)
+        trainer = config.get("trainer", {})
         self.wandb = wandb
-        self.run = wandb.init(project=project, name=experiment, config=config, dir=run_dir)
+        self.run_id = wandb_run_id(run_dir, resume)
+        self.run = wandb.init(project=project, name=experiment, config=config, dir=run_dir, id=self.run_id,
+                              resume="allow", entity=trainer.get("wandb_entity"), group=trainer.get("wandb_group"),
+                              tags=trainer.get("wandb_tags"))
 
     def log(self, metrics: dict[str, float], step: int, generations: Optional[list[dict]] = None) -> None:
         row: dict[str, Any] = _numeric(metrics)

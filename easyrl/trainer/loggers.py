@@ -81,8 +81,10 @@ class Tracker:
                 self.loggers.append(JsonlLogger(os.path.join(run_dir, METRICS_FILE), resume=resume))
             elif name == "tensorboard":
                 self.loggers.append(TensorBoardLogger(os.path.join(run_dir, "tensorboard")))
+            elif name == "wandb":
+                self.loggers.append(WandbLogger(run_dir, project, experiment, config, resume=resume))
             else:
-                cls = {"wandb": WandbLogger, "swanlab": SwanlabLogger, "mlflow": MlflowLogger}[name]
+                cls = {"swanlab": SwanlabLogger, "mlflow": MlflowLogger}[name]
                 self.loggers.append(cls(run_dir, project, experiment, config))
 
     def log(self, metrics: dict[str, float], step: int, generations: Optional[list[dict]] = None) -> None:

@@ -332,29 +332,41 @@ def check_no_videos(rows: Any, video_key: Optional[str], where: str) -> None:
         )
 
 
-def prepare(config: Any) -> Prepared:
+def prepare(config: Any, train: bool = True) -> Prepared:
     """All pre-flight checks of a finalized config, in order: model paths, reward function and keyword arguments (both
-    cheap), model config and tokenizer, datasets, then the reward function called on one sample of the training data.
+    cheap), model config and tokenizer, datasets, then the reward function called on one sample of the data.
+
+    Args:
+        config: the finalized ``PPOConfig``.
+        train: False for ``easyrl eval``: no training set is loaded (``data.train_files`` may be null; the
+            ``train_dataset`` returned is None) and the reward is tried on a validation sample.
 
     Raises:
         UserError: ``ModelError``, ``DataError``, ``RewardError`` or ``ConfigError``; see ``docs/errors.md``.
     """
+    if train and not config.data.train_files:
+        raise ConfigError("data.train_files is not set: training needs a training set (only `easyrl eval` runs "
+                          "without one).")
     check_model_sources(config.worker.actor.model)
     reward_fn = load_reward(config.worker.reward)
     tokenizer, hf_config, processor = load_model_parts(config.worker.actor.model, sources_checked=True,
                                                        chat_template=config.data.override_chat_template)
     check_rollout_split(hf_config, config.worker.rollout.tensor_parallel_size)
-    train = load_dataset_for("data.train_files", config.data.train_files, config, tokenizer, processor)
+    train_set = None
+    if train:
+        train_set = load_dataset_for("data.train_files", config.data.train_files, config, tokenizer, processor)
     val = None
     if config.data.val_files:
         val = load_dataset_for("data.val_files", config.data.val_files, config, tokenizer, processor)
-    check_enough_prompts(config, len(train))
-    ground_truth = str(train.dataset[0][config.data.answer_key])
+    if train_set is not None:
+        check_enough_prompts(config, len(train_set))
+    first = (train_set if train_set is not None else val).dataset[0]
+    ground_truth = str(first[config.data.answer_key])
     response = f"<think>a sample</think> \\boxed{{{ground_truth}}}"
     sample = {"response": response, "response_length": len(tokenizer.encode(response)), "ground_truth": ground_truth,
               "columns": train.reward_columns(train.dataset[0])}
     check_filter_key(config, check_reward_on_sample(reward_fn, sample), reward_fn.where)
-    return Prepared(tokenizer, processor, train, val, reward_fn)
+    return Prepared(tokenizer, processor, train_set, val, reward_fn)
 
 
 def check_rollout_split(hf_config: Any, tensor_parallel_size: int) -> None:

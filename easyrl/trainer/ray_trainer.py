@@ -79,12 +79,7 @@ class RayPPOTrainer:
         self.val_dataset = val_dataset
         self.train_dataloader = PromptStream(train_dataset, config.data.generation_batch_size, config.data.shuffle,
                                              config.data.seed, collate_fn)
-        # EasyR1's count: the prompts an epoch generates / the prompts a step trains on
-        data = config.data
-        steps_per_epoch = len(self.train_dataloader) * data.generation_batch_size // data.rollout_batch_size
-        self.training_steps = steps_per_epoch * config.trainer.total_epochs
-        if config.trainer.max_steps is not None:
-            self.training_steps = min(self.training_steps, config.trainer.max_steps)
+        self.training_steps = config.training_steps(len(train_dataset))
         config.worker.actor.optim.training_steps = self.training_steps
         config.worker.critic.optim.training_steps = self.training_steps
         algo = config.algorithm

@@ -7,6 +7,7 @@ workers must run the same number of forwards).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections import defaultdict
@@ -21,7 +22,7 @@ from transformers.utils import is_flash_attn_2_available
 from easyrl.algorithms.kl import kl_penalty
 from easyrl.algorithms.loss_agg import agg_loss
 from easyrl.algorithms.policy_losses import POLICY_LOSSES, PolicyLossInputs, PolicyLossSettings
-from easyrl.algorithms.rollout_correction import compute_tis_weights
+from easyrl.algorithms.rollout_correction import correct_rollout
 from easyrl.batch import Batch
 from easyrl.config import ActorConfig, OffloadConfig
 from easyrl.errors import ConfigError
@@ -301,20 +302,21 @@ class FSDPPolicy:
             router_aux=cfg.router_aux_loss_coef > 0)
         # on-policy (no old-log-prob pass): the weights have not moved yet, so old = current, detached
         old_log_probs = micro["old_log_probs"].to(dev) if "old_log_probs" in micro else log_probs.detach()
-        tis_weights = None
-        if cfg.tis_cap is not None:
-            tis_weights, tis_metrics = compute_tis_weights(
-                old_log_probs, micro["rollout_log_probs"].to(dev), mask, cfg.tis_cap
-            )
-            for key in ("rollout/tis_weight_mean", "rollout/tis_clip_frac"):  # token means: weight by token share
-                step_metrics[key] += tis_metrics[key] * _share(mask, agg_kwargs)
+        tis_weights, loss_mask = None, mask
+        if cfg.loss_type == "bypass_mode":  # the engine's log-probs are the old policy; the loss corrects itself
+            old_log_probs = micro["rollout_log_probs"].to(dev)
+        elif cfg.tis_cap is not None or cfg.rollout_is is not None or cfg.rollout_rs is not None:
+            tis_weights, loss_mask, corr_metrics = correct_rollout(
+                old_log_probs, micro["rollout_log_probs"].to(dev), mask, tis_cap=cfg.tis_cap,
+                rollout_is=cfg.rollout_is, rollout_is_threshold=cfg.rollout_is_threshold,
+                rollout_is_threshold_lower=cfg.rollout_is_threshold_lower, rollout_rs=cfg.rollout_rs,
+                rollout_rs_threshold=cfg.rollout_rs_threshold)
+            for key, value in corr_metrics.items():  # token means: weight by token share
+                step_metrics[key] += value * _share(mask, agg_kwargs)
+        settings = PolicyLossSettings(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(PolicyLossSettings)})
         pg_loss, pg_metrics = policy_loss_fn(
-            PolicyLossInputs(old_log_probs, log_probs, advantages, mask, rollout_is_weights=tis_weights,
-                             agg_kwargs=agg_kwargs),
-            PolicyLossSettings(loss_agg_mode=cfg.loss_agg_mode, clip_ratio_low=cfg.clip_ratio_low,
-                               clip_ratio_high=cfg.clip_ratio_high, clip_ratio_dual=cfg.clip_ratio_dual,
-                               tau_positive=cfg.tau_positive, tau_negative=cfg.tau_negative),
-        )
+            PolicyLossInputs(old_log_probs, log_probs, advantages, loss_mask, rollout_is_weights=tis_weights,
+                             agg_kwargs=agg_kwargs), settings)
         entropy_loss = agg_loss(entropy, mask, cfg.loss_agg_mode, **agg_kwargs)
         loss = pg_loss - cfg.entropy_coeff * entropy_loss
         if cfg.use_kl_loss and not cfg.disable_kl:
@@ -333,8 +335,8 @@ class FSDPPolicy:
         step_metrics["actor/pg_loss"] += pg_loss.item()
         step_metrics["actor/entropy"] += entropy_loss.item()
         share = _share(mask, agg_kwargs)
-        for key, value in pg_metrics.items():
-            step_metrics[f"actor/{key}"] += float(value) * share
+        for key, value in pg_metrics.items():  # bypass_mode's rollout_corr/* keep their prefix
+            step_metrics[key if "/" in key else f"actor/{key}"] += float(value) * share
         return log_probs.detach()
 
 

@@ -3,7 +3,8 @@
 A role is a Hugging Face model sharded with FSDP2 over all workers (every rank holds a shard of each), with a forward
 and, when trainable, an update:
 
-* ``actor``: the policy being trained (``FSDPPolicy``, float32 master weights, AdamW); always built.
+* ``actor``: the policy being trained (``FSDPPolicy``, float32 master weights, AdamW); always built (frozen, without
+  an optimizer and without the other roles, under ``trainer.val_only``: ``easyrl eval`` only generates).
 * ``ref``: the reference policy of the KL terms (``FSDPPolicy``, frozen, held in the compute dtype), built by copying
   the actor's shards rather than reading the checkpoint again; only when a KL term uses it
   (``algorithm.needs_reference``) and the actor has no LoRA adapter: with LoRA the reference is the actor with its
@@ -86,6 +87,9 @@ def build_roles(config: PPOConfig, mesh: DeviceMesh, device: str, torch_device: 
 
     cfg = config.worker
     model_path = cfg.actor.model.model_path
+    if config.trainer.val_only:  # easyrl eval: the policy generates only (its weights reach vLLM); no optimizer
+        return Roles(actor=FSDPPolicy(model_path, cfg.actor, mesh, device, torch_device, trainable=False,
+                                      offload=cfg.actor.offload))
     actor = FSDPPolicy(model_path, cfg.actor, mesh, device, torch_device, trainable=True, offload=cfg.actor.offload)
     ref = None
     if builds_reference(config):

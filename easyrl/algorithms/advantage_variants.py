@@ -1,0 +1,166 @@
+"""More advantage estimators, registered in :data:`~easyrl.algorithms.advantages.ADV_ESTIMATORS` with verl 0.9.1's
+names and semantics (checked against verl in ``tests/test_verl_parity.py``): ``opo``, ``gpg``, ``gdpo`` and
+``optimal_token_baseline``.
+
+Like those of :mod:`~easyrl.algorithms.advantages`, each takes one
+:class:`~easyrl.algorithms.advantages.AdvantageInputs` and returns ``(advantages, returns)``, ``(bsz, resp_len)``, 0
+outside the mask, group statistics vectorised over groups (``index_add_`` / ``scatter_reduce``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from easyrl.algorithms.advantages import (
+    ADV_ESTIMATORS,
+    AdvantageInputs,
+    broadcast_to_tokens,
+    group_statistics,
+    sample_scores,
+)
+from easyrl.algorithms.masked_ops import masked_whiten
+
+__all__ = ["gdpo_advantage", "gpg_advantage", "opo_advantage", "optimal_token_baseline_advantage"]
+
+OTB_EPSILON = 1e-8  # added to the optimal token baseline's denominator (verl's default)
+
+
+def _group_sum(values: torch.Tensor, group_id: torch.Tensor) -> torch.Tensor:
+    """Per-group sums of ``values`` (``(bsz, ...)``), gathered back to each sample: ``(bsz, ...)``."""
+    n_groups = int(group_id.max()) + 1 if group_id.numel() else 0
+    sums = torch.zeros((n_groups, *values.shape[1:]), dtype=values.dtype, device=values.device)
+    return sums.index_add_(0, group_id, values)[group_id]
+
+
+@ADV_ESTIMATORS.register("opo")
+@torch.no_grad()
+def opo_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """On-Policy RL with Optimal reward baseline (Hao et al. 2025, "On-Policy RL with Optimal Reward Baseline",
+    arXiv:2505.23585, Eq. 5): the group baseline is the length-weighted mean reward, the variance-minimising
+    baseline when a gradient's norm grows with the response length,
+
+    ``A_i = R_i - sum_j |o_j| R_j / sum_j |o_j|`` over the sample's group (``|o_j|`` its valid tokens); a group of one
+    has baseline 0.
+
+    Reads ``token_level_rewards``, ``response_mask`` and ``index``. Returns: ``(advantages, returns)``, equal.
+    """
+    scores = sample_scores(inputs)
+    lengths = inputs.response_mask.sum(dim=-1).to(scores.dtype)
+    group_id, count, _, _ = group_statistics(scores, inputs.index)
+    baseline = _group_sum(lengths * scores, group_id) / _group_sum(lengths, group_id).clamp(min=1)
+    adv = broadcast_to_tokens(scores - torch.where(count > 1, baseline, 0.0), inputs.response_mask)
+    return adv, adv
+
+
+@ADV_ESTIMATORS.register("gpg")
+@torch.no_grad()
+def gpg_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """GPG, Group Policy Gradient (Chu et al. 2025, "GPG: A Simple and Strong Reinforcement Learning Baseline for
+    Model Reasoning", arXiv:2504.02546, the corrected advantage): the group-centred reward, without the std, scaled
+    up by the share of samples that carry a signal,
+
+    ``A_i = alpha * (R_i - mean_group(R))`` with ``alpha = B / max(1, M)``, ``B`` the batch size and ``M`` the
+    number of samples with a non-zero score (verl 0.9.1's ``alpha``; its ``F_norm`` is 1). A group of one has mean 0.
+
+    Reads ``token_level_rewards``, ``response_mask`` and ``index``. Pair it with ``worker.actor.loss_type: gpg``.
+    Returns: ``(advantages, returns)``, equal.
+    """
+    scores = sample_scores(inputs)
+    _, _, mean, _ = group_statistics(scores, inputs.index)
+    alpha = scores.shape[0] / max(1, int(torch.count_nonzero(scores)))
+    adv = broadcast_to_tokens(alpha * (scores - mean), inputs.response_mask)
+    return adv, adv
+
+
+@ADV_ESTIMATORS.register("gdpo")
+@torch.no_grad()
+def gdpo_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """GDPO, Group reward-Decoupled normalisation Policy Optimization (arXiv:2601.05242, as cited by verl 0.9.1):
+    each reward component is normalised within its group on its own, so that a dominant component does not drown
+    the others, then the weighted sum is whitened over the batch:
+
+    ``A_k,i = (r_k,i - mean_group(r_k)) / (std_group(r_k) + epsilon)`` (no std division when
+    ``norm_adv_by_std_in_grpo`` is False), ``A_i = whiten(sum_k w_k A_k,i)`` over all valid tokens.
+
+    Reads ``reward_components`` ``(bsz, K)`` and ``reward_weights`` (None: all 1); without components the single
+    component is the sample's score (GRPO followed by batch whitening), as in verl. Also ``response_mask``,
+    ``index``, ``epsilon``, ``norm_adv_by_std_in_grpo``.
+
+    Returns: ``(advantages, returns)``, equal. Raises: ValueError for fewer than 2 valid tokens, or when the number
+    of weights differs from ``K``.
+    """
+    components = inputs.reward_components
+    if components is None:
+        components = sample_scores(inputs).unsqueeze(-1)
+    weights = inputs.reward_weights or (1.0,) * components.shape[1]
+    if len(weights) != components.shape[1]:
+        raise ValueError(f"gdpo: {len(weights)} reward_weights for {components.shape[1]} reward components")
+    total = torch.zeros(components.shape[0], dtype=components.dtype, device=components.device)
+    for k, weight in enumerate(weights):
+        _, _, mean, std = group_statistics(components[:, k], inputs.index)
+        adv_k = components[:, k] - mean
+        if inputs.norm_adv_by_std_in_grpo:
+            adv_k = adv_k / (std + inputs.epsilon)
+        total = total + weight * adv_k
+    mask = inputs.response_mask
+    adv = masked_whiten(broadcast_to_tokens(total, mask), mask) * mask
+    return adv, adv
+
+
+def _zero_tail(lengths: torch.Tensor, group_id: torch.Tensor, count: torch.Tensor, resp_len: int) -> torch.Tensor:
+    """``(bsz, resp_len)`` bool: the positions, in the group's only longest response, past the second-longest
+    response's length (where no other sample of the group has a return to compare with)."""
+    n_groups = int(group_id.max()) + 1
+    longest = torch.zeros(n_groups, dtype=lengths.dtype, device=lengths.device).scatter_reduce(
+        0, group_id, lengths, reduce="amax", include_self=False)[group_id]
+    is_longest = lengths == longest
+    n_longest = _group_sum(is_longest.to(lengths.dtype), group_id)
+    others = torch.where(is_longest, torch.full_like(lengths, -1), lengths)
+    second = torch.full((n_groups,), -1, dtype=lengths.dtype, device=lengths.device).scatter_reduce(
+        0, group_id, others, reduce="amax")[group_id]
+    tail_row = is_longest & (n_longest == 1) & (count > 1) & (second >= 0)
+    positions = torch.arange(resp_len, device=lengths.device)
+    return tail_row.unsqueeze(-1) & (positions.unsqueeze(0) >= second.unsqueeze(-1))
+
+
+@ADV_ESTIMATORS.register("optimal_token_baseline")
+@torch.no_grad()
+def optimal_token_baseline_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """Optimal token baseline (verl 0.9.1's ``optimal_token_baseline``; the variance-minimising baseline
+    ``b* = E[G ||grad log pi||^2] / E[||grad log pi||^2]`` of Weaver & Tao 2001, "The Optimal Reward Baseline for
+    Gradient-Based Reinforcement Learning", UAI, taken per token position).
+
+    For a softmax policy the squared norm of the score w.r.t. the logits at step ``j`` is
+    ``s_j = 1 - 2 pi_j + sum_v pi(v)^2`` (``pi_j`` the sampled token's probability); its running sum
+    ``W_t = sum_{j <= t} m_j s_j`` (times ``rho_j^2`` with rollout IS weights) weighs each sample's reward-to-go
+    ``G_t = sum_{s >= t} m_s r_s`` in the baseline shared by the group at position ``t``:
+
+    ``B_t = sum_i m_it G_it W_it / (sum_i m_it W_it + 1e-8)``, ``A_it = (G_it - B_t) m_it``.
+
+    A group of one has baseline 0. In a group whose longest response is unique, that response's baseline is 0 past
+    the second-longest length (no other sample reaches those positions).
+
+    Reads ``token_level_rewards``, ``response_mask``, ``index``, ``old_log_probs``, ``sum_pi_squared`` and (if set)
+    ``rollout_is_weights``.
+
+    Returns:
+        ``advantages`` and ``returns`` (the reward-to-go ``G``), ``(bsz, resp_len)``.
+
+    Raises:
+        ValueError: if ``old_log_probs`` or ``sum_pi_squared`` is None.
+    """
+    if inputs.old_log_probs is None or inputs.sum_pi_squared is None:
+        raise ValueError("adv estimator 'optimal_token_baseline' needs old_log_probs and sum_pi_squared (bsz, "
+                         "resp_len): the sampled token's log-prob and sum_v pi(v)^2 at each response position")
+    mask = inputs.response_mask.to(inputs.token_level_rewards.dtype)
+    returns = (inputs.token_level_rewards * mask).flip(-1).cumsum(-1).flip(-1)
+    score_norm = 1 - 2 * torch.exp(inputs.old_log_probs) + inputs.sum_pi_squared
+    if inputs.rollout_is_weights is not None:
+        score_norm = score_norm * inputs.rollout_is_weights.square()
+    path = (score_norm * mask).cumsum(-1)
+    group_id, count, _, _ = group_statistics(sample_scores(inputs), inputs.index)
+    baseline = _group_sum(returns * path * mask, group_id) / (_group_sum(path * mask, group_id) + OTB_EPSILON)
+    baseline = torch.where((count > 1).unsqueeze(-1), baseline, 0.0)
+    lengths = inputs.response_mask.sum(-1).long()
+    baseline = baseline.masked_fill(_zero_tail(lengths, group_id, count, mask.shape[1]), 0.0)
+    return (returns - baseline) * mask, returns

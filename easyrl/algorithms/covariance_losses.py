@@ -1,0 +1,104 @@
+"""Entropy-collapse control by covariance: the Clip-Cov and KL-Cov policy losses (``worker.actor.loss_type``).
+
+Cui et al. 2025, "The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models", arXiv:2505.22617:
+the policy entropy falls by the covariance between a token's log-prob and its advantage (Sec. 3), and a few
+tokens of very high covariance drive the collapse. Both losses act on those tokens only (Sec. 4); the
+covariance of token ``t`` is centred over the valid tokens of the micro-batch:
+
+    cov_t = (A_t - mean(A)) * (logp_t - mean(sg[logp]))
+
+Both are registered like :mod:`~easyrl.algorithms.policy_losses`' losses and match verl 0.9.1's ``clip_cov`` and
+``kl_cov`` (values and gradients; ``tests/test_verl_parity.py``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from easyrl.algorithms.masked_ops import masked_mean
+from easyrl.algorithms.policy_losses import (
+    POLICY_LOSSES,
+    PolicyLossInputs,
+    PolicyLossSettings,
+    finish_policy_loss,
+)
+
+__all__ = ["clip_cov_policy_loss", "kl_cov_policy_loss"]
+
+
+@POLICY_LOSSES.register("clip_cov")
+def clip_cov_policy_loss(
+    inputs: PolicyLossInputs, settings: PolicyLossSettings
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Clip-Cov (Cui et al. 2025, arXiv:2505.22617, Sec. 4, Clip-Cov): the PPO clipped surrogate, with the gradient
+    of a few high-covariance tokens detached.
+
+    Among the valid tokens that PPO's clip left alone and whose covariance lies in
+    ``(clip_cov_lb, clip_cov_ub)``, ``max(1, int(clip_cov_ratio * T))`` are drawn at random (``torch.randperm`` on
+    the global generator, like verl) and their loss is set to 0 (``T`` the valid tokens of the micro-batch). The
+    others get ``max(-A r, -A clip(r, 1 - low, 1 + high))`` with ``r = exp(logp - logp_old)`` (not clamped, as in
+    verl; no dual clip).
+
+    Reads ``settings.loss_agg_mode``, ``clip_ratio_low``, ``clip_ratio_high``, ``clip_cov_ratio``, ``clip_cov_lb``,
+    ``clip_cov_ub``. Metrics: ``pg_clipfrac`` is the fraction of valid tokens detached by the covariance rule;
+    ``pg_clipfrac_lower`` 0.
+
+    Raises:
+        ValueError: if ``clip_cov_ratio <= 0`` or the mode is unknown.
+    """
+    if settings.clip_cov_ratio <= 0:
+        raise ValueError(f"clip_cov_ratio must be > 0, got {settings.clip_cov_ratio}")
+    advantages, log_prob, mask = inputs.advantages, inputs.log_prob, inputs.response_mask
+    valid = mask.bool()
+    ratio = torch.exp(log_prob - inputs.old_log_prob)
+    loss_unclipped = -advantages * ratio
+    loss_clipped = -advantages * torch.clamp(ratio, 1.0 - settings.clip_ratio_low, 1.0 + settings.clip_ratio_high)
+    with torch.no_grad():
+        cov = (advantages - masked_mean(advantages, mask)) * (log_prob - masked_mean(log_prob, mask))
+        in_band = (cov > settings.clip_cov_lb) & (cov < settings.clip_cov_ub)
+        eligible = valid & ~(loss_clipped > loss_unclipped) & in_band
+        candidates = torch.nonzero(eligible)  # (n, 2), row-major
+        n_detach = max(int(settings.clip_cov_ratio * int(valid.sum())), 1)
+        keep = torch.ones_like(advantages)
+        if len(candidates) > 0:
+            chosen = candidates[torch.randperm(len(candidates))[:n_detach]]
+            keep[chosen[:, 0], chosen[:, 1]] = 0
+    pg_losses = torch.maximum(loss_unclipped, loss_clipped) * keep
+    return finish_policy_loss(pg_losses, inputs, settings, clipped=keep == 0)
+
+
+@POLICY_LOSSES.register("kl_cov")
+def kl_cov_policy_loss(
+    inputs: PolicyLossInputs, settings: PolicyLossSettings
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """KL-Cov (Cui et al. 2025, arXiv:2505.22617, Sec. 4, KL-Cov): the unclipped surrogate ``-A r``, plus a KL
+    penalty ``ppo_kl_coef * |logp - logp_old|`` on the ``max(1, int(kl_cov_ratio * T))`` valid tokens of largest
+    covariance (``torch.topk``).
+
+    ``r = exp(logp - logp_old)``, not clamped (as in verl). Reads ``settings.loss_agg_mode``, ``kl_cov_ratio``,
+    ``ppo_kl_coef``. Metrics: ``pg_clipfrac`` / ``pg_clipfrac_lower`` 0; ``ppo_kl`` is, as in verl, the masked mean
+    of ``|logp - logp_old|`` (not of ``logp_old - logp``).
+
+    Raises:
+        ValueError: if ``kl_cov_ratio <= 0`` or the mode is unknown.
+    """
+    if settings.kl_cov_ratio <= 0:
+        raise ValueError(f"kl_cov_ratio must be > 0, got {settings.kl_cov_ratio}")
+    advantages, log_prob, mask = inputs.advantages, inputs.log_prob, inputs.response_mask
+    log_ratio = log_prob - inputs.old_log_prob
+    ratio = torch.exp(log_ratio)
+    pg_losses = -advantages * ratio
+    valid_flat = torch.nonzero(mask.bool().reshape(-1), as_tuple=True)[0]
+    if len(valid_flat) > 0:
+        with torch.no_grad():
+            adv = advantages.reshape(-1)[valid_flat]
+            logp = log_prob.detach().reshape(-1)[valid_flat]
+            cov = (adv - adv.mean()) * (logp - logp.mean())
+            top = valid_flat[torch.topk(cov, max(1, int(len(cov) * settings.kl_cov_ratio))).indices]
+        penalised = torch.zeros(mask.numel(), dtype=torch.bool, device=mask.device)
+        penalised[top] = True
+        penalised = penalised.view_as(mask)
+        pg_losses = torch.where(penalised, pg_losses + settings.ppo_kl_coef * log_ratio.abs(), pg_losses)
+    pg_loss, metrics = finish_policy_loss(pg_losses, inputs, settings)
+    metrics["ppo_kl"] = float(masked_mean(log_ratio.detach().abs(), mask))
+    return pg_loss, metrics

@@ -1,0 +1,68 @@
+"""Relative paths in a config file, found from the file's own folder so that a recipe runs from any folder.
+
+The rule (docs/config.md): a relative path given in the YAML file of ``config=`` is looked up, in order, against
+
+1. the config file's folder,
+2. the current folder (as a path on the command line always is),
+3. the config file's parent folders, nearest first (a recipe under ``examples/configs/`` naming
+   ``examples/data/...`` from the repository root);
+
+and the first place where it exists wins (written as an absolute path). A path found nowhere is left as written
+(a hub id such as ``hiyouga/geometry3k@train`` or ``Qwen/Qwen2.5-7B-Instruct``, or a mistake that the pre-flight
+checks then name). Only input paths are resolved (``INPUT_PATHS``); outputs (``trainer.runs_root``,
+``trainer.save_*``) stay relative to the current folder.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+# keys whose value names an input file or folder; the reward function's is ``path.py:function``
+INPUT_PATHS: tuple[str, ...] = (
+    "data.train_files", "data.val_files", "data.image_dir", "data.format_prompt",
+    "worker.actor.model.model_path", "worker.actor.model.tokenizer_path",
+    "worker.critic.model.model_path", "worker.critic.model.tokenizer_path",
+    "worker.reward.reward_function", "trainer.load_checkpoint_path",
+)
+
+
+def search_folders(config_file: str, cwd: Optional[str] = None) -> list[str]:
+    """Where a relative path of ``config_file`` is looked up, in order (see the module docstring)."""
+    here = os.path.dirname(os.path.abspath(config_file))
+    folders = [here, os.path.abspath(cwd or os.getcwd())]
+    parent = os.path.dirname(here)
+    while parent != here:
+        folders.append(parent)
+        here, parent = parent, os.path.dirname(parent)
+    return list(dict.fromkeys(folders))
+
+
+def resolve_path(value: str, folders: list[str]) -> str:
+    """``value`` as an absolute path under the first of ``folders`` where it exists; unchanged when it is absolute,
+    starts with ``~``, or exists nowhere. A ``file.py:function`` value is resolved by its file part."""
+    path, suffix = value, ""
+    if ".py:" in value:  # worker.reward.reward_function: path.py:function
+        path, function = value.rsplit(":", 1)
+        suffix = ":" + function
+    if os.path.isabs(path) or path.startswith("~") or not path:
+        return value
+    for folder in folders:
+        candidate = os.path.join(folder, path)
+        if os.path.exists(candidate):
+            return os.path.normpath(candidate) + suffix
+    return value
+
+
+def resolve_config_paths(layer: dict[str, Any], config_file: str, cwd: Optional[str] = None) -> dict[str, Any]:
+    """Resolve the relative input paths (``INPUT_PATHS``) of the YAML layer ``layer`` read from ``config_file``, in
+    place; returns ``layer``."""
+    folders = search_folders(config_file, cwd)
+    for key in INPUT_PATHS:
+        *parents, last = key.split(".")
+        node = layer
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and isinstance(node.get(last), str):
+            node[last] = resolve_path(node[last], folders)
+    return layer

@@ -1,0 +1,73 @@
+"""Which config keys change what a run trains, and the differences between a run folder's saved config and a new
+one in those keys: a resumed run must train the same way as the run it continues (``easyrl.trainer.run_folder``
+refuses otherwise, naming the keys).
+
+A key changes training unless it is listed in ``NEUTRAL_KEYS``: logging and names, output paths and resume switches,
+validation and checkpoint frequencies, the run's length (raising ``trainer.max_steps`` or ``trainer.total_epochs``
+is how a finished run trains further), and memory or speed knobs that leave the algorithm as it is (micro-batch
+sizes, offloading, gradient checkpointing, vLLM's memory share). A key added later changes training by default.
+"""
+
+from __future__ import annotations
+
+from fnmatch import fnmatchcase
+from typing import Any
+
+# dotted keys (fnmatch patterns) whose change leaves the training the same
+NEUTRAL_KEYS: tuple[str, ...] = (
+    # the run's names, outputs, logging, resume switches, length
+    "trainer.project_name", "trainer.experiment_name", "trainer.runs_root", "trainer.run_dir", "trainer.logger",
+    "trainer.wandb_*", "trainer.save_*", "trainer.load_checkpoint_path", "trainer.find_last_checkpoint",
+    "trainer.resume_mode", "trainer.best_metric*", "trainer.total_epochs", "trainer.max_steps",
+    "worker.actor.optim.training_steps", "worker.critic.optim.training_steps",  # follow from the run's length
+    # validation
+    "trainer.val_*", "data.val_files", "data.val_batch_size", "worker.rollout.val_override_config*",
+    # devices, memory and speed
+    "trainer.device", "trainer.cpu_threads_per_worker", "worker.*.micro_batch_size_per_device_for_*",
+    "worker.*.max_token_len_per_device", "worker.*.padding_free", "worker.*.dynamic_batching", "worker.*.offload*",
+    "worker.*.fsdp.enable_gradient_checkpointing", "worker.*.fsdp.reshard_after_forward",
+    "worker.rollout.gpu_memory_utilization", "worker.rollout.cpu_kvcache_space_gib",
+    "worker.rollout.update_weights_bucket_megabytes", "worker.rollout.enforce_eager",
+    "worker.rollout.enable_chunked_prefill", "worker.rollout.max_num_batched_tokens", "worker.rollout.disable_tqdm",
+    "worker.nccl_timeout", "worker.env_vars*", "worker.reward.timeout_s",
+)
+
+
+def alters_training(key: str) -> bool:
+    """Whether a change of dotted config key ``key`` (e.g. ``worker.actor.optim.lr``) changes what is trained: every
+    key but those matching ``NEUTRAL_KEYS`` (a key inside a free-form dict, such as
+    ``worker.reward.reward_function_kwargs.format_weight``, counts as its dict)."""
+    return not any(fnmatchcase(key, pattern) for pattern in NEUTRAL_KEYS)
+
+
+def flatten(tree: dict[str, Any], whole: frozenset[str] = frozenset(), prefix: str = "") -> dict[str, Any]:
+    """A nested dict as ``{dotted key: leaf value}``; the keys in ``whole`` (free-form dicts) stay one value each.
+    Tuples read as lists, as a YAML round trip gives them."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and name not in whole:
+            flat.update(flatten(value, whole, name + "."))
+        else:
+            flat[name] = list(value) if isinstance(value, tuple) else value
+    return flat
+
+
+def training_changes(old: dict[str, Any], new: dict[str, Any],
+                     free_dicts: tuple[str, ...] = ()) -> list[tuple[str, Any, Any]]:
+    """The keys that change training (:func:`alters_training`) whose value differs between two configs.
+
+    Args:
+        old: the saved config of a run folder, as a nested dict (``config.yaml``).
+        new: the config of the run about to start, as a nested dict (``easyrl.config.to_dict``).
+        free_dicts: dotted keys holding free-form dicts (e.g. ``worker.reward.reward_function_kwargs``), compared
+            whole.
+
+    Returns:
+        ``[(dotted key, old value, new value)]`` in ``new``'s key order. A key only one of the two has (a config
+        saved by an older easyrl) is not compared.
+    """
+    whole = frozenset(free_dicts)
+    flat_old, flat_new = flatten(old, whole), flatten(new, whole)
+    return [(key, flat_old[key], value) for key, value in flat_new.items()
+            if key in flat_old and alters_training(key) and flat_old[key] != value]

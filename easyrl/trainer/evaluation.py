@@ -1,0 +1,154 @@
+"""Validation only (``easyrl eval``, and ``trainer.val_only=true``): the trainer's validation pass on
+``data.val_files`` with the model of ``worker.actor.model.model_path``, and nothing else.
+
+It reuses the trainer's parts, a ``SingleTurnRollout`` on the workers' engines, a ``Generator``, a ``Scorer`` and a
+``Validator``, so the metrics (``val/reward/<name>``, ``val/response_length/mean``, ``timing_s/validation``) and the
+generations table are those of a training run's validation. No training set is read, no optimizer is built (the
+actor is built frozen, ``easyrl.workers.roles``), and nothing is written into a run folder: the metrics go to their
+own folder, ``<run_dir>/eval/<UTC time>`` (``metrics.jsonl``, ``config.yaml``), never another run's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import time
+from typing import Optional
+
+from easyrl.config import PPOConfig, to_dict
+from easyrl.errors import ModelError
+
+logger = logging.getLogger("easyrl.eval")
+
+
+def eval_folder(run_dir: str) -> str:
+    """A new folder for one evaluation's outputs, ``<run_dir>/eval/<YYYYmmdd-HHMMSS>`` (``-2``, ``-3``, ... when
+    one of that second exists), created here."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    base = os.path.join(run_dir, "eval", stamp)
+    folder, n = base, 1
+    while os.path.exists(folder):
+        n += 1
+        folder = f"{base}-{n}"
+    os.makedirs(folder)
+    return folder
+
+
+def evaluate(config: PPOConfig, step: int = 0, worker_cls: Optional[type] = None) -> tuple[dict[str, float], str]:
+    """Validate the model of ``worker.actor.model.model_path`` on ``data.val_files``.
+
+    Args:
+        config: the finalized config (``trainer.val_only`` is set here; ``data.train_files`` is not read).
+        step: the step the metrics are logged at (a checkpoint's step; it also seeds the sampling as the
+            validation of that training step did).
+        worker_cls: None for ``FSDPWorker``, or a subclass of it.
+
+    Returns:
+        ``(metrics, folder)``: the validation metrics and the folder they were written to.
+
+    Raises:
+        UserError: a pre-flight check (model, validation data, reward), before Ray starts.
+    """
+    from omegaconf import OmegaConf
+
+    from easyrl.trainer.dashboards import check_logger_credentials
+    from easyrl.trainer.generation import Generator
+    from easyrl.trainer.launch import quiet_datasets, start_ray
+    from easyrl.trainer.loggers import Tracker
+    from easyrl.trainer.preflight import prepare
+    from easyrl.trainer.rollout import SingleTurnRollout
+    from easyrl.trainer.scoring import Scorer
+    from easyrl.trainer.validation import Validator
+    from easyrl.workers.fsdp_worker import FSDPWorker
+    from easyrl.workers.group import WorkerGroup
+
+    config.trainer.val_only = True  # the workers build a frozen actor only (easyrl.workers.roles)
+    config.worker.actor.model.lora.rank = 0  # the model is evaluated as given (an exported LoRA actor is merged)
+    quiet_datasets()
+    ready = prepare(config, train=False)
+    check_logger_credentials(config.trainer)
+    folder = eval_folder(config.trainer.run_dir)
+    OmegaConf.save(OmegaConf.structured(config), os.path.join(folder, "config.yaml"))
+    device = start_ray(config)
+    tokenizer = ready.tokenizer
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    scorer = Scorer(config.worker.reward, tokenizer, ready.reward_fn)
+    workers = WorkerGroup(config, device, worker_cls=worker_cls or FSDPWorker)
+    tracker = None
+    try:
+        rollout = SingleTurnRollout(workers, config.data.max_response_length, pad_id)
+        validator = Validator(config, ready.val_dataset, Generator(config, rollout, scorer, pad_id), scorer,
+                              tokenizer)
+        tracker = Tracker(config.trainer.logger, folder, config.trainer.project_name,
+                          f"{config.trainer.experiment_name}-eval", to_dict(config), initial_step=step)
+        metrics = validator.run(step)
+        tracker.log(metrics, step=step, generations=validator.generations)
+    finally:
+        if tracker is not None:
+            tracker.close()
+        scorer.close()
+        workers.shutdown()
+    logger.info("evaluation written to %s", folder)
+    return metrics, folder
+
+
+def is_checkpoint(path: str) -> bool:
+    """Whether ``path`` is a training checkpoint (a ``global_step_N`` folder, its ``actor`` folder, or a run's
+    checkpoint folder with a ``checkpoint_tracker.json``) rather than a Hugging Face model folder."""
+    from easyrl.trainer.checkpoint import TRACKER
+
+    return (os.path.isfile(os.path.join(path, "actor", ".metadata")) or os.path.isfile(os.path.join(path, ".metadata"))
+            or os.path.isfile(os.path.join(path, TRACKER)))
+
+
+def split_model(argv: list[str]) -> tuple[Optional[str], list[str]]:
+    """``model=PATH`` taken out of the command-line words: ``(PATH or None, the other words)``."""
+    models = [word.split("=", 1)[1] for word in argv if word.startswith("model=")]
+    return (models[-1] if models else None), [word for word in argv if not word.startswith("model=")]
+
+
+def evaluate_command(argv: list[str], worker_cls: Optional[type] = None) -> dict[str, float]:
+    """``easyrl eval``: the config from the command-line words ``argv`` (``model=PATH`` among them), then
+    :func:`evaluate_model`. Returns the validation metrics; raises ``UserError`` as that does."""
+    from easyrl.config import load_config
+
+    model, words = split_model(argv)
+    return evaluate_model(load_config([*words, "trainer.val_only=true"]), model, worker_cls)
+
+
+def evaluate_model(config: PPOConfig, model: Optional[str] = None,
+                   worker_cls: Optional[type] = None) -> dict[str, float]:
+    """Validate ``model`` (a Hugging Face folder or a checkpoint, exported first to a temporary folder; None:
+    ``trainer.load_checkpoint_path`` if set, else ``worker.actor.model.model_path``), print one summary line of the
+    ``val/*`` metrics, and return the metrics.
+
+    Raises:
+        ModelError: ``model`` does not exist, or is a checkpoint that cannot be exported.
+        UserError: a pre-flight error of :func:`evaluate`.
+    """
+    from easyrl.trainer.checkpoint import Checkpointer
+    from easyrl.trainer.hf_export import export_checkpoint, resolve_checkpoint
+
+    model = model or config.trainer.load_checkpoint_path
+    named = model or config.worker.actor.model.model_path  # as the user named it, for the summary line
+    if model is not None and not os.path.isdir(model):
+        raise ModelError(f"model={model} is not a folder: give a Hugging Face model folder (e.g. a run's "
+                         f"huggingface export) or a global_step_N checkpoint")
+    step = 0
+    with tempfile.TemporaryDirectory(prefix="easyrl-eval-") as tmp:
+        if model is not None and is_checkpoint(model):
+            try:
+                checkpoint = resolve_checkpoint(model)
+            except FileNotFoundError as err:
+                raise ModelError(f"model={model}: {err}") from None
+            step = Checkpointer.step_of(checkpoint)
+            logger.info("exporting %s to a temporary Hugging Face folder", checkpoint)
+            model = export_checkpoint(checkpoint, os.path.join(tmp, "model"))
+        if model is not None:
+            config.worker.actor.model.model_path = model
+            config.worker.actor.model.tokenizer_path = None
+        metrics, folder = evaluate(config, step=step, worker_cls=worker_cls)
+    shown = ", ".join(f"{key}={value:.4g}" for key, value in metrics.items() if key.startswith("val/"))
+    print(f"easyrl eval: {named} at step {step}: {shown} (written to {os.path.join(folder, 'metrics.jsonl')})")
+    return metrics

@@ -1,0 +1,40 @@
+"""Relative paths in a config file resolve against the file's folder (then the current folder, then the file's
+parent folders), so a recipe runs from any folder (``easyrl.config.paths``, docs/config.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from easyrl.config import load_config
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_an_example_recipe_finds_its_files_from_another_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = load_config([f"config={REPO / 'examples/configs/cpu_demo.yaml'}", "worker.actor.model.model_path=m"])
+    assert Path(config.data.train_files) == REPO / "examples/data/geometry3k_sample"
+    assert Path(config.data.format_prompt) == REPO / "examples/format_prompt/math.jinja"
+    reward_file, function = config.worker.reward.reward_function.rsplit(":", 1)
+    assert Path(reward_file) == REPO / "examples/reward_function/math.py" and function == "compute_score"
+    assert config.worker.actor.model.model_path == "m"  # a command-line path stays as written (current folder)
+    assert config.trainer.runs_root == "runs"  # outputs stay relative to the current folder
+
+
+def test_the_config_folder_wins_and_hub_ids_stay(tmp_path, monkeypatch):
+    recipe, elsewhere = tmp_path / "recipe", tmp_path / "elsewhere"
+    for folder in (recipe, elsewhere):
+        (folder / "data").mkdir(parents=True)
+        (folder / "data" / "train.jsonl").write_text("{}\n")
+    (recipe / "reward.py").write_text("def score(x):\n    return {}\n")
+    (recipe / "run.yaml").write_text(
+        "data:\n  train_files: data/train.jsonl\n  val_files: hiyouga/geometry3k@test\n"
+        "worker:\n  actor:\n    model:\n      model_path: Qwen/Qwen2.5-0.5B-Instruct\n"
+        "  reward:\n    reward_function: reward.py:score\n"
+    )
+    monkeypatch.chdir(elsewhere)
+    config = load_config([f"config={recipe / 'run.yaml'}"])
+    assert config.data.train_files == str(recipe / "data/train.jsonl")
+    assert config.worker.reward.reward_function == f"{recipe / 'reward.py'}:score"
+    assert config.data.val_files == "hiyouga/geometry3k@test"
+    assert config.worker.actor.model.model_path == "Qwen/Qwen2.5-0.5B-Instruct"
