@@ -360,11 +360,12 @@ def prepare(config: Any, train: bool = True) -> Prepared:
         val = load_dataset_for("data.val_files", config.data.val_files, config, tokenizer, processor)
     if train_set is not None:
         check_enough_prompts(config, len(train_set))
-    first = (train_set if train_set is not None else val).dataset[0]
+    source = train_set if train_set is not None else val
+    first = source.dataset[0]
     ground_truth = str(first[config.data.answer_key])
     response = f"<think>a sample</think> \\boxed{{{ground_truth}}}"
     sample = {"response": response, "response_length": len(tokenizer.encode(response)), "ground_truth": ground_truth,
-              "columns": train.reward_columns(train.dataset[0])}
+              "columns": source.reward_columns(first)}
     check_filter_key(config, check_reward_on_sample(reward_fn, sample), reward_fn.where)
     return Prepared(tokenizer, processor, train_set, val, reward_fn)
 
