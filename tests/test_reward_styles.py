@@ -115,3 +115,13 @@ def test_verl_kwargs_checked_against_its_signature(expect_user_error):
     config = RewardConfig(reward_function=f"{VERL}:compute_score", reward_function_kwargs={"fromat_score": 0.1})
     expect_user_error(lambda: load_reward(config), "reward", "verl_style.py", "compute_score", "fromat_score",
                       "verl's compute_score")
+
+
+def test_preflight_tries_a_verl_reward_on_a_training_row(e2e_text_config, tmp_path):
+    """``prepare`` (before Ray) calls a verl-style function on the first training row, its columns included."""
+    from easyrl.trainer.preflight import prepare
+
+    ready = prepare(e2e_text_config(tmp_path, f"worker.reward.reward_function={VERL}:compute_score"))
+    assert ready.reward_fn.style == "verl" and ready.reward_fn.reward_type == "sequential"
+    columns = ready.train_dataset[0]["columns"]
+    assert "prompt" in columns and "answer" in columns and "images" not in columns
