@@ -47,6 +47,10 @@ ALLOWED: dict[str, str] = {
     "trainer.max_step": "a deliberate typo: the example of several unknown keys at once (errors.md C63)",
     "data.max_prompt_length.a": "the unknown key an earlier easyrl reported for a mapping value (errors.md C83)",
     "worker.model_runner.get_model": "vLLM's worker attribute path, not a config key (vllm-versions.md)",
+    **{key: "verl's key in the migration table of docs/migrating.md" for key in (
+        "data.train_batch_size", "data.gen_batch_size", "algorithm.kl_ctrl.type", "algorithm.filter_groups.enable",
+        "trainer.total_training_steps", "trainer.test_freq", "trainer.default_local_dir",
+        "trainer.max_actor_ckpt_to_keep", "trainer.log_val_generations")},
 }
 
 CODE_SPAN = re.compile(r"`([^`\n]+)`")
@@ -136,9 +140,13 @@ FREE_DICTS = [key for key, is_dict in KEYS.items() if is_dict]
 
 
 def key_exists(key: str) -> bool:
-    """A config key, a key inside a free-form dict, or a prefix written as ``trainer.val_*`` (``trainer.val_``)."""
+    """A config key, a key inside a free-form dict, a prefix written as ``trainer.val_*`` (``trainer.val_``), or an
+    EasyR1 key that load_config maps (easyrl/config/aliases.py, docs/migrating.md)."""
+    from easyrl.config.aliases import ALIASES
+
     return (key in KEYS or any(key.startswith(free + ".") for free in FREE_DICTS)
-            or (key.endswith("_") and any(known.startswith(key) for known in KEYS)))
+            or (key.endswith("_") and any(known.startswith(key) for known in KEYS))
+            or any(alias == key or alias.startswith(key + ".") for alias in ALIASES))
 
 
 def make_targets() -> set[str]:

@@ -46,7 +46,8 @@ def test_reward_function_not_set(expect_user_error):  # R01
 
 
 def test_spec_without_function_name(expect_user_error):  # R02
-    expect_user_error(lambda: load_reward(_reward(LETTERS)), "reward", KEY, "letters.py", "no ':' found")
+    expect_user_error(lambda: load_reward(_reward(LETTERS)), "reward", KEY, "letters.py", "no function 'main'",
+                      "names 'main', as in EasyR1", "compute_score")
 
 
 def test_reward_file_missing(expect_user_error, tmp_path):  # R03
@@ -120,3 +121,11 @@ def test_well_formed_rewards_pass(reward_file):
     reward = load_reward(_reward(f"{reward_file}:per_sample", {"bonus": 0.5}, "sequential"))
     assert check_reward_on_sample(reward, SAMPLE) == ["overall"]
     assert reward([SAMPLE]) == {"overall": [0.5]}  # the response is not the bare ground truth
+
+
+def test_verl_style_kwargs_that_do_not_bind(expect_user_error):  # R20
+    """A verl ``compute_score`` is called with verl's keywords plus reward_function_kwargs; a typo is caught before
+    Ray against that call (easyrl/rewards/styles.py)."""
+    spec = f"{REPO / 'examples/reward_function/verl_style.py'}:compute_score"
+    expect_user_error(lambda: load_reward(_reward(spec, {"fromat_score": 0.1})), "reward", "verl_style.py",
+                      "verl's compute_score(data_source, solution_str, ground_truth, extra_info)", "fromat_score")

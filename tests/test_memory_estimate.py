@@ -98,3 +98,17 @@ def test_parameters_counted_on_the_meta_device(tiny_model_path):
     num, vocab = count_parameters(AutoConfig.from_pretrained(path))
     assert num == sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(path).parameters())
     assert vocab == AutoConfig.from_pretrained(path).vocab_size
+
+
+def test_bf16_weights_bf16_moments_and_optimizer_offload_by_hand():
+    """EasyR1's fsdp.torch_dtype=bf16 + optim.strategy=adamw_bf16 (its 32B recipe): 2 bytes per weight, gradient and
+    moment; offload.offload_optimizer keeps the moments off the device during the rollout."""
+    shard = 7e9 / 8
+    e = estimate_memory(7_000_000_000, 152_064, _config("worker.actor.fsdp.torch_dtype=bf16",
+                                                         "worker.actor.optim.strategy=adamw_bf16"), capacity_gib=80.0)
+    assert (e.training["actor params"], e.training["actor grads"], e.training["actor Adam states"]) == pytest.approx(
+        (2 * shard / GIB, 2 * shard / GIB, 4 * shard / GIB))
+    offloaded = estimate_memory(7_000_000_000, 152_064, _config("worker.actor.offload.offload_optimizer=true"),
+                                capacity_gib=80.0)
+    assert offloaded.rollout["actor Adam states"] == 0.0 and offloaded.training["actor Adam states"] == pytest.approx(
+        8 * shard / GIB)

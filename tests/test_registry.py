@@ -42,4 +42,4 @@ def test_algorithm_registries():
     assert {"opo", "gpg", "gdpo", "optimal_token_baseline"} <= set(ADV_ESTIMATORS)
     assert list(POLICY_LOSSES)[:4] == ["vanilla", "gspo", "cispo", "sapo"]
     assert set(POLICY_LOSSES) == {"vanilla", "gspo", "cispo", "sapo", "clip_cov", "kl_cov", "geo_mean", "dppo_tv",
-                                  "dppo_kl", "dro", "gpg", "bypass_mode"}
+                                  "dppo_kl", "dro", "gpg", "bypass_mode", "gspo_token"}

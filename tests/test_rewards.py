@@ -98,7 +98,7 @@ def test_bad_return_values_name_function_file_and_row(reward_file, fn, reward_ty
 
 
 def test_bad_specs(reward_file, tmp_path):
-    with pytest.raises(ValueError, match=r"no ':' found"):
+    with pytest.raises(AttributeError, match=r"no function 'main' \(a spec without ':function_name' names 'main'"):
         RewardFunction(str(reward_file))
     with pytest.raises(FileNotFoundError, match="missing_file.py"):
         RewardFunction(f"{tmp_path / 'missing_file.py'}:fn")

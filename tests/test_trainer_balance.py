@@ -60,6 +60,7 @@ def test_generation_gets_the_images_but_not_the_processor_outputs():
     batch = _batch([3, 4])
     batch["images"] = [["a PIL image"], []]
     batch["multi_modal_inputs"] = [{"pixel_values": torch.zeros(2, 3)}, {}]
+    batch["columns"] = [{"solution": "1"}, {"solution": "2"}]  # for the reward function only
     sent = for_rollout(batch)
     assert set(sent.extras) == {"uid", "images"} and sent.tensors is batch.tensors
 

@@ -281,3 +281,8 @@ def sapo_policy_loss(
     tau = torch.where(advantages > 0, float(tau_positive), float(tau_negative)).to(ratio.dtype)
     pg_losses = -advantages * sapo_gate(ratio, tau)
     return finish_policy_loss(pg_losses, inputs, settings)
+
+
+# EasyR1's name for the token form of GSPO, which is what ``gspo`` computes (EasyR1's own ``gspo`` takes the gradient
+# through the sequence mean instead; with one advantage per sequence both give the same loss and gradient).
+POLICY_LOSSES.register("gspo_token")(gspo_policy_loss)

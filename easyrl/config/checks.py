@@ -190,7 +190,7 @@ def check_names(config: "PPOConfig") -> None:
             check_choice(f"worker.{section}.fsdp.{key}", get_dotted(config, f"worker.{section}.fsdp.{key}"),
                          ("bf16", "fp16", "fp32"))
     check_choice("worker.rollout.dtype", config.worker.rollout.dtype, ("bf16", "fp16", "fp32"))
-    check_choice("worker.reward.reward_type", config.worker.reward.reward_type, ("batch", "sequential"))
+    check_choice("worker.reward.reward_type", config.worker.reward.reward_type, ("auto", "batch", "sequential"))
     check_choice("trainer.device", config.trainer.device, ("auto", "cuda", "npu", "cpu"))
     check_choice("trainer.best_metric_mode", config.trainer.best_metric_mode, ("max", "min"))
     check_choice("trainer.resume_mode", config.trainer.resume_mode, RESUME_MODES)
@@ -355,3 +355,23 @@ def check_config(config: "PPOConfig") -> None:
     check_env_vars(config.worker.env_vars)
     check_run_names(config.trainer)
     check_greedy_groups(config)
+    check_easyr1_keys(config)
+
+
+def check_easyr1_keys(config: "PPOConfig") -> None:
+    """The keys taken from EasyR1's schema (docs/migrating.md): optimizer strategy, LR schedule, stored dtype, and
+    the generation batch (``data.mini_rollout_batch_size``), whose samples must split over the devices."""
+    for section in ("actor", "critic"):
+        role = getattr(config.worker, section)
+        check_choice(f"worker.{section}.optim.strategy", role.optim.strategy, ("adamw", "adamw_bf16"))
+        check_choice(f"worker.{section}.optim.lr_scheduler_type", role.optim.lr_scheduler_type, ("constant", "cosine"))
+        check_choice(f"worker.{section}.fsdp.torch_dtype", role.fsdp.torch_dtype, (None, "bf16", "fp16", "fp32"))
+        check_range(f"worker.{section}.optim.lr_warmup_steps", role.optim.lr_warmup_steps, "non_negative")
+        check_range(f"worker.{section}.optim.min_lr_ratio", role.optim.min_lr_ratio, "unit")
+    mini = config.data.mini_rollout_batch_size
+    check_range("data.mini_rollout_batch_size", mini, "positive")
+    if mini is not None and mini * config.worker.rollout.n % config.world_size != 0:
+        raise ConfigError(
+            f"data.mini_rollout_batch_size * worker.rollout.n ({mini * config.worker.rollout.n}) samples must split "
+            f"evenly over {config.world_size} devices (trainer.nnodes * trainer.n_gpus_per_node)."
+        )

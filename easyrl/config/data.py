@@ -39,3 +39,19 @@ class DataConfig:
     min_pixels: int = 262144
     max_pixels: int = 4194304
     filter_overlong_prompts: bool = True
+    mini_rollout_batch_size: Optional[int] = None
+    """Prompts per generation round (EasyR1's key, verl's ``data.gen_batch_size``); None: ``rollout_batch_size``.
+    With ``algorithm.online_filtering`` rounds of this size are generated until ``rollout_batch_size`` groups are
+    kept; without it must be None or equal ``rollout_batch_size``."""
+    override_chat_template: Optional[str] = None
+    """Path of a Jinja chat template file that replaces the tokenizer's (and processor's) own (EasyR1's key)."""
+    video_key: Optional[str] = "videos"
+    """Column holding videos (EasyR1's key). Video input is not implemented yet: a dataset with this column is
+    refused (set null to ignore the column)."""
+    video_fps: float = 2.0
+    """Frames per second sampled from a video (EasyR1's key; see ``video_key``)."""
+
+    @property
+    def generation_batch_size(self) -> int:
+        """Prompts per generation round: ``mini_rollout_batch_size``, or ``rollout_batch_size`` when it is None."""
+        return self.mini_rollout_batch_size or self.rollout_batch_size

@@ -11,6 +11,7 @@ from typing import Any, Optional
 from omegaconf import OmegaConf
 
 from easyrl.config import malformed
+from easyrl.config.aliases import apply_aliases
 from easyrl.config.checks import check_config
 from easyrl.config.paths import resolve_config_paths
 from easyrl.config.ppo import PPOConfig
@@ -180,7 +181,7 @@ def load_config(argv: list[str]) -> PPOConfig:
 
     free_dicts = [key for key, is_dict in valid.items() if is_dict]
     for layer, source, whole_keys in layers:
-        layer = layer or {}
+        layer = apply_aliases(layer or {}, source)  # EasyR1's keys -> easyrl's (easyrl/config/aliases.py)
         malformed.check_leaf_values(layer, source, valid, OmegaConf.structured(PPOConfig))
         _check_keys(layer, source, valid, autos)
         # A free-form dict given whole by a later layer replaces the earlier one instead of merging into it, so that

@@ -59,8 +59,10 @@ class PPOConfig:
     def training_steps(self, n_prompts: int) -> int:
         """The run's number of steps for a training set of ``n_prompts`` prompts: ``trainer.total_epochs`` passes of
         ``n_prompts // data.rollout_batch_size`` steps (a short last batch is dropped), at most
-        ``trainer.max_steps``."""
-        steps = n_prompts // self.data.rollout_batch_size * self.trainer.total_epochs
+        ``trainer.max_steps``. With ``data.mini_rollout_batch_size`` EasyR1's count: the prompts an epoch generates
+        (whole generation batches) per rollout batch."""
+        generated = n_prompts // self.data.generation_batch_size * self.data.generation_batch_size
+        steps = generated // self.data.rollout_batch_size * self.trainer.total_epochs
         return steps if self.trainer.max_steps is None else min(steps, self.trainer.max_steps)
 
     @property

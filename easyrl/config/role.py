@@ -52,6 +52,16 @@ class OptimConfig:
     lr_warmup_ratio: float = 0.0
     """Fraction of ``training_steps`` with a linear warm-up; constant afterwards."""
     training_steps: int = auto("trainer", -1)
+    strategy: str = "adamw"
+    """adamw (float32 moments) or adamw_bf16 (bfloat16 moments: 4 bytes per parameter instead of 8; EasyR1's key;
+    ``easyrl.workers.optim``)."""
+    lr_warmup_steps: Optional[int] = None
+    """Warm-up length in optimizer steps; when set it wins over ``lr_warmup_ratio`` (EasyR1's precedence)."""
+    lr_scheduler_type: str = "constant"
+    """After the warm-up: constant, or cosine (a half cosine from ``lr`` down to ``min_lr_ratio * lr`` at
+    ``training_steps``); ``easyrl.workers.optim.lr_factor``."""
+    min_lr_ratio: Optional[float] = None
+    """Cosine schedule only: the final LR as a fraction of ``lr`` (None: 0)."""
 
 
 @dataclass
@@ -63,6 +73,9 @@ class FSDPConfig:
     reduce_dtype: str = "fp32"
     enable_gradient_checkpointing: bool = True
     reshard_after_forward: bool = True
+    torch_dtype: Optional[str] = None
+    """dtype of a trained role's stored (master) weights, and so of its gradients and AdamW moments: None = fp32;
+    bf16 halves that memory (EasyR1's key, used by its 30B+ recipes with ``optim.strategy: adamw_bf16``)."""
 
 
 @dataclass
@@ -72,6 +85,16 @@ class OffloadConfig:
     offload_params: bool = False
     """Keep parameters (and with them gradients and optimizer states: FSDP2's ``CPUOffloadPolicy``) on the host;
     they are copied to the device block by block when used. Ignored on the CPU."""
+
+
+@dataclass
+class TrainedOffloadConfig(OffloadConfig):
+    """Host offloading of a trained model: its parameters, and apart from them its optimizer states."""
+
+    offload_optimizer: bool = False
+    """Without ``offload_params``: keep the optimizer states (AdamW's moments) on the host between updates, moved to
+    the device for each update and checkpoint (EasyR1's key); with ``offload_params`` they are on the host anyway.
+    Ignored on the CPU."""
 
 
 @dataclass
@@ -107,4 +130,4 @@ class TrainedRoleConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
-    offload: OffloadConfig = field(default_factory=OffloadConfig)
+    offload: TrainedOffloadConfig = field(default_factory=TrainedOffloadConfig)

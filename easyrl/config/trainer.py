@@ -92,6 +92,9 @@ class TrainerConfig:
     """Where the final actor is exported in Hugging Face format; default ``<run_dir>/huggingface``."""
     save_freq: int = 5
     """Save a checkpoint every this many steps (and always after the last step); -1: only after the last step."""
+    save_model_only: bool = False
+    """Checkpoints hold the model shards but no optimizer states (EasyR1's key): a third of the size with AdamW; a
+    resume from one restarts AdamW's moments (the LR schedule and counters are kept)."""
     save_limit: int = 3
     """Keep the newest this many checkpoints, plus the best one (``best_metric``); -1 keeps all. 3 as EasyR1's example
     config: a source recipe's checkpoint (actor + Adam states) is ~100 GB, keeping all of them ~1.2 TB per run."""

@@ -31,9 +31,10 @@ def _loss_messages(config: PPOConfig) -> list[str]:
             f"GRPO); verl <= 0.7.0 and easyrl before it summed them, a loss {seqs}x (global_batch_size * rollout.n) "
             "larger: re-tune worker.actor.max_grad_norm if your config was written for the sum."
         )
-    if loss == "gspo" and (mode != "seq-mean-token-mean" or max(actor.clip_ratio_low, actor.clip_ratio_high) > 1e-2):
+    if loss in ("gspo", "gspo_token") and (mode != "seq-mean-token-mean"
+                                          or max(actor.clip_ratio_low, actor.clip_ratio_high) > 1e-2):
         messages.append(
-            f"worker.actor.loss_type=gspo with loss_agg_mode={mode}, clip_ratio_low={actor.clip_ratio_low}, "
+            f"worker.actor.loss_type={loss} with loss_agg_mode={mode}, clip_ratio_low={actor.clip_ratio_low}, "
             f"clip_ratio_high={actor.clip_ratio_high}: the GSPO paper (arXiv:2507.18071) clips the sequence ratio "
             "to [1 - 3e-4, 1 + 4e-4] and averages over sequences (seq-mean-token-mean; verl <= 0.9.0 forced it); "
             "token-level ranges such as 0.2/0.28 almost never clip a length-normalised sequence ratio."

@@ -55,10 +55,12 @@ class RolloutConfig:
 class RewardConfig:
     """The reward function: a Python file and function, called on the trainer process."""
 
-    reward_type: str = "batch"
-    """batch: the function receives all samples; sequential: one sample per call."""
+    reward_type: str = "auto"
+    """batch: the function receives all samples; sequential: one sample per call; auto: the reward file's
+    ``REWARD_TYPE`` (as EasyR1 reads it), else batch. verl- and TRL-style functions are called as those libraries
+    call them (``easyrl.rewards.styles``)."""
     reward_function: Optional[str] = None
-    """``path/to/file.py:function_name``."""
+    """``path/to/file.py:function_name``; ``path/to/file.py`` alone names ``main`` (EasyR1's default)."""
     reward_function_kwargs: dict[str, Any] = field(default_factory=dict)
     skip_special_tokens: bool = True
     on_error: str = "raise"

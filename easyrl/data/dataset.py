@@ -340,7 +340,8 @@ class RLDataset(torch.utils.data.Dataset):
             ``images`` (list[PIL.Image]): RGB, resized (``[]`` for text rows or text-only models);
             ``multi_modal_inputs`` (dict[str, Tensor]): processor outputs besides ids and mask, e.g. ``pixel_values``
             ``(n_patches, patch_dim)`` and ``image_grid_thw`` ``(n_images, 3)``; ``{}`` without images;
-            ``ground_truth`` (str): the row's answer.
+            ``ground_truth`` (str): the row's answer;
+            ``columns`` (dict): the row's columns for verl- and TRL-style reward functions (:meth:`reward_columns`).
 
         Raises:
             ValueError: a malformed row; the message names its index in the source.
@@ -373,7 +374,15 @@ class RLDataset(torch.utils.data.Dataset):
             "images": images,
             "multi_modal_inputs": multi_modal_inputs,
             "ground_truth": str(answer),
+            "columns": self.reward_columns(row),
         }
+
+    def reward_columns(self, row: dict) -> dict[str, Any]:
+        """The row's columns as reward functions of verl and TRL receive them (``easyrl.rewards.styles``): all but
+        the image column, the ``data.prompt_key`` column under TRL's name ``prompt``."""
+        columns = {key: value for key, value in row.items() if key not in (self.image_key, self.prompt_key)}
+        columns["prompt"] = row.get(self.prompt_key)
+        return columns
 
 
 def collate_fn(features: list[dict[str, Any]]) -> dict[str, list]:

@@ -1,12 +1,15 @@
 """User reward functions loaded from a Python file, and their scores laid onto response tokens.
 
-Config: ``worker.reward.reward_function: path/to/file.py:fn_name``, ``worker.reward.reward_function_kwargs: {...}``,
-``worker.reward.reward_type: batch | sequential``.
+Config: ``worker.reward.reward_function: path/to/file.py:fn_name`` (``path/to/file.py`` alone: ``:main``, as in
+EasyR1), ``worker.reward.reward_function_kwargs: {...}``, ``worker.reward.reward_type: auto | batch | sequential``
+(auto: the file's ``REWARD_TYPE``, as EasyR1 reads it, else batch).
 
 Each reward input is ``{"response": str, "response_length": int, "ground_truth": str}``. A ``batch`` function gets the
 list of all inputs and returns a list of score dicts (one per input); a ``sequential`` function gets one input and
 returns one score dict. A score dict maps names to numbers; ``overall`` is the reward, the other names (``format``,
-``accuracy``, ...) are only logged.
+``accuracy``, ...) are only logged. Functions written for verl (``compute_score(data_source, solution_str,
+ground_truth, extra_info)``) or TRL (``fn(completions, **columns) -> list[float]``) are recognised by their signature
+(or the file's ``REWARD_STYLE``) and called as those libraries call them: ``easyrl.rewards.styles``.
 """
 
 from __future__ import annotations
@@ -21,28 +24,40 @@ from typing import Any, Callable
 
 import torch
 
+from easyrl.rewards.styles import call_trl, call_verl, detect_style
+
 REWARD_TYPES = ("batch", "sequential")
+DEFAULT_FUNCTION = "main"  # EasyR1's default when the spec names no function
+
+
+def split_spec(spec: str) -> tuple[str, str]:
+    """``(path, fn_name)`` of ``path/to/file.py:fn_name``; a spec without ``:`` names ``main`` (EasyR1's default)."""
+    if ":" not in spec:
+        return spec, DEFAULT_FUNCTION
+    path, name = spec.rsplit(":", 1)
+    return path, name
+
+
+def _module_name(path: str) -> str:
+    """A unique module name per file, so two reward files named ``math.py`` do not clash (nor shadow the stdlib)."""
+    return "easyrl_reward_" + hashlib.sha1(os.path.abspath(path).encode()).hexdigest()[:12]
 
 
 def load_function(spec: str) -> tuple[Callable, str, str]:
-    """Import ``fn_name`` from the file of a ``path/to/file.py:fn_name`` spec; returns ``(fn, path, fn_name)``.
+    """Import ``fn_name`` from the file of a ``path/to/file.py:fn_name`` spec (``path/to/file.py`` alone: ``main``);
+    returns ``(fn, path, fn_name)``.
 
     Raises:
-        ValueError: the spec has no ``:`` or an empty part.
+        ValueError: an empty part.
         FileNotFoundError: the file does not exist (names it).
         AttributeError: the file has no callable ``fn_name`` (names both).
     """
-    if ":" not in spec:
-        raise ValueError(
-            f"worker.reward.reward_function {spec!r} must be 'path/to/file.py:function_name' (no ':' found)"
-        )
-    path, name = spec.rsplit(":", 1)
+    path, name = split_spec(spec)
     if not path or not name:
         raise ValueError(f"worker.reward.reward_function {spec!r} must be 'path/to/file.py:function_name'")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"reward function file {path!r} does not exist (worker.reward.reward_function)")
-    # A unique module name per file, so two reward files named `math.py` do not clash (nor shadow the stdlib).
-    module_name = "easyrl_reward_" + hashlib.sha1(os.path.abspath(path).encode()).hexdigest()[:12]
+    module_name = _module_name(path)
     module = sys.modules.get(module_name)
     if module is None:
         module_spec = importlib.util.spec_from_file_location(module_name, path)
@@ -58,7 +73,9 @@ def load_function(spec: str) -> tuple[Callable, str, str]:
     fn = getattr(module, name, None)
     if not callable(fn):
         available = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
-        raise AttributeError(f"reward function file {path!r} has no function {name!r}; its functions: {available}")
+        implied = f" (a spec without ':function_name' names {DEFAULT_FUNCTION!r}, as in EasyR1)" * (":" not in spec)
+        raise AttributeError(f"reward function file {path!r} has no function {name!r}{implied}; its functions: "
+                             f"{available}")
     return fn, path, name
 
 
@@ -68,17 +85,31 @@ class RewardFunction:
     Args:
         spec: ``path/to/file.py:fn_name`` (config ``worker.reward.reward_function``).
         kwargs: extra keyword arguments passed on every call (``worker.reward.reward_function_kwargs``).
-        reward_type: ``batch`` (the function scores the whole list) or ``sequential`` (one input at a time).
+        reward_type: ``batch`` (the function scores the whole list), ``sequential`` (one input at a time) or
+            ``auto`` (the file's ``REWARD_TYPE``, else ``batch``). verl-style functions are always called per sample
+            and TRL-style ones per batch (``style``); ``reward_type`` holds the resolved value.
 
-    Raises (construction): see :func:`load_function`; ``ValueError`` for an unknown ``reward_type``.
+    Attributes:
+        style: ``easyrl``, ``verl`` or ``trl`` (``easyrl.rewards.styles.detect_style``).
+
+    Raises (construction): see :func:`load_function`; ``ValueError`` for an unknown ``reward_type`` or
+    ``REWARD_STYLE``.
     """
 
-    def __init__(self, spec: str, kwargs: dict | None = None, reward_type: str = "batch"):
-        if reward_type not in REWARD_TYPES:
-            raise ValueError(f"worker.reward.reward_type must be one of {REWARD_TYPES}, got {reward_type!r}")
+    def __init__(self, spec: str, kwargs: dict | None = None, reward_type: str = "auto"):
+        if reward_type not in REWARD_TYPES + ("auto",):
+            raise ValueError(f"worker.reward.reward_type must be auto, batch or sequential, got {reward_type!r}")
         self.spec = spec
         self.fn, self.path, self.name = load_function(spec)
         self.kwargs = dict(kwargs or {})
+        module = sys.modules.get(_module_name(self.path))
+        self.style = detect_style(self.fn, getattr(module, "REWARD_STYLE", None))
+        if self.style != "easyrl":
+            reward_type = "sequential" if self.style == "verl" else "batch"
+        elif reward_type == "auto":
+            reward_type = getattr(module, "REWARD_TYPE", "batch")
+            if reward_type not in REWARD_TYPES:
+                raise ValueError(f"{self.where}: its file's REWARD_TYPE={reward_type!r} must be one of {REWARD_TYPES}")
         self.reward_type = reward_type
 
     def __getstate__(self) -> dict:  # pickle by spec: the file is re-imported in the receiving process (e.g. Ray)
@@ -99,7 +130,11 @@ class RewardFunction:
                 without ``overall``, a non-finite or non-number value, or names that differ between rows; the message
                 names the function, its file and the row.
         """
-        if self.reward_type == "batch":
+        if self.style == "verl":
+            scores = [call_verl(self.fn, reward_input, self.kwargs) for reward_input in reward_inputs]
+        elif self.style == "trl":
+            scores = call_trl(self.fn, reward_inputs, self.kwargs)
+        elif self.reward_type == "batch":
             scores = self.fn(reward_inputs, **self.kwargs)
             if not isinstance(scores, (list, tuple)):
                 raise ValueError(f"{self.where} (batch) returned a {type(scores).__name__}, expected a list of dicts")

@@ -64,5 +64,6 @@ def for_workers(batch: Batch, staged: Optional[list[tuple[str, int]]] = None) ->
 
 def for_rollout(prompts: Batch) -> Batch:
     """What generation needs of a prompt batch: all of it but the processor outputs (``multi_modal_inputs``), which
-    vLLM recomputes from the PIL ``images`` (no copy)."""
-    return Batch(prompts.tensors, {key: value for key, value in prompts.extras.items() if key != "multi_modal_inputs"})
+    vLLM recomputes from the PIL ``images``, and the dataset columns kept for the reward (``columns``) (no copy)."""
+    return Batch(prompts.tensors, {key: value for key, value in prompts.extras.items()
+                                   if key not in ("multi_modal_inputs", "columns")})

@@ -55,7 +55,8 @@ class Generator:
                                          self.config.data.max_prompt_length, self.pad_id)
         tensors = TensorDict({"prompts": prompts, "prompt_mask": prompt_mask}, batch_size=[len(order)])
         extras = {key: [features[key][i] for i in order]
-                  for key in ("raw_prompt_ids", "images", "multi_modal_inputs", "ground_truth")}
+                  for key in ("raw_prompt_ids", "images", "multi_modal_inputs", "ground_truth", "columns")
+                  if key in features}
         extras["uid"] = [uids[i] for i in order]
         extras["rollout_seed"] = batch_seeds(self.config.worker.rollout.seed, step, len(order), round_, phase)
         return Batch(tensors, extras)
@@ -86,6 +87,8 @@ class Generator:
         more prompts are generated until enough groups are kept (``max_try_make_batch`` rounds at most); metrics
         ``dynamic_sampling/{num_gen_batches,groups_kept,groups_dropped}``. ``reward/<name>`` is the mean over every
         generated sample, dropped groups included (as EasyR1 logs it): the policy's reward, not the filter's.
+        Each round generates ``data.mini_rollout_batch_size`` prompts (EasyR1's generation batch; None: the rollout
+        batch); without filtering, smaller rounds are generated until the rollout batch is full.
 
         Raises:
             RuntimeError: ``max_try_make_batch`` rounds did not yield enough groups.
@@ -93,6 +96,7 @@ class Generator:
         """
         cfg, algo = self.config, self.config.algorithm
         n, wanted = cfg.worker.rollout.n, cfg.data.rollout_batch_size
+        one_round = not algo.online_filtering and cfg.data.generation_batch_size == wanted  # else: rounds are kept
         kept: list[Batch] = []
         num_kept, rounds, dropped = 0, 0, 0
         generated: dict[str, list[float]] = defaultdict(list)  # every sample's named scores, for reward/*
@@ -108,7 +112,7 @@ class Generator:
             with timer("gen", timing):
                 batch = self.generate(prompts, overrides=None, timing=timing)
             pending = None
-            if not algo.online_filtering and self.scorer.can_score_async:
+            if one_round and self.scorer.can_score_async:
                 pending = self.scorer.score_async(batch, step)  # scored while the log-prob passes run
             else:  # filtering needs the scores now (and a plain callable cannot be shipped by spec)
                 with timer("reward", timing):
@@ -118,8 +122,12 @@ class Generator:
             if algo.adv_estimator == "remax":
                 with timer("gen_baseline", timing):
                     batch["reward_baselines"] = self.greedy_baselines(prompts, step)
-            if not algo.online_filtering:
+            if one_round:
                 return batch, pending
+            if not algo.online_filtering:  # data.mini_rollout_batch_size rounds, each kept whole
+                kept.append(batch)
+                num_kept += len(batch) // n
+                continue
             if f"score/{algo.filter_key}" not in batch:
                 names = sorted(k.split("/", 1)[1] for k in batch.extras if k.startswith("score/"))
                 raise ValueError(f"algorithm.filter_key={algo.filter_key!r} is not a score of the reward function "

@@ -78,12 +78,15 @@ def check_model_sources(model_cfg: Any) -> None:
         check_model_source("worker.actor.model.tokenizer_path", model_cfg.tokenizer_path)
 
 
-def load_model_parts(model_cfg: Any, sources_checked: bool = False) -> tuple[Any, Any, Any]:
+def load_model_parts(model_cfg: Any, sources_checked: bool = False,
+                     chat_template: Optional[str] = None) -> tuple[Any, Any, Any]:
     """``(tokenizer, hf_config, processor or None)`` of ``worker.actor.model``, after :func:`check_model_sources`
-    (unless ``sources_checked``).
+    (unless ``sources_checked``); with ``chat_template`` (``data.override_chat_template``, a Jinja file) the
+    tokenizer's and processor's chat template is replaced by the file's text (EasyR1's behaviour).
 
     Raises:
         ModelError: naming the key whose folder cannot be loaded, or a tokenizer without a chat template.
+        ConfigError: the ``data.override_chat_template`` file cannot be read.
     """
     if not sources_checked:
         check_model_sources(model_cfg)
@@ -98,8 +101,28 @@ def load_model_parts(model_cfg: Any, sources_checked: bool = False) -> tuple[Any
     processor = None
     if getattr(hf_config, "vision_config", None) is not None:
         processor = _load(tok_key, tok_path, "processor", AutoProcessor.from_pretrained, remote)
+    if chat_template is not None:
+        override_chat_template(tokenizer, processor, chat_template)
     check_chat_template(tokenizer, processor, f"{tok_key}={tok_path!r}")
     return tokenizer, hf_config, processor
+
+
+def override_chat_template(tokenizer: Any, processor: Any, path: str) -> None:
+    """Replace the chat template of ``tokenizer`` (and ``processor``, if any) by the text of the Jinja file ``path``.
+
+    Raises:
+        ConfigError: ``path`` is not a readable file (naming ``data.override_chat_template``).
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            template = f.read()
+    except OSError as err:
+        raise ConfigError(f"data.override_chat_template={path!r} cannot be read ({err.strerror or err}); give the "
+                          "path of a Jinja chat template file, or null to keep the model's") from None
+    tokenizer.chat_template = template
+    if processor is not None:
+        processor.chat_template = template
+    logger.info("chat template replaced by %s (data.override_chat_template)", path)
 
 
 def check_chat_template(tokenizer: Any, processor: Any, where: str) -> None:
@@ -155,8 +178,38 @@ def load_reward(reward_cfg: Any):
         raise RewardError(
             f"{key}={spec!r}: importing {path}{where} failed: {type(err).__name__}: {err}"
         ) from None
-    check_reward_kwargs(reward_fn.fn, reward_fn.kwargs, reward_fn.where)
+    if reward_fn.style == "easyrl":
+        check_reward_kwargs(reward_fn.fn, reward_fn.kwargs, reward_fn.where)
+    else:
+        check_styled_reward_kwargs(reward_fn)
+    logger.info("%s: %s-style, reward_type=%s", reward_fn.where, reward_fn.style, reward_fn.reward_type)
     return reward_fn
+
+
+def check_styled_reward_kwargs(reward_fn: Any) -> None:
+    """A verl- or TRL-style function (``easyrl.rewards.styles``) must bind to the arguments its library passes (those
+    it takes) plus ``worker.reward.reward_function_kwargs``.
+
+    Raises:
+        RewardError: naming the function, its signature, the style and the binding error.
+    """
+    from easyrl.rewards.styles import VERL_ARGS
+
+    fn, kwargs = reward_fn.fn, reward_fn.kwargs
+    signature = inspect.signature(fn)
+    params = signature.parameters.values()
+    passed = VERL_ARGS if reward_fn.style == "verl" else ("prompts", "completions")
+    if not any(p.kind == p.VAR_KEYWORD for p in params):
+        passed = [name for name in passed if name in signature.parameters]
+    try:
+        signature.bind(**{name: None for name in passed}, **kwargs)
+    except TypeError as err:
+        library = "verl's compute_score(data_source, solution_str, ground_truth, extra_info)" \
+            if reward_fn.style == "verl" else "TRL's fn(prompts=..., completions=..., **dataset_columns)"
+        raise RewardError(
+            f"{reward_fn.where} with signature {fn.__name__}{signature} is called as {library} with "
+            f"worker.reward.reward_function_kwargs={kwargs}, which does not bind: {err}"
+        ) from None
 
 
 def _line_in(err: BaseException, path: str) -> Optional[int]:
@@ -244,7 +297,7 @@ def load_dataset_for(key: str, path: str, config: Any, tokenizer: Any, processor
 
     data = config.data
     try:
-        return RLDataset(
+        dataset = RLDataset(
             path, tokenizer, processor, prompt_key=data.prompt_key, answer_key=data.answer_key,
             image_key=data.image_key, image_dir=data.image_dir, max_prompt_length=data.max_prompt_length,
             format_prompt=data.format_prompt, min_pixels=data.min_pixels, max_pixels=data.max_pixels,
@@ -252,6 +305,24 @@ def load_dataset_for(key: str, path: str, config: Any, tokenizer: Any, processor
         )
     except DataError as err:  # the message names the file; say which setting gave it
         raise DataError(f"{key}: {err}") from None
+    check_no_videos(dataset.dataset, data.video_key, f"{key}={path!r}")
+    return dataset
+
+
+def check_no_videos(rows: Any, video_key: Optional[str], where: str) -> None:
+    """Video input (EasyR1's ``data.video_key``) is not implemented yet: a dataset whose ``video_key`` column holds
+    any video is refused rather than trained on without its videos.
+
+    Raises:
+        DataError: naming the column, the key, and the two ways out.
+    """
+    if not video_key or video_key not in rows.column_names:
+        return
+    if any(value for value in rows[video_key]):
+        raise DataError(
+            f"{where} has videos in column {video_key!r} (data.video_key), and easyrl does not train on video input "
+            "yet; drop the column or set data.video_key=null to train without it, or use EasyR1 for video data"
+        )
 
 
 def prepare(config: Any, train: bool = True) -> Prepared:
@@ -271,7 +342,8 @@ def prepare(config: Any, train: bool = True) -> Prepared:
                           "without one).")
     check_model_sources(config.worker.actor.model)
     reward_fn = load_reward(config.worker.reward)
-    tokenizer, hf_config, processor = load_model_parts(config.worker.actor.model, sources_checked=True)
+    tokenizer, hf_config, processor = load_model_parts(config.worker.actor.model, sources_checked=True,
+                                                       chat_template=config.data.override_chat_template)
     check_rollout_split(hf_config, config.worker.rollout.tensor_parallel_size)
     train_set = None
     if train:
@@ -281,10 +353,12 @@ def prepare(config: Any, train: bool = True) -> Prepared:
         val = load_dataset_for("data.val_files", config.data.val_files, config, tokenizer, processor)
     if train_set is not None:
         check_enough_prompts(config, len(train_set))
-    first = (train_set if train_set is not None else val).dataset[0]
+    source = train_set if train_set is not None else val
+    first = source.dataset[0]
     ground_truth = str(first[config.data.answer_key])
     response = f"<think>a sample</think> \\boxed{{{ground_truth}}}"
-    sample = {"response": response, "response_length": len(tokenizer.encode(response)), "ground_truth": ground_truth}
+    sample = {"response": response, "response_length": len(tokenizer.encode(response)), "ground_truth": ground_truth,
+              "columns": source.reward_columns(first)}
     check_filter_key(config, check_reward_on_sample(reward_fn, sample), reward_fn.where)
     return Prepared(tokenizer, processor, train_set, val, reward_fn)
 

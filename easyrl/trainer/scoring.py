@@ -48,14 +48,16 @@ class Scorer:
         return isinstance(self.reward_fn, RewardFunction)
 
     def reward_inputs(self, batch: Batch) -> list[dict[str, Any]]:
-        """The reward function's inputs: decoded response, its length in tokens, ground truth."""
+        """The reward function's inputs: decoded response, its length in tokens, ground truth, and the dataset row's
+        columns (``columns``, read by verl- and TRL-style functions: ``easyrl.rewards.styles``)."""
         lengths = batch["response_mask"].sum(-1).tolist()
         texts = self.tokenizer.batch_decode(
             [row[:n].tolist() for row, n in zip(batch["responses"], lengths)],
             skip_special_tokens=self.config.skip_special_tokens,
         )
-        return [{"response": text, "response_length": int(n), "ground_truth": gt}
-                for text, n, gt in zip(texts, lengths, batch["ground_truth"])]
+        columns = batch["columns"] if "columns" in batch else [{}] * len(texts)
+        return [{"response": text, "response_length": int(n), "ground_truth": gt, "columns": row}
+                for text, n, gt, row in zip(texts, lengths, batch["ground_truth"], columns)]
 
     @staticmethod
     def set_scores(batch: Batch, scores: dict[str, list[float]]) -> None:

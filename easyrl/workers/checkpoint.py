@@ -13,7 +13,12 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
 
 from easyrl.models.hf_folder import copy_hf_files
 from easyrl.rng import get_rng_state, set_rng_state
@@ -40,16 +45,38 @@ def _load_training_state(model, state: dict[str, Any]) -> None:
     model.consecutive_skips = state["consecutive_skips"]
 
 
-def _save_shards(model, folder: str) -> None:
+def _save_shards(model, folder: str, model_only: bool = False) -> None:
+    """DCP shards of the model and (unless ``model_only``: ``trainer.save_model_only``) its optimizer states."""
+    if model_only:
+        dcp.save({"model": get_model_state_dict(model.model)}, checkpoint_id=folder)
+        return
+    model.optimizer_to(model.torch_device)
     model_state, optim_state = get_state_dict(model.model, model.optimizer)
     dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=folder)
+    model.optimizer_to("cpu")
 
 
 def _load_shards(model, folder: str) -> None:
+    """Restore :func:`_save_shards`' model (and optimizer states, when the checkpoint holds them: a model-only
+    checkpoint leaves the optimizer fresh)."""
+    if not holds_optimizer(folder):
+        state = {"model": get_model_state_dict(model.model)}
+        dcp.load(state, checkpoint_id=folder)
+        set_model_state_dict(model.model, state["model"])
+        return
+    model.optimizer_to(model.torch_device)
     model_state, optim_state = get_state_dict(model.model, model.optimizer)
     state = {"model": model_state, "optimizer": optim_state}
     dcp.load(state, checkpoint_id=folder)
     set_state_dict(model.model, model.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    model.optimizer_to("cpu")
+
+
+def holds_optimizer(folder: str) -> bool:
+    """Whether the DCP checkpoint in ``folder`` holds optimizer states (not one saved with
+    ``trainer.save_model_only``)."""
+    metadata = dcp.FileSystemReader(folder).read_metadata()
+    return any(key.startswith("optimizer") for key in metadata.state_dict_metadata)
 
 
 def _require(path: str, rank: int, needed: list[str], what: str) -> None:
@@ -58,7 +85,7 @@ def _require(path: str, rank: int, needed: list[str], what: str) -> None:
             raise FileNotFoundError(f"rank {rank}: checkpoint {path} lacks {item}; {what}")
 
 
-def save_actor(policy, path: str, rank: int) -> None:
+def save_actor(policy, path: str, rank: int, model_only: bool = False) -> None:
     """Write the actor's shards to ``<path>/actor`` and this rank's extra state to ``<path>/extra_state_rank_R.pt``.
 
     Args:
@@ -66,8 +93,10 @@ def save_actor(policy, path: str, rank: int) -> None:
             ``consecutive_skips``).
         path: the (temporary) checkpoint folder, on a file system every rank sees.
         rank: this worker's rank.
+        model_only: ``trainer.save_model_only`` (EasyR1's key): no optimizer states (a resume starts a fresh AdamW;
+            the LR schedule, counters and RNG states are still saved).
     """
-    _save_shards(policy, os.path.join(path, ACTOR_DIR))
+    _save_shards(policy, os.path.join(path, ACTOR_DIR), model_only)
     extra = {**_training_state(policy), "rng": get_rng_state()}
     torch.save(extra, os.path.join(path, extra_state_file(rank)))
 
@@ -94,10 +123,10 @@ def critic_state_file(rank: int) -> str:
     return os.path.join(CRITIC_DIR, f"extra_state_rank_{rank}.pt")
 
 
-def save_critic(critic, path: str, rank: int) -> None:
+def save_critic(critic, path: str, rank: int, model_only: bool = False) -> None:
     """Write the critic's shards (model with its value head, optimizer) to ``<path>/critic`` and this rank's LR
     schedule and counters to ``<path>/critic/extra_state_rank_R.pt``. Every rank calls it."""
-    _save_shards(critic, os.path.join(path, CRITIC_DIR))
+    _save_shards(critic, os.path.join(path, CRITIC_DIR), model_only)
     torch.save(_training_state(critic), os.path.join(path, critic_state_file(rank)))
 
 

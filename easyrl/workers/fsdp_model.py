@@ -65,6 +65,16 @@ def placement(device: str, offload_params: bool) -> Placement:
     return Placement(params="cpu" if offload else device, buffers=device, offload=offload)
 
 
+def stored_dtype(fsdp: FSDPConfig, trainable: bool) -> torch.dtype:
+    """The dtype the sharded parameters are held in: a trained role's master weights in ``fsdp.torch_dtype`` (EasyR1's
+    key; None: float32, with float32 gradients and AdamW moments; ``bf16`` halves them), a frozen role's in the compute
+    dtype ``fsdp.param_dtype``."""
+    if not trainable:
+        return TORCH_DTYPES[fsdp.param_dtype]
+    torch_dtype = getattr(fsdp, "torch_dtype", None)
+    return TORCH_DTYPES[torch_dtype] if torch_dtype is not None else torch.float32
+
+
 def build_empty_model(hf_config, dtype: torch.dtype, trust_remote_code: bool, attn_implementation: str):
     """The model's modules on the meta device (no memory), parameters of ``dtype``."""
     kwargs = dict(dtype=dtype, trust_remote_code=trust_remote_code, attn_implementation=attn_implementation)
@@ -123,7 +133,7 @@ def load_sharded_model(
     Returns:
         The sharded model, parameters placed per ``placement(device, offload.offload_params)``.
     """
-    dtype = torch.float32 if trainable else TORCH_DTYPES[config.fsdp.param_dtype]
+    dtype = stored_dtype(config.fsdp, trainable)
     trust = config.model.trust_remote_code
     lora = config.model.lora if trainable and config.model.lora.rank > 0 else None
     full_state, buffers = {}, {}

@@ -298,9 +298,10 @@ class FSDPWorker:
         it."""
         from easyrl.workers.checkpoint import save_actor, save_critic, save_hf_metadata
 
-        save_actor(self.actor, path, self.rank)
+        model_only = self.config.trainer.save_model_only
+        save_actor(self.actor, path, self.rank, model_only=model_only)
         if self.critic is not None:
-            save_critic(self.critic, path, self.rank)
+            save_critic(self.critic, path, self.rank, model_only=model_only)
         if self.rank == 0:
             model_cfg = self.config.worker.actor.model
             save_hf_metadata(model_cfg.model_path, model_cfg.tokenizer_path or model_cfg.model_path, path,

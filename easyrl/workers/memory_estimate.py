@@ -69,8 +69,12 @@ def estimate_memory(num_params: int, vocab_size: int, config: PPOConfig, capacit
     actor_on_device = not worker.actor.offload.offload_params
     lora = uses_lora(config)  # frozen base: no grads/Adam for it, and the reference is the base itself
     ref_on_device = builds_reference(config) and not worker.ref.offload.offload_params
-    params = 4 * shard / GIB if actor_on_device else 0.0
-    adam = 8 * shard / GIB if actor_on_device and not lora else 0.0
+    actor = worker.actor  # stored weights in fsdp.torch_dtype (fp32 by default); adamw_bf16 moments take 2 bytes each
+    param_bytes = DTYPE_BYTES[actor.fsdp.torch_dtype] if actor.fsdp.torch_dtype else 4
+    moment_bytes = 2 if actor.optim.strategy == "adamw_bf16" else param_bytes
+    params = param_bytes * shard / GIB if actor_on_device else 0.0
+    adam = 2 * moment_bytes * shard / GIB if actor_on_device and not lora else 0.0
+    adam_in_rollout = 0.0 if actor.offload.offload_optimizer else adam  # offload_optimizer: on the host until update
     grads = 0.0 if lora else params
     reference = compute_bytes * shard / GIB if ref_on_device else 0.0
     claim = worker.rollout.gpu_memory_utilization * capacity_gib
@@ -85,7 +89,7 @@ def estimate_memory(num_params: int, vocab_size: int, config: PPOConfig, capacit
         vllm_weights_gib=num_params * DTYPE_BYTES[worker.rollout.dtype] / GIB / worker.rollout.tensor_parallel_size,
         tensor_parallel_size=worker.rollout.tensor_parallel_size,
         vllm_claim_gib=claim,
-        rollout={"vLLM (gpu_memory_utilization)": claim, "actor params": params, "actor Adam states": adam,
+        rollout={"vLLM (gpu_memory_utilization)": claim, "actor params": params, "actor Adam states": adam_in_rollout,
                  "reference": reference, "critic params + Adam states": critic},
         training={"actor params": params, "actor grads": grads, "actor Adam states": adam, "reference": reference,
                   "logits (one micro-batch)": logits, "critic params + grads + Adam states": critic + critic_grads},

@@ -28,6 +28,7 @@ from easyrl.config import ActorConfig, OffloadConfig
 from easyrl.errors import ConfigError
 from easyrl.models.fused_head import FusedLogProbHead
 from easyrl.workers.fsdp_model import clip_grad_norm, load_sharded_model
+from easyrl.workers.optim import build_lr_scheduler, build_optimizer, move_optimizer_state, offloads_optimizer
 from easyrl.workers.policy_forward import (
     ModelInputs,
     PolicyScores,
@@ -121,13 +122,10 @@ class FSDPPolicy:
         if trainable:
             optim = config.optim
             params = [p for p in self.model.parameters() if p.requires_grad]
-            self.optimizer = torch.optim.AdamW(
-                params, lr=optim.lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay
-            )
-            warmup = int(optim.lr_warmup_ratio * max(optim.training_steps, 0))
-            self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
-                self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0
-            )
+            self.optimizer = build_optimizer(params, optim)
+            self.lr_scheduler = build_lr_scheduler(self.optimizer, optim)
+        self.offload_optimizer = trainable and offloads_optimizer(
+            device, offload.offload_params, getattr(offload, "offload_optimizer", False))
 
     def _adapt_model(self, model: torch.nn.Module, full_state: dict[str, torch.Tensor]) -> None:
         """Change the freshly built (meta) model, and on rank 0 the checkpoint's state dict to match, before
@@ -265,6 +263,7 @@ class FSDPPolicy:
         self.model.train()
         metrics: dict[str, list[float]] = defaultdict(list)
         self.num_updates += 1
+        self.optimizer_to(self.torch_device)
         generator = torch.Generator().manual_seed(self.num_updates)  # a new mini-batch shuffle every step
         num_skipped = 0
         for _ in range(cfg.ppo_epochs):
@@ -296,7 +295,14 @@ class FSDPPolicy:
         metrics[f"{role}/skipped_steps"].append(float(num_skipped))  # a count; the same on every rank
         metrics[f"{role}/lr"].append(self.lr_scheduler.get_last_lr()[0])  # the LR this step's updates used
         self.lr_scheduler.step()
+        self.optimizer_to("cpu")
         return dict(metrics)
+
+    def optimizer_to(self, device: torch.device | str) -> None:
+        """With ``offload.offload_optimizer`` (see ``easyrl.workers.optim.offloads_optimizer``): move the optimizer
+        states to ``device`` (the compute device for an update or a checkpoint, ``cpu`` after it); else nothing."""
+        if self.offload_optimizer:
+            move_optimizer_state(self.optimizer, device)
 
     def _backward_micro(self, micro: Batch, policy_loss_fn, agg_kwargs: dict,
                         step_metrics: dict[str, float]) -> torch.Tensor:

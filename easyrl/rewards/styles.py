@@ -1,0 +1,125 @@
+"""Reward functions written for verl or TRL, called the way those libraries call them (docs/migrating.md).
+
+A reward file's function has one of three signatures, recognised from its parameter names or declared in the file
+as ``REWARD_STYLE = "easyrl" | "verl" | "trl"``:
+
+* ``easyrl`` (EasyR1's): ``fn(reward_inputs, **kwargs)``: a list of reward inputs (``batch``) or one (``sequential``)
+  -> score dicts with ``overall``.
+* ``verl``: ``compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs)`` called once per
+  sample with keywords, as verl's ``NaiveRewardManager`` does, returning a number (the reward) or a dict whose
+  ``score`` is the reward and whose other numbers are logged. ``data_source`` and ``extra_info`` are the dataset's
+  columns of those names (``""`` and ``{}`` when absent); ``ground_truth`` is ``reward_model["ground_truth"]`` when
+  the dataset has verl's ``reward_model`` column, else the ``data.answer_key`` column. Recognised by a parameter
+  named ``solution_str``.
+* ``trl``: ``fn(completions, **kwargs) -> list[float]`` called once per batch, as TRL's ``GRPOTrainer`` does, with
+  ``prompts=`` (the ``data.prompt_key`` column), ``completions=`` (strings; ``[{"role": "assistant", "content":
+  text}]`` when the prompt is a conversation) and every other dataset column as a keyword of per-sample lists. A
+  ``None`` (TRL: "not applicable") scores 0, as TRL's sum over reward functions (``nansum``) makes it. Recognised by
+  a first parameter named ``completions`` or a parameter ``prompts``.
+
+Each reward input carries the dataset row's columns (``columns``: images left out, the ``data.prompt_key`` column
+under TRL's name ``prompt``), which these calls read.
+"""
+
+from __future__ import annotations
+
+import inspect
+import numbers
+from typing import Any, Callable
+
+STYLES = ("easyrl", "verl", "trl")
+VERL_ARGS = ("data_source", "solution_str", "ground_truth", "extra_info")
+
+__all__ = ["STYLES", "call_trl", "call_verl", "detect_style", "style_arguments"]
+
+
+def detect_style(fn: Callable, declared: Any = None) -> str:
+    """``declared`` (a module's ``REWARD_STYLE``) if given, else the style ``fn``'s parameter names show.
+
+    Raises:
+        ValueError: a declared style that is not one of ``STYLES``.
+    """
+    if declared is not None:
+        if declared not in STYLES:
+            raise ValueError(f"REWARD_STYLE={declared!r} must be one of {STYLES}")
+        return declared
+    names = [p.name for p in inspect.signature(fn).parameters.values()]
+    if "solution_str" in names:
+        return "verl"
+    if names[:1] == ["completions"] or "prompts" in names:
+        return "trl"
+    return "easyrl"
+
+
+def style_arguments(style: str, reward_inputs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The keyword arguments of one call in ``style`` (verl: of the first input) besides the user's kwargs."""
+    if style == "verl":
+        return _verl_arguments(reward_inputs[0])
+    return _trl_arguments(reward_inputs)
+
+
+def _accepted(fn: Callable, arguments: dict[str, Any]) -> dict[str, Any]:
+    """``arguments`` that ``fn`` takes (all of them when it has ``**kwargs``)."""
+    params = inspect.signature(fn).parameters.values()
+    if any(p.kind == p.VAR_KEYWORD for p in params):
+        return arguments
+    names = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return {key: value for key, value in arguments.items() if key in names}
+
+
+def _verl_arguments(reward_input: dict[str, Any]) -> dict[str, Any]:
+    columns = reward_input.get("columns") or {}
+    ground_truth = reward_input["ground_truth"]
+    reward_model = columns.get("reward_model")
+    if isinstance(reward_model, dict) and "ground_truth" in reward_model:
+        ground_truth = reward_model["ground_truth"]
+    return {"data_source": columns.get("data_source", ""), "solution_str": reward_input["response"],
+            "ground_truth": ground_truth, "extra_info": columns.get("extra_info") or {}}
+
+
+def call_verl(fn: Callable, reward_input: dict[str, Any], kwargs: dict[str, Any]) -> dict[str, float]:
+    """One sample scored as verl scores it; returns easyrl's score dict (``overall`` = verl's ``score``).
+
+    Raises:
+        ValueError: a dict result without ``score``.
+    """
+    result = fn(**_accepted(fn, _verl_arguments(reward_input)), **kwargs)
+    if not isinstance(result, dict):
+        return {"overall": result}
+    if "score" not in result:
+        raise ValueError(f"a verl-style reward function returned a dict without 'score' (got {sorted(result)})")
+    scores = {"overall": result["score"]}
+    for name, value in result.items():  # verl logs the other entries; easyrl logs the numeric ones
+        if name != "score" and isinstance(value, numbers.Real):
+            scores[name] = float(value)
+    return scores
+
+
+def _trl_arguments(reward_inputs: list[dict[str, Any]]) -> dict[str, Any]:
+    rows = [reward_input.get("columns") or {} for reward_input in reward_inputs]
+    prompts = [row.get("prompt") for row in rows]
+    completions = [
+        [{"role": "assistant", "content": x["response"]}] if _is_conversation(prompt) else x["response"]
+        for x, prompt in zip(reward_inputs, prompts)
+    ]
+    columns = {key: [row.get(key) for row in rows] for key in (rows[0] if rows else {}) if key != "prompt"}
+    return {"prompts": prompts, "completions": completions, **columns}
+
+
+def _is_conversation(prompt: Any) -> bool:
+    return isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m for m in prompt) and bool(prompt)
+
+
+def call_trl(fn: Callable, reward_inputs: list[dict[str, Any]], kwargs: dict[str, Any]) -> list[dict[str, float]]:
+    """A batch scored as TRL scores it; returns one score dict per input (``overall``; ``None`` -> 0).
+
+    Raises:
+        ValueError: the function did not return a list of one value per input.
+    """
+    arguments = {**_trl_arguments(reward_inputs), **kwargs}
+    values = fn(**_accepted(fn, arguments))
+    if not isinstance(values, (list, tuple)) or len(values) != len(reward_inputs):
+        shown = f"{len(values)} values" if isinstance(values, (list, tuple)) else f"a {type(values).__name__}"
+        raise ValueError(f"a TRL-style reward function returned {shown} for {len(reward_inputs)} completions; it "
+                         "must return a list of one float (or None) per completion")
+    return [{"overall": 0.0 if value is None else value} for value in values]
