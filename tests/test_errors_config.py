@@ -118,21 +118,21 @@ def test_tensor_parallel_size_that_cannot_split_the_heads(expect_user_error):  #
                       "num_attention_heads=6", "divide it")
 
 
-def test_easyr1_ulysses_size_above_1(expect_user_error):  # C80
+def test_easyr1_ulysses_size_above_1(expect_user_error):  # C92
     """EasyR1's worker.actor.ulysses_size: 1 is accepted (dropped with a log line), more is refused until sequence
     parallelism exists (easyrl/config/aliases.py)."""
     expect_user_error(lambda: load_config([DEMO, "worker.actor.model.model_path=m", "worker.actor.ulysses_size=8"]),
                       "config", "worker.actor.ulysses_size=8", "not implemented", "set it to 1")
 
 
-def test_mini_rollout_batch_size_that_cannot_split(expect_user_error):  # C81
+def test_mini_rollout_batch_size_that_cannot_split(expect_user_error):  # C93
     words = [DEMO, "worker.actor.model.model_path=m", "data.mini_rollout_batch_size=3", "trainer.n_gpus_per_node=8",
              "worker.actor.micro_batch_size_per_device_for_update=1"]
     expect_user_error(lambda: load_config(words),
                       "config", "data.mini_rollout_batch_size * worker.rollout.n (12)", "8 devices")
 
 
-def test_override_chat_template_missing(expect_user_error, tmp_path):  # C82
+def test_override_chat_template_missing(expect_user_error, tmp_path):  # C94
     from easyrl.trainer.preflight import override_chat_template
 
     expect_user_error(lambda: override_chat_template(object(), None, str(tmp_path / "chat.jinja")), "config",

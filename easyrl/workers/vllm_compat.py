@@ -50,13 +50,11 @@ def in_process_engine_env() -> dict[str, str]:
     """Environment variables that make ``vllm.LLM`` run its engine core in the calling process (so that weights are
     handed over as tensors, never through disk or IPC) and let it take new weights; set before vLLM is imported.
 
-    vLLM 0.23 through 0.33: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``. vllm-ascend 0.23: ``VLLM_ASCEND_ENABLE_NZ=0``
-    (its default, 1, stores weights in the FRACTAL_NZ layout, and its ``wake_up`` and ``start_weight_update`` then
-    refuse to run: "FRACTAL_NZ mode is enabled. This may cause model parameter precision issues in the RL
-    scenarios"); other platforms ignore it (vLLM 0.23 warns about an unknown ``VLLM_`` variable, which
-    ``easyrl.quiet`` hides).
+    vLLM 0.23 through 0.33: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``. (vllm-ascend 0.23 also needs
+    ``VLLM_ASCEND_ENABLE_NZ=0``: its default, 1, stores weights in the FRACTAL_NZ layout, and its ``wake_up`` and
+    ``start_weight_update`` then refuse to run; NPU workers get it from ``easyrl.workers.group.worker_runtime_env``.)
     """
-    return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_ASCEND_ENABLE_NZ": "0"}
+    return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 
 def sampled_logprobs_kwargs() -> dict[str, Any]:

@@ -27,8 +27,9 @@ def build(model_dir: str, seed: int):
     fully_shard(model, mesh=mesh)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    # the attributes easyrl.workers.checkpoint reads of an FSDPPolicy (optimizer_to: states stay where they are)
     return SimpleNamespace(model=model, optimizer=optimizer, lr_scheduler=scheduler, num_updates=0,
-                           consecutive_skips=0)
+                           consecutive_skips=0, torch_device=torch.device("cpu"), optimizer_to=lambda device: None)
 
 
 def main() -> None:
