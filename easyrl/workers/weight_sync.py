@@ -15,8 +15,8 @@ Sequence (``sync_weights``)::
 
 * Cast before gather: the shards go over the wire (and into memory) in the rollout dtype (bf16), not float32.
 * Buckets of ``worker.rollout.update_weights_bucket_megabytes`` (full-tensor bytes in the rollout dtype): one
-  ``all_gather_into_tensor`` per bucket instead of one per tensor (the flat all-gather that every torch of the range
-  has; torch 2.10/2.11, the vLLM 0.23 line, have no ``all_gather_single``), and at most one bucket of full tensors
+  flat all-gather (``flat_all_gather``: ``all_gather_single``, or ``all_gather_into_tensor`` on torch 2.10/2.11, the
+  vLLM 0.23 line) per bucket instead of one per tensor, and at most one bucket of full tensors
   alive.
   Host-offloaded shards are moved to the device first (NCCL/HCCL take device tensors only).
 * One ``reload_weights`` call consumes a lazy iterator over all buckets: vLLM's layer-wise reload must see each layer
@@ -52,6 +52,11 @@ from easyrl.device import empty_cache
 from easyrl.workers import vllm_compat
 from easyrl.workers.fsdp_model import gather_full
 from easyrl.workers.vllm_cpu_fixes import repack_cpu_moe_experts
+
+# The flat all-gather of one tensor per rank into ``(world * n,)``: ``all_gather_single`` where torch has it (2.12 on,
+# which deprecates ``all_gather_into_tensor`` with a warning at every call), else ``all_gather_into_tensor`` (torch 2.10
+# and 2.11, the vLLM 0.23 line). The same collective either way.
+flat_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 def sleep_level(device: str) -> Optional[int]:
@@ -96,7 +101,7 @@ def pack_shards(shards: list[torch.Tensor], full_shapes: list[torch.Size], world
                 dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """This rank's ``Shard(0)`` pieces, each zero-padded to the per-rank row count, flattened into one 1-D buffer
     (each shard copied once, cast to ``dtype`` on the way; default: the first shard's dtype).
-    Every rank's buffer has the same length, so ``all_gather_into_tensor`` of it gives ``(world * len,)``.
+    Every rank's buffer has the same length, so ``flat_all_gather`` of it gives ``(world * len,)``.
     """
     sizes = [_rows_per_rank(shape[0], world) * math.prod(shape[1:]) for shape in full_shapes]
     if not shards:
@@ -131,7 +136,7 @@ def _is_row_sharded(tensor: torch.Tensor) -> bool:
 def gather_bucket(tensors: list[torch.Tensor], device: torch.device, dtype: torch.dtype) -> list[torch.Tensor]:
     """Full tensors of one bucket on ``device`` in ``dtype`` (collective: every rank calls it with the same bucket).
 
-    FSDP2's row-sharded parameters go through one ``all_gather_into_tensor`` (each local shard moved to the device,
+    FSDP2's row-sharded parameters go through one ``flat_all_gather`` (each local shard moved to the device,
     then cast while packed into the send buffer; on a one-rank mesh the packed buffer is the result, no collective);
     anything else (replicated, plain) is gathered on its own by ``gather_full``. The returned tensors never share
     storage with the actor's parameters (vLLM's CPU loaders may repack what they are given in place).
@@ -148,7 +153,7 @@ def gather_bucket(tensors: list[torch.Tensor], device: torch.device, dtype: torc
         gathered = packed  # one rank holds everything: no collective
         if world > 1:
             gathered = packed.new_empty(world * packed.numel())
-            dist.all_gather_into_tensor(gathered, packed, group=group)  # torch 2.10 through 2.13
+            flat_all_gather(gathered, packed, group=group)
         for i, full in zip(sharded, unpack_gathered(gathered, shapes, world)):
             out[i] = full
     for i, tensor in enumerate(tensors):
