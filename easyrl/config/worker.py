@@ -8,6 +8,7 @@ from typing import Any, Optional
 from easyrl.config.actor import ActorConfig, RefConfig
 from easyrl.config.critic import CriticConfig
 from easyrl.config.fields import auto
+from easyrl.config.multi_turn import MultiTurnConfig
 
 
 @dataclass
@@ -49,6 +50,8 @@ class RolloutConfig:
     trust_remote_code: bool = auto("worker.actor.model.trust_remote_code", False)
     min_pixels: int = auto("data.min_pixels", 262144)
     max_pixels: int = auto("data.max_pixels", 4194304)
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
+    """Multi-turn rollouts with tools and an environment (docs/agents.md)."""
 
 
 @dataclass

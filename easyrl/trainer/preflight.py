@@ -291,6 +291,16 @@ class Prepared:
     reward_fn: Any
 
 
+def tool_schemas(multi_turn: Any) -> Optional[list[dict]]:
+    """The JSON schemas of ``worker.rollout.multi_turn.tools`` for the chat template (None when multi-turn is off or
+    has no tools). Raises ``ConfigError`` for a tool that cannot be loaded (``easyrl.agents.tools``)."""
+    if not multi_turn.enable or not multi_turn.tools:
+        return None
+    from easyrl.agents.tools import load_tools
+
+    return [tool.schema for tool in load_tools(multi_turn.tools).values()]
+
+
 def load_dataset_for(key: str, path: str, config: Any, tokenizer: Any, processor: Any):
     """``RLDataset`` of the data path ``path`` given by config key ``key``; data errors are prefixed with the key."""
     from easyrl.data.dataset import RLDataset
@@ -302,6 +312,7 @@ def load_dataset_for(key: str, path: str, config: Any, tokenizer: Any, processor
             image_key=data.image_key, image_dir=data.image_dir, max_prompt_length=data.max_prompt_length,
             format_prompt=data.format_prompt, min_pixels=data.min_pixels, max_pixels=data.max_pixels,
             filter_overlong_prompts=data.filter_overlong_prompts, system_prompt=data.system_prompt,
+            tools=tool_schemas(config.worker.rollout.multi_turn),
         )
     except DataError as err:  # the message names the file; say which setting gave it
         raise DataError(f"{key}: {err}") from None
