@@ -124,3 +124,15 @@ def test_multi_turn_metrics_and_reward_inputs(tokenizer):
     assert inputs[0]["response"] == "ab cd ef gh"  # the whole response, tool tokens included
     assert inputs[0]["messages"] == [{"role": "assistant", "content": "x"}]
     assert inputs[0]["tool_calls"] == [{"name": "add"}] and inputs[0]["response_length"] == len(ids) - 1
+
+
+def test_a_turn_cut_before_its_end_is_followed_by_the_tool_turn_header(tokenizer, executor):
+    def cut(active, round_):  # cut on an ordinary token (max_turn_tokens) that the template also has
+        text = "<tool_call>{\"name\": \"echo\", \"arguments\": {\"text\": \".\"}}</tool_call> Hello."
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        return [(ids, None) for _ in active]
+
+    traj = TurnLoop(tokenizer, hermes, executor, max_assistant_turns=2).run([Trajectory([1], 200)], cut)[0]
+    tool = [i for i, m in enumerate(traj.response_mask) if not m]
+    assert tokenizer.decode([traj.response_ids[i] for i in tool]) == (
+        "<|im_start|>tool\necho: .<|im_end|>\n<|im_start|>assistant\n")

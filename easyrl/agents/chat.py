@@ -23,7 +23,8 @@ def turn_ids(tokenizer: Any, messages: list[dict[str, Any]], end_text: str) -> l
     Args:
         tokenizer: a tokenizer (or processor) with a chat template.
         messages: the new turns, e.g. ``[{"role": "tool", "content": "42"}]``.
-        end_text: the text of the token the assistant turn ended with (e.g. ``<|im_end|>``).
+        end_text: the text of the token the assistant turn ended with (e.g. ``<|im_end|>``), or ``""`` for a turn
+            cut before its end (the new turns then start right after it, e.g. ``"<|im_start|>tool\n..."``).
 
     Raises:
         ValueError: the template renders the earlier turns differently once the new ones follow (no delta exists).

@@ -89,6 +89,7 @@ class TurnLoop:
         self.max_assistant_turns = max_assistant_turns
         self.max_user_turns = max_user_turns
         self.max_turn_tokens = max_turn_tokens
+        self._special_ids = set(tokenizer.all_special_ids)
 
     def turn_budget(self, traj: Trajectory) -> int:
         """Tokens the next assistant turn of ``traj`` may generate."""
@@ -147,5 +148,7 @@ class TurnLoop:
                 traj.done = True
                 continue
             traj.messages.extend(messages)
-            end_text = self.tokenizer.decode(traj.response_ids[-1:], skip_special_tokens=False)
+            # the turn's end-of-turn token (a turn cut by max_turn_tokens ends on an ordinary one: none)
+            last = traj.response_ids[-1]
+            end_text = self.tokenizer.decode([last]) if last in self._special_ids else ""
             traj.add(turn_ids(self.tokenizer, messages, end_text), trained=False)
