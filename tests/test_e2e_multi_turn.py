@@ -40,7 +40,8 @@ def run(e2e_text_config, trainer_on_ray, tmp_path_factory):
     try:
         with trainer_on_ray(config) as trainer:
             trainer.fit()
-            rows = [json.loads(line) for line in (Path(config.trainer.run_dir) / "metrics.jsonl").read_text().splitlines()]
+            metrics = Path(config.trainer.run_dir) / "metrics.jsonl"
+            rows = [json.loads(line) for line in metrics.read_text().splitlines()]
             yield trainer, rows
     finally:
         os.environ.pop("EASYRL_TEST_TOOL_DIR", None)
