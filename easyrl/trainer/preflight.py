@@ -370,6 +370,8 @@ def prepare(config: Any, train: bool = True) -> Prepared:
     response = f"<think>a sample</think> \\boxed{{{ground_truth}}}"
     sample = {"response": response, "response_length": len(tokenizer.encode(response)), "ground_truth": ground_truth,
               "columns": source.reward_columns(first)}
+    if config.worker.rollout.multi_turn.enable:  # what a multi-turn rollout adds (easyrl.trainer.multi_turn)
+        sample.update(messages=[{"role": "assistant", "content": response}], tool_calls=[])
     check_filter_key(config, check_reward_on_sample(reward_fn, sample), reward_fn.where)
     return Prepared(tokenizer, processor, train_set, val, reward_fn)
 
