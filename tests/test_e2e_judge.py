@@ -1,7 +1,10 @@
 """End to end with an LLM judge (``worker.reward.judge``, issue #23): one GRPO step of the tiny text policy in which
 SmolLM2-135M-Instruct, served by a second vLLM engine on each worker, judges every response; its parsed scores must
 equal a direct vLLM call (same engine settings, greedy) on the same prompts, and verdicts the parser cannot read are
-counted and scored ``unparseable_score`` without stopping the run."""
+counted and scored ``unparseable_score`` without stopping the run. The judge prompt is ``examples/judge/judge.jinja``
+plus, for problems longer than 40 characters, a filler that overflows the judge's context
+(``tests/reward_functions/judge_overflow.jinja``): those verdicts are unparseable whatever the model says, beside
+SmolLM2's own verdicts without a number."""
 
 from __future__ import annotations
 
@@ -11,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from easyrl.rewards.judge import load_parser
+from easyrl.rewards.judge import parse_number
 
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[1]
 WEIGHT = 0.5
 UNPARSEABLE = -3.0
-STRICT = f"{REPO / 'tests/reward_functions/judge_strict.py'}:strict_number"
+TEMPLATE = REPO / "tests/reward_functions/judge_overflow.jinja"
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +35,7 @@ def judged(e2e_text_config, trainer_on_ray, tmp_path_factory):
     judge_path = str(smollm2_path())
     config = e2e_text_config(
         tmp_path_factory.mktemp("judge"), "trainer.max_steps=1",
-        f"worker.reward.judge.model_path={judge_path}", f"worker.reward.judge.parser={STRICT}",
+        f"worker.reward.judge.model_path={judge_path}", f"worker.reward.judge.prompt_template={TEMPLATE}",
         f"worker.reward.judge.weight={WEIGHT}", f"worker.reward.judge.unparseable_score={UNPARSEABLE}",
         "worker.reward.judge.max_tokens=12", "worker.reward.judge.max_model_len=1024",
     )
@@ -44,7 +47,7 @@ def judged(e2e_text_config, trainer_on_ray, tmp_path_factory):
         worker_verdicts = list(trainer.judging.verdicts)
     (row,) = [json.loads(line) for line in (Path(config.trainer.run_dir) / "metrics.jsonl").read_text().splitlines()]
     # the direct call: the template rendered by jinja2, the chat template by transformers, generation by vLLM
-    template = jinja2.Template((REPO / "examples/judge/judge.jinja").read_text())
+    template = jinja2.Template(TEMPLATE.read_text())
     tokenizer = AutoTokenizer.from_pretrained(judge_path)
     prompt_ids = []
     for item in inputs:
@@ -62,19 +65,22 @@ def judged(e2e_text_config, trainer_on_ray, tmp_path_factory):
     judge_cfg = config.worker.reward.judge
     rollout = config.worker.rollout
     llm = LLM(**judge_engine_arguments(judge_cfg, "cpu", rollout.seed, rollout.enforce_eager))
-    outputs = llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids],
+    fits = [i for i, ids in enumerate(prompt_ids) if len(ids) + judge_cfg.max_tokens <= judge_cfg.max_model_len]
+    outputs = llm.generate([{"prompt_token_ids": prompt_ids[i]} for i in fits],
                            SamplingParams(temperature=0.0, max_tokens=judge_cfg.max_tokens), use_tqdm=False)
-    direct = [out.outputs[0].text for out in outputs]
+    direct = [None] * len(prompt_ids)  # a prompt that does not fit is not sent
+    for i, out in zip(fits, outputs):
+        direct[i] = out.outputs[0].text
     return {"batch": batch, "row": row, "rule": rule, "worker_verdicts": worker_verdicts, "direct": direct}
 
 
 def test_judge_scores_equal_a_direct_vllm_call_and_enter_the_reward(judged):
-    strict_number = load_parser(STRICT)
-
     batch, direct = judged["batch"], judged["direct"]
     print("judge verdicts:", direct)
-    assert sorted(judged["worker_verdicts"]) == sorted(direct)  # the workers' engines answered as a direct call
-    parsed = [strict_number(v) for v in direct]
+    # the workers' engines answered as a direct call (the batch is back in generation order, the verdicts are not)
+    assert sorted(judged["worker_verdicts"], key=str) == sorted(direct, key=str)
+    parsed = [None if v is None else parse_number(v) for v in direct]
+    assert any(p is not None for p in parsed), "no verdict parsed: the comparison below would be vacuous"
     expected = [UNPARSEABLE if p is None else p for p in parsed]
     assert batch["score/judge"] == pytest.approx(expected)
     overall = [r + WEIGHT * j for r, j in zip(judged["rule"]["overall"], expected)]
@@ -86,9 +92,7 @@ def test_judge_scores_equal_a_direct_vllm_call_and_enter_the_reward(judged):
 
 
 def test_unparseable_verdicts_are_counted_and_scored_not_fatal(judged):
-    strict_number = load_parser(STRICT)
-
-    unparseable = [i for i, v in enumerate(judged["direct"]) if strict_number(v) is None]
-    assert unparseable, "SmolLM2 gave only bare numbers: the strict parser needs verdicts it cannot read"
+    unparseable = [i for i, v in enumerate(judged["direct"]) if v is None or parse_number(v) is None]
+    assert unparseable, "every judge prompt fit and every verdict parsed: nothing unparseable to count"
     assert judged["row"]["judge/unparseable"] == len(unparseable)
     assert all(judged["batch"]["score/judge"][i] == UNPARSEABLE for i in unparseable)
