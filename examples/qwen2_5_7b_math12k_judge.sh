@@ -1,6 +1,6 @@
 #!/bin/bash
 # GRPO on MATH with an LLM judge beside the rule reward: Qwen2.5-7B-Instruct (the judge, a second vLLM engine on every
-# GPU, asleep while the actor trains) reads each problem, reference answer and response through
+# GPU, resident: rollout 0.5 + judge 0.3 of each GPU) reads each problem, reference answer and response through
 # examples/judge/judge.jinja and answers 1 (correct) or 0; overall = math.py's overall + 0.5 x the judge's verdict.
 # docs/judge.md explains the keys. Run from the repository root: bash examples/qwen2_5_7b_math12k_judge.sh [overrides]
 set -x

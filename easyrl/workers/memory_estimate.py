@@ -17,9 +17,9 @@ With LoRA (``worker.actor.model.lora.rank > 0``) the base weights are frozen: no
 (the adapter's own, typically < 1% of the parameters, are not counted) and no reference copy (the reference policy is
 the base with the adapter disabled).
 
-With an LLM judge (``worker.reward.judge``), a third phase: the judge engine's claim (``judge.gpu_memory_utilization x
-device memory``) beside what stays resident as in the rollout phase (the rollout engine asleep); in the other phases
-the judge sleeps at level 1 (weights in host memory: ~0 on the device).
+With an LLM judge (``worker.reward.judge``), its engine's claim (``judge.gpu_memory_utilization x device memory``) in
+both phases: it has no sleep mode beside the rollout engine (``easyrl.workers.judge``). Its judge phase (the rollout
+engine asleep) needs less than the rollout phase.
 
 Not counted (the estimate is a lower bound): activations (small with gradient checkpointing), the transient unsharded
 block FSDP2 gathers, CUDA context and NCCL buffers (~1-2 GiB), allocator fragmentation.
@@ -47,8 +47,6 @@ class MemoryEstimate:
     vllm_claim_gib: float
     rollout: dict[str, float] = field(default_factory=dict)
     training: dict[str, float] = field(default_factory=dict)
-    judge: dict[str, float] = field(default_factory=dict)
-    """The LLM judge's phase (``worker.reward.judge``; empty without a judge)."""
 
     @property
     def rollout_gib(self) -> float:
@@ -57,10 +55,6 @@ class MemoryEstimate:
     @property
     def training_gib(self) -> float:
         return sum(self.training.values())
-
-    @property
-    def judge_gib(self) -> float:
-        return sum(self.judge.values())
 
 
 def estimate_memory(num_params: int, vocab_size: int, config: PPOConfig, capacity_gib: float) -> MemoryEstimate:
@@ -105,10 +99,10 @@ def estimate_memory(num_params: int, vocab_size: int, config: PPOConfig, capacit
                   "logits (one micro-batch)": logits, "critic params + grads + Adam states": critic + critic_grads},
     )
     judge = worker.reward.judge
-    if judge.model_path is not None:  # the judge engine's claim while it judges (rollout engine asleep, level 2)
-        estimate.judge = {"judge vLLM (judge.gpu_memory_utilization)": judge.gpu_memory_utilization * capacity_gib,
-                          "actor params": params, "actor Adam states": adam_in_rollout, "reference": reference,
-                          "critic params + Adam states": critic}
+    if judge.model_path is not None:  # the LLM judge's engine stays resident (easyrl.workers.judge: no sleep mode)
+        for phase in (estimate.rollout, estimate.training):
+            phase["judge vLLM (worker.reward.judge.gpu_memory_utilization)"] = judge.gpu_memory_utilization * \
+                capacity_gib
     return estimate
 
 
@@ -141,12 +135,6 @@ def check_memory(estimate: MemoryEstimate) -> None:
             f"The rollout phase needs ~{e.rollout_gib:.1f} GiB per device but it has {cap:.1f} GiB "
             f"({_items(e.rollout)} GiB): set {offload}, lower worker.rollout.gpu_memory_utilization, or use more "
             "devices (trainer.n_gpus_per_node / trainer.nnodes: smaller shards)."
-        )
-    if e.judge_gib > cap:
-        raise ConfigError(
-            f"The LLM judge's phase needs ~{e.judge_gib:.1f} GiB per device but it has {cap:.1f} GiB "
-            f"({_items(e.judge)} GiB): lower worker.reward.judge.gpu_memory_utilization, set {offload}, or use more "
-            "devices (trainer.n_gpus_per_node / trainer.nnodes)."
         )
     if e.training_gib > cap:
         raise ConfigError(
