@@ -87,6 +87,7 @@ def test_judge_scores_equal_a_direct_vllm_call_and_enter_the_reward(judged):
     assert batch["score/overall"] == pytest.approx(overall, abs=1e-6)
     assert batch["token_level_scores"].sum(-1).tolist() == pytest.approx(overall, abs=1e-6)
     row = judged["row"]
+    print("judge metrics:", {k: v for k, v in row.items() if "judge" in k or k in ("timing_s/step", "timing_s/gen")})
     assert row["reward/judge"] == pytest.approx(sum(expected) / len(expected), abs=1e-6)
     assert row["timing_s/judge"] > 0
 
