@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional
 
 from easyrl.errors import ConfigError, DataError, ModelError, RewardError, UserError
 from easyrl.models.hub_snapshot import looks_local
+from easyrl.rewards.judge import load_judge
 
 logger = logging.getLogger("easyrl")
 
@@ -353,6 +354,7 @@ def prepare(config: Any, train: bool = True) -> Prepared:
                           "without one).")
     check_model_sources(config.worker.actor.model)
     reward_fn = load_reward(config.worker.reward)
+    check_judge_files(config.worker.reward.judge)
     tokenizer, hf_config, processor = load_model_parts(config.worker.actor.model, sources_checked=True,
                                                        chat_template=config.data.override_chat_template)
     check_rollout_split(hf_config, config.worker.rollout.tensor_parallel_size)
@@ -374,6 +376,14 @@ def prepare(config: Any, train: bool = True) -> Prepared:
         sample.update(messages=[{"role": "assistant", "content": response}], tool_calls=[])
     check_filter_key(config, check_reward_on_sample(reward_fn, sample), reward_fn.where)
     return Prepared(tokenizer, processor, train_set, val, reward_fn)
+
+
+def check_judge_files(judge_cfg: Any) -> None:
+    """With ``worker.reward.judge`` on: its model source exists, its prompt template renders and its parser loads.
+    Raises ``ModelError`` / ``ConfigError`` naming the key (docs/errors.md, J rows)."""
+    if judge_cfg.model_path is not None:
+        check_model_source("worker.reward.judge.model_path", judge_cfg.model_path)
+        load_judge(judge_cfg)
 
 
 def check_rollout_split(hf_config: Any, tensor_parallel_size: int) -> None:

@@ -37,6 +37,7 @@ from easyrl.trainer.checkpoint import Checkpointer
 from easyrl.trainer.checkpoint_manifest import run_identity
 from easyrl.trainer.flops import ModelShape, compute_mfu_metrics, peak_flops
 from easyrl.trainer.generation import Generator
+from easyrl.trainer.judging import JudgePhase
 from easyrl.trainer.loggers import Tracker
 from easyrl.trainer.metrics import (
     compute_data_metrics,
@@ -106,6 +107,7 @@ class RayPPOTrainer:
         self.generator = Generator(cfg, rollout, self.scorer, self.pad_id)
         self.validator = Validator(cfg, self.val_dataset, self.generator, self.scorer, self.tokenizer)
         self.checkpointer = Checkpointer(cfg.trainer, self.workers, run_identity(cfg))
+        self.judging = JudgePhase.create(cfg.worker.reward.judge, self.scorer, self.workers)  # None: no judge
         self._init_perf()
 
     def _init_perf(self) -> None:
@@ -230,6 +232,9 @@ class RayPPOTrainer:
             if pending is not None:  # scored in the reward actor while the log-prob passes ran
                 with timer("reward", timing):
                     self.scorer.wait(batch, pending, order)
+            if self.judging is not None:  # the LLM judge: score/judge, weighted into overall (worker.reward.judge)
+                with timer("judge", timing):
+                    metrics.update(self.judging.run(batch))
             for key in [key for key in batch.extras if key.startswith("score/")]:  # unless set over all generated
                 metrics.setdefault(key.replace("score/", "reward/", 1), float(np.mean(batch[key])))
             metrics["reward/errors"] = float(self.scorer.errors)

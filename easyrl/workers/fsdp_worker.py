@@ -328,3 +328,18 @@ class FSDPWorker:
         if self.critic is not None:
             load_critic(self.critic, path, self.rank)
         self.weights_dirty = True
+
+    def judge(self, share: Batch) -> list[Optional[str]]:
+        """The LLM judge's verdict texts of this worker's share of judge prompts (``share["judge_prompt"]``, rendered
+        by the trainer: ``easyrl.trainer.judging``), in order; None for a prompt too long for the judge's context.
+        The judge's vLLM engine (``easyrl.workers.judge.VLLMJudge``) is built on the first call and sleeps between
+        calls on GPUs/NPUs."""
+        from easyrl.workers.judge import VLLMJudge
+
+        cfg = self.config.worker
+        if getattr(self, "judge_engine", None) is None:
+            self.judge_engine = VLLMJudge(cfg.reward.judge, self.device, seed=cfg.rollout.seed,
+                                          enforce_eager=cfg.rollout.enforce_eager)
+        verdicts = self.judge_engine.judge(list(share["judge_prompt"]))
+        empty_cache(self.device)
+        return verdicts
