@@ -8,6 +8,7 @@ from typing import Any, Optional
 from easyrl.config.actor import ActorConfig, RefConfig
 from easyrl.config.critic import CriticConfig
 from easyrl.config.fields import auto
+from easyrl.config.reward_model import RewardModelConfig
 
 
 @dataclass
@@ -70,6 +71,8 @@ class RewardConfig:
     """Seconds one call of the function may take (a batch call, or one sample's call when ``sequential``); beyond
     it the call counts as an error. The function then runs in a helper process, which is killed and restarted on a
     timeout. null: no limit, the function runs in the trainer's process."""
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    """A discriminative reward model scoring on the workers (``easyrl.config.reward_model``; off by default)."""
 
 
 @dataclass

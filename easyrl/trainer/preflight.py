@@ -163,6 +163,8 @@ def load_reward(reward_cfg: Any):
 
     key = "worker.reward.reward_function"
     spec = reward_cfg.reward_function
+    if not spec and reward_cfg.reward_model.enabled:  # the reward model scores alone: a rule reward of 0
+        from easyrl.rewards.zero import SPEC as spec
     if not spec:
         raise RewardError(f"{key} is not set: give path/to/file.py:function_name")
     try:

@@ -48,6 +48,7 @@ from easyrl.trainer.metrics import (
     rollout_mismatch_metrics,
     timer,
 )
+from easyrl.trainer.reward_model import RewardModelScorer
 from easyrl.trainer.rollout import SingleTurnRollout
 from easyrl.trainer.run_folder import checkpoint_to_resume
 from easyrl.trainer.scoring import Scorer
@@ -90,6 +91,7 @@ class RayPPOTrainer:
         self.generator: Optional[Generator] = None
         self.validator: Optional[Validator] = None
         self.checkpointer: Optional[Checkpointer] = None
+        self.reward_model: Optional[RewardModelScorer] = None  # worker.reward.reward_model, set with the workers
         self.model_shape: Optional[ModelShape] = None  # for perf/mfu/*, set with the workers
         self.peak_flops: Optional[float] = None
         self.global_step = 0
@@ -106,6 +108,8 @@ class RayPPOTrainer:
         self.generator = Generator(cfg, rollout, self.scorer, self.pad_id)
         self.validator = Validator(cfg, self.val_dataset, self.generator, self.scorer, self.tokenizer)
         self.checkpointer = Checkpointer(cfg.trainer, self.workers, run_identity(cfg))
+        if cfg.worker.reward.reward_model.enabled:
+            self.reward_model = RewardModelScorer(cfg.worker.reward.reward_model, self.scorer, self.workers)
         self._init_perf()
 
     def _init_perf(self) -> None:
@@ -230,6 +234,9 @@ class RayPPOTrainer:
             if pending is not None:  # scored in the reward actor while the log-prob passes ran
                 with timer("reward", timing):
                     self.scorer.wait(batch, pending, order)
+            if self.reward_model is not None:  # the reward model's score, mixed into the rule reward's overall
+                with timer("reward_model", timing):
+                    self.reward_model.score(batch, metrics)
             for key in [key for key in batch.extras if key.startswith("score/")]:  # unless set over all generated
                 metrics.setdefault(key.replace("score/", "reward/", 1), float(np.mean(batch[key])))
             metrics["reward/errors"] = float(self.scorer.errors)
