@@ -59,3 +59,5 @@ def test_the_weighted_score_enters_the_reward_and_the_metrics(stepped):
     assert metrics["reward/reward_model"] == pytest.approx(rm.mean().item(), abs=1e-6)
     assert metrics["reward/overall"] == pytest.approx(overall.mean().item(), abs=1e-6)
     assert metrics["timing_s/reward_model"] > 0 and metrics["reward_model/truncated"] == 0.0
+    print({key: round(metrics[key], 3) for key in ("timing_s/reward_model", "timing_s/ref", "timing_s/update_actor",
+                                                    "timing_s/step") if key in metrics})  # shown with pytest -s

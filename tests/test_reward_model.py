@@ -13,7 +13,7 @@ import torch
 from easyrl.batch import Batch
 from easyrl.config import load_config
 from easyrl.rewards.reward_model_inputs import encode_conversations, load_tokenizer
-from easyrl.testing.tiny_reward_model import RM_CHAT_TEMPLATE, build_tiny_reward_model
+from easyrl.testing.tiny_reward_model import build_tiny_reward_model
 
 REPO = Path(__file__).resolve().parents[1]
 BASE = [f"config={REPO / 'config.yaml'}", "worker.actor.model.model_path=m"]
@@ -39,7 +39,8 @@ def test_config_is_off_by_default_and_held_in_the_actors_compute_dtype():
 
 
 def test_inputs_are_templated_with_the_reward_models_template_and_right_padded(rm_tokenizer):
-    encoded = encode_conversations(rm_tokenizer, ["What is 2+2?", "Hi"], ["4", "Hello there, how are you today, friend?"])
+    responses = ["4", "Hello there, how are you today, friend?"]
+    encoded = encode_conversations(rm_tokenizer, ["What is 2+2?", "Hi"], responses)
     assert encoded.texts[0] == "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n4<|im_end|>\n"
     assert "system" not in encoded.texts[1]  # the policy's template would add a system turn; the RM's does not
     lengths = encoded.attention_mask.sum(-1)
@@ -77,23 +78,22 @@ def test_mixing_adds_the_weighted_score_on_the_last_response_token():
 
 @pytest.mark.parametrize("dynamic", [True, False])
 def test_the_sharded_reward_model_equals_a_direct_transformers_call(process_group, rm_path, rm_tokenizer, dynamic):
+    from tensordict import TensorDict
+    from torch.distributed.device_mesh import init_device_mesh
     from transformers import AutoModelForSequenceClassification
 
     from easyrl.workers.reward_model import FSDPRewardModel
 
-    config = load_config(BASE + [f"worker.reward.reward_model.model_path={rm_path}", "worker.actor.fsdp.param_dtype=fp32",
+    config = load_config(BASE + [f"worker.reward.reward_model.model_path={rm_path}",
+                                 "worker.actor.fsdp.param_dtype=fp32",
                                  "worker.reward.reward_model.micro_batch_size_per_device=2",
                                  f"worker.reward.reward_model.dynamic_batching={str(dynamic).lower()}"])
     rm = config.worker.reward.reward_model
-    from torch.distributed.device_mesh import init_device_mesh
-
     mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("dp",))
     model = FSDPRewardModel(rm, mesh, "cpu", torch.device("cpu"), rm_tokenizer.pad_token_id)
     prompts = ["What is 2+2?", "Name a color.", "Count to three.", "Say hi"]
     responses = ["4", "Blue, or maybe green, it depends on the sky.", "one two three", ""]
     encoded = encode_conversations(rm_tokenizer, prompts, responses)
-    from tensordict import TensorDict
-
     data = Batch(TensorDict({"input_ids": encoded.input_ids, "attention_mask": encoded.attention_mask},
                             batch_size=[4]))
     scores = model.compute_scores(data)
