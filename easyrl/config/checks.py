@@ -14,6 +14,7 @@ import os
 import re
 from typing import TYPE_CHECKING, Any, Callable
 
+from easyrl.config.teacher import check_distillation
 from easyrl.config.trainer import check_backends
 from easyrl.errors import ConfigError
 
@@ -356,6 +357,7 @@ def check_config(config: "PPOConfig") -> None:
     check_run_names(config.trainer)
     check_greedy_groups(config)
     check_easyr1_keys(config)
+    check_distillation(config)
 
 
 def check_easyr1_keys(config: "PPOConfig") -> None:

@@ -8,6 +8,7 @@ from typing import Any, Optional
 from easyrl.config.actor import ActorConfig, RefConfig
 from easyrl.config.critic import CriticConfig
 from easyrl.config.fields import auto
+from easyrl.config.teacher import TeacherConfig
 
 
 @dataclass
@@ -89,3 +90,6 @@ class WorkerConfig:
     ``ray_kwargs.ray_init.runtime_env.env_vars``), set before the process starts, so ``LD_PRELOAD`` works, e.g.
     ``{HCCL_CONNECT_TIMEOUT: "1800", LD_PRELOAD: /usr/lib/aarch64-linux-gnu/libjemalloc.so.2}``. They override
     easyrl's own worker settings of the same name (docs/multinode.md)."""
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    """The frozen teacher of on-policy distillation, built only when ``algorithm.needs_teacher``
+    (``easyrl.config.teacher``)."""

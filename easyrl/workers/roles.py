@@ -11,6 +11,9 @@ and, when trainable, an update:
   adapter switched off (``easyrl.models.lora.adapter_disabled``), no second model.
 * ``critic``: the value model of PPO with GAE (``FSDPCritic``: the policy's backbone with a scalar value head,
   trainable); only for ``algorithm.adv_estimator: gae``.
+* ``teacher``: the on-policy distillation teacher (``FSDPPolicy``, frozen, held in the compute dtype, sharded and
+  batched as the actor is), read from its own checkpoint ``worker.teacher.model.model_path``; only when
+  ``algorithm.needs_teacher``.
 
 Roles are built in this order on every rank together (loading and sharding are collective), so a role may start from
 one built before it (``init_from``, as the reference copies the actor).
@@ -55,6 +58,7 @@ class Roles:
     actor: FSDPPolicy
     ref: Optional[FSDPPolicy] = None
     critic: Optional[FSDPCritic] = None
+    teacher: Optional[FSDPPolicy] = None
 
 
 def uses_lora(config: PPOConfig) -> bool:
@@ -99,4 +103,21 @@ def build_roles(config: PPOConfig, mesh: DeviceMesh, device: str, torch_device: 
     critic = None
     if config.algorithm.needs_critic:
         critic = FSDPCritic(cfg.critic.model.model_path, cfg.critic, mesh, device, torch_device)
-    return Roles(actor=actor, ref=ref, critic=critic)
+    teacher = None
+    if config.algorithm.needs_teacher:  # its own checkpoint; the actor's sharding and batching, never its LoRA
+        teacher = FSDPPolicy(cfg.teacher.model.model_path, teacher_role_config(config), mesh, device, torch_device,
+                             trainable=False, offload=cfg.teacher.offload)
+    return Roles(actor=actor, ref=ref, critic=critic, teacher=teacher)
+
+
+def teacher_role_config(config: PPOConfig):
+    """The role settings the teacher's ``FSDPPolicy`` reads: ``worker.actor``'s (FSDP dtypes, padding-free, dynamic
+    batching) with ``worker.teacher.model.trust_remote_code``. The actor's LoRA settings apply to trained roles
+    only, so the frozen teacher never gets an adapter."""
+    import copy
+
+    role = copy.copy(config.worker.actor)
+    role.model = copy.copy(role.model)
+    role.model.trust_remote_code = config.worker.teacher.model.trust_remote_code
+    role.router_aux_loss_coef = 0.0  # a dense teacher beside a MoE student is fine: the teacher is never trained
+    return role
