@@ -19,7 +19,8 @@ CONFIG_CASES = [
     ("T01", ["algorithm.distill_coef=-1", "worker.teacher.model.model_path=t"],
      ["algorithm.distill_coef", "0 or more", "-1"]),
     ("T02", ["algorithm.distill_coef=0.5"], ["algorithm.distill_coef=0.5", "worker.teacher.model.model_path"]),
-    ("T03", ["algorithm.adv_estimator=on_policy_distill", "algorithm.distill_coef=1", "worker.teacher.model.model_path=t"],
+    ("T03", ["algorithm.adv_estimator=on_policy_distill", "algorithm.distill_coef=1",
+             "worker.teacher.model.model_path=t"],
      ["algorithm.adv_estimator=on_policy_distill", "algorithm.distill_coef=1", "algorithm.distill_coef=0"]),
 ]
 

@@ -1,9 +1,10 @@
 """``RayPPOTrainer``: the training loop, read top to bottom as the algorithm.
 
-Each step: generate -> reward -> old log-prob -> ref log-prob -> teacher log-prob (distillation) -> values (with a
-critic) -> advantage -> update critic -> update actor, every phase timed (``timing_s/<phase>``). The trainer process (the Ray driver) holds the batch and the
+Each step: generate -> reward -> old log-prob -> ref log-prob -> values (with a critic) -> advantage -> update critic
+-> update actor, every phase timed (``timing_s/<phase>``). The trainer process (the Ray driver) holds the batch and the
 reward function; the workers (one Ray actor per device) hold the FSDP2 actor, the reference policy, the critic (PPO
-with GAE) and a vLLM engine each.
+with GAE) and a vLLM engine each. On-policy distillation adds the teacher's log-prob pass after the reference's
+(``timing_s/teacher``) and its reverse KL to the advantage (``easyrl.algorithms.distillation``).
 
 The trainer is composed of parts, each owning its state: a ``Generator`` (``generation``: prompt batches, dynamic
 sampling, ReMax baselines) over a ``Rollout`` (``rollout``: prompts -> trajectories on the workers' engines), a
