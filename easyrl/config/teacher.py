@@ -9,14 +9,11 @@ default. It scores the student's sampled responses: its log-probs of the sampled
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional
+from typing import Any, Optional
 
 from easyrl.config.fields import auto
 from easyrl.config.role import OffloadConfig
 from easyrl.errors import ConfigError
-
-if TYPE_CHECKING:
-    from easyrl.config.ppo import PPOConfig
 
 
 @dataclass
@@ -43,8 +40,9 @@ class TeacherConfig:
         "worker.actor.micro_batch_size_per_device_for_experience", 16)
 
 
-def check_distillation(config: "PPOConfig") -> None:
-    """The distillation settings: ``algorithm.distill_coef`` >= 0, a teacher checkpoint when distillation is on, and
+def check_distillation(config: Any) -> None:
+    """The distillation settings of a finalized ``PPOConfig`` (``easyrl.config.ppo`` imports this module, so the type
+    is not named here): ``algorithm.distill_coef`` >= 0, a teacher checkpoint when distillation is on, and
     one way of mixing (the pure estimator ``on_policy_distill`` or a coefficient on another estimator, not both).
 
     Raises:
