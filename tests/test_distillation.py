@@ -122,3 +122,18 @@ def test_teacher_role_takes_the_actors_sharding_and_its_own_trust_remote_code():
     role = teacher_role_config(config)
     assert role.fsdp == config.worker.actor.fsdp and role.padding_free == config.worker.actor.padding_free
     assert role.model.trust_remote_code and not config.worker.actor.model.trust_remote_code  # a copy
+
+
+def test_pure_distillation_does_not_warn_of_constant_rewards(caplog):
+    from easyrl.batch import Batch
+    from easyrl.trainer.ray_trainer import RayPPOTrainer
+
+    batch = Batch({"token_level_scores": torch.zeros(2, 3)}, {"uid": ["a", "a"]})
+    for estimator, warns in (("on_policy_distill", False), ("grpo", True)):
+        trainer = RayPPOTrainer.__new__(RayPPOTrainer)
+        trainer.config = _config(f"algorithm.adv_estimator={estimator}", "worker.teacher.model.model_path=t")
+        trainer.global_step, trainer._last_frac_zero_std = 1, None
+        caplog.clear()
+        assert trainer._check_reward_variance(batch) == 1.0
+        # the reward is not in a pure distillation's advantage: "all advantages are 0" would be false
+        assert ("all advantages are 0" in caplog.text) == warns
