@@ -75,7 +75,13 @@ def run(args: argparse.Namespace) -> dict:
     from easyrl.trainer.__main__ import build_trainer
 
     os.makedirs(args.root, exist_ok=True)
-    config = load_config(config_words(args, args.root, str(build_tiny_smollm2_student()), str(smollm2_path())))
+    if args.student == "random":
+        student = build_tiny_smollm2_student()
+    else:
+        from easyrl.testing.smollm2 import smollm2_layer_dropped_path
+
+        student = smollm2_layer_dropped_path()
+    config = load_config(config_words(args, args.root, str(student), str(smollm2_path())))
     ray.init(num_cpus=2, include_dashboard=False)
     result: dict = {"settings": {k: v for k, v in vars(args).items() if k != "command"}, "train": [], "held_out": []}
     start = time.time()
@@ -129,7 +135,9 @@ def report(root: str) -> str:
     ax.plot([r["step"] for r in held], [r["reverse_kl"] for r in held], "o-", label="held-out prompts")
     ax.set_xlabel("step")
     ax.set_ylabel("reverse KL to the teacher (nats / token)")
-    ax.set_title("on-policy distillation: SmolLM2-135M-Instruct -> 6.6M student")
+    kind = result["settings"].get("student", "random")
+    student = {"layers": "6-layer SmolLM2 (49.6M)", "random": "random 6.6M"}[kind]
+    ax.set_title(f"on-policy distillation: SmolLM2-135M-Instruct -> {student}")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -148,6 +156,9 @@ def report(root: str) -> str:
 def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("command", nargs="?", default="run", choices=("run", "report"))
+    parser.add_argument("--student", choices=("layers", "random"), default="layers",
+                        help="layers: SmolLM2 with 6 of its 30 layers (49.6M, easyrl.testing.smollm2); random: the "
+                        "tiny random-weight Llama with its tokenizer (6.6M, easyrl.testing.tiny)")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--batch", type=int, default=8, help="prompts per step (one optimizer step)")
