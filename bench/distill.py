@@ -42,9 +42,10 @@ def config_words(args: argparse.Namespace, root: str, student: str, teacher: str
     ]
 
 
-def held_out_reverse_kl(trainer, step: int, n: int) -> float:
+def held_out_reverse_kl(trainer, step: int, n: int, samples: Optional[list] = None) -> float:
     """Mean ``log pi_student - log pi_teacher`` over the response tokens of ``n`` samples (temperature 1) of every
-    held-out prompt, with the student's current weights (see the module docstring)."""
+    held-out prompt, with the student's current weights (see the module docstring); the first two responses are
+    appended, decoded, to ``samples``."""
     import torch
     from torch.utils.data import DataLoader
 
@@ -61,6 +62,9 @@ def held_out_reverse_kl(trainer, step: int, n: int) -> float:
     student = torch.cat(workers.run_split(FSDPWorker.compute_log_probs, for_workers(batch)), dim=0)
     teacher = torch.cat(workers.run_split(FSDPWorker.compute_teacher_log_probs, for_workers(batch)), dim=0)
     kl = token_reverse_kl(student, teacher, batch["response_mask"])
+    if samples is not None:
+        for row, mask in zip(batch["responses"][:2], batch["response_mask"][:2]):
+            samples.append({"step": step, "response": trainer.tokenizer.decode(row[mask.bool()].tolist())})
     return reverse_kl_metrics(kl, batch["response_mask"])["distill/reverse_kl"]
 
 
@@ -83,12 +87,14 @@ def run(args: argparse.Namespace) -> dict:
         student = smollm2_layer_dropped_path()
     config = load_config(config_words(args, args.root, str(student), str(smollm2_path())))
     ray.init(num_cpus=2, include_dashboard=False)
-    result: dict = {"settings": {k: v for k, v in vars(args).items() if k != "command"}, "train": [], "held_out": []}
+    result: dict = {"settings": {k: v for k, v in vars(args).items() if k != "command"}, "train": [], "held_out": [],
+                    "samples": []}
     start = time.time()
     try:
         trainer = build_trainer(config)
         stream = trainer.prompt_stream()
-        result["held_out"].append({"step": 0, "reverse_kl": held_out_reverse_kl(trainer, 0, args.eval_n)})
+        result["held_out"].append({"step": 0, "reverse_kl": held_out_reverse_kl(trainer, 0, args.eval_n,
+                                                                                    result["samples"])})
         print(f"step 0: held-out reverse KL {result['held_out'][-1]['reverse_kl']:.3f}", flush=True)
         for step in range(1, args.steps + 1):
             trainer.global_step = step
@@ -99,7 +105,8 @@ def run(args: argparse.Namespace) -> dict:
             line = f"step {step}: train reverse KL {metrics['distill/reverse_kl']:.3f}"
             last = step == args.steps or (args.budget_s and time.time() - start > args.budget_s)
             if step % args.eval_every == 0 or last:
-                result["held_out"].append({"step": step, "reverse_kl": held_out_reverse_kl(trainer, step, args.eval_n)})
+                result["held_out"].append({"step": step, "reverse_kl": held_out_reverse_kl(trainer, step, args.eval_n,
+                                                                                           result["samples"])})
                 line += f", held-out {result['held_out'][-1]['reverse_kl']:.3f}"
             print(f"{line} ({time.time() - start:.0f} s)", flush=True)
             result["wall_s"] = time.time() - start
