@@ -144,7 +144,7 @@ def report(root: str) -> str:
     ax.set_ylabel("reverse KL to the teacher (nats / token)")
     kind = result["settings"].get("student", "random")
     student = {"layers": "6-layer SmolLM2 (49.6M)", "random": "random 6.6M"}[kind]
-    ax.set_title(f"on-policy distillation: SmolLM2-135M-Instruct -> {student}")
+    ax.set_title(f"SmolLM2-135M-Instruct teaching a {student}", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
