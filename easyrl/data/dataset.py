@@ -198,6 +198,7 @@ class RLDataset(torch.utils.data.Dataset):
         max_pixels: int = 4194304,
         filter_overlong_prompts: bool = True,
         system_prompt: str | None = None,
+        tools: list[dict] | None = None,
     ):
         self.data_path = data_path
         self.tokenizer = tokenizer
@@ -206,6 +207,7 @@ class RLDataset(torch.utils.data.Dataset):
         self.image_dir = image_dir
         self.max_prompt_length = max_prompt_length
         self.system = [{"role": "system", "content": system_prompt}] if system_prompt else []
+        self.tools = tools or None  # JSON schemas rendered by the chat template (worker.rollout.multi_turn.tools)
         self.format_prompt = load_format_prompt(format_prompt)
         if processor is not None:
             self.min_pixels, self.max_pixels, self.factor = _pixel_bounds(processor, min_pixels, max_pixels)
@@ -275,7 +277,8 @@ class RLDataset(torch.utils.data.Dataset):
                 message = [{"type": "image"}] * n_images + ([{"type": "text", "text": text}] if text else [])
         templater = self.processor if getattr(self.processor, "chat_template", None) else self.tokenizer
         return templater.apply_chat_template(
-            self.system + [{"role": "user", "content": message}], tokenize=False, add_generation_prompt=True
+            self.system + [{"role": "user", "content": message}], tokenize=False, add_generation_prompt=True,
+            **({"tools": self.tools} if self.tools else {}),
         )
 
     def _encode(self, text: str) -> list[int]:
