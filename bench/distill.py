@@ -1,10 +1,11 @@
-"""On-policy distillation learns: SmolLM2-135M-Instruct teaches a tiny random-weight student with its tokenizer
-(``easyrl.testing.tiny.build_tiny_smollm2_student``, 6.6M parameters) on the digit-addition prompts, pure
-distillation (``algorithm.adv_estimator=on_policy_distill``: the advantage of each sampled token is
+"""On-policy distillation learns: SmolLM2-135M-Instruct teaches a smaller student with its tokenizer (by default
+SmolLM2 with 6 of its 30 layers, 49.6M parameters, ``easyrl.testing.smollm2.smollm2_layer_dropped_path``; or
+``--student random``, the 6.6M random-weight ``easyrl.testing.tiny.build_tiny_smollm2_student``) on the digit-addition
+prompts, pure distillation (``algorithm.adv_estimator=on_policy_distill``: the advantage of each sampled token is
 ``-(log pi_student - log pi_teacher)``), and the reverse KL to the teacher on the 20 HELD-OUT prompts of
 ``examples/data/digit_addition/val.jsonl`` is measured before training and every ``--eval-every`` steps.
 
-    python bench/distill.py --steps 40                     # ~6 min on 2 cores; writes runs/bench/distill/
+    python bench/distill.py                                # ~6 min on 2 cores (--budget-s); runs/bench/distill/
     python bench/distill.py report                         # table (Markdown) + distill.png from the saved JSON
 
 The held-out measure: each held-out prompt sampled ``--eval-n`` times by the student's vLLM engine at temperature 1
@@ -166,15 +167,15 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--student", choices=("layers", "random"), default="layers",
                         help="layers: SmolLM2 with 6 of its 30 layers (49.6M, easyrl.testing.smollm2); random: the "
                         "tiny random-weight Llama with its tokenizer (6.6M, easyrl.testing.tiny)")
-    parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--batch", type=int, default=8, help="prompts per step (one optimizer step)")
     parser.add_argument("--n", type=int, default=4, help="samples per prompt")
     parser.add_argument("--response-length", type=int, default=32)
-    parser.add_argument("--eval-every", type=int, default=5)
+    parser.add_argument("--eval-every", type=int, default=4)
     parser.add_argument("--eval-n", type=int, default=2, help="samples per held-out prompt")
     parser.add_argument("--root", default=ROOT)
-    parser.add_argument("--budget-s", type=float, default=420.0,
+    parser.add_argument("--budget-s", type=float, default=330.0,
                         help="stop after the step that passes this many seconds (held-out measured once more); 0: none")
     args = parser.parse_args(argv)
     if args.command == "run":
