@@ -20,9 +20,12 @@ Modules:
     token_ops           log-probs and entropy from logits (memory-frugal)
     dynamic_sampling    DAPO group filtering
     critic              GAE (registered as the estimator "gae") and the clipped value loss
+    distillation        on-policy distillation: the teacher's per-token reverse KL as an advantage (registered as
+                        the estimator "on_policy_distill"), mixed into another estimator's by a coefficient
 """
 
 from easyrl.algorithms import advantage_variants as _advantage_variants  # noqa: F401  (registers estimators)
 from easyrl.algorithms import covariance_losses as _covariance_losses  # noqa: F401  (registers losses)
 from easyrl.algorithms import critic as _critic  # noqa: F401  (registers the "gae" advantage estimator)
+from easyrl.algorithms import distillation as _distillation  # noqa: F401  (registers "on_policy_distill")
 from easyrl.algorithms import off_policy_losses as _off_policy_losses  # noqa: F401  (registers losses)

@@ -49,6 +49,8 @@ class AdvantageInputs:
         sum_pi_squared: ``(bsz, resp_len)`` ``sum_v pi(v)^2`` over the vocabulary at each response position
             (``optimal_token_baseline``), or None.
         rollout_is_weights: ``(bsz, resp_len)`` rollout-correction IS weights (``optimal_token_baseline``), or None.
+        teacher_log_probs: ``(bsz, resp_len)`` the distillation teacher's log-probs of the sampled tokens
+            (``on_policy_distill``, with ``old_log_probs`` as the student's), or None.
 
     Raises:
         ValueError: if ``token_level_rewards`` is not 2-D or its shape differs from ``response_mask``'s or (when
@@ -70,6 +72,7 @@ class AdvantageInputs:
     old_log_probs: torch.Tensor | None = None
     sum_pi_squared: torch.Tensor | None = None
     rollout_is_weights: torch.Tensor | None = None
+    teacher_log_probs: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         rewards, mask = self.token_level_rewards, self.response_mask
@@ -78,7 +81,7 @@ class AdvantageInputs:
                 "token_level_rewards and response_mask must both be (bsz, resp_len); got "
                 f"{tuple(rewards.shape)} and {tuple(mask.shape)}"
             )
-        for name in ("values", "old_log_probs", "sum_pi_squared", "rollout_is_weights"):
+        for name in ("values", "old_log_probs", "sum_pi_squared", "rollout_is_weights", "teacher_log_probs"):
             value = getattr(self, name)
             if value is not None and value.shape != rewards.shape:
                 raise ValueError(

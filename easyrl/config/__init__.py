@@ -30,6 +30,7 @@ from easyrl.config.loading import auto_keys, load_config, to_dict, valid_keys
 from easyrl.config.ppo import PPOConfig
 from easyrl.config.reward_model import RewardModelConfig
 from easyrl.config.role import FSDPConfig, LoraConfig, ModelConfig, OffloadConfig, OptimConfig, TrainedRoleConfig
+from easyrl.config.teacher import TeacherConfig, TeacherModelConfig
 from easyrl.config.trainer import TrainerConfig
 from easyrl.config.worker import RewardConfig, RolloutConfig, WorkerConfig
 from easyrl.errors import ConfigError
@@ -50,6 +51,8 @@ __all__ = [
     "RewardConfig",
     "RewardModelConfig",
     "RolloutConfig",
+    "TeacherConfig",
+    "TeacherModelConfig",
     "TrainedRoleConfig",
     "TrainerConfig",
     "WorkerConfig",

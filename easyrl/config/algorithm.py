@@ -40,11 +40,22 @@ class AlgorithmConfig:
     filter_high: float = 0.99
     max_try_make_batch: int = 20
     """Generation rounds per step at most when filtering; then the step fails with a clear error (-1: no limit)."""
+    distill_coef: float = 0.0
+    """On-policy distillation mixed with RL (slime's ``--opd-kl-coef``; docs/distillation.md): the per-token reverse
+    KL to the teacher (``worker.teacher``), ``log pi_student(y_t) - log pi_teacher(y_t)``, times this coefficient is
+    subtracted from the RL advantage of every response token. 0 = off. Pure distillation (no reward in the advantage)
+    is ``adv_estimator: on_policy_distill`` with this left at 0."""
 
     @property
     def needs_reference(self) -> bool:
         """Whether a KL term (loss or in-reward) uses the reference policy; otherwise none is built or run."""
         return not self.disable_kl and (self.use_kl_loss or self.use_kl_in_reward)
+
+    @property
+    def needs_teacher(self) -> bool:
+        """Whether the run distills from a teacher (``distill_coef > 0`` or ``adv_estimator: on_policy_distill``);
+        otherwise none is built or run."""
+        return self.distill_coef > 0 or self.adv_estimator == "on_policy_distill"
 
     @property
     def needs_critic(self) -> bool:

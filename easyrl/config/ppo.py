@@ -36,6 +36,8 @@ class PPOConfig:
         actor.temperature = rollout.temperature
         self.worker.ref.micro_batch_size_per_device_for_experience = actor.micro_batch_size_per_device_for_experience
         self.worker.reward.reward_model.param_dtype = actor.fsdp.param_dtype
+        self.worker.teacher.micro_batch_size_per_device_for_experience = (
+            actor.micro_batch_size_per_device_for_experience)
         critic_model = self.worker.critic.model
         critic_model.model_path = critic_model.model_path or actor.model.model_path
         self.trainer.run_dir = os.path.join(
@@ -50,12 +52,13 @@ class PPOConfig:
         """Whether the update is provably on-policy, so the old-log-prob pass can be skipped (verl does the same):
         one epoch over one mini-batch (``ppo_epochs == 1``, ``global_batch_size == data.rollout_batch_size``), so
         every forward of the update runs before its only optimizer step and its detached log-probs are the old
-        ones; no truncated importance sampling (``tis_cap``, ``rollout_is``, ``rollout_rs``) and no in-reward KL,
-        which need old log-probs before the update."""
+        ones; no truncated importance sampling (``tis_cap``, ``rollout_is``, ``rollout_rs``), no in-reward KL and
+        no distillation (``algorithm.needs_teacher``: the reverse KL is in the advantage), which need old log-probs
+        before the update."""
         actor, algo = self.worker.actor, self.algorithm
         return (actor.ppo_epochs == 1 and actor.global_batch_size == self.data.rollout_batch_size
                 and actor.tis_cap is None and actor.rollout_is is None and actor.rollout_rs is None
-                and not (algo.use_kl_in_reward and not algo.disable_kl))
+                and not (algo.use_kl_in_reward and not algo.disable_kl) and not algo.needs_teacher)
 
     def training_steps(self, n_prompts: int) -> int:
         """The run's number of steps for a training set of ``n_prompts`` prompts: ``trainer.total_epochs`` passes of

@@ -11,6 +11,7 @@ from easyrl.config.fields import auto
 from easyrl.config.judge import JudgeConfig
 from easyrl.config.multi_turn import MultiTurnConfig
 from easyrl.config.reward_model import RewardModelConfig
+from easyrl.config.teacher import TeacherConfig
 
 
 @dataclass
@@ -100,3 +101,6 @@ class WorkerConfig:
     ``ray_kwargs.ray_init.runtime_env.env_vars``), set before the process starts, so ``LD_PRELOAD`` works, e.g.
     ``{HCCL_CONNECT_TIMEOUT: "1800", LD_PRELOAD: /usr/lib/aarch64-linux-gnu/libjemalloc.so.2}``. They override
     easyrl's own worker settings of the same name (docs/multinode.md)."""
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    """The frozen teacher of on-policy distillation, built only when ``algorithm.needs_teacher``
+    (``easyrl.config.teacher``)."""

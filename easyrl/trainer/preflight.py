@@ -360,6 +360,14 @@ def prepare(config: Any, train: bool = True) -> Prepared:
     tokenizer, hf_config, processor = load_model_parts(config.worker.actor.model, sources_checked=True,
                                                        chat_template=config.data.override_chat_template)
     check_rollout_split(hf_config, config.worker.rollout.tensor_parallel_size)
+    if config.algorithm.needs_teacher:  # on-policy distillation: the teacher must read the student's token ids
+        from easyrl.trainer.teacher_check import check_teacher
+
+        teacher = config.worker.teacher.model
+        check_model_source("worker.teacher.model.model_path", teacher.model_path)
+        if teacher.tokenizer_path:
+            check_model_source("worker.teacher.model.tokenizer_path", teacher.tokenizer_path)
+        check_teacher(config, tokenizer)
     train_set = None
     if train:
         train_set = load_dataset_for("data.train_files", config.data.train_files, config, tokenizer, processor)

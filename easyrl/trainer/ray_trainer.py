@@ -3,7 +3,8 @@
 Each step: generate -> reward -> old log-prob -> ref log-prob -> values (with a critic) -> advantage -> update critic
 -> update actor, every phase timed (``timing_s/<phase>``). The trainer process (the Ray driver) holds the batch and the
 reward function; the workers (one Ray actor per device) hold the FSDP2 actor, the reference policy, the critic (PPO
-with GAE) and a vLLM engine each.
+with GAE) and a vLLM engine each. On-policy distillation adds the teacher's log-prob pass after the reference's
+(``timing_s/teacher``) and its reverse KL to the advantage (``easyrl.algorithms.distillation``).
 
 The trainer is composed of parts, each owning its state: a ``Generator`` (``generation``: prompt batches, dynamic
 sampling, ReMax baselines) over a ``Rollout`` (``rollout``: prompts -> trajectories on the workers' engines), a
@@ -25,6 +26,7 @@ import torch
 from omegaconf import OmegaConf
 
 from easyrl.algorithms.advantages import AdvantageInputs, compute_advantage
+from easyrl.algorithms.distillation import add_distillation, reverse_kl_metrics, token_reverse_kl
 from easyrl.algorithms.kl import apply_kl_penalty, make_kl_controller
 from easyrl.batch import Batch
 from easyrl.config import PPOConfig, to_dict
@@ -133,9 +135,22 @@ class RayPPOTrainer:
             gamma=algo.gamma, norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
             reward_baselines=batch["reward_baselines"] if "reward_baselines" in batch else None,
             **({"values": batch["values"], "lam": algo.lam} if algo.needs_critic else {}),
+            **({"old_log_probs": batch["old_log_probs"], "teacher_log_probs": batch["teacher_log_probs"]}
+               if algo.needs_teacher else {}),
         ))
         batch["advantages"] = advantages
         batch["returns"] = returns
+
+    def _distill(self, batch: Batch) -> dict[str, float]:
+        """On-policy distillation (``easyrl.algorithms.distillation``): ``distill/reverse_kl``, the mean per-token
+        ``log pi_student - log pi_teacher`` over the response tokens; with ``algorithm.distill_coef > 0`` that
+        reverse KL times the coefficient is subtracted from the advantages (``adv_estimator: on_policy_distill``
+        already made them of it)."""
+        algo = self.config.algorithm
+        reverse_kl = token_reverse_kl(batch["old_log_probs"], batch["teacher_log_probs"], batch["response_mask"])
+        if algo.distill_coef > 0:
+            batch["advantages"] = add_distillation(batch["advantages"], reverse_kl, algo.distill_coef)
+        return reverse_kl_metrics(reverse_kl, batch["response_mask"])
 
     # ----------------------------------------------------------------------------------------------- the loop
     def fit(self) -> None:
@@ -233,6 +248,10 @@ class RayPPOTrainer:
                 with timer("ref", timing):
                     ref = self.workers.run_split(FSDPWorker.compute_ref_log_probs, for_workers(batch, staged))
                     batch["ref_log_probs"] = torch.cat(ref, dim=0)
+            if cfg.algorithm.needs_teacher:  # on-policy distillation: the teacher scores the student's samples
+                with timer("teacher", timing):
+                    teacher = self.workers.run_split(FSDPWorker.compute_teacher_log_probs, for_workers(batch, staged))
+                    batch["teacher_log_probs"] = torch.cat(teacher, dim=0)
             if pending is not None:  # scored in the reward actor while the log-prob passes ran
                 with timer("reward", timing):
                     self.scorer.wait(batch, pending, order)
@@ -260,6 +279,8 @@ class RayPPOTrainer:
                 else:
                     batch["token_level_rewards"] = batch["token_level_scores"]
                 self._compute_advantage(batch)
+                if cfg.algorithm.needs_teacher:
+                    metrics.update(self._distill(batch))
             worker_metrics = []
             if cfg.algorithm.needs_critic:
                 with timer("update_critic", timing):
@@ -323,10 +344,11 @@ class RayPPOTrainer:
 
     def _check_reward_variance(self, batch: Batch) -> float:
         """``frac_reward_zero_std`` of the training batch; warns when every group's rewards become equal (once per
-        run of such steps)."""
+        run of such steps), unless the advantage does not use the reward (pure distillation)."""
         scores = batch["token_level_scores"].sum(-1).tolist()
         frac = frac_reward_zero_std(scores, batch["uid"])
-        if constant_rewards_began(frac, self._last_frac_zero_std):
+        uses_reward = self.config.algorithm.adv_estimator != "on_policy_distill"
+        if uses_reward and constant_rewards_began(frac, self._last_frac_zero_std):
             logger.warning(constant_reward_warning(self.global_step, len(set(batch["uid"])), scores))
         self._last_frac_zero_std = frac
         return frac

@@ -70,6 +70,7 @@ class FSDPWorker:
         self.ref = None  # None without KL, and under LoRA (the actor with its adapter off)
         self.critic = None  # FSDPCritic, only for algorithm.adv_estimator: gae
         self.reward_model = None  # FSDPRewardModel, only with worker.reward.reward_model.model_path
+        self.teacher = None  # FSDPPolicy, only for on-policy distillation (algorithm.needs_teacher)
         self.rollout = None
         self.rollout_layout: Optional[RolloutLayout] = None  # the vLLM engines over the ranks, set by init_models
         self.weights_dirty = True
@@ -90,7 +91,7 @@ class FSDPWorker:
         exists, so a long download waits under no collective timeout (rank 0 used to download inside the weight
         broadcast while the other ranks timed out); the workers of one node share the download."""
         worker = self.config.worker
-        for model in (worker.actor.model, worker.critic.model):
+        for model in (worker.actor.model, worker.critic.model, worker.teacher.model):
             model.model_path = local_model_path(model.model_path)
             model.tokenizer_path = local_model_path(model.tokenizer_path)
         if worker.reward.reward_model.enabled:  # the reward model's checkpoint and tokenizer likewise
@@ -125,6 +126,7 @@ class FSDPWorker:
         roles = build_roles(self.config, mesh, self.device, self.torch_device)
         self.actor, self.ref, self.critic = roles.actor, roles.ref, roles.critic
         self.reward_model = roles.reward_model  # None unless worker.reward.reward_model.model_path is set
+        self.teacher = roles.teacher
         self.rollout_layout = RolloutLayout(self.world_size, cfg.rollout.tensor_parallel_size)
         remove_stale_tp_shm(self.device, self.rollout_layout, self.rank)  # an earlier run's (vLLM-CPU only)
         # one seed per engine: the ranks of a tensor-parallel engine must sample alike
@@ -162,8 +164,14 @@ class FSDPWorker:
         model = self.config.worker.actor.model
         hf_config = AutoConfig.from_pretrained(model.model_path, trust_remote_code=model.trust_remote_code)
         num_params, vocab = count_parameters(hf_config, model.trust_remote_code)
+        teacher_params = 0
+        if self.config.algorithm.needs_teacher:
+            teacher = self.config.worker.teacher.model
+            teacher_config = AutoConfig.from_pretrained(teacher.model_path, trust_remote_code=teacher.trust_remote_code)
+            teacher_params = count_parameters(teacher_config, teacher.trust_remote_code)[0]
         estimate = estimate_memory(num_params, vocab, self.config, device_memory_gib(self.device),
-                                   reward_model_params=reward_model_parameters(self.config))
+                                   reward_model_params=reward_model_parameters(self.config),
+                                   teacher_params=teacher_params)
         if self.rank == 0:
             logger.info("memory per device (GiB of %.1f): rollout %.1f, training %.1f", estimate.capacity_gib,
                         estimate.rollout_gib, estimate.training_gib)
@@ -360,3 +368,11 @@ class FSDPWorker:
         scores = self.reward_model.compute_scores(data)
         empty_cache(self.device)
         return scores
+
+    def compute_teacher_log_probs(self, data: Batch) -> torch.Tensor:
+        """The distillation teacher's log-probs of the sampled response tokens, ``(bsz, resp_len)``, at the rollout
+        temperature (as the student's old log-probs; ``easyrl.algorithms.distillation``)."""
+        cfg = self.config.worker
+        data = self.mm_stage.attach(data)
+        return self.teacher.compute_log_probs(data, cfg.teacher.micro_batch_size_per_device_for_experience,
+                                              cfg.actor.temperature)

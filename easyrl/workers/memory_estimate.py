@@ -13,6 +13,9 @@ not counted apart):
   and the logits of one update micro-batch (``micro x (response_length + 1) x vocab`` in the compute dtype, twice
   with their gradient).
 
+On-policy distillation's teacher (``worker.teacher``, its own parameter count) adds its shard in the compute dtype to
+both phases, unless ``worker.teacher.offload.offload_params`` (the default) keeps it on the host between its passes.
+
 With LoRA (``worker.actor.model.lora.rank > 0``) the base weights are frozen: no gradients or AdamW moments for them
 (the adapter's own, typically < 1% of the parameters, are not counted) and no reference copy (the reference policy is
 the base with the adapter disabled).
@@ -60,7 +63,7 @@ class MemoryEstimate:
 
 
 def estimate_memory(num_params: int, vocab_size: int, config: PPOConfig, capacity_gib: float,
-                    reward_model_params: int = 0) -> MemoryEstimate:
+                    reward_model_params: int = 0, teacher_params: int = 0) -> MemoryEstimate:
     """The per-device estimate for ``config`` (see the module docstring for what is counted).
 
     Args:
@@ -69,6 +72,7 @@ def estimate_memory(num_params: int, vocab_size: int, config: PPOConfig, capacit
         config: the finalized run configuration (world size, offload, dtypes, micro-batch, lengths).
         capacity_gib: total memory of one device, GiB.
         reward_model_params: parameters of the reward model (0: none; :func:`reward_model_parameters`).
+        teacher_params: parameters of the distillation teacher (``worker.teacher``; 0: none).
     """
     worker = config.worker
     world = config.world_size
@@ -94,15 +98,19 @@ def estimate_memory(num_params: int, vocab_size: int, config: PPOConfig, capacit
     critic_grads = 4 * shard / GIB if critic_on_device else 0.0
     rm = worker.reward.reward_model  # frozen, in the compute dtype, resident unless offloaded
     reward_model = 0.0 if rm.offload.offload_params else DTYPE_BYTES[rm.param_dtype] * reward_model_params / world / GIB
+    teacher_on_device = config.algorithm.needs_teacher and not worker.teacher.offload.offload_params
+    teacher = compute_bytes * teacher_params / world / GIB if teacher_on_device else 0.0
+    teacher_items = {"teacher": teacher} if config.algorithm.needs_teacher else {}  # an item only where one is built
     estimate = MemoryEstimate(
         capacity_gib=capacity_gib,
         vllm_weights_gib=num_params * DTYPE_BYTES[worker.rollout.dtype] / GIB / worker.rollout.tensor_parallel_size,
         tensor_parallel_size=worker.rollout.tensor_parallel_size,
         vllm_claim_gib=claim,
         rollout={"vLLM (gpu_memory_utilization)": claim, "actor params": params, "actor Adam states": adam_in_rollout,
-                 "reference": reference, "critic params + Adam states": critic},
+                 "reference": reference, "critic params + Adam states": critic} | teacher_items,
         training={"actor params": params, "actor grads": grads, "actor Adam states": adam, "reference": reference,
-                  "logits (one micro-batch)": logits, "critic params + grads + Adam states": critic + critic_grads},
+                  "logits (one micro-batch)": logits, "critic params + grads + Adam states": critic + critic_grads}
+        | teacher_items,
     )
     judge = worker.reward.judge
     if judge.model_path is not None:  # the LLM judge's engine stays resident (easyrl.workers.judge: no sleep mode)

@@ -14,6 +14,9 @@ and, when trainable, an update:
 * ``reward_model``: a discriminative reward model (``FSDPRewardModel``: a sequence classifier with one output, frozen,
   held in the compute dtype, offloadable) read from its own checkpoint; only when
   ``worker.reward.reward_model.model_path`` is set.
+* ``teacher``: the on-policy distillation teacher (``FSDPPolicy``, frozen, held in the compute dtype, sharded and
+  batched as the actor is), read from its own checkpoint ``worker.teacher.model.model_path``; only when
+  ``algorithm.needs_teacher``.
 
 Roles are built in this order on every rank together (loading and sharding are collective), so a role may start from
 one built before it (``init_from``, as the reference copies the actor).
@@ -61,6 +64,7 @@ class Roles:
     critic: Optional[FSDPCritic] = None
     reward_model: Optional[FSDPRewardModel] = None
     """The discriminative reward model (``worker.reward.reward_model``, frozen), when its ``model_path`` is set."""
+    teacher: Optional[FSDPPolicy] = None
 
 
 def uses_lora(config: PPOConfig) -> bool:
@@ -112,4 +116,21 @@ def build_roles(config: PPOConfig, mesh: DeviceMesh, device: str, torch_device: 
 
         reward_model = FSDPRewardModel(cfg.reward.reward_model, mesh, device, torch_device,
                                        padding_id(load_tokenizer(cfg.reward.reward_model)))
-    return Roles(actor=actor, ref=ref, critic=critic, reward_model=reward_model)
+    teacher = None
+    if config.algorithm.needs_teacher:  # its own checkpoint; the actor's sharding and batching, never its LoRA
+        teacher = FSDPPolicy(cfg.teacher.model.model_path, teacher_role_config(config), mesh, device, torch_device,
+                             trainable=False, offload=cfg.teacher.offload)
+    return Roles(actor=actor, ref=ref, critic=critic, reward_model=reward_model, teacher=teacher)
+
+
+def teacher_role_config(config: PPOConfig):
+    """The role settings the teacher's ``FSDPPolicy`` reads: ``worker.actor``'s (FSDP dtypes, padding-free, dynamic
+    batching) with ``worker.teacher.model.trust_remote_code``. The actor's LoRA settings apply to trained roles
+    only, so the frozen teacher never gets an adapter."""
+    import copy
+
+    role = copy.copy(config.worker.actor)
+    role.model = copy.copy(role.model)
+    role.model.trust_remote_code = config.worker.teacher.model.trust_remote_code
+    role.router_aux_loss_coef = 0.0  # a dense teacher beside a MoE student is fine: the teacher is never trained
+    return role

@@ -1,0 +1,97 @@
+"""Pre-flight of on-policy distillation: the teacher must read the student's tokens as the student does.
+
+The teacher scores the student's sampled token ids as they are (no re-tokenization), so its tokenizer must give the
+same id to every token of the student's vocabulary, and it should see the conversation in the format it was trained
+on: the same special tokens (eos, pad, bos) and the same chat template rendering of a prompt. Any difference is
+refused before Ray starts with one ``easyrl: config error:`` naming both paths and what differs (docs/errors.md,
+T04-T06). Called by ``easyrl.trainer.preflight.prepare`` when ``algorithm.needs_teacher``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from easyrl.errors import ConfigError, ModelError
+
+# A conversation rendered by both chat templates; both must give the same text.
+PROBE_MESSAGES = [{"role": "system", "content": "You are a helpful assistant."},
+                  {"role": "user", "content": "What is 3 + 4?"}]
+SPECIAL_TOKENS = ("eos_token", "pad_token", "bos_token")
+
+
+def check_teacher(config: Any, student_tokenizer: Any) -> Any:
+    """Check ``worker.teacher`` against the student's tokenizer (after ``data.override_chat_template``, if any).
+
+    Args:
+        config: the finalized ``PPOConfig`` (``worker.teacher.model``, ``worker.actor.model``).
+        student_tokenizer: the actor's tokenizer as the prompts are built with it.
+
+    Returns:
+        The teacher's tokenizer.
+
+    Raises:
+        ModelError: the teacher's tokenizer cannot be loaded (naming ``worker.teacher.model.model_path``; its
+            folder or hub id was checked to exist by ``preflight.check_model_source``).
+        ConfigError: the vocabularies, special tokens or chat templates differ (naming both paths).
+    """
+    teacher = config.worker.teacher.model
+    teacher_tok_path = teacher.tokenizer_path or teacher.model_path
+    from transformers import AutoTokenizer
+
+    try:
+        teacher_tok = AutoTokenizer.from_pretrained(teacher_tok_path, trust_remote_code=teacher.trust_remote_code)
+    except Exception as err:
+        reason = " ".join(str(err).split())[:300]
+        raise ModelError(f"cannot load the tokenizer of worker.teacher.model.model_path={teacher_tok_path!r}: "
+                         f"{type(err).__name__}: {reason}") from None
+    actor = config.worker.actor.model
+    student_path = actor.tokenizer_path or actor.model_path
+    both = f"the teacher {teacher_tok_path!r} (worker.teacher.model) and the student {student_path!r} " \
+           "(worker.actor.model)"
+    difference = vocabulary_difference(student_tokenizer, teacher_tok)
+    if difference:
+        raise ConfigError(f"{both} have different vocabularies ({difference}); on-policy distillation scores the "
+                          "student's token ids with the teacher, so both need the same tokenizer: choose a teacher "
+                          "of the student's model family.")
+    for name in SPECIAL_TOKENS:
+        mine, theirs = getattr(student_tokenizer, name, None), getattr(teacher_tok, name, None)
+        if mine != theirs:
+            raise ConfigError(f"{both} have different special tokens: {name} is {theirs!r} for the teacher and "
+                              f"{mine!r} for the student; choose a teacher of the student's model family.")
+    if config.data.override_chat_template is None:  # an override is the student's: the teacher sees its prompt ids
+        mine, theirs = _render(student_tokenizer), _render(teacher_tok)
+        if mine != theirs:
+            raise ConfigError(f"{both} have different chat templates: a system + user prompt renders as "
+                              f"{theirs!r} for the teacher and {mine!r} for the student; choose a teacher of the "
+                              "student's model family, or set data.override_chat_template to the template both "
+                              "were trained with.")
+    return teacher_tok
+
+
+def vocabulary_difference(student: Any, teacher: Any) -> str:
+    """What differs between two tokenizers' vocabularies (token -> id, added tokens included), or ``""``.
+
+    Returns:
+        e.g. ``"49152 tokens vs 151665; 'hello' is id 7 for the student and 15339 for the teacher"``.
+    """
+    mine, theirs = student.get_vocab(), teacher.get_vocab()
+    if mine == theirs:
+        return ""
+    parts = [f"{len(mine)} tokens for the student, {len(theirs)} for the teacher"] if len(mine) != len(theirs) else []
+    for token, index in sorted(mine.items(), key=lambda item: item[1]):
+        if theirs.get(token) != index:
+            where = f"id {theirs[token]}" if token in theirs else "absent"
+            parts.append(f"{token!r} is id {index} for the student and {where} for the teacher")
+            break
+    else:
+        extra = next(token for token in theirs if token not in mine)
+        parts.append(f"the teacher has {extra!r} (id {theirs[extra]}), which the student lacks")
+    return "; ".join(parts)
+
+
+def _render(tokenizer: Any) -> str:
+    """The probe conversation through the tokenizer's chat template (with the generation prompt), or a note that it
+    has none."""
+    if not getattr(tokenizer, "chat_template", None):
+        return "<no chat template>"
+    return tokenizer.apply_chat_template(PROBE_MESSAGES, tokenize=False, add_generation_prompt=True)
