@@ -22,8 +22,8 @@ from typing import Callable
 import torch
 from transformers import GenerationConfig, PretrainedConfig
 
-from easyrl.testing.cache import build_atomically, cache_root
 from easyrl.models.expert_layout import save_pretrained_released
+from easyrl.testing.cache import build_atomically, cache_root
 from easyrl.testing.tokenizer import build_qwen_tokenizer
 
 TINY_ARCHS = ("qwen2_5_vl", "qwen2_vl", "qwen3_vl", "qwen2_5", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
