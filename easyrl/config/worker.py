@@ -49,6 +49,9 @@ class RolloutConfig:
     trust_remote_code: bool = auto("worker.actor.model.trust_remote_code", False)
     min_pixels: int = auto("data.min_pixels", 262144)
     max_pixels: int = auto("data.max_pixels", 4194304)
+    limit_videos: int = 0
+    """Videos per prompt at most (vLLM's ``limit_mm_per_prompt``); raised at start-up to the most a row of the data
+    has (a log line says so), so 0 is right for image and text data (vLLM then profiles no video)."""
 
 
 @dataclass

@@ -8,7 +8,7 @@ reference like the trainer does, e.g. ``trainer.workers.run_all(InspectableWorke
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -60,10 +60,11 @@ class InspectableWorker(FSDPWorker):
             self.critic.config = config.worker.critic
         self.rollout.config = config.worker.rollout
 
-    def rollout_score(self, token_ids: list[int], images: list[Any]) -> tuple[list[int], list[float]]:
+    def rollout_score(self, token_ids: list[int], images: list[Any],
+                      videos: Optional[list[Any]] = None) -> tuple[list[int], list[float]]:
         """vLLM's log-probs of ``token_ids[1:]`` (weights synced first if stale); see ``VLLMRollout.score``."""
         self._ensure_rollout_weights()
         self.rollout.wake_up()
-        scores = self.rollout.score(token_ids, images)
+        scores = self.rollout.score(token_ids, images, videos)
         self.rollout.sleep()
         return scores

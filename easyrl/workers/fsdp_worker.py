@@ -199,7 +199,9 @@ class FSDPWorker:
         reshard = self._ensure_rollout_weights()
         self.rollout.wake_up()
         seeds = prompts["rollout_seed"] if "rollout_seed" in prompts else None
-        output = self.rollout.generate(prompts["raw_prompt_ids"], prompts["images"], overrides, seeds=seeds)
+        videos = prompts["videos"] if "videos" in prompts else None
+        output = self.rollout.generate(prompts["raw_prompt_ids"], prompts["images"], overrides, seeds=seeds,
+                                       videos=videos)
         self.rollout.sleep()
         empty_cache(self.device)
         return {"response_ids": output.response_ids, "response_log_probs": output.response_log_probs,
