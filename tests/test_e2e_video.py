@@ -16,8 +16,7 @@ import torch
 from PIL import Image
 
 from easyrl.testing.tiny import VIDEO_TOKEN_ID
-from easyrl.testing.worker import InspectableWorker
-from easyrl.workers.fsdp_worker import FSDPWorker
+from easyrl.testing.worker import InspectableWorker, actor_log_probs_of
 
 pytestmark = pytest.mark.e2e
 
@@ -79,17 +78,6 @@ def test_one_grpo_step_on_videos(video_trainer):
     assert metrics["critic/advantages/max"] > 0  # the step trained on the video prompts
 
 
-def _actor_log_probs(trainer, batch, response: list[int]) -> torch.Tensor:
-    """The actor's log-probs of ``response`` after each prompt of ``batch`` (first sample's)."""
-    batch["responses"][:, :] = trainer.pad_id
-    batch["responses"][:, : len(response)] = torch.tensor(response)
-    batch["response_mask"].zero_()
-    batch["response_mask"][:, : len(response)] = 1
-    batch["input_ids"] = torch.cat([batch["prompts"], batch["responses"]], dim=1)
-    batch["attention_mask"] = torch.cat([batch["prompt_mask"], batch["response_mask"]], dim=1)
-    return torch.cat(trainer.workers.run_split(FSDPWorker.compute_log_probs, batch))[0, : len(response)]
-
-
 def test_vllm_matches_actor_on_a_video_prompt(video_trainer):
     """A fixed video+text sequence scores alike in vLLM and the FSDP2 actor, token by token; a stray
     ``<|video_pad|>`` in a response is scored as the text token it is (no "video features and video tokens do not
@@ -99,7 +87,7 @@ def test_vllm_matches_actor_on_a_video_prompt(video_trainer):
     prompts = trainer.generator.prompt_batch(features, 2, trainer.global_step)
     batch = trainer.generator.generate(prompts, overrides=None, timing={})  # also syncs the actor's weights
     response = trainer.tokenizer.encode(" The answer is \\boxed{4}.", add_special_tokens=False)
-    actor = _actor_log_probs(trainer, batch, response)
+    actor = actor_log_probs_of(trainer, batch, response)
 
     prompt_ids = features["prompt_ids"][0]
     assert prompt_ids.count(VIDEO_TOKEN_ID) > 1
@@ -113,6 +101,6 @@ def test_vllm_matches_actor_on_a_video_prompt(video_trainer):
     assert actor.min() < -1.0  # a random model: real, non-trivial log-probs
 
     stray = response[:3] + [VIDEO_TOKEN_ID] + response[3:]
-    with_pad = _actor_log_probs(trainer, batch, stray)
+    with_pad = actor_log_probs_of(trainer, batch, stray)
     assert torch.isfinite(with_pad).all()
     assert (with_pad[:3] - actor[:3]).abs().max().item() < 1e-6  # the tokens before it see the same prefix

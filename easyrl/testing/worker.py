@@ -68,3 +68,15 @@ class InspectableWorker(FSDPWorker):
         scores = self.rollout.score(token_ids, images, videos)
         self.rollout.sleep()
         return scores
+
+
+def actor_log_probs_of(trainer, batch, response: list[int]) -> torch.Tensor:
+    """The actor's log-probs ``(len(response),)`` of the fixed ``response`` after the first prompt of ``batch`` (a
+    generated batch of a ``trainer``; its responses, masks and ids are replaced in place by ``response``)."""
+    batch["responses"][:, :] = trainer.pad_id
+    batch["responses"][:, : len(response)] = torch.tensor(response)
+    batch["response_mask"].zero_()
+    batch["response_mask"][:, : len(response)] = 1
+    batch["input_ids"] = torch.cat([batch["prompts"], batch["responses"]], dim=1)
+    batch["attention_mask"] = torch.cat([batch["prompt_mask"], batch["response_mask"]], dim=1)
+    return torch.cat(trainer.workers.run_split(FSDPWorker.compute_log_probs, batch))[0, : len(response)]
