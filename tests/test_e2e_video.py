@@ -24,8 +24,9 @@ LOGPROB_TOL = 1e-4  # as tests/test_e2e_grpo.py (float32 on both sides; measured
 
 
 def _write_videos(root: Path) -> Path:
-    """Two mp4 files (16 frames at 8 fps, 2 s; sampled at 2 fps: 4 frames) and two lists of 3 PNG frames (padded to
-    4), of moving noise; returns the data file."""
+    """Two mp4 files (16 frames at 8 fps, 2 s; sampled at ``data.video_fps=4``: 8 frames, Qwen2.5-VL's
+    ``second_per_grid_ts`` 0.5, not its default 1) and two lists of 3 PNG frames (padded to 4), of noise; returns the
+    data file."""
     import cv2
 
     rng = np.random.default_rng(0)
@@ -54,7 +55,7 @@ def video_trainer(e2e_config, trainer_on_ray, tmp_path_factory):
     data = _write_videos(root)
     config = e2e_config(
         "qwen2_5_vl", root / "runs", f"data.train_files={data}", "data.val_files=null", f"data.image_dir={root}",
-        "data.max_prompt_length=192", "data.max_response_length=16", "worker.rollout.calculate_log_probs=true",
+        "data.video_fps=4", "data.max_prompt_length=192", "data.max_response_length=16", "worker.rollout.calculate_log_probs=true",
         "worker.rollout.limit_images=0", "trainer.max_steps=1", "trainer.val_freq=-1",
     )
     assert config.worker.rollout.limit_videos == 0  # raised from the data at start-up
@@ -74,7 +75,8 @@ def test_one_grpo_step_on_videos(video_trainer):
     pads = (batch["prompts"] == VIDEO_TOKEN_ID).sum(-1)
     grids = torch.stack([inputs["video_grid_thw"].prod(-1).sum() // 4 for inputs in batch["multi_modal_inputs"]])
     assert (pads == grids).all() and (pads > 0).all(), (pads, grids)
-    assert all("second_per_grid_ts" in inputs for inputs in batch["multi_modal_inputs"])  # Qwen2.5-VL's time axis
+    seconds = [inputs["second_per_grid_ts"].tolist() for inputs in batch["multi_modal_inputs"]]
+    assert all(s == [0.5] for s in seconds), seconds  # Qwen2.5-VL's time axis: 2 frames per 1/4 s grid step
     assert metrics["critic/advantages/max"] > 0  # the step trained on the video prompts
 
 
