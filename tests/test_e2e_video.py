@@ -55,8 +55,9 @@ def video_trainer(e2e_config, trainer_on_ray, tmp_path_factory):
     data = _write_videos(root)
     config = e2e_config(
         "qwen2_5_vl", root / "runs", f"data.train_files={data}", "data.val_files=null", f"data.image_dir={root}",
-        "data.video_fps=4", "data.max_prompt_length=192", "data.max_response_length=16", "worker.rollout.calculate_log_probs=true",
-        "worker.rollout.limit_images=0", "trainer.max_steps=1", "trainer.val_freq=-1",
+        "data.video_fps=4", "data.max_prompt_length=192", "data.max_response_length=16",
+        "worker.rollout.calculate_log_probs=true", "worker.rollout.limit_images=0", "trainer.max_steps=1",
+        "trainer.val_freq=-1",
     )
     assert config.worker.rollout.limit_videos == 0  # raised from the data at start-up
     with trainer_on_ray(config, InspectableWorker) as trainer:
