@@ -79,6 +79,9 @@ def test_frame_list_is_a_video_at_video_fps(tmp_path):
     assert video.sampled_fps == 3.0
     thinned = process_video(paths, FrameLimits(3.0, 4, 2), 3136, 12544, factor=28)
     assert thinned.frames[:, 0, 0, 0].tolist() == [0, 160]  # max_frames: first and last
+    # the scan's token count (without the processor) agrees: 3 pairs, 1 pair, of 2 x 2 tokens
+    assert probe_tokens(paths, FrameLimits(3.0, 4, 768), 3136, 12544, 28) == 3 * 4
+    assert probe_tokens(paths, FrameLimits(3.0, 4, 2), 3136, 12544, 28) == 1 * 4
     Image.new("RGB", (30, 60)).save(tmp_path / "odd.png")
     with pytest.raises(ValueError, match="different sizes"):
         process_video(paths[:1] + [str(tmp_path / "odd.png")], FrameLimits(), 3136, 12544)
