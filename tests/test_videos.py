@@ -146,3 +146,6 @@ def test_vllm_request_and_engine_limit():
     raise_video_limit(config, 1, "data.val_files")
     assert config.limit_videos == 2
     assert engine_arguments("m", config, "cpu", 0, vision=True)["limit_mm_per_prompt"] == {"image": 1, "video": 2}
+    from easyrl.config.rerun import alters_training
+
+    assert not alters_training("worker.rollout.limit_videos")  # raised from the data: a resume must not refuse it
