@@ -27,6 +27,7 @@ from easyrl.batch import Batch
 from easyrl.config import ActorConfig, OffloadConfig
 from easyrl.errors import ConfigError
 from easyrl.models.fused_head import FusedLogProbHead
+from easyrl.models.mrope import text_after_vision
 from easyrl.workers.fsdp_model import clip_grad_norm, load_sharded_model
 from easyrl.workers.optim import build_lr_scheduler, build_optimizer, move_optimizer_state, offloads_optimizer
 from easyrl.workers.policy_forward import (
@@ -115,6 +116,7 @@ class FSDPPolicy:
             model.get_input_embeddings().register_forward_hook(self._blank_image_hook)
             self._model_placeholder_mask = model.model.get_placeholder_mask
             model.model.get_placeholder_mask = self._placeholder_mask
+            model.model.get_rope_index = text_after_vision(model.model.get_rope_index)  # vLLM's positions
         self.fused_head = FusedLogProbHead(model) if config.padding_free and self.scores_tokens else None
         self.optimizer: Optional[torch.optim.Optimizer] = None
         self.num_updates = 0
