@@ -114,6 +114,9 @@ def test_dataset_places_videos_and_counts_their_tokens(vl, tmp_path, caplog):
     assert second["prompt_ids"].count(VIDEO_PAD) == 1 * 2 * 2  # 2 frames of 56 x 56: videos first, then the text
     assert tokenizer.decode(second["raw_prompt_ids"]).count("<|vision_end|>What happens?") == 1
     assert "videos" not in first["columns"]  # not a reward column
+    single = tmp_path / "single.jsonl"  # a bare path, not a list: one video
+    single.write_text(json.dumps({**rows[0], "videos": "a.mp4"}) + "\n")
+    assert RLDataset(str(single), tokenizer, processor, **kwargs)[0]["prompt_ids"] == first["prompt_ids"]
     # the scan's length (header + first frame) is the processor's
     assert [probe_tokens(str(tmp_path / "a.mp4"), FrameLimits(2.0, 4, 768), 3136, 12544, 28, processor)] == [12]
     short = RLDataset(str(data), tokenizer, processor, **dict(kwargs, max_prompt_length=len(first["prompt_ids"])))

@@ -256,7 +256,8 @@ class RLDataset(torch.utils.data.Dataset):
         """The row's raw videos (paths or frame lists), relative paths resolved against ``image_dir`` (EasyR1's)."""
         if not self.has_videos or self.processor is None or not row[self.video_key]:
             return []
-        videos = list(row[self.video_key])
+        value = row[self.video_key]
+        videos = [value] if isinstance(value, (str, os.PathLike)) else list(value)  # one path: one video
         if self.image_dir is not None:
             videos = [[self._resolve(f) for f in v] if isinstance(v, (list, tuple)) else self._resolve(v)
                       for v in videos]
