@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from typing import Any
 
 import datasets
@@ -23,7 +22,7 @@ from PIL import Image
 from easyrl.data.checks import check_image_column, check_not_empty, data_files_under, is_missing_answer, read_error
 from easyrl.data.images import DEFAULT_FACTOR, load_image, process_image, target_size
 from easyrl.data.intergps import IMAGE_PLACEHOLDER, is_intergps_dir, load_intergps_geometry3k
-from easyrl.data.prompts import load_format_prompt
+from easyrl.data.prompts import load_format_prompt, user_content
 from easyrl.data.videos import VIDEO_PLACEHOLDER, FrameLimits, probe_tokens, process_video
 from easyrl.errors import ConfigError, DataError
 
@@ -271,16 +270,14 @@ class RLDataset(torch.utils.data.Dataset):
             return {"bytes": None, "path": path if os.path.isabs(path) else os.path.join(self.image_dir, path)}
         return image
 
-    def _check_placeholders(self, text: str, placeholder: str, count: int, key: str | None, has: bool,
-                            what: str) -> int:
-        """The number of ``placeholder`` in ``text``; it must be 0 or ``count`` (the row's images or videos)."""
-        found = text.count(placeholder)
-        if found and found != count:
-            where = (f"column {key!r} (data.{what}_key)" if has
-                     else f"no {what} column {key!r} in {self.data_path!r} (set data.{what}_key)" if key
-                     else f"data.{what}_key is null (set it to the column of the {what}s)")
-            raise ValueError(f"the prompt has {found} {placeholder} placeholders but {count} {what}s: {where}")
-        return found
+    def _missing_column(self, kind: str) -> str:
+        """How a row's ``kind`` (image/video) column is named in a placeholder-count error."""
+        key = getattr(self, f"{kind}_key")
+        if getattr(self, f"has_{kind}s"):
+            return f"column {key!r} (data.{kind}_key)"
+        if key:
+            return f"no {kind} column {key!r} in {self.data_path!r} (set data.{kind}_key)"
+        return f"data.{kind}_key is null (set it to the column of the {kind}s)"
 
     def _prompt_text(self, row: dict, n_images: int, n_videos: int = 0) -> str:
         """The chat-templated prompt with one image (video) placeholder token per image (video)."""
@@ -291,17 +288,7 @@ class RLDataset(torch.utils.data.Dataset):
         if self.processor is None:
             message: Any = text.replace(IMAGE_PLACEHOLDER, "").replace(VIDEO_PLACEHOLDER, "")
         else:
-            placed = {kind: self._check_placeholders(text, f"<{kind}>", n, getattr(self, f"{kind}_key"),
-                                                     getattr(self, f"has_{kind}s"), kind)
-                      for kind, n in (("image", n_images), ("video", n_videos))}
-            # no placeholder: the images (videos) first, then the text; else in the order of the placeholders
-            message = [{"type": kind} for kind, n in (("image", n_images), ("video", n_videos)) if not placed[kind]
-                       for _ in range(n)]
-            for j, piece in enumerate(re.split(f"({IMAGE_PLACEHOLDER}|{VIDEO_PLACEHOLDER})", text)):
-                if j % 2:
-                    message.append({"type": piece[1:-1]})
-                elif piece:
-                    message.append({"type": "text", "text": piece})
+            message = user_content(text, n_images, n_videos, self._missing_column)
         templater = self.processor if getattr(self.processor, "chat_template", None) else self.tokenizer
         return templater.apply_chat_template(
             self.system + [{"role": "user", "content": message}], tokenize=False, add_generation_prompt=True
