@@ -161,6 +161,9 @@ def optimal_token_baseline_advantage(inputs: AdvantageInputs) -> tuple[torch.Ten
     group_id, count, _, _ = group_statistics(sample_scores(inputs), inputs.index)
     baseline = _group_sum(returns * path * mask, group_id) / (_group_sum(path * mask, group_id) + OTB_EPSILON)
     baseline = torch.where((count > 1).unsqueeze(-1), baseline, 0.0)
-    lengths = inputs.response_mask.sum(-1).long()
+    # where each response ends (past its last trained token): its length for one turn, not the token count of a
+    # multi-turn response, whose tool turns are 0s inside the mask
+    positions = torch.arange(1, mask.shape[1] + 1, device=mask.device)
+    lengths = torch.where(inputs.response_mask.bool(), positions, 0).amax(-1).long()
     baseline = baseline.masked_fill(_zero_tail(lengths, group_id, count, mask.shape[1]), 0.0)
     return (returns - baseline) * mask, returns

@@ -14,6 +14,8 @@ import os
 import re
 from typing import TYPE_CHECKING, Any, Callable
 
+from easyrl.config.judge import check_judge
+from easyrl.config.multi_turn import check_multi_turn
 from easyrl.config.trainer import check_backends
 from easyrl.errors import ConfigError
 
@@ -356,6 +358,8 @@ def check_config(config: "PPOConfig") -> None:
     check_run_names(config.trainer)
     check_greedy_groups(config)
     check_easyr1_keys(config)
+    check_multi_turn(config.worker.rollout.multi_turn)
+    check_judge(config.worker.reward.judge, config.worker.rollout.tensor_parallel_size, check_range)
 
 
 def check_easyr1_keys(config: "PPOConfig") -> None:

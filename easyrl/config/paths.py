@@ -24,6 +24,7 @@ INPUT_PATHS: tuple[str, ...] = (
     "worker.actor.model.model_path", "worker.actor.model.tokenizer_path",
     "worker.critic.model.model_path", "worker.critic.model.tokenizer_path",
     "worker.reward.reward_function", "trainer.load_checkpoint_path",
+    "worker.reward.judge.model_path", "worker.reward.judge.prompt_template", "worker.reward.judge.parser",
 )
 
 

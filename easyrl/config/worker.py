@@ -8,6 +8,8 @@ from typing import Any, Optional
 from easyrl.config.actor import ActorConfig, RefConfig
 from easyrl.config.critic import CriticConfig
 from easyrl.config.fields import auto
+from easyrl.config.judge import JudgeConfig
+from easyrl.config.multi_turn import MultiTurnConfig
 
 
 @dataclass
@@ -49,6 +51,8 @@ class RolloutConfig:
     trust_remote_code: bool = auto("worker.actor.model.trust_remote_code", False)
     min_pixels: int = auto("data.min_pixels", 262144)
     max_pixels: int = auto("data.max_pixels", 4194304)
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
+    """Multi-turn rollouts with tools and an environment (docs/agents.md)."""
     limit_videos: int = 0
     """Videos per prompt at most (vLLM's ``limit_mm_per_prompt``); raised at start-up to the most a row of the data
     has (a log line says so), so 0 is right for image and text data (vLLM then profiles no video)."""
@@ -73,6 +77,10 @@ class RewardConfig:
     """Seconds one call of the function may take (a batch call, or one sample's call when ``sequential``); beyond
     it the call counts as an error. The function then runs in a helper process, which is killed and restarted on a
     timeout. null: no limit, the function runs in the trainer's process."""
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    """A generative LLM judge (vLLM on the workers) whose parsed verdict is the named score ``judge``, added to
+    ``overall`` with ``judge.weight`` (``easyrl.config.judge``, docs/judge.md); off while ``judge.model_path`` is
+    null."""
 
 
 @dataclass

@@ -205,6 +205,7 @@ class RLDataset(torch.utils.data.Dataset):
         system_prompt: str | None = None,
         video_key: str | None = None,
         video_limits: FrameLimits = FrameLimits(),
+        tools: list[dict] | None = None,
     ):
         self.data_path = data_path
         self.tokenizer = tokenizer
@@ -213,6 +214,7 @@ class RLDataset(torch.utils.data.Dataset):
         self.image_dir = image_dir
         self.max_prompt_length = max_prompt_length
         self.system = [{"role": "system", "content": system_prompt}] if system_prompt else []
+        self.tools = tools or None  # JSON schemas rendered by the chat template (worker.rollout.multi_turn.tools)
         self.format_prompt = load_format_prompt(format_prompt)
         if processor is not None:
             self.min_pixels, self.max_pixels, self.factor = _pixel_bounds(processor, min_pixels, max_pixels)
@@ -291,7 +293,8 @@ class RLDataset(torch.utils.data.Dataset):
             message = user_content(text, n_images, n_videos, self._missing_column)
         templater = self.processor if getattr(self.processor, "chat_template", None) else self.tokenizer
         return templater.apply_chat_template(
-            self.system + [{"role": "user", "content": message}], tokenize=False, add_generation_prompt=True
+            self.system + [{"role": "user", "content": message}], tokenize=False, add_generation_prompt=True,
+            **({"tools": self.tools} if self.tools else {}),
         )
 
     def _encode(self, text: str) -> list[int]:

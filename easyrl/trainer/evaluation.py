@@ -56,8 +56,8 @@ def evaluate(config: PPOConfig, step: int = 0, worker_cls: Optional[type] = None
     from easyrl.trainer.generation import Generator
     from easyrl.trainer.launch import quiet_datasets, start_ray
     from easyrl.trainer.loggers import Tracker
+    from easyrl.trainer.multi_turn import make_rollout
     from easyrl.trainer.preflight import prepare
-    from easyrl.trainer.rollout import SingleTurnRollout
     from easyrl.trainer.scoring import Scorer
     from easyrl.trainer.validation import Validator
     from easyrl.workers.fsdp_worker import FSDPWorker
@@ -77,7 +77,7 @@ def evaluate(config: PPOConfig, step: int = 0, worker_cls: Optional[type] = None
     workers = WorkerGroup(config, device, worker_cls=worker_cls or FSDPWorker)
     tracker = None
     try:
-        rollout = SingleTurnRollout(workers, config.data.max_response_length, pad_id)
+        rollout = make_rollout(config, workers, tokenizer, pad_id)
         validator = Validator(config, ready.val_dataset, Generator(config, rollout, scorer, pad_id), scorer,
                               tokenizer)
         tracker = Tracker(config.trainer.logger, folder, config.trainer.project_name,

@@ -117,7 +117,7 @@ def generation_rows(tokenizer, batch: Batch, count: int) -> list[dict]:
     if not rows:
         return []
     prompts = tokenizer.batch_decode(batch["prompts"][rows], skip_special_tokens=True)
-    lengths = batch["response_mask"].sum(-1).tolist()
+    lengths = batch["attention_mask"][:, -batch["responses"].shape[1]:].sum(-1).tolist()  # tool turns included
     responses = tokenizer.batch_decode([batch["responses"][i, : lengths[i]] for i in rows], skip_special_tokens=True)
     return [{"prompt": prompt, "response": response, "ground_truth": str(batch["ground_truth"][i]),
              "score": float(batch["score/overall"][i])} for i, prompt, response in zip(rows, prompts, responses)]

@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional
 
 from easyrl.errors import ConfigError, DataError, ModelError, RewardError, UserError
 from easyrl.models.hub_snapshot import looks_local
+from easyrl.rewards.judge import load_judge
 
 logger = logging.getLogger("easyrl")
 
@@ -291,6 +292,16 @@ class Prepared:
     reward_fn: Any
 
 
+def tool_schemas(multi_turn: Any) -> Optional[list[dict]]:
+    """The JSON schemas of ``worker.rollout.multi_turn.tools`` for the chat template (None when multi-turn is off or
+    has no tools). Raises ``ConfigError`` for a tool that cannot be loaded (``easyrl.agents.tools``)."""
+    if not multi_turn.enable or not multi_turn.tools:
+        return None
+    from easyrl.agents.tools import load_tools
+
+    return [tool.schema for tool in load_tools(multi_turn.tools).values()]
+
+
 def load_dataset_for(key: str, path: str, config: Any, tokenizer: Any, processor: Any):
     """``RLDataset`` of the data path ``path`` given by config key ``key``; data errors are prefixed with the key."""
     from easyrl.data.dataset import RLDataset
@@ -305,6 +316,7 @@ def load_dataset_for(key: str, path: str, config: Any, tokenizer: Any, processor
             filter_overlong_prompts=data.filter_overlong_prompts, system_prompt=data.system_prompt,
             video_key=data.video_key,
             video_limits=FrameLimits(data.video_fps, data.video_min_frames, data.video_max_frames),
+            tools=tool_schemas(config.worker.rollout.multi_turn),
         )
     except DataError as err:  # the message names the file; say which setting gave it
         raise DataError(f"{key}: {err}") from None
@@ -339,6 +351,7 @@ def prepare(config: Any, train: bool = True) -> Prepared:
                           "without one).")
     check_model_sources(config.worker.actor.model)
     reward_fn = load_reward(config.worker.reward)
+    check_judge_files(config.worker.reward.judge)
     tokenizer, hf_config, processor = load_model_parts(config.worker.actor.model, sources_checked=True,
                                                        chat_template=config.data.override_chat_template)
     check_rollout_split(hf_config, config.worker.rollout.tensor_parallel_size)
@@ -356,8 +369,18 @@ def prepare(config: Any, train: bool = True) -> Prepared:
     response = f"<think>a sample</think> \\boxed{{{ground_truth}}}"
     sample = {"response": response, "response_length": len(tokenizer.encode(response)), "ground_truth": ground_truth,
               "columns": source.reward_columns(first)}
+    if config.worker.rollout.multi_turn.enable:  # what a multi-turn rollout adds (easyrl.trainer.multi_turn)
+        sample.update(messages=[{"role": "assistant", "content": response}], tool_calls=[])
     check_filter_key(config, check_reward_on_sample(reward_fn, sample), reward_fn.where)
     return Prepared(tokenizer, processor, train_set, val, reward_fn)
+
+
+def check_judge_files(judge_cfg: Any) -> None:
+    """With ``worker.reward.judge`` on: its model source exists, its prompt template renders and its parser loads.
+    Raises ``ModelError`` / ``ConfigError`` naming the key (docs/errors.md, J rows)."""
+    if judge_cfg.model_path is not None:
+        check_model_source("worker.reward.judge.model_path", judge_cfg.model_path)
+        load_judge(judge_cfg)
 
 
 def check_rollout_split(hf_config: Any, tensor_parallel_size: int) -> None:

@@ -37,6 +37,7 @@ from easyrl.trainer.checkpoint import Checkpointer
 from easyrl.trainer.checkpoint_manifest import run_identity
 from easyrl.trainer.flops import ModelShape, compute_mfu_metrics, peak_flops
 from easyrl.trainer.generation import Generator
+from easyrl.trainer.judging import JudgePhase
 from easyrl.trainer.loggers import Tracker
 from easyrl.trainer.metrics import (
     compute_data_metrics,
@@ -48,7 +49,7 @@ from easyrl.trainer.metrics import (
     rollout_mismatch_metrics,
     timer,
 )
-from easyrl.trainer.rollout import SingleTurnRollout
+from easyrl.trainer.multi_turn import make_rollout, multi_turn_metrics
 from easyrl.trainer.run_folder import checkpoint_to_resume
 from easyrl.trainer.scoring import Scorer
 from easyrl.trainer.signals import GracefulStop
@@ -102,10 +103,11 @@ class RayPPOTrainer:
         a subclass of it, e.g. ``easyrl.testing.worker.InspectableWorker``) and the parts that call them."""
         cfg = self.config
         self.workers = WorkerGroup(cfg, device, worker_cls=worker_cls)
-        rollout = SingleTurnRollout(self.workers, cfg.data.max_response_length, self.pad_id)
+        rollout = make_rollout(cfg, self.workers, self.tokenizer, self.pad_id)
         self.generator = Generator(cfg, rollout, self.scorer, self.pad_id)
         self.validator = Validator(cfg, self.val_dataset, self.generator, self.scorer, self.tokenizer)
         self.checkpointer = Checkpointer(cfg.trainer, self.workers, run_identity(cfg))
+        self.judging = JudgePhase.create(cfg.worker.reward.judge, self.scorer, self.workers)  # None: no judge
         self._init_perf()
 
     def _init_perf(self) -> None:
@@ -230,6 +232,9 @@ class RayPPOTrainer:
             if pending is not None:  # scored in the reward actor while the log-prob passes ran
                 with timer("reward", timing):
                     self.scorer.wait(batch, pending, order)
+            if self.judging is not None:  # the LLM judge: score/judge, weighted into overall (worker.reward.judge)
+                with timer("judge", timing):
+                    metrics.update(self.judging.run(batch))
             for key in [key for key in batch.extras if key.startswith("score/")]:  # unless set over all generated
                 metrics.setdefault(key.replace("score/", "reward/", 1), float(np.mean(batch[key])))
             metrics["reward/errors"] = float(self.scorer.errors)
@@ -271,6 +276,7 @@ class RayPPOTrainer:
                 metrics["perf/multi_modal_bytes_to_workers"] = float(sum(received))
             batch = batch.select(np.argsort(order).tolist())  # back to the group order of generation
         metrics.update(compute_data_metrics(batch, cfg.data.max_prompt_length, cfg.data.max_response_length))
+        metrics.update(multi_turn_metrics(batch))
         if "reshard" in timing:  # the weight sync is reported apart from the generation that waited for it
             timing["gen"] = max(timing["gen"] - timing["reshard"], 0.0)
         metrics.update({f"timing_s/{name}": seconds for name, seconds in timing.items()})

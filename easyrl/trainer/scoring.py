@@ -51,13 +51,20 @@ class Scorer:
         """The reward function's inputs: decoded response, its length in tokens, ground truth, and the dataset row's
         columns (``columns``, read by verl- and TRL-style functions: ``easyrl.rewards.styles``)."""
         lengths = batch["response_mask"].sum(-1).tolist()
+        # every token after the prompt (a multi-turn response holds tool turns, outside response_mask)
+        ends = batch["attention_mask"][:, -batch["responses"].shape[1]:].sum(-1).tolist()
         texts = self.tokenizer.batch_decode(
-            [row[:n].tolist() for row, n in zip(batch["responses"], lengths)],
+            [row[:n].tolist() for row, n in zip(batch["responses"], ends)],
             skip_special_tokens=self.config.skip_special_tokens,
         )
         columns = batch["columns"] if "columns" in batch else [{}] * len(texts)
-        return [{"response": text, "response_length": int(n), "ground_truth": gt, "columns": row}
-                for text, n, gt, row in zip(texts, lengths, batch["ground_truth"], columns)]
+        inputs = [{"response": text, "response_length": int(n), "ground_truth": gt, "columns": row}
+                  for text, n, gt, row in zip(texts, lengths, batch["ground_truth"], columns)]
+        for key in ("messages", "tool_calls"):  # multi-turn rollouts (easyrl.trainer.multi_turn, docs/agents.md)
+            if key in batch:
+                for reward_input, value in zip(inputs, batch[key]):
+                    reward_input[key] = value
+        return inputs
 
     @staticmethod
     def set_scores(batch: Batch, scores: dict[str, list[float]]) -> None:

@@ -188,8 +188,12 @@ class FSDPWorker:
         self.weights_dirty = False
         return time.perf_counter() - start
 
-    def generate_sequences(self, prompts: Batch, overrides: Optional[dict[str, Any]] = None) -> dict[str, Any]:
-        """Sample one response per prompt (the trainer has already repeated each prompt ``n`` times).
+    def generate_sequences(self, prompts: Batch, overrides: Optional[dict[str, Any]] = None,
+                           keep_awake: bool = False) -> dict[str, Any]:
+        """Sample one response per prompt (the trainer has already repeated each prompt ``n`` times). A prompt batch
+        with ``max_tokens`` (one per sample) caps each response at its own length (a multi-turn rollout's remaining
+        budget). ``keep_awake``: the engine does not sleep afterwards (the turns of a multi-turn rollout; it then
+        keeps its weights, so later turns sync nothing: ``_ensure_rollout_weights``); ``sleep_rollout`` ends it.
 
         Returns:
             ``{"response_ids": list[list[int]], "response_log_probs": list[list[float]] | None,
@@ -200,12 +204,18 @@ class FSDPWorker:
         self.rollout.wake_up()
         seeds = prompts["rollout_seed"] if "rollout_seed" in prompts else None
         videos = prompts["videos"] if "videos" in prompts else None
+        max_tokens = prompts["max_tokens"] if "max_tokens" in prompts else None
         output = self.rollout.generate(prompts["raw_prompt_ids"], prompts["images"], overrides, seeds=seeds,
-                                       videos=videos)
-        self.rollout.sleep()
-        empty_cache(self.device)
+                                       max_tokens=max_tokens, videos=videos)
+        if not keep_awake:
+            self.sleep_rollout()
         return {"response_ids": output.response_ids, "response_log_probs": output.response_log_probs,
                 "timing_s/reshard": reshard}
+
+    def sleep_rollout(self) -> None:
+        """Put the engine to sleep and free the cache (after ``generate_sequences(..., keep_awake=True)``)."""
+        self.rollout.sleep()
+        empty_cache(self.device)
 
     def stage_multi_modal(self, share: Batch) -> None:
         """Keep this worker's share of the step's ``multi_modal_inputs`` for the step's passes, which then send
@@ -319,3 +329,18 @@ class FSDPWorker:
         if self.critic is not None:
             load_critic(self.critic, path, self.rank)
         self.weights_dirty = True
+
+    def judge(self, share: Batch) -> list[Optional[str]]:
+        """The LLM judge's verdict texts of this worker's share of judge prompts (``share["judge_prompt"]``, rendered
+        by the trainer: ``easyrl.trainer.judging``), in order; None for a prompt too long for the judge's context.
+        The judge's vLLM engine (``easyrl.workers.judge.VLLMJudge``) is built on the first call and sleeps between
+        calls on GPUs/NPUs."""
+        from easyrl.workers.judge import VLLMJudge
+
+        cfg = self.config.worker
+        if getattr(self, "judge_engine", None) is None:
+            self.judge_engine = VLLMJudge(cfg.reward.judge, self.device, seed=cfg.rollout.seed,
+                                          enforce_eager=cfg.rollout.enforce_eager)
+        verdicts = self.judge_engine.judge(list(share["judge_prompt"]))
+        empty_cache(self.device)
+        return verdicts

@@ -17,6 +17,10 @@ With LoRA (``worker.actor.model.lora.rank > 0``) the base weights are frozen: no
 (the adapter's own, typically < 1% of the parameters, are not counted) and no reference copy (the reference policy is
 the base with the adapter disabled).
 
+With an LLM judge (``worker.reward.judge``), its engine's claim (``judge.gpu_memory_utilization x device memory``) in
+both phases: it has no sleep mode beside the rollout engine (``easyrl.workers.judge``). Its judge phase (the rollout
+engine asleep) needs less than the rollout phase.
+
 Not counted (the estimate is a lower bound): activations (small with gradient checkpointing), the transient unsharded
 block FSDP2 gathers, CUDA context and NCCL buffers (~1-2 GiB), allocator fragmentation.
 """
@@ -84,7 +88,7 @@ def estimate_memory(num_params: int, vocab_size: int, config: PPOConfig, capacit
     critic_on_device = config.algorithm.needs_critic and not worker.critic.offload.offload_params
     critic = 12 * shard / GIB if critic_on_device else 0.0
     critic_grads = 4 * shard / GIB if critic_on_device else 0.0
-    return MemoryEstimate(
+    estimate = MemoryEstimate(
         capacity_gib=capacity_gib,
         vllm_weights_gib=num_params * DTYPE_BYTES[worker.rollout.dtype] / GIB / worker.rollout.tensor_parallel_size,
         tensor_parallel_size=worker.rollout.tensor_parallel_size,
@@ -94,6 +98,12 @@ def estimate_memory(num_params: int, vocab_size: int, config: PPOConfig, capacit
         training={"actor params": params, "actor grads": grads, "actor Adam states": adam, "reference": reference,
                   "logits (one micro-batch)": logits, "critic params + grads + Adam states": critic + critic_grads},
     )
+    judge = worker.reward.judge
+    if judge.model_path is not None:  # the LLM judge's engine stays resident (easyrl.workers.judge: no sleep mode)
+        for phase in (estimate.rollout, estimate.training):
+            phase["judge vLLM (worker.reward.judge.gpu_memory_utilization)"] = judge.gpu_memory_utilization * \
+                capacity_gib
+    return estimate
 
 
 def _items(items: dict[str, float]) -> str:

@@ -207,6 +207,7 @@ class VLLMRollout:
         images: list[list[Any]],
         overrides: Optional[dict[str, Any]] = None,
         seeds: Optional[list[int]] = None,
+        max_tokens: Optional[list[int]] = None,
         videos: Optional[list[list[Any]]] = None,
     ) -> RolloutOutput:
         """Sample one response per request.
@@ -219,6 +220,8 @@ class VLLMRollout:
                 e.g. the validation settings.
             seeds: per request, its own sampling seed (``easyrl.trainer.seeding``), so that a request draws the
                 same tokens whatever else the engine ran before; None: the engine's seed.
+            max_tokens: per request, its token budget (a multi-turn rollout's remaining response tokens); None:
+                ``worker.rollout.response_length`` each.
             videos: per request, its videos (``easyrl.data.videos.Video``, one ``<|video_pad|>`` each in the
                 prompt), or None for none.
 
@@ -229,11 +232,13 @@ class VLLMRollout:
         for ids, imgs, vids in zip(raw_prompt_ids, images, videos or [[]] * len(raw_prompt_ids)):
             requests.append(_request(ids, imgs, vids))
         want_logprobs = self.config.calculate_log_probs
-        if seeds is None:
+        if seeds is None and max_tokens is None:
             params = self._sampling_params(overrides, want_logprobs, self.config.response_length)
         else:
-            params = [self._sampling_params(overrides, want_logprobs, self.config.response_length, seed)
-                      for seed in seeds]
+            seeds = seeds if seeds is not None else [None] * len(requests)
+            budgets = max_tokens if max_tokens is not None else [self.config.response_length] * len(requests)
+            params = [self._sampling_params(overrides, want_logprobs, budget, seed)
+                      for seed, budget in zip(seeds, budgets)]
         outputs = self.llm.generate(requests, sampling_params=params, use_tqdm=not self.config.disable_tqdm)
         response_ids, response_log_probs = [], [] if want_logprobs else None
         for out in outputs:

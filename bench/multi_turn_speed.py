@@ -1,0 +1,84 @@
+"""Multi-turn vs single-turn rollout throughput on the same token budget (issue #22; docs/agents.md).
+
+One trainer (real Ray + vLLM + FSDP2 on the CPU) with the multi-turn rollout: every assistant turn of at most
+``--turn-tokens`` tokens calls the ``echo`` test tool (the plug-in parser ``tests/agent_tools/parser.py:echo_only``,
+since a random tiny model writes no tool calls), ``--turns`` assistant turns per trajectory. The single-turn rollout
+(``SingleTurnRollout`` on the same engines) generates ``turns x turn-tokens`` tokens per prompt in one go
+(``max_tokens``). Both sample the same prompt batch, alternately, ``--repeats`` times after one warm-up each; the
+throughput is generated (assistant) tokens per second of ``Rollout.generate`` (tool calls, tool-turn tokenization and
+the extra prefills included for the multi-turn one).
+
+    python bench/multi_turn_speed.py [--turns 3] [--turn-tokens 32] [--repeats 3] [key=value ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--turns", type=int, default=3)
+    parser.add_argument("--turn-tokens", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args()
+
+    import ray
+
+    from easyrl.config import load_config
+    from easyrl.testing.tiny import build_tiny_model
+    from easyrl.trainer.__main__ import build_trainer
+    from easyrl.trainer.rollout import SingleTurnRollout
+
+    tools = REPO / "tests" / "agent_tools"
+    budget = args.turns * args.turn_tokens
+    config = load_config([
+        f"config={REPO / 'examples/configs/cpu_demo.yaml'}",
+        f"worker.actor.model.model_path={build_tiny_model('qwen2_5')}",
+        f"data.train_files={REPO / 'examples/data/geometry3k_sample'}", "data.val_files=null",
+        f"data.format_prompt={REPO / 'examples/format_prompt/math.jinja'}",
+        f"worker.reward.reward_function={tools / 'reward.py'}:compute_score", "worker.reward.reward_function_kwargs={}",
+        f"trainer.runs_root={tempfile.mkdtemp()}", "worker.rollout.limit_images=0",
+        f"data.max_response_length={budget + 40 * (args.turns - 1)}",  # the tool turns' tokens fit too
+        "worker.rollout.multi_turn.enable=true", f"worker.rollout.multi_turn.tools=[{tools / 'tools.py'}:echo]",
+        f"worker.rollout.multi_turn.format={tools / 'parser.py'}:echo_only",
+        f"worker.rollout.multi_turn.max_assistant_turns={args.turns}",
+        f"worker.rollout.multi_turn.max_turn_tokens={args.turn_tokens}",
+        *args.overrides,
+    ])
+    ray.init(num_cpus=2, include_dashboard=False)
+    try:
+        trainer = build_trainer(config)
+        multi = trainer.generator.rollout
+        single = SingleTurnRollout(trainer.workers, config.data.max_response_length, trainer.pad_id)
+        prompts = trainer.generator.prompt_batch(next(trainer.prompt_stream()), config.worker.rollout.n, step=1)
+        flat = prompts.select(list(range(len(prompts))))
+        flat["max_tokens"] = [budget] * len(flat)
+        rates: dict[str, list[float]] = {"single-turn": [], "multi-turn": []}
+        for repeat in range(args.repeats + 1):
+            for name, rollout, batch in (("single-turn", single, flat), ("multi-turn", multi, prompts)):
+                start = time.perf_counter()
+                out, _ = rollout.generate(batch, None)
+                seconds = time.perf_counter() - start
+                if repeat:  # the first of each is warm-up
+                    rates[name].append(float(out["response_mask"].sum()) / seconds)
+        medians = {name: statistics.median(values) for name, values in rates.items()}
+        print(f"| rollout | generated tokens/s (median of {args.repeats}) |\n| --- | --- |")
+        for name, value in medians.items():
+            print(f"| {name} | {value:.0f} |")
+        print(f"multi / single = {medians['multi-turn'] / medians['single-turn']:.2f} "
+              f"({len(prompts)} samples, {args.turns} turns x {args.turn_tokens} tokens vs {budget} tokens)")
+        trainer.workers.shutdown()
+    finally:
+        ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,154 @@
+"""The turn loop of a multi-turn rollout, engine-agnostic: trajectories as token ids (the engine's generated ids plus
+the tokenized tool/environment turns, never re-tokenized), the response mask (1 on assistant tokens, 0 on
+tool/environment tokens), the engine's log-probs aligned with them, and the conversation and tool calls for the
+reward function.
+
+Each round sends every unfinished trajectory (prompt + everything so far) to ``generate`` at once, so trajectories
+at different turns are generated together; the tool calls of all of them then run in parallel
+(``easyrl.agents.executor``). A trajectory ends at a final answer (no tool call, and no environment or the
+environment says done), ``max_assistant_turns``, ``max_user_turns``, or when its response reaches ``budget``
+tokens (``data.max_response_length``; a tool turn that does not fit is cut there).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from easyrl.agents.chat import turn_ids
+from easyrl.agents.environment import next_message
+from easyrl.agents.executor import ToolExecutor
+from easyrl.agents.parsers import Parser
+
+__all__ = ["Trajectory", "TurnLoop", "Generate"]
+
+Generate = Callable[[list["Trajectory"], int], list[tuple[list[int], Optional[list[float]]]]]
+"""``generate(trajectories, round) -> [(new token ids, their log-probs or None)]``: one assistant turn each, at most
+``TurnLoop.turn_budget(trajectory)`` tokens, continuing ``prompt_ids + response_ids``."""
+
+
+@dataclass
+class Trajectory:
+    """One sample's conversation after its prompt."""
+
+    prompt_ids: list[int]
+    budget: int
+    response_ids: list[int] = field(default_factory=list)
+    response_mask: list[int] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    assistant_turns: int = 0
+    user_turns: int = 0
+    tool_errors: int = 0
+    tool_timeouts: int = 0
+    done: bool = False
+
+    @property
+    def remaining(self) -> int:
+        """Response tokens left in the budget."""
+        return self.budget - len(self.response_ids)
+
+    def add(self, ids: list[int], trained: bool, log_probs: Optional[list[float]] = None) -> None:
+        """Append tokens (cut to the budget; a cut ends the trajectory): assistant tokens (``trained``, mask 1) or
+        tool/environment tokens (mask 0, log-prob 0)."""
+        ids = list(ids)[: self.remaining]
+        self.response_ids += ids
+        self.response_mask += [int(trained)] * len(ids)
+        self.log_probs += list(log_probs[: len(ids)]) if log_probs is not None else [0.0] * len(ids)
+        if self.remaining <= 0:
+            self.done = True
+
+    def stats(self) -> dict[str, float]:
+        """Per-trajectory counts for ``multi_turn/*`` metrics."""
+        return {"assistant_turns": self.assistant_turns, "user_turns": self.user_turns,
+                "tool_calls": len(self.tool_calls), "tool_errors": self.tool_errors,
+                "tool_timeouts": self.tool_timeouts, "assistant_tokens": sum(self.response_mask),
+                "tokens": len(self.response_ids)}
+
+
+class TurnLoop:
+    """Runs trajectories to their end (see the module docstring).
+
+    Args:
+        tokenizer: decodes assistant turns and tokenizes tool/environment turns (``easyrl.agents.chat``).
+        parser: finds tool calls in an assistant turn's text (``easyrl.agents.parsers``).
+        executor: runs them (None: no tools; any call is answered with an error).
+        environment: ``fn(messages)`` hook or None (``easyrl.agents.environment``).
+        max_assistant_turns, max_user_turns: limits per trajectory (None: none).
+        max_turn_tokens: tokens per assistant turn at most (None: the rest of the budget).
+    """
+
+    def __init__(self, tokenizer: Any, parser: Parser, executor: Optional[ToolExecutor],
+                 environment: Optional[Callable] = None, max_assistant_turns: Optional[int] = None,
+                 max_user_turns: Optional[int] = None, max_turn_tokens: Optional[int] = None):
+        self.tokenizer = tokenizer
+        self.parser = parser
+        self.executor = executor
+        self.environment = environment
+        self.max_assistant_turns = max_assistant_turns
+        self.max_user_turns = max_user_turns
+        self.max_turn_tokens = max_turn_tokens
+        self._special_ids = set(tokenizer.all_special_ids)
+
+    def turn_budget(self, traj: Trajectory) -> int:
+        """Tokens the next assistant turn of ``traj`` may generate."""
+        return traj.remaining if self.max_turn_tokens is None else min(traj.remaining, self.max_turn_tokens)
+
+    def run(self, trajectories: list[Trajectory], generate: Generate) -> list[Trajectory]:
+        """Generate, call tools and step the environment until every trajectory is done; returns them."""
+        round_ = 0
+        while True:
+            active = [t for t in trajectories if not t.done and t.remaining > 0]
+            if not active:
+                return trajectories
+            for traj, (ids, log_probs) in zip(active, generate(active, round_)):
+                self._assistant_turn(traj, ids, log_probs)
+            self._follow_up([t for t in active if not t.done])
+            round_ += 1
+
+    def _assistant_turn(self, traj: Trajectory, ids: list[int], log_probs: Optional[list[float]]) -> None:
+        traj.add(ids, trained=True, log_probs=log_probs)
+        traj.assistant_turns += 1
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        traj.messages.append({"role": "assistant", "content": text})
+        if not ids or (self.max_assistant_turns is not None and traj.assistant_turns >= self.max_assistant_turns):
+            traj.done = True
+
+    def _follow_up(self, trajectories: list[Trajectory]) -> None:
+        """Parse every trajectory's last assistant turn, run all tool calls together, then append each one's tool
+        turn, environment turn, or end it."""
+        calls = {id(t): self.parser(t.messages[-1]["content"]) for t in trajectories}
+        flat = [call for t in trajectories for call in calls[id(t)]]
+        if flat and self.executor is not None:
+            results = iter(self.executor.run(flat))
+        else:
+            results = iter([])
+        for traj in trajectories:
+            mine = calls[id(traj)]
+            if mine:
+                messages = []
+                for call in mine:
+                    result = next(results, None)
+                    content = result.content if result is not None else "Error: no tools are configured"
+                    status = result.status if result is not None else "error"
+                    traj.tool_calls.append({**call, "result": content, "status": status})
+                    traj.tool_errors += status == "error"
+                    traj.tool_timeouts += status == "timeout"
+                    messages.append({"role": "tool", "content": content})
+            elif self.environment is not None and (self.max_user_turns is None
+                                                   or traj.user_turns < self.max_user_turns):
+                message = next_message(self.environment, traj.messages)
+                if message is None:
+                    traj.done = True
+                    continue
+                traj.user_turns += 1
+                messages = [message]
+            else:
+                traj.done = True
+                continue
+            traj.messages.extend(messages)
+            # the turn's end-of-turn token (a turn cut by max_turn_tokens ends on an ordinary one: none)
+            last = traj.response_ids[-1]
+            end_text = self.tokenizer.decode([last]) if last in self._special_ids else ""
+            traj.add(turn_ids(self.tokenizer, messages, end_text), trained=False)

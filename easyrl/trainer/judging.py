@@ -1,0 +1,74 @@
+"""The trainer's judge phase (``worker.reward.judge``, docs/judge.md): render one judge prompt per sample, have the
+workers' judge engines answer (``FSDPWorker.judge``), parse the verdicts, and add the score to the batch as the named
+score ``score/judge``, weighted into ``overall`` and ``token_level_scores``:
+
+    overall = reward function's overall + judge.weight x judge score
+
+It runs after the reward function's scores are in the batch (``Scorer.wait`` or ``Scorer.score``) and before the
+advantage; with dynamic sampling (``algorithm.online_filtering``) the groups are chosen on the reward function's
+scores alone, and validation is scored without the judge.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from tensordict import TensorDict
+
+from easyrl.batch import Batch
+from easyrl.rewards.function import scores_to_token_rewards
+from easyrl.rewards.judge import Judge, load_judge
+from easyrl.trainer.scoring import Scorer
+from easyrl.workers.fsdp_worker import FSDPWorker
+
+__all__ = ["JudgePhase", "add_judge_scores"]
+
+
+def add_judge_scores(batch: Batch, scores: list[float], weight: float) -> None:
+    """Put ``score/judge`` in ``batch`` and add ``weight x score`` to ``score/overall`` and to ``token_level_scores``
+    (on each response's last token, where the reward function's overall is; shape ``(bsz, resp_len)``)."""
+    judged = torch.tensor(scores, dtype=torch.float32)
+    batch["token_level_scores"] = batch["token_level_scores"] + scores_to_token_rewards(weight * judged,
+                                                                                        batch["response_mask"])
+    batch["score/overall"] = [overall + weight * score for overall, score in zip(batch["score/overall"], scores)]
+    batch["score/judge"] = list(map(float, scores))
+
+
+class JudgePhase:
+    """Owns the judge's prompt and parser and the last step's verdicts (``verdicts``, for inspection).
+
+    Args:
+        judge: the loaded ``easyrl.rewards.judge.Judge``.
+        scorer: the trainer's ``Scorer`` (decodes the responses as the reward function sees them).
+        workers: the ``WorkerGroup``.
+    """
+
+    def __init__(self, judge: Judge, scorer: Scorer, workers: Any):
+        self.judge = judge
+        self.scorer = scorer
+        self.workers = workers
+        self.verdicts: list[Optional[str]] = []
+
+    @classmethod
+    def create(cls, config: Any, scorer: Scorer, workers: Any) -> Optional["JudgePhase"]:
+        """The phase for ``worker.reward.judge``, or None when the judge is off (``model_path`` null).
+
+        Raises:
+            ConfigError: a bad prompt template or parser (``easyrl.rewards.judge``).
+        """
+        judge = load_judge(config)
+        return None if judge is None else cls(judge, scorer, workers)
+
+    def run(self, batch: Batch) -> dict[str, float]:
+        """Judge every sample of ``batch`` (each worker its equal share) and add the scores (:func:`add_judge_scores`).
+
+        Returns:
+            ``{"judge/unparseable": verdicts scored unparseable_score}``.
+        """
+        prompts = self.judge.prompts(self.scorer.reward_inputs(batch))
+        requests = Batch(TensorDict({}, batch_size=[len(prompts)]), {"judge_prompt": prompts})
+        self.verdicts = [v for share in self.workers.run_split(FSDPWorker.judge, requests) for v in share]
+        scores, unparseable = self.judge.scores(self.verdicts)
+        add_judge_scores(batch, scores, self.judge.config.weight)
+        return {"judge/unparseable": float(unparseable)}

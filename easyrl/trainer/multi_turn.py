@@ -1,0 +1,153 @@
+"""The multi-turn rollout (``worker.rollout.multi_turn.enable``, docs/agents.md): trajectories that alternate
+assistant turns, sampled by the workers' colocated vLLM engines, and tool or environment turns
+(``easyrl.agents``), in the trajectory batch layout of ``easyrl.trainer.rollout``.
+
+The driver runs the turns (``easyrl.agents.trajectory.TurnLoop``): each round sends every unfinished trajectory
+(prompt + all its tokens so far, capped at its remaining response budget) to the engines in one batch, so
+trajectories at different turns are generated together. The engines stay awake between rounds
+(``generate_sequences(keep_awake=True)``): the actor's weights are synced once, before the first round, and later
+rounds sync nothing; the engines sleep after the last round (``FSDPWorker.sleep_rollout``).
+
+In the batch, ``responses`` holds every token after the prompt (assistant, tool and environment tokens), the
+``attention_mask``'s response part is 1 on all of them, ``response_mask`` only on the assistant's, and
+``rollout_log_probs`` holds the engine's log-probs at the assistant tokens (0 elsewhere). Extras for the reward
+function and the metrics: ``messages`` (the conversation after the prompt), ``tool_calls`` (``{"name",
+"arguments", "result", "status"}`` each, or ``{"error", ...}`` for a botched call) and ``multi_turn_stats``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from easyrl.agents.environment import load_environment
+from easyrl.agents.executor import ToolExecutor
+from easyrl.agents.parsers import load_parser
+from easyrl.agents.tools import load_tools
+from easyrl.agents.trajectory import Trajectory, TurnLoop
+from easyrl.batch import Batch
+from easyrl.trainer.batch_layout import right_pad
+from easyrl.trainer.rollout import SingleTurnRollout
+from easyrl.workers.fsdp_worker import FSDPWorker
+
+__all__ = ["MultiTurnRollout", "make_rollout", "multi_turn_metrics"]
+
+_SEED_STRIDE = 1_000_003  # per round, so that a sample's turns draw from different streams
+
+
+class MultiTurnRollout:
+    """Multi-turn trajectories on the workers' engines (see the module docstring; implements ``Rollout``).
+
+    Args:
+        workers: the ``WorkerGroup``.
+        config: the whole ``PPOConfig``.
+        tokenizer: the actor's tokenizer (with the chat template that renders tool turns).
+        pad_id: the tokenizer's padding id.
+
+    Raises:
+        ConfigError: a tool, parser or environment that cannot be loaded (``easyrl.agents.specs``).
+    """
+
+    def __init__(self, workers, config, tokenizer, pad_id: int):
+        mt = config.worker.rollout.multi_turn
+        self.workers = workers
+        self.response_length = config.data.max_response_length
+        self.pad_id = pad_id
+        self.calculate_log_probs = config.worker.rollout.calculate_log_probs
+        self.tools = load_tools(mt.tools)
+        self.executor = ToolExecutor({name: tool.spec for name, tool in self.tools.items()}, mt.tool_timeout_s,
+                                     mt.num_tool_workers, mt.max_tool_response_length) if self.tools else None
+        self.loop = TurnLoop(tokenizer, load_parser(mt.format), self.executor, load_environment(mt.environment),
+                             mt.max_assistant_turns, mt.max_user_turns, mt.max_turn_tokens)
+
+    @property
+    def engines(self) -> int:
+        """Number of vLLM engines."""
+        return self.workers.rollout_dp_size
+
+    def _generate_round(self, prompts: Batch, trajectories: list[Trajectory], active: list[Trajectory],
+                        round_: int, overrides: Optional[dict[str, Any]], reshard: list[float]):
+        """One assistant turn of every ``active`` trajectory, in one batch over the engines (padded to a multiple
+        of ``engines`` with one-token copies whose output is dropped)."""
+        index = {id(t): i for i, t in enumerate(trajectories)}
+        rows = [index[id(t)] for t in active]
+        pad = (-len(rows)) % self.engines
+        rows_padded = rows + [rows[i % len(rows)] for i in range(pad)]
+        share = Batch(prompts.tensors[torch.tensor(rows_padded)], {})
+        share["raw_prompt_ids"] = [trajectories[i].prompt_ids + trajectories[i].response_ids for i in rows_padded]
+        share["images"] = [prompts["images"][i] if "images" in prompts else [] for i in rows_padded]
+        share["max_tokens"] = [self.loop.turn_budget(t) for t in active] + [1] * pad
+        if "rollout_seed" in prompts:
+            share["rollout_seed"] = [(prompts["rollout_seed"][i] + _SEED_STRIDE * round_) % 2**31
+                                     for i in rows_padded]
+        outputs = self.workers.run_rollout(FSDPWorker.generate_sequences, share, overrides=overrides,
+                                           keep_awake=True)
+        reshard[0] += max(out["timing_s/reshard"] for out in outputs)
+        ids = [row for out in outputs for row in out["response_ids"]][: len(active)]
+        if outputs[0]["response_log_probs"] is None:
+            return [(row, None) for row in ids]
+        log_probs = [row for out in outputs for row in out["response_log_probs"]][: len(active)]
+        return list(zip(ids, log_probs))
+
+    def generate(self, prompts: Batch, overrides: Optional[dict[str, Any]]) -> tuple[Batch, float]:
+        """See ``Rollout.generate``."""
+        trajectories = [Trajectory(list(ids), self.response_length) for ids in prompts["raw_prompt_ids"]]
+        reshard = [0.0]
+        try:
+            self.loop.run(trajectories, lambda active, round_: self._generate_round(
+                prompts, trajectories, active, round_, overrides, reshard))
+        finally:
+            self.workers.run_all(FSDPWorker.sleep_rollout)
+        R = self.response_length
+        responses, valid = right_pad([t.response_ids for t in trajectories], R, self.pad_id, torch.long)
+        batch = Batch(prompts.tensors.clone(), dict(prompts.extras))
+        batch["responses"] = responses
+        batch["response_mask"] = right_pad([t.response_mask for t in trajectories], R, 0, torch.long)[0]
+        batch["input_ids"] = torch.cat([prompts["prompts"], responses], dim=1)
+        batch["attention_mask"] = torch.cat([prompts["prompt_mask"], valid], dim=1)
+        if self.calculate_log_probs:
+            batch["rollout_log_probs"] = right_pad([t.log_probs for t in trajectories], R, 0.0, torch.float32)[0]
+        batch["messages"] = [t.messages for t in trajectories]
+        batch["tool_calls"] = [t.tool_calls for t in trajectories]
+        batch["multi_turn_stats"] = [t.stats() for t in trajectories]
+        return batch, reshard[0]
+
+    def close(self) -> None:
+        """Stop the tool processes."""
+        if self.executor is not None:
+            self.executor.close()
+
+
+def make_rollout(config, workers, tokenizer, pad_id: int):
+    """The rollout ``config`` asks for: ``MultiTurnRollout`` with ``worker.rollout.multi_turn.enable``, else
+    ``SingleTurnRollout``."""
+    if config.worker.rollout.multi_turn.enable:
+        return MultiTurnRollout(workers, config, tokenizer, pad_id)
+    return SingleTurnRollout(workers, config.data.max_response_length, pad_id)
+
+
+def multi_turn_metrics(batch: Batch) -> dict[str, float]:
+    """``multi_turn/*`` of a multi-turn batch ({} otherwise): ``assistant_turns/{mean,max,min}`` (verl's
+    ``num_turns``, counting assistant turns), ``user_turns/mean``, ``tool_calls``, ``tool_errors``,
+    ``tool_timeouts`` (totals over the batch), ``tool_calls_per_traj/mean``, ``masked_token_share`` (tool and
+    environment tokens / all response tokens) and ``assistant_tokens_per_turn/mean``."""
+    if "multi_turn_stats" not in batch:
+        return {}
+    stats = batch["multi_turn_stats"]
+    turns = np.array([s["assistant_turns"] for s in stats], dtype=float)
+    total = sum(s["tokens"] for s in stats)
+    assistant = sum(s["assistant_tokens"] for s in stats)
+    return {
+        "multi_turn/assistant_turns/mean": float(turns.mean()),
+        "multi_turn/assistant_turns/max": float(turns.max()),
+        "multi_turn/assistant_turns/min": float(turns.min()),
+        "multi_turn/user_turns/mean": float(np.mean([s["user_turns"] for s in stats])),
+        "multi_turn/tool_calls": float(sum(s["tool_calls"] for s in stats)),
+        "multi_turn/tool_calls_per_traj/mean": float(np.mean([s["tool_calls"] for s in stats])),
+        "multi_turn/tool_errors": float(sum(s["tool_errors"] for s in stats)),
+        "multi_turn/tool_timeouts": float(sum(s["tool_timeouts"] for s in stats)),
+        "multi_turn/masked_token_share": float(1.0 - assistant / total) if total else 0.0,
+        "multi_turn/assistant_tokens_per_turn/mean": float(assistant / max(turns.sum(), 1.0)),
+    }

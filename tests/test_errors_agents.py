@@ -1,0 +1,41 @@
+"""Config errors of ``worker.rollout.multi_turn`` (docs/errors.md, ids A..): one ``easyrl: config error:`` line
+naming the key, before anything starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+TOOLS = Path(__file__).parent / "agent_tools" / "tools.py"
+ON = "worker.rollout.multi_turn.enable=true"
+
+CASES = [
+    pytest.param([ON], ["worker.rollout.multi_turn.tools", "environment"], id="A01"),
+    pytest.param([ON, "worker.rollout.multi_turn.tools=[tools.py]"], ["tools[0]", "path/to/file.py:function"],
+                 id="A02"),
+    pytest.param([ON, "worker.rollout.multi_turn.tools=[missing/tools.py:add]"], ["tools[0]", "no file"], id="A03"),
+    pytest.param([ON, f"worker.rollout.multi_turn.tools=[{TOOLS}:add]", "worker.rollout.multi_turn.format=json"],
+                 ["worker.rollout.multi_turn.format", "hermes"], id="A04"),
+    pytest.param([ON, f"worker.rollout.multi_turn.tools=[{TOOLS}:add]", "worker.rollout.multi_turn.tool_timeout_s=0"],
+                 ["worker.rollout.multi_turn.tool_timeout_s"], id="A05"),
+    pytest.param([ON, f"worker.rollout.multi_turn.tools=[{TOOLS}:add]",
+                  "worker.rollout.multi_turn.max_assistant_turns=0"], ["max_assistant_turns", "null"], id="A06"),
+    pytest.param([ON, f"worker.rollout.multi_turn.tools=[{TOOLS}:add,{TOOLS}:add]"], ["more than once", "add"],
+                 id="A07"),
+]
+
+
+@pytest.mark.parametrize("words, culprits", CASES)
+def test_multi_turn_config_error(expect_user_error, e2e_args, tmp_path, words, culprits):
+    from easyrl.config import load_config
+
+    expect_user_error(lambda: load_config(e2e_args("qwen2_5", tmp_path, *words)), "config", *culprits)
+
+
+def test_tool_without_schema_is_a_config_error_before_ray(expect_user_error, e2e_args, tmp_path):  # A08
+    from easyrl.config import load_config
+    from easyrl.trainer.preflight import prepare
+
+    config = load_config(e2e_args("qwen2_5", tmp_path, ON, f"worker.rollout.multi_turn.tools=[{TOOLS}:no_docstring]"))
+    expect_user_error(lambda: prepare(config), "config", "tools[0]", "no_docstring", "docstring")
