@@ -25,6 +25,10 @@ class ToolResult:
     status: str
 
 
+def _started(_: int) -> None:
+    """A no-op run once per pool process when the pool starts (see ``ToolExecutor._ensure_pool``)."""
+
+
 def render_result(value: Any) -> str:
     """A tool's return value as the tool message's text: strings as they are, JSON for what JSON can hold, else
     ``str``."""
@@ -66,6 +70,9 @@ class ToolExecutor:
     def _ensure_pool(self):
         if self._pool is None:
             self._pool = multiprocessing.get_context("spawn").Pool(self.workers)
+            # wait until every process has started (spawn re-imports easyrl: seconds on a loaded host), so the start
+            # does not count against a call's timeout
+            self._pool.map(_started, range(self.workers), chunksize=1)
         return self._pool
 
     def run(self, calls: list[dict[str, Any]]) -> list[ToolResult]:

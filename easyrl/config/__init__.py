@@ -28,6 +28,7 @@ from easyrl.config.data import DataConfig
 from easyrl.config.fields import auto
 from easyrl.config.loading import auto_keys, load_config, to_dict, valid_keys
 from easyrl.config.ppo import PPOConfig
+from easyrl.config.reward_model import RewardModelConfig
 from easyrl.config.role import FSDPConfig, LoraConfig, ModelConfig, OffloadConfig, OptimConfig, TrainedRoleConfig
 from easyrl.config.trainer import TrainerConfig
 from easyrl.config.worker import RewardConfig, RolloutConfig, WorkerConfig
@@ -47,6 +48,7 @@ __all__ = [
     "PPOConfig",
     "RefConfig",
     "RewardConfig",
+    "RewardModelConfig",
     "RolloutConfig",
     "TrainedRoleConfig",
     "TrainerConfig",

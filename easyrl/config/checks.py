@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from easyrl.config.judge import check_judge
 from easyrl.config.multi_turn import check_multi_turn
+from easyrl.config.reward_model import check_reward_model
 from easyrl.config.trainer import check_backends
 from easyrl.errors import ConfigError
 
@@ -360,6 +361,7 @@ def check_config(config: "PPOConfig") -> None:
     check_easyr1_keys(config)
     check_multi_turn(config.worker.rollout.multi_turn)
     check_judge(config.worker.reward.judge, config.worker.rollout.tensor_parallel_size, check_range)
+    check_reward_model(config)
 
 
 def check_easyr1_keys(config: "PPOConfig") -> None:

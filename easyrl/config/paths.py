@@ -25,6 +25,8 @@ INPUT_PATHS: tuple[str, ...] = (
     "worker.critic.model.model_path", "worker.critic.model.tokenizer_path",
     "worker.reward.reward_function", "trainer.load_checkpoint_path",
     "worker.reward.judge.model_path", "worker.reward.judge.prompt_template", "worker.reward.judge.parser",
+    "worker.reward.reward_model.model_path", "worker.reward.reward_model.tokenizer_path",
+    "worker.reward.reward_model.chat_template",
 )
 
 

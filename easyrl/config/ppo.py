@@ -35,6 +35,7 @@ class PPOConfig:
         actor.disable_kl = algo.disable_kl
         actor.temperature = rollout.temperature
         self.worker.ref.micro_batch_size_per_device_for_experience = actor.micro_batch_size_per_device_for_experience
+        self.worker.reward.reward_model.param_dtype = actor.fsdp.param_dtype
         critic_model = self.worker.critic.model
         critic_model.model_path = critic_model.model_path or actor.model.model_path
         self.trainer.run_dir = os.path.join(

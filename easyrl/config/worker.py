@@ -10,6 +10,7 @@ from easyrl.config.critic import CriticConfig
 from easyrl.config.fields import auto
 from easyrl.config.judge import JudgeConfig
 from easyrl.config.multi_turn import MultiTurnConfig
+from easyrl.config.reward_model import RewardModelConfig
 
 
 @dataclass
@@ -81,6 +82,8 @@ class RewardConfig:
     """A generative LLM judge (vLLM on the workers) whose parsed verdict is the named score ``judge``, added to
     ``overall`` with ``judge.weight`` (``easyrl.config.judge``, docs/judge.md); off while ``judge.model_path`` is
     null."""
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    """A discriminative reward model scoring on the workers (``easyrl.config.reward_model``; off by default)."""
 
 
 @dataclass

@@ -164,6 +164,8 @@ def load_reward(reward_cfg: Any):
 
     key = "worker.reward.reward_function"
     spec = reward_cfg.reward_function
+    if not spec and reward_cfg.reward_model.enabled:  # the reward model scores alone: a rule reward of 0
+        from easyrl.rewards.zero import SPEC as spec
     if not spec:
         raise RewardError(f"{key} is not set: give path/to/file.py:function_name")
     try:
@@ -372,6 +374,7 @@ def prepare(config: Any, train: bool = True) -> Prepared:
     if config.worker.rollout.multi_turn.enable:  # what a multi-turn rollout adds (easyrl.trainer.multi_turn)
         sample.update(messages=[{"role": "assistant", "content": response}], tool_calls=[])
     check_filter_key(config, check_reward_on_sample(reward_fn, sample), reward_fn.where)
+    check_reward_model(config.worker.reward.reward_model)
     return Prepared(tokenizer, processor, train_set, val, reward_fn)
 
 
@@ -409,3 +412,42 @@ def check_filter_key(config: Any, score_names: list[str], where: str) -> None:
     if algo.online_filtering and algo.filter_key not in score_names:
         raise ConfigError(f"algorithm.filter_key={algo.filter_key!r} is not a score of {where}; it returns "
                           f"{score_names}")
+
+
+def check_reward_model(rm: Any) -> None:
+    """``worker.reward.reward_model`` (when its ``model_path`` is set): the checkpoint exists and is a sequence
+    classifier with one output, its tokenizer loads, and the chat template renders a (prompt, response) pair.
+
+    Raises:
+        ModelError: a missing folder or hub id, a config or tokenizer that cannot be loaded, ``num_labels`` other
+            than 1, a tokenizer without a chat template when ``chat_template`` is not set.
+        ConfigError: ``chat_template`` fails to render.
+    """
+    if not rm.enabled:
+        return
+    from easyrl.config.reward_model import read_chat_template
+    from easyrl.rewards.reward_model_inputs import encode_conversations, load_tokenizer
+
+    key = "worker.reward.reward_model.model_path"
+    tok_key = "worker.reward.reward_model.tokenizer_path" if rm.tokenizer_path else key
+    check_model_source(key, rm.model_path)
+    if rm.tokenizer_path:
+        check_model_source(tok_key, rm.tokenizer_path)
+    from transformers import AutoConfig
+
+    hf_config = _load(key, rm.model_path, "model config", AutoConfig.from_pretrained, rm.trust_remote_code)
+    if getattr(hf_config, "num_labels", 1) != 1:
+        raise ModelError(f"{key}={rm.model_path!r} has num_labels={hf_config.num_labels}: a reward model is a sequence "
+                         "classifier with one output (a scalar score), e.g. Skywork/Skywork-Reward-V2-Qwen3-0.6B")
+    tokenizer = _load(tok_key, rm.tokenizer_path or rm.model_path, "tokenizer", lambda _, **kw: load_tokenizer(rm),
+                      rm.trust_remote_code)
+    template = read_chat_template(rm.chat_template)
+    if template is None and not getattr(tokenizer, "chat_template", None):
+        raise ModelError(f"the tokenizer of {tok_key}={rm.tokenizer_path or rm.model_path!r} has no chat template: set "
+                         "worker.reward.reward_model.chat_template to the template the reward model was trained with")
+    try:
+        encode_conversations(tokenizer, ["a prompt"], ["a response"], template)
+    except Exception as err:
+        reason = " ".join(str(err).split())[:200]
+        raise ConfigError(f"worker.reward.reward_model.chat_template does not render a (prompt, response) pair: "
+                          f"{type(err).__name__}: {reason}") from None

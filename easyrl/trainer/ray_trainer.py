@@ -50,6 +50,7 @@ from easyrl.trainer.metrics import (
     timer,
 )
 from easyrl.trainer.multi_turn import make_rollout, multi_turn_metrics
+from easyrl.trainer.reward_model import RewardModelScorer
 from easyrl.trainer.run_folder import checkpoint_to_resume
 from easyrl.trainer.scoring import Scorer
 from easyrl.trainer.signals import GracefulStop
@@ -91,6 +92,7 @@ class RayPPOTrainer:
         self.generator: Optional[Generator] = None
         self.validator: Optional[Validator] = None
         self.checkpointer: Optional[Checkpointer] = None
+        self.reward_model: Optional[RewardModelScorer] = None  # worker.reward.reward_model, set with the workers
         self.model_shape: Optional[ModelShape] = None  # for perf/mfu/*, set with the workers
         self.peak_flops: Optional[float] = None
         self.global_step = 0
@@ -108,6 +110,8 @@ class RayPPOTrainer:
         self.validator = Validator(cfg, self.val_dataset, self.generator, self.scorer, self.tokenizer)
         self.checkpointer = Checkpointer(cfg.trainer, self.workers, run_identity(cfg))
         self.judging = JudgePhase.create(cfg.worker.reward.judge, self.scorer, self.workers)  # None: no judge
+        if cfg.worker.reward.reward_model.enabled:
+            self.reward_model = RewardModelScorer(cfg.worker.reward.reward_model, self.scorer, self.workers)
         self._init_perf()
 
     def _init_perf(self) -> None:
@@ -235,6 +239,9 @@ class RayPPOTrainer:
             if self.judging is not None:  # the LLM judge: score/judge, weighted into overall (worker.reward.judge)
                 with timer("judge", timing):
                     metrics.update(self.judging.run(batch))
+            if self.reward_model is not None:  # the reward model's score, mixed into the rule reward's overall
+                with timer("reward_model", timing):
+                    self.reward_model.score(batch, metrics)
             for key in [key for key in batch.extras if key.startswith("score/")]:  # unless set over all generated
                 metrics.setdefault(key.replace("score/", "reward/", 1), float(np.mean(batch[key])))
             metrics["reward/errors"] = float(self.scorer.errors)

@@ -69,6 +69,7 @@ class FSDPWorker:
         self.actor = None  # the model roles (easyrl.workers.roles), built by init_models
         self.ref = None  # None without KL, and under LoRA (the actor with its adapter off)
         self.critic = None  # FSDPCritic, only for algorithm.adv_estimator: gae
+        self.reward_model = None  # FSDPRewardModel, only with worker.reward.reward_model.model_path
         self.rollout = None
         self.rollout_layout: Optional[RolloutLayout] = None  # the vLLM engines over the ranks, set by init_models
         self.weights_dirty = True
@@ -92,6 +93,9 @@ class FSDPWorker:
         for model in (worker.actor.model, worker.critic.model):
             model.model_path = local_model_path(model.model_path)
             model.tokenizer_path = local_model_path(model.tokenizer_path)
+        if worker.reward.reward_model.enabled:  # the reward model's checkpoint and tokenizer likewise
+            rm = worker.reward.reward_model
+            rm.model_path, rm.tokenizer_path = local_model_path(rm.model_path), local_model_path(rm.tokenizer_path)
 
     def init_process_group(self, master_addr: str, master_port: int) -> None:
         """Join the workers' torch.distributed group (gloo / NCCL / HCCL) at rank 0's address."""
@@ -120,6 +124,7 @@ class FSDPWorker:
         mesh = init_device_mesh(self.device, (self.world_size,), mesh_dim_names=("dp",))
         roles = build_roles(self.config, mesh, self.device, self.torch_device)
         self.actor, self.ref, self.critic = roles.actor, roles.ref, roles.critic
+        self.reward_model = roles.reward_model  # None unless worker.reward.reward_model.model_path is set
         self.rollout_layout = RolloutLayout(self.world_size, cfg.rollout.tensor_parallel_size)
         remove_stale_tp_shm(self.device, self.rollout_layout, self.rank)  # an earlier run's (vLLM-CPU only)
         # one seed per engine: the ranks of a tensor-parallel engine must sample alike
@@ -147,12 +152,18 @@ class FSDPWorker:
         from transformers import AutoConfig
 
         from easyrl.device import device_memory_gib
-        from easyrl.workers.memory_estimate import check_memory, count_parameters, estimate_memory
+        from easyrl.workers.memory_estimate import (
+            check_memory,
+            count_parameters,
+            estimate_memory,
+            reward_model_parameters,
+        )
 
         model = self.config.worker.actor.model
         hf_config = AutoConfig.from_pretrained(model.model_path, trust_remote_code=model.trust_remote_code)
         num_params, vocab = count_parameters(hf_config, model.trust_remote_code)
-        estimate = estimate_memory(num_params, vocab, self.config, device_memory_gib(self.device))
+        estimate = estimate_memory(num_params, vocab, self.config, device_memory_gib(self.device),
+                                   reward_model_params=reward_model_parameters(self.config))
         if self.rank == 0:
             logger.info("memory per device (GiB of %.1f): rollout %.1f, training %.1f", estimate.capacity_gib,
                         estimate.rollout_gib, estimate.training_gib)
@@ -344,3 +355,9 @@ class FSDPWorker:
         verdicts = self.judge_engine.judge(list(share["judge_prompt"]))
         empty_cache(self.device)
         return verdicts
+    def compute_rm_scores(self, data: Batch) -> torch.Tensor:
+        """The reward model's scores of this worker's share, ``(bsz,)`` float32 (verl's ``compute_rm_score``): ``data``
+        holds the reward model's own ``input_ids`` / ``attention_mask`` (``easyrl.rewards.reward_model_inputs``)."""
+        scores = self.reward_model.compute_scores(data)
+        empty_cache(self.device)
+        return scores

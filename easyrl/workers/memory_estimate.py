@@ -20,6 +20,8 @@ the base with the adapter disabled).
 With an LLM judge (``worker.reward.judge``), its engine's claim (``judge.gpu_memory_utilization x device memory``) in
 both phases: it has no sleep mode beside the rollout engine (``easyrl.workers.judge``). Its judge phase (the rollout
 engine asleep) needs less than the rollout phase.
+A reward model (``worker.reward.reward_model``) adds its shard in the compute dtype to both phases unless
+``worker.reward.reward_model.offload.offload_params`` (the default, as the reference's).
 
 Not counted (the estimate is a lower bound): activations (small with gradient checkpointing), the transient unsharded
 block FSDP2 gathers, CUDA context and NCCL buffers (~1-2 GiB), allocator fragmentation.
@@ -57,7 +59,8 @@ class MemoryEstimate:
         return sum(self.training.values())
 
 
-def estimate_memory(num_params: int, vocab_size: int, config: PPOConfig, capacity_gib: float) -> MemoryEstimate:
+def estimate_memory(num_params: int, vocab_size: int, config: PPOConfig, capacity_gib: float,
+                    reward_model_params: int = 0) -> MemoryEstimate:
     """The per-device estimate for ``config`` (see the module docstring for what is counted).
 
     Args:
@@ -65,6 +68,7 @@ def estimate_memory(num_params: int, vocab_size: int, config: PPOConfig, capacit
         vocab_size: rows of the output layer (logits width).
         config: the finalized run configuration (world size, offload, dtypes, micro-batch, lengths).
         capacity_gib: total memory of one device, GiB.
+        reward_model_params: parameters of the reward model (0: none; :func:`reward_model_parameters`).
     """
     worker = config.worker
     world = config.world_size
@@ -88,6 +92,8 @@ def estimate_memory(num_params: int, vocab_size: int, config: PPOConfig, capacit
     critic_on_device = config.algorithm.needs_critic and not worker.critic.offload.offload_params
     critic = 12 * shard / GIB if critic_on_device else 0.0
     critic_grads = 4 * shard / GIB if critic_on_device else 0.0
+    rm = worker.reward.reward_model  # frozen, in the compute dtype, resident unless offloaded
+    reward_model = 0.0 if rm.offload.offload_params else DTYPE_BYTES[rm.param_dtype] * reward_model_params / world / GIB
     estimate = MemoryEstimate(
         capacity_gib=capacity_gib,
         vllm_weights_gib=num_params * DTYPE_BYTES[worker.rollout.dtype] / GIB / worker.rollout.tensor_parallel_size,
@@ -103,6 +109,8 @@ def estimate_memory(num_params: int, vocab_size: int, config: PPOConfig, capacit
         for phase in (estimate.rollout, estimate.training):
             phase["judge vLLM (worker.reward.judge.gpu_memory_utilization)"] = judge.gpu_memory_utilization * \
                 capacity_gib
+    if reward_model_params:
+        estimate.rollout["reward model"] = estimate.training["reward model"] = reward_model
     return estimate
 
 
@@ -153,3 +161,17 @@ def count_parameters(hf_config, trust_remote_code: bool = False) -> tuple[int, i
     model = build_empty_model(hf_config, torch.float32, trust_remote_code=trust_remote_code, attn_implementation="sdpa")
     vocab = getattr(getattr(hf_config, "text_config", hf_config), "vocab_size", None) or hf_config.vocab_size
     return sum(p.numel() for p in model.parameters()), int(vocab)
+
+
+def reward_model_parameters(config: PPOConfig) -> int:
+    """Parameters of ``worker.reward.reward_model`` (0 without one), counted on the meta device from its config."""
+    rm = config.worker.reward.reward_model
+    if not rm.enabled:
+        return 0
+    import torch
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    hf_config = AutoConfig.from_pretrained(rm.model_path, trust_remote_code=rm.trust_remote_code)
+    with torch.device("meta"):
+        model = AutoModelForSequenceClassification.from_config(hf_config, trust_remote_code=rm.trust_remote_code)
+    return sum(p.numel() for p in model.parameters())

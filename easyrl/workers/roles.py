@@ -11,6 +11,9 @@ and, when trainable, an update:
   adapter switched off (``easyrl.models.lora.adapter_disabled``), no second model.
 * ``critic``: the value model of PPO with GAE (``FSDPCritic``: the policy's backbone with a scalar value head,
   trainable); only for ``algorithm.adv_estimator: gae``.
+* ``reward_model``: a discriminative reward model (``FSDPRewardModel``: a sequence classifier with one output, frozen,
+  held in the compute dtype, offloadable) read from its own checkpoint; only when
+  ``worker.reward.reward_model.model_path`` is set.
 
 Roles are built in this order on every rank together (loading and sharding are collective), so a role may start from
 one built before it (``init_from``, as the reference copies the actor).
@@ -46,6 +49,7 @@ if TYPE_CHECKING:  # the model classes import transformers' models: only the wor
 
     from easyrl.workers.critic import FSDPCritic
     from easyrl.workers.policy import FSDPPolicy
+    from easyrl.workers.reward_model import FSDPRewardModel
 
 
 @dataclass
@@ -55,6 +59,8 @@ class Roles:
     actor: FSDPPolicy
     ref: Optional[FSDPPolicy] = None
     critic: Optional[FSDPCritic] = None
+    reward_model: Optional[FSDPRewardModel] = None
+    """The discriminative reward model (``worker.reward.reward_model``, frozen), when its ``model_path`` is set."""
 
 
 def uses_lora(config: PPOConfig) -> bool:
@@ -99,4 +105,11 @@ def build_roles(config: PPOConfig, mesh: DeviceMesh, device: str, torch_device: 
     critic = None
     if config.algorithm.needs_critic:
         critic = FSDPCritic(cfg.critic.model.model_path, cfg.critic, mesh, device, torch_device)
-    return Roles(actor=actor, ref=ref, critic=critic)
+    reward_model = None
+    if cfg.reward.reward_model.enabled:  # its own checkpoint and tokenizer: easyrl.workers.reward_model
+        from easyrl.rewards.reward_model_inputs import load_tokenizer, padding_id
+        from easyrl.workers.reward_model import FSDPRewardModel
+
+        reward_model = FSDPRewardModel(cfg.reward.reward_model, mesh, device, torch_device,
+                                       padding_id(load_tokenizer(cfg.reward.reward_model)))
+    return Roles(actor=actor, ref=ref, critic=critic, reward_model=reward_model)

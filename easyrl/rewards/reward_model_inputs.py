@@ -1,0 +1,94 @@
+"""A reward model's inputs: each (prompt, response) as text, templated with the reward model's own chat template and
+encoded with its own tokenizer (the policy's ids mean nothing to a model with another vocabulary or template).
+
+The prompt is the dataset row's prompt column (``data.prompt_key``, before ``data.format_prompt``; the row's
+``columns["prompt"]``), the response the policy's decoded response (``worker.reward.skip_special_tokens``). They are
+rendered as ``[{"role": "user", "content": prompt}, {"role": "assistant", "content": response}]`` by
+``worker.reward.reward_model.chat_template`` or the tokenizer's own template, and encoded without adding special
+tokens (the template writes them), as ``tokenizer.apply_chat_template(..., tokenize=True)`` does: the text a
+direct ``transformers`` call on the same conversation scores.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+__all__ = ["RewardModelInputs", "conversation", "encode_conversations", "load_tokenizer", "padding_id"]
+
+
+def load_tokenizer(config: Any) -> Any:
+    """The reward model's tokenizer (``worker.reward.reward_model``: ``tokenizer_path``, else ``model_path``)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(config.tokenizer_path or config.model_path,
+                                         trust_remote_code=config.trust_remote_code)
+
+
+def padding_id(tokenizer: Any) -> int:
+    """The id reward-model inputs are padded with: the tokenizer's pad token, else its eos token.
+
+    Raises:
+        ValueError: the tokenizer has neither.
+    """
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if pad_id is None:
+        raise ValueError("the reward model's tokenizer has neither a pad nor an eos token to pad with")
+    return int(pad_id)
+
+
+def conversation(prompt: str, response: str) -> list[dict[str, str]]:
+    """The chat a reward model scores: the prompt as the user's turn, the response as the assistant's."""
+    return [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}]
+
+
+@dataclass
+class RewardModelInputs:
+    """Right-padded reward-model inputs of a batch.
+
+    ``input_ids``/``attention_mask``: ``(bsz, longest)`` int64, padded with the reward model's pad id; ``truncated``:
+    how many inputs lost their first tokens to ``max_length``; ``texts``: the templated texts (for inspection)."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    truncated: int
+    texts: list[str]
+
+
+def encode_conversations(tokenizer: Any, prompts: list[str], responses: list[str],
+                         chat_template: Optional[str] = None, max_length: Optional[int] = None) -> RewardModelInputs:
+    """Template and encode (prompt, response) pairs for a reward model.
+
+    Args:
+        tokenizer: the reward model's tokenizer (its ``pad_token_id``, else ``eos_token_id``, pads).
+        prompts, responses: texts, one pair per sample.
+        chat_template: a Jinja chat template replacing the tokenizer's (None: the tokenizer's own).
+        max_length: tokens per input at most; a longer input keeps its last ``max_length`` tokens (where a
+            sequence classifier reads its score). None: no limit.
+
+    Returns:
+        :class:`RewardModelInputs`.
+
+    Raises:
+        ValueError: the tokenizer has no chat template and none is given, or neither a pad nor an eos token.
+    """
+    if chat_template is None and not getattr(tokenizer, "chat_template", None):
+        raise ValueError("the reward model's tokenizer has no chat template: set worker.reward.reward_model."
+                         "chat_template to the template it was trained with")
+    pad_id = padding_id(tokenizer)
+    texts = [tokenizer.apply_chat_template(conversation(p, r), chat_template=chat_template, tokenize=False)
+             for p, r in zip(prompts, responses)]
+    ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
+    truncated = 0
+    if max_length is not None:
+        truncated = sum(len(row) > max_length for row in ids)
+        ids = [row[-max_length:] for row in ids]
+    longest = max((len(row) for row in ids), default=1)
+    input_ids = torch.full((len(ids), longest), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(ids), longest), dtype=torch.long)
+    for i, row in enumerate(ids):
+        input_ids[i, :len(row)] = torch.tensor(row, dtype=torch.long)
+        attention_mask[i, :len(row)] = 1
+    return RewardModelInputs(input_ids, attention_mask, truncated, texts)
