@@ -183,7 +183,7 @@ def test_collate_fn_makes_plain_lists(vl, geo3k_parquet):
     dataset = RLDataset(geo3k_parquet, tokenizer, processor, **PIXELS)
     items = [dataset[0], dataset[1], dataset[2]]
     batch = collate_fn(items)
-    assert set(batch) == {"prompt_ids", "raw_prompt_ids", "images", "multi_modal_inputs", "ground_truth", "columns"}
+    assert set(batch) == {"prompt_ids", "raw_prompt_ids", "images", "videos", "multi_modal_inputs", "ground_truth", "columns"}
     assert batch["prompt_ids"] == [item["prompt_ids"] for item in items]
     assert batch["ground_truth"] == ["80", "13", "9"]
     assert all(isinstance(image, Image.Image) for images in batch["images"] for image in images)

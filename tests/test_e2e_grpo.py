@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from easyrl.testing.worker import InspectableWorker
-from easyrl.workers.fsdp_worker import FSDPWorker
+from easyrl.testing.worker import InspectableWorker, actor_log_probs_of
 from easyrl.workers.mm_staging import multi_modal_nbytes
 
 pytestmark = pytest.mark.e2e
@@ -126,13 +125,7 @@ def test_vllm_matches_actor_after_weight_sync(vl_trainer):
     prompts = trainer.generator.prompt_batch(features, 2, trainer.global_step)  # 2 workers: one copy each
     response = trainer.tokenizer.encode(" The answer is \\boxed{80}.", add_special_tokens=False)
     batch = trainer.generator.generate(prompts, overrides=None, timing={})  # also syncs the current actor weights
-    batch["responses"][:, :] = trainer.pad_id
-    batch["responses"][:, : len(response)] = torch.tensor(response)
-    batch["response_mask"].zero_()
-    batch["response_mask"][:, : len(response)] = 1
-    batch["input_ids"] = torch.cat([batch["prompts"], batch["responses"]], dim=1)
-    batch["attention_mask"] = torch.cat([batch["prompt_mask"], batch["response_mask"]], dim=1)
-    actor = torch.cat(trainer.workers.run_split(FSDPWorker.compute_log_probs, batch))[0, : len(response)]
+    actor = actor_log_probs_of(trainer, batch, response)
 
     prompt_ids = features["prompt_ids"][0]
     expanded, vllm_scores = trainer.workers.run_all(

@@ -1,19 +1,18 @@
 """The EasyR1 keys easyrl implements (docs/migrating.md): LR schedules and warm-up in steps, adamw_bf16, bf16 stored
 weights, optimizer offload apart from parameter offload, model-only checkpoints, the chat template override, the
-video column refusal, the generation batch (mini_rollout_batch_size) and gspo_token."""
+generation batch (mini_rollout_batch_size) and gspo_token."""
 
 from __future__ import annotations
 
 import math
 from types import SimpleNamespace
 
-import datasets
 import pytest
 import torch
 
 from easyrl.algorithms.policy_losses import POLICY_LOSSES
 from easyrl.config import FSDPConfig, OptimConfig
-from easyrl.errors import ConfigError, DataError
+from easyrl.errors import ConfigError
 from easyrl.workers.optim import (
     BF16AdamW,
     build_lr_scheduler,
@@ -153,16 +152,6 @@ def test_override_chat_template(tmp_path):
     assert text == "[user] 1+1?\n"
     with pytest.raises(ConfigError, match="data.override_chat_template"):
         override_chat_template(tokenizer, None, str(tmp_path / "missing.jinja"))
-
-
-def test_video_column_refused_until_implemented():
-    from easyrl.trainer.preflight import check_no_videos
-
-    with_videos = datasets.Dataset.from_dict({"problem": ["a", "b"], "videos": [[], ["clip.mp4"]]})
-    with pytest.raises(DataError, match=r"column 'videos' \(data.video_key\).*data.video_key=null"):
-        check_no_videos(with_videos, "videos", "data.train_files='x'")
-    check_no_videos(with_videos, None, "data.train_files='x'")  # null: the column is ignored
-    check_no_videos(datasets.Dataset.from_dict({"problem": ["a"], "videos": [[]]}), "videos", "x")  # none in it
 
 
 def test_gspo_token_is_gspo():

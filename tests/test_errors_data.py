@@ -225,10 +225,3 @@ def test_text_only_model_with_image_data_warns_naming_the_column(vl, caplog):  #
     with caplog.at_level(logging.WARNING, logger="easyrl.data"):
         _load(vl, SAMPLE, "data.image_key=null", text_only=True)()
     assert "text-only" not in caplog.text
-
-
-def test_video_column_until_video_input_exists(expect_user_error, vl, tmp_path):  # D40
-    """EasyR1's data.video_key (default ``videos``): a dataset with videos is refused, not trained on without them."""
-    path = _jsonl(tmp_path / "train.jsonl", [{"problem": "What happens?", "answer": "1", "videos": ["clip.mp4"]}])
-    expect_user_error(_load(vl, path, text_only=True), "data", "column 'videos' (data.video_key)",
-                      "data.video_key=null")

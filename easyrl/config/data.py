@@ -46,10 +46,15 @@ class DataConfig:
     override_chat_template: Optional[str] = None
     """Path of a Jinja chat template file that replaces the tokenizer's (and processor's) own (EasyR1's key)."""
     video_key: Optional[str] = "videos"
-    """Column holding videos (EasyR1's key). Video input is not implemented yet: a dataset with this column is
-    refused (set null to ignore the column)."""
+    """Column holding each row's videos (EasyR1's key): file paths (relative ones under ``image_dir``) or lists of
+    frame images; ``<video>`` in the prompt places them (docs/data.md, Videos). null: no column is read as videos."""
     video_fps: float = 2.0
-    """Frames per second sampled from a video (EasyR1's key; see ``video_key``)."""
+    """Frames per second sampled from a video file (EasyR1's key; qwen-vl-utils' ``fps``)."""
+
+    video_min_frames: int = 4
+    """Frames sampled from a video file at least (qwen-vl-utils' ``min_frames``), at most all it has."""
+    video_max_frames: int = 768
+    """Frames sampled from a video at most (qwen-vl-utils' ``max_frames``); a longer frame list is thinned evenly."""
 
     @property
     def generation_batch_size(self) -> int:

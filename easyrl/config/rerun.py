@@ -31,6 +31,7 @@ NEUTRAL_KEYS: tuple[str, ...] = (
     "worker.rollout.enable_chunked_prefill", "worker.rollout.max_num_batched_tokens", "worker.rollout.disable_tqdm",
     "worker.nccl_timeout", "worker.env_vars*", "worker.reward.timeout_s",
     "worker.reward.reward_model.micro_batch_size_per_device",
+    "worker.rollout.limit_videos",  # vLLM's per-prompt capacity, raised from the data at start-up
 )
 
 

@@ -55,6 +55,9 @@ class RolloutConfig:
     max_pixels: int = auto("data.max_pixels", 4194304)
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     """Multi-turn rollouts with tools and an environment (docs/agents.md)."""
+    limit_videos: int = 0
+    """Videos per prompt at most (vLLM's ``limit_mm_per_prompt``); raised at start-up to the most a row of the data
+    has (a log line says so), so 0 is right for image and text data (vLLM then profiles no video)."""
 
 
 @dataclass

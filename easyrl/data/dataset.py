@@ -22,7 +22,8 @@ from PIL import Image
 from easyrl.data.checks import check_image_column, check_not_empty, data_files_under, is_missing_answer, read_error
 from easyrl.data.images import DEFAULT_FACTOR, load_image, process_image, target_size
 from easyrl.data.intergps import IMAGE_PLACEHOLDER, is_intergps_dir, load_intergps_geometry3k
-from easyrl.data.prompts import load_format_prompt
+from easyrl.data.prompts import load_format_prompt, user_content
+from easyrl.data.videos import VIDEO_PLACEHOLDER, FrameLimits, probe_tokens, process_video
 from easyrl.errors import ConfigError, DataError
 
 logger = logging.getLogger("easyrl.data")
@@ -175,6 +176,10 @@ class RLDataset(torch.utils.data.Dataset):
         filter_overlong_prompts: drop rows longer than ``max_prompt_length`` at construction (the count is logged on
             the ``easyrl.data`` logger). When False no row is dropped or truncated; the trainer sees them as they are.
         system_prompt: text of a system message before each user message (``data.system_prompt``), or None.
+        video_key: column of videos (``data.video_key``), each row a list of videos (file paths or lists of frame
+            images, relative paths resolved against ``image_dir``; see :mod:`easyrl.data.videos`); ``<video>``
+            placeholders in the prompt place them. A missing column means no videos; a text-only model drops them.
+        video_limits: frame sampling (``data.video_fps``, ``video_min_frames``, ``video_max_frames``).
 
     Raises (construction):
         FileNotFoundError: missing data file / folder / template.
@@ -198,6 +203,8 @@ class RLDataset(torch.utils.data.Dataset):
         max_pixels: int = 4194304,
         filter_overlong_prompts: bool = True,
         system_prompt: str | None = None,
+        video_key: str | None = None,
+        video_limits: FrameLimits = FrameLimits(),
         tools: list[dict] | None = None,
     ):
         self.data_path = data_path
@@ -223,6 +230,11 @@ class RLDataset(torch.utils.data.Dataset):
                     f"Set {config_key} to the column that holds it."
                 )
         self.has_images = image_key is not None and image_key in columns
+        self.video_key, self.video_limits = video_key, video_limits
+        self.has_videos = video_key is not None and video_key in columns
+        if self.has_videos and processor is None:
+            logger.warning("%s: column %r (data.video_key) holds videos but the model is text-only: the videos are "
+                           "dropped and <video> placeholders removed", data_path, video_key)
         check_image_column(self.dataset, image_key, prompt_key, data_path, text_only=processor is None)
         self.row_ids = list(range(len(self.dataset)))  # index in the source, for error messages
         self._scan_rows(filter_overlong_prompts)
@@ -241,6 +253,17 @@ class RLDataset(torch.utils.data.Dataset):
             images = [self._resolve(image) for image in images]
         return images
 
+    def _row_videos(self, row: dict) -> list:
+        """The row's raw videos (paths or frame lists), relative paths resolved against ``image_dir`` (EasyR1's)."""
+        if not self.has_videos or self.processor is None or not row[self.video_key]:
+            return []
+        value = row[self.video_key]
+        videos = [value] if isinstance(value, (str, os.PathLike)) else list(value)  # one path: one video
+        if self.image_dir is not None:
+            videos = [[self._resolve(f) for f in v] if isinstance(v, (list, tuple)) else self._resolve(v)
+                      for v in videos]
+        return videos
+
     def _resolve(self, image: Any) -> Any:
         if isinstance(image, str) and not os.path.isabs(image):
             return os.path.join(self.image_dir, image)
@@ -249,32 +272,25 @@ class RLDataset(torch.utils.data.Dataset):
             return {"bytes": None, "path": path if os.path.isabs(path) else os.path.join(self.image_dir, path)}
         return image
 
-    def _prompt_text(self, row: dict, n_images: int) -> str:
-        """The chat-templated prompt with one image placeholder token per image."""
+    def _missing_column(self, kind: str) -> str:
+        """How a row's ``kind`` (image/video) column is named in a placeholder-count error."""
+        key = getattr(self, f"{kind}_key")
+        if getattr(self, f"has_{kind}s"):
+            return f"column {key!r} (data.{kind}_key)"
+        if key:
+            return f"no {kind} column {key!r} in {self.data_path!r} (set data.{kind}_key)"
+        return f"data.{kind}_key is null (set it to the column of the {kind}s)"
+
+    def _prompt_text(self, row: dict, n_images: int, n_videos: int = 0) -> str:
+        """The chat-templated prompt with one image (video) placeholder token per image (video)."""
         content = row[self.prompt_key]
         if not isinstance(content, str):
             raise ValueError(f"column {self.prompt_key!r} holds a {type(content).__name__}, not a string")
         text = self.format_prompt(content)
-        n_placeholders = text.count(IMAGE_PLACEHOLDER)
         if self.processor is None:
-            message: Any = text.replace(IMAGE_PLACEHOLDER, "")
+            message: Any = text.replace(IMAGE_PLACEHOLDER, "").replace(VIDEO_PLACEHOLDER, "")
         else:
-            if n_placeholders and n_placeholders != n_images:
-                where = (
-                    f"column {self.image_key!r} (data.image_key)" if self.has_images
-                    else f"no image column {self.image_key!r} in {self.data_path!r} (set data.image_key)"
-                )
-                raise ValueError(f"the prompt has {n_placeholders} {IMAGE_PLACEHOLDER} placeholders but {n_images} "
-                                 f"images: {where}")
-            if n_placeholders:  # text, image, text, ... in the order of the placeholders
-                message = []
-                for j, piece in enumerate(text.split(IMAGE_PLACEHOLDER)):
-                    if j > 0:
-                        message.append({"type": "image"})
-                    if piece:
-                        message.append({"type": "text", "text": piece})
-            else:  # no placeholder: the images first, then the text
-                message = [{"type": "image"}] * n_images + ([{"type": "text", "text": text}] if text else [])
+            message = user_content(text, n_images, n_videos, self._missing_column)
         templater = self.processor if getattr(self.processor, "chat_template", None) else self.tokenizer
         return templater.apply_chat_template(
             self.system + [{"role": "user", "content": message}], tokenize=False, add_generation_prompt=True,
@@ -293,7 +309,8 @@ class RLDataset(torch.utils.data.Dataset):
         Raises:
             DataError: the first bad row, naming its index, the source and the column; or every row too long.
         """
-        columns = [self.prompt_key, self.answer_key] + ([self.image_key] if self.has_images else [])
+        columns = [self.prompt_key, self.answer_key] + ([self.image_key] if self.has_images else []) + (
+            [self.video_key] if self.has_videos else [])
         view = self.dataset.select_columns(list(dict.fromkeys(columns)))
         feature = view.features.get(self.image_key) if self.has_images else None
         if isinstance(getattr(feature, "feature", None), datasets.Image):  # decode ourselves, to name the row
@@ -301,15 +318,20 @@ class RLDataset(torch.utils.data.Dataset):
         elif isinstance(feature, datasets.Image):
             view = view.cast_column(self.image_key, datasets.Image(decode=False))
         keep = []
+        self.max_videos = 0  # videos in one row at most (vLLM's limit_mm_per_prompt)
         for index, row in enumerate(view):
             try:
                 if is_missing_answer(row[self.answer_key]):
                     raise DataError(f"column {self.answer_key!r} (data.answer_key) is empty")
-                images = self._row_images(row)
-                length = len(self._encode(self._prompt_text(row, len(images))))
+                images, videos = self._row_images(row), self._row_videos(row)
+                length = len(self._encode(self._prompt_text(row, len(images), len(videos))))
                 for image in images:
                     w, h = target_size(*_image_size(image), self.min_pixels, self.max_pixels, self.factor)
                     length += w * h // (self.factor * self.factor) - 1
+                self.max_videos = max(self.max_videos, len(videos))
+                for video in videos:  # its header and first frame (every frame is decoded when the row is used)
+                    length += probe_tokens(video, self.video_limits, self.min_pixels, self.max_pixels, self.factor,
+                                           self.processor) - 1
             except Exception as err:
                 raise DataError(f"row {index} of {self.data_path!r}: {err}") from err
             if length <= self.max_prompt_length or not filter_overlong:
@@ -341,8 +363,10 @@ class RLDataset(torch.utils.data.Dataset):
             ``prompt_ids`` (list[int]): the actor's ids, each image's placeholder expanded to its image tokens;
             ``raw_prompt_ids`` (list[int]): vLLM's ids, one ``<|image_pad|>`` per image;
             ``images`` (list[PIL.Image]): RGB, resized (``[]`` for text rows or text-only models);
+            ``videos`` (list[easyrl.data.videos.Video]): sampled, resized frames + metadata (``[]`` without videos);
             ``multi_modal_inputs`` (dict[str, Tensor]): processor outputs besides ids and mask, e.g. ``pixel_values``
-            ``(n_patches, patch_dim)`` and ``image_grid_thw`` ``(n_images, 3)``; ``{}`` without images;
+            ``(n_patches, patch_dim)`` and ``image_grid_thw`` ``(n_images, 3)``, for videos ``pixel_values_videos``,
+            ``video_grid_thw`` ``(n_videos, 3)`` (and Qwen2.5-VL's ``second_per_grid_ts``); ``{}`` without either;
             ``ground_truth`` (str): the row's answer;
             ``columns`` (dict): the row's columns for verl- and TRL-style reward functions (:meth:`reward_columns`).
 
@@ -359,14 +383,21 @@ class RLDataset(torch.utils.data.Dataset):
         images = [
             process_image(image, self.min_pixels, self.max_pixels, self.factor) for image in self._row_images(row)
         ]
-        text = self._prompt_text(row, len(images))
+        videos = [process_video(video, self.video_limits, self.min_pixels, self.max_pixels, self.factor,
+                                self.processor) for video in self._row_videos(row)]
+        text = self._prompt_text(row, len(images), len(videos))
         raw_prompt_ids = self._encode(text)
         answer = row[self.answer_key]
         if is_missing_answer(answer):
             raise DataError(f"column {self.answer_key!r} (data.answer_key) is empty")
         multi_modal_inputs: dict[str, torch.Tensor] = {}
-        if images:
-            inputs = self.processor(text=[text], images=images, return_tensors="pt")
+        if images or videos:
+            kwargs: dict[str, Any] = {"images": images} if images else {}
+            if videos:  # already sampled: the processor keeps every frame (easyrl.data.videos)
+                kwargs.update(videos=[v.frames for v in videos], video_metadata=[v.metadata for v in videos],
+                              videos_kwargs={"do_sample_frames": False, "size": {
+                                  "shortest_edge": self.min_pixels, "longest_edge": self.max_pixels}})
+            inputs = self.processor(text=[text], return_tensors="pt", **kwargs)
             prompt_ids = inputs["input_ids"][0].tolist()
             multi_modal_inputs = {k: v for k, v in inputs.items() if k not in TOKEN_ALIGNED_KEYS}
         else:
@@ -375,6 +406,7 @@ class RLDataset(torch.utils.data.Dataset):
             "prompt_ids": prompt_ids,
             "raw_prompt_ids": raw_prompt_ids,
             "images": images,
+            "videos": videos,
             "multi_modal_inputs": multi_modal_inputs,
             "ground_truth": str(answer),
             "columns": self.reward_columns(row),
@@ -383,7 +415,8 @@ class RLDataset(torch.utils.data.Dataset):
     def reward_columns(self, row: dict) -> dict[str, Any]:
         """The row's columns as reward functions of verl and TRL receive them (``easyrl.rewards.styles``): all but
         the image column, the ``data.prompt_key`` column under TRL's name ``prompt``."""
-        columns = {key: value for key, value in row.items() if key not in (self.image_key, self.prompt_key)}
+        columns = {key: value for key, value in row.items()
+                   if key not in (self.image_key, self.prompt_key, self.video_key)}
         columns["prompt"] = row.get(self.prompt_key)
         return columns
 

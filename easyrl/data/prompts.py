@@ -9,7 +9,8 @@ rendering becomes the user turn of the chat. Example (``examples/format_prompt/m
 from __future__ import annotations
 
 import os
-from typing import Callable
+import re
+from typing import Any, Callable
 
 import jinja2
 
@@ -74,4 +75,31 @@ def load_format_prompt(path: str | None) -> Callable[[str], str]:
 
 
 def _identity(content: str) -> str:
+    return content
+
+
+def user_content(text: str, n_images: int, n_videos: int, column: Callable[[str], str]) -> list[dict[str, Any]]:
+    """The Qwen-VL content items of a user message: ``text`` cut at its ``<image>`` / ``<video>`` placeholders into
+    text items and ``{"type": "image"}`` / ``{"type": "video"}`` items, in order. Images (videos) without any
+    placeholder go first, images before videos, then the text.
+
+    Args:
+        column: ``column(kind)`` names the row's image or video column for the error message.
+
+    Raises:
+        ValueError: the placeholders of a kind are neither absent nor as many as the row's items of that kind.
+    """
+    placed = {}
+    for kind, count in (("image", n_images), ("video", n_videos)):
+        placed[kind] = text.count(f"<{kind}>")
+        if placed[kind] and placed[kind] != count:
+            raise ValueError(f"the prompt has {placed[kind]} <{kind}> placeholders but {count} {kind}s: "
+                             f"{column(kind)}")
+    content = [{"type": kind} for kind, count in (("image", n_images), ("video", n_videos)) if not placed[kind]
+               for _ in range(count)]
+    for j, piece in enumerate(re.split("(<image>|<video>)", text)):
+        if j % 2:
+            content.append({"type": piece[1:-1]})
+        elif piece:
+            content.append({"type": "text", "text": piece})
     return content

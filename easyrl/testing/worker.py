@@ -8,7 +8,7 @@ reference like the trainer does, e.g. ``trainer.workers.run_all(InspectableWorke
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -60,10 +60,23 @@ class InspectableWorker(FSDPWorker):
             self.critic.config = config.worker.critic
         self.rollout.config = config.worker.rollout
 
-    def rollout_score(self, token_ids: list[int], images: list[Any]) -> tuple[list[int], list[float]]:
+    def rollout_score(self, token_ids: list[int], images: list[Any],
+                      videos: Optional[list[Any]] = None) -> tuple[list[int], list[float]]:
         """vLLM's log-probs of ``token_ids[1:]`` (weights synced first if stale); see ``VLLMRollout.score``."""
         self._ensure_rollout_weights()
         self.rollout.wake_up()
-        scores = self.rollout.score(token_ids, images)
+        scores = self.rollout.score(token_ids, images, videos)
         self.rollout.sleep()
         return scores
+
+
+def actor_log_probs_of(trainer, batch, response: list[int]) -> torch.Tensor:
+    """The actor's log-probs ``(len(response),)`` of the fixed ``response`` after the first prompt of ``batch`` (a
+    generated batch of a ``trainer``; its responses, masks and ids are replaced in place by ``response``)."""
+    batch["responses"][:, :] = trainer.pad_id
+    batch["responses"][:, : len(response)] = torch.tensor(response)
+    batch["response_mask"].zero_()
+    batch["response_mask"][:, : len(response)] = 1
+    batch["input_ids"] = torch.cat([batch["prompts"], batch["responses"]], dim=1)
+    batch["attention_mask"] = torch.cat([batch["prompt_mask"], batch["response_mask"]], dim=1)
+    return torch.cat(trainer.workers.run_split(FSDPWorker.compute_log_probs, batch))[0, : len(response)]

@@ -140,8 +140,8 @@ def batch_shapes(attention_mask: torch.Tensor, multi_modal_inputs: list[dict]) -
     """``(seq_lens, image_patches)`` of a batch for ``forward_flops``: valid tokens per row of ``attention_mask``
     ``(bsz, seq_len)`` and ``t * h * w`` of every image in each sample's ``image_grid_thw`` ``(n_images, 3)``."""
     seq_lens = attention_mask.sum(-1).tolist()
-    patches = [int(row.prod()) for inputs in multi_modal_inputs if "image_grid_thw" in (inputs or {})
-               for row in inputs["image_grid_thw"]]
+    patches = [int(row.prod()) for inputs in multi_modal_inputs for key in ("image_grid_thw", "video_grid_thw")
+               if key in (inputs or {}) for row in inputs[key]]
     return seq_lens, patches
 
 

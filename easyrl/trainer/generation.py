@@ -55,7 +55,7 @@ class Generator:
                                          self.config.data.max_prompt_length, self.pad_id)
         tensors = TensorDict({"prompts": prompts, "prompt_mask": prompt_mask}, batch_size=[len(order)])
         extras = {key: [features[key][i] for i in order]
-                  for key in ("raw_prompt_ids", "images", "multi_modal_inputs", "ground_truth", "columns")
+                  for key in ("raw_prompt_ids", "images", "videos", "multi_modal_inputs", "ground_truth", "columns")
                   if key in features}
         extras["uid"] = [uids[i] for i in order]
         extras["rollout_seed"] = batch_seeds(self.config.worker.rollout.seed, step, len(order), round_, phase)

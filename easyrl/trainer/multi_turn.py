@@ -78,6 +78,8 @@ class MultiTurnRollout:
         share = Batch(prompts.tensors[torch.tensor(rows_padded)], {})
         share["raw_prompt_ids"] = [trajectories[i].prompt_ids + trajectories[i].response_ids for i in rows_padded]
         share["images"] = [prompts["images"][i] if "images" in prompts else [] for i in rows_padded]
+        if "videos" in prompts:
+            share["videos"] = [prompts["videos"][i] for i in rows_padded]
         share["max_tokens"] = [self.loop.turn_budget(t) for t in active] + [1] * pad
         if "rollout_seed" in prompts:
             share["rollout_seed"] = [(prompts["rollout_seed"][i] + _SEED_STRIDE * round_) % 2**31

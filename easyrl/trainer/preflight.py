@@ -307,6 +307,7 @@ def tool_schemas(multi_turn: Any) -> Optional[list[dict]]:
 def load_dataset_for(key: str, path: str, config: Any, tokenizer: Any, processor: Any):
     """``RLDataset`` of the data path ``path`` given by config key ``key``; data errors are prefixed with the key."""
     from easyrl.data.dataset import RLDataset
+    from easyrl.data.videos import FrameLimits
 
     data = config.data
     try:
@@ -315,28 +316,24 @@ def load_dataset_for(key: str, path: str, config: Any, tokenizer: Any, processor
             image_key=data.image_key, image_dir=data.image_dir, max_prompt_length=data.max_prompt_length,
             format_prompt=data.format_prompt, min_pixels=data.min_pixels, max_pixels=data.max_pixels,
             filter_overlong_prompts=data.filter_overlong_prompts, system_prompt=data.system_prompt,
+            video_key=data.video_key,
+            video_limits=FrameLimits(data.video_fps, data.video_min_frames, data.video_max_frames),
             tools=tool_schemas(config.worker.rollout.multi_turn),
         )
     except DataError as err:  # the message names the file; say which setting gave it
         raise DataError(f"{key}: {err}") from None
-    check_no_videos(dataset.dataset, data.video_key, f"{key}={path!r}")
+    raise_video_limit(config.worker.rollout, dataset.max_videos, key)
     return dataset
 
 
-def check_no_videos(rows: Any, video_key: Optional[str], where: str) -> None:
-    """Video input (EasyR1's ``data.video_key``) is not implemented yet: a dataset whose ``video_key`` column holds
-    any video is refused rather than trained on without its videos.
-
-    Raises:
-        DataError: naming the column, the key, and the two ways out.
-    """
-    if not video_key or video_key not in rows.column_names:
-        return
-    if any(value for value in rows[video_key]):
-        raise DataError(
-            f"{where} has videos in column {video_key!r} (data.video_key), and easyrl does not train on video input "
-            "yet; drop the column or set data.video_key=null to train without it, or use EasyR1 for video data"
-        )
+def raise_video_limit(rollout: Any, max_videos: int, key: str) -> None:
+    """vLLM refuses a prompt with more videos than ``limit_mm_per_prompt`` allows, and profiles a video at start-up
+    only when the limit is above 0: ``worker.rollout.limit_videos`` is raised to the most videos a row of the data
+    has (logged), so EasyR1 configs, which have no such key, run on video data unchanged."""
+    if max_videos > rollout.limit_videos:
+        logger.info("%s has up to %d video(s) per prompt: worker.rollout.limit_videos raised from %d to %d", key,
+                    max_videos, rollout.limit_videos, max_videos)
+        rollout.limit_videos = max_videos
 
 
 def prepare(config: Any, train: bool = True) -> Prepared:

@@ -222,9 +222,10 @@ class FSDPWorker:
         reshard = self._ensure_rollout_weights()
         self.rollout.wake_up()
         seeds = prompts["rollout_seed"] if "rollout_seed" in prompts else None
+        videos = prompts["videos"] if "videos" in prompts else None
         max_tokens = prompts["max_tokens"] if "max_tokens" in prompts else None
         output = self.rollout.generate(prompts["raw_prompt_ids"], prompts["images"], overrides, seeds=seeds,
-                                       max_tokens=max_tokens)
+                                       max_tokens=max_tokens, videos=videos)
         if not keep_awake:
             self.sleep_rollout()
         return {"response_ids": output.response_ids, "response_log_probs": output.response_log_probs,

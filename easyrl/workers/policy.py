@@ -27,6 +27,7 @@ from easyrl.batch import Batch
 from easyrl.config import ActorConfig, OffloadConfig
 from easyrl.errors import ConfigError
 from easyrl.models.fused_head import FusedLogProbHead
+from easyrl.models.mrope import text_after_vision
 from easyrl.workers.fsdp_model import clip_grad_norm, load_sharded_model
 from easyrl.workers.optim import build_lr_scheduler, build_optimizer, move_optimizer_state, offloads_optimizer
 from easyrl.workers.policy_forward import (
@@ -115,6 +116,7 @@ class FSDPPolicy:
             model.get_input_embeddings().register_forward_hook(self._blank_image_hook)
             self._model_placeholder_mask = model.model.get_placeholder_mask
             model.model.get_placeholder_mask = self._placeholder_mask
+            model.model.get_rope_index = text_after_vision(model.model.get_rope_index)  # vLLM's positions
         self.fused_head = FusedLogProbHead(model) if config.padding_free and self.scores_tokens else None
         self.optimizer: Optional[torch.optim.Optimizer] = None
         self.num_updates = 0
@@ -146,11 +148,12 @@ class FSDPPolicy:
         input_ids = micro["input_ids"].to(self.torch_device)
         multi_modal = _merge_multimodal(micro.extras.get("multi_modal_inputs", []), self.torch_device)
         prompt_len = input_ids.shape[1] - micro["response_mask"].shape[1]
-        types = mm_token_type_ids(input_ids, prompt_len, self.pad_ids) if "pixel_values" in multi_modal else None
+        visual = "pixel_values" in multi_modal or "pixel_values_videos" in multi_modal
+        types = mm_token_type_ids(input_ids, prompt_len, self.pad_ids) if visual else None
         stray = stray_pads(input_ids, prompt_len, self.pad_ids) if self.pad_ids else None
         if stray is not None and stray.any():  # see _placeholder_mask
             self.stray_pads = (stray, micro["attention_mask"].to(self.torch_device).bool())
-        self.add_blank_image = self.has_vision and "pixel_values" not in multi_modal
+        self.add_blank_image = self.has_vision and not visual
         try:
             return forward(self.model, ModelInputs(input_ids, micro["attention_mask"].to(self.torch_device),
                                                    micro["response_mask"].to(self.torch_device), multi_modal, types))

@@ -77,7 +77,7 @@ def engine_arguments(model_path: str, config: RolloutConfig, device: str, seed: 
         enforce_eager=config.enforce_eager,
         enable_chunked_prefill=config.enable_chunked_prefill,
         trust_remote_code=config.trust_remote_code,
-        limit_mm_per_prompt={"image": config.limit_images, "video": 0},
+        limit_mm_per_prompt={"image": config.limit_images, "video": config.limit_videos},
         disable_log_stats=True,
         use_tqdm_on_load=verbose(),  # no checkpoint-loading bar per engine (easyrl.quiet; EASYRL_VERBOSE=1 shows it)
         enable_prefix_caching=True,
@@ -208,6 +208,7 @@ class VLLMRollout:
         overrides: Optional[dict[str, Any]] = None,
         seeds: Optional[list[int]] = None,
         max_tokens: Optional[list[int]] = None,
+        videos: Optional[list[list[Any]]] = None,
     ) -> RolloutOutput:
         """Sample one response per request.
 
@@ -221,16 +222,15 @@ class VLLMRollout:
                 same tokens whatever else the engine ran before; None: the engine's seed.
             max_tokens: per request, its token budget (a multi-turn rollout's remaining response tokens); None:
                 ``worker.rollout.response_length`` each.
+            videos: per request, its videos (``easyrl.data.videos.Video``, one ``<|video_pad|>`` each in the
+                prompt), or None for none.
 
         Returns:
             ``RolloutOutput`` with ``worker.rollout.response_length`` tokens per response at most.
         """
         requests = []
-        for ids, imgs in zip(raw_prompt_ids, images):
-            request: dict[str, Any] = {"prompt_token_ids": list(ids)}
-            if imgs:
-                request["multi_modal_data"] = {"image": list(imgs)}
-            requests.append(request)
+        for ids, imgs, vids in zip(raw_prompt_ids, images, videos or [[]] * len(raw_prompt_ids)):
+            requests.append(_request(ids, imgs, vids))
         want_logprobs = self.config.calculate_log_probs
         if seeds is None and max_tokens is None:
             params = self._sampling_params(overrides, want_logprobs, self.config.response_length)
@@ -249,12 +249,14 @@ class VLLMRollout:
                 response_log_probs.append([step[tok].logprob for step, tok in zip(completion.logprobs, ids)])
         return RolloutOutput(response_ids=response_ids, response_log_probs=response_log_probs)
 
-    def score(self, token_ids: list[int], images: list[Any]) -> tuple[list[int], list[float]]:
+    def score(self, token_ids: list[int], images: list[Any],
+              videos: Optional[list[Any]] = None) -> tuple[list[int], list[float]]:
         """Teacher-forced log-probs of a fixed sequence under the engine's current weights.
 
         Args:
             token_ids: prompt + continuation, with ONE ``<|image_pad|>`` per image (as ``raw_prompt_ids``).
             images: the PIL images of the sequence (``[]`` for text).
+            videos: its videos (``easyrl.data.videos.Video``, one ``<|video_pad|>`` each), or None.
 
         Returns:
             ``(expanded_ids, log_probs)``: the token ids as the engine saw them (image pads expanded), and the log-prob
@@ -263,10 +265,22 @@ class VLLMRollout:
         """
         from vllm import SamplingParams
 
-        request: dict[str, Any] = {"prompt_token_ids": list(token_ids)}
-        if images:
-            request["multi_modal_data"] = {"image": list(images)}
+        request = _request(token_ids, images, videos)
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0, detokenize=False)
         out = self.llm.generate([request], sampling_params=params, use_tqdm=False)[0]
         expanded = list(out.prompt_token_ids)
         return expanded, [step[tok].logprob for step, tok in zip(out.prompt_logprobs[1:], expanded[1:])]
+
+
+def _request(token_ids: list[int], images: list[Any], videos: Optional[list[Any]]) -> dict[str, Any]:
+    """One vLLM prompt: the token ids and, if any, ``multi_modal_data`` with the PIL images and the videos as
+    ``(frames (T, H, W, 3) uint8, metadata)`` pairs (``Video.vllm_item``: already sampled, frame sampling off)."""
+    request: dict[str, Any] = {"prompt_token_ids": list(token_ids)}
+    data: dict[str, Any] = {}
+    if images:
+        data["image"] = list(images)
+    if videos:
+        data["video"] = [video.vllm_item() for video in videos]
+    if data:
+        request["multi_modal_data"] = data
+    return request
