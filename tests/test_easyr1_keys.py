@@ -183,6 +183,8 @@ class _CountingRollout:
         tensors = prompts.tensors.clone()
         tensors["responses"] = torch.full((size, 2), 11)
         tensors["response_mask"] = torch.ones(size, 2, dtype=torch.long)
+        tensors["input_ids"] = torch.cat([tensors["prompts"], tensors["responses"]], dim=1)
+        tensors["attention_mask"] = torch.cat([tensors["prompt_mask"], tensors["response_mask"]], dim=1)
         return Batch(tensors, dict(prompts.extras)), 0.0
 
 
