@@ -19,7 +19,14 @@ import datasets
 import torch
 from PIL import Image
 
-from easyrl.data.checks import check_image_column, check_not_empty, data_files_under, is_missing_answer, read_error
+from easyrl.data.checks import (
+    NO_ROWS_HINT,
+    check_image_column,
+    check_not_empty,
+    data_files_under,
+    is_missing_answer,
+    read_error,
+)
 from easyrl.data.images import DEFAULT_FACTOR, load_image, process_image, target_size
 from easyrl.data.intergps import IMAGE_PLACEHOLDER, is_intergps_dir, load_intergps_geometry3k
 from easyrl.data.prompts import load_format_prompt
@@ -112,7 +119,7 @@ def load_split(builder: str, source: str, split: str | None, **kwargs: Any) -> d
 
 def _not_empty(dataset: datasets.Dataset, source: str) -> datasets.Dataset:
     if len(dataset) == 0:
-        raise DataError(f"data {source!r} holds no rows")
+        raise DataError(f"data {source!r} holds no rows{NO_ROWS_HINT}")
     return dataset
 
 
@@ -247,11 +254,17 @@ class RLDataset(torch.utils.data.Dataset):
             return {"bytes": None, "path": path if os.path.isabs(path) else os.path.join(self.image_dir, path)}
         return image
 
+    def _empty_answer(self) -> str:
+        return (f"column {self.answer_key!r} (data.answer_key) is empty: write the reference answer the reward "
+                "compares against (a non-blank string or number) in that row, or remove the row")
+
     def _prompt_text(self, row: dict, n_images: int) -> str:
         """The chat-templated prompt with one image placeholder token per image."""
         content = row[self.prompt_key]
         if not isinstance(content, str):
-            raise ValueError(f"column {self.prompt_key!r} holds a {type(content).__name__}, not a string")
+            raise ValueError(f"column {self.prompt_key!r} holds a {type(content).__name__}, not a string: write the "
+                             "prompt's text as one string in that column (a list of chat messages or parts is not "
+                             "read), or set data.prompt_key to the column that holds it")
         text = self.format_prompt(content)
         n_placeholders = text.count(IMAGE_PLACEHOLDER)
         if self.processor is None:
@@ -301,7 +314,7 @@ class RLDataset(torch.utils.data.Dataset):
         for index, row in enumerate(view):
             try:
                 if is_missing_answer(row[self.answer_key]):
-                    raise DataError(f"column {self.answer_key!r} (data.answer_key) is empty")
+                    raise DataError(self._empty_answer())
                 images = self._row_images(row)
                 length = len(self._encode(self._prompt_text(row, len(images))))
                 for image in images:
@@ -360,7 +373,7 @@ class RLDataset(torch.utils.data.Dataset):
         raw_prompt_ids = self._encode(text)
         answer = row[self.answer_key]
         if is_missing_answer(answer):
-            raise DataError(f"column {self.answer_key!r} (data.answer_key) is empty")
+            raise DataError(self._empty_answer())
         multi_modal_inputs: dict[str, torch.Tensor] = {}
         if images:
             inputs = self.processor(text=[text], images=images, return_tensors="pt")
