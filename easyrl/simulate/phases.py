@@ -168,7 +168,9 @@ def simulate_update(config: PPOConfig, spec: DeviceSpec, log: Callable[[str], No
     fake ``cuda`` device (docs/simulate.md), so the device checks of this phase are the CPU path's. Its peak stands for
     the device's: with ``worker.actor.offload.offload_params`` the parameter, gradient and AdamW shards live on the
     host, and are taken out of the peak. Two steps run; the peak is the second's (the first has no AdamW states
-    during its forward and backward, every later step has)."""
+    during its forward and backward, every later step has). The second step's mini-batch holds two micro-batches
+    when the config's does (``global_batch_size x rollout.n / world`` samples > the micro-batch): the gradients of
+    the first are resident while the second runs, as in every micro-batch after a mini-batch's first."""
     from torch.distributed.device_mesh import init_device_mesh
 
     import easyrl.workers.fsdp_model as fsdp_model
@@ -179,6 +181,8 @@ def simulate_update(config: PPOConfig, spec: DeviceSpec, log: Callable[[str], No
     start = time.perf_counter()
     micro = cfg.actor.micro_batch_size_per_device_for_update
     batch = budget_batch(config, token_budget(config, micro))  # real host tensors, as the trainer sends them
+    mini = cfg.actor.global_batch_size * cfg.rollout.n // config.world_size  # samples per optimizer step, as the worker
+    accumulated = budget_batch(config, 2 * token_budget(config, micro)) if mini > micro else batch
     with fake_world(0, config.world_size, "cpu"), accelerator_standins(spec), \
             mock.patch.object(fsdp_model, "read_checkpoint", fake_checkpoint_reader):
         mesh = init_device_mesh("cpu", (config.world_size,), mesh_dim_names=("dp",))
@@ -188,7 +192,7 @@ def simulate_update(config: PPOConfig, spec: DeviceSpec, log: Callable[[str], No
             with device_check("actor update"):
                 actor.update_policy(batch, len(batch), micro)  # the first step creates the AdamW states
                 mode.reset_peak()
-                actor.update_policy(batch, len(batch), micro)  # a later step: they are resident throughout
+                actor.update_policy(accumulated, len(accumulated), micro)  # a later step: they are resident
             peak = mode.peak
             if cfg.actor.offload.offload_params:
                 peak -= sum(_state_bytes(actor).values())

@@ -147,12 +147,13 @@ class FSDPWorker:
         from transformers import AutoConfig
 
         from easyrl.device import device_memory_gib
-        from easyrl.workers.memory_estimate import check_memory, count_parameters, estimate_memory
+        from easyrl.workers.memory_estimate import check_memory, count_parameters, estimate_memory, model_shape
 
         model = self.config.worker.actor.model
         hf_config = AutoConfig.from_pretrained(model.model_path, trust_remote_code=model.trust_remote_code)
         num_params, vocab = count_parameters(hf_config, model.trust_remote_code)
-        estimate = estimate_memory(num_params, vocab, self.config, device_memory_gib(self.device))
+        estimate = estimate_memory(num_params, vocab, self.config, device_memory_gib(self.device),
+                                   model_shape(hf_config))
         if self.rank == 0:
             logger.info("memory per device (GiB of %.1f): rollout %.1f, training %.1f", estimate.capacity_gib,
                         estimate.rollout_gib, estimate.training_gib)
