@@ -15,9 +15,9 @@ not counted apart):
   its peak, in the middle of backward (``easyrl simulate`` measured it, category by category; docs/simulate.md):
 
   - checkpointed activations: gradient checkpointing keeps each decoder layer's input, ``layers x T x hidden``;
-  - one layer's activations, recomputed for its backward: ``T x (6 x intermediate + 11 x hidden)`` (gate, up, their
-    activation and product with gradients; attention, norms in float32), all ``layers`` of them without
-    checkpointing;
+  - one layer's activations, recomputed for its backward: ``T x (5 x intermediate + 7 x hidden)`` (gate, up, their
+    activation and product; attention, norms in float32), all ``layers`` of them without checkpointing, and the
+    transients of that layer's backward, ``T x (intermediate + 4 x hidden)``;
   - FSDP2's unsharded weights: the root group (embedding, and the LM head unless tied) gathered in the compute dtype
     for the whole step, one decoder layer gathered with its unsharded gradients (compute dtype, then float32 for the
     reduce-scatter), and the LM head's unsharded gradient;
@@ -145,7 +145,10 @@ def update_activations(num_params: int, vocab_size: int, config: PPOConfig, shap
     cb = DTYPE_BYTES[actor.fsdp.param_dtype]
     tokens = actor.max_token_len_per_device or \
         actor.micro_batch_size_per_device_for_update * (config.data.max_prompt_length + config.data.max_response_length)
-    layer_acts = tokens * (6 * shape.intermediate_size + 11 * shape.hidden_size) * cb
+    # what backward needs of one layer (gate, up, their activation and product; attention, norms in float32), and
+    # the transients of its own backward on top
+    kept = tokens * (5 * shape.intermediate_size + 7 * shape.hidden_size) * cb
+    transient = tokens * (shape.intermediate_size + 4 * shape.hidden_size) * cb
     checkpointing = actor.fsdp.enable_gradient_checkpointing
     embeddings = (1 if shape.tied else 2) * vocab_size * shape.hidden_size
     layer_params = max(num_params - embeddings, 0) / shape.num_layers
@@ -155,7 +158,7 @@ def update_activations(num_params: int, vocab_size: int, config: PPOConfig, shap
     unsharded = embeddings * cb + layer_params * cb + grads
     return {"activations (checkpointed layer inputs)":
             shape.num_layers * tokens * shape.hidden_size * cb / GIB if checkpointing else 0.0,
-            "activations (layers in backward)": (1 if checkpointing else shape.num_layers) * layer_acts / GIB,
+            "activations (layers in backward)": ((1 if checkpointing else shape.num_layers) * kept + transient) / GIB,
             "unsharded weights + grads (FSDP2)": unsharded / GIB}
 
 
