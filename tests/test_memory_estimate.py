@@ -55,7 +55,7 @@ def test_update_activations_of_a_seven_billion_model_by_hand():
     e = estimate_memory(7_000_000_000, 152_064, config, capacity_gib=80.0, shape=shape)
     tokens, embeddings = 16384, 2 * 152_064 * 3584
     layer = (7_000_000_000 - embeddings) / 28
-    assert e.training["activations (checkpointed layer inputs)"] == pytest.approx(28 * tokens * 3584 * 2 / GIB)  # 3.1
+    assert e.training["activations (checkpointed inputs)"] == pytest.approx(28 * tokens * 3584 * 2 / GIB)  # 3.1
     assert e.training["activations (layers in backward)"] == pytest.approx(
         tokens * (6 * 18944 + 11 * 3584) * 2 / GIB)  # 4.7
     assert e.training["unsharded weights + grads (FSDP2)"] == pytest.approx(

@@ -156,7 +156,7 @@ def update_activations(num_params: int, vocab_size: int, config: PPOConfig, shap
     # + the LM head's unsharded gradient; with LoRA the base is frozen: its weights are gathered, no gradients
     grads = 0 if uses_lora(config) else layer_params * (cb + 4) + vocab_size * shape.hidden_size * cb
     unsharded = embeddings * cb + layer_params * cb + grads
-    return {"activations (checkpointed layer inputs)":
+    return {"activations (checkpointed inputs)":
             shape.num_layers * tokens * shape.hidden_size * cb / GIB if checkpointing else 0.0,
             "activations (layers in backward)": ((1 if checkpointing else shape.num_layers) * kept + transient) / GIB,
             "unsharded weights + grads (FSDP2)": unsharded / GIB}
