@@ -46,3 +46,27 @@ def test_estimate_follows_the_simulated_update(tmp_path, layers, widths, overrid
     estimate = estimate_memory(num_params, vocab, config, DEVICES["h100"].memory_gib, model_shape(hf_config))
     simulated = simulate_update(config, DEVICES["h100"], log=lambda _: None).peak_gib
     assert estimate.training_gib == pytest.approx(simulated, rel=TOLERANCE), (estimate.training, simulated)
+
+
+def test_ppo_simulates_the_critic_update_beside_the_actor(tmp_path):
+    """With a critic (``algorithm.adv_estimator=gae``) both models are loaded, as on a worker: the actor's update peak
+    holds the critic's resident parameter and AdamW shards, and the critic's update is a phase of its own. The
+    estimate adds the critic's gradients too (freed before the actor's update) and counts its LM head (replaced by a
+    one-column value head): an upper bound, here +13% over the actor's update."""
+    from transformers import AutoConfig
+
+    from easyrl.simulate.phases import simulate_updates
+
+    path = _model(tmp_path / "model", 2)
+    plain = load_config([f"config={ROOT / 'config.yaml'}", f"worker.actor.model.model_path={path}"])
+    config = load_config([f"config={ROOT / 'config.yaml'}", f"worker.actor.model.model_path={path}",
+                          "algorithm.adv_estimator=gae", "algorithm.gamma=1.0", "algorithm.lam=1.0",
+                          "worker.rollout.n=1"])
+    hf_config = AutoConfig.from_pretrained(path)
+    num_params, vocab = count_parameters(hf_config)
+    estimate = estimate_memory(num_params, vocab, config, DEVICES["h100"].memory_gib, model_shape(hf_config))
+    phases = {p.name: p.peak_gib for p in simulate_updates(config, DEVICES["h100"], log=lambda _: None)}
+    assert list(phases) == ["actor update (fwd+bwd+AdamW)", "critic update (fwd+bwd+AdamW)"]
+    alone = simulate_update(plain, DEVICES["h100"], log=lambda _: None).peak_gib
+    assert phases["actor update (fwd+bwd+AdamW)"] > alone + 1.0  # the critic's float32 shard + AdamW states: 1.4 GiB
+    assert max(phases.values()) <= estimate.training_gib <= 1.15 * max(phases.values())
