@@ -53,7 +53,8 @@ CASES = [
     ("C29", ["trainer.val_freq=0"], ["trainer.val_freq", "-1"]),
     ("C30", ["worker.actor.model.model_path=null"], ["worker.actor.model.model_path", "not set"]),
     ("C31", ["worker.rollout.n"], ["'worker.rollout.n'", "key=value", "--help"]),
-    ("C32", ["config=nope.yaml"], ["nope.yaml", "does not exist"]),
+    ("C32", ["config=nope.yaml"], ["nope.yaml", "does not exist", "write config=<path of an existing YAML file>",
+                                   "config=config.yaml"]),
     ("C33", ["worker.actor.optim.betas=[0.9,1.5]"], ["worker.actor.optim.betas[1]", "[0, 1)"]),
     ("C50", ["worker.actor.model.lora.rank=-4"], ["worker.actor.model.lora.rank", "0 or more", "-4"]),
     ("C51", ["worker.actor.model.lora.rank=8", "worker.actor.model.lora.alpha=0"],
@@ -85,9 +86,11 @@ def test_config_error(expect_user_error, overrides, culprits):
 YAML_CASES = [
     ("C34", "worker:\n  rollout:\n    tempreature: 0.5\n", ["worker.rollout.tempreature", "{path}",
                                                            "worker.rollout.temperature"]),
-    ("C35", "data:\n  max_prompt_length: [1, 2\n", ["{path}", "not valid YAML", "line 3", "starts at line 2"]),
+    ("C35", "data:\n  max_prompt_length: [1, 2\n", ["{path}", "not valid YAML", "line 3", "starts at line 2",
+                                                    "close the '[' opened on line 2 with ']'"]),
     ("C36", "- data\n- worker\n", ["{path}", "list at the top level", "mapping"]),
-    ("C37", "data:\n\tmax_prompt_length: 1\n", ["{path}", "not valid YAML", "line 2"]),
+    ("C37", "data:\n\tmax_prompt_length: 1\n", ["{path}", "not valid YAML", "line 2", "indents with spaces, not tabs",
+                                               "replace the tab(s) at the start of line(s) 2 with spaces"]),
     ("C38", "worker: 3\n", ["'worker'", "{path}", "section"]),
 ]
 

@@ -81,7 +81,8 @@ def test_empty_folder(expect_user_error, vl, tmp_path):  # D04
 
 def test_file_without_rows(expect_user_error, vl, tmp_path):  # D05
     (tmp_path / "train.jsonl").write_text("\n\n")
-    expect_user_error(_load(vl, tmp_path / "train.jsonl"), "data", "train.jsonl", "holds no rows")
+    expect_user_error(_load(vl, tmp_path / "train.jsonl"), "data", "train.jsonl", "holds no rows",
+                      "write one row per sample", '{"problem": "What is 2+2?", "answer": "4"}')
 
 
 def test_malformed_json_line_names_file_and_line(expect_user_error, vl, tmp_path):  # D06
@@ -124,12 +125,14 @@ def test_missing_answer_column(expect_user_error, vl, tmp_path):  # D12
 
 def test_row_with_null_answer(expect_user_error, vl, tmp_path):  # D13
     path = _jsonl(tmp_path / "train.jsonl", [{"problem": "a", "answer": "1"}, {"problem": "b", "answer": None}])
-    expect_user_error(_load(vl, path), "data", "row 1 of", "train.jsonl", "column 'answer' (data.answer_key) is empty")
+    expect_user_error(_load(vl, path), "data", "row 1 of", "train.jsonl", "column 'answer' (data.answer_key) is empty",
+                      "write the reference answer the reward compares against", "or remove the row")
 
 
 def test_row_with_blank_answer(expect_user_error, vl, tmp_path):  # D14
     path = _jsonl(tmp_path / "train.jsonl", [{"problem": "a", "answer": "  "}, {"problem": "b", "answer": "2"}])
-    expect_user_error(_load(vl, path), "data", "row 0 of", "column 'answer' (data.answer_key) is empty")
+    expect_user_error(_load(vl, path), "data", "row 0 of", "column 'answer' (data.answer_key) is empty",
+                      "write the reference answer the reward compares against", "or remove the row")
 
 
 def test_truncated_png_file_names_the_row(expect_user_error, vl, tmp_path):  # D15
@@ -171,7 +174,8 @@ def test_wrong_image_key_beside_an_image_column(expect_user_error, vl, tmp_path)
 
 def test_prompt_that_is_not_a_string(expect_user_error, vl, tmp_path):  # D21
     path = _jsonl(tmp_path / "train.jsonl", [{"problem": ["a", "list"], "answer": "1"}])
-    expect_user_error(_load(vl, path), "data", "row 0 of", "column 'problem' holds a list")
+    expect_user_error(_load(vl, path), "data", "row 0 of", "column 'problem' holds a list",
+                      "write the prompt's text as one string in that column", "or set data.prompt_key")
 
 
 def test_every_prompt_too_long(expect_user_error, vl, tmp_path):  # D22

@@ -68,12 +68,16 @@ def test_tokenizer_path_that_does_not_exist(expect_user_error, tmp_path):  # M09
 
 def test_config_json_that_is_not_json(expect_user_error, tmp_path):  # M10
     (tmp_path / "config.json").write_text("{not json")
-    expect_user_error(lambda: load_model_parts(_model(tmp_path)), "model", "model config", f"{KEY}={str(tmp_path)!r}")
+    expect_user_error(lambda: load_model_parts(_model(tmp_path)), "model", "model config", f"{KEY}={str(tmp_path)!r}",
+                      f"write {tmp_path / 'config.json'} as one JSON object", f"or set {KEY} to a model folder")
 
 
 def test_config_json_with_unknown_model_type(expect_user_error, tmp_path):  # M11
     (tmp_path / "config.json").write_text('{"model_type": "qwen99"}')
-    expect_user_error(lambda: load_model_parts(_model(tmp_path)), "model", "model config", f"{KEY}=", "qwen99")
+    line = expect_user_error(lambda: load_model_parts(_model(tmp_path)), "model", "model config", f"{KEY}=",
+                             "qwen99", f'set "model_type" in {tmp_path / "config.json"} to a type transformers',
+                             "upgrade transformers", "worker.actor.model.trust_remote_code=true")
+    assert "pip install --upgrade tran" not in line  # the library's first sentence only, not a cut-off paragraph
 
 
 def test_tokenizer_without_chat_template(expect_user_error):  # M12

@@ -8,7 +8,14 @@ import pytest
 
 from easyrl.config import load_config
 from easyrl.errors import ConfigError
-from easyrl.workers.memory_estimate import GIB, check_memory, count_parameters, estimate_memory
+from easyrl.workers.memory_estimate import (
+    GIB,
+    ModelShape,
+    check_memory,
+    count_parameters,
+    estimate_memory,
+    model_shape,
+)
 
 DEFAULT = f"config={Path(__file__).resolve().parents[1] / 'config.yaml'}"
 
@@ -29,11 +36,45 @@ def test_seven_billion_on_eight_80gb_gpus_by_hand():
     assert e.rollout == pytest.approx({"vLLM (gpu_memory_utilization)": 48.0, "actor params": 4 * shard / GIB,
                                        "actor Adam states": 8 * shard / GIB, "reference": 0.0,
                                        "critic params + Adam states": 0.0})
-    logits = 2 * 4 * 2049 * 152_064 * 2 / GIB  # logits + their gradient, bf16: 4.65 GiB
-    assert e.training["logits (one micro-batch)"] == pytest.approx(logits)
-    assert e.training_gib == pytest.approx((4 + 4 + 8) * shard / GIB + logits)  # 13.04 + 4.65
+    # padding-free (default): the fused head holds no (tokens, vocab) logits; without the model's shape only states
+    assert e.training["logits (one micro-batch)"] == 0.0
+    assert e.training_gib == pytest.approx((4 + 4 + 8) * shard / GIB)  # 13.04
     assert e.rollout_gib == pytest.approx(48 + 12 * shard / GIB)  # 57.8
     check_memory(e)  # fits
+    padded = estimate_memory(7_000_000_000, 152_064, _config("data.max_response_length=2048",
+                                                             "worker.actor.micro_batch_size_per_device_for_update=4",
+                                                             "worker.actor.padding_free=false"), capacity_gib=80.0)
+    logits = 2 * 4 * 2049 * 152_064 * 2 / GIB  # logits + their gradient, bf16: 4.65 GiB
+    assert padded.training["logits (one micro-batch)"] == pytest.approx(logits)
+
+
+def test_update_activations_of_a_seven_billion_model_by_hand():
+    """Qwen2.5-7B's widths, 4 x (2048 + 2048) = 16384 update tokens per micro-batch, bf16 compute, 8 ranks."""
+    config = _config("data.max_response_length=2048", "worker.actor.micro_batch_size_per_device_for_update=4")
+    shape = ModelShape(hidden_size=3584, num_layers=28, intermediate_size=18944, tied=False)
+    e = estimate_memory(7_000_000_000, 152_064, config, capacity_gib=80.0, shape=shape)
+    tokens, embeddings = 16384, 2 * 152_064 * 3584
+    layer = (7_000_000_000 - embeddings) / 28
+    assert e.training["activations (checkpointed inputs)"] == pytest.approx(28 * tokens * 3584 * 2 / GIB)  # 3.1
+    assert e.training["activations (layers in backward)"] == pytest.approx(
+        tokens * (6 * 18944 + 11 * 3584) * 2 / GIB)  # 4.7
+    assert e.training["unsharded weights + grads (FSDP2)"] == pytest.approx(
+        (embeddings * 2 + layer * (2 + 2 + 4) + 152_064 * 3584 * 2) / GIB)  # 4.7
+    no_checkpointing = estimate_memory(7_000_000_000, 152_064, _config(
+        "data.max_response_length=2048", "worker.actor.micro_batch_size_per_device_for_update=4",
+        "worker.actor.fsdp.enable_gradient_checkpointing=false"), capacity_gib=80.0, shape=shape)
+    assert no_checkpointing.training["activations (layers in backward)"] == pytest.approx(
+        tokens * (28 * (5 * 18944 + 7 * 3584) + 18944 + 4 * 3584) * 2 / GIB)  # all 28 layers kept: 25.7
+
+
+def test_model_shape_reads_text_config_and_experts():
+    from transformers import AutoConfig
+
+    root = Path(__file__).resolve().parents[1] / "examples" / "model_configs"
+    assert model_shape(AutoConfig.from_pretrained(root / "Qwen2.5-VL-3B-Instruct")) == ModelShape(2048, 36, 11008, True)
+    # a mixture of experts: 8 experts of width 768 per token
+    assert model_shape(AutoConfig.from_pretrained(root / "Qwen3-VL-30B-A3B-Instruct")) == ModelShape(2048, 48, 6144,
+                                                                                                       False)
 
 
 def test_offload_removes_the_actor_and_a_resident_reference_adds_its_shard():
@@ -69,8 +110,9 @@ def test_a_critic_adds_a_trained_copy():
 @pytest.mark.parametrize("params, capacity, overrides, culprit", [
     (32_000_000_000, 80.0, (), "worker.rollout.gpu_memory_utilization"),  # 59.6 GiB of bf16 weights > 48 GiB
     (7_000_000_000, 24.0, ("worker.rollout.gpu_memory_utilization=0.7",), "rollout phase needs"),  # 16.8 + 9.8
-    (1_000_000_000, 24.0, ("worker.actor.micro_batch_size_per_device_for_update=16", "data.max_response_length=8192"),
-     "worker.actor.micro_batch_size_per_device_for_update"),  # 152k-vocab logits: 74 GiB
+    (1_000_000_000, 24.0, ("worker.actor.micro_batch_size_per_device_for_update=16", "data.max_response_length=8192",
+                           "worker.actor.padding_free=false"),
+     "worker.actor.micro_batch_size_per_device_for_update"),  # padded 152k-vocab logits: 74 GiB
 ])
 def test_a_run_that_cannot_fit_stops_naming_the_setting(params, capacity, overrides, culprit):
     config = _config(*overrides)

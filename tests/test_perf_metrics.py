@@ -121,7 +121,8 @@ def test_frac_reward_zero_std_and_the_warning(caplog):
 
     from easyrl.trainer.ray_trainer import RayPPOTrainer
 
-    trainer = SimpleNamespace(global_step=7, _last_frac_zero_std=None)
+    trainer = SimpleNamespace(global_step=7, _last_frac_zero_std=None,
+                              config=SimpleNamespace(algorithm=SimpleNamespace(adv_estimator="grpo")))
     scores = torch.zeros(4, 3)
     batch = Batch(TensorDict({"token_level_scores": scores}, batch_size=[4]), {"uid": ["a", "a", "b", "b"]})
     with caplog.at_level(logging.WARNING, logger="easyrl.trainer"):

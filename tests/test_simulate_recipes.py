@@ -27,8 +27,15 @@ def _overrides(path: str) -> list[str]:
         return module.script_overrides(f.read(), path)
 
 
+# peft's get_peft_model moves modules with torch.utils.swap_tensors (always, for FakeTensor parameters), which refuses
+# a tensor with a weakref, and FakeTensorMode keeps one on every tensor it makes: LoRA cannot be built on fake tensors
+LORA_NOT_SIMULATED = pytest.mark.xfail(strict=True, reason="LoRA is not simulated: peft's swap_tensors refuses "
+                                                           "FakeTensor parameters")
+CASES = [pytest.param(p, marks=LORA_NOT_SIMULATED) if p.endswith("_lora.sh") else p for p in SCRIPTS]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: os.path.basename(p))
+@pytest.mark.parametrize("path", CASES, ids=lambda p: os.path.basename(p))
 def test_recipe_simulates_and_fits(path, monkeypatch):
     monkeypatch.chdir(ROOT)
     assert main(_overrides(path)) == 0

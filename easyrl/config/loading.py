@@ -119,9 +119,12 @@ def _load_yaml(path: str) -> dict:
         mark, context = getattr(err, "problem_mark", None), getattr(err, "context_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        context_line = context.line + 1 if context is not None else None
         if context is not None and getattr(err, "context", None) and context.line != getattr(mark, "line", None):
             problem += f" ({err.context} that starts at line {context.line + 1})"
-        raise ConfigError(f"Config file '{path}' (from config=) is not valid YAML:{where}: {problem}.") from None
+        hint = malformed.yaml_hint(path, mark.line + 1 if mark is not None else None, problem, context_line)
+        raise ConfigError(f"Config file '{path}' (from config=) is not valid YAML:{where}: {problem}: {hint}.") \
+            from None
     except Exception as err:  # omegaconf's own errors (e.g. a malformed ${...}), a file that is not UTF-8
         raise ConfigError(malformed.read_error(err, path)) from None
     malformed.check_top_level(path)
@@ -166,7 +169,9 @@ def load_config(argv: list[str]) -> PPOConfig:
     layers = []
     if yaml_path is not None:
         if not os.path.isfile(yaml_path):
-            raise ConfigError(f"Config file '{yaml_path}' (from config=) does not exist.")
+            raise ConfigError(f"Config file '{yaml_path}' (from config=) does not exist (looked for "
+                              f"{os.path.abspath(yaml_path)!r}): write config=<path of an existing YAML file>, e.g. "
+                              "config=config.yaml from the repository root, or leave config= out for the defaults.")
         layers.append((resolve_config_paths(_load_yaml(yaml_path), yaml_path), f"file {yaml_path}", None))
     for word in overrides:  # one word at a time, so that a grammar error names its word
         try:

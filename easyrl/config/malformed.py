@@ -246,3 +246,24 @@ def _expected(key: str, defaults: Any) -> str:
     if default is None or default == "":
         return described
     return f"{described}, e.g. {key}={_cli_value(default)} (the default)"
+
+
+def yaml_hint(path: str, line: Optional[int], problem: str, context_line: Optional[int] = None) -> str:
+    """What to write instead, for a YAML syntax error at 1-based ``line`` of ``path`` (``problem``: PyYAML's words;
+    ``context_line``: where the construct it could not finish starts)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except (OSError, UnicodeDecodeError):
+        lines = []
+    tabs = [i + 1 for i, text in enumerate(lines) if "\t" in text[:len(text) - len(text.lstrip())]]
+    if tabs and (line in tabs or "cannot start any token" in problem):
+        where = ", ".join(str(n) for n in tabs[:5])
+        return f"YAML indents with spaces, not tabs: replace the tab(s) at the start of line(s) {where} with spaces"
+    for opening, closing in (("[", "]"), ("{", "}")):
+        if f"'{closing}'" in problem:
+            start = f" opened on line {context_line}" if context_line else ""
+            return (f"close the '{opening}'{start} with '{closing}' (items separated by ', '), or "
+                    "quote the value if the bracket is part of a string")
+    return ("write 'key: value' pairs indented with spaces, one per line, and quote a value that holds ': ', ' #', "
+            "'[' or '{' (e.g. key: \"a: b\")")

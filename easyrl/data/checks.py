@@ -83,6 +83,11 @@ def _parses(line: str) -> bool:
         return False
 
 
+NO_ROWS_HINT = ("; write one row per sample (JSON lines: one object per line, e.g. "
+                '{"problem": "What is 2+2?", "answer": "4"}, with the columns data.prompt_key and data.answer_key '
+                "name), or point the key at a file that has rows")
+
+
 def read_error(source: str, files: list[str], err: BaseException) -> DataError:
     """The ``DataError`` for ``datasets`` failing on ``source``: the malformed JSON line or unreadable parquet file
     among ``files`` when one is found, else the library's reason in one line."""
@@ -99,7 +104,7 @@ def read_error(source: str, files: list[str], err: BaseException) -> DataError:
             except Exception as parquet_err:
                 return DataError(f"data file {file!r} is not a readable parquet file ({parquet_err})")
     if all(f.lower().endswith(JSON_EXTENSIONS) and not _has_text(f) for f in files):
-        return DataError(f"data {source!r} holds no rows")
+        return DataError(f"data {source!r} holds no rows{NO_ROWS_HINT}")
     cause = err.__cause__ or err
     reason = (str(cause).strip().splitlines() or [""])[0]
     return DataError(f"cannot read data {source!r}: {type(cause).__name__}: {reason}")

@@ -19,7 +19,14 @@ import datasets
 import torch
 from PIL import Image
 
-from easyrl.data.checks import check_image_column, check_not_empty, data_files_under, is_missing_answer, read_error
+from easyrl.data.checks import (
+    NO_ROWS_HINT,
+    check_image_column,
+    check_not_empty,
+    data_files_under,
+    is_missing_answer,
+    read_error,
+)
 from easyrl.data.images import DEFAULT_FACTOR, load_image, process_image, target_size
 from easyrl.data.intergps import IMAGE_PLACEHOLDER, is_intergps_dir, load_intergps_geometry3k
 from easyrl.data.prompts import load_format_prompt, user_content
@@ -113,7 +120,7 @@ def load_split(builder: str, source: str, split: str | None, **kwargs: Any) -> d
 
 def _not_empty(dataset: datasets.Dataset, source: str) -> datasets.Dataset:
     if len(dataset) == 0:
-        raise DataError(f"data {source!r} holds no rows")
+        raise DataError(f"data {source!r} holds no rows{NO_ROWS_HINT}")
     return dataset
 
 
@@ -272,6 +279,10 @@ class RLDataset(torch.utils.data.Dataset):
             return {"bytes": None, "path": path if os.path.isabs(path) else os.path.join(self.image_dir, path)}
         return image
 
+    def _empty_answer(self) -> str:
+        return (f"column {self.answer_key!r} (data.answer_key) is empty: write the reference answer the reward "
+                "compares against (a non-blank string or number) in that row, or remove the row")
+
     def _missing_column(self, kind: str) -> str:
         """How a row's ``kind`` (image/video) column is named in a placeholder-count error."""
         key = getattr(self, f"{kind}_key")
@@ -285,7 +296,9 @@ class RLDataset(torch.utils.data.Dataset):
         """The chat-templated prompt with one image (video) placeholder token per image (video)."""
         content = row[self.prompt_key]
         if not isinstance(content, str):
-            raise ValueError(f"column {self.prompt_key!r} holds a {type(content).__name__}, not a string")
+            raise ValueError(f"column {self.prompt_key!r} holds a {type(content).__name__}, not a string: write the "
+                             "prompt's text as one string in that column (a list of chat messages or parts is not "
+                             "read), or set data.prompt_key to the column that holds it")
         text = self.format_prompt(content)
         if self.processor is None:
             message: Any = text.replace(IMAGE_PLACEHOLDER, "").replace(VIDEO_PLACEHOLDER, "")
@@ -322,7 +335,7 @@ class RLDataset(torch.utils.data.Dataset):
         for index, row in enumerate(view):
             try:
                 if is_missing_answer(row[self.answer_key]):
-                    raise DataError(f"column {self.answer_key!r} (data.answer_key) is empty")
+                    raise DataError(self._empty_answer())
                 images, videos = self._row_images(row), self._row_videos(row)
                 length = len(self._encode(self._prompt_text(row, len(images), len(videos))))
                 for image in images:
@@ -389,7 +402,7 @@ class RLDataset(torch.utils.data.Dataset):
         raw_prompt_ids = self._encode(text)
         answer = row[self.answer_key]
         if is_missing_answer(answer):
-            raise DataError(f"column {self.answer_key!r} (data.answer_key) is empty")
+            raise DataError(self._empty_answer())
         multi_modal_inputs: dict[str, torch.Tensor] = {}
         if images or videos:
             kwargs: dict[str, Any] = {"images": images} if images else {}

@@ -34,7 +34,7 @@ def _simulate(argv: list[str], prog: str) -> int:
     from easyrl.simulate import report
     from easyrl.simulate.fake_device import DeviceCheckError
     from easyrl.simulate.phases import model_folder, simulate
-    from easyrl.workers.memory_estimate import check_memory, count_parameters, estimate_memory
+    from easyrl.workers.memory_estimate import check_memory, count_parameters, estimate_memory, model_shape
 
     config = load_config(overrides)
     name = args.device or DEFAULT_DEVICE.get(config.trainer.device, "h100")
@@ -42,7 +42,7 @@ def _simulate(argv: list[str], prog: str) -> int:
     model = config.worker.actor.model
     hf_config = AutoConfig.from_pretrained(model_folder(model.model_path), trust_remote_code=model.trust_remote_code)
     num_params, vocab = count_parameters(hf_config, model.trust_remote_code)
-    estimate = estimate_memory(num_params, vocab, config, spec.memory_gib)
+    estimate = estimate_memory(num_params, vocab, config, spec.memory_gib, model_shape(hf_config))
     try:
         check_memory(estimate)
         estimate_error = None

@@ -165,7 +165,10 @@ class SimulatedDevice(TorchDispatchMode):
             # a number computed from weights or activations (a loss, a gradient norm): its value is not simulated;
             # it reads 0 (finite: the optimizer step runs; False: no branch on an unknown condition)
             return {torch.bool: False}.get(args[0].dtype, 0.0 if args[0].is_floating_point() else 0)
-        out = func(*args, **kwargs)
+        try:
+            out = func(*args, **kwargs)
+        except ValueError as err:  # FakeTensor's view raises ValueError where a device tensor raises RuntimeError
+            raise RuntimeError(str(err)) from err  # (easyrl's token ops catch the latter: padded logits slices)
         self._drop_written_shadows(func, args, kwargs)
         if not inputs and func is not torch.ops.aten._local_scalar_dense.default:
             self._shadow_factory(func, args, kwargs, out)

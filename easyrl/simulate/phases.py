@@ -80,14 +80,16 @@ def budget_batch(config: PPOConfig, tokens: int):
     tensors = {"input_ids": torch.randint(0, 1000, (bsz, length)),
                "attention_mask": torch.ones(bsz, length, dtype=torch.long),
                "response_mask": torch.ones(bsz, response), "advantages": torch.zeros(bsz, response),
-               "old_log_probs": torch.zeros(bsz, response), "ref_log_probs": torch.zeros(bsz, response)}
+               "old_log_probs": torch.zeros(bsz, response), "ref_log_probs": torch.zeros(bsz, response),
+               "values": torch.zeros(bsz, response), "returns": torch.zeros(bsz, response)}  # the critic's
     return Batch(TensorDict(tensors, batch_size=[bsz]))
 
 
-def token_budget(config: PPOConfig, micro: int) -> int:
-    """``worker.actor.max_token_len_per_device`` or ``micro x (max_prompt_length + max_response_length)``."""
-    actor = config.worker.actor
-    return actor.max_token_len_per_device or micro * (config.data.max_prompt_length + config.data.max_response_length)
+def token_budget(config: PPOConfig, micro: int, role=None) -> int:
+    """``worker.<role>.max_token_len_per_device`` (the actor's by default) or ``micro x (max_prompt_length +
+    max_response_length)``."""
+    role = role or config.worker.actor
+    return role.max_token_len_per_device or micro * (config.data.max_prompt_length + config.data.max_response_length)
 
 
 def simulate(config: PPOConfig, spec: DeviceSpec, log: Callable[[str], None] = print,
@@ -143,7 +145,7 @@ def simulate(config: PPOConfig, spec: DeviceSpec, log: Callable[[str], None] = p
             phase("checkpoint state dict", lambda: get_state_dict(actor.model, actor.optimizer))
             phase("export gather", lambda: fsdp_model.gather_full_state_dict(actor.model))
     if update:
-        sim.phases.append(simulate_update(config, spec, log))
+        sim.phases.extend(simulate_updates(config, spec, log))
     return sim
 
 
@@ -162,36 +164,65 @@ def _state_bytes(policy) -> dict[str, int]:
             "optimizer": sum(local(v).numel() * local(v).element_size() for v in states)}
 
 
+UPDATES = {"actor": "update_policy", "critic": "update_critic"}  # the update method of each trained model
+
+
 def simulate_update(config: PPOConfig, spec: DeviceSpec, log: Callable[[str], None] = print) -> PhaseResult:
-    """The actor update (forward, backward, gradient clipping, AdamW step) on one micro-batch at the update token
-    budget, as rank 0 of the config's world, on fake CPU tensors: PyTorch's autograd engine cannot run backward on a
-    fake ``cuda`` device (docs/simulate.md), so the device checks of this phase are the CPU path's. Its peak stands for
-    the device's: with ``worker.actor.offload.offload_params`` the parameter, gradient and AdamW shards live on the
-    host, and are taken out of the peak. Two steps run; the peak is the second's (the first has no AdamW states
-    during its forward and backward, every later step has)."""
+    """The actor's update phase (:func:`simulate_updates`)."""
+    return simulate_updates(config, spec, log)[0]
+
+
+def simulate_updates(config: PPOConfig, spec: DeviceSpec,
+                     log: Callable[[str], None] = print) -> list[PhaseResult]:
+    """The actor update (forward, backward, gradient clipping, AdamW step) at the update token budget, then, with a
+    critic (``algorithm.adv_estimator=gae``), the critic's, as rank 0 of the config's world, on fake CPU tensors:
+    PyTorch's autograd engine cannot run backward on a fake ``cuda`` device (docs/simulate.md), so the device checks
+    of these phases are the CPU path's. Both models are loaded, as on a real worker, so each update's peak includes
+    the other's resident shards. A peak stands for the device's: with ``offload.offload_params`` a model's parameter,
+    gradient and AdamW shards live on the host, and are taken out of the peak. Two steps run per model; the peak is
+    the second's (the first has no AdamW states during its forward and backward, every later step has). The second
+    step's mini-batch holds two micro-batches when the config's does (``global_batch_size x rollout.n / world``
+    samples > the micro-batch): the gradients of the first are resident while the second runs, as in every
+    micro-batch after a mini-batch's first."""
     from torch.distributed.device_mesh import init_device_mesh
 
     import easyrl.workers.fsdp_model as fsdp_model
+    from easyrl.workers.critic import FSDPCritic
     from easyrl.workers.policy import FSDPPolicy
 
     cfg = config.worker
-    path = model_folder(cfg.actor.model.model_path)
-    start = time.perf_counter()
-    micro = cfg.actor.micro_batch_size_per_device_for_update
-    batch = budget_batch(config, token_budget(config, micro))  # real host tensors, as the trainer sends them
+    results = []
+    roles = [("actor", cfg.actor)] + [("critic", cfg.critic)] * config.algorithm.needs_critic
+    batches = {}  # real host tensors, as the trainer sends them (made before the fake mode)
+    for name, role in roles:
+        micro = role.micro_batch_size_per_device_for_update
+        mini = role.global_batch_size * cfg.rollout.n // config.world_size  # samples per optimizer step
+        batch = budget_batch(config, token_budget(config, micro, role))
+        batches[name] = (micro, batch, budget_batch(config, 2 * token_budget(config, micro, role)) if mini > micro
+                         else batch)
     with fake_world(0, config.world_size, "cpu"), accelerator_standins(spec), \
             mock.patch.object(fsdp_model, "read_checkpoint", fake_checkpoint_reader):
         mesh = init_device_mesh("cpu", (config.world_size,), mesh_dim_names=("dp",))
         with fake_tensors("cpu") as mode:
-            actor = FSDPPolicy(path, cfg.actor, mesh, "cpu", torch.device("cpu"), trainable=True,
-                               offload=cfg.actor.offload)
-            with device_check("actor update"):
-                actor.update_policy(batch, len(batch), micro)  # the first step creates the AdamW states
+            start = time.perf_counter()
+            models = [("actor", cfg.actor, FSDPPolicy(model_folder(cfg.actor.model.model_path), cfg.actor, mesh, "cpu",
+                                                      torch.device("cpu"), trainable=True, offload=cfg.actor.offload))]
+            if config.algorithm.needs_critic:
+                models.append(("critic", cfg.critic, FSDPCritic(model_folder(cfg.critic.model.model_path), cfg.critic,
+                                                                mesh, "cpu", torch.device("cpu"))))
+            with device_check("update"):
+                for name, _, model in models:  # the first steps create the AdamW states of every model
+                    micro, batch, _ = batches[name]
+                    getattr(model, UPDATES[name])(batch, len(batch), micro)
+            for name, _, model in models:
+                micro, _, accumulated = batches[name]
                 mode.reset_peak()
-                actor.update_policy(batch, len(batch), micro)  # a later step: they are resident throughout
-            peak = mode.peak
-            if cfg.actor.offload.offload_params:
-                peak -= sum(_state_bytes(actor).values())
-    result = PhaseResult("actor update (fwd+bwd+AdamW)", peak / GIB, float("nan"), time.perf_counter() - start)
-    log(f"  {result.name}: peak {result.peak_gib:.1f} GiB ({result.seconds:.0f} s)")
-    return result
+                with device_check(f"{name} update"):  # a later step: every model's AdamW states are resident
+                    getattr(model, UPDATES[name])(accumulated, len(accumulated), micro)
+                peak = mode.peak - sum(sum(_state_bytes(m).values()) for _, r, m in models
+                                       if r.offload.offload_params)
+                results.append(PhaseResult(f"{name} update (fwd+bwd+AdamW)", peak / GIB, float("nan"),
+                                           time.perf_counter() - start))
+                log(f"  {results[-1].name}: peak {results[-1].peak_gib:.1f} GiB ({results[-1].seconds:.0f} s)")
+                start = time.perf_counter()
+    return results

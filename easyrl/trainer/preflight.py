@@ -12,6 +12,7 @@ import difflib
 import inspect
 import logging
 import os
+import re
 import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -145,7 +146,26 @@ def _load(key: str, path: str, what: str, loader: Callable, trust_remote_code: b
     except Exception as err:
         reason = " ".join(str(err).strip().split())[:300]
         hint = " (set worker.actor.model.trust_remote_code=true if you trust it)" * ("trust_remote_code" in reason)
+        broken_config = _load_hint(key, path, str(err))
+        if broken_config:  # the library's first sentence, then what to write
+            reason, hint = reason.split(". ")[0].rstrip("."), broken_config
         raise ModelError(f"cannot load the {what} of {key}={path!r}: {type(err).__name__}: {reason}{hint}") from None
+
+
+def _load_hint(key: str, path: str, reason: str) -> str:
+    """What to write instead, for the two broken ``config.json`` files a loader names (not JSON, unknown type)."""
+    if "not a valid JSON file" in reason:
+        return (f"; write {os.path.join(path, 'config.json')} as one JSON object (the file save_pretrained writes, "
+                f"e.g. {{\"model_type\": \"qwen2\", ...}}), or set {key} to a model folder or hub id that has one")
+    found = re.search(r"model type `([^`]*)`", reason)
+    if found:
+        import transformers
+
+        return (f"; set \"model_type\" in {os.path.join(path, 'config.json')} to a type transformers "
+                f"{transformers.__version__} knows (e.g. qwen2, qwen2_5_vl, qwen3_vl; not {found.group(1)!r}), "
+                "upgrade transformers, or set worker.actor.model.trust_remote_code=true for a model that ships its "
+                "own code")
+    return ""
 
 
 # ---------------------------------------------------------------------------------------------------------------------

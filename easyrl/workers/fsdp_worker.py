@@ -158,6 +158,7 @@ class FSDPWorker:
             check_memory,
             count_parameters,
             estimate_memory,
+            model_shape,
             reward_model_parameters,
         )
 
@@ -171,7 +172,7 @@ class FSDPWorker:
             teacher_params = count_parameters(teacher_config, teacher.trust_remote_code)[0]
         estimate = estimate_memory(num_params, vocab, self.config, device_memory_gib(self.device),
                                    reward_model_params=reward_model_parameters(self.config),
-                                   teacher_params=teacher_params)
+                                   teacher_params=teacher_params, shape=model_shape(hf_config))
         if self.rank == 0:
             logger.info("memory per device (GiB of %.1f): rollout %.1f, training %.1f", estimate.capacity_gib,
                         estimate.rollout_gib, estimate.training_gib)

@@ -9,9 +9,22 @@ not counted apart):
   actor's float32 parameter shard and AdamW's two float32 moments (``4 + 8`` bytes per parameter / world size, unless
   ``worker.actor.offload.offload_params``) and the reference's shard in the compute dtype (unless
   ``worker.ref.offload.offload_params``);
-* training phase: vLLM asleep (level 2: ~0), the actor's shard + float32 gradients + AdamW moments, the reference,
-  and the logits of one update micro-batch (``micro x (response_length + 1) x vocab`` in the compute dtype, twice
-  with their gradient).
+* training phase: vLLM asleep (level 2: ~0), the actor's shard + float32 gradients (resident from the second
+  micro-batch of a mini-batch on) + AdamW moments, the reference, and what one update micro-batch of ``T`` tokens
+  (``worker.actor.max_token_len_per_device``, else ``micro x (max_prompt_length + max_response_length)``) adds at
+  its peak, in the middle of backward (``easyrl simulate`` measured it, category by category; docs/simulate.md):
+
+  - checkpointed activations: gradient checkpointing keeps each decoder layer's input, ``layers x T x hidden``;
+  - one layer's activations, recomputed for its backward: ``T x (5 x intermediate + 7 x hidden)`` (gate, up, their
+    activation and product; attention, norms in float32), all ``layers`` of them without checkpointing, and the
+    transients of that layer's backward, ``T x (intermediate + 4 x hidden)``;
+  - FSDP2's unsharded weights: the root group (embedding, and the LM head unless tied) gathered in the compute dtype
+    for the whole step, one decoder layer gathered with its unsharded gradients (compute dtype, then float32 for the
+    reduce-scatter), and the LM head's unsharded gradient;
+  - the logits: none with ``padding_free`` (the fused head, ``easyrl.models.fused_head``, holds 512-token chunks;
+    their peak is below the one above); padded, ``micro x (response_length + 1) x vocab`` twice (with the gradient).
+
+  With :class:`ModelShape` omitted (no layer count and widths) only the states and the padded logits are counted.
 
 On-policy distillation's teacher (``worker.teacher``, its own parameter count) adds its shard in the compute dtype to
 both phases, unless ``worker.teacher.offload.offload_params`` (the default) keeps it on the host between its passes.
@@ -26,8 +39,8 @@ engine asleep) needs less than the rollout phase.
 A reward model (``worker.reward.reward_model``) adds its shard in the compute dtype to both phases unless
 ``worker.reward.reward_model.offload.offload_params`` (the default, as the reference's).
 
-Not counted (the estimate is a lower bound): activations (small with gradient checkpointing), the transient unsharded
-block FSDP2 gathers, CUDA context and NCCL buffers (~1-2 GiB), allocator fragmentation.
+Not counted: the experience forwards (old log-probs, reference: ``easyrl simulate`` shows them, below the update
+with the default budgets), CUDA context and NCCL buffers (~1-2 GiB), allocator fragmentation.
 """
 
 from __future__ import annotations
@@ -40,6 +53,30 @@ from easyrl.workers.roles import builds_reference, uses_lora
 
 GIB = 2**30
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The widths that size activations (from the model's ``config.json``; its ``text_config`` for VL models).
+
+    ``intermediate_size`` is the MLP width one token passes through: ``num_experts_per_tok x moe_intermediate_size``
+    for a mixture of experts. ``tied``: the LM head is the input embedding (one ``vocab x hidden`` matrix)."""
+
+    hidden_size: int
+    num_layers: int
+    intermediate_size: int
+    tied: bool
+
+
+def model_shape(hf_config) -> ModelShape:
+    """:class:`ModelShape` of a Hugging Face config (reads attributes only)."""
+    text = getattr(hf_config, "text_config", None) or hf_config
+    moe = getattr(text, "moe_intermediate_size", None)
+    top_k = getattr(text, "num_experts_per_tok", None)
+    width = moe * top_k + (getattr(text, "shared_expert_intermediate_size", None) or 0) if moe and top_k \
+        else text.intermediate_size
+    tied = getattr(hf_config, "tie_word_embeddings", getattr(text, "tie_word_embeddings", False))
+    return ModelShape(int(text.hidden_size), int(text.num_hidden_layers), int(width), bool(tied))
 
 
 @dataclass
@@ -63,7 +100,8 @@ class MemoryEstimate:
 
 
 def estimate_memory(num_params: int, vocab_size: int, config: PPOConfig, capacity_gib: float,
-                    reward_model_params: int = 0, teacher_params: int = 0) -> MemoryEstimate:
+                    shape: ModelShape | None = None, reward_model_params: int = 0,
+                    teacher_params: int = 0) -> MemoryEstimate:
     """The per-device estimate for ``config`` (see the module docstring for what is counted).
 
     Args:
@@ -71,6 +109,8 @@ def estimate_memory(num_params: int, vocab_size: int, config: PPOConfig, capacit
         vocab_size: rows of the output layer (logits width).
         config: the finalized run configuration (world size, offload, dtypes, micro-batch, lengths).
         capacity_gib: total memory of one device, GiB.
+        shape: the model's widths (:func:`model_shape`); None leaves the update's activations and unsharded weights
+            out (a lower bound).
         reward_model_params: parameters of the reward model (0: none; :func:`reward_model_parameters`).
         teacher_params: parameters of the distillation teacher (``worker.teacher``; 0: none).
     """
@@ -91,7 +131,9 @@ def estimate_memory(num_params: int, vocab_size: int, config: PPOConfig, capacit
     reference = compute_bytes * shard / GIB if ref_on_device else 0.0
     claim = worker.rollout.gpu_memory_utilization * capacity_gib
     micro = worker.actor.micro_batch_size_per_device_for_update
-    logits = 2 * micro * (config.data.max_response_length + 1) * vocab_size * compute_bytes / GIB
+    logits = 0.0 if actor.padding_free else \
+        2 * micro * (config.data.max_response_length + 1) * vocab_size * compute_bytes / GIB
+    update = update_activations(num_params, vocab_size, config, shape) if shape is not None else {}
     # PPO with GAE: the critic is a second trained copy (fp32 params, grads, Adam), without the vocabulary-wide logits
     critic_on_device = config.algorithm.needs_critic and not worker.critic.offload.offload_params
     critic = 12 * shard / GIB if critic_on_device else 0.0
@@ -109,8 +151,8 @@ def estimate_memory(num_params: int, vocab_size: int, config: PPOConfig, capacit
         rollout={"vLLM (gpu_memory_utilization)": claim, "actor params": params, "actor Adam states": adam_in_rollout,
                  "reference": reference, "critic params + Adam states": critic} | teacher_items,
         training={"actor params": params, "actor grads": grads, "actor Adam states": adam, "reference": reference,
-                  "logits (one micro-batch)": logits, "critic params + grads + Adam states": critic + critic_grads}
-        | teacher_items,
+                  "logits (one micro-batch)": logits, "critic params + grads + Adam states": critic + critic_grads,
+                  **update} | teacher_items,
     )
     judge = worker.reward.judge
     if judge.model_path is not None:  # the LLM judge's engine stays resident (easyrl.workers.judge: no sleep mode)
@@ -120,6 +162,29 @@ def estimate_memory(num_params: int, vocab_size: int, config: PPOConfig, capacit
     if reward_model_params:
         estimate.rollout["reward model"] = estimate.training["reward model"] = reward_model
     return estimate
+
+
+def update_activations(num_params: int, vocab_size: int, config: PPOConfig, shape: ModelShape) -> dict[str, float]:
+    """GiB that one actor update micro-batch adds at its peak (module docstring), by category."""
+    actor = config.worker.actor
+    cb = DTYPE_BYTES[actor.fsdp.param_dtype]
+    tokens = actor.max_token_len_per_device or \
+        actor.micro_batch_size_per_device_for_update * (config.data.max_prompt_length + config.data.max_response_length)
+    # what backward needs of one layer (gate, up, their activation and product; attention, norms in float32), and
+    # the transients of its own backward on top
+    kept = tokens * (5 * shape.intermediate_size + 7 * shape.hidden_size) * cb
+    transient = tokens * (shape.intermediate_size + 4 * shape.hidden_size) * cb
+    checkpointing = actor.fsdp.enable_gradient_checkpointing
+    embeddings = (1 if shape.tied else 2) * vocab_size * shape.hidden_size
+    layer_params = max(num_params - embeddings, 0) / shape.num_layers
+    # root group gathered + one layer gathered, its unsharded grads (compute dtype, float32 for the reduce-scatter)
+    # + the LM head's unsharded gradient; with LoRA the base is frozen: its weights are gathered, no gradients
+    grads = 0 if uses_lora(config) else layer_params * (cb + 4) + vocab_size * shape.hidden_size * cb
+    unsharded = embeddings * cb + layer_params * cb + grads
+    return {"activations (checkpointed inputs)":
+            shape.num_layers * tokens * shape.hidden_size * cb / GIB if checkpointing else 0.0,
+            "activations (layers in backward)": ((1 if checkpointing else shape.num_layers) * kept + transient) / GIB,
+            "unsharded weights + grads (FSDP2)": unsharded / GIB}
 
 
 def _items(items: dict[str, float]) -> str:
