@@ -156,7 +156,9 @@ def test_generation_rows_decode_the_first_samples(tiny_model_path):
     prompts = torch.tensor([[pad] * 2 + prompt, [pad] * 2 + prompt, [pad] * 2 + prompt])
     responses = torch.tensor([response + [pad, pad], response[:1] + [pad] * (len(response) + 1), response + [pad] * 2])
     mask = torch.tensor([[1] * len(response) + [0, 0], [1] + [0] * (len(response) + 1), [1] * len(response) + [0, 0]])
-    batch = Batch(TensorDict({"prompts": prompts, "responses": responses, "response_mask": mask}, batch_size=[3]),
+    attention = torch.cat([(prompts != pad).long(), mask], dim=1)
+    batch = Batch(TensorDict({"prompts": prompts, "responses": responses, "response_mask": mask,
+                              "attention_mask": attention}, batch_size=[3]),
                   {"ground_truth": ["2", "3", "4"], "score/overall": [1.0, 0.0, 0.5]})
     rows = generation_rows(tokenizer, batch, 2)
     assert rows == [
