@@ -142,7 +142,7 @@ def test_model_only_checkpoint_contents(tmp_path, process_group):
 
 def test_override_chat_template(tmp_path):
     from easyrl.testing.tokenizer import build_qwen_tokenizer
-    from easyrl.trainer.preflight import override_chat_template
+    from easyrl.trainer.model_checks import override_chat_template
 
     tokenizer = build_qwen_tokenizer()
     path = tmp_path / "plain.jinja"

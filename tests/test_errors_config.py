@@ -136,7 +136,7 @@ def test_mini_rollout_batch_size_that_cannot_split(expect_user_error):  # C93
 
 
 def test_override_chat_template_missing(expect_user_error, tmp_path):  # C94
-    from easyrl.trainer.preflight import override_chat_template
+    from easyrl.trainer.model_checks import override_chat_template
 
     expect_user_error(lambda: override_chat_template(object(), None, str(tmp_path / "chat.jinja")), "config",
                       "data.override_chat_template=", "chat.jinja", "cannot be read")

@@ -1,5 +1,5 @@
 """docs/errors.md, LLM-judge entries (J..): ``worker.reward.judge.*`` checked by ``load_config`` (values) and before
-Ray (``easyrl.trainer.preflight.check_judge_files``: model folder, prompt template, parser file), each ending in one
+Ray (``easyrl.trainer.reward_checks.check_judge_files``: model folder, prompt template, parser file), each ending in one
 ``easyrl: <kind> error: ...`` line naming the key, exit status 2, no traceback."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from easyrl.config import load_config
-from easyrl.trainer.preflight import check_judge_files
+from easyrl.trainer.reward_checks import check_judge_files
 
 REPO = Path(__file__).resolve().parents[1]
 KEY = "worker.reward.judge"

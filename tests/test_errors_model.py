@@ -9,7 +9,7 @@ import huggingface_hub.constants
 import pytest
 
 from easyrl.config import ModelConfig
-from easyrl.trainer.preflight import check_chat_template, check_model_source, load_model_parts, looks_local
+from easyrl.trainer.model_checks import check_chat_template, check_model_source, load_model_parts, looks_local
 
 KEY = "worker.actor.model.model_path"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from easyrl.config import RewardConfig, load_config
-from easyrl.trainer.preflight import check_filter_key, check_reward_on_sample, load_reward
+from easyrl.trainer.reward_checks import check_filter_key, check_reward_on_sample, load_reward
 
 REPO = Path(__file__).resolve().parents[1]
 LETTERS = REPO / "tests" / "reward_functions" / "letters.py"  # a batch function: compute_score(reward_inputs, scale)

@@ -29,7 +29,7 @@ def test_bad_reward_model_setting(expect_user_error, cid, overrides, culprits):
 
 
 def _preflight(tmp_path: Path, rm_path: str, *overrides: str):
-    from easyrl.trainer.preflight import check_reward_model
+    from easyrl.trainer.reward_checks import check_reward_model
 
     config = load_config(BASE[:2] + [f"worker.reward.reward_model.model_path={rm_path}", *overrides])
     return lambda: check_reward_model(config.worker.reward.reward_model)

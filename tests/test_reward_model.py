@@ -107,7 +107,7 @@ def test_the_sharded_reward_model_equals_a_direct_transformers_call(process_grou
 
 
 def test_without_a_reward_function_the_rule_reward_is_zero(rm_path):
-    from easyrl.trainer.preflight import load_reward
+    from easyrl.trainer.reward_checks import load_reward
 
     config = load_config(BASE + ["worker.reward.reward_function=null",
                                  f"worker.reward.reward_model.model_path={rm_path}"])

@@ -12,7 +12,7 @@ import pytest
 
 from easyrl.config.worker import RewardConfig
 from easyrl.rewards.function import RewardFunction
-from easyrl.trainer.preflight import load_reward
+from easyrl.trainer.reward_checks import load_reward
 
 REPO = Path(__file__).resolve().parents[1]
 VERL = REPO / "examples" / "reward_function" / "verl_style.py"

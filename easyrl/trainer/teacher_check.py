@@ -31,7 +31,7 @@ def check_teacher(config: Any, student_tokenizer: Any) -> Any:
 
     Raises:
         ModelError: the teacher's tokenizer cannot be loaded (naming ``worker.teacher.model.model_path``; its
-            folder or hub id was checked to exist by ``preflight.check_model_source``).
+            folder or hub id was checked to exist by ``model_checks.check_model_source``).
         ConfigError: the vocabularies, special tokens or chat templates differ (naming both paths).
     """
     teacher = config.worker.teacher.model

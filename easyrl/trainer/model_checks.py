@@ -1,0 +1,158 @@
+"""Pre-flight checks of a model before Ray starts: its folder or hub id (``check_model_source``), and its config,
+tokenizer, processor and chat template (``load_model_parts``); used for the policy and for every other model a run
+reads (reference, critic, teacher, reward model, judge). Each failure is a ``ModelError`` naming the config key and
+what to do (docs/errors.md, M rows).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from typing import Any, Callable, Optional
+
+from easyrl.errors import ConfigError, ModelError
+from easyrl.models.hub_snapshot import looks_local
+
+logger = logging.getLogger("easyrl")
+
+HUB_TIMEOUT_S = 10.0
+
+
+
+def check_model_source(key: str, path: str, timeout_s: float = HUB_TIMEOUT_S) -> None:
+    """A local model folder must exist and hold ``config.json``; a hub id must be in the local cache or reachable.
+
+    The hub is asked once, with a ``timeout_s`` second timeout, and not at all under ``HF_HUB_OFFLINE=1`` (then only
+    the cache counts), so an unreachable hub answers in seconds instead of a minute of retries.
+
+    Raises:
+        ModelError: naming ``key`` and ``path``: a missing folder, a file, a folder without ``config.json``, a hub id
+            that is not cached and cannot be reached, or that the hub does not know.
+    """
+    if looks_local(path):
+        folder = os.path.expanduser(path)
+        if not os.path.exists(folder):
+            raise ModelError(f"{key}={path!r} does not exist; give an existing local model folder or a hub id org/name")
+        if not os.path.isdir(folder):
+            raise ModelError(f"{key}={path!r} is a file; give the model's folder (the one holding config.json)")
+        if not os.path.isfile(os.path.join(folder, "config.json")):
+            raise ModelError(f"{key}={path!r} holds no config.json: is it a Hugging Face model folder?")
+        return
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    cached = huggingface_hub.try_to_load_from_cache(path, "config.json")
+    if isinstance(cached, str):
+        return
+    if constants.HF_HUB_OFFLINE:
+        raise ModelError(
+            f"{key}={path!r} is not a local folder and not in the hub cache ({constants.HF_HUB_CACHE}), and "
+            "HF_HUB_OFFLINE is set; download the model to a folder and give its path"
+        )
+    try:
+        huggingface_hub.HfApi().model_info(path, timeout=timeout_s)
+    except (huggingface_hub.errors.RepositoryNotFoundError, huggingface_hub.errors.GatedRepoError) as err:
+        reason = str(err).strip().splitlines()[0]
+        raise ModelError(f"{key}={path!r}: the hub has no such model, or it needs a login ({reason})") from None
+    except Exception as err:  # network: DNS, connection refused, timeout, proxy
+        raise ModelError(
+            f"{key}={path!r} is not a local folder, and the Hugging Face hub cannot be reached to find it "
+            f"({type(err).__name__}: {str(err).strip()[:200]}); download the model to a folder and give its path, "
+            "or check the network"
+        ) from None
+
+
+def check_model_sources(model_cfg: Any) -> None:
+    """:func:`check_model_source` of ``worker.actor.model.model_path`` and, if set, ``tokenizer_path``."""
+    check_model_source("worker.actor.model.model_path", model_cfg.model_path)
+    if model_cfg.tokenizer_path:
+        check_model_source("worker.actor.model.tokenizer_path", model_cfg.tokenizer_path)
+
+
+def load_model_parts(model_cfg: Any, sources_checked: bool = False,
+                     chat_template: Optional[str] = None) -> tuple[Any, Any, Any]:
+    """``(tokenizer, hf_config, processor or None)`` of ``worker.actor.model``, after :func:`check_model_sources`
+    (unless ``sources_checked``); with ``chat_template`` (``data.override_chat_template``, a Jinja file) the
+    tokenizer's and processor's chat template is replaced by the file's text (EasyR1's behaviour).
+
+    Raises:
+        ModelError: naming the key whose folder cannot be loaded, or a tokenizer without a chat template.
+        ConfigError: the ``data.override_chat_template`` file cannot be read.
+    """
+    if not sources_checked:
+        check_model_sources(model_cfg)
+    model_key = "worker.actor.model.model_path"
+    tok_key = "worker.actor.model.tokenizer_path" if model_cfg.tokenizer_path else model_key
+    from transformers import AutoConfig, AutoProcessor, AutoTokenizer  # after the checks: a slow import
+
+    tok_path = model_cfg.tokenizer_path or model_cfg.model_path
+    remote = model_cfg.trust_remote_code
+    hf_config = _load(model_key, model_cfg.model_path, "model config", AutoConfig.from_pretrained, remote)
+    tokenizer = _load(tok_key, tok_path, "tokenizer", AutoTokenizer.from_pretrained, remote)
+    processor = None
+    if getattr(hf_config, "vision_config", None) is not None:
+        processor = _load(tok_key, tok_path, "processor", AutoProcessor.from_pretrained, remote)
+    if chat_template is not None:
+        override_chat_template(tokenizer, processor, chat_template)
+    check_chat_template(tokenizer, processor, f"{tok_key}={tok_path!r}")
+    return tokenizer, hf_config, processor
+
+
+def override_chat_template(tokenizer: Any, processor: Any, path: str) -> None:
+    """Replace the chat template of ``tokenizer`` (and ``processor``, if any) by the text of the Jinja file ``path``.
+
+    Raises:
+        ConfigError: ``path`` is not a readable file (naming ``data.override_chat_template``).
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            template = f.read()
+    except OSError as err:
+        raise ConfigError(f"data.override_chat_template={path!r} cannot be read ({err.strerror or err}); give the "
+                          "path of a Jinja chat template file, or null to keep the model's") from None
+    tokenizer.chat_template = template
+    if processor is not None:
+        processor.chat_template = template
+    logger.info("chat template replaced by %s (data.override_chat_template)", path)
+
+
+def check_chat_template(tokenizer: Any, processor: Any, where: str) -> None:
+    """Prompts are built with the chat template of the processor or the tokenizer: one must have it.
+
+    Raises:
+        ModelError: neither has one (``where`` names the key and path).
+    """
+    if not getattr(tokenizer, "chat_template", None) and not getattr(processor, "chat_template", None):
+        raise ModelError(
+            f"the tokenizer of {where} has no chat template, which builds the prompts; use an instruct/chat model, "
+            "or set worker.actor.model.tokenizer_path to one"
+        )
+
+
+def _load(key: str, path: str, what: str, loader: Callable, trust_remote_code: bool) -> Any:
+    try:
+        return loader(path, trust_remote_code=trust_remote_code)
+    except Exception as err:
+        reason = " ".join(str(err).strip().split())[:300]
+        hint = " (set worker.actor.model.trust_remote_code=true if you trust it)" * ("trust_remote_code" in reason)
+        broken_config = _load_hint(key, path, str(err))
+        if broken_config:  # the library's first sentence, then what to write
+            reason, hint = reason.split(". ")[0].rstrip("."), broken_config
+        raise ModelError(f"cannot load the {what} of {key}={path!r}: {type(err).__name__}: {reason}{hint}") from None
+
+
+def _load_hint(key: str, path: str, reason: str) -> str:
+    """What to write instead, for the two broken ``config.json`` files a loader names (not JSON, unknown type)."""
+    if "not a valid JSON file" in reason:
+        return (f"; write {os.path.join(path, 'config.json')} as one JSON object (the file save_pretrained writes, "
+                f"e.g. {{\"model_type\": \"qwen2\", ...}}), or set {key} to a model folder or hub id that has one")
+    found = re.search(r"model type `([^`]*)`", reason)
+    if found:
+        import transformers
+
+        return (f"; set \"model_type\" in {os.path.join(path, 'config.json')} to a type transformers "
+                f"{transformers.__version__} knows (e.g. qwen2, qwen2_5_vl, qwen3_vl; not {found.group(1)!r}), "
+                "upgrade transformers, or set worker.actor.model.trust_remote_code=true for a model that ships its "
+                "own code")
+    return ""

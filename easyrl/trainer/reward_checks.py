@@ -1,0 +1,204 @@
+"""Pre-flight checks of the reward side before Ray starts: the reward function (its file, function, keyword
+arguments and declared type, then one call on a sample of the data), the online-filtering key, the reward model and the
+LLM judge. Each failure is a ``RewardError`` / ``ConfigError`` / ``ModelError`` naming the key, file and function
+(docs/errors.md, K, R and J rows).
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import logging
+import os
+import traceback
+from typing import Any, Callable, Optional
+
+from easyrl.errors import ConfigError, ModelError, RewardError, UserError
+from easyrl.rewards.judge import load_judge
+from easyrl.trainer.model_checks import _load, check_model_source
+
+logger = logging.getLogger("easyrl")
+
+
+
+def load_reward(reward_cfg: Any):
+    """The ``RewardFunction`` of ``worker.reward``, its file imported and its keyword arguments checked against the
+    function's signature (not yet called: see :func:`check_reward_on_sample`).
+
+    Raises:
+        RewardError: no function configured, a malformed spec, a missing file or function, an import that fails
+            (names the line), keyword arguments the function does not take or required ones not given.
+    """
+    from easyrl.rewards.function import RewardFunction
+
+    key = "worker.reward.reward_function"
+    spec = reward_cfg.reward_function
+    if not spec and reward_cfg.reward_model.enabled:  # the reward model scores alone: a rule reward of 0
+        from easyrl.rewards.zero import SPEC as spec
+    if not spec:
+        raise RewardError(f"{key} is not set: give path/to/file.py:function_name")
+    try:
+        reward_fn = RewardFunction(spec, reward_cfg.reward_function_kwargs, reward_cfg.reward_type)
+    except UserError:
+        raise
+    except (FileNotFoundError, AttributeError, ValueError) as err:
+        raise RewardError(str(err) if key in str(err) else f"{key}={spec!r}: {err}") from None
+    except BaseException as err:  # the user's module failed to import
+        path = spec.rsplit(":", 1)[0]
+        line = getattr(err, "lineno", None) if isinstance(err, SyntaxError) else _line_in(err, path)
+        where = f" line {line}" if line else ""
+        raise RewardError(
+            f"{key}={spec!r}: importing {path}{where} failed: {type(err).__name__}: {err}"
+        ) from None
+    if reward_fn.style == "easyrl":
+        check_reward_kwargs(reward_fn.fn, reward_fn.kwargs, reward_fn.where)
+    else:
+        check_styled_reward_kwargs(reward_fn)
+    logger.info("%s: %s-style, reward_type=%s", reward_fn.where, reward_fn.style, reward_fn.reward_type)
+    return reward_fn
+
+
+def check_styled_reward_kwargs(reward_fn: Any) -> None:
+    """A verl- or TRL-style function (``easyrl.rewards.styles``) must bind to the arguments its library passes (those
+    it takes) plus ``worker.reward.reward_function_kwargs``.
+
+    Raises:
+        RewardError: naming the function, its signature, the style and the binding error.
+    """
+    from easyrl.rewards.styles import VERL_ARGS
+
+    fn, kwargs = reward_fn.fn, reward_fn.kwargs
+    signature = inspect.signature(fn)
+    params = signature.parameters.values()
+    passed = VERL_ARGS if reward_fn.style == "verl" else ("prompts", "completions")
+    if not any(p.kind == p.VAR_KEYWORD for p in params):
+        passed = [name for name in passed if name in signature.parameters]
+    try:
+        signature.bind(**{name: None for name in passed}, **kwargs)
+    except TypeError as err:
+        library = "verl's compute_score(data_source, solution_str, ground_truth, extra_info)" \
+            if reward_fn.style == "verl" else "TRL's fn(prompts=..., completions=..., **dataset_columns)"
+        raise RewardError(
+            f"{reward_fn.where} with signature {fn.__name__}{signature} is called as {library} with "
+            f"worker.reward.reward_function_kwargs={kwargs}, which does not bind: {err}"
+        ) from None
+
+
+def _line_in(err: BaseException, path: str) -> Optional[int]:
+    """The last line of ``path`` in ``err``'s traceback (where the user's file failed)."""
+    target = os.path.abspath(path)
+    frames = [f for f in traceback.extract_tb(err.__traceback__) if os.path.abspath(f.filename) == target]
+    return frames[-1].lineno if frames else None
+
+
+def check_reward_kwargs(fn: Callable, kwargs: dict, where: str) -> None:
+    """``fn(reward_input(s), **kwargs)`` must bind: every key a parameter (unless ``fn`` takes ``**kwargs``), every
+    required parameter after the first given.
+
+    Raises:
+        RewardError: naming the key of ``worker.reward.reward_function_kwargs``, the function and its signature.
+    """
+    signature = inspect.signature(fn)
+    params = list(signature.parameters.values())
+    shown = f"{where} with signature {fn.__name__}{signature}"
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
+    if not positional:
+        raise RewardError(f"{shown} takes no positional argument for the reward input(s)")
+    takes_any = any(p.kind == p.VAR_KEYWORD for p in params)
+    names = [p.name for p in params[1:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    for name in kwargs:
+        if not takes_any and name not in names:
+            close = difflib.get_close_matches(str(name), names, n=1, cutoff=0.6)
+            raise RewardError(
+                f"worker.reward.reward_function_kwargs has {name!r}, which {shown} does not take"
+                + (f"; did you mean {close[0]!r}?" if close else f"; it takes {names}")
+            )
+    try:
+        signature.bind(None, **kwargs)
+    except TypeError as err:
+        raise RewardError(
+            f"{shown} cannot be called with worker.reward.reward_function_kwargs={kwargs}: {err}"
+        ) from None
+
+
+def check_reward_on_sample(reward_fn: Any, sample: dict) -> list[str]:
+    """Call the reward function once on ``sample`` (one reward input) as its declared ``reward_type`` says, and apply
+    the output checks of ``RewardFunction``; a mismatch is reported now instead of at step 1 on the workers.
+
+    Returns:
+        The names of the scores it returned (``overall``, ``accuracy``, ...).
+
+    Raises:
+        RewardError: the call or its output failed, with a hint at the other ``reward_type`` when it fits.
+    """
+    try:
+        return list(reward_fn([sample]))
+    except Exception as err:
+        declared = reward_fn.reward_type
+        if declared == "batch":
+            hint = ("a batch function takes the list of all reward inputs and returns a list of score dicts; if yours "
+                    "scores one input (a dict), set worker.reward.reward_type=sequential")
+        else:
+            hint = ("a sequential function takes one reward input (a dict) and returns one score dict; if yours "
+                    "takes the list, set worker.reward.reward_type=batch")
+        reason = " ".join(str(err).split())[:300]
+        raise RewardError(
+            f"{reward_fn.where} failed on one sample as worker.reward.reward_type={declared}: "
+            f"{type(err).__name__}: {reason}. {hint}"
+        ) from None
+
+
+def check_filter_key(config: Any, score_names: list[str], where: str) -> None:
+    """With online filtering, ``algorithm.filter_key`` must be a score the reward returns. Raises ``ConfigError``."""
+    algo = config.algorithm
+    if algo.online_filtering and algo.filter_key not in score_names:
+        raise ConfigError(f"algorithm.filter_key={algo.filter_key!r} is not a score of {where}; it returns "
+                          f"{score_names}")
+
+
+def check_reward_model(rm: Any) -> None:
+    """``worker.reward.reward_model`` (when its ``model_path`` is set): the checkpoint exists and is a sequence
+    classifier with one output, its tokenizer loads, and the chat template renders a (prompt, response) pair.
+
+    Raises:
+        ModelError: a missing folder or hub id, a config or tokenizer that cannot be loaded, ``num_labels`` other
+            than 1, a tokenizer without a chat template when ``chat_template`` is not set.
+        ConfigError: ``chat_template`` fails to render.
+    """
+    if not rm.enabled:
+        return
+    from easyrl.config.reward_model import read_chat_template
+    from easyrl.rewards.reward_model_inputs import encode_conversations, load_tokenizer
+
+    key = "worker.reward.reward_model.model_path"
+    tok_key = "worker.reward.reward_model.tokenizer_path" if rm.tokenizer_path else key
+    check_model_source(key, rm.model_path)
+    if rm.tokenizer_path:
+        check_model_source(tok_key, rm.tokenizer_path)
+    from transformers import AutoConfig
+
+    hf_config = _load(key, rm.model_path, "model config", AutoConfig.from_pretrained, rm.trust_remote_code)
+    if getattr(hf_config, "num_labels", 1) != 1:
+        raise ModelError(f"{key}={rm.model_path!r} has num_labels={hf_config.num_labels}: a reward model is a sequence "
+                         "classifier with one output (a scalar score), e.g. Skywork/Skywork-Reward-V2-Qwen3-0.6B")
+    tokenizer = _load(tok_key, rm.tokenizer_path or rm.model_path, "tokenizer", lambda _, **kw: load_tokenizer(rm),
+                      rm.trust_remote_code)
+    template = read_chat_template(rm.chat_template)
+    if template is None and not getattr(tokenizer, "chat_template", None):
+        raise ModelError(f"the tokenizer of {tok_key}={rm.tokenizer_path or rm.model_path!r} has no chat template: set "
+                         "worker.reward.reward_model.chat_template to the template the reward model was trained with")
+    try:
+        encode_conversations(tokenizer, ["a prompt"], ["a response"], template)
+    except Exception as err:
+        reason = " ".join(str(err).split())[:200]
+        raise ConfigError(f"worker.reward.reward_model.chat_template does not render a (prompt, response) pair: "
+                          f"{type(err).__name__}: {reason}") from None
+
+
+
+def check_judge_files(judge_cfg: Any) -> None:
+    """With ``worker.reward.judge`` on: its model source exists, its prompt template renders and its parser loads.
+    Raises ``ModelError`` / ``ConfigError`` naming the key (docs/errors.md, J rows)."""
+    if judge_cfg.model_path is not None:
+        check_model_source("worker.reward.judge.model_path", judge_cfg.model_path)
+        load_judge(judge_cfg)
