@@ -1,4 +1,5 @@
-"""Prompt datasets for RL: loading a source, turning each row into token ids + images, and batching.
+"""Prompt datasets for RL: turning each row of a source (``easyrl.data.sources``) into token ids + images, and
+batching.
 
 A source is one ``data_path`` string:
 
@@ -20,16 +21,13 @@ import torch
 from PIL import Image
 
 from easyrl.data.checks import (
-    NO_ROWS_HINT,
     check_image_column,
-    check_not_empty,
-    data_files_under,
     is_missing_answer,
-    read_error,
 )
 from easyrl.data.images import DEFAULT_FACTOR, load_image, process_image, target_size
-from easyrl.data.intergps import IMAGE_PLACEHOLDER, is_intergps_dir, load_intergps_geometry3k
+from easyrl.data.intergps import IMAGE_PLACEHOLDER
 from easyrl.data.prompts import load_format_prompt, user_content
+from easyrl.data.sources import load_source
 from easyrl.data.videos import VIDEO_PLACEHOLDER, FrameLimits, probe_tokens, process_video
 from easyrl.errors import ConfigError, DataError
 
@@ -39,90 +37,6 @@ logger = logging.getLogger("easyrl.data")
 # `multi_modal_inputs`. `mm_token_type_ids` (0 text / 1 image / 2 video per token) is derived from the ids by the
 # trainer over the padded prompt + response, as transformers' Qwen-VL needs it to compute mRoPE position ids.
 TOKEN_ALIGNED_KEYS = ("input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids")
-LOCAL_FILE_BUILDERS = {".parquet": "parquet", ".json": "json", ".jsonl": "json"}
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Sources
-
-
-def _pick_split(splits: dict[str, datasets.Dataset], split: str | None, source: str) -> datasets.Dataset:
-    """The requested split; without one, the only split or else ``train``."""
-    if split is None:
-        if len(splits) == 1:
-            return next(iter(splits.values()))
-        if "train" in splits:
-            logger.info("%s has splits %s; using 'train' (write %s@SPLIT for another)", source, sorted(splits), source)
-            return splits["train"]
-        raise DataError(f"{source!r} has splits {sorted(splits)}; pick one by writing {source}@SPLIT")
-    if split not in splits:
-        raise DataError(f"{source!r} has no split {split!r}; its splits are {sorted(splits)}")
-    return splits[split]
-
-
-def load_source(data_path: str) -> datasets.Dataset:
-    """Load the rows of a ``data_path`` (see the module docstring for the accepted forms).
-
-    Raises:
-        DataError: a local path that does not exist (names it), an empty file, a folder with no data files, an
-            unsupported file extension, a malformed JSON line (names the file and line), an unreadable parquet file,
-            a split the source does not have, a source with no rows, or a hub dataset that cannot be loaded (names
-            the dataset and split).
-    """
-    path, split = data_path, None
-    if not os.path.exists(data_path) and "@" in data_path:
-        path, split = data_path.rsplit("@", 1)
-    path = os.path.expanduser(path)
-    if os.path.isfile(path):
-        ext = os.path.splitext(path)[1].lower()
-        if ext not in LOCAL_FILE_BUILDERS:
-            raise DataError(
-                f"data file {path!r} has an unsupported extension; use one of {sorted(LOCAL_FILE_BUILDERS)}"
-            )
-        return _not_empty(load_split(LOCAL_FILE_BUILDERS[ext], data_path, split, data_files=path), data_path)
-    if os.path.isdir(path):
-        if is_intergps_dir(path):
-            return _not_empty(_pick_split(load_intergps_geometry3k(path), split, path), data_path)
-        return _not_empty(load_split(path, data_path, split), data_path)
-    looks_local = path.startswith((os.sep, ".", "~")) or os.path.splitext(path)[1].lower() in LOCAL_FILE_BUILDERS
-    if split is None or looks_local:
-        raise DataError(
-            f"data path {data_path!r} does not exist; give a local .parquet/.json/.jsonl file or folder, or a hub "
-            "dataset as NAME@SPLIT (e.g. hiyouga/geometry3k@train)"
-        )
-    try:
-        return datasets.load_dataset(path, split=split)
-    except Exception as err:  # network, auth, unknown dataset or split: all surface as one clear message
-        raise DataError(
-            f"cannot load hub dataset {path!r} split {split!r} (from data path {data_path!r}): "
-            f"{type(err).__name__}: {err}. Without network access, preprocess the data to a local parquet file "
-            "(e.g. examples/data_preprocess/geo3k.py) and point the data path at it."
-        ) from err
-
-
-def load_split(builder: str, source: str, split: str | None, **kwargs: Any) -> datasets.Dataset:
-    """``datasets.load_dataset(builder, **kwargs)`` reduced to one split (see :func:`_pick_split`).
-
-    Raises:
-        DataError: no data files, an empty file, or a file ``datasets`` cannot read (see :func:`read_error`).
-    """
-    files = data_files_under(kwargs.get("data_files") or builder)
-    if not files:
-        raise DataError(f"no .parquet/.json/.jsonl data files found in {source!r}")
-    check_not_empty(files)
-    try:
-        loaded = datasets.load_dataset(builder, **kwargs)
-    except (datasets.exceptions.DataFilesNotFoundError, datasets.data_files.EmptyDatasetError) as err:
-        raise DataError(f"no .parquet/.json/.jsonl data files found in {source!r}: {err}") from err
-    except Exception as err:  # malformed JSON, corrupt parquet, ...: name the file and line
-        raise read_error(source, files, err) from err
-    return _pick_split(dict(loaded), split, source)
-
-
-def _not_empty(dataset: datasets.Dataset, source: str) -> datasets.Dataset:
-    if len(dataset) == 0:
-        raise DataError(f"data {source!r} holds no rows{NO_ROWS_HINT}")
-    return dataset
-
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Rows -> prompts
