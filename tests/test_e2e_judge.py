@@ -56,22 +56,40 @@ def judged(e2e_text_config, trainer_on_ray, tmp_path_factory):
         text = tokenizer.apply_chat_template([{"role": "user", "content": message}], tokenize=False,
                                              add_generation_prompt=True)
         prompt_ids.append(tokenizer.encode(text, add_special_tokens=False))
+    judge_cfg = config.worker.reward.judge
+    fits = [i for i, ids in enumerate(prompt_ids) if len(ids) + judge_cfg.max_tokens <= judge_cfg.max_model_len]
+    outputs = _direct_greedy_call(config, [prompt_ids[i] for i in fits])
+    direct = [None] * len(prompt_ids)  # a prompt that does not fit is not sent
+    for i, text in zip(fits, outputs):
+        direct[i] = text
+    return {"batch": batch, "row": row, "rule": rule, "worker_verdicts": worker_verdicts, "direct": direct}
+
+
+def _greedy_texts(engine_kwargs: dict, prompts: list[list[int]], max_tokens: int) -> list[str]:
+    """Greedy verdict texts of ``prompts`` from a vLLM engine built with ``engine_kwargs`` (run in a child process)."""
     os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1",
                       VLLM_CPU_OMP_THREADS_BIND="nobind")
     from vllm import LLM, SamplingParams
 
+    llm = LLM(**engine_kwargs)
+    outputs = llm.generate([{"prompt_token_ids": ids} for ids in prompts],
+                           SamplingParams(temperature=0.0, max_tokens=max_tokens), use_tqdm=False)
+    return [out.outputs[0].text for out in outputs]
+
+
+def _direct_greedy_call(config, prompts: list[list[int]]) -> list[str]:
+    """The judge engine's greedy outputs of ``prompts`` from a vLLM engine built with the workers' engine arguments,
+    in a spawned child process: an in-process engine would initialize torch.distributed and vLLM's platform state in
+    pytest's process, which later tests (``easyrl simulate``'s fake process group and fake devices) must not see."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
     from easyrl.workers.judge import judge_engine_arguments
 
-    judge_cfg = config.worker.reward.judge
-    rollout = config.worker.rollout
-    llm = LLM(**judge_engine_arguments(judge_cfg, "cpu", rollout.seed, rollout.enforce_eager))
-    fits = [i for i, ids in enumerate(prompt_ids) if len(ids) + judge_cfg.max_tokens <= judge_cfg.max_model_len]
-    outputs = llm.generate([{"prompt_token_ids": prompt_ids[i]} for i in fits],
-                           SamplingParams(temperature=0.0, max_tokens=judge_cfg.max_tokens), use_tqdm=False)
-    direct = [None] * len(prompt_ids)  # a prompt that does not fit is not sent
-    for i, out in zip(fits, outputs):
-        direct[i] = out.outputs[0].text
-    return {"batch": batch, "row": row, "rule": rule, "worker_verdicts": worker_verdicts, "direct": direct}
+    judge_cfg, rollout = config.worker.reward.judge, config.worker.rollout
+    engine_kwargs = judge_engine_arguments(judge_cfg, "cpu", rollout.seed, rollout.enforce_eager)
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(_greedy_texts, engine_kwargs, prompts, judge_cfg.max_tokens).result()
 
 
 def test_judge_scores_equal_a_direct_vllm_call_and_enter_the_reward(judged):
