@@ -1,13 +1,5 @@
-"""Prompt datasets for RL: turning each row of a source (``easyrl.data.sources``) into token ids + images, and
-batching.
-
-A source is one ``data_path`` string:
-
-- ``name@split``: a dataset on the HuggingFace hub, e.g. ``hiyouga/geometry3k@train``;
-- a local ``.parquet`` / ``.json`` / ``.jsonl`` file, or a local folder of such files (``datasets`` infers the splits
-  from the file names); ``path@split`` picks a split of a local folder;
-- a raw InterGPS Geometry3K folder (``<id>/data.json`` + ``<id>/img_diagram.png``, possibly under ``train/``, ``val/``,
-  ``test/``), converted on the fly to the hub's columns by :func:`load_intergps_geometry3k`.
+"""Prompt datasets for RL: turning each row of a source into token ids + images (+ videos), and batching. What a
+source (``data_path``) may be, and how it is loaded, is ``easyrl.data.sources``.
 """
 
 from __future__ import annotations
