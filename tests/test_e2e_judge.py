@@ -44,7 +44,7 @@ def judged(e2e_text_config, trainer_on_ray, tmp_path_factory):
         batch = trainer.last_batch
         inputs = trainer.scorer.reward_inputs(batch)
         rule, _ = trainer.scorer.guard(inputs, 1)  # the reward function's own scores (letters.py: deterministic)
-        worker_verdicts = list(trainer.judging.verdicts)
+        worker_verdicts = list(trainer.model_rewards.judging.verdicts)
     (row,) = [json.loads(line) for line in (Path(config.trainer.run_dir) / "metrics.jsonl").read_text().splitlines()]
     # the direct call: the template rendered by jinja2, the chat template by transformers, generation by vLLM
     template = jinja2.Template(TEMPLATE.read_text())

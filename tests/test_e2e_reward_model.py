@@ -4,12 +4,15 @@ workers, mixed into the rule reward with weight 0.5. One trainer for the module.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
 pytestmark = pytest.mark.e2e
 
 WEIGHT = 0.5
+SAMPLE = Path(__file__).resolve().parents[1] / "examples" / "data" / "geometry3k_sample"
 
 
 @pytest.fixture(scope="module")
@@ -23,6 +26,8 @@ def stepped(e2e_text_config, trainer_on_ray, tmp_path_factory):
         f"worker.reward.reward_model.weight={WEIGHT}",
         "worker.reward.reward_model.micro_batch_size_per_device=3",
         "trainer.max_steps=1",
+        f"data.val_files={SAMPLE}",
+        "data.val_batch_size=3",  # a last batch of 1 or 2: padded to the 2 workers' equal shares
     )
     with trainer_on_ray(config) as trainer:
         metrics = trainer.train_step(trainer.prompt_stream())
@@ -35,7 +40,7 @@ def test_worker_scores_equal_a_direct_transformers_call(stepped):
     from easyrl.rewards.reward_model_inputs import encode_conversations
 
     trainer, _ = stepped
-    batch, rm = trainer.last_batch, trainer.reward_model
+    batch, rm = trainer.last_batch, trainer.model_rewards.reward_model
     scores = torch.tensor(batch["score/reward_model"])
     prompts, responses = rm.conversations(batch)  # the batch back in generation order: the scores must follow it
     texts = encode_conversations(rm.tokenizer, prompts, responses).texts
@@ -61,3 +66,19 @@ def test_the_weighted_score_enters_the_reward_and_the_metrics(stepped):
     assert metrics["timing_s/reward_model"] > 0 and metrics["reward_model/truncated"] == 0.0
     print({key: round(metrics[key], 3) for key in ("timing_s/reward_model", "timing_s/ref", "timing_s/update_actor",
                                                     "timing_s/step") if key in metrics})  # shown with pytest -s
+
+
+def test_validation_scores_with_the_reward_model(stepped):
+    """val/reward/overall = the reward function's + weight x val/reward/reward_model: validation with and without the
+    reward model on the same prompts and sampling seeds (the same responses)."""
+    from easyrl.trainer.validation import Validator
+
+    trainer, _ = stepped
+    with_rm = trainer.validator.run(step=1)
+    v = trainer.validator
+    rule_only = Validator(v.config, v.dataset, v.generator, v.scorer, v.tokenizer).run(step=1)
+    assert "val/reward/reward_model" not in rule_only
+    assert with_rm["val/response_length/mean"] == rule_only["val/response_length/mean"]
+    assert with_rm["val/reward/overall"] == pytest.approx(
+        rule_only["val/reward/overall"] + WEIGHT * with_rm["val/reward/reward_model"], abs=1e-6)
+    assert with_rm["val/reward/reward_model"] != 0.0

@@ -56,6 +56,7 @@ def evaluate(config: PPOConfig, step: int = 0, worker_cls: Optional[type] = None
     from easyrl.trainer.generation import Generator
     from easyrl.trainer.launch import quiet_datasets, start_ray
     from easyrl.trainer.loggers import Tracker
+    from easyrl.trainer.model_rewards import ModelRewards
     from easyrl.trainer.multi_turn import make_rollout
     from easyrl.trainer.preflight import prepare
     from easyrl.trainer.scoring import Scorer
@@ -79,7 +80,7 @@ def evaluate(config: PPOConfig, step: int = 0, worker_cls: Optional[type] = None
     try:
         rollout = make_rollout(config, workers, tokenizer, pad_id)
         validator = Validator(config, ready.val_dataset, Generator(config, rollout, scorer, pad_id), scorer,
-                              tokenizer)
+                              tokenizer, ModelRewards.create(config, scorer, workers))
         tracker = Tracker(config.trainer.logger, folder, config.trainer.project_name,
                           f"{config.trainer.experiment_name}-eval", to_dict(config), initial_step=step)
         metrics = validator.run(step)

@@ -6,7 +6,7 @@ score ``score/judge``, weighted into ``overall`` and ``token_level_scores``:
 
 It runs after the reward function's scores are in the batch (``Scorer.wait`` or ``Scorer.score``) and before the
 advantage; with dynamic sampling (``algorithm.online_filtering``) the groups are chosen on the reward function's
-scores alone, and validation is scored without the judge.
+scores alone. Validation runs the judge too (``easyrl.trainer.model_rewards``).
 """
 
 from __future__ import annotations

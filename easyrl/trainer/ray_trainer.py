@@ -8,7 +8,8 @@ with GAE) and a vLLM engine each. On-policy distillation adds the teacher's log-
 
 The trainer is composed of parts, each owning its state: a ``Generator`` (``generation``: prompt batches, dynamic
 sampling, ReMax baselines) over a ``Rollout`` (``rollout``: prompts -> trajectories on the workers' engines), a
-``Scorer`` (``scoring``: the reward function, its guards and error count), a ``Validator`` (``validation``) and a
+``Scorer`` (``scoring``: the reward function, its guards and error count), ``ModelRewards`` (``model_rewards``: the
+LLM judge and the reward model, after the reward function), a ``Validator`` (``validation``) and a
 ``Checkpointer`` (``checkpoint``: save/resume); ``batch_layout`` holds the padded layout, ``metrics`` the metric names
 and timers. The step below calls them in the order of the algorithm.
 """
@@ -39,7 +40,6 @@ from easyrl.trainer.checkpoint import Checkpointer
 from easyrl.trainer.checkpoint_manifest import run_identity
 from easyrl.trainer.flops import ModelShape, compute_mfu_metrics, peak_flops
 from easyrl.trainer.generation import Generator
-from easyrl.trainer.judging import JudgePhase
 from easyrl.trainer.loggers import Tracker
 from easyrl.trainer.metrics import (
     compute_data_metrics,
@@ -51,8 +51,8 @@ from easyrl.trainer.metrics import (
     rollout_mismatch_metrics,
     timer,
 )
+from easyrl.trainer.model_rewards import ModelRewards
 from easyrl.trainer.multi_turn import make_rollout, multi_turn_metrics
-from easyrl.trainer.reward_model import RewardModelScorer
 from easyrl.trainer.run_folder import checkpoint_to_resume
 from easyrl.trainer.scoring import Scorer
 from easyrl.trainer.signals import GracefulStop
@@ -94,7 +94,7 @@ class RayPPOTrainer:
         self.generator: Optional[Generator] = None
         self.validator: Optional[Validator] = None
         self.checkpointer: Optional[Checkpointer] = None
-        self.reward_model: Optional[RewardModelScorer] = None  # worker.reward.reward_model, set with the workers
+        self.model_rewards: Optional[ModelRewards] = None  # the judge and reward model, set with the workers
         self.model_shape: Optional[ModelShape] = None  # for perf/mfu/*, set with the workers
         self.peak_flops: Optional[float] = None
         self.global_step = 0
@@ -109,11 +109,10 @@ class RayPPOTrainer:
         self.workers = WorkerGroup(cfg, device, worker_cls=worker_cls)
         rollout = make_rollout(cfg, self.workers, self.tokenizer, self.pad_id)
         self.generator = Generator(cfg, rollout, self.scorer, self.pad_id)
-        self.validator = Validator(cfg, self.val_dataset, self.generator, self.scorer, self.tokenizer)
+        self.model_rewards = ModelRewards.create(cfg, self.scorer, self.workers)
+        self.validator = Validator(cfg, self.val_dataset, self.generator, self.scorer, self.tokenizer,
+                                   self.model_rewards)
         self.checkpointer = Checkpointer(cfg.trainer, self.workers, run_identity(cfg))
-        self.judging = JudgePhase.create(cfg.worker.reward.judge, self.scorer, self.workers)  # None: no judge
-        if cfg.worker.reward.reward_model.enabled:
-            self.reward_model = RewardModelScorer(cfg.worker.reward.reward_model, self.scorer, self.workers)
         self._init_perf()
 
     def _init_perf(self) -> None:
@@ -255,12 +254,7 @@ class RayPPOTrainer:
             if pending is not None:  # scored in the reward actor while the log-prob passes ran
                 with timer("reward", timing):
                     self.scorer.wait(batch, pending, order)
-            if self.judging is not None:  # the LLM judge: score/judge, weighted into overall (worker.reward.judge)
-                with timer("judge", timing):
-                    metrics.update(self.judging.run(batch))
-            if self.reward_model is not None:  # the reward model's score, mixed into the rule reward's overall
-                with timer("reward_model", timing):
-                    self.reward_model.score(batch, metrics)
+            self.model_rewards.run(batch, timing, metrics)  # the judge's and reward model's scores, into overall
             for key in [key for key in batch.extras if key.startswith("score/")]:  # unless set over all generated
                 metrics.setdefault(key.replace("score/", "reward/", 1), float(np.mean(batch[key])))
             metrics["reward/errors"] = float(self.scorer.errors)

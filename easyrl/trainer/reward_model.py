@@ -5,8 +5,9 @@ passes), and mix the scores into the rule reward as the named score ``score/rewa
     overall = rule overall + weight x score/reward_model       (on the response's last token, token_level_scores)
 
 Run once per training step after the rule reward is in the batch (``RayPPOTrainer.train_step``, timed as
-``timing_s/reward_model``). Validation and ReMax's greedy baselines are scored by the rule reward only, and online
-filtering (DAPO) filters on the rule reward's scores (docs/rewards.md).
+``timing_s/reward_model``) and on every validation batch (``easyrl.trainer.model_rewards``). ReMax's greedy
+baselines are scored by the rule reward only, and online filtering (DAPO) filters on the rule reward's scores
+(docs/rewards.md).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ validation set with ``worker.rollout.val_override_config``, keeping its first sa
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 from torch.utils.data import DataLoader
@@ -15,6 +15,7 @@ from easyrl.batch import Batch
 from easyrl.data.dataset import collate_fn
 from easyrl.trainer.generation import Generator
 from easyrl.trainer.metrics import generation_rows, timer
+from easyrl.trainer.model_rewards import ModelRewards
 from easyrl.trainer.scoring import Scorer
 
 __all__ = ["Validator"]
@@ -29,13 +30,16 @@ class Validator:
         generator: generates the validation samples (its prompt batches and rollout).
         scorer: scores them with the validation reward.
         tokenizer: decodes prompts and responses for the generations table.
+        model_rewards: the judge and reward model, run after the validation reward as in training (None: none).
     """
 
-    def __init__(self, config, dataset, generator: Generator, scorer: Scorer, tokenizer):
+    def __init__(self, config, dataset, generator: Generator, scorer: Scorer, tokenizer,
+                 model_rewards: Optional[ModelRewards] = None):
         self.config = config
         self.dataset = dataset
         self.generator = generator
         self.scorer = scorer
+        self.model_rewards = model_rewards
         self.tokenizer = tokenizer
         self.generations: list[dict[str, Any]] = []
 
@@ -47,7 +51,8 @@ class Validator:
 
     def run(self, step: int) -> dict[str, float]:
         """Generate on the whole validation set with ``worker.rollout.val_override_config`` (sampling seeds of
-        ``step``); mean of every reward name as ``val/reward/<name>``, plus ``val/response_length/mean`` and
+        ``step``); mean of every named score as ``val/reward/<name>`` (the judge's and reward model's included, and
+        in ``overall`` with their weights, as in training), plus ``val/response_length/mean`` and
         ``timing_s/validation`` (seconds)."""
         cfg = self.config
         overrides = dict(cfg.worker.rollout.val_override_config)
@@ -62,8 +67,11 @@ class Validator:
             for round_, features in enumerate(loader):
                 prompts = self.generator.prompt_batch(features, n, step, round_=round_, phase="val")
                 batch = self.generator.generate_even(prompts, overrides=overrides)
-                for name, values in self.scorer.score(batch, step, validation=True).items():
-                    sums[name].extend(values)
+                self.scorer.score(batch, step, validation=True)
+                if self.model_rewards is not None:
+                    self.model_rewards.run(batch, {}, {})
+                for key in [key for key in batch.extras if key.startswith("score/")]:
+                    sums[key.removeprefix("score/")].extend(batch[key])
                 lengths.extend(batch["response_mask"].sum(-1).float().tolist())
                 self._keep_generations(batch)
         metrics = {f"val/reward/{name}": float(np.mean(values)) for name, values in sums.items()}

@@ -99,7 +99,8 @@ def build_roles(config: PPOConfig, mesh: DeviceMesh, device: str, torch_device: 
     model_path = cfg.actor.model.model_path
     if config.trainer.val_only:  # easyrl eval: the policy generates only (its weights reach vLLM); no optimizer
         return Roles(actor=FSDPPolicy(model_path, cfg.actor, mesh, device, torch_device, trainable=False,
-                                      offload=cfg.actor.offload))
+                                      offload=cfg.actor.offload),
+                     reward_model=build_reward_model(config, mesh, device, torch_device))
     actor = FSDPPolicy(model_path, cfg.actor, mesh, device, torch_device, trainable=True, offload=cfg.actor.offload)
     ref = None
     if builds_reference(config):
@@ -109,18 +110,26 @@ def build_roles(config: PPOConfig, mesh: DeviceMesh, device: str, torch_device: 
     critic = None
     if config.algorithm.needs_critic:
         critic = FSDPCritic(cfg.critic.model.model_path, cfg.critic, mesh, device, torch_device)
-    reward_model = None
-    if cfg.reward.reward_model.enabled:  # its own checkpoint and tokenizer: easyrl.workers.reward_model
-        from easyrl.rewards.reward_model_inputs import load_tokenizer, padding_id
-        from easyrl.workers.reward_model import FSDPRewardModel
-
-        reward_model = FSDPRewardModel(cfg.reward.reward_model, mesh, device, torch_device,
-                                       padding_id(load_tokenizer(cfg.reward.reward_model)))
+    reward_model = build_reward_model(config, mesh, device, torch_device)
     teacher = None
     if config.algorithm.needs_teacher:  # its own checkpoint; the actor's sharding and batching, never its LoRA
         teacher = FSDPPolicy(cfg.teacher.model.model_path, teacher_role_config(config), mesh, device, torch_device,
                              trainable=False, offload=cfg.teacher.offload)
     return Roles(actor=actor, ref=ref, critic=critic, reward_model=reward_model, teacher=teacher)
+
+
+def build_reward_model(config: PPOConfig, mesh: DeviceMesh, device: str,
+                       torch_device: torch.device) -> Optional[FSDPRewardModel]:
+    """The frozen reward model of ``worker.reward.reward_model`` (its own checkpoint and tokenizer:
+    ``easyrl.workers.reward_model``), or None when its ``model_path`` is null; built for training and for
+    ``easyrl eval`` alike (validation scores with it too)."""
+    settings = config.worker.reward.reward_model
+    if not settings.enabled:
+        return None
+    from easyrl.rewards.reward_model_inputs import load_tokenizer, padding_id
+    from easyrl.workers.reward_model import FSDPRewardModel
+
+    return FSDPRewardModel(settings, mesh, device, torch_device, padding_id(load_tokenizer(settings)))
 
 
 def teacher_role_config(config: PPOConfig):
