@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -327,6 +328,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--plot", default=os.path.join(ROOT, "soak.png"))
     args, extra = parser.parse_known_args(argv)
+    # `timeout` or a job queue ends a soak with SIGTERM: unwind, so that run() stops the trainer's tree it started
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.cmd == "run":
         run(args.workload, args.steps, args.runs_root, extra)
     elif args.cmd == "images":
