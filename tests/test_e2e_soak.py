@@ -30,6 +30,7 @@ def test_a_20_step_demo_run_stays_flat(tmp_path):
     summary = summarize(path, warmup=WARMUP)
     assert summary["steps"]["last"] == STEPS, summary["steps"]
     rss = {k: v["slope"] for k, v in summary.items() if k.endswith("_rss_mb") and k != "ray_other_rss_mb"}
+    print(f"RSS slopes after {WARMUP} warm-up steps, MB/step: {rss}")
     assert {"driver_rss_mb", "worker0_rss_mb", "worker1_rss_mb"} <= set(rss), rss  # both workers were sampled
     assert all(slope < BOUND_MB_PER_STEP for slope in rss.values()), (rss, summary)
     assert summary["shm_used_mb"]["slope"] < 1.0 and summary["worker0_fds"]["slope"] < 1.0, summary
