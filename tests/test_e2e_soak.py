@@ -16,9 +16,10 @@ pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 20
 WARMUP = 5
-# Measured after warm-up (bench/README.md, "Soak"): the driver +0.0x MB/step, the workers' low points within
-# +-1 MB/step over 110 steps; vLLM's image cache grew a worker by ~1 MB per new image (12-17 MB/step at 16 images
-# a step), a leaked batch of 2 prompts x 4 samples is several MB. 5 MB/step is the issue's bound and 5x the noise.
+# Measured (bench/README.md, "Soak"): the low points of the driver and the demo's workers grow +0.1 to +0.3 MB/step
+# over steps 6-20 (+0.02 over 100 steps); vLLM's image cache grew an engine ~1 MB per new image (12-17 MB/step at 16
+# images a step). 5 MB/step is the issue's bound, 15x the noise. A planted 8 MB/step leak in every worker failed it
+# (worker 0: +5.9 MB/step; a leak first fills the heap's free slack, 100-500 MB here, before RSS moves).
 BOUND_MB_PER_STEP = 5.0
 
 
