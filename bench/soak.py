@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -35,8 +36,36 @@ ROOT = os.path.join(REPO, "runs", "bench", "soak")
 WORKER_NAME = "FSDPWorker"
 
 
-def workload_args(workload: str, steps: int, root: str) -> list[str]:
+VAL_ROWS = {"demo": 2, "smollm2": 4}  # the validation set of a soak: the first rows of the workload's own
+
+
+def val_subset(workload: str, out_dir: str) -> str:
+    """A small validation set for the soak (validation on every 10 steps, but over ``VAL_ROWS`` rows, not all):
+    the first Geometry3K folders of the demo's sample (symlinked) or the first lines of SmolLM2's ``val.jsonl``.
+    Returns its path."""
+    path = os.path.join(out_dir, "val")
+    shutil.rmtree(path, ignore_errors=True)
+    if workload == "demo":
+        src = os.path.join(REPO, "examples", "data", "geometry3k_sample")
+        os.makedirs(path)
+        for name in sorted(n for n in os.listdir(src) if n.isdigit())[:VAL_ROWS[workload]]:
+            os.symlink(os.path.join(src, name), os.path.join(path, name))
+        return path
+    os.makedirs(path)
+    with open(os.path.join(REPO, "examples", "data", "digit_addition", "val.jsonl"), encoding="utf-8") as f:
+        lines = f.readlines()[:VAL_ROWS[workload]]
+    with open(os.path.join(path, "val.jsonl"), "w", encoding="utf-8") as f:
+        f.writelines(lines)
+    return os.path.join(path, "val.jsonl")
+
+
+def workload_args(workload: str, steps: int, root: str, val_files: Optional[str] = None) -> list[str]:
     """The command-line words of a workload: checkpoints every 10 steps (newest 2 kept), validation every 10 steps.
+
+    Sized so that 100+ steps fit in ~12 minutes on 2 cores (bench/README.md, "Soak"): 2 prompts a step x n=4
+    samples (the configs have 4 and 8 prompts), 16-token responses (48), validation with n=1 over ``val_files``
+    (``val_subset``); the demo keeps its images, its 2 workers, its models and every code path (rollout,
+    reference, update, weight sync, checkpoint, validation) of a real run.
 
     Raises:
         ValueError: an unknown workload.
@@ -44,7 +73,10 @@ def workload_args(workload: str, steps: int, root: str) -> list[str]:
     common = [f"trainer.max_steps={steps}", "trainer.total_epochs=100000", "trainer.save_freq=10",
               "trainer.save_limit=2", "trainer.val_freq=10", "trainer.val_before_train=false",
               f"trainer.runs_root={root}", "trainer.project_name=soak", f"trainer.experiment_name={workload}",
-              "trainer.logger=[jsonl]"]
+              "trainer.logger=[jsonl]", "data.rollout_batch_size=2", "worker.actor.global_batch_size=2",
+              "data.max_response_length=16", "worker.rollout.val_override_config.n=1"]
+    if val_files:
+        common.append(f"data.val_files={val_files}")
     if workload == "demo":
         from easyrl.testing.tiny import build_tiny_model
 
@@ -54,7 +86,7 @@ def workload_args(workload: str, steps: int, root: str) -> list[str]:
         from easyrl.testing.smollm2 import smollm2_path
 
         return [f"config={REPO}/examples/configs/smollm2_learn.yaml", f"worker.actor.model.model_path={smollm2_path()}",
-                "data.rollout_batch_size=4", "worker.actor.global_batch_size=4", *common]
+                "worker.actor.micro_batch_size_per_device_for_update=8", *common]
     raise ValueError(f"unknown workload {workload!r}: choose demo or smollm2")
 
 
@@ -105,8 +137,38 @@ def _rows(path: str) -> int:
         return 0
 
 
-def run(workload: str, steps: int, root: str, extra: list[str]) -> str:
-    """Train ``workload`` for ``steps`` steps, sampling after each step; returns the path of ``soak.jsonl``.
+def _merge(low: dict, peak: dict, row: dict) -> None:
+    """Fold one sample into the step's low point and peak of each RSS column."""
+    for key, value in row.items():
+        if key.endswith("_rss_mb"):
+            low[key] = min(low.get(key, value), value)
+            peak[key] = max(peak.get(key, value), value)
+
+
+def _stop_tree(procs: list[psutil.Process]) -> None:
+    """Terminate (then kill) the processes this soak started and are still alive: its trainer and that trainer's
+    descendants (its own Ray instance), by process, never by name."""
+    alive = [p for p in procs if p.is_running()]
+    for p in alive:
+        try:
+            p.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(alive, timeout=20)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+
+
+def run(workload: str, steps: int, root: str, extra: list[str], out_dir: Optional[str] = None,
+        every_s: float = 0.5) -> str:
+    """Train ``workload`` for ``steps`` steps in a child process (its own local Ray instance: ``ray.init()`` with
+    no address and no ``RAY_ADDRESS`` starts one), sampling its process tree every ``every_s`` seconds; one row per
+    finished step: the sample at the step's end, and for each RSS column the step's low point (``*_rss_mb``: the
+    resident baseline between generation and update, what a leak raises) and its peak (``*_rss_peak_mb``).
+    Returns the path of ``soak.jsonl``; the trainer's log is ``train.log`` beside it.
 
     Raises:
         RuntimeError: the run ended with a non-zero exit status.
@@ -114,28 +176,40 @@ def run(workload: str, steps: int, root: str, extra: list[str]) -> str:
     run_dir = os.path.join(root, "soak", workload)
     if os.path.isdir(run_dir):
         shutil.rmtree(run_dir)
-    out_dir = os.path.join(ROOT, workload)
+    out_dir = out_dir or os.path.join(ROOT, workload)
     os.makedirs(out_dir, exist_ok=True)
     out_path = os.path.join(out_dir, "soak.jsonl")
-    argv = [sys.executable, "-m", "easyrl.trainer", *workload_args(workload, steps, root), *extra]
+    argv = [sys.executable, "-m", "easyrl.trainer",
+            *workload_args(workload, steps, root, val_subset(workload, out_dir)), *extra]
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("RAY_ADDRESS", None)
     start = time.time()
     with open(out_path, "w", encoding="utf-8") as out, open(os.path.join(out_dir, "train.log"), "w") as log:
         proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-        driver, seen = psutil.Process(proc.pid), 0
-        while proc.poll() is None:
-            done = _rows(os.path.join(run_dir, "metrics.jsonl"))
-            if done > seen:
-                seen = done
+        driver, seen, low, peak, tree = psutil.Process(proc.pid), 0, {}, {}, {}
+        try:
+            while proc.poll() is None:
                 try:
-                    row = {"step": done, "elapsed_s": round(time.time() - start, 1), **sample(driver, run_dir)}
+                    tree.update((p.pid, p) for p in driver.children(recursive=True))
+                    row = sample(driver, run_dir)
                 except psutil.Error:
-                    break
-                out.write(json.dumps(row) + "\n")
-                out.flush()
-                print(json.dumps(row), flush=True)
-            time.sleep(0.5)
-        status = proc.wait()
+                    time.sleep(every_s)
+                    continue
+                _merge(low, peak, row)
+                done = _rows(os.path.join(run_dir, "metrics.jsonl"))
+                if done > seen:
+                    seen = done
+                    row.update(low)
+                    row.update({k.replace("_rss_mb", "_rss_peak_mb"): v for k, v in peak.items()})
+                    row = {"step": done, "elapsed_s": round(time.time() - start, 1), **row}
+                    out.write(json.dumps(row) + "\n")
+                    out.flush()
+                    print(json.dumps(row), flush=True)
+                    low, peak = {}, {}
+                time.sleep(every_s)
+            status = proc.wait()
+        finally:
+            _stop_tree([driver, *tree.values()])
     if status != 0:
         raise RuntimeError(f"{workload}: the run ended with exit status {status}; see {out_dir}/train.log")
     return out_path
@@ -254,6 +328,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--plot", default=os.path.join(ROOT, "soak.png"))
     args, extra = parser.parse_known_args(argv)
+    # `timeout` or a job queue ends a soak with SIGTERM: unwind, so that run() stops the trainer's tree it started
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.cmd == "run":
         run(args.workload, args.steps, args.runs_root, extra)
     elif args.cmd == "images":

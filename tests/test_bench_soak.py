@@ -1,6 +1,6 @@
-"""bench/soak.py's pure parts: the workloads' settings, the slope after warm-up, one sample of a process tree (no run
-here: a ~20-step soak of the smallest workload costs ~10 minutes on the 2-core CI machine, over the suite's budget,
-so the soak itself is run by hand; bench/README.md, "Soak")."""
+"""bench/soak.py's pure parts: the workloads' settings, the slope after warm-up, one sample of a process tree. The
+soak itself runs in tests/test_e2e_soak.py (marker e2e: a 20-step demo soak with a bound on the RSS slopes); the
+100+ step soaks are run by hand (bench/README.md, "Soak")."""
 
 from __future__ import annotations
 
@@ -55,3 +55,17 @@ def test_sample_reads_the_driver_and_its_tree(tmp_path):
     (tmp_path / "f").write_bytes(b"x" * 2**20)
     row = sample(psutil.Process(), str(tmp_path))
     assert row["driver_rss_mb"] > 10 and row["driver_fds"] > 0 and row["run_dir_mb"] == 1.0
+
+
+def test_the_soak_validates_on_a_few_rows_and_keeps_each_steps_low_point_and_peak(tmp_path):
+    from soak import VAL_ROWS, _merge, val_subset
+
+    demo = val_subset("demo", str(tmp_path / "demo"))
+    assert len(os.listdir(demo)) == VAL_ROWS["demo"] and all((Path(demo) / n / "data.json").is_file()
+                                                               for n in os.listdir(demo))
+    text = val_subset("smollm2", str(tmp_path / "smollm2"))
+    assert len(Path(text).read_text().splitlines()) == VAL_ROWS["smollm2"]
+    low, peak = {}, {}
+    for rss in (3600.0, 3500.0, 4100.0):
+        _merge(low, peak, {"worker0_rss_mb": rss, "worker0_fds": 100})
+    assert low == {"worker0_rss_mb": 3500.0} and peak == {"worker0_rss_mb": 4100.0}
