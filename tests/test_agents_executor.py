@@ -27,8 +27,14 @@ def test_results_errors_timeouts_and_garbage_come_back_in_order(executor, monkey
              {"name": "slow", "arguments": {"text": "x"}}, {"name": "garbage", "arguments": {}},
              {"name": "nope", "arguments": {}}, {"error": "the tool call is not valid JSON"},
              {"name": "add", "arguments": {"a": 1}}, {"name": "echo", "arguments": {"text": "y" * 100}}]
+    futures = executor.submit(calls)  # returns once the pool has started; the calls run while the caller goes on
     start = time.monotonic()
-    results = executor.run(calls)
+    assert not futures[2].done
+    executor.wait(futures, float("inf"))  # back at the first answer, long before the hang's timeout
+    assert time.monotonic() - start < 4.5 and not futures[2].done and any(f.done for f in futures[:2])
+    while not all(f.done for f in futures):
+        executor.wait(futures, float("inf"))
+    results = [f.result for f in futures]
     assert time.monotonic() - start < 30
     assert [r.status for r in results] == ["ok", "error", "timeout", "ok", "error", "error", "error", "ok"]
     assert results[0].content == "5"
