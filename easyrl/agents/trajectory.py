@@ -5,9 +5,11 @@ reward function.
 
 Each round sends every ready trajectory (prompt + everything so far) to ``generate`` at once, so trajectories at
 different turns are generated together; their tool calls run in parallel (``easyrl.agents.executor``) while later
-rounds go on without the trajectories whose tools are late (``easyrl.agents.scheduler``). A trajectory ends at a final answer (no tool call, and no environment or the
-environment says done), ``max_assistant_turns``, ``max_user_turns``, or when its response reaches ``budget``
-tokens (``data.max_response_length``; a tool turn that does not fit is cut there).
+rounds go on without the trajectories whose tools are late (``easyrl.agents.scheduler``).
+
+A trajectory ends at a final answer (no tool call, and no environment or the environment says done),
+``max_assistant_turns``, ``max_user_turns``, or when its response reaches ``budget`` tokens
+(``data.max_response_length``; a tool turn that does not fit is cut there).
 """
 
 from __future__ import annotations
