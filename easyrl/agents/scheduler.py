@@ -4,11 +4,11 @@ the batch.
 The engines take a batch of requests at a time (``Generate``). After a round, the tool calls of its trajectories
 are submitted to the process pool as futures (``ToolExecutor.submit``) and the driver waits for them only while
 that is cheap: the next round starts as soon as every call is answered, or once at least one trajectory is ready
-(its tools answered, or it had none) and the wait has lasted ``patience`` times the last round's generation time.
-A trajectory whose tool is still running skips that round and joins a later one (verl's agent loop gets the same
-effect with one asyncio task per sample on vLLM's async server; easyrl's colocated engines take batches, so the
-scheduling is done here, between batches). ``patience=inf`` is the round barrier: every round waits for the
-slowest tool (bounded by ``tool_timeout_s``).
+(its tools answered, or it had none) and the wait has lasted ``patience`` times the last round's generation time
+(``MIN_WAIT_S`` at least). A trajectory whose tool is still running skips that round and joins a later one (verl's
+agent loop gets the same effect with one asyncio task per sample on vLLM's async server; easyrl's colocated engines
+take batches, so the scheduling is done here, between batches). ``patience=inf`` is the round barrier: every round
+waits for the slowest tool (bounded by ``tool_timeout_s``).
 
 Determinism: a round's batch lists its trajectories in the prompt order, and the sampling seed of a turn depends on
 the sample and the turn's number, not on the round it rode in (``easyrl.trainer.multi_turn``), so the trajectories
@@ -20,11 +20,15 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-__all__ = ["PATIENCE", "start_round", "run_turns"]
+__all__ = ["PATIENCE", "MIN_WAIT_S", "start_round", "run_turns"]
 
 PATIENCE = 0.25
 """How long the driver waits for late tool calls before a round starts without them, in units of the last round's
 generation time: waiting idles the engines, a round without the late ones costs them a later round."""
+
+MIN_WAIT_S = 0.05
+"""Seconds the driver waits at least (a tool call's round trip through the process pool takes milliseconds; a round
+does not start without calls that are merely in transit)."""
 
 
 def start_round(ready: int, waiting: int, waited_s: float, patience_s: float) -> bool:
@@ -71,7 +75,8 @@ def run_turns(loop: Any, trajectories: list, generate: Callable, patience: float
             else:
                 still.append((traj, futures))
         waiting = still
-        if start_round(len(ready), len(waiting), clock() - ended, patience * round_s):
+        patience_s = max(MIN_WAIT_S, patience * round_s)
+        if start_round(len(ready), len(waiting), clock() - ended, patience_s):
             batch, ready = sorted(ready, key=lambda t: order[id(t)]), []
             start = clock()
             outputs = generate(batch, round_)
@@ -90,6 +95,6 @@ def run_turns(loop: Any, trajectories: list, generate: Callable, patience: float
                     ready.append(traj)
             ended = clock()
         elif waiting:
-            until = ended + patience * round_s if ready else float("inf")
+            until = ended + patience_s if ready else float("inf")
             loop.executor.wait([f for _, futures in waiting for f in futures], until)
     return trajectories
