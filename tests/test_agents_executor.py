@@ -46,3 +46,6 @@ def test_results_errors_timeouts_and_garbage_come_back_in_order(executor, monkey
     assert len(results[7].content) == 40  # max_tool_response_length
     # the pool was replaced after the hang: calls still run
     assert [r.content for r in executor.run([{"name": "add", "arguments": {"a": 1, "b": 1}}])] == ["2"]
+    pending = executor.submit([{"name": "slow", "arguments": {"text": "x"}}])
+    executor.close()  # the rollout ends (or fails) with a call still running: it is answered, never left open
+    assert pending[0].done and pending[0].result.status == "error"

@@ -143,12 +143,17 @@ class ToolExecutor:
             self._running[future] = (handle, time.monotonic() + self.timeout_s)
 
     def close(self) -> None:
-        """Kill the pool's processes (a new pool starts on the next call)."""
+        """Kill the pool's processes (a new pool starts on the next call); calls still running or queued are
+        answered with an error."""
         if self._pool is not None:
             self._pool.terminate()
             self._pool.join()
             self._pool = None
         self._hung = 0
+        for future in [*self._running, *self._queue]:
+            future.result = ToolResult("Error: the tool pool was closed before the call was answered", "error")
+        self._running.clear()
+        self._queue.clear()
 
 
 class ToolFuture:
