@@ -49,3 +49,13 @@ def test_results_errors_timeouts_and_garbage_come_back_in_order(executor, monkey
     pending = executor.submit([{"name": "slow", "arguments": {"text": "x"}}])
     executor.close()  # the rollout ends (or fails) with a call still running: it is answered, never left open
     assert pending[0].done and pending[0].result.status == "error"
+
+
+def test_calls_queued_behind_a_hang_run_in_a_fresh_pool(monkeypatch):
+    monkeypatch.delenv("EASYRL_TEST_TOOL_DIR", raising=False)
+    pool = ToolExecutor({name: f"{TOOLS}:{name}" for name in ("slow", "echo")}, timeout_s=1.0, workers=1)
+    try:  # the only process hangs: once it is stopped, the queued call runs in a new pool
+        results = pool.run([{"name": "slow", "arguments": {"text": "x"}}, {"name": "echo", "arguments": {"text": "y"}}])
+    finally:
+        pool.close()
+    assert [(r.status, r.content) for r in results][1] == ("ok", "echo: y") and results[0].status == "timeout"

@@ -135,21 +135,24 @@ class ToolExecutor:
             # a tool's answer is cut to max_chars; easyrl's own error messages are kept whole
             future.result = ToolResult(result.content[:self.max_chars], "ok") if result.status == "ok" else result
         if self._hung and not self._running:
-            self.close()  # kills the hung processes; the next call gets a fresh pool
+            self._retire_pool()  # kills the hung processes; the queued calls get a fresh pool
         while self._queue and len(self._running) + self._hung < self.workers:
             future = self._queue.pop(0)
             pool = self._ensure_pool()
             handle = pool.apply_async(_run, (self.specs[future.call["name"]], future.call["arguments"]))
             self._running[future] = (handle, time.monotonic() + self.timeout_s)
 
-    def close(self) -> None:
-        """Kill the pool's processes (a new pool starts on the next call); calls still running or queued are
-        answered with an error."""
+    def _retire_pool(self) -> None:
         if self._pool is not None:
             self._pool.terminate()
             self._pool.join()
             self._pool = None
         self._hung = 0
+
+    def close(self) -> None:
+        """Kill the pool's processes (a new pool starts on the next call); calls still running or queued are
+        answered with an error."""
+        self._retire_pool()
         for future in [*self._running, *self._queue]:
             future.result = ToolResult("Error: the tool pool was closed before the call was answered", "error")
         self._running.clear()
