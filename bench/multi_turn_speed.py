@@ -4,11 +4,14 @@ One trainer (real Ray + vLLM + FSDP2 on the CPU) with the multi-turn rollout: ev
 ``--turn-tokens`` tokens calls the ``echo`` test tool (the plug-in parser ``tests/agent_tools/parser.py:echo_only``,
 since a random tiny model writes no tool calls), ``--turns`` assistant turns per trajectory. The single-turn rollout
 (``SingleTurnRollout`` on the same engines) generates ``turns x turn-tokens`` tokens per prompt in one go
-(``max_tokens``). Both sample the same prompt batch, alternately, ``--repeats`` times after one warm-up each; the
-throughput is generated (assistant) tokens per second of ``Rollout.generate`` (tool calls, tool-turn tokenization and
-the extra prefills included for the multi-turn one).
+(``max_tokens``). The multi-turn rollout runs twice: with the scheduler (``easyrl.agents.scheduler``: a round does
+not wait for late tools) and with the round barrier (``patience=inf``: every round waits for its slowest tool).
+All sample the same prompt batch, alternately, ``--repeats`` times after one warm-up each; the throughput is
+generated (assistant) tokens per second of ``Rollout.generate`` (tool calls, tool-turn tokenization and the extra
+prefills included for the multi-turn one). Two cases, one trainer: the tool (``lagging``: ``echo`` whose first
+call in a rollout sleeps) answers at once, then one call per rollout (one trajectory's) sleeps ``--slow-tool-s``.
 
-    python bench/multi_turn_speed.py [--turns 3] [--turn-tokens 32] [--repeats 3] [key=value ...]
+    python bench/multi_turn_speed.py [--turns 3] [--turn-tokens 32] [--repeats 3] [--slow-tool-s 2] [key=value ...]
 """
 
 from __future__ import annotations
@@ -27,8 +30,11 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--turn-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--slow-tool-s", type=float, default=2.0)
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
+
+    import os
 
     import ray
 
@@ -38,6 +44,8 @@ def main() -> None:
     from easyrl.trainer.rollout import SingleTurnRollout
 
     tools = REPO / "tests" / "agent_tools"
+    markers = Path(tempfile.mkdtemp())  # the lagging tool's first-call marker (inherited by the tool processes)
+    os.environ.update(EASYRL_TEST_TOOL_DIR=str(markers), EASYRL_TEST_TOOL_SLEEP_S=str(args.slow_tool_s))
     budget = args.turns * args.turn_tokens
     config = load_config([
         f"config={REPO / 'examples/configs/cpu_demo.yaml'}",
@@ -47,8 +55,8 @@ def main() -> None:
         f"worker.reward.reward_function={tools / 'reward.py'}:compute_score", "worker.reward.reward_function_kwargs={}",
         f"trainer.runs_root={tempfile.mkdtemp()}", "worker.rollout.limit_images=0",
         f"data.max_response_length={budget + 40 * (args.turns - 1)}",  # the tool turns' tokens fit too
-        "worker.rollout.multi_turn.enable=true", f"worker.rollout.multi_turn.tools=[{tools / 'tools.py'}:echo]",
-        f"worker.rollout.multi_turn.format={tools / 'parser.py'}:echo_only",
+        "worker.rollout.multi_turn.enable=true", f"worker.rollout.multi_turn.tools=[{tools / 'tools.py'}:lagging]",
+        f"worker.rollout.multi_turn.format={tools / 'parser.py'}:lagging_only",
         f"worker.rollout.multi_turn.max_assistant_turns={args.turns}",
         f"worker.rollout.multi_turn.max_turn_tokens={args.turn_tokens}",
         *args.overrides,
@@ -61,20 +69,34 @@ def main() -> None:
         prompts = trainer.generator.prompt_batch(next(trainer.prompt_stream()), config.worker.rollout.n, step=1)
         flat = prompts.select(list(range(len(prompts))))
         flat["max_tokens"] = [budget] * len(flat)
-        rates: dict[str, list[float]] = {"single-turn": [], "multi-turn": []}
-        for repeat in range(args.repeats + 1):
-            for name, rollout, batch in (("single-turn", single, flat), ("multi-turn", multi, prompts)):
-                start = time.perf_counter()
-                out, _ = rollout.generate(batch, None)
-                seconds = time.perf_counter() - start
-                if repeat:  # the first of each is warm-up
-                    rates[name].append(float(out["response_mask"].sum()) / seconds)
-        medians = {name: statistics.median(values) for name, values in rates.items()}
-        print(f"| rollout | generated tokens/s (median of {args.repeats}) |\n| --- | --- |")
-        for name, value in medians.items():
-            print(f"| {name} | {value:.0f} |")
-        print(f"multi / single = {medians['multi-turn'] / medians['single-turn']:.2f} "
-              f"({len(prompts)} samples, {args.turns} turns x {args.turn_tokens} tokens vs {budget} tokens)")
+        modes = (("single-turn", single, flat, None), ("multi-turn", multi, prompts, multi.patience),
+                 ("multi-turn, round barrier", multi, prompts, float("inf")))
+        for slow in (False, True):
+            rates: dict[str, list[float]] = {name: [] for name, *_ in modes}
+            seconds: dict[str, list[float]] = {name: [] for name, *_ in modes}
+            for repeat in range(args.repeats + 1):
+                for name, rollout, batch, patience in modes:
+                    if patience is not None:
+                        multi.patience = patience
+                    if slow:  # one slow call per rollout
+                        (markers / "lagging").unlink(missing_ok=True)
+                    else:
+                        (markers / "lagging").touch()
+                    start = time.perf_counter()
+                    out, _ = rollout.generate(batch, None)
+                    took = time.perf_counter() - start
+                    if repeat:  # the first of each is warm-up
+                        rates[name].append(float(out["response_mask"].sum()) / took)
+                        seconds[name].append(took)
+            medians = {name: statistics.median(values) for name, values in rates.items()}
+            print(f"\n{'one tool call sleeps %g s' % args.slow_tool_s if slow else 'tools answer at once'}: "
+                  f"{len(prompts)} samples, {args.turns} turns x {args.turn_tokens} tokens vs {budget} tokens")
+            print(f"| rollout | generated tokens/s | seconds per rollout (median of {args.repeats}) |\n"
+                  "| --- | --- | --- |")
+            for name, value in medians.items():
+                print(f"| {name} | {value:.0f} | {statistics.median(seconds[name]):.2f} |")
+            print(f"multi / single = {medians['multi-turn'] / medians['single-turn']:.2f}, round barrier / single = "
+                  f"{medians['multi-turn, round barrier'] / medians['single-turn']:.2f}", flush=True)
         trainer.workers.shutdown()
     finally:
         ray.shutdown()

@@ -61,3 +61,30 @@ def test_optimal_token_baseline_tail_uses_where_a_holed_response_ends():
     # past position 4 the longest response's advantage is its return (baseline 0); before, a baseline is subtracted
     assert torch.equal(adv[0, 6:], returns[0, 6:]) and adv[0, 0] != returns[0, 0]
     assert adv[1, 3] != returns[1, 3]  # the shorter response keeps its baseline up to its end
+
+
+@pytest.mark.parametrize("name", ["gae", "reinforce_plus_plus"])
+def test_position_based_estimators_do_not_count_tool_tokens_as_steps(name):
+    # a hole (tool turn) passes the next assistant token's return, value and GAE accumulator through undiscounted
+    # (verl's compute_gae_advantage_return does the same for observation tokens): with gamma, lam < 1 the trained
+    # tokens get what the same trajectory without its tool tokens gets
+    import easyrl.algorithms.critic  # noqa: F401 - registers gae
+
+    torch.manual_seed(0)
+    bsz, length = 4, 6
+    compact_mask = torch.ones(bsz, length, dtype=torch.long)
+    compact_mask[::2, 4:] = 0
+    compact_rewards = scores_to_token_rewards(torch.rand(bsz), compact_mask)
+    compact_rewards[:, 1] += 0.3 * compact_mask[:, 1]  # a reward before the hole too (e.g. a KL penalty)
+    compact_values = torch.randn(bsz, length) * compact_mask
+    rewards, mask = _holed(compact_rewards)[0], _holed(compact_mask)[0]  # the mask is 0 on the hole
+    values = _holed(compact_values)[0]
+    values[:, 2:5] = torch.randn(bsz, 3)  # the critic's values on tool tokens are not used
+    index = np.array(["a"] * bsz, dtype=object)
+    kwargs = {"gamma": 0.9, "lam": 0.8}
+    compact = ADV_ESTIMATORS.get(name)(AdvantageInputs(compact_rewards, compact_mask, index, values=compact_values,
+                                                       **kwargs))
+    holed = ADV_ESTIMATORS.get(name)(AdvantageInputs(rewards, mask, index, values=values, **kwargs))
+    for got, want in zip(holed, compact):  # advantages, returns
+        assert torch.all(got[:, 2:5] == 0)
+        torch.testing.assert_close(got[mask.bool()], want[compact_mask.bool()])

@@ -52,6 +52,7 @@ def test_rounds_padding_seeds_budget_and_batch_layout(tiny_model_path):
     mt.enable, mt.tools, mt.max_assistant_turns = True, [f"{HERE / 'tools.py'}:echo"], 3
     workers = ScriptedWorkers(tokenizer)
     rollout = MultiTurnRollout(workers, config, tokenizer, pad_id=0)
+    rollout.patience = float("inf")  # every round waits for all tools (the scheduler: tests/test_agents_scheduler.py)
     prompts = Batch(TensorDict({"prompts": torch.tensor([[0, 5, 6], [7, 8, 9], [0, 0, 4]]),
                                 "prompt_mask": torch.tensor([[0, 1, 1], [1, 1, 1], [0, 0, 1]])}, batch_size=[3]),
                     {"raw_prompt_ids": [[5, 6], [7, 8, 9], [4]], "rollout_seed": [10, 11, 12], "images": [[]] * 3})

@@ -2,8 +2,10 @@
 that is not text never ends the run: the model reads what happened as the tool's answer, and the rollout counts it.
 
 The processes are started with ``spawn`` (no copy of the trainer's threads and Ray state) and import each tool file
-once. Calls run in waves of ``workers``; a wave in which a call ran past ``timeout_s`` (a hang, or a process that
-died) ends with the pool terminated (its processes killed) and a fresh pool for the next wave.
+once. ``submit`` returns futures at once (``easyrl.agents.scheduler`` keeps generating while they run); at most
+``workers`` calls run at a time, each timed from its start, and the others queue. A call past ``timeout_s`` (a hang,
+or a process that died) is answered with a timeout at once; its process stays busy until no other call is running,
+then the pool is terminated (the hung processes killed) and the next call gets a fresh pool.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
-__all__ = ["ToolResult", "ToolExecutor", "render_result"]
+__all__ = ["ToolResult", "ToolExecutor", "ToolFuture", "render_result"]
+
+_POLL_S = 0.002  # seconds between looks at the running calls
 
 
 @dataclass
@@ -66,6 +70,9 @@ class ToolExecutor:
         self.workers = workers
         self.max_chars = max_chars
         self._pool: Optional[Any] = None
+        self._queue: list[ToolFuture] = []
+        self._running: dict[ToolFuture, tuple[Any, float]] = {}
+        self._hung = 0
 
     def _ensure_pool(self):
         if self._pool is None:
@@ -76,41 +83,90 @@ class ToolExecutor:
         return self._pool
 
     def run(self, calls: list[dict[str, Any]]) -> list[ToolResult]:
-        """One result per call, in order. A call is ``{"name", "arguments"}`` or a parser's ``{"error": why}``;
-        an unknown tool name is an error (the known names are listed to the model)."""
-        results: list[Optional[ToolResult]] = [None] * len(calls)
-        todo = []
-        for i, call in enumerate(calls):
-            if "error" in call:
-                results[i] = ToolResult(f"Error: {call['error']}", "error")
-            elif call.get("name") not in self.specs:
-                results[i] = ToolResult(f"Error: unknown tool {call.get('name')!r}; the tools are "
-                                        f"{sorted(self.specs)}", "error")
-            else:
-                todo.append(i)
-        for start in range(0, len(todo), self.workers):
-            wave = todo[start:start + self.workers]
-            pool = self._ensure_pool()
-            pending = {i: pool.apply_async(_run, (self.specs[calls[i]["name"]], calls[i]["arguments"])) for i in wave}
-            deadline = time.monotonic() + self.timeout_s
-            hung = False
-            for i, handle in pending.items():
-                handle.wait(max(0.0, deadline - time.monotonic()))
-                if not handle.ready():
-                    results[i] = ToolResult(f"Error: the tool {calls[i]['name']!r} gave no answer within "
-                                            f"{self.timeout_s:g} s and was stopped", "timeout")
-                    hung = True
-                    continue
-                status, text = handle.get()
-                results[i] = ToolResult(text if status == "ok" else f"Error: {text}", status)
-            if hung:
-                self.close()  # kills the hung process; the next wave gets a fresh pool
-        # a tool's answer is cut to max_chars; easyrl's own error messages are kept whole
-        return [ToolResult(r.content[:self.max_chars], r.status) if r.status == "ok" else r for r in results]
+        """One result per call, in order (``submit`` then ``wait`` until all are answered)."""
+        futures = self.submit(calls)
+        while not all(f.done for f in futures):
+            self.wait(futures, float("inf"))
+        return [f.result for f in futures]
 
-    def close(self) -> None:
-        """Kill the pool's processes (a new pool starts on the next call)."""
+    def submit(self, calls: list[dict[str, Any]]) -> list["ToolFuture"]:
+        """Start ``calls`` (at most ``workers`` run at once; the others queue) and return at once, one future per
+        call. A call is ``{"name", "arguments"}`` or a parser's ``{"error": why}``; an unknown tool name is an error
+        (the known names are listed to the model): both are answered right away."""
+        futures = [ToolFuture(call) for call in calls]
+        for future in futures:
+            call = future.call
+            if "error" in call:
+                future.result = ToolResult(f"Error: {call['error']}", "error")
+            elif call.get("name") not in self.specs:
+                future.result = ToolResult(f"Error: unknown tool {call.get('name')!r}; the tools are "
+                                           f"{sorted(self.specs)}", "error")
+            else:
+                self._queue.append(future)
+        self._pump()
+        return futures
+
+    def wait(self, futures: list["ToolFuture"], until: float) -> None:
+        """Return once one of ``futures`` that was not answered is answered, or at ``until``
+        (``time.monotonic()``), or at once when all of them are answered."""
+        def open_() -> bool:
+            return any(not f.done for f in futures)
+
+        before = sum(f.done for f in futures)
+        self._pump()
+        while open_() and sum(f.done for f in futures) == before and time.monotonic() < until:
+            time.sleep(_POLL_S)
+            self._pump()
+
+    def _pump(self) -> None:
+        """Collect answers and timeouts, retire a pool whose only busy processes hang, start queued calls."""
+        now = time.monotonic()
+        for future, (handle, deadline) in list(self._running.items()):
+            if handle.ready():
+                status, text = handle.get()
+                result = ToolResult(text if status == "ok" else f"Error: {text}", status)
+            elif now >= deadline:
+                result = ToolResult(f"Error: the tool {future.call['name']!r} gave no answer within "
+                                    f"{self.timeout_s:g} s and was stopped", "timeout")
+                self._hung += 1  # its process stays busy until the pool is retired
+            else:
+                continue
+            del self._running[future]
+            # a tool's answer is cut to max_chars; easyrl's own error messages are kept whole
+            future.result = ToolResult(result.content[:self.max_chars], "ok") if result.status == "ok" else result
+        if self._hung and not self._running:
+            self._retire_pool()  # kills the hung processes; the queued calls get a fresh pool
+        while self._queue and len(self._running) + self._hung < self.workers:
+            future = self._queue.pop(0)
+            pool = self._ensure_pool()
+            handle = pool.apply_async(_run, (self.specs[future.call["name"]], future.call["arguments"]))
+            self._running[future] = (handle, time.monotonic() + self.timeout_s)
+
+    def _retire_pool(self) -> None:
         if self._pool is not None:
             self._pool.terminate()
             self._pool.join()
             self._pool = None
+        self._hung = 0
+
+    def close(self) -> None:
+        """Kill the pool's processes (a new pool starts on the next call); calls still running or queued are
+        answered with an error."""
+        self._retire_pool()
+        for future in [*self._running, *self._queue]:
+            future.result = ToolResult("Error: the tool pool was closed before the call was answered", "error")
+        self._running.clear()
+        self._queue.clear()
+
+
+class ToolFuture:
+    """One submitted call: ``call`` and, once answered, ``result`` (a ``ToolResult``; None before)."""
+
+    def __init__(self, call: dict[str, Any]):
+        self.call = call
+        self.result: Optional[ToolResult] = None
+
+    @property
+    def done(self) -> bool:
+        """Whether the call is answered."""
+        return self.result is not None

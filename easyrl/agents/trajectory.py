@@ -3,11 +3,13 @@ the tokenized tool/environment turns, never re-tokenized), the response mask (1 
 tool/environment tokens), the engine's log-probs aligned with them, and the conversation and tool calls for the
 reward function.
 
-Each round sends every unfinished trajectory (prompt + everything so far) to ``generate`` at once, so trajectories
-at different turns are generated together; the tool calls of all of them then run in parallel
-(``easyrl.agents.executor``). A trajectory ends at a final answer (no tool call, and no environment or the
-environment says done), ``max_assistant_turns``, ``max_user_turns``, or when its response reaches ``budget``
-tokens (``data.max_response_length``; a tool turn that does not fit is cut there).
+Each round sends every ready trajectory (prompt + everything so far) to ``generate`` at once, so trajectories at
+different turns are generated together; their tool calls run in parallel (``easyrl.agents.executor``) while later
+rounds go on without the trajectories whose tools are late (``easyrl.agents.scheduler``).
+
+A trajectory ends at a final answer (no tool call, and no environment or the environment says done),
+``max_assistant_turns``, ``max_user_turns``, or when its response reaches ``budget`` tokens
+(``data.max_response_length``; a tool turn that does not fit is cut there).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from easyrl.agents import scheduler
 from easyrl.agents.chat import turn_ids
 from easyrl.agents.environment import next_message
 from easyrl.agents.executor import ToolExecutor
@@ -95,17 +98,11 @@ class TurnLoop:
         """Tokens the next assistant turn of ``traj`` may generate."""
         return traj.remaining if self.max_turn_tokens is None else min(traj.remaining, self.max_turn_tokens)
 
-    def run(self, trajectories: list[Trajectory], generate: Generate) -> list[Trajectory]:
-        """Generate, call tools and step the environment until every trajectory is done; returns them."""
-        round_ = 0
-        while True:
-            active = [t for t in trajectories if not t.done and t.remaining > 0]
-            if not active:
-                return trajectories
-            for traj, (ids, log_probs) in zip(active, generate(active, round_)):
-                self._assistant_turn(traj, ids, log_probs)
-            self._follow_up([t for t in active if not t.done])
-            round_ += 1
+    def run(self, trajectories: list[Trajectory], generate: Generate,
+            patience: float = scheduler.PATIENCE) -> list[Trajectory]:
+        """Generate, call tools and step the environment until every trajectory is done; returns them. A round
+        does not wait for late tool calls (``easyrl.agents.scheduler``; ``patience=inf``: it does)."""
+        return scheduler.run_turns(self, trajectories, generate, patience)
 
     def _assistant_turn(self, traj: Trajectory, ids: list[int], log_probs: Optional[list[float]]) -> None:
         traj.add(ids, trained=True, log_probs=log_probs)
@@ -115,12 +112,15 @@ class TurnLoop:
         if not ids or (self.max_assistant_turns is not None and traj.assistant_turns >= self.max_assistant_turns):
             traj.done = True
 
-    def _follow_up(self, trajectories: list[Trajectory]) -> None:
-        """Parse every trajectory's last assistant turn, run all tool calls together, then append each one's tool
-        turn, environment turn, or end it."""
+    def _follow_up(self, trajectories: list[Trajectory], results: Optional[list] = None) -> None:
+        """Parse every trajectory's last assistant turn, run all tool calls together (or take their ``results``,
+        ``ToolResult`` in call order, from ``easyrl.agents.scheduler``), then append each one's tool turn,
+        environment turn, or end it."""
         calls = {id(t): self.parser(t.messages[-1]["content"]) for t in trajectories}
         flat = [call for t in trajectories for call in calls[id(t)]]
-        if flat and self.executor is not None:
+        if results is not None:
+            results = iter(results)
+        elif flat and self.executor is not None:
             results = iter(self.executor.run(flat))
         else:
             results = iter([])

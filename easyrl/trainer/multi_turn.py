@@ -2,9 +2,10 @@
 assistant turns, sampled by the workers' colocated vLLM engines, and tool or environment turns
 (``easyrl.agents``), in the trajectory batch layout of ``easyrl.trainer.rollout``.
 
-The driver runs the turns (``easyrl.agents.trajectory.TurnLoop``): each round sends every unfinished trajectory
+The driver runs the turns (``easyrl.agents.trajectory.TurnLoop``): each round sends every ready trajectory
 (prompt + all its tokens so far, capped at its remaining response budget) to the engines in one batch, so
-trajectories at different turns are generated together. The engines stay awake between rounds
+trajectories at different turns are generated together; a trajectory whose tool call is late joins a later round
+(``easyrl.agents.scheduler``; ``patience``). The engines stay awake between rounds
 (``generate_sequences(keep_awake=True)``): the actor's weights are synced once, before the first round, and later
 rounds sync nothing; the engines sleep after the last round (``FSDPWorker.sleep_rollout``).
 
@@ -25,6 +26,7 @@ import torch
 from easyrl.agents.environment import load_environment
 from easyrl.agents.executor import ToolExecutor
 from easyrl.agents.parsers import load_parser
+from easyrl.agents.scheduler import PATIENCE
 from easyrl.agents.tools import load_tools
 from easyrl.agents.trajectory import Trajectory, TurnLoop
 from easyrl.batch import Batch
@@ -34,7 +36,7 @@ from easyrl.workers.fsdp_worker import FSDPWorker
 
 __all__ = ["MultiTurnRollout", "make_rollout", "multi_turn_metrics"]
 
-_SEED_STRIDE = 1_000_003  # per round, so that a sample's turns draw from different streams
+_SEED_STRIDE = 1_000_003  # per turn, so that a sample's turns draw from different streams
 
 
 class MultiTurnRollout:
@@ -61,6 +63,7 @@ class MultiTurnRollout:
                                      mt.num_tool_workers, mt.max_tool_response_length) if self.tools else None
         self.loop = TurnLoop(tokenizer, load_parser(mt.format), self.executor, load_environment(mt.environment),
                              mt.max_assistant_turns, mt.max_user_turns, mt.max_turn_tokens)
+        self.patience = PATIENCE  # easyrl.agents.scheduler; inf: every round waits for its slowest tool
 
     @property
     def engines(self) -> int:
@@ -82,8 +85,9 @@ class MultiTurnRollout:
             share["videos"] = [prompts["videos"][i] for i in rows_padded]
         share["max_tokens"] = [self.loop.turn_budget(t) for t in active] + [1] * pad
         if "rollout_seed" in prompts:
-            share["rollout_seed"] = [(prompts["rollout_seed"][i] + _SEED_STRIDE * round_) % 2**31
-                                     for i in rows_padded]
+            # the turn's number, not the round's: a turn samples the same whichever round it rides in
+            share["rollout_seed"] = [(prompts["rollout_seed"][i] + _SEED_STRIDE * trajectories[i].assistant_turns)
+                                     % 2**31 for i in rows_padded]
         outputs = self.workers.run_rollout(FSDPWorker.generate_sequences, share, overrides=overrides,
                                            keep_awake=True)
         reshard[0] += max(out["timing_s/reshard"] for out in outputs)
@@ -99,7 +103,7 @@ class MultiTurnRollout:
         reshard = [0.0]
         try:
             self.loop.run(trajectories, lambda active, round_: self._generate_round(
-                prompts, trajectories, active, round_, overrides, reshard))
+                prompts, trajectories, active, round_, overrides, reshard), self.patience)
         finally:
             self.workers.run_all(FSDPWorker.sleep_rollout)
         R = self.response_length

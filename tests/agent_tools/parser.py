@@ -12,3 +12,8 @@ def every_turn(text: str) -> list[dict]:
 def echo_only(text: str) -> list[dict]:
     """Each assistant turn calls ``echo``."""
     return [{"name": "echo", "arguments": {"text": text[:8]}}]
+
+
+def lagging_only(text: str) -> list[dict]:
+    """Each assistant turn calls ``lagging`` (``echo`` whose first call sleeps)."""
+    return [{"name": "lagging", "arguments": {"text": text[:8]}}]

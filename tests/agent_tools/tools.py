@@ -65,3 +65,15 @@ def garbage() -> object:
 
 def no_docstring(a: int) -> int:
     return a
+
+
+def lagging(text: str) -> str:
+    """``echo`` that sleeps ``EASYRL_TEST_TOOL_SLEEP_S`` seconds (default 2) on its first call in
+    ``EASYRL_TEST_TOOL_DIR`` (bench/multi_turn_speed.py's slow-tool case: one call per rollout is slow).
+
+    Args:
+        text: what to repeat.
+    """
+    if _first_call("lagging"):
+        time.sleep(float(os.environ.get("EASYRL_TEST_TOOL_SLEEP_S", "2")))
+    return f"echo: {text}"
