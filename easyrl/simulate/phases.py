@@ -49,6 +49,8 @@ class Simulation:
     device: DeviceSpec
     world_size: int
     phases: list[PhaseResult] = field(default_factory=list)
+    beside: dict[str, float] = field(default_factory=dict)
+    """GiB held beside every phase by what is not simulated but stays resident (the LLM judge's vLLM engine)."""
 
 
 def model_folder(model_path: str) -> str:
@@ -103,6 +105,7 @@ def simulate(config: PPOConfig, spec: DeviceSpec, log: Callable[[str], None] = p
     from torch.distributed.device_mesh import init_device_mesh
 
     import easyrl.workers.fsdp_model as fsdp_model
+    from easyrl.simulate import extra_roles
     from easyrl.workers.policy import FSDPPolicy
     from easyrl.workers.roles import builds_reference
     from easyrl.workers.weight_sync import iter_full_weights
@@ -115,6 +118,12 @@ def simulate(config: PPOConfig, spec: DeviceSpec, log: Callable[[str], None] = p
     path = model_folder(cfg.actor.model.model_path)
     micro = cfg.actor.micro_batch_size_per_device_for_experience
     batch = budget_batch(config, token_budget(config, micro))  # real host tensors, as the trainer sends them
+    teacher_micro = cfg.teacher.micro_batch_size_per_device_for_experience
+    teacher_batch = budget_batch(config, token_budget(config, teacher_micro)) if config.algorithm.needs_teacher \
+        else None
+    rm_batch = extra_roles.reward_model_batch(config) if cfg.reward.reward_model.enabled else None
+    if cfg.reward.judge.model_path is not None:  # its engine stays resident: no sleep mode (easyrl.workers.judge)
+        sim.beside[extra_roles.JUDGE] = cfg.reward.judge.gpu_memory_utilization * spec.memory_gib
     with fake_world(0, world, kind), accelerator_standins(spec), \
             mock.patch.object(fsdp_model, "read_checkpoint", fake_checkpoint_reader):
         mesh = init_device_mesh(kind, (world,), mesh_dim_names=("dp",))
@@ -138,6 +147,10 @@ def simulate(config: PPOConfig, spec: DeviceSpec, log: Callable[[str], None] = p
             phase("old log-probs (forward)", lambda: actor.compute_log_probs(batch, micro, cfg.actor.temperature))
             if ref is not None:
                 phase("reference forward", lambda: ref.compute_log_probs(batch, micro, cfg.actor.temperature))
+            if teacher_batch is not None:
+                extra_roles.teacher_phases(config, mesh, kind, device, phase, model_folder, teacher_batch)
+            if rm_batch is not None:
+                extra_roles.reward_model_phases(config, mesh, kind, device, phase, model_folder, rm_batch)
             dtype = fsdp_model.TORCH_DTYPES[cfg.rollout.dtype]
             bucket = cfg.rollout.update_weights_bucket_megabytes * 2**20
             phase("weight sync gather", lambda: [None for _ in iter_full_weights(actor.model.state_dict(), device,
