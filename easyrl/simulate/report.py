@@ -46,6 +46,7 @@ def as_dict(sim: Optional[Simulation], estimate: MemoryEstimate, problem: Option
                          "vllm_weights_gib": estimate.vllm_weights_gib,
                          "tensor_parallel_size": estimate.tensor_parallel_size},
             "simulated": [vars(p) for p in sim.phases] if sim is not None else None,
+            "beside": sim.beside if sim is not None else {},
             "fits": problem is None, "problem": problem}
 
 
