@@ -159,3 +159,18 @@ def test_the_judge_engine_is_held_beside_every_phase():
     assert "worker.reward.judge.gpu_memory_utilization" in report.judge_problem({"weights_gib": 15.2,
                                                                                  "claim_gib": 7.9})
     assert report.judge_problem({"weights_gib": 14.2, "claim_gib": 19.8}) is None
+
+
+def test_lora_simulates(tmp_path):
+    """peft wraps the meta model with fake tensors switched off (``phases.lora_outside_fake_mode``): on fake tensors
+    its ``Module.to`` swap refused them ("Couldn't swap Linear.weight"), and the LoRA recipe was an expected failure."""
+    from easyrl.config import load_config
+    from easyrl.simulate.phases import simulate
+
+    path = _small_model(tmp_path / "model")
+    config = load_config(["config=" + str(ROOT / "config.yaml"), f"worker.actor.model.model_path={path}",
+                          "data.max_prompt_length=128", "data.max_response_length=128",
+                          "worker.actor.model.lora.rank=8"])
+    phases = [p.name for p in simulate(config, DEVICES["h100"], log=lambda _: None).phases]
+    assert phases == ["load actor", "old log-probs (forward)", "weight sync gather", "checkpoint state dict",
+                      "export gather", "actor update (fwd+bwd+AdamW)"]  # no reference: the base is the reference

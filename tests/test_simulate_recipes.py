@@ -27,11 +27,7 @@ def _overrides(path: str) -> list[str]:
         return module.script_overrides(f.read(), path)
 
 
-# peft's get_peft_model moves modules with torch.utils.swap_tensors (always, for FakeTensor parameters), which refuses
-# a tensor with a weakref, and FakeTensorMode keeps one on every tensor it makes: LoRA cannot be built on fake tensors
-LORA_NOT_SIMULATED = pytest.mark.xfail(strict=True, reason="LoRA is not simulated: peft's swap_tensors refuses "
-                                                           "FakeTensor parameters")
-CASES = [pytest.param(p, marks=LORA_NOT_SIMULATED) if p.endswith("_lora.sh") else p for p in SCRIPTS]
+CASES = SCRIPTS  # LoRA included: peft wraps the meta model outside the fake mode (phases.lora_outside_fake_mode)
 
 
 # the phases of the roles a recipe adds beside the actor (easyrl.simulate.extra_roles), by recipe

@@ -53,6 +53,25 @@ class Simulation:
     """GiB held beside every phase by what is not simulated but stays resident (the LLM judge's vLLM engine)."""
 
 
+def lora_outside_fake_mode():
+    """Patch ``easyrl.models.lora.apply_lora`` to run with fake tensors switched off while peft wraps the model: peft
+    moves each new adapter layer to its base layer's device with ``Module.to``, which swaps the parameters
+    (``torch.utils.swap_tensors``, always for a tensor subclass) and refuses a tensor with a weakref, which
+    ``FakeTensorMode`` keeps on every tensor it makes. The model is on the meta device there (no memory either way);
+    the adapter becomes fake when FSDP2 materializes it."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    from easyrl.models import lora as lora_module
+
+    original = lora_module.apply_lora
+
+    def apply_lora(model, lora, model_path):
+        with unset_fake_temporarily():
+            return original(model, lora, model_path)
+
+    return mock.patch.object(lora_module, "apply_lora", apply_lora)
+
+
 def model_folder(model_path: str) -> str:
     """A folder holding the model's ``config.json``: ``model_path`` itself when it has one, else the shipped
     ``examples/model_configs/<last part of the hub id>``.
@@ -125,7 +144,7 @@ def simulate(config: PPOConfig, spec: DeviceSpec, log: Callable[[str], None] = p
     if cfg.reward.judge.model_path is not None:  # its engine stays resident: no sleep mode (easyrl.workers.judge)
         sim.beside[extra_roles.JUDGE] = cfg.reward.judge.gpu_memory_utilization * spec.memory_gib
     with fake_world(0, world, kind), accelerator_standins(spec), \
-            mock.patch.object(fsdp_model, "read_checkpoint", fake_checkpoint_reader):
+            mock.patch.object(fsdp_model, "read_checkpoint", fake_checkpoint_reader), lora_outside_fake_mode():
         mesh = init_device_mesh(kind, (world,), mesh_dim_names=("dp",))
         with fake_tensors(kind) as mode:
             def phase(name: str, run: Callable[[], object]) -> object:
@@ -214,7 +233,7 @@ def simulate_updates(config: PPOConfig, spec: DeviceSpec,
         batches[name] = (micro, batch, budget_batch(config, 2 * token_budget(config, micro, role)) if mini > micro
                          else batch)
     with fake_world(0, config.world_size, "cpu"), accelerator_standins(spec), \
-            mock.patch.object(fsdp_model, "read_checkpoint", fake_checkpoint_reader):
+            mock.patch.object(fsdp_model, "read_checkpoint", fake_checkpoint_reader), lora_outside_fake_mode():
         mesh = init_device_mesh("cpu", (config.world_size,), mesh_dim_names=("dp",))
         with fake_tensors("cpu") as mode:
             start = time.perf_counter()
