@@ -44,6 +44,9 @@ def test_recipe_simulates_and_fits(path, monkeypatch, capsys):
     monkeypatch.chdir(ROOT)
     code = main(_overrides(path) + ["--json"])
     out = json.loads(capsys.readouterr().out)
+    peaks = " ".join(f"{p['name']}={p['peak_gib']:.1f}" for p in out["simulated"])
+    print(f"\n{os.path.basename(path)}: estimate rollout {out['estimate']['rollout_gib']:.1f} training "
+          f"{out['estimate']['training_gib']:.1f} GiB; simulated peaks: {peaks}")  # pytest -s: the table's numbers
     assert code == 0, out["problem"]
     phases = [p["name"] for p in out["simulated"]]
     for name in ROLE_PHASES.get(os.path.basename(path), []):
