@@ -72,9 +72,12 @@ def test_model_shape_reads_text_config_and_experts():
 
     root = Path(__file__).resolve().parents[1] / "examples" / "model_configs"
     assert model_shape(AutoConfig.from_pretrained(root / "Qwen2.5-VL-3B-Instruct")) == ModelShape(2048, 36, 11008, True)
-    # a mixture of experts: 8 experts of width 768 per token
-    assert model_shape(AutoConfig.from_pretrained(root / "Qwen3-VL-30B-A3B-Instruct")) == ModelShape(2048, 48, 6144,
-                                                                                                       False)
+    # a mixture of experts: 8 experts of width 768 per token, each token's hidden state routed to 8 of them
+    assert model_shape(AutoConfig.from_pretrained(root / "Qwen3-VL-30B-A3B-Instruct")) == ModelShape(
+        2048, 48, 6144, False, routed_width=8 * 2048)
+    # Gated DeltaNet: 48 value heads of width 128
+    assert model_shape(AutoConfig.from_pretrained(root / "Qwen3.5-27B")) == ModelShape(
+        5120, 64, 17408, False, linear_value_width=48 * 128)
 
 
 def test_offload_removes_the_actor_and_a_resident_reference_adds_its_shard():

@@ -31,7 +31,7 @@ def _simulate(argv: list[str], prog: str) -> int:
 
     from easyrl.config import load_config
     from easyrl.errors import ConfigError
-    from easyrl.simulate import report
+    from easyrl.simulate import extra_roles, report
     from easyrl.simulate.fake_device import DeviceCheckError
     from easyrl.simulate.phases import model_folder, simulate
     from easyrl.workers.memory_estimate import check_memory, count_parameters, estimate_memory, model_shape
@@ -42,12 +42,15 @@ def _simulate(argv: list[str], prog: str) -> int:
     model = config.worker.actor.model
     hf_config = AutoConfig.from_pretrained(model_folder(model.model_path), trust_remote_code=model.trust_remote_code)
     num_params, vocab = count_parameters(hf_config, model.trust_remote_code)
-    estimate = estimate_memory(num_params, vocab, config, spec.memory_gib, model_shape(hf_config))
+    estimate = estimate_memory(num_params, vocab, config, spec.memory_gib, model_shape(hf_config),
+                               **extra_roles.parameters(config, model_folder))
+    judge = extra_roles.judge_engine(config, spec.memory_gib, model_folder)
     try:
         check_memory(estimate)
         estimate_error = None
     except ConfigError as exc:  # vLLM's weights vs its claim: the rollout phase (the others name their phase)
         estimate_error = ("rollout phase: " if str(exc).startswith("vLLM") else "") + str(exc)
+    estimate_error = estimate_error or report.judge_problem(judge)
     sim = None
     if not args.estimate_only and estimate_error is None:
         try:
@@ -57,9 +60,9 @@ def _simulate(argv: list[str], prog: str) -> int:
             return 1
     problem = report.verdict(sim, estimate, estimate_error)
     if args.json:
-        print(report.dumps(report.as_dict(sim, estimate, problem, name, config.world_size)))
+        print(report.dumps(report.as_dict(sim, estimate, problem, name, config.world_size) | {"judge": judge}))
     else:
-        print(report.table(sim, estimate, problem, name, config.world_size))
+        print(report.table(sim, estimate, problem, name, config.world_size, judge))
     return 0 if problem is None else 1
 
 

@@ -49,6 +49,27 @@ class Simulation:
     device: DeviceSpec
     world_size: int
     phases: list[PhaseResult] = field(default_factory=list)
+    beside: dict[str, float] = field(default_factory=dict)
+    """GiB held beside every phase by what is not simulated but stays resident (the LLM judge's vLLM engine)."""
+
+
+def lora_outside_fake_mode():
+    """Patch ``easyrl.models.lora.apply_lora`` to run with fake tensors switched off while peft wraps the model: peft
+    moves each new adapter layer to its base layer's device with ``Module.to``, which swaps the parameters
+    (``torch.utils.swap_tensors``, always for a tensor subclass) and refuses a tensor with a weakref, which
+    ``FakeTensorMode`` keeps on every tensor it makes. The model is on the meta device there (no memory either way);
+    the adapter becomes fake when FSDP2 materializes it."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    from easyrl.models import lora as lora_module
+
+    original = lora_module.apply_lora
+
+    def apply_lora(model, lora, model_path):
+        with unset_fake_temporarily():
+            return original(model, lora, model_path)
+
+    return mock.patch.object(lora_module, "apply_lora", apply_lora)
 
 
 def model_folder(model_path: str) -> str:
@@ -103,6 +124,7 @@ def simulate(config: PPOConfig, spec: DeviceSpec, log: Callable[[str], None] = p
     from torch.distributed.device_mesh import init_device_mesh
 
     import easyrl.workers.fsdp_model as fsdp_model
+    from easyrl.simulate import extra_roles
     from easyrl.workers.policy import FSDPPolicy
     from easyrl.workers.roles import builds_reference
     from easyrl.workers.weight_sync import iter_full_weights
@@ -115,8 +137,14 @@ def simulate(config: PPOConfig, spec: DeviceSpec, log: Callable[[str], None] = p
     path = model_folder(cfg.actor.model.model_path)
     micro = cfg.actor.micro_batch_size_per_device_for_experience
     batch = budget_batch(config, token_budget(config, micro))  # real host tensors, as the trainer sends them
+    teacher_micro = cfg.teacher.micro_batch_size_per_device_for_experience
+    teacher_batch = budget_batch(config, token_budget(config, teacher_micro)) if config.algorithm.needs_teacher \
+        else None
+    rm_batch = extra_roles.reward_model_batch(config) if cfg.reward.reward_model.enabled else None
+    if cfg.reward.judge.model_path is not None:  # its engine stays resident: no sleep mode (easyrl.workers.judge)
+        sim.beside[extra_roles.JUDGE] = cfg.reward.judge.gpu_memory_utilization * spec.memory_gib
     with fake_world(0, world, kind), accelerator_standins(spec), \
-            mock.patch.object(fsdp_model, "read_checkpoint", fake_checkpoint_reader):
+            mock.patch.object(fsdp_model, "read_checkpoint", fake_checkpoint_reader), lora_outside_fake_mode():
         mesh = init_device_mesh(kind, (world,), mesh_dim_names=("dp",))
         with fake_tensors(kind) as mode:
             def phase(name: str, run: Callable[[], object]) -> object:
@@ -138,6 +166,10 @@ def simulate(config: PPOConfig, spec: DeviceSpec, log: Callable[[str], None] = p
             phase("old log-probs (forward)", lambda: actor.compute_log_probs(batch, micro, cfg.actor.temperature))
             if ref is not None:
                 phase("reference forward", lambda: ref.compute_log_probs(batch, micro, cfg.actor.temperature))
+            if teacher_batch is not None:
+                extra_roles.teacher_phases(config, mesh, kind, device, phase, model_folder, teacher_batch)
+            if rm_batch is not None:
+                extra_roles.reward_model_phases(config, mesh, kind, device, phase, model_folder, rm_batch)
             dtype = fsdp_model.TORCH_DTYPES[cfg.rollout.dtype]
             bucket = cfg.rollout.update_weights_bucket_megabytes * 2**20
             phase("weight sync gather", lambda: [None for _ in iter_full_weights(actor.model.state_dict(), device,
@@ -201,7 +233,7 @@ def simulate_updates(config: PPOConfig, spec: DeviceSpec,
         batches[name] = (micro, batch, budget_batch(config, 2 * token_budget(config, micro, role)) if mini > micro
                          else batch)
     with fake_world(0, config.world_size, "cpu"), accelerator_standins(spec), \
-            mock.patch.object(fsdp_model, "read_checkpoint", fake_checkpoint_reader):
+            mock.patch.object(fsdp_model, "read_checkpoint", fake_checkpoint_reader), lora_outside_fake_mode():
         mesh = init_device_mesh("cpu", (config.world_size,), mesh_dim_names=("dp",))
         with fake_tensors("cpu") as mode:
             start = time.perf_counter()

@@ -16,12 +16,24 @@ def verdict(sim: Optional[Simulation], estimate: MemoryEstimate, estimate_error:
     if estimate_error:
         return estimate_error
     if sim is not None:
+        beside = sum(sim.beside.values())  # the judge's engine, resident in every phase
         for phase in sim.phases:
-            if phase.peak_gib > estimate.capacity_gib:
-                return (f"phase '{phase.name}' peaks at {phase.peak_gib:.1f} GiB on a {estimate.capacity_gib:.1f} GiB "
-                        "device: set worker.actor.offload.offload_params=true, lower "
+            if phase.peak_gib + beside > estimate.capacity_gib:
+                held = f" (+ {beside:.1f} GiB held beside it: {', '.join(sim.beside)})" if beside else ""
+                return (f"phase '{phase.name}' peaks at {phase.peak_gib:.1f} GiB{held} on a "
+                        f"{estimate.capacity_gib:.1f} GiB device: set worker.actor.offload.offload_params=true, lower "
                         "worker.actor.micro_batch_size_per_device_for_experience / max_token_len_per_device, or use "
                         "more devices (trainer.n_gpus_per_node / trainer.nnodes)")
+    return None
+
+
+def judge_problem(judge: dict[str, float]) -> Optional[str]:
+    """None without a judge or when its weights fit in its claim (``extra_roles.judge_engine``); else why not."""
+    if judge and judge["weights_gib"] >= judge["claim_gib"]:
+        return (f"judge phase: the judge's vLLM weights ({judge['weights_gib']:.1f} GiB in worker.rollout.dtype) do "
+                f"not fit in its share, worker.reward.judge.gpu_memory_utilization x the device = "
+                f"{judge['claim_gib']:.1f} GiB, leaving no KV cache: raise worker.reward.judge.gpu_memory_utilization "
+                "(and lower worker.rollout.gpu_memory_utilization), or choose a smaller judge model")
     return None
 
 
@@ -34,23 +46,29 @@ def as_dict(sim: Optional[Simulation], estimate: MemoryEstimate, problem: Option
                          "vllm_weights_gib": estimate.vllm_weights_gib,
                          "tensor_parallel_size": estimate.tensor_parallel_size},
             "simulated": [vars(p) for p in sim.phases] if sim is not None else None,
+            "beside": sim.beside if sim is not None else {},
             "fits": problem is None, "problem": problem}
 
 
 def table(sim: Optional[Simulation], estimate: MemoryEstimate, problem: Optional[str], device: str,
-          world: int) -> str:
+          world: int, judge: Optional[dict[str, float]] = None) -> str:
     """A table a person can read (GiB per device)."""
     lines = [f"easyrl simulate: {device} ({estimate.capacity_gib:.1f} GiB) x {world}, GiB per device", ""]
     lines.append(f"{'simulated phase (rank 0)':34} {'peak':>7} {'after':>7} {'seconds':>8}")
     for p in (sim.phases if sim is not None else []):
         after = "" if p.resident_gib != p.resident_gib else f"{p.resident_gib:7.1f}"  # NaN: not measured
         lines.append(f"{p.name:34} {p.peak_gib:7.1f} {after:>7} {p.seconds:8.0f}")
+    for name, gib in (sim.beside.items() if sim is not None else []):
+        lines.append(f"beside every phase: {name} {gib:.1f} GiB")
     lines += ["", f"{'estimate (memory_estimate.py)':34} {'rollout':>7} {'train':>7}"]
     for name in dict.fromkeys(list(estimate.rollout) + list(estimate.training)):
         lines.append(f"{name:34} {estimate.rollout.get(name, 0.0):7.1f} {estimate.training.get(name, 0.0):7.1f}")
     lines.append(f"{'total':34} {estimate.rollout_gib:7.1f} {estimate.training_gib:7.1f}")
     lines.append(f"vLLM weights under TP {estimate.tensor_parallel_size}: {estimate.vllm_weights_gib:.1f} GiB of a "
                  f"{estimate.vllm_claim_gib:.1f} GiB gpu_memory_utilization claim")
+    if judge:
+        lines.append(f"judge vLLM weights (one engine per device): {judge['weights_gib']:.1f} GiB of a "
+                     f"{judge['claim_gib']:.1f} GiB worker.reward.judge.gpu_memory_utilization claim")
     lines += ["", "fits" if problem is None else f"DOES NOT FIT: {problem}"]
     return "\n".join(lines)
 

@@ -66,6 +66,11 @@ class ModelShape:
     num_layers: int
     intermediate_size: int
     tied: bool
+    routed_width: int = 0
+    """Mixture of experts: ``num_experts_per_tok x hidden_size``, the width of the token copies routed to the
+    experts (0: dense)."""
+    linear_value_width: int = 0
+    """Gated DeltaNet (linear attention, Qwen3.5): ``linear_num_value_heads x linear_value_head_dim`` (0: none)."""
 
 
 def model_shape(hf_config) -> ModelShape:
@@ -76,7 +81,10 @@ def model_shape(hf_config) -> ModelShape:
     width = moe * top_k + (getattr(text, "shared_expert_intermediate_size", None) or 0) if moe and top_k \
         else text.intermediate_size
     tied = getattr(hf_config, "tie_word_embeddings", getattr(text, "tie_word_embeddings", False))
-    return ModelShape(int(text.hidden_size), int(text.num_hidden_layers), int(width), bool(tied))
+    routed = int(top_k) * int(text.hidden_size) if moe and top_k else 0
+    heads, head_dim = getattr(text, "linear_num_value_heads", None), getattr(text, "linear_value_head_dim", None)
+    linear = int(heads) * int(head_dim) if heads and head_dim else 0
+    return ModelShape(int(text.hidden_size), int(text.num_hidden_layers), int(width), bool(tied), routed, linear)
 
 
 @dataclass
@@ -173,6 +181,15 @@ def update_activations(num_params: int, vocab_size: int, config: PPOConfig, shap
     # what backward needs of one layer (gate, up, their activation and product; attention, norms in float32), and
     # the transients of its own backward on top
     kept = tokens * (5 * shape.intermediate_size + 7 * shape.hidden_size) * cb
+    # mixture of experts: the routed token copies (each token's hidden state gathered for each of its top-k experts,
+    # and the experts' outputs before the weighted index_add), beside the dense formula's k x moe_intermediate width;
+    # easyrl simulate measured 50-55 KB/token on one Qwen3-VL-30B-A3B layer (4096 / 8192 tokens), this counts 64
+    kept += tokens * 2 * shape.routed_width * cb
+    # Gated DeltaNet: transformers' chunked delta rule runs in float32 (q, k, v copies, the 64-token chunks'
+    # attention and decay masks, the recurrent state saved per chunk for backward): easyrl simulate measured one
+    # Qwen3.5-27B linear-attention layer at 401 KB/token above a dense layer (4096 tokens; 462 at 8192), ~16 float32
+    # value-width vectors per token. The FLA kernel on a GPU needs less: an upper bound there.
+    kept += tokens * 16 * shape.linear_value_width * 4
     transient = tokens * (shape.intermediate_size + 4 * shape.hidden_size) * cb
     checkpointing = actor.fsdp.enable_gradient_checkpointing
     embeddings = (1 if shape.tied else 2) * vocab_size * shape.hidden_size

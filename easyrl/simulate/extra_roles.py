@@ -1,0 +1,136 @@
+"""The roles beside the actor, reference and critic, simulated with easyrl's own worker code (``easyrl.workers.roles``):
+
+* ``reward_model`` (``worker.reward.reward_model``): ``FSDPRewardModel`` loaded and sharded with its offload setting,
+  then one micro-batch of its forward (``micro_batch_size_per_device`` rows of the reward model's input length,
+  ``max_length`` or the sample's padded length), as ``FSDPWorker.compute_rm_scores`` runs it;
+* ``teacher`` (``algorithm.needs_teacher``): ``FSDPPolicy`` on the teacher's checkpoint with ``teacher_role_config``
+  (frozen, offloaded as configured), then its log-prob forward at the token budget, as
+  ``FSDPWorker.compute_teacher_log_probs`` runs it;
+* the LLM judge (``worker.reward.judge``): a second vLLM engine, not simulated (vLLM is not), but resident in every
+  phase (no sleep mode, ``easyrl.workers.judge``): its ``gpu_memory_utilization`` claim is held beside every
+  simulated phase, and its weights (from its ``config.json``, rollout dtype, one engine per device) must fit in it.
+
+Each loader runs as rank 0 of the fake world, like the actor's: rank 0's checkpoint read is replaced by a stand-in of
+the same names, shapes and dtypes (no weights are read).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Callable
+from unittest import mock
+
+import torch
+
+from easyrl.config import PPOConfig
+from easyrl.simulate.fake_device import GIB
+
+JUDGE = "judge vLLM (worker.reward.judge.gpu_memory_utilization)"
+
+
+class _FakeLoaded:
+    """What ``from_pretrained`` returns to ``FSDPRewardModel`` on rank 0: a state dict and buffers of fake tensors."""
+
+    def __init__(self, hf_config):
+        from transformers import AutoModelForSequenceClassification
+
+        with torch.device("meta"):
+            model = AutoModelForSequenceClassification.from_config(hf_config, dtype=torch.float32,
+                                                                   attn_implementation="sdpa")
+        self.state = {name: torch.empty(t.shape, dtype=t.dtype) for name, t in model.state_dict().items()}
+        self.buffers = {name: torch.empty(b.shape, dtype=b.dtype) for name, b in model.named_buffers()}
+
+    def state_dict(self):
+        return self.state
+
+    def named_buffers(self):
+        return iter(self.buffers.items())
+
+
+def reward_model_config(config: PPOConfig, folder: Callable[[str], str]):
+    """``worker.reward.reward_model`` with ``model_path`` replaced by the folder holding its ``config.json``."""
+    rm = copy.copy(config.worker.reward.reward_model)
+    rm.model_path = folder(rm.model_path)
+    return rm
+
+
+def reward_model_batch(config: PPOConfig):
+    """One micro-batch of reward-model inputs: ``micro_batch_size_per_device`` rows of ``max_length`` (or the
+    sample's padded length, ``max_prompt_length + max_response_length``) tokens, right-padded host tensors."""
+    from tensordict import TensorDict
+
+    from easyrl.batch import Batch
+
+    rm = config.worker.reward.reward_model
+    length = rm.max_length or config.data.max_prompt_length + config.data.max_response_length
+    rows = rm.micro_batch_size_per_device
+    return Batch(TensorDict({"input_ids": torch.randint(0, 1000, (rows, length)),
+                             "attention_mask": torch.ones(rows, length, dtype=torch.long)}, batch_size=[rows]))
+
+
+def reward_model_phases(config: PPOConfig, mesh, kind: str, device: torch.device, phase: Callable,
+                        folder: Callable[[str], str], batch) -> None:
+    """``load reward model`` and ``reward model forward`` (module docstring); ``batch`` from
+    :func:`reward_model_batch`, made before the fake mode (the trainer sends host tensors)."""
+    from transformers import AutoModelForSequenceClassification
+
+    from easyrl.workers.reward_model import FSDPRewardModel
+
+    rm = reward_model_config(config, folder)
+    loaded = staticmethod(lambda path, config=None, **kwargs: _FakeLoaded(config))
+    with mock.patch.object(AutoModelForSequenceClassification, "from_pretrained", loaded):
+        model = phase("load reward model", lambda: FSDPRewardModel(rm, mesh, kind, device, pad_id=0))
+    phase("reward model forward", lambda: model.compute_scores(batch))
+
+
+def teacher_phases(config: PPOConfig, mesh, kind: str, device: torch.device, phase: Callable,
+                   folder: Callable[[str], str], batch) -> None:
+    """``load teacher`` and ``teacher forward`` (module docstring); ``batch``: the actor's experience micro-batch."""
+    from easyrl.workers.policy import FSDPPolicy
+    from easyrl.workers.roles import teacher_role_config
+
+    cfg = config.worker
+    teacher = phase("load teacher", lambda: FSDPPolicy(folder(cfg.teacher.model.model_path),
+                                                       teacher_role_config(config), mesh, kind, device,
+                                                       trainable=False, offload=cfg.teacher.offload))
+    phase("teacher forward", lambda: teacher.compute_log_probs(
+        batch, cfg.teacher.micro_batch_size_per_device_for_experience, cfg.actor.temperature))
+
+
+def judge_engine(config: PPOConfig, capacity_gib: float, folder: Callable[[str], str]) -> dict[str, float]:
+    """The judge's vLLM engine (empty without one): ``claim_gib`` (``judge.gpu_memory_utilization x`` the device,
+    resident beside every phase) and ``weights_gib`` (its parameters in ``worker.rollout.dtype``: one engine per
+    device, no tensor parallelism)."""
+    judge = config.worker.reward.judge
+    if judge.model_path is None:
+        return {}
+    from transformers import AutoConfig
+
+    from easyrl.workers.memory_estimate import DTYPE_BYTES, count_parameters
+
+    hf_config = AutoConfig.from_pretrained(folder(judge.model_path))
+    params, _ = count_parameters(hf_config)
+    return {"claim_gib": judge.gpu_memory_utilization * capacity_gib,
+            "weights_gib": params * DTYPE_BYTES[config.worker.rollout.dtype] / GIB}
+
+
+def parameters(config: PPOConfig, folder: Callable[[str], str]) -> dict[str, int]:
+    """``estimate_memory``'s ``reward_model_params`` and ``teacher_params``, counted on the meta device from the
+    ``config.json`` that :func:`~easyrl.simulate.phases.model_folder` finds (a hub id maps to the shipped config)."""
+    from transformers import AutoConfig
+
+    from easyrl.workers.memory_estimate import count_parameters, reward_model_parameters
+
+    cfg = config.worker
+    counts = {"reward_model_params": 0, "teacher_params": 0}
+    if cfg.reward.reward_model.enabled:
+        shipped = copy.copy(config)
+        shipped.worker = copy.copy(cfg)
+        shipped.worker.reward = copy.copy(cfg.reward)
+        shipped.worker.reward.reward_model = reward_model_config(config, folder)
+        counts["reward_model_params"] = reward_model_parameters(shipped)
+    if config.algorithm.needs_teacher:
+        teacher = cfg.teacher.model
+        hf_config = AutoConfig.from_pretrained(folder(teacher.model_path), trust_remote_code=teacher.trust_remote_code)
+        counts["teacher_params"] = count_parameters(hf_config, teacher.trust_remote_code)[0]
+    return counts
