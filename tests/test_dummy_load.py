@@ -15,12 +15,20 @@ from easyrl.workers.dummy_load import DUMMY_LOAD_FORMAT, keep_persistent_buffers
 MEAN, STD = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]  # Qwen2-VL's processor
 
 
-@pytest.mark.parametrize("device", ["cuda", "npu", "cpu"])
+@pytest.mark.parametrize("device", ["cuda", "npu"])
 @pytest.mark.parametrize("version", [(0, 23), (0, 32), (0, 33)])
 def test_dummy_on_the_checked_lines(device, version):
     fmt, reason = load_format(device, version)
     assert fmt == DUMMY_LOAD_FORMAT and str(version) in reason
-    assert ("repack_cpu_embedding_heads" in reason) == (device == "cpu")
+
+
+@pytest.mark.parametrize("shown", [False, True])
+def test_cpu_dummy_waits_for_the_end_to_end_parity(monkeypatch, shown):
+    from easyrl.workers import dummy_load
+
+    monkeypatch.setattr(dummy_load, "CPU_SHOWN", shown)
+    fmt, reason = load_format("cpu", (0, 32))
+    assert fmt == (DUMMY_LOAD_FORMAT if shown else None) and "repack_cpu_embedding_heads" in reason
 
 
 @pytest.mark.parametrize("version", [None, (0, 22), (0, 34), (1, 0)])
