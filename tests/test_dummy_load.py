@@ -98,11 +98,12 @@ def test_tied_head_is_repacked_after_a_sync():
     """vLLM-CPU's embedding-shaped layers compute logits from a packed copy made at load time: a write into
     ``weight`` (what the reload does for a tied lm_head, which shares ``embed_tokens.weight``) does not reach it until
     ``repack_cpu_embedding_heads`` re-packs."""
-    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, UnquantizedEmbeddingMethod
 
     from easyrl.workers.vllm_cpu_fixes import repack_cpu_embedding_heads
 
-    head = torch.nn.Module()
+    head = torch.nn.Module.__new__(ParallelLMHead)  # the class, without its tensor-parallel constructor
+    torch.nn.Module.__init__(head)
     head.quant_method = UnquantizedEmbeddingMethod()
     head.weight = torch.nn.Parameter(torch.randn(256, 64), requires_grad=False)
     head.quant_method.process_weights_after_loading(head)  # the engine's load: packs the random weights

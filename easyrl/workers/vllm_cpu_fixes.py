@@ -132,8 +132,8 @@ def remove_stale_tp_shm(device: str, layout: RolloutLayout, rank: int, shm_dir: 
 
 
 def repack_cpu_embedding_heads(model: Any, device: str) -> int:
-    """Re-pack, in place, the CPU GEMM copy of every embedding-shaped layer (``VocabParallelEmbedding`` /
-    ``ParallelLMHead``), after an in-place weight reload (a no-op off the CPU backend).
+    """Re-pack, in place, the CPU GEMM copy of every unquantized ``ParallelLMHead`` (the logits' matrix), after an
+    in-place weight reload (a no-op off the CPU backend).
 
     vLLM-CPU packs such a layer's weight once, when the engine loads (``UnquantizedEmbeddingMethod.
     process_weights_after_loading``: ``dispatch_cpu_unquantized_gemm(remove_weight=False)``, a packed copy held by
@@ -141,8 +141,8 @@ def repack_cpu_embedding_heads(model: Any, device: str) -> int:
     reload re-processes each layer that received a tensor, but a tied ``lm_head`` (``tie_word_embeddings``: Qwen2.5
     up to 3B, Qwen2.5-VL-3B, SmolLM2) shares ``embed_tokens.weight`` and receives none under its own name
     ("ParallelLMHead: Failed to load weights"): its logits kept the weights of the engine's load (the checkpoint, or
-    random ones under ``load_format="dummy"``). Re-packing every embedding layer after each sync costs one copy of the
-    vocabulary matrix.
+    random ones under ``load_format="dummy"``). Re-packing the heads after each sync costs one copy of the vocabulary
+    matrix.
 
     Args:
         model: vLLM's model (``vllm_compat.worker_model(worker)``), right after ``reload_weights``.
@@ -154,13 +154,14 @@ def repack_cpu_embedding_heads(model: Any, device: str) -> int:
     if device != "cpu":
         return 0
     try:
-        from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+        from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, UnquantizedEmbeddingMethod
     except ImportError:
         return 0
     repacked = 0
     for module in model.modules():
         method = getattr(module, "quant_method", None)
-        if isinstance(method, UnquantizedEmbeddingMethod) and hasattr(module, "cpu_linear"):
+        if (isinstance(module, ParallelLMHead) and isinstance(method, UnquantizedEmbeddingMethod)
+                and hasattr(module, "cpu_linear")):
             method.process_weights_after_loading(module)
             repacked += 1
     return repacked
