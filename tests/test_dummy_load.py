@@ -22,12 +22,9 @@ def test_dummy_on_the_checked_lines(device, version):
     assert fmt == DUMMY_LOAD_FORMAT and str(version) in reason
 
 
-@pytest.mark.parametrize("shown", [False, True])
-def test_cpu_dummy_waits_for_the_end_to_end_parity(monkeypatch, shown):
-    from easyrl.workers import dummy_load
-
-    monkeypatch.setattr(dummy_load, "CPU_SHOWN", shown)
-    fmt, reason = load_format("cpu", (0, 32))
+@pytest.mark.parametrize("version, shown", [((0, 32), True), ((0, 23), False), ((0, 33), False)])
+def test_cpu_dummy_only_where_the_end_to_end_parity_ran(version, shown):
+    fmt, reason = load_format("cpu", version)
     assert fmt == (DUMMY_LOAD_FORMAT if shown else None) and "repack_cpu_embedding_heads" in reason
 
 

