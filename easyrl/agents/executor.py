@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 __all__ = ["ToolResult", "ToolExecutor", "render_result"]
@@ -19,10 +19,12 @@ __all__ = ["ToolResult", "ToolExecutor", "render_result"]
 
 @dataclass
 class ToolResult:
-    """What one call gave: ``content`` (the tool message's text) and ``status`` (``ok``, ``error``, ``timeout``)."""
+    """What one call gave: ``content`` (the tool message's text), ``status`` (``ok``, ``error``, ``timeout``) and
+    ``images`` (``PIL.Image`` each, for VL models: ``easyrl.agents.tool_images``)."""
 
     content: str
     status: str
+    images: list = field(default_factory=list)
 
 
 def _started(_: int) -> None:
@@ -40,14 +42,16 @@ def render_result(value: Any) -> str:
         return str(value)
 
 
-def _run(spec: str, arguments: dict[str, Any]) -> tuple[str, str]:
-    """In a pool process: call the tool; ``("ok", text)`` or ``("error", "ExcType: message")``."""
+def _run(spec: str, arguments: dict[str, Any]) -> tuple[str, str, list]:
+    """In a pool process: call the tool; ``("ok", text, images)`` or ``("error", "ExcType: message", [])``."""
     from easyrl.agents.specs import load_callable
+    from easyrl.agents.tool_images import split_images
 
     try:
-        return "ok", render_result(load_callable(spec, "tool")(**arguments))
+        text, images = split_images(load_callable(spec, "tool")(**arguments))
+        return "ok", render_result(text), images
     except Exception as err:  # noqa: BLE001 - the tool's failure is the model's to read
-        return "error", f"{type(err).__name__}: {err}"
+        return "error", f"{type(err).__name__}: {err}", []
 
 
 class ToolExecutor:
@@ -101,12 +105,12 @@ class ToolExecutor:
                                             f"{self.timeout_s:g} s and was stopped", "timeout")
                     hung = True
                     continue
-                status, text = handle.get()
-                results[i] = ToolResult(text if status == "ok" else f"Error: {text}", status)
+                status, text, images = handle.get()
+                results[i] = ToolResult(text if status == "ok" else f"Error: {text}", status, images)
             if hung:
                 self.close()  # kills the hung process; the next wave gets a fresh pool
         # a tool's answer is cut to max_chars; easyrl's own error messages are kept whole
-        return [ToolResult(r.content[:self.max_chars], r.status) if r.status == "ok" else r for r in results]
+        return [ToolResult(r.content[:self.max_chars], r.status, r.images) if r.status == "ok" else r for r in results]
 
     def close(self) -> None:
         """Kill the pool's processes (a new pool starts on the next call)."""

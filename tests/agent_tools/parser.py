@@ -12,3 +12,8 @@ def every_turn(text: str) -> list[dict]:
 def echo_only(text: str) -> list[dict]:
     """Each assistant turn calls ``echo``."""
     return [{"name": "echo", "arguments": {"text": text[:8]}}]
+
+
+def paint_every_turn(text: str) -> list[dict]:
+    """Each assistant turn calls ``paint`` (tests/agent_tools/image_tools.py) with the turn's first characters."""
+    return [{"name": "paint", "arguments": {"text": text[:8]}}]
