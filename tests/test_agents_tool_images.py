@@ -151,3 +151,16 @@ def test_the_pads_of_tool_images_are_visual_and_generated_pads_stray():
     assert mm_token_type_ids(ids, 3, {9: 1}, response_mask).tolist() == [[0, 1, 0, 1, 1, 0, 0]]
     assert stray_pads(ids, 3, {9: 1}, response_mask).tolist() == [[False] * 6 + [True]]
     assert mm_token_type_ids(ids, 3, {9: 1}).tolist() == [[0, 1, 0, 0, 0, 0, 0]]  # without the mask: prompt only
+
+
+def test_the_example_zoom_tool_returns_the_crop(tmp_path):
+    import importlib.util
+
+    path = tmp_path / "img.png"
+    Image.new("RGB", (100, 60), (1, 2, 3)).save(path)
+    example = Path(__file__).parents[1] / "examples" / "agents" / "image_tools.py"
+    spec = importlib.util.spec_from_file_location("image_tools", example)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    text, images = split_images(module.zoom(str(path), 0.5, 0.0, 1.0, 0.5))
+    assert images[0].size == (50, 30) and text.startswith("zoomed into 50x30 pixels")
