@@ -12,8 +12,8 @@ In the batch, ``responses`` holds every token after the prompt (assistant, tool 
 ``attention_mask``'s response part is 1 on all of them, ``response_mask`` only on the assistant's, and
 ``rollout_log_probs`` holds the engine's log-probs at the assistant tokens (0 elsewhere). Extras for the reward
 function and the metrics: ``messages`` (the conversation after the prompt), ``tool_calls`` (``{"name",
-"arguments", "result", "status"}`` each, or ``{"error", ...}`` for a botched call), ``multi_turn_stats`` and, when a
-tool returned images, ``tool_images`` (per sample, the ``PIL.Image``s after the prompt's ``images``).
+"arguments", "result", "status"}`` each, or ``{"error", ...}`` for a botched call), ``multi_turn_stats`` and, for a
+VL model, ``tool_images`` (per sample, the ``PIL.Image``s the tools returned, after the prompt's ``images``).
 
 Tool images (VL models, ``easyrl.trainer.multi_turn_images``): each round's engine prompt is prompt + response with
 every run of image pads collapsed to one, and ``multi_modal_data`` holds the prompt's images then the trajectory's tool
@@ -130,7 +130,7 @@ class MultiTurnRollout:
         batch["messages"] = [t.messages for t in trajectories]
         batch["tool_calls"] = [t.tool_calls for t in trajectories]
         batch["multi_turn_stats"] = [t.stats() for t in trajectories]
-        if any(t.images for t in trajectories):
+        if self.images is not None:  # a VL model: the keys are there whether or not a tool returned images (Batch.cat)
             batch["tool_images"] = [t.images for t in trajectories]  # as the engine got them, after the prompt's
             prompt_inputs = prompts["multi_modal_inputs"] if "multi_modal_inputs" in prompts else [{}] * len(prompts)
             batch["multi_modal_inputs"] = [self.images.actor_inputs(inputs, t.images)
