@@ -164,3 +164,58 @@ def test_the_example_zoom_tool_returns_the_crop(tmp_path):
     spec.loader.exec_module(module)
     text, images = split_images(module.zoom(str(path), 0.5, 0.0, 1.0, 0.5))
     assert images[0].size == (50, 30) and text.startswith("zoomed into 50x30 pixels")
+
+
+class _Engines:
+    """Two scripted engines answering "ok" + <|im_end|>; record each round's requests."""
+
+    rollout_dp_size = 2
+
+    def __init__(self, tok):
+        self.ids = tok.encode("ok", add_special_tokens=False) + [tok.convert_tokens_to_ids("<|im_end|>")]
+        self.rounds = []
+
+    def run_rollout(self, method, batch, **kwargs):
+        self.rounds.append(batch)
+        return [{"response_ids": [self.ids] * len(share), "response_log_probs": [[-1.0] * len(self.ids)] * len(share),
+                 "timing_s/reshard": 0.0} for share in batch.chunk(self.rollout_dp_size)]
+
+    def run_all(self, method):
+        pass
+
+
+def test_the_rollout_sends_the_engines_one_pad_per_image_and_all_images_and_the_actor_their_inputs(processor):
+    from tensordict import TensorDict
+
+    from easyrl.batch import Batch
+    from easyrl.config import PPOConfig
+    from easyrl.trainer.multi_turn import MultiTurnRollout, multi_turn_metrics
+
+    tok = processor.tokenizer
+    pad = tok.convert_tokens_to_ids("<|image_pad|>")
+    config = PPOConfig()
+    config.data.max_response_length = 80
+    mt = config.worker.rollout.multi_turn
+    mt.enable, mt.tools, mt.max_assistant_turns = True, [f"{HERE / 'image_tools.py'}:paint"], 3
+    mt.format = f"{HERE / 'parser.py'}:paint_every_turn"
+    engines = _Engines(tok)
+    rollout = MultiTurnRollout(engines, config, tok, 0, _images(processor))
+    prompt_image = Image.new("RGB", (56, 56))
+    prompt_inputs = processor.image_processor(images=[prompt_image], return_tensors="pt")
+    prompts = Batch(TensorDict({"prompts": torch.tensor([[1, 2], [3, 4]]), "prompt_mask": torch.ones(2, 2)},
+                               batch_size=[2]),
+                    {"raw_prompt_ids": [[1, 2], [3, 4]], "images": [[prompt_image], []],
+                     "multi_modal_inputs": [dict(prompt_inputs), {}]})
+    try:
+        batch, _ = rollout.generate(prompts, None)
+    finally:
+        rollout.close()
+    third = engines.rounds[2]  # after two tool turns
+    assert [ids.count(pad) for ids in third["raw_prompt_ids"]] == [2, 2]  # one pad per tool image
+    assert [len(images) for images in third["images"]] == [3, 2]  # the prompt's image, then the tools'
+    assert third["images"][0][0] is prompt_image
+    assert [(row == pad).sum().item() for row in batch["responses"]] == [12, 12]  # expanded: 6 tokens per image
+    assert batch["multi_modal_inputs"][0]["image_grid_thw"].tolist() == [[1, 4, 4], [1, 6, 4], [1, 6, 4]]
+    assert batch["multi_modal_inputs"][1]["image_grid_thw"].tolist() == [[1, 6, 4], [1, 6, 4]]
+    assert [len(images) for images in batch["tool_images"]] == [2, 2]
+    assert multi_turn_metrics(batch)["multi_turn/tool_images"] == 4.0
