@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 __all__ = ["ToolResult", "ToolExecutor", "ToolFuture", "render_result"]
@@ -23,10 +23,12 @@ _POLL_S = 0.002  # seconds between looks at the running calls
 
 @dataclass
 class ToolResult:
-    """What one call gave: ``content`` (the tool message's text) and ``status`` (``ok``, ``error``, ``timeout``)."""
+    """What one call gave: ``content`` (the tool message's text), ``status`` (``ok``, ``error``, ``timeout``) and
+    ``images`` (``PIL.Image`` each, for VL models: ``easyrl.agents.tool_images``)."""
 
     content: str
     status: str
+    images: list = field(default_factory=list)
 
 
 def _started(_: int) -> None:
@@ -44,14 +46,16 @@ def render_result(value: Any) -> str:
         return str(value)
 
 
-def _run(spec: str, arguments: dict[str, Any]) -> tuple[str, str]:
-    """In a pool process: call the tool; ``("ok", text)`` or ``("error", "ExcType: message")``."""
+def _run(spec: str, arguments: dict[str, Any]) -> tuple[str, str, list]:
+    """In a pool process: call the tool; ``("ok", text, images)`` or ``("error", "ExcType: message", [])``."""
     from easyrl.agents.specs import load_callable
+    from easyrl.agents.tool_images import split_images
 
     try:
-        return "ok", render_result(load_callable(spec, "tool")(**arguments))
+        text, images = split_images(load_callable(spec, "tool")(**arguments))
+        return "ok", render_result(text), images
     except Exception as err:  # noqa: BLE001 - the tool's failure is the model's to read
-        return "error", f"{type(err).__name__}: {err}"
+        return "error", f"{type(err).__name__}: {err}", []
 
 
 class ToolExecutor:
@@ -123,8 +127,8 @@ class ToolExecutor:
         now = time.monotonic()
         for future, (handle, deadline) in list(self._running.items()):
             if handle.ready():
-                status, text = handle.get()
-                result = ToolResult(text if status == "ok" else f"Error: {text}", status)
+                status, text, images = handle.get()
+                result = ToolResult(text if status == "ok" else f"Error: {text}", status, images)
             elif now >= deadline:
                 result = ToolResult(f"Error: the tool {future.call['name']!r} gave no answer within "
                                     f"{self.timeout_s:g} s and was stopped", "timeout")
@@ -133,7 +137,8 @@ class ToolExecutor:
                 continue
             del self._running[future]
             # a tool's answer is cut to max_chars; easyrl's own error messages are kept whole
-            future.result = ToolResult(result.content[:self.max_chars], "ok") if result.status == "ok" else result
+            future.result = (ToolResult(result.content[:self.max_chars], "ok", result.images) if result.status == "ok"
+                             else result)
         if self._hung and not self._running:
             self._retire_pool()  # kills the hung processes; the queued calls get a fresh pool
         while self._queue and len(self._running) + self._hung < self.workers:

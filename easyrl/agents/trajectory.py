@@ -22,6 +22,7 @@ from easyrl.agents.chat import turn_ids
 from easyrl.agents.environment import next_message
 from easyrl.agents.executor import ToolExecutor
 from easyrl.agents.parsers import Parser
+from easyrl.agents.tool_images import ToolImages, check_images_allowed
 
 __all__ = ["Trajectory", "TurnLoop", "Generate"]
 
@@ -46,6 +47,13 @@ class Trajectory:
     tool_errors: int = 0
     tool_timeouts: int = 0
     done: bool = False
+    prompt_images: int = 0
+    images: list = field(default_factory=list)
+    """Tool images (``PIL.Image``, prepared: ``easyrl.agents.tool_images``), in order; their pads are in
+    ``response_ids``, expanded (``image_tokens`` each)."""
+    image_tokens: list[int] = field(default_factory=list)
+    tool_images: int = 0
+    tool_images_dropped: int = 0
 
     @property
     def remaining(self) -> int:
@@ -67,7 +75,8 @@ class Trajectory:
         return {"assistant_turns": self.assistant_turns, "user_turns": self.user_turns,
                 "tool_calls": len(self.tool_calls), "tool_errors": self.tool_errors,
                 "tool_timeouts": self.tool_timeouts, "assistant_tokens": sum(self.response_mask),
-                "tokens": len(self.response_ids)}
+                "tokens": len(self.response_ids), "tool_images": self.tool_images,
+                "tool_images_dropped": self.tool_images_dropped}
 
 
 class TurnLoop:
@@ -80,11 +89,14 @@ class TurnLoop:
         environment: ``fn(messages)`` hook or None (``easyrl.agents.environment``).
         max_assistant_turns, max_user_turns: limits per trajectory (None: none).
         max_turn_tokens: tokens per assistant turn at most (None: the rest of the budget).
+        images: tool images of a VL model (``easyrl.agents.tool_images.ToolImages``); None: a text-only model, and a
+            tool that returns an image is an error (docs/errors.md A09).
     """
 
     def __init__(self, tokenizer: Any, parser: Parser, executor: Optional[ToolExecutor],
                  environment: Optional[Callable] = None, max_assistant_turns: Optional[int] = None,
-                 max_user_turns: Optional[int] = None, max_turn_tokens: Optional[int] = None):
+                 max_user_turns: Optional[int] = None, max_turn_tokens: Optional[int] = None,
+                 images: Optional[ToolImages] = None):
         self.tokenizer = tokenizer
         self.parser = parser
         self.executor = executor
@@ -92,6 +104,7 @@ class TurnLoop:
         self.max_assistant_turns = max_assistant_turns
         self.max_user_turns = max_user_turns
         self.max_turn_tokens = max_turn_tokens
+        self.images = images
         self._special_ids = set(tokenizer.all_special_ids)
 
     def turn_budget(self, traj: Trajectory) -> int:
@@ -126,6 +139,7 @@ class TurnLoop:
             results = iter([])
         for traj in trajectories:
             mine = calls[id(traj)]
+            new_images = 0
             if mine:
                 messages = []
                 for call in mine:
@@ -135,7 +149,14 @@ class TurnLoop:
                     traj.tool_calls.append({**call, "result": content, "status": status})
                     traj.tool_errors += status == "error"
                     traj.tool_timeouts += status == "timeout"
-                    messages.append({"role": "tool", "content": content})
+                    images = result.images if result is not None else []
+                    check_images_allowed(self.images, call.get("name"), len(images))
+                    if images:
+                        before = len(traj.images)
+                        messages.append(self.images.attach(traj, content, images))
+                        new_images += len(traj.images) - before
+                    else:
+                        messages.append({"role": "tool", "content": content})
             elif self.environment is not None and (self.max_user_turns is None
                                                    or traj.user_turns < self.max_user_turns):
                 message = next_message(self.environment, traj.messages)
@@ -151,4 +172,5 @@ class TurnLoop:
             # the turn's end-of-turn token (a turn cut by max_turn_tokens ends on an ordinary one: none)
             last = traj.response_ids[-1]
             end_text = self.tokenizer.decode([last]) if last in self._special_ids else ""
-            traj.add(turn_ids(self.tokenizer, messages, end_text), trained=False)
+            ids = turn_ids(self.tokenizer, messages, end_text)
+            traj.add(self.images.expand(traj, ids, new_images) if new_images else ids, trained=False)

@@ -42,7 +42,8 @@ class RolloutConfig:
     enable_chunked_prefill: bool = False
     max_num_batched_tokens: int = 8192
     limit_images: int = 1
-    """Images per prompt at most (vLLM's ``limit_mm_per_prompt``)."""
+    """Images per prompt at most (vLLM's ``limit_mm_per_prompt``); in a multi-turn rollout the prompt's and the tools'
+    images of one conversation (more tool images are dropped and counted, docs/agents.md "Tool images")."""
     calculate_log_probs: bool = False
     """Keep vLLM's sampled-token log-probs (``rollout_log_probs``), needed by ``worker.actor.tis_cap``."""
     val_override_config: dict[str, Any] = field(default_factory=lambda: {"temperature": 0.6, "n": 1})

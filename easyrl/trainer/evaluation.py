@@ -78,7 +78,7 @@ def evaluate(config: PPOConfig, step: int = 0, worker_cls: Optional[type] = None
     workers = WorkerGroup(config, device, worker_cls=worker_cls or FSDPWorker)
     tracker = None
     try:
-        rollout = make_rollout(config, workers, tokenizer, pad_id)
+        rollout = make_rollout(config, workers, tokenizer, pad_id, ready.val_dataset)
         validator = Validator(config, ready.val_dataset, Generator(config, rollout, scorer, pad_id), scorer,
                               tokenizer, ModelRewards.create(config, scorer, workers))
         tracker = Tracker(config.trainer.logger, folder, config.trainer.project_name,

@@ -13,7 +13,12 @@ In the batch, ``responses`` holds every token after the prompt (assistant, tool 
 ``attention_mask``'s response part is 1 on all of them, ``response_mask`` only on the assistant's, and
 ``rollout_log_probs`` holds the engine's log-probs at the assistant tokens (0 elsewhere). Extras for the reward
 function and the metrics: ``messages`` (the conversation after the prompt), ``tool_calls`` (``{"name",
-"arguments", "result", "status"}`` each, or ``{"error", ...}`` for a botched call) and ``multi_turn_stats``.
+"arguments", "result", "status"}`` each, or ``{"error", ...}`` for a botched call), ``multi_turn_stats`` and, for a
+VL model, ``tool_images`` (per sample, the ``PIL.Image``s the tools returned, after the prompt's ``images``).
+
+Tool images (VL models, ``easyrl.trainer.multi_turn_images``): each round's engine prompt is prompt + response with
+every run of image pads collapsed to one, and ``multi_modal_data`` holds the prompt's images then the trajectory's tool
+images; the batch's ``multi_modal_inputs`` get the tool images' processor outputs appended.
 """
 
 from __future__ import annotations
@@ -27,10 +32,12 @@ from easyrl.agents.environment import load_environment
 from easyrl.agents.executor import ToolExecutor
 from easyrl.agents.parsers import load_parser
 from easyrl.agents.scheduler import PATIENCE
+from easyrl.agents.tool_images import collapse_pads
 from easyrl.agents.tools import load_tools
 from easyrl.agents.trajectory import Trajectory, TurnLoop
 from easyrl.batch import Batch
 from easyrl.trainer.batch_layout import right_pad
+from easyrl.trainer.multi_turn_images import tool_images_for
 from easyrl.trainer.rollout import SingleTurnRollout
 from easyrl.workers.fsdp_worker import FSDPWorker
 
@@ -47,12 +54,13 @@ class MultiTurnRollout:
         config: the whole ``PPOConfig``.
         tokenizer: the actor's tokenizer (with the chat template that renders tool turns).
         pad_id: the tokenizer's padding id.
+        images: tool images of a VL model (``easyrl.trainer.multi_turn_images.tool_images_for``); None: text-only.
 
     Raises:
         ConfigError: a tool, parser or environment that cannot be loaded (``easyrl.agents.specs``).
     """
 
-    def __init__(self, workers, config, tokenizer, pad_id: int):
+    def __init__(self, workers, config, tokenizer, pad_id: int, images=None):
         mt = config.worker.rollout.multi_turn
         self.workers = workers
         self.response_length = config.data.max_response_length
@@ -62,7 +70,8 @@ class MultiTurnRollout:
         self.executor = ToolExecutor({name: tool.spec for name, tool in self.tools.items()}, mt.tool_timeout_s,
                                      mt.num_tool_workers, mt.max_tool_response_length) if self.tools else None
         self.loop = TurnLoop(tokenizer, load_parser(mt.format), self.executor, load_environment(mt.environment),
-                             mt.max_assistant_turns, mt.max_user_turns, mt.max_turn_tokens)
+                             mt.max_assistant_turns, mt.max_user_turns, mt.max_turn_tokens, images=images)
+        self.images = images
         self.patience = PATIENCE  # easyrl.agents.scheduler; inf: every round waits for its slowest tool
 
     @property
@@ -79,8 +88,9 @@ class MultiTurnRollout:
         pad = (-len(rows)) % self.engines
         rows_padded = rows + [rows[i % len(rows)] for i in range(pad)]
         share = Batch(prompts.tensors[torch.tensor(rows_padded)], {})
-        share["raw_prompt_ids"] = [trajectories[i].prompt_ids + trajectories[i].response_ids for i in rows_padded]
-        share["images"] = [prompts["images"][i] if "images" in prompts else [] for i in rows_padded]
+        share["raw_prompt_ids"] = [trajectories[i].prompt_ids + self._engine_ids(trajectories[i]) for i in rows_padded]
+        share["images"] = [(prompts["images"][i] if "images" in prompts else []) + trajectories[i].images
+                           for i in rows_padded]
         if "videos" in prompts:
             share["videos"] = [prompts["videos"][i] for i in rows_padded]
         share["max_tokens"] = [self.loop.turn_budget(t) for t in active] + [1] * pad
@@ -97,9 +107,15 @@ class MultiTurnRollout:
         log_probs = [row for out in outputs for row in out["response_log_probs"]][: len(active)]
         return list(zip(ids, log_probs))
 
+    def _engine_ids(self, traj: Trajectory) -> list[int]:
+        """The trajectory's response as the engine takes it: one pad per tool image."""
+        return collapse_pads(traj.response_ids, self.images.pad_id) if traj.images else traj.response_ids
+
     def generate(self, prompts: Batch, overrides: Optional[dict[str, Any]]) -> tuple[Batch, float]:
         """See ``Rollout.generate``."""
         trajectories = [Trajectory(list(ids), self.response_length) for ids in prompts["raw_prompt_ids"]]
+        for traj, images in zip(trajectories, prompts["images"] if "images" in prompts else []):
+            traj.prompt_images = len(images)
         reshard = [0.0]
         try:
             self.loop.run(trajectories, lambda active, round_: self._generate_round(
@@ -118,6 +134,11 @@ class MultiTurnRollout:
         batch["messages"] = [t.messages for t in trajectories]
         batch["tool_calls"] = [t.tool_calls for t in trajectories]
         batch["multi_turn_stats"] = [t.stats() for t in trajectories]
+        if self.images is not None:  # a VL model: the keys are there whether or not a tool returned images (Batch.cat)
+            batch["tool_images"] = [t.images for t in trajectories]  # as the engine got them, after the prompt's
+            prompt_inputs = prompts["multi_modal_inputs"] if "multi_modal_inputs" in prompts else [{}] * len(prompts)
+            batch["multi_modal_inputs"] = [self.images.actor_inputs(inputs, t.images)
+                                           for inputs, t in zip(prompt_inputs, trajectories)]
         return batch, reshard[0]
 
     def close(self) -> None:
@@ -126,11 +147,12 @@ class MultiTurnRollout:
             self.executor.close()
 
 
-def make_rollout(config, workers, tokenizer, pad_id: int):
-    """The rollout ``config`` asks for: ``MultiTurnRollout`` with ``worker.rollout.multi_turn.enable``, else
-    ``SingleTurnRollout``."""
+def make_rollout(config, workers, tokenizer, pad_id: int, dataset=None):
+    """The rollout ``config`` asks for: ``MultiTurnRollout`` with ``worker.rollout.multi_turn.enable`` (tool images
+    with ``dataset``'s processor and pixel bounds, if it has a VL one), else ``SingleTurnRollout``."""
     if config.worker.rollout.multi_turn.enable:
-        return MultiTurnRollout(workers, config, tokenizer, pad_id)
+        images = tool_images_for(dataset, config.worker.rollout.limit_images)
+        return MultiTurnRollout(workers, config, tokenizer, pad_id, images)
     return SingleTurnRollout(workers, config.data.max_response_length, pad_id)
 
 
@@ -138,7 +160,9 @@ def multi_turn_metrics(batch: Batch) -> dict[str, float]:
     """``multi_turn/*`` of a multi-turn batch ({} otherwise): ``assistant_turns/{mean,max,min}`` (verl's
     ``num_turns``, counting assistant turns), ``user_turns/mean``, ``tool_calls``, ``tool_errors``,
     ``tool_timeouts`` (totals over the batch), ``tool_calls_per_traj/mean``, ``masked_token_share`` (tool and
-    environment tokens / all response tokens) and ``assistant_tokens_per_turn/mean``."""
+    environment tokens / all response tokens), ``assistant_tokens_per_turn/mean`` and, for tool images,
+    ``tool_images`` and ``tool_images_dropped`` (totals: images the model saw, images over
+    ``worker.rollout.limit_images``)."""
     if "multi_turn_stats" not in batch:
         return {}
     stats = batch["multi_turn_stats"]
@@ -156,4 +180,6 @@ def multi_turn_metrics(batch: Batch) -> dict[str, float]:
         "multi_turn/tool_timeouts": float(sum(s["tool_timeouts"] for s in stats)),
         "multi_turn/masked_token_share": float(1.0 - assistant / total) if total else 0.0,
         "multi_turn/assistant_tokens_per_turn/mean": float(assistant / max(turns.sum(), 1.0)),
+        **{f"multi_turn/{key}": float(sum(s[key] for s in stats))  # tool images (VL), kept and over the limit
+           for key in ("tool_images", "tool_images_dropped") if key in stats[0]},
     }

@@ -82,6 +82,7 @@ class RayPPOTrainer:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.scorer = Scorer(config.worker.reward, tokenizer, reward_fn, val_reward_fn)
         self.val_dataset = val_dataset
+        self.train_dataset = train_dataset  # its processor and pixel bounds serve tool images (multi_turn_images)
         self.train_dataloader = PromptStream(train_dataset, config.data.generation_batch_size, config.data.shuffle,
                                              config.data.seed, collate_fn)
         self.training_steps = config.training_steps(len(train_dataset))
@@ -107,7 +108,7 @@ class RayPPOTrainer:
         a subclass of it, e.g. ``easyrl.testing.worker.InspectableWorker``) and the parts that call them."""
         cfg = self.config
         self.workers = WorkerGroup(cfg, device, worker_cls=worker_cls)
-        rollout = make_rollout(cfg, self.workers, self.tokenizer, self.pad_id)
+        rollout = make_rollout(cfg, self.workers, self.tokenizer, self.pad_id, self.train_dataset)
         self.generator = Generator(cfg, rollout, self.scorer, self.pad_id)
         self.model_rewards = ModelRewards.create(cfg, self.scorer, self.workers)
         self.validator = Validator(cfg, self.val_dataset, self.generator, self.scorer, self.tokenizer,

@@ -149,8 +149,9 @@ class FSDPPolicy:
         multi_modal = _merge_multimodal(micro.extras.get("multi_modal_inputs", []), self.torch_device)
         prompt_len = input_ids.shape[1] - micro["response_mask"].shape[1]
         visual = "pixel_values" in multi_modal or "pixel_values_videos" in multi_modal
-        types = mm_token_type_ids(input_ids, prompt_len, self.pad_ids) if visual else None
-        stray = stray_pads(input_ids, prompt_len, self.pad_ids) if self.pad_ids else None
+        response_mask = micro["response_mask"].to(self.torch_device)  # 0 on tool turns: their pads are images
+        types = mm_token_type_ids(input_ids, prompt_len, self.pad_ids, response_mask) if visual else None
+        stray = stray_pads(input_ids, prompt_len, self.pad_ids, response_mask) if self.pad_ids else None
         if stray is not None and stray.any():  # see _placeholder_mask
             self.stray_pads = (stray, micro["attention_mask"].to(self.torch_device).bool())
         self.add_blank_image = self.has_vision and not visual

@@ -14,6 +14,8 @@ a log-prob gap of ~1e-5), far below the rollout/training mismatch the TIS correc
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 PAD_TOKEN_KEYS = {"image_token_id": 1, "video_token_id": 2}  # config key -> mm_token_type_ids value
@@ -49,25 +51,34 @@ def forbidden_words(hf_config, tokenizer) -> list[str]:
     return words
 
 
-def mm_token_type_ids(input_ids: torch.Tensor, prompt_len: int, pad_ids: dict[int, int]) -> torch.Tensor:
+def mm_token_type_ids(input_ids: torch.Tensor, prompt_len: int, pad_ids: dict[int, int],
+                      response_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``(bsz, seq_len)`` int64: the pad type (1 image, 2 video) at the prompt's pad tokens, 0 elsewhere, including
-    every response position (what the Qwen-VL processor returns for the prompt, extended by text positions).
+    every response position (what the Qwen-VL processor returns for the prompt, extended by text positions), but
+    the pads of tool turns (``response_mask`` 0: images a tool returned in a multi-turn rollout,
+    ``easyrl.agents.tool_images``).
 
     Args:
         input_ids: ``(bsz, seq_len)``, the (left-padded) prompt in the first ``prompt_len`` columns, then the response.
         pad_ids: ``visual_pad_ids(hf_config)``.
+        response_mask: ``(bsz, seq_len - prompt_len)``, 1 on generated tokens; None: every response token is.
     """
     types = torch.zeros_like(input_ids)
-    prompt = input_ids[:, :prompt_len]
     for token_id, kind in pad_ids.items():
-        types[:, :prompt_len][prompt == token_id] = kind
+        types[:, :prompt_len][input_ids[:, :prompt_len] == token_id] = kind
+        if response_mask is not None:
+            types[:, prompt_len:][(input_ids[:, prompt_len:] == token_id) & (response_mask == 0)] = kind
     return types
 
 
-def stray_pads(input_ids: torch.Tensor, prompt_len: int, pad_ids: dict[int, int]) -> torch.Tensor:
-    """``(bsz, seq_len)`` bool: True at pad ids in the response part (columns from ``prompt_len`` on)."""
+def stray_pads(input_ids: torch.Tensor, prompt_len: int, pad_ids: dict[int, int],
+               response_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``(bsz, seq_len)`` bool: True at pad ids in the response part (columns from ``prompt_len`` on) that were
+    generated (``response_mask`` 1; None: all), not those of a tool's image."""
     stray = torch.zeros_like(input_ids, dtype=torch.bool)
     response = input_ids[:, prompt_len:]
     for token_id in pad_ids:
         stray[:, prompt_len:] |= response == token_id
+    if response_mask is not None:
+        stray[:, prompt_len:] &= response_mask.bool()
     return stray

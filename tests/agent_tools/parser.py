@@ -17,3 +17,8 @@ def echo_only(text: str) -> list[dict]:
 def lagging_only(text: str) -> list[dict]:
     """Each assistant turn calls ``lagging`` (``echo`` whose first call sleeps)."""
     return [{"name": "lagging", "arguments": {"text": text[:8]}}]
+
+
+def paint_every_turn(text: str) -> list[dict]:
+    """Each assistant turn calls ``paint`` (tests/agent_tools/image_tools.py) with the turn's first characters."""
+    return [{"name": "paint", "arguments": {"text": text[:8]}}]

@@ -1,0 +1,66 @@
+"""Tool images on the engines and in the actor's inputs (docs/agents.md, "Tool images"; the turn-level part is
+``easyrl.agents.tool_images``).
+
+A tool image is resized exactly as a prompt image (``easyrl.data.images.process_image`` inside the dataset's pixel
+bounds: ``data.min_pixels``/``data.max_pixels`` narrowed to the image processor's, both sides multiples of
+``patch * merge``), so vLLM (``multi_modal_data``) and the Hugging Face image processor (the actor) see the same
+pixels and cut it into the same ``h * w / (patch * merge)**2`` image tokens. The actor's ``multi_modal_inputs`` of a
+trajectory are the prompt's processor outputs with the tool images' appended, in order (``pixel_values``
+``(patches, dim)`` and ``image_grid_thw`` ``(images, 3)``), matching the order of the image pads in prompt + response,
+which is what the mRoPE positions (``get_rope_index``) and the vision tower's placeholder check go by.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from PIL import Image
+
+from easyrl.agents.tool_images import ToolImages
+from easyrl.data.images import process_image
+
+__all__ = ["VLToolImages", "tool_images_for"]
+
+IMAGE_KEYS = ("pixel_values", "image_grid_thw")
+
+
+class VLToolImages(ToolImages):
+    """``ToolImages`` of a Qwen-VL processor.
+
+    Args:
+        processor: the model's processor (``image_processor``, ``image_token``).
+        min_pixels, max_pixels, factor: the dataset's pixel bounds and patch factor (``RLDataset``).
+        limit: ``worker.rollout.limit_images``.
+    """
+
+    def __init__(self, processor: Any, min_pixels: int, max_pixels: int, factor: int, limit: int):
+        self.processor = processor
+        self.bounds = (min_pixels, max_pixels, factor)
+        pad_id = processor.tokenizer.convert_tokens_to_ids(processor.image_token)
+        super().__init__(self._prepare, int(pad_id), limit)
+
+    def _prepare(self, image: Image.Image) -> tuple[Image.Image, int]:
+        """The image at its target size and its number of image tokens (both sides are multiples of ``factor``)."""
+        image = process_image(image, *self.bounds)
+        return image, image.width * image.height // self.bounds[2] ** 2
+
+    def actor_inputs(self, prompt_inputs: dict[str, torch.Tensor], images: list[Image.Image]
+                     ) -> dict[str, torch.Tensor]:
+        """The prompt's processor outputs with ``images``' appended (``prompt_inputs`` itself when there are none)."""
+        if not images:
+            return prompt_inputs
+        tool = self.processor.image_processor(images=images, return_tensors="pt")
+        merged = dict(prompt_inputs)
+        for key in IMAGE_KEYS:
+            merged[key] = torch.cat([prompt_inputs[key], tool[key]]) if key in prompt_inputs else tool[key]
+        return merged
+
+
+def tool_images_for(dataset: Any, limit: int) -> Optional[VLToolImages]:
+    """Tool images for the model of ``dataset`` (an ``RLDataset``): None for a text-only model (no processor with
+    an image processor)."""
+    processor = getattr(dataset, "processor", None)
+    if processor is None or getattr(processor, "image_processor", None) is None:
+        return None
+    return VLToolImages(processor, dataset.min_pixels, dataset.max_pixels, dataset.factor, limit)
