@@ -200,6 +200,7 @@ def test_the_rollout_sends_the_engines_one_pad_per_image_and_all_images_and_the_
     mt.format = f"{HERE / 'parser.py'}:paint_every_turn"
     engines = _Engines(tok)
     rollout = MultiTurnRollout(engines, config, tok, 0, _images(processor))
+    rollout.patience = float("inf")  # the round barrier: this test reads the engine's rounds one by one
     prompt_image = Image.new("RGB", (56, 56))
     prompt_inputs = processor.image_processor(images=[prompt_image], return_tensors="pt")
     prompts = Batch(TensorDict({"prompts": torch.tensor([[1, 2], [3, 4]]), "prompt_mask": torch.ones(2, 2)},

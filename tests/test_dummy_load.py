@@ -2,7 +2,7 @@
 
 vLLM's own ``load_format="dummy"`` randomises persistent buffers, among them the image normalisation of the VL
 models (``FusedMMInputNorm``), which no checkpoint tensor restores: ``easyrl_dummy`` keeps them. These tests build
-vLLM modules and loaders but start no engine.
+vLLM modules and loaders (in a spawned child) but start no engine.
 """
 
 from __future__ import annotations
@@ -53,51 +53,41 @@ def test_keep_persistent_buffers_restores_only_persistent_floats():
 
 def _vl_input_norm_model():
     """A module holding vLLM 0.32's ``FusedMMInputNorm`` (as ``visual.input_norm`` of Qwen2.5-VL) and a linear layer."""
-    norm = pytest.importorskip("vllm.model_executor.layers.fusion.mm_input_norm")
     from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.fusion import mm_input_norm
 
     with set_current_vllm_config(VllmConfig()):
         model = torch.nn.Module()
-        model.input_norm = norm.FusedMMInputNorm(MEAN, STD, 1 / 255)
+        model.input_norm = mm_input_norm.FusedMMInputNorm(MEAN, STD, 1 / 255)
     model.proj = torch.nn.Linear(3, 3)
     return model
 
 
-def test_vllm_dummy_loader_randomises_the_image_normalisation():
-    """The cause of the 0.64-nat gap: vLLM's dummy loader overwrites the persistent buffers ``rescale / std`` and
-    ``-mean / std`` with U(-1e-3, 1e-3), and no checkpoint tensor writes them back."""
+def _vllm_facts() -> dict:
+    """In a spawned child (vLLM's modules and config context set platform state that later tests in pytest's process,
+    ``easyrl simulate``'s fake devices, must not see): what vLLM's and easyrl's dummy loaders leave in the image
+    normalisation, and what a CPU tied head computes before and after ``repack_cpu_embedding_heads``."""
     from vllm.config.load import LoadConfig
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, UnquantizedEmbeddingMethod
+    from vllm.model_executor.model_loader import get_model_loader
     from vllm.model_executor.model_loader.dummy_loader import DummyModelLoader
 
+    from easyrl.workers.dummy_load import register_dummy_loader
+    from easyrl.workers.vllm_cpu_fixes import repack_cpu_embedding_heads
+
+    facts = {}
     model = _vl_input_norm_model()
     DummyModelLoader(LoadConfig(load_format="dummy")).load_weights(model, None)
-    assert model.input_norm.bias.abs().max().item() <= 1e-3  # -mean/std is about -1.8: gone
-
-
-def test_easyrl_dummy_loader_keeps_the_image_normalisation():
-    from vllm.config.load import LoadConfig
-    from vllm.model_executor.model_loader import get_model_loader
-
-    from easyrl.workers.dummy_load import register_dummy_loader
+    facts["vllm_bias_absmax"] = model.input_norm.bias.abs().max().item()
 
     register_dummy_loader()
     model = _vl_input_norm_model()
     proj_before = model.proj.weight.detach().clone()
     get_model_loader(LoadConfig(load_format=DUMMY_LOAD_FORMAT)).load_weights(model, None)
-    expected_bias = [-m / s for m, s in zip(MEAN, STD)]
-    assert model.input_norm.bias.tolist() == pytest.approx(expected_bias, rel=1e-6)
-    assert model.input_norm.weight.tolist() == pytest.approx([1 / 255 / s for s in STD], rel=1e-6)
-    assert not torch.equal(model.proj.weight, proj_before)  # parameters still randomised (no disk read)
-    assert model.proj.weight.abs().max().item() <= 1e-3
-
-
-def test_tied_head_is_repacked_after_a_sync():
-    """vLLM-CPU's embedding-shaped layers compute logits from a packed copy made at load time: a write into
-    ``weight`` (what the reload does for a tied lm_head, which shares ``embed_tokens.weight``) does not reach it until
-    ``repack_cpu_embedding_heads`` re-packs."""
-    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, UnquantizedEmbeddingMethod
-
-    from easyrl.workers.vllm_cpu_fixes import repack_cpu_embedding_heads
+    facts["easyrl_bias"] = model.input_norm.bias.tolist()
+    facts["easyrl_weight"] = model.input_norm.weight.tolist()
+    facts["proj_changed"] = not torch.equal(model.proj.weight, proj_before)
+    facts["proj_absmax"] = model.proj.weight.abs().max().item()
 
     head = torch.nn.Module.__new__(ParallelLMHead)  # the class, without its tensor-parallel constructor
     torch.nn.Module.__init__(head)
@@ -108,7 +98,44 @@ def test_tied_head_is_repacked_after_a_sync():
     with torch.no_grad():
         head.weight.copy_(torch.randn(256, 64))  # the sync writes the actor's weights in place
     expected = torch.nn.functional.linear(x, head.weight)
-    assert repack_cpu_embedding_heads(head, "cuda") == 0  # off the CPU backend: nothing
-    assert not torch.allclose(head.quant_method.apply(head, x), expected, atol=1e-3)  # stale packed copy
-    assert repack_cpu_embedding_heads(head, "cpu") == 1
-    assert torch.allclose(head.quant_method.apply(head, x), expected, atol=1e-4)
+    facts["repacked_off_cpu"] = repack_cpu_embedding_heads(head, "cuda")
+    facts["stale_error"] = (head.quant_method.apply(head, x) - expected).abs().max().item()
+    facts["repacked_on_cpu"] = repack_cpu_embedding_heads(head, "cpu")
+    facts["repacked_error"] = (head.quant_method.apply(head, x) - expected).abs().max().item()
+    return facts
+
+
+@pytest.fixture(scope="module")
+def vllm_facts() -> dict:
+    import importlib.util
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    if importlib.util.find_spec("vllm") is None:  # looks vLLM up without importing it here
+        pytest.skip("vLLM is not installed")
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(_vllm_facts).result()
+
+
+def test_vllm_dummy_loader_randomises_the_image_normalisation(vllm_facts):
+    """The cause of the 0.64-nat gap: vLLM's dummy loader overwrites the persistent buffers ``rescale / std`` and
+    ``-mean / std`` with U(-1e-3, 1e-3), and no checkpoint tensor writes them back."""
+    assert vllm_facts["vllm_bias_absmax"] <= 1e-3  # -mean/std is about -1.8: gone
+
+
+def test_easyrl_dummy_loader_keeps_the_image_normalisation(vllm_facts):
+    expected_bias = [-m / s for m, s in zip(MEAN, STD)]
+    assert vllm_facts["easyrl_bias"] == pytest.approx(expected_bias, rel=1e-6)
+    assert vllm_facts["easyrl_weight"] == pytest.approx([1 / 255 / s for s in STD], rel=1e-6)
+    assert vllm_facts["proj_changed"]  # parameters still randomised (no disk read)
+    assert vllm_facts["proj_absmax"] <= 1e-3
+
+
+def test_tied_head_is_repacked_after_a_sync(vllm_facts):
+    """vLLM-CPU's embedding-shaped layers compute logits from a packed copy made at load time: a write into
+    ``weight`` (what the reload does for a tied lm_head, which shares ``embed_tokens.weight``) does not reach it until
+    ``repack_cpu_embedding_heads`` re-packs."""
+    assert vllm_facts["repacked_off_cpu"] == 0  # off the CPU backend: nothing
+    assert vllm_facts["stale_error"] > 1e-3  # the stale packed copy
+    assert vllm_facts["repacked_on_cpu"] == 1
+    assert vllm_facts["repacked_error"] <= 1e-4
