@@ -27,7 +27,6 @@ from easyrl.batch import Batch
 from easyrl.config import ActorConfig, OffloadConfig
 from easyrl.errors import ConfigError
 from easyrl.models.fused_head import FusedLogProbHead
-from easyrl.models.mrope import text_after_vision
 from easyrl.workers.fsdp_model import clip_grad_norm, load_sharded_model
 from easyrl.workers.optim import build_lr_scheduler, build_optimizer, move_optimizer_state, offloads_optimizer
 from easyrl.workers.policy_forward import (
@@ -38,7 +37,7 @@ from easyrl.workers.policy_forward import (
     response_scores,
 )
 from easyrl.workers.seqlen_balancing import count_micro_batches, dynamic_micro_batches
-from easyrl.workers.vl_tokens import mm_token_type_ids, stray_pads, visual_pad_ids
+from easyrl.workers.vl_hooks import VisionHooks
 
 __all__ = ["FSDPPolicy"]
 
@@ -51,16 +50,6 @@ def _warn_once(message: Optional[str]) -> None:
     if message and message not in _warned and (not dist.is_initialized() or dist.get_rank() == 0):
         _warned.add(message)
         logger.warning(message)
-
-
-def _merge_multimodal(mm_inputs: list[dict[str, torch.Tensor]], device: torch.device) -> dict[str, torch.Tensor]:
-    """Concatenate per-sample processor outputs (``pixel_values`` (patches, dim), ``image_grid_thw`` (images, 3))
-    in sample order, which is the order of the image pad tokens in the batch."""
-    merged: dict[str, list[torch.Tensor]] = defaultdict(list)
-    for sample in mm_inputs:
-        for key, value in sample.items():
-            merged[key].append(value)
-    return {key: torch.cat(values, dim=0).to(device) for key, values in merged.items()}
 
 
 class FSDPPolicy:
@@ -108,15 +97,8 @@ class FSDPPolicy:
                                    init_from=init_from.model if init_from is not None else None,
                                    attn_implementation=attn, adapt=self._adapt_model)
         self.model = model
-        self.has_vision = getattr(hf_config, "vision_config", None) is not None
-        self.add_blank_image = False
-        self.pad_ids = visual_pad_ids(hf_config)
-        self.stray_pads: Optional[tuple[torch.Tensor, torch.Tensor]] = None
-        if self.has_vision:
-            model.get_input_embeddings().register_forward_hook(self._blank_image_hook)
-            self._model_placeholder_mask = model.model.get_placeholder_mask
-            model.model.get_placeholder_mask = self._placeholder_mask
-            model.model.get_rope_index = text_after_vision(model.model.get_rope_index)  # vLLM's positions
+        self.vision = VisionHooks(model, hf_config)  # the blank image, stray pads, vLLM's positions
+        self.has_vision = self.vision.has_vision
         self.fused_head = FusedLogProbHead(model) if config.padding_free and self.scores_tokens else None
         self.optimizer: Optional[torch.optim.Optimizer] = None
         self.num_updates = 0
@@ -145,22 +127,8 @@ class FSDPPolicy:
     def _run_model(self, micro: Batch, forward: Callable[[torch.nn.Module, ModelInputs], Any]) -> Any:
         """``forward(model, inputs)`` on one micro-batch's tensors moved to the device (:class:`ModelInputs`), with
         the VL hooks armed (blank image, stray pad ids)."""
-        input_ids = micro["input_ids"].to(self.torch_device)
-        multi_modal = _merge_multimodal(micro.extras.get("multi_modal_inputs", []), self.torch_device)
-        prompt_len = input_ids.shape[1] - micro["response_mask"].shape[1]
-        visual = "pixel_values" in multi_modal or "pixel_values_videos" in multi_modal
-        response_mask = micro["response_mask"].to(self.torch_device)  # 0 on tool turns: their pads are images
-        types = mm_token_type_ids(input_ids, prompt_len, self.pad_ids, response_mask) if visual else None
-        stray = stray_pads(input_ids, prompt_len, self.pad_ids, response_mask) if self.pad_ids else None
-        if stray is not None and stray.any():  # see _placeholder_mask
-            self.stray_pads = (stray, micro["attention_mask"].to(self.torch_device).bool())
-        self.add_blank_image = self.has_vision and not visual
-        try:
-            return forward(self.model, ModelInputs(input_ids, micro["attention_mask"].to(self.torch_device),
-                                                   micro["response_mask"].to(self.torch_device), multi_modal, types))
-        finally:
-            self.add_blank_image = False
-            self.stray_pads = None
+        with self.vision.model_inputs(micro, self.torch_device) as inputs:
+            return forward(self.model, inputs)
 
     def _micro_batches(self, data: Batch, micro_batch_size: int) -> list[tuple[list[int], Batch]]:
         """``(indices, micro-batch)`` pairs covering ``data``: fixed ``micro_batch_size`` pieces, or with
@@ -175,39 +143,6 @@ class FSDPPolicy:
         dist.all_reduce(count, op=dist.ReduceOp.MAX)
         parts = dynamic_micro_batches(lengths, int(count.item()))
         return [(part, data.select(part)) for part in parts]
-
-    def _blank_image_hook(self, module: torch.nn.Module, args: Any, embeds: torch.Tensor) -> torch.Tensor:
-        """Forward hook of the token embedding of a VL model: for a micro-batch without images, add 0 * the vision
-        tower's output on one blank image of 2x2 patches to the embeddings ``(bsz, seq_len, hidden)``.
-
-        FSDP2 gathers (forward) and reduce-scatters (backward) each block's shards collectively, in the order the
-        blocks ran in the forward (it also prefetches by that order), so every rank must run the vision tower at the
-        same point of every micro-batch if any rank does: a micro-batch without images on one rank while another
-        rank's has some would otherwise hang. The model embeds tokens right before it encodes images, so running the
-        tower here, inside the root's forward, reproduces the order of an image batch (verl handles mixed text/image
-        data with a blank image too).
-        """
-        if not self.add_blank_image:
-            return embeds
-        vision = self.model.config.vision_config
-        merge = vision.spatial_merge_size
-        patch_dim = vision.in_channels * vision.temporal_patch_size * vision.patch_size**2
-        pixels = torch.zeros(merge * merge, patch_dim, device=embeds.device)
-        grid = torch.tensor([[1, merge, merge]], device=embeds.device)
-        features = [t for t in _tensors_in(self.model.model.visual(pixels, grid_thw=grid)) if t.is_floating_point()]
-        return embeds + sum(t.sum() for t in features).to(embeds.dtype) * 0.0
-
-    def _placeholder_mask(self, input_ids: torch.Tensor, inputs_embeds: torch.Tensor, **features):
-        """Qwen-VL's ``get_placeholder_mask`` (which marks every image/video pad id as a slot for the vision
-        features and checks the counts), blind to pad ids sampled in a response: those stay the text tokens they are,
-        as in vLLM, and the count check passes (R1-V #91, verl #3469: "Image features and image tokens do not
-        match"). Works on the padded ``(bsz, P + R)`` and the packed ``(1, tokens)`` layout."""
-        if self.stray_pads is not None:
-            stray, valid = self.stray_pads
-            if stray.shape != input_ids.shape:  # packed: the valid positions, row-major (easyrl.models.packing)
-                stray = stray[valid].view(input_ids.shape)
-            input_ids = input_ids.masked_fill(stray, -1)
-        return self._model_placeholder_mask(input_ids, inputs_embeds, **features)
 
     @torch.no_grad()
     def compute_log_probs(self, data: Batch, micro_batch_size: int, temperature: float) -> torch.Tensor:
@@ -394,17 +329,6 @@ def skip_nonfinite_step(grad_norm: float, consecutive: int, limit: int, role: st
         )
     logger.warning("%s grad_norm is %s: optimizer step skipped (%d in a row)", role, grad_norm, consecutive + 1)
     return True
-
-
-def _tensors_in(value: Any) -> list[torch.Tensor]:
-    """Every tensor in a (nested) model output, tuple, list or dict."""
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors_in(v)]
-    if isinstance(value, (tuple, list)):
-        return [t for v in value for t in _tensors_in(v)]
-    return []
 
 
 def _share(mask: torch.Tensor, agg_kwargs: dict) -> float:

@@ -1,0 +1,125 @@
+"""The hooks a Qwen-VL policy (or critic) needs in every forward: a blank image for text-only micro-batches, and
+response pad ids hidden from the placeholder check.
+
+``VisionHooks`` wraps one sharded model: on a VL model it registers a forward hook on the token embedding
+(``blank_image_hook``), replaces the inner model's ``get_placeholder_mask`` (``placeholder_mask``) and its
+``get_rope_index`` (vLLM's positions, ``easyrl.models.mrope.text_after_vision``); on a text model it does nothing.
+``model_inputs`` arms both hooks for one micro-batch and yields its tensors on the device.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional
+
+import torch
+
+from easyrl.batch import Batch
+from easyrl.models.mrope import text_after_vision
+from easyrl.workers.policy_forward import ModelInputs
+from easyrl.workers.vl_tokens import mm_token_type_ids, stray_pads, visual_pad_ids
+
+__all__ = ["VisionHooks", "merge_multimodal"]
+
+
+class VisionHooks:
+    """The VL hooks of one (sharded) Hugging Face model, installed at construction.
+
+    Args:
+        model: the causal LM (``model.model`` is the inner model with ``visual``, ``get_placeholder_mask`` and
+            ``get_rope_index`` on a Qwen-VL model).
+        hf_config: its transformers config (a VL model has a ``vision_config``).
+
+    Attributes:
+        has_vision: the model has a vision tower (else every hook is a no-op and nothing is installed).
+        pad_ids: ``{token id: mm type}`` of the image/video pad tokens (``easyrl.workers.vl_tokens``).
+    """
+
+    def __init__(self, model: torch.nn.Module, hf_config) -> None:
+        self.model = model
+        self.has_vision = getattr(hf_config, "vision_config", None) is not None
+        self.pad_ids = visual_pad_ids(hf_config)
+        self.add_blank_image = False
+        self.stray_pads: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+        if self.has_vision:
+            model.get_input_embeddings().register_forward_hook(self.blank_image_hook)
+            self._model_placeholder_mask = model.model.get_placeholder_mask
+            model.model.get_placeholder_mask = self.placeholder_mask
+            model.model.get_rope_index = text_after_vision(model.model.get_rope_index)  # vLLM's positions
+
+    @contextmanager
+    def model_inputs(self, micro: Batch, device: torch.device) -> Iterator[ModelInputs]:
+        """One micro-batch's tensors moved to ``device`` (:class:`ModelInputs`: ids, masks, merged multimodal inputs,
+        ``mm_token_type_ids`` when it has images or videos), with the hooks armed for it (a blank image if it has none
+        on a VL model, its stray response pads hidden) until the ``with`` block ends."""
+        input_ids = micro["input_ids"].to(device)
+        attention_mask = micro["attention_mask"].to(device)
+        multi_modal = merge_multimodal(micro.extras.get("multi_modal_inputs", []), device)
+        prompt_len = input_ids.shape[1] - micro["response_mask"].shape[1]
+        visual = "pixel_values" in multi_modal or "pixel_values_videos" in multi_modal
+        response_mask = micro["response_mask"].to(device)  # 0 on tool turns: their pads are images
+        types = mm_token_type_ids(input_ids, prompt_len, self.pad_ids, response_mask) if visual else None
+        stray = stray_pads(input_ids, prompt_len, self.pad_ids, response_mask) if self.pad_ids else None
+        if stray is not None and stray.any():  # see placeholder_mask
+            self.stray_pads = (stray, attention_mask.bool())
+        self.add_blank_image = self.has_vision and not visual
+        try:
+            yield ModelInputs(input_ids, attention_mask, response_mask, multi_modal, types)
+        finally:
+            self.add_blank_image = False
+            self.stray_pads = None
+
+    def blank_image_hook(self, module: torch.nn.Module, args: Any, embeds: torch.Tensor) -> torch.Tensor:
+        """Forward hook of the token embedding of a VL model: for a micro-batch without images, add 0 * the vision
+        tower's output on one blank image of 2x2 patches to the embeddings ``(bsz, seq_len, hidden)``.
+
+        FSDP2 gathers (forward) and reduce-scatters (backward) each block's shards collectively, in the order the
+        blocks ran in the forward (it also prefetches by that order), so every rank must run the vision tower at the
+        same point of every micro-batch if any rank does: a micro-batch without images on one rank while another
+        rank's has some would otherwise hang. The model embeds tokens right before it encodes images, so running the
+        tower here, inside the root's forward, reproduces the order of an image batch (verl handles mixed text/image
+        data with a blank image too).
+        """
+        if not self.add_blank_image:
+            return embeds
+        vision = self.model.config.vision_config
+        merge = vision.spatial_merge_size
+        patch_dim = vision.in_channels * vision.temporal_patch_size * vision.patch_size**2
+        pixels = torch.zeros(merge * merge, patch_dim, device=embeds.device)
+        grid = torch.tensor([[1, merge, merge]], device=embeds.device)
+        features = [t for t in _tensors_in(self.model.model.visual(pixels, grid_thw=grid)) if t.is_floating_point()]
+        return embeds + sum(t.sum() for t in features).to(embeds.dtype) * 0.0
+
+    def placeholder_mask(self, input_ids: torch.Tensor, inputs_embeds: torch.Tensor, **features):
+        """Qwen-VL's ``get_placeholder_mask`` (which marks every image/video pad id as a slot for the vision
+        features and checks the counts), blind to pad ids sampled in a response: those stay the text tokens they are,
+        as in vLLM, and the count check passes (R1-V #91, verl #3469: "Image features and image tokens do not
+        match"). Works on the padded ``(bsz, P + R)`` and the packed ``(1, tokens)`` layout."""
+        if self.stray_pads is not None:
+            stray, valid = self.stray_pads
+            if stray.shape != input_ids.shape:  # packed: the valid positions, row-major (easyrl.models.packing)
+                stray = stray[valid].view(input_ids.shape)
+            input_ids = input_ids.masked_fill(stray, -1)
+        return self._model_placeholder_mask(input_ids, inputs_embeds, **features)
+
+
+def merge_multimodal(mm_inputs: list[dict[str, torch.Tensor]], device: torch.device) -> dict[str, torch.Tensor]:
+    """Concatenate per-sample processor outputs (``pixel_values`` (patches, dim), ``image_grid_thw`` (images, 3))
+    in sample order, which is the order of the image pad tokens in the batch."""
+    merged: dict[str, list[torch.Tensor]] = defaultdict(list)
+    for sample in mm_inputs:
+        for key, value in sample.items():
+            merged[key].append(value)
+    return {key: torch.cat(values, dim=0).to(device) for key, values in merged.items()}
+
+
+def _tensors_in(value: Any) -> list[torch.Tensor]:
+    """Every tensor in a (nested) model output, tuple, list or dict."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors_in(v)]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors_in(v)]
+    return []
