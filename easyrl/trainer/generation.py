@@ -71,10 +71,8 @@ class Generator:
         """:meth:`generate` for any number of prompts: pads with copies of the first prompts so that every engine
         gets an equal share, and drops their trajectories again."""
         real = len(prompts)
-        pad = (-real) % self.rollout.engines
-        if pad:
-            prompts = Batch.cat([prompts, prompts.select([i % real for i in range(pad)])])
-        return self.generate(prompts, overrides=overrides, timing={}).select(list(range(real)))
+        padded = prompts.padded_to_multiple(self.rollout.engines)
+        return self.generate(padded, overrides=overrides, timing={}).select(list(range(real)))
 
     def make_batch(self, prompt_stream: Iterator[dict[str, list]], step: int, timing: dict[str, float],
                    metrics: dict[str, float]) -> tuple[Batch, Optional[ray.ObjectRef]]:

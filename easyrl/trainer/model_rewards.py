@@ -58,19 +58,18 @@ class ModelRewards:
         ``timing`` and ``judge/unparseable`` / ``reward_model/truncated`` to ``metrics``.
 
         A batch whose length is not a multiple of ``world_size`` (a validation set's last batch) is scored with
-        copies of its first samples appended, which are dropped again (as ``Generator.generate_even`` pads)."""
+        copies of its first samples appended, which are dropped again (``Batch.padded_to_multiple``)."""
         if not self.enabled:
             return
         real = len(batch)
-        pad = (-real) % self.world_size
-        padded = Batch.cat([batch, batch.select([i % real for i in range(pad)])]) if pad else batch
+        padded = batch.padded_to_multiple(self.world_size)
         if self.judging is not None:
             with timer("judge", timing):
                 metrics.update(self.judging.run(padded))
         if self.reward_model is not None:
             with timer("reward_model", timing):
                 self.reward_model.score(padded, metrics)
-        if pad:
+        if len(padded) > real:
             kept = padded.select(list(range(real)))
             batch["token_level_scores"] = kept["token_level_scores"]
             for key in [key for key in kept.extras if key.startswith("score/")]:
