@@ -23,6 +23,8 @@ CASES = [
                   "worker.rollout.multi_turn.max_assistant_turns=0"], ["max_assistant_turns", "null"], id="A06"),
     pytest.param([ON, f"worker.rollout.multi_turn.tools=[{TOOLS}:add,{TOOLS}:add]"], ["more than once", "add"],
                  id="A07"),
+    pytest.param([ON, f"worker.rollout.multi_turn.tools=[{TOOLS}:add]", "worker.rollout.multi_turn.patience=-1"],
+                 ["worker.rollout.multi_turn.patience", "0 or more", "inf"], id="A11"),
 ]
 
 

@@ -4,11 +4,11 @@ the batch.
 The engines take a batch of requests at a time (``Generate``). After a round, the tool calls of its trajectories
 are submitted to the process pool as futures (``ToolExecutor.submit``) and the driver waits for them only while
 that is cheap: the next round starts as soon as every call is answered, or once at least one trajectory is ready
-(its tools answered, or it had none) and the wait has lasted ``patience`` times the last round's generation time
-(``MIN_WAIT_S`` at least). A trajectory whose tool is still running skips that round and joins a later one (verl's
-agent loop gets the same effect with one asyncio task per sample on vLLM's async server; easyrl's colocated engines
-take batches, so the scheduling is done here, between batches). ``patience=inf`` is the round barrier: every round
-waits for the slowest tool (bounded by ``tool_timeout_s``).
+(its tools answered, or it had none) and the wait has lasted ``patience`` (``worker.rollout.multi_turn.patience``,
+0.25) times the last round's generation time (``MIN_WAIT_S`` at least). A trajectory whose tool is still running
+skips that round and joins a later one (verl's agent loop gets the same effect with one asyncio task per sample on
+vLLM's async server; easyrl's colocated engines take batches, so the scheduling is done here, between batches).
+``patience=inf`` is the round barrier: every round waits for the slowest tool (bounded by ``tool_timeout_s``).
 
 Determinism: a round's batch lists its trajectories in the prompt order, and the sampling seed of a turn depends on
 the sample and the turn's number, not on the round it rode in (``easyrl.trainer.multi_turn``), so the trajectories
@@ -24,7 +24,8 @@ __all__ = ["PATIENCE", "MIN_WAIT_S", "start_round", "run_turns"]
 
 PATIENCE = 0.25
 """How long the driver waits for late tool calls before a round starts without them, in units of the last round's
-generation time: waiting idles the engines, a round without the late ones costs them a later round."""
+generation time: waiting idles the engines, a round without the late ones costs them a later round. The default of
+``run_turns``; a training run takes ``worker.rollout.multi_turn.patience`` (the same default)."""
 
 MIN_WAIT_S = 0.05
 """Seconds the driver waits at least (a tool call's round trip through the process pool takes milliseconds; a round

@@ -46,6 +46,11 @@ class MultiTurnConfig:
     environment: Optional[str] = None
     """``path/to/file.py:function``, called as ``fn(messages)`` after an assistant turn without a tool call:
     returns the next user/environment message (a string, or a ``{"role", "content"}`` dict) or None (done)."""
+    patience: float = 0.25
+    """How long the driver waits for late tool calls before the next assistant round starts without them, in units
+    of the last round's generation time (50 ms at least; ``easyrl.agents.scheduler``): waiting idles the engines, a
+    round without the late ones costs them a later round. ``inf``: every round waits for its slowest tool call (the
+    round barrier); 0: a round starts as soon as one trajectory is ready."""
 
 
 def _check_spec(key: str, spec: str) -> None:
@@ -63,9 +68,9 @@ def check_multi_turn(config: MultiTurnConfig) -> None:
     """Values of ``worker.rollout.multi_turn`` (only when ``enable``).
 
     Raises:
-        ConfigError: a turn count below 1, a tool timeout or response length that is not positive, an unknown
-            ``format``, a malformed or missing ``tools``/``format``/``environment`` file, or neither tools nor an
-            environment.
+        ConfigError: a turn count below 1, a tool timeout or response length that is not positive, a negative
+            ``patience``, an unknown ``format``, a malformed or missing ``tools``/``format``/``environment`` file, or
+            neither tools nor an environment.
     """
     if not config.enable:
         return
@@ -78,6 +83,9 @@ def check_multi_turn(config: MultiTurnConfig) -> None:
         value = getattr(config, name)
         if not value > 0:
             raise ConfigError(f"{key}.{name} must be a positive number, got {value!r}.")
+    if not config.patience >= 0:  # NaN too
+        raise ConfigError(f"{key}.patience must be 0 or more (inf: every round waits for every tool call), "
+                          f"got {config.patience!r}.")
     if config.format not in BUILTIN_FORMATS:
         if ":" not in config.format:
             raise ConfigError(f"{key}.format={config.format!r} is not one of: {', '.join(BUILTIN_FORMATS)}, "

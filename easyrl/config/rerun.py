@@ -32,6 +32,7 @@ NEUTRAL_KEYS: tuple[str, ...] = (
     "worker.nccl_timeout", "worker.env_vars*", "worker.reward.timeout_s",
     "worker.reward.reward_model.micro_batch_size_per_device",
     "worker.rollout.limit_videos",  # vLLM's per-prompt capacity, raised from the data at start-up
+    "worker.rollout.multi_turn.patience",  # which round a turn rides in, not what it samples (agents/scheduler.py)
 )
 
 

@@ -31,7 +31,6 @@ import torch
 from easyrl.agents.environment import load_environment
 from easyrl.agents.executor import ToolExecutor
 from easyrl.agents.parsers import load_parser
-from easyrl.agents.scheduler import PATIENCE
 from easyrl.agents.tool_images import collapse_pads
 from easyrl.agents.tools import load_tools
 from easyrl.agents.trajectory import Trajectory, TurnLoop
@@ -72,7 +71,7 @@ class MultiTurnRollout:
         self.loop = TurnLoop(tokenizer, load_parser(mt.format), self.executor, load_environment(mt.environment),
                              mt.max_assistant_turns, mt.max_user_turns, mt.max_turn_tokens, images=images)
         self.images = images
-        self.patience = PATIENCE  # easyrl.agents.scheduler; inf: every round waits for its slowest tool
+        self.patience = mt.patience  # easyrl.agents.scheduler; inf: every round waits for its slowest tool
 
     @property
     def engines(self) -> int:
