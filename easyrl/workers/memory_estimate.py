@@ -46,6 +46,7 @@ with the default budgets), CUDA context and NCCL buffers (~1-2 GiB), allocator f
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 from easyrl.config import PPOConfig
 from easyrl.errors import ConfigError
@@ -97,6 +98,8 @@ class MemoryEstimate:
     vllm_claim_gib: float
     rollout: dict[str, float] = field(default_factory=dict)
     training: dict[str, float] = field(default_factory=dict)
+    experience: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Each experience forward (``easyrl simulate``'s phase name -> its items, GiB): :func:`estimate_experience`."""
 
     @property
     def rollout_gib(self) -> float:
@@ -204,6 +207,93 @@ def update_activations(num_params: int, vocab_size: int, config: PPOConfig, shap
             "unsharded weights + grads (FSDP2)": unsharded / GIB}
 
 
+@dataclass(frozen=True)
+class RoleModel:
+    """A model an experience forward runs (the actor, the teacher, the reward model): its parameter count, its
+    vocabulary, its widths, and whether it ends in an LM head (a reward model's score head is ``hidden x 1``)."""
+
+    params: int
+    vocab_size: int
+    shape: ModelShape
+    lm_head: bool = True
+
+
+EXPERIENCE_SETTINGS = {
+    "old log-probs (forward)": "worker.actor.micro_batch_size_per_device_for_experience (or "
+                               "worker.actor.max_token_len_per_device with dynamic_batching)",
+    "reference forward": "worker.actor.micro_batch_size_per_device_for_experience (or "
+                         "worker.actor.max_token_len_per_device with dynamic_batching)",
+    "teacher forward": "worker.teacher.micro_batch_size_per_device_for_experience (or "
+                       "worker.actor.max_token_len_per_device with dynamic_batching)",
+    "reward model forward": "worker.reward.reward_model.micro_batch_size_per_device / max_token_len_per_device / "
+                            "max_length",
+}
+"""The setting that sizes each experience forward's micro-batch (``easyrl simulate``'s phase names)."""
+
+
+def forward_activations(tokens: int, shape: ModelShape, compute_bytes: int) -> float:
+    """Bytes one micro-batch of ``tokens`` holds at the peak of a forward without autograd (``torch.no_grad``: each
+    layer's activations are freed as the next one runs), inside one decoder layer's MLP: the gate's activation, the
+    up projection and their product (``3 x intermediate``) beside the residual stream, the normed input and the
+    attention output (``4 x hidden``), in the compute dtype (``easyrl simulate`` snapshot of a Qwen2.5-7B-wide layer
+    at 16384 tokens: exactly these tensors). Attention is the fused kernels' (output + log-sum-exp: no ``S^2``
+    term, below the MLP's peak). A mixture of experts adds the routed token copies and Gated DeltaNet its float32
+    chunked state, counted as in :func:`update_activations` (upper bounds without autograd)."""
+    per_token = (3 * shape.intermediate_size + 4 * shape.hidden_size + 2 * shape.routed_width) * compute_bytes
+    return tokens * (per_token + 16 * shape.linear_value_width * 4)
+
+
+def experience_forward(model: RoleModel, tokens: int, compute_bytes: int) -> dict[str, float]:
+    """GiB one experience forward of ``model`` over ``tokens`` adds on top of what stays resident, by category:
+    FSDP2's gathered weights in the compute dtype (the root group: the embedding, and the LM head unless tied or a
+    score head, for the whole forward; two decoder layers, the one running and the next, prefetched) and
+    :func:`forward_activations`. The fused LM head (``padding_free``) holds 512-token chunks of logits: below the
+    MLP's peak, not counted."""
+    shape = model.shape
+    embeddings = (2 if model.lm_head and not shape.tied else 1) * model.vocab_size * shape.hidden_size
+    layer = max(model.params - embeddings, 0) / shape.num_layers
+    return {"gathered weights (FSDP2)": (embeddings + 2 * layer) * compute_bytes / GIB,
+            "activations (one layer, no grad)": forward_activations(tokens, shape, compute_bytes) / GIB}
+
+
+def estimate_experience(estimate: MemoryEstimate, config: PPOConfig, actor: RoleModel,
+                        teacher: RoleModel | None = None,
+                        reward_model: RoleModel | None = None) -> dict[str, dict[str, float]]:
+    """The experience forwards' peaks per device, phase by phase (old log-probs, reference, teacher, reward model),
+    each what stays resident while vLLM sleeps (the rollout phase's items less vLLM's claim: the actor's shard and
+    AdamW states, the reference, critic, teacher and reward model shards as offloaded or not, the judge's claim)
+    plus :func:`experience_forward` of its model at its token budget: the actor's ``max_token_len_per_device`` or
+    ``micro_batch_size_per_device_for_experience x (max_prompt_length + max_response_length)`` (the teacher's micro
+    with the actor's budget: ``teacher_role_config``), the reward model's ``max_token_len_per_device`` or
+    ``micro_batch_size_per_device x (max_length or the padded length)``. Stored in ``estimate.experience`` too.
+
+    Args:
+        estimate: :func:`estimate_memory`'s result for ``config``.
+        actor: the actor's (and the reference's) model; ``teacher``/``reward_model``: theirs, None without one.
+    """
+    worker, data = config.worker, config.data
+    length = data.max_prompt_length + data.max_response_length
+    cb = DTYPE_BYTES[worker.actor.fsdp.param_dtype]
+    resident = {name: gib for name, gib in estimate.rollout.items() if name != "vLLM (gpu_memory_utilization)"}
+    budget = worker.actor.max_token_len_per_device
+    runs = [("old log-probs (forward)", actor, budget or worker.actor.micro_batch_size_per_device_for_experience *
+             length)]
+    if builds_reference(config):
+        runs.append(("reference forward", actor, runs[0][2]))
+    if teacher is not None and config.algorithm.needs_teacher:
+        runs.append(("teacher forward", teacher,
+                     budget or worker.teacher.micro_batch_size_per_device_for_experience * length))
+    rm = worker.reward.reward_model
+    if reward_model is not None and rm.enabled:
+        rm_cb = DTYPE_BYTES[rm.param_dtype]
+        tokens = rm.max_token_len_per_device if rm.dynamic_batching and rm.max_token_len_per_device else \
+            rm.micro_batch_size_per_device * (rm.max_length or length)
+        runs.append(("reward model forward", reward_model, tokens, rm_cb))
+    estimate.experience = {run[0]: resident | {f"{run[0]}: {item}": gib for item, gib in experience_forward(
+        run[1], run[2], run[3] if len(run) > 3 else cb).items()} for run in runs}
+    return estimate.experience
+
+
 def _items(items: dict[str, float]) -> str:
     return ", ".join(f"{name} {gib:.1f}" for name, gib in items.items() if gib > 0)
 
@@ -240,6 +330,13 @@ def check_memory(estimate: MemoryEstimate) -> None:
             f"({_items(e.training)} GiB): set {offload}, lower worker.actor.micro_batch_size_per_device_for_update, "
             "or use more devices (trainer.n_gpus_per_node / trainer.nnodes)."
         )
+    for phase, items in e.experience.items():  # estimate_experience: vLLM asleep, one micro-batch's forward
+        if sum(items.values()) > cap:
+            raise ConfigError(
+                f"The experience phase '{phase}' needs ~{sum(items.values()):.1f} GiB per device but it has "
+                f"{cap:.1f} GiB ({_items(items)} GiB): lower {EXPERIENCE_SETTINGS[phase]}, set {offload}, or use "
+                "more devices (trainer.n_gpus_per_node / trainer.nnodes)."
+            )
 
 
 def count_parameters(hf_config, trust_remote_code: bool = False) -> tuple[int, int]:
@@ -258,10 +355,37 @@ def reward_model_parameters(config: PPOConfig) -> int:
     rm = config.worker.reward.reward_model
     if not rm.enabled:
         return 0
-    import torch
-    from transformers import AutoConfig, AutoModelForSequenceClassification
+    from transformers import AutoConfig
 
     hf_config = AutoConfig.from_pretrained(rm.model_path, trust_remote_code=rm.trust_remote_code)
+    return _classifier_parameters(hf_config, rm.trust_remote_code)
+
+
+def _classifier_parameters(hf_config, trust_remote_code: bool) -> int:
+    """Parameters of ``AutoModelForSequenceClassification`` built from ``hf_config`` on the meta device."""
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
     with torch.device("meta"):
-        model = AutoModelForSequenceClassification.from_config(hf_config, trust_remote_code=rm.trust_remote_code)
+        model = AutoModelForSequenceClassification.from_config(hf_config, trust_remote_code=trust_remote_code)
     return sum(p.numel() for p in model.parameters())
+
+
+def experience_models(config: PPOConfig, folder: Callable[[str], str] = str) -> dict[str, RoleModel | None]:
+    """:func:`estimate_experience`'s ``teacher`` and ``reward_model`` (None without one), counted on the meta device
+    from their ``config.json`` (``folder(model_path)``: ``easyrl simulate`` maps a hub id to the shipped config)."""
+    from transformers import AutoConfig
+
+    worker = config.worker
+    models: dict[str, RoleModel | None] = {"teacher": None, "reward_model": None}
+    if config.algorithm.needs_teacher:
+        teacher = worker.teacher.model
+        hf_config = AutoConfig.from_pretrained(folder(teacher.model_path), trust_remote_code=teacher.trust_remote_code)
+        models["teacher"] = RoleModel(*count_parameters(hf_config, teacher.trust_remote_code), model_shape(hf_config))
+    rm = worker.reward.reward_model
+    if rm.enabled:
+        hf_config = AutoConfig.from_pretrained(folder(rm.model_path), trust_remote_code=rm.trust_remote_code)
+        vocab = getattr(getattr(hf_config, "text_config", hf_config), "vocab_size", None) or hf_config.vocab_size
+        models["reward_model"] = RoleModel(_classifier_parameters(hf_config, rm.trust_remote_code), int(vocab),
+                                           model_shape(hf_config), lm_head=False)
+    return models

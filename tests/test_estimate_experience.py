@@ -1,0 +1,80 @@
+"""The experience forwards' estimate (easyrl.workers.memory_estimate.estimate_experience: old log-probs, reference,
+teacher, reward model, each with vLLM asleep) against ``easyrl simulate``'s count of the same forwards on the
+simulated device, for Qwen2.5-7B's real widths on 2 layers (fake tensors cost the same CPU time whatever their size),
+and the verdict naming the experience phase and the setting that sizes it when one cannot fit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from easyrl.config import load_config
+from easyrl.errors import ConfigError
+from easyrl.simulate import report
+from easyrl.simulate.fake_device import DEVICES
+from easyrl.simulate.phases import PhaseResult, Simulation, simulate
+from easyrl.workers.memory_estimate import (
+    RoleModel,
+    check_memory,
+    count_parameters,
+    estimate_experience,
+    estimate_memory,
+    model_shape,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+TOLERANCE = 0.05
+SHORT_ROWS = ("data.max_prompt_length=512", "data.max_response_length=512")  # 16 x 1024 tokens: attention is small
+
+
+def _model(folder: Path, layers: int = 2) -> str:
+    """Qwen2.5-7B-Instruct's config.json (examples/model_configs) with ``layers`` layers."""
+    config = json.loads((ROOT / "examples" / "model_configs" / "Qwen2.5-7B-Instruct" / "config.json").read_text())
+    config.update(num_hidden_layers=layers, layer_types=config["layer_types"][:layers])
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    return str(folder)
+
+
+def _estimate(path: str, *overrides: str):
+    from transformers import AutoConfig
+
+    config = load_config([f"config={ROOT / 'config.yaml'}", f"worker.actor.model.model_path={path}", *overrides])
+    hf_config = AutoConfig.from_pretrained(path)
+    num_params, vocab = count_parameters(hf_config)
+    estimate = estimate_memory(num_params, vocab, config, DEVICES["h100"].memory_gib, model_shape(hf_config))
+    estimate_experience(estimate, config, RoleModel(num_params, vocab, model_shape(hf_config)))
+    return config, estimate
+
+
+def test_estimate_follows_the_simulated_experience_forwards(tmp_path):
+    """Old log-probs and reference forwards (16 rows x 1024 tokens, the reference resident): the estimate (less the
+    actor's AdamW states, which the simulation, before any update, does not hold yet) within 5% of the simulated
+    peak: the actor's float32 shard, the reference's bf16 shard, the gathered embedding + LM head and two decoder
+    layers, and one MLP's ``3 x intermediate + 4 x hidden`` activations per token."""
+    config, estimate = _estimate(_model(tmp_path / "model"), "worker.ref.offload.offload_params=false", *SHORT_ROWS)
+    sim = simulate(config, DEVICES["h100"], log=lambda _: None, update=False)
+    simulated = {p.name: p for p in sim.phases if p.name in estimate.experience}
+    assert list(simulated) == ["old log-probs (forward)", "reference forward"]
+    for name, phase in simulated.items():
+        column = float(report.experience_column(phase, estimate))
+        assert column == pytest.approx(phase.peak_gib, rel=TOLERANCE), (name, estimate.experience[name], phase)
+    assert "experience forward: reference forward" in report.table(sim, estimate, None, "h100", config.world_size)
+
+
+def test_an_experience_forward_that_cannot_fit_names_its_phase_and_setting(tmp_path):
+    """256 rows of 4096 tokens per experience forward (1M tokens: ~140 GiB of one MLP's activations) on an 80 GB
+    device: the update (4 rows) fits, the old-log-prob forward does not; both the pre-flight check and the
+    simulation's verdict name the phase and ``worker.actor.micro_batch_size_per_device_for_experience``."""
+    config, estimate = _estimate(_model(tmp_path / "model"),
+                                 "worker.actor.micro_batch_size_per_device_for_experience=256")
+    assert estimate.training_gib < estimate.capacity_gib
+    with pytest.raises(ConfigError, match=r"experience phase 'old log-probs \(forward\)'.*"
+                                          r"worker\.actor\.micro_batch_size_per_device_for_experience"):
+        check_memory(estimate)
+    sim = simulate(config, DEVICES["h100"], log=lambda _: None, update=False)
+    print({p.name: round(p.peak_gib, 2) for p in sim.phases}, {k: round(sum(v.values()), 2) for k, v in estimate.experience.items()})
+    problem = report.verdict(sim, estimate, None)
+    assert "'old log-probs (forward)'" in problem and "micro_batch_size_per_device_for_experience" in problem
