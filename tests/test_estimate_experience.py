@@ -14,7 +14,7 @@ from easyrl.config import load_config
 from easyrl.errors import ConfigError
 from easyrl.simulate import report
 from easyrl.simulate.fake_device import DEVICES
-from easyrl.simulate.phases import PhaseResult, Simulation, simulate
+from easyrl.simulate.phases import simulate
 from easyrl.workers.memory_estimate import (
     RoleModel,
     check_memory,
@@ -38,13 +38,13 @@ def _model(folder: Path, layers: int = 2) -> str:
     return str(folder)
 
 
-def _estimate(path: str, *overrides: str):
+def _estimate(path: str, *overrides: str, capacity: float = DEVICES["h100"].memory_gib):
     from transformers import AutoConfig
 
     config = load_config([f"config={ROOT / 'config.yaml'}", f"worker.actor.model.model_path={path}", *overrides])
     hf_config = AutoConfig.from_pretrained(path)
     num_params, vocab = count_parameters(hf_config)
-    estimate = estimate_memory(num_params, vocab, config, DEVICES["h100"].memory_gib, model_shape(hf_config))
+    estimate = estimate_memory(num_params, vocab, config, capacity, model_shape(hf_config))
     estimate_experience(estimate, config, RoleModel(num_params, vocab, model_shape(hf_config)))
     return config, estimate
 
@@ -65,16 +65,19 @@ def test_estimate_follows_the_simulated_experience_forwards(tmp_path):
 
 
 def test_an_experience_forward_that_cannot_fit_names_its_phase_and_setting(tmp_path):
-    """256 rows of 4096 tokens per experience forward (1M tokens: ~140 GiB of one MLP's activations) on an 80 GB
-    device: the update (4 rows) fits, the old-log-prob forward does not; both the pre-flight check and the
+    """40 rows of 8192 tokens per experience forward (327680 tokens: ~43 GiB of one MLP's activations) on an A100
+    40 GB: the update (4 rows) fits, the old-log-prob forward does not; both the pre-flight check and the
     simulation's verdict name the phase and ``worker.actor.micro_batch_size_per_device_for_experience``."""
-    config, estimate = _estimate(_model(tmp_path / "model"),
-                                 "worker.actor.micro_batch_size_per_device_for_experience=256")
+    spec = DEVICES["a100-40"]
+    config, estimate = _estimate(_model(tmp_path / "model"), "data.max_prompt_length=4096",
+                                 "data.max_response_length=4096",
+                                 "worker.actor.micro_batch_size_per_device_for_experience=40", capacity=spec.memory_gib)
     assert estimate.training_gib < estimate.capacity_gib
     with pytest.raises(ConfigError, match=r"experience phase 'old log-probs \(forward\)'.*"
                                           r"worker\.actor\.micro_batch_size_per_device_for_experience"):
         check_memory(estimate)
-    sim = simulate(config, DEVICES["h100"], log=lambda _: None, update=False)
-    print({p.name: round(p.peak_gib, 2) for p in sim.phases}, {k: round(sum(v.values()), 2) for k, v in estimate.experience.items()})
+    sim = simulate(config, spec, log=lambda _: None, update=False)
+    print({p.name: round(p.peak_gib, 2) for p in sim.phases},
+          {k: round(sum(v.values()), 2) for k, v in estimate.experience.items()})
     problem = report.verdict(sim, estimate, None)
     assert "'old log-probs (forward)'" in problem and "micro_batch_size_per_device_for_experience" in problem
