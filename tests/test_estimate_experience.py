@@ -16,11 +16,13 @@ from easyrl.simulate import report
 from easyrl.simulate.fake_device import DEVICES
 from easyrl.simulate.phases import simulate
 from easyrl.workers.memory_estimate import (
+    EXPERIENCE_SETTINGS,
     RoleModel,
     check_memory,
     count_parameters,
     estimate_experience,
     estimate_memory,
+    experience_models,
     model_shape,
 )
 
@@ -80,4 +82,28 @@ def test_an_experience_forward_that_cannot_fit_names_its_phase_and_setting(tmp_p
     print({p.name: round(p.peak_gib, 2) for p in sim.phases},
           {k: round(sum(v.values()), 2) for k, v in estimate.experience.items()})
     problem = report.verdict(sim, estimate, None)
-    assert "'old log-probs (forward)'" in problem and "micro_batch_size_per_device_for_experience" in problem
+    assert "'old log-probs (forward)'" in problem and EXPERIENCE_SETTINGS["old log-probs (forward)"] in problem
+
+
+def test_the_reward_model_forward_names_its_own_settings(tmp_path):
+    """A reward-model forward over the device (resident reward model, 96 rows of 8192 tokens) names
+    ``worker.reward.reward_model``'s micro-batch settings, not the actor's (the simulation's generic verdict named
+    the actor's for every phase)."""
+    from transformers import AutoConfig
+
+    from easyrl.simulate.phases import PhaseResult, Simulation
+
+    path = _model(tmp_path / "model")
+    rm = ("worker.reward.reward_model.model_path=" + path, "worker.reward.reward_model.micro_batch_size_per_device=96",
+          "worker.reward.reward_model.max_length=8192", "worker.reward.reward_model.offload.offload_params=false")
+    config, estimate = _estimate(path, *rm)
+    hf_config = AutoConfig.from_pretrained(path)
+    estimate_experience(estimate, config, RoleModel(*count_parameters(hf_config), model_shape(hf_config)),
+                        **experience_models(config))
+    needed = sum(estimate.experience["reward model forward"].values())
+    assert needed > estimate.capacity_gib > sum(estimate.experience["old log-probs (forward)"].values())
+    with pytest.raises(ConfigError, match=r"'reward model forward'.*worker\.reward\.reward_model\.micro_batch"):
+        check_memory(estimate)
+    sim = Simulation(DEVICES["h100"], config.world_size, [PhaseResult("reward model forward", needed, 1.0, 1.0)])
+    problem = report.verdict(sim, estimate, None)
+    assert "'reward model forward'" in problem and "worker.reward.reward_model.micro_batch_size_per_device" in problem

@@ -39,8 +39,11 @@ engine asleep) needs less than the rollout phase.
 A reward model (``worker.reward.reward_model``) adds its shard in the compute dtype to both phases unless
 ``worker.reward.reward_model.offload.offload_params`` (the default, as the reference's).
 
-Not counted: the experience forwards (old log-probs, reference: ``easyrl simulate`` shows them, below the update
-with the default budgets), CUDA context and NCCL buffers (~1-2 GiB), allocator fragmentation.
+Experience forwards (old log-probs, reference, the teacher's, the reward model's; vLLM asleep): each a phase of its
+own, :func:`estimate_experience` (what stays resident + the role's gathered weights + one layer's no-grad
+activations), checked by :func:`check_memory` naming the setting that sizes its micro-batch.
+
+Not counted: CUDA context and NCCL buffers (~1-2 GiB), allocator fragmentation.
 """
 
 from __future__ import annotations
