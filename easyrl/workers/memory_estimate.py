@@ -281,21 +281,21 @@ def estimate_experience(estimate: MemoryEstimate, config: PPOConfig, actor: Role
     cb = DTYPE_BYTES[worker.actor.fsdp.param_dtype]
     resident = {name: gib for name, gib in estimate.rollout.items() if name != "vLLM (gpu_memory_utilization)"}
     budget = worker.actor.max_token_len_per_device
-    runs = [("old log-probs (forward)", actor, budget or worker.actor.micro_batch_size_per_device_for_experience *
-             length)]
+    actor_tokens = budget or worker.actor.micro_batch_size_per_device_for_experience * length
+    runs = [("old log-probs (forward)", actor, actor_tokens, cb)]  # (phase, model, tokens, compute bytes)
     if builds_reference(config):
-        runs.append(("reference forward", actor, runs[0][2]))
+        runs.append(("reference forward", actor, actor_tokens, cb))
     if teacher is not None and config.algorithm.needs_teacher:
         runs.append(("teacher forward", teacher,
-                     budget or worker.teacher.micro_batch_size_per_device_for_experience * length))
+                     budget or worker.teacher.micro_batch_size_per_device_for_experience * length, cb))
     rm = worker.reward.reward_model
     if reward_model is not None and rm.enabled:
-        rm_cb = DTYPE_BYTES[rm.param_dtype]
         tokens = rm.max_token_len_per_device if rm.dynamic_batching and rm.max_token_len_per_device else \
             rm.micro_batch_size_per_device * (rm.max_length or length)
-        runs.append(("reward model forward", reward_model, tokens, rm_cb))
-    estimate.experience = {run[0]: resident | {f"{run[0]}: {item}": gib for item, gib in experience_forward(
-        run[1], run[2], run[3] if len(run) > 3 else cb).items()} for run in runs}
+        runs.append(("reward model forward", reward_model, tokens, DTYPE_BYTES[rm.param_dtype]))
+    estimate.experience = {phase: resident | {f"{phase}: {item}": gib for item, gib in
+                                              experience_forward(model, tokens, nbytes).items()}
+                           for phase, model, tokens, nbytes in runs}
     return estimate.experience
 
 
