@@ -242,10 +242,13 @@ def forward_activations(tokens: int, shape: ModelShape, compute_bytes: int) -> f
     up projection and their product (``3 x intermediate``) beside the residual stream, the normed input and the
     attention output (``4 x hidden``), in the compute dtype (``easyrl simulate`` snapshot of a Qwen2.5-7B-wide layer
     at 16384 tokens: exactly these tensors). Attention is the fused kernels' (output + log-sum-exp: no ``S^2``
-    term, below the MLP's peak). A mixture of experts adds the routed token copies and Gated DeltaNet its float32
-    chunked state, counted as in :func:`update_activations` (upper bounds without autograd)."""
-    per_token = (3 * shape.intermediate_size + 4 * shape.hidden_size + 2 * shape.routed_width) * compute_bytes
-    return tokens * (per_token + 16 * shape.linear_value_width * 4)
+    term, below the MLP's peak). A mixture of experts peaks at its routed token copies instead: four ``top_k x
+    hidden`` tensors per token (the inputs gathered per expert, the grouped matmul's output, the weighted outputs
+    before and after the un-permute: the snapshot of a Qwen3-VL-30B-A3B layer at 65536 tokens, 8 GiB), above its
+    experts' ``3 x top_k x moe_intermediate``. Gated DeltaNet's chunked state, without autograd, stays below the MLP's
+    peak (a Qwen3.5-27B snapshot at 65536 tokens peaks in the MLP): not counted here."""
+    mlp = max(3 * shape.intermediate_size, 4 * shape.routed_width)
+    return tokens * (mlp + 4 * shape.hidden_size) * compute_bytes
 
 
 def experience_forward(model: RoleModel, tokens: int, compute_bytes: int) -> dict[str, float]:
