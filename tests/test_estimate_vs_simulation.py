@@ -52,7 +52,8 @@ def test_ppo_simulates_the_critic_update_beside_the_actor(tmp_path):
     """With a critic (``algorithm.adv_estimator=gae``) both models are loaded, as on a worker: the actor's update peak
     holds the critic's resident parameter and AdamW shards, and the critic's update is a phase of its own. The
     estimate adds the critic's gradients too (freed before the actor's update) and counts its LM head (replaced by a
-    one-column value head): an upper bound, here +13% over the actor's update."""
+    one-column value head): an upper bound, here +17% over the actor's update (+13% before the backward-prefetched
+    layer, memory_estimate.prefetched_layer, which a 2-layer model's peak does not hold: docs/simulate.md)."""
     from transformers import AutoConfig
 
     from easyrl.simulate.phases import simulate_updates
@@ -69,14 +70,15 @@ def test_ppo_simulates_the_critic_update_beside_the_actor(tmp_path):
     assert list(phases) == ["actor update (fwd+bwd+AdamW)", "critic update (fwd+bwd+AdamW)"]
     alone = simulate_update(plain, DEVICES["h100"], log=lambda _: None).peak_gib
     assert phases["actor update (fwd+bwd+AdamW)"] > alone + 1.0  # the critic's float32 shard + AdamW states: 1.4 GiB
-    assert max(phases.values()) <= estimate.training_gib <= 1.15 * max(phases.values())
+    assert max(phases.values()) <= estimate.training_gib <= 1.2 * max(phases.values())
 
 
 def test_padded_path_simulates_and_the_estimate_bounds_it(tmp_path):
     """``padding_free=false``: the model's padded logits, sliced (non-contiguous) before the chunked log-softmax, which
     falls back from ``view`` on the device's RuntimeError; FakeTensor raised ValueError there until the simulator
     translated it. The estimate counts the logits and the layer's activations as if they peaked together: an upper
-    bound (+27% on 2 layers, +10% on the 28-layer 7B recipe)."""
+    bound (+32% on 2 layers, +27% before the backward-prefetched layer, which a 2-layer model's peak does not
+    hold; +10% on the 28-layer 7B recipe)."""
     from transformers import AutoConfig
 
     path = _model(tmp_path / "model", 2)
@@ -86,7 +88,7 @@ def test_padded_path_simulates_and_the_estimate_bounds_it(tmp_path):
     num_params, vocab = count_parameters(hf_config)
     estimate = estimate_memory(num_params, vocab, config, DEVICES["h100"].memory_gib, model_shape(hf_config))
     simulated = simulate_update(config, DEVICES["h100"], log=lambda _: None).peak_gib
-    assert simulated <= estimate.training_gib <= 1.3 * simulated
+    assert simulated <= estimate.training_gib <= 1.35 * simulated
 
 
 # the actor update's peak per device that easyrl simulate measured on the full recipes (docs/simulate.md, GiB on

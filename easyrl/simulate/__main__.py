@@ -34,7 +34,15 @@ def _simulate(argv: list[str], prog: str) -> int:
     from easyrl.simulate import extra_roles, report
     from easyrl.simulate.fake_device import DeviceCheckError
     from easyrl.simulate.phases import model_folder, simulate
-    from easyrl.workers.memory_estimate import check_memory, count_parameters, estimate_memory, model_shape
+    from easyrl.workers.memory_estimate import (
+        RoleModel,
+        check_memory,
+        count_parameters,
+        estimate_experience,
+        estimate_memory,
+        experience_models,
+        model_shape,
+    )
 
     config = load_config(overrides)
     name = args.device or DEFAULT_DEVICE.get(config.trainer.device, "h100")
@@ -44,6 +52,8 @@ def _simulate(argv: list[str], prog: str) -> int:
     num_params, vocab = count_parameters(hf_config, model.trust_remote_code)
     estimate = estimate_memory(num_params, vocab, config, spec.memory_gib, model_shape(hf_config),
                                **extra_roles.parameters(config, model_folder))
+    estimate_experience(estimate, config, RoleModel(num_params, vocab, model_shape(hf_config)),
+                        **experience_models(config, model_folder))
     judge = extra_roles.judge_engine(config, spec.memory_gib, model_folder)
     try:
         check_memory(estimate)

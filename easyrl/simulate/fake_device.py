@@ -7,7 +7,8 @@ Three pieces of PyTorch make it (checked with torch 2.13, see docs/simulate.md):
 * ``FakeTensorMode``: tensors have shapes, dtypes and devices but no storage, so a 30B model "fits" in no memory and
   ``device="cuda"`` works without a GPU or driver; an op that mixes a host and a device tensor raises, as the device
   would (:func:`device_check`);
-* stand-ins for the CUDA runtime calls that FSDP2 and easyrl make outside tensors (current device, streams, events).
+* stand-ins for the CUDA runtime calls that FSDP2 and easyrl make outside tensors (current device, streams, events)
+  and for the device's attention kernels: ``easyrl.simulate.standins`` (re-exported here).
 
 What it checks beyond FakeTensorMode: a collective (``c10d`` / functional-collective op) given a host tensor while the
 world is on an accelerator raises :class:`HostTensorInCollective` (NCCL and HCCL accept device tensors only; the fake
@@ -21,7 +22,6 @@ import contextlib
 import os
 import traceback
 import weakref
-from dataclasses import dataclass
 from typing import Iterator, Optional
 from unittest import mock
 
@@ -29,28 +29,7 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
-GIB = 2**30
-
-
-@dataclass(frozen=True)
-class DeviceSpec:
-    """One accelerator model: ``kind`` (``cuda`` / ``npu``), ``name`` as the driver reports it, ``memory_gib`` the
-    total memory the driver reports (``torch.cuda.get_device_properties(0).total_memory / 2**30``)."""
-
-    kind: str
-    name: str
-    memory_gib: float
-
-
-# total_memory as the drivers report it (nvidia-smi / npu-smi MiB / 1024); the label's "80 GB" is decimal gigabytes
-DEVICES = {
-    "h100": DeviceSpec("cuda", "NVIDIA H100 80GB HBM3", 79.2),  # 81559 MiB
-    "h200": DeviceSpec("cuda", "NVIDIA H200", 139.8),  # 143171 MiB
-    "a100-40": DeviceSpec("cuda", "NVIDIA A100-SXM4-40GB", 39.4),  # 40338 MiB usable of 40960
-    "a100-80": DeviceSpec("cuda", "NVIDIA A100-SXM4-80GB", 79.1),  # 81038 MiB usable of 81920
-    "910b": DeviceSpec("npu", "Ascend910B3", 64.0),  # 65536 MiB HBM (npu-smi)
-}
-DEFAULT_DEVICE = {"cuda": "h100", "npu": "910b", "auto": "h100", "cpu": "h100"}
+from easyrl.simulate.standins import DEFAULT_DEVICE, DEVICES, GIB, DeviceSpec, accelerator_standins  # noqa: F401
 
 
 class DeviceCheckError(RuntimeError):
@@ -278,64 +257,6 @@ def device_check(phase: str) -> Iterator[None]:
     except (FakeTensorDeviceMismatchError, HostTensorInCollective) as exc:
         kind = "host tensor in a collective" if isinstance(exc, HostTensorInCollective) else "host/device mix"
         raise DeviceCheckError(f"phase '{phase}': {kind} at {culprit(exc)}\n  {str(exc).splitlines()[0]}") from exc
-
-
-class _Stream:
-    """Stand-in for ``torch.cuda.Stream`` / ``Event``: every method is a no-op (one simulated stream)."""
-
-    def __init__(self, *args, **kwargs):
-        self.device = torch.device("cuda", 0)
-
-    def __getattr__(self, name):
-        return lambda *args, **kwargs: None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-@contextlib.contextmanager
-def accelerator_standins(spec: DeviceSpec) -> Iterator[None]:
-    """Replace the CUDA runtime calls made outside tensors (current device, device count, streams, events, memory
-    queries) by stand-ins for one visible ``spec`` device. ``torch.cuda.is_available`` is kept (False): random
-    initialisation would otherwise call the CUDA RNG."""
-    cuda = torch.cuda
-    props = mock.Mock(total_memory=int(spec.memory_gib * GIB), name=spec.name)
-    patches = dict(current_device=lambda: 0, device_count=lambda: 1, set_device=lambda *a, **k: None,
-                   Stream=_Stream, Event=_Stream, current_stream=lambda *a, **k: _Stream(),
-                   default_stream=lambda *a, **k: _Stream(), stream=lambda *a, **k: contextlib.nullcontext(),
-                   synchronize=lambda *a, **k: None, empty_cache=lambda: None,
-                   get_device_properties=lambda *a, **k: props, get_device_name=lambda *a, **k: spec.name,
-                   get_device_capability=lambda *a, **k: (9, 0),
-                   memory_allocated=lambda *a, **k: 0, max_memory_allocated=lambda *a, **k: 0,
-                   max_memory_reserved=lambda *a, **k: 0)
-    with contextlib.ExitStack() as stack:
-        for name, value in patches.items():
-            stack.enter_context(mock.patch.object(cuda, name, value))
-        _patch_shard_offsets(stack)
-        yield
-
-
-def _patch_shard_offsets(stack: contextlib.ExitStack) -> None:
-    """DTensor computes a shard's global offset with small index tensors and ``int()``, which a fake tensor cannot
-    answer (data-dependent): run that computation (shapes and the mesh only) on real tensors, wherever imported."""
-    import sys
-
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-    from torch.distributed.tensor import _utils
-
-    original = _utils.compute_local_shape_and_global_offset
-
-    def real_offsets(*args, **kwargs):
-        with unset_fake_temporarily():
-            return original(*args, **kwargs)
-
-    for name, module in list(sys.modules.items()):
-        if name.startswith("torch.distributed") and getattr(module, "compute_local_shape_and_global_offset",
-                                                            None) is original:
-            stack.enter_context(mock.patch.object(module, "compute_local_shape_and_global_offset", real_offsets))
 
 
 @contextlib.contextmanager

@@ -155,9 +155,12 @@ class FSDPWorker:
 
         from easyrl.device import device_memory_gib
         from easyrl.workers.memory_estimate import (
+            RoleModel,
             check_memory,
             count_parameters,
+            estimate_experience,
             estimate_memory,
+            experience_models,
             model_shape,
             reward_model_parameters,
         )
@@ -173,6 +176,8 @@ class FSDPWorker:
         estimate = estimate_memory(num_params, vocab, self.config, device_memory_gib(self.device),
                                    reward_model_params=reward_model_parameters(self.config),
                                    teacher_params=teacher_params, shape=model_shape(hf_config))
+        estimate_experience(estimate, self.config, RoleModel(num_params, vocab, model_shape(hf_config)),
+                            **experience_models(self.config))
         if self.rank == 0:
             logger.info("memory per device (GiB of %.1f): rollout %.1f, training %.1f", estimate.capacity_gib,
                         estimate.rollout_gib, estimate.training_gib)

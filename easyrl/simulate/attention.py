@@ -1,0 +1,147 @@
+"""The device's attention kernels on simulated devices: what an H100 / 910B holds for attention, not what PyTorch's
+math path holds on fake tensors.
+
+On fake tensors ``scaled_dot_product_attention`` cannot pick a fused kernel (its kernel choice is a C++ dispatch stub
+that a CPU build of torch has no CUDA entry for), so it takes the math path: it materializes ``(batch, heads, S, S)``
+attention weights and their float32 softmax (one SDPA call at 16 x 4096 with a padding mask: 35 GiB). The kernels a
+user runs keep only the output and a log-sum-exp per query row. Inside :func:`device_attention`:
+
+* the actor's choice (``easyrl.workers.policy_forward.attention_implementation``, a pure function) is called with the
+  simulated device's values: its kind (``cuda`` / ``npu``, also in the update phase, which runs on a fake CPU world)
+  and ``flash_available=True`` (the simulated CUDA node has the ``flash_attn`` package; Ascend's fusion attention
+  needs none). Where it says ``flash_attention_2`` (padding-free forwards in bf16/fp16) the model is built with
+  :data:`SIMULATED_VARLEN`, which runs the packed row through ``aten._flash_attention_forward`` with ``cum_seq_q/k``
+  (flash-attention's varlen kernel; torch's has meta kernels for it and its backward): output ``(T, heads,
+  head_dim)`` + a float32 log-sum-exp ``(heads, T)``;
+* ``torch.nn.functional.scaled_dot_product_attention`` (transformers' ``sdpa``: padded batches such as the reward
+  model's and ``padding_free=false``, the vision tower, fp32 per-sequence calls) becomes :func:`fused_sdpa`, the CUDA
+  SDPA's own choice: without a mask, bf16/fp16, ``aten._scaled_dot_product_flash_attention`` (output + log-sum-exp);
+  otherwise ``aten._scaled_dot_product_efficient_attention`` with the mask as an additive bias in the query's dtype
+  (a boolean mask converted as SDPA converts it: a ``(batch, 1, S, S)`` tensor, expanded over the heads without a
+  copy), output + log-sum-exp.
+
+The math path is left where CUDA's SDPA takes it too: a mask together with grouped-query heads that were not
+repeated (``enable_gqa=True`` with a mask: flash takes no mask, the memory-efficient kernel no GQA; transformers
+repeats the heads itself before a masked call, so its models never get there), float64, head dims that are not a
+multiple of 8. Not counted: the kernels' own workspaces (flash-attention's float32 ``dq`` accumulator in backward).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator, Optional
+from unittest import mock
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface
+
+from easyrl.models.packed_attention import packed_sdpa_mask, sequence_lengths
+
+__all__ = ["SIMULATED_VARLEN", "device_attention", "fused_sdpa", "simulated_varlen_attention"]
+
+SIMULATED_VARLEN = "easyrl_simulated_varlen"
+"""The ``attn_implementation`` name standing for ``flash_attention_2`` on simulated devices (a name without "flash":
+transformers would try to import the ``flash_attn`` package for one)."""
+
+_math_sdpa = torch.nn.functional.scaled_dot_product_attention
+
+
+def fused_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
+               dropout_p: float = 0.0, is_causal: bool = False, scale: Optional[float] = None,
+               enable_gqa: bool = False) -> torch.Tensor:
+    """``scaled_dot_product_attention`` as CUDA runs it (module docstring): flash kernel without a mask in bf16/fp16,
+    memory-efficient kernel with the mask as a bias otherwise, the math path where CUDA takes it too.
+
+    Args:
+        query: ``(batch, heads, Sq, head_dim)``; key, value: ``(batch, kv_heads, Sk, head_dim)``.
+        attn_mask: None, or boolean (True = attend) / additive, broadcastable to ``(batch, heads, Sq, Sk)``.
+
+    Returns:
+        ``(batch, heads, Sq, head_dim)`` in the query's dtype.
+    """
+    gqa = enable_gqa and key.shape[-3] != query.shape[-3]
+    if query.dtype == torch.float64 or query.shape[-1] % 8 or query.dim() != 4 or (gqa and attn_mask is not None):
+        return _math_sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                          scale=scale, enable_gqa=enable_gqa)
+    if attn_mask is None and query.dtype in (torch.bfloat16, torch.float16):
+        return torch.ops.aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal, False,
+                                                                  scale=scale)[0]
+    if gqa:  # the memory-efficient kernel has no grouped-query heads: SDPA repeats them
+        key = key.repeat_interleave(query.shape[-3] // key.shape[-3], dim=-3)
+        value = value.repeat_interleave(query.shape[-3] // value.shape[-3], dim=-3)
+    bias = attn_mask
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:  # SDPA's convert_boolean_attn_mask: 0 where True, -inf where False
+            bias = torch.zeros_like(attn_mask, dtype=query.dtype).masked_fill_(attn_mask.logical_not(), float("-inf"))
+        bias = bias.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
+    return torch.ops.aten._scaled_dot_product_efficient_attention(query, key, value, bias, True, dropout_p,
+                                                                  is_causal, scale=scale)[0]
+
+
+def simulated_varlen_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: Optional[torch.Tensor],
+    dropout: float = 0.0,
+    scaling: Optional[float] = None,
+    is_causal: Optional[bool] = None,
+    position_ids: Optional[torch.Tensor] = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention-function signature: flash-attention's varlen kernel (``aten._flash_attention_forward``
+    with ``cum_seq_q/k``) over one packed row, the sequences read off the position ids as
+    ``easyrl.models.packed_attention`` reads them (and as transformers' flash path does).
+
+    Args:
+        query: ``(1, heads, total, head_dim)``; key, value: ``(1, kv_heads, total, head_dim)`` (the kernel takes
+            grouped-query heads as they are).
+        position_ids: ``(1, total)`` text positions restarting at 0 at each sequence.
+
+    Returns:
+        ``((1, total, heads, head_dim), None)``.
+
+    Calls that are not a causal packed row (a mask, more than one row, a bidirectional vision tower, decoding) go to
+    transformers' ``sdpa_attention_forward``, i.e. :func:`fused_sdpa` inside :func:`device_attention`.
+    """
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    packed = (attention_mask is None and position_ids is not None and query.shape[0] == 1 and causal
+              and query.shape[2] == key.shape[2] == position_ids.shape[-1])
+    if not packed:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    lengths = sequence_lengths(position_ids)
+    offsets = [0]
+    for length in lengths:
+        offsets.append(offsets[-1] + length)
+    cu_seqlens = torch.tensor(offsets, dtype=torch.int32, device=query.device)
+    window = kwargs.get("sliding_window")
+    out = torch.ops.aten._flash_attention_forward(
+        query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1), cu_seqlens, cu_seqlens,
+        max(lengths), max(lengths), dropout, True, False, scale=scaling,
+        window_size_left=window - 1 if window is not None else None, window_size_right=0 if window else None)[0]
+    return out.unsqueeze(0), None
+
+
+AttentionInterface.register(SIMULATED_VARLEN, simulated_varlen_attention)
+AttentionMaskInterface.register(SIMULATED_VARLEN, packed_sdpa_mask)
+
+
+@contextlib.contextmanager
+def device_attention(kind: str) -> Iterator[None]:
+    """The attention kernels of a ``kind`` (``cuda`` / ``npu``) device with ``flash_attn`` installed (module
+    docstring), for the models built and run inside: the actor's choice and SDPA's."""
+    from easyrl.workers import policy
+    from easyrl.workers.policy_forward import attention_implementation
+
+    def simulated_choice(device: str, padding_free: bool, param_dtype: str, flash_available: bool) -> str:
+        attn = attention_implementation(kind, padding_free, param_dtype, True)
+        return SIMULATED_VARLEN if attn == "flash_attention_2" else attn
+
+    with mock.patch.object(policy, "attention_implementation", simulated_choice), \
+            mock.patch.object(policy, "is_flash_attn_2_available", lambda: True), \
+            mock.patch.object(torch.nn.functional, "scaled_dot_product_attention", fused_sdpa):
+        yield
