@@ -121,3 +121,16 @@ def test_backward_runs_through_both_kernels_on_the_update_phase_world():
         assert "ScaledDotProductEfficientAttentionBackward0" in _backward_ops(out)
         out.float().sum().backward()
         assert q.grad.shape == q.shape and k.grad.shape == k.shape
+
+
+def test_the_math_path_is_kept_where_cuda_takes_it_too():
+    """fp32 with grouped-query heads and no mask (transformers passes ``enable_gqa=True``): the flash kernel has no
+    fp32, the memory-efficient kernel no GQA, so CUDA runs the math path; with the heads repeated, the
+    memory-efficient kernel (output + log-sum-exp)."""
+    with accelerator_standins(DEVICES["h100"]), fake_tensors("cuda") as mode:
+        q, k, v = (t.float() for t in _qkv(1, "cuda"))
+        _, grouped = _peak(mode, lambda: sdpa_attention_forward(_module(), q, k, v, None)[0])
+        repeated = SimpleNamespace(is_causal=True, num_key_value_groups=1, training=False)
+        _, plain = _peak(mode, lambda: sdpa_attention_forward(repeated, q, q, q, None)[0])
+    assert grouped > HEADS * S * S * 4
+    assert plain == pytest.approx(2 * OUTPUT + LSE, abs=4096)  # float32 output (the kernel writes it (B, S, H, D))
