@@ -133,4 +133,4 @@ def test_the_math_path_is_kept_where_cuda_takes_it_too():
         repeated = SimpleNamespace(is_causal=True, num_key_value_groups=1, training=False)
         _, plain = _peak(mode, lambda: sdpa_attention_forward(repeated, q, q, q, None)[0])
     assert grouped > HEADS * S * S * 4
-    assert plain == pytest.approx(2 * OUTPUT + LSE, abs=4096)  # float32 output (the kernel writes it (B, S, H, D))
+    assert plain == pytest.approx(2 * OUTPUT, abs=4096)  # float32 output; no log-sum-exp without autograd, as SDPA

@@ -76,7 +76,8 @@ def fused_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn
         if attn_mask.dtype == torch.bool:  # SDPA's convert_boolean_attn_mask: 0 where True, -inf where False
             bias = torch.zeros_like(attn_mask, dtype=query.dtype).masked_fill_(attn_mask.logical_not(), float("-inf"))
         bias = bias.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
-    return torch.ops.aten._scaled_dot_product_efficient_attention(query, key, value, bias, True, dropout_p,
+    lse = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))  # as SDPA: for backward only
+    return torch.ops.aten._scaled_dot_product_efficient_attention(query, key, value, bias, lse, dropout_p,
                                                                   is_causal, scale=scale)[0]
 
 
