@@ -20,10 +20,11 @@ user runs keep only the output and a log-sum-exp per query row. Inside :func:`de
   (a boolean mask converted as SDPA converts it: a ``(batch, 1, S, S)`` tensor, expanded over the heads without a
   copy), output + log-sum-exp.
 
-The math path is left where CUDA's SDPA takes it too: a mask together with grouped-query heads that were not
-repeated (``enable_gqa=True`` with a mask: flash takes no mask, the memory-efficient kernel no GQA; transformers
-repeats the heads itself before a masked call, so its models never get there), float64, head dims that are not a
-multiple of 8. Not counted: the kernels' own workspaces (flash-attention's float32 ``dq`` accumulator in backward).
+The math path is left where CUDA's SDPA takes it too: grouped-query heads that were not repeated (``enable_gqa=True``)
+where the flash kernel cannot run (a mask, fp32, head dim > 256: the memory-efficient kernel takes no GQA;
+transformers repeats the heads itself before a masked call, so of easyrl's calls only fp32 padding-free forwards of a
+GQA model get there, one sequence at a time, as on the device), float64, head dims that are not a multiple of 8.
+Not counted: the kernels' own workspaces (flash-attention's float32 ``dq`` accumulator in backward).
 """
 
 from __future__ import annotations
@@ -51,8 +52,9 @@ _math_sdpa = torch.nn.functional.scaled_dot_product_attention
 def fused_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
                dropout_p: float = 0.0, is_causal: bool = False, scale: Optional[float] = None,
                enable_gqa: bool = False) -> torch.Tensor:
-    """``scaled_dot_product_attention`` as CUDA runs it (module docstring): flash kernel without a mask in bf16/fp16,
-    memory-efficient kernel with the mask as a bias otherwise, the math path where CUDA takes it too.
+    """``scaled_dot_product_attention`` as CUDA runs it (module docstring): flash kernel without a mask in bf16/fp16
+    (head dim <= 256), memory-efficient kernel with the mask as a bias otherwise, the math path where CUDA takes it
+    too.
 
     Args:
         query: ``(batch, heads, Sq, head_dim)``; key, value: ``(batch, kv_heads, Sk, head_dim)``.
@@ -61,22 +63,21 @@ def fused_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn
     Returns:
         ``(batch, heads, Sq, head_dim)`` in the query's dtype.
     """
-    gqa = enable_gqa and key.shape[-3] != query.shape[-3]
-    if query.dtype == torch.float64 or query.shape[-1] % 8 or query.dim() != 4 or (gqa and attn_mask is not None):
+    flash = attn_mask is None and query.dtype in (torch.bfloat16, torch.float16) and query.shape[-1] <= 256
+    gqa = enable_gqa and key.shape[-3] != query.shape[-3]  # only the flash kernel takes grouped-query heads
+    if query.dtype == torch.float64 or query.shape[-1] % 8 or query.dim() != 4 or (gqa and not flash):
         return _math_sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
                           scale=scale, enable_gqa=enable_gqa)
-    if attn_mask is None and query.dtype in (torch.bfloat16, torch.float16):
+    if flash:
         return torch.ops.aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal, False,
                                                                   scale=scale)[0]
-    if gqa:  # the memory-efficient kernel has no grouped-query heads: SDPA repeats them
-        key = key.repeat_interleave(query.shape[-3] // key.shape[-3], dim=-3)
-        value = value.repeat_interleave(query.shape[-3] // value.shape[-3], dim=-3)
     bias = attn_mask
     if attn_mask is not None:
         if attn_mask.dtype == torch.bool:  # SDPA's convert_boolean_attn_mask: 0 where True, -inf where False
             bias = torch.zeros_like(attn_mask, dtype=query.dtype).masked_fill_(attn_mask.logical_not(), float("-inf"))
         bias = bias.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
-    return torch.ops.aten._scaled_dot_product_efficient_attention(query, key, value, bias, True, dropout_p,
+    lse = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))  # as SDPA: for backward only
+    return torch.ops.aten._scaled_dot_product_efficient_attention(query, key, value, bias, lse, dropout_p,
                                                                   is_causal, scale=scale)[0]
 
 
