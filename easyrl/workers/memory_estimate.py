@@ -71,6 +71,8 @@ class ModelShape:
     experts (0: dense)."""
     linear_value_width: int = 0
     """Gated DeltaNet (linear attention, Qwen3.5): ``linear_num_value_heads x linear_value_head_dim`` (0: none)."""
+    vision: "VisionShape | None" = None
+    """The vision tower's widths (:func:`vision_shape`; None: a text model)."""
 
 
 def model_shape(hf_config) -> ModelShape:
@@ -84,7 +86,8 @@ def model_shape(hf_config) -> ModelShape:
     routed = int(top_k) * int(text.hidden_size) if moe and top_k else 0
     heads, head_dim = getattr(text, "linear_num_value_heads", None), getattr(text, "linear_value_head_dim", None)
     linear = int(heads) * int(head_dim) if heads and head_dim else 0
-    return ModelShape(int(text.hidden_size), int(text.num_hidden_layers), int(width), bool(tied), routed, linear)
+    return ModelShape(int(text.hidden_size), int(text.num_hidden_layers), int(width), bool(tied), routed, linear,
+                      vision_shape(hf_config))
 
 
 @dataclass
@@ -142,6 +145,7 @@ def estimate_memory(num_params: int, vocab_size: int, config: PPOConfig, capacit
     logits = 0.0 if actor.padding_free else \
         2 * micro * (config.data.max_response_length + 1) * vocab_size * compute_bytes / GIB
     update = update_activations(num_params, vocab_size, config, shape) if shape is not None else {}
+    update |= vision_activations(config, shape.vision) if shape is not None and shape.vision is not None else {}
     # PPO with GAE: the critic is a second trained copy (fp32 params, grads, Adam), without the vocabulary-wide logits
     critic_on_device = config.algorithm.needs_critic and not worker.critic.offload.offload_params
     critic = 12 * shard / GIB if critic_on_device else 0.0
@@ -265,3 +269,104 @@ def reward_model_parameters(config: PPOConfig) -> int:
     with torch.device("meta"):
         model = AutoModelForSequenceClassification.from_config(hf_config, trust_remote_code=rm.trust_remote_code)
     return sum(p.numel() for p in model.parameters())
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The vision tower (Qwen-VL): its activations in the update, at the largest image a prompt holds
+
+
+@dataclass(frozen=True)
+class VisionShape:
+    """The widths of a Qwen-VL vision tower (its ``vision_config``) and of the patches the processor cuts."""
+
+    hidden_size: int
+    depth: int
+    intermediate_size: int
+    gated: bool
+    """The MLP has a gate (Qwen2/2.5-VL: gate, up, down) or not (Qwen3-VL: fc1, fc2)."""
+    patch_size: int
+    merge_size: int
+    patch_dim: int
+    """``in_channels x temporal_patch_size x patch_size^2``: the width of ``pixel_values``."""
+
+
+def vision_shape(hf_config) -> "VisionShape | None":
+    """:class:`VisionShape` of a Qwen-VL config's ``vision_config`` (None without one). The processor's patch widths
+    are the vision config's (``patch_size``, ``spatial_merge_size``, ``temporal_patch_size``, ``in_channels``): the
+    Qwen-VL ``preprocessor_config.json`` repeats them."""
+    vision = getattr(hf_config, "vision_config", None)
+    if vision is None:
+        return None
+    patch, temporal = int(vision.patch_size), int(getattr(vision, "temporal_patch_size", 2))
+    channels = int(getattr(vision, "in_channels", None) or getattr(vision, "in_chans", 3))
+    hidden = int(getattr(vision, "hidden_size", None) or getattr(vision, "embed_dim"))
+    width = getattr(vision, "intermediate_size", None) or hidden * int(getattr(vision, "mlp_ratio", 4))
+    gated = getattr(vision, "model_type", "") == "qwen2_5_vl_vision"  # Qwen2_5_VLMLP: gate, up, down
+    return VisionShape(hidden, int(vision.depth), int(width), gated, patch, int(vision.spatial_merge_size),
+                       channels * temporal * patch * patch)
+
+
+TEXT_TOKENS = 64
+"""Prompt tokens kept for text beside the image (chat template, vision start/end tokens, the question)."""
+
+
+def prompt_image_grid(config: PPOConfig, vision: VisionShape) -> tuple[int, int, int]:
+    """``image_grid_thw`` ``(1, H / patch, W / patch)`` of the largest image one prompt holds: a square image at
+    ``data.max_pixels``, smart-resized as the dataset and the processor do (``easyrl.data.images.target_size``,
+    sides multiples of ``patch x merge``), shrunk to the largest square whose image tokens (``H x W / (patch x
+    merge)^2``) fit in ``data.max_prompt_length`` beside :data:`TEXT_TOKENS` (``data.filter_overlong_prompts`` drops
+    a longer prompt).
+
+    Raises:
+        ValueError: ``data.max_prompt_length`` leaves no room for an image beside :data:`TEXT_TOKENS`.
+    """
+    import math
+
+    from easyrl.data.images import target_size
+
+    data = config.data
+    factor = vision.patch_size * vision.merge_size
+    room = data.max_prompt_length - TEXT_TOKENS  # image tokens the prompt can hold
+    if room < 1:
+        raise ValueError(f"data.max_prompt_length={data.max_prompt_length} leaves no room for an image beside "
+                         f"{TEXT_TOKENS} text tokens")
+    max_pixels = min(data.max_pixels, room * factor * factor)
+    side = math.isqrt(data.max_pixels)
+    width, height = target_size(side, side, max(min(data.min_pixels, max_pixels), factor * factor), max_pixels,
+                                factor)
+    return 1, height // vision.patch_size, width // vision.patch_size
+
+
+def vision_activations(config: PPOConfig, vision: VisionShape) -> dict[str, float]:
+    """GiB that the vision tower adds to one actor update micro-batch at its peak: every prompt of the micro-batch
+    (``T / (max_prompt_length + max_response_length)`` of them) with the largest image (:func:`prompt_image_grid`),
+    ``P`` patches in all. Per patch: ``pixel_values`` on the device (float32) and their compute-dtype copy for the
+    patch embedding's backward; with gradient checkpointing (easyrl checkpoints the vision blocks as the decoder
+    layers) each block's input (``depth x hidden``), and one block recomputed for its backward; without, every block.
+    A block keeps ``(gate, up, activation, product | fc1, activation) x intermediate`` and ``~12 x hidden`` (norms in
+    float32, qkv, the rotary float32 q/k, attention output, projection), in the compute dtype. The fused attention
+    kernels hold no ``patches x patches`` weights. A frozen tower (``freeze_vision_tower``, or LoRA whose
+    ``exclude_modules`` covers ``visual``, the default) keeps nothing for backward: only its output is counted.
+    """
+    import re
+
+    actor = config.worker.actor
+    cb = DTYPE_BYTES[actor.fsdp.param_dtype]
+    tokens = actor.max_token_len_per_device or \
+        actor.micro_batch_size_per_device_for_update * (config.data.max_prompt_length + config.data.max_response_length)
+    samples = max(1, tokens // (config.data.max_prompt_length + config.data.max_response_length))
+    t, h, w = prompt_image_grid(config, vision)
+    patches = samples * t * h * w
+    lora = actor.model.lora
+    frozen = actor.model.freeze_vision_tower or (uses_lora(config) and bool(
+        lora.exclude_modules and re.search(lora.exclude_modules, "model.visual.blocks.0.attn.qkv")))
+    pixels = patches * vision.patch_dim * (4 + cb)
+    mlp = (4 if vision.gated else 2) * vision.intermediate_size
+    block = patches * (mlp + 12 * vision.hidden_size) * cb
+    if frozen:
+        kept = patches * vision.hidden_size * cb  # one block's output at a time, no graph
+    elif actor.fsdp.enable_gradient_checkpointing:
+        kept = vision.depth * patches * vision.hidden_size * cb + block
+    else:
+        kept = vision.depth * block
+    return {"vision tower (update micro-batch)": (pixels + kept) / GIB}
