@@ -39,6 +39,9 @@ engine asleep) needs less than the rollout phase.
 A reward model (``worker.reward.reward_model``) adds its shard in the compute dtype to both phases unless
 ``worker.reward.reward_model.offload.offload_params`` (the default, as the reference's).
 
+A vision-language model's tower (``vision_config``) adds, to the training phase, what it holds at the update's
+peak for one image per prompt at ``data.max_pixels`` (capped by ``data.max_prompt_length``): :func:`vision_activations`.
+
 Not counted: the experience forwards (old log-probs, reference: ``easyrl simulate`` shows them, below the update
 with the default budgets), CUDA context and NCCL buffers (~1-2 GiB), allocator fragmentation.
 """
@@ -288,6 +291,10 @@ class VisionShape:
     merge_size: int
     patch_dim: int
     """``in_channels x temporal_patch_size x patch_size^2``: the width of ``pixel_values``."""
+    out_hidden_size: int = 0
+    """Width of the image tokens the tower hands the language model."""
+    mergers: int = 1
+    """Patch mergers: the final one and Qwen3-VL's DeepStack mergers (``1 + len(deepstack_visual_indexes)``)."""
 
 
 def vision_shape(hf_config) -> "VisionShape | None":
@@ -303,7 +310,8 @@ def vision_shape(hf_config) -> "VisionShape | None":
     width = getattr(vision, "intermediate_size", None) or hidden * int(getattr(vision, "mlp_ratio", 4))
     gated = getattr(vision, "model_type", "") == "qwen2_5_vl_vision"  # Qwen2_5_VLMLP: gate, up, down
     return VisionShape(hidden, int(vision.depth), int(width), gated, patch, int(vision.spatial_merge_size),
-                       channels * temporal * patch * patch)
+                       channels * temporal * patch * patch, int(getattr(vision, "out_hidden_size", 0) or 0),
+                       1 + len(getattr(vision, "deepstack_visual_indexes", None) or []))
 
 
 TEXT_TOKENS = 64
@@ -338,14 +346,18 @@ def prompt_image_grid(config: PPOConfig, vision: VisionShape) -> tuple[int, int,
 
 
 def vision_activations(config: PPOConfig, vision: VisionShape) -> dict[str, float]:
-    """GiB that the vision tower adds to one actor update micro-batch at its peak: every prompt of the micro-batch
-    (``T / (max_prompt_length + max_response_length)`` of them) with the largest image (:func:`prompt_image_grid`),
-    ``P`` patches in all. Per patch: ``pixel_values`` on the device (float32) and their compute-dtype copy for the
-    patch embedding's backward; with gradient checkpointing (easyrl checkpoints the vision blocks as the decoder
-    layers) each block's input (``depth x hidden``), and one block recomputed for its backward; without, every block.
-    A block keeps ``(gate, up, activation, product | fc1, activation) x intermediate`` and ``~12 x hidden`` (norms in
-    float32, qkv, the rotary float32 q/k, attention output, projection), in the compute dtype. The fused attention
-    kernels hold no ``patches x patches`` weights. A frozen tower (``freeze_vision_tower``, or LoRA whose
+    """GiB that the vision tower holds at the peak of one actor update micro-batch (in the middle of the language
+    model's backward, before the tower's own): every prompt of the micro-batch (``T / (max_prompt_length +
+    max_response_length)`` of them) with the largest image (:func:`prompt_image_grid`), ``P`` patches in all. Per
+    patch: ``pixel_values`` on the device (float32) and their compute-dtype copy for the patch embedding's backward;
+    with gradient checkpointing (easyrl checkpoints the vision blocks as the decoder layers) each block's input
+    (``depth x hidden``); without, what every block keeps for its backward (``(gate, up, activation, product | fc1,
+    activation) x intermediate`` and ``~12 x hidden``: norms, qkv, the rotary float32 q/k, attention output,
+    projection); then each patch merger's inputs (norm, two linears, activation: ``4 x hidden``) and its output
+    tokens (``P / merge^2 x out_hidden_size``), and the final merger's float32 norm. The block recomputed for the
+    tower's backward comes after the language model's activations are freed: it is not on top of this peak (easyrl
+    simulate: Qwen2.5-VL-7B, 4 x 7744 patches, 2.9 GiB above the text-only update; this counts 3.0). The fused
+    attention kernels hold no ``patches x patches`` weights. A frozen tower (``freeze_vision_tower``, or LoRA whose
     ``exclude_modules`` covers ``visual``, the default) keeps nothing for backward: only its output is counted.
     """
     import re
@@ -360,13 +372,14 @@ def vision_activations(config: PPOConfig, vision: VisionShape) -> dict[str, floa
     lora = actor.model.lora
     frozen = actor.model.freeze_vision_tower or (uses_lora(config) and bool(
         lora.exclude_modules and re.search(lora.exclude_modules, "model.visual.blocks.0.attn.qkv")))
+    output = patches // vision.merge_size ** 2 * vision.out_hidden_size * cb * vision.mergers
+    if frozen:
+        return {"vision tower (update micro-batch)": output / GIB}
     pixels = patches * vision.patch_dim * (4 + cb)
     mlp = (4 if vision.gated else 2) * vision.intermediate_size
-    block = patches * (mlp + 12 * vision.hidden_size) * cb
-    if frozen:
-        kept = patches * vision.hidden_size * cb  # one block's output at a time, no graph
-    elif actor.fsdp.enable_gradient_checkpointing:
-        kept = vision.depth * patches * vision.hidden_size * cb + block
+    if actor.fsdp.enable_gradient_checkpointing:
+        blocks = vision.depth * patches * vision.hidden_size * cb
     else:
-        kept = vision.depth * block
-    return {"vision tower (update micro-batch)": (pixels + kept) / GIB}
+        blocks = vision.depth * patches * (mlp + 12 * vision.hidden_size) * cb
+    mergers = patches * vision.hidden_size * (4 * cb * vision.mergers + 4)
+    return {"vision tower (update micro-batch)": (pixels + blocks + mergers + output) / GIB}
