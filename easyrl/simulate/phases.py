@@ -28,7 +28,7 @@ from easyrl.simulate.fake_device import (
     fake_world,
 )
 from easyrl.simulate.images import ImageGrid, add_images, image_grid
-from easyrl.simulate.vision_attention import vision_varlen
+from easyrl.simulate.vl_model import simulated_vl
 
 MODEL_CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                              "examples", "model_configs")
@@ -159,7 +159,7 @@ def simulate(config: PPOConfig, spec: DeviceSpec, log: Callable[[str], None] = p
         sim.beside[extra_roles.JUDGE] = cfg.reward.judge.gpu_memory_utilization * spec.memory_gib
     with fake_world(0, world, kind), accelerator_standins(spec), \
             mock.patch.object(fsdp_model, "read_checkpoint", fake_checkpoint_reader), lora_outside_fake_mode(), \
-            vision_varlen():
+            simulated_vl():
         mesh = init_device_mesh(kind, (world,), mesh_dim_names=("dp",))
         with fake_tensors(kind) as mode:
             def phase(name: str, run: Callable[[], object]) -> object:
@@ -251,7 +251,7 @@ def simulate_updates(config: PPOConfig, spec: DeviceSpec,
                          if mini > micro else batch)
     with fake_world(0, config.world_size, "cpu"), accelerator_standins(spec), \
             mock.patch.object(fsdp_model, "read_checkpoint", fake_checkpoint_reader), lora_outside_fake_mode(), \
-            vision_varlen():
+            simulated_vl():
         mesh = init_device_mesh("cpu", (config.world_size,), mesh_dim_names=("dp",))
         with fake_tensors("cpu") as mode:
             start = time.perf_counter()

@@ -1,4 +1,5 @@
-"""The Qwen-VL vision tower's attention on simulated devices: one varlen call per block, as flash-attention runs it.
+"""A Qwen-VL model on simulated devices: the vision tower's attention as one varlen call per block (as
+flash-attention runs it), and image-token masks that keep their real values.
 
 A Qwen-VL vision block attends within each image (Qwen3-VL, and Qwen2.5-VL's full-attention blocks) or within each
 ``window_size`` window of 8 x 8 patches (Qwen2.5-VL's other blocks). With a flash attention implementation
@@ -9,9 +10,16 @@ device's kernels, flash or memory-efficient, keep each call's output and a log-s
 ``patches x patches`` weights). :func:`varlen_vision_attention` runs every piece of a block in one
 ``aten._flash_attention_forward`` with ``cum_seq_q/k`` (torch has fake/meta kernels for it and its backward, on
 fake ``cuda`` and fake CPU tensors): output ``(patches, heads, head_dim)`` and a float32 log-sum-exp ``(heads,
-patches)``; :func:`vision_varlen` sets it as the vision tower's attention of every model built inside it (after
+patches)``; :func:`simulated_vl` sets it as the vision tower's attention of every model built inside it (after
 the model is built: a name with "flash" makes transformers take the ``cu_seqlens`` path, and would make it look for
 the ``flash_attn`` package at build time).
+
+The model's ``get_placeholder_mask`` returns ``(bsz, tokens, 1)`` masks of the image (video) pad tokens, not the
+``(bsz, tokens, hidden)`` expanded views it returns on a device: ``masked_scatter`` broadcasts them to the same
+result, and Qwen3-VL's DeepStack (``image_mask[..., 0]``, then ``hidden_states[visual_pos_masks, :]``) indexes with
+a mask that keeps its real host value: a view's element count is what ``SimulatedDevice`` weighs against its
+``SHADOW_LIMIT``, and the expanded view of 65,536 tokens x 4096 is far above it, so its ``[..., 0]`` had no real
+values and the boolean index (a ``nonzero``) could not run on fake tensors (``DynamicOutputShapeException``).
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ from unittest import mock
 import torch
 from transformers import AttentionInterface
 
-__all__ = ["VISION_VARLEN", "varlen_vision_attention", "vision_varlen"]
+__all__ = ["VISION_VARLEN", "simulated_vl", "varlen_vision_attention"]
 
 VISION_VARLEN = "easyrl_simulated_flash_vision"
 """The vision tower's ``_attn_implementation`` on simulated devices ("flash" in it: the ``cu_seqlens`` path)."""
@@ -54,19 +62,37 @@ def varlen_vision_attention(module: torch.nn.Module, query: torch.Tensor, key: t
 AttentionInterface.register(VISION_VARLEN, varlen_vision_attention)
 
 
+def _token_masks(model: torch.nn.Module):
+    """``model.get_placeholder_mask`` (its count checks included) returning ``(bsz, tokens, 1)`` masks computed
+    from ``input_ids`` (module docstring)."""
+    original = model.get_placeholder_mask
+    config = model.config
+
+    def get_placeholder_mask(input_ids, inputs_embeds, *args, **kwargs):
+        masks = original(input_ids, inputs_embeds, *args, **kwargs)
+        if input_ids is None:
+            return masks
+        return tuple((input_ids == getattr(config, key)).unsqueeze(-1).to(inputs_embeds.device)
+                     for key in ("image_token_id", "video_token_id"))
+
+    return get_placeholder_mask
+
+
 @contextlib.contextmanager
-def vision_varlen() -> Iterator[None]:
-    """Inside: every model ``easyrl.workers.fsdp_model.build_empty_model`` builds runs its vision tower's attention
-    with :data:`VISION_VARLEN` (a text model is left as built)."""
+def simulated_vl() -> Iterator[None]:
+    """Inside: every model ``easyrl.workers.fsdp_model.build_empty_model`` builds with a vision tower runs its
+    attention with :data:`VISION_VARLEN` and returns ``(bsz, tokens, 1)`` placeholder masks (module docstring); a text
+    model is left as built."""
     import easyrl.workers.fsdp_model as fsdp_model
 
     build = fsdp_model.build_empty_model
 
     def build_empty_model(*args, **kwargs):
         model = build(*args, **kwargs)
-        visual = getattr(getattr(model, "model", None), "visual", None)
-        if visual is not None:
-            visual.config._attn_implementation = VISION_VARLEN
+        inner = getattr(model, "model", None)
+        if getattr(inner, "visual", None) is not None:
+            inner.visual.config._attn_implementation = VISION_VARLEN
+            inner.get_placeholder_mask = _token_masks(inner)
         return model
 
     with mock.patch.object(fsdp_model, "build_empty_model", build_empty_model):
