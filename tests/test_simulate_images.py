@@ -90,3 +90,38 @@ def test_the_estimates_vision_term_grows_with_max_pixels():
     assert _vision_term("data.max_pixels=4194304") == _vision_term("data.max_pixels=8388608")
     # a frozen tower keeps no activations for backward
     assert _vision_term("worker.actor.model.freeze_vision_tower=true") < large / 4
+
+
+def _tiny_qwen3_vl(folder: Path) -> str:
+    """Qwen3-VL-8B's config at toy widths: 2 decoder layers, a 3-block vision tower with two DeepStack mergers."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(VL_8B)
+    text, vision = config.text_config, config.vision_config
+    text.hidden_size, text.intermediate_size, text.num_hidden_layers = 128, 256, 2
+    text.num_attention_heads, text.num_key_value_heads, text.head_dim = 4, 2, 32
+    text.rope_parameters["mrope_section"] = [4, 6, 6]
+    if getattr(text, "layer_types", None):
+        text.layer_types = text.layer_types[:2]
+    vision.hidden_size, vision.intermediate_size, vision.depth, vision.num_heads = 64, 128, 3, 2
+    vision.out_hidden_size, vision.deepstack_visual_indexes = 128, [0, 1]
+    config.save_pretrained(folder)
+    return str(folder)
+
+
+def test_a_qwen3_vl_model_simulates_with_images(tmp_path):
+    """Every phase runs with the images, the vision tower's DeepStack included (its boolean index of the image
+    tokens needs the masks' real values), and the forward holds more than the same batch without images."""
+    from unittest import mock
+
+    from easyrl.simulate import phases
+    from easyrl.simulate.fake_device import DEVICES
+
+    config = _config(f"worker.actor.model.model_path={_tiny_qwen3_vl(tmp_path / 'vl')}", "data.max_prompt_length=320",
+                     "data.max_response_length=64", "worker.actor.micro_batch_size_per_device_for_experience=4")
+    with_images = {p.name: p.peak_gib for p in phases.simulate(config, DEVICES["h100"], log=lambda _: None).phases}
+    with mock.patch.object(phases, "vision_grid", lambda *args, **kwargs: None):
+        text = {p.name: p.peak_gib for p in phases.simulate(config, DEVICES["h100"], log=lambda _: None,
+                                                            update=False).phases}
+    assert "actor update (fwd+bwd+AdamW)" in with_images
+    assert with_images["old log-probs (forward)"] > text["old log-probs (forward)"]

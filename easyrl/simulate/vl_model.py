@@ -19,19 +19,25 @@ The model's ``get_placeholder_mask`` returns ``(bsz, tokens, 1)`` masks of the i
 result, and Qwen3-VL's DeepStack (``image_mask[..., 0]``, then ``hidden_states[visual_pos_masks, :]``) indexes with
 a mask that keeps its real host value: a view's element count is what ``SimulatedDevice`` weighs against its
 ``SHADOW_LIMIT``, and the expanded view of 65,536 tokens x 4096 is far above it, so its ``[..., 0]`` had no real
-values and the boolean index (a ``nonzero``) could not run on fake tensors (``DynamicOutputShapeException``).
+values. The DeepStack step itself (``_deepstack_process``: the vision features of three tower blocks added to the
+image tokens' hidden states after the first decoder layers) indexes the ``(1, tokens, hidden)`` hidden states with
+that boolean mask, which fake tensors cannot size (``meta_index_Tensor`` calls ``nonzero`` below
+``SimulatedDevice``: ``DynamicOutputShapeException``); :func:`deepstack_by_positions` does the same with the mask's
+positions (``nonzero`` of the small mask, which ``SimulatedDevice`` answers from its real values), the same tensors
+and the same result.
 """
 
 from __future__ import annotations
 
 import contextlib
+import types
 from typing import Iterator, Optional
 from unittest import mock
 
 import torch
 from transformers import AttentionInterface
 
-__all__ = ["VISION_VARLEN", "simulated_vl", "varlen_vision_attention"]
+__all__ = ["VISION_VARLEN", "deepstack_by_positions", "simulated_vl", "varlen_vision_attention"]
 
 VISION_VARLEN = "easyrl_simulated_flash_vision"
 """The vision tower's ``_attn_implementation`` on simulated devices ("flash" in it: the ``cu_seqlens`` path)."""
@@ -78,11 +84,27 @@ def _token_masks(model: torch.nn.Module):
     return get_placeholder_mask
 
 
+def deepstack_by_positions(self, hidden_states: torch.Tensor, visual_pos_masks: torch.Tensor,
+                           visual_embeds: torch.Tensor) -> torch.Tensor:
+    """Qwen3-VL's ``_deepstack_process`` with the image tokens' positions for an index (module docstring).
+
+    Args:
+        hidden_states: ``(bsz, tokens, hidden)``.
+        visual_pos_masks: ``(bsz, tokens)`` bool, True at image/video tokens.
+        visual_embeds: ``(visual tokens, hidden)``, in the mask's row-major order.
+    """
+    rows, cols = visual_pos_masks.to(hidden_states.device).nonzero(as_tuple=True)
+    visual_embeds = visual_embeds.to(hidden_states.device, hidden_states.dtype)
+    hidden_states = hidden_states.clone()
+    hidden_states[rows, cols, :] = hidden_states[rows, cols, :] + visual_embeds
+    return hidden_states
+
+
 @contextlib.contextmanager
 def simulated_vl() -> Iterator[None]:
     """Inside: every model ``easyrl.workers.fsdp_model.build_empty_model`` builds with a vision tower runs its
-    attention with :data:`VISION_VARLEN` and returns ``(bsz, tokens, 1)`` placeholder masks (module docstring); a text
-    model is left as built."""
+    attention with :data:`VISION_VARLEN`, returns ``(bsz, tokens, 1)`` placeholder masks and (Qwen3-VL) adds its
+    DeepStack features by position (module docstring); a text model is left as built."""
     import easyrl.workers.fsdp_model as fsdp_model
 
     build = fsdp_model.build_empty_model
@@ -93,6 +115,9 @@ def simulated_vl() -> Iterator[None]:
         if getattr(inner, "visual", None) is not None:
             inner.visual.config._attn_implementation = VISION_VARLEN
             inner.get_placeholder_mask = _token_masks(inner)
+            language = getattr(inner, "language_model", None)
+            if hasattr(language, "_deepstack_process"):
+                language._deepstack_process = types.MethodType(deepstack_by_positions, language)
         return model
 
     with mock.patch.object(fsdp_model, "build_empty_model", build_empty_model):
