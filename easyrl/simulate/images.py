@@ -54,14 +54,11 @@ class ImageGrid:
 
 def image_grid(hf_config, config: PPOConfig) -> Optional[ImageGrid]:
     """The largest image one prompt of ``config`` holds (module docstring), or None for a model without a
-    ``vision_config``.
-
-    Raises:
-        ValueError: ``data.max_prompt_length`` leaves no room for an image beside ``TEXT_TOKENS``
-            (``easyrl.workers.memory_estimate``).
-    """
+    ``vision_config`` or a ``data.max_prompt_length`` without room for one beside ``TEXT_TOKENS``
+    (``easyrl.workers.memory_estimate``): then the batch is text only."""
     vision = vision_shape(hf_config)
-    if vision is None:
+    grid = prompt_image_grid(config, vision) if vision is not None else None
+    if grid is None:
         return None
     text = getattr(hf_config, "text_config", None) or hf_config
 
@@ -69,7 +66,7 @@ def image_grid(hf_config, config: PPOConfig) -> Optional[ImageGrid]:
         value = getattr(hf_config, key, None)
         return int(value if value is not None else getattr(text, key))
 
-    return ImageGrid(prompt_image_grid(config, vision), vision.patch_dim, vision.merge_size, token("image_token_id"),
+    return ImageGrid(grid, vision.patch_dim, vision.merge_size, token("image_token_id"),
                      token("vision_start_token_id"), token("vision_end_token_id"))
 
 

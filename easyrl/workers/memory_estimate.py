@@ -318,15 +318,12 @@ TEXT_TOKENS = 64
 """Prompt tokens kept for text beside the image (chat template, vision start/end tokens, the question)."""
 
 
-def prompt_image_grid(config: PPOConfig, vision: VisionShape) -> tuple[int, int, int]:
+def prompt_image_grid(config: PPOConfig, vision: VisionShape) -> "tuple[int, int, int] | None":
     """``image_grid_thw`` ``(1, H / patch, W / patch)`` of the largest image one prompt holds: a square image at
     ``data.max_pixels``, smart-resized as the dataset and the processor do (``easyrl.data.images.target_size``,
     sides multiples of ``patch x merge``), shrunk to the largest square whose image tokens (``H x W / (patch x
     merge)^2``) fit in ``data.max_prompt_length`` beside :data:`TEXT_TOKENS` (``data.filter_overlong_prompts`` drops
-    a longer prompt).
-
-    Raises:
-        ValueError: ``data.max_prompt_length`` leaves no room for an image beside :data:`TEXT_TOKENS`.
+    a longer prompt). None when ``data.max_prompt_length`` leaves no room for an image beside :data:`TEXT_TOKENS`.
     """
     import math
 
@@ -336,8 +333,7 @@ def prompt_image_grid(config: PPOConfig, vision: VisionShape) -> tuple[int, int,
     factor = vision.patch_size * vision.merge_size
     room = data.max_prompt_length - TEXT_TOKENS  # image tokens the prompt can hold
     if room < 1:
-        raise ValueError(f"data.max_prompt_length={data.max_prompt_length} leaves no room for an image beside "
-                         f"{TEXT_TOKENS} text tokens")
+        return None
     max_pixels = min(data.max_pixels, room * factor * factor)
     side = math.isqrt(data.max_pixels)
     width, height = target_size(side, side, max(min(data.min_pixels, max_pixels), factor * factor), max_pixels,
@@ -367,8 +363,10 @@ def vision_activations(config: PPOConfig, vision: VisionShape) -> dict[str, floa
     tokens = actor.max_token_len_per_device or \
         actor.micro_batch_size_per_device_for_update * (config.data.max_prompt_length + config.data.max_response_length)
     samples = max(1, tokens // (config.data.max_prompt_length + config.data.max_response_length))
-    t, h, w = prompt_image_grid(config, vision)
-    patches = samples * t * h * w
+    grid = prompt_image_grid(config, vision)
+    if grid is None:
+        return {}
+    patches = samples * grid[0] * grid[1] * grid[2]
     lora = actor.model.lora
     frozen = actor.model.freeze_vision_tower or (uses_lora(config) and bool(
         lora.exclude_modules and re.search(lora.exclude_modules, "model.visual.blocks.0.attn.qkv")))
