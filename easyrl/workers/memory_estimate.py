@@ -353,11 +353,12 @@ def vision_activations(config: PPOConfig, vision: VisionShape) -> dict[str, floa
     tokens (``P / merge^2 x out_hidden_size``), and the final merger's float32 norm. The block recomputed for the
     tower's backward comes after the language model's activations are freed: it is not on top of this peak (easyrl
     simulate: Qwen2.5-VL-7B, 4 x 7744 patches, 2.9 GiB above the text-only update; this counts 3.0). The fused
-    attention kernels hold no ``patches x patches`` weights. A frozen tower (``freeze_vision_tower``, or LoRA whose
-    ``exclude_modules`` covers ``visual``, the default) keeps nothing for backward: only its output is counted.
+    attention kernels hold no ``patches x patches`` weights. A tower frozen by ``freeze_vision_tower`` keeps nothing
+    for backward: only its output is counted. With LoRA the tower keeps as much even where it has no adapter (the
+    default ``exclude_modules`` ``.*visual.*``): peft's ``get_peft_model`` calls transformers'
+    ``enable_input_require_grads``, which hooks every sub-model's input embedding, the vision tower's patch embedding
+    included, so its blocks build a graph (easyrl simulate: Qwen2.5-VL-7B LoRA recipe, 2.6 GiB).
     """
-    import re
-
     actor = config.worker.actor
     cb = DTYPE_BYTES[actor.fsdp.param_dtype]
     tokens = actor.max_token_len_per_device or \
@@ -367,9 +368,7 @@ def vision_activations(config: PPOConfig, vision: VisionShape) -> dict[str, floa
     if grid is None:
         return {}
     patches = samples * grid[0] * grid[1] * grid[2]
-    lora = actor.model.lora
-    frozen = actor.model.freeze_vision_tower or (uses_lora(config) and bool(
-        lora.exclude_modules and re.search(lora.exclude_modules, "model.visual.blocks.0.attn.qkv")))
+    frozen = actor.model.freeze_vision_tower and not uses_lora(config)
     output = patches // vision.merge_size ** 2 * vision.out_hidden_size * cb * vision.mergers
     if frozen:
         return {"vision tower (update micro-batch)": output / GIB}
