@@ -15,7 +15,8 @@ import pytest
 from easyrl.config import load_config
 from easyrl.simulate.fake_device import DEVICES
 from easyrl.simulate.phases import simulate_update
-from easyrl.workers.memory_estimate import count_parameters, estimate_memory, model_shape
+from easyrl.workers.memory_estimate import estimate_memory
+from easyrl.workers.model_size import count_parameters, model_shape
 
 ROOT = Path(__file__).resolve().parents[1]
 TOLERANCE = 0.10

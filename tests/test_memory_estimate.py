@@ -8,14 +8,8 @@ import pytest
 
 from easyrl.config import load_config
 from easyrl.errors import ConfigError
-from easyrl.workers.memory_estimate import (
-    GIB,
-    ModelShape,
-    check_memory,
-    count_parameters,
-    estimate_memory,
-    model_shape,
-)
+from easyrl.workers.memory_estimate import check_memory, estimate_memory
+from easyrl.workers.model_size import GIB, ModelShape, count_parameters, model_shape
 
 DEFAULT = f"config={Path(__file__).resolve().parents[1] / 'config.yaml'}"
 
@@ -67,16 +61,23 @@ def test_update_activations_of_a_seven_billion_model_by_hand():
         tokens * (28 * (5 * 18944 + 7 * 3584) + 18944 + 4 * 3584) * 2 / GIB)  # all 28 layers kept: 25.7
 
 
-def test_model_shape_reads_text_config_and_experts():
+def _text(folder) -> ModelShape:
+    """The text widths of ``model_shape`` (the vision tower's: tests/test_simulate_images.py)."""
+    import dataclasses
+
     from transformers import AutoConfig
 
+    return dataclasses.replace(model_shape(AutoConfig.from_pretrained(folder)), vision=None)
+
+
+def test_model_shape_reads_text_config_and_experts():
     root = Path(__file__).resolve().parents[1] / "examples" / "model_configs"
-    assert model_shape(AutoConfig.from_pretrained(root / "Qwen2.5-VL-3B-Instruct")) == ModelShape(2048, 36, 11008, True)
+    assert _text(root / "Qwen2.5-VL-3B-Instruct") == ModelShape(2048, 36, 11008, True)
     # a mixture of experts: 8 experts of width 768 per token, each token's hidden state routed to 8 of them
-    assert model_shape(AutoConfig.from_pretrained(root / "Qwen3-VL-30B-A3B-Instruct")) == ModelShape(
+    assert _text(root / "Qwen3-VL-30B-A3B-Instruct") == ModelShape(
         2048, 48, 6144, False, routed_width=8 * 2048)
     # Gated DeltaNet: 48 value heads of width 128
-    assert model_shape(AutoConfig.from_pretrained(root / "Qwen3.5-27B")) == ModelShape(
+    assert _text(root / "Qwen3.5-27B") == ModelShape(
         5120, 64, 17408, False, linear_value_width=48 * 128)
 
 

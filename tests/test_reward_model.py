@@ -116,7 +116,8 @@ def test_without_a_reward_function_the_rule_reward_is_zero(rm_path):
 
 
 def test_the_memory_estimate_counts_a_resident_reward_model(rm_path):
-    from easyrl.workers.memory_estimate import GIB, estimate_memory, reward_model_parameters
+    from easyrl.workers.memory_estimate import estimate_memory
+    from easyrl.workers.model_size import GIB, reward_model_parameters
 
     words = BASE + [f"worker.reward.reward_model.model_path={rm_path}", "worker.actor.fsdp.param_dtype=fp32"]
     params = reward_model_parameters(load_config(words))

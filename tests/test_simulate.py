@@ -87,7 +87,7 @@ def test_every_phase_runs_on_a_small_model_and_the_shards_match_a_hand_count(tmp
 
     from easyrl.config import load_config
     from easyrl.simulate.phases import simulate
-    from easyrl.workers.memory_estimate import GIB, count_parameters
+    from easyrl.workers.model_size import GIB, count_parameters
 
     path = _small_model(tmp_path / "model")
     config = load_config(["config=" + str(ROOT / "config.yaml"), f"worker.actor.model.model_path={path}",
@@ -124,7 +124,7 @@ def test_teacher_and_reward_model_are_simulated_with_their_worker_code(tmp_path)
 
     from easyrl.config import load_config
     from easyrl.simulate.phases import simulate
-    from easyrl.workers.memory_estimate import GIB
+    from easyrl.workers.model_size import GIB
 
     actor, teacher = _small_model(tmp_path / "actor"), _small_qwen3(tmp_path / "teacher")
     rm = _small_qwen3(tmp_path / "rm", classifier=True)

@@ -34,15 +34,9 @@ def _simulate(argv: list[str], prog: str) -> int:
     from easyrl.simulate import extra_roles, report
     from easyrl.simulate.fake_device import DeviceCheckError
     from easyrl.simulate.phases import model_folder, simulate
-    from easyrl.workers.memory_estimate import (
-        RoleModel,
-        check_memory,
-        count_parameters,
-        estimate_experience,
-        estimate_memory,
-        experience_models,
-        model_shape,
-    )
+    from easyrl.workers.experience_estimate import RoleModel, estimate_experience, experience_models
+    from easyrl.workers.memory_estimate import check_memory, estimate_memory
+    from easyrl.workers.model_size import count_parameters, model_shape
 
     config = load_config(overrides)
     name = args.device or DEFAULT_DEVICE.get(config.trainer.device, "h100")

@@ -106,7 +106,7 @@ def judge_engine(config: PPOConfig, capacity_gib: float, folder: Callable[[str],
         return {}
     from transformers import AutoConfig
 
-    from easyrl.workers.memory_estimate import DTYPE_BYTES, count_parameters
+    from easyrl.workers.model_size import DTYPE_BYTES, count_parameters
 
     hf_config = AutoConfig.from_pretrained(folder(judge.model_path))
     params, _ = count_parameters(hf_config)
@@ -119,7 +119,7 @@ def parameters(config: PPOConfig, folder: Callable[[str], str]) -> dict[str, int
     ``config.json`` that :func:`~easyrl.simulate.phases.model_folder` finds (a hub id maps to the shipped config)."""
     from transformers import AutoConfig
 
-    from easyrl.workers.memory_estimate import count_parameters, reward_model_parameters
+    from easyrl.workers.model_size import count_parameters, reward_model_parameters
 
     cfg = config.worker
     counts = {"reward_model_params": 0, "teacher_params": 0}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Optional
 from unittest import mock
 
 import torch
@@ -27,6 +27,8 @@ from easyrl.simulate.fake_device import (
     fake_tensors,
     fake_world,
 )
+from easyrl.simulate.images import ImageGrid, add_images, image_grid
+from easyrl.simulate.vl_model import simulated_vl
 
 MODEL_CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                              "examples", "model_configs")
@@ -88,9 +90,11 @@ def model_folder(model_path: str) -> str:
                             f"{shipped}/config.json")
 
 
-def budget_batch(config: PPOConfig, tokens: int):
+def budget_batch(config: PPOConfig, tokens: int, grid: Optional[ImageGrid] = None):
     """A packed micro-batch's worth of samples: full-length rows (``max_prompt_length + max_response_length``) until
-    ``tokens`` are used, host tensors (the trainer sends the batch from the host)."""
+    ``tokens`` are used, host tensors (the trainer sends the batch from the host); with ``grid`` (a VL model:
+    :func:`vision_grid`) one image per prompt, its pad tokens in the prompt and its ``multi_modal_inputs``
+    (``easyrl.simulate.images``)."""
     from tensordict import TensorDict
 
     from easyrl.batch import Batch
@@ -103,7 +107,16 @@ def budget_batch(config: PPOConfig, tokens: int):
                "response_mask": torch.ones(bsz, response), "advantages": torch.zeros(bsz, response),
                "old_log_probs": torch.zeros(bsz, response), "ref_log_probs": torch.zeros(bsz, response),
                "values": torch.zeros(bsz, response), "returns": torch.zeros(bsz, response)}  # the critic's
-    return Batch(TensorDict(tensors, batch_size=[bsz]))
+    extras = {"multi_modal_inputs": add_images(tensors["input_ids"], prompt, grid)} if grid is not None else {}
+    return Batch(TensorDict(tensors, batch_size=[bsz]), extras)
+
+
+def vision_grid(config: PPOConfig, model_path: str, trust_remote_code: bool = False) -> Optional[ImageGrid]:
+    """The image each prompt of the budget batch holds for the model at ``model_path`` (None: a text model)."""
+    from transformers import AutoConfig
+
+    return image_grid(AutoConfig.from_pretrained(model_folder(model_path), trust_remote_code=trust_remote_code),
+                      config)
 
 
 def token_budget(config: PPOConfig, micro: int, role=None) -> int:
@@ -136,7 +149,8 @@ def simulate(config: PPOConfig, spec: DeviceSpec, log: Callable[[str], None] = p
     sim = Simulation(spec, world)
     path = model_folder(cfg.actor.model.model_path)
     micro = cfg.actor.micro_batch_size_per_device_for_experience
-    batch = budget_batch(config, token_budget(config, micro))  # real host tensors, as the trainer sends them
+    grid = vision_grid(config, cfg.actor.model.model_path, cfg.actor.model.trust_remote_code)
+    batch = budget_batch(config, token_budget(config, micro), grid)  # real host tensors, as the trainer sends them
     teacher_micro = cfg.teacher.micro_batch_size_per_device_for_experience
     teacher_batch = budget_batch(config, token_budget(config, teacher_micro)) if config.algorithm.needs_teacher \
         else None
@@ -144,7 +158,8 @@ def simulate(config: PPOConfig, spec: DeviceSpec, log: Callable[[str], None] = p
     if cfg.reward.judge.model_path is not None:  # its engine stays resident: no sleep mode (easyrl.workers.judge)
         sim.beside[extra_roles.JUDGE] = cfg.reward.judge.gpu_memory_utilization * spec.memory_gib
     with fake_world(0, world, kind), accelerator_standins(spec), \
-            mock.patch.object(fsdp_model, "read_checkpoint", fake_checkpoint_reader), lora_outside_fake_mode():
+            mock.patch.object(fsdp_model, "read_checkpoint", fake_checkpoint_reader), lora_outside_fake_mode(), \
+            simulated_vl():
         mesh = init_device_mesh(kind, (world,), mesh_dim_names=("dp",))
         with fake_tensors(kind) as mode:
             def phase(name: str, run: Callable[[], object]) -> object:
@@ -229,11 +244,14 @@ def simulate_updates(config: PPOConfig, spec: DeviceSpec,
     for name, role in roles:
         micro = role.micro_batch_size_per_device_for_update
         mini = role.global_batch_size * cfg.rollout.n // config.world_size  # samples per optimizer step
-        batch = budget_batch(config, token_budget(config, micro, role))
-        batches[name] = (micro, batch, budget_batch(config, 2 * token_budget(config, micro, role)) if mini > micro
-                         else batch)
+        path = role.model.model_path or cfg.actor.model.model_path  # the critic's null: the actor's checkpoint
+        grid = vision_grid(config, path, role.model.trust_remote_code)
+        batch = budget_batch(config, token_budget(config, micro, role), grid)
+        batches[name] = (micro, batch, budget_batch(config, 2 * token_budget(config, micro, role), grid)
+                         if mini > micro else batch)
     with fake_world(0, config.world_size, "cpu"), accelerator_standins(spec), \
-            mock.patch.object(fsdp_model, "read_checkpoint", fake_checkpoint_reader), lora_outside_fake_mode():
+            mock.patch.object(fsdp_model, "read_checkpoint", fake_checkpoint_reader), lora_outside_fake_mode(), \
+            simulated_vl():
         mesh = init_device_mesh("cpu", (config.world_size,), mesh_dim_names=("dp",))
         with fake_tensors("cpu") as mode:
             start = time.perf_counter()

@@ -89,7 +89,7 @@ def table(sim: Optional[Simulation], estimate: MemoryEstimate, problem: Optional
     for name in dict.fromkeys(list(estimate.rollout) + list(estimate.training)):
         lines.append(f"{name:34} {estimate.rollout.get(name, 0.0):7.1f} {estimate.training.get(name, 0.0):7.1f}")
     lines.append(f"{'total':34} {estimate.rollout_gib:7.1f} {estimate.training_gib:7.1f}")
-    for name, items in estimate.experience.items():  # memory_estimate.estimate_experience
+    for name, items in estimate.experience.items():  # experience_estimate.estimate_experience
         lines.append(f"experience forward: {name} {sum(items.values()):.1f} GiB (vLLM asleep; the actor's AdamW states "
                      f"{items.get('actor Adam states', 0.0):.1f} of it)")
     lines.append(f"vLLM weights under TP {estimate.tensor_parallel_size}: {estimate.vllm_weights_gib:.1f} GiB of a "
@@ -102,7 +102,7 @@ def table(sim: Optional[Simulation], estimate: MemoryEstimate, problem: Optional
 
 
 def experience_column(phase: PhaseResult, estimate: MemoryEstimate) -> str:
-    """The estimate beside a simulated experience forward (``memory_estimate.estimate_experience``), less the
+    """The estimate beside a simulated experience forward (``experience_estimate.estimate_experience``), less the
     actor's AdamW states, which the simulation (before any update) does not hold yet; empty for other phases."""
     items = estimate.experience.get(phase.name)
     if items is None:

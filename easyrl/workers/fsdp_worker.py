@@ -154,16 +154,9 @@ class FSDPWorker:
         from transformers import AutoConfig
 
         from easyrl.device import device_memory_gib
-        from easyrl.workers.memory_estimate import (
-            RoleModel,
-            check_memory,
-            count_parameters,
-            estimate_experience,
-            estimate_memory,
-            experience_models,
-            model_shape,
-            reward_model_parameters,
-        )
+        from easyrl.workers.experience_estimate import RoleModel, estimate_experience, experience_models
+        from easyrl.workers.memory_estimate import check_memory, estimate_memory
+        from easyrl.workers.model_size import count_parameters, model_shape, reward_model_parameters
 
         model = self.config.worker.actor.model
         hf_config = AutoConfig.from_pretrained(model.model_path, trust_remote_code=model.trust_remote_code)

@@ -24,7 +24,8 @@ not counted apart):
   - the logits: none with ``padding_free`` (the fused head, ``easyrl.models.fused_head``, holds 512-token chunks;
     their peak is below the one above); padded, ``micro x (response_length + 1) x vocab`` twice (with the gradient).
 
-  With :class:`ModelShape` omitted (no layer count and widths) only the states and the padded logits are counted.
+  With ``ModelShape`` (``easyrl.workers.model_size``) omitted (no layer count and widths) only the states and the
+  padded logits are counted.
 
 On-policy distillation's teacher (``worker.teacher``, its own parameter count) adds its shard in the compute dtype to
 both phases, unless ``worker.teacher.offload.offload_params`` (the default) keeps it on the host between its passes.
@@ -40,8 +41,12 @@ A reward model (``worker.reward.reward_model``) adds its shard in the compute dt
 ``worker.reward.reward_model.offload.offload_params`` (the default, as the reference's).
 
 Experience forwards (old log-probs, reference, the teacher's, the reward model's; vLLM asleep): each a phase of its
-own, :func:`estimate_experience` (what stays resident + the role's gathered weights + one layer's no-grad
-activations), checked by :func:`check_memory` naming the setting that sizes its micro-batch.
+own, ``experience_estimate.estimate_experience`` (what stays resident + the role's gathered weights + one layer's
+no-grad activations), checked by :func:`check_memory` naming the setting that sizes its micro-batch.
+
+A vision-language model's tower (``vision_config``) adds, to the training phase, what it holds at the update's
+peak for one image per prompt at ``data.max_pixels`` (capped by ``data.max_prompt_length``):
+``vision_memory.vision_activations``.
 
 Not counted: CUDA context and NCCL buffers (~1-2 GiB), allocator fragmentation.
 """
@@ -49,46 +54,12 @@ Not counted: CUDA context and NCCL buffers (~1-2 GiB), allocator fragmentation.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
 
 from easyrl.config import PPOConfig
 from easyrl.errors import ConfigError
+from easyrl.workers.model_size import DTYPE_BYTES, GIB, ModelShape
 from easyrl.workers.roles import builds_reference, uses_lora
-
-GIB = 2**30
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """The widths that size activations (from the model's ``config.json``; its ``text_config`` for VL models).
-
-    ``intermediate_size`` is the MLP width one token passes through: ``num_experts_per_tok x moe_intermediate_size``
-    for a mixture of experts. ``tied``: the LM head is the input embedding (one ``vocab x hidden`` matrix)."""
-
-    hidden_size: int
-    num_layers: int
-    intermediate_size: int
-    tied: bool
-    routed_width: int = 0
-    """Mixture of experts: ``num_experts_per_tok x hidden_size``, the width of the token copies routed to the
-    experts (0: dense)."""
-    linear_value_width: int = 0
-    """Gated DeltaNet (linear attention, Qwen3.5): ``linear_num_value_heads x linear_value_head_dim`` (0: none)."""
-
-
-def model_shape(hf_config) -> ModelShape:
-    """:class:`ModelShape` of a Hugging Face config (reads attributes only)."""
-    text = getattr(hf_config, "text_config", None) or hf_config
-    moe = getattr(text, "moe_intermediate_size", None)
-    top_k = getattr(text, "num_experts_per_tok", None)
-    width = moe * top_k + (getattr(text, "shared_expert_intermediate_size", None) or 0) if moe and top_k \
-        else text.intermediate_size
-    tied = getattr(hf_config, "tie_word_embeddings", getattr(text, "tie_word_embeddings", False))
-    routed = int(top_k) * int(text.hidden_size) if moe and top_k else 0
-    heads, head_dim = getattr(text, "linear_num_value_heads", None), getattr(text, "linear_value_head_dim", None)
-    linear = int(heads) * int(head_dim) if heads and head_dim else 0
-    return ModelShape(int(text.hidden_size), int(text.num_hidden_layers), int(width), bool(tied), routed, linear)
+from easyrl.workers.vision_memory import vision_activations
 
 
 @dataclass
@@ -102,7 +73,8 @@ class MemoryEstimate:
     rollout: dict[str, float] = field(default_factory=dict)
     training: dict[str, float] = field(default_factory=dict)
     experience: dict[str, dict[str, float]] = field(default_factory=dict)
-    """Each experience forward (``easyrl simulate``'s phase name -> its items, GiB): :func:`estimate_experience`."""
+    """Each experience forward (``easyrl simulate``'s phase name -> its items, GiB):
+    ``experience_estimate.estimate_experience``."""
 
     @property
     def rollout_gib(self) -> float:
@@ -150,6 +122,7 @@ def estimate_memory(num_params: int, vocab_size: int, config: PPOConfig, capacit
     update = update_activations(num_params, vocab_size, config, shape) if shape is not None else {}
     if shape is not None:
         update["prefetched layer (FSDP2 backward)"] = prefetched_layer(num_params, vocab_size, shape, compute_bytes)
+    update |= vision_activations(config, shape.vision) if shape is not None and shape.vision is not None else {}
     # PPO with GAE: the critic is a second trained copy (fp32 params, grads, Adam), without the vocabulary-wide logits
     critic_on_device = config.algorithm.needs_critic and not worker.critic.offload.offload_params
     critic = 12 * shard / GIB if critic_on_device else 0.0
@@ -212,17 +185,6 @@ def update_activations(num_params: int, vocab_size: int, config: PPOConfig, shap
             "unsharded weights + grads (FSDP2)": unsharded / GIB}
 
 
-@dataclass(frozen=True)
-class RoleModel:
-    """A model an experience forward runs (the actor, the teacher, the reward model): its parameter count, its
-    vocabulary, its widths, and whether it ends in an LM head (a reward model's score head is ``hidden x 1``)."""
-
-    params: int
-    vocab_size: int
-    shape: ModelShape
-    lm_head: bool = True
-
-
 EXPERIENCE_SETTINGS = {
     "old log-probs (forward)": "worker.actor.micro_batch_size_per_device_for_experience (or "
                                "worker.actor.max_token_len_per_device with dynamic_batching)",
@@ -234,72 +196,6 @@ EXPERIENCE_SETTINGS = {
                             "max_length",
 }
 """The setting that sizes each experience forward's micro-batch (``easyrl simulate``'s phase names)."""
-
-
-def forward_activations(tokens: int, shape: ModelShape, compute_bytes: int) -> float:
-    """Bytes one micro-batch of ``tokens`` holds at the peak of a forward without autograd (``torch.no_grad``: each
-    layer's activations are freed as the next one runs), inside one decoder layer's MLP: the gate's activation, the
-    up projection and their product (``3 x intermediate``) beside the residual stream, the normed input and the
-    attention output (``4 x hidden``), in the compute dtype (``easyrl simulate`` snapshot of a Qwen2.5-7B-wide layer
-    at 16384 tokens: exactly these tensors). Attention is the fused kernels' (output + log-sum-exp: no ``S^2``
-    term, below the MLP's peak). A mixture of experts peaks at its routed token copies instead: four ``top_k x
-    hidden`` tensors per token (the inputs gathered per expert, the grouped matmul's output, the weighted outputs
-    before and after the un-permute: the snapshot of a Qwen3-VL-30B-A3B layer at 65536 tokens, 8 GiB), above its
-    experts' ``3 x top_k x moe_intermediate``. Gated DeltaNet's chunked state, without autograd, stays below the MLP's
-    peak (a Qwen3.5-27B snapshot at 65536 tokens peaks in the MLP): not counted here."""
-    mlp = max(3 * shape.intermediate_size, 4 * shape.routed_width)
-    return tokens * (mlp + 4 * shape.hidden_size) * compute_bytes
-
-
-def experience_forward(model: RoleModel, tokens: int, compute_bytes: int) -> dict[str, float]:
-    """GiB one experience forward of ``model`` over ``tokens`` adds on top of what stays resident, by category:
-    FSDP2's gathered weights in the compute dtype (the root group: the embedding, and the LM head unless tied or a
-    score head, for the whole forward; two decoder layers, the one running and the next, prefetched) and
-    :func:`forward_activations`. The fused LM head (``padding_free``) holds 512-token chunks of logits: below the
-    MLP's peak, not counted."""
-    shape = model.shape
-    embeddings = (2 if model.lm_head and not shape.tied else 1) * model.vocab_size * shape.hidden_size
-    layer = max(model.params - embeddings, 0) / shape.num_layers
-    return {"gathered weights (FSDP2)": (embeddings + 2 * layer) * compute_bytes / GIB,
-            "activations (one layer, no grad)": forward_activations(tokens, shape, compute_bytes) / GIB}
-
-
-def estimate_experience(estimate: MemoryEstimate, config: PPOConfig, actor: RoleModel,
-                        teacher: RoleModel | None = None,
-                        reward_model: RoleModel | None = None) -> dict[str, dict[str, float]]:
-    """The experience forwards' peaks per device, phase by phase (old log-probs, reference, teacher, reward model),
-    each what stays resident while vLLM sleeps (the rollout phase's items less vLLM's claim: the actor's shard and
-    AdamW states, the reference, critic, teacher and reward model shards as offloaded or not, the judge's claim)
-    plus :func:`experience_forward` of its model at its token budget: the actor's ``max_token_len_per_device`` or
-    ``micro_batch_size_per_device_for_experience x (max_prompt_length + max_response_length)`` (the teacher's micro
-    with the actor's budget: ``teacher_role_config``), the reward model's ``max_token_len_per_device`` or
-    ``micro_batch_size_per_device x (max_length or the padded length)``. Stored in ``estimate.experience`` too.
-
-    Args:
-        estimate: :func:`estimate_memory`'s result for ``config``.
-        actor: the actor's (and the reference's) model; ``teacher``/``reward_model``: theirs, None without one.
-    """
-    worker, data = config.worker, config.data
-    length = data.max_prompt_length + data.max_response_length
-    cb = DTYPE_BYTES[worker.actor.fsdp.param_dtype]
-    resident = {name: gib for name, gib in estimate.rollout.items() if name != "vLLM (gpu_memory_utilization)"}
-    budget = worker.actor.max_token_len_per_device
-    actor_tokens = budget or worker.actor.micro_batch_size_per_device_for_experience * length
-    runs = [("old log-probs (forward)", actor, actor_tokens, cb)]  # (phase, model, tokens, compute bytes)
-    if builds_reference(config):
-        runs.append(("reference forward", actor, actor_tokens, cb))
-    if teacher is not None and config.algorithm.needs_teacher:
-        runs.append(("teacher forward", teacher,
-                     budget or worker.teacher.micro_batch_size_per_device_for_experience * length, cb))
-    rm = worker.reward.reward_model
-    if reward_model is not None and rm.enabled:
-        tokens = rm.max_token_len_per_device if rm.dynamic_batching and rm.max_token_len_per_device else \
-            rm.micro_batch_size_per_device * (rm.max_length or length)
-        runs.append(("reward model forward", reward_model, tokens, DTYPE_BYTES[rm.param_dtype]))
-    estimate.experience = {phase: resident | {f"{phase}: {item}": gib for item, gib in
-                                              experience_forward(model, tokens, nbytes).items()}
-                           for phase, model, tokens, nbytes in runs}
-    return estimate.experience
 
 
 def prefetched_layer(num_params: int, vocab_size: int, shape: ModelShape, compute_bytes: int) -> float:
@@ -354,55 +250,3 @@ def check_memory(estimate: MemoryEstimate) -> None:
                 f"{cap:.1f} GiB ({_items(items)} GiB): lower {EXPERIENCE_SETTINGS[phase]}, set {offload}, or use "
                 "more devices (trainer.n_gpus_per_node / trainer.nnodes)."
             )
-
-
-def count_parameters(hf_config, trust_remote_code: bool = False) -> tuple[int, int]:
-    """``(parameters, vocab size)`` of the model, counted on the meta device (no memory, no checkpoint read)."""
-    import torch
-
-    from easyrl.workers.fsdp_model import build_empty_model
-
-    model = build_empty_model(hf_config, torch.float32, trust_remote_code=trust_remote_code, attn_implementation="sdpa")
-    vocab = getattr(getattr(hf_config, "text_config", hf_config), "vocab_size", None) or hf_config.vocab_size
-    return sum(p.numel() for p in model.parameters()), int(vocab)
-
-
-def reward_model_parameters(config: PPOConfig) -> int:
-    """Parameters of ``worker.reward.reward_model`` (0 without one), counted on the meta device from its config."""
-    rm = config.worker.reward.reward_model
-    if not rm.enabled:
-        return 0
-    from transformers import AutoConfig
-
-    hf_config = AutoConfig.from_pretrained(rm.model_path, trust_remote_code=rm.trust_remote_code)
-    return _classifier_parameters(hf_config, rm.trust_remote_code)
-
-
-def _classifier_parameters(hf_config, trust_remote_code: bool) -> int:
-    """Parameters of ``AutoModelForSequenceClassification`` built from ``hf_config`` on the meta device."""
-    import torch
-    from transformers import AutoModelForSequenceClassification
-
-    with torch.device("meta"):
-        model = AutoModelForSequenceClassification.from_config(hf_config, trust_remote_code=trust_remote_code)
-    return sum(p.numel() for p in model.parameters())
-
-
-def experience_models(config: PPOConfig, folder: Callable[[str], str] = str) -> dict[str, RoleModel | None]:
-    """:func:`estimate_experience`'s ``teacher`` and ``reward_model`` (None without one), counted on the meta device
-    from their ``config.json`` (``folder(model_path)``: ``easyrl simulate`` maps a hub id to the shipped config)."""
-    from transformers import AutoConfig
-
-    worker = config.worker
-    models: dict[str, RoleModel | None] = {"teacher": None, "reward_model": None}
-    if config.algorithm.needs_teacher:
-        teacher = worker.teacher.model
-        hf_config = AutoConfig.from_pretrained(folder(teacher.model_path), trust_remote_code=teacher.trust_remote_code)
-        models["teacher"] = RoleModel(*count_parameters(hf_config, teacher.trust_remote_code), model_shape(hf_config))
-    rm = worker.reward.reward_model
-    if rm.enabled:
-        hf_config = AutoConfig.from_pretrained(folder(rm.model_path), trust_remote_code=rm.trust_remote_code)
-        vocab = getattr(getattr(hf_config, "text_config", hf_config), "vocab_size", None) or hf_config.vocab_size
-        models["reward_model"] = RoleModel(_classifier_parameters(hf_config, rm.trust_remote_code), int(vocab),
-                                           model_shape(hf_config), lm_head=False)
-    return models

@@ -1,0 +1,84 @@
+"""The images of a vision-language budget micro-batch: one image per prompt, the largest the config admits, carried
+as the trainer sends them (``multi_modal_inputs``: per sample ``pixel_values`` ``(patches, channels x temporal x
+patch^2)`` float32 on the host and ``image_grid_thw`` ``(1, 3)``, and the image pad tokens in ``input_ids``), so the
+simulated phases run the vision tower (forward, and backward in the update) on the patches a real geo3k step holds.
+
+The grid is the processor's math (``easyrl.data.images.target_size``, the dataset's smart-resize): a square image at
+``data.max_pixels`` snapped to multiples of ``factor = patch_size x spatial_merge_size``, ``(1, H / patch, W /
+patch)`` patches, ``H x W / factor^2`` image tokens. The image tokens are part of the prompt's ``max_prompt_length``
+(``data.filter_overlong_prompts`` drops a prompt whose image does not fit): when ``max_pixels``' image holds more
+tokens than the prompt leaves beside ``easyrl.workers.vision_memory.TEXT_TOKENS`` (64) of template and question,
+the image is the largest square that fits (``prompt_image_grid``). The patch widths come from the model's
+``vision_config`` (``patch_size``, ``spatial_merge_size``, ``temporal_patch_size``, ``in_channels``):
+examples/model_configs ships no ``preprocessor_config.json``, and the Qwen-VL processors' own pixel bounds
+(Qwen2.5-VL ``[3136, 12845056]``, Qwen3-VL ``[65536, 16777216]``) are wider than the recipes' ``data`` bounds, so
+``data.min_pixels`` / ``data.max_pixels`` decide.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from easyrl.config import PPOConfig
+from easyrl.workers.model_size import vision_shape
+from easyrl.workers.vision_memory import prompt_image_grid
+
+
+@dataclass(frozen=True)
+class ImageGrid:
+    """One image as the Qwen-VL processor cuts it."""
+
+    grid_thw: tuple[int, int, int]
+    """``(temporal, height, width)`` in patches (``image_grid_thw``'s row)."""
+    patch_dim: int
+    """``in_channels x temporal_patch_size x patch_size^2``: ``pixel_values``' width."""
+    merge: int
+    """``spatial_merge_size``: ``merge x merge`` patches make one image token."""
+    image_token_id: int
+    vision_start_token_id: int
+    vision_end_token_id: int
+
+    @property
+    def patches(self) -> int:
+        """Rows of ``pixel_values`` for this image."""
+        t, h, w = self.grid_thw
+        return t * h * w
+
+    @property
+    def tokens(self) -> int:
+        """Image pad tokens in the prompt for this image."""
+        return self.patches // (self.merge * self.merge)
+
+
+def image_grid(hf_config, config: PPOConfig) -> Optional[ImageGrid]:
+    """The largest image one prompt of ``config`` holds (module docstring), or None for a model without a
+    ``vision_config`` or a ``data.max_prompt_length`` without room for one beside ``TEXT_TOKENS``
+    (``easyrl.workers.memory_estimate``): then the batch is text only."""
+    vision = vision_shape(hf_config)
+    grid = prompt_image_grid(config, vision) if vision is not None else None
+    if grid is None:
+        return None
+    text = getattr(hf_config, "text_config", None) or hf_config
+
+    def token(key: str) -> int:
+        value = getattr(hf_config, key, None)
+        return int(value if value is not None else getattr(text, key))
+
+    return ImageGrid(grid, vision.patch_dim, vision.merge_size, token("image_token_id"),
+                     token("vision_start_token_id"), token("vision_end_token_id"))
+
+
+def add_images(input_ids: torch.Tensor, prompt_length: int, grid: ImageGrid) -> list[dict[str, torch.Tensor]]:
+    """Put one image's tokens in each prompt of ``input_ids`` ``(bsz, prompt_length + response)`` (in place: vision
+    start, ``grid.tokens`` image pads, vision end, after the first text tokens) and return its ``multi_modal_inputs``:
+    per sample ``pixel_values`` ``(grid.patches, grid.patch_dim)`` float32 and ``image_grid_thw`` ``(1, 3)`` int64,
+    host tensors (as the trainer sends them)."""
+    start = (prompt_length - grid.tokens - 2) // 2  # text before and after the image
+    input_ids[:, start] = grid.vision_start_token_id
+    input_ids[:, start + 1:start + 1 + grid.tokens] = grid.image_token_id
+    input_ids[:, start + 1 + grid.tokens] = grid.vision_end_token_id
+    return [{"pixel_values": torch.zeros(grid.patches, grid.patch_dim),
+             "image_grid_thw": torch.tensor([grid.grid_thw])} for _ in range(input_ids.shape[0])]

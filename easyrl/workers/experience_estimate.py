@@ -1,0 +1,111 @@
+"""The experience forwards' memory (old log-probs, reference, the distillation teacher's, the reward model's; vLLM
+asleep): each a phase of its own, what stays resident + the role's gathered weights + one layer's no-grad activations
+(``easyrl simulate`` snapshots of the simulated peaks; docs/simulate.md), checked by
+``memory_estimate.check_memory`` naming the setting that sizes its micro-batch (``EXPERIENCE_SETTINGS``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from easyrl.config import PPOConfig
+from easyrl.workers.memory_estimate import MemoryEstimate
+from easyrl.workers.model_size import DTYPE_BYTES, GIB, ModelShape, classifier_parameters, count_parameters, model_shape
+from easyrl.workers.roles import builds_reference
+
+
+@dataclass(frozen=True)
+class RoleModel:
+    """A model an experience forward runs (the actor, the teacher, the reward model): its parameter count, its
+    vocabulary, its widths, and whether it ends in an LM head (a reward model's score head is ``hidden x 1``)."""
+
+    params: int
+    vocab_size: int
+    shape: ModelShape
+    lm_head: bool = True
+
+
+def forward_activations(tokens: int, shape: ModelShape, compute_bytes: int) -> float:
+    """Bytes one micro-batch of ``tokens`` holds at the peak of a forward without autograd (``torch.no_grad``: each
+    layer's activations are freed as the next one runs), inside one decoder layer's MLP: the gate's activation, the
+    up projection and their product (``3 x intermediate``) beside the residual stream, the normed input and the
+    attention output (``4 x hidden``), in the compute dtype (``easyrl simulate`` snapshot of a Qwen2.5-7B-wide layer
+    at 16384 tokens: exactly these tensors). Attention is the fused kernels' (output + log-sum-exp: no ``S^2``
+    term, below the MLP's peak). A mixture of experts peaks at its routed token copies instead: four ``top_k x
+    hidden`` tensors per token (the inputs gathered per expert, the grouped matmul's output, the weighted outputs
+    before and after the un-permute: the snapshot of a Qwen3-VL-30B-A3B layer at 65536 tokens, 8 GiB), above its
+    experts' ``3 x top_k x moe_intermediate``. Gated DeltaNet's chunked state, without autograd, stays below the MLP's
+    peak (a Qwen3.5-27B snapshot at 65536 tokens peaks in the MLP): not counted here."""
+    mlp = max(3 * shape.intermediate_size, 4 * shape.routed_width)
+    return tokens * (mlp + 4 * shape.hidden_size) * compute_bytes
+
+
+def experience_forward(model: RoleModel, tokens: int, compute_bytes: int) -> dict[str, float]:
+    """GiB one experience forward of ``model`` over ``tokens`` adds on top of what stays resident, by category:
+    FSDP2's gathered weights in the compute dtype (the root group: the embedding, and the LM head unless tied or a
+    score head, for the whole forward; two decoder layers, the one running and the next, prefetched) and
+    :func:`forward_activations`. The fused LM head (``padding_free``) holds 512-token chunks of logits: below the
+    MLP's peak, not counted."""
+    shape = model.shape
+    embeddings = (2 if model.lm_head and not shape.tied else 1) * model.vocab_size * shape.hidden_size
+    layer = max(model.params - embeddings, 0) / shape.num_layers
+    return {"gathered weights (FSDP2)": (embeddings + 2 * layer) * compute_bytes / GIB,
+            "activations (one layer, no grad)": forward_activations(tokens, shape, compute_bytes) / GIB}
+
+
+def estimate_experience(estimate: MemoryEstimate, config: PPOConfig, actor: RoleModel,
+                        teacher: RoleModel | None = None,
+                        reward_model: RoleModel | None = None) -> dict[str, dict[str, float]]:
+    """The experience forwards' peaks per device, phase by phase (old log-probs, reference, teacher, reward model),
+    each what stays resident while vLLM sleeps (the rollout phase's items less vLLM's claim: the actor's shard and
+    AdamW states, the reference, critic, teacher and reward model shards as offloaded or not, the judge's claim)
+    plus :func:`experience_forward` of its model at its token budget: the actor's ``max_token_len_per_device`` or
+    ``micro_batch_size_per_device_for_experience x (max_prompt_length + max_response_length)`` (the teacher's micro
+    with the actor's budget: ``teacher_role_config``), the reward model's ``max_token_len_per_device`` or
+    ``micro_batch_size_per_device x (max_length or the padded length)``. Stored in ``estimate.experience`` too.
+
+    Args:
+        estimate: :func:`estimate_memory`'s result for ``config``.
+        actor: the actor's (and the reference's) model; ``teacher``/``reward_model``: theirs, None without one.
+    """
+    worker, data = config.worker, config.data
+    length = data.max_prompt_length + data.max_response_length
+    cb = DTYPE_BYTES[worker.actor.fsdp.param_dtype]
+    resident = {name: gib for name, gib in estimate.rollout.items() if name != "vLLM (gpu_memory_utilization)"}
+    budget = worker.actor.max_token_len_per_device
+    actor_tokens = budget or worker.actor.micro_batch_size_per_device_for_experience * length
+    runs = [("old log-probs (forward)", actor, actor_tokens, cb)]  # (phase, model, tokens, compute bytes)
+    if builds_reference(config):
+        runs.append(("reference forward", actor, actor_tokens, cb))
+    if teacher is not None and config.algorithm.needs_teacher:
+        runs.append(("teacher forward", teacher,
+                     budget or worker.teacher.micro_batch_size_per_device_for_experience * length, cb))
+    rm = worker.reward.reward_model
+    if reward_model is not None and rm.enabled:
+        tokens = rm.max_token_len_per_device if rm.dynamic_batching and rm.max_token_len_per_device else \
+            rm.micro_batch_size_per_device * (rm.max_length or length)
+        runs.append(("reward model forward", reward_model, tokens, DTYPE_BYTES[rm.param_dtype]))
+    estimate.experience = {phase: resident | {f"{phase}: {item}": gib for item, gib in
+                                              experience_forward(model, tokens, nbytes).items()}
+                           for phase, model, tokens, nbytes in runs}
+    return estimate.experience
+
+
+def experience_models(config: PPOConfig, folder: Callable[[str], str] = str) -> dict[str, RoleModel | None]:
+    """:func:`estimate_experience`'s ``teacher`` and ``reward_model`` (None without one), counted on the meta device
+    from their ``config.json`` (``folder(model_path)``: ``easyrl simulate`` maps a hub id to the shipped config)."""
+    from transformers import AutoConfig
+
+    worker = config.worker
+    models: dict[str, RoleModel | None] = {"teacher": None, "reward_model": None}
+    if config.algorithm.needs_teacher:
+        teacher = worker.teacher.model
+        hf_config = AutoConfig.from_pretrained(folder(teacher.model_path), trust_remote_code=teacher.trust_remote_code)
+        models["teacher"] = RoleModel(*count_parameters(hf_config, teacher.trust_remote_code), model_shape(hf_config))
+    rm = worker.reward.reward_model
+    if rm.enabled:
+        hf_config = AutoConfig.from_pretrained(folder(rm.model_path), trust_remote_code=rm.trust_remote_code)
+        vocab = getattr(getattr(hf_config, "text_config", hf_config), "vocab_size", None) or hf_config.vocab_size
+        models["reward_model"] = RoleModel(classifier_parameters(hf_config, rm.trust_remote_code), int(vocab),
+                                           model_shape(hf_config), lm_head=False)
+    return models

@@ -1,0 +1,116 @@
+"""What the memory estimate knows of a model before anything is loaded: its widths (:class:`ModelShape`, with the
+vision tower's :class:`VisionShape`) read off its ``config.json``, its parameter count built on the meta device, and
+the units (GiB, bytes per dtype)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from easyrl.config import PPOConfig
+
+GIB = 2**30
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The widths that size activations (from the model's ``config.json``; its ``text_config`` for VL models).
+
+    ``intermediate_size`` is the MLP width one token passes through: ``num_experts_per_tok x moe_intermediate_size``
+    for a mixture of experts. ``tied``: the LM head is the input embedding (one ``vocab x hidden`` matrix)."""
+
+    hidden_size: int
+    num_layers: int
+    intermediate_size: int
+    tied: bool
+    routed_width: int = 0
+    """Mixture of experts: ``num_experts_per_tok x hidden_size``, the width of the token copies routed to the
+    experts (0: dense)."""
+    linear_value_width: int = 0
+    """Gated DeltaNet (linear attention, Qwen3.5): ``linear_num_value_heads x linear_value_head_dim`` (0: none)."""
+    vision: "VisionShape | None" = None
+    """The vision tower's widths (:func:`vision_shape`; None: a text model)."""
+
+
+def model_shape(hf_config) -> ModelShape:
+    """:class:`ModelShape` of a Hugging Face config (reads attributes only)."""
+    text = getattr(hf_config, "text_config", None) or hf_config
+    moe = getattr(text, "moe_intermediate_size", None)
+    top_k = getattr(text, "num_experts_per_tok", None)
+    width = moe * top_k + (getattr(text, "shared_expert_intermediate_size", None) or 0) if moe and top_k \
+        else text.intermediate_size
+    tied = getattr(hf_config, "tie_word_embeddings", getattr(text, "tie_word_embeddings", False))
+    routed = int(top_k) * int(text.hidden_size) if moe and top_k else 0
+    heads, head_dim = getattr(text, "linear_num_value_heads", None), getattr(text, "linear_value_head_dim", None)
+    linear = int(heads) * int(head_dim) if heads and head_dim else 0
+    return ModelShape(int(text.hidden_size), int(text.num_hidden_layers), int(width), bool(tied), routed, linear,
+                      vision_shape(hf_config))
+
+
+
+@dataclass(frozen=True)
+class VisionShape:
+    """The widths of a Qwen-VL vision tower (its ``vision_config``) and of the patches the processor cuts."""
+
+    hidden_size: int
+    depth: int
+    intermediate_size: int
+    gated: bool
+    """The MLP has a gate (Qwen2/2.5-VL: gate, up, down) or not (Qwen3-VL: fc1, fc2)."""
+    patch_size: int
+    merge_size: int
+    patch_dim: int
+    """``in_channels x temporal_patch_size x patch_size^2``: the width of ``pixel_values``."""
+    out_hidden_size: int = 0
+    """Width of the image tokens the tower hands the language model."""
+    mergers: int = 1
+    """Patch mergers: the final one and Qwen3-VL's DeepStack mergers (``1 + len(deepstack_visual_indexes)``)."""
+
+
+def vision_shape(hf_config) -> "VisionShape | None":
+    """:class:`VisionShape` of a Qwen-VL config's ``vision_config`` (None without one). The processor's patch widths
+    are the vision config's (``patch_size``, ``spatial_merge_size``, ``temporal_patch_size``, ``in_channels``): the
+    Qwen-VL ``preprocessor_config.json`` repeats them."""
+    vision = getattr(hf_config, "vision_config", None)
+    if vision is None:
+        return None
+    patch, temporal = int(vision.patch_size), int(getattr(vision, "temporal_patch_size", 2))
+    channels = int(getattr(vision, "in_channels", None) or getattr(vision, "in_chans", 3))
+    hidden = int(getattr(vision, "hidden_size", None) or getattr(vision, "embed_dim"))
+    width = getattr(vision, "intermediate_size", None) or hidden * int(getattr(vision, "mlp_ratio", 4))
+    gated = getattr(vision, "model_type", "") == "qwen2_5_vl_vision"  # Qwen2_5_VLMLP: gate, up, down
+    return VisionShape(hidden, int(vision.depth), int(width), gated, patch, int(vision.spatial_merge_size),
+                       channels * temporal * patch * patch, int(getattr(vision, "out_hidden_size", 0) or 0),
+                       1 + len(getattr(vision, "deepstack_visual_indexes", None) or []))
+
+
+def count_parameters(hf_config, trust_remote_code: bool = False) -> tuple[int, int]:
+    """``(parameters, vocab size)`` of the model, counted on the meta device (no memory, no checkpoint read)."""
+    import torch
+
+    from easyrl.workers.fsdp_model import build_empty_model
+
+    model = build_empty_model(hf_config, torch.float32, trust_remote_code=trust_remote_code, attn_implementation="sdpa")
+    vocab = getattr(getattr(hf_config, "text_config", hf_config), "vocab_size", None) or hf_config.vocab_size
+    return sum(p.numel() for p in model.parameters()), int(vocab)
+
+
+def reward_model_parameters(config: PPOConfig) -> int:
+    """Parameters of ``worker.reward.reward_model`` (0 without one), counted on the meta device from its config."""
+    rm = config.worker.reward.reward_model
+    if not rm.enabled:
+        return 0
+    from transformers import AutoConfig
+
+    hf_config = AutoConfig.from_pretrained(rm.model_path, trust_remote_code=rm.trust_remote_code)
+    return classifier_parameters(hf_config, rm.trust_remote_code)
+
+
+def classifier_parameters(hf_config, trust_remote_code: bool) -> int:
+    """Parameters of ``AutoModelForSequenceClassification`` built from ``hf_config`` on the meta device."""
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    with torch.device("meta"):
+        model = AutoModelForSequenceClassification.from_config(hf_config, trust_remote_code=trust_remote_code)
+    return sum(p.numel() for p in model.parameters())
