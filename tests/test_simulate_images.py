@@ -93,6 +93,25 @@ def test_the_estimates_vision_term_grows_with_max_pixels():
     assert _vision_term("worker.actor.model.freeze_vision_tower=true") < large / 4
 
 
+def test_the_experience_forwards_count_the_images():
+    """config.yaml (Qwen2.5-VL-7B, 16 x 4096 tokens of old log-probs per device): ``easyrl simulate`` holds 17.1 GiB
+    with one image per prompt, 15.6 text only; the estimate's image item brings it from 15.5 to within 3%."""
+    from transformers import AutoConfig
+
+    from easyrl.workers.experience_estimate import RoleModel, estimate_experience
+    from easyrl.workers.memory_estimate import estimate_memory
+    from easyrl.workers.model_size import model_shape
+
+    config = _config(f"worker.actor.model.model_path={VL_7B}")
+    shape = model_shape(AutoConfig.from_pretrained(VL_7B))
+    estimate = estimate_memory(8_292_166_656, 152064, config, 79.2, shape)
+    phases = estimate_experience(estimate, config, RoleModel(8_292_166_656, 152064, shape))
+    items = phases["old log-probs (forward)"]
+    assert items["old log-probs (forward): vision (pixels, image tokens)"] == pytest.approx(1.5, abs=0.1)
+    without_adam = sum(items.values()) - estimate.rollout["actor Adam states"]
+    assert without_adam == pytest.approx(17.1, rel=0.03)
+
+
 def _tiny_qwen3_vl(folder: Path) -> str:
     """Qwen3-VL-8B's config at toy widths: 2 decoder layers, a 3-block vision tower with two DeepStack mergers."""
     from transformers import AutoConfig

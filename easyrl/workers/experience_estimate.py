@@ -12,6 +12,7 @@ from easyrl.config import PPOConfig
 from easyrl.workers.memory_estimate import MemoryEstimate
 from easyrl.workers.model_size import DTYPE_BYTES, GIB, ModelShape, classifier_parameters, count_parameters, model_shape
 from easyrl.workers.roles import builds_reference
+from easyrl.workers.vision_memory import vision_forward
 
 
 @dataclass(frozen=True)
@@ -85,9 +86,12 @@ def estimate_experience(estimate: MemoryEstimate, config: PPOConfig, actor: Role
         tokens = rm.max_token_len_per_device if rm.dynamic_batching and rm.max_token_len_per_device else \
             rm.micro_batch_size_per_device * (rm.max_length or length)
         runs.append(("reward model forward", reward_model, tokens, DTYPE_BYTES[rm.param_dtype]))
-    estimate.experience = {phase: resident | {f"{phase}: {item}": gib for item, gib in
-                                              experience_forward(model, tokens, nbytes).items()}
-                           for phase, model, tokens, nbytes in runs}
+    estimate.experience = {}
+    for phase, model, tokens, nbytes in runs:
+        items = experience_forward(model, tokens, nbytes)
+        if model.shape.vision is not None and phase != "reward model forward":  # the reward model scores text
+            items |= vision_forward(config, model.shape.vision, tokens, model.shape.hidden_size)
+        estimate.experience[phase] = resident | {f"{phase}: {item}": gib for item, gib in items.items()}
     return estimate.experience
 
 

@@ -73,3 +73,21 @@ def vision_activations(config: PPOConfig, vision: VisionShape) -> dict[str, floa
         blocks = vision.depth * patches * (mlp + 12 * vision.hidden_size) * cb
     mergers = patches * vision.hidden_size * (4 * cb * vision.mergers + 4)
     return {"vision tower (update micro-batch)": (pixels + blocks + mergers + output) / GIB}
+
+
+def vision_forward(config: PPOConfig, vision: VisionShape, tokens: int, text_hidden: int) -> dict[str, float]:
+    """GiB that images add to an experience forward without autograd (old log-probs, reference) of ``tokens``
+    (``(max_prompt_length + max_response_length)`` each, with the largest image: :func:`prompt_image_grid`), at its
+    peak in a decoder layer's MLP, when the tower is done: ``pixel_values`` on the device (float32) and their
+    compute-dtype copy, the image tokens of the final and DeepStack mergers (``P / merge^2 x out_hidden_size``), and
+    the input embeddings with the image tokens scattered in (``tokens x hidden``, beside the plain embeddings). easyrl
+    simulate, Qwen2.5-VL-7B at 16 x 4096 tokens: 1.5 GiB above the text-only forward; this counts 1.5."""
+    length = config.data.max_prompt_length + config.data.max_response_length
+    grid = prompt_image_grid(config, vision)
+    if grid is None:
+        return {}
+    cb = DTYPE_BYTES[config.worker.actor.fsdp.param_dtype]
+    patches = max(1, tokens // length) * grid[0] * grid[1] * grid[2]
+    pixels = patches * vision.patch_dim * (4 + cb)
+    image_tokens = patches // vision.merge_size ** 2 * vision.out_hidden_size * cb * vision.mergers
+    return {"vision (pixels, image tokens)": (pixels + image_tokens + tokens * text_hidden * cb) / GIB}
