@@ -104,8 +104,9 @@ def test_the_reward_model_forward_names_its_own_settings(tmp_path):
 
 def test_the_backward_prefetch_closes_the_moe_update_gap():
     """The 30B-A3B recipe's actor update (8 x H100, actor offloaded, micro 1, one image per prompt) simulates 9.8 GiB
-    (9.1 text only); the estimate was 7.9 (-13%, text only) until it counted the decoder layer FSDP2 gathers ahead in backward (one 623M-parameter MoE layer in
-    bf16, 1.2 GiB: ``memory_estimate.prefetched_layer``, found in a snapshot of the simulated peak)."""
+    (9.1 text only); the estimate was 7.9 (-13%, text only) until it counted the decoder layer FSDP2 gathers ahead
+    in backward (one 623M-parameter MoE layer in bf16, 1.2 GiB: ``memory_estimate.prefetched_layer``, found in a
+    snapshot of the simulated peak)."""
     from transformers import AutoConfig
 
     from easyrl.simulate.phases import model_folder
