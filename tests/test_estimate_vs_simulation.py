@@ -94,14 +94,16 @@ def test_padded_path_simulates_and_the_estimate_bounds_it(tmp_path):
 
 # the actor update's peak per device that easyrl simulate measured on the full recipes (docs/simulate.md, GiB on
 # 8 x H100): minutes of CPU each, so the numbers are recorded here and the estimate is checked against them
-RECIPE_UPDATES = [("Qwen/Qwen3-VL-30B-A3B-Instruct", 9.1), ("Qwen/Qwen3.5-27B", 16.5)]
+RECIPE_UPDATES = [("Qwen/Qwen3-VL-30B-A3B-Instruct", 9.8), ("Qwen/Qwen3.5-27B", 17.0)]  # with one image per prompt
 
 
 @pytest.mark.parametrize("model, simulated", RECIPE_UPDATES, ids=["30b-a3b-moe", "27b-gated-deltanet"])
 def test_moe_routing_and_gated_deltanet_state_are_estimated(model, simulated):
     """The routed token copies of a mixture of experts and Gated DeltaNet's float32 chunked state (measured on one
-    layer each: memory_estimate.update_activations) bring both offloaded recipes within 15% (they were -16% and
-    -17% with the dense layer's formula)."""
+    layer each: memory_estimate.update_activations) and the decoder layer FSDP2 gathers ahead in backward
+    (memory_estimate.prefetched_layer: one 623M-parameter MoE layer in bf16, 1.2 GiB, found in a snapshot of the
+    simulated peak) bring both offloaded recipes within 5% of their simulated updates (they were -16% and -17% with
+    the dense layer's formula, -13% and -8% without the prefetched layer)."""
     from transformers import AutoConfig
 
     from easyrl.simulate.phases import model_folder
@@ -112,4 +114,4 @@ def test_moe_routing_and_gated_deltanet_state_are_estimated(model, simulated):
     hf_config = AutoConfig.from_pretrained(model_folder(model))
     num_params, vocab = count_parameters(hf_config)
     estimate = estimate_memory(num_params, vocab, config, DEVICES["h100"].memory_gib, model_shape(hf_config))
-    assert estimate.training_gib == pytest.approx(simulated, rel=0.15), estimate.training
+    assert estimate.training_gib == pytest.approx(simulated, rel=0.05), estimate.training
