@@ -119,3 +119,28 @@ def test_the_backward_prefetch_closes_the_moe_update_gap():
     num_params, vocab = count_parameters(hf_config)
     estimate = estimate_memory(num_params, vocab, config, DEVICES["h100"].memory_gib, model_shape(hf_config))
     assert estimate.training_gib == pytest.approx(9.8, rel=0.03), estimate.training
+
+
+def test_the_forward_start_holds_a_large_root_group_twice():
+    """The Qwen3.5-27B recipe (8 x H100, actor offloaded, 4 x 4096 tokens of old log-probs with 4 x 7744 patches):
+    ``easyrl simulate`` peaks at 10.95 GiB before the first vision block, not in a decoder layer: FSDP2 keeps the
+    root group's all-gather output (4.83 GiB: the 248320 x 5120 embedding and LM head) beside its unsharded
+    parameters until the next group's copy-out, with the tower's pixels and position-embedding interpolation (1.13).
+    The estimate was 8.9 (a decoder layer's peak: -18%); ``experience_estimate.forward_start`` counts 10.76. The 7B
+    recipe (config.yaml) still peaks inside a layer (17.0 vs 17.1 simulated: tests/test_simulate_images.py)."""
+    from transformers import AutoConfig
+
+    from easyrl.simulate.phases import model_folder
+
+    model = "Qwen/Qwen3.5-27B"
+    config = load_config([f"config={ROOT / 'config.yaml'}", f"worker.actor.model.model_path={model}",
+                          "worker.actor.offload.offload_params=true",
+                          "worker.actor.micro_batch_size_per_device_for_update=1",
+                          "worker.actor.micro_batch_size_per_device_for_experience=4", "trainer.n_gpus_per_node=8"])
+    shape = model_shape(AutoConfig.from_pretrained(model_folder(model)))
+    estimate = estimate_memory(27_356_728_560, 248320, config, DEVICES["h100"].memory_gib, shape)
+    phases = estimate_experience(estimate, config, RoleModel(27_356_728_560, 248320, shape))
+    for phase in ("old log-probs (forward)", "reference forward"):
+        items = phases[phase]
+        assert sum(items.values()) == pytest.approx(10.95, rel=0.03), items
+        assert items[f"{phase}: vision tower before its first block"] == pytest.approx(1.13, abs=0.01)

@@ -12,7 +12,7 @@ from easyrl.config import PPOConfig
 from easyrl.workers.memory_estimate import MemoryEstimate
 from easyrl.workers.model_size import DTYPE_BYTES, GIB, ModelShape, classifier_parameters, count_parameters, model_shape
 from easyrl.workers.roles import builds_reference
-from easyrl.workers.vision_memory import vision_forward
+from easyrl.workers.vision_memory import vision_forward, vision_start
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,31 @@ def experience_forward(model: RoleModel, tokens: int, compute_bytes: int) -> dic
             "activations (one layer, no grad)": forward_activations(tokens, shape, compute_bytes) / GIB}
 
 
+def forward_start(model: RoleModel, tokens: int, compute_bytes: int, vision: float | None = None) -> dict[str, float]:
+    """GiB one experience forward of ``model`` over ``tokens`` holds at its start, before FSDP2 gathers the first
+    block: the root group (the embedding, and the LM head unless tied or a score head) twice, as its unsharded
+    parameters and as the flat all-gather output they were copied from, which FSDP2 keeps in forward until the next
+    group's copy-out (``FSDPParamGroup.wait_for_unshard``, torch 2.13: ``comm_ctx.all_gather_state``, "defer free
+    to allow for overlap of this copy-out with next all-gather"); the input embeddings (``tokens x hidden``); and
+    either the first decoder layer's all-gather output (a text model) or ``vision``, the bytes the vision tower holds
+    before its first block (``vision_memory.vision_start``; its blocks' groups are small). Above
+    :func:`experience_forward`'s peak for a large vocabulary at a small token budget: easyrl simulate's snapshot of
+    the Qwen3.5-27B recipe (8 x H100, 4 x 4096 tokens, 248320 x 5120 embedding and LM head: 4.74 GiB; 4 layers)
+    peaks there at 10.95 GiB with 4 x 7744 patches: the root's parameters 4.74 + 0.09 (the tower's merger and
+    position embedding) and its all-gather output 4.83, the input embeddings 0.16, the tower's start 1.13; 9.87 GiB
+    text only (the first vision block's all-gather beside them). This counts 10.76 (-1.7%); inside a decoder
+    layer (:func:`experience_forward`, :func:`vision_memory.vision_forward`) it counted 8.9."""
+    shape = model.shape
+    embeddings = (2 if model.lm_head and not shape.tied else 1) * model.vocab_size * shape.hidden_size
+    layer = max(model.params - embeddings, 0) / shape.num_layers
+    first = layer * compute_bytes if vision is None else vision
+    return {"gathered root group (FSDP2)": embeddings * compute_bytes / GIB,
+            "root all-gather output (FSDP2 keeps it until the next group's)": embeddings * compute_bytes / GIB,
+            "input embeddings": tokens * shape.hidden_size * compute_bytes / GIB,
+            ("vision tower before its first block" if vision is not None else "first decoder layer's all-gather"):
+                first / GIB}
+
+
 def estimate_experience(estimate: MemoryEstimate, config: PPOConfig, actor: RoleModel,
                         teacher: RoleModel | None = None,
                         reward_model: RoleModel | None = None) -> dict[str, dict[str, float]]:
@@ -89,8 +114,13 @@ def estimate_experience(estimate: MemoryEstimate, config: PPOConfig, actor: Role
     estimate.experience = {}
     for phase, model, tokens, nbytes in runs:
         items = experience_forward(model, tokens, nbytes)
-        if model.shape.vision is not None and phase != "reward model forward":  # the reward model scores text
+        images = model.shape.vision is not None and phase != "reward model forward"  # the reward model scores text
+        if images:
             items |= vision_forward(config, model.shape.vision, tokens, model.shape.hidden_size)
+        tower = vision_start(config, model.shape.vision, tokens) if images else None
+        start = forward_start(model, tokens, nbytes, tower)
+        if sum(start.values()) > sum(items.values()):  # a large root group at a small token budget
+            items = start
         estimate.experience[phase] = resident | {f"{phase}: {item}": gib for item, gib in items.items()}
     return estimate.experience
 
