@@ -144,3 +144,15 @@ def test_the_forward_start_holds_a_large_root_group_twice():
         items = phases[phase]
         assert sum(items.values()) == pytest.approx(10.95, rel=0.03), items
         assert items[f"{phase}: vision tower before its first block"] == pytest.approx(1.13, abs=0.01)
+
+
+def test_a_small_budget_peaks_at_the_forward_start(tmp_path):
+    """One row of 1024 tokens, actor offloaded (Qwen2.5-7B widths, 2 layers): the simulated old-log-prob forward
+    peaks at the first decoder layer's copy-out, before any activations, holding the root group twice (its
+    parameters and the all-gather output FSDP2 keeps until then: 2.03 GiB each) and the first layer twice (0.43 GiB
+    each): 4.94 GiB; the estimate inside a layer (root + two layers + one MLP) was 3.03 (-39%)."""
+    config, estimate = _estimate(_model(tmp_path / "model"), "worker.actor.offload.offload_params=true",
+                                 "worker.actor.micro_batch_size_per_device_for_experience=1", *SHORT_ROWS)
+    sim = simulate(config, DEVICES["h100"], log=lambda _: None, update=False)
+    phase = next(p for p in sim.phases if p.name == "old log-probs (forward)")
+    assert float(report.experience_column(phase, estimate)) == pytest.approx(phase.peak_gib, rel=TOLERANCE)
