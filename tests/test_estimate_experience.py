@@ -100,3 +100,40 @@ def test_the_reward_model_forward_names_its_own_settings(tmp_path):
     sim = Simulation(DEVICES["h100"], config.world_size, [PhaseResult("reward model forward", needed, 1.0, 1.0)])
     problem = report.verdict(sim, estimate, None)
     assert "'reward model forward'" in problem and "worker.reward.reward_model.micro_batch_size_per_device" in problem
+
+
+def test_the_forward_start_holds_a_large_root_group_twice():
+    """The Qwen3.5-27B recipe (8 x H100, actor offloaded, 4 x 4096 tokens of old log-probs with 4 x 7744 patches):
+    ``easyrl simulate`` peaks at 10.95 GiB before the first vision block, not in a decoder layer: FSDP2 keeps the
+    root group's all-gather output (4.83 GiB: the 248320 x 5120 embedding and LM head) beside its unsharded
+    parameters until the next group's copy-out, with the tower's pixels and position-embedding interpolation (1.13).
+    The estimate was 8.9 (a decoder layer's peak: -18%); ``experience_estimate.forward_start`` counts 10.76. The 7B
+    recipe (config.yaml) still peaks inside a layer (17.0 vs 17.1 simulated: tests/test_simulate_images.py)."""
+    from transformers import AutoConfig
+
+    from easyrl.simulate.phases import model_folder
+
+    model = "Qwen/Qwen3.5-27B"
+    config = load_config([f"config={ROOT / 'config.yaml'}", f"worker.actor.model.model_path={model}",
+                          "worker.actor.offload.offload_params=true",
+                          "worker.actor.micro_batch_size_per_device_for_update=1",
+                          "worker.actor.micro_batch_size_per_device_for_experience=4", "trainer.n_gpus_per_node=8"])
+    shape = model_shape(AutoConfig.from_pretrained(model_folder(model)))
+    estimate = estimate_memory(27_356_728_560, 248320, config, DEVICES["h100"].memory_gib, shape)
+    phases = estimate_experience(estimate, config, RoleModel(27_356_728_560, 248320, shape))
+    for phase in ("old log-probs (forward)", "reference forward"):
+        items = phases[phase]
+        assert sum(items.values()) == pytest.approx(10.95, rel=0.03), items
+        assert items[f"{phase}: vision tower before its first block"] == pytest.approx(1.13, abs=0.01)
+
+
+def test_a_small_budget_peaks_at_the_forward_start(tmp_path):
+    """One row of 1024 tokens, actor offloaded (Qwen2.5-7B widths, 2 layers): the simulated old-log-prob forward
+    peaks at the first decoder layer's copy-out, before any activations, holding the root group twice (its
+    parameters and the all-gather output FSDP2 keeps until then: 2.03 GiB each) and the first layer twice (0.43 GiB
+    each): 4.94 GiB; the estimate inside a layer (root + two layers + one MLP) was 3.03 (-39%)."""
+    config, estimate = _estimate(_model(tmp_path / "model"), "worker.actor.offload.offload_params=true",
+                                 "worker.actor.micro_batch_size_per_device_for_experience=1", *SHORT_ROWS)
+    sim = simulate(config, DEVICES["h100"], log=lambda _: None, update=False)
+    phase = next(p for p in sim.phases if p.name == "old log-probs (forward)")
+    assert float(report.experience_column(phase, estimate)) == pytest.approx(phase.peak_gib, rel=TOLERANCE)

@@ -1,7 +1,8 @@
 """The experience forwards' memory (old log-probs, reference, the distillation teacher's, the reward model's; vLLM
-asleep): each a phase of its own, what stays resident + the role's gathered weights + one layer's no-grad activations
-(``easyrl simulate`` snapshots of the simulated peaks; docs/simulate.md), checked by
-``memory_estimate.check_memory`` naming the setting that sizes its micro-batch (``EXPERIENCE_SETTINGS``)."""
+asleep): each a phase of its own, what stays resident + the role's gathered weights + one layer's no-grad activations,
+or, where larger, the forward's start (the root group gathered twice) (``easyrl simulate`` snapshots of the simulated
+peaks; docs/simulate.md), checked by ``memory_estimate.check_memory`` naming the setting that sizes its micro-batch
+(``EXPERIENCE_SETTINGS``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from easyrl.config import PPOConfig
 from easyrl.workers.memory_estimate import MemoryEstimate
 from easyrl.workers.model_size import DTYPE_BYTES, GIB, ModelShape, classifier_parameters, count_parameters, model_shape
 from easyrl.workers.roles import builds_reference
-from easyrl.workers.vision_memory import vision_forward
+from easyrl.workers.vision_memory import vision_forward, vision_start
 
 
 @dataclass(frozen=True)
@@ -54,16 +55,46 @@ def experience_forward(model: RoleModel, tokens: int, compute_bytes: int) -> dic
             "activations (one layer, no grad)": forward_activations(tokens, shape, compute_bytes) / GIB}
 
 
+def forward_start(model: RoleModel, tokens: int, compute_bytes: int, vision: float | None = None) -> dict[str, float]:
+    """GiB one experience forward of ``model`` over ``tokens`` holds at its start, before FSDP2 gathers the first
+    block: the root group (the embedding, and the LM head unless tied or a score head) twice, as its unsharded
+    parameters and as the flat all-gather output they were copied from, which FSDP2 keeps in forward until the next
+    group's copy-out (``FSDPParamGroup.wait_for_unshard``, torch 2.13: ``comm_ctx.all_gather_state``, "defer free
+    to allow for overlap of this copy-out with next all-gather"; the local ``prev_all_gather_state`` still refers to
+    it during the next group's copy-out); the input embeddings (``tokens x hidden``); and either the first decoder
+    layer twice (a text model: its all-gather output and the parameters copied out of it) or ``vision``, the bytes
+    the vision tower holds before its first block (``vision_memory.vision_start``; its blocks' groups are small).
+    Above :func:`experience_forward`'s peak for a large vocabulary at a small token budget. easyrl simulate's
+    snapshots: the Qwen3.5-27B recipe (8 x H100, 4 x 4096 tokens, 248320 x 5120 embedding and LM head: 4.74 GiB;
+    4 layers) peaks there at 10.95 GiB with 4 x 7744 patches: the root's parameters 4.74 + 0.09 (the tower's merger
+    and position embedding) and its all-gather output 4.83, the input embeddings 0.16, the tower's start 1.13; 9.87
+    GiB text only (the first vision block's all-gather beside them). This counts 10.76 (-1.7%); inside a decoder
+    layer (:func:`experience_forward`, :func:`vision_memory.vision_forward`) it counted 8.9. Qwen2.5-7B widths, 2
+    layers, 1 x 1024 tokens, actor offloaded: 4.94 GiB at the first layer's copy-out (root 2.03 x 2, layer 0.43 x
+    2); this counts 4.94 (inside a layer: 3.03)."""
+    shape = model.shape
+    embeddings = (2 if model.lm_head and not shape.tied else 1) * model.vocab_size * shape.hidden_size
+    layer = max(model.params - embeddings, 0) / shape.num_layers
+    first = 2 * layer * compute_bytes if vision is None else vision
+    name = "vision tower before its first block" if vision is not None else "first decoder layer (gathered, copied out)"
+    return {"gathered root group (FSDP2)": embeddings * compute_bytes / GIB,
+            "root all-gather output (FSDP2 keeps it until the next group's)": embeddings * compute_bytes / GIB,
+            "input embeddings": tokens * shape.hidden_size * compute_bytes / GIB,
+            name: first / GIB}
+
+
 def estimate_experience(estimate: MemoryEstimate, config: PPOConfig, actor: RoleModel,
                         teacher: RoleModel | None = None,
                         reward_model: RoleModel | None = None) -> dict[str, dict[str, float]]:
     """The experience forwards' peaks per device, phase by phase (old log-probs, reference, teacher, reward model),
     each what stays resident while vLLM sleeps (the rollout phase's items less vLLM's claim: the actor's shard and
     AdamW states, the reference, critic, teacher and reward model shards as offloaded or not, the judge's claim)
-    plus :func:`experience_forward` of its model at its token budget: the actor's ``max_token_len_per_device`` or
-    ``micro_batch_size_per_device_for_experience x (max_prompt_length + max_response_length)`` (the teacher's micro
-    with the actor's budget: ``teacher_role_config``), the reward model's ``max_token_len_per_device`` or
-    ``micro_batch_size_per_device x (max_length or the padded length)``. Stored in ``estimate.experience`` too.
+    plus the larger of :func:`experience_forward` (inside a decoder layer, with ``vision_memory.vision_forward`` for a
+    VL model) and :func:`forward_start` (before the first block) of its model at its token budget: the actor's
+    ``max_token_len_per_device`` or ``micro_batch_size_per_device_for_experience x (max_prompt_length +
+    max_response_length)`` (the teacher's micro with the actor's budget: ``teacher_role_config``), the reward model's
+    ``max_token_len_per_device`` or ``micro_batch_size_per_device x (max_length or the padded length)``. Stored in
+    ``estimate.experience`` too.
 
     Args:
         estimate: :func:`estimate_memory`'s result for ``config``.
@@ -89,8 +120,13 @@ def estimate_experience(estimate: MemoryEstimate, config: PPOConfig, actor: Role
     estimate.experience = {}
     for phase, model, tokens, nbytes in runs:
         items = experience_forward(model, tokens, nbytes)
-        if model.shape.vision is not None and phase != "reward model forward":  # the reward model scores text
+        images = model.shape.vision is not None and phase != "reward model forward"  # the reward model scores text
+        if images:
             items |= vision_forward(config, model.shape.vision, tokens, model.shape.hidden_size)
+        tower = vision_start(config, model.shape.vision, tokens) if images else None
+        start = forward_start(model, tokens, nbytes, tower)
+        if sum(start.values()) > sum(items.values()):  # a large root group at a small token budget
+            items = start
         estimate.experience[phase] = resident | {f"{phase}: {item}": gib for item, gib in items.items()}
     return estimate.experience
 

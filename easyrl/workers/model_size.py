@@ -65,6 +65,9 @@ class VisionShape:
     """Width of the image tokens the tower hands the language model."""
     mergers: int = 1
     """Patch mergers: the final one and Qwen3-VL's DeepStack mergers (``1 + len(deepstack_visual_indexes)``)."""
+    position_embedding: bool = False
+    """A learned position embedding, bilinearly interpolated to each image's grid (Qwen3-VL, Qwen3.5:
+    ``num_position_embeddings``); Qwen2/2.5-VL have rotary positions only."""
 
 
 def vision_shape(hf_config) -> "VisionShape | None":
@@ -81,7 +84,8 @@ def vision_shape(hf_config) -> "VisionShape | None":
     gated = getattr(vision, "model_type", "") == "qwen2_5_vl_vision"  # Qwen2_5_VLMLP: gate, up, down
     return VisionShape(hidden, int(vision.depth), int(width), gated, patch, int(vision.spatial_merge_size),
                        channels * temporal * patch * patch, int(getattr(vision, "out_hidden_size", 0) or 0),
-                       1 + len(getattr(vision, "deepstack_visual_indexes", None) or []))
+                       1 + len(getattr(vision, "deepstack_visual_indexes", None) or []),
+                       bool(getattr(vision, "num_position_embeddings", None)))
 
 
 def count_parameters(hf_config, trust_remote_code: bool = False) -> tuple[int, int]:

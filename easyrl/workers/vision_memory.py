@@ -91,3 +91,22 @@ def vision_forward(config: PPOConfig, vision: VisionShape, tokens: int, text_hid
     pixels = patches * vision.patch_dim * (4 + cb)
     image_tokens = patches // vision.merge_size ** 2 * vision.out_hidden_size * cb * vision.mergers
     return {"vision (pixels, image tokens)": (pixels + image_tokens + tokens * text_hidden * cb) / GIB}
+
+
+def vision_start(config: PPOConfig, vision: VisionShape, tokens: int) -> float:
+    """Bytes the vision tower holds before its first block, for an experience forward of ``tokens`` (one image of
+    :func:`prompt_image_grid` per prompt, ``P`` patches in all): ``pixel_values`` on the device (float32) and their
+    compute-dtype copy, the patch embedding's output (``P x hidden``), and, for a tower with a learned position
+    embedding (Qwen3-VL, Qwen3.5), its bilinear interpolation: the four corners' embeddings (``P x 4 x hidden``) and
+    their product with the float32 weights (transformers' ``(pos_embed(indices) * weights[:, :, None]).sum(1)``).
+    easyrl simulate, Qwen3.5-27B (4 x 7744 patches of 1152 wide): 0.27 pixels + 0.07 patch embedding + 0.27 + 0.53
+    interpolation = 1.13 GiB; this counts 1.13. ``experience_estimate.forward_start`` adds it at the forward's start,
+    where FSDP2 still holds the root group's all-gather output."""
+    grid = prompt_image_grid(config, vision)
+    if grid is None:
+        return 0.0
+    cb = DTYPE_BYTES[config.worker.actor.fsdp.param_dtype]
+    length = config.data.max_prompt_length + config.data.max_response_length
+    patches = max(1, tokens // length) * grid[0] * grid[1] * grid[2]
+    interpolation = patches * 4 * vision.hidden_size * (cb + 4) if vision.position_embedding else 0
+    return patches * vision.patch_dim * (4 + cb) + patches * vision.hidden_size * cb + interpolation
