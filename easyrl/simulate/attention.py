@@ -30,6 +30,7 @@ Not counted: the kernels' own workspaces (flash-attention's float32 ``dq`` accum
 from __future__ import annotations
 
 import contextlib
+import itertools
 from typing import Iterator, Optional
 from unittest import mock
 
@@ -40,7 +41,7 @@ from transformers.masking_utils import AttentionMaskInterface
 
 from easyrl.models.packed_attention import packed_sdpa_mask, sequence_lengths
 
-__all__ = ["SIMULATED_VARLEN", "device_attention", "fused_sdpa", "simulated_varlen_attention"]
+__all__ = ["SIMULATED_VARLEN", "device_attention", "fused_sdpa", "simulated_varlen_attention", "varlen_flash"]
 
 SIMULATED_VARLEN = "easyrl_simulated_varlen"
 """The ``attn_implementation`` name standing for ``flash_attention_2`` on simulated devices (a name without "flash":
@@ -115,16 +116,30 @@ def simulated_varlen_attention(
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
     lengths = sequence_lengths(position_ids)
-    offsets = [0]
-    for length in lengths:
-        offsets.append(offsets[-1] + length)
-    cu_seqlens = torch.tensor(offsets, dtype=torch.int32, device=query.device)
-    window = kwargs.get("sliding_window")
+    cu_seqlens = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=query.device)
+    return varlen_flash(query, key, value, cu_seqlens, cu_seqlens, max(lengths), max(lengths), dropout, True,
+                        scaling, kwargs.get("sliding_window")), None
+
+
+def varlen_flash(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                 cu_seqlens_k: torch.Tensor, max_q: int, max_k: int, dropout: float, causal: bool,
+                 scale: Optional[float], window: Optional[int] = None) -> torch.Tensor:
+    """flash-attention's varlen kernel (``aten._flash_attention_forward``, which has fake/meta kernels for it and
+    its backward) over the pieces of one row that ``cu_seqlens_q/k`` (``(pieces + 1,)`` int32 boundaries) mark.
+
+    Args:
+        query: ``(1, heads, total, head_dim)``; key, value: ``(1, kv_heads, total, head_dim)``.
+        window: a causal sliding window (tokens), or None.
+
+    Returns:
+        ``(1, total, heads, head_dim)``: the output; the kernel's float32 log-sum-exp ``(heads, total)`` stays for
+        the backward.
+    """
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
     out = torch.ops.aten._flash_attention_forward(
-        query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1), cu_seqlens, cu_seqlens,
-        max(lengths), max(lengths), dropout, True, False, scale=scaling,
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, dropout, causal, False, scale=scale,
         window_size_left=window - 1 if window is not None else None, window_size_right=0 if window else None)[0]
-    return out.unsqueeze(0), None
+    return out.unsqueeze(0)
 
 
 AttentionInterface.register(SIMULATED_VARLEN, simulated_varlen_attention)

@@ -37,6 +37,8 @@ from unittest import mock
 import torch
 from transformers import AttentionInterface
 
+from easyrl.simulate.attention import varlen_flash
+
 __all__ = ["VISION_VARLEN", "deepstack_by_positions", "simulated_vl", "varlen_vision_attention"]
 
 VISION_VARLEN = "easyrl_simulated_flash_vision"
@@ -58,11 +60,8 @@ def varlen_vision_attention(module: torch.nn.Module, query: torch.Tensor, key: t
     Returns:
         ``((1, patches, heads, head_dim), None)``, as transformers' flash attention returns it.
     """
-    q, k, v = (t.transpose(1, 2).squeeze(0) for t in (query, key, value))
-    out = torch.ops.aten._flash_attention_forward(
-        q, k, v, cu_seq_lens_q.to(torch.int32), cu_seq_lens_k.to(torch.int32), int(max_length_q), int(max_length_k),
-        dropout, is_causal, False, scale=scaling)[0]
-    return out.unsqueeze(0), None
+    return varlen_flash(query, key, value, cu_seq_lens_q.to(torch.int32), cu_seq_lens_k.to(torch.int32),
+                        int(max_length_q), int(max_length_k), dropout, is_causal, scaling), None
 
 
 AttentionInterface.register(VISION_VARLEN, varlen_vision_attention)
