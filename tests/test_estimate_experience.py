@@ -1,4 +1,4 @@
-"""The experience forwards' estimate (easyrl.workers.experience_estimate.estimate_experience: old log-probs, reference,
+"""The experience forwards' estimate (easyrl.sizing.experience.estimate_experience: old log-probs, reference,
 teacher, reward model, each with vLLM asleep) against ``easyrl simulate``'s count of the same forwards on the
 simulated device, for Qwen2.5-7B's real widths on 2 layers (fake tensors cost the same CPU time whatever their size),
 and the verdict naming the experience phase and the setting that sizes it when one cannot fit."""
@@ -13,11 +13,11 @@ import pytest
 from easyrl.config import load_config
 from easyrl.errors import ConfigError
 from easyrl.simulate import report
-from easyrl.simulate.fake_device import DEVICES
+from easyrl.sizing.devices import DEVICES
 from easyrl.simulate.phases import simulate
-from easyrl.workers.experience_estimate import RoleModel, estimate_experience, experience_models
-from easyrl.workers.memory_estimate import EXPERIENCE_SETTINGS, check_memory, estimate_memory
-from easyrl.workers.model_size import count_parameters, model_shape
+from easyrl.sizing.experience import RoleModel, estimate_experience, experience_models
+from easyrl.sizing.estimate import EXPERIENCE_SETTINGS, check_memory, estimate_memory
+from easyrl.sizing.anatomy import count_parameters, model_shape
 
 ROOT = Path(__file__).resolve().parents[1]
 TOLERANCE = 0.05

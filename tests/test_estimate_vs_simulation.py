@@ -1,4 +1,4 @@
-"""The pre-flight estimate (easyrl.workers.memory_estimate) against ``easyrl simulate``'s count of the actor update
+"""The pre-flight estimate (easyrl.sizing.estimate) against ``easyrl simulate``'s count of the actor update
 (forward, backward, AdamW step on the simulated device: easyrl.simulate.phases.simulate_update), for real widths on a
 few layers: fake tensors cost the same CPU time whatever their size, so a 7B-wide layer is as cheap to simulate as a
 tiny one. The estimate must stay within 10% of the simulation (it was -39% and -27% before it counted activations and
@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from easyrl.config import load_config
-from easyrl.simulate.fake_device import DEVICES
+from easyrl.sizing.devices import DEVICES
 from easyrl.simulate.phases import simulate_update
-from easyrl.workers.memory_estimate import estimate_memory
-from easyrl.workers.model_size import count_parameters, model_shape
+from easyrl.sizing.estimate import estimate_memory
+from easyrl.sizing.anatomy import count_parameters, model_shape
 
 ROOT = Path(__file__).resolve().parents[1]
 TOLERANCE = 0.10

@@ -1,4 +1,4 @@
-"""Pre-flight memory estimate (easyrl.workers.memory_estimate) against a hand count."""
+"""Pre-flight memory estimate (easyrl.sizing.estimate) against a hand count."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 
 from easyrl.config import load_config
 from easyrl.errors import ConfigError
-from easyrl.workers.memory_estimate import check_memory, estimate_memory
-from easyrl.workers.model_size import GIB, ModelShape, count_parameters, model_shape
+from easyrl.sizing.estimate import check_memory, estimate_memory
+from easyrl.sizing.anatomy import GIB, ModelShape, count_parameters, model_shape
 
 DEFAULT = f"config={Path(__file__).resolve().parents[1] / 'config.yaml'}"
 

@@ -12,13 +12,13 @@ import torch.distributed as dist
 
 from easyrl.simulate.__main__ import main
 from easyrl.simulate.fake_device import (
-    DEVICES,
     DeviceCheckError,
     accelerator_standins,
     device_check,
     fake_tensors,
     fake_world,
 )
+from easyrl.sizing.devices import DEVICES
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -87,7 +87,7 @@ def test_every_phase_runs_on_a_small_model_and_the_shards_match_a_hand_count(tmp
 
     from easyrl.config import load_config
     from easyrl.simulate.phases import simulate
-    from easyrl.workers.model_size import GIB, count_parameters
+    from easyrl.sizing.anatomy import GIB, count_parameters
 
     path = _small_model(tmp_path / "model")
     config = load_config(["config=" + str(ROOT / "config.yaml"), f"worker.actor.model.model_path={path}",
@@ -124,7 +124,7 @@ def test_teacher_and_reward_model_are_simulated_with_their_worker_code(tmp_path)
 
     from easyrl.config import load_config
     from easyrl.simulate.phases import simulate
-    from easyrl.workers.model_size import GIB
+    from easyrl.sizing.anatomy import GIB
 
     actor, teacher = _small_model(tmp_path / "actor"), _small_qwen3(tmp_path / "teacher")
     rm = _small_qwen3(tmp_path / "rm", classifier=True)
@@ -148,7 +148,7 @@ def test_the_judge_engine_is_held_beside_every_phase():
     and judge weights larger than its claim fail before any phase."""
     from easyrl.simulate import report
     from easyrl.simulate.phases import PhaseResult, Simulation
-    from easyrl.workers.memory_estimate import MemoryEstimate
+    from easyrl.sizing.estimate import MemoryEstimate
 
     estimate = MemoryEstimate(capacity_gib=79.2, vllm_weights_gib=1.0, tensor_parallel_size=1, vllm_claim_gib=40.0)
     sim = Simulation(DEVICES["h100"], 8, [PhaseResult("actor update (fwd+bwd+AdamW)", 60.0, 0.0, 1.0)])

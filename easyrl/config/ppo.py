@@ -70,6 +70,18 @@ class PPOConfig:
         return steps if self.trainer.max_steps is None else min(steps, self.trainer.max_steps)
 
     @property
+    def uses_lora(self) -> bool:
+        """Whether the actor carries a LoRA adapter (``worker.actor.model.lora.rank > 0``); the reference policy is then
+        the actor with its adapter switched off, not a second model."""
+        return self.worker.actor.model.lora.rank > 0
+
+    @property
+    def builds_reference(self) -> bool:
+        """Whether a reference model is built: a KL term (loss or in-reward) uses the reference policy
+        (``algorithm.needs_reference``) and the actor has no LoRA adapter (:attr:`uses_lora`)."""
+        return self.algorithm.needs_reference and not self.uses_lora
+
+    @property
     def world_size(self) -> int:
         """Number of workers (devices): ``trainer.nnodes * trainer.n_gpus_per_node``."""
         return self.trainer.nnodes * self.trainer.n_gpus_per_node

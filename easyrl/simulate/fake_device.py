@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from easyrl.simulate.standins import DEFAULT_DEVICE, DEVICES, GIB, DeviceSpec, accelerator_standins  # noqa: F401
+from easyrl.simulate.standins import GIB, DeviceSpec, accelerator_standins  # noqa: F401
 
 
 class DeviceCheckError(RuntimeError):

@@ -139,7 +139,6 @@ def simulate(config: PPOConfig, spec: DeviceSpec, log: Callable[[str], None] = p
     import easyrl.workers.fsdp_model as fsdp_model
     from easyrl.simulate import extra_roles
     from easyrl.workers.policy import FSDPPolicy
-    from easyrl.workers.roles import builds_reference
     from easyrl.workers.weight_sync import iter_full_weights
 
     cfg = config.worker
@@ -175,7 +174,7 @@ def simulate(config: PPOConfig, spec: DeviceSpec, log: Callable[[str], None] = p
             actor = phase("load actor", lambda: FSDPPolicy(path, cfg.actor, mesh, kind, device, trainable=True,
                                                            offload=cfg.actor.offload))
             ref = None
-            if builds_reference(config):
+            if config.builds_reference:
                 ref = phase("load reference", lambda: FSDPPolicy(path, cfg.actor, mesh, kind, device, trainable=False,
                                                                  offload=cfg.ref.offload, init_from=actor))
             phase("old log-probs (forward)", lambda: actor.compute_log_probs(batch, micro, cfg.actor.temperature))

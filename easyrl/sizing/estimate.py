@@ -24,7 +24,7 @@ not counted apart):
   - the logits: none with ``padding_free`` (the fused head, ``easyrl.models.fused_head``, holds 512-token chunks;
     their peak is below the one above); padded, ``micro x (response_length + 1) x vocab`` twice (with the gradient).
 
-  With ``ModelShape`` (``easyrl.workers.model_size``) omitted (no layer count and widths) only the states and the
+  With ``ModelShape`` (``easyrl.sizing.anatomy``) omitted (no layer count and widths) only the states and the
   padded logits are counted.
 
 On-policy distillation's teacher (``worker.teacher``, its own parameter count) adds its shard in the compute dtype to
@@ -41,12 +41,15 @@ A reward model (``worker.reward.reward_model``) adds its shard in the compute dt
 ``worker.reward.reward_model.offload.offload_params`` (the default, as the reference's).
 
 Experience forwards (old log-probs, reference, the teacher's, the reward model's; vLLM asleep): each a phase of its
-own, ``experience_estimate.estimate_experience`` (what stays resident + the role's gathered weights + one layer's
+own, ``easyrl.sizing.experience.estimate_experience`` (what stays resident + the role's gathered weights + one layer's
 no-grad activations), checked by :func:`check_memory` naming the setting that sizes its micro-batch.
 
 A vision-language model's tower (``vision_config``) adds, to the training phase, what it holds at the update's
 peak for one image per prompt at ``data.max_pixels`` (capped by ``data.max_prompt_length``):
-``vision_memory.vision_activations``.
+``easyrl.sizing.vision.vision_activations``.
+
+What is offloaded lives in host memory instead (``MemoryEstimate.host``, per node): the offloaded roles' shards, and
+with ``offload_optimizer`` the actor's AdamW states.
 
 Not counted: CUDA context and NCCL buffers (~1-2 GiB), allocator fragmentation.
 """
@@ -54,12 +57,13 @@ Not counted: CUDA context and NCCL buffers (~1-2 GiB), allocator fragmentation.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 from easyrl.config import PPOConfig
 from easyrl.errors import ConfigError
-from easyrl.workers.model_size import DTYPE_BYTES, GIB, ModelShape
-from easyrl.workers.roles import builds_reference, uses_lora
-from easyrl.workers.vision_memory import vision_activations
+from easyrl.sizing.anatomy import DTYPE_BYTES, GIB, ModelShape, model_anatomy
+from easyrl.sizing.experience import RoleModel, estimate_experience, experience_models
+from easyrl.sizing.vision import vision_activations
 
 
 @dataclass
@@ -74,7 +78,10 @@ class MemoryEstimate:
     training: dict[str, float] = field(default_factory=dict)
     experience: dict[str, dict[str, float]] = field(default_factory=dict)
     """Each experience forward (``easyrl simulate``'s phase name -> its items, GiB):
-    ``experience_estimate.estimate_experience``."""
+    ``easyrl.sizing.experience.estimate_experience``."""
+    host: dict[str, float] = field(default_factory=dict)
+    """Host memory per node (GiB) for what is offloaded (the offloaded roles' shards, AdamW states with
+    ``offload_optimizer``) on the ``trainer.n_gpus_per_node`` devices of one node."""
 
     @property
     def rollout_gib(self) -> float:
@@ -105,8 +112,8 @@ def estimate_memory(num_params: int, vocab_size: int, config: PPOConfig, capacit
     shard = num_params / world
     compute_bytes = DTYPE_BYTES[worker.actor.fsdp.param_dtype]
     actor_on_device = not worker.actor.offload.offload_params
-    lora = uses_lora(config)  # frozen base: no grads/Adam for it, and the reference is the base itself
-    ref_on_device = builds_reference(config) and not worker.ref.offload.offload_params
+    lora = config.uses_lora  # frozen base: no grads/Adam for it, and the reference is the base itself
+    ref_on_device = config.builds_reference and not worker.ref.offload.offload_params
     actor = worker.actor  # stored weights in fsdp.torch_dtype (fp32 by default); adamw_bf16 moments take 2 bytes each
     param_bytes = DTYPE_BYTES[actor.fsdp.torch_dtype] if actor.fsdp.torch_dtype else 4
     moment_bytes = 2 if actor.optim.strategy == "adamw_bf16" else param_bytes
@@ -150,6 +157,36 @@ def estimate_memory(num_params: int, vocab_size: int, config: PPOConfig, capacit
                 capacity_gib
     if reward_model_params:
         estimate.rollout["reward model"] = estimate.training["reward model"] = reward_model
+    node = config.trainer.n_gpus_per_node / GIB  # what a node's devices offload, in GiB
+    host = {"actor params + grads + Adam states": (param_bytes * (1 if lora else 2) + (0 if lora else 2 * moment_bytes))
+            * shard * node if not actor_on_device else 0.0,
+            "actor Adam states (offload_optimizer)": 2 * moment_bytes * shard * node
+            if actor_on_device and actor.offload.offload_optimizer and not lora else 0.0,
+            "reference": compute_bytes * shard * node if config.builds_reference and not ref_on_device else 0.0,
+            "critic": 16 * shard * node if config.algorithm.needs_critic and not critic_on_device else 0.0,
+            "teacher": compute_bytes * teacher_params / world * node
+            if config.algorithm.needs_teacher and not teacher_on_device else 0.0,
+            "reward model": DTYPE_BYTES[rm.param_dtype] * reward_model_params / world * node
+            if rm.offload.offload_params else 0.0}
+    estimate.host = {name: gib for name, gib in host.items() if gib > 0}
+    return estimate
+
+
+def estimate_run(config: PPOConfig, capacity_gib: float, folder: Callable[[str], str] = str) -> MemoryEstimate:
+    """The whole pre-flight estimate of ``config`` on devices of ``capacity_gib`` GiB: the actor's anatomy (one
+    meta-device build from its ``config.json``), the teacher's and the reward model's (:func:`experience_models`),
+    both phases (:func:`estimate_memory`) and every experience forward (:func:`estimate_experience`). The worker's
+    pre-flight and ``easyrl simulate`` call it; ``folder(model_path)`` finds each ``config.json`` (``easyrl simulate``
+    maps a hub id to the shipped one)."""
+    from transformers import AutoConfig
+
+    model = config.worker.actor.model
+    hf_config = AutoConfig.from_pretrained(folder(model.model_path), trust_remote_code=model.trust_remote_code)
+    actor = RoleModel(*model_anatomy(hf_config, model.trust_remote_code))
+    roles = experience_models(config, folder)
+    params = {f"{name}_params": role.params for name, role in roles.items() if role is not None}
+    estimate = estimate_memory(actor.params, actor.vocab_size, config, capacity_gib, actor.shape, **params)
+    estimate_experience(estimate, config, actor, **roles)
     return estimate
 
 
@@ -177,7 +214,7 @@ def update_activations(num_params: int, vocab_size: int, config: PPOConfig, shap
     layer_params = max(num_params - embeddings, 0) / shape.num_layers
     # root group gathered + one layer gathered, its unsharded grads (compute dtype, float32 for the reduce-scatter)
     # + the LM head's unsharded gradient; with LoRA the base is frozen: its weights are gathered, no gradients
-    grads = 0 if uses_lora(config) else layer_params * (cb + 4) + vocab_size * shape.hidden_size * cb
+    grads = 0 if config.uses_lora else layer_params * (cb + 4) + vocab_size * shape.hidden_size * cb
     unsharded = embeddings * cb + layer_params * cb + grads
     return {"activations (checkpointed inputs)":
             shape.num_layers * tokens * shape.hidden_size * cb / GIB if checkpointing else 0.0,
@@ -211,8 +248,53 @@ def _items(items: dict[str, float]) -> str:
     return ", ".join(f"{name} {gib:.1f}" for name, gib in items.items() if gib > 0)
 
 
+MORE_DEVICES = "more devices (trainer.n_gpus_per_node / trainer.nnodes: smaller shards)"
+GATHERED = "devices with more memory (FSDP2 gathers the root group and whole layers, whatever the world size)"
+ADVICE = (  # (item name part, what shrinks it, whether more devices shrink it too); the first match wins
+    ("judge vLLM", "lower worker.reward.judge.gpu_memory_utilization", False),
+    ("vLLM", "lower worker.rollout.gpu_memory_utilization", False),
+    ("actor", "worker.actor.offload.offload_params=true", True),
+    ("reference", "worker.ref.offload.offload_params=true", True),
+    ("critic", "worker.critic.offload.offload_params=true", True),
+    ("teacher", "worker.teacher.offload.offload_params=true", True),
+    ("reward model", "worker.reward.reward_model.offload.offload_params=true", True),
+    ("logits", "worker.actor.padding_free=true (no full logits) or a lower "
+               "worker.actor.micro_batch_size_per_device_for_update", False),
+    ("vision tower (update", "a lower data.max_pixels or worker.actor.micro_batch_size_per_device_for_update",
+     False),
+    ("activations (checkpointed", "a lower worker.actor.micro_batch_size_per_device_for_update (or "
+                                  "worker.actor.max_token_len_per_device)", False),
+    ("activations (layers", "a lower worker.actor.micro_batch_size_per_device_for_update (or "
+                            "worker.actor.max_token_len_per_device)", False),
+    ("FSDP2", GATHERED, False),
+    ("first decoder layer", GATHERED, False),
+)
+
+
+def advice(items: dict[str, float], excess_gib: float) -> str:
+    """What to change for a phase ``excess_gib`` over the device, from its dominant items: the largest ones until
+    they cover the excess, and any holding a fifth of the phase. An item is named by :data:`ADVICE`, or for an
+    experience forward's own items (``'<phase>: ...'``) by its activations' setting (:data:`EXPERIENCE_SETTINGS`)."""
+    total = sum(items.values())
+    ranked = sorted(((gib, name) for name, gib in items.items() if gib > 0), reverse=True)
+    steps, covered, devices = [], 0.0, False
+    for gib, name in ranked:
+        if covered >= excess_gib and gib < total / 5:
+            break
+        covered += gib
+        phase, _, item = name.rpartition(": ")
+        if phase in EXPERIENCE_SETTINGS and not any(part in item for part in ("FSDP2", "first decoder layer")):
+            step, sharded = f"a lower {EXPERIENCE_SETTINGS[phase]}", False
+        else:
+            step, sharded = next(((a, d) for part, a, d in ADVICE if part in item), (GATHERED, False))
+        devices |= sharded
+        steps += [step] if step not in steps else []
+    return "; ".join(steps + [MORE_DEVICES] * devices)
+
+
 def check_memory(estimate: MemoryEstimate) -> None:
-    """Stop a run that cannot fit, with the numbers and the settings to change.
+    """Stop a run that cannot fit, naming every phase that does not, with its numbers and the settings that shrink
+    its largest items (:func:`advice`).
 
     Raises:
         ConfigError: vLLM's weights do not fit in its claim (no room for a KV cache), or a phase needs more than the
@@ -220,33 +302,21 @@ def check_memory(estimate: MemoryEstimate) -> None:
     """
     e = estimate
     cap = e.capacity_gib
-    offload = ("worker.actor.offload.offload_params=true / worker.ref.offload.offload_params=true (and "
-               "worker.critic.offload.offload_params=true with a critic)")
+    problems = []
     if e.vllm_weights_gib >= e.vllm_claim_gib:
-        raise ConfigError(
+        problems.append(
             f"vLLM's weights ({e.vllm_weights_gib:.1f} GiB in worker.rollout.dtype) do not fit in its share of the "
             f"device, worker.rollout.gpu_memory_utilization x {cap:.1f} GiB = {e.vllm_claim_gib:.1f} GiB, leaving no "
             "KV cache: raise worker.rollout.tensor_parallel_size (now "
             f"{e.tensor_parallel_size}) to split each engine's weights over more devices, raise "
-            f"worker.rollout.gpu_memory_utilization (and offload the actor/reference: {offload}), or use devices "
-            "with more memory."
-        )
-    if e.rollout_gib > cap:
-        raise ConfigError(
-            f"The rollout phase needs ~{e.rollout_gib:.1f} GiB per device but it has {cap:.1f} GiB "
-            f"({_items(e.rollout)} GiB): set {offload}, lower worker.rollout.gpu_memory_utilization, or use more "
-            "devices (trainer.n_gpus_per_node / trainer.nnodes: smaller shards)."
-        )
-    if e.training_gib > cap:
-        raise ConfigError(
-            f"The training phase needs ~{e.training_gib:.1f} GiB per device but it has {cap:.1f} GiB "
-            f"({_items(e.training)} GiB): set {offload}, lower worker.actor.micro_batch_size_per_device_for_update, "
-            "or use more devices (trainer.n_gpus_per_node / trainer.nnodes)."
-        )
-    for phase, items in e.experience.items():  # estimate_experience: vLLM asleep, one micro-batch's forward
-        if sum(items.values()) > cap:
-            raise ConfigError(
-                f"The experience phase '{phase}' needs ~{sum(items.values()):.1f} GiB per device but it has "
-                f"{cap:.1f} GiB ({_items(items)} GiB): lower {EXPERIENCE_SETTINGS[phase]}, set {offload}, or use "
-                "more devices (trainer.n_gpus_per_node / trainer.nnodes)."
-            )
+            "worker.rollout.gpu_memory_utilization (offloading what the rollout phase holds beside it), or use "
+            "devices with more memory.")
+    phases = {"The rollout phase": e.rollout, "The training phase": e.training}
+    phases |= {f"The experience phase '{phase}'": items for phase, items in e.experience.items()}
+    for phase, items in phases.items():  # experience forwards: vLLM asleep, one micro-batch's forward
+        need = sum(items.values())
+        if need > cap:
+            problems.append(f"{phase} needs ~{need:.1f} GiB per device but it has {cap:.1f} GiB ({_items(items)} "
+                            f"GiB): {advice(items, need - cap)}.")
+    if problems:
+        raise ConfigError(" ".join(problems))

@@ -24,93 +24,11 @@ tower out; EasyR1 uses verl's counter. Both report ``perf/mfu/actor`` from the u
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
-# Dense (no sparsity) BF16 tensor-core peak per device, in TFLOP/s, from the vendors' data sheets; matched as a
-# substring of the device name, longest key first. The CPU has no entry: no MFU is reported there unless
-# EASYRL_PEAK_TFLOPS gives a nominal peak.
-PEAK_TFLOPS: dict[str, float] = {
-    "H100": 989.0,   # SXM, which torch names "NVIDIA H100 80GB HBM3"; the PCIe and NVL cards are named below
-    "H100 PCIe": 756.0,
-    "H100 NVL": 835.0,
-    "H800": 989.0,   # SXM
-    "H800 PCIe": 756.0,
-    "H200": 989.0,
-    "H20": 148.0,
-    "A100": 312.0,
-    "A800": 312.0,
-    "L20": 119.5,
-    "L40S": 362.0,
-    "B200": 2250.0,
-    "910B": 354.0,   # Ascend 910B (FP16 cube peak, as verl lists it)
-}
-PEAK_ENV = "EASYRL_PEAK_TFLOPS"
-
-
-def peak_flops(device_name: str) -> Optional[float]:
-    """Peak FLOP/s of one device named ``device_name`` (``torch.cuda.get_device_name()``); ``EASYRL_PEAK_TFLOPS``
-    overrides; None when unknown (the CPU, unlisted accelerators): no MFU then."""
-    if os.environ.get(PEAK_ENV):
-        return float(os.environ[PEAK_ENV]) * 1e12
-    for key in sorted(PEAK_TFLOPS, key=len, reverse=True):
-        if key.lower() in device_name.lower():
-            return PEAK_TFLOPS[key] * 1e12
-    return None
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """What the FLOPs formula needs of a model.
-
-    ``text_weights``: matmul weights applied per text token (``N``); ``patch_weights`` / ``merge_weights``: per image
-    patch / per merged visual token; ``attn_width``, ``layers``: ``H * Q`` and ``L`` of the language model;
-    ``vision_attn_width``, ``vision_layers``, ``merge``: the vision tower's, and ``spatial_merge_size**2``.
-    """
-
-    text_weights: int
-    layers: int
-    attn_width: int
-    patch_weights: int = 0
-    merge_weights: int = 0
-    vision_layers: int = 0
-    vision_attn_width: int = 0
-    merge: int = 1
-
-    @classmethod
-    def from_hf_config(cls, hf_config) -> "ModelShape":
-        """Count the weights of a meta-device model built from ``hf_config`` (see the module docstring)."""
-        from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
-
-        vision = getattr(hf_config, "vision_config", None)
-        model_class = AutoModelForImageTextToText if vision is not None else AutoModelForCausalLM
-        with torch.device("meta"):
-            model = model_class.from_config(hf_config)
-        text = patch = merge = 0
-        for name, module in model.named_modules():
-            if not isinstance(module, (torch.nn.Linear, torch.nn.Conv2d, torch.nn.Conv3d)):
-                continue
-            count = module.weight.numel()
-            if ".visual." in f".{name}.":
-                if "merger" in name:
-                    merge += count
-                else:
-                    patch += count
-            else:
-                text += count
-        text_config = getattr(hf_config, "text_config", None) or hf_config
-        heads = text_config.num_attention_heads
-        head_dim = getattr(text_config, "head_dim", None) or text_config.hidden_size // heads
-        shape = dict(text_weights=text, layers=text_config.num_hidden_layers, attn_width=heads * head_dim)
-        if vision is not None:
-            width = getattr(vision, "hidden_size", None) if hasattr(vision, "depth") else None
-            width = getattr(vision, "embed_dim", None) or width  # Qwen2-VL names the tower's width embed_dim
-            shape.update(patch_weights=patch, merge_weights=merge, vision_layers=vision.depth,
-                         vision_attn_width=width, merge=vision.spatial_merge_size ** 2)
-        return cls(**shape)
+from easyrl.sizing.anatomy import ModelShape
 
 
 def forward_flops(shape: ModelShape, seq_lens: list[int], image_patches: list[int]) -> float:
@@ -118,14 +36,15 @@ def forward_flops(shape: ModelShape, seq_lens: list[int], image_patches: list[in
     (``2 N_patch p + 2 N_merge p / m + 4 L_v H_v Q_v p^2``).
 
     Args:
-        shape: the model's ``ModelShape``.
+        shape: the model's ``ModelShape`` with its weight counts (``easyrl.sizing.anatomy.model_anatomy``).
         seq_lens: tokens of each sequence (prompt + response, image placeholder tokens included).
         image_patches: patches of each image (``t * h * w`` of its ``image_grid_thw``), over the whole batch.
     """
-    flops = sum(2.0 * shape.text_weights * s + 4.0 * shape.layers * shape.attn_width * s * s for s in seq_lens)
+    flops = sum(2.0 * shape.text_weights * s + 4.0 * shape.num_layers * shape.attn_width * s * s for s in seq_lens)
+    vision = shape.vision
     for p in image_patches:
-        flops += 2.0 * shape.patch_weights * p + 2.0 * shape.merge_weights * p / shape.merge
-        flops += 4.0 * shape.vision_layers * shape.vision_attn_width * p * p
+        flops += 2.0 * vision.patch_weights * p + 2.0 * vision.merge_weights * p / vision.merge_size ** 2
+        flops += 4.0 * vision.depth * vision.hidden_size * p * p
     return flops
 
 
