@@ -157,18 +157,16 @@ def estimate_memory(num_params: int, vocab_size: int, config: PPOConfig, capacit
                 capacity_gib
     if reward_model_params:
         estimate.rollout["reward model"] = estimate.training["reward model"] = reward_model
-    node = config.trainer.n_gpus_per_node / GIB  # what a node's devices offload, in GiB
-    host = {"actor params + grads + Adam states": (param_bytes * (1 if lora else 2) + (0 if lora else 2 * moment_bytes))
-            * shard * node if not actor_on_device else 0.0,
-            "actor Adam states (offload_optimizer)": 2 * moment_bytes * shard * node
-            if actor_on_device and actor.offload.offload_optimizer and not lora else 0.0,
-            "reference": compute_bytes * shard * node if config.builds_reference and not ref_on_device else 0.0,
-            "critic": 16 * shard * node if config.algorithm.needs_critic and not critic_on_device else 0.0,
-            "teacher": compute_bytes * teacher_params / world * node
+    actor_bytes = param_bytes * (1 if lora else 2) + (0 if lora else 2 * moment_bytes)  # params, grads, AdamW
+    host = {"actor params + grads + Adam states": 0.0 if actor_on_device else actor_bytes * shard / GIB,
+            "actor Adam states (offload_optimizer)": adam - adam_in_rollout,
+            "reference": compute_bytes * shard / GIB if config.builds_reference and not ref_on_device else 0.0,
+            "critic": 16 * shard / GIB if config.algorithm.needs_critic and not critic_on_device else 0.0,
+            "teacher": compute_bytes * teacher_params / world / GIB
             if config.algorithm.needs_teacher and not teacher_on_device else 0.0,
-            "reward model": DTYPE_BYTES[rm.param_dtype] * reward_model_params / world * node
+            "reward model": DTYPE_BYTES[rm.param_dtype] * reward_model_params / world / GIB
             if rm.offload.offload_params else 0.0}
-    estimate.host = {name: gib for name, gib in host.items() if gib > 0}
+    estimate.host = {name: gib * config.trainer.n_gpus_per_node for name, gib in host.items() if gib > 0}
     return estimate
 
 
@@ -250,25 +248,17 @@ def _items(items: dict[str, float]) -> str:
 
 MORE_DEVICES = "more devices (trainer.n_gpus_per_node / trainer.nnodes: smaller shards)"
 GATHERED = "devices with more memory (FSDP2 gathers the root group and whole layers, whatever the world size)"
-ADVICE = (  # (item name part, what shrinks it, whether more devices shrink it too); the first match wins
-    ("judge vLLM", "lower worker.reward.judge.gpu_memory_utilization", False),
-    ("vLLM", "lower worker.rollout.gpu_memory_utilization", False),
-    ("actor", "worker.actor.offload.offload_params=true", True),
-    ("reference", "worker.ref.offload.offload_params=true", True),
-    ("critic", "worker.critic.offload.offload_params=true", True),
-    ("teacher", "worker.teacher.offload.offload_params=true", True),
-    ("reward model", "worker.reward.reward_model.offload.offload_params=true", True),
-    ("logits", "worker.actor.padding_free=true (no full logits) or a lower "
-               "worker.actor.micro_batch_size_per_device_for_update", False),
-    ("vision tower (update", "a lower data.max_pixels or worker.actor.micro_batch_size_per_device_for_update",
-     False),
-    ("activations (checkpointed", "a lower worker.actor.micro_batch_size_per_device_for_update (or "
-                                  "worker.actor.max_token_len_per_device)", False),
-    ("activations (layers", "a lower worker.actor.micro_batch_size_per_device_for_update (or "
-                            "worker.actor.max_token_len_per_device)", False),
-    ("FSDP2", GATHERED, False),
-    ("first decoder layer", GATHERED, False),
-)
+UPDATE = "worker.actor.micro_batch_size_per_device_for_update"
+ADVICE = {  # item name part -> what shrinks it (the first match wins); "offload" ones shrink with more devices too
+    "judge vLLM": "lower worker.reward.judge.gpu_memory_utilization",
+    "vLLM": "lower worker.rollout.gpu_memory_utilization", "actor": "worker.actor.offload.offload_params=true",
+    "reference": "worker.ref.offload.offload_params=true", "critic": "worker.critic.offload.offload_params=true",
+    "teacher": "worker.teacher.offload.offload_params=true",
+    "reward model": "worker.reward.reward_model.offload.offload_params=true",
+    "logits": f"worker.actor.padding_free=true (no full logits) or a lower {UPDATE}",
+    "vision tower (update": f"a lower data.max_pixels or {UPDATE}",
+    "activations": f"a lower {UPDATE} (or worker.actor.max_token_len_per_device)",
+    "FSDP2": GATHERED, "first decoder layer": GATHERED}
 
 
 def advice(items: dict[str, float], excess_gib: float) -> str:
@@ -283,11 +273,11 @@ def advice(items: dict[str, float], excess_gib: float) -> str:
             break
         covered += gib
         phase, _, item = name.rpartition(": ")
-        if phase in EXPERIENCE_SETTINGS and not any(part in item for part in ("FSDP2", "first decoder layer")):
-            step, sharded = f"a lower {EXPERIENCE_SETTINGS[phase]}", False
-        else:
-            step, sharded = next(((a, d) for part, a, d in ADVICE if part in item), (GATHERED, False))
-        devices |= sharded
+        step = next((a for part, a in ADVICE.items() if part in item), None)
+        if phase in EXPERIENCE_SETTINGS and step != GATHERED:  # the forward's own activations and inputs
+            step = f"a lower {EXPERIENCE_SETTINGS[phase]}"
+        step = step or GATHERED
+        devices |= "offload" in step
         steps += [step] if step not in steps else []
     return "; ".join(steps + [MORE_DEVICES] * devices)
 

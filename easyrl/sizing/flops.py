@@ -14,12 +14,9 @@ as full attention also in Qwen2.5-VL's windowed layers: an upper bound).
 
 ``N`` is counted from the model itself, not from a per-architecture formula: every ``nn.Linear`` and patch-embedding
 convolution weight of a meta-device copy (no memory), sorted into text (language model + LM head), per-patch and
-per-merged-token weights. The input embedding is a lookup, not a matmul: not counted.
-
-How the others differ: verl (``verl/utils/flops_counter.py``) uses the same ``6N + 12 L H Q s^2`` but computes ``N``
-from config fields per architecture, counts the embedding as a matmul (``2 * vocab * hidden``) and leaves the vision
-tower out; EasyR1 uses verl's counter. Both report ``perf/mfu/actor`` from the update phase; easyrl also reports
-``perf/mfu/rollout`` (forward FLOPs of every prompt + response token, as if vLLM's prefix cache saved nothing).
+per-merged-token weights (``easyrl.sizing.anatomy.model_anatomy``). The input embedding is a lookup, not a matmul:
+not counted. ``perf/mfu/rollout`` counts the forward FLOPs of every prompt + response token, as if vLLM's prefix cache
+saved nothing (docs/metrics.md compares verl's counter).
 """
 
 from __future__ import annotations

@@ -99,7 +99,8 @@ def vision_start(config: PPOConfig, vision: VisionShape, tokens: int) -> float:
     embedding (Qwen3-VL, Qwen3.5), its bilinear interpolation: the four corners' embeddings (``P x 4 x hidden``) and
     their product with the float32 weights (transformers' ``(pos_embed(indices) * weights[:, :, None]).sum(1)``).
     easyrl simulate, Qwen3.5-27B (4 x 7744 patches of 1152 wide): 0.27 pixels + 0.07 patch embedding + 0.27 + 0.53
-    interpolation = 1.13 GiB; this counts 1.13. ``experience.forward_start`` adds it at the forward's start, where FSDP2 still holds the root group's all-gather output."""
+    interpolation = 1.13 GiB; this counts 1.13. ``experience.forward_start`` adds it at the forward's start, where
+    FSDP2 still holds the root group's all-gather output."""
     grid = prompt_image_grid(config, vision)
     if grid is None:
         return 0.0
