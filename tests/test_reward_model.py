@@ -116,8 +116,8 @@ def test_without_a_reward_function_the_rule_reward_is_zero(rm_path):
 
 
 def test_the_memory_estimate_counts_a_resident_reward_model(rm_path):
-    from easyrl.sizing.estimate import estimate_memory
     from easyrl.sizing.anatomy import GIB
+    from easyrl.sizing.estimate import estimate_memory
     from easyrl.sizing.experience import experience_models
 
     words = BASE + [f"worker.reward.reward_model.model_path={rm_path}", "worker.actor.fsdp.param_dtype=fp32"]

@@ -1,6 +1,7 @@
 """``python -m easyrl.simulate config=... [key=value ...] [--device h100|h200|a100-40|a100-80|910b] [--json]
 [--estimate-only]``: simulate one training step's memory and device placement before renting devices; exits 1 when
-the run cannot fit (naming the phase and the setting to change) or a host tensor reaches a device op or collective."""
+the run cannot fit (naming every phase that does not and the settings to change) or a host tensor reaches a device
+op or collective."""
 
 from __future__ import annotations
 

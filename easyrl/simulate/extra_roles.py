@@ -32,11 +32,9 @@ class _FakeLoaded:
     """What ``from_pretrained`` returns to ``FSDPRewardModel`` on rank 0: a state dict and buffers of fake tensors."""
 
     def __init__(self, hf_config):
-        from transformers import AutoModelForSequenceClassification
+        from easyrl.sizing.anatomy import meta_model
 
-        with torch.device("meta"):
-            model = AutoModelForSequenceClassification.from_config(hf_config, dtype=torch.float32,
-                                                                   attn_implementation="sdpa")
+        model = meta_model(hf_config, classifier=True)
         self.state = {name: torch.empty(t.shape, dtype=t.dtype) for name, t in model.state_dict().items()}
         self.buffers = {name: torch.empty(b.shape, dtype=b.dtype) for name, b in model.named_buffers()}
 

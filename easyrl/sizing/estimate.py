@@ -192,8 +192,7 @@ def update_activations(num_params: int, vocab_size: int, config: PPOConfig, shap
     """GiB that one actor update micro-batch adds at its peak (module docstring), by category."""
     actor = config.worker.actor
     cb = DTYPE_BYTES[actor.fsdp.param_dtype]
-    tokens = actor.max_token_len_per_device or \
-        actor.micro_batch_size_per_device_for_update * (config.data.max_prompt_length + config.data.max_response_length)
+    tokens = config.token_budget(actor.micro_batch_size_per_device_for_update)
     # what backward needs of one layer (gate, up, their activation and product; attention, norms in float32), and
     # the transients of its own backward on top
     kept = tokens * (5 * shape.intermediate_size + 7 * shape.hidden_size) * cb
@@ -220,13 +219,11 @@ def update_activations(num_params: int, vocab_size: int, config: PPOConfig, shap
             "unsharded weights + grads (FSDP2)": unsharded / GIB}
 
 
+BUDGET = " (or worker.actor.max_token_len_per_device with dynamic_batching)"
 EXPERIENCE_SETTINGS = {
-    "old log-probs (forward)": "worker.actor.micro_batch_size_per_device_for_experience (or "
-                               "worker.actor.max_token_len_per_device with dynamic_batching)",
-    "reference forward": "worker.actor.micro_batch_size_per_device_for_experience (or "
-                         "worker.actor.max_token_len_per_device with dynamic_batching)",
-    "teacher forward": "worker.teacher.micro_batch_size_per_device_for_experience (or "
-                       "worker.actor.max_token_len_per_device with dynamic_batching)",
+    "old log-probs (forward)": "worker.actor.micro_batch_size_per_device_for_experience" + BUDGET,
+    "reference forward": "worker.actor.micro_batch_size_per_device_for_experience" + BUDGET,
+    "teacher forward": "worker.teacher.micro_batch_size_per_device_for_experience" + BUDGET,
     "reward model forward": "worker.reward.reward_model.micro_batch_size_per_device / max_token_len_per_device / "
                             "max_length",
 }

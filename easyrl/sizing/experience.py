@@ -110,14 +110,13 @@ def estimate_experience(estimate: "MemoryEstimate", config: PPOConfig, actor: Ro
     length = data.max_prompt_length + data.max_response_length
     cb = DTYPE_BYTES[worker.actor.fsdp.param_dtype]
     resident = {name: gib for name, gib in estimate.rollout.items() if name != "vLLM (gpu_memory_utilization)"}
-    budget = worker.actor.max_token_len_per_device
-    actor_tokens = budget or worker.actor.micro_batch_size_per_device_for_experience * length
+    actor_tokens = config.token_budget(worker.actor.micro_batch_size_per_device_for_experience)
     runs = [("old log-probs (forward)", actor, actor_tokens, cb)]  # (phase, model, tokens, compute bytes)
     if config.builds_reference:
         runs.append(("reference forward", actor, actor_tokens, cb))
     if teacher is not None and config.algorithm.needs_teacher:
         runs.append(("teacher forward", teacher,
-                     budget or worker.teacher.micro_batch_size_per_device_for_experience * length, cb))
+                     config.token_budget(worker.teacher.micro_batch_size_per_device_for_experience), cb))
     rm = worker.reward.reward_model
     if reward_model is not None and rm.enabled:
         tokens = rm.max_token_len_per_device if rm.dynamic_batching and rm.max_token_len_per_device else \

@@ -53,8 +53,7 @@ def vision_activations(config: PPOConfig, vision: VisionShape) -> dict[str, floa
     """
     actor = config.worker.actor
     cb = DTYPE_BYTES[actor.fsdp.param_dtype]
-    tokens = actor.max_token_len_per_device or \
-        actor.micro_batch_size_per_device_for_update * (config.data.max_prompt_length + config.data.max_response_length)
+    tokens = config.token_budget(actor.micro_batch_size_per_device_for_update)
     samples = max(1, tokens // (config.data.max_prompt_length + config.data.max_response_length))
     grid = prompt_image_grid(config, vision)
     if grid is None:

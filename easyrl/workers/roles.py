@@ -19,23 +19,7 @@ and, when trainable, an update:
   ``algorithm.needs_teacher``.
 
 Roles are built in this order on every rank together (loading and sharding are collective), so a role may start from
-one built before it (``init_from``, as the reference copies the actor).
-
-Adding a role (a teacher for distillation, a reward model) is a few lines here and one worker method:
-
-1. a config section for it (model path, offload, micro-batch) and a property that says when the run needs it;
-2. a field on :class:`Roles` and one statement in :func:`build_roles`, e.g. a frozen teacher read from its own
-   checkpoint::
-
-       teacher = None
-       if config.algorithm.needs_teacher:
-           teacher = FSDPPolicy(cfg.teacher.model.model_path, cfg.teacher, mesh, device, torch_device,
-                                trainable=False, offload=cfg.teacher.offload)
-
-   (a reward model likewise: a frozen model whose output embedding is a value head, as ``FSDPCritic`` builds it);
-3. a ``FSDPWorker`` method that runs it on the worker's share, like ``compute_ref_log_probs``, which the trainer
-   calls with ``WorkerGroup.run_split``;
-4. its memory in ``easyrl.sizing.estimate``.
+one built before it (``init_from``, as the reference copies the actor). Adding one: docs/architecture.md.
 """
 
 from __future__ import annotations
