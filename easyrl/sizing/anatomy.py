@@ -98,6 +98,13 @@ def vision_shape(hf_config) -> "VisionShape | None":
                        bool(getattr(vision, "num_position_embeddings", None)))
 
 
+def split_parameters(params: int, vocab_size: int, shape: ModelShape, lm_head: bool = True) -> tuple[int, float]:
+    """``(root, layer)``: the parameters of FSDP2's root group (the embedding, and the LM head unless tied or
+    ``lm_head`` is False: a score head) and of one decoder layer (the rest over ``num_layers``)."""
+    root = (2 if lm_head and not shape.tied else 1) * vocab_size * shape.hidden_size
+    return root, max(params - root, 0) / shape.num_layers
+
+
 def meta_model(hf_config, trust_remote_code: bool = False, classifier: bool = False):
     """The model built from ``hf_config`` on the meta device (no memory): its causal-LM / image-text-to-text class
     (``easyrl.models.hf_folder.hf_model_class``), or with ``classifier`` ``AutoModelForSequenceClassification``."""

@@ -61,7 +61,7 @@ from typing import Callable
 
 from easyrl.config import PPOConfig
 from easyrl.errors import ConfigError
-from easyrl.sizing.anatomy import DTYPE_BYTES, GIB, ModelShape, model_anatomy
+from easyrl.sizing.anatomy import DTYPE_BYTES, GIB, ModelShape, model_anatomy, split_parameters
 from easyrl.sizing.experience import RoleModel, estimate_experience, experience_models
 from easyrl.sizing.vision import vision_activations
 
@@ -197,18 +197,15 @@ def update_activations(num_params: int, vocab_size: int, config: PPOConfig, shap
     # the transients of its own backward on top
     kept = tokens * (5 * shape.intermediate_size + 7 * shape.hidden_size) * cb
     # mixture of experts: the routed token copies (each token's hidden state gathered for each of its top-k experts,
-    # and the experts' outputs before the weighted index_add), beside the dense formula's k x moe_intermediate width;
-    # easyrl simulate measured 50-55 KB/token on one Qwen3-VL-30B-A3B layer (4096 / 8192 tokens), this counts 64
+    # and the experts' outputs before the weighted index_add), beside the dense formula's k x moe_intermediate width
     kept += tokens * 2 * shape.routed_width * cb
     # Gated DeltaNet: transformers' chunked delta rule runs in float32 (q, k, v copies, the 64-token chunks'
-    # attention and decay masks, the recurrent state saved per chunk for backward): easyrl simulate measured one
-    # Qwen3.5-27B linear-attention layer at 401 KB/token above a dense layer (4096 tokens; 462 at 8192), ~16 float32
-    # value-width vectors per token. The FLA kernel on a GPU needs less: an upper bound there.
+    # attention and decay masks, the recurrent state saved per chunk for backward), ~16 float32 value-width vectors
+    # per token (docs/simulate.md has both measurements). The FLA kernel on a GPU needs less: an upper bound there.
     kept += tokens * 16 * shape.linear_value_width * 4
     transient = tokens * (shape.intermediate_size + 4 * shape.hidden_size) * cb
     checkpointing = actor.fsdp.enable_gradient_checkpointing
-    embeddings = (1 if shape.tied else 2) * vocab_size * shape.hidden_size
-    layer_params = max(num_params - embeddings, 0) / shape.num_layers
+    embeddings, layer_params = split_parameters(num_params, vocab_size, shape)
     # root group gathered + one layer gathered, its unsharded grads (compute dtype, float32 for the reduce-scatter)
     # + the LM head's unsharded gradient; with LoRA the base is frozen: its weights are gathered, no gradients
     grads = 0 if config.uses_lora else layer_params * (cb + 4) + vocab_size * shape.hidden_size * cb
@@ -233,10 +230,8 @@ EXPERIENCE_SETTINGS = {
 def prefetched_layer(num_params: int, vocab_size: int, shape: ModelShape, compute_bytes: int) -> float:
     """GiB of the decoder layer FSDP2 gathers ahead in backward (its all-gather output, the compute dtype, one
     flat ``layer parameters`` buffer), beside the layer whose gradients are being reduce-scattered: the backward
-    prefetch. ``easyrl simulate``'s snapshot at the update's peak (Qwen3-VL-30B-A3B, 4 layers, offloaded) holds it,
-    1.16 GiB of 623M bf16 parameters, the 30B-A3B recipe's -13% gap (a MoE layer is large beside its activations)."""
-    embeddings = (1 if shape.tied else 2) * vocab_size * shape.hidden_size
-    return max(num_params - embeddings, 0) / shape.num_layers * compute_bytes / GIB
+    prefetch (large for a MoE layer beside its activations: docs/simulate.md)."""
+    return split_parameters(num_params, vocab_size, shape)[1] * compute_bytes / GIB
 
 
 def _items(items: dict[str, float]) -> str:

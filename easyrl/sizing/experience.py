@@ -17,6 +17,7 @@ from easyrl.sizing.anatomy import (
     classifier_parameters,
     model_anatomy,
     model_shape,
+    split_parameters,
     vocab_size,
 )
 from easyrl.sizing.vision import vision_forward, vision_start
@@ -55,8 +56,7 @@ def experience_forward(model: RoleModel, tokens: int, compute_bytes: int) -> dic
     :func:`forward_activations`. The fused LM head (``padding_free``) holds 512-token chunks of logits: below the
     MLP's peak, not counted."""
     shape = model.shape
-    embeddings = (2 if model.lm_head and not shape.tied else 1) * model.vocab_size * shape.hidden_size
-    layer = max(model.params - embeddings, 0) / shape.num_layers
+    embeddings, layer = split_parameters(model.params, model.vocab_size, shape, model.lm_head)
     return {"gathered weights (FSDP2)": (embeddings + 2 * layer) * compute_bytes / GIB,
             "activations (one layer, no grad)": forward_activations(tokens, shape, compute_bytes) / GIB}
 
@@ -69,18 +69,11 @@ def forward_start(model: RoleModel, tokens: int, compute_bytes: int, vision: flo
     to allow for overlap of this copy-out with next all-gather"; the local ``prev_all_gather_state`` still refers to
     it during the next group's copy-out); the input embeddings (``tokens x hidden``); and either the first decoder
     layer twice (a text model: its all-gather output and the parameters copied out of it) or ``vision``, the bytes
-    the vision tower holds before its first block (``easyrl.sizing.vision.vision_start``; its blocks' groups are small).
-    Above :func:`experience_forward`'s peak for a large vocabulary at a small token budget. easyrl simulate's
-    snapshots: the Qwen3.5-27B recipe (8 x H100, 4 x 4096 tokens, 248320 x 5120 embedding and LM head: 4.74 GiB;
-    4 layers) peaks there at 10.95 GiB with 4 x 7744 patches: the root's parameters 4.74 + 0.09 (the tower's merger
-    and position embedding) and its all-gather output 4.83, the input embeddings 0.16, the tower's start 1.13; 9.87
-    GiB text only (the first vision block's all-gather beside them). This counts 10.76 (-1.7%); inside a decoder
-    layer (:func:`experience_forward`, :func:`easyrl.sizing.vision.vision_forward`) it counted 8.9. Qwen2.5-7B widths, 2
-    layers, 1 x 1024 tokens, actor offloaded: 4.94 GiB at the first layer's copy-out (root 2.03 x 2, layer 0.43 x
-    2); this counts 4.94 (inside a layer: 3.03)."""
+    the vision tower holds before its first block (``vision.vision_start``; its blocks' groups are small). Above
+    :func:`experience_forward`'s peak for a large vocabulary at a small token budget (the Qwen3.5-27B recipe: 10.76
+    GiB against a simulated 10.95; docs/simulate.md has the snapshots)."""
     shape = model.shape
-    embeddings = (2 if model.lm_head and not shape.tied else 1) * model.vocab_size * shape.hidden_size
-    layer = max(model.params - embeddings, 0) / shape.num_layers
+    embeddings, layer = split_parameters(model.params, model.vocab_size, shape, model.lm_head)
     first = 2 * layer * compute_bytes if vision is None else vision
     name = "vision tower before its first block" if vision is not None else "first decoder layer (gathered, copied out)"
     return {"gathered root group (FSDP2)": embeddings * compute_bytes / GIB,
