@@ -89,15 +89,6 @@ def device_memory_gib(device: str) -> float:
     return 0.0
 
 
-def memory_allocated_gib(device: str) -> float:
-    """Memory held by tensors on the worker's accelerator, in GiB (0 on the CPU)."""
-    if device == "cuda":
-        return torch.cuda.memory_allocated() / 2**30
-    if device == "npu":
-        return torch.npu.memory_allocated() / 2**30
-    return 0.0
-
-
 def device_name(device: str) -> str:
     """The accelerator's marketing name (``NVIDIA H100 80GB HBM3``, ``Ascend910B3``), or ``cpu``."""
     if device == "cuda":

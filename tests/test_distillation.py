@@ -100,8 +100,8 @@ def test_needs_teacher_and_the_old_log_prob_pass():
 
 
 def test_teacher_memory_is_its_shard_in_the_compute_dtype_unless_offloaded():
-    from easyrl.workers.memory_estimate import estimate_memory
-    from easyrl.workers.model_size import GIB
+    from easyrl.sizing.anatomy import GIB
+    from easyrl.sizing.estimate import estimate_memory
 
     on_device = _config("algorithm.distill_coef=0.1", "worker.teacher.model.model_path=t",
                         "worker.teacher.offload.offload_params=false")

@@ -1,4 +1,4 @@
-"""The experience forwards' estimate (easyrl.workers.experience_estimate.estimate_experience: old log-probs, reference,
+"""The experience forwards' estimate (easyrl.sizing.experience.estimate_experience: old log-probs, reference,
 teacher, reward model, each with vLLM asleep) against ``easyrl simulate``'s count of the same forwards on the
 simulated device, for Qwen2.5-7B's real widths on 2 layers (fake tensors cost the same CPU time whatever their size),
 and the verdict naming the experience phase and the setting that sizes it when one cannot fit."""
@@ -13,11 +13,11 @@ import pytest
 from easyrl.config import load_config
 from easyrl.errors import ConfigError
 from easyrl.simulate import report
-from easyrl.simulate.fake_device import DEVICES
 from easyrl.simulate.phases import simulate
-from easyrl.workers.experience_estimate import RoleModel, estimate_experience, experience_models
-from easyrl.workers.memory_estimate import EXPERIENCE_SETTINGS, check_memory, estimate_memory
-from easyrl.workers.model_size import count_parameters, model_shape
+from easyrl.sizing.anatomy import count_parameters, model_shape
+from easyrl.sizing.devices import DEVICES
+from easyrl.sizing.estimate import EXPERIENCE_SETTINGS, check_memory, estimate_memory
+from easyrl.sizing.experience import RoleModel, estimate_experience, experience_models
 
 ROOT = Path(__file__).resolve().parents[1]
 TOLERANCE = 0.05
@@ -107,7 +107,7 @@ def test_the_forward_start_holds_a_large_root_group_twice():
     ``easyrl simulate`` peaks at 10.95 GiB before the first vision block, not in a decoder layer: FSDP2 keeps the
     root group's all-gather output (4.83 GiB: the 248320 x 5120 embedding and LM head) beside its unsharded
     parameters until the next group's copy-out, with the tower's pixels and position-embedding interpolation (1.13).
-    The estimate was 8.9 (a decoder layer's peak: -18%); ``experience_estimate.forward_start`` counts 10.76. The 7B
+    The estimate was 8.9 (a decoder layer's peak: -18%); ``easyrl.sizing.experience.forward_start`` counts 10.76. The 7B
     recipe (config.yaml) still peaks inside a layer (17.0 vs 17.1 simulated: tests/test_simulate_images.py)."""
     from transformers import AutoConfig
 

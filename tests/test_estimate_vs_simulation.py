@@ -1,4 +1,4 @@
-"""The pre-flight estimate (easyrl.workers.memory_estimate) against ``easyrl simulate``'s count of the actor update
+"""The pre-flight estimate (easyrl.sizing.estimate) against ``easyrl simulate``'s count of the actor update
 (forward, backward, AdamW step on the simulated device: easyrl.simulate.phases.simulate_update), for real widths on a
 few layers: fake tensors cost the same CPU time whatever their size, so a 7B-wide layer is as cheap to simulate as a
 tiny one. The estimate must stay within 10% of the simulation (it was -39% and -27% before it counted activations and
@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from easyrl.config import load_config
-from easyrl.simulate.fake_device import DEVICES
 from easyrl.simulate.phases import simulate_update
-from easyrl.workers.memory_estimate import estimate_memory
-from easyrl.workers.model_size import count_parameters, model_shape
+from easyrl.sizing.anatomy import count_parameters, model_shape
+from easyrl.sizing.devices import DEVICES
+from easyrl.sizing.estimate import estimate_memory
 
 ROOT = Path(__file__).resolve().parents[1]
 TOLERANCE = 0.10
@@ -54,7 +54,7 @@ def test_ppo_simulates_the_critic_update_beside_the_actor(tmp_path):
     holds the critic's resident parameter and AdamW shards, and the critic's update is a phase of its own. The
     estimate adds the critic's gradients too (freed before the actor's update) and counts its LM head (replaced by a
     one-column value head): an upper bound, here +17% over the actor's update (+13% before the backward-prefetched
-    layer, memory_estimate.prefetched_layer, which a 2-layer model's peak does not hold: docs/simulate.md)."""
+    layer, sizing.estimate.prefetched_layer, which a 2-layer model's peak does not hold: docs/simulate.md)."""
     from transformers import AutoConfig
 
     from easyrl.simulate.phases import simulate_updates
@@ -100,8 +100,8 @@ RECIPE_UPDATES = [("Qwen/Qwen3-VL-30B-A3B-Instruct", 9.8), ("Qwen/Qwen3.5-27B", 
 @pytest.mark.parametrize("model, simulated", RECIPE_UPDATES, ids=["30b-a3b-moe", "27b-gated-deltanet"])
 def test_moe_routing_and_gated_deltanet_state_are_estimated(model, simulated):
     """The routed token copies of a mixture of experts and Gated DeltaNet's float32 chunked state (measured on one
-    layer each: memory_estimate.update_activations) and the decoder layer FSDP2 gathers ahead in backward
-    (memory_estimate.prefetched_layer: one 623M-parameter MoE layer in bf16, 1.2 GiB, found in a snapshot of the
+    layer each: sizing.estimate.update_activations) and the decoder layer FSDP2 gathers ahead in backward
+    (sizing.estimate.prefetched_layer: one 623M-parameter MoE layer in bf16, 1.2 GiB, found in a snapshot of the
     simulated peak) bring both offloaded recipes within 5% of their simulated updates (they were -16% and -17% with
     the dense layer's formula, -13% and -8% without the prefetched layer)."""
     from transformers import AutoConfig

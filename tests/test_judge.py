@@ -110,7 +110,7 @@ def test_judge_scores_are_weighted_into_overall_on_the_last_token():
 
 def test_memory_estimate_counts_the_resident_judge_engine_in_both_phases():
     from easyrl.errors import ConfigError
-    from easyrl.workers.memory_estimate import check_memory, estimate_memory
+    from easyrl.sizing.estimate import check_memory, estimate_memory
 
     base = [f"config={REPO / 'config.yaml'}", "worker.actor.model.model_path=m"]
     plain = estimate_memory(7_000_000_000, 152_064, load_config(base), capacity_gib=80.0)

@@ -1,4 +1,4 @@
-"""Pre-flight memory estimate (easyrl.workers.memory_estimate) against a hand count."""
+"""Pre-flight memory estimate (easyrl.sizing.estimate) against a hand count."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 
 from easyrl.config import load_config
 from easyrl.errors import ConfigError
-from easyrl.workers.memory_estimate import check_memory, estimate_memory
-from easyrl.workers.model_size import GIB, ModelShape, count_parameters, model_shape
+from easyrl.sizing.anatomy import GIB, ModelShape, count_parameters, model_shape
+from easyrl.sizing.estimate import check_memory, estimate_memory
 
 DEFAULT = f"config={Path(__file__).resolve().parents[1] / 'config.yaml'}"
 
@@ -122,6 +122,42 @@ def test_a_run_that_cannot_fit_stops_naming_the_setting(params, capacity, overri
     config = _config(*overrides)
     with pytest.raises(ConfigError, match=culprit):
         check_memory(estimate_memory(params, 152_064, config, capacity_gib=capacity))
+
+
+def test_every_phase_that_does_not_fit_is_named_with_advice_for_its_largest_items():
+    """A 32B actor on 8 x 40 GiB, not offloaded: the rollout phase (its AdamW states, vLLM's claim) and the training
+    phase (its states) are both over and both named, each with what shrinks its largest items: never the reference
+    (offloaded by default: 0 GiB) nor a micro-batch (activations are a small share)."""
+    shape = ModelShape(hidden_size=5120, num_layers=64, intermediate_size=27648, tied=False)
+    e = estimate_memory(32_000_000_000, 152_064, _config("worker.rollout.tensor_parallel_size=8"), capacity_gib=39.4,
+                        shape=shape)
+    with pytest.raises(ConfigError) as error:
+        check_memory(e)
+    message = str(error.value)
+    assert "The rollout phase needs" in message and "The training phase needs" in message
+    assert "worker.actor.offload.offload_params=true" in message and "trainer.n_gpus_per_node" in message
+    assert "lower worker.rollout.gpu_memory_utilization" in message
+    assert "worker.ref.offload" not in message and "micro_batch_size_per_device_for_update" not in message
+    # padded logits dominate a 1B model's update: the micro-batch, not offloading, not more devices
+    padded = _config("worker.actor.micro_batch_size_per_device_for_update=16", "data.max_response_length=8192",
+                     "worker.actor.padding_free=false")
+    with pytest.raises(ConfigError) as error:
+        check_memory(estimate_memory(1_000_000_000, 152_064, padded, capacity_gib=24.0))
+    assert "The rollout phase" not in str(error.value) and "offload" not in str(error.value).split("GiB):")[-1]
+    assert "n_gpus_per_node" not in str(error.value)
+
+
+def test_offloaded_states_state_the_host_memory_a_node_needs():
+    """Qwen2.5-14B (14.77B parameters) on 4 GPUs with the actor offloaded: its float32 parameters, gradients and
+    AdamW states, 16 bytes per parameter (220 GiB, 236 GB), and the offloaded reference in bf16 live on the host."""
+    config = _config("trainer.n_gpus_per_node=4", "worker.actor.offload.offload_params=true")
+    e = estimate_memory(14_770_000_000, 152_064, config, capacity_gib=79.2)
+    assert e.host == pytest.approx({"actor params + grads + Adam states": 16 * 14.77e9 / GIB,
+                                    "reference": 2 * 14.77e9 / GIB})
+    optimizer_only = _config("trainer.n_gpus_per_node=4", "worker.actor.offload.offload_optimizer=true",
+                             "worker.ref.offload.offload_params=false")
+    assert estimate_memory(14_770_000_000, 152_064, optimizer_only, capacity_gib=79.2).host == pytest.approx(
+        {"actor Adam states (offload_optimizer)": 8 * 14.77e9 / GIB})
 
 
 def test_tensor_parallelism_splits_the_engine_weights_so_32b_fits_on_80gb():

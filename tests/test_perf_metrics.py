@@ -13,7 +13,9 @@ from tensordict import TensorDict
 
 from easyrl.batch import Batch
 from easyrl.device import memory_metrics
-from easyrl.trainer.flops import ModelShape, compute_mfu_metrics, forward_flops, mfu, peak_flops
+from easyrl.sizing.anatomy import ModelShape, VisionShape, model_anatomy
+from easyrl.sizing.devices import peak_flops
+from easyrl.sizing.flops import compute_mfu_metrics, forward_flops, mfu
 from easyrl.trainer.metrics import compute_throughput_metrics, frac_reward_zero_std, is_measured, reduce_metrics
 
 
@@ -29,22 +31,24 @@ def _tiny_qwen2_5_vl_config():
 
 
 def test_weights_counted_like_a_hand_count():
-    shape = ModelShape.from_hf_config(_tiny_qwen2_5_vl_config())
+    shape = model_anatomy(_tiny_qwen2_5_vl_config())[2]
     # language model, per layer: q 64x64, k and v 64x(2 kv heads x 16), o 64x64, gated MLP 3 x 64x96; LM head 1000x64
     # (tied to the embedding, but a matmul all the same); the embedding lookup itself is not counted
     per_layer = 64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 96
     assert shape.text_weights == 3 * per_layer + 1000 * 64
-    assert (shape.layers, shape.attn_width) == (3, 64)
+    assert (shape.num_layers, shape.attn_width) == (3, 64)
     # vision: patch embedding 3x2x14x14 -> 32; per block qkv 32x96, proj 32x32, gated MLP 3 x 32x48
-    assert shape.patch_weights == 3 * 2 * 14 * 14 * 32 + 2 * (32 * 96 + 32 * 32 + 3 * 32 * 48)
+    assert shape.vision.patch_weights == 3 * 2 * 14 * 14 * 32 + 2 * (32 * 96 + 32 * 32 + 3 * 32 * 48)
     # merger: 4 patches (2x2) concatenated, 128 -> 128 -> 64, once per merged token
-    assert shape.merge_weights == 128 * 128 + 128 * 64 and shape.merge == 4
-    assert (shape.vision_layers, shape.vision_attn_width) == (2, 32)
+    assert shape.vision.merge_weights == 128 * 128 + 128 * 64 and shape.vision.merge_size ** 2 == 4
+    assert (shape.vision.depth, shape.vision.hidden_size) == (2, 32)
 
 
 def test_forward_flops_formula_by_hand():
-    shape = ModelShape(text_weights=1000, layers=2, attn_width=8, patch_weights=100, merge_weights=40,
-                       vision_layers=1, vision_attn_width=4, merge=4)
+    vision = VisionShape(hidden_size=4, depth=1, intermediate_size=0, gated=False, patch_size=14, merge_size=2,
+                         patch_dim=0, patch_weights=100, merge_weights=40)
+    shape = ModelShape(hidden_size=0, num_layers=2, intermediate_size=0, tied=False, vision=vision, attn_width=8,
+                       text_weights=1000)
     # two sequences of 10 and 20 tokens: 2*N*s + 4*L*(H*Q)*s^2
     text = (2 * 1000 * 10 + 4 * 2 * 8 * 100) + (2 * 1000 * 20 + 4 * 2 * 8 * 400)
     # one image of 16 patches: 2*N_patch*p + 2*N_merge*p/4 + 4*L_v*(H_v*Q_v)*p^2
@@ -90,7 +94,7 @@ def test_measured_metrics_are_exactly_the_clock_and_memory_ones():
     batch = Batch(TensorDict({"attention_mask": torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]]),
                               "response_mask": torch.tensor([[1, 0], [1, 1]])}, batch_size=[2]))
     throughput = compute_throughput_metrics(batch, 7.0, 2, timing={"gen": 1.5, "update_actor": 2.0})
-    shape = ModelShape.from_hf_config(_tiny_qwen2_5_vl_config())
+    shape = model_anatomy(_tiny_qwen2_5_vl_config())[2]
     mfu_metrics = compute_mfu_metrics(shape, batch["attention_mask"], [{}, {}], {"gen": 1.0, "update_actor": 1.0}, 2,
                                       1e12, 1)
     measured = {*throughput, *mfu_metrics, "perf/cpu_memory_used_gb", "perf/max_memory_allocated_gb",

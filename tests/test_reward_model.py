@@ -116,11 +116,12 @@ def test_without_a_reward_function_the_rule_reward_is_zero(rm_path):
 
 
 def test_the_memory_estimate_counts_a_resident_reward_model(rm_path):
-    from easyrl.workers.memory_estimate import estimate_memory
-    from easyrl.workers.model_size import GIB, reward_model_parameters
+    from easyrl.sizing.anatomy import GIB
+    from easyrl.sizing.estimate import estimate_memory
+    from easyrl.sizing.experience import experience_models
 
     words = BASE + [f"worker.reward.reward_model.model_path={rm_path}", "worker.actor.fsdp.param_dtype=fp32"]
-    params = reward_model_parameters(load_config(words))
+    params = experience_models(load_config(words))["reward_model"].params
     assert 39_000_000 < params < 41_000_000  # the 151936 x 256 embedding and two layers
     resident = load_config(words + ["worker.reward.reward_model.offload.offload_params=false"])
     e = estimate_memory(7_000_000_000, 152_000, resident, 80.0, reward_model_params=params)

@@ -4,21 +4,24 @@ the call, and the command exits non-zero with the numbers for a config that cann
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 
+from easyrl.cli import COMMANDS
 from easyrl.simulate.__main__ import main
 from easyrl.simulate.fake_device import (
-    DEVICES,
     DeviceCheckError,
     accelerator_standins,
     device_check,
     fake_tensors,
     fake_world,
 )
+from easyrl.sizing.devices import DEVICES
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -87,7 +90,7 @@ def test_every_phase_runs_on_a_small_model_and_the_shards_match_a_hand_count(tmp
 
     from easyrl.config import load_config
     from easyrl.simulate.phases import simulate
-    from easyrl.workers.model_size import GIB, count_parameters
+    from easyrl.sizing.anatomy import GIB, count_parameters
 
     path = _small_model(tmp_path / "model")
     config = load_config(["config=" + str(ROOT / "config.yaml"), f"worker.actor.model.model_path={path}",
@@ -124,7 +127,7 @@ def test_teacher_and_reward_model_are_simulated_with_their_worker_code(tmp_path)
 
     from easyrl.config import load_config
     from easyrl.simulate.phases import simulate
-    from easyrl.workers.model_size import GIB
+    from easyrl.sizing.anatomy import GIB
 
     actor, teacher = _small_model(tmp_path / "actor"), _small_qwen3(tmp_path / "teacher")
     rm = _small_qwen3(tmp_path / "rm", classifier=True)
@@ -148,7 +151,7 @@ def test_the_judge_engine_is_held_beside_every_phase():
     and judge weights larger than its claim fail before any phase."""
     from easyrl.simulate import report
     from easyrl.simulate.phases import PhaseResult, Simulation
-    from easyrl.workers.memory_estimate import MemoryEstimate
+    from easyrl.sizing.estimate import MemoryEstimate
 
     estimate = MemoryEstimate(capacity_gib=79.2, vllm_weights_gib=1.0, tensor_parallel_size=1, vllm_claim_gib=40.0)
     sim = Simulation(DEVICES["h100"], 8, [PhaseResult("actor update (fwd+bwd+AdamW)", 60.0, 0.0, 1.0)])
@@ -174,3 +177,39 @@ def test_lora_simulates(tmp_path):
     phases = [p.name for p in simulate(config, DEVICES["h100"], log=lambda _: None).phases]
     assert phases == ["load actor", "old log-probs (forward)", "weight sync gather", "checkpoint state dict",
                       "export gather", "actor update (fwd+bwd+AdamW)"]  # no reference: the base is the reference
+
+
+def test_help_answers_without_importing_torch_or_transformers():
+    """``easyrl simulate --help`` took ~30 s: it imported torch (the device table sat beside the fake tensors)."""
+    code = ("import sys\nfrom easyrl.cli import main\ntry:\n    main(['simulate', '--help'])\nexcept SystemExit:\n"
+            "    pass\nprint('heavy:', sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120).stdout
+    assert "--device {910b,a100-40,a100-80,h100,h200}" in out and out.strip().endswith("heavy: []"), out
+
+
+def test_the_verdict_names_every_phase_that_does_not_fit_with_advice_for_it():
+    """Two simulated phases over the device are both named (the verdict named the first), each with what shrinks
+    the estimate's largest items for it: the actor's shards, not the (offloaded, 0 GiB) reference nor a micro-batch
+    (activations 3 of 93 GiB). The table states the host memory the offloaded states need."""
+    from easyrl.simulate import report
+    from easyrl.simulate.phases import PhaseResult, Simulation
+    from easyrl.sizing.estimate import MemoryEstimate
+
+    estimate = MemoryEstimate(79.2, 1.0, 1, 40.0, rollout={"vLLM (gpu_memory_utilization)": 40.0, "actor params": 30.0,
+                                                           "reference": 0.0},
+                              training={"actor params": 30.0, "actor Adam states": 60.0,
+                                        "activations (layers in backward)": 3.0}, host={"reference": 14.0})
+    sim = Simulation(DEVICES["h100"], 8, [PhaseResult("load actor", 85.0, 30.0, 1.0), PhaseResult(
+        "actor update (fwd+bwd+AdamW)", 93.0, float("nan"), 1.0), PhaseResult("export gather", 50.0, 30.0, 1.0)])
+    problem = report.verdict(sim, estimate, None)
+    assert "'load actor'" in problem and "'actor update (fwd+bwd+AdamW)'" in problem and "export" not in problem
+    assert "worker.actor.offload.offload_params=true" in problem
+    assert "micro_batch" not in problem and "worker.ref" not in problem
+    assert "host memory per node for the offloaded states: 14.0 GiB" in report.table(sim, estimate, problem, "h100", 8)
+
+
+def test_the_docs_list_the_command():
+    """The README's command list names every ``easyrl`` command; docs/simulate.md no longer calls it unwired."""
+    commands = (ROOT / "README.md").read_text().split("## Commands", 1)[1].split("```")[1]
+    assert all(f"easyrl {name} " in commands for name in COMMANDS), commands
+    assert "once the console script wires" not in (ROOT / "docs" / "simulate.md").read_text()

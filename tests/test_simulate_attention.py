@@ -14,7 +14,8 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from easyrl.models.packed_attention import PACKED_SDPA
 from easyrl.simulate.attention import SIMULATED_VARLEN
-from easyrl.simulate.fake_device import DEVICES, accelerator_standins, fake_tensors
+from easyrl.simulate.fake_device import accelerator_standins, fake_tensors
+from easyrl.sizing.devices import DEVICES
 from easyrl.workers import policy
 
 S, HEADS, KV_HEADS, HEAD_DIM = 4096, 4, 2, 64  # the math path's float32 weights: HEADS x S^2 x 4 B = 256 MiB a row

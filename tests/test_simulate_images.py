@@ -1,6 +1,6 @@
 """``easyrl simulate`` on a vision-language model: the budget micro-batch carries one image per prompt as the trainer
 sends it (``easyrl.simulate.images``), cut as the Qwen-VL processor cuts it, and the estimate counts the vision tower
-(``easyrl.workers.vision_memory.vision_activations``)."""
+(``easyrl.sizing.vision.vision_activations``)."""
 
 from __future__ import annotations
 
@@ -74,8 +74,8 @@ def test_text_models_get_no_images(tmp_path):
 def _vision_term(*overrides: str) -> float:
     from transformers import AutoConfig
 
-    from easyrl.workers.memory_estimate import estimate_memory
-    from easyrl.workers.model_size import model_shape
+    from easyrl.sizing.anatomy import model_shape
+    from easyrl.sizing.estimate import estimate_memory
 
     config = _config(f"worker.actor.model.model_path={VL_7B}", *overrides)
     estimate = estimate_memory(8_000_000_000, 152064, config, 79.2, model_shape(AutoConfig.from_pretrained(VL_7B)))
@@ -98,9 +98,9 @@ def test_the_experience_forwards_count_the_images():
     with one image per prompt, 15.6 text only; the estimate's image item brings it from 15.5 to within 3%."""
     from transformers import AutoConfig
 
-    from easyrl.workers.experience_estimate import RoleModel, estimate_experience
-    from easyrl.workers.memory_estimate import estimate_memory
-    from easyrl.workers.model_size import model_shape
+    from easyrl.sizing.anatomy import model_shape
+    from easyrl.sizing.estimate import estimate_memory
+    from easyrl.sizing.experience import RoleModel, estimate_experience
 
     config = _config(f"worker.actor.model.model_path={VL_7B}")
     shape = model_shape(AutoConfig.from_pretrained(VL_7B))
@@ -133,8 +133,8 @@ def _tiny_qwen3_vl(folder: Path) -> str:
 def test_a_qwen3_vl_model_simulates_with_images(tmp_path):
     """Every phase runs with the images (the Qwen3-VL DeepStack path runs only with them: its index of the image
     tokens failed on fake tensors), the update's backward through the vision tower included."""
-    from easyrl.simulate.fake_device import DEVICES
     from easyrl.simulate.phases import simulate
+    from easyrl.sizing.devices import DEVICES
 
     config = _config(f"worker.actor.model.model_path={_tiny_qwen3_vl(tmp_path / 'vl')}", "data.max_prompt_length=320",
                      "data.max_response_length=64", "worker.actor.micro_batch_size_per_device_for_experience=4")

@@ -10,7 +10,6 @@ from easyrl.config import load_config
 from easyrl.device import collective_backend, ray_actor_resources
 from easyrl.workers.fsdp_worker import FSDPWorker
 from easyrl.workers.group import method_name, node_contiguous_bundles
-from easyrl.workers.roles import builds_reference
 
 DEMO = f"config={Path(__file__).resolve().parents[1] / 'examples/configs/cpu_demo.yaml'}"
 
@@ -24,7 +23,7 @@ DEMO = f"config={Path(__file__).resolve().parents[1] / 'examples/configs/cpu_dem
 ])
 def test_reference_model_only_when_a_kl_term_uses_it(overrides, needs_ref):
     config = load_config([DEMO, "worker.actor.model.model_path=m", *overrides])
-    assert builds_reference(config) is needs_ref
+    assert config.builds_reference is needs_ref
 
 
 def test_workers_are_called_by_method_not_by_name():

@@ -69,6 +69,24 @@ class PPOConfig:
         steps = generated // self.data.rollout_batch_size * self.trainer.total_epochs
         return steps if self.trainer.max_steps is None else min(steps, self.trainer.max_steps)
 
+    def token_budget(self, micro: int, role=None) -> int:
+        """Tokens one micro-batch of ``micro`` samples holds: ``role.max_token_len_per_device`` (the actor's by
+        default) or ``micro x (data.max_prompt_length + data.max_response_length)``."""
+        role = role or self.worker.actor
+        return role.max_token_len_per_device or micro * (self.data.max_prompt_length + self.data.max_response_length)
+
+    @property
+    def uses_lora(self) -> bool:
+        """Whether the actor carries a LoRA adapter (``worker.actor.model.lora.rank > 0``); the reference policy is then
+        the actor with its adapter switched off, not a second model."""
+        return self.worker.actor.model.lora.rank > 0
+
+    @property
+    def builds_reference(self) -> bool:
+        """Whether a reference model is built: a KL term (loss or in-reward) uses the reference policy
+        (``algorithm.needs_reference``) and the actor has no LoRA adapter (:attr:`uses_lora`)."""
+        return self.algorithm.needs_reference and not self.uses_lora
+
     @property
     def world_size(self) -> int:
         """Number of workers (devices): ``trainer.nnodes * trainer.n_gpus_per_node``."""

@@ -1,6 +1,7 @@
 """``python -m easyrl.simulate config=... [key=value ...] [--device h100|h200|a100-40|a100-80|910b] [--json]
 [--estimate-only]``: simulate one training step's memory and device placement before renting devices; exits 1 when
-the run cannot fit (naming the phase and the setting to change) or a host tensor reaches a device op or collective."""
+the run cannot fit (naming every phase that does not and the settings to change) or a host tensor reaches a device
+op or collective."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import argparse
 import sys
 from typing import Optional
 
-from easyrl.simulate.fake_device import DEFAULT_DEVICE, DEVICES
+from easyrl.sizing.devices import DEFAULT_DEVICE, DEVICES, SIMULATED
 
 
 def main(argv: Optional[list[str]] = None, prog: str = "python -m easyrl.simulate") -> int:
@@ -22,37 +23,27 @@ def main(argv: Optional[list[str]] = None, prog: str = "python -m easyrl.simulat
 
 def _simulate(argv: list[str], prog: str) -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.replace("``", ""))
-    parser.add_argument("--device", choices=sorted(DEVICES), default=None,
+    parser.add_argument("--device", choices=SIMULATED, default=None,
                         help="accelerator to simulate (default: from trainer.device: cuda -> h100, npu -> 910b)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--estimate-only", action="store_true", help="only the pre-flight estimate (no simulation)")
-    args, overrides = parser.parse_known_args(argv)
-    from transformers import AutoConfig
-
+    args, overrides = parser.parse_known_args(argv)  # --help exits above: nothing heavy is imported before
     from easyrl.config import load_config
     from easyrl.errors import ConfigError
     from easyrl.simulate import extra_roles, report
     from easyrl.simulate.fake_device import DeviceCheckError
     from easyrl.simulate.phases import model_folder, simulate
-    from easyrl.workers.experience_estimate import RoleModel, estimate_experience, experience_models
-    from easyrl.workers.memory_estimate import check_memory, estimate_memory
-    from easyrl.workers.model_size import count_parameters, model_shape
+    from easyrl.sizing.estimate import check_memory, estimate_run
 
     config = load_config(overrides)
     name = args.device or DEFAULT_DEVICE.get(config.trainer.device, "h100")
     spec = DEVICES[name]
-    model = config.worker.actor.model
-    hf_config = AutoConfig.from_pretrained(model_folder(model.model_path), trust_remote_code=model.trust_remote_code)
-    num_params, vocab = count_parameters(hf_config, model.trust_remote_code)
-    estimate = estimate_memory(num_params, vocab, config, spec.memory_gib, model_shape(hf_config),
-                               **extra_roles.parameters(config, model_folder))
-    estimate_experience(estimate, config, RoleModel(num_params, vocab, model_shape(hf_config)),
-                        **experience_models(config, model_folder))
+    estimate = estimate_run(config, spec.memory_gib, model_folder)
     judge = extra_roles.judge_engine(config, spec.memory_gib, model_folder)
     try:
         check_memory(estimate)
         estimate_error = None
-    except ConfigError as exc:  # vLLM's weights vs its claim: the rollout phase (the others name their phase)
+    except ConfigError as exc:  # every phase that does not fit, named (vLLM's weights vs its claim: the rollout's)
         estimate_error = ("rollout phase: " if str(exc).startswith("vLLM") else "") + str(exc)
     estimate_error = estimate_error or report.judge_problem(judge)
     sim = None

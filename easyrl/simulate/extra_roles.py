@@ -32,11 +32,9 @@ class _FakeLoaded:
     """What ``from_pretrained`` returns to ``FSDPRewardModel`` on rank 0: a state dict and buffers of fake tensors."""
 
     def __init__(self, hf_config):
-        from transformers import AutoModelForSequenceClassification
+        from easyrl.sizing.anatomy import meta_model
 
-        with torch.device("meta"):
-            model = AutoModelForSequenceClassification.from_config(hf_config, dtype=torch.float32,
-                                                                   attn_implementation="sdpa")
+        model = meta_model(hf_config, classifier=True)
         self.state = {name: torch.empty(t.shape, dtype=t.dtype) for name, t in model.state_dict().items()}
         self.buffers = {name: torch.empty(b.shape, dtype=b.dtype) for name, b in model.named_buffers()}
 
@@ -106,31 +104,10 @@ def judge_engine(config: PPOConfig, capacity_gib: float, folder: Callable[[str],
         return {}
     from transformers import AutoConfig
 
-    from easyrl.workers.model_size import DTYPE_BYTES, count_parameters
+    from easyrl.sizing.anatomy import DTYPE_BYTES, count_parameters
 
     hf_config = AutoConfig.from_pretrained(folder(judge.model_path))
     params, _ = count_parameters(hf_config)
     return {"claim_gib": judge.gpu_memory_utilization * capacity_gib,
             "weights_gib": params * DTYPE_BYTES[config.worker.rollout.dtype] / GIB}
 
-
-def parameters(config: PPOConfig, folder: Callable[[str], str]) -> dict[str, int]:
-    """``estimate_memory``'s ``reward_model_params`` and ``teacher_params``, counted on the meta device from the
-    ``config.json`` that :func:`~easyrl.simulate.phases.model_folder` finds (a hub id maps to the shipped config)."""
-    from transformers import AutoConfig
-
-    from easyrl.workers.model_size import count_parameters, reward_model_parameters
-
-    cfg = config.worker
-    counts = {"reward_model_params": 0, "teacher_params": 0}
-    if cfg.reward.reward_model.enabled:
-        shipped = copy.copy(config)
-        shipped.worker = copy.copy(cfg)
-        shipped.worker.reward = copy.copy(cfg.reward)
-        shipped.worker.reward.reward_model = reward_model_config(config, folder)
-        counts["reward_model_params"] = reward_model_parameters(shipped)
-    if config.algorithm.needs_teacher:
-        teacher = cfg.teacher.model
-        hf_config = AutoConfig.from_pretrained(folder(teacher.model_path), trust_remote_code=teacher.trust_remote_code)
-        counts["teacher_params"] = count_parameters(hf_config, teacher.trust_remote_code)[0]
-    return counts

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from easyrl.simulate.standins import DEFAULT_DEVICE, DEVICES, GIB, DeviceSpec, accelerator_standins  # noqa: F401
+from easyrl.simulate.standins import GIB, DeviceSpec, accelerator_standins  # noqa: F401
 
 
 class DeviceCheckError(RuntimeError):
@@ -317,9 +317,9 @@ def fake_checkpoint_reader(model_path: str, hf_config, trust_remote_code: bool, 
     """Stand-in for ``easyrl.workers.fsdp_model.read_checkpoint`` on rank 0: the same names, shapes and dtypes
     (float32, the model's own buffers; with ``lora`` peft's names) as fake tensors; no weights are read. Call it
     under ``FakeTensorMode``."""
-    from easyrl.workers.fsdp_model import build_empty_model
+    from easyrl.sizing.anatomy import meta_model
 
-    model = build_empty_model(hf_config, torch.float32, trust_remote_code, "sdpa")
+    model = meta_model(hf_config, trust_remote_code)
     if lora is not None:
         from easyrl.models.lora import apply_lora
 

@@ -7,7 +7,7 @@ The grid is the processor's math (``easyrl.data.images.target_size``, the datase
 ``data.max_pixels`` snapped to multiples of ``factor = patch_size x spatial_merge_size``, ``(1, H / patch, W /
 patch)`` patches, ``H x W / factor^2`` image tokens. The image tokens are part of the prompt's ``max_prompt_length``
 (``data.filter_overlong_prompts`` drops a prompt whose image does not fit): when ``max_pixels``' image holds more
-tokens than the prompt leaves beside ``easyrl.workers.vision_memory.TEXT_TOKENS`` (64) of template and question,
+tokens than the prompt leaves beside ``easyrl.sizing.vision.TEXT_TOKENS`` (64) of template and question,
 the image is the largest square that fits (``prompt_image_grid``). The patch widths come from the model's
 ``vision_config`` (``patch_size``, ``spatial_merge_size``, ``temporal_patch_size``, ``in_channels``):
 examples/model_configs ships no ``preprocessor_config.json``, and the Qwen-VL processors' own pixel bounds
@@ -23,8 +23,8 @@ from typing import Optional
 import torch
 
 from easyrl.config import PPOConfig
-from easyrl.workers.model_size import vision_shape
-from easyrl.workers.vision_memory import prompt_image_grid
+from easyrl.sizing.anatomy import vision_shape
+from easyrl.sizing.vision import prompt_image_grid
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class ImageGrid:
 def image_grid(hf_config, config: PPOConfig) -> Optional[ImageGrid]:
     """The largest image one prompt of ``config`` holds (module docstring), or None for a model without a
     ``vision_config`` or a ``data.max_prompt_length`` without room for one beside ``TEXT_TOKENS``
-    (``easyrl.workers.memory_estimate``): then the batch is text only."""
+    (``easyrl.sizing.vision``): then the batch is text only."""
     vision = vision_shape(hf_config)
     grid = prompt_image_grid(config, vision) if vision is not None else None
     if grid is None:

@@ -119,13 +119,6 @@ def vision_grid(config: PPOConfig, model_path: str, trust_remote_code: bool = Fa
                       config)
 
 
-def token_budget(config: PPOConfig, micro: int, role=None) -> int:
-    """``worker.<role>.max_token_len_per_device`` (the actor's by default) or ``micro x (max_prompt_length +
-    max_response_length)``."""
-    role = role or config.worker.actor
-    return role.max_token_len_per_device or micro * (config.data.max_prompt_length + config.data.max_response_length)
-
-
 def simulate(config: PPOConfig, spec: DeviceSpec, log: Callable[[str], None] = print,
              update: bool = True) -> Simulation:
     """Run the phases (module docstring) as rank 0 of ``config.world_size`` on fake ``spec`` devices.
@@ -139,7 +132,6 @@ def simulate(config: PPOConfig, spec: DeviceSpec, log: Callable[[str], None] = p
     import easyrl.workers.fsdp_model as fsdp_model
     from easyrl.simulate import extra_roles
     from easyrl.workers.policy import FSDPPolicy
-    from easyrl.workers.roles import builds_reference
     from easyrl.workers.weight_sync import iter_full_weights
 
     cfg = config.worker
@@ -150,9 +142,9 @@ def simulate(config: PPOConfig, spec: DeviceSpec, log: Callable[[str], None] = p
     path = model_folder(cfg.actor.model.model_path)
     micro = cfg.actor.micro_batch_size_per_device_for_experience
     grid = vision_grid(config, cfg.actor.model.model_path, cfg.actor.model.trust_remote_code)
-    batch = budget_batch(config, token_budget(config, micro), grid)  # real host tensors, as the trainer sends them
+    batch = budget_batch(config, config.token_budget(micro), grid)  # real host tensors, as the trainer sends them
     teacher_micro = cfg.teacher.micro_batch_size_per_device_for_experience
-    teacher_batch = budget_batch(config, token_budget(config, teacher_micro)) if config.algorithm.needs_teacher \
+    teacher_batch = budget_batch(config, config.token_budget(teacher_micro)) if config.algorithm.needs_teacher \
         else None
     rm_batch = extra_roles.reward_model_batch(config) if cfg.reward.reward_model.enabled else None
     if cfg.reward.judge.model_path is not None:  # its engine stays resident: no sleep mode (easyrl.workers.judge)
@@ -175,7 +167,7 @@ def simulate(config: PPOConfig, spec: DeviceSpec, log: Callable[[str], None] = p
             actor = phase("load actor", lambda: FSDPPolicy(path, cfg.actor, mesh, kind, device, trainable=True,
                                                            offload=cfg.actor.offload))
             ref = None
-            if builds_reference(config):
+            if config.builds_reference:
                 ref = phase("load reference", lambda: FSDPPolicy(path, cfg.actor, mesh, kind, device, trainable=False,
                                                                  offload=cfg.ref.offload, init_from=actor))
             phase("old log-probs (forward)", lambda: actor.compute_log_probs(batch, micro, cfg.actor.temperature))
@@ -246,8 +238,8 @@ def simulate_updates(config: PPOConfig, spec: DeviceSpec,
         mini = role.global_batch_size * cfg.rollout.n // config.world_size  # samples per optimizer step
         path = role.model.model_path or cfg.actor.model.model_path  # the critic's null: the actor's checkpoint
         grid = vision_grid(config, path, role.model.trust_remote_code)
-        batch = budget_batch(config, token_budget(config, micro, role), grid)
-        batches[name] = (micro, batch, budget_batch(config, 2 * token_budget(config, micro, role), grid)
+        batch = budget_batch(config, config.token_budget(micro, role), grid)
+        batches[name] = (micro, batch, budget_batch(config, 2 * config.token_budget(micro, role), grid)
                          if mini > micro else batch)
     with fake_world(0, config.world_size, "cpu"), accelerator_standins(spec), \
             mock.patch.object(fsdp_model, "read_checkpoint", fake_checkpoint_reader), lora_outside_fake_mode(), \

@@ -1,5 +1,5 @@
-"""The simulation's table: per-device peak memory by phase beside ``easyrl.workers.memory_estimate``'s estimate,
-and the verdict (fits, or the phase that does not and the setting to change)."""
+"""The simulation's table: per-device peak memory by phase beside ``easyrl.sizing.estimate``'s estimate, the host
+memory the offloaded states need, and the verdict (fits, or every phase that does not and the settings to change)."""
 
 from __future__ import annotations
 
@@ -7,48 +7,45 @@ import json
 from typing import Any, Optional
 
 from easyrl.simulate.phases import PhaseResult, Simulation
-from easyrl.workers.memory_estimate import EXPERIENCE_SETTINGS, MemoryEstimate
+from easyrl.sizing.estimate import MemoryEstimate, advice
 
 
 def verdict(sim: Optional[Simulation], estimate: MemoryEstimate, estimate_error: Optional[str]) -> Optional[str]:
-    """None when the run fits; else why not (the estimate's error naming the setting, or the simulated phase whose
-    peak exceeds the device)."""
-    if estimate_error:
-        return estimate_error
-    if sim is not None:
-        beside = sum(sim.beside.values())  # the judge's engine, resident in every phase
-        for phase in sim.phases:
-            if phase.name in estimate.experience:  # an experience forward: name the setting that sizes it
-                problem = experience_problem(phase, beside, estimate)
-                if problem:
-                    return problem
-            if phase.peak_gib + beside > estimate.capacity_gib:
-                held = f" (+ {beside:.1f} GiB held beside it: {', '.join(sim.beside)})" if beside else ""
-                return (f"phase '{phase.name}' peaks at {phase.peak_gib:.1f} GiB{held} on a "
-                        f"{estimate.capacity_gib:.1f} GiB device: set worker.actor.offload.offload_params=true, lower "
-                        "worker.actor.micro_batch_size_per_device_for_experience / max_token_len_per_device, or use "
-                        "more devices (trainer.n_gpus_per_node / trainer.nnodes)")
-    return None
+    """None when the run fits; else why not: the estimate's error (every phase it finds over the device, with the
+    settings to change), or every simulated phase whose peak (an experience forward's with the AdamW states of a later
+    step, :func:`simulated_experience_gib`) and what is held beside it exceed the device, each with the settings that
+    shrink its largest items in the estimate (``easyrl.sizing.estimate.advice``)."""
+    if estimate_error or sim is None:
+        return estimate_error or None
+    beside = sum(sim.beside.values())  # the judge's engine, resident in every phase
+    held = f" (+ {beside:.1f} GiB held beside it: {', '.join(sim.beside)})" if beside else ""
+    problems = []
+    for phase in sim.phases:
+        peak = simulated_experience_gib(phase, estimate)
+        if peak + beside <= estimate.capacity_gib:
+            continue
+        later = " (with the actor's AdamW states of a later step)" if phase.name in estimate.experience else ""
+        items = estimate_items(phase.name, estimate) | sim.beside
+        problems.append(f"phase '{phase.name}' peaks at {peak:.1f} GiB{held} on a {estimate.capacity_gib:.1f} GiB "
+                        f"device{later}: {advice(items, peak + beside - estimate.capacity_gib)}")
+    return "; and ".join(problems) or None
+
+
+def estimate_items(phase: str, estimate: MemoryEstimate) -> dict[str, float]:
+    """The estimate's items for the simulated ``phase``: an experience forward's own, the training phase's for an
+    update, else what stays resident beside the sleeping engine (loading, weight sync, checkpoint, export)."""
+    if phase in estimate.experience:
+        return estimate.experience[phase]
+    if "update" in phase:
+        return estimate.training
+    return {name: gib for name, gib in estimate.rollout.items() if "gpu_memory_utilization" not in name}
 
 
 def simulated_experience_gib(phase: PhaseResult, estimate: MemoryEstimate) -> float:
-    """An experience forward's simulated peak as the device holds it from the second step on: the simulation runs
-    it before any update, so the actor's AdamW states (resident then unless ``offload_optimizer`` / offloaded) are
-    added from the estimate."""
+    """A phase's simulated peak as the device holds it from the second step on: the simulation runs the experience
+    forwards before any update, so the actor's AdamW states (resident then unless ``offload_optimizer`` / offloaded)
+    are added from the estimate to theirs."""
     return phase.peak_gib + estimate.experience.get(phase.name, {}).get("actor Adam states", 0.0)
-
-
-def experience_problem(phase: PhaseResult, beside: float, estimate: MemoryEstimate) -> Optional[str]:
-    """None when the experience forward ``phase`` fits (:func:`simulated_experience_gib` + what is held beside it);
-    else the phase, the numbers and the setting that sizes its micro-batch (``memory_estimate.EXPERIENCE_SETTINGS``)."""
-    peak = simulated_experience_gib(phase, estimate)
-    if peak + beside <= estimate.capacity_gib:
-        return None
-    held = f" (+ {beside:.1f} GiB held beside it)" if beside else ""
-    return (f"phase '{phase.name}' peaks at {peak:.1f} GiB{held} on a {estimate.capacity_gib:.1f} GiB device (with "
-            f"the actor's AdamW states of a later step): lower {EXPERIENCE_SETTINGS[phase.name]}, offload the "
-            "resident models (worker.actor.offload.offload_params=true, worker.ref.offload.offload_params=true), or "
-            "use more devices (trainer.n_gpus_per_node / trainer.nnodes)")
 
 
 def judge_problem(judge: dict[str, float]) -> Optional[str]:
@@ -68,7 +65,7 @@ def as_dict(sim: Optional[Simulation], estimate: MemoryEstimate, problem: Option
             "estimate": {"rollout": estimate.rollout, "training": estimate.training,
                          "experience": estimate.experience,
                          "rollout_gib": estimate.rollout_gib, "training_gib": estimate.training_gib,
-                         "vllm_weights_gib": estimate.vllm_weights_gib,
+                         "vllm_weights_gib": estimate.vllm_weights_gib, "host": estimate.host,
                          "tensor_parallel_size": estimate.tensor_parallel_size},
             "simulated": [vars(p) for p in sim.phases] if sim is not None else None,
             "beside": sim.beside if sim is not None else {},
@@ -85,15 +82,18 @@ def table(sim: Optional[Simulation], estimate: MemoryEstimate, problem: Optional
         lines.append(f"{p.name:34} {p.peak_gib:7.1f} {after:>7} {p.seconds:8.0f}" + experience_column(p, estimate))
     for name, gib in (sim.beside.items() if sim is not None else []):
         lines.append(f"beside every phase: {name} {gib:.1f} GiB")
-    lines += ["", f"{'estimate (memory_estimate.py)':34} {'rollout':>7} {'train':>7}"]
+    lines += ["", f"{'estimate (easyrl.sizing)':34} {'rollout':>7} {'train':>7}"]
     for name in dict.fromkeys(list(estimate.rollout) + list(estimate.training)):
         lines.append(f"{name:34} {estimate.rollout.get(name, 0.0):7.1f} {estimate.training.get(name, 0.0):7.1f}")
     lines.append(f"{'total':34} {estimate.rollout_gib:7.1f} {estimate.training_gib:7.1f}")
-    for name, items in estimate.experience.items():  # experience_estimate.estimate_experience
+    for name, items in estimate.experience.items():  # easyrl.sizing.experience.estimate_experience
         lines.append(f"experience forward: {name} {sum(items.values()):.1f} GiB (vLLM asleep; the actor's AdamW states "
                      f"{items.get('actor Adam states', 0.0):.1f} of it)")
     lines.append(f"vLLM weights under TP {estimate.tensor_parallel_size}: {estimate.vllm_weights_gib:.1f} GiB of a "
                  f"{estimate.vllm_claim_gib:.1f} GiB gpu_memory_utilization claim")
+    if estimate.host:
+        lines.append(f"host memory per node for the offloaded states: {sum(estimate.host.values()):.1f} GiB ("
+                     + ", ".join(f"{name} {gib:.1f}" for name, gib in estimate.host.items()) + ")")
     if judge:
         lines.append(f"judge vLLM weights (one engine per device): {judge['weights_gib']:.1f} GiB of a "
                      f"{judge['claim_gib']:.1f} GiB worker.reward.judge.gpu_memory_utilization claim")
@@ -102,7 +102,7 @@ def table(sim: Optional[Simulation], estimate: MemoryEstimate, problem: Optional
 
 
 def experience_column(phase: PhaseResult, estimate: MemoryEstimate) -> str:
-    """The estimate beside a simulated experience forward (``experience_estimate.estimate_experience``), less the
+    """The estimate beside a simulated experience forward (``easyrl.sizing.experience.estimate_experience``), less the
     actor's AdamW states, which the simulation (before any update) does not hold yet; empty for other phases."""
     items = estimate.experience.get(phase.name)
     if items is None:

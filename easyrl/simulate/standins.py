@@ -1,40 +1,19 @@
-"""Stand-ins for the accelerator outside tensors: the device models (:data:`DEVICES`), the CUDA runtime calls FSDP2
-and easyrl make (current device, streams, events, memory queries), DTensor's shard offsets, and the device's attention
-kernels (``easyrl.simulate.attention``). ``easyrl.simulate.fake_device`` holds the tensors' side (fake tensors, the
-fake world, the device checks and memory accounting).
+"""Stand-ins for the accelerator outside tensors (a device of ``easyrl.sizing.devices.DEVICES``): the CUDA runtime
+calls FSDP2 and easyrl make (current device, streams, events, memory queries), DTensor's shard offsets, and the
+device's attention kernels (``easyrl.simulate.attention``). ``easyrl.simulate.fake_device`` holds the tensors'
+side (fake tensors, the fake world, the device checks and memory accounting).
 """
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 from typing import Iterator
 from unittest import mock
 
 import torch
 
-GIB = 2**30
-
-
-@dataclass(frozen=True)
-class DeviceSpec:
-    """One accelerator model: ``kind`` (``cuda`` / ``npu``), ``name`` as the driver reports it, ``memory_gib`` the
-    total memory the driver reports (``torch.cuda.get_device_properties(0).total_memory / 2**30``)."""
-
-    kind: str
-    name: str
-    memory_gib: float
-
-
-# total_memory as the drivers report it (nvidia-smi / npu-smi MiB / 1024); the label's "80 GB" is decimal gigabytes
-DEVICES = {
-    "h100": DeviceSpec("cuda", "NVIDIA H100 80GB HBM3", 79.2),  # 81559 MiB
-    "h200": DeviceSpec("cuda", "NVIDIA H200", 139.8),  # 143171 MiB
-    "a100-40": DeviceSpec("cuda", "NVIDIA A100-SXM4-40GB", 39.4),  # 40338 MiB usable of 40960
-    "a100-80": DeviceSpec("cuda", "NVIDIA A100-SXM4-80GB", 79.1),  # 81038 MiB usable of 81920
-    "910b": DeviceSpec("npu", "Ascend910B3", 64.0),  # 65536 MiB HBM (npu-smi)
-}
-DEFAULT_DEVICE = {"cuda": "h100", "npu": "910b", "auto": "h100", "cpu": "h100"}
+from easyrl.sizing.anatomy import GIB
+from easyrl.sizing.devices import DeviceSpec
 
 
 class _Stream:

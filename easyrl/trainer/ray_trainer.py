@@ -35,10 +35,12 @@ from easyrl.data.dataset import collate_fn
 from easyrl.data.loader import PromptStream
 from easyrl.rewards.function import RewardFunction
 from easyrl.rng import get_rng_state, set_rng_state
+from easyrl.sizing.anatomy import ModelShape, model_anatomy
+from easyrl.sizing.devices import peak_flops
+from easyrl.sizing.flops import compute_mfu_metrics
 from easyrl.trainer.batch_layout import for_workers
 from easyrl.trainer.checkpoint import Checkpointer
 from easyrl.trainer.checkpoint_manifest import run_identity
-from easyrl.trainer.flops import ModelShape, compute_mfu_metrics, peak_flops
 from easyrl.trainer.generation import Generator
 from easyrl.trainer.loggers import Tracker
 from easyrl.trainer.metrics import (
@@ -123,7 +125,7 @@ class RayPPOTrainer:
         model = self.config.worker.actor.model
         hf_config = AutoConfig.from_pretrained(model.model_path, trust_remote_code=model.trust_remote_code)
         try:
-            self.model_shape = ModelShape.from_hf_config(hf_config)
+            self.model_shape = model_anatomy(hf_config, model.trust_remote_code)[2]
         except Exception as e:  # an architecture transformers cannot build from its config alone: no MFU, no stop
             logger.warning("perf/mfu/* not reported: cannot count the weights of %s (%s)", model.model_path, e)
         self.peak_flops = peak_flops(self.workers.run_all(FSDPWorker.device_name)[0])

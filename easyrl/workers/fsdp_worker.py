@@ -151,29 +151,14 @@ class FSDPWorker:
     def check_memory(self) -> None:
         """Pre-flight: estimate this device's memory needs from the model's size and the config before anything is
         loaded; raise ``ConfigError`` with the numbers and the setting to change when the run cannot fit."""
-        from transformers import AutoConfig
-
         from easyrl.device import device_memory_gib
-        from easyrl.workers.experience_estimate import RoleModel, estimate_experience, experience_models
-        from easyrl.workers.memory_estimate import check_memory, estimate_memory
-        from easyrl.workers.model_size import count_parameters, model_shape, reward_model_parameters
+        from easyrl.sizing.estimate import check_memory, estimate_run
 
-        model = self.config.worker.actor.model
-        hf_config = AutoConfig.from_pretrained(model.model_path, trust_remote_code=model.trust_remote_code)
-        num_params, vocab = count_parameters(hf_config, model.trust_remote_code)
-        teacher_params = 0
-        if self.config.algorithm.needs_teacher:
-            teacher = self.config.worker.teacher.model
-            teacher_config = AutoConfig.from_pretrained(teacher.model_path, trust_remote_code=teacher.trust_remote_code)
-            teacher_params = count_parameters(teacher_config, teacher.trust_remote_code)[0]
-        estimate = estimate_memory(num_params, vocab, self.config, device_memory_gib(self.device),
-                                   reward_model_params=reward_model_parameters(self.config),
-                                   teacher_params=teacher_params, shape=model_shape(hf_config))
-        estimate_experience(estimate, self.config, RoleModel(num_params, vocab, model_shape(hf_config)),
-                            **experience_models(self.config))
+        estimate = estimate_run(self.config, device_memory_gib(self.device))
         if self.rank == 0:
-            logger.info("memory per device (GiB of %.1f): rollout %.1f, training %.1f", estimate.capacity_gib,
-                        estimate.rollout_gib, estimate.training_gib)
+            logger.info("memory per device (GiB of %.1f): rollout %.1f, training %.1f; host per node (offloaded) "
+                        "%.1f", estimate.capacity_gib, estimate.rollout_gib, estimate.training_gib,
+                        sum(estimate.host.values()))
         check_memory(estimate)
 
     def _lora_scale(self) -> Optional[float]:

@@ -19,23 +19,7 @@ and, when trainable, an update:
   ``algorithm.needs_teacher``.
 
 Roles are built in this order on every rank together (loading and sharding are collective), so a role may start from
-one built before it (``init_from``, as the reference copies the actor).
-
-Adding a role (a teacher for distillation, a reward model) is a few lines here and one worker method:
-
-1. a config section for it (model path, offload, micro-batch) and a property that says when the run needs it;
-2. a field on :class:`Roles` and one statement in :func:`build_roles`, e.g. a frozen teacher read from its own
-   checkpoint::
-
-       teacher = None
-       if config.algorithm.needs_teacher:
-           teacher = FSDPPolicy(cfg.teacher.model.model_path, cfg.teacher, mesh, device, torch_device,
-                                trainable=False, offload=cfg.teacher.offload)
-
-   (a reward model likewise: a frozen model whose output embedding is a value head, as ``FSDPCritic`` builds it);
-3. a ``FSDPWorker`` method that runs it on the worker's share, like ``compute_ref_log_probs``, which the trainer
-   calls with ``WorkerGroup.run_split``;
-4. its memory in ``easyrl.workers.memory_estimate``.
+one built before it (``init_from``, as the reference copies the actor). Adding one: docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -46,6 +30,8 @@ from typing import TYPE_CHECKING, Optional
 import torch
 
 from easyrl.config import PPOConfig
+
+uses_lora = PPOConfig.uses_lora.fget  # FSDPWorker's name for the property (easyrl.config.ppo)
 
 if TYPE_CHECKING:  # the model classes import transformers' models: only the workers build them (in build_roles)
     from torch.distributed.device_mesh import DeviceMesh
@@ -65,18 +51,6 @@ class Roles:
     reward_model: Optional[FSDPRewardModel] = None
     """The discriminative reward model (``worker.reward.reward_model``, frozen), when its ``model_path`` is set."""
     teacher: Optional[FSDPPolicy] = None
-
-
-def uses_lora(config: PPOConfig) -> bool:
-    """Whether the actor carries a LoRA adapter (``worker.actor.model.lora.rank > 0``); the reference policy is then
-    the actor with its adapter switched off, not a second model."""
-    return config.worker.actor.model.lora.rank > 0
-
-
-def builds_reference(config: PPOConfig) -> bool:
-    """Whether a reference model is built: a KL term (loss or in-reward) uses the reference policy
-    (``algorithm.needs_reference``) and the actor has no LoRA adapter (:func:`uses_lora`)."""
-    return config.algorithm.needs_reference and not uses_lora(config)
 
 
 def build_roles(config: PPOConfig, mesh: DeviceMesh, device: str, torch_device: torch.device) -> Roles:
@@ -103,7 +77,7 @@ def build_roles(config: PPOConfig, mesh: DeviceMesh, device: str, torch_device: 
                      reward_model=build_reward_model(config, mesh, device, torch_device))
     actor = FSDPPolicy(model_path, cfg.actor, mesh, device, torch_device, trainable=True, offload=cfg.actor.offload)
     ref = None
-    if builds_reference(config):
+    if config.builds_reference:
         # same checkpoint: copy the actor's shards (cast to the compute dtype) instead of reading it again
         ref = FSDPPolicy(model_path, cfg.actor, mesh, device, torch_device, trainable=False, offload=cfg.ref.offload,
                          init_from=actor)

@@ -24,7 +24,7 @@ not counted apart):
   - the logits: none with ``padding_free`` (the fused head, ``easyrl.models.fused_head``, holds 512-token chunks;
     their peak is below the one above); padded, ``micro x (response_length + 1) x vocab`` twice (with the gradient).
 
-  With ``ModelShape`` (``easyrl.workers.model_size``) omitted (no layer count and widths) only the states and the
+  With ``ModelShape`` (``easyrl.sizing.anatomy``) omitted (no layer count and widths) only the states and the
   padded logits are counted.
 
 On-policy distillation's teacher (``worker.teacher``, its own parameter count) adds its shard in the compute dtype to
@@ -41,12 +41,15 @@ A reward model (``worker.reward.reward_model``) adds its shard in the compute dt
 ``worker.reward.reward_model.offload.offload_params`` (the default, as the reference's).
 
 Experience forwards (old log-probs, reference, the teacher's, the reward model's; vLLM asleep): each a phase of its
-own, ``experience_estimate.estimate_experience`` (what stays resident + the role's gathered weights + one layer's
+own, ``easyrl.sizing.experience.estimate_experience`` (what stays resident + the role's gathered weights + one layer's
 no-grad activations), checked by :func:`check_memory` naming the setting that sizes its micro-batch.
 
 A vision-language model's tower (``vision_config``) adds, to the training phase, what it holds at the update's
 peak for one image per prompt at ``data.max_pixels`` (capped by ``data.max_prompt_length``):
-``vision_memory.vision_activations``.
+``easyrl.sizing.vision.vision_activations``.
+
+What is offloaded lives in host memory instead (``MemoryEstimate.host``, per node): the offloaded roles' shards, and
+with ``offload_optimizer`` the actor's AdamW states.
 
 Not counted: CUDA context and NCCL buffers (~1-2 GiB), allocator fragmentation.
 """
@@ -54,12 +57,13 @@ Not counted: CUDA context and NCCL buffers (~1-2 GiB), allocator fragmentation.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 from easyrl.config import PPOConfig
 from easyrl.errors import ConfigError
-from easyrl.workers.model_size import DTYPE_BYTES, GIB, ModelShape
-from easyrl.workers.roles import builds_reference, uses_lora
-from easyrl.workers.vision_memory import vision_activations
+from easyrl.sizing.anatomy import DTYPE_BYTES, GIB, ModelShape, model_anatomy, split_parameters
+from easyrl.sizing.experience import RoleModel, estimate_experience, experience_models
+from easyrl.sizing.vision import vision_activations
 
 
 @dataclass
@@ -74,7 +78,10 @@ class MemoryEstimate:
     training: dict[str, float] = field(default_factory=dict)
     experience: dict[str, dict[str, float]] = field(default_factory=dict)
     """Each experience forward (``easyrl simulate``'s phase name -> its items, GiB):
-    ``experience_estimate.estimate_experience``."""
+    ``easyrl.sizing.experience.estimate_experience``."""
+    host: dict[str, float] = field(default_factory=dict)
+    """Host memory per node (GiB) for what is offloaded (the offloaded roles' shards, AdamW states with
+    ``offload_optimizer``) on the ``trainer.n_gpus_per_node`` devices of one node."""
 
     @property
     def rollout_gib(self) -> float:
@@ -105,8 +112,8 @@ def estimate_memory(num_params: int, vocab_size: int, config: PPOConfig, capacit
     shard = num_params / world
     compute_bytes = DTYPE_BYTES[worker.actor.fsdp.param_dtype]
     actor_on_device = not worker.actor.offload.offload_params
-    lora = uses_lora(config)  # frozen base: no grads/Adam for it, and the reference is the base itself
-    ref_on_device = builds_reference(config) and not worker.ref.offload.offload_params
+    lora = config.uses_lora  # frozen base: no grads/Adam for it, and the reference is the base itself
+    ref_on_device = config.builds_reference and not worker.ref.offload.offload_params
     actor = worker.actor  # stored weights in fsdp.torch_dtype (fp32 by default); adamw_bf16 moments take 2 bytes each
     param_bytes = DTYPE_BYTES[actor.fsdp.torch_dtype] if actor.fsdp.torch_dtype else 4
     moment_bytes = 2 if actor.optim.strategy == "adamw_bf16" else param_bytes
@@ -150,6 +157,34 @@ def estimate_memory(num_params: int, vocab_size: int, config: PPOConfig, capacit
                 capacity_gib
     if reward_model_params:
         estimate.rollout["reward model"] = estimate.training["reward model"] = reward_model
+    actor_bytes = param_bytes * (1 if lora else 2) + (0 if lora else 2 * moment_bytes)  # params, grads, AdamW
+    host = {"actor params + grads + Adam states": 0.0 if actor_on_device else actor_bytes * shard / GIB,
+            "actor Adam states (offload_optimizer)": adam - adam_in_rollout,
+            "reference": compute_bytes * shard / GIB if config.builds_reference and not ref_on_device else 0.0,
+            "critic": 16 * shard / GIB if config.algorithm.needs_critic and not critic_on_device else 0.0,
+            "teacher": compute_bytes * teacher_params / world / GIB
+            if config.algorithm.needs_teacher and not teacher_on_device else 0.0,
+            "reward model": DTYPE_BYTES[rm.param_dtype] * reward_model_params / world / GIB
+            if rm.offload.offload_params else 0.0}
+    estimate.host = {name: gib * config.trainer.n_gpus_per_node for name, gib in host.items() if gib > 0}
+    return estimate
+
+
+def estimate_run(config: PPOConfig, capacity_gib: float, folder: Callable[[str], str] = str) -> MemoryEstimate:
+    """The whole pre-flight estimate of ``config`` on devices of ``capacity_gib`` GiB: the actor's anatomy (one
+    meta-device build from its ``config.json``), the teacher's and the reward model's (:func:`experience_models`),
+    both phases (:func:`estimate_memory`) and every experience forward (:func:`estimate_experience`). The worker's
+    pre-flight and ``easyrl simulate`` call it; ``folder(model_path)`` finds each ``config.json`` (``easyrl simulate``
+    maps a hub id to the shipped one)."""
+    from transformers import AutoConfig
+
+    model = config.worker.actor.model
+    hf_config = AutoConfig.from_pretrained(folder(model.model_path), trust_remote_code=model.trust_remote_code)
+    actor = RoleModel(*model_anatomy(hf_config, model.trust_remote_code))
+    roles = experience_models(config, folder)
+    params = {f"{name}_params": role.params for name, role in roles.items() if role is not None}
+    estimate = estimate_memory(actor.params, actor.vocab_size, config, capacity_gib, actor.shape, **params)
+    estimate_experience(estimate, config, actor, **roles)
     return estimate
 
 
@@ -157,27 +192,23 @@ def update_activations(num_params: int, vocab_size: int, config: PPOConfig, shap
     """GiB that one actor update micro-batch adds at its peak (module docstring), by category."""
     actor = config.worker.actor
     cb = DTYPE_BYTES[actor.fsdp.param_dtype]
-    tokens = actor.max_token_len_per_device or \
-        actor.micro_batch_size_per_device_for_update * (config.data.max_prompt_length + config.data.max_response_length)
+    tokens = config.token_budget(actor.micro_batch_size_per_device_for_update)
     # what backward needs of one layer (gate, up, their activation and product; attention, norms in float32), and
     # the transients of its own backward on top
     kept = tokens * (5 * shape.intermediate_size + 7 * shape.hidden_size) * cb
     # mixture of experts: the routed token copies (each token's hidden state gathered for each of its top-k experts,
-    # and the experts' outputs before the weighted index_add), beside the dense formula's k x moe_intermediate width;
-    # easyrl simulate measured 50-55 KB/token on one Qwen3-VL-30B-A3B layer (4096 / 8192 tokens), this counts 64
+    # and the experts' outputs before the weighted index_add), beside the dense formula's k x moe_intermediate width
     kept += tokens * 2 * shape.routed_width * cb
     # Gated DeltaNet: transformers' chunked delta rule runs in float32 (q, k, v copies, the 64-token chunks'
-    # attention and decay masks, the recurrent state saved per chunk for backward): easyrl simulate measured one
-    # Qwen3.5-27B linear-attention layer at 401 KB/token above a dense layer (4096 tokens; 462 at 8192), ~16 float32
-    # value-width vectors per token. The FLA kernel on a GPU needs less: an upper bound there.
+    # attention and decay masks, the recurrent state saved per chunk for backward), ~16 float32 value-width vectors
+    # per token (docs/simulate.md has both measurements). The FLA kernel on a GPU needs less: an upper bound there.
     kept += tokens * 16 * shape.linear_value_width * 4
     transient = tokens * (shape.intermediate_size + 4 * shape.hidden_size) * cb
     checkpointing = actor.fsdp.enable_gradient_checkpointing
-    embeddings = (1 if shape.tied else 2) * vocab_size * shape.hidden_size
-    layer_params = max(num_params - embeddings, 0) / shape.num_layers
+    embeddings, layer_params = split_parameters(num_params, vocab_size, shape)
     # root group gathered + one layer gathered, its unsharded grads (compute dtype, float32 for the reduce-scatter)
     # + the LM head's unsharded gradient; with LoRA the base is frozen: its weights are gathered, no gradients
-    grads = 0 if uses_lora(config) else layer_params * (cb + 4) + vocab_size * shape.hidden_size * cb
+    grads = 0 if config.uses_lora else layer_params * (cb + 4) + vocab_size * shape.hidden_size * cb
     unsharded = embeddings * cb + layer_params * cb + grads
     return {"activations (checkpointed inputs)":
             shape.num_layers * tokens * shape.hidden_size * cb / GIB if checkpointing else 0.0,
@@ -185,13 +216,11 @@ def update_activations(num_params: int, vocab_size: int, config: PPOConfig, shap
             "unsharded weights + grads (FSDP2)": unsharded / GIB}
 
 
+BUDGET = " (or worker.actor.max_token_len_per_device with dynamic_batching)"
 EXPERIENCE_SETTINGS = {
-    "old log-probs (forward)": "worker.actor.micro_batch_size_per_device_for_experience (or "
-                               "worker.actor.max_token_len_per_device with dynamic_batching)",
-    "reference forward": "worker.actor.micro_batch_size_per_device_for_experience (or "
-                         "worker.actor.max_token_len_per_device with dynamic_batching)",
-    "teacher forward": "worker.teacher.micro_batch_size_per_device_for_experience (or "
-                       "worker.actor.max_token_len_per_device with dynamic_batching)",
+    "old log-probs (forward)": "worker.actor.micro_batch_size_per_device_for_experience" + BUDGET,
+    "reference forward": "worker.actor.micro_batch_size_per_device_for_experience" + BUDGET,
+    "teacher forward": "worker.teacher.micro_batch_size_per_device_for_experience" + BUDGET,
     "reward model forward": "worker.reward.reward_model.micro_batch_size_per_device / max_token_len_per_device / "
                             "max_length",
 }
@@ -201,18 +230,53 @@ EXPERIENCE_SETTINGS = {
 def prefetched_layer(num_params: int, vocab_size: int, shape: ModelShape, compute_bytes: int) -> float:
     """GiB of the decoder layer FSDP2 gathers ahead in backward (its all-gather output, the compute dtype, one
     flat ``layer parameters`` buffer), beside the layer whose gradients are being reduce-scattered: the backward
-    prefetch. ``easyrl simulate``'s snapshot at the update's peak (Qwen3-VL-30B-A3B, 4 layers, offloaded) holds it,
-    1.16 GiB of 623M bf16 parameters, the 30B-A3B recipe's -13% gap (a MoE layer is large beside its activations)."""
-    embeddings = (1 if shape.tied else 2) * vocab_size * shape.hidden_size
-    return max(num_params - embeddings, 0) / shape.num_layers * compute_bytes / GIB
+    prefetch (large for a MoE layer beside its activations: docs/simulate.md)."""
+    return split_parameters(num_params, vocab_size, shape)[1] * compute_bytes / GIB
 
 
 def _items(items: dict[str, float]) -> str:
     return ", ".join(f"{name} {gib:.1f}" for name, gib in items.items() if gib > 0)
 
 
+MORE_DEVICES = "more devices (trainer.n_gpus_per_node / trainer.nnodes: smaller shards)"
+GATHERED = "devices with more memory (FSDP2 gathers the root group and whole layers, whatever the world size)"
+UPDATE = "worker.actor.micro_batch_size_per_device_for_update"
+ADVICE = {  # item name part -> what shrinks it (the first match wins); "offload" ones shrink with more devices too
+    "judge vLLM": "lower worker.reward.judge.gpu_memory_utilization",
+    "vLLM": "lower worker.rollout.gpu_memory_utilization", "actor": "worker.actor.offload.offload_params=true",
+    "reference": "worker.ref.offload.offload_params=true", "critic": "worker.critic.offload.offload_params=true",
+    "teacher": "worker.teacher.offload.offload_params=true",
+    "reward model": "worker.reward.reward_model.offload.offload_params=true",
+    "logits": f"worker.actor.padding_free=true (no full logits) or a lower {UPDATE}",
+    "vision tower (update": f"a lower data.max_pixels or {UPDATE}",
+    "activations": f"a lower {UPDATE} (or worker.actor.max_token_len_per_device)",
+    "FSDP2": GATHERED, "first decoder layer": GATHERED}
+
+
+def advice(items: dict[str, float], excess_gib: float) -> str:
+    """What to change for a phase ``excess_gib`` over the device, from its dominant items: the largest ones until
+    they cover the excess, and any holding a fifth of the phase. An item is named by :data:`ADVICE`, or for an
+    experience forward's own items (``'<phase>: ...'``) by its activations' setting (:data:`EXPERIENCE_SETTINGS`)."""
+    total = sum(items.values())
+    ranked = sorted(((gib, name) for name, gib in items.items() if gib > 0), reverse=True)
+    steps, covered, devices = [], 0.0, False
+    for gib, name in ranked:
+        if covered >= excess_gib and gib < total / 5:
+            break
+        covered += gib
+        phase, _, item = name.rpartition(": ")
+        step = next((a for part, a in ADVICE.items() if part in item), None)
+        if phase in EXPERIENCE_SETTINGS and step != GATHERED:  # the forward's own activations and inputs
+            step = f"a lower {EXPERIENCE_SETTINGS[phase]}"
+        step = step or GATHERED
+        devices |= "offload" in step
+        steps += [step] if step not in steps else []
+    return "; ".join(steps + [MORE_DEVICES] * devices)
+
+
 def check_memory(estimate: MemoryEstimate) -> None:
-    """Stop a run that cannot fit, with the numbers and the settings to change.
+    """Stop a run that cannot fit, naming every phase that does not, with its numbers and the settings that shrink
+    its largest items (:func:`advice`).
 
     Raises:
         ConfigError: vLLM's weights do not fit in its claim (no room for a KV cache), or a phase needs more than the
@@ -220,33 +284,21 @@ def check_memory(estimate: MemoryEstimate) -> None:
     """
     e = estimate
     cap = e.capacity_gib
-    offload = ("worker.actor.offload.offload_params=true / worker.ref.offload.offload_params=true (and "
-               "worker.critic.offload.offload_params=true with a critic)")
+    problems = []
     if e.vllm_weights_gib >= e.vllm_claim_gib:
-        raise ConfigError(
+        problems.append(
             f"vLLM's weights ({e.vllm_weights_gib:.1f} GiB in worker.rollout.dtype) do not fit in its share of the "
             f"device, worker.rollout.gpu_memory_utilization x {cap:.1f} GiB = {e.vllm_claim_gib:.1f} GiB, leaving no "
             "KV cache: raise worker.rollout.tensor_parallel_size (now "
             f"{e.tensor_parallel_size}) to split each engine's weights over more devices, raise "
-            f"worker.rollout.gpu_memory_utilization (and offload the actor/reference: {offload}), or use devices "
-            "with more memory."
-        )
-    if e.rollout_gib > cap:
-        raise ConfigError(
-            f"The rollout phase needs ~{e.rollout_gib:.1f} GiB per device but it has {cap:.1f} GiB "
-            f"({_items(e.rollout)} GiB): set {offload}, lower worker.rollout.gpu_memory_utilization, or use more "
-            "devices (trainer.n_gpus_per_node / trainer.nnodes: smaller shards)."
-        )
-    if e.training_gib > cap:
-        raise ConfigError(
-            f"The training phase needs ~{e.training_gib:.1f} GiB per device but it has {cap:.1f} GiB "
-            f"({_items(e.training)} GiB): set {offload}, lower worker.actor.micro_batch_size_per_device_for_update, "
-            "or use more devices (trainer.n_gpus_per_node / trainer.nnodes)."
-        )
-    for phase, items in e.experience.items():  # estimate_experience: vLLM asleep, one micro-batch's forward
-        if sum(items.values()) > cap:
-            raise ConfigError(
-                f"The experience phase '{phase}' needs ~{sum(items.values()):.1f} GiB per device but it has "
-                f"{cap:.1f} GiB ({_items(items)} GiB): lower {EXPERIENCE_SETTINGS[phase]}, set {offload}, or use "
-                "more devices (trainer.n_gpus_per_node / trainer.nnodes)."
-            )
+            "worker.rollout.gpu_memory_utilization (offloading what the rollout phase holds beside it), or use "
+            "devices with more memory.")
+    phases = {"The rollout phase": e.rollout, "The training phase": e.training}
+    phases |= {f"The experience phase '{phase}'": items for phase, items in e.experience.items()}
+    for phase, items in phases.items():  # experience forwards: vLLM asleep, one micro-batch's forward
+        need = sum(items.values())
+        if need > cap:
+            problems.append(f"{phase} needs ~{need:.1f} GiB per device but it has {cap:.1f} GiB ({_items(items)} "
+                            f"GiB): {advice(items, need - cap)}.")
+    if problems:
+        raise ConfigError(" ".join(problems))

@@ -1,8 +1,8 @@
 """The experience forwards' memory (old log-probs, reference, the distillation teacher's, the reward model's; vLLM
 asleep): each a phase of its own, what stays resident + the role's gathered weights + one layer's no-grad activations,
 or, where larger, the forward's start (the root group gathered twice) (``easyrl simulate`` snapshots of the simulated
-peaks; docs/simulate.md), checked by ``memory_estimate.check_memory`` naming the setting that sizes its micro-batch
-(``EXPERIENCE_SETTINGS``)."""
+peaks; docs/simulate.md), checked by ``easyrl.sizing.estimate.check_memory`` naming the setting that sizes its
+micro-batch (``EXPERIENCE_SETTINGS``)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,17 @@ from dataclasses import dataclass
 from typing import Callable
 
 from easyrl.config import PPOConfig
-from easyrl.workers.memory_estimate import MemoryEstimate
-from easyrl.workers.model_size import DTYPE_BYTES, GIB, ModelShape, classifier_parameters, count_parameters, model_shape
-from easyrl.workers.roles import builds_reference
-from easyrl.workers.vision_memory import vision_forward, vision_start
+from easyrl.sizing.anatomy import (
+    DTYPE_BYTES,
+    GIB,
+    ModelShape,
+    classifier_parameters,
+    model_anatomy,
+    model_shape,
+    split_parameters,
+    vocab_size,
+)
+from easyrl.sizing.vision import vision_forward, vision_start
 
 
 @dataclass(frozen=True)
@@ -49,8 +56,7 @@ def experience_forward(model: RoleModel, tokens: int, compute_bytes: int) -> dic
     :func:`forward_activations`. The fused LM head (``padding_free``) holds 512-token chunks of logits: below the
     MLP's peak, not counted."""
     shape = model.shape
-    embeddings = (2 if model.lm_head and not shape.tied else 1) * model.vocab_size * shape.hidden_size
-    layer = max(model.params - embeddings, 0) / shape.num_layers
+    embeddings, layer = split_parameters(model.params, model.vocab_size, shape, model.lm_head)
     return {"gathered weights (FSDP2)": (embeddings + 2 * layer) * compute_bytes / GIB,
             "activations (one layer, no grad)": forward_activations(tokens, shape, compute_bytes) / GIB}
 
@@ -63,18 +69,11 @@ def forward_start(model: RoleModel, tokens: int, compute_bytes: int, vision: flo
     to allow for overlap of this copy-out with next all-gather"; the local ``prev_all_gather_state`` still refers to
     it during the next group's copy-out); the input embeddings (``tokens x hidden``); and either the first decoder
     layer twice (a text model: its all-gather output and the parameters copied out of it) or ``vision``, the bytes
-    the vision tower holds before its first block (``vision_memory.vision_start``; its blocks' groups are small).
-    Above :func:`experience_forward`'s peak for a large vocabulary at a small token budget. easyrl simulate's
-    snapshots: the Qwen3.5-27B recipe (8 x H100, 4 x 4096 tokens, 248320 x 5120 embedding and LM head: 4.74 GiB;
-    4 layers) peaks there at 10.95 GiB with 4 x 7744 patches: the root's parameters 4.74 + 0.09 (the tower's merger
-    and position embedding) and its all-gather output 4.83, the input embeddings 0.16, the tower's start 1.13; 9.87
-    GiB text only (the first vision block's all-gather beside them). This counts 10.76 (-1.7%); inside a decoder
-    layer (:func:`experience_forward`, :func:`vision_memory.vision_forward`) it counted 8.9. Qwen2.5-7B widths, 2
-    layers, 1 x 1024 tokens, actor offloaded: 4.94 GiB at the first layer's copy-out (root 2.03 x 2, layer 0.43 x
-    2); this counts 4.94 (inside a layer: 3.03)."""
+    the vision tower holds before its first block (``vision.vision_start``; its blocks' groups are small). Above
+    :func:`experience_forward`'s peak for a large vocabulary at a small token budget (the Qwen3.5-27B recipe: 10.76
+    GiB against a simulated 10.95; docs/simulate.md has the snapshots)."""
     shape = model.shape
-    embeddings = (2 if model.lm_head and not shape.tied else 1) * model.vocab_size * shape.hidden_size
-    layer = max(model.params - embeddings, 0) / shape.num_layers
+    embeddings, layer = split_parameters(model.params, model.vocab_size, shape, model.lm_head)
     first = 2 * layer * compute_bytes if vision is None else vision
     name = "vision tower before its first block" if vision is not None else "first decoder layer (gathered, copied out)"
     return {"gathered root group (FSDP2)": embeddings * compute_bytes / GIB,
@@ -83,35 +82,34 @@ def forward_start(model: RoleModel, tokens: int, compute_bytes: int, vision: flo
             name: first / GIB}
 
 
-def estimate_experience(estimate: MemoryEstimate, config: PPOConfig, actor: RoleModel,
+def estimate_experience(estimate: "MemoryEstimate", config: PPOConfig, actor: RoleModel,
                         teacher: RoleModel | None = None,
                         reward_model: RoleModel | None = None) -> dict[str, dict[str, float]]:
     """The experience forwards' peaks per device, phase by phase (old log-probs, reference, teacher, reward model),
     each what stays resident while vLLM sleeps (the rollout phase's items less vLLM's claim: the actor's shard and
     AdamW states, the reference, critic, teacher and reward model shards as offloaded or not, the judge's claim)
-    plus the larger of :func:`experience_forward` (inside a decoder layer, with ``vision_memory.vision_forward`` for a
-    VL model) and :func:`forward_start` (before the first block) of its model at its token budget: the actor's
+    plus the larger of :func:`experience_forward` (inside a decoder layer, with ``vision.vision_forward`` for a VL
+    model) and :func:`forward_start` (before the first block) of its model at its token budget: the actor's
     ``max_token_len_per_device`` or ``micro_batch_size_per_device_for_experience x (max_prompt_length +
     max_response_length)`` (the teacher's micro with the actor's budget: ``teacher_role_config``), the reward model's
     ``max_token_len_per_device`` or ``micro_batch_size_per_device x (max_length or the padded length)``. Stored in
     ``estimate.experience`` too.
 
     Args:
-        estimate: :func:`estimate_memory`'s result for ``config``.
+        estimate: ``easyrl.sizing.estimate.estimate_memory``'s result for ``config``.
         actor: the actor's (and the reference's) model; ``teacher``/``reward_model``: theirs, None without one.
     """
     worker, data = config.worker, config.data
     length = data.max_prompt_length + data.max_response_length
     cb = DTYPE_BYTES[worker.actor.fsdp.param_dtype]
     resident = {name: gib for name, gib in estimate.rollout.items() if name != "vLLM (gpu_memory_utilization)"}
-    budget = worker.actor.max_token_len_per_device
-    actor_tokens = budget or worker.actor.micro_batch_size_per_device_for_experience * length
+    actor_tokens = config.token_budget(worker.actor.micro_batch_size_per_device_for_experience)
     runs = [("old log-probs (forward)", actor, actor_tokens, cb)]  # (phase, model, tokens, compute bytes)
-    if builds_reference(config):
+    if config.builds_reference:
         runs.append(("reference forward", actor, actor_tokens, cb))
     if teacher is not None and config.algorithm.needs_teacher:
         runs.append(("teacher forward", teacher,
-                     budget or worker.teacher.micro_batch_size_per_device_for_experience * length, cb))
+                     config.token_budget(worker.teacher.micro_batch_size_per_device_for_experience), cb))
     rm = worker.reward.reward_model
     if reward_model is not None and rm.enabled:
         tokens = rm.max_token_len_per_device if rm.dynamic_batching and rm.max_token_len_per_device else \
@@ -141,11 +139,10 @@ def experience_models(config: PPOConfig, folder: Callable[[str], str] = str) -> 
     if config.algorithm.needs_teacher:
         teacher = worker.teacher.model
         hf_config = AutoConfig.from_pretrained(folder(teacher.model_path), trust_remote_code=teacher.trust_remote_code)
-        models["teacher"] = RoleModel(*count_parameters(hf_config, teacher.trust_remote_code), model_shape(hf_config))
+        models["teacher"] = RoleModel(*model_anatomy(hf_config, teacher.trust_remote_code))
     rm = worker.reward.reward_model
     if rm.enabled:
         hf_config = AutoConfig.from_pretrained(folder(rm.model_path), trust_remote_code=rm.trust_remote_code)
-        vocab = getattr(getattr(hf_config, "text_config", hf_config), "vocab_size", None) or hf_config.vocab_size
-        models["reward_model"] = RoleModel(classifier_parameters(hf_config, rm.trust_remote_code), int(vocab),
-                                           model_shape(hf_config), lm_head=False)
+        models["reward_model"] = RoleModel(classifier_parameters(hf_config, rm.trust_remote_code),
+                                           vocab_size(hf_config), model_shape(hf_config), lm_head=False)
     return models

@@ -4,8 +4,7 @@ largest image one prompt holds (``easyrl simulate`` measured it; docs/simulate.m
 from __future__ import annotations
 
 from easyrl.config import PPOConfig
-from easyrl.workers.model_size import DTYPE_BYTES, GIB, VisionShape
-from easyrl.workers.roles import uses_lora
+from easyrl.sizing.anatomy import DTYPE_BYTES, GIB, VisionShape
 
 TEXT_TOKENS = 64
 """Prompt tokens kept for text beside the image (chat template, vision start/end tokens, the question)."""
@@ -54,14 +53,13 @@ def vision_activations(config: PPOConfig, vision: VisionShape) -> dict[str, floa
     """
     actor = config.worker.actor
     cb = DTYPE_BYTES[actor.fsdp.param_dtype]
-    tokens = actor.max_token_len_per_device or \
-        actor.micro_batch_size_per_device_for_update * (config.data.max_prompt_length + config.data.max_response_length)
+    tokens = config.token_budget(actor.micro_batch_size_per_device_for_update)
     samples = max(1, tokens // (config.data.max_prompt_length + config.data.max_response_length))
     grid = prompt_image_grid(config, vision)
     if grid is None:
         return {}
     patches = samples * grid[0] * grid[1] * grid[2]
-    frozen = actor.model.freeze_vision_tower and not uses_lora(config)
+    frozen = actor.model.freeze_vision_tower and not config.uses_lora
     output = patches // vision.merge_size ** 2 * vision.out_hidden_size * cb * vision.mergers
     if frozen:
         return {"vision tower (update micro-batch)": output / GIB}
@@ -100,8 +98,8 @@ def vision_start(config: PPOConfig, vision: VisionShape, tokens: int) -> float:
     embedding (Qwen3-VL, Qwen3.5), its bilinear interpolation: the four corners' embeddings (``P x 4 x hidden``) and
     their product with the float32 weights (transformers' ``(pos_embed(indices) * weights[:, :, None]).sum(1)``).
     easyrl simulate, Qwen3.5-27B (4 x 7744 patches of 1152 wide): 0.27 pixels + 0.07 patch embedding + 0.27 + 0.53
-    interpolation = 1.13 GiB; this counts 1.13. ``experience_estimate.forward_start`` adds it at the forward's start,
-    where FSDP2 still holds the root group's all-gather output."""
+    interpolation = 1.13 GiB; this counts 1.13. ``experience.forward_start`` adds it at the forward's start, where
+    FSDP2 still holds the root group's all-gather output."""
     grid = prompt_image_grid(config, vision)
     if grid is None:
         return 0.0

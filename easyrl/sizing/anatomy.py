@@ -1,0 +1,158 @@
+"""What sizing knows of a model before anything is loaded: its widths (:class:`ModelShape`, with the vision tower's
+:class:`VisionShape`) read off its ``config.json``, and its parameter and matmul-weight counts from one build on the
+meta device (:func:`model_anatomy`); the units (GiB, bytes per dtype)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+GIB = 2**30
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+@dataclass(frozen=True)
+class VisionShape:
+    """The widths of a Qwen-VL vision tower (its ``vision_config``) and of the patches the processor cuts."""
+
+    hidden_size: int
+    depth: int
+    intermediate_size: int
+    gated: bool
+    """The MLP has a gate (Qwen2/2.5-VL: gate, up, down) or not (Qwen3-VL: fc1, fc2)."""
+    patch_size: int
+    merge_size: int
+    patch_dim: int
+    """``in_channels x temporal_patch_size x patch_size^2``: the width of ``pixel_values``."""
+    out_hidden_size: int = 0
+    """Width of the image tokens the tower hands the language model."""
+    mergers: int = 1
+    """Patch mergers: the final one and Qwen3-VL's DeepStack mergers (``1 + len(deepstack_visual_indexes)``)."""
+    position_embedding: bool = False
+    """A learned position embedding, bilinearly interpolated to each image's grid (Qwen3-VL, Qwen3.5:
+    ``num_position_embeddings``); Qwen2/2.5-VL have rotary positions only."""
+    patch_weights: int = 0
+    """Matmul weights applied per patch (patch embedding, blocks), counted by :func:`model_anatomy` (0: not counted)."""
+    merge_weights: int = 0
+    """Matmul weights applied per merged token (the patch mergers), counted by :func:`model_anatomy`."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The widths that size activations and FLOPs (from the model's ``config.json``; its ``text_config`` for VL
+    models).
+
+    ``intermediate_size`` is the MLP width one token passes through: ``num_experts_per_tok x moe_intermediate_size``
+    for a mixture of experts. ``tied``: the LM head is the input embedding (one ``vocab x hidden`` matrix)."""
+
+    hidden_size: int
+    num_layers: int
+    intermediate_size: int
+    tied: bool
+    routed_width: int = 0
+    """Mixture of experts: ``num_experts_per_tok x hidden_size``, the width of the token copies routed to the
+    experts (0: dense)."""
+    linear_value_width: int = 0
+    """Gated DeltaNet (linear attention, Qwen3.5): ``linear_num_value_heads x linear_value_head_dim`` (0: none)."""
+    vision: "VisionShape | None" = None
+    """The vision tower's widths (:func:`vision_shape`; None: a text model)."""
+    attn_width: int = 0
+    """``heads x head_dim`` of the language model's attention (set by :func:`model_anatomy`; 0: not read)."""
+    text_weights: int = 0
+    """Matmul weights applied per text token (language model + LM head; the embedding lookup is not a matmul),
+    counted by :func:`model_anatomy` (0: not counted)."""
+
+
+def model_shape(hf_config) -> ModelShape:
+    """:class:`ModelShape` of a Hugging Face config (reads attributes only; no weight counts)."""
+    text = getattr(hf_config, "text_config", None) or hf_config
+    moe = getattr(text, "moe_intermediate_size", None)
+    top_k = getattr(text, "num_experts_per_tok", None)
+    width = moe * top_k + (getattr(text, "shared_expert_intermediate_size", None) or 0) if moe and top_k \
+        else text.intermediate_size
+    tied = getattr(hf_config, "tie_word_embeddings", getattr(text, "tie_word_embeddings", False))
+    routed = int(top_k) * int(text.hidden_size) if moe and top_k else 0
+    heads, head_dim = getattr(text, "linear_num_value_heads", None), getattr(text, "linear_value_head_dim", None)
+    linear = int(heads) * int(head_dim) if heads and head_dim else 0
+    return ModelShape(int(text.hidden_size), int(text.num_hidden_layers), int(width), bool(tied), routed, linear,
+                      vision_shape(hf_config))
+
+
+def vision_shape(hf_config) -> "VisionShape | None":
+    """:class:`VisionShape` of a Qwen-VL config's ``vision_config`` (None without one). The processor's patch widths
+    are the vision config's (``patch_size``, ``spatial_merge_size``, ``temporal_patch_size``, ``in_channels``): the
+    Qwen-VL ``preprocessor_config.json`` repeats them. Qwen2-VL names the tower's width ``embed_dim`` (its
+    ``hidden_size`` is the merger's output, the language model's width)."""
+    vision = getattr(hf_config, "vision_config", None)
+    if vision is None:
+        return None
+    patch, temporal = int(vision.patch_size), int(getattr(vision, "temporal_patch_size", 2))
+    channels = int(getattr(vision, "in_channels", None) or getattr(vision, "in_chans", 3))
+    embed_dim = getattr(vision, "embed_dim", None)
+    hidden = int(embed_dim or vision.hidden_size)
+    out = getattr(vision, "out_hidden_size", None) or (vision.hidden_size if embed_dim else 0)
+    width = getattr(vision, "intermediate_size", None) or hidden * int(getattr(vision, "mlp_ratio", 4))
+    gated = getattr(vision, "model_type", "") == "qwen2_5_vl_vision"  # Qwen2_5_VLMLP: gate, up, down
+    return VisionShape(hidden, int(vision.depth), int(width), gated, patch, int(vision.spatial_merge_size),
+                       channels * temporal * patch * patch, int(out),
+                       1 + len(getattr(vision, "deepstack_visual_indexes", None) or []),
+                       bool(getattr(vision, "num_position_embeddings", None)))
+
+
+def split_parameters(params: int, vocab_size: int, shape: ModelShape, lm_head: bool = True) -> tuple[int, float]:
+    """``(root, layer)``: the parameters of FSDP2's root group (the embedding, and the LM head unless tied or
+    ``lm_head`` is False: a score head) and of one decoder layer (the rest over ``num_layers``)."""
+    root = (2 if lm_head and not shape.tied else 1) * vocab_size * shape.hidden_size
+    return root, max(params - root, 0) / shape.num_layers
+
+
+def meta_model(hf_config, trust_remote_code: bool = False, classifier: bool = False):
+    """The model built from ``hf_config`` on the meta device (no memory): its causal-LM / image-text-to-text class
+    (``easyrl.models.hf_folder.hf_model_class``), or with ``classifier`` ``AutoModelForSequenceClassification``."""
+    import torch
+
+    from easyrl.models.hf_folder import hf_model_class
+
+    if classifier:
+        from transformers import AutoModelForSequenceClassification as model_class
+    else:
+        model_class = hf_model_class(hf_config)
+    with torch.device("meta"):
+        return model_class.from_config(hf_config, dtype=torch.float32, trust_remote_code=trust_remote_code,
+                                       attn_implementation="sdpa")
+
+
+def vocab_size(hf_config) -> int:
+    """Rows of the model's embedding (its ``text_config``'s for VL models)."""
+    return int(getattr(getattr(hf_config, "text_config", hf_config), "vocab_size", None) or hf_config.vocab_size)
+
+
+def count_parameters(hf_config, trust_remote_code: bool = False) -> tuple[int, int]:
+    """``(parameters, vocab size)`` of the model, counted on the meta device (no memory, no checkpoint read)."""
+    return model_anatomy(hf_config, trust_remote_code)[:2]
+
+
+def classifier_parameters(hf_config, trust_remote_code: bool = False) -> int:
+    """Parameters of ``AutoModelForSequenceClassification`` built from ``hf_config`` on the meta device."""
+    return sum(p.numel() for p in meta_model(hf_config, trust_remote_code, classifier=True).parameters())
+
+
+def model_anatomy(hf_config, trust_remote_code: bool = False) -> tuple[int, int, ModelShape]:
+    """``(parameters, vocab size, shape)`` from one meta-device build: :func:`model_shape` with the FLOPs counts
+    filled in: every ``nn.Linear`` and patch-embedding convolution weight sorted into text (language model + LM
+    head), per-patch and per-merged-token (``merger``) weights, and the attention width ``heads x head_dim``."""
+    import torch
+
+    model = meta_model(hf_config, trust_remote_code)
+    counts = {"text": 0, "patch": 0, "merge": 0}
+    for name, module in model.named_modules():
+        if isinstance(module, (torch.nn.Linear, torch.nn.Conv2d, torch.nn.Conv3d)):
+            kind = ("merge" if "merger" in name else "patch") if ".visual." in f".{name}." else "text"
+            counts[kind] += module.weight.numel()
+    text = getattr(hf_config, "text_config", None) or hf_config
+    heads = text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    shape = model_shape(hf_config)
+    vision = replace(shape.vision, patch_weights=counts["patch"], merge_weights=counts["merge"]) \
+        if shape.vision is not None else None
+    shape = replace(shape, vision=vision, attn_width=int(heads * head_dim), text_weights=counts["text"])
+    return sum(p.numel() for p in model.parameters()), vocab_size(hf_config), shape
