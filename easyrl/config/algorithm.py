@@ -44,7 +44,7 @@ class AlgorithmConfig:
     filter_high: Annotated[float, UNIT] = 0.99
     max_try_make_batch: Annotated[int, POSITIVE_OR_OFF] = 20
     """Generation rounds per step at most when filtering; then the step fails with a clear error (-1: no limit)."""
-    distill_coef: Annotated[float, NON_NEGATIVE, Note("0: no distillation")] = 0.0
+    distill_coef: Annotated[float, NON_NEGATIVE, Note("0 turns distillation off")] = 0.0
     """On-policy distillation mixed with RL (slime's ``--opd-kl-coef``; docs/distillation.md): the per-token reverse
     KL to the teacher (``worker.teacher``), ``log pi_student(y_t) - log pi_teacher(y_t)``, times this coefficient is
     subtracted from the RL advantage of every response token. 0 = off. Pure distillation (no reward in the advantage)

@@ -109,5 +109,6 @@ def _allowed(hint: Any) -> str:
         words = f"{low} or more" if "ge" in bounds else f"greater than {low}"
     elif words is None:
         words = f"in {'(' if 'gt' in bounds else '['}{low}, {high}{']' if 'le' in bounds else ')'}"
-    notes = [m for m in metadata if isinstance(m, Note)] + (["or null"] if hint is not _required(hint) else [])
+    notes = [m for m in metadata if isinstance(m, Note)]
+    notes += ["or null"] if hint is not _required(hint) and not any("null" in note for note in notes) else []
     return words + "".join(f" ({note})" for note in notes)

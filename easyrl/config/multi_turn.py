@@ -16,6 +16,7 @@ __all__ = ["MultiTurnConfig", "check_multi_turn", "BUILTIN_FORMATS"]
 
 BUILTIN_FORMATS = ("hermes",)
 """Tool-call parsers shipped with easyrl (``easyrl.agents.parsers``)."""
+TURNS = Optional[Annotated[int, Ge(1), Note("null: no limit")]]
 
 
 @dataclass
@@ -26,9 +27,9 @@ class MultiTurnConfig:
     enable: bool = False
     """Use the multi-turn rollout (``easyrl.trainer.multi_turn.MultiTurnRollout``) instead of one response per
     prompt."""
-    max_assistant_turns: Optional[Annotated[int, Ge(1)]] = None
+    max_assistant_turns: TURNS = None
     """Assistant turns per trajectory at most (null: only the token budget limits them)."""
-    max_user_turns: Optional[Annotated[int, Ge(1)]] = None
+    max_user_turns: TURNS = None
     """Environment (user) turns per trajectory at most (null: no limit but the token budget)."""
     max_tool_response_length: Annotated[int, POSITIVE] = 256
     """Characters of one tool's answer kept (longer ones are cut, verl's ``max_tool_response_length``)."""
@@ -43,7 +44,7 @@ class MultiTurnConfig:
     """Seconds one tool call may take; beyond, the call's process is killed and the model reads a timeout."""
     num_tool_workers: Annotated[int, POSITIVE] = 4
     """Processes that run tool calls in parallel."""
-    max_turn_tokens: Optional[Annotated[int, Ge(1)]] = None
+    max_turn_tokens: TURNS = None
     """Tokens one assistant turn may generate at most (null: the rest of ``data.max_response_length``); a turn cut
     by it is parsed for tool calls like any other."""
     environment: Optional[str] = None
