@@ -77,16 +77,11 @@ def _hint(cls: type, loc: tuple) -> Any:
     """The annotation (``Annotated`` kept) of the field at pydantic's error location ``loc`` below ``cls``."""
     hint: Any = cls
     for part in loc:
-        hint = _bare(hint)
+        hint = _required(hint)
+        hint = typing.get_args(hint)[0] if typing.get_origin(hint) is Annotated else hint
         hint = typing.get_args(hint)[part] if isinstance(part, int) else \
             typing.get_type_hints(hint, include_extras=True)[part]
     return hint
-
-
-def _bare(hint: Any) -> Any:
-    """``hint`` without ``Optional`` and ``Annotated``."""
-    hint = _required(hint)
-    return typing.get_args(hint)[0] if typing.get_origin(hint) is Annotated else hint
 
 
 def _required(hint: Any) -> Any:
