@@ -121,3 +121,11 @@ def test_default_checkpoint_limit_keeps_three_and_the_best():
     config = load_config([f"config={REPO / 'config.yaml'}", "worker.actor.model.model_path=m"])
     assert PPOConfig().trainer.save_limit == config.trainer.save_limit == 3
     assert checkpoints_to_delete([5, 10, 15, 20, 25], 25, config.trainer.save_limit, best=5) == [10]
+
+
+def test_help_path_does_not_import_pydantic():
+    """The fields' ranges are plain ``annotated_types`` markers: pydantic (~0.5 s with the adapter) is imported by the
+    first ``load_config``, never by ``python -m easyrl.trainer --help``."""
+    code = "import sys, easyrl.trainer.__main__; print('pydantic' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert proc.stdout.strip() == "False"

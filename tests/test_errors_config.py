@@ -73,6 +73,8 @@ CASES = [
     ("C61", ["trainer.critic_warmup=2"], ["trainer.critic_warmup=2", "algorithm.adv_estimator=gae"]),
     ("C62", ["algorithm.adv_estimator=gae", "worker.critic.global_batch_size=2", "worker.critic.model.lora.rank=8"],
      ["worker.critic.model.lora.rank", "worker.actor.model.lora"]),
+    ("C95", ["algorithm.kl_type=fixd"], ["algorithm.kl_type='fixd' is not one of: fixed, adaptive.", "Did you mean: fixed?"]),
+    ("C96", ["worker.actor.entropy_coeff=.nan"], ["worker.actor.entropy_coeff must be a finite number, got nan."]),
 ]
 
 

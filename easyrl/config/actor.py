@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Annotated, Optional
 
-from easyrl.config.fields import auto
+from annotated_types import Gt
+
+from easyrl.config.fields import NON_NEGATIVE, POSITIVE, UNIT, auto
 from easyrl.config.role import OffloadConfig, TrainedRoleConfig
 
 
@@ -15,35 +17,37 @@ class ActorConfig(TrainedRoleConfig):
     """The trained policy: batch sizes (mini-batch in prompts, micro-batches in samples), policy loss, KL/entropy
     terms."""
 
-    clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.3
-    clip_ratio_dual: float = 3.0
+    clip_ratio_low: Annotated[float, UNIT] = 0.2
+    """1: no lower bound on the ratio (CISPO's paper setting; the ratio itself is > 0)."""
+    clip_ratio_high: Annotated[float, NON_NEGATIVE] = 0.3
+    clip_ratio_dual: Annotated[float, Gt(1)] = 3.0
+    """Dual-clip PPO's c > 1 (Ye et al. 2020, Eq. 5)."""
     loss_type: str = "vanilla"
     """Policy loss (``easyrl.algorithms.policy_losses.POLICY_LOSSES``): vanilla (PPO clip, dual-clip), gspo, cispo,
     sapo, clip_cov, kl_cov, geo_mean (GMPO), dppo_tv, dppo_kl, dro, gpg, bypass_mode; see docs/algorithms.md."""
-    tau_positive: float = 1.0
+    tau_positive: Annotated[float, POSITIVE] = 1.0
     """SAPO gate temperature for tokens with a positive advantage (``loss_type: sapo``)."""
-    tau_negative: float = 1.05
+    tau_negative: Annotated[float, POSITIVE] = 1.05
     """SAPO gate temperature for tokens with a zero or negative advantage (``loss_type: sapo``)."""
     entropy_coeff: float = 0.0
-    router_aux_loss_coef: float = 0.0
+    router_aux_loss_coef: Annotated[float, NON_NEGATIVE] = 0.0
     """MoE models (Qwen3-MoE, Qwen3-VL-MoE, Qwen3.5-MoE, ...): weight of the router's load-balancing loss (Switch
     Transformer, Fedus et al. 2022, arXiv:2101.03961, Eq. 4-6, as transformers computes it over every token of a
     micro-batch) added to the actor's loss, logged as ``actor/router_aux_loss``. 0 (default, as verl's FSDP actor):
     not computed. The released Qwen3-MoE checkpoints were pre-trained with 0.001."""
-    tis_cap: Optional[float] = None
+    tis_cap: Optional[Annotated[float, POSITIVE]] = None
     """Truncated importance sampling cap against vLLM's sampled-token log-probs; None disables it."""
-    clip_cov_ratio: float = 2e-4
+    clip_cov_ratio: Annotated[float, POSITIVE] = 2e-4
     """``loss_type: clip_cov``: fraction of the micro-batch's tokens whose gradient is detached (verl's default)."""
     clip_cov_lb: float = 1.0
     """``loss_type: clip_cov``: tokens are drawn among those with covariance in (clip_cov_lb, clip_cov_ub)."""
     clip_cov_ub: float = 5.0
     """``loss_type: clip_cov``: upper end of that covariance band."""
-    kl_cov_ratio: float = 2e-4
+    kl_cov_ratio: Annotated[float, POSITIVE] = 2e-4
     """``loss_type: kl_cov``: fraction of the micro-batch's tokens (largest covariance) given the KL penalty."""
-    ppo_kl_coef: float = 0.1
+    ppo_kl_coef: Annotated[float, NON_NEGATIVE] = 0.1
     """``loss_type: kl_cov``: weight of ``|log pi - log pi_old|`` on those tokens (verl's default)."""
-    dro_beta: Optional[float] = None
+    dro_beta: Optional[Annotated[float, POSITIVE]] = None
     """``loss_type: dro``: weight of the quadratic log-ratio penalty, > 0 (required with dro)."""
     bypass_loss_type: str = "ppo_clip"
     """``loss_type: bypass_mode``: ppo_clip (PPO's ratio against the engine's log-probs) or reinforce (REINFORCE
@@ -52,9 +56,9 @@ class ActorConfig(TrainedRoleConfig):
     """Rollout importance sampling: token or sequence (``pi_old / pi_rollout`` per token or per sequence), capped at
     rollout_is_threshold (or IcePop with rollout_is_threshold_lower); None: off (``tis_cap`` is the token TIS
     shortcut). Needs worker.rollout.calculate_log_probs."""
-    rollout_is_threshold: float = 2.0
+    rollout_is_threshold: Annotated[float, POSITIVE] = 2.0
     """Upper bound of the rollout IS weights (truncation; IcePop's upper bound)."""
-    rollout_is_threshold_lower: Optional[float] = None
+    rollout_is_threshold_lower: Optional[Annotated[float, POSITIVE]] = None
     """IcePop: weights outside [rollout_is_threshold_lower, rollout_is_threshold] are set to 0 instead of truncated."""
     rollout_rs: Optional[str] = None
     """Rejection sampling: comma-separated token_k1|k2|k3, seq_sum_k1|k2|k3, seq_mean_k1|k2|k3, seq_max_k2|k3;

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated, Literal
+
+from easyrl.config.fields import NON_NEGATIVE, POSITIVE, POSITIVE_OR_OFF, UNIT, Note
+from easyrl.errors import ConfigError
 
 
 @dataclass
@@ -15,9 +19,9 @@ class AlgorithmConfig:
     needs per-token sum_v pi(v)^2, which the actor does not compute yet)."""
     norm_adv_by_std_in_grpo: bool = True
     """False gives Dr.GRPO (no division by the group's std)."""
-    gamma: float = 1.0
+    gamma: Annotated[float, UNIT] = 1.0
     """Discount per token (GAE and REINFORCE++)."""
-    lam: float = 1.0
+    lam: Annotated[float, UNIT] = 1.0
     """GAE's lambda (``adv_estimator: gae``): 1 = Monte-Carlo return minus the value, 0 = one-step TD error."""
     disable_kl: bool = False
     """Skip the reference model entirely (no ref forward, no ref memory)."""
@@ -26,25 +30,31 @@ class AlgorithmConfig:
     use_kl_in_reward: bool = False
     kl_penalty: str = "low_var_kl"
     """KL estimator: kl (k1), abs, mse (k2), low_var_kl (k3)."""
-    kl_coef: float = 1e-2
-    kl_type: str = "fixed"
+    kl_coef: Annotated[float, NON_NEGATIVE] = 1e-2
+    kl_type: Literal["fixed", "adaptive"] = "fixed"
     """Controller of the in-reward KL coefficient: fixed or adaptive."""
-    kl_target: float = 0.1
-    kl_horizon: float = 10000.0
+    kl_target: Annotated[float, POSITIVE] = 0.1
+    kl_horizon: Annotated[float, POSITIVE] = 10000.0
     online_filtering: bool = False
     """DAPO dynamic sampling: drop groups whose ``filter_key`` scores are all equal or whose mean lies outside
     [``filter_low``, ``filter_high``], and keep generating until ``data.rollout_batch_size`` groups are kept."""
     filter_key: str = "overall"
     """The reward name that online filtering looks at (``overall``, ``accuracy``, ...)."""
-    filter_low: float = 0.01
-    filter_high: float = 0.99
-    max_try_make_batch: int = 20
+    filter_low: Annotated[float, UNIT] = 0.01
+    filter_high: Annotated[float, UNIT] = 0.99
+    max_try_make_batch: Annotated[int, POSITIVE_OR_OFF] = 20
     """Generation rounds per step at most when filtering; then the step fails with a clear error (-1: no limit)."""
-    distill_coef: float = 0.0
+    distill_coef: Annotated[float, NON_NEGATIVE, Note("0 turns distillation off")] = 0.0
     """On-policy distillation mixed with RL (slime's ``--opd-kl-coef``; docs/distillation.md): the per-token reverse
     KL to the teacher (``worker.teacher``), ``log pi_student(y_t) - log pi_teacher(y_t)``, times this coefficient is
     subtracted from the RL advantage of every response token. 0 = off. Pure distillation (no reward in the advantage)
     is ``adv_estimator: on_policy_distill`` with this left at 0."""
+
+    def check(self) -> None:
+        """Raises ``ConfigError`` when ``filter_low`` is above ``filter_high``."""
+        if self.filter_low > self.filter_high:
+            raise ConfigError(f"algorithm.filter_low ({self.filter_low}) is larger than algorithm.filter_high "
+                              f"({self.filter_high}).")
 
     @property
     def needs_reference(self) -> bool:

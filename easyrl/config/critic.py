@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Annotated
 
+from easyrl.config.fields import POSITIVE
 from easyrl.config.role import ModelConfig, OptimConfig, TrainedRoleConfig
 
 
@@ -16,5 +18,5 @@ class CriticConfig(TrainedRoleConfig):
     model: ModelConfig = field(default_factory=ModelConfig)
     """``model_path`` null = the actor's checkpoint (the usual choice); LoRA is not supported (rank must be 0)."""
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
-    cliprange_value: float = 0.5
+    cliprange_value: Annotated[float, POSITIVE] = 0.5
     """New values stay within this distance of the rollout's values in the loss (PPO value clipping)."""

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Annotated, Optional
+
+from easyrl.config.fields import POSITIVE, POSITIVE_OR_OFF
+from easyrl.errors import ConfigError
 
 
 @dataclass
@@ -21,13 +24,13 @@ class DataConfig:
     """Column holding the images; null = text-only (no column is read as images)."""
     image_dir: Optional[str] = None
     """Folder that relative image paths in the data are resolved against."""
-    max_prompt_length: int = 1024
+    max_prompt_length: Annotated[int, POSITIVE] = 1024
     """Tokens, image tokens included; longer prompts are filtered out (``filter_overlong_prompts``)."""
-    max_response_length: int = 1024
+    max_response_length: Annotated[int, POSITIVE] = 1024
     """Tokens generated per sample at most."""
-    rollout_batch_size: int = 512
+    rollout_batch_size: Annotated[int, POSITIVE] = 512
     """Prompts per training step (each sampled ``worker.rollout.n`` times)."""
-    val_batch_size: int = -1
+    val_batch_size: Annotated[int, POSITIVE_OR_OFF] = -1
     """Prompts per validation batch; -1 = the whole validation set at once."""
     format_prompt: Optional[str] = None
     """Path of a Jinja2 template that receives ``content`` (the problem) and renders the user message."""
@@ -36,10 +39,10 @@ class DataConfig:
     chat template's default system message, if it has one, stays)."""
     shuffle: bool = True
     seed: int = 1
-    min_pixels: int = 262144
-    max_pixels: int = 4194304
+    min_pixels: Annotated[int, POSITIVE] = 262144
+    max_pixels: Annotated[int, POSITIVE] = 4194304
     filter_overlong_prompts: bool = True
-    mini_rollout_batch_size: Optional[int] = None
+    mini_rollout_batch_size: Optional[Annotated[int, POSITIVE]] = None
     """Prompts per generation round (EasyR1's key, verl's ``data.gen_batch_size``); None: ``rollout_batch_size``.
     With ``algorithm.online_filtering`` rounds of this size are generated until ``rollout_batch_size`` groups are
     kept; without it must be None or equal ``rollout_batch_size``."""
@@ -60,3 +63,8 @@ class DataConfig:
     def generation_batch_size(self) -> int:
         """Prompts per generation round: ``mini_rollout_batch_size``, or ``rollout_batch_size`` when it is None."""
         return self.mini_rollout_batch_size or self.rollout_batch_size
+
+    def check(self) -> None:
+        """Raises ``ConfigError`` when ``min_pixels`` is above ``max_pixels``."""
+        if self.min_pixels > self.max_pixels:
+            raise ConfigError(f"data.min_pixels ({self.min_pixels}) is larger than data.max_pixels ({self.max_pixels}).")

@@ -4,8 +4,9 @@ parsed verdict is a named score (``score/judge``) added to the rule reward with 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Annotated, Optional
 
+from easyrl.config.fields import FRACTION, NON_NEGATIVE, POSITIVE
 from easyrl.errors import ConfigError
 
 JUDGE_PARSERS = ("number", "json")
@@ -33,47 +34,34 @@ class JudgeConfig:
     """The score of a verdict the parser cannot read (counted in ``judge/unparseable``; the run goes on)."""
     weight: float = 1.0
     """``overall = reward function's overall + weight x judge score``."""
-    max_tokens: int = 64
+    max_tokens: Annotated[int, POSITIVE] = 64
     """Tokens the judge may generate per verdict."""
-    temperature: float = 0.0
+    temperature: Annotated[float, NON_NEGATIVE] = 0.0
     """Sampling temperature of the judge (0: greedy)."""
-    gpu_memory_utilization: float = 0.3
+    gpu_memory_utilization: Annotated[float, FRACTION] = 0.3
     """Fraction of device memory the judge's vLLM engine takes (weights + KV cache), resident in every phase beside
     the rollout engine's ``worker.rollout.gpu_memory_utilization`` (``easyrl.workers.judge``); ignored on the CPU."""
-    cpu_kvcache_space_gib: float = 1.0
+    cpu_kvcache_space_gib: Annotated[float, POSITIVE] = 1.0
     """The judge engine's KV cache on the CPU backend (GiB)."""
-    max_model_len: int = 4096
+    max_model_len: Annotated[int, POSITIVE] = 4096
     """Judge prompt + verdict tokens at most (the engine's context); a judge prompt longer than ``max_model_len -
     max_tokens`` is not sent: it is scored ``unparseable_score`` and counted in ``judge/unparseable``."""
 
 
-JUDGE_RANGE_RULES: dict[str, tuple[str, ...]] = {
-    "positive": ("worker.reward.judge.max_tokens", "worker.reward.judge.cpu_kvcache_space_gib",
-                 "worker.reward.judge.max_model_len"),
-    "non_negative": ("worker.reward.judge.temperature",),
-    "fraction": ("worker.reward.judge.gpu_memory_utilization",),
-}
-"""``easyrl.config.checks.RANGE_RULES``' rules for the judge's keys (checked by :func:`check_judge`)."""
-
-
-def check_judge(judge: JudgeConfig, tensor_parallel_size: int, check_range: Any) -> None:
+def check_judge(judge: JudgeConfig, tensor_parallel_size: int) -> None:
     """The judge's values, when it is on (``model_path`` set).
 
     Args:
         judge: ``worker.reward.judge``.
         tensor_parallel_size: ``worker.rollout.tensor_parallel_size``.
-        check_range: ``easyrl.config.checks.check_range``.
 
     Raises:
-        ConfigError: a key out of range, a parser that is neither a built-in name nor ``file.py:function``, or a
+        ConfigError: a parser that is neither a built-in name nor ``file.py:function``, or a
             tensor-parallel rollout (not supported with a judge yet). (An empty ``json_key`` is refused by
             ``easyrl.config.malformed`` before.)
     """
     if judge.model_path is None:
         return
-    for rule, keys in JUDGE_RANGE_RULES.items():
-        for key in keys:
-            check_range(key, getattr(judge, key.rsplit(".", 1)[1]), rule)
     parser = judge.parser
     if parser not in JUDGE_PARSERS and not (isinstance(parser, str) and ".py:" in parser):
         raise ConfigError(f"worker.reward.judge.parser={parser!r} is not one of {', '.join(JUDGE_PARSERS)} nor "

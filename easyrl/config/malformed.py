@@ -5,8 +5,8 @@ write instead (docs/errors.md, "Configuration"). ``easyrl.config.loading`` calls
 - :func:`read_error`: a YAML file that cannot be read (not UTF-8, a malformed ``${...}``); :func:`check_top_level`:
   one that holds a single value;
 - :func:`check_leaf_values`: a mapping given where a single value belongs (``data.max_prompt_length={a: 1}``);
-- :func:`value_error`: a value OmegaConf refuses (wrong type, empty, a list of the wrong length), with the key's
-  expected type and its default as the example;
+- :func:`value_error`: a value OmegaConf refuses (wrong type, empty, a list of the wrong length, not one of a
+  ``Literal``'s choices), with the key's expected type and its default as the example;
 - :func:`resolve_error`: a ``${...}`` interpolation that cannot be resolved (unknown key, unset environment variable,
   a loop, an unknown resolver).
 
@@ -16,6 +16,7 @@ scripts append overrides). Duplicate keys inside one YAML file are (PyYAML's "fo
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import difflib
 import os
@@ -28,6 +29,7 @@ from easyrl.errors import ConfigError
 _MISSING_KEY = re.compile(r"Interpolation key '([^']+)' not found")
 _MISSING_ENV = re.compile(r"Environment variable '([^']+)' not found")
 _RESOLVER = re.compile(r"Unsupported interpolation type (\S+)")
+_CHOICE = re.compile(r"Invalid value '(.*)', expected one of (\[.*\])")
 
 
 def check_words(argv: list[str]) -> None:
@@ -135,6 +137,11 @@ def value_error(err: Exception, source: str, layer: Optional[dict], defaults: An
         how = (f"set its keys one by one ({key}.<key>=value), or remove the word" if source == "the command line"
                else "give its keys indented below it, or remove the line")
         return f"'{key}' (from {source}) is an empty section: {how}."
+    if m := _CHOICE.match(message):
+        choices = [str(c) for c in ast.literal_eval(m.group(2))]
+        close = difflib.get_close_matches(m.group(1), choices, n=1, cutoff=0.6)
+        return (f"{key}={m.group(1)!r} is not one of: {', '.join(choices)}."
+                + (f" Did you mean: {close[0]}?" if close else ""))
     if message.startswith("Incompatible value 'None'") or "is not Optional" in message:
         return (f"'{key}' (from {source}) has no value (empty or null); write {_expected(key, defaults)}, or leave "
                 "the key out to keep its default.")

@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Annotated, Optional
 
+from annotated_types import Ge
+
+from easyrl.config.fields import NON_NEGATIVE, POSITIVE, AllowInf, Note
 from easyrl.errors import ConfigError
 
 __all__ = ["MultiTurnConfig", "check_multi_turn", "BUILTIN_FORMATS"]
 
 BUILTIN_FORMATS = ("hermes",)
 """Tool-call parsers shipped with easyrl (``easyrl.agents.parsers``)."""
+TURNS = Optional[Annotated[int, Ge(1), Note("null: no limit")]]
 
 
 @dataclass
@@ -23,11 +27,11 @@ class MultiTurnConfig:
     enable: bool = False
     """Use the multi-turn rollout (``easyrl.trainer.multi_turn.MultiTurnRollout``) instead of one response per
     prompt."""
-    max_assistant_turns: Optional[int] = None
+    max_assistant_turns: TURNS = None
     """Assistant turns per trajectory at most (null: only the token budget limits them)."""
-    max_user_turns: Optional[int] = None
+    max_user_turns: TURNS = None
     """Environment (user) turns per trajectory at most (null: no limit but the token budget)."""
-    max_tool_response_length: int = 256
+    max_tool_response_length: Annotated[int, POSITIVE] = 256
     """Characters of one tool's answer kept (longer ones are cut, verl's ``max_tool_response_length``)."""
     format: str = "hermes"
     """Tool-call parser: ``hermes`` (Qwen2.5/Qwen3/Qwen3-VL ``<tool_call>{json}</tool_call>``) or
@@ -36,17 +40,17 @@ class MultiTurnConfig:
     tools: list[str] = field(default_factory=list)
     """``path/to/file.py:function`` per tool; the JSON schema comes from the signature and the Google-style
     docstring (``transformers.utils.get_json_schema``) and goes into the chat template as ``tools=``."""
-    tool_timeout_s: float = 30.0
+    tool_timeout_s: Annotated[float, POSITIVE] = 30.0
     """Seconds one tool call may take; beyond, the call's process is killed and the model reads a timeout."""
-    num_tool_workers: int = 4
+    num_tool_workers: Annotated[int, POSITIVE] = 4
     """Processes that run tool calls in parallel."""
-    max_turn_tokens: Optional[int] = None
+    max_turn_tokens: TURNS = None
     """Tokens one assistant turn may generate at most (null: the rest of ``data.max_response_length``); a turn cut
     by it is parsed for tool calls like any other."""
     environment: Optional[str] = None
     """``path/to/file.py:function``, called as ``fn(messages)`` after an assistant turn without a tool call:
     returns the next user/environment message (a string, or a ``{"role", "content"}`` dict) or None (done)."""
-    patience: float = 0.25
+    patience: Annotated[float, AllowInf(), NON_NEGATIVE, Note("inf: every round waits for every tool call")] = 0.25
     """How long the driver waits for late tool calls before the next assistant round starts without them, in units
     of the last round's generation time (50 ms at least; ``easyrl.agents.scheduler``): waiting idles the engines, a
     round without the late ones costs them a later round. ``inf``: every round waits for its slowest tool call (the
@@ -68,24 +72,12 @@ def check_multi_turn(config: MultiTurnConfig) -> None:
     """Values of ``worker.rollout.multi_turn`` (only when ``enable``).
 
     Raises:
-        ConfigError: a turn count below 1, a tool timeout or response length that is not positive, a negative
-            ``patience``, an unknown ``format``, a malformed or missing ``tools``/``format``/``environment`` file, or
+        ConfigError: an unknown ``format``, a malformed or missing ``tools``/``format``/``environment`` file, or
             neither tools nor an environment.
     """
     if not config.enable:
         return
     key = "worker.rollout.multi_turn"
-    for name in ("max_assistant_turns", "max_user_turns", "max_turn_tokens"):
-        value = getattr(config, name)
-        if value is not None and value < 1:
-            raise ConfigError(f"{key}.{name} must be 1 or more (or null: no limit), got {value!r}.")
-    for name in ("max_tool_response_length", "tool_timeout_s", "num_tool_workers"):
-        value = getattr(config, name)
-        if not value > 0:
-            raise ConfigError(f"{key}.{name} must be a positive number, got {value!r}.")
-    if not config.patience >= 0:  # NaN too
-        raise ConfigError(f"{key}.patience must be 0 or more (inf: every round waits for every tool call), "
-                          f"got {config.patience!r}.")
     if config.format not in BUILTIN_FORMATS:
         if ":" not in config.format:
             raise ConfigError(f"{key}.format={config.format!r} is not one of: {', '.join(BUILTIN_FORMATS)}, "

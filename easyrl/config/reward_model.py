@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Annotated, Any, Optional
 
-from easyrl.config.fields import auto
+from easyrl.config.fields import POSITIVE, auto
 from easyrl.config.role import OffloadConfig
 from easyrl.errors import ConfigError
 
@@ -35,15 +35,15 @@ class RewardModelConfig:
     weight: float = 1.0
     """The score's weight in the reward: ``overall = rule overall + weight x score``. Without a rule reward
     (``worker.reward.reward_function: null``) the rule's ``overall`` is 0 and the reward model scores alone."""
-    micro_batch_size_per_device: int = 16
+    micro_batch_size_per_device: Annotated[int, POSITIVE] = 16
     """Samples per forward on one device (verl's ``micro_batch_size_per_gpu``); with ``dynamic_batching`` the token
     budget's unit."""
     dynamic_batching: bool = True
     """Form micro-batches by a token budget (``max_token_len_per_device``) instead of a fixed sample count."""
-    max_token_len_per_device: Optional[int] = None
+    max_token_len_per_device: Optional[Annotated[int, POSITIVE]] = None
     """Tokens per micro-batch with ``dynamic_batching``; null: ``micro_batch_size_per_device`` x the step's longest
     reward-model input."""
-    max_length: Optional[int] = None
+    max_length: Optional[Annotated[int, POSITIVE]] = None
     """Tokens of one reward-model input (chat-templated prompt + response) at most; a longer input keeps its last
     ``max_length`` tokens (the end of the response, where the model reads its score) and is counted in
     ``reward_model/truncated``. null: no limit."""
@@ -67,23 +67,13 @@ def check_reward_model(config: Any) -> None:
     pre-flight, ``easyrl.trainer.preflight``).
 
     Raises:
-        ConfigError: naming the key: a micro-batch, token budget or ``max_length`` that is not positive, a
-            ``weight`` that is not a finite number, an empty ``chat_template``, a ReMax run (its greedy baseline is
+        ConfigError: naming the key: an empty ``chat_template``, a ReMax run (its greedy baseline is
             scored by the rule reward only).
     """
-    import math
-
     rm = config.worker.reward.reward_model
     if not rm.enabled:
         return
     key = "worker.reward.reward_model"
-    for name in ("micro_batch_size_per_device", "max_token_len_per_device", "max_length"):
-        value = getattr(rm, name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
-            raise ConfigError(f"{key}.{name} must be a positive integer, got {value!r}.")
-    if isinstance(rm.weight, bool) or not isinstance(rm.weight, (int, float)) or not math.isfinite(rm.weight):
-        raise ConfigError(f"{key}.weight must be a finite number (the score's weight in the reward), got "
-                          f"{rm.weight!r}.")
     if rm.chat_template is not None and not rm.chat_template.strip():
         raise ConfigError(f"{key}.chat_template is empty: give a Jinja template or a file holding one, or null for the "
                           "reward model tokenizer's own.")

@@ -3,10 +3,17 @@ sharding, host offloading, batch sizes and update loop, the fields both roles sh
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Annotated, Literal, Optional
 
-from easyrl.config.fields import auto
+from annotated_types import Interval
+
+from easyrl.config.fields import NON_NEGATIVE, POSITIVE, UNIT, auto
+from easyrl.errors import ConfigError
+
+Dtype = Literal["bf16", "fp16", "fp32"]
+BETA = Annotated[float, Interval(ge=0, lt=1)]
 
 
 @dataclass
@@ -14,9 +21,9 @@ class LoraConfig:
     """LoRA with peft (``easyrl/models/lora.py``; EasyR1's keys). Only the adapter is trained; the reference policy is
     the base model (the adapter switched off); vLLM receives the merged weights ``W + alpha / rank * B @ A``."""
 
-    rank: int = 0
+    rank: Annotated[int, NON_NEGATIVE] = 0
     """Rank of the adapter matrices; 0 = LoRA off (full fine-tuning)."""
-    alpha: float = 64
+    alpha: Annotated[float, POSITIVE] = 64
     """The adapter's output is scaled by ``alpha / rank``."""
     target_modules: str = "all-linear"
     """``all-linear`` (every linear layer but the output head) or comma-separated module names
@@ -24,6 +31,21 @@ class LoraConfig:
     exclude_modules: Optional[str] = ".*visual.*"
     """A regular expression of full module names left without adapter; by default the vision tower of Qwen-VL
     models (``model.visual``). null: none."""
+
+    def check(self, key: str) -> None:
+        """When LoRA is on (``rank > 0``): some module names to target, and an exclude pattern that is a valid regular
+        expression (peft matches it against full module names). Raises ``ConfigError`` naming ``key``.``<field>``."""
+        if self.rank == 0:
+            return
+        if not str(self.target_modules).strip(" ,"):
+            raise ConfigError(f"{key}.target_modules is empty: give 'all-linear' or comma-separated module names "
+                              "(q_proj,k_proj,v_proj,o_proj).")
+        if self.exclude_modules:
+            try:
+                re.compile(self.exclude_modules)
+            except re.error as err:
+                raise ConfigError(f"{key}.exclude_modules={self.exclude_modules!r} is not a regular expression "
+                                  f"({err}); e.g. '.*visual.*' leaves the vision tower without adapter.") from None
 
 
 @dataclass
@@ -46,21 +68,21 @@ class ModelConfig:
 class OptimConfig:
     """AdamW and its learning-rate schedule (linear warm-up, then constant)."""
 
-    lr: float = 1e-6
-    betas: tuple[float, float] = (0.9, 0.999)
-    weight_decay: float = 1e-2
-    lr_warmup_ratio: float = 0.0
+    lr: Annotated[float, NON_NEGATIVE] = 1e-6
+    betas: tuple[BETA, BETA] = (0.9, 0.999)
+    weight_decay: Annotated[float, NON_NEGATIVE] = 1e-2
+    lr_warmup_ratio: Annotated[float, UNIT] = 0.0
     """Fraction of ``training_steps`` with a linear warm-up; constant afterwards."""
     training_steps: int = auto("trainer", -1)
-    strategy: str = "adamw"
+    strategy: Literal["adamw", "adamw_bf16"] = "adamw"
     """adamw (float32 moments) or adamw_bf16 (bfloat16 moments: 4 bytes per parameter instead of 8; EasyR1's key;
     ``easyrl.workers.optim``)."""
-    lr_warmup_steps: Optional[int] = None
+    lr_warmup_steps: Optional[Annotated[int, NON_NEGATIVE]] = None
     """Warm-up length in optimizer steps; when set it wins over ``lr_warmup_ratio`` (EasyR1's precedence)."""
-    lr_scheduler_type: str = "constant"
+    lr_scheduler_type: Literal["constant", "cosine"] = "constant"
     """After the warm-up: constant, or cosine (a half cosine from ``lr`` down to ``min_lr_ratio * lr`` at
     ``training_steps``); ``easyrl.workers.optim.lr_factor``."""
-    min_lr_ratio: Optional[float] = None
+    min_lr_ratio: Optional[Annotated[float, UNIT]] = None
     """Cosine schedule only: the final LR as a fraction of ``lr`` (None: 0)."""
 
 
@@ -68,12 +90,12 @@ class OptimConfig:
 class FSDPConfig:
     """FSDP2 (``fully_shard``) settings: mixed precision, activation checkpointing, resharding."""
 
-    param_dtype: str = "bf16"
+    param_dtype: Dtype = "bf16"
     """Compute dtype of the sharded parameters (bf16, fp16 or fp32); fp32 on the CPU."""
-    reduce_dtype: str = "fp32"
+    reduce_dtype: Dtype = "fp32"
     enable_gradient_checkpointing: bool = True
     reshard_after_forward: bool = True
-    torch_dtype: Optional[str] = None
+    torch_dtype: Optional[Dtype] = None
     """dtype of a trained role's stored (master) weights, and so of its gradients and AdamW moments: None = fp32;
     bf16 halves that memory (EasyR1's key, used by its 30B+ recipes with ``optim.strategy: adamw_bf16``)."""
 
@@ -103,25 +125,25 @@ class TrainedRoleConfig:
     (mini-batch in prompts, micro-batches in samples), the update loop, the checkpoint, optimizer, sharding and
     offloading. Extended by ``ActorConfig`` and ``CriticConfig``."""
 
-    global_batch_size: int = 256
+    global_batch_size: Annotated[int, POSITIVE] = 256
     """Prompts per optimizer step (a mini-batch); the rollout batch is split into such mini-batches."""
-    micro_batch_size_per_device_for_update: int = 4
+    micro_batch_size_per_device_for_update: Annotated[int, POSITIVE] = 4
     """Samples per forward/backward on one device."""
-    micro_batch_size_per_device_for_experience: int = 16
+    micro_batch_size_per_device_for_experience: Annotated[int, POSITIVE] = 16
     """Samples per forward over a rollout batch: the actor's old/ref log-probs, the critic's values."""
-    max_grad_norm: float = 1.0
+    max_grad_norm: Annotated[float, POSITIVE] = 1.0
     loss_agg_mode: str = "token-mean"
     """How the per-token loss (the policy loss, the critic's value loss) is aggregated: token-mean, token-sum,
     seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm (Dr. GRPO's mean over sequences / L, as verl
     0.7.1-0.9.1), seq-mean-token-sum-norm-drgrpo (the same); see docs/algorithms.md."""
-    ppo_epochs: int = 1
+    ppo_epochs: Annotated[int, POSITIVE] = 1
     padding_free: bool = True
     """Pack each micro-batch's sequences into one row without padding (per-sequence positions, varlen attention,
     no full-vocabulary logits); false runs the padded batch with an attention mask. Fixed at start-up."""
     dynamic_batching: bool = True
     """Form micro-batches by a token budget (``max_token_len_per_device``) instead of a fixed sample count; the
     loss normalisation over the mini-batch is unchanged."""
-    max_token_len_per_device: Optional[int] = None
+    max_token_len_per_device: Optional[Annotated[int, POSITIVE]] = None
     """Tokens (prompt + response, no padding) per micro-batch with ``dynamic_batching``; None: the phase's
     ``micro_batch_size_per_device_for_*`` x (``data.max_prompt_length`` + ``data.max_response_length``)."""
     max_consecutive_skips: int = 5

@@ -42,16 +42,13 @@ class TeacherConfig:
 
 def check_distillation(config: Any) -> None:
     """The distillation settings of a finalized ``PPOConfig`` (``easyrl.config.ppo`` imports this module, so the type
-    is not named here): ``algorithm.distill_coef`` >= 0, a teacher checkpoint when distillation is on, and
+    is not named here): a teacher checkpoint when distillation is on, and
     one way of mixing (the pure estimator ``on_policy_distill`` or a coefficient on another estimator, not both).
 
     Raises:
         ConfigError: naming the key, the value and what to write instead (docs/errors.md, ids T01-T03).
     """
     algo, teacher = config.algorithm, config.worker.teacher
-    if algo.distill_coef < 0:
-        raise ConfigError(f"algorithm.distill_coef must be 0 or more, got {algo.distill_coef}: 0 turns "
-                          "distillation off, a positive number weighs the teacher's reverse KL against the advantage.")
     if algo.adv_estimator == "on_policy_distill" and algo.distill_coef > 0:
         raise ConfigError(
             f"algorithm.adv_estimator=on_policy_distill is pure distillation (advantage = -reverse KL) and "

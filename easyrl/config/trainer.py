@@ -4,10 +4,12 @@ metric backends ``trainer.logger`` may name (``BACKENDS``, checked by ``check_ba
 from __future__ import annotations
 
 import importlib.util
+import os
+import re
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Annotated, Literal, Optional
 
-from easyrl.config.fields import auto
+from easyrl.config.fields import NON_NEGATIVE, POSITIVE, POSITIVE_OR_OFF, auto
 from easyrl.errors import ConfigError
 
 # backend -> (module it imports, the extra that installs it; None: a core dependency)
@@ -62,31 +64,30 @@ def install_hint(extra: str) -> str:
 class TrainerConfig:
     """The training loop: length, validation, logging, devices, output folders."""
 
-    total_epochs: int = 15
-    max_steps: Optional[int] = None
+    total_epochs: Annotated[int, POSITIVE] = 15
+    max_steps: Optional[Annotated[int, POSITIVE]] = None
     """Stop after this many steps (None: ``total_epochs`` passes over the data)."""
     project_name: str = "easyrl"
     experiment_name: str = "demo"
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     """Any of console, jsonl, wandb, tensorboard, swanlab, mlflow (see docs/metrics.md; the last three are extras)."""
-    nnodes: int = 1
-    n_gpus_per_node: int = 8
+    nnodes: Annotated[int, POSITIVE] = 1
+    n_gpus_per_node: Annotated[int, POSITIVE] = 8
     """Devices per node (GPUs, NPUs, or CPU ranks on a CPU-only machine)."""
-    device: str = "auto"
-    """auto, cuda, npu or cpu."""
-    cpu_threads_per_worker: int = 1
+    device: Literal["auto", "cuda", "npu", "cpu"] = "auto"
+    cpu_threads_per_worker: Annotated[int, POSITIVE] = 1
     """CPU path only: torch/OpenMP threads of each worker (its FSDP actor and its vLLM engine), and the CPUs Ray
     reserves for it. On a 2-core machine one worker with 2 threads was as fast as two workers with one each, with
     half the RAM. Ignored on GPUs/NPUs (there a worker gets one host thread, or with ``offload_params`` an equal share of
     the node's CPUs for the host Adam step: ``easyrl.workers.group.worker_cpu_threads``)."""
-    val_freq: int = -1
+    val_freq: Annotated[int, POSITIVE_OR_OFF] = -1
     """Validate every this many steps; -1 never (besides ``val_before_train``)."""
     val_before_train: bool = True
     val_only: bool = False
-    critic_warmup: int = 0
+    critic_warmup: Annotated[int, NON_NEGATIVE] = 0
     """With a critic: the actor is updated from step ``critic_warmup`` on (steps count from 1; verl's and EasyR1's test
     ``critic_warmup <= global_step``), so ``critic_warmup - 1`` steps train only the critic; 0 and 1: none."""
-    val_generations_to_log: int = 0
+    val_generations_to_log: Annotated[int, NON_NEGATIVE] = 0
     """Log the first this many validation samples (prompt, response, ground truth, score) as a table."""
     save_model_path: Optional[str] = None
     """Where the final actor is exported in Hugging Face format; default ``<run_dir>/huggingface``."""
@@ -105,7 +106,7 @@ class TrainerConfig:
     find_last_checkpoint: bool = True
     """Resume from the last complete checkpoint under ``save_checkpoint_path`` if there is one (EasyR1's switch;
     ``false`` is ``resume_mode: disable``)."""
-    resume_mode: str = "auto"
+    resume_mode: Literal["auto", "disable", "force", "resume_path"] = "auto"
     """verl's names: ``auto`` resumes the last checkpoint of the run folder if its saved config trains the same
     way (a change to the model, data, algorithm, batch sizes, lengths, optimizer or seeds is refused, naming the
     keys); ``disable`` starts afresh (never in a folder holding another run's checkpoints or metrics); ``force``
@@ -113,8 +114,8 @@ class TrainerConfig:
     ``load_checkpoint_path`` alone does the same). See README "Running again"."""
     best_metric: str = "val/reward/overall"
     """The validation metric that ranks checkpoints (the best is never removed by ``save_limit``)."""
-    best_metric_mode: str = "max"
-    """max or min: which direction of ``best_metric`` is better."""
+    best_metric_mode: Literal["max", "min"] = "max"
+    """Which direction of ``best_metric`` is better."""
     run_dir: str = auto("trainer.project_name/experiment_name", "")
     """``runs/<project_name>/<experiment_name>``: metrics JSONL, exported model."""
     runs_root: str = "runs"
@@ -126,3 +127,26 @@ class TrainerConfig:
     """wandb only: tags of the run (None: ``WANDB_TAGS``, or none)."""
     balance_batch: bool = True
     """Reorder each step's batch so that every worker's share holds about as many tokens (Karmarkar-Karp)."""
+
+    def check(self) -> None:
+        """The loggers named exist and are installed (``check_backends``); ``resume_mode: resume_path`` has its
+        ``load_checkpoint_path``; ``project_name`` and ``experiment_name`` are each one folder name, so that the run
+        folder ``<runs_root>/<project_name>/<experiment_name>`` stays inside ``runs_root``: not empty, no ``/`` or
+        ``\\``, not ``.`` or ``..``. Raises ``ConfigError`` naming the key."""
+        check_backends(self.logger)
+        if self.resume_mode == "resume_path" and not self.load_checkpoint_path:
+            raise ConfigError("trainer.resume_mode=resume_path resumes trainer.load_checkpoint_path, which is not set: "
+                              "give it a global_step_N folder, or use resume_mode=auto.")
+        for key in ("project_name", "experiment_name"):
+            name = getattr(self, key)
+            if not name.strip():
+                raise ConfigError(f"trainer.{key} is empty: give a folder name for the run, e.g. trainer.{key}=my_run.")
+            if "/" in name or "\\" in name or name.strip() in (".", ".."):
+                safe = re.sub(r"[/\\]+", "_", name).strip("._") or "my_run"
+                folder = os.path.normpath(os.path.join(self.runs_root, self.project_name, self.experiment_name))
+                raise ConfigError(
+                    f"trainer.{key}={name!r} is not one folder name: the run folder would be {folder!r}, not "
+                    f"<runs_root>/<project_name>/<experiment_name> inside trainer.runs_root={self.runs_root!r}. Write "
+                    f"a name without '/', '\\' or '..', e.g. trainer.{key}={safe}, and choose where runs go with "
+                    "trainer.runs_root."
+                )

@@ -2,46 +2,55 @@
 
 from __future__ import annotations
 
+import difflib
+import re
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Annotated, Any, Literal, Optional
+
+from annotated_types import Ge
 
 from easyrl.config.actor import ActorConfig, RefConfig
 from easyrl.config.critic import CriticConfig
-from easyrl.config.fields import auto
+from easyrl.config.fields import FRACTION, NON_NEGATIVE, POSITIVE, Note, auto, check_fields
 from easyrl.config.judge import JudgeConfig
 from easyrl.config.multi_turn import MultiTurnConfig
 from easyrl.config.reward_model import RewardModelConfig
+from easyrl.config.role import Dtype
 from easyrl.config.teacher import TeacherConfig
+from easyrl.errors import ConfigError
+
+VAL_OVERRIDES = ("n", "temperature", "top_p", "top_k")
+"""The sampling settings ``worker.rollout.val_override_config`` may replace during validation (workers/rollout.py)."""
 
 
 @dataclass
 class RolloutConfig:
     """The colocated vLLM engine: sampling settings, memory, validation overrides."""
 
-    n: int = 5
+    n: Annotated[int, POSITIVE] = 5
     """Samples per prompt (the GRPO group size)."""
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
+    temperature: Annotated[float, NON_NEGATIVE] = 1.0
+    top_p: Annotated[float, FRACTION] = 1.0
+    top_k: Annotated[int, Ge(-1), Note("-1 and 0: off")] = -1
     seed: int = 1
-    dtype: str = "bf16"
-    tensor_parallel_size: int = 1
+    dtype: Dtype = "bf16"
+    tensor_parallel_size: Annotated[int, POSITIVE] = 1
     """Devices per vLLM engine (vLLM's tensor parallelism, verl's name). 1: every device runs its own engine. k > 1:
     groups of k consecutive devices run one engine split over them (vLLM's ``external_launcher`` executor, SPMD), for
     models whose weights do not fit on one device; the batch is split over the ``world / k`` engines. Must divide
     ``trainer.nnodes * trainer.n_gpus_per_node`` (and, to stay within a node, ``trainer.n_gpus_per_node``);
     ``easyrl.workers.rollout_layout``."""
-    gpu_memory_utilization: float = 0.6
+    gpu_memory_utilization: Annotated[float, FRACTION] = 0.6
     """Fraction of device memory vLLM may take (weights + KV cache); ignored on the CPU."""
-    cpu_kvcache_space_gib: float = 1.0
+    cpu_kvcache_space_gib: Annotated[float, POSITIVE] = 1.0
     """KV cache size on the CPU backend (GiB)."""
-    update_weights_bucket_megabytes: int = 1024
+    update_weights_bucket_megabytes: Annotated[int, POSITIVE] = 1024
     """Weight sync: full-tensor MiB (in ``dtype``) gathered per collective and handed to vLLM at once (verl's name);
     larger = fewer collectives, more transient device memory."""
     enforce_eager: bool = False
     enable_chunked_prefill: bool = False
-    max_num_batched_tokens: int = 8192
-    limit_images: int = 1
+    max_num_batched_tokens: Annotated[int, POSITIVE] = 8192
+    limit_images: Annotated[int, NON_NEGATIVE] = 1
     """Images per prompt at most (vLLM's ``limit_mm_per_prompt``); in a multi-turn rollout the prompt's and the tools'
     images of one conversation (more tool images are dropped and counted, docs/agents.md "Tool images")."""
     calculate_log_probs: bool = False
@@ -60,12 +69,22 @@ class RolloutConfig:
     """Videos per prompt at most (vLLM's ``limit_mm_per_prompt``); raised at start-up to the most a row of the data
     has (a log line says so), so 0 is right for image and text data (vLLM then profiles no video)."""
 
+    def check(self) -> None:
+        """``val_override_config`` names only ``VAL_OVERRIDES``, each in its field's range. Raises ``ConfigError``."""
+        for name in self.val_override_config:
+            if name not in VAL_OVERRIDES:
+                close = difflib.get_close_matches(str(name), VAL_OVERRIDES, n=1, cutoff=0.6)
+                raise ConfigError(f"Unknown key 'worker.rollout.val_override_config.{name}'."
+                                  + (f" Did you mean: {close[0]}?" if close else "")
+                                  + f" Validation can override: {', '.join(VAL_OVERRIDES)}.")
+        check_fields(self.val_override_config, RolloutConfig, "worker.rollout.val_override_config.")
+
 
 @dataclass
 class RewardConfig:
     """The reward function: a Python file and function, called on the trainer process."""
 
-    reward_type: str = "auto"
+    reward_type: Literal["auto", "batch", "sequential"] = "auto"
     """batch: the function receives all samples; sequential: one sample per call; auto: the reward file's
     ``REWARD_TYPE`` (as EasyR1 reads it), else batch. verl- and TRL-style functions are called as those libraries
     call them (``easyrl.rewards.styles``)."""
@@ -73,7 +92,7 @@ class RewardConfig:
     """``path/to/file.py:function_name``; ``path/to/file.py`` alone names ``main`` (EasyR1's default)."""
     reward_function_kwargs: dict[str, Any] = field(default_factory=dict)
     skip_special_tokens: bool = True
-    on_error: str = "raise"
+    on_error: Literal["raise", "zero"] = "raise"
     """When the function raises or times out on a sample: ``raise`` stops the run, naming the step, the sample and
     its response; ``zero`` scores that sample 0 on every name, logs it and counts it in ``reward/errors``."""
     timeout_s: Optional[float] = 300.0
@@ -98,7 +117,7 @@ class WorkerConfig:
     """Built only for ``algorithm.adv_estimator: gae``."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
-    nccl_timeout: int = 1800
+    nccl_timeout: Annotated[int, POSITIVE] = 1800
     """Seconds a collective (NCCL, HCCL or gloo) may wait for the other ranks before the run fails (verl's name)."""
     env_vars: dict[str, str] = field(default_factory=dict)
     """Environment variables of every worker process, on every node (Ray's ``runtime_env.env_vars``, as verl's
@@ -108,3 +127,11 @@ class WorkerConfig:
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
     """The frozen teacher of on-policy distillation, built only when ``algorithm.needs_teacher``
     (``easyrl.config.teacher``)."""
+
+    def check(self) -> None:
+        """Every ``env_vars`` name is an environment variable name (letters, digits, ``_``; not starting with a
+        digit); values are strings by the field's type. Raises ``ConfigError``."""
+        for name in self.env_vars:
+            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", str(name)):
+                raise ConfigError(f"worker.env_vars has the name {name!r}, which is not an environment variable name "
+                                  "(letters, digits and _, not starting with a digit).")
