@@ -1,11 +1,11 @@
 """Images returned by tools, for Qwen-VL models (docs/agents.md, "Tool images").
 
-A tool returns images the way verl's ``ToolResponse`` carries them: a ``{"text": str, "image": [images]}`` dict
+A tool returns images as a ``{"text": str, "image": [images]}`` dict
 (``image`` may also be a single image; ``text`` may be left out), or a bare image. An image is a ``PIL.Image``
 (open a file or bytes with ``PIL.Image.open``); its pixels are loaded in the tool's process and cross the process-pool
 boundary pickled. Anything else in ``image`` is the tool's error (returned to the model, counted).
 
-The tool message then holds Qwen-VL content items, images first (as verl's tool agent loop builds it)::
+The tool message then holds Qwen-VL content items, images first::
 
     {"role": "tool", "content": [{"type": "image"}, ..., {"type": "text", "text": "..."}]}
 

@@ -78,8 +78,7 @@ class VisionHooks:
         blocks ran in the forward (it also prefetches by that order), so every rank must run the vision tower at the
         same point of every micro-batch if any rank does: a micro-batch without images on one rank while another
         rank's has some would otherwise hang. The model embeds tokens right before it encodes images, so running the
-        tower here, inside the root's forward, reproduces the order of an image batch (verl handles mixed text/image
-        data with a blank image too).
+        tower here, inside the root's forward, reproduces the order of an image batch.
         """
         if not self.add_blank_image:
             return embeds
