@@ -75,12 +75,7 @@ def tool_message(text: str, n_images: int) -> dict[str, Any]:
 def collapse_pads(ids: list[int], pad_id: int) -> list[int]:
     """``ids`` with every run of ``pad_id`` replaced by one pad (vLLM's prompt form: it expands each pad again
     from its image)."""
-    out: list[int] = []
-    for token in ids:
-        if token == pad_id and out and out[-1] == pad_id:
-            continue
-        out.append(token)
-    return out
+    return [token for i, token in enumerate(ids) if not (token == pad_id and i and ids[i - 1] == pad_id)]
 
 
 def expand_pads(ids: list[int], pad_id: int, counts: list[int]) -> list[int]:
