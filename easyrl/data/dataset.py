@@ -296,7 +296,7 @@ class RLDataset(torch.utils.data.Dataset):
             raise DataError(f"row {self.row_ids[index]} of {self.data_path!r}: {err}") from err
 
     def _build(self, row: dict) -> dict[str, Any]:
-        images = [process_image(image, self.min_pixels, self.max_pixels, self.factor) for image in self._row_images(row)]
+        images = [process_image(img, self.min_pixels, self.max_pixels, self.factor) for img in self._row_images(row)]
         videos = [process_video(video, self.video_limits, self.min_pixels, self.max_pixels, self.factor,
                                 self.processor) for video in self._row_videos(row)]
         text = self._prompt_text(row, len(images), len(videos))

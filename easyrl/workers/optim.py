@@ -1,6 +1,7 @@
-"""A trained role's optimizer and learning-rate schedule (``worker.actor.optim``, ``worker.critic.optim``): AdamW with float32 or bfloat16 moments (``strategy``), a constant or cosine schedule after a linear warm-up
-counted in steps or as a fraction (``lr_scheduler_type``, ``lr_warmup_steps``, ``lr_warmup_ratio``,
-``min_lr_ratio``), and optimizer-state offload apart from parameter offload (``offload.offload_optimizer``).
+"""A trained role's optimizer and learning-rate schedule (``worker.actor.optim``, ``worker.critic.optim``): AdamW
+with float32 or bfloat16 moments (``strategy``), a constant or cosine schedule after a linear warm-up counted in steps
+or as a fraction (``lr_scheduler_type``, ``lr_warmup_steps``, ``lr_warmup_ratio``, ``min_lr_ratio``), and
+optimizer-state offload apart from parameter offload (``offload.offload_optimizer``).
 """
 
 from __future__ import annotations

@@ -7,8 +7,9 @@ nothing off the CPU (the gate is inside, so callers carry no ``if device == "cpu
 3. ``remove_stale_tp_shm``: a tensor-parallel engine's shared-memory segments have the same name in every run on a host
    and outlive a killed worker ("create shm in SHMManager failed. errno: 17").
 
-The first two run inside vLLM's worker right after ``reload_weights`` (``easyrl.workers.weight_sync.reload_and_report``),
-the third before the engine starts and when the worker closes (``FSDPWorker.init_models`` / ``close``).
+The first two run inside vLLM's worker right after ``reload_weights``
+(``easyrl.workers.weight_sync.reload_and_report``), the third before the engine starts and when the worker closes
+(``FSDPWorker.init_models`` / ``close``).
 """
 
 from __future__ import annotations
