@@ -7,6 +7,7 @@ Three paths: NVIDIA GPUs (``cuda`` + NCCL), Ascend NPUs (``npu`` + HCCL, through
 from __future__ import annotations
 
 import importlib.util
+from typing import Any
 
 import torch
 
@@ -72,34 +73,29 @@ def set_device(device: str) -> None:
         torch.npu.set_device(0)
 
 
+def _accelerator(device: str) -> Any:
+    """``torch.cuda`` or ``torch.npu`` for ``cuda`` / ``npu``; None on the CPU."""
+    return {"cuda": torch.cuda, "npu": getattr(torch, "npu", None)}.get(device)
+
+
 def empty_cache(device: str) -> None:
     """Give cached accelerator memory back (no-op on the CPU)."""
-    if device == "cuda":
-        torch.cuda.empty_cache()
-    elif device == "npu":
-        torch.npu.empty_cache()
+    if device != "cpu":
+        _accelerator(device).empty_cache()
 
 
 def device_memory_gib(device: str) -> float:
     """Total memory of the worker's accelerator, in GiB (0 on the CPU, where the host's memory is shared)."""
-    if device == "cuda":
-        return torch.cuda.get_device_properties(0).total_memory / 2**30
-    if device == "npu":
-        return torch.npu.get_device_properties(0).total_memory / 2**30
-    return 0.0
+    return 0.0 if device == "cpu" else _accelerator(device).get_device_properties(0).total_memory / 2**30
 
 
 def device_name(device: str) -> str:
     """The accelerator's marketing name (``NVIDIA H100 80GB HBM3``, ``Ascend910B3``), or ``cpu``."""
-    if device == "cuda":
-        return torch.cuda.get_device_name()
-    if device == "npu":
-        return torch.npu.get_device_name()
-    return "cpu"
+    return "cpu" if device == "cpu" else _accelerator(device).get_device_name()
 
 
 def memory_metrics(device: str) -> dict[str, float]:
-    """This worker's memory, in GiB (2**30 bytes, verl's ``_gb`` convention).
+    """This worker's memory, in GiB (2**30 bytes; the ``_gb`` suffix is the metric name).
 
     ``perf/max_memory_allocated_gb`` / ``perf/max_memory_reserved_gb``: the accelerator allocator's peaks since the
     worker started (tensors / cached blocks; only on cuda and npu, the CPU has no such allocator);
@@ -108,8 +104,8 @@ def memory_metrics(device: str) -> dict[str, float]:
     import psutil
 
     metrics = {"perf/cpu_memory_used_gb": psutil.Process().memory_info().rss / 2**30}
-    if device in ("cuda", "npu"):
-        module = torch.cuda if device == "cuda" else torch.npu
+    if device != "cpu":
+        module = _accelerator(device)
         metrics["perf/max_memory_allocated_gb"] = module.max_memory_allocated() / 2**30
         metrics["perf/max_memory_reserved_gb"] = module.max_memory_reserved() / 2**30
     return metrics

@@ -169,10 +169,15 @@ def test_reward_scorer_loads_each_function_once_and_scores(reward_file):
     from easyrl.rewards.remote import RewardScorer
 
     scorer = RewardScorer()  # what the trainer runs as a Ray actor
-    inputs = _inputs("80", "81")
-    assert scorer.score(f"{reward_file}:batch_fn", {"bonus": 0.5}, "batch", inputs)["overall"] == [1.5, 0.5]
-    assert scorer.score(f"{reward_file}:batch_fn", {"bonus": 0.0}, "batch", inputs)["overall"] == [1.0, 0.0]
-    scorer.score(f"{reward_file}:batch_fn", {"bonus": 0.5}, "batch", inputs)
-    assert len(scorer._functions) == 2
+
+    def score(spec, kwargs):
+        scores, failures = scorer.score_guarded(spec, kwargs, "batch", _inputs("80", "81"), "raise", None, 1)
+        assert failures == []
+        return scores
+
+    assert score(f"{reward_file}:batch_fn", {"bonus": 0.5})["overall"] == [1.5, 0.5]
+    assert score(f"{reward_file}:batch_fn", {"bonus": 0.0})["overall"] == [1.0, 0.0]
+    score(f"{reward_file}:batch_fn", {"bonus": 0.5})
+    assert len(scorer._guards) == 2
     with pytest.raises(ValueError, match="row 0"):
-        scorer.score(f"{reward_file}:nan_fn", {}, "batch", inputs)
+        score(f"{reward_file}:nan_fn", {})

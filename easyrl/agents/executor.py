@@ -113,12 +113,9 @@ class ToolExecutor:
     def wait(self, futures: list["ToolFuture"], until: float) -> None:
         """Return once one of ``futures`` that was not answered is answered, or at ``until``
         (``time.monotonic()``), or at once when all of them are answered."""
-        def open_() -> bool:
-            return any(not f.done for f in futures)
-
         before = sum(f.done for f in futures)
         self._pump()
-        while open_() and sum(f.done for f in futures) == before and time.monotonic() < until:
+        while not all(f.done for f in futures) and sum(f.done for f in futures) == before and time.monotonic() < until:
             time.sleep(_POLL_S)
             self._pump()
 
@@ -164,12 +161,12 @@ class ToolExecutor:
         self._queue.clear()
 
 
+@dataclass(eq=False)  # hashed by identity: a key of the running calls
 class ToolFuture:
     """One submitted call: ``call`` and, once answered, ``result`` (a ``ToolResult``; None before)."""
 
-    def __init__(self, call: dict[str, Any]):
-        self.call = call
-        self.result: Optional[ToolResult] = None
+    call: dict[str, Any]
+    result: Optional[ToolResult] = None
 
     @property
     def done(self) -> bool:

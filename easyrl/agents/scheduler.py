@@ -6,8 +6,7 @@ are submitted to the process pool as futures (``ToolExecutor.submit``) and the d
 that is cheap: the next round starts as soon as every call is answered, or once at least one trajectory is ready
 (its tools answered, or it had none) and the wait has lasted ``patience`` (``worker.rollout.multi_turn.patience``,
 0.25) times the last round's generation time (``MIN_WAIT_S`` at least). A trajectory whose tool is still running
-skips that round and joins a later one (verl's agent loop gets the same effect with one asyncio task per sample on
-vLLM's async server; easyrl's colocated engines take batches, so the scheduling is done here, between batches).
+skips that round and joins a later one (the colocated engines take batches, so the scheduling is done here).
 ``patience=inf`` is the round barrier: every round waits for the slowest tool (bounded by ``tool_timeout_s``).
 
 Determinism: a round's batch lists its trajectories in the prompt order, and the sampling seed of a turn depends on

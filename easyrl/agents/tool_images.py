@@ -1,11 +1,11 @@
 """Images returned by tools, for Qwen-VL models (docs/agents.md, "Tool images").
 
-A tool returns images the way verl's ``ToolResponse`` carries them: a ``{"text": str, "image": [images]}`` dict
+A tool returns images as a ``{"text": str, "image": [images]}`` dict
 (``image`` may also be a single image; ``text`` may be left out), or a bare image. An image is a ``PIL.Image``
 (open a file or bytes with ``PIL.Image.open``); its pixels are loaded in the tool's process and cross the process-pool
 boundary pickled. Anything else in ``image`` is the tool's error (returned to the model, counted).
 
-The tool message then holds Qwen-VL content items, images first (as verl's tool agent loop builds it)::
+The tool message then holds Qwen-VL content items, images first::
 
     {"role": "tool", "content": [{"type": "image"}, ..., {"type": "text", "text": "..."}]}
 
@@ -75,12 +75,7 @@ def tool_message(text: str, n_images: int) -> dict[str, Any]:
 def collapse_pads(ids: list[int], pad_id: int) -> list[int]:
     """``ids`` with every run of ``pad_id`` replaced by one pad (vLLM's prompt form: it expands each pad again
     from its image)."""
-    out: list[int] = []
-    for token in ids:
-        if token == pad_id and out and out[-1] == pad_id:
-            continue
-        out.append(token)
-    return out
+    return [token for i, token in enumerate(ids) if not (token == pad_id and i and ids[i - 1] == pad_id)]
 
 
 def expand_pads(ids: list[int], pad_id: int, counts: list[int]) -> list[int]:

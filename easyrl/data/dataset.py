@@ -12,10 +12,7 @@ import datasets
 import torch
 from PIL import Image
 
-from easyrl.data.checks import (
-    check_image_column,
-    is_missing_answer,
-)
+from easyrl.data.checks import check_image_column, is_missing_answer
 from easyrl.data.images import DEFAULT_FACTOR, load_image, process_image, target_size
 from easyrl.data.intergps import IMAGE_PLACEHOLDER
 from easyrl.data.prompts import load_format_prompt, user_content
@@ -167,7 +164,7 @@ class RLDataset(torch.utils.data.Dataset):
         return images
 
     def _row_videos(self, row: dict) -> list:
-        """The row's raw videos (paths or frame lists), relative paths resolved against ``image_dir`` (EasyR1's)."""
+        """The row's raw videos (paths or frame lists), relative paths resolved against ``image_dir``."""
         if not self.has_videos or self.processor is None or not row[self.video_key]:
             return []
         value = row[self.video_key]
@@ -299,9 +296,7 @@ class RLDataset(torch.utils.data.Dataset):
             raise DataError(f"row {self.row_ids[index]} of {self.data_path!r}: {err}") from err
 
     def _build(self, row: dict) -> dict[str, Any]:
-        images = [
-            process_image(image, self.min_pixels, self.max_pixels, self.factor) for image in self._row_images(row)
-        ]
+        images = [process_image(img, self.min_pixels, self.max_pixels, self.factor) for img in self._row_images(row)]
         videos = [process_video(video, self.video_limits, self.min_pixels, self.max_pixels, self.factor,
                                 self.processor) for video in self._row_videos(row)]
         text = self._prompt_text(row, len(images), len(videos))

@@ -1,10 +1,9 @@
-"""Video loading and frame sampling for Qwen-VL prompts (EasyR1's ``data.video_key`` / ``data.video_fps``).
+"""Video loading and frame sampling for Qwen-VL prompts (``data.video_key`` / ``data.video_fps``).
 
-A video in the data is a file path (mp4, avi, webm, ... anything OpenCV's FFmpeg backend decodes; ``cv2`` comes with
-vLLM, which decodes videos with it too) or a list of frame images (paths, ``{"bytes", "path"}`` dicts, PIL images),
-as EasyR1 and qwen-vl-utils' ``fetch_video`` accept them.
+A video in the data is a file path (anything OpenCV's FFmpeg backend decodes; ``cv2`` comes with vLLM) or a list of
+frame images (paths, ``{"bytes", "path"}`` dicts, PIL images).
 
-Sampling follows qwen-vl-utils' ``smart_nframes`` (the reference EasyR1 and verl call): a file of ``total`` frames at
+Sampling follows qwen-vl-utils' ``smart_nframes``: a file of ``total`` frames at
 ``source_fps`` gives ``total / source_fps * fps`` frames, clipped to ``[min_frames, max_frames]`` and to ``total``, then
 floored to an even count (Qwen-VL merges frames in pairs, ``temporal_patch_size = 2``), at the indices
 ``linspace(0, total - 1, n).round()``. A list of frames is a video already sampled at ``fps``: all its frames are kept
@@ -275,11 +274,9 @@ def video_tokens(n_frames: int, width: int, height: int, factor: int = DEFAULT_F
 def video_pixel_bounds(processor: Any, min_pixels: int, max_pixels: int, n_frames: int) -> tuple[int, int]:
     """Per-frame ``(min_pixels, max_pixels)`` of a video of ``n_frames``: the data bounds, with ``max_pixels`` at most
     an even share of ``0.9 * max_video_tokens`` tokens' pixels over the video's frame pairs (as qwen-vl-utils and the
-    video processor's ``cap_pixels_per_frame`` bound a whole video), not below ``min_pixels``.
-
-    The data bounds, not the video processor's own ``size``, bound the frames (as in EasyR1, whose qwen-vl-utils
-    call gets ``data.min_pixels`` / ``max_pixels``): vLLM passes them to the processor (``mm_processor_kwargs``) and the
-    dataset passes them too (``videos_kwargs.size``), so both keep frames of this size as they are.
+    video processor's ``cap_pixels_per_frame`` bound a whole video), not below ``min_pixels``. vLLM
+    (``mm_processor_kwargs``) and the dataset (``videos_kwargs.size``) pass the data bounds to the processor, so both
+    keep frames of this size as they are.
     """
     video_processor = getattr(processor, "video_processor", None)
     if video_processor is None:

@@ -1,13 +1,11 @@
 """Model folder or hub id: where a worker reads the model from, downloaded before any collective waits on it.
 
-A hub id (``Qwen/Qwen2.5-VL-7B-Instruct``) used to be read by rank 0 inside ``load_sharded_model`` (its
-``from_pretrained`` downloads the checkpoint) while every other rank waited in the weight broadcast under the process
-group's timeout (``worker.nccl_timeout``): a 60 GB download on a slow link ended the run with a collective timeout
-(#20). Instead every worker resolves the id to this node's snapshot folder (:func:`local_model_path` with
-``huggingface_hub.snapshot_download``) BEFORE the process group exists (``FSDPWorker.fetch_model_files``, called by
-``WorkerGroup`` ahead of ``init_process_group``), and builds everything from that folder. On one node the workers
-share the hub cache and huggingface_hub's per-file locks: one downloads each file while the others wait, with no
-timeout; on several nodes each node downloads its own copy (no shared file system needed).
+Every worker resolves a hub id (``Qwen/Qwen2.5-VL-7B-Instruct``) to this node's snapshot folder
+(:func:`local_model_path` with ``huggingface_hub.snapshot_download``) BEFORE the process group exists
+(``FSDPWorker.fetch_model_files``, called by ``WorkerGroup`` ahead of ``init_process_group``), and builds everything
+from that folder, so a long download never runs into the process group's timeout (``worker.nccl_timeout``). On one
+node the workers share the hub cache and huggingface_hub's per-file locks (one downloads each file, the others wait);
+on several nodes each node downloads its own copy (no shared file system needed).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""LoRA on the actor with peft (``worker.actor.model.lora``; the keys and their meaning are EasyR1's).
+"""LoRA on the actor with peft (``worker.actor.model.lora``).
 
 * ``apply_lora`` wraps the Hugging Face model in place with peft's ``get_peft_model`` before it is sharded: peft swaps
   each targeted ``nn.Linear`` for a LoRA layer holding the frozen original (``<module>.base_layer``) and two trainable
@@ -7,12 +7,7 @@
   gradients and enter the optimizer; FSDP2 then shards the adapter like any parameter of its block.
 * The reference policy is the same model with the adapter switched off (``disable_adapter``): no second model.
 * ``merge_lora_stream`` turns the actor's names and tensors into the plain model's (``W + scale * B @ A``), for vLLM
-  and for the exported merged model. Merged rather than an in-memory vLLM LoRA adapter, because: the engine then runs
-  the base model's kernels at full speed (no LoRA kernels per token), the same ``reload_weights`` path and its check
-  that every vLLM parameter was written serve LoRA and full fine-tuning alike, vLLM's LoRA does not cover every module
-  peft can target (vision towers, fused MoE experts) and its in-memory adapters are loaded through internal classes,
-  and vLLM's CPU backend is then exercised exactly as on GPUs. The cost: each sync gathers the full model, not only
-  the adapter (for a colocated engine that is a device-local all-gather, as for full fine-tuning).
+  and for the exported merged model (why merged rather than a vLLM LoRA adapter: docs/lora.md).
 """
 
 from __future__ import annotations

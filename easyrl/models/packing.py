@@ -4,7 +4,7 @@ The trainer keeps padded batches: ``input_ids`` / ``attention_mask`` ``(bsz, P +
 width ``P`` and right-padded responses of width ``R``. A padded forward spends compute on every padding token, and
 the padding mask keeps flash kernels off. Packing removes the padding: the valid tokens of all rows are laid end to
 end in one row ``(1, total)``, and each sequence gets its own position ids restarting at 0. From such position ids
-transformers (>= 4.5x, checked with 5.19) infers the sequence boundaries itself when ``attention_mask`` is ``None``:
+transformers infers the sequence boundaries itself when ``attention_mask`` is ``None``:
 
 * SDPA / eager: ``masking_utils.find_packed_sequence_indices`` turns every position that does not continue the
   previous one (+1) into a sequence start and builds a block-diagonal causal mask;

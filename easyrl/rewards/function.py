@@ -1,8 +1,8 @@
 """User reward functions loaded from a Python file, and their scores laid onto response tokens.
 
-Config: ``worker.reward.reward_function: path/to/file.py:fn_name`` (``path/to/file.py`` alone: ``:main``, as in
-EasyR1), ``worker.reward.reward_function_kwargs: {...}``, ``worker.reward.reward_type: auto | batch | sequential``
-(auto: the file's ``REWARD_TYPE``, as EasyR1 reads it, else batch).
+Config: ``worker.reward.reward_function: path/to/file.py:fn_name`` (``path/to/file.py`` alone: ``:main``),
+``worker.reward.reward_function_kwargs: {...}``, ``worker.reward.reward_type: auto | batch | sequential`` (auto: the
+file's ``REWARD_TYPE``, else batch).
 
 Each reward input is ``{"response": str, "response_length": int, "ground_truth": str}``. A ``batch`` function gets the
 list of all inputs and returns a list of score dicts (one per input); a ``sequential`` function gets one input and
@@ -27,14 +27,12 @@ import torch
 from easyrl.rewards.styles import call_trl, call_verl, detect_style
 
 REWARD_TYPES = ("batch", "sequential")
-DEFAULT_FUNCTION = "main"  # EasyR1's default when the spec names no function
+DEFAULT_FUNCTION = "main"  # when the spec names no function
 
 
 def split_spec(spec: str) -> tuple[str, str]:
-    """``(path, fn_name)`` of ``path/to/file.py:fn_name``; a spec without ``:`` names ``main`` (EasyR1's default)."""
-    if ":" not in spec:
-        return spec, DEFAULT_FUNCTION
-    path, name = spec.rsplit(":", 1)
+    """``(path, fn_name)`` of ``path/to/file.py:fn_name``; a spec without ``:`` names ``main``."""
+    path, _, name = spec.rpartition(":") if ":" in spec else (spec, "", DEFAULT_FUNCTION)
     return path, name
 
 

@@ -2,7 +2,8 @@
 
 The trainer decodes the responses, sends the reward inputs here and goes on with the old/reference log-prob passes
 while the actor scores; it collects the scores before computing advantages (``timing_s/reward`` is then only the
-time it still had to wait). Functions are loaded once per (spec, kwargs, reward_type) and kept.
+time it still had to wait). Functions are loaded once per (spec, kwargs, reward_type, on_error, timeout_s) and
+kept.
 """
 
 from __future__ import annotations
@@ -16,28 +17,16 @@ __all__ = ["RewardScorer"]
 
 
 class RewardScorer:
-    """Scores reward inputs with a :class:`RewardFunction` (run it as ``ray.remote(RewardScorer)``)."""
+    """Scores reward inputs with a guarded :class:`RewardFunction` (run it as ``ray.remote(RewardScorer)``)."""
 
     def __init__(self) -> None:
-        self._functions: dict[tuple, RewardFunction] = {}
         self._guards: dict[tuple, GuardedReward] = {}
-
-    def score(self, spec: str, kwargs: dict, reward_type: str, inputs: list[dict[str, Any]]) -> dict[str, list[float]]:
-        """``RewardFunction(spec, kwargs, reward_type)(inputs)``: score name -> one float per input.
-
-        Raises:
-            whatever the reward function raises (see ``RewardFunction.__call__``); Ray wraps it, and the trainer
-            re-raises the original exception.
-        """
-        key = (spec, repr(sorted(kwargs.items())), reward_type)
-        if key not in self._functions:
-            self._functions[key] = RewardFunction(spec, kwargs, reward_type)
-        return self._functions[key](inputs)
 
     def score_guarded(self, spec: str, kwargs: dict, reward_type: str, inputs: list[dict[str, Any]], on_error: str,
                       timeout_s: Optional[float], step: int) -> tuple[dict[str, list[float]], list[RewardFailure]]:
-        """:meth:`score` through a :class:`GuardedReward` (``worker.reward.on_error``, ``timeout_s``): returns the
-        scores and the samples that failed (scored 0 with ``on_error: zero``).
+        """``RewardFunction(spec, kwargs, reward_type)`` through a :class:`GuardedReward` (``worker.reward.on_error``,
+        ``timeout_s``): returns the scores (name -> one float per input) and the samples that failed (scored 0 with
+        ``on_error: zero``).
 
         Raises:
             RewardSampleError: a sample failed and ``on_error`` is ``raise`` (names ``step``, the sample, its

@@ -30,7 +30,7 @@ from typing import Any, Callable
 STYLES = ("easyrl", "verl", "trl")
 VERL_ARGS = ("data_source", "solution_str", "ground_truth", "extra_info")
 
-__all__ = ["STYLES", "call_trl", "call_verl", "detect_style", "style_arguments"]
+__all__ = ["STYLES", "call_trl", "call_verl", "detect_style"]
 
 
 def detect_style(fn: Callable, declared: Any = None) -> str:
@@ -49,13 +49,6 @@ def detect_style(fn: Callable, declared: Any = None) -> str:
     if names[:1] == ["completions"] or "prompts" in names:
         return "trl"
     return "easyrl"
-
-
-def style_arguments(style: str, reward_inputs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The keyword arguments of one call in ``style`` (verl: of the first input) besides the user's kwargs."""
-    if style == "verl":
-        return _verl_arguments(reward_inputs[0])
-    return _trl_arguments(reward_inputs)
 
 
 def _accepted(fn: Callable, arguments: dict[str, Any]) -> dict[str, Any]:

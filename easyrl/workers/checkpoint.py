@@ -93,7 +93,7 @@ def save_actor(policy, path: str, rank: int, model_only: bool = False) -> None:
             ``consecutive_skips``).
         path: the (temporary) checkpoint folder, on a file system every rank sees.
         rank: this worker's rank.
-        model_only: ``trainer.save_model_only`` (EasyR1's key): no optimizer states (a resume starts a fresh AdamW;
+        model_only: ``trainer.save_model_only``: no optimizer states (a resume starts a fresh AdamW;
             the LR schedule, counters and RNG states are still saved).
     """
     _save_shards(policy, os.path.join(path, ACTOR_DIR), model_only)

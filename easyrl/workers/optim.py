@@ -1,7 +1,7 @@
-"""A trained role's optimizer and learning-rate schedule (``worker.actor.optim``, ``worker.critic.optim``; EasyR1's
-keys): AdamW with float32 or bfloat16 moments (``strategy``), a constant or cosine schedule after a linear warm-up
-counted in steps or as a fraction (``lr_scheduler_type``, ``lr_warmup_steps``, ``lr_warmup_ratio``,
-``min_lr_ratio``), and optimizer-state offload apart from parameter offload (``offload.offload_optimizer``).
+"""A trained role's optimizer and learning-rate schedule (``worker.actor.optim``, ``worker.critic.optim``): AdamW
+with float32 or bfloat16 moments (``strategy``), a constant or cosine schedule after a linear warm-up counted in steps
+or as a fraction (``lr_scheduler_type``, ``lr_warmup_steps``, ``lr_warmup_ratio``, ``min_lr_ratio``), and
+optimizer-state offload apart from parameter offload (``offload.offload_optimizer``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ OPTIMIZERS = ("adamw", "adamw_bf16")
 
 
 def warmup_steps(optim: Any) -> int:
-    """Optimizer steps of linear warm-up: ``optim.lr_warmup_steps`` when set (EasyR1's precedence), else
+    """Optimizer steps of linear warm-up: ``optim.lr_warmup_steps`` when set, else
     ``int(lr_warmup_ratio * training_steps)``."""
     if getattr(optim, "lr_warmup_steps", None) is not None:
         return int(optim.lr_warmup_steps)
@@ -31,7 +31,7 @@ def lr_factor(step: int, warmup: int, training_steps: int, kind: str = "constant
     """The factor on ``optim.lr`` for the update at ``step`` (0-based: the scheduler's count of ``step()`` calls).
 
     Warm-up (``step < warmup``): ``(step + 1) / warmup``, so the first update already moves (full LR reached at step
-    ``warmup - 1``). After it, ``constant``: 1; ``cosine`` (EasyR1's and transformers' half cosine):
+    ``warmup - 1``). After it, ``constant``: 1; ``cosine`` (a half cosine):
     ``max(m, m + (1 - m) * (1 + cos(pi * p)) / 2)`` with ``p = (step - warmup) / max(1, training_steps - warmup)``
     and ``m = min_lr_ratio`` (None: 0), so it falls from 1 to ``m`` over the remaining steps.
 
@@ -60,7 +60,7 @@ def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim: Any) -> torch.op
 
 class BF16AdamW(torch.optim.Optimizer):
     """AdamW (Loshchilov & Hutter 2019, arXiv:1711.05101, Algorithm 2) whose two moments are stored in bfloat16
-    (EasyR1's ``optim.strategy: adamw_bf16``): 4 bytes per parameter instead of 8. Each step computes in float32:
+    (``optim.strategy: adamw_bf16``): 4 bytes per parameter instead of 8. Each step computes in float32:
     ``p <- p (1 - lr wd)``; ``m <- b1 m + (1 - b1) g``; ``v <- b2 v + (1 - b2) g^2``;
     ``p <- p - lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)``; then stores ``m`` and ``v`` back in bfloat16.
     Works on plain tensors and FSDP2's DTensor shards (element-wise only)."""
@@ -113,7 +113,7 @@ def build_optimizer(params: list[torch.nn.Parameter], optim: Any) -> torch.optim
 
 
 def offloads_optimizer(device: str, offload_params: bool, offload_optimizer: bool) -> bool:
-    """Whether the optimizer states are moved to the host between updates (EasyR1's ``offload.offload_optimizer``
+    """Whether the optimizer states are moved to the host between updates (``offload.offload_optimizer``
     apart from ``offload_params``): only on an accelerator, and only when the parameters stay on the device (with
     ``offload_params`` FSDP2's ``CPUOffloadPolicy`` keeps the states on the host already)."""
     return offload_optimizer and not offload_params and device != "cpu"

@@ -13,8 +13,7 @@ requests with the same seed and gets the same tokens). The groups are the rollou
 Consecutive groups are what vLLM builds itself from the torch.distributed world under ``external_launcher`` (its
 ranks laid out as ``(external DP, DP, PP, PCP, TP)``, TP fastest; ``vllm.distributed.parallel_state.
 initialize_model_parallel``), and with node-contiguous ranks (``easyrl.workers.group``) a group stays within a node
-when ``tp`` divides ``trainer.n_gpus_per_node``, so its all-reduces use NVLink/HCCS rather than the network. The same
-layout as verl's rollout mesh ``(dp, infer_tp)``.
+when ``tp`` divides ``trainer.n_gpus_per_node``, so its all-reduces use NVLink/HCCS rather than the network.
 
 ``tp = 1`` is the plain layout: every rank its own engine and its own share.
 """

@@ -12,8 +12,7 @@ Two decisions, both pure functions of the samples' token counts (``attention_mas
   micro-batches (the maximum of what each needs) so that their collectives stay in step.
 
 Both use the largest differencing method of Karmarkar and Karp ("The differencing method of set partitioning",
-1982), generalised to k parts (Michiels, Korst, Aarts, "Multi-way number partitioning", 2003). EasyR1 and verl
-balance the same way.
+1982), generalised to k parts (Michiels, Korst, Aarts, "Multi-way number partitioning", 2003).
 """
 
 from __future__ import annotations

@@ -78,8 +78,7 @@ class VisionHooks:
         blocks ran in the forward (it also prefetches by that order), so every rank must run the vision tower at the
         same point of every micro-batch if any rank does: a micro-batch without images on one rank while another
         rank's has some would otherwise hang. The model embeds tokens right before it encodes images, so running the
-        tower here, inside the root's forward, reproduces the order of an image batch (verl handles mixed text/image
-        data with a blank image too).
+        tower here, inside the root's forward, reproduces the order of an image batch.
         """
         if not self.add_blank_image:
             return embeds
@@ -94,8 +93,8 @@ class VisionHooks:
     def placeholder_mask(self, input_ids: torch.Tensor, inputs_embeds: torch.Tensor, **features):
         """Qwen-VL's ``get_placeholder_mask`` (which marks every image/video pad id as a slot for the vision
         features and checks the counts), blind to pad ids sampled in a response: those stay the text tokens they are,
-        as in vLLM, and the count check passes (R1-V #91, verl #3469: "Image features and image tokens do not
-        match"). Works on the padded ``(bsz, P + R)`` and the packed ``(1, tokens)`` layout."""
+        as in vLLM, and the count check passes (``easyrl.workers.vl_tokens``). Works on the padded ``(bsz, P + R)``
+        and the packed ``(1, tokens)`` layout."""
         if self.stray_pads is not None:
             stray, valid = self.stray_pads
             if stray.shape != input_ids.shape:  # packed: the valid positions, row-major (easyrl.models.packing)

@@ -25,12 +25,8 @@ def visual_pad_ids(hf_config) -> dict[int, int]:
     """``{token id: mm type}`` of the model's image (type 1) and video (type 2) pad tokens; ``{}`` for text models."""
     if getattr(hf_config, "vision_config", None) is None:
         return {}
-    found = {}
-    for key, kind in PAD_TOKEN_KEYS.items():
-        token_id = getattr(hf_config, key, None)
-        if token_id is not None:
-            found[int(token_id)] = kind
-    return found
+    return {int(getattr(hf_config, key)): kind for key, kind in PAD_TOKEN_KEYS.items()
+            if getattr(hf_config, key, None) is not None}
 
 
 def forbidden_words(hf_config, tokenizer) -> list[str]:

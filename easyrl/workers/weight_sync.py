@@ -3,9 +3,7 @@
 Every rank gathers the full tensors and hands them to its own engine, with or without rollout tensor parallelism:
 under ``worker.rollout.tensor_parallel_size`` > 1 each rank runs its part of an engine split over its TP group
 (``easyrl.workers.rollout_layout``), and vLLM's weight loaders keep the slice of each full tensor that this TP rank
-holds (column/row splits, vocabulary rows, KV heads), so no TP-specific resharding is needed here. (Gathering only
-the slice a rank needs would save transient memory, but needs vLLM's per-parameter split rules; the bucket limit
-below bounds the full tensors alive at once instead.)
+holds (column/row splits, vocabulary rows, KV heads), so no TP-specific resharding is needed here.
 
 Sequence (``sync_weights``)::
 
@@ -15,10 +13,8 @@ Sequence (``sync_weights``)::
 
 * Cast before gather: the shards go over the wire (and into memory) in the rollout dtype (bf16), not float32.
 * Buckets of ``worker.rollout.update_weights_bucket_megabytes`` (full-tensor bytes in the rollout dtype): one
-  flat all-gather (``flat_all_gather``: ``all_gather_single``, or ``all_gather_into_tensor`` on torch 2.10/2.11, the
-  vLLM 0.23 line) per bucket instead of one per tensor, and at most one bucket of full tensors
-  alive.
-  Host-offloaded shards are moved to the device first (NCCL/HCCL take device tensors only).
+  flat all-gather (``flat_all_gather``) per bucket instead of one per tensor, and at most one bucket of full tensors
+  alive. Host-offloaded shards are moved to the device first (NCCL/HCCL take device tensors only).
 * One ``reload_weights`` call consumes a lazy iterator over all buckets: vLLM's layer-wise reload must see each layer
   whole in one call (a layer left out of a call is restored from its old weights with a warning, one loaded in part
   is processed with the part missing), so buckets are not separate calls.
@@ -26,16 +22,7 @@ Sequence (``sync_weights``)::
   level-2 sleep, garbage). ``sync_weights`` records the names vLLM's ``load_weights`` reports and raises naming every
   vLLM parameter that was not written, so a renamed key stops the run instead of training on stale rollouts.
 
-What of vLLM 0.32's own RL weight-transfer machinery fits here, and what does not:
-
-* ``vllm.distributed.weight_transfer`` (``ipc``: CUDA IPC handles to an engine in another process on the same GPU;
-  ``nccl``: a trainer on other GPUs) moves tensors between *processes*. easyrl's engine runs in the worker's own
-  process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so tensors are handed over by reference through
-  ``collective_rpc`` with no transfer at all; on the CPU backend neither engine exists (``ipc`` is CUDA-only). A
-  future non-colocated engine would plug in here with the ``nccl`` engine.
-* ``compute_weight_checksums`` hashes vLLM's parameters in vLLM's layout (fused qkv/gate-up, repacked CPU weights),
-  which cannot be compared with the actor's Hugging Face tensors without re-implementing vLLM's name and layout
-  mapping; the name check above is what guarantees every parameter was written.
+Why vLLM's own weight-transfer engines and checksums are not used: docs/vllm-versions.md.
 """
 
 from __future__ import annotations
@@ -53,9 +40,8 @@ from easyrl.workers import vllm_compat
 from easyrl.workers.fsdp_model import gather_full
 from easyrl.workers.vllm_cpu_fixes import repack_cpu_embedding_heads, repack_cpu_moe_experts
 
-# The flat all-gather of one tensor per rank into ``(world * n,)``: ``all_gather_single`` where torch has it (2.12 on,
-# which deprecates ``all_gather_into_tensor`` with a warning at every call), else ``all_gather_into_tensor`` (torch 2.10
-# and 2.11, the vLLM 0.23 line). The same collective either way.
+# The flat all-gather of one tensor per rank into ``(world * n,)``: ``all_gather_single`` where torch has it (it
+# deprecates ``all_gather_into_tensor``, which older torch lines have only: docs/vllm-versions.md).
 flat_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
@@ -239,8 +225,7 @@ def sync_weights(state: dict[str, torch.Tensor], rollout: Any, device: str, torc
         dtype: the rollout dtype (``worker.rollout.dtype``).
         bucket_bytes: full-tensor bytes per gather bucket.
         lora_scale: with a LoRA actor, ``alpha / rank``: each bucket's adapted weights reach vLLM merged,
-            ``W + scale * B @ A`` under the plain model's names (``easyrl.models.lora.merge_lora_stream``; the module
-            docstring there says why merged rather than a vLLM LoRA adapter).
+            ``W + scale * B @ A`` under the plain model's names (``easyrl.models.lora.merge_lora_stream``).
 
     Raises:
         RuntimeError: vLLM holds parameters that the actor's weights did not overwrite (``check_all_loaded``).
