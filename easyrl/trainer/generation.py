@@ -117,7 +117,7 @@ class Generator:
                     for name, values in self.scorer.score(batch, step).items():
                         generated[name].extend(values)
                 metrics.update({f"reward/{name}": float(np.mean(values)) for name, values in generated.items()})
-            if algo.adv_estimator == "remax":
+            if algo.estimator("needs_reward_baselines"):  # ReMax: the greedy response's reward
                 with timer("gen_baseline", timing):
                     batch["reward_baselines"] = self.greedy_baselines(prompts, step)
             if one_round:

@@ -342,8 +342,7 @@ class RayPPOTrainer:
         run of such steps), unless the advantage does not use the reward (pure distillation)."""
         scores = batch["token_level_scores"].sum(-1).tolist()
         frac = frac_reward_zero_std(scores, batch["uid"])
-        uses_reward = self.config.algorithm.adv_estimator != "on_policy_distill"
-        if uses_reward and constant_rewards_began(frac, self._last_frac_zero_std):
+        if self.config.algorithm.estimator("uses_reward") and constant_rewards_began(frac, self._last_frac_zero_std):
             logger.warning(constant_reward_warning(self.global_step, len(set(batch["uid"])), scores))
         self._last_frac_zero_std = frac
         return frac

@@ -7,7 +7,6 @@ workers must run the same number of forwards).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 from collections import defaultdict
@@ -258,7 +257,7 @@ class FSDPPolicy:
         # on-policy (no old-log-prob pass): the weights have not moved yet, so old = current, detached
         old_log_probs = micro["old_log_probs"].to(dev) if "old_log_probs" in micro else log_probs.detach()
         tis_weights, loss_mask = None, mask
-        if cfg.loss_type == "bypass_mode":  # the engine's log-probs are the old policy; the loss corrects itself
+        if POLICY_LOSSES.trait(cfg.loss_type, "uses_engine_log_probs"):  # bypass mode: the loss corrects itself
             old_log_probs = micro["rollout_log_probs"].to(dev)
         elif cfg.tis_cap is not None or cfg.rollout_is is not None or cfg.rollout_rs is not None:
             tis_weights, loss_mask, corr_metrics = correct_rollout(
@@ -268,10 +267,9 @@ class FSDPPolicy:
                 rollout_rs_threshold=cfg.rollout_rs_threshold)
             for key, value in corr_metrics.items():  # token means: weight by token share
                 step_metrics[key] += value * _share(mask, agg_kwargs)
-        settings = PolicyLossSettings(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(PolicyLossSettings)})
         pg_loss, pg_metrics = policy_loss_fn(
             PolicyLossInputs(old_log_probs, log_probs, advantages, loss_mask, rollout_is_weights=tis_weights,
-                             agg_kwargs=agg_kwargs), settings)
+                             agg_kwargs=agg_kwargs), PolicyLossSettings.of(cfg))
         entropy_loss = agg_loss(entropy, mask, cfg.loss_agg_mode, **agg_kwargs)
         loss = pg_loss - cfg.entropy_coeff * entropy_loss
         if cfg.use_kl_loss and not cfg.disable_kl:
