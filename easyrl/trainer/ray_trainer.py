@@ -48,6 +48,7 @@ from easyrl.trainer.metrics import (
     constant_rewards_began,
     frac_reward_zero_std,
     reduce_metrics,
+    reward_metrics,
     rollout_mismatch_metrics,
     timer,
 )
@@ -231,9 +232,9 @@ class RayPPOTrainer:
         cfg = self.config
         timing: dict[str, float] = {}
         metrics: dict[str, float] = {}
-        self.scorer.errors = 0
         with timer("step", timing):
-            batch, pending = self.generator.make_batch(prompt_stream, self.global_step, timing, metrics)  # gen, reward
+            generated = self.generator.make_batch(prompt_stream, self.global_step, timing, metrics)  # gen, reward
+            batch, failures = generated.batch, generated.failures
             order = self._balance(batch, metrics)
             batch = batch.select(order)  # rank r gets the r-th equal share: about as many tokens as the others
             staged = self._stage_multi_modal(batch)  # each share's images reach its worker once, not once per pass
@@ -252,13 +253,11 @@ class RayPPOTrainer:
                 with timer("teacher", timing):
                     teacher = self.workers.run_split(FSDPWorker.compute_teacher_log_probs, for_workers(batch, staged))
                     batch["teacher_log_probs"] = torch.cat(teacher, dim=0)
-            if pending is not None:  # scored in the reward actor while the log-prob passes ran
+            if generated.pending is not None:  # scored in the reward actor while the log-prob passes ran
                 with timer("reward", timing):
-                    self.scorer.wait(batch, pending, order)
+                    failures += self.scorer.wait(batch, generated.pending, order)
             self.model_rewards.run(batch, timing, metrics)  # the judge's and reward model's scores, into overall
-            for key in [key for key in batch.extras if key.startswith("score/")]:  # unless set over all generated
-                metrics.setdefault(key.replace("score/", "reward/", 1), float(np.mean(batch[key])))
-            metrics["reward/errors"] = float(self.scorer.errors)
+            metrics.update(reward_metrics(batch, generated.scores, failures))
             metrics["reward/frac_reward_zero_std"] = self._check_reward_variance(batch)
             if cfg.algorithm.needs_critic:
                 with timer("values", timing):
