@@ -41,14 +41,13 @@ def test_cosine_schedule_by_hand():
 
 def test_warmup_steps_win_over_ratio_and_drive_the_scheduler():
     optim = OptimConfig(lr=0.1, lr_warmup_ratio=0.5, lr_warmup_steps=4, lr_scheduler_type="cosine", min_lr_ratio=0.0)
-    optim.training_steps = 8
-    assert warmup_steps(optim) == 4
+    assert warmup_steps(optim, training_steps=8) == 4
     optim.lr_warmup_steps = None
-    assert warmup_steps(optim) == 4  # int(0.5 * 8)
+    assert warmup_steps(optim, training_steps=8) == 4  # int(0.5 * 8)
     optim.lr_warmup_steps, optim.lr_warmup_ratio = 2, 0.0
     param = torch.nn.Parameter(torch.zeros(2))
     optimizer = torch.optim.SGD([param], lr=optim.lr)
-    scheduler = build_lr_scheduler(optimizer, optim)
+    scheduler = build_lr_scheduler(optimizer, optim, training_steps=8)
     seen = []
     for _ in range(9):
         seen.append(scheduler.get_last_lr()[0])

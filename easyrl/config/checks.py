@@ -241,7 +241,8 @@ def check_rollout_correction(config: "PPOConfig") -> None:
     actor, rollout = config.worker.actor, config.worker.rollout
     loss, engine_old = actor.loss_type, POLICY_LOSSES.trait(actor.loss_type, "uses_engine_log_probs")
     uses_engine = {"worker.actor.rollout_is": actor.rollout_is is not None,
-                   "worker.actor.rollout_rs": actor.rollout_rs is not None, f"worker.actor.loss_type={loss}": engine_old}
+                   "worker.actor.rollout_rs": actor.rollout_rs is not None,
+                   f"worker.actor.loss_type={loss}": engine_old}
     for key, used in uses_engine.items():
         if used and rollout.calculate_log_probs is False:
             raise ConfigError(f"{key} needs worker.rollout.calculate_log_probs=true (vLLM's sampled-token log-probs).")
@@ -270,8 +271,8 @@ def check_rollout_correction(config: "PPOConfig") -> None:
     if engine_old:
         check_choice("worker.actor.bypass_loss_type", actor.bypass_loss_type, ("ppo_clip", "reinforce"))
     if POLICY_LOSSES.trait(loss, "needs_dro_beta") and actor.dro_beta is None:
-        raise ConfigError(f"worker.actor.loss_type={loss} needs worker.actor.dro_beta (> 0, the weight of the quadratic "
-                          "log-ratio penalty).")
+        raise ConfigError(f"worker.actor.loss_type={loss} needs worker.actor.dro_beta (> 0, the weight of the "
+                          "quadratic log-ratio penalty).")
     if config.algorithm.estimator("needs_sum_pi_squared"):
         raise ConfigError(f"algorithm.adv_estimator={config.algorithm.adv_estimator} needs sum_v pi(v)^2 at every "
                           "response token, which easyrl's actor does not compute yet; choose another estimator (grpo, "

@@ -89,7 +89,8 @@ def check_reward_model(config: Any) -> None:
                           "reward model tokenizer's own.")
     if config.algorithm.estimator("needs_reward_baselines"):
         raise ConfigError(f"{key}.model_path is set with algorithm.adv_estimator={config.algorithm.adv_estimator}: "
-                          "its greedy baseline is scored by the rule reward only; use grpo (or another estimator) with a reward model.")
+                          "its greedy baseline is scored by the rule reward only; use grpo (or another estimator) "
+                          "with a reward model.")
 
 
 def read_chat_template(value: Optional[str]) -> Optional[str]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from easyrl.config.fields import auto
 
 
 @dataclass
@@ -50,8 +49,7 @@ class OptimConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     weight_decay: float = 1e-2
     lr_warmup_ratio: float = 0.0
-    """Fraction of ``training_steps`` with a linear warm-up; constant afterwards."""
-    training_steps: int = auto("trainer", -1)
+    """Fraction of the run's steps (``PPOConfig.training_steps``) with a linear warm-up; constant afterwards."""
     strategy: str = "adamw"
     """adamw (float32 moments) or adamw_bf16 (bfloat16 moments: 4 bytes per parameter instead of 8; EasyR1's key;
     ``easyrl.workers.optim``)."""
@@ -59,7 +57,7 @@ class OptimConfig:
     """Warm-up length in optimizer steps; when set it wins over ``lr_warmup_ratio`` (EasyR1's precedence)."""
     lr_scheduler_type: str = "constant"
     """After the warm-up: constant, or cosine (a half cosine from ``lr`` down to ``min_lr_ratio * lr`` at
-    ``training_steps``); ``easyrl.workers.optim.lr_factor``."""
+    the run's last step); ``easyrl.workers.optim.lr_factor``."""
     min_lr_ratio: Optional[float] = None
     """Cosine schedule only: the final LR as a fraction of ``lr`` (None: 0)."""
 

@@ -86,9 +86,7 @@ class RayPPOTrainer:
         self.train_dataset = train_dataset  # its processor and pixel bounds serve tool images (multi_turn_images)
         self.train_dataloader = PromptStream(train_dataset, config.data.generation_batch_size, config.data.shuffle,
                                              config.data.seed, collate_fn)
-        self.training_steps = config.training_steps(len(train_dataset))
-        config.worker.actor.optim.training_steps = self.training_steps
-        config.worker.critic.optim.training_steps = self.training_steps
+        self.training_steps = config.training_steps(len(train_dataset))  # the workers' LR schedules get it too
         algo = config.algorithm
         self.kl_ctrl = make_kl_controller(algo.kl_type, algo.kl_coef, algo.kl_target, algo.kl_horizon)
         # the parts that need the workers are made with them (init_workers)
@@ -108,7 +106,7 @@ class RayPPOTrainer:
         """Start the Ray workers (process group, FSDP2 actor/ref, vLLM engines; ``worker_cls`` is ``FSDPWorker`` or
         a subclass of it, e.g. ``easyrl.testing.worker.InspectableWorker``) and the parts that call them."""
         cfg = self.config
-        self.workers = WorkerGroup(cfg, device, worker_cls=worker_cls)
+        self.workers = WorkerGroup(cfg, device, worker_cls=worker_cls, training_steps=self.training_steps)
         rollout = make_rollout(cfg, self.workers, self.tokenizer, self.pad_id, self.train_dataset)
         self.generator = Generator(cfg, rollout, self.scorer, self.pad_id)
         self.model_rewards = ModelRewards.create(cfg, self.scorer, self.workers)

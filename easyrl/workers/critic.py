@@ -1,6 +1,6 @@
 """The FSDP2 critic (value model) of PPO with GAE: the policy's backbone class with a scalar value head.
 
-It is built, sharded and fed exactly like the actor (``FSDPPolicy`` over ``workers/fsdp_model.py``: meta build,
+It is built, sharded and fed exactly like the actor (``FSDPTrainable`` over ``workers/fsdp_model.py``: meta build,
 rank-0 read + broadcast, ``fully_shard`` per block, placement, multimodal inputs and positions, the blank-image hook
 of VL models, the padding-free packed forward, dynamic micro-batches, the update loop): only the LM head differs. Its
 state is saved with the actor's in every checkpoint (``easyrl.workers.checkpoint``, folder ``critic/``).
@@ -13,8 +13,8 @@ import torch
 from easyrl.algorithms.critic import compute_value_loss
 from easyrl.batch import Batch
 from easyrl.config import CriticConfig
-from easyrl.workers.policy import FSDPPolicy, _share
 from easyrl.workers.policy_forward import response_values
+from easyrl.workers.trainable import FSDPTrainable, token_share
 
 __all__ = ["FSDPCritic", "attach_value_head"]
 
@@ -45,19 +45,19 @@ def attach_value_head(model: torch.nn.Module) -> str:
     return name
 
 
-class FSDPCritic(FSDPPolicy):
+class FSDPCritic(FSDPTrainable):
     """A sharded value model: ``compute_values`` and PPO's clipped value-loss updates.
 
     Args:
         model_path: the checkpoint whose backbone the critic starts from (``worker.critic.model.model_path``).
         config: ``worker.critic``.
-        mesh, device, torch_device: as :class:`~easyrl.workers.policy.FSDPPolicy`.
+        mesh, device, torch_device, training_steps: as :class:`~easyrl.workers.trainable.FSDPTrainable`.
     """
 
-    scores_tokens = False  # no fused log-prob head: the output embedding is the value head
-
-    def __init__(self, model_path: str, config: CriticConfig, mesh, device: str, torch_device: torch.device):
-        super().__init__(model_path, config, mesh, device, torch_device, trainable=True, offload=config.offload)
+    def __init__(self, model_path: str, config: CriticConfig, mesh, device: str, torch_device: torch.device,
+                 training_steps: int = 0):
+        super().__init__(model_path, config, mesh, device, torch_device, trainable=True, offload=config.offload,
+                         training_steps=training_steps)
 
     def _adapt_model(self, model: torch.nn.Module, full_state: dict[str, torch.Tensor]) -> None:
         """The value head on the meta model; on rank 0 the checkpoint's LM head replaced by the head's zeros."""
@@ -73,15 +73,10 @@ class FSDPCritic(FSDPPolicy):
         return self._run_model(micro, lambda model, inputs: response_values(
             model, inputs, padding_free=self.config.padding_free, is_vl=self.has_vision))
 
-    @torch.no_grad()
     def compute_values(self, data: Batch, micro_batch_size: int) -> torch.Tensor:
         """Values of the response positions under the current weights, ``(bsz, resp_len)`` on the host, 0 at
         padding."""
-        self.model.eval()
-        out = torch.zeros(data["response_mask"].shape, dtype=torch.float32)
-        for indices, micro in self._micro_batches(data, micro_batch_size):
-            out[indices] = self._values(micro).cpu()
-        return out * data["response_mask"]
+        return self._score_responses(data, micro_batch_size, self._values)
 
     def update_critic(self, data: Batch, mini_batch_size: int, micro_batch_size: int) -> dict[str, list[float]]:
         """``ppo_epochs`` passes of clipped value-loss updates over this worker's share of the rollout batch.
@@ -107,6 +102,6 @@ class FSDPCritic(FSDPPolicy):
         )
         vf_loss.backward()
         step_metrics["critic/vf_loss"] += vf_loss.item()
-        share = _share(mask, agg_kwargs)
+        share = token_share(mask, agg_kwargs)
         for key, value in metrics.items():
             step_metrics[f"critic/{key}"] += value * share
