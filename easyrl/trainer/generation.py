@@ -8,7 +8,7 @@ from __future__ import annotations
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator
-from typing import Any, NamedTuple, Optional
+from typing import Any, Optional
 
 import numpy as np
 import ray
@@ -23,24 +23,7 @@ from easyrl.trainer.rollout import Rollout
 from easyrl.trainer.scoring import Scorer
 from easyrl.trainer.seeding import batch_seeds
 
-__all__ = ["Generated", "Generator"]
-
-
-class Generated(NamedTuple):
-    """The step's batch as :meth:`Generator.make_batch` returns it.
-
-    Attributes:
-        batch: ``data.rollout_batch_size`` groups of ``n`` samples.
-        pending: the scores still being computed by the reward actor (``Scorer.wait``), or None: scored already.
-        scores: every generated sample's named scores (dynamic sampling's dropped groups included) when scored in
-            rounds; empty otherwise (the batch's ``score/*`` are then all there is).
-        failures: samples the reward function failed on so far (``worker.reward.on_error: zero``).
-    """
-
-    batch: Batch
-    pending: Optional[ray.ObjectRef]
-    scores: dict[str, list[float]]
-    failures: int
+__all__ = ["Generator"]
 
 
 class Generator:
@@ -92,10 +75,11 @@ class Generator:
         return self.generate(padded, overrides=overrides, timing={}).select(list(range(real)))
 
     def make_batch(self, prompt_stream: Iterator[dict[str, list]], step: int, timing: dict[str, float],
-                   metrics: dict[str, float]) -> Generated:
+                   metrics: dict[str, float]) -> tuple[Batch, Optional[ray.ObjectRef], dict[str, list[float]], int]:
         """Generate and score ``data.rollout_batch_size`` groups of ``n`` samples for training step ``step``.
-        Returns the batch with, in one round, the pending scores (the reward actor is still scoring: see
-        ``Scorer.wait``); in several rounds the batch is scored already and the scores of every generated sample kept.
+        Returns ``(batch, pending, scores, failures)``: ``pending`` the scores the reward actor is still computing
+        (one round; ``Scorer.wait``) or None (scored already), ``scores`` every generated sample's named scores when
+        scored here, ``failures`` the samples the reward function failed on.
 
         With ``algorithm.online_filtering`` (DAPO dynamic sampling, Yu et al. 2025 sec. 3.2) groups whose
         ``filter_key`` scores are all equal, or whose mean is outside [filter_low, filter_high], are dropped and
@@ -141,7 +125,7 @@ class Generator:
                     batch["reward_baselines"], failed = self.greedy_baselines(prompts, step)
                 failures += failed
             if one_round:
-                return Generated(batch, pending, dict(generated), failures)
+                return batch, pending, generated, failures
             if not algo.online_filtering:  # data.mini_rollout_batch_size rounds, each kept whole
                 kept.append(batch)
                 num_kept += len(batch) // n
@@ -160,7 +144,7 @@ class Generator:
         metrics.update({"dynamic_sampling/num_gen_batches": float(rounds),
                         "dynamic_sampling/groups_dropped": float(dropped),
                         "dynamic_sampling/groups_kept": float(num_kept)})
-        return Generated(batch, None, dict(generated), failures)
+        return batch, None, generated, failures
 
     def greedy_baselines(self, prompts: Batch, step: int) -> tuple[torch.Tensor, int]:
         """ReMax's baseline (Li et al. 2023, Eq. 4): the reward of a greedy response to each prompt, ``(bsz,)``,

@@ -231,8 +231,8 @@ class RayPPOTrainer:
         timing: dict[str, float] = {}
         metrics: dict[str, float] = {}
         with timer("step", timing):
-            generated = self.generator.make_batch(prompt_stream, self.global_step, timing, metrics)  # gen, reward
-            batch, failures = generated.batch, generated.failures
+            batch, pending, generated, failures = self.generator.make_batch(prompt_stream, self.global_step, timing,
+                                                                            metrics)  # gen, reward
             order = self._balance(batch, metrics)
             batch = batch.select(order)  # rank r gets the r-th equal share: about as many tokens as the others
             staged = self._stage_multi_modal(batch)  # each share's images reach its worker once, not once per pass
@@ -243,7 +243,7 @@ class RayPPOTrainer:
                     batch["old_log_probs"] = torch.cat(old, dim=0)
                 if "rollout_log_probs" in batch:
                     metrics.update(rollout_mismatch_metrics(batch))
-            if self.workers_need_ref():
+            if cfg.algorithm.needs_reference:  # a KL term (loss or in-reward) reads the reference's log-probs
                 with timer("ref", timing):
                     ref = self.workers.run_split(FSDPWorker.compute_ref_log_probs, for_workers(batch, staged))
                     batch["ref_log_probs"] = torch.cat(ref, dim=0)
@@ -251,11 +251,11 @@ class RayPPOTrainer:
                 with timer("teacher", timing):
                     teacher = self.workers.run_split(FSDPWorker.compute_teacher_log_probs, for_workers(batch, staged))
                     batch["teacher_log_probs"] = torch.cat(teacher, dim=0)
-            if generated.pending is not None:  # scored in the reward actor while the log-prob passes ran
+            if pending is not None:  # scored in the reward actor while the log-prob passes ran
                 with timer("reward", timing):
-                    failures += self.scorer.wait(batch, generated.pending, order)
+                    failures += self.scorer.wait(batch, pending, order)
             self.model_rewards.run(batch, timing, metrics)  # the judge's and reward model's scores, into overall
-            metrics.update(reward_metrics(batch, generated.scores, failures))
+            metrics.update(reward_metrics(batch, generated, failures))
             metrics["reward/frac_reward_zero_std"] = self._check_reward_variance(batch)
             if cfg.algorithm.needs_critic:
                 with timer("values", timing):
@@ -349,10 +349,6 @@ class RayPPOTrainer:
         ``trainer.critic_warmup`` on (verl's and EasyR1's test ``critic_warmup <= global_step``: ``critic_warmup: 3``
         gives 2 critic-only steps, 0 and 1 none)."""
         return not self.config.algorithm.needs_critic or self.config.trainer.critic_warmup <= self.global_step
-
-    def workers_need_ref(self) -> bool:
-        """Whether a KL term (loss or in-reward) needs reference log-probs this step."""
-        return self.config.algorithm.needs_reference
 
     def save_model(self) -> str:
         """Export the actor in Hugging Face format to ``trainer.save_model_path`` (default ``<run_dir>/huggingface``;

@@ -1,9 +1,6 @@
-"""The FSDP2 critic (value model) of PPO with GAE: the policy's backbone class with a scalar value head.
-
-It is built, sharded and fed exactly like the actor (``FSDPTrainable`` over ``workers/fsdp_model.py``: meta build,
-rank-0 read + broadcast, ``fully_shard`` per block, placement, multimodal inputs and positions, the blank-image hook
-of VL models, the padding-free packed forward, dynamic micro-batches, the update loop): only the LM head differs. Its
-state is saved with the actor's in every checkpoint (``easyrl.workers.checkpoint``, folder ``critic/``).
+"""The FSDP2 critic (value model) of PPO with GAE: an ``FSDPTrainable`` built, sharded and fed like the actor (rank-0
+read + broadcast, ``fully_shard``, VL inputs, the packed forward, dynamic micro-batches, the update loop) whose LM head
+is a scalar value head. Saved with the actor in every checkpoint (``easyrl.workers.checkpoint``, folder ``critic/``).
 """
 
 from __future__ import annotations
@@ -46,13 +43,9 @@ def attach_value_head(model: torch.nn.Module) -> str:
 
 
 class FSDPCritic(FSDPTrainable):
-    """A sharded value model: ``compute_values`` and PPO's clipped value-loss updates.
-
-    Args:
-        model_path: the checkpoint whose backbone the critic starts from (``worker.critic.model.model_path``).
-        config: ``worker.critic``.
-        mesh, device, torch_device, training_steps: as :class:`~easyrl.workers.trainable.FSDPTrainable`.
-    """
+    """A sharded value model: ``compute_values`` and PPO's clipped value-loss updates; arguments as
+    :class:`~easyrl.workers.trainable.FSDPTrainable`'s (``model_path``: the checkpoint whose backbone it starts from,
+    ``config``: ``worker.critic``)."""
 
     def __init__(self, model_path: str, config: CriticConfig, mesh, device: str, torch_device: torch.device,
                  training_steps: int = 0):
@@ -71,7 +64,7 @@ class FSDPCritic(FSDPTrainable):
         """``(micro_bsz, resp_len)`` float32 values ``V(s_t)``, read where the actor reads token ``t``'s log-prob
         (packed or padded: ``worker.critic.padding_free``)."""
         return self._run_model(micro, lambda model, inputs: response_values(
-            model, inputs, padding_free=self.config.padding_free, is_vl=self.has_vision))
+            model, inputs, padding_free=self.config.padding_free, is_vl=self.vision.has_vision))
 
     def compute_values(self, data: Batch, micro_batch_size: int) -> torch.Tensor:
         """Values of the response positions under the current weights, ``(bsz, resp_len)`` on the host, 0 at
@@ -83,8 +76,7 @@ class FSDPCritic(FSDPTrainable):
 
         Args:
             data: this worker's samples with ``values`` (before the update), ``returns`` and ``response_mask``.
-            mini_batch_size: samples of this worker per optimizer step.
-            micro_batch_size: samples per forward/backward (the token budget's unit with dynamic batching).
+            mini_batch_size, micro_batch_size: as :meth:`~easyrl.workers.policy.FSDPPolicy.update_policy`.
 
         Returns:
             ``critic/vf_loss``, ``critic/vf_clipfrac``, ``critic/vpred_mean``, ``critic/grad_norm``, ``critic/lr``,

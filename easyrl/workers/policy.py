@@ -1,8 +1,5 @@
-"""The FSDP2 policy (``FSDPPolicy``, an ``FSDPTrainable`` whose output embedding is the LM head): response
-log-probs and policy-gradient updates.
-
-Used twice per worker: as the trainable actor (log-probs + PPO-style updates) and as the frozen reference policy (and
-the teacher of on-policy distillation).
+"""The FSDP2 policy (``FSDPPolicy``, an ``FSDPTrainable`` whose output embedding is the LM head): response log-probs
+and policy-gradient updates. The trainable actor, and frozen, the reference policy and the distillation teacher.
 """
 
 from __future__ import annotations
@@ -27,11 +24,8 @@ __all__ = ["FSDPPolicy", "has_router"]
 
 
 class FSDPPolicy(FSDPTrainable):
-    """A sharded policy that computes response log-probs and (when trainable) runs policy-gradient updates.
-
-    Args:
-        model_path, config (``worker.actor``; the reference and the teacher reuse it), mesh, device, torch_device,
-            trainable, offload, training_steps, init_from: as :class:`~easyrl.workers.trainable.FSDPTrainable`.
+    """A sharded policy that computes response log-probs and (when trainable) runs policy-gradient updates; arguments
+    as :class:`~easyrl.workers.trainable.FSDPTrainable`'s (``config``: ``worker.actor``).
 
     Raises:
         ConfigError: ``worker.actor.router_aux_loss_coef`` > 0 for a model without a router (before it is loaded).
@@ -55,7 +49,7 @@ class FSDPPolicy(FSDPTrainable):
         ``easyrl.workers.policy_forward``)."""
         return self._run_model(micro, lambda model, inputs: response_scores(
             model, inputs, temperature, with_entropy=with_entropy, entropy_grad=entropy_grad,
-            fused_head=self.fused_head, is_vl=self.has_vision, router_aux=router_aux))
+            fused_head=self.fused_head, is_vl=self.vision.has_vision, router_aux=router_aux))
 
     def compute_log_probs(self, data: Batch, micro_batch_size: int, temperature: float) -> torch.Tensor:
         """Response log-probs under the current weights, ``(bsz, resp_len)`` on the host, 0 at padding."""

@@ -1,13 +1,11 @@
-"""``FSDPTrainable``: a Hugging Face model (text or Qwen-VL) sharded with FSDP2's ``fully_shard`` over all workers, fed
-in micro-batches, and the update loop the policy (``easyrl.workers.policy``) and the critic (``easyrl.workers.critic``)
-build on.
-
-Every worker calls the same methods with equally sized batches (FSDP2 all-gathers parameters collectively, so the
-workers must run the same number of forwards).
+"""``FSDPTrainable``: a Hugging Face model (text or Qwen-VL) sharded with FSDP2 over all workers, its micro-batches and
+the update loop, under the policy (``easyrl.workers.policy``) and the critic (``easyrl.workers.critic``). Every worker
+calls the same methods with equally sized batches (FSDP2 all-gathers collectively: as many forwards on every rank).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections import defaultdict
@@ -30,13 +28,12 @@ from easyrl.workers.vl_hooks import VisionHooks
 __all__ = ["FSDPTrainable", "NonFiniteGradientError", "skip_nonfinite_step", "token_share"]
 
 logger = logging.getLogger("easyrl.actor")
-_warned: set[str] = set()
 
 
+@functools.cache
 def _warn_once(message: Optional[str]) -> None:
     """Log ``message`` once per process, on rank 0 only (None: nothing)."""
-    if message and message not in _warned and (not dist.is_initialized() or dist.get_rank() == 0):
-        _warned.add(message)
+    if message and (not dist.is_initialized() or dist.get_rank() == 0):
         logger.warning(message)
 
 
@@ -45,11 +42,9 @@ class FSDPTrainable:
 
     Args:
         model_path: Hugging Face model folder or hub id.
-        config: the role's settings (``worker.actor``, ``worker.critic``; the reference and the teacher read the
-            actor's).
-        mesh: 1-D device mesh over all workers (data parallel).
-        device: ``cuda``, ``npu`` or ``cpu``.
-        torch_device: this rank's compute device.
+        config: ``worker.actor`` (also the reference's and the teacher's) or ``worker.critic``.
+        mesh, device, torch_device: the 1-D data-parallel mesh over all workers; ``cuda``, ``npu`` or ``cpu``; this
+            rank's compute device.
         trainable: build the optimizer (``config.optim``) and its LR schedule.
         offload: parameter offload settings (a ``TrainedOffloadConfig``, with ``offload_optimizer``, when trainable).
         training_steps: the run's steps (``PPOConfig.training_steps``), the LR schedule's length.
@@ -61,7 +56,6 @@ class FSDPTrainable:
                  torch_device: torch.device, trainable: bool, offload: OffloadConfig, training_steps: int = 0,
                  init_from: Optional[FSDPTrainable] = None):
         self.config = config
-        self.device = device
         self.torch_device = torch_device
         self.dp_size = mesh.size()
         hf_config = AutoConfig.from_pretrained(model_path, trust_remote_code=config.model.trust_remote_code)
@@ -69,10 +63,9 @@ class FSDPTrainable:
         attn = attention_implementation(device, config.padding_free, config.fsdp.param_dtype, flash)
         _warn_once(flash_attention_warning(device, config.padding_free, config.fsdp.param_dtype, flash))
         self.model = load_sharded_model(model_path, hf_config, config, mesh, device, trainable, offload,
-                                        init_from=init_from.model if init_from is not None else None,
-                                        attn_implementation=attn, adapt=self._adapt_model)
+                                        init_from=init_from and init_from.model, attn_implementation=attn,
+                                        adapt=self._adapt_model)
         self.vision = VisionHooks(self.model, hf_config)  # the blank image, stray pads, vLLM's positions
-        self.has_vision = self.vision.has_vision
         self.optimizer: Optional[torch.optim.Optimizer] = None
         self.num_updates = 0
         self.consecutive_skips = 0  # optimizer steps skipped in a row for a non-finite gradient norm
@@ -109,8 +102,8 @@ class FSDPTrainable:
     @torch.no_grad()
     def _score_responses(self, data: Batch, micro_batch_size: int,
                          score: Callable[[Batch], torch.Tensor]) -> torch.Tensor:
-        """``score(micro)`` ``(micro_bsz, resp_len)`` of every micro-batch under the current weights, as one
-        ``(bsz, resp_len)`` float32 tensor on the host, 0 at padding."""
+        """``score(micro)`` ``(micro_bsz, resp_len)`` of each micro-batch as one ``(bsz, resp_len)`` float32 host tensor,
+        0 at padding."""
         self.model.eval()
         out = torch.zeros(data["response_mask"].shape, dtype=torch.float32)
         for indices, micro in self._micro_batches(data, micro_batch_size):
