@@ -189,7 +189,7 @@ def test_sample_seeds_depend_on_seed_step_round_index_and_phase():
 
 
 def test_nonfinite_gradient_norm_skips_then_stops():
-    from easyrl.workers.policy import NonFiniteGradientError, skip_nonfinite_step
+    from easyrl.workers.trainable import NonFiniteGradientError, skip_nonfinite_step
 
     assert skip_nonfinite_step(0.5, consecutive=0, limit=3) is False
     assert skip_nonfinite_step(float("nan"), consecutive=0, limit=3) is True

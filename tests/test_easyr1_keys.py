@@ -41,14 +41,13 @@ def test_cosine_schedule_by_hand():
 
 def test_warmup_steps_win_over_ratio_and_drive_the_scheduler():
     optim = OptimConfig(lr=0.1, lr_warmup_ratio=0.5, lr_warmup_steps=4, lr_scheduler_type="cosine", min_lr_ratio=0.0)
-    optim.training_steps = 8
-    assert warmup_steps(optim) == 4
+    assert warmup_steps(optim, training_steps=8) == 4
     optim.lr_warmup_steps = None
-    assert warmup_steps(optim) == 4  # int(0.5 * 8)
+    assert warmup_steps(optim, training_steps=8) == 4  # int(0.5 * 8)
     optim.lr_warmup_steps, optim.lr_warmup_ratio = 2, 0.0
     param = torch.nn.Parameter(torch.zeros(2))
     optimizer = torch.optim.SGD([param], lr=optim.lr)
-    scheduler = build_lr_scheduler(optimizer, optim)
+    scheduler = build_lr_scheduler(optimizer, optim, training_steps=8)
     seen = []
     for _ in range(9):
         seen.append(scheduler.get_last_lr()[0])
@@ -215,13 +214,14 @@ def test_generation_rounds_of_mini_rollout_batch_size(filtering):
     rollout = _CountingRollout()
     generator = Generator(config, rollout, Scorer(config.worker.reward, build_qwen_tokenizer(), reward), pad_id=0)
     metrics: dict = {}
-    batch, pending = generator.make_batch(_prompt_stream(3), step=1, timing={}, metrics=metrics)
-    assert pending is None and len(batch) == 4 * 2  # rollout_batch_size groups of n
+    batch, pending, scores, failures = generator.make_batch(_prompt_stream(3), step=1, timing={}, metrics=metrics)
+    assert pending is None and failures == 0 and len(batch) == 4 * 2  # rollout_batch_size groups of n
     if filtering:  # groups of prompts 0, 2, 4, 6 kept: three rounds of 3 prompts
         assert rollout.calls == [6, 6, 6] and batch["ground_truth"][::2] == ["0", "2", "4", "6"]
     else:  # rounds kept whole until 4 prompts: 3 + 3, the last two dropped
         assert rollout.calls == [6, 6] and batch["ground_truth"][::2] == ["0", "1", "2", "3"]
     assert metrics["dynamic_sampling/num_gen_batches"] == len(rollout.calls)
+    assert len(scores["overall"]) == sum(rollout.calls)  # every generated sample's, for reward/*
     assert "score/overall" in batch and batch["token_level_scores"].shape == (8, 2)
 
 

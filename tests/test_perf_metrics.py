@@ -123,10 +123,11 @@ def test_frac_reward_zero_std_and_the_warning(caplog):
     with pytest.raises(ValueError, match="one uid per score"):
         frac_reward_zero_std([1.0], uids)
 
+    from easyrl.config import AlgorithmConfig
     from easyrl.trainer.ray_trainer import RayPPOTrainer
 
     trainer = SimpleNamespace(global_step=7, _last_frac_zero_std=None,
-                              config=SimpleNamespace(algorithm=SimpleNamespace(adv_estimator="grpo")))
+                              config=SimpleNamespace(algorithm=AlgorithmConfig(adv_estimator="grpo")))
     scores = torch.zeros(4, 3)
     batch = Batch(TensorDict({"token_level_scores": scores}, batch_size=[4]), {"uid": ["a", "a", "b", "b"]})
     with caplog.at_level(logging.WARNING, logger="easyrl.trainer"):
@@ -170,3 +171,14 @@ def test_generation_rows_decode_the_first_samples(tiny_model_path):
         {"prompt": "What is 1+1?", "response": tokenizer.decode(response[:1]), "ground_truth": "3", "score": 0.0},
     ]
     assert generation_rows(tokenizer, batch, 0) == [] and len(generation_rows(tokenizer, batch, 9)) == 3
+
+
+def test_reward_metrics_over_every_generated_sample_else_the_batch():
+    """One place writes ``reward/*``: a score the generator kept for every generated sample (dynamic sampling's
+    dropped groups included) is averaged over those; a score only the batch holds (the judge's) over the batch."""
+    from easyrl.trainer.metrics import reward_metrics
+
+    batch = Batch(TensorDict({}, batch_size=[2]), {"score/overall": [1.0, 0.0], "score/judge": [0.5, 0.5]})
+    metrics = reward_metrics(batch, {"overall": [1.0, 0.0, 0.0, 0.0]}, failures=2)
+    assert metrics == {"reward/overall": 0.25, "reward/judge": 0.5, "reward/errors": 2.0}
+    assert reward_metrics(batch, {}, failures=0)["reward/overall"] == 0.5

@@ -32,7 +32,7 @@ def _group_sum(values: torch.Tensor, group_id: torch.Tensor) -> torch.Tensor:
     return sums.index_add_(0, group_id, values)[group_id]
 
 
-@ADV_ESTIMATORS.register("opo")
+@ADV_ESTIMATORS.register("opo", group=True)
 @torch.no_grad()
 def opo_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """On-Policy RL with Optimal reward baseline (Hao et al. 2025, "On-Policy RL with Optimal Reward Baseline",
@@ -52,7 +52,7 @@ def opo_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     return adv, adv
 
 
-@ADV_ESTIMATORS.register("gpg")
+@ADV_ESTIMATORS.register("gpg", group=True)
 @torch.no_grad()
 def gpg_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """GPG, Group Policy Gradient (Chu et al. 2025, "GPG: A Simple and Strong Reinforcement Learning Baseline for
@@ -72,7 +72,7 @@ def gpg_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     return adv, adv
 
 
-@ADV_ESTIMATORS.register("gdpo")
+@ADV_ESTIMATORS.register("gdpo", group=True)
 @torch.no_grad()
 def gdpo_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """GDPO, Group reward-Decoupled normalisation Policy Optimization (arXiv:2601.05242, as cited by verl 0.9.1):
@@ -123,7 +123,7 @@ def _zero_tail(lengths: torch.Tensor, group_id: torch.Tensor, count: torch.Tenso
     return tail_row.unsqueeze(-1) & (positions.unsqueeze(0) >= second.unsqueeze(-1))
 
 
-@ADV_ESTIMATORS.register("optimal_token_baseline")
+@ADV_ESTIMATORS.register("optimal_token_baseline", group=True, needs_sum_pi_squared=True)
 @torch.no_grad()
 def optimal_token_baseline_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """Optimal token baseline (verl 0.9.1's ``optimal_token_baseline``; the variance-minimising baseline

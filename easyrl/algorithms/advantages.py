@@ -102,8 +102,14 @@ class AdvantageInputs:
 
 AdvEstimator = Callable[[AdvantageInputs], tuple[torch.Tensor, torch.Tensor]]
 
-ADV_ESTIMATORS: Registry[AdvEstimator] = Registry("advantage estimator")
-"""``algorithm.adv_estimator`` -> estimator ``fn(inputs: AdvantageInputs) -> (advantages, returns)``."""
+ADV_ESTIMATORS: Registry[AdvEstimator] = Registry(
+    "advantage estimator", group=False, needs_critic=False, needs_teacher=False, uses_reward=True,
+    needs_reward_baselines=False, needs_sum_pi_squared=False)
+"""``algorithm.adv_estimator`` -> estimator ``fn(inputs: AdvantageInputs) -> (advantages, returns)``. Traits:
+``group``: the baseline is the prompt's other samples (ReMax: its greedy response), so ``n`` identical (greedy)
+samples make every advantage 0; ``needs_critic``: reads ``values`` (a learned value model); ``needs_teacher``: reads
+``teacher_log_probs``; ``uses_reward``: the advantage depends on the reward; ``needs_reward_baselines``: reads
+``reward_baselines`` (the greedy response's reward); ``needs_sum_pi_squared``: reads ``sum_pi_squared``."""
 
 
 def compute_advantage(name: str, inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
@@ -164,7 +170,7 @@ def broadcast_to_tokens(per_sample: torch.Tensor, response_mask: torch.Tensor) -
 # --------------------------------------------------------------------------------------------- estimators
 
 
-@ADV_ESTIMATORS.register("grpo")
+@ADV_ESTIMATORS.register("grpo", group=True)
 @torch.no_grad()
 def grpo_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """GRPO outcome advantage (Shao et al. 2024, DeepSeekMath, arXiv:2402.03300, Sec. 4.1.2 and Eq. 3).
@@ -193,7 +199,7 @@ def grpo_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]
     return adv, adv
 
 
-@ADV_ESTIMATORS.register("rloo")
+@ADV_ESTIMATORS.register("rloo", group=True)
 @torch.no_grad()
 def rloo_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE Leave-One-Out advantage (Ahmadian et al. 2024, "Back to Basics: Revisiting REINFORCE Style
@@ -256,7 +262,7 @@ def reinforce_plus_plus_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor
     return adv, returns
 
 
-@ADV_ESTIMATORS.register("reinforce_plus_plus_baseline")
+@ADV_ESTIMATORS.register("reinforce_plus_plus_baseline", group=True)
 @torch.no_grad()
 def reinforce_plus_plus_baseline_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++ with a group baseline (Hu 2025, arXiv:2501.03262, the "REINFORCE++-baseline" variant for
@@ -279,7 +285,7 @@ def reinforce_plus_plus_baseline_advantage(inputs: AdvantageInputs) -> tuple[tor
     return adv, adv
 
 
-@ADV_ESTIMATORS.register("remax")
+@ADV_ESTIMATORS.register("remax", group=True, needs_reward_baselines=True)
 @torch.no_grad()
 def remax_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """ReMax (Li et al. 2023, "ReMax: A Simple, Effective, and Efficient Reinforcement Learning Method for Aligning
@@ -310,7 +316,7 @@ def remax_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor
     return adv, returns
 
 
-@ADV_ESTIMATORS.register("grpo_passk")
+@ADV_ESTIMATORS.register("grpo_passk", group=True)
 @torch.no_grad()
 def grpo_passk_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """Pass@k-style outcome advantage, defined as in verl's ``grpo_passk``.

@@ -17,7 +17,7 @@ from easyrl.algorithms.masked_ops import masked_mean, masked_whiten
 __all__ = ["gae_advantage", "compute_value_loss"]
 
 
-@ADV_ESTIMATORS.register("gae")
+@ADV_ESTIMATORS.register("gae", needs_critic=True)
 @torch.no_grad()
 def gae_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalized Advantage Estimation (Schulman et al. 2016, "High-Dimensional Continuous Control Using Generalized

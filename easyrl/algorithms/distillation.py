@@ -62,7 +62,7 @@ def token_reverse_kl(student_log_probs: torch.Tensor, teacher_log_probs: torch.T
     return (student_log_probs - teacher_log_probs.to(student_log_probs.dtype)) * mask
 
 
-@ADV_ESTIMATORS.register("on_policy_distill")
+@ADV_ESTIMATORS.register("on_policy_distill", needs_teacher=True, uses_reward=False)
 @torch.no_grad()
 def on_policy_distill_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """Pure on-policy distillation (Thinking Machines 2025; GKD with ``lambda = 1`` and the reverse KL, Agarwal et al.

@@ -37,7 +37,7 @@ def gpg_policy_loss(inputs: PolicyLossInputs, settings: PolicyLossSettings) -> t
     return finish_policy_loss(-inputs.advantages * inputs.log_prob, inputs, settings)
 
 
-@POLICY_LOSSES.register("dro")
+@POLICY_LOSSES.register("dro", needs_dro_beta=True)
 def dro_policy_loss(inputs: PolicyLossInputs, settings: PolicyLossSettings) -> tuple[torch.Tensor, dict[str, float]]:
     """Direct Reward Optimization's policy term (Richemond et al. 2024, "Offline Regularised Reinforcement Learning
     for Large Language Models Alignment", arXiv:2405.19107, the DRO policy loss, as verl 0.9.1's ``dro``): REINFORCE
@@ -152,7 +152,7 @@ def dppo_kl_policy_loss(
     return _dppo_loss(inputs, settings, inside)
 
 
-@POLICY_LOSSES.register("bypass_mode")
+@POLICY_LOSSES.register("bypass_mode", uses_engine_log_probs=True)
 def bypass_mode_policy_loss(
     inputs: PolicyLossInputs, settings: PolicyLossSettings
 ) -> tuple[torch.Tensor, dict[str, float]]:

@@ -14,7 +14,8 @@ formula.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 
@@ -92,11 +93,44 @@ class PolicyLossSettings:
     rollout_rs: str | None = None
     rollout_rs_threshold: str | float | None = None
 
+    @classmethod
+    def of(cls, config: Any) -> PolicyLossSettings:
+        """The settings read from ``config`` (``worker.actor``: an object with an attribute of each field's name)."""
+        return cls(**{f.name: getattr(config, f.name) for f in fields(cls)})
+
 
 PolicyLoss = Callable[[PolicyLossInputs, PolicyLossSettings], tuple[torch.Tensor, dict[str, float]]]
 
-POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss")
-"""``worker.actor.loss_type`` -> loss ``fn(inputs, settings) -> (pg_loss 0-dim tensor, metrics dict of floats)``."""
+POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss", uses_engine_log_probs=False, needs_dro_beta=False,
+                                                paper_check=None)
+"""``worker.actor.loss_type`` -> loss ``fn(inputs, settings) -> (pg_loss 0-dim tensor, metrics dict of floats)``.
+Traits: ``uses_engine_log_probs``: the old policy is the rollout engine's log-probs (``rollout_log_probs``);
+``needs_dro_beta``: reads ``settings.dro_beta``; ``paper_check``: ``fn(name, settings) -> message or None``, how the
+settings differ from the loss's paper (a config warning, ``easyrl.config.traps``)."""
+
+
+def _gspo_paper(name: str, s: PolicyLossSettings) -> str | None:
+    if s.loss_agg_mode == "seq-mean-token-mean" and max(s.clip_ratio_low, s.clip_ratio_high) <= 1e-2:
+        return None
+    return (f"worker.actor.loss_type={name} with loss_agg_mode={s.loss_agg_mode}, clip_ratio_low={s.clip_ratio_low}, "
+            f"clip_ratio_high={s.clip_ratio_high}: the GSPO paper (arXiv:2507.18071) clips the sequence ratio "
+            "to [1 - 3e-4, 1 + 4e-4] and averages over sequences (seq-mean-token-mean; verl <= 0.9.0 forced it); "
+            "token-level ranges such as 0.2/0.28 almost never clip a length-normalised sequence ratio.")
+
+
+def _cispo_paper(name: str, s: PolicyLossSettings) -> str | None:
+    if s.clip_ratio_low >= 1.0 and s.loss_agg_mode == "token-mean":
+        return None
+    return (f"worker.actor.loss_type={name} with clip_ratio_low={s.clip_ratio_low}, loss_agg_mode={s.loss_agg_mode}: "
+            "MiniMax-M1's CISPO (arXiv:2506.13585, Eq. 4-5) has no lower bound on the IS weight "
+            "(set worker.actor.clip_ratio_low: 1.0) and normalises by the number of tokens (token-mean).")
+
+
+def _sapo_paper(name: str, s: PolicyLossSettings) -> str | None:
+    if s.loss_agg_mode == "seq-mean-token-mean":
+        return None
+    return (f"worker.actor.loss_type={name} with loss_agg_mode={s.loss_agg_mode}: the SAPO paper (arXiv:2511.20347) "
+            "averages each sequence's token mean over the group (seq-mean-token-mean, which verl forces).")
 
 
 def importance_ratio(inputs: PolicyLossInputs) -> torch.Tensor:
@@ -168,7 +202,7 @@ def vanilla_policy_loss(
                    dual_clipped=negative & (clip_loss > dual_bound))
 
 
-@POLICY_LOSSES.register("gspo")
+@POLICY_LOSSES.register("gspo", paper_check=_gspo_paper)
 def gspo_policy_loss(
     inputs: PolicyLossInputs, settings: PolicyLossSettings
 ) -> tuple[torch.Tensor, dict[str, float]]:
@@ -203,7 +237,7 @@ def gspo_policy_loss(
     return finish_policy_loss(pg_losses, inputs, settings, clipped=loss_clipped > loss_unclipped)
 
 
-@POLICY_LOSSES.register("cispo")
+@POLICY_LOSSES.register("cispo", paper_check=_cispo_paper)
 def cispo_policy_loss(
     inputs: PolicyLossInputs, settings: PolicyLossSettings
 ) -> tuple[torch.Tensor, dict[str, float]]:
@@ -246,7 +280,7 @@ def sapo_gate(ratio: torch.Tensor, tau: torch.Tensor | float) -> torch.Tensor:
     return torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
 
 
-@POLICY_LOSSES.register("sapo")
+@POLICY_LOSSES.register("sapo", paper_check=_sapo_paper)
 def sapo_policy_loss(
     inputs: PolicyLossInputs, settings: PolicyLossSettings
 ) -> tuple[torch.Tensor, dict[str, float]]:
@@ -285,4 +319,4 @@ def sapo_policy_loss(
 
 # EasyR1's name for the token form of GSPO, which is what ``gspo`` computes (EasyR1's own ``gspo`` takes the gradient
 # through the sequence mean instead; with one advantage per sequence both give the same loss and gradient).
-POLICY_LOSSES.register("gspo_token")(gspo_policy_loss)
+POLICY_LOSSES.register("gspo_token", paper_check=_gspo_paper)(gspo_policy_loss)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from easyrl.config.fields import NON_NEGATIVE, POSITIVE, POSITIVE_OR_OFF, UNIT, Note
 from easyrl.errors import ConfigError
@@ -56,6 +56,13 @@ class AlgorithmConfig:
             raise ConfigError(f"algorithm.filter_low ({self.filter_low}) is larger than algorithm.filter_high "
                               f"({self.filter_high}).")
 
+    def estimator(self, trait: str) -> Any:
+        """``trait`` of the estimator ``adv_estimator`` names (``group``, ``needs_critic``, ``needs_teacher``,
+        ``uses_reward``, ...: see ``easyrl.algorithms.advantages.ADV_ESTIMATORS``)."""
+        from easyrl.algorithms.advantages import ADV_ESTIMATORS
+
+        return ADV_ESTIMATORS.trait(self.adv_estimator, trait)
+
     @property
     def needs_reference(self) -> bool:
         """Whether a KL term (loss or in-reward) uses the reference policy; otherwise none is built or run."""
@@ -63,11 +70,11 @@ class AlgorithmConfig:
 
     @property
     def needs_teacher(self) -> bool:
-        """Whether the run distills from a teacher (``distill_coef > 0`` or ``adv_estimator: on_policy_distill``);
-        otherwise none is built or run."""
-        return self.distill_coef > 0 or self.adv_estimator == "on_policy_distill"
+        """Whether the run distills from a teacher (``distill_coef > 0`` or an estimator that reads the teacher's
+        log-probs, ``on_policy_distill``); otherwise none is built or run."""
+        return self.distill_coef > 0 or self.estimator("needs_teacher")
 
     @property
     def needs_critic(self) -> bool:
         """Whether the estimator needs a learned value model (``gae``); otherwise no critic is built or run."""
-        return self.adv_estimator == "gae"
+        return self.estimator("needs_critic")

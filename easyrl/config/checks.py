@@ -133,12 +133,14 @@ def check_combinations(config: "PPOConfig") -> None:
 
 def check_rollout_correction(config: "PPOConfig") -> None:
     """``worker.actor``'s rollout correction and the losses that need a setting of their own (verl 0.9's family)."""
+    from easyrl.algorithms.policy_losses import POLICY_LOSSES
     from easyrl.algorithms.rollout_correction import ROLLOUT_IS_LEVELS, parse_rs_thresholds
 
     actor, rollout = config.worker.actor, config.worker.rollout
+    loss, engine_old = actor.loss_type, POLICY_LOSSES.trait(actor.loss_type, "uses_engine_log_probs")
     uses_engine = {"worker.actor.rollout_is": actor.rollout_is is not None,
                    "worker.actor.rollout_rs": actor.rollout_rs is not None,
-                   "worker.actor.loss_type=bypass_mode": actor.loss_type == "bypass_mode"}
+                   f"worker.actor.loss_type={loss}": engine_old}
     for key, used in uses_engine.items():
         if used and rollout.calculate_log_probs is False:
             raise ConfigError(f"{key} needs worker.rollout.calculate_log_probs=true (vLLM's sampled-token log-probs).")
@@ -164,28 +166,28 @@ def check_rollout_correction(config: "PPOConfig") -> None:
             parse_rs_thresholds(options, actor.rollout_rs_threshold)
         except ValueError as e:
             raise ConfigError(f"worker.actor.rollout_rs_threshold: {e}") from None
-    if actor.loss_type == "bypass_mode":
+    if engine_old:
         check_choice("worker.actor.bypass_loss_type", actor.bypass_loss_type, ("ppo_clip", "reinforce"))
-    if actor.loss_type == "dro" and actor.dro_beta is None:
-        raise ConfigError("worker.actor.loss_type=dro needs worker.actor.dro_beta (> 0, the weight of the quadratic "
-                          "log-ratio penalty).")
-    if config.algorithm.adv_estimator == "optimal_token_baseline":
-        raise ConfigError("algorithm.adv_estimator=optimal_token_baseline needs sum_v pi(v)^2 at every response "
-                          "token, which easyrl's actor does not compute yet; choose another estimator (grpo, opo).")
+    if POLICY_LOSSES.trait(loss, "needs_dro_beta") and actor.dro_beta is None:
+        raise ConfigError(f"worker.actor.loss_type={loss} needs worker.actor.dro_beta (> 0, the weight of the "
+                          "quadratic log-ratio penalty).")
+    if config.algorithm.estimator("needs_sum_pi_squared"):
+        raise ConfigError(f"algorithm.adv_estimator={config.algorithm.adv_estimator} needs sum_v pi(v)^2 at every "
+                          "response token, which easyrl's actor does not compute yet; choose another estimator (grpo, "
+                          "opo).")
 
 
-GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline", "remax", "grpo_passk")
-"""Advantage estimators whose baseline comes from the other samples of the same prompt (or, remax, its greedy one)."""
 
 
 def check_greedy_groups(config: "PPOConfig") -> None:
     """Greedy sampling (``worker.rollout.temperature=0`` or ``top_k=1``) with ``n > 1`` and a group-relative
-    estimator: the ``n`` samples of a prompt are identical, every advantage is 0 and the policy never moves (only the
-    KL term acts), so the run would spend its compute for nothing. An error, not a warning: nothing sensible goes on.
-    With ``gae`` or ``reinforce_plus_plus`` (no group baseline) it only duplicates work: ``easyrl.config.traps``."""
+    estimator (its ``group`` trait): the ``n`` samples of a prompt are identical, every advantage is 0 and the policy
+    never moves (only the KL term acts), so the run would spend its compute for nothing. An error, not a warning:
+    nothing sensible goes on. With ``gae`` or ``reinforce_plus_plus`` (no group baseline) it only duplicates work:
+    ``easyrl.config.traps``."""
     rollout, estimator = config.worker.rollout, config.algorithm.adv_estimator
     greedy = "temperature=0" if rollout.temperature == 0 else "top_k=1" if rollout.top_k == 1 else None
-    if greedy and rollout.n > 1 and estimator in GROUP_ESTIMATORS:
+    if greedy and rollout.n > 1 and config.algorithm.estimator("group"):
         raise ConfigError(
             f"worker.rollout.{greedy} samples greedily, so the worker.rollout.n={rollout.n} responses of each prompt "
             f"are identical and every advantage of algorithm.adv_estimator={estimator} (relative to its group) is 0: "

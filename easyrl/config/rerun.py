@@ -19,7 +19,6 @@ NEUTRAL_KEYS: tuple[str, ...] = (
     "trainer.project_name", "trainer.experiment_name", "trainer.runs_root", "trainer.run_dir", "trainer.logger",
     "trainer.wandb_*", "trainer.save_*", "trainer.load_checkpoint_path", "trainer.find_last_checkpoint",
     "trainer.resume_mode", "trainer.best_metric*", "trainer.total_epochs", "trainer.max_steps",
-    "worker.actor.optim.training_steps", "worker.critic.optim.training_steps",  # follow from the run's length
     # validation
     "trainer.val_*", "data.val_files", "data.val_batch_size", "worker.rollout.val_override_config*",
     # devices, memory and speed

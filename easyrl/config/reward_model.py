@@ -77,9 +77,10 @@ def check_reward_model(config: Any) -> None:
     if rm.chat_template is not None and not rm.chat_template.strip():
         raise ConfigError(f"{key}.chat_template is empty: give a Jinja template or a file holding one, or null for the "
                           "reward model tokenizer's own.")
-    if config.algorithm.adv_estimator == "remax":
-        raise ConfigError(f"{key}.model_path is set with algorithm.adv_estimator=remax: ReMax's greedy baseline is "
-                          "scored by the rule reward only; use grpo (or another estimator) with a reward model.")
+    if config.algorithm.estimator("needs_reward_baselines"):
+        raise ConfigError(f"{key}.model_path is set with algorithm.adv_estimator={config.algorithm.adv_estimator}: "
+                          "its greedy baseline is scored by the rule reward only; use grpo (or another estimator) "
+                          "with a reward model.")
 
 
 def read_chat_template(value: Optional[str]) -> Optional[str]:

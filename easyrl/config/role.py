@@ -9,7 +9,7 @@ from typing import Annotated, Literal, Optional
 
 from annotated_types import Interval
 
-from easyrl.config.fields import NON_NEGATIVE, POSITIVE, UNIT, auto
+from easyrl.config.fields import NON_NEGATIVE, POSITIVE, UNIT
 from easyrl.errors import ConfigError
 
 Dtype = Literal["bf16", "fp16", "fp32"]
@@ -72,8 +72,7 @@ class OptimConfig:
     betas: tuple[BETA, BETA] = (0.9, 0.999)
     weight_decay: Annotated[float, NON_NEGATIVE] = 1e-2
     lr_warmup_ratio: Annotated[float, UNIT] = 0.0
-    """Fraction of ``training_steps`` with a linear warm-up; constant afterwards."""
-    training_steps: int = auto("trainer", -1)
+    """Fraction of the run's steps (``PPOConfig.training_steps``) with a linear warm-up; constant afterwards."""
     strategy: Literal["adamw", "adamw_bf16"] = "adamw"
     """adamw (float32 moments) or adamw_bf16 (bfloat16 moments: 4 bytes per parameter instead of 8; EasyR1's key;
     ``easyrl.workers.optim``)."""
@@ -81,7 +80,7 @@ class OptimConfig:
     """Warm-up length in optimizer steps; when set it wins over ``lr_warmup_ratio`` (EasyR1's precedence)."""
     lr_scheduler_type: Literal["constant", "cosine"] = "constant"
     """After the warm-up: constant, or cosine (a half cosine from ``lr`` down to ``min_lr_ratio * lr`` at
-    ``training_steps``); ``easyrl.workers.optim.lr_factor``."""
+    the run's last step); ``easyrl.workers.optim.lr_factor``."""
     min_lr_ratio: Optional[Annotated[float, UNIT]] = None
     """Cosine schedule only: the final LR as a fraction of ``lr`` (None: 0)."""
 

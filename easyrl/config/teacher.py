@@ -49,13 +49,13 @@ def check_distillation(config: Any) -> None:
         ConfigError: naming the key, the value and what to write instead (docs/errors.md, ids T01-T03).
     """
     algo, teacher = config.algorithm, config.worker.teacher
-    if algo.adv_estimator == "on_policy_distill" and algo.distill_coef > 0:
+    pure = algo.estimator("needs_teacher")
+    if pure and algo.distill_coef > 0:
         raise ConfigError(
-            f"algorithm.adv_estimator=on_policy_distill is pure distillation (advantage = -reverse KL) and "
+            f"algorithm.adv_estimator={algo.adv_estimator} is pure distillation (advantage = -reverse KL) and "
             f"algorithm.distill_coef={algo.distill_coef} would add the reverse KL a second time: set "
             "algorithm.distill_coef=0, or choose an RL estimator (e.g. grpo) to mix it with the RL advantage.")
     if algo.needs_teacher and not teacher.model.model_path:
-        why = ("algorithm.adv_estimator=on_policy_distill" if algo.adv_estimator == "on_policy_distill"
-               else f"algorithm.distill_coef={algo.distill_coef}")
+        why = f"algorithm.adv_estimator={algo.adv_estimator}" if pure else f"algorithm.distill_coef={algo.distill_coef}"
         raise ConfigError(f"{why} distills from a teacher, but worker.teacher.model.model_path is not set: give the "
                           "teacher's hub id or local folder (it must share the actor's tokenizer).")

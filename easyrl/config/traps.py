@@ -21,8 +21,10 @@ class ConfigWarning(UserWarning):
 
 
 def _loss_messages(config: PPOConfig) -> list[str]:
+    from easyrl.algorithms.policy_losses import POLICY_LOSSES, PolicyLossSettings
+
     actor = config.worker.actor
-    mode, loss = actor.loss_agg_mode, actor.loss_type
+    mode, paper_check = actor.loss_agg_mode, POLICY_LOSSES.trait(actor.loss_type, "paper_check")
     messages = []
     if mode == "seq-mean-token-sum-norm":
         seqs = actor.global_batch_size * config.worker.rollout.n
@@ -31,25 +33,8 @@ def _loss_messages(config: PPOConfig) -> list[str]:
             f"GRPO); verl <= 0.7.0 and easyrl before it summed them, a loss {seqs}x (global_batch_size * rollout.n) "
             "larger: re-tune worker.actor.max_grad_norm if your config was written for the sum."
         )
-    if loss in ("gspo", "gspo_token") and (mode != "seq-mean-token-mean"
-                                          or max(actor.clip_ratio_low, actor.clip_ratio_high) > 1e-2):
-        messages.append(
-            f"worker.actor.loss_type={loss} with loss_agg_mode={mode}, clip_ratio_low={actor.clip_ratio_low}, "
-            f"clip_ratio_high={actor.clip_ratio_high}: the GSPO paper (arXiv:2507.18071) clips the sequence ratio "
-            "to [1 - 3e-4, 1 + 4e-4] and averages over sequences (seq-mean-token-mean; verl <= 0.9.0 forced it); "
-            "token-level ranges such as 0.2/0.28 almost never clip a length-normalised sequence ratio."
-        )
-    if loss == "cispo" and (actor.clip_ratio_low < 1.0 or mode != "token-mean"):
-        messages.append(
-            f"worker.actor.loss_type=cispo with clip_ratio_low={actor.clip_ratio_low}, loss_agg_mode={mode}: "
-            "MiniMax-M1's CISPO (arXiv:2506.13585, Eq. 4-5) has no lower bound on the IS weight "
-            "(set worker.actor.clip_ratio_low: 1.0) and normalises by the number of tokens (token-mean)."
-        )
-    if loss == "sapo" and mode != "seq-mean-token-mean":
-        messages.append(
-            f"worker.actor.loss_type=sapo with loss_agg_mode={mode}: the SAPO paper (arXiv:2511.20347) averages "
-            "each sequence's token mean over the group (seq-mean-token-mean, which verl forces)."
-        )
+    if paper_check is not None and (message := paper_check(actor.loss_type, PolicyLossSettings.of(actor))):
+        messages.append(message)
     return messages
 
 
@@ -73,7 +58,8 @@ def _sampling_messages(config: PPOConfig) -> list[str]:
             "the actor computes the full one, so rollout/* mismatch metrics and TIS weights compare different "
             "distributions (the TIS blog and verl's rollout correction assume top_p=1, top_k=-1)."
         )
-    if (rollout.temperature == 0 or rollout.top_k == 1) and rollout.n > 1:  # group estimators: an error (checks.py)
+    greedy = (rollout.temperature == 0 or rollout.top_k == 1) and rollout.n > 1
+    if greedy and not algo.estimator("group"):  # a group estimator learns nothing: an error (checks.py)
         messages.append(
             f"worker.rollout.temperature={rollout.temperature} / top_k={rollout.top_k} samples greedily, so the "
             f"worker.rollout.n={rollout.n} responses of each prompt are copies of one: "

@@ -150,14 +150,14 @@ AttentionMaskInterface.register(SIMULATED_VARLEN, packed_sdpa_mask)
 def device_attention(kind: str) -> Iterator[None]:
     """The attention kernels of a ``kind`` (``cuda`` / ``npu``) device with ``flash_attn`` installed (module
     docstring), for the models built and run inside: the actor's choice and SDPA's."""
-    from easyrl.workers import policy
+    from easyrl.workers import trainable
     from easyrl.workers.policy_forward import attention_implementation
 
     def simulated_choice(device: str, padding_free: bool, param_dtype: str, flash_available: bool) -> str:
         attn = attention_implementation(kind, padding_free, param_dtype, True)
         return SIMULATED_VARLEN if attn == "flash_attention_2" else attn
 
-    with mock.patch.object(policy, "attention_implementation", simulated_choice), \
-            mock.patch.object(policy, "is_flash_attn_2_available", lambda: True), \
+    with mock.patch.object(trainable, "attention_implementation", simulated_choice), \
+            mock.patch.object(trainable, "is_flash_attn_2_available", lambda: True), \
             mock.patch.object(torch.nn.functional, "scaled_dot_product_attention", fused_sdpa):
         yield

@@ -75,16 +75,18 @@ class Generator:
         return self.generate(padded, overrides=overrides, timing={}).select(list(range(real)))
 
     def make_batch(self, prompt_stream: Iterator[dict[str, list]], step: int, timing: dict[str, float],
-                   metrics: dict[str, float]) -> tuple[Batch, Optional[ray.ObjectRef]]:
+                   metrics: dict[str, float]) -> tuple[Batch, Optional[ray.ObjectRef], dict[str, list[float]], int]:
         """Generate and score ``data.rollout_batch_size`` groups of ``n`` samples for training step ``step``.
-        Returns the batch and, without online filtering, the pending scores (the reward actor is still scoring:
-        see ``Scorer.wait``); with it the batch is scored already and the second value is None.
+        Returns ``(batch, pending, scores, failures)``: ``pending`` the scores the reward actor is still computing
+        (one round; ``Scorer.wait``) or None (scored already), ``scores`` every generated sample's named scores when
+        scored here, ``failures`` the samples the reward function failed on.
 
         With ``algorithm.online_filtering`` (DAPO dynamic sampling, Yu et al. 2025 sec. 3.2) groups whose
         ``filter_key`` scores are all equal, or whose mean is outside [filter_low, filter_high], are dropped and
         more prompts are generated until enough groups are kept (``max_try_make_batch`` rounds at most); metrics
-        ``dynamic_sampling/{num_gen_batches,groups_kept,groups_dropped}``. ``reward/<name>`` is the mean over every
-        generated sample, dropped groups included (as EasyR1 logs it): the policy's reward, not the filter's.
+        ``dynamic_sampling/{num_gen_batches,groups_kept,groups_dropped}``. ``scores`` hold every generated sample,
+        dropped groups included (``reward/<name>`` is their mean, as EasyR1 logs it: the policy's reward, not the
+        filter's).
         Each round generates ``data.mini_rollout_batch_size`` prompts (EasyR1's generation batch; None: the rollout
         batch); without filtering, smaller rounds are generated until the rollout batch is full.
 
@@ -96,7 +98,7 @@ class Generator:
         n, wanted = cfg.worker.rollout.n, cfg.data.rollout_batch_size
         one_round = not algo.online_filtering and cfg.data.generation_batch_size == wanted  # else: rounds are kept
         kept: list[Batch] = []
-        num_kept, rounds, dropped = 0, 0, 0
+        num_kept, rounds, dropped, failures = 0, 0, 0, 0
         generated: dict[str, list[float]] = defaultdict(list)  # every sample's named scores, for reward/*
         while num_kept < wanted:
             rounds += 1
@@ -114,14 +116,16 @@ class Generator:
                 pending = self.scorer.score_async(batch, step)  # scored while the log-prob passes run
             else:  # filtering needs the scores now (and a plain callable cannot be shipped by spec)
                 with timer("reward", timing):
-                    for name, values in self.scorer.score(batch, step).items():
-                        generated[name].extend(values)
-                metrics.update({f"reward/{name}": float(np.mean(values)) for name, values in generated.items()})
-            if algo.adv_estimator == "remax":
+                    scores, failed = self.scorer.score(batch, step)
+                failures += failed
+                for name, values in scores.items():
+                    generated[name].extend(values)
+            if algo.estimator("needs_reward_baselines"):  # ReMax: the greedy response's reward
                 with timer("gen_baseline", timing):
-                    batch["reward_baselines"] = self.greedy_baselines(prompts, step)
+                    batch["reward_baselines"], failed = self.greedy_baselines(prompts, step)
+                failures += failed
             if one_round:
-                return batch, pending
+                return batch, pending, generated, failures
             if not algo.online_filtering:  # data.mini_rollout_batch_size rounds, each kept whole
                 kept.append(batch)
                 num_kept += len(batch) // n
@@ -140,14 +144,15 @@ class Generator:
         metrics.update({"dynamic_sampling/num_gen_batches": float(rounds),
                         "dynamic_sampling/groups_dropped": float(dropped),
                         "dynamic_sampling/groups_kept": float(num_kept)})
-        return batch, None
+        return batch, None, generated, failures
 
-    def greedy_baselines(self, prompts: Batch, step: int) -> torch.Tensor:
+    def greedy_baselines(self, prompts: Batch, step: int) -> tuple[torch.Tensor, int]:
         """ReMax's baseline (Li et al. 2023, Eq. 4): the reward of a greedy response to each prompt, ``(bsz,)``,
-        shared by the ``n`` samples of the prompt."""
+        shared by the ``n`` samples of the prompt; and the number of greedy responses the reward function failed
+        on."""
         n = self.config.worker.rollout.n
         firsts = prompts.select(list(range(0, len(prompts), n)))
         firsts["rollout_seed"] = batch_seeds(self.config.worker.rollout.seed, step, len(firsts), phase="baseline")
         greedy = self.generate_even(firsts, overrides={"temperature": 0.0})
-        scores = self.scorer.score(greedy, step)["overall"]
-        return torch.tensor(scores, dtype=torch.float32).repeat_interleave(n)
+        scores, failures = self.scorer.score(greedy, step)
+        return torch.tensor(scores["overall"], dtype=torch.float32).repeat_interleave(n), failures

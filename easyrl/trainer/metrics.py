@@ -73,6 +73,15 @@ def compute_throughput_metrics(batch: Batch, step_seconds: float, world_size: in
     return metrics
 
 
+def reward_metrics(batch: Batch, generated: dict[str, list[float]], failures: int) -> dict[str, float]:
+    """``reward/<name>``: the mean of each named score (``score/<name>`` of ``batch``), over every ``generated``
+    sample where the generator kept them (dynamic sampling: dropped groups included), else over ``batch``;
+    ``reward/errors``: ``failures``, the samples the reward function failed on."""
+    names = [key.removeprefix("score/") for key in batch.extras if key.startswith("score/")]
+    metrics = {f"reward/{name}": float(np.mean(generated.get(name) or batch[f"score/{name}"])) for name in names}
+    return {**metrics, "reward/errors": float(failures)}
+
+
 def frac_reward_zero_std(scores: Sequence[float], uids: Sequence[str]) -> float:
     """Fraction of GRPO groups (samples sharing a ``uid``) whose scores are all equal (TRL's
     ``frac_reward_zero_std``). Such a group has zero group-normalised advantage everywhere: it teaches nothing.

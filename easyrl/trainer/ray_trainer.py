@@ -50,6 +50,7 @@ from easyrl.trainer.metrics import (
     constant_rewards_began,
     frac_reward_zero_std,
     reduce_metrics,
+    reward_metrics,
     rollout_mismatch_metrics,
     timer,
 )
@@ -87,9 +88,7 @@ class RayPPOTrainer:
         self.train_dataset = train_dataset  # its processor and pixel bounds serve tool images (multi_turn_images)
         self.train_dataloader = PromptStream(train_dataset, config.data.generation_batch_size, config.data.shuffle,
                                              config.data.seed, collate_fn)
-        self.training_steps = config.training_steps(len(train_dataset))
-        config.worker.actor.optim.training_steps = self.training_steps
-        config.worker.critic.optim.training_steps = self.training_steps
+        self.training_steps = config.training_steps(len(train_dataset))  # the workers' LR schedules get it too
         algo = config.algorithm
         self.kl_ctrl = make_kl_controller(algo.kl_type, algo.kl_coef, algo.kl_target, algo.kl_horizon)
         # the parts that need the workers are made with them (init_workers)
@@ -109,7 +108,7 @@ class RayPPOTrainer:
         """Start the Ray workers (process group, FSDP2 actor/ref, vLLM engines; ``worker_cls`` is ``FSDPWorker`` or
         a subclass of it, e.g. ``easyrl.testing.worker.InspectableWorker``) and the parts that call them."""
         cfg = self.config
-        self.workers = WorkerGroup(cfg, device, worker_cls=worker_cls)
+        self.workers = WorkerGroup(cfg, device, worker_cls=worker_cls, training_steps=self.training_steps)
         rollout = make_rollout(cfg, self.workers, self.tokenizer, self.pad_id, self.train_dataset)
         self.generator = Generator(cfg, rollout, self.scorer, self.pad_id)
         self.model_rewards = ModelRewards.create(cfg, self.scorer, self.workers)
@@ -233,9 +232,9 @@ class RayPPOTrainer:
         cfg = self.config
         timing: dict[str, float] = {}
         metrics: dict[str, float] = {}
-        self.scorer.errors = 0
         with timer("step", timing):
-            batch, pending = self.generator.make_batch(prompt_stream, self.global_step, timing, metrics)  # gen, reward
+            batch, pending, generated, failures = self.generator.make_batch(prompt_stream, self.global_step, timing,
+                                                                            metrics)  # gen, reward
             order = self._balance(batch, metrics)
             batch = batch.select(order)  # rank r gets the r-th equal share: about as many tokens as the others
             staged = self._stage_multi_modal(batch)  # each share's images reach its worker once, not once per pass
@@ -246,7 +245,7 @@ class RayPPOTrainer:
                     batch["old_log_probs"] = torch.cat(old, dim=0)
                 if "rollout_log_probs" in batch:
                     metrics.update(rollout_mismatch_metrics(batch))
-            if self.workers_need_ref():
+            if cfg.algorithm.needs_reference:  # a KL term (loss or in-reward) reads the reference's log-probs
                 with timer("ref", timing):
                     ref = self.workers.run_split(FSDPWorker.compute_ref_log_probs, for_workers(batch, staged))
                     batch["ref_log_probs"] = torch.cat(ref, dim=0)
@@ -256,11 +255,9 @@ class RayPPOTrainer:
                     batch["teacher_log_probs"] = torch.cat(teacher, dim=0)
             if pending is not None:  # scored in the reward actor while the log-prob passes ran
                 with timer("reward", timing):
-                    self.scorer.wait(batch, pending, order)
+                    failures += self.scorer.wait(batch, pending, order)
             self.model_rewards.run(batch, timing, metrics)  # the judge's and reward model's scores, into overall
-            for key in [key for key in batch.extras if key.startswith("score/")]:  # unless set over all generated
-                metrics.setdefault(key.replace("score/", "reward/", 1), float(np.mean(batch[key])))
-            metrics["reward/errors"] = float(self.scorer.errors)
+            metrics.update(reward_metrics(batch, generated, failures))
             metrics["reward/frac_reward_zero_std"] = self._check_reward_variance(batch)
             if cfg.algorithm.needs_critic:
                 with timer("values", timing):
@@ -344,8 +341,7 @@ class RayPPOTrainer:
         run of such steps), unless the advantage does not use the reward (pure distillation)."""
         scores = batch["token_level_scores"].sum(-1).tolist()
         frac = frac_reward_zero_std(scores, batch["uid"])
-        uses_reward = self.config.algorithm.adv_estimator != "on_policy_distill"
-        if uses_reward and constant_rewards_began(frac, self._last_frac_zero_std):
+        if self.config.algorithm.estimator("uses_reward") and constant_rewards_began(frac, self._last_frac_zero_std):
             logger.warning(constant_reward_warning(self.global_step, len(set(batch["uid"])), scores))
         self._last_frac_zero_std = frac
         return frac
@@ -355,10 +351,6 @@ class RayPPOTrainer:
         ``trainer.critic_warmup`` on (verl's and EasyR1's test ``critic_warmup <= global_step``: ``critic_warmup: 3``
         gives 2 critic-only steps, 0 and 1 none)."""
         return not self.config.algorithm.needs_critic or self.config.trainer.critic_warmup <= self.global_step
-
-    def workers_need_ref(self) -> bool:
-        """Whether a KL term (loss or in-reward) needs reference log-probs this step."""
-        return self.config.algorithm.needs_reference
 
     def save_model(self) -> str:
         """Export the actor in Hugging Face format to ``trainer.save_model_path`` (default ``<run_dir>/huggingface``;

@@ -19,8 +19,8 @@ __all__ = ["Scorer"]
 
 
 class Scorer:
-    """Scores generated batches; owns the reward functions, their guards, the reward actor and the count of samples
-    the function failed on (``errors``, reported as ``reward/errors`` and reset by the trainer every step).
+    """Scores generated batches; owns the reward functions, their guards and the reward actor. Each scoring returns
+    the number of samples the function failed on (``worker.reward.on_error: zero``; the trainer's ``reward/errors``).
 
     Args:
         config: the ``worker.reward`` config section.
@@ -38,7 +38,6 @@ class Scorer:
             self.val_guard = self.guard
         else:
             self.val_guard = GuardedReward(val_reward_fn, config.on_error, config.timeout_s)
-        self.errors = 0  # samples the reward function failed on since the last reset
         self._remote: Optional[ray.actor.ActorHandle] = None  # the reward actor, started on first use
 
     @property
@@ -74,18 +73,17 @@ class Scorer:
         for name, values in scores.items():
             batch[f"score/{name}"] = values
 
-    def score(self, batch: Batch, step: int, validation: bool = False) -> dict[str, list[float]]:
+    def score(self, batch: Batch, step: int, validation: bool = False) -> tuple[dict[str, list[float]], int]:
         """Score every response here and now (see :meth:`set_scores`) through the training (or validation) guard;
-        adds the failed samples to ``errors``; returns the named scores.
+        returns the named scores and the number of samples the function failed on.
 
         Raises:
             RewardSampleError: the function failed on a sample and ``on_error`` is ``raise``.
         """
         guard = self.val_guard if validation else self.guard
         scores, failures = guard(self.reward_inputs(batch), step)
-        self.errors += len(failures)
         self.set_scores(batch, scores)
-        return scores
+        return scores, len(failures)
 
     def score_async(self, batch: Batch, step: int) -> ray.ObjectRef:
         """Start scoring ``batch`` with the training reward in the reward actor; collect with :meth:`wait`."""
@@ -95,14 +93,15 @@ class Scorer:
         return self._remote.score_guarded.remote(fn.spec, fn.kwargs, fn.reward_type, self.reward_inputs(batch),
                                                  cfg.on_error, cfg.timeout_s, step)
 
-    def wait(self, batch: Batch, pending: ray.ObjectRef, order: list[int]) -> None:
-        """Wait for the scores of the batch as generated and set them on ``batch`` (reordered by ``order``)."""
+    def wait(self, batch: Batch, pending: ray.ObjectRef, order: list[int]) -> int:
+        """Wait for the scores of the batch as generated and set them on ``batch`` (reordered by ``order``); returns
+        the number of samples the function failed on."""
         try:
             scores, failures = ray.get(pending)
         except ray.exceptions.RayTaskError as e:  # the reward function's own error, not Ray's wrapper
             raise e.as_instanceof_cause() from None
-        self.errors += len(failures)
         self.set_scores(batch, {name: [values[i] for i in order] for name, values in scores.items()})
+        return len(failures)
 
     def close(self) -> None:
         """Stop the guards' helper processes."""

@@ -1,9 +1,6 @@
-"""The FSDP2 critic (value model) of PPO with GAE: the policy's backbone class with a scalar value head.
-
-It is built, sharded and fed exactly like the actor (``FSDPPolicy`` over ``workers/fsdp_model.py``: meta build,
-rank-0 read + broadcast, ``fully_shard`` per block, placement, multimodal inputs and positions, the blank-image hook
-of VL models, the padding-free packed forward, dynamic micro-batches, the update loop): only the LM head differs. Its
-state is saved with the actor's in every checkpoint (``easyrl.workers.checkpoint``, folder ``critic/``).
+"""The FSDP2 critic (value model) of PPO with GAE: an ``FSDPTrainable`` built, sharded and fed like the actor (rank-0
+read + broadcast, ``fully_shard``, VL inputs, the packed forward, dynamic micro-batches, the update loop) whose LM head
+is a scalar value head. Saved with the actor in every checkpoint (``easyrl.workers.checkpoint``, folder ``critic/``).
 """
 
 from __future__ import annotations
@@ -13,8 +10,8 @@ import torch
 from easyrl.algorithms.critic import compute_value_loss
 from easyrl.batch import Batch
 from easyrl.config import CriticConfig
-from easyrl.workers.policy import FSDPPolicy, _share
 from easyrl.workers.policy_forward import response_values
+from easyrl.workers.trainable import FSDPTrainable, token_share
 
 __all__ = ["FSDPCritic", "attach_value_head"]
 
@@ -45,19 +42,15 @@ def attach_value_head(model: torch.nn.Module) -> str:
     return name
 
 
-class FSDPCritic(FSDPPolicy):
-    """A sharded value model: ``compute_values`` and PPO's clipped value-loss updates.
+class FSDPCritic(FSDPTrainable):
+    """A sharded value model: ``compute_values`` and PPO's clipped value-loss updates; arguments as
+    :class:`~easyrl.workers.trainable.FSDPTrainable`'s (``model_path``: the checkpoint whose backbone it starts from,
+    ``config``: ``worker.critic``)."""
 
-    Args:
-        model_path: the checkpoint whose backbone the critic starts from (``worker.critic.model.model_path``).
-        config: ``worker.critic``.
-        mesh, device, torch_device: as :class:`~easyrl.workers.policy.FSDPPolicy`.
-    """
-
-    scores_tokens = False  # no fused log-prob head: the output embedding is the value head
-
-    def __init__(self, model_path: str, config: CriticConfig, mesh, device: str, torch_device: torch.device):
-        super().__init__(model_path, config, mesh, device, torch_device, trainable=True, offload=config.offload)
+    def __init__(self, model_path: str, config: CriticConfig, mesh, device: str, torch_device: torch.device,
+                 training_steps: int = 0):
+        super().__init__(model_path, config, mesh, device, torch_device, trainable=True, offload=config.offload,
+                         training_steps=training_steps)
 
     def _adapt_model(self, model: torch.nn.Module, full_state: dict[str, torch.Tensor]) -> None:
         """The value head on the meta model; on rank 0 the checkpoint's LM head replaced by the head's zeros."""
@@ -71,25 +64,19 @@ class FSDPCritic(FSDPPolicy):
         """``(micro_bsz, resp_len)`` float32 values ``V(s_t)``, read where the actor reads token ``t``'s log-prob
         (packed or padded: ``worker.critic.padding_free``)."""
         return self._run_model(micro, lambda model, inputs: response_values(
-            model, inputs, padding_free=self.config.padding_free, is_vl=self.has_vision))
+            model, inputs, padding_free=self.config.padding_free, is_vl=self.vision.has_vision))
 
-    @torch.no_grad()
     def compute_values(self, data: Batch, micro_batch_size: int) -> torch.Tensor:
         """Values of the response positions under the current weights, ``(bsz, resp_len)`` on the host, 0 at
         padding."""
-        self.model.eval()
-        out = torch.zeros(data["response_mask"].shape, dtype=torch.float32)
-        for indices, micro in self._micro_batches(data, micro_batch_size):
-            out[indices] = self._values(micro).cpu()
-        return out * data["response_mask"]
+        return self._score_responses(data, micro_batch_size, self._values)
 
     def update_critic(self, data: Batch, mini_batch_size: int, micro_batch_size: int) -> dict[str, list[float]]:
         """``ppo_epochs`` passes of clipped value-loss updates over this worker's share of the rollout batch.
 
         Args:
             data: this worker's samples with ``values`` (before the update), ``returns`` and ``response_mask``.
-            mini_batch_size: samples of this worker per optimizer step.
-            micro_batch_size: samples per forward/backward (the token budget's unit with dynamic batching).
+            mini_batch_size, micro_batch_size: as :meth:`~easyrl.workers.policy.FSDPPolicy.update_policy`.
 
         Returns:
             ``critic/vf_loss``, ``critic/vf_clipfrac``, ``critic/vpred_mean``, ``critic/grad_norm``, ``critic/lr``,
@@ -107,6 +94,6 @@ class FSDPCritic(FSDPPolicy):
         )
         vf_loss.backward()
         step_metrics["critic/vf_loss"] += vf_loss.item()
-        share = _share(mask, agg_kwargs)
+        share = token_share(mask, agg_kwargs)
         for key, value in metrics.items():
             step_metrics[f"critic/{key}"] += value * share

@@ -35,7 +35,7 @@ from easyrl.quiet import quiet_libraries
 from easyrl.workers import vllm_compat, weight_sync
 from easyrl.workers.fsdp_model import TORCH_DTYPES, gather_full_state_dict
 from easyrl.workers.mm_staging import MultiModalStage
-from easyrl.workers.roles import build_roles, uses_lora
+from easyrl.workers.roles import build_roles
 from easyrl.workers.rollout_layout import RolloutLayout
 from easyrl.workers.vllm_cpu_fixes import remove_stale_tp_shm
 
@@ -56,9 +56,10 @@ class FSDPWorker:
         config: the finalized run configuration.
         rank, world_size: this worker's place in the process group.
         device: ``cuda``, ``npu`` or ``cpu``.
+        training_steps: the run's steps (``PPOConfig.training_steps``), the trained roles' LR schedule's length.
     """
 
-    def __init__(self, config: PPOConfig, rank: int, world_size: int, device: str):
+    def __init__(self, config: PPOConfig, rank: int, world_size: int, device: str, training_steps: int = 0):
         # vLLM must run in this process so weights can be handed over as tensors; set before vLLM is imported.
         os.environ.update(vllm_compat.in_process_engine_env())
         quiet_libraries()  # library messages that do not matter to a user (easyrl.quiet; EASYRL_VERBOSE=1: all)
@@ -66,12 +67,14 @@ class FSDPWorker:
         self.rank = rank
         self.world_size = world_size
         self.device = device
+        self.training_steps = training_steps
         self.actor = None  # the model roles (easyrl.workers.roles), built by init_models
         self.ref = None  # None without KL, and under LoRA (the actor with its adapter off)
         self.critic = None  # FSDPCritic, only for algorithm.adv_estimator: gae
         self.reward_model = None  # FSDPRewardModel, only with worker.reward.reward_model.model_path
         self.teacher = None  # FSDPPolicy, only for on-policy distillation (algorithm.needs_teacher)
         self.rollout = None
+        self.judge_engine = None  # the LLM judge's vLLM engine (easyrl.workers.judge.VLLMJudge), built by judge()
         self.rollout_layout: Optional[RolloutLayout] = None  # the vLLM engines over the ranks, set by init_models
         self.weights_dirty = True
         self.mm_stage = MultiModalStage()  # this step's share's images, staged once (easyrl.workers.mm_staging)
@@ -123,7 +126,7 @@ class FSDPWorker:
         if self.device != "cpu":
             self.check_memory()
         mesh = init_device_mesh(self.device, (self.world_size,), mesh_dim_names=("dp",))
-        roles = build_roles(self.config, mesh, self.device, self.torch_device)
+        roles = build_roles(self.config, mesh, self.device, self.torch_device, self.training_steps)
         self.actor, self.ref, self.critic = roles.actor, roles.ref, roles.critic
         self.reward_model = roles.reward_model  # None unless worker.reward.reward_model.model_path is set
         self.teacher = roles.teacher
@@ -165,7 +168,7 @@ class FSDPWorker:
         """``alpha / rank`` of the actor's LoRA adapter, None without one."""
         from easyrl.models.lora import lora_scale
 
-        return lora_scale(self.config.worker.actor.model.lora) if uses_lora(self.config) else None
+        return lora_scale(self.config.worker.actor.model.lora) if self.config.uses_lora else None
 
     def _ensure_rollout_weights(self) -> float:
         """Sync the actor's weights into vLLM if they changed since the last sync or the engine dropped them (level-2
@@ -241,7 +244,7 @@ class FSDPWorker:
         cfg = self.config.worker
         micro, temperature = cfg.ref.micro_batch_size_per_device_for_experience, cfg.actor.temperature
         data = self.mm_stage.attach(data)
-        if uses_lora(self.config):
+        if self.config.uses_lora:
             from easyrl.models.lora import adapter_disabled
 
             with adapter_disabled(self.actor.model):
@@ -298,7 +301,7 @@ class FSDPWorker:
             return None
         model_cfg = self.config.worker.actor.model
         sources = list(dict.fromkeys((model_cfg.model_path, model_cfg.tokenizer_path or model_cfg.model_path)))
-        if not uses_lora(self.config):
+        if not self.config.uses_lora:
             return write_hf_folder(state, sources, path, trust_remote_code=model_cfg.trust_remote_code)
         from easyrl.models.lora import merge_lora_stream, save_adapter
 
@@ -320,7 +323,7 @@ class FSDPWorker:
         if self.rank == 0:
             model_cfg = self.config.worker.actor.model
             save_hf_metadata(model_cfg.model_path, model_cfg.tokenizer_path or model_cfg.model_path, path,
-                             lora=model_cfg.lora if uses_lora(self.config) else None)
+                             lora=model_cfg.lora if self.config.uses_lora else None)
 
     def load_checkpoint(self, path: str) -> None:
         """Restore the actor (and the critic), optimizers, LR schedules, counters and this rank's RNG states from
@@ -341,12 +344,13 @@ class FSDPWorker:
         from easyrl.workers.judge import VLLMJudge
 
         cfg = self.config.worker
-        if getattr(self, "judge_engine", None) is None:
+        if self.judge_engine is None:
             self.judge_engine = VLLMJudge(cfg.reward.judge, self.device, seed=cfg.rollout.seed,
                                           enforce_eager=cfg.rollout.enforce_eager)
         verdicts = self.judge_engine.judge(list(share["judge_prompt"]))
         empty_cache(self.device)
         return verdicts
+
     def compute_rm_scores(self, data: Batch) -> torch.Tensor:
         """The reward model's scores of this worker's share, ``(bsz,)`` float32 (verl's ``compute_rm_score``): ``data``
         holds the reward model's own ``input_ids`` / ``attention_mask`` (``easyrl.rewards.reward_model_inputs``)."""

@@ -170,13 +170,13 @@ def method_name(method: Callable[..., Any]) -> str:
 
 class WorkerGroup:
     """Starts ``world_size`` worker actors (``worker_cls``: ``FSDPWorker`` or a subclass), joins them in a process
-    group and builds their models.
+    group and builds their models; ``training_steps`` (the run's steps) sets their trained roles' LR schedules.
 
     Raises:
         RuntimeError: the cluster has fewer devices than ``trainer.nnodes * trainer.n_gpus_per_node``.
     """
 
-    def __init__(self, config: PPOConfig, device: str, worker_cls: type = FSDPWorker):
+    def __init__(self, config: PPOConfig, device: str, worker_cls: type = FSDPWorker, training_steps: int = 0):
         world_size = config.world_size
         available = ray.cluster_resources()
         # a trained role's offloaded parameters mean a CPU Adam step (the frozen reference has no optimizer)
@@ -202,7 +202,7 @@ class WorkerGroup:
                     self.placement_group, placement_group_bundle_index=bundles[rank]),
                 runtime_env={"env_vars": worker_runtime_env(device, threads, dict(config.worker.env_vars))},
                 **res,
-            ).remote(config, rank, world_size, device)
+            ).remote(config, rank, world_size, device, training_steps)
             for rank in range(world_size)
         ]
         master_addr, master_port = ray.get(self.workers[0].address.remote())

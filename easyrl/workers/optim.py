@@ -7,9 +7,11 @@ optimizer-state offload apart from parameter offload (``offload.offload_optimize
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from typing import Iterable
 
 import torch
+
+from easyrl.config import OptimConfig
 
 __all__ = ["BF16AdamW", "build_lr_scheduler", "build_optimizer", "lr_factor", "move_optimizer_state",
            "offloads_optimizer", "warmup_steps"]
@@ -18,12 +20,12 @@ LR_SCHEDULERS = ("constant", "cosine")
 OPTIMIZERS = ("adamw", "adamw_bf16")
 
 
-def warmup_steps(optim: Any) -> int:
+def warmup_steps(optim: OptimConfig, training_steps: int) -> int:
     """Optimizer steps of linear warm-up: ``optim.lr_warmup_steps`` when set, else
-    ``int(lr_warmup_ratio * training_steps)``."""
-    if getattr(optim, "lr_warmup_steps", None) is not None:
+    ``int(lr_warmup_ratio * training_steps)`` (the run's steps)."""
+    if optim.lr_warmup_steps is not None:
         return int(optim.lr_warmup_steps)
-    return int(optim.lr_warmup_ratio * max(optim.training_steps, 0))
+    return int(optim.lr_warmup_ratio * max(training_steps, 0))
 
 
 def lr_factor(step: int, warmup: int, training_steps: int, kind: str = "constant",
@@ -51,10 +53,12 @@ def lr_factor(step: int, warmup: int, training_steps: int, kind: str = "constant
     return max(floor, floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress)))
 
 
-def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim: Any) -> torch.optim.lr_scheduler.LambdaLR:
-    """``LambdaLR`` over :func:`lr_factor` with ``optim``'s ``lr_scheduler_type``, warm-up and ``min_lr_ratio``."""
-    warmup, total = warmup_steps(optim), max(optim.training_steps, 0)
-    kind, floor = getattr(optim, "lr_scheduler_type", "constant"), getattr(optim, "min_lr_ratio", None)
+def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim: OptimConfig,
+                       training_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """``LambdaLR`` over :func:`lr_factor` with ``optim``'s ``lr_scheduler_type``, warm-up and ``min_lr_ratio`` for a
+    run of ``training_steps`` steps."""
+    warmup, total = warmup_steps(optim, training_steps), max(training_steps, 0)
+    kind, floor = optim.lr_scheduler_type, optim.min_lr_ratio
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, warmup, total, kind, floor))
 
 
@@ -96,14 +100,14 @@ class BF16AdamW(torch.optim.Optimizer):
         return loss
 
 
-def build_optimizer(params: list[torch.nn.Parameter], optim: Any) -> torch.optim.Optimizer:
+def build_optimizer(params: list[torch.nn.Parameter], optim: OptimConfig) -> torch.optim.Optimizer:
     """The optimizer ``optim.strategy`` names over ``params``: ``adamw`` (torch's AdamW; moments in the parameters'
     dtype) or ``adamw_bf16`` (:class:`BF16AdamW`).
 
     Raises:
         ValueError: an unknown strategy.
     """
-    strategy = getattr(optim, "strategy", "adamw")
+    strategy = optim.strategy
     kwargs = dict(lr=optim.lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay)
     if strategy == "adamw":
         return torch.optim.AdamW(params, **kwargs)

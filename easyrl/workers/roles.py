@@ -31,7 +31,6 @@ import torch
 
 from easyrl.config import PPOConfig
 
-uses_lora = PPOConfig.uses_lora.fget  # FSDPWorker's name for the property (easyrl.config.ppo)
 
 if TYPE_CHECKING:  # the model classes import transformers' models: only the workers build them (in build_roles)
     from torch.distributed.device_mesh import DeviceMesh
@@ -53,7 +52,8 @@ class Roles:
     teacher: Optional[FSDPPolicy] = None
 
 
-def build_roles(config: PPOConfig, mesh: DeviceMesh, device: str, torch_device: torch.device) -> Roles:
+def build_roles(config: PPOConfig, mesh: DeviceMesh, device: str, torch_device: torch.device,
+                training_steps: int = 0) -> Roles:
     """Build the roles this run needs (see the module docstring), on every rank together.
 
     Args:
@@ -62,6 +62,7 @@ def build_roles(config: PPOConfig, mesh: DeviceMesh, device: str, torch_device: 
         mesh: the 1-D data-parallel device mesh over all workers.
         device: ``cuda``, ``npu`` or ``cpu``.
         torch_device: this rank's compute device.
+        training_steps: the run's steps (``PPOConfig.training_steps``), the trained roles' LR schedule's length.
 
     Returns:
         :class:`Roles`: the actor, and the reference and critic when needed.
@@ -75,7 +76,8 @@ def build_roles(config: PPOConfig, mesh: DeviceMesh, device: str, torch_device: 
         return Roles(actor=FSDPPolicy(model_path, cfg.actor, mesh, device, torch_device, trainable=False,
                                       offload=cfg.actor.offload),
                      reward_model=build_reward_model(config, mesh, device, torch_device))
-    actor = FSDPPolicy(model_path, cfg.actor, mesh, device, torch_device, trainable=True, offload=cfg.actor.offload)
+    actor = FSDPPolicy(model_path, cfg.actor, mesh, device, torch_device, trainable=True, offload=cfg.actor.offload,
+                       training_steps=training_steps)
     ref = None
     if config.builds_reference:
         # same checkpoint: copy the actor's shards (cast to the compute dtype) instead of reading it again
@@ -83,7 +85,7 @@ def build_roles(config: PPOConfig, mesh: DeviceMesh, device: str, torch_device: 
                          init_from=actor)
     critic = None
     if config.algorithm.needs_critic:
-        critic = FSDPCritic(cfg.critic.model.model_path, cfg.critic, mesh, device, torch_device)
+        critic = FSDPCritic(cfg.critic.model.model_path, cfg.critic, mesh, device, torch_device, training_steps)
     reward_model = build_reward_model(config, mesh, device, torch_device)
     teacher = None
     if config.algorithm.needs_teacher:  # its own checkpoint; the actor's sharding and batching, never its LoRA

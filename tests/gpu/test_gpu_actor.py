@@ -19,7 +19,6 @@ def _config(path) -> ActorConfig:
     config.fsdp.param_dtype = "bf16"
     config.fsdp.enable_gradient_checkpointing = True
     config.optim.lr = 1e-3
-    config.optim.training_steps = 1
     return config
 
 
