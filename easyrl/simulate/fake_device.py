@@ -1,19 +1,9 @@
-"""Simulated devices: one process acting as one rank of the config's real world, on fake accelerator tensors.
-
-Three pieces of PyTorch make it (checked with torch 2.13, see docs/simulate.md):
-
-* the fake process group (``backend="fake"`` with ``FakeStore``): this process is rank ``r`` of a world of ``n``;
-  every collective returns at once (no data moves, shapes and dtypes are right);
-* ``FakeTensorMode``: tensors have shapes, dtypes and devices but no storage, so a 30B model "fits" in no memory and
-  ``device="cuda"`` works without a GPU or driver; an op that mixes a host and a device tensor raises, as the device
-  would (:func:`device_check`);
-* stand-ins for the CUDA runtime calls that FSDP2 and easyrl make outside tensors (current device, streams, events)
-  and for the device's attention kernels: ``easyrl.simulate.standins`` (re-exported here).
-
-What it checks beyond FakeTensorMode: a collective (``c10d`` / functional-collective op) given a host tensor while the
-world is on an accelerator raises :class:`HostTensorInCollective` (NCCL and HCCL accept device tensors only; the fake
-process group accepts anything). Both errors are turned into :class:`DeviceCheckError` naming the innermost easyrl
-call (file, line, function) by :func:`device_check`.
+"""Simulated devices: one process acting as one rank of the config's real world, on fake accelerator tensors: the
+fake process group (collectives return at once), ``FakeTensorMode`` (shapes, dtypes and devices without storage;
+a host/device mix raises), :class:`SimulatedDevice` above it (real values for small tensors, the collective check,
+memory accounting) and the CUDA runtime's stand-ins (``easyrl.simulate.standins``, re-exported here). Both device
+errors become a :class:`DeviceCheckError` naming the innermost easyrl call (:func:`device_check`). How and why:
+docs/simulate.md, "What makes a CPU act as a cluster".
 """
 
 from __future__ import annotations

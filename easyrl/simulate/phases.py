@@ -188,19 +188,18 @@ def simulate(config: PPOConfig, spec: DeviceSpec, log: Callable[[str], None] = p
     return sim
 
 
-def _state_bytes(policy) -> dict[str, int]:
-    """Bytes of this rank's float32 parameter shards, gradient shards and AdamW states (counted from the tensors)."""
+def _state_bytes(policy) -> int:
+    """Bytes of this rank's trainable parameter shards, their float32 gradient shards and AdamW states."""
     from torch.distributed.tensor import DTensor
 
-    def local(t):
-        return t.to_local() if isinstance(t, DTensor) else t
+    def nbytes(t, element_size=None):
+        t = t.to_local() if isinstance(t, DTensor) else t
+        return t.numel() * (element_size or t.element_size())
 
     params = [p for p in policy.model.parameters() if p.requires_grad]
     states = [v for state in policy.optimizer.state.values() for v in state.values()
               if isinstance(v, torch.Tensor) and v.dim() > 0]
-    return {"params": sum(local(p).numel() * local(p).element_size() for p in params),
-            "grads": sum(local(p).numel() * 4 for p in params),
-            "optimizer": sum(local(v).numel() * local(v).element_size() for v in states)}
+    return sum(nbytes(p) + nbytes(p, 4) for p in params) + sum(nbytes(v) for v in states)
 
 
 UPDATES = {"actor": "update_policy", "critic": "update_critic"}  # the update method of each trained model
@@ -214,15 +213,10 @@ def simulate_update(config: PPOConfig, spec: DeviceSpec, log: Callable[[str], No
 def simulate_updates(config: PPOConfig, spec: DeviceSpec,
                      log: Callable[[str], None] = print) -> list[PhaseResult]:
     """The actor update (forward, backward, gradient clipping, AdamW step) at the update token budget, then, with a
-    critic (``algorithm.adv_estimator=gae``), the critic's, as rank 0 of the config's world, on fake CPU tensors:
-    PyTorch's autograd engine cannot run backward on a fake ``cuda`` device (docs/simulate.md), so the device checks
-    of these phases are the CPU path's. Both models are loaded, as on a real worker, so each update's peak includes
-    the other's resident shards. A peak stands for the device's: with ``offload.offload_params`` a model's parameter,
-    gradient and AdamW shards live on the host, and are taken out of the peak. Two steps run per model; the peak is
-    the second's (the first has no AdamW states during its forward and backward, every later step has). The second
-    step's mini-batch holds two micro-batches when the config's does (``global_batch_size x rollout.n / world``
-    samples > the micro-batch): the gradients of the first are resident while the second runs, as in every
-    micro-batch after a mini-batch's first."""
+    critic (``algorithm.adv_estimator=gae``), the critic's, as rank 0 of the config's world on fake CPU tensors
+    (autograd cannot run backward on a fake ``cuda`` device), both models loaded. Each peak is the second step's
+    (AdamW states resident), over two micro-batches when the config's mini-batch holds more than one (the first's
+    gradients resident), with offloaded parameter, gradient and AdamW shards taken out (docs/simulate.md)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     import easyrl.workers.fsdp_model as fsdp_model
@@ -261,7 +255,7 @@ def simulate_updates(config: PPOConfig, spec: DeviceSpec,
                 mode.reset_peak()
                 with device_check(f"{name} update"):  # a later step: every model's AdamW states are resident
                     getattr(model, UPDATES[name])(accumulated, len(accumulated), micro)
-                peak = mode.peak - sum(sum(_state_bytes(m).values()) for _, r, m in models
+                peak = mode.peak - sum(_state_bytes(m) for _, r, m in models
                                        if r.offload.offload_params)
                 results.append(PhaseResult(f"{name} update (fwd+bwd+AdamW)", peak / GIB, float("nan"),
                                            time.perf_counter() - start))
