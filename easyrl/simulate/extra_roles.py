@@ -14,7 +14,7 @@ from unittest import mock
 import torch
 
 from easyrl.config import PPOConfig
-from easyrl.simulate.fake_device import GIB
+from easyrl.simulate.fake_device import GIB, fake_state
 
 JUDGE = "judge vLLM (worker.reward.judge.gpu_memory_utilization)"
 
@@ -25,9 +25,7 @@ class _FakeLoaded:
     def __init__(self, hf_config):
         from easyrl.sizing.anatomy import meta_model
 
-        model = meta_model(hf_config, classifier=True)
-        self.state = {name: torch.empty(t.shape, dtype=t.dtype) for name, t in model.state_dict().items()}
-        self.buffers = {name: torch.empty(b.shape, dtype=b.dtype) for name, b in model.named_buffers()}
+        self.state, self.buffers = fake_state(meta_model(hf_config, classifier=True))
 
     def state_dict(self):
         return self.state

@@ -18,6 +18,7 @@ from unittest import mock
 import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from easyrl.simulate.standins import GIB, DeviceSpec, accelerator_standins  # noqa: F401
 
@@ -170,7 +171,7 @@ class SimulatedDevice(TorchDispatchMode):
 
         swap = {id(t): r for t, r in zip(inputs, reals)}
         back = {id(r): t for t, r in zip(inputs, reals)}
-        target = kwargs.get("device") if func in _COPIES else None
+        target = kwargs.get("device") if func is torch.ops.aten._to_copy.default else None
         target = torch.device(target) if target is not None else next(
             (t.device for t in inputs if t.device.type != "cpu"), torch.device("cpu"))
         real_kwargs = dict(tree_map(lambda v: swap.get(id(v), v), kwargs))
@@ -206,17 +207,8 @@ class SimulatedDevice(TorchDispatchMode):
                 pass
 
 
-_COPIES = {torch.ops.aten._to_copy.default}
-
-
 def _tensors(value) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensors(v)]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors(v)]
-    return []
+    return [t for t in tree_leaves(value) if isinstance(t, torch.Tensor)]
 
 
 def culprit(exc: BaseException) -> str:
@@ -314,6 +306,11 @@ def fake_checkpoint_reader(model_path: str, hf_config, trust_remote_code: bool, 
         from easyrl.models.lora import apply_lora
 
         apply_lora(model, lora, model_path)
+    return fake_state(model)
+
+
+def fake_state(model: torch.nn.Module) -> tuple[dict, dict]:
+    """``(state dict, buffers)`` of ``model`` (a meta-device build) as new tensors of the same names, shapes and
+    dtypes: fake tensors under ``FakeTensorMode``."""
     state = {name: torch.empty(t.shape, dtype=t.dtype) for name, t in model.state_dict().items()}
-    buffers = {name: torch.empty(b.shape, dtype=b.dtype) for name, b in model.named_buffers()}
-    return state, buffers
+    return state, {name: torch.empty(b.shape, dtype=b.dtype) for name, b in model.named_buffers()}
