@@ -9,10 +9,11 @@ The simulated rank is rank 0: it is the rank that reads the checkpoint (here a s
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 from unittest import mock
 
 import torch
@@ -74,6 +75,23 @@ def lora_outside_fake_mode():
     return mock.patch.object(lora_module, "apply_lora", apply_lora)
 
 
+@contextlib.contextmanager
+def simulated_rank(spec: DeviceSpec, world_size: int, kind: str) -> Iterator[tuple]:
+    """Rank 0 of ``world_size`` on fake ``kind`` tensors standing for ``spec`` devices (``(mesh, SimulatedDevice)``
+    inside): the fake world, the accelerator's stand-ins, rank 0's checkpoint read faked, peft outside the fake mode,
+    the VL stand-ins (``easyrl.simulate.vl_model``) and a 1-D ``dp`` device mesh."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    import easyrl.workers.fsdp_model as fsdp_model
+
+    with fake_world(0, world_size, kind), accelerator_standins(spec), \
+            mock.patch.object(fsdp_model, "read_checkpoint", fake_checkpoint_reader), lora_outside_fake_mode(), \
+            simulated_vl():
+        mesh = init_device_mesh(kind, (world_size,), mesh_dim_names=("dp",))
+        with fake_tensors(kind) as mode:
+            yield mesh, mode
+
+
 def model_folder(model_path: str) -> str:
     """A folder holding the model's ``config.json``: ``model_path`` itself when it has one, else the shipped
     ``examples/model_configs/<last part of the hub id>``.
@@ -127,7 +145,6 @@ def simulate(config: PPOConfig, spec: DeviceSpec, log: Callable[[str], None] = p
         DeviceCheckError: a host tensor reached a device op or a collective (the message names phase and call).
     """
     from torch.distributed.checkpoint.state_dict import get_state_dict
-    from torch.distributed.device_mesh import init_device_mesh
 
     import easyrl.workers.fsdp_model as fsdp_model
     from easyrl.simulate import extra_roles
@@ -149,40 +166,35 @@ def simulate(config: PPOConfig, spec: DeviceSpec, log: Callable[[str], None] = p
     rm_batch = extra_roles.reward_model_batch(config) if cfg.reward.reward_model.enabled else None
     if cfg.reward.judge.model_path is not None:  # its engine stays resident: no sleep mode (easyrl.workers.judge)
         sim.beside[extra_roles.JUDGE] = cfg.reward.judge.gpu_memory_utilization * spec.memory_gib
-    with fake_world(0, world, kind), accelerator_standins(spec), \
-            mock.patch.object(fsdp_model, "read_checkpoint", fake_checkpoint_reader), lora_outside_fake_mode(), \
-            simulated_vl():
-        mesh = init_device_mesh(kind, (world,), mesh_dim_names=("dp",))
-        with fake_tensors(kind) as mode:
-            def phase(name: str, run: Callable[[], object]) -> object:
-                start = time.perf_counter()
-                mode.reset_peak()
-                with device_check(name):
-                    result = run()
-                sim.phases.append(PhaseResult(name, mode.peak / GIB, mode.allocated / GIB,
-                                              time.perf_counter() - start))
-                log(f"  {name}: peak {mode.peak / GIB:.1f} GiB ({time.perf_counter() - start:.0f} s)")
-                return result
+    with simulated_rank(spec, world, kind) as (mesh, mode):
+        def phase(name: str, run: Callable[[], object]) -> object:
+            start = time.perf_counter()
+            mode.reset_peak()
+            with device_check(name):
+                result = run()
+            sim.phases.append(PhaseResult(name, mode.peak / GIB, mode.allocated / GIB, time.perf_counter() - start))
+            log(f"  {name}: peak {mode.peak / GIB:.1f} GiB ({time.perf_counter() - start:.0f} s)")
+            return result
 
-            actor = phase("load actor", lambda: FSDPPolicy(path, cfg.actor, mesh, kind, device, trainable=True,
-                                                           offload=cfg.actor.offload))
-            ref = None
-            if config.builds_reference:
-                ref = phase("load reference", lambda: FSDPPolicy(path, cfg.actor, mesh, kind, device, trainable=False,
-                                                                 offload=cfg.ref.offload, init_from=actor))
-            phase("old log-probs (forward)", lambda: actor.compute_log_probs(batch, micro, cfg.actor.temperature))
-            if ref is not None:
-                phase("reference forward", lambda: ref.compute_log_probs(batch, micro, cfg.actor.temperature))
-            if teacher_batch is not None:
-                extra_roles.teacher_phases(config, mesh, kind, device, phase, model_folder, teacher_batch)
-            if rm_batch is not None:
-                extra_roles.reward_model_phases(config, mesh, kind, device, phase, model_folder, rm_batch)
-            dtype = fsdp_model.TORCH_DTYPES[cfg.rollout.dtype]
-            bucket = cfg.rollout.update_weights_bucket_megabytes * 2**20
-            phase("weight sync gather", lambda: [None for _ in iter_full_weights(actor.model.state_dict(), device,
-                                                                                  dtype, bucket)])
-            phase("checkpoint state dict", lambda: get_state_dict(actor.model, actor.optimizer))
-            phase("export gather", lambda: fsdp_model.gather_full_state_dict(actor.model))
+        actor = phase("load actor", lambda: FSDPPolicy(path, cfg.actor, mesh, kind, device, trainable=True,
+                                                       offload=cfg.actor.offload))
+        ref = None
+        if config.builds_reference:
+            ref = phase("load reference", lambda: FSDPPolicy(path, cfg.actor, mesh, kind, device, trainable=False,
+                                                             offload=cfg.ref.offload, init_from=actor))
+        phase("old log-probs (forward)", lambda: actor.compute_log_probs(batch, micro, cfg.actor.temperature))
+        if ref is not None:
+            phase("reference forward", lambda: ref.compute_log_probs(batch, micro, cfg.actor.temperature))
+        if teacher_batch is not None:
+            extra_roles.teacher_phases(config, mesh, kind, device, phase, model_folder, teacher_batch)
+        if rm_batch is not None:
+            extra_roles.reward_model_phases(config, mesh, kind, device, phase, model_folder, rm_batch)
+        dtype = fsdp_model.TORCH_DTYPES[cfg.rollout.dtype]
+        bucket = cfg.rollout.update_weights_bucket_megabytes * 2**20
+        phase("weight sync gather", lambda: [None for _ in iter_full_weights(actor.model.state_dict(), device,
+                                                                              dtype, bucket)])
+        phase("checkpoint state dict", lambda: get_state_dict(actor.model, actor.optimizer))
+        phase("export gather", lambda: fsdp_model.gather_full_state_dict(actor.model))
     if update:
         sim.phases.extend(simulate_updates(config, spec, log))
     return sim
@@ -217,9 +229,6 @@ def simulate_updates(config: PPOConfig, spec: DeviceSpec,
     (autograd cannot run backward on a fake ``cuda`` device), both models loaded. Each peak is the second step's
     (AdamW states resident), over two micro-batches when the config's mini-batch holds more than one (the first's
     gradients resident), with offloaded parameter, gradient and AdamW shards taken out (docs/simulate.md)."""
-    from torch.distributed.device_mesh import init_device_mesh
-
-    import easyrl.workers.fsdp_model as fsdp_model
     from easyrl.workers.critic import FSDPCritic
     from easyrl.workers.policy import FSDPPolicy
 
@@ -235,30 +244,25 @@ def simulate_updates(config: PPOConfig, spec: DeviceSpec,
         batch = budget_batch(config, config.token_budget(micro, role), grid)
         batches[name] = (micro, batch, budget_batch(config, 2 * config.token_budget(micro, role), grid)
                          if mini > micro else batch)
-    with fake_world(0, config.world_size, "cpu"), accelerator_standins(spec), \
-            mock.patch.object(fsdp_model, "read_checkpoint", fake_checkpoint_reader), lora_outside_fake_mode(), \
-            simulated_vl():
-        mesh = init_device_mesh("cpu", (config.world_size,), mesh_dim_names=("dp",))
-        with fake_tensors("cpu") as mode:
+    with simulated_rank(spec, config.world_size, "cpu") as (mesh, mode):
+        start = time.perf_counter()
+        models = [("actor", cfg.actor, FSDPPolicy(model_folder(cfg.actor.model.model_path), cfg.actor, mesh, "cpu",
+                                                  torch.device("cpu"), trainable=True, offload=cfg.actor.offload))]
+        if config.algorithm.needs_critic:
+            models.append(("critic", cfg.critic, FSDPCritic(model_folder(cfg.critic.model.model_path), cfg.critic,
+                                                            mesh, "cpu", torch.device("cpu"))))
+        with device_check("update"):
+            for name, _, model in models:  # the first steps create the AdamW states of every model
+                micro, batch, _ = batches[name]
+                getattr(model, UPDATES[name])(batch, len(batch), micro)
+        for name, _, model in models:
+            micro, _, accumulated = batches[name]
+            mode.reset_peak()
+            with device_check(f"{name} update"):  # a later step: every model's AdamW states are resident
+                getattr(model, UPDATES[name])(accumulated, len(accumulated), micro)
+            peak = mode.peak - sum(_state_bytes(m) for _, r, m in models if r.offload.offload_params)
+            results.append(PhaseResult(f"{name} update (fwd+bwd+AdamW)", peak / GIB, float("nan"),
+                                       time.perf_counter() - start))
+            log(f"  {results[-1].name}: peak {results[-1].peak_gib:.1f} GiB ({results[-1].seconds:.0f} s)")
             start = time.perf_counter()
-            models = [("actor", cfg.actor, FSDPPolicy(model_folder(cfg.actor.model.model_path), cfg.actor, mesh, "cpu",
-                                                      torch.device("cpu"), trainable=True, offload=cfg.actor.offload))]
-            if config.algorithm.needs_critic:
-                models.append(("critic", cfg.critic, FSDPCritic(model_folder(cfg.critic.model.model_path), cfg.critic,
-                                                                mesh, "cpu", torch.device("cpu"))))
-            with device_check("update"):
-                for name, _, model in models:  # the first steps create the AdamW states of every model
-                    micro, batch, _ = batches[name]
-                    getattr(model, UPDATES[name])(batch, len(batch), micro)
-            for name, _, model in models:
-                micro, _, accumulated = batches[name]
-                mode.reset_peak()
-                with device_check(f"{name} update"):  # a later step: every model's AdamW states are resident
-                    getattr(model, UPDATES[name])(accumulated, len(accumulated), micro)
-                peak = mode.peak - sum(_state_bytes(m) for _, r, m in models
-                                       if r.offload.offload_params)
-                results.append(PhaseResult(f"{name} update (fwd+bwd+AdamW)", peak / GIB, float("nan"),
-                                           time.perf_counter() - start))
-                log(f"  {results[-1].name}: peak {results[-1].peak_gib:.1f} GiB ({results[-1].seconds:.0f} s)")
-                start = time.perf_counter()
     return results
