@@ -57,11 +57,9 @@ class Simulation:
 
 
 def lora_outside_fake_mode():
-    """Patch ``easyrl.models.lora.apply_lora`` to run with fake tensors switched off while peft wraps the model: peft
-    moves each new adapter layer to its base layer's device with ``Module.to``, which swaps the parameters
-    (``torch.utils.swap_tensors``, always for a tensor subclass) and refuses a tensor with a weakref, which
-    ``FakeTensorMode`` keeps on every tensor it makes. The model is on the meta device there (no memory either way);
-    the adapter becomes fake when FSDP2 materializes it."""
+    """Patch ``easyrl.models.lora.apply_lora`` to run with fake tensors switched off (on the meta-device model):
+    peft's ``Module.to`` swaps parameters and refuses the weakref ``FakeTensorMode`` keeps on every tensor it
+    makes (docs/simulate.md); the adapter becomes fake when FSDP2 materializes it."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     from easyrl.models import lora as lora_module
@@ -122,9 +120,9 @@ def budget_batch(config: PPOConfig, tokens: int, grid: Optional[ImageGrid] = Non
     length = prompt + response
     tensors = {"input_ids": torch.randint(0, 1000, (bsz, length)),
                "attention_mask": torch.ones(bsz, length, dtype=torch.long),
-               "response_mask": torch.ones(bsz, response), "advantages": torch.zeros(bsz, response),
-               "old_log_probs": torch.zeros(bsz, response), "ref_log_probs": torch.zeros(bsz, response),
-               "values": torch.zeros(bsz, response), "returns": torch.zeros(bsz, response)}  # the critic's
+               "response_mask": torch.ones(bsz, response),  # values, returns: the critic's
+               **{key: torch.zeros(bsz, response) for key in ("advantages", "old_log_probs", "ref_log_probs",
+                                                              "values", "returns")}}
     extras = {"multi_modal_inputs": add_images(tensors["input_ids"], prompt, grid)} if grid is not None else {}
     return Batch(TensorDict(tensors, batch_size=[bsz]), extras)
 
