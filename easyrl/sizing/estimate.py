@@ -185,10 +185,6 @@ def prefetched_layer(num_params: int, vocab_size: int, shape: ModelShape, comput
     return split_parameters(num_params, vocab_size, shape)[1] * compute_bytes / GIB
 
 
-def _items(items: dict[str, float]) -> str:
-    return ", ".join(f"{name} {gib:.1f}" for name, gib in items.items() if gib > 0)
-
-
 MORE_DEVICES = "more devices (trainer.n_gpus_per_node / trainer.nnodes: smaller shards)"
 GATHERED = "devices with more memory (FSDP2 gathers the root group and whole layers, whatever the world size)"
 UPDATE = "worker.actor.micro_batch_size_per_device_for_update"
@@ -249,7 +245,8 @@ def check_memory(estimate: MemoryEstimate) -> None:
     for phase, items in phases.items():  # experience forwards: vLLM asleep, one micro-batch's forward
         need = sum(items.values())
         if need > cap:
-            problems.append(f"{phase} needs ~{need:.1f} GiB per device but it has {cap:.1f} GiB ({_items(items)} "
+            listed = ", ".join(f"{name} {gib:.1f}" for name, gib in items.items() if gib > 0)
+            problems.append(f"{phase} needs ~{need:.1f} GiB per device but it has {cap:.1f} GiB ({listed} "
                             f"GiB): {advice(items, need - cap)}.")
     if problems:
         raise ConfigError(" ".join(problems))

@@ -12,7 +12,7 @@ from easyrl.sizing.anatomy import (
     DTYPE_BYTES,
     GIB,
     ModelShape,
-    classifier_parameters,
+    meta_model,
     model_anatomy,
     model_shape,
     split_parameters,
@@ -124,6 +124,7 @@ def experience_models(config: PPOConfig, folder: Callable[[str], str] = str) -> 
     rm = worker.reward.reward_model
     if rm.enabled:
         hf_config = AutoConfig.from_pretrained(folder(rm.model_path), trust_remote_code=rm.trust_remote_code)
-        models["reward_model"] = RoleModel(classifier_parameters(hf_config, rm.trust_remote_code),
-                                           vocab_size(hf_config), model_shape(hf_config), lm_head=False)
+        classifier = meta_model(hf_config, rm.trust_remote_code, classifier=True)  # a score head, no LM head
+        models["reward_model"] = RoleModel(sum(p.numel() for p in classifier.parameters()), vocab_size(hf_config),
+                                           model_shape(hf_config), lm_head=False)
     return models
