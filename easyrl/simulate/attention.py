@@ -58,18 +58,10 @@ def fused_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn
                                                                   is_causal, scale=scale)[0]
 
 
-def simulated_varlen_attention(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: Optional[torch.Tensor],
-    dropout: float = 0.0,
-    scaling: Optional[float] = None,
-    is_causal: Optional[bool] = None,
-    position_ids: Optional[torch.Tensor] = None,
-    **kwargs,
-) -> tuple[torch.Tensor, None]:
+def simulated_varlen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                               attention_mask: Optional[torch.Tensor], dropout: float = 0.0,
+                               scaling: Optional[float] = None, is_causal: Optional[bool] = None,
+                               position_ids: Optional[torch.Tensor] = None, **kwargs) -> tuple[torch.Tensor, None]:
     """transformers' attention-function signature: flash-attention's varlen kernel (``aten._flash_attention_forward``
     with ``cum_seq_q/k``) over one packed row, the sequences read off the position ids as
     ``easyrl.models.packed_attention`` reads them (and as transformers' flash path does).
