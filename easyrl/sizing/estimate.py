@@ -72,7 +72,8 @@ def estimate_memory(num_params: int, vocab_size: int, config: PPOConfig, capacit
     adam = 2 * moment_bytes * shard / GIB if actor_on_device and not lora else 0.0
     adam_in_rollout = 0.0 if actor.offload.offload_optimizer else adam  # offload_optimizer: on the host until update
     grads = 0.0 if lora else params
-    reference = compute_bytes * shard / GIB if ref_on_device else 0.0
+    ref_gib = compute_bytes * shard / GIB
+    reference = ref_gib if ref_on_device else 0.0
     claim = worker.rollout.gpu_memory_utilization * capacity_gib
     micro = worker.actor.micro_batch_size_per_device_for_update
     logits = 0.0 if actor.padding_free else \
@@ -86,9 +87,10 @@ def estimate_memory(num_params: int, vocab_size: int, config: PPOConfig, capacit
     critic = 12 * shard / GIB if critic_on_device else 0.0
     critic_grads = 4 * shard / GIB if critic_on_device else 0.0
     rm = worker.reward.reward_model  # frozen, in the compute dtype, resident unless offloaded
-    reward_model = 0.0 if rm.offload.offload_params else DTYPE_BYTES[rm.param_dtype] * reward_model_params / world / GIB
+    rm_gib = DTYPE_BYTES[rm.param_dtype] * reward_model_params / world / GIB
     teacher_on_device = config.algorithm.needs_teacher and not worker.teacher.offload.offload_params
-    teacher = compute_bytes * teacher_params / world / GIB if teacher_on_device else 0.0
+    teacher_gib = compute_bytes * teacher_params / world / GIB
+    teacher = teacher_gib if teacher_on_device else 0.0
     teacher_items = {"teacher": teacher} if config.algorithm.needs_teacher else {}  # an item only where one is built
     estimate = MemoryEstimate(
         capacity_gib=capacity_gib,
@@ -107,16 +109,15 @@ def estimate_memory(num_params: int, vocab_size: int, config: PPOConfig, capacit
             phase["judge vLLM (worker.reward.judge.gpu_memory_utilization)"] = judge.gpu_memory_utilization * \
                 capacity_gib
     if reward_model_params:
-        estimate.rollout["reward model"] = estimate.training["reward model"] = reward_model
+        estimate.rollout["reward model"] = estimate.training["reward model"] = 0.0 if rm.offload.offload_params \
+            else rm_gib
     actor_bytes = param_bytes * (1 if lora else 2) + (0 if lora else 2 * moment_bytes)  # params, grads, AdamW
     host = {"actor params + grads + Adam states": 0.0 if actor_on_device else actor_bytes * shard / GIB,
             "actor Adam states (offload_optimizer)": adam - adam_in_rollout,
-            "reference": compute_bytes * shard / GIB if config.builds_reference and not ref_on_device else 0.0,
+            "reference": ref_gib if config.builds_reference and not ref_on_device else 0.0,
             "critic": 16 * shard / GIB if config.algorithm.needs_critic and not critic_on_device else 0.0,
-            "teacher": compute_bytes * teacher_params / world / GIB
-            if config.algorithm.needs_teacher and not teacher_on_device else 0.0,
-            "reward model": DTYPE_BYTES[rm.param_dtype] * reward_model_params / world / GIB
-            if rm.offload.offload_params else 0.0}
+            "teacher": teacher_gib if config.algorithm.needs_teacher and not teacher_on_device else 0.0,
+            "reward model": rm_gib if rm.offload.offload_params else 0.0}
     estimate.host = {name: gib * config.trainer.n_gpus_per_node for name, gib in host.items() if gib > 0}
     return estimate
 
