@@ -31,7 +31,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-__all__ = ["PACKED_SDPA", "sequence_lengths", "packed_sdpa_attention", "packed_sdpa_mask"]
+__all__ = ["PACKED_SDPA", "sequence_lengths", "packed_lengths", "packed_sdpa_attention", "packed_sdpa_mask"]
 
 PACKED_SDPA = "easyrl_packed_sdpa"
 """The ``attn_implementation`` name of the per-sequence attention."""
@@ -52,6 +52,19 @@ def sequence_lengths(position_ids: torch.Tensor) -> list[int]:
     starts[1:] = pos[1:] != pos[:-1] + 1
     edges = torch.nonzero(starts).flatten().tolist() + [pos.numel()]
     return [end - start for start, end in zip(edges[:-1], edges[1:])]
+
+
+def packed_lengths(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                   attention_mask: Optional[torch.Tensor], is_causal: Optional[bool],
+                   position_ids: Optional[torch.Tensor]) -> Optional[list[int]]:
+    """The sequence lengths of an attention call over one causal packed row (no mask, one row, position ids, the
+    query as long as the keys: not decoding), read off ``position_ids`` (:func:`sequence_lengths`); None for any
+    other call. ``is_causal`` None: the module's ``is_causal`` (True when it has none)."""
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    if (attention_mask is None and position_ids is not None and query.shape[0] == 1 and causal
+            and query.shape[2] == key.shape[2] == position_ids.shape[-1]):
+        return sequence_lengths(position_ids)
+    return None
 
 
 def packed_sdpa_mask(*args, **kwargs) -> Optional[torch.Tensor]:
@@ -93,10 +106,7 @@ def packed_sdpa_attention(
     Calls with a mask, without position ids, of more than one row, of a bidirectional module (a vision tower) or with
     a query shorter than the keys (decoding with a cache) go to ``sdpa_attention_forward`` unchanged.
     """
-    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    packed = (attention_mask is None and position_ids is not None and query.shape[0] == 1 and causal
-              and query.shape[2] == key.shape[2] == position_ids.shape[-1])
-    lengths = sequence_lengths(position_ids) if packed else []
+    lengths = packed_lengths(module, query, key, attention_mask, is_causal, position_ids) or []
     if len(lengths) > 1 and kwargs.get("sliding_window") is not None:
         raise NotImplementedError(
             f"{type(module).__name__} uses sliding-window attention, which the per-sequence CPU attention does not "

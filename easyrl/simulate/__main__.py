@@ -6,6 +6,7 @@ op or collective."""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import Optional
 
@@ -55,7 +56,7 @@ def _simulate(argv: list[str], prog: str) -> int:
             return 1
     problem = report.verdict(sim, estimate, estimate_error)
     if args.json:
-        print(report.dumps(report.as_dict(sim, estimate, problem, name, config.world_size) | {"judge": judge}))
+        print(json.dumps(report.as_dict(sim, estimate, problem, name, config.world_size) | {"judge": judge}, indent=2))
     else:
         print(report.table(sim, estimate, problem, name, config.world_size, judge))
     return 0 if problem is None else 1

@@ -1,30 +1,6 @@
-"""The device's attention kernels on simulated devices: what an H100 / 910B holds for attention, not what PyTorch's
-math path holds on fake tensors.
-
-On fake tensors ``scaled_dot_product_attention`` cannot pick a fused kernel (its kernel choice is a C++ dispatch stub
-that a CPU build of torch has no CUDA entry for), so it takes the math path: it materializes ``(batch, heads, S, S)``
-attention weights and their float32 softmax (one SDPA call at 16 x 4096 with a padding mask: 35 GiB). The kernels a
-user runs keep only the output and a log-sum-exp per query row. Inside :func:`device_attention`:
-
-* the actor's choice (``easyrl.workers.policy_forward.attention_implementation``, a pure function) is called with the
-  simulated device's values: its kind (``cuda`` / ``npu``, also in the update phase, which runs on a fake CPU world)
-  and ``flash_available=True`` (the simulated CUDA node has the ``flash_attn`` package; Ascend's fusion attention
-  needs none). Where it says ``flash_attention_2`` (padding-free forwards in bf16/fp16) the model is built with
-  :data:`SIMULATED_VARLEN`, which runs the packed row through ``aten._flash_attention_forward`` with ``cum_seq_q/k``
-  (flash-attention's varlen kernel; torch's has meta kernels for it and its backward): output ``(T, heads,
-  head_dim)`` + a float32 log-sum-exp ``(heads, T)``;
-* ``torch.nn.functional.scaled_dot_product_attention`` (transformers' ``sdpa``: padded batches such as the reward
-  model's and ``padding_free=false``, the vision tower, fp32 per-sequence calls) becomes :func:`fused_sdpa`, the CUDA
-  SDPA's own choice: without a mask, bf16/fp16, ``aten._scaled_dot_product_flash_attention`` (output + log-sum-exp);
-  otherwise ``aten._scaled_dot_product_efficient_attention`` with the mask as an additive bias in the query's dtype
-  (a boolean mask converted as SDPA converts it: a ``(batch, 1, S, S)`` tensor, expanded over the heads without a
-  copy), output + log-sum-exp.
-
-The math path is left where CUDA's SDPA takes it too: grouped-query heads that were not repeated (``enable_gqa=True``)
-where the flash kernel cannot run (a mask, fp32, head dim > 256: the memory-efficient kernel takes no GQA;
-transformers repeats the heads itself before a masked call, so of easyrl's calls only fp32 padding-free forwards of a
-GQA model get there, one sequence at a time, as on the device), float64, head dims that are not a multiple of 8.
-Not counted: the kernels' own workspaces (flash-attention's float32 ``dq`` accumulator in backward).
+"""The device's attention kernels on simulated devices: what an H100 / 910B holds for attention (output +
+log-sum-exp), not the ``(batch, heads, S, S)`` weights of the math path that ``scaled_dot_product_attention`` takes
+on fake tensors. Which kernel runs where: docs/simulate.md, "The device's attention kernels".
 """
 
 from __future__ import annotations
@@ -39,7 +15,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface
 
-from easyrl.models.packed_attention import packed_sdpa_mask, sequence_lengths
+from easyrl.models.packed_attention import packed_lengths, packed_sdpa_mask
 
 __all__ = ["SIMULATED_VARLEN", "device_attention", "fused_sdpa", "simulated_varlen_attention", "varlen_flash"]
 
@@ -53,7 +29,7 @@ _math_sdpa = torch.nn.functional.scaled_dot_product_attention
 def fused_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
                dropout_p: float = 0.0, is_causal: bool = False, scale: Optional[float] = None,
                enable_gqa: bool = False) -> torch.Tensor:
-    """``scaled_dot_product_attention`` as CUDA runs it (module docstring): flash kernel without a mask in bf16/fp16
+    """``scaled_dot_product_attention`` as CUDA runs it: flash kernel without a mask in bf16/fp16
     (head dim <= 256), memory-efficient kernel with the mask as a bias otherwise, the math path where CUDA takes it
     too.
 
@@ -82,18 +58,10 @@ def fused_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn
                                                                   is_causal, scale=scale)[0]
 
 
-def simulated_varlen_attention(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: Optional[torch.Tensor],
-    dropout: float = 0.0,
-    scaling: Optional[float] = None,
-    is_causal: Optional[bool] = None,
-    position_ids: Optional[torch.Tensor] = None,
-    **kwargs,
-) -> tuple[torch.Tensor, None]:
+def simulated_varlen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                               attention_mask: Optional[torch.Tensor], dropout: float = 0.0,
+                               scaling: Optional[float] = None, is_causal: Optional[bool] = None,
+                               position_ids: Optional[torch.Tensor] = None, **kwargs) -> tuple[torch.Tensor, None]:
     """transformers' attention-function signature: flash-attention's varlen kernel (``aten._flash_attention_forward``
     with ``cum_seq_q/k``) over one packed row, the sequences read off the position ids as
     ``easyrl.models.packed_attention`` reads them (and as transformers' flash path does).
@@ -109,13 +77,10 @@ def simulated_varlen_attention(
     Calls that are not a causal packed row (a mask, more than one row, a bidirectional vision tower, decoding) go to
     transformers' ``sdpa_attention_forward``, i.e. :func:`fused_sdpa` inside :func:`device_attention`.
     """
-    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    packed = (attention_mask is None and position_ids is not None and query.shape[0] == 1 and causal
-              and query.shape[2] == key.shape[2] == position_ids.shape[-1])
-    if not packed:
+    lengths = packed_lengths(module, query, key, attention_mask, is_causal, position_ids)
+    if lengths is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
-    lengths = sequence_lengths(position_ids)
     cu_seqlens = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=query.device)
     return varlen_flash(query, key, value, cu_seqlens, cu_seqlens, max(lengths), max(lengths), dropout, True,
                         scaling, kwargs.get("sliding_window")), None
@@ -148,8 +113,9 @@ AttentionMaskInterface.register(SIMULATED_VARLEN, packed_sdpa_mask)
 
 @contextlib.contextmanager
 def device_attention(kind: str) -> Iterator[None]:
-    """The attention kernels of a ``kind`` (``cuda`` / ``npu``) device with ``flash_attn`` installed (module
-    docstring), for the models built and run inside: the actor's choice and SDPA's."""
+    """The attention kernels of a ``kind`` (``cuda`` / ``npu``) device with ``flash_attn`` installed, for the models
+    built and run inside: the actor's choice (``attention_implementation`` with ``kind`` and ``flash_available``;
+    :data:`SIMULATED_VARLEN` for ``flash_attention_2``) and SDPA's (:func:`fused_sdpa`)."""
     from easyrl.workers import trainable
     from easyrl.workers.policy_forward import attention_implementation
 

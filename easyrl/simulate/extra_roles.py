@@ -1,17 +1,8 @@
-"""The roles beside the actor, reference and critic, simulated with easyrl's own worker code (``easyrl.workers.roles``):
-
-* ``reward_model`` (``worker.reward.reward_model``): ``FSDPRewardModel`` loaded and sharded with its offload setting,
-  then one micro-batch of its forward (``micro_batch_size_per_device`` rows of the reward model's input length,
-  ``max_length`` or the sample's padded length), as ``FSDPWorker.compute_rm_scores`` runs it;
-* ``teacher`` (``algorithm.needs_teacher``): ``FSDPPolicy`` on the teacher's checkpoint with ``teacher_role_config``
-  (frozen, offloaded as configured), then its log-prob forward at the token budget, as
-  ``FSDPWorker.compute_teacher_log_probs`` runs it;
-* the LLM judge (``worker.reward.judge``): a second vLLM engine, not simulated (vLLM is not), but resident in every
-  phase (no sleep mode, ``easyrl.workers.judge``): its ``gpu_memory_utilization`` claim is held beside every
-  simulated phase, and its weights (from its ``config.json``, rollout dtype, one engine per device) must fit in it.
-
-Each loader runs as rank 0 of the fake world, like the actor's: rank 0's checkpoint read is replaced by a stand-in of
-the same names, shapes and dtypes (no weights are read).
+"""The roles beside the actor, reference and critic, simulated with easyrl's own worker code as rank 0 of the fake
+world (docs/simulate.md, "The roles beside the actor"): the reward model's load and forward (as
+``FSDPWorker.compute_rm_scores``), the distillation teacher's load and log-prob forward (as
+``FSDPWorker.compute_teacher_log_probs``), and the LLM judge's vLLM engine, not simulated but held beside every
+phase (its ``gpu_memory_utilization`` claim; its weights must fit in it).
 """
 
 from __future__ import annotations
@@ -23,7 +14,7 @@ from unittest import mock
 import torch
 
 from easyrl.config import PPOConfig
-from easyrl.simulate.fake_device import GIB
+from easyrl.simulate.fake_device import GIB, fake_state
 
 JUDGE = "judge vLLM (worker.reward.judge.gpu_memory_utilization)"
 
@@ -34,22 +25,13 @@ class _FakeLoaded:
     def __init__(self, hf_config):
         from easyrl.sizing.anatomy import meta_model
 
-        model = meta_model(hf_config, classifier=True)
-        self.state = {name: torch.empty(t.shape, dtype=t.dtype) for name, t in model.state_dict().items()}
-        self.buffers = {name: torch.empty(b.shape, dtype=b.dtype) for name, b in model.named_buffers()}
+        self.state, self.buffers = fake_state(meta_model(hf_config, classifier=True))
 
     def state_dict(self):
         return self.state
 
     def named_buffers(self):
         return iter(self.buffers.items())
-
-
-def reward_model_config(config: PPOConfig, folder: Callable[[str], str]):
-    """``worker.reward.reward_model`` with ``model_path`` replaced by the folder holding its ``config.json``."""
-    rm = copy.copy(config.worker.reward.reward_model)
-    rm.model_path = folder(rm.model_path)
-    return rm
 
 
 def reward_model_batch(config: PPOConfig):
@@ -68,13 +50,15 @@ def reward_model_batch(config: PPOConfig):
 
 def reward_model_phases(config: PPOConfig, mesh, kind: str, device: torch.device, phase: Callable,
                         folder: Callable[[str], str], batch) -> None:
-    """``load reward model`` and ``reward model forward`` (module docstring); ``batch`` from
+    """``load reward model`` (``FSDPRewardModel`` with its offload setting, rank 0's checkpoint read faked) and
+    ``reward model forward`` (one micro-batch of ``compute_scores``); ``batch`` from
     :func:`reward_model_batch`, made before the fake mode (the trainer sends host tensors)."""
     from transformers import AutoModelForSequenceClassification
 
     from easyrl.workers.reward_model import FSDPRewardModel
 
-    rm = reward_model_config(config, folder)
+    rm = copy.copy(config.worker.reward.reward_model)  # model_path: the folder holding its config.json
+    rm.model_path = folder(rm.model_path)
     loaded = staticmethod(lambda path, config=None, **kwargs: _FakeLoaded(config))
     with mock.patch.object(AutoModelForSequenceClassification, "from_pretrained", loaded):
         model = phase("load reward model", lambda: FSDPRewardModel(rm, mesh, kind, device, pad_id=0))
@@ -83,7 +67,8 @@ def reward_model_phases(config: PPOConfig, mesh, kind: str, device: torch.device
 
 def teacher_phases(config: PPOConfig, mesh, kind: str, device: torch.device, phase: Callable,
                    folder: Callable[[str], str], batch) -> None:
-    """``load teacher`` and ``teacher forward`` (module docstring); ``batch``: the actor's experience micro-batch."""
+    """``load teacher`` (``FSDPPolicy`` with ``teacher_role_config``, offloaded as configured) and ``teacher
+    forward`` (its log-probs); ``batch``: the actor's experience micro-batch."""
     from easyrl.workers.policy import FSDPPolicy
     from easyrl.workers.roles import teacher_role_config
 

@@ -1,19 +1,9 @@
-"""Simulated devices: one process acting as one rank of the config's real world, on fake accelerator tensors.
-
-Three pieces of PyTorch make it (checked with torch 2.13, see docs/simulate.md):
-
-* the fake process group (``backend="fake"`` with ``FakeStore``): this process is rank ``r`` of a world of ``n``;
-  every collective returns at once (no data moves, shapes and dtypes are right);
-* ``FakeTensorMode``: tensors have shapes, dtypes and devices but no storage, so a 30B model "fits" in no memory and
-  ``device="cuda"`` works without a GPU or driver; an op that mixes a host and a device tensor raises, as the device
-  would (:func:`device_check`);
-* stand-ins for the CUDA runtime calls that FSDP2 and easyrl make outside tensors (current device, streams, events)
-  and for the device's attention kernels: ``easyrl.simulate.standins`` (re-exported here).
-
-What it checks beyond FakeTensorMode: a collective (``c10d`` / functional-collective op) given a host tensor while the
-world is on an accelerator raises :class:`HostTensorInCollective` (NCCL and HCCL accept device tensors only; the fake
-process group accepts anything). Both errors are turned into :class:`DeviceCheckError` naming the innermost easyrl
-call (file, line, function) by :func:`device_check`.
+"""Simulated devices: one process acting as one rank of the config's real world, on fake accelerator tensors: the
+fake process group (collectives return at once), ``FakeTensorMode`` (shapes, dtypes and devices without storage;
+a host/device mix raises), :class:`SimulatedDevice` above it (real values for small tensors, the collective check,
+memory accounting) and the CUDA runtime's stand-ins (``easyrl.simulate.standins``, re-exported here). Both device
+errors become a :class:`DeviceCheckError` naming the innermost easyrl call (:func:`device_check`). How and why:
+docs/simulate.md, "What makes a CPU act as a cluster".
 """
 
 from __future__ import annotations
@@ -28,6 +18,7 @@ from unittest import mock
 import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from easyrl.simulate.standins import GIB, DeviceSpec, accelerator_standins  # noqa: F401
 
@@ -180,7 +171,7 @@ class SimulatedDevice(TorchDispatchMode):
 
         swap = {id(t): r for t, r in zip(inputs, reals)}
         back = {id(r): t for t, r in zip(inputs, reals)}
-        target = kwargs.get("device") if func in _COPIES else None
+        target = kwargs.get("device") if func is torch.ops.aten._to_copy.default else None
         target = torch.device(target) if target is not None else next(
             (t.device for t in inputs if t.device.type != "cpu"), torch.device("cpu"))
         real_kwargs = dict(tree_map(lambda v: swap.get(id(v), v), kwargs))
@@ -216,17 +207,8 @@ class SimulatedDevice(TorchDispatchMode):
                 pass
 
 
-_COPIES = {torch.ops.aten._to_copy.default}
-
-
 def _tensors(value) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensors(v)]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors(v)]
-    return []
+    return [t for t in tree_leaves(value) if isinstance(t, torch.Tensor)]
 
 
 def culprit(exc: BaseException) -> str:
@@ -324,6 +306,11 @@ def fake_checkpoint_reader(model_path: str, hf_config, trust_remote_code: bool, 
         from easyrl.models.lora import apply_lora
 
         apply_lora(model, lora, model_path)
+    return fake_state(model)
+
+
+def fake_state(model: torch.nn.Module) -> tuple[dict, dict]:
+    """``(state dict, buffers)`` of ``model`` (a meta-device build) as new tensors of the same names, shapes and
+    dtypes: fake tensors under ``FakeTensorMode``."""
     state = {name: torch.empty(t.shape, dtype=t.dtype) for name, t in model.state_dict().items()}
-    buffers = {name: torch.empty(b.shape, dtype=b.dtype) for name, b in model.named_buffers()}
-    return state, buffers
+    return state, {name: torch.empty(b.shape, dtype=b.dtype) for name, b in model.named_buffers()}

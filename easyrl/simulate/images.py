@@ -1,18 +1,6 @@
-"""The images of a vision-language budget micro-batch: one image per prompt, the largest the config admits, carried
-as the trainer sends them (``multi_modal_inputs``: per sample ``pixel_values`` ``(patches, channels x temporal x
-patch^2)`` float32 on the host and ``image_grid_thw`` ``(1, 3)``, and the image pad tokens in ``input_ids``), so the
-simulated phases run the vision tower (forward, and backward in the update) on the patches a real geo3k step holds.
-
-The grid is the processor's math (``easyrl.data.images.target_size``, the dataset's smart-resize): a square image at
-``data.max_pixels`` snapped to multiples of ``factor = patch_size x spatial_merge_size``, ``(1, H / patch, W /
-patch)`` patches, ``H x W / factor^2`` image tokens. The image tokens are part of the prompt's ``max_prompt_length``
-(``data.filter_overlong_prompts`` drops a prompt whose image does not fit): when ``max_pixels``' image holds more
-tokens than the prompt leaves beside ``easyrl.sizing.vision.TEXT_TOKENS`` (64) of template and question,
-the image is the largest square that fits (``prompt_image_grid``). The patch widths come from the model's
-``vision_config`` (``patch_size``, ``spatial_merge_size``, ``temporal_patch_size``, ``in_channels``):
-examples/model_configs ships no ``preprocessor_config.json``, and the Qwen-VL processors' own pixel bounds
-(Qwen2.5-VL ``[3136, 12845056]``, Qwen3-VL ``[65536, 16777216]``) are wider than the recipes' ``data`` bounds, so
-``data.min_pixels`` / ``data.max_pixels`` decide.
+"""The images of a vision-language budget micro-batch (docs/simulate.md, "Images"): one image per prompt, the largest
+the config admits (``easyrl.sizing.vision.prompt_image_grid``), carried as the trainer sends them
+(``multi_modal_inputs`` and the image pad tokens in ``input_ids``), so the simulated phases run the vision tower.
 """
 
 from __future__ import annotations
@@ -54,7 +42,7 @@ class ImageGrid:
 
 
 def image_grid(hf_config, config: PPOConfig) -> Optional[ImageGrid]:
-    """The largest image one prompt of ``config`` holds (module docstring), or None for a model without a
+    """The largest image one prompt of ``config`` holds, or None for a model without a
     ``vision_config`` or a ``data.max_prompt_length`` without room for one beside ``TEXT_TOKENS``
     (``easyrl.sizing.vision``): then the batch is text only."""
     vision = vision_shape(hf_config)

@@ -9,10 +9,11 @@ The simulated rank is rank 0: it is the rank that reads the checkpoint (here a s
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 from unittest import mock
 
 import torch
@@ -56,11 +57,9 @@ class Simulation:
 
 
 def lora_outside_fake_mode():
-    """Patch ``easyrl.models.lora.apply_lora`` to run with fake tensors switched off while peft wraps the model: peft
-    moves each new adapter layer to its base layer's device with ``Module.to``, which swaps the parameters
-    (``torch.utils.swap_tensors``, always for a tensor subclass) and refuses a tensor with a weakref, which
-    ``FakeTensorMode`` keeps on every tensor it makes. The model is on the meta device there (no memory either way);
-    the adapter becomes fake when FSDP2 materializes it."""
+    """Patch ``easyrl.models.lora.apply_lora`` to run with fake tensors switched off (on the meta-device model):
+    peft's ``Module.to`` swaps parameters and refuses the weakref ``FakeTensorMode`` keeps on every tensor it
+    makes (docs/simulate.md); the adapter becomes fake when FSDP2 materializes it."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     from easyrl.models import lora as lora_module
@@ -72,6 +71,23 @@ def lora_outside_fake_mode():
             return original(model, lora, model_path)
 
     return mock.patch.object(lora_module, "apply_lora", apply_lora)
+
+
+@contextlib.contextmanager
+def simulated_rank(spec: DeviceSpec, world_size: int, kind: str) -> Iterator[tuple]:
+    """Rank 0 of ``world_size`` on fake ``kind`` tensors standing for ``spec`` devices (``(mesh, SimulatedDevice)``
+    inside): the fake world, the accelerator's stand-ins, rank 0's checkpoint read faked, peft outside the fake mode,
+    the VL stand-ins (``easyrl.simulate.vl_model``) and a 1-D ``dp`` device mesh."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    import easyrl.workers.fsdp_model as fsdp_model
+
+    with fake_world(0, world_size, kind), accelerator_standins(spec), \
+            mock.patch.object(fsdp_model, "read_checkpoint", fake_checkpoint_reader), lora_outside_fake_mode(), \
+            simulated_vl():
+        mesh = init_device_mesh(kind, (world_size,), mesh_dim_names=("dp",))
+        with fake_tensors(kind) as mode:
+            yield mesh, mode
 
 
 def model_folder(model_path: str) -> str:
@@ -104,9 +120,9 @@ def budget_batch(config: PPOConfig, tokens: int, grid: Optional[ImageGrid] = Non
     length = prompt + response
     tensors = {"input_ids": torch.randint(0, 1000, (bsz, length)),
                "attention_mask": torch.ones(bsz, length, dtype=torch.long),
-               "response_mask": torch.ones(bsz, response), "advantages": torch.zeros(bsz, response),
-               "old_log_probs": torch.zeros(bsz, response), "ref_log_probs": torch.zeros(bsz, response),
-               "values": torch.zeros(bsz, response), "returns": torch.zeros(bsz, response)}  # the critic's
+               "response_mask": torch.ones(bsz, response),  # values, returns: the critic's
+               **{key: torch.zeros(bsz, response) for key in ("advantages", "old_log_probs", "ref_log_probs",
+                                                              "values", "returns")}}
     extras = {"multi_modal_inputs": add_images(tensors["input_ids"], prompt, grid)} if grid is not None else {}
     return Batch(TensorDict(tensors, batch_size=[bsz]), extras)
 
@@ -127,7 +143,6 @@ def simulate(config: PPOConfig, spec: DeviceSpec, log: Callable[[str], None] = p
         DeviceCheckError: a host tensor reached a device op or a collective (the message names phase and call).
     """
     from torch.distributed.checkpoint.state_dict import get_state_dict
-    from torch.distributed.device_mesh import init_device_mesh
 
     import easyrl.workers.fsdp_model as fsdp_model
     from easyrl.simulate import extra_roles
@@ -149,58 +164,52 @@ def simulate(config: PPOConfig, spec: DeviceSpec, log: Callable[[str], None] = p
     rm_batch = extra_roles.reward_model_batch(config) if cfg.reward.reward_model.enabled else None
     if cfg.reward.judge.model_path is not None:  # its engine stays resident: no sleep mode (easyrl.workers.judge)
         sim.beside[extra_roles.JUDGE] = cfg.reward.judge.gpu_memory_utilization * spec.memory_gib
-    with fake_world(0, world, kind), accelerator_standins(spec), \
-            mock.patch.object(fsdp_model, "read_checkpoint", fake_checkpoint_reader), lora_outside_fake_mode(), \
-            simulated_vl():
-        mesh = init_device_mesh(kind, (world,), mesh_dim_names=("dp",))
-        with fake_tensors(kind) as mode:
-            def phase(name: str, run: Callable[[], object]) -> object:
-                start = time.perf_counter()
-                mode.reset_peak()
-                with device_check(name):
-                    result = run()
-                sim.phases.append(PhaseResult(name, mode.peak / GIB, mode.allocated / GIB,
-                                              time.perf_counter() - start))
-                log(f"  {name}: peak {mode.peak / GIB:.1f} GiB ({time.perf_counter() - start:.0f} s)")
-                return result
+    with simulated_rank(spec, world, kind) as (mesh, mode):
+        def phase(name: str, run: Callable[[], object]) -> object:
+            start = time.perf_counter()
+            mode.reset_peak()
+            with device_check(name):
+                result = run()
+            sim.phases.append(PhaseResult(name, mode.peak / GIB, mode.allocated / GIB, time.perf_counter() - start))
+            log(f"  {name}: peak {mode.peak / GIB:.1f} GiB ({time.perf_counter() - start:.0f} s)")
+            return result
 
-            actor = phase("load actor", lambda: FSDPPolicy(path, cfg.actor, mesh, kind, device, trainable=True,
-                                                           offload=cfg.actor.offload))
-            ref = None
-            if config.builds_reference:
-                ref = phase("load reference", lambda: FSDPPolicy(path, cfg.actor, mesh, kind, device, trainable=False,
-                                                                 offload=cfg.ref.offload, init_from=actor))
-            phase("old log-probs (forward)", lambda: actor.compute_log_probs(batch, micro, cfg.actor.temperature))
-            if ref is not None:
-                phase("reference forward", lambda: ref.compute_log_probs(batch, micro, cfg.actor.temperature))
-            if teacher_batch is not None:
-                extra_roles.teacher_phases(config, mesh, kind, device, phase, model_folder, teacher_batch)
-            if rm_batch is not None:
-                extra_roles.reward_model_phases(config, mesh, kind, device, phase, model_folder, rm_batch)
-            dtype = fsdp_model.TORCH_DTYPES[cfg.rollout.dtype]
-            bucket = cfg.rollout.update_weights_bucket_megabytes * 2**20
-            phase("weight sync gather", lambda: [None for _ in iter_full_weights(actor.model.state_dict(), device,
-                                                                                  dtype, bucket)])
-            phase("checkpoint state dict", lambda: get_state_dict(actor.model, actor.optimizer))
-            phase("export gather", lambda: fsdp_model.gather_full_state_dict(actor.model))
+        actor = phase("load actor", lambda: FSDPPolicy(path, cfg.actor, mesh, kind, device, trainable=True,
+                                                       offload=cfg.actor.offload))
+        ref = None
+        if config.builds_reference:
+            ref = phase("load reference", lambda: FSDPPolicy(path, cfg.actor, mesh, kind, device, trainable=False,
+                                                             offload=cfg.ref.offload, init_from=actor))
+        phase("old log-probs (forward)", lambda: actor.compute_log_probs(batch, micro, cfg.actor.temperature))
+        if ref is not None:
+            phase("reference forward", lambda: ref.compute_log_probs(batch, micro, cfg.actor.temperature))
+        if teacher_batch is not None:
+            extra_roles.teacher_phases(config, mesh, kind, device, phase, model_folder, teacher_batch)
+        if rm_batch is not None:
+            extra_roles.reward_model_phases(config, mesh, kind, device, phase, model_folder, rm_batch)
+        dtype = fsdp_model.TORCH_DTYPES[cfg.rollout.dtype]
+        bucket = cfg.rollout.update_weights_bucket_megabytes * 2**20
+        phase("weight sync gather", lambda: [None for _ in iter_full_weights(actor.model.state_dict(), device,
+                                                                              dtype, bucket)])
+        phase("checkpoint state dict", lambda: get_state_dict(actor.model, actor.optimizer))
+        phase("export gather", lambda: fsdp_model.gather_full_state_dict(actor.model))
     if update:
         sim.phases.extend(simulate_updates(config, spec, log))
     return sim
 
 
-def _state_bytes(policy) -> dict[str, int]:
-    """Bytes of this rank's float32 parameter shards, gradient shards and AdamW states (counted from the tensors)."""
+def _state_bytes(policy) -> int:
+    """Bytes of this rank's trainable parameter shards, their float32 gradient shards and AdamW states."""
     from torch.distributed.tensor import DTensor
 
-    def local(t):
-        return t.to_local() if isinstance(t, DTensor) else t
+    def nbytes(t, element_size=None):
+        t = t.to_local() if isinstance(t, DTensor) else t
+        return t.numel() * (element_size or t.element_size())
 
     params = [p for p in policy.model.parameters() if p.requires_grad]
     states = [v for state in policy.optimizer.state.values() for v in state.values()
               if isinstance(v, torch.Tensor) and v.dim() > 0]
-    return {"params": sum(local(p).numel() * local(p).element_size() for p in params),
-            "grads": sum(local(p).numel() * 4 for p in params),
-            "optimizer": sum(local(v).numel() * local(v).element_size() for v in states)}
+    return sum(nbytes(p) + nbytes(p, 4) for p in params) + sum(nbytes(v) for v in states)
 
 
 UPDATES = {"actor": "update_policy", "critic": "update_critic"}  # the update method of each trained model
@@ -214,18 +223,10 @@ def simulate_update(config: PPOConfig, spec: DeviceSpec, log: Callable[[str], No
 def simulate_updates(config: PPOConfig, spec: DeviceSpec,
                      log: Callable[[str], None] = print) -> list[PhaseResult]:
     """The actor update (forward, backward, gradient clipping, AdamW step) at the update token budget, then, with a
-    critic (``algorithm.adv_estimator=gae``), the critic's, as rank 0 of the config's world, on fake CPU tensors:
-    PyTorch's autograd engine cannot run backward on a fake ``cuda`` device (docs/simulate.md), so the device checks
-    of these phases are the CPU path's. Both models are loaded, as on a real worker, so each update's peak includes
-    the other's resident shards. A peak stands for the device's: with ``offload.offload_params`` a model's parameter,
-    gradient and AdamW shards live on the host, and are taken out of the peak. Two steps run per model; the peak is
-    the second's (the first has no AdamW states during its forward and backward, every later step has). The second
-    step's mini-batch holds two micro-batches when the config's does (``global_batch_size x rollout.n / world``
-    samples > the micro-batch): the gradients of the first are resident while the second runs, as in every
-    micro-batch after a mini-batch's first."""
-    from torch.distributed.device_mesh import init_device_mesh
-
-    import easyrl.workers.fsdp_model as fsdp_model
+    critic (``algorithm.adv_estimator=gae``), the critic's, as rank 0 of the config's world on fake CPU tensors
+    (autograd cannot run backward on a fake ``cuda`` device), both models loaded. Each peak is the second step's
+    (AdamW states resident), over two micro-batches when the config's mini-batch holds more than one (the first's
+    gradients resident), with offloaded parameter, gradient and AdamW shards taken out (docs/simulate.md)."""
     from easyrl.workers.critic import FSDPCritic
     from easyrl.workers.policy import FSDPPolicy
 
@@ -241,30 +242,25 @@ def simulate_updates(config: PPOConfig, spec: DeviceSpec,
         batch = budget_batch(config, config.token_budget(micro, role), grid)
         batches[name] = (micro, batch, budget_batch(config, 2 * config.token_budget(micro, role), grid)
                          if mini > micro else batch)
-    with fake_world(0, config.world_size, "cpu"), accelerator_standins(spec), \
-            mock.patch.object(fsdp_model, "read_checkpoint", fake_checkpoint_reader), lora_outside_fake_mode(), \
-            simulated_vl():
-        mesh = init_device_mesh("cpu", (config.world_size,), mesh_dim_names=("dp",))
-        with fake_tensors("cpu") as mode:
+    with simulated_rank(spec, config.world_size, "cpu") as (mesh, mode):
+        start = time.perf_counter()
+        models = [("actor", cfg.actor, FSDPPolicy(model_folder(cfg.actor.model.model_path), cfg.actor, mesh, "cpu",
+                                                  torch.device("cpu"), trainable=True, offload=cfg.actor.offload))]
+        if config.algorithm.needs_critic:
+            models.append(("critic", cfg.critic, FSDPCritic(model_folder(cfg.critic.model.model_path), cfg.critic,
+                                                            mesh, "cpu", torch.device("cpu"))))
+        with device_check("update"):
+            for name, _, model in models:  # the first steps create the AdamW states of every model
+                micro, batch, _ = batches[name]
+                getattr(model, UPDATES[name])(batch, len(batch), micro)
+        for name, _, model in models:
+            micro, _, accumulated = batches[name]
+            mode.reset_peak()
+            with device_check(f"{name} update"):  # a later step: every model's AdamW states are resident
+                getattr(model, UPDATES[name])(accumulated, len(accumulated), micro)
+            peak = mode.peak - sum(_state_bytes(m) for _, r, m in models if r.offload.offload_params)
+            results.append(PhaseResult(f"{name} update (fwd+bwd+AdamW)", peak / GIB, float("nan"),
+                                       time.perf_counter() - start))
+            log(f"  {results[-1].name}: peak {results[-1].peak_gib:.1f} GiB ({results[-1].seconds:.0f} s)")
             start = time.perf_counter()
-            models = [("actor", cfg.actor, FSDPPolicy(model_folder(cfg.actor.model.model_path), cfg.actor, mesh, "cpu",
-                                                      torch.device("cpu"), trainable=True, offload=cfg.actor.offload))]
-            if config.algorithm.needs_critic:
-                models.append(("critic", cfg.critic, FSDPCritic(model_folder(cfg.critic.model.model_path), cfg.critic,
-                                                                mesh, "cpu", torch.device("cpu"))))
-            with device_check("update"):
-                for name, _, model in models:  # the first steps create the AdamW states of every model
-                    micro, batch, _ = batches[name]
-                    getattr(model, UPDATES[name])(batch, len(batch), micro)
-            for name, _, model in models:
-                micro, _, accumulated = batches[name]
-                mode.reset_peak()
-                with device_check(f"{name} update"):  # a later step: every model's AdamW states are resident
-                    getattr(model, UPDATES[name])(accumulated, len(accumulated), micro)
-                peak = mode.peak - sum(sum(_state_bytes(m).values()) for _, r, m in models
-                                       if r.offload.offload_params)
-                results.append(PhaseResult(f"{name} update (fwd+bwd+AdamW)", peak / GIB, float("nan"),
-                                           time.perf_counter() - start))
-                log(f"  {results[-1].name}: peak {results[-1].peak_gib:.1f} GiB ({results[-1].seconds:.0f} s)")
-                start = time.perf_counter()
     return results

@@ -3,7 +3,6 @@ memory the offloaded states need, and the verdict (fits, or every phase that doe
 
 from __future__ import annotations
 
-import json
 from typing import Any, Optional
 
 from easyrl.simulate.phases import PhaseResult, Simulation
@@ -108,7 +107,3 @@ def experience_column(phase: PhaseResult, estimate: MemoryEstimate) -> str:
     if items is None:
         return ""
     return f" {sum(items.values()) - items.get('actor Adam states', 0.0):8.1f}"
-
-
-def dumps(data: dict[str, Any]) -> str:
-    return json.dumps(data, indent=2)

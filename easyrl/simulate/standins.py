@@ -1,8 +1,6 @@
 """Stand-ins for the accelerator outside tensors (a device of ``easyrl.sizing.devices.DEVICES``): the CUDA runtime
-calls FSDP2 and easyrl make (current device, streams, events, memory queries), DTensor's shard offsets, and the
-device's attention kernels (``easyrl.simulate.attention``). ``easyrl.simulate.fake_device`` holds the tensors'
-side (fake tensors, the fake world, the device checks and memory accounting).
-"""
+calls FSDP2 and easyrl make, DTensor's shard offsets and the device's attention kernels; the tensors' side is
+``easyrl.simulate.fake_device``."""
 
 from __future__ import annotations
 
@@ -37,9 +35,7 @@ def accelerator_standins(spec: DeviceSpec, fused_attention: bool = True) -> Iter
     """Replace the CUDA runtime calls made outside tensors (current device, device count, streams, events, memory
     queries) by stand-ins for one visible ``spec`` device. ``torch.cuda.is_available`` is kept (False): random
     initialisation would otherwise call the CUDA RNG. With ``fused_attention`` (the default) the models built and run
-    inside use the device's attention kernels (``easyrl.simulate.attention.device_attention``: flash-attention's
-    varlen kernel for the actor's padding-free forwards, SDPA's flash / memory-efficient kernels), not the math path
-    that fake tensors take otherwise."""
+    inside use the device's attention kernels (``easyrl.simulate.attention.device_attention``), not the math path."""
     cuda = torch.cuda
     props = mock.Mock(total_memory=int(spec.memory_gib * GIB), name=spec.name)
     patches = dict(current_device=lambda: 0, device_count=lambda: 1, set_device=lambda *a, **k: None,

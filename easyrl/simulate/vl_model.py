@@ -1,30 +1,7 @@
-"""A Qwen-VL model on simulated devices: the vision tower's attention as one varlen call per block (as
-flash-attention runs it), and image-token masks that keep their real values.
-
-A Qwen-VL vision block attends within each image (Qwen3-VL, and Qwen2.5-VL's full-attention blocks) or within each
-``window_size`` window of 8 x 8 patches (Qwen2.5-VL's other blocks). With a flash attention implementation
-transformers passes the block the ``cu_seqlens`` of those pieces in one call; with any other it splits the patches
-into one SDPA call per piece: 16 images of 88 x 88 patches are 1,936 windows, ~54,000 SDPA calls per forward of
-Qwen2.5-VL-7B's tower, minutes of fake-tensor dispatch on this CPU for memory that is the same either way (the
-device's kernels, flash or memory-efficient, keep each call's output and a log-sum-exp, never the
-``patches x patches`` weights). :func:`varlen_vision_attention` runs every piece of a block in one
-``aten._flash_attention_forward`` with ``cum_seq_q/k`` (torch has fake/meta kernels for it and its backward, on
-fake ``cuda`` and fake CPU tensors): output ``(patches, heads, head_dim)`` and a float32 log-sum-exp ``(heads,
-patches)``; :func:`simulated_vl` sets it as the vision tower's attention of every model built inside it (after
-the model is built: a name with "flash" makes transformers take the ``cu_seqlens`` path, and would make it look for
-the ``flash_attn`` package at build time).
-
-The model's ``get_placeholder_mask`` returns ``(bsz, tokens, 1)`` masks of the image (video) pad tokens, not the
-``(bsz, tokens, hidden)`` expanded views it returns on a device: ``masked_scatter`` broadcasts them to the same
-result, and Qwen3-VL's DeepStack (``image_mask[..., 0]``, then ``hidden_states[visual_pos_masks, :]``) indexes with
-a mask that keeps its real host value: a view's element count is what ``SimulatedDevice`` weighs against its
-``SHADOW_LIMIT``, and the expanded view of 65,536 tokens x 4096 is far above it, so its ``[..., 0]`` had no real
-values. The DeepStack step itself (``_deepstack_process``: the vision features of three tower blocks added to the
-image tokens' hidden states after the first decoder layers) indexes the ``(1, tokens, hidden)`` hidden states with
-that boolean mask, which fake tensors cannot size (``meta_index_Tensor`` calls ``nonzero`` below
-``SimulatedDevice``: ``DynamicOutputShapeException``); :func:`deepstack_by_positions` does the same with the mask's
-positions (``nonzero`` of the small mask, which ``SimulatedDevice`` answers from its real values), the same tensors
-and the same result.
+"""A Qwen-VL model on simulated devices (docs/simulate.md, "Images"): the vision tower's attention as one varlen
+call per block, as flash-attention runs it (transformers' other path makes one SDPA call per image or window:
+minutes of fake-tensor dispatch for the same memory), and image-token masks that keep their real values, so that
+Qwen3-VL's DeepStack step can index with them on fake tensors.
 """
 
 from __future__ import annotations
@@ -69,7 +46,8 @@ AttentionInterface.register(VISION_VARLEN, varlen_vision_attention)
 
 def _token_masks(model: torch.nn.Module):
     """``model.get_placeholder_mask`` (its count checks included) returning ``(bsz, tokens, 1)`` masks computed
-    from ``input_ids`` (module docstring)."""
+    from ``input_ids``: ``masked_scatter`` broadcasts them as it does the device's ``(bsz, tokens, hidden)`` views,
+    and they are small enough for ``SimulatedDevice`` to keep their real values (``SHADOW_LIMIT``)."""
     original = model.get_placeholder_mask
     config = model.config
 
@@ -85,7 +63,8 @@ def _token_masks(model: torch.nn.Module):
 
 def deepstack_by_positions(self, hidden_states: torch.Tensor, visual_pos_masks: torch.Tensor,
                            visual_embeds: torch.Tensor) -> torch.Tensor:
-    """Qwen3-VL's ``_deepstack_process`` with the image tokens' positions for an index (module docstring).
+    """Qwen3-VL's ``_deepstack_process`` with the image tokens' positions for an index (``nonzero`` of the small
+    mask, answered from its real values) instead of the boolean mask, which fake tensors cannot size.
 
     Args:
         hidden_states: ``(bsz, tokens, hidden)``.
@@ -103,7 +82,7 @@ def deepstack_by_positions(self, hidden_states: torch.Tensor, visual_pos_masks: 
 def simulated_vl() -> Iterator[None]:
     """Inside: every model ``easyrl.workers.fsdp_model.build_empty_model`` builds with a vision tower runs its
     attention with :data:`VISION_VARLEN`, returns ``(bsz, tokens, 1)`` placeholder masks and (Qwen3-VL) adds its
-    DeepStack features by position (module docstring); a text model is left as built."""
+    DeepStack features by position; a text model is left as built."""
     import easyrl.workers.fsdp_model as fsdp_model
 
     build = fsdp_model.build_empty_model

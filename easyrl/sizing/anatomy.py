@@ -131,11 +131,6 @@ def count_parameters(hf_config, trust_remote_code: bool = False) -> tuple[int, i
     return model_anatomy(hf_config, trust_remote_code)[:2]
 
 
-def classifier_parameters(hf_config, trust_remote_code: bool = False) -> int:
-    """Parameters of ``AutoModelForSequenceClassification`` built from ``hf_config`` on the meta device."""
-    return sum(p.numel() for p in meta_model(hf_config, trust_remote_code, classifier=True).parameters())
-
-
 def model_anatomy(hf_config, trust_remote_code: bool = False) -> tuple[int, int, ModelShape]:
     """``(parameters, vocab size, shape)`` from one meta-device build: :func:`model_shape` with the FLOPs counts
     filled in: every ``nn.Linear`` and patch-embedding convolution weight sorted into text (language model + LM

@@ -1,57 +1,8 @@
 """Pre-flight device-memory estimate: will this run fit on one device, before minutes of loading end in an OOM?
 
-A worker holds, on its one device (the colocated vLLM engine holds 1 / ``worker.rollout.tensor_parallel_size`` of
-the model's weights: the tensor-parallel engines shard every layer, embeddings included; the few replicated norms are
-not counted apart):
-
-* rollout phase: vLLM's claim, ``gpu_memory_utilization x device memory`` (its weights in the rollout dtype + the KV
-  cache in what is left of that claim), beside what the actor and the reference keep resident while vLLM runs: the
-  actor's float32 parameter shard and AdamW's two float32 moments (``4 + 8`` bytes per parameter / world size, unless
-  ``worker.actor.offload.offload_params``) and the reference's shard in the compute dtype (unless
-  ``worker.ref.offload.offload_params``);
-* training phase: vLLM asleep (level 2: ~0), the actor's shard + float32 gradients (resident from the second
-  micro-batch of a mini-batch on) + AdamW moments, the reference, and what one update micro-batch of ``T`` tokens
-  (``worker.actor.max_token_len_per_device``, else ``micro x (max_prompt_length + max_response_length)``) adds at
-  its peak, in the middle of backward (``easyrl simulate`` measured it, category by category; docs/simulate.md):
-
-  - checkpointed activations: gradient checkpointing keeps each decoder layer's input, ``layers x T x hidden``;
-  - one layer's activations, recomputed for its backward: ``T x (5 x intermediate + 7 x hidden)`` (gate, up, their
-    activation and product; attention, norms in float32), all ``layers`` of them without checkpointing, and the
-    transients of that layer's backward, ``T x (intermediate + 4 x hidden)``;
-  - FSDP2's unsharded weights: the root group (embedding, and the LM head unless tied) gathered in the compute dtype
-    for the whole step, one decoder layer gathered with its unsharded gradients (compute dtype, then float32 for the
-    reduce-scatter), and the LM head's unsharded gradient;
-  - the logits: none with ``padding_free`` (the fused head, ``easyrl.models.fused_head``, holds 512-token chunks;
-    their peak is below the one above); padded, ``micro x (response_length + 1) x vocab`` twice (with the gradient).
-
-  With ``ModelShape`` (``easyrl.sizing.anatomy``) omitted (no layer count and widths) only the states and the
-  padded logits are counted.
-
-On-policy distillation's teacher (``worker.teacher``, its own parameter count) adds its shard in the compute dtype to
-both phases, unless ``worker.teacher.offload.offload_params`` (the default) keeps it on the host between its passes.
-
-With LoRA (``worker.actor.model.lora.rank > 0``) the base weights are frozen: no gradients or AdamW moments for them
-(the adapter's own, typically < 1% of the parameters, are not counted) and no reference copy (the reference policy is
-the base with the adapter disabled).
-
-With an LLM judge (``worker.reward.judge``), its engine's claim (``judge.gpu_memory_utilization x device memory``) in
-both phases: it has no sleep mode beside the rollout engine (``easyrl.workers.judge``). Its judge phase (the rollout
-engine asleep) needs less than the rollout phase.
-A reward model (``worker.reward.reward_model``) adds its shard in the compute dtype to both phases unless
-``worker.reward.reward_model.offload.offload_params`` (the default, as the reference's).
-
-Experience forwards (old log-probs, reference, the teacher's, the reward model's; vLLM asleep): each a phase of its
-own, ``easyrl.sizing.experience.estimate_experience`` (what stays resident + the role's gathered weights + one layer's
-no-grad activations), checked by :func:`check_memory` naming the setting that sizes its micro-batch.
-
-A vision-language model's tower (``vision_config``) adds, to the training phase, what it holds at the update's
-peak for one image per prompt at ``data.max_pixels`` (capped by ``data.max_prompt_length``):
-``easyrl.sizing.vision.vision_activations``.
-
-What is offloaded lives in host memory instead (``MemoryEstimate.host``, per node): the offloaded roles' shards, and
-with ``offload_optimizer`` the actor's AdamW states.
-
-Not counted: CUDA context and NCCL buffers (~1-2 GiB), allocator fragmentation.
+GiB per device for the rollout phase, the training phase and each experience forward, and GiB of host memory per
+node for what is offloaded; what each item counts: docs/simulate.md, "What the estimate counts". Not counted: CUDA
+context and NCCL buffers (~1-2 GiB), allocator fragmentation.
 """
 
 from __future__ import annotations
@@ -95,7 +46,7 @@ class MemoryEstimate:
 def estimate_memory(num_params: int, vocab_size: int, config: PPOConfig, capacity_gib: float,
                     shape: ModelShape | None = None, reward_model_params: int = 0,
                     teacher_params: int = 0) -> MemoryEstimate:
-    """The per-device estimate for ``config`` (see the module docstring for what is counted).
+    """The per-device estimate for ``config`` (docs/simulate.md, "What the estimate counts").
 
     Args:
         num_params: parameters of the model (embeddings counted once when tied).
@@ -121,7 +72,8 @@ def estimate_memory(num_params: int, vocab_size: int, config: PPOConfig, capacit
     adam = 2 * moment_bytes * shard / GIB if actor_on_device and not lora else 0.0
     adam_in_rollout = 0.0 if actor.offload.offload_optimizer else adam  # offload_optimizer: on the host until update
     grads = 0.0 if lora else params
-    reference = compute_bytes * shard / GIB if ref_on_device else 0.0
+    ref_gib = compute_bytes * shard / GIB
+    reference = ref_gib if ref_on_device else 0.0
     claim = worker.rollout.gpu_memory_utilization * capacity_gib
     micro = worker.actor.micro_batch_size_per_device_for_update
     logits = 0.0 if actor.padding_free else \
@@ -135,9 +87,10 @@ def estimate_memory(num_params: int, vocab_size: int, config: PPOConfig, capacit
     critic = 12 * shard / GIB if critic_on_device else 0.0
     critic_grads = 4 * shard / GIB if critic_on_device else 0.0
     rm = worker.reward.reward_model  # frozen, in the compute dtype, resident unless offloaded
-    reward_model = 0.0 if rm.offload.offload_params else DTYPE_BYTES[rm.param_dtype] * reward_model_params / world / GIB
+    rm_gib = DTYPE_BYTES[rm.param_dtype] * reward_model_params / world / GIB
     teacher_on_device = config.algorithm.needs_teacher and not worker.teacher.offload.offload_params
-    teacher = compute_bytes * teacher_params / world / GIB if teacher_on_device else 0.0
+    teacher_gib = compute_bytes * teacher_params / world / GIB
+    teacher = teacher_gib if teacher_on_device else 0.0
     teacher_items = {"teacher": teacher} if config.algorithm.needs_teacher else {}  # an item only where one is built
     estimate = MemoryEstimate(
         capacity_gib=capacity_gib,
@@ -156,16 +109,15 @@ def estimate_memory(num_params: int, vocab_size: int, config: PPOConfig, capacit
             phase["judge vLLM (worker.reward.judge.gpu_memory_utilization)"] = judge.gpu_memory_utilization * \
                 capacity_gib
     if reward_model_params:
-        estimate.rollout["reward model"] = estimate.training["reward model"] = reward_model
+        estimate.rollout["reward model"] = estimate.training["reward model"] = 0.0 if rm.offload.offload_params \
+            else rm_gib
     actor_bytes = param_bytes * (1 if lora else 2) + (0 if lora else 2 * moment_bytes)  # params, grads, AdamW
     host = {"actor params + grads + Adam states": 0.0 if actor_on_device else actor_bytes * shard / GIB,
             "actor Adam states (offload_optimizer)": adam - adam_in_rollout,
-            "reference": compute_bytes * shard / GIB if config.builds_reference and not ref_on_device else 0.0,
+            "reference": ref_gib if config.builds_reference and not ref_on_device else 0.0,
             "critic": 16 * shard / GIB if config.algorithm.needs_critic and not critic_on_device else 0.0,
-            "teacher": compute_bytes * teacher_params / world / GIB
-            if config.algorithm.needs_teacher and not teacher_on_device else 0.0,
-            "reward model": DTYPE_BYTES[rm.param_dtype] * reward_model_params / world / GIB
-            if rm.offload.offload_params else 0.0}
+            "teacher": teacher_gib if config.algorithm.needs_teacher and not teacher_on_device else 0.0,
+            "reward model": rm_gib if rm.offload.offload_params else 0.0}
     estimate.host = {name: gib * config.trainer.n_gpus_per_node for name, gib in host.items() if gib > 0}
     return estimate
 
@@ -189,7 +141,7 @@ def estimate_run(config: PPOConfig, capacity_gib: float, folder: Callable[[str],
 
 
 def update_activations(num_params: int, vocab_size: int, config: PPOConfig, shape: ModelShape) -> dict[str, float]:
-    """GiB that one actor update micro-batch adds at its peak (module docstring), by category."""
+    """GiB that one actor update micro-batch adds at its peak, in the middle of backward, by category."""
     actor = config.worker.actor
     cb = DTYPE_BYTES[actor.fsdp.param_dtype]
     tokens = config.token_budget(actor.micro_batch_size_per_device_for_update)
@@ -232,10 +184,6 @@ def prefetched_layer(num_params: int, vocab_size: int, shape: ModelShape, comput
     flat ``layer parameters`` buffer), beside the layer whose gradients are being reduce-scattered: the backward
     prefetch (large for a MoE layer beside its activations: docs/simulate.md)."""
     return split_parameters(num_params, vocab_size, shape)[1] * compute_bytes / GIB
-
-
-def _items(items: dict[str, float]) -> str:
-    return ", ".join(f"{name} {gib:.1f}" for name, gib in items.items() if gib > 0)
 
 
 MORE_DEVICES = "more devices (trainer.n_gpus_per_node / trainer.nnodes: smaller shards)"
@@ -298,7 +246,8 @@ def check_memory(estimate: MemoryEstimate) -> None:
     for phase, items in phases.items():  # experience forwards: vLLM asleep, one micro-batch's forward
         need = sum(items.values())
         if need > cap:
-            problems.append(f"{phase} needs ~{need:.1f} GiB per device but it has {cap:.1f} GiB ({_items(items)} "
+            listed = ", ".join(f"{name} {gib:.1f}" for name, gib in items.items() if gib > 0)
+            problems.append(f"{phase} needs ~{need:.1f} GiB per device but it has {cap:.1f} GiB ({listed} "
                             f"GiB): {advice(items, need - cap)}.")
     if problems:
         raise ConfigError(" ".join(problems))

@@ -1,8 +1,6 @@
 """The experience forwards' memory (old log-probs, reference, the distillation teacher's, the reward model's; vLLM
-asleep): each a phase of its own, what stays resident + the role's gathered weights + one layer's no-grad activations,
-or, where larger, the forward's start (the root group gathered twice) (``easyrl simulate`` snapshots of the simulated
-peaks; docs/simulate.md), checked by ``easyrl.sizing.estimate.check_memory`` naming the setting that sizes its
-micro-batch (``EXPERIENCE_SETTINGS``)."""
+asleep), each a phase of its own: what stays resident + the larger of the forward's peak inside a decoder layer and
+its start (docs/simulate.md, "Experience forwards"); ``easyrl.sizing.estimate.check_memory`` checks them."""
 
 from __future__ import annotations
 
@@ -14,7 +12,7 @@ from easyrl.sizing.anatomy import (
     DTYPE_BYTES,
     GIB,
     ModelShape,
-    classifier_parameters,
+    meta_model,
     model_anatomy,
     model_shape,
     split_parameters,
@@ -34,44 +32,31 @@ class RoleModel:
     lm_head: bool = True
 
 
-def forward_activations(tokens: int, shape: ModelShape, compute_bytes: int) -> float:
-    """Bytes one micro-batch of ``tokens`` holds at the peak of a forward without autograd (``torch.no_grad``: each
-    layer's activations are freed as the next one runs), inside one decoder layer's MLP: the gate's activation, the
-    up projection and their product (``3 x intermediate``) beside the residual stream, the normed input and the
-    attention output (``4 x hidden``), in the compute dtype (``easyrl simulate`` snapshot of a Qwen2.5-7B-wide layer
-    at 16384 tokens: exactly these tensors). Attention is the fused kernels' (output + log-sum-exp: no ``S^2``
-    term, below the MLP's peak). A mixture of experts peaks at its routed token copies instead: four ``top_k x
-    hidden`` tensors per token (the inputs gathered per expert, the grouped matmul's output, the weighted outputs
-    before and after the un-permute: the snapshot of a Qwen3-VL-30B-A3B layer at 65536 tokens, 8 GiB), above its
-    experts' ``3 x top_k x moe_intermediate``. Gated DeltaNet's chunked state, without autograd, stays below the MLP's
-    peak (a Qwen3.5-27B snapshot at 65536 tokens peaks in the MLP): not counted here."""
-    mlp = max(3 * shape.intermediate_size, 4 * shape.routed_width)
-    return tokens * (mlp + 4 * shape.hidden_size) * compute_bytes
-
-
 def experience_forward(model: RoleModel, tokens: int, compute_bytes: int) -> dict[str, float]:
     """GiB one experience forward of ``model`` over ``tokens`` adds on top of what stays resident, by category:
     FSDP2's gathered weights in the compute dtype (the root group: the embedding, and the LM head unless tied or a
-    score head, for the whole forward; two decoder layers, the one running and the next, prefetched) and
-    :func:`forward_activations`. The fused LM head (``padding_free``) holds 512-token chunks of logits: below the
-    MLP's peak, not counted."""
+    score head, for the whole forward; two decoder layers, the one running and the next, prefetched) and one layer's
+    activations without autograd at their peak inside its MLP: the gate's activation, the up projection and their
+    product (``3 x intermediate``), or for a mixture of experts its routed token copies (``4 x top_k x hidden``: the
+    inputs gathered per expert, the grouped matmul's output, the weighted outputs before and after the un-permute),
+    beside the residual stream, the normed input and the attention output (``4 x hidden``). Not counted, below that
+    peak: the fused attention kernels (output + log-sum-exp), the fused LM head's 512-token logit chunks, Gated
+    DeltaNet's chunked state."""
     shape = model.shape
     embeddings, layer = split_parameters(model.params, model.vocab_size, shape, model.lm_head)
+    mlp = max(3 * shape.intermediate_size, 4 * shape.routed_width)
     return {"gathered weights (FSDP2)": (embeddings + 2 * layer) * compute_bytes / GIB,
-            "activations (one layer, no grad)": forward_activations(tokens, shape, compute_bytes) / GIB}
+            "activations (one layer, no grad)": tokens * (mlp + 4 * shape.hidden_size) * compute_bytes / GIB}
 
 
 def forward_start(model: RoleModel, tokens: int, compute_bytes: int, vision: float | None = None) -> dict[str, float]:
     """GiB one experience forward of ``model`` over ``tokens`` holds at its start, before FSDP2 gathers the first
     block: the root group (the embedding, and the LM head unless tied or a score head) twice, as its unsharded
-    parameters and as the flat all-gather output they were copied from, which FSDP2 keeps in forward until the next
-    group's copy-out (``FSDPParamGroup.wait_for_unshard``, torch 2.13: ``comm_ctx.all_gather_state``, "defer free
-    to allow for overlap of this copy-out with next all-gather"; the local ``prev_all_gather_state`` still refers to
-    it during the next group's copy-out); the input embeddings (``tokens x hidden``); and either the first decoder
-    layer twice (a text model: its all-gather output and the parameters copied out of it) or ``vision``, the bytes
-    the vision tower holds before its first block (``vision.vision_start``; its blocks' groups are small). Above
-    :func:`experience_forward`'s peak for a large vocabulary at a small token budget (the Qwen3.5-27B recipe: 10.76
-    GiB against a simulated 10.95; docs/simulate.md has the snapshots)."""
+    parameters and as the flat all-gather output FSDP2 keeps until the next group's copy-out
+    (``FSDPParamGroup.wait_for_unshard``, torch 2.13); the input embeddings (``tokens x hidden``); and either the first
+    decoder layer twice (a text model) or ``vision``, the bytes the vision tower holds before its first block
+    (``vision.vision_start``). Above :func:`experience_forward`'s peak for a large vocabulary at a small token
+    budget."""
     shape = model.shape
     embeddings, layer = split_parameters(model.params, model.vocab_size, shape, model.lm_head)
     first = 2 * layer * compute_bytes if vision is None else vision
@@ -85,15 +70,11 @@ def forward_start(model: RoleModel, tokens: int, compute_bytes: int, vision: flo
 def estimate_experience(estimate: "MemoryEstimate", config: PPOConfig, actor: RoleModel,
                         teacher: RoleModel | None = None,
                         reward_model: RoleModel | None = None) -> dict[str, dict[str, float]]:
-    """The experience forwards' peaks per device, phase by phase (old log-probs, reference, teacher, reward model),
-    each what stays resident while vLLM sleeps (the rollout phase's items less vLLM's claim: the actor's shard and
-    AdamW states, the reference, critic, teacher and reward model shards as offloaded or not, the judge's claim)
-    plus the larger of :func:`experience_forward` (inside a decoder layer, with ``vision.vision_forward`` for a VL
-    model) and :func:`forward_start` (before the first block) of its model at its token budget: the actor's
-    ``max_token_len_per_device`` or ``micro_batch_size_per_device_for_experience x (max_prompt_length +
-    max_response_length)`` (the teacher's micro with the actor's budget: ``teacher_role_config``), the reward model's
-    ``max_token_len_per_device`` or ``micro_batch_size_per_device x (max_length or the padded length)``. Stored in
-    ``estimate.experience`` too.
+    """The experience forwards' peaks per device (GiB), phase name -> items: what stays resident while vLLM sleeps
+    (the rollout phase's items less vLLM's claim) plus the larger of :func:`experience_forward` (with
+    ``vision.vision_forward`` for a VL model) and :func:`forward_start` of its model at its token budget
+    (``config.token_budget``; the reward model's ``max_token_len_per_device`` or ``micro_batch_size_per_device x
+    (max_length or the padded length)``). Stored in ``estimate.experience`` too.
 
     Args:
         estimate: ``easyrl.sizing.estimate.estimate_memory``'s result for ``config``.
@@ -143,6 +124,7 @@ def experience_models(config: PPOConfig, folder: Callable[[str], str] = str) -> 
     rm = worker.reward.reward_model
     if rm.enabled:
         hf_config = AutoConfig.from_pretrained(folder(rm.model_path), trust_remote_code=rm.trust_remote_code)
-        models["reward_model"] = RoleModel(classifier_parameters(hf_config, rm.trust_remote_code),
-                                           vocab_size(hf_config), model_shape(hf_config), lm_head=False)
+        classifier = meta_model(hf_config, rm.trust_remote_code, classifier=True)  # a score head, no LM head
+        models["reward_model"] = RoleModel(sum(p.numel() for p in classifier.parameters()), vocab_size(hf_config),
+                                           model_shape(hf_config), lm_head=False)
     return models

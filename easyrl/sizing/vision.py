@@ -1,7 +1,9 @@
-"""The vision tower's share of the actor update's memory (Qwen-VL): what it holds at the update's peak for the
-largest image one prompt holds (``easyrl simulate`` measured it; docs/simulate.md)."""
+"""The vision tower's share of the memory (Qwen-VL), for the largest image one prompt holds (docs/simulate.md,
+"Images")."""
 
 from __future__ import annotations
+
+import math
 
 from easyrl.config import PPOConfig
 from easyrl.sizing.anatomy import DTYPE_BYTES, GIB, VisionShape
@@ -17,8 +19,6 @@ def prompt_image_grid(config: PPOConfig, vision: VisionShape) -> "tuple[int, int
     merge)^2``) fit in ``data.max_prompt_length`` beside :data:`TEXT_TOKENS` (``data.filter_overlong_prompts`` drops
     a longer prompt). None when ``data.max_prompt_length`` leaves no room for an image beside :data:`TEXT_TOKENS`.
     """
-    import math
-
     from easyrl.data.images import target_size
 
     data = config.data
@@ -33,32 +33,30 @@ def prompt_image_grid(config: PPOConfig, vision: VisionShape) -> "tuple[int, int
     return 1, height // vision.patch_size, width // vision.patch_size
 
 
+def prompt_patches(config: PPOConfig, vision: VisionShape, tokens: int) -> int:
+    """Patches ``P`` of a micro-batch of ``tokens``: one image of :func:`prompt_image_grid` per prompt of
+    ``max_prompt_length + max_response_length`` tokens (at least one prompt); 0 without room for an image."""
+    grid = prompt_image_grid(config, vision)
+    if grid is None:
+        return 0
+    return max(1, tokens // (config.data.max_prompt_length + config.data.max_response_length)) * math.prod(grid)
+
+
 def vision_activations(config: PPOConfig, vision: VisionShape) -> dict[str, float]:
     """GiB that the vision tower holds at the peak of one actor update micro-batch (in the middle of the language
-    model's backward, before the tower's own): every prompt of the micro-batch (``T / (max_prompt_length +
-    max_response_length)`` of them) with the largest image (:func:`prompt_image_grid`), ``P`` patches in all. Per
-    patch: ``pixel_values`` on the device (float32) and their compute-dtype copy for the patch embedding's backward;
-    with gradient checkpointing (easyrl checkpoints the vision blocks as the decoder layers) each block's input
-    (``depth x hidden``); without, what every block keeps for its backward (``(gate, up, activation, product | fc1,
-    activation) x intermediate`` and ``~12 x hidden``: norms, qkv, the rotary float32 q/k, attention output,
-    projection); then each patch merger's inputs (norm, two linears, activation: ``4 x hidden``) and its output
-    tokens (``P / merge^2 x out_hidden_size``), and the final merger's float32 norm. The block recomputed for the
-    tower's backward comes after the language model's activations are freed: it is not on top of this peak (easyrl
-    simulate: Qwen2.5-VL-7B, 4 x 7744 patches, 2.9 GiB above the text-only update; this counts 3.0). The fused
-    attention kernels hold no ``patches x patches`` weights. A tower frozen by ``freeze_vision_tower`` keeps nothing
-    for backward: only its output is counted. With LoRA the tower keeps as much even where it has no adapter (the
-    default ``exclude_modules`` ``.*visual.*``): peft's ``get_peft_model`` calls transformers'
-    ``enable_input_require_grads``, which hooks every sub-model's input embedding, the vision tower's patch embedding
-    included, so its blocks build a graph (easyrl simulate: Qwen2.5-VL-7B LoRA recipe, 2.6 GiB).
+    model's backward, before the tower's own), ``P`` patches (:func:`prompt_patches`). Per patch: ``pixel_values``
+    on the device (float32) and their compute-dtype copy; with gradient checkpointing each block's input (``depth x
+    hidden``); without, what every block keeps for its backward (``(gate, up, activation, product | fc1,
+    activation) x intermediate`` and ``~12 x hidden``); then each patch merger's inputs (``4 x hidden``) and its
+    output tokens (``P / merge^2 x out_hidden_size``), and the final merger's float32 norm. A tower frozen by
+    ``freeze_vision_tower`` keeps only its output; with LoRA it keeps as much as a trained one (peft's
+    ``enable_input_require_grads`` hooks its patch embedding too).
     """
     actor = config.worker.actor
     cb = DTYPE_BYTES[actor.fsdp.param_dtype]
-    tokens = config.token_budget(actor.micro_batch_size_per_device_for_update)
-    samples = max(1, tokens // (config.data.max_prompt_length + config.data.max_response_length))
-    grid = prompt_image_grid(config, vision)
-    if grid is None:
+    patches = prompt_patches(config, vision, config.token_budget(actor.micro_batch_size_per_device_for_update))
+    if not patches:
         return {}
-    patches = samples * grid[0] * grid[1] * grid[2]
     frozen = actor.model.freeze_vision_tower and not config.uses_lora
     output = patches // vision.merge_size ** 2 * vision.out_hidden_size * cb * vision.mergers
     if frozen:
@@ -74,37 +72,25 @@ def vision_activations(config: PPOConfig, vision: VisionShape) -> dict[str, floa
 
 
 def vision_forward(config: PPOConfig, vision: VisionShape, tokens: int, text_hidden: int) -> dict[str, float]:
-    """GiB that images add to an experience forward without autograd (old log-probs, reference) of ``tokens``
-    (``(max_prompt_length + max_response_length)`` each, with the largest image: :func:`prompt_image_grid`), at its
-    peak in a decoder layer's MLP, when the tower is done: ``pixel_values`` on the device (float32) and their
+    """GiB that images add to an experience forward without autograd of ``tokens`` (``P`` patches:
+    :func:`prompt_patches`) at its peak in a decoder layer's MLP: ``pixel_values`` on the device (float32) and their
     compute-dtype copy, the image tokens of the final and DeepStack mergers (``P / merge^2 x out_hidden_size``), and
-    the input embeddings with the image tokens scattered in (``tokens x hidden``, beside the plain embeddings). easyrl
-    simulate, Qwen2.5-VL-7B at 16 x 4096 tokens: 1.5 GiB above the text-only forward; this counts 1.5."""
-    length = config.data.max_prompt_length + config.data.max_response_length
-    grid = prompt_image_grid(config, vision)
-    if grid is None:
+    the input embeddings with the image tokens scattered in (``tokens x hidden``)."""
+    patches = prompt_patches(config, vision, tokens)
+    if not patches:
         return {}
     cb = DTYPE_BYTES[config.worker.actor.fsdp.param_dtype]
-    patches = max(1, tokens // length) * grid[0] * grid[1] * grid[2]
     pixels = patches * vision.patch_dim * (4 + cb)
     image_tokens = patches // vision.merge_size ** 2 * vision.out_hidden_size * cb * vision.mergers
     return {"vision (pixels, image tokens)": (pixels + image_tokens + tokens * text_hidden * cb) / GIB}
 
 
 def vision_start(config: PPOConfig, vision: VisionShape, tokens: int) -> float:
-    """Bytes the vision tower holds before its first block, for an experience forward of ``tokens`` (one image of
-    :func:`prompt_image_grid` per prompt, ``P`` patches in all): ``pixel_values`` on the device (float32) and their
-    compute-dtype copy, the patch embedding's output (``P x hidden``), and, for a tower with a learned position
-    embedding (Qwen3-VL, Qwen3.5), its bilinear interpolation: the four corners' embeddings (``P x 4 x hidden``) and
-    their product with the float32 weights (transformers' ``(pos_embed(indices) * weights[:, :, None]).sum(1)``).
-    easyrl simulate, Qwen3.5-27B (4 x 7744 patches of 1152 wide): 0.27 pixels + 0.07 patch embedding + 0.27 + 0.53
-    interpolation = 1.13 GiB; this counts 1.13. ``experience.forward_start`` adds it at the forward's start, where
-    FSDP2 still holds the root group's all-gather output."""
-    grid = prompt_image_grid(config, vision)
-    if grid is None:
-        return 0.0
+    """Bytes the vision tower holds before its first block, for an experience forward of ``tokens`` (``P`` patches:
+    :func:`prompt_patches`): ``pixel_values`` on the device (float32) and their compute-dtype copy, the patch
+    embedding's output (``P x hidden``), and, for a learned position embedding (Qwen3-VL, Qwen3.5), its bilinear
+    interpolation: the four corners' embeddings (``P x 4 x hidden``) and their product with the float32 weights."""
+    patches = prompt_patches(config, vision, tokens)
     cb = DTYPE_BYTES[config.worker.actor.fsdp.param_dtype]
-    length = config.data.max_prompt_length + config.data.max_response_length
-    patches = max(1, tokens // length) * grid[0] * grid[1] * grid[2]
     interpolation = patches * 4 * vision.hidden_size * (cb + 4) if vision.position_embedding else 0
     return patches * vision.patch_dim * (4 + cb) + patches * vision.hidden_size * cb + interpolation
