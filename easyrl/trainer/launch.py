@@ -14,7 +14,7 @@ logger = logging.getLogger("easyrl")
 
 # the phases of the console line, in the order they happen (a phase the run does not have is left out)
 STARTUP_PHASES = ("launch", "preflight", "ray", "workers", "imports", "process_group", "actor", "ref", "critic",
-                  "reward_model", "teacher", "vllm_import", "engine", "validation", "first_sync")
+                  "reward_model", "teacher", "vllm_import", "engine", "validation", "other", "first_sync")
 
 
 class StartupProfile:
@@ -28,8 +28,8 @@ class StartupProfile:
     it ``imports``: a worker's process start to its ``__init__``, mostly importing torch/transformers), ``process_group``,
     per model role ``actor`` / ``ref`` / ``critic`` / ``reward_model`` / ``teacher`` (FSDP2 build and load, slowest rank),
     ``vllm_import`` and ``engine`` (the vLLM engine's build: model, profiling, KV cache; slowest rank), ``validation``
-    (before training), ``first_sync`` (step 1's weight sync, inside step 1). ``total`` runs from ``start`` to the
-    beginning of step 1 (the first sync excluded); phases overlap nothing, so the rest of ``total`` is bookkeeping.
+    (before training), ``other`` (the rest: the trainer's own set-up, a resumed checkpoint), ``first_sync`` (step 1's
+    weight sync, inside step 1). ``total`` runs from ``start`` to the beginning of step 1 (the first sync excluded).
 
     Args:
         start: the start, ``time.time()`` seconds; None: this process's start (the command's).
@@ -67,6 +67,8 @@ class StartupProfile:
         if "timing_s/reshard" in step_metrics:
             seconds["first_sync"] = step_metrics["timing_s/reshard"]
         total = time.time() - self.start - step_metrics.get("timing_s/step", 0.0)
+        # the rest: the trainer's own set-up (data loader, rollout, validator, tracker), a resumed checkpoint's load
+        seconds["other"] = total - sum(value for name, value in seconds.items() if name not in ("imports", "first_sync"))
         parts = [f"{name} {seconds[name]:.1f}" for name in STARTUP_PHASES if name in seconds and name != "imports"]
         if "imports" in seconds:  # inside "workers"
             parts = [f"{part} (imports {seconds['imports']:.1f})" if part.startswith("workers ") else part
@@ -84,7 +86,9 @@ def quiet_datasets() -> None:
 
 
 def start_ray(config) -> str:
-    """Start Ray (unless already started) and resolve ``trainer.device``.
+    """Start Ray (unless already started) and resolve ``trainer.device``. A Ray started here runs no dashboard (its
+    ten processes cost seconds of start-up on a small machine); for one, start the cluster with ``ray start --head``
+    first: the trainer attaches to it (docs/multinode.md).
 
     Args:
         config: the finalized ``PPOConfig``.
@@ -97,7 +101,7 @@ def start_ray(config) -> str:
     from easyrl.device import detect_device
 
     if not ray.is_initialized():
-        ray.init(runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}},
+        ray.init(runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}}, include_dashboard=False,
                  logging_level=logging.INFO if verbose() else logging.WARNING)
     device = config.trainer.device
     if device == "auto":
