@@ -34,13 +34,14 @@ def build_trainer(config: PPOConfig, worker_cls: Optional[type] = None, startup=
     """
     from easyrl.trainer.dashboards import check_logger_credentials
     from easyrl.trainer.launch import StartupProfile, quiet_datasets, start_ray
+    from easyrl.trainer.metrics import timer
     from easyrl.trainer.preflight import prepare
     from easyrl.trainer.run_folder import check_resumable, check_run_folder
 
     startup = startup or StartupProfile(time.time())
     startup.add("launch", time.time() - startup.start)
     quiet_datasets()
-    with startup.phase("preflight"):
+    with timer("preflight", startup.seconds):
         ready = prepare(config)
     check_logger_credentials(config.trainer)
     # refuse another run's folder, or a changed config, and stop at a finished run, before anything starts
@@ -49,7 +50,7 @@ def build_trainer(config: PPOConfig, worker_cls: Optional[type] = None, startup=
     from easyrl.trainer.ray_trainer import RayPPOTrainer  # after the checks, which need none of this
     from easyrl.workers.fsdp_worker import FSDPWorker
 
-    with startup.phase("ray"):
+    with timer("ray", startup.seconds):
         device = start_ray(config)
     trainer = RayPPOTrainer(config, ready.tokenizer, ready.train_dataset, ready.val_dataset, ready.reward_fn)
     trainer.init_workers(device, worker_cls or FSDPWorker)

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from contextlib import contextmanager
-from typing import Iterator, Optional
+from typing import Optional
 
 from easyrl.quiet import verbose
 
@@ -47,15 +46,6 @@ class StartupProfile:
     def add(self, phase: str, seconds: float) -> None:
         """Add ``seconds`` to ``phase``."""
         self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds
-
-    @contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        """Time the block as phase ``name``."""
-        began = time.time()
-        try:
-            yield
-        finally:
-            self.add(name, time.time() - began)
 
     def report(self, step_metrics: dict[str, float]) -> dict[str, float]:
         """The ``timing_s/startup/*`` metrics after step 1 (``step_metrics``: its ``timing_s/step`` and
