@@ -59,11 +59,11 @@ class FSDPWorker:
     """
 
     def __init__(self, config: PPOConfig, rank: int, world_size: int, device: str):
-        # vLLM must run in this process so weights can be handed over as tensors; set before vLLM is imported.
         import psutil
 
         # start-up profile (easyrl.trainer.launch.StartupProfile): process start to here is spawn and imports
         self.startup_seconds = {"imports": time.time() - psutil.Process().create_time()}
+        # vLLM must run in this process so weights can be handed over as tensors; set before vLLM is imported.
         os.environ.update(vllm_compat.in_process_engine_env())
         quiet_libraries()  # library messages that do not matter to a user (easyrl.quiet; EASYRL_VERBOSE=1: all)
         self.config = config
