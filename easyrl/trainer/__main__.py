@@ -34,15 +34,15 @@ def build_trainer(config: PPOConfig, worker_cls: Optional[type] = None, startup=
     """
     from easyrl.trainer.dashboards import check_logger_credentials
     from easyrl.trainer.launch import StartupProfile, quiet_datasets, start_ray
-    from easyrl.trainer.metrics import timer
     from easyrl.trainer.preflight import prepare
     from easyrl.trainer.run_folder import check_resumable, check_run_folder
 
     startup = startup or StartupProfile(time.time())
     startup.add("launch", time.time() - startup.start)
     quiet_datasets()
-    with timer("preflight", startup.seconds):
-        ready = prepare(config)
+    began = time.time()
+    ready = prepare(config)
+    startup.add("preflight", time.time() - began)
     check_logger_credentials(config.trainer)
     # refuse another run's folder, or a changed config, and stop at a finished run, before anything starts
     check_run_folder(config.trainer, to_dict(config), config.training_steps(len(ready.train_dataset)))
@@ -50,8 +50,9 @@ def build_trainer(config: PPOConfig, worker_cls: Optional[type] = None, startup=
     from easyrl.trainer.ray_trainer import RayPPOTrainer  # after the checks, which need none of this
     from easyrl.workers.fsdp_worker import FSDPWorker
 
-    with timer("ray", startup.seconds):
-        device = start_ray(config)
+    began = time.time()
+    device = start_ray(config)
+    startup.add("ray", time.time() - began)
     trainer = RayPPOTrainer(config, ready.tokenizer, ready.train_dataset, ready.val_dataset, ready.reward_fn)
     trainer.init_workers(device, worker_cls or FSDPWorker)
     for phase, seconds in trainer.workers.startup_seconds.items():
