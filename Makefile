@@ -9,7 +9,10 @@ LOGGER_EXTRAS := --extra wandb --extra swanlab --extra mlflow
 .PHONY: setup demo demo-learn test test-fast test-gpu compat-setup test-compat
 setup:
 	@command -v uv >/dev/null 2>&1 || python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet uv
-	$(UV) sync --locked --extra cpu --extra dev --extra bench $(LOGGER_EXTRAS)
+	@# --compile-bytecode: every module's .pyc written once here; a shell with PYTHONDONTWRITEBYTECODE=1 (CI, this
+	@# machine) would otherwise compile torch/transformers/vLLM from source in every process: half of each worker's
+	@# start-up (bench/README.md, "Start-up")
+	$(UV) sync --locked --compile-bytecode --extra cpu --extra dev --extra bench $(LOGGER_EXTRAS)
 	@# verl 0.9.1 for tests/test_verl_parity.py, without its dependencies (core_algos needs only what .venv has, plus
 	@# codetiming), in a folder of its own that `uv sync` leaves alone; the test puts it on sys.path
 	test -d $(VERL_DIR)/verl || $(UV) pip install --quiet --python $(PY) --target $(VERL_DIR) --no-deps \
@@ -61,7 +64,7 @@ COMPAT := compat/vllm-0.23
 compat-setup: $(COMPAT)/.venv/synced
 $(COMPAT)/.venv/synced: $(COMPAT)/uv.lock $(COMPAT)/pyproject.toml
 	@command -v uv >/dev/null 2>&1 || python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet uv
-	$(UV) sync --locked --project $(COMPAT)
+	$(UV) sync --locked --compile-bytecode --project $(COMPAT)
 	touch $@
 
 # The end-to-end core on vLLM 0.23: the weight-update API choice and vLLM 0.23's in-process backend, the 2-rank weight

@@ -94,11 +94,36 @@ def e2e_text_config(e2e_config):
 
 
 @pytest.fixture(scope="session")
-def trainer_on_ray() -> Callable:
-    """Context-manager factory: ``with trainer_on_ray(config, worker_cls=None) as trainer:`` starts Ray on 2 CPUs (no
-    dashboard) and builds the trainer (``easyrl.trainer.__main__.build_trainer``; ``worker_cls`` e.g.
-    ``easyrl.testing.worker.InspectableWorker``); on leaving the block its workers are shut down (only when the block
-    raised nothing; Ray's shutdown ends them anyway), then Ray, always."""
+def local_ray() -> Iterator[Callable[[], None]]:
+    """``local_ray()`` starts Ray on 2 CPUs (no dashboard) unless it is running with both CPUs free: one Ray serves
+    all the e2e tests of a session (``ray.init`` costs seconds on 2 cores each time). A test that needs a Ray of its
+    own (a cluster of two nodes, commands that start their own) calls ``ray.shutdown()`` first; the next
+    ``local_ray()`` starts it again. One whose CPUs a failed test left held (workers never shut down) is restarted.
+    Shut down at the end of the session."""
+    import time
+
+    import ray
+
+    def start() -> None:
+        if ray.is_initialized():
+            deadline = time.monotonic() + 10  # killed workers give their CPUs back within a moment
+            while ray.available_resources().get("CPU", 0) < 2 and time.monotonic() < deadline:
+                time.sleep(0.2)
+            if ray.available_resources().get("CPU", 0) >= 2:
+                return
+            ray.shutdown()
+        ray.init(num_cpus=2, include_dashboard=False)
+
+    yield start
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def trainer_on_ray(local_ray) -> Callable:
+    """Context-manager factory: ``with trainer_on_ray(config, worker_cls=None) as trainer:`` builds the trainer on the
+    session's Ray (``local_ray``; ``easyrl.trainer.__main__.build_trainer``; ``worker_cls`` e.g.
+    ``easyrl.testing.worker.InspectableWorker``); on leaving the block its workers are shut down, or, when the block
+    raised, Ray itself (which ends them)."""
 
     @contextmanager
     def run(config, worker_cls=None) -> Iterator:
@@ -106,13 +131,14 @@ def trainer_on_ray() -> Callable:
 
         from easyrl.trainer.__main__ import build_trainer
 
-        ray.init(num_cpus=2, include_dashboard=False)
+        local_ray()
         try:
             trainer = build_trainer(config, worker_cls)
             yield trainer
-            trainer.workers.shutdown()
-        finally:
+        except BaseException:
             ray.shutdown()
+            raise
+        trainer.workers.shutdown()
 
     return run
 
@@ -153,6 +179,24 @@ def process_group(tmp_path_factory):
     dist.destroy_process_group()
 
 
+def write_module_durations(terminalreporter, top: int = 25) -> None:
+    """The suite's time by test module (set-up, calls and tear-down of its tests, module fixtures included), the
+    ``top`` slowest first with their share of the whole, so a CI log shows where the minutes go."""
+    seconds: dict[str, float] = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if getattr(report, "when", None) in ("setup", "call", "teardown"):
+                module = report.nodeid.split("::")[0]
+                seconds[module] = seconds.get(module, 0.0) + report.duration
+    total = sum(seconds.values())
+    if not total:
+        return
+    terminalreporter.write_sep("=", f"time by module (top {min(top, len(seconds))} of {len(seconds)}, "
+                                    f"{total / 60:.1f} min in all)")
+    for module, value in sorted(seconds.items(), key=lambda item: -item[1])[:top]:
+        terminalreporter.write_line(f"{value:8.1f} s {value / total:6.1%}  {module}")
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     """One line naming the vLLM/torch line this run tested, e.g. ``vllm 0.32.0 / torch 2.13.0: 180 passed, 2 skipped``
     (``make test`` runs the suite on the main lock and on compat/vllm-0.23, and repeats both lines at its end from the
@@ -174,6 +218,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     counts = ", ".join(f"{len(terminalreporter.stats[key])} {key}" for key in
                        ("passed", "failed", "error", "skipped") if terminalreporter.stats.get(key))
     line = f"vllm {vllm} / torch {torch.__version__.split('+')[0]}: {counts or 'no tests ran'}"
+    write_module_durations(terminalreporter)
     terminalreporter.write_line(line)
     if os.environ.get("EASYRL_TEST_SUMMARY"):
         with open(os.environ["EASYRL_TEST_SUMMARY"], "a") as f:

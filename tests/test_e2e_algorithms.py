@@ -41,9 +41,7 @@ NEW_LOSS_SETTINGS = {  # verl 0.9's losses (#24), with settings that make each v
 
 
 @pytest.fixture(scope="module")
-def trainer(e2e_config, tmp_path_factory):
-    import ray
-
+def trainer(e2e_config, local_ray, tmp_path_factory):
     from easyrl.trainer.__main__ import build_trainer
 
     config = e2e_config(
@@ -59,12 +57,11 @@ def trainer(e2e_config, tmp_path_factory):
         "worker.critic.optim.lr=1e-2",  # large, so that one step visibly moves the zero-initialised value head
         "worker.critic.optim.lr_warmup_ratio=1.0",  # linear warm-up over the 2 training steps: the LR logging is seen
     )
-    ray.init(num_cpus=2, include_dashboard=False)
+    local_ray()
     trainer = build_trainer(config, worker_cls=InspectableWorker)
     trainer.config.algorithm.adv_estimator = "grpo"
     yield trainer
     trainer.workers.shutdown()
-    ray.shutdown()
 
 
 def _steps(trainer, count=2):

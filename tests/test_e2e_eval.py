@@ -12,10 +12,8 @@ import pytest
 pytestmark = pytest.mark.e2e
 
 
-def test_eval_of_an_exported_model_prints_metrics_and_writes_no_checkpoint(e2e_args, tiny_model_path, tmp_path,
-                                                                           capsys):
-    import ray
-
+def test_eval_of_an_exported_model_prints_metrics_and_writes_no_checkpoint(e2e_args, tiny_model_path, local_ray,
+                                                                           tmp_path, capsys):
     from easyrl.cli import main
 
     run_dir = tmp_path / "easyrl" / "cpu_demo"
@@ -24,11 +22,8 @@ def test_eval_of_an_exported_model_prints_metrics_and_writes_no_checkpoint(e2e_a
     exported = sorted(p.name for p in model.iterdir())
     args = e2e_args("qwen2_5", tmp_path, "data.train_files=null", "data.max_response_length=16",
                     "worker.rollout.limit_images=0", "trainer.val_generations_to_log=2", f"model={model}")
-    ray.init(num_cpus=2, include_dashboard=False)
-    try:
-        status = main(["eval", *args])
-    finally:
-        ray.shutdown()
+    local_ray()
+    status = main(["eval", *args])
     assert status == 0
     out = capsys.readouterr().out
     (summary,) = [line for line in out.splitlines() if line.startswith("easyrl eval: ")]

@@ -30,18 +30,10 @@ LOGPROB_TOL = 1e-4
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
-def vl_trainer(ray_cluster, e2e_config, tmp_path_factory):
+def vl_trainer(local_ray, e2e_config, tmp_path_factory):
     from easyrl.trainer.__main__ import build_trainer
 
+    local_ray()
     config = e2e_config("qwen2_5_vl", tmp_path_factory.mktemp("vl") / "runs", "trainer.max_steps=2",
                         "trainer.val_freq=-1", "worker.rollout.calculate_log_probs=true")
     trainer = build_trainer(config, worker_cls=InspectableWorker)

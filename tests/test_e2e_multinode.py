@@ -27,6 +27,7 @@ def test_two_nodes_one_worker_each_two_grpo_steps(e2e_text_config, tmp_path):
         "trainer.save_freq=-1",
         "worker.env_vars={EASYRL_NODE_TEST: two-nodes}",
     )
+    ray.shutdown()  # the session's one-node Ray (tests/conftest.py local_ray), if running
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     cluster.add_node(num_cpus=1)
     try:

@@ -29,17 +29,8 @@ ARCHS = {
 }
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False)
-    yield
-    ray.shutdown()
-
-
 @pytest.mark.parametrize("arch", list(ARCHS))
-def test_one_step_vllm_matches_actor(arch, ray_cluster, e2e_config, tmp_path):
+def test_one_step_vllm_matches_actor(arch, local_ray, e2e_config, tmp_path):
     from easyrl.trainer.__main__ import build_trainer
 
     overrides, max_tol, mean_tol = ARCHS[arch]
@@ -52,6 +43,7 @@ def test_one_step_vllm_matches_actor(arch, ray_cluster, e2e_config, tmp_path):
         "worker.rollout.enable_chunked_prefill=true",
         *overrides,
     )
+    local_ray()
     trainer = build_trainer(config)
     try:
         metrics = trainer.train_step(trainer.prompt_stream())

@@ -114,7 +114,7 @@ def _fixed_batch(trainer, response: list[int]):
 
 
 @pytest.fixture(scope="module")
-def runs(e2e_args, tmp_path_factory):
+def runs(e2e_args, local_ray, tmp_path_factory):
     """Run A in this process, then B, C, D as commands; returns what the tests compare."""
     import ray
 
@@ -123,7 +123,7 @@ def runs(e2e_args, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("resume")
     out: dict = {"root": root}
-    ray.init(num_cpus=2, include_dashboard=False)
+    local_ray()
     try:
         config = load_config(e2e_args("qwen2_5", root / "a", *OVERRIDES))
         trainer = build_trainer(config)

@@ -50,15 +50,10 @@ def _run(e2e_text_config, runs_root, tp: int) -> dict:
     return {"groups": groups, "steps": steps, "batches": batches}
 
 
-def test_tensor_parallel_2_and_1_on_two_ranks(e2e_text_config, tmp_path):
-    import ray
-
+def test_tensor_parallel_2_and_1_on_two_ranks(e2e_text_config, local_ray, tmp_path):
+    local_ray()  # before the snapshot: a Ray started now adds its own segments
     shm_before = set(os.listdir("/dev/shm"))
-    ray.init(num_cpus=2, include_dashboard=False)
-    try:
-        runs = {tp: _run(e2e_text_config, tmp_path / f"tp{tp}", tp) for tp in (2, 1)}
-    finally:
-        ray.shutdown()
+    runs = {tp: _run(e2e_text_config, tmp_path / f"tp{tp}", tp) for tp in (2, 1)}
     # the TP group's shared memory (vLLM's 24 MiB broadcast ring, the CPU all-reduce buffers) is released at shutdown
     # (FSDPWorker.close), not left in /dev/shm by the killed workers
     assert set(os.listdir("/dev/shm")) - shm_before == set()

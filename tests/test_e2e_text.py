@@ -34,6 +34,8 @@ def test_text_model_trains_validates_and_exports(e2e_config, trainer_on_ray, tmp
     # left-padded text prompts: the actor's positions must match vLLM's (which sees no padding)
     assert row["rollout/log_prob_diff_max"] < 2e-3
     assert "val/reward/overall" in row and row["critic/advantages/max"] > 0
+    # the start-up profile, in the first row only (easyrl.trainer.launch.StartupProfile)
+    assert row["timing_s/startup/total"] > row["timing_s/startup/engine"] > 0 and "timing_s/startup/first_sync" in row
     exported = run_dir / "huggingface"
     AutoModelForCausalLM.from_pretrained(exported)
     assert AutoTokenizer.from_pretrained(exported).eos_token == "<|im_end|>"

@@ -182,3 +182,24 @@ def test_reward_metrics_over_every_generated_sample_else_the_batch():
     metrics = reward_metrics(batch, {"overall": [1.0, 0.0, 0.0, 0.0]}, failures=2)
     assert metrics == {"reward/overall": 0.25, "reward/judge": 0.5, "reward/errors": 2.0}
     assert reward_metrics(batch, {}, failures=0)["reward/overall"] == 0.5
+
+
+def test_startup_profile_is_reported_once_with_the_first_step(caplog):
+    """``timing_s/startup/*`` in the first metrics row and one console line; the first sync (step 1's reshard) is
+    named apart, the step itself is not start-up, and what no phase covers is ``other``."""
+    import logging
+    import time
+
+    from easyrl.trainer.launch import StartupProfile
+
+    profile = StartupProfile(start=time.time() - 30.0)
+    for phase, seconds in (("ray", 5.0), ("workers", 10.0), ("imports", 8.0), ("actor", 2.0), ("engine", 6.0)):
+        profile.add(phase, seconds)
+    with caplog.at_level(logging.INFO, logger="easyrl"):
+        metrics = profile.report({"timing_s/step": 4.0, "timing_s/reshard": 0.5})
+    assert metrics["timing_s/startup/total"] == pytest.approx(26.0, abs=0.5)  # 30 s since the start, less the step
+    assert metrics["timing_s/startup/first_sync"] == 0.5 and metrics["timing_s/startup/engine"] == 6.0
+    assert metrics["timing_s/startup/other"] == pytest.approx(3.0, abs=0.5)  # imports are inside workers
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("startup ")]
+    assert line.startswith("startup 26.") and "workers 10.0 (imports 8.0)" in line and line.endswith("first_sync 0.5")
+    assert profile.report({"timing_s/step": 4.0}) == {}  # once

@@ -55,3 +55,24 @@ def test_first_use_syncs_weights(monkeypatch):
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the worker sets it; restored after the test
     assert FSDPWorker(PPOConfig(), rank=0, world_size=1, device="cpu").weights_dirty is True
     assert "self.holds_weights = False" in inspect.getsource(VLLMRollout.__init__)
+
+
+def test_a_processor_built_with_a_tokenizer_takes_it_without_loading_another(tiny_model_path, monkeypatch):
+    """vLLM builds each multimodal processor with ``tokenizer=`` its own; transformers 5 loaded (and deep-copied)
+    a second tokenizer for it, then kept the passed one: after ``reuse_passed_tokenizer`` nothing is loaded."""
+    from transformers import AutoProcessor, AutoTokenizer
+
+    from easyrl.workers.rollout import reuse_passed_tokenizer
+
+    path = tiny_model_path("qwen2_5_vl")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    reuse_passed_tokenizer()
+    reuse_passed_tokenizer()  # idempotent
+    loads = []
+    load = AutoTokenizer.from_pretrained.__func__
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained",
+                        classmethod(lambda cls, *a, **k: loads.append(a) or load(cls, *a, **k)))
+    processor = AutoProcessor.from_pretrained(path, tokenizer=tokenizer, min_pixels=3136, max_pixels=12544)
+    assert processor.tokenizer is tokenizer and loads == []
+    assert processor.image_processor.size["shortest_edge"] == 3136  # the other kwargs reach the image processor
+    assert AutoProcessor.from_pretrained(path).tokenizer is not tokenizer and len(loads) == 1  # without: its own

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from typing import Optional
 
 from easyrl.config import PPOConfig, load_config, to_dict
@@ -17,10 +18,12 @@ from easyrl.quiet import setup_command_logging
 logger = logging.getLogger("easyrl")
 
 
-def build_trainer(config: PPOConfig, worker_cls: Optional[type] = None):
+def build_trainer(config: PPOConfig, worker_cls: Optional[type] = None, startup=None):
     """Check and load the model's tokenizer/processor, the datasets and the reward function
     (``easyrl.trainer.preflight``), then start Ray (unless already started) and the workers (``worker_cls``: None
-    for ``FSDPWorker``, or a subclass of it such as the tests' ``easyrl.testing.worker.InspectableWorker``).
+    for ``FSDPWorker``, or a subclass of it such as the tests' ``easyrl.testing.worker.InspectableWorker``), timing
+    each phase into ``startup`` (an ``easyrl.trainer.launch.StartupProfile``; None: one started now), which the trainer
+    reports after its first step.
 
     Returns:
         A ``RayPPOTrainer`` ready to ``fit()``.
@@ -30,12 +33,16 @@ def build_trainer(config: PPOConfig, worker_cls: Optional[type] = None):
         RunFinished: the run folder's checkpoint is at the run's last step (``easyrl.trainer.run_folder``).
     """
     from easyrl.trainer.dashboards import check_logger_credentials
-    from easyrl.trainer.launch import quiet_datasets, start_ray
+    from easyrl.trainer.launch import StartupProfile, quiet_datasets, start_ray
     from easyrl.trainer.preflight import prepare
     from easyrl.trainer.run_folder import check_resumable, check_run_folder
 
+    startup = startup or StartupProfile(time.time())
+    startup.add("launch", time.time() - startup.start)
     quiet_datasets()
+    began = time.time()
     ready = prepare(config)
+    startup.add("preflight", time.time() - began)
     check_logger_credentials(config.trainer)
     # refuse another run's folder, or a changed config, and stop at a finished run, before anything starts
     check_run_folder(config.trainer, to_dict(config), config.training_steps(len(ready.train_dataset)))
@@ -43,9 +50,14 @@ def build_trainer(config: PPOConfig, worker_cls: Optional[type] = None):
     from easyrl.trainer.ray_trainer import RayPPOTrainer  # after the checks, which need none of this
     from easyrl.workers.fsdp_worker import FSDPWorker
 
+    began = time.time()
     device = start_ray(config)
+    startup.add("ray", time.time() - began)
     trainer = RayPPOTrainer(config, ready.tokenizer, ready.train_dataset, ready.val_dataset, ready.reward_fn)
     trainer.init_workers(device, worker_cls or FSDPWorker)
+    for phase, seconds in trainer.workers.startup_seconds.items():
+        startup.add(phase, seconds)
+    trainer.startup = startup
     return trainer
 
 
@@ -104,8 +116,10 @@ def main(argv: Optional[list[str]] = None, prog: str = "python -m easyrl.trainer
 
             evaluate_model(config)
             return 0
+        from easyrl.trainer.launch import StartupProfile
+
         try:
-            trainer = build_trainer(config)
+            trainer = build_trainer(config, startup=StartupProfile())  # timed from this process's start
         except RunFinished as done:
             print(f"easyrl: {done}")
             return 0

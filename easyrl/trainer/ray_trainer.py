@@ -42,6 +42,7 @@ from easyrl.trainer.batch_layout import for_workers
 from easyrl.trainer.checkpoint import Checkpointer
 from easyrl.trainer.checkpoint_manifest import run_identity
 from easyrl.trainer.generation import Generator
+from easyrl.trainer.launch import StartupProfile
 from easyrl.trainer.loggers import Tracker
 from easyrl.trainer.metrics import (
     compute_data_metrics,
@@ -103,6 +104,7 @@ class RayPPOTrainer:
         self.last_batch: Optional[Batch] = None  # the most recent training batch, for inspection
         self.stop_signal: Optional[int] = None  # the signal that stopped fit() early, if any
         self._last_frac_zero_std: Optional[float] = None  # the previous step's reward/frac_reward_zero_std
+        self.startup: Optional[StartupProfile] = None  # reported in the first step's metrics (build_trainer sets it)
 
     def init_workers(self, device: str, worker_cls: type = FSDPWorker) -> None:
         """Start the Ray workers (process group, FSDP2 actor/ref, vLLM engines; ``worker_cls`` is ``FSDPWorker`` or
@@ -193,8 +195,10 @@ class RayPPOTrainer:
         cfg = self.config
         if self.val_dataset is not None and self.global_step == 0 and (cfg.trainer.val_before_train
                                                                        or cfg.trainer.val_only):
-            tracker.log(self.validator.run(self.global_step), step=self.global_step,
-                        generations=self.validator.generations)
+            val_metrics = self.validator.run(self.global_step)
+            if self.startup is not None:
+                self.startup.add("validation", val_metrics["timing_s/validation"])
+            tracker.log(val_metrics, step=self.global_step, generations=self.validator.generations)
             if cfg.trainer.val_only:
                 return
         if self.global_step >= self.training_steps:
@@ -205,6 +209,8 @@ class RayPPOTrainer:
         while self.global_step < self.training_steps:
             self.global_step += 1
             metrics = self.train_step(prompts)
+            if self.startup is not None:
+                metrics.update(self.startup.report(metrics))  # after the first step only
             generations = None
             if self.validator.due(self.global_step, self.training_steps):
                 metrics.update(self.validator.run(self.global_step))

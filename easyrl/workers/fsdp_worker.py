@@ -60,6 +60,10 @@ class FSDPWorker:
     """
 
     def __init__(self, config: PPOConfig, rank: int, world_size: int, device: str, training_steps: int = 0):
+        import psutil
+
+        # start-up profile (easyrl.trainer.launch.StartupProfile): process start to here is spawn and imports
+        self.startup_seconds = {"imports": time.time() - psutil.Process().create_time()}
         # vLLM must run in this process so weights can be handed over as tensors; set before vLLM is imported.
         os.environ.update(vllm_compat.in_process_engine_env())
         quiet_libraries()  # library messages that do not matter to a user (easyrl.quiet; EASYRL_VERBOSE=1: all)
@@ -115,9 +119,10 @@ class FSDPWorker:
         dist.init_process_group(backend=collective_backend(self.device), rank=self.rank, world_size=self.world_size,
                                 timeout=datetime.timedelta(seconds=self.config.worker.nccl_timeout))
 
-    def init_models(self) -> None:
+    def init_models(self) -> dict[str, float]:
         """Build the model roles (``easyrl.workers.roles.build_roles``: the FSDP2 actor, the reference policy when a
-        KL term needs one, the critic with GAE) and the vLLM engine."""
+        KL term needs one, the critic with GAE) and the vLLM engine. Returns the seconds of each start-up phase of this
+        worker (``imports``, one per role, ``vllm_import``, ``engine``)."""
         from torch.distributed.device_mesh import init_device_mesh
 
         from easyrl.workers.rollout import VLLMRollout
@@ -126,7 +131,8 @@ class FSDPWorker:
         if self.device != "cpu":
             self.check_memory()
         mesh = init_device_mesh(self.device, (self.world_size,), mesh_dim_names=("dp",))
-        roles = build_roles(self.config, mesh, self.device, self.torch_device, self.training_steps)
+        roles = build_roles(self.config, mesh, self.device, self.torch_device, self.training_steps,
+                            seconds=self.startup_seconds)
         self.actor, self.ref, self.critic = roles.actor, roles.ref, roles.critic
         self.reward_model = roles.reward_model  # None unless worker.reward.reward_model.model_path is set
         self.teacher = roles.teacher
@@ -134,8 +140,15 @@ class FSDPWorker:
         remove_stale_tp_shm(self.device, self.rollout_layout, self.rank)  # an earlier run's (vLLM-CPU only)
         # one seed per engine: the ranks of a tensor-parallel engine must sample alike
         seed = cfg.rollout.seed + self.rollout_layout.dp_rank(self.rank)
+        began = time.time()
+        import vllm  # noqa: F401  (timed apart from the engine)
+
+        self.startup_seconds["vllm_import"] = time.time() - began
+        began = time.time()
         self.rollout = VLLMRollout(cfg.actor.model.model_path, cfg.rollout, self.device, seed=seed)
+        self.startup_seconds["engine"] = time.time() - began
         empty_cache(self.device)
+        return self.startup_seconds
 
     def close(self) -> None:
         """Release what would outlive this process when Ray kills it: vLLM's tensor-parallel groups own shared-memory

@@ -11,6 +11,7 @@ with the code; the workers are ``FSDPWorker`` or a subclass of it (``worker_cls`
 from __future__ import annotations
 
 import os
+import time
 from typing import Any, Callable
 
 import ray
@@ -172,11 +173,16 @@ class WorkerGroup:
     """Starts ``world_size`` worker actors (``worker_cls``: ``FSDPWorker`` or a subclass), joins them in a process
     group and builds their models; ``training_steps`` (the run's steps) sets their trained roles' LR schedules.
 
+    ``startup_seconds``: wall-clock seconds of its start-up phases (``easyrl.trainer.launch.StartupProfile``):
+    ``workers`` (placement group, spawn, until every worker answers), ``process_group``, and the slowest rank's
+    ``imports`` and model/engine phases (``FSDPWorker.init_models``).
+
     Raises:
         RuntimeError: the cluster has fewer devices than ``trainer.nnodes * trainer.n_gpus_per_node``.
     """
 
     def __init__(self, config: PPOConfig, device: str, worker_cls: type = FSDPWorker, training_steps: int = 0):
+        began = time.time()
         world_size = config.world_size
         available = ray.cluster_resources()
         # a trained role's offloaded parameters mean a CPU Adam step (the frozen reference has no optimizer)
@@ -205,11 +211,16 @@ class WorkerGroup:
             ).remote(config, rank, world_size, device, training_steps)
             for rank in range(world_size)
         ]
-        master_addr, master_port = ray.get(self.workers[0].address.remote())
+        master_addr, master_port = self.run_all(FSDPWorker.address)[0]
+        self.startup_seconds = {"workers": time.time() - began}
+        began = time.time()
         self.rollout_layout = RolloutLayout(world_size, config.worker.rollout.tensor_parallel_size)
         self.run_all(FSDPWorker.fetch_model_files)  # a hub id downloaded per node, before any collective timeout
         self.run_all(FSDPWorker.init_process_group, master_addr, master_port)
-        self.run_all(FSDPWorker.init_models)
+        self.startup_seconds["process_group"] = time.time() - began
+        for seconds in self.run_all(FSDPWorker.init_models):  # the slowest rank's phases
+            for phase, value in seconds.items():
+                self.startup_seconds[phase] = max(value, self.startup_seconds.get(phase, 0.0))
 
     @property
     def world_size(self) -> int:

@@ -24,8 +24,10 @@ one built before it (``init_from``, as the reference copies the actor). Adding o
 
 from __future__ import annotations
 
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Iterator, Optional
 
 import torch
 
@@ -53,8 +55,9 @@ class Roles:
 
 
 def build_roles(config: PPOConfig, mesh: DeviceMesh, device: str, torch_device: torch.device,
-                training_steps: int = 0) -> Roles:
-    """Build the roles this run needs (see the module docstring), on every rank together.
+                training_steps: int = 0, seconds: Optional[dict[str, float]] = None) -> Roles:
+    """Build the roles this run needs (see the module docstring), on every rank together; ``seconds`` (when given)
+    receives each built role's build time, by role name.
 
     Args:
         config: the finalized run configuration (``worker.actor`` / ``worker.ref`` / ``worker.critic``,
@@ -72,26 +75,36 @@ def build_roles(config: PPOConfig, mesh: DeviceMesh, device: str, torch_device: 
 
     cfg = config.worker
     model_path = cfg.actor.model.model_path
-    if config.trainer.val_only:  # easyrl eval: the policy generates only (its weights reach vLLM); no optimizer
-        return Roles(actor=FSDPPolicy(model_path, cfg.actor, mesh, device, torch_device, trainable=False,
-                                      offload=cfg.actor.offload),
-                     reward_model=build_reward_model(config, mesh, device, torch_device))
-    actor = FSDPPolicy(model_path, cfg.actor, mesh, device, torch_device, trainable=True, offload=cfg.actor.offload,
-                       training_steps=training_steps)
-    ref = None
-    if config.builds_reference:
-        # same checkpoint: copy the actor's shards (cast to the compute dtype) instead of reading it again
-        ref = FSDPPolicy(model_path, cfg.actor, mesh, device, torch_device, trainable=False, offload=cfg.ref.offload,
-                         init_from=actor)
-    critic = None
-    if config.algorithm.needs_critic:
-        critic = FSDPCritic(cfg.critic.model.model_path, cfg.critic, mesh, device, torch_device, training_steps)
-    reward_model = build_reward_model(config, mesh, device, torch_device)
-    teacher = None
-    if config.algorithm.needs_teacher:  # its own checkpoint; the actor's sharding and batching, never its LoRA
-        teacher = FSDPPolicy(cfg.teacher.model.model_path, teacher_role_config(config), mesh, device, torch_device,
-                             trainable=False, offload=cfg.teacher.offload)
+    seconds = {} if seconds is None else seconds
+    trainable = not config.trainer.val_only  # easyrl eval: the policy generates only (its weights reach vLLM)
+    with _timed(seconds, "actor"):
+        actor = FSDPPolicy(model_path, cfg.actor, mesh, device, torch_device, trainable=trainable,
+                           offload=cfg.actor.offload, training_steps=training_steps)
+    ref = critic = teacher = None
+    if trainable and config.builds_reference:
+        with _timed(seconds, "ref"):  # same checkpoint: copy the actor's shards (cast to the compute dtype)
+            ref = FSDPPolicy(model_path, cfg.actor, mesh, device, torch_device, trainable=False,
+                             offload=cfg.ref.offload, init_from=actor)
+    if trainable and config.algorithm.needs_critic:
+        with _timed(seconds, "critic"):
+            critic = FSDPCritic(cfg.critic.model.model_path, cfg.critic, mesh, device, torch_device,
+                                 training_steps)
+    with _timed(seconds, "reward_model"):
+        reward_model = build_reward_model(config, mesh, device, torch_device)
+    if reward_model is None:
+        seconds.pop("reward_model")
+    if trainable and config.algorithm.needs_teacher:  # its own checkpoint; the actor's sharding, never its LoRA
+        with _timed(seconds, "teacher"):
+            teacher = FSDPPolicy(cfg.teacher.model.model_path, teacher_role_config(config), mesh, device,
+                                 torch_device, trainable=False, offload=cfg.teacher.offload)
     return Roles(actor=actor, ref=ref, critic=critic, reward_model=reward_model, teacher=teacher)
+
+
+@contextmanager
+def _timed(seconds: dict[str, float], role: str) -> Iterator[None]:
+    began = time.time()
+    yield
+    seconds[role] = time.time() - began
 
 
 def build_reward_model(config: PPOConfig, mesh: DeviceMesh, device: str,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -104,6 +105,43 @@ def engine_arguments(model_path: str, config: RolloutConfig, device: str, seed: 
     return engine_kwargs
 
 
+_PASSED_TOKENIZER = threading.local()
+
+
+def reuse_passed_tokenizer() -> None:
+    """Make a processor built with ``tokenizer=`` take that tokenizer instead of loading one of its own (idempotent).
+
+    transformers 5 (checked 5.19) ``ProcessorMixin.from_pretrained(path, tokenizer=t)`` loads a second tokenizer from
+    ``path``, deep-copying ``t`` with its kwargs on the way, and then replaces the loaded one by ``t``: the processor
+    holds ``t`` either way. vLLM (0.32) builds each multimodal processor so, twice per engine start; for Qwen's
+    151k-token vocabulary each such load took 15-20 s of a 95 s engine build on 2 busy cores (bench/README.md,
+    "Start-up"). Here ``t`` is handed over as the loaded tokenizer and kept out of the deep-copied kwargs. A transformers
+    without ``ProcessorMixin._load_tokenizer_from_pretrained`` is left as it is."""
+    from transformers.processing_utils import ProcessorMixin
+
+    load = getattr(ProcessorMixin, "_load_tokenizer_from_pretrained", None)
+    if load is None or getattr(ProcessorMixin.from_pretrained, "reuses_tokenizer", False):
+        return
+    load, from_pretrained = load.__func__, ProcessorMixin.from_pretrained.__func__
+
+    def load_tokenizer(cls, sub_processor_type, *args, **kwargs):
+        passed = getattr(_PASSED_TOKENIZER, "value", None)
+        if passed is not None and sub_processor_type == "tokenizer":
+            return passed
+        return load(cls, sub_processor_type, *args, **kwargs)
+
+    def from_pretrained_reusing(cls, *args, tokenizer=None, **kwargs):
+        _PASSED_TOKENIZER.value = tokenizer
+        try:
+            return from_pretrained(cls, *args, **kwargs)
+        finally:
+            _PASSED_TOKENIZER.value = None
+
+    from_pretrained_reusing.reuses_tokenizer = True
+    ProcessorMixin._load_tokenizer_from_pretrained = classmethod(load_tokenizer)
+    ProcessorMixin.from_pretrained = classmethod(from_pretrained_reusing)
+
+
 @dataclass
 class RolloutOutput:
     """Generated samples, one entry per request, in request order.
@@ -150,6 +188,7 @@ class VLLMRollout:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, math.ceil(config.cpu_kvcache_space_gib))))
         if engine_kwargs.get("load_format") == DUMMY_LOAD_FORMAT:
             register_dummy_loader()  # in this process, before the engine is built
+        reuse_passed_tokenizer()
         self.llm = LLM(**engine_kwargs)
         # a sampled image/video pad id in a response would break the actor's next forward: never sample one
         self.bad_words = forbidden_words(hf_config, self.llm.get_tokenizer())
