@@ -22,6 +22,8 @@ import sys
 from dataclasses import dataclass
 from typing import Optional
 
+from easyrl.errors import RunStateError, run_cli
+
 
 @dataclass(frozen=True)
 class Panel:
@@ -96,11 +98,11 @@ def read_run(path: str, name: Optional[str] = None) -> Run:
     floats; other non-numbers (validation generations) are skipped.
 
     Raises:
-        FileNotFoundError: no metrics.jsonl there. ValueError: a line is not JSON (names file and line).
+        RunStateError: no metrics.jsonl there, or a line that is not JSON (names file and line).
     """
     file = path if path.endswith(".jsonl") else os.path.join(path, "metrics.jsonl")
     if not os.path.isfile(file):
-        raise FileNotFoundError(f"{file} does not exist: give a run folder (runs/<project>/<experiment>) that has one.")
+        raise RunStateError(f"{file} does not exist: give a run folder (runs/<project>/<experiment>) that has one.")
     series: dict[str, tuple[list[int], list[float]]] = {}
     with open(file, encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
@@ -109,7 +111,7 @@ def read_run(path: str, name: Optional[str] = None) -> Run:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{file}:{number} is not a JSON object ({e}).") from None
+                raise RunStateError(f"{file}:{number} is not a JSON object ({e}).") from None
             step = row.get("step")
             for key, value in row.items():
                 if key == "step" or isinstance(value, bool):
@@ -225,12 +227,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    """Plot ``args.run_dirs``; prints the PNG and HTML paths. Returns the exit status (2: a run cannot be read)."""
-    try:
-        runs = [read_run(path) for path in args.run_dirs]
-    except (FileNotFoundError, ValueError) as e:
-        print(f"easyrl plot: {e}", file=sys.stderr)
-        return 2
+    """Plot ``args.run_dirs``; prints the PNG and HTML paths. Returns the exit status (2: a run cannot be read, printed as
+    one ``easyrl: run error:`` line)."""
+    return run_cli(lambda: _plot(args))
+
+
+def _plot(args: argparse.Namespace) -> int:
+    runs = [read_run(path) for path in args.run_dirs]
     names = [run.name for run in runs]
     for run, path in zip(runs, args.run_dirs):  # two runs with one folder name: tell them apart by their paths
         if names.count(run.name) > 1:

@@ -71,7 +71,7 @@ def test_export_cli_writes_base_dtype_and_generation_config(two_ranks, small_mod
     os.umask(umask)
     assert {f.name: f.stat().st_mode & 0o777 for f in out.iterdir()} == {f.name: 0o666 & ~umask for f in out.iterdir()}
     again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert again.returncode == 2 and "exists" in again.stderr  # never overwrites
+    assert again.returncode == 2 and again.stderr.startswith(f"easyrl: export error: {out} exists")  # never overwrites
     assert not list(tmp_path.glob(".hf.tmp"))
 
 

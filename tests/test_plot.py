@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from easyrl.cli import main as easyrl_main
+from easyrl.errors import RunStateError
 from easyrl.plot import MIN_RELATIVE_SPAN, PANELS, plot_runs, read_run, y_limits
 
 
@@ -123,5 +124,5 @@ def test_console_script_and_module_entry_points(tmp_path, capsys):
 
 def test_bad_line_names_file_and_line(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "a": 1.0}\nnot json\n')
-    with pytest.raises(ValueError, match=r"metrics.jsonl:2 is not a JSON object"):
+    with pytest.raises(RunStateError, match=r"metrics.jsonl:2 is not a JSON object"):
         read_run(str(tmp_path))
