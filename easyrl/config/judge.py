@@ -10,6 +10,7 @@ from easyrl.errors import ConfigError
 
 JUDGE_PARSERS = ("number", "json")
 """The built-in verdict parsers; anything else must be ``path/to/file.py:function``."""
+JUDGE_DTYPES = ("auto", "bf16", "fp16", "fp32")
 
 
 @dataclass
@@ -42,6 +43,9 @@ class JudgeConfig:
     the rollout engine's ``worker.rollout.gpu_memory_utilization`` (``easyrl.workers.judge``); ignored on the CPU."""
     cpu_kvcache_space_gib: float = 1.0
     """The judge engine's KV cache on the CPU backend (GiB)."""
+    dtype: str = "auto"
+    """The dtype the judge engine runs in: ``bf16``, ``fp16``, ``fp32``, or ``auto`` (vLLM's choice from the
+    checkpoint: a float32 one runs in bfloat16, slow on a CPU without bf16 instructions; ``fp32`` there)."""
     max_model_len: int = 4096
     """Judge prompt + verdict tokens at most (the engine's context); a judge prompt longer than ``max_model_len -
     max_tokens`` is not sent: it is scored ``unparseable_score`` and counted in ``judge/unparseable``."""
@@ -65,7 +69,7 @@ def check_judge(judge: JudgeConfig, tensor_parallel_size: int, check_range: Any)
         check_range: ``easyrl.config.checks.check_range``.
 
     Raises:
-        ConfigError: a key out of range, a parser that is neither a built-in name nor ``file.py:function``, or a
+        ConfigError: a key out of range, an unknown ``dtype``, a parser that is neither a built-in name nor ``file.py:function``, or a
             tensor-parallel rollout (not supported with a judge yet). (An empty ``json_key`` is refused by
             ``easyrl.config.malformed`` before.)
     """
@@ -74,6 +78,8 @@ def check_judge(judge: JudgeConfig, tensor_parallel_size: int, check_range: Any)
     for rule, keys in JUDGE_RANGE_RULES.items():
         for key in keys:
             check_range(key, getattr(judge, key.rsplit(".", 1)[1]), rule)
+    if judge.dtype not in JUDGE_DTYPES:
+        raise ConfigError(f"worker.reward.judge.dtype={judge.dtype!r} is not one of {', '.join(JUDGE_DTYPES)}.")
     parser = judge.parser
     if parser not in JUDGE_PARSERS and not (isinstance(parser, str) and ".py:" in parser):
         raise ConfigError(f"worker.reward.judge.parser={parser!r} is not one of {', '.join(JUDGE_PARSERS)} nor "
