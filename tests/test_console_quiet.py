@@ -67,7 +67,8 @@ def test_noise_is_dropped_and_real_warnings_kept(monkeypatch):
     assert _emit("vllm.v1.worker.cpu_worker", "%s is not found in LD_PRELOAD. For best", "libtcmalloc") == []
     assert _emit("vllm.v1.worker.cpu_worker", "Node 1 is not in available memory nodes") != []
     assert _emit("vllm.engine.arg_utils", "The global random seed is set to 1.") == []
-    loader, cast = "vllm.model_executor.models.utils", "Attempted to load weight %s with dtype %s into parameter with dtype %s"
+    loader = "vllm.model_executor.models.utils"
+    cast = "Attempted to load weight %s with dtype %s into parameter with dtype %s"
     assert _emit(loader, cast, "layers.0.mlp.down_proj.weight", "torch.float32", "torch.bfloat16") == []  # the judge's
     assert _emit(loader, cast, "norm.weight", "torch.float16", "torch.bfloat16") != []  # not a plain narrowing: kept
     with warnings.catch_warnings(record=True) as caught:

@@ -135,8 +135,9 @@ def test_multi_turn_judge_and_reward_model_panels_come_from_the_logged_names(tmp
     for row in rows:
         row.update({"timing_s/judge": 37.0, "timing_s/reward_model": 2.0, "judge/unparseable": 9.0,
                     "reward/judge": 0.4, "reward_model/truncated": 0.0, "reward/reward_model": 1.5,
-                    "multi_turn/tool_calls": 12.0, "multi_turn/tool_errors": 1.0, "multi_turn/assistant_turns/mean": 2.0,
-                    "multi_turn/assistant_turns/max": 3.0, "multi_turn/masked_token_share": 0.3})
+                    "multi_turn/tool_calls": 12.0, "multi_turn/tool_errors": 1.0,
+                    "multi_turn/assistant_turns/mean": 2.0, "multi_turn/assistant_turns/max": 3.0,
+                    "multi_turn/masked_token_share": 0.3})
     rows[0]["timing_s/startup/ray"] = 12.0  # a start-up profile's parts: not a phase of every step
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     panels = _panels(plot_runs([read_run(str(run))], str(tmp_path / "m.png")))

@@ -69,9 +69,9 @@ def check_judge(judge: JudgeConfig, tensor_parallel_size: int, check_range: Any)
         check_range: ``easyrl.config.checks.check_range``.
 
     Raises:
-        ConfigError: a key out of range, an unknown ``dtype``, a parser that is neither a built-in name nor ``file.py:function``, or a
-            tensor-parallel rollout (not supported with a judge yet). (An empty ``json_key`` is refused by
-            ``easyrl.config.malformed`` before.)
+        ConfigError: a key out of range, an unknown ``dtype``, a parser that is neither a built-in name nor
+            ``file.py:function``, or a tensor-parallel rollout (not supported with a judge yet). (An empty
+            ``json_key`` is refused by ``easyrl.config.malformed`` before.)
     """
     if judge.model_path is None:
         return

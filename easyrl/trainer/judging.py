@@ -81,5 +81,6 @@ class JudgePhase:
         if unparseable:
             first = next(v for v in self.verdicts if self.judge.scores([v])[1])
             logger.warning("judge: %d of %d verdicts unreadable by worker.reward.judge.parser=%s, e.g. %r (None: the "
-                           "prompt did not fit max_model_len)", unparseable, len(scores), self.judge.config.parser, first)
+                           "prompt did not fit max_model_len)", unparseable, len(scores), self.judge.config.parser,
+                           first)
         return {"judge/unparseable": float(unparseable)}

@@ -37,10 +37,11 @@ def judge_engine_arguments(config: JudgeConfig, device: str, seed: int, enforce_
         enforce_eager: ``worker.rollout.enforce_eager`` (no CUDA graphs), shared with the rollout engine.
 
     Returns:
-        Keyword arguments for ``vllm.LLM``: ``judge.dtype`` (``auto``: vLLM's choice), ``max_model_len``, no images or videos (a
-        vision-language judge reads text here), prefix caching (every judge prompt starts with the same template
-        text); on GPUs/NPUs ``gpu_memory_utilization`` and no sleep mode (see the module docstring; the CPU backend
-        sizes its KV cache from ``VLLM_CPU_KVCACHE_SPACE``, set by :class:`VLLMJudge` while it builds the engine).
+        Keyword arguments for ``vllm.LLM``: ``judge.dtype`` (``auto``: vLLM's choice), ``max_model_len``, no images or
+        videos (a vision-language judge reads text here), prefix caching (every judge prompt starts with the same
+        template text); on GPUs/NPUs ``gpu_memory_utilization`` and no sleep mode (see the module docstring; the CPU
+        backend sizes its KV cache from ``VLLM_CPU_KVCACHE_SPACE``, set by :class:`VLLMJudge` while it builds the
+        engine).
     """
     kwargs: dict[str, Any] = dict(
         model=config.model_path,
