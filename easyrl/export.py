@@ -11,6 +11,7 @@ import os
 import sys
 from typing import Optional
 
+from easyrl.errors import RunStateError, UserError, run_cli
 from easyrl.models.hf_folder import DTYPES
 from easyrl.trainer.hf_export import export_checkpoint, resolve_checkpoint  # noqa: F401  (the library's names)
 
@@ -30,7 +31,8 @@ example:
 
 
 def main(argv: Optional[list[str]] = None, prog: str = "python -m easyrl.export") -> int:
-    """Command-line entry point; exit status 0, or 2 for a bad argument or checkpoint (message, no traceback)."""
+    """Command-line entry point; exit status 0, or 2 for a bad argument or checkpoint (one ``easyrl: <kind> error:``
+    line, no traceback)."""
     parser = argparse.ArgumentParser(prog=prog, description=DESCRIPTION.format(prog=prog),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", help="a global_step_N folder, or a run's checkpoint folder (its last one)")
@@ -38,17 +40,18 @@ def main(argv: Optional[list[str]] = None, prog: str = "python -m easyrl.export"
     parser.add_argument("--dtype", default="auto", choices=["auto", *DTYPES], help="weights dtype (auto: the base's)")
     args = parser.parse_args(argv)
     logging.basicConfig(level="INFO", format="%(levelname)s %(name)s: %(message)s")
+    return run_cli(lambda: _export(args))
+
+
+def _export(args: argparse.Namespace) -> int:
     if os.path.exists(args.out):
-        print(f"easyrl.export: {args.out} exists; give a new folder (an export never overwrites one)", file=sys.stderr)
-        return 2
+        raise UserError(f"{args.out} exists; give a new folder (an export never overwrites one)", kind="export")
     try:
         out = export_checkpoint(args.checkpoint, args.out, None if args.dtype == "auto" else DTYPES[args.dtype])
     except FileNotFoundError as err:
-        print(f"easyrl.export: {err}", file=sys.stderr)
-        return 2
+        raise RunStateError(str(err)) from None
     logger.info("wrote %s", out)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -2,7 +2,8 @@
 
 Reads ``<run_dir>/metrics.jsonl`` of each run and draws the panels of ``PANELS`` with matplotlib, one quantity per
 panel (reward, accuracy, groups without reward spread, response length, truncated responses, KL, entropy, PPO clip
-fraction, grad norm, phase timings, per-device throughput, all-device throughput, MFU, memory), every run on the same
+fraction, grad norm, phase timings, multi-turn, LLM judge, reward model, per-device throughput, all-device
+throughput, MFU, memory), every run on the same
 axes (color and marker: the metric, named as in metrics.jsonl; line style: the run). Training and validation values
 of one quantity share a panel (``critic/score/mean`` beside ``val/reward/overall``). Panels that no run logged are left
 out and named under the figure. A series that barely moves is drawn flat: the y axis spans at least
@@ -22,15 +23,34 @@ import sys
 from dataclasses import dataclass
 from typing import Optional
 
+from easyrl.errors import RunStateError, run_cli
+
 
 @dataclass(frozen=True)
 class Panel:
-    """One axis: a quantity (``unit``) and the metrics.jsonl keys that measure it; ``fraction``: values in [0, 1]."""
+    """One axis: a quantity (``unit``) and the metrics.jsonl keys that measure it; ``fraction``: values in [0, 1].
+
+    ``prefix``: also every logged key ``<prefix><name>`` or ``<prefix><name>/mean`` (``name`` without ``/``) that no
+    panel names in its ``keys``, in the order the run logged them, so that a new phase's ``timing_s/<phase>`` or a
+    new ``multi_turn/*`` metric is drawn without being listed here."""
 
     title: str
     unit: str
-    keys: tuple[str, ...]
+    keys: tuple[str, ...] = ()
     fraction: bool = False
+    prefix: Optional[str] = None
+
+    def drawn_keys(self, runs: list["Run"]) -> list[str]:
+        """``keys``, then the keys of ``runs`` that ``prefix`` matches (see the class docstring)."""
+        found = list(self.keys)
+        if self.prefix is not None:
+            named = {key for panel in PANELS for key in panel.keys}
+            for run in runs:
+                for key in run.series:
+                    rest = key[len(self.prefix):].removesuffix("/mean")
+                    if key.startswith(self.prefix) and "/" not in rest and key not in named and key not in found:
+                        found.append(key)
+        return found
 
 
 PANELS: tuple[Panel, ...] = (
@@ -44,10 +64,13 @@ PANELS: tuple[Panel, ...] = (
     Panel("entropy", "nats / token", ("actor/entropy",)),
     Panel("PPO clip fraction", "fraction of tokens", ("actor/pg_clipfrac", "actor/pg_clipfrac_lower"), fraction=True),
     Panel("grad norm", "L2 norm before clipping", ("actor/grad_norm", "critic/grad_norm")),
-    Panel("phase timings", "seconds", ("timing_s/step", "timing_s/gen", "timing_s/reshard", "timing_s/reward",
-                                       "timing_s/gen_baseline", "timing_s/old_log_prob", "timing_s/ref",
-                                       "timing_s/values", "timing_s/adv", "timing_s/update_critic",
-                                       "timing_s/update_actor", "timing_s/validation")),
+    Panel("phase timings", "seconds", prefix="timing_s/"),
+    Panel("multi-turn", "per step / per trajectory", prefix="multi_turn/"),
+    Panel("tool-turn tokens", "fraction of response tokens masked from the loss", ("multi_turn/masked_token_share",),
+          fraction=True),
+    Panel("LLM judge", "score / unreadable verdicts", ("reward/judge", "val/reward/judge"), prefix="judge/"),
+    Panel("reward model", "score / truncated inputs", ("reward/reward_model", "val/reward/reward_model"),
+          prefix="reward_model/"),
     Panel("throughput per device", "tokens / s / device", ("perf/throughput",)),
     Panel("throughput, all devices", "tokens / s", ("perf/throughput_total", "perf/rollout_tokens_per_s",
                                                     "perf/update_tokens_per_s")),
@@ -96,11 +119,11 @@ def read_run(path: str, name: Optional[str] = None) -> Run:
     floats; other non-numbers (validation generations) are skipped.
 
     Raises:
-        FileNotFoundError: no metrics.jsonl there. ValueError: a line is not JSON (names file and line).
+        RunStateError: no metrics.jsonl there, or a line that is not JSON (names file and line).
     """
     file = path if path.endswith(".jsonl") else os.path.join(path, "metrics.jsonl")
     if not os.path.isfile(file):
-        raise FileNotFoundError(f"{file} does not exist: give a run folder (runs/<project>/<experiment>) that has one.")
+        raise RunStateError(f"{file} does not exist: give a run folder (runs/<project>/<experiment>) that has one.")
     series: dict[str, tuple[list[int], list[float]]] = {}
     with open(file, encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
@@ -109,7 +132,7 @@ def read_run(path: str, name: Optional[str] = None) -> Run:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{file}:{number} is not a JSON object ({e}).") from None
+                raise RunStateError(f"{file}:{number} is not a JSON object ({e}).") from None
             step = row.get("step")
             for key, value in row.items():
                 if key == "step" or isinstance(value, bool):
@@ -134,7 +157,7 @@ def plot_runs(runs: list[Run], output: str):
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator, ScalarFormatter
 
-    shown = [panel for panel in PANELS if any(key in run.series for key in panel.keys for run in runs)]
+    shown = [panel for panel in PANELS if any(key in run.series for key in panel.drawn_keys(runs) for run in runs)]
     missing = [panel.title for panel in PANELS if panel not in shown]
     cols = 3
     rows = max(1, math.ceil(len(shown) / cols))
@@ -145,9 +168,10 @@ def plot_runs(runs: list[Run], output: str):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel(panel.unit)
         drawn: list[float] = []
-        palette = plt.get_cmap("tab10" if len(panel.keys) <= 10 else "tab20")
-        colors = (lambda i: palette(i)) if len(panel.keys) <= 10 else (lambda i: palette(2 * i % 20 + 2 * i // 20))
-        for index, key in enumerate(panel.keys):
+        keys = panel.drawn_keys(runs)
+        palette = plt.get_cmap("tab10" if len(keys) <= 10 else "tab20")
+        colors = (lambda i: palette(i)) if len(keys) <= 10 else (lambda i: palette(2 * i % 20 + 2 * i // 20))
+        for index, key in enumerate(keys):
             for r, run in enumerate(runs):
                 if key not in run.series:
                     continue
@@ -201,7 +225,7 @@ def _write_html(runs: list[Run], png: str) -> str:
 
     with open(png, "rb") as f:
         image = base64.b64encode(f.read()).decode()
-    keys = [key for panel in PANELS for key in panel.keys if any(key in run.series for run in runs)]
+    keys = [key for panel in PANELS for key in panel.drawn_keys(runs) if any(key in run.series for run in runs)]
     last = {run.name: {key: run.series[key][1][-1] for key in keys if key in run.series} for run in runs}
     template = jinja2.Template(
         "<!doctype html><html><head><meta charset='utf-8'><title>easyrl: {{ title }}</title>"
@@ -225,12 +249,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    """Plot ``args.run_dirs``; prints the PNG and HTML paths. Returns the exit status (2: a run cannot be read)."""
-    try:
-        runs = [read_run(path) for path in args.run_dirs]
-    except (FileNotFoundError, ValueError) as e:
-        print(f"easyrl plot: {e}", file=sys.stderr)
-        return 2
+    """Plot ``args.run_dirs``; prints the PNG and HTML paths. Returns the exit status (2: a run cannot be read,
+    printed as one ``easyrl: run error:`` line)."""
+    return run_cli(lambda: _plot(args))
+
+
+def _plot(args: argparse.Namespace) -> int:
+    runs = [read_run(path) for path in args.run_dirs]
     names = [run.name for run in runs]
     for run, path in zip(runs, args.run_dirs):  # two runs with one folder name: tell them apart by their paths
         if names.count(run.name) > 1:

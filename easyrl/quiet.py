@@ -4,7 +4,8 @@ What is dropped (by default; ``EASYRL_VERBOSE=1`` keeps everything) is listed in
 start-up notes about settings easyrl chose on purpose (eager mode, chunked prefill off, in-process engine, the seed),
 CPU-backend performance hints (tcmalloc/iomp preload, Triton CPU, thread binding), the "Failed to load weights"
 notes about layers that have no weights when weights are reloaded in place (rotary embeddings, fused norms: real
-layers that fail still warn), and deprecation notices raised inside vLLM/transformers.
+layers that fail still warn), vLLM's line per weight of a float32 checkpoint cast to a 16-bit engine dtype, and
+deprecation notices raised inside vLLM/transformers.
 Progress bars of worker processes (weight loading) are turned off with ``TQDM_DISABLE=1``.
 
 Switches, for when the full logs are wanted:
@@ -38,6 +39,9 @@ NOISE: tuple[tuple[str, str, str], ...] = (
     ("vllm.model_executor.model_loader.reload.layerwise",
      r"(\w*RotaryEmbedding|FusedMMInputNorm): Failed to load weights",
      "these layers hold no checkpoint weights (rotary caches, fused norms); an in-place reload has none to give"),
+    ("vllm.model_executor.models.utils", r"Attempted to load weight \S+ with dtype torch\.float32 into parameter with "
+     r"dtype torch\.(bfloat16|float16)", "one line per weight of a float32 checkpoint served in the engine's 16-bit "
+     "dtype (worker.reward.judge.dtype, worker.rollout.dtype), the cast those keys ask for"),
     ("torch.utils.cpp_extension", r"No CUDA runtime is found", "torch's note on a CPU-only host"),
     ("vllm.envs", r"Unknown vLLM environment variable detected: VLLM_ASCEND_ENABLE_NZ",
      "vLLM 0.23 without vllm-ascend does not know the NZ switch that easyrl sets for NPUs (vllm_compat)"),

@@ -58,3 +58,19 @@ def test_unknown_command_is_argparse_error(capsys):
         main(["trian"])
     assert stop.value.code == 2
     assert "invalid choice: 'trian'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("words, line", [
+    (["train", "config=nowhere.yaml"], "easyrl: config error: Config file 'nowhere.yaml' (from config=) does not"),
+    (["eval", "config=nowhere.yaml"], "easyrl: config error: Config file 'nowhere.yaml' (from config=) does not"),
+    (["simulate", "config=nowhere.yaml"], "easyrl: config error: Config file 'nowhere.yaml'"),
+    (["export", "{tmp}/nowhere", "{tmp}/out"], "easyrl: run error: {tmp}/nowhere is not a checkpoint"),
+    (["export", "{tmp}/nowhere", "{tmp}"], "easyrl: export error: {tmp} exists; give a new folder"),
+    (["plot", "{tmp}/nowhere"], "easyrl: run error: {tmp}/nowhere/metrics.jsonl does not exist"),
+], ids=["train", "eval", "simulate", "X07", "X08", "X09"])
+def test_every_command_reports_a_user_error_in_one_line(words, line, tmp_path, capsys, monkeypatch):
+    """Each command shares ``easyrl.errors.run_cli``: one ``easyrl: <kind> error:`` line, status 2, no traceback."""
+    monkeypatch.delenv("EASYRL_DEBUG", raising=False)
+    assert main([word.format(tmp=tmp_path) for word in words]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(line.format(tmp=tmp_path)) and "Traceback" not in err

@@ -38,3 +38,20 @@ def test_the_config_folder_wins_and_hub_ids_stay(tmp_path, monkeypatch):
     assert config.worker.reward.reward_function == f"{recipe / 'reward.py'}:score"
     assert config.data.val_files == "hiyouga/geometry3k@test"
     assert config.worker.actor.model.model_path == "Qwen/Qwen2.5-0.5B-Instruct"
+
+
+def test_multi_turn_tool_parser_and_environment_files_resolve_next_to_the_config(tmp_path, monkeypatch):
+    recipe, elsewhere = tmp_path / "recipe", tmp_path / "elsewhere"
+    (recipe / "agents").mkdir(parents=True)
+    elsewhere.mkdir()
+    for name in ("tools.py", "parse.py", "env.py"):
+        (recipe / "agents" / name).write_text("def f(x):\n    return x\n")
+    (recipe / "run.yaml").write_text(
+        "worker:\n  actor:\n    model:\n      model_path: m\n  rollout:\n    multi_turn:\n      enable: true\n"
+        "      tools: [agents/tools.py:f]\n      format: agents/parse.py:f\n      environment: agents/env.py:f\n"
+    )
+    monkeypatch.chdir(elsewhere)
+    multi_turn = load_config([f"config={recipe / 'run.yaml'}"]).worker.rollout.multi_turn
+    assert multi_turn.tools == [f"{recipe / 'agents/tools.py'}:f"]
+    assert multi_turn.format == f"{recipe / 'agents/parse.py'}:f"
+    assert multi_turn.environment == f"{recipe / 'agents/env.py'}:f"

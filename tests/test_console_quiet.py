@@ -24,6 +24,8 @@ def test_summary_line_shows_the_watched_metrics_in_order():
     # KL in the reward instead of the loss, validation, MFU; absent fields are left out
     line = summary_line({"actor/reward_kl_penalty": 0.5, "val/reward/overall": 0.3, "perf/mfu/actor": 0.123}, 0)
     assert line == "step 0 | kl 0.5000 | mfu 12.3% | val 0.300"
+    agent = {"response_length/mean": 90.0, "multi_turn/tool_calls_per_traj/mean": 1.5, "multi_turn/tool_errors": 2.0}
+    assert summary_line(agent, 1) == "step 1 | len 90.0 | tools 1.50/sample errors 2"
 
 
 def test_console_logger_moves_the_bar_and_prints_each_step(capsys):
@@ -65,6 +67,10 @@ def test_noise_is_dropped_and_real_warnings_kept(monkeypatch):
     assert _emit("vllm.v1.worker.cpu_worker", "%s is not found in LD_PRELOAD. For best", "libtcmalloc") == []
     assert _emit("vllm.v1.worker.cpu_worker", "Node 1 is not in available memory nodes") != []
     assert _emit("vllm.engine.arg_utils", "The global random seed is set to 1.") == []
+    loader = "vllm.model_executor.models.utils"
+    cast = "Attempted to load weight %s with dtype %s into parameter with dtype %s"
+    assert _emit(loader, cast, "layers.0.mlp.down_proj.weight", "torch.float32", "torch.bfloat16") == []  # the judge's
+    assert _emit(loader, cast, "norm.weight", "torch.float16", "torch.bfloat16") != []  # not a plain narrowing: kept
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("default")
         quiet_libraries()  # re-applies the ignore filters after simplefilter

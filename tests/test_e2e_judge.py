@@ -115,3 +115,7 @@ def test_unparseable_verdicts_are_counted_and_scored_not_fatal(judged):
     assert unparseable, "every judge prompt fit and every verdict parsed: nothing unparseable to count"
     assert judged["row"]["judge/unparseable"] == len(unparseable)
     assert all(judged["batch"]["score/judge"][i] == UNPARSEABLE for i in unparseable)
+    # the raw verdicts travel with their samples (the generations table's judge_verdict column)
+    batch = judged["batch"]
+    read = [None if v is None else parse_number(v) for v in batch["judge_verdict"]]
+    assert [UNPARSEABLE if r is None else r for r in read] == pytest.approx(batch["score/judge"])

@@ -87,3 +87,8 @@ def test_tool_tokens_are_outside_the_loss(run):
     last = torch.where(mask, torch.arange(resp_len), -1).max(dim=1).values
     scores = batch["token_level_scores"]
     assert torch.equal(scores.nonzero()[:, 1], last[scores.abs().sum(1) > 0])
+    # the generations table shows the masked tool turns as such: one span per tool round (three tool messages each)
+    from easyrl.trainer.metrics import generation_rows
+
+    (shown,) = generation_rows(tokenizer, batch, 1)
+    assert shown["response"].count("<masked>") == 2 and "echo: " in shown["response"].split("<masked>")[1]

@@ -41,3 +41,25 @@ def test_tool_without_schema_is_a_config_error_before_ray(expect_user_error, e2e
 
     config = load_config(e2e_args("qwen2_5", tmp_path, ON, f"worker.rollout.multi_turn.tools=[{TOOLS}:no_docstring]"))
     expect_user_error(lambda: prepare(config), "config", "tools[0]", "no_docstring", "docstring")
+
+
+def test_a_chat_template_that_drops_the_tools_is_warned_of(e2e_args, tmp_path, caplog):  # W11
+    """SmolLM2's template ignores ``tools=``: the model would never hear of the tools (0 tool calls, no error)."""
+    import logging
+
+    from easyrl.config import load_config
+    from easyrl.trainer.preflight import prepare
+
+    turns = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+             "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    plain, with_tools = tmp_path / "plain.jinja", tmp_path / "tools.jinja"
+    plain.write_text(turns)
+    with_tools.write_text("{% if tools %}<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools>{% endif %}"
+                          + turns)
+    tools = [ON, f"worker.rollout.multi_turn.tools=[{TOOLS}:add]", "data.image_key=null"]
+    with caplog.at_level(logging.WARNING, logger="easyrl"):
+        prepare(load_config(e2e_args("qwen2_5", tmp_path, *tools, f"data.override_chat_template={with_tools}")))
+        assert "does not render the tools" not in caplog.text
+        prepare(load_config(e2e_args("qwen2_5", tmp_path, *tools, f"data.override_chat_template={plain}")))
+    assert f"worker.rollout.multi_turn.tools: {plain} does not render the tools (no 'add' in a prompt" in caplog.text
+    assert "data.override_chat_template=FILE.jinja" in caplog.text

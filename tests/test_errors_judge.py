@@ -23,6 +23,7 @@ CASES = [
     ("J04", [ON, f"{KEY}.parser=json", f"{KEY}.json_key="], [f"{KEY}.json_key", "json_key=score"]),
     ("J05", [ON, "trainer.n_gpus_per_node=2", "worker.rollout.tensor_parallel_size=2"],
      [KEY, "worker.rollout.tensor_parallel_size=2", "tensor_parallel_size=1"]),
+    ("J12", [ON, f"{KEY}.dtype=float64"], [f"{KEY}.dtype='float64'", "auto, bf16, fp16, fp32"]),
 ]
 
 

@@ -164,3 +164,15 @@ def test_val_only_routes_the_training_command_to_eval(tmp_path, capsys):
                    f"trainer.load_checkpoint_path={missing}"])
     assert status == 2
     assert f"easyrl: model error: model={missing} is not a folder" in capsys.readouterr().err
+
+
+def test_eval_with_model_needs_no_model_path_in_the_config(tmp_path, monkeypatch):
+    """The README's example, ``easyrl eval config=examples/configs/cpu_demo.yaml model=FOLDER``: the demo config has
+    no ``model_path``, so ``model=`` applies before the config's checks (it once exited 2, "model_path is not set")."""
+    from easyrl.trainer import evaluation
+
+    seen = {}
+    monkeypatch.setattr(evaluation, "evaluate", lambda config, step, worker_cls: (
+        seen.setdefault("model", config.worker.actor.model.model_path) and ({}, str(tmp_path))))
+    evaluation.evaluate_command([DEMO, f"model={tmp_path}", f"trainer.runs_root={tmp_path}"])
+    assert seen["model"] == str(tmp_path)

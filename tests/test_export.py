@@ -1,10 +1,12 @@
 """Checkpoints and Hugging Face export without Ray: two gloo FSDP2 ranks save and reload a sharded checkpoint (model,
 optimizer, scheduler, counters); only rank 0 holds the gathered full weights; ``python -m easyrl.export`` writes the
-base model's dtype, its generation config byte for byte, and refuses to overwrite a folder."""
+base model's dtype, its generation config byte for byte, files with the umask's mode (not safetensors' 0600),
+and refuses to overwrite a folder."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -65,8 +67,11 @@ def test_export_cli_writes_base_dtype_and_generation_config(two_ranks, small_mod
     assert set(exported) == set(full)
     assert all(torch.equal(exported[k], full[k].to(torch.bfloat16)) for k in full)
     AutoModelForCausalLM.from_pretrained(out)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert {f.name: f.stat().st_mode & 0o777 for f in out.iterdir()} == {f.name: 0o666 & ~umask for f in out.iterdir()}
     again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert again.returncode == 2 and "exists" in again.stderr  # never overwrites
+    assert again.returncode == 2 and again.stderr.startswith(f"easyrl: export error: {out} exists")  # never overwrites
     assert not list(tmp_path.glob(".hf.tmp"))
 
 

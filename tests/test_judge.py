@@ -85,7 +85,10 @@ def test_judge_engine_arguments_claim_a_share_on_accelerators_without_sleep_mode
                           "worker.reward.judge.max_model_len=512", "worker.reward.judge.gpu_memory_utilization=0.2"])
     judge = config.worker.reward.judge
     cpu = judge_engine_arguments(judge, "cpu", seed=3, enforce_eager=True)
-    assert cpu["model"] == "judge" and cpu["max_model_len"] == 512 and cpu["seed"] == 3
+    assert cpu["model"] == "judge" and cpu["max_model_len"] == 512 and cpu["seed"] == 3 and cpu["dtype"] == "auto"
+    fp32 = load_config(["worker.actor.model.model_path=m", "worker.reward.judge.model_path=judge",
+                        "worker.reward.judge.dtype=fp32"]).worker.reward.judge
+    assert judge_engine_arguments(fp32, "cpu", seed=3, enforce_eager=True)["dtype"] == "float32"
     assert "gpu_memory_utilization" not in cpu
     gpu = judge_engine_arguments(judge, "cuda", seed=3, enforce_eager=False)
     assert gpu["gpu_memory_utilization"] == 0.2

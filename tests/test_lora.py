@@ -4,6 +4,8 @@ adapter loads in peft and merges to the same weights."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -103,6 +105,7 @@ def test_lora_actor_trains_only_the_adapter_and_merges_to_what_it_computes(proce
 
     # the adapter in peft's format: peft loads it onto the base and merges to the same weights
     out = save_adapter(state, config.model.lora, str(path), str(tmp_path / "adapter"))
+    assert os.stat(os.path.join(out, "adapter_model.safetensors")).st_mode & 0o044  # not safetensors' 0600
     peft_merged = PeftModel.from_pretrained(base, out).merge_and_unload().state_dict()
     for name, value in merged.items():
         assert torch.allclose(peft_merged[name], value, atol=1e-6), name

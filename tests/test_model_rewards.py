@@ -86,3 +86,26 @@ def test_validation_reports_the_reward_model_and_its_share_of_overall():
     assert metrics["val/reward/accuracy"] == pytest.approx(sum(rule) / 5)
     assert metrics["val/reward/reward_model"] == pytest.approx(sum(score) / 5)
     assert metrics["val/reward/overall"] == pytest.approx((sum(rule) + WEIGHT * sum(score)) / 5)
+
+
+class AgentGenerator(FakeGenerator):
+    """Multi-turn trajectories: prompt id ``i`` made ``i`` tool calls, one of which failed when ``i`` is 4."""
+
+    def generate_even(self, prompt_ids, overrides):
+        batch = super().generate_even(prompt_ids, overrides)
+        batch["multi_turn_stats"] = [
+            {"assistant_turns": i + 1, "user_turns": 0, "tool_calls": i, "tool_errors": int(i == 4),
+             "tool_timeouts": 0, "tokens": 10, "assistant_tokens": 6} for i in prompt_ids]
+        return batch
+
+
+def test_validation_of_an_agent_reports_its_tool_metrics():
+    """``easyrl eval`` of an agent prints the ``val/*`` metrics: its tool calls and errors are among them."""
+    config = SimpleNamespace(worker=SimpleNamespace(rollout=SimpleNamespace(val_override_config={})),
+                             data=SimpleNamespace(val_batch_size=3),
+                             trainer=SimpleNamespace(val_generations_to_log=0))
+    metrics = Validator(config, [{"prompt_id": i} for i in (1, 2, 3, 4, 6)], AgentGenerator(), OddScorer(),
+                        tokenizer=None).run(step=0)
+    assert metrics["val/multi_turn/tool_calls"] == 16.0 and metrics["val/multi_turn/tool_errors"] == 1.0
+    assert metrics["val/multi_turn/tool_calls_per_traj/mean"] == pytest.approx(16 / 5)
+    assert metrics["val/multi_turn/masked_token_share"] == pytest.approx(0.4)

@@ -171,6 +171,13 @@ def test_generation_rows_decode_the_first_samples(tiny_model_path):
         {"prompt": "What is 1+1?", "response": tokenizer.decode(response[:1]), "ground_truth": "3", "score": 0.0},
     ]
     assert generation_rows(tokenizer, batch, 0) == [] and len(generation_rows(tokenizer, batch, 9)) == 3
+    # a judged multi-turn sample: its tool turn (response_mask 0) marked, the judge's raw answer beside it
+    batch["response_mask"] = torch.tensor([[1, 0] + [1] * (len(response) - 2) + [0, 0]] * 3)
+    batch["judge_verdict"] = ["Score: 1", None, "?"]
+    (row,) = generation_rows(tokenizer, batch, 1)
+    assert row["response"] == (tokenizer.decode(response[:1]) + f"<masked>{tokenizer.decode(response[1:2])}</masked>"
+                               + tokenizer.decode(response[2:]))
+    assert row["judge_verdict"] == "Score: 1"
 
 
 def test_reward_metrics_over_every_generated_sample_else_the_batch():

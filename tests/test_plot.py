@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from easyrl.cli import main as easyrl_main
+from easyrl.errors import RunStateError
 from easyrl.plot import MIN_RELATIVE_SPAN, PANELS, plot_runs, read_run, y_limits
 
 
@@ -52,7 +53,8 @@ def test_panels_and_lines_from_two_runs(tmp_path):
               "KL", "entropy", "PPO clip fraction", "grad norm", "phase timings", "throughput per device",
               "throughput, all devices"]
     assert list(panels) == logged == [panel.title for panel in PANELS if panel.title in logged]
-    assert fig.texts[-1].get_text() == "not logged: MFU, memory"  # panels no run logged are left out, and named
+    assert fig.texts[-1].get_text() == ("not logged: multi-turn, tool-turn tokens, LLM judge, reward model, MFU, "
+                                        "memory")  # panels no run logged are left out, and named
 
     lines = {line.get_label(): line for line in panels["reward"].lines}  # legends: the metrics.jsonl keys
     assert set(lines) == {f"{run}: {key}" for run in ("grpo", "dapo") for key in ("critic/score/mean",
@@ -123,5 +125,26 @@ def test_console_script_and_module_entry_points(tmp_path, capsys):
 
 def test_bad_line_names_file_and_line(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "a": 1.0}\nnot json\n')
-    with pytest.raises(ValueError, match=r"metrics.jsonl:2 is not a JSON object"):
+    with pytest.raises(RunStateError, match=r"metrics.jsonl:2 is not a JSON object"):
         read_run(str(tmp_path))
+
+
+def test_multi_turn_judge_and_reward_model_panels_come_from_the_logged_names(tmp_path):
+    run = _write_run(tmp_path / "agent", reward_slope=0.1, steps=2)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for row in rows:
+        row.update({"timing_s/judge": 37.0, "timing_s/reward_model": 2.0, "judge/unparseable": 9.0,
+                    "reward/judge": 0.4, "reward_model/truncated": 0.0, "reward/reward_model": 1.5,
+                    "multi_turn/tool_calls": 12.0, "multi_turn/tool_errors": 1.0,
+                    "multi_turn/assistant_turns/mean": 2.0, "multi_turn/assistant_turns/max": 3.0,
+                    "multi_turn/masked_token_share": 0.3})
+    rows[0]["timing_s/startup/ray"] = 12.0  # a start-up profile's parts: not a phase of every step
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    panels = _panels(plot_runs([read_run(str(run))], str(tmp_path / "m.png")))
+    assert _labels(panels["phase timings"]) == {f"timing_s/{phase}" for phase in
+                                                ("gen", "update_actor", "step", "judge", "reward_model")}
+    assert _labels(panels["multi-turn"]) == {"multi_turn/tool_calls", "multi_turn/tool_errors",
+                                             "multi_turn/assistant_turns/mean"}
+    assert _labels(panels["tool-turn tokens"]) == {"multi_turn/masked_token_share"}
+    assert _labels(panels["LLM judge"]) == {"reward/judge", "judge/unparseable"}
+    assert _labels(panels["reward model"]) == {"reward/reward_model", "reward_model/truncated"}

@@ -4,7 +4,7 @@ parsed verdict is a named score (``score/judge``) added to the rule reward with 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Optional
+from typing import Annotated, Literal, Optional
 
 from easyrl.config.fields import FRACTION, NON_NEGATIVE, POSITIVE
 from easyrl.errors import ConfigError
@@ -43,6 +43,9 @@ class JudgeConfig:
     the rollout engine's ``worker.rollout.gpu_memory_utilization`` (``easyrl.workers.judge``); ignored on the CPU."""
     cpu_kvcache_space_gib: Annotated[float, POSITIVE] = 1.0
     """The judge engine's KV cache on the CPU backend (GiB)."""
+    dtype: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
+    """The dtype the judge engine runs in: ``bf16``, ``fp16``, ``fp32``, or ``auto`` (vLLM's choice from the
+    checkpoint: a float32 one runs in bfloat16, slow on a CPU without bf16 instructions; ``fp32`` there)."""
     max_model_len: Annotated[int, POSITIVE] = 4096
     """Judge prompt + verdict tokens at most (the engine's context); a judge prompt longer than ``max_model_len -
     max_tokens`` is not sent: it is scored ``unparseable_score`` and counted in ``judge/unparseable``."""

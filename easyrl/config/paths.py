@@ -18,7 +18,8 @@ from __future__ import annotations
 import os
 from typing import Any, Optional
 
-# keys whose value names an input file or folder; the reward function's is ``path.py:function``
+# keys whose value names an input file or folder (or a list of them); the reward function's and the tools' are
+# ``path.py:function``
 INPUT_PATHS: tuple[str, ...] = (
     "data.train_files", "data.val_files", "data.image_dir", "data.format_prompt",
     "worker.actor.model.model_path", "worker.actor.model.tokenizer_path",
@@ -26,7 +27,8 @@ INPUT_PATHS: tuple[str, ...] = (
     "worker.reward.reward_function", "trainer.load_checkpoint_path",
     "worker.reward.judge.model_path", "worker.reward.judge.prompt_template", "worker.reward.judge.parser",
     "worker.reward.reward_model.model_path", "worker.reward.reward_model.tokenizer_path",
-    "worker.reward.reward_model.chat_template",
+    "worker.reward.reward_model.chat_template", "worker.rollout.multi_turn.tools",
+    "worker.rollout.multi_turn.format", "worker.rollout.multi_turn.environment",
 )
 
 
@@ -59,13 +61,16 @@ def resolve_path(value: str, folders: list[str]) -> str:
 
 def resolve_config_paths(layer: dict[str, Any], config_file: str, cwd: Optional[str] = None) -> dict[str, Any]:
     """Resolve the relative input paths (``INPUT_PATHS``) of the YAML layer ``layer`` read from ``config_file``, in
-    place; returns ``layer``."""
+    place (each item of a list, e.g. ``multi_turn.tools``); returns ``layer``."""
     folders = search_folders(config_file, cwd)
     for key in INPUT_PATHS:
         *parents, last = key.split(".")
         node = layer
         for part in parents:
             node = node.get(part) if isinstance(node, dict) else None
-        if isinstance(node, dict) and isinstance(node.get(last), str):
-            node[last] = resolve_path(node[last], folders)
+        value = node.get(last) if isinstance(node, dict) else None
+        if isinstance(value, str):
+            node[last] = resolve_path(value, folders)
+        elif isinstance(value, list):
+            node[last] = [resolve_path(item, folders) if isinstance(item, str) else item for item in value]
     return layer

@@ -75,6 +75,17 @@ def copy_hf_files(sources: Iterable[str], out: str, names: Iterable[str] = HF_FI
                 break
 
 
+def open_to_umask(folder: str) -> None:
+    """Give the files of ``folder`` (not recursive) the mode a plain ``open`` gives, 0o666 less the umask (0o644
+    typically): safetensors writes its files 0o600, readable by their owner only."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for name in os.listdir(folder):
+        path = os.path.join(folder, name)
+        if os.path.isfile(path):
+            os.chmod(path, 0o666 & ~umask)
+
+
 def _replace_dir(tmp: str, out: str) -> None:
     """Move the finished folder ``tmp`` to ``out`` (replacing an older ``out``) with renames only."""
     old = f"{out}.old"
@@ -128,5 +139,6 @@ def write_hf_folder(state: dict[str, torch.Tensor], sources: list[str], out: str
     if generation is not None:  # the base's, unchanged (save_pretrained writes one derived from the model config)
         shutil.copyfile(generation, os.path.join(tmp, "generation_config.json"))
     copy_hf_files(sources, tmp, TOKENIZER_FILES)
+    open_to_umask(tmp)
     _replace_dir(tmp, out)
     return out

@@ -156,6 +156,8 @@ def save_adapter(state: dict[str, torch.Tensor], lora: Any, model_path: str, out
     """
     from safetensors.torch import save_file
 
+    from easyrl.models.hf_folder import open_to_umask
+
     os.makedirs(out, exist_ok=True)
     config = peft_config(lora)
     config.base_model_name_or_path = model_path
@@ -163,4 +165,5 @@ def save_adapter(state: dict[str, torch.Tensor], lora: Any, model_path: str, out
     tensors = {f"base_model.model.{name.replace(f'.{ADAPTER_NAME}.', '.')}": t.contiguous()
                for name, t in state.items() if is_adapter_key(name)}
     save_file(tensors, os.path.join(out, "adapter_model.safetensors"), metadata={"format": "pt"})
+    open_to_umask(out)
     return out

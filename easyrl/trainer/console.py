@@ -3,6 +3,8 @@
 The full metric set goes to the JSONL file (and the dashboards); the console shows what a person watches::
 
     step 3/10 | reward 0.412 acc 0.250 | len 37.5 | kl 0.0012 | ent 1.23 | 41.2s | 96 tok/s/dev | val 0.300
+
+and in a multi-turn run the tool calls per sample and the tool errors after ``len`` (``tools 1.50/sample errors 2``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ SUMMARY_FIELDS: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("reward", ("critic/score/mean", "reward/overall"), "{:.3f}"),
     ("acc", ("reward/accuracy",), "{:.3f}"),
     ("len", ("response_length/mean",), "{:.1f}"),
+    ("tools", ("multi_turn/tool_calls_per_traj/mean",), "{:.2f}/sample"),
+    ("errors", ("multi_turn/tool_errors",), "{:.0f}"),
     ("kl", ("actor/kl_loss", "actor/reward_kl_penalty"), "{:.4f}"),
     ("ent", ("actor/entropy",), "{:.3g}"),
     ("", ("timing_s/step",), "{:.1f}s"),
@@ -25,11 +29,13 @@ SUMMARY_FIELDS: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("mfu", ("perf/mfu/actor",), "{:.1%}"),
     ("val", ("val/reward/overall",), "{:.3f}"),
 )
+SHARED_FIELDS = {"acc": "reward", "errors": "tools"}  # a field shown in the part of the field named here
 
 
 def summary_line(metrics: dict[str, float], step: int, total: Optional[int] = None) -> str:
     """``step 3/10 | reward 0.412 acc 0.250 | ...``: the ``SUMMARY_FIELDS`` present in ``metrics``, in their order;
-    the reward and accuracy share one field, the others are separated by `` | ``."""
+    the reward and accuracy share one part, as do a multi-turn run's tool calls and tool errors
+    (``tools 1.50/sample errors 2``); the parts are separated by `` | ``."""
     head = f"step {step}/{total}" if total else f"step {step}"
     parts = [head]
     for label, keys, fmt in SUMMARY_FIELDS:
@@ -37,7 +43,7 @@ def summary_line(metrics: dict[str, float], step: int, total: Optional[int] = No
         if key is None:
             continue
         text = (f"{label} " if label else "") + fmt.format(metrics[key])
-        if label == "acc" and parts[-1].startswith("reward"):
+        if parts[-1].startswith(SHARED_FIELDS.get(label, "|")):
             parts[-1] += " " + text
         else:
             parts.append(text)

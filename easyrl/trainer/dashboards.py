@@ -29,7 +29,6 @@ from urllib.parse import urlparse
 
 from easyrl.errors import ConfigError
 
-GENERATION_COLUMNS = ("step", "prompt", "response", "ground_truth", "score")
 WANDB_ID_FILE = "wandb_run_id"
 _OFFLINE = ("offline", "dryrun", "disabled", "local")
 
@@ -98,8 +97,14 @@ def _numeric(metrics: dict[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
+def _columns(generations: list[dict[str, Any]]) -> list[str]:
+    """``step`` and the generations' own keys (``prompt``, ``response``, ``ground_truth``, ``score``, and
+    ``judge_verdict`` in a judged run: ``easyrl.trainer.metrics.generation_rows``)."""
+    return ["step", *generations[0]]
+
+
 def _table_rows(generations: list[dict[str, Any]], step: int) -> list[list[Any]]:
-    return [[step, g["prompt"], g["response"], g["ground_truth"], g["score"]] for g in generations]
+    return [[step, *g.values()] for g in generations]
 
 
 class WandbLogger:
@@ -120,7 +125,7 @@ class WandbLogger:
     def log(self, metrics: dict[str, float], step: int, generations: Optional[list[dict]] = None) -> None:
         row: dict[str, Any] = _numeric(metrics)
         if generations:
-            row["val/generations"] = self.wandb.Table(columns=list(GENERATION_COLUMNS),
+            row["val/generations"] = self.wandb.Table(columns=_columns(generations),
                                                       data=_table_rows(generations, step))
         self.run.log(row, step=step)
 
@@ -140,7 +145,8 @@ class TensorBoardLogger:
         for key, value in _numeric(metrics).items():
             self.writer.add_scalar(key, value, step)
         if generations:
-            lines = ["| " + " | ".join(GENERATION_COLUMNS[1:]) + " |", "|---|---|---|---|"]
+            columns = _columns(generations)[1:]
+            lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
             for row in _table_rows(generations, step):
                 cells = [str(c).replace("|", "\\|").replace("\n", " ") for c in row[1:]]
                 lines.append("| " + " | ".join(cells) + " |")
@@ -166,7 +172,7 @@ class SwanlabLogger:
         row: dict[str, Any] = _numeric(metrics)
         if generations:
             table = self.swanlab.echarts.Table()
-            table.add(list(GENERATION_COLUMNS), _table_rows(generations, step))
+            table.add(_columns(generations), _table_rows(generations, step))
             row["val/generations"] = table
         self.swanlab.log(row, step=step)
 
@@ -199,7 +205,7 @@ class MlflowLogger:
         for start in range(0, len(batch), 1000):  # MLflow takes at most 1000 metrics per batch
             self.client.log_batch(self.run_id, metrics=batch[start:start + 1000])
         if generations:
-            self.client.log_dict(self.run_id, {"columns": list(GENERATION_COLUMNS),
+            self.client.log_dict(self.run_id, {"columns": _columns(generations),
                                                "data": _table_rows(generations, step)},
                                  f"val_generations/step_{step:06d}.json")
 

@@ -115,6 +115,8 @@ def evaluate_command(argv: list[str], worker_cls: Optional[type] = None) -> dict
     from easyrl.config import load_config
 
     model, words = split_model(argv)
+    if model is not None:  # before the config's checks, which need a model path (a checkpoint's is set after export)
+        words.append(f"worker.actor.model.model_path={model}")
     return evaluate_model(load_config([*words, "trainer.val_only=true"]), model, worker_cls)
 
 

@@ -11,6 +11,7 @@ scores alone. Validation runs the judge too (``easyrl.trainer.model_rewards``).
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Optional
 
 import torch
@@ -23,6 +24,8 @@ from easyrl.trainer.scoring import Scorer
 from easyrl.workers.fsdp_worker import FSDPWorker
 
 __all__ = ["JudgePhase", "add_judge_scores"]
+
+logger = logging.getLogger("easyrl.judge")
 
 
 def add_judge_scores(batch: Batch, scores: list[float], weight: float) -> None:
@@ -63,6 +66,9 @@ class JudgePhase:
     def run(self, batch: Batch) -> dict[str, float]:
         """Judge every sample of ``batch`` (each worker its equal share) and add the scores (:func:`add_judge_scores`).
 
+        The raw verdicts go into ``batch["judge_verdict"]`` (the generations table's column), and the first
+        unreadable one into a warning.
+
         Returns:
             ``{"judge/unparseable": verdicts scored unparseable_score}``.
         """
@@ -71,4 +77,10 @@ class JudgePhase:
         self.verdicts = [v for share in self.workers.run_split(FSDPWorker.judge, requests) for v in share]
         scores, unparseable = self.judge.scores(self.verdicts)
         add_judge_scores(batch, scores, self.judge.config.weight)
+        batch["judge_verdict"] = self.verdicts  # for the generations table (easyrl.trainer.metrics.generation_rows)
+        if unparseable:
+            first = next(v for v in self.verdicts if self.judge.scores([v])[1])
+            logger.warning("judge: %d of %d verdicts unreadable by worker.reward.judge.parser=%s, e.g. %r (None: the "
+                           "prompt did not fit max_model_len)", unparseable, len(scores), self.judge.config.parser,
+                           first)
         return {"judge/unparseable": float(unparseable)}

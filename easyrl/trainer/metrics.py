@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -121,15 +123,25 @@ def constant_reward_warning(step: int, num_groups: int, scores: Sequence[float])
 def generation_rows(tokenizer, batch: Batch, count: int) -> list[dict]:
     """The first ``count`` samples of a scored batch as ``{"prompt", "response", "ground_truth", "score"}`` (texts
     decoded without special tokens, so image placeholders are dropped; ``score`` is the ``overall`` reward) for the
-    loggers' validation-generation tables. ``[]`` when ``count <= 0``."""
+    loggers' validation-generation tables, plus ``judge_verdict`` (the judge's raw answer, None for a prompt not
+    sent) when the batch was judged. Response tokens left out of the loss (``response_mask`` 0: a multi-turn
+    trajectory's tool and environment turns) are shown as ``<masked>...</masked>``. ``[]`` when ``count <= 0``."""
     rows = list(range(min(max(count, 0), len(batch))))
     if not rows:
         return []
     prompts = tokenizer.batch_decode(batch["prompts"][rows], skip_special_tokens=True)
     lengths = batch["attention_mask"][:, -batch["responses"].shape[1]:].sum(-1).tolist()  # tool turns included
-    responses = tokenizer.batch_decode([batch["responses"][i, : lengths[i]] for i in rows], skip_special_tokens=True)
-    return [{"prompt": prompt, "response": response, "ground_truth": str(batch["ground_truth"][i]),
-             "score": float(batch["score/overall"][i])} for i, prompt, response in zip(rows, prompts, responses)]
+    table = []
+    for i, prompt in zip(rows, prompts):
+        spans = itertools.groupby(zip(batch["responses"][i, : lengths[i]].tolist(),
+                                      batch["response_mask"][i, : lengths[i]].tolist()), key=lambda pair: pair[1])
+        texts = [(trained, tokenizer.decode([t for t, _ in span], skip_special_tokens=True)) for trained, span in spans]
+        response = "".join(text if trained else f"<masked>{text}</masked>" for trained, text in texts)
+        table.append({"prompt": prompt, "response": response, "ground_truth": str(batch["ground_truth"][i]),
+                      "score": float(batch["score/overall"][i])})
+        if "judge_verdict" in batch:
+            table[-1]["judge_verdict"] = batch["judge_verdict"][i]
+    return table
 
 
 # per-worker values that are reduced by their maximum, not their mean (peaks over the workers)

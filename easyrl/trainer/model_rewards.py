@@ -72,5 +72,5 @@ class ModelRewards:
         if len(padded) > real:
             kept = padded.select(list(range(real)))
             batch["token_level_scores"] = kept["token_level_scores"]
-            for key in [key for key in kept.extras if key.startswith("score/")]:
+            for key in [key for key in kept.extras if key.startswith("score/") or key == "judge_verdict"]:
                 batch[key] = kept[key]

@@ -50,6 +50,28 @@ def tool_schemas(multi_turn: Any) -> Optional[list[dict]]:
     return [tool.schema for tool in load_tools(multi_turn.tools).values()]
 
 
+def warn_template_without_tools(tokenizer: Any, config: Any) -> None:
+    """Warn when the chat template drops ``tools=`` (SmolLM2's does): a prompt rendered with the tools of
+    ``worker.rollout.multi_turn.tools`` that does not name each of them means the model is never told about them, and
+    a run then trains with no tool calls. A warning, not an error: the data or ``data.format_prompt`` may describe
+    the tools instead."""
+    schemas = tool_schemas(config.worker.rollout.multi_turn)
+    if not schemas:
+        return
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "?"}], tools=schemas, tokenize=False,
+                                         add_generation_prompt=True)
+    missing = [schema["function"]["name"] for schema in schemas if schema["function"]["name"] not in text]
+    if missing:
+        model = config.worker.actor.model
+        template = (config.data.override_chat_template
+                    or f"the chat template of {model.tokenizer_path or model.model_path}")
+        logger.warning("worker.rollout.multi_turn.tools: %s does not render the tools (no %s in a prompt rendered "
+                       "with tools=): the model is not told about them and will likely call none of them. Give a "
+                       "template that renders tools= (data.override_chat_template=FILE.jinja, e.g. Qwen2.5's), or "
+                       "describe the tools in data.format_prompt or data.system_prompt.", template,
+                       ", ".join(repr(name) for name in missing))
+
+
 def load_dataset_for(key: str, path: str, config: Any, tokenizer: Any, processor: Any):
     """``RLDataset`` of the data path ``path`` given by config key ``key``; data errors are prefixed with the key."""
     from easyrl.data.dataset import RLDataset
@@ -103,6 +125,7 @@ def prepare(config: Any, train: bool = True) -> Prepared:
     tokenizer, hf_config, processor = load_model_parts(config.worker.actor.model, sources_checked=True,
                                                        chat_template=config.data.override_chat_template)
     check_rollout_split(hf_config, config.worker.rollout.tensor_parallel_size)
+    warn_template_without_tools(tokenizer, config)
     if config.algorithm.needs_teacher:  # on-policy distillation: the teacher must read the student's token ids
         from easyrl.trainer.teacher_check import check_teacher
 

@@ -9,6 +9,7 @@ from collections import defaultdict
 from typing import Any, Optional
 
 import numpy as np
+from tensordict import TensorDict
 from torch.utils.data import DataLoader
 
 from easyrl.batch import Batch
@@ -16,6 +17,7 @@ from easyrl.data.dataset import collate_fn
 from easyrl.trainer.generation import Generator
 from easyrl.trainer.metrics import generation_rows, timer
 from easyrl.trainer.model_rewards import ModelRewards
+from easyrl.trainer.multi_turn import multi_turn_metrics
 from easyrl.trainer.scoring import Scorer
 
 __all__ = ["Validator"]
@@ -52,14 +54,16 @@ class Validator:
     def run(self, step: int) -> dict[str, float]:
         """Generate on the whole validation set with ``worker.rollout.val_override_config`` (sampling seeds of
         ``step``); mean of every named score as ``val/reward/<name>`` (the judge's and reward model's included, and
-        in ``overall`` with their weights, as in training), plus ``val/response_length/mean`` and
-        ``timing_s/validation`` (seconds)."""
+        in ``overall`` with their weights, as in training), plus ``val/response_length/mean``,
+        ``timing_s/validation`` (seconds) and, for a multi-turn rollout, ``val/multi_turn/*`` (tool calls, errors,
+        turns: ``easyrl.trainer.multi_turn.multi_turn_metrics`` over the whole validation set)."""
         cfg = self.config
         overrides = dict(cfg.worker.rollout.val_override_config)
         n = int(overrides.pop("n", 1))
         timing: dict[str, float] = {}
         sums: dict[str, list[float]] = defaultdict(list)
         lengths: list[float] = []
+        agent_stats: list[dict[str, Any]] = []  # multi-turn trajectories' counts (easyrl.trainer.multi_turn)
         batch_size = cfg.data.val_batch_size if cfg.data.val_batch_size > 0 else len(self.dataset)
         loader = DataLoader(self.dataset, batch_size=batch_size, shuffle=False, collate_fn=collate_fn)
         self.generations = []
@@ -73,10 +77,14 @@ class Validator:
                 for key in [key for key in batch.extras if key.startswith("score/")]:
                     sums[key.removeprefix("score/")].extend(batch[key])
                 lengths.extend(batch["response_mask"].sum(-1).float().tolist())
+                agent_stats.extend(batch["multi_turn_stats"] if "multi_turn_stats" in batch else [])
                 self._keep_generations(batch)
         metrics = {f"val/reward/{name}": float(np.mean(values)) for name, values in sums.items()}
         metrics["val/response_length/mean"] = float(np.mean(lengths))
         metrics["timing_s/validation"] = timing["validation"]
+        if agent_stats:
+            stats = Batch(TensorDict({}, batch_size=[len(agent_stats)]), {"multi_turn_stats": agent_stats})
+            metrics.update({f"val/{key}": value for key, value in multi_turn_metrics(stats).items()})
         return metrics
 
     def _keep_generations(self, batch: Batch) -> None:

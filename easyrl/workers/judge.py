@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 from easyrl.config.judge import JudgeConfig
 from easyrl.quiet import verbose
+from easyrl.workers.rollout import _DTYPES
 
 
 def judge_engine_arguments(config: JudgeConfig, device: str, seed: int, enforce_eager: bool) -> dict[str, Any]:
@@ -28,14 +29,15 @@ def judge_engine_arguments(config: JudgeConfig, device: str, seed: int, enforce_
         enforce_eager: ``worker.rollout.enforce_eager`` (no CUDA graphs), shared with the rollout engine.
 
     Returns:
-        Keyword arguments for ``vllm.LLM``: the model's own dtype, ``max_model_len``, no images or videos (a
-        vision-language judge reads text here), prefix caching (every judge prompt starts with the same template
-        text); on GPUs/NPUs ``gpu_memory_utilization`` and no sleep mode (see the module docstring; the CPU backend
-        sizes its KV cache from ``VLLM_CPU_KVCACHE_SPACE``, set by :class:`VLLMJudge` while it builds the engine).
+        Keyword arguments for ``vllm.LLM``: ``judge.dtype`` (``auto``: vLLM's choice), ``max_model_len``, no images or
+        videos (a vision-language judge reads text here), prefix caching (every judge prompt starts with the same
+        template text); on GPUs/NPUs ``gpu_memory_utilization`` and no sleep mode (see the module docstring; the CPU
+        backend sizes its KV cache from ``VLLM_CPU_KVCACHE_SPACE``, set by :class:`VLLMJudge` while it builds the
+        engine).
     """
     kwargs: dict[str, Any] = dict(
         model=config.model_path,
-        dtype="auto",
+        dtype=_DTYPES.get(config.dtype, config.dtype),
         seed=seed,
         max_model_len=config.max_model_len,
         max_num_batched_tokens=max(8192, config.max_model_len),
