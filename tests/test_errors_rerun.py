@@ -93,6 +93,7 @@ def test_finished_run_exits_0_without_work(tmp_path, tiny_model_path, e2e_args, 
 
     from easyrl.trainer.__main__ import main
 
+    ray.shutdown()  # the session's shared Ray (conftest's local_ray): the command must start none of its own
     args = e2e_args("qwen2_5", tmp_path)
     _finished_run(load_config(args))
     before = sorted(str(p) for p in tmp_path.rglob("*"))
