@@ -18,7 +18,7 @@ setup:
 	test -d $(VERL_DIR)/verl || $(UV) pip install --quiet --python $(PY) --target $(VERL_DIR) --no-deps \
 		verl==0.9.1 codetiming==1.4.0
 
-# GRPO on the ten bundled Geometry3K problems with a tiny Qwen2.5-VL, 2 CPU workers, 2 steps (~4 minutes).
+# GRPO on the ten bundled Geometry3K problems with a tiny Qwen2.5-VL, 2 CPU workers, 2 steps (first step ~45 s, bench/README.md "Start-up").
 demo: setup
 	$(PY) -m easyrl.testing.tiny qwen2_5_vl --output $(TINY)
 	$(PY) -m easyrl.trainer config=examples/configs/cpu_demo.yaml worker.actor.model.model_path=$(TINY) $(ARGS)
