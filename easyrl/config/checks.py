@@ -177,8 +177,6 @@ def check_rollout_correction(config: "PPOConfig") -> None:
                           "opo).")
 
 
-
-
 def check_greedy_groups(config: "PPOConfig") -> None:
     """Greedy sampling (``worker.rollout.temperature=0`` or ``top_k=1``) with ``n > 1`` and a group-relative
     estimator (its ``group`` trait): the ``n`` samples of a prompt are identical, every advantage is 0 and the policy
