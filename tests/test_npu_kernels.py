@@ -26,7 +26,8 @@ FAKE_NPU = types.SimpleNamespace(
 
 
 @pytest.mark.parametrize("arch, kinds", [("qwen2_5", {"rms_norm", "swiglu", "rotary"}),
-                                         ("qwen2_5_vl", {"rms_norm", "swiglu"})])
+                                         ("qwen2_5_vl", {"rms_norm", "swiglu"}),
+                                         ("qwen3_5", {"swiglu", "rotary"})])  # partial rotary (factor 0.25)
 def test_fused_kernels_compute_the_same_logits(tiny_model_path, monkeypatch, arch, kinds):
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 

@@ -8,8 +8,9 @@ the actor and reference models:
 * every ``*MLP`` with ``gate_proj``/``up_proj``/``down_proj`` and SiLU: ``down(npu_swiglu(cat(gate(x), up(x))))``
   (``npu_swiglu`` computes ``silu(a) * b`` of the two halves);
 * the text rotary ``apply_rotary_pos_emb(q, k, cos, sin)`` of the model's modeling module by
-  ``npu_rotary_mul(x, cos, sin)`` (``x * cos + rotate_half(x) * sin``); Qwen-VL's multimodal (mRoPE) and vision
-  rotaries keep transformers' code.
+  ``npu_rotary_mul(x, cos, sin)`` (``x * cos + rotate_half(x) * sin``), on the first ``cos.shape[-1]`` channels of
+  each head where the rotary is partial (Qwen3.5, Qwen3-Next), the rest passed through; Qwen-VL's multimodal
+  (mRoPE) and vision rotaries keep transformers' code.
 
 Same arithmetic as transformers' modules (checked on the CPU against reference implementations of the three ops in
 ``tests/test_npu_kernels.py``); not yet run on an NPU.
@@ -71,6 +72,13 @@ def _swiglu_forward(npu):
 def _rotary(npu):
     def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim: int = 1):
         cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
-        return npu.npu_rotary_mul(q, cos, sin), npu.npu_rotary_mul(k, cos, sin)
+        d = cos.shape[-1]  # < head_dim for a partial rotary (Qwen3.5/Qwen3-Next: partial_rotary_factor 0.25)
+
+        def rotate(x):
+            if d == x.shape[-1]:
+                return npu.npu_rotary_mul(x, cos, sin)
+            return torch.cat([npu.npu_rotary_mul(x[..., :d].contiguous(), cos, sin), x[..., d:]], dim=-1)
+
+        return rotate(q), rotate(k)
 
     return apply_rotary_pos_emb
