@@ -44,3 +44,21 @@ def test_fused_kernels_compute_the_same_logits(tiny_model_path, monkeypatch, arc
         after = model(input_ids=ids, position_ids=positions).logits
     assert {k for k, n in counts.items() if n > 0} >= kinds, counts
     torch.testing.assert_close(after, before, rtol=1e-5, atol=1e-5)
+
+
+def test_npu_moe_experts_run_the_eager_loop(tiny_model_path):
+    """torch_npu 2.10 has no PrivateUse1 kernel for ``torch._grouped_mm`` (transformers' default experts): on NPU the
+    actor's MoE experts run the eager loop, which computes the same logits."""
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    from easyrl.workers.fsdp_model import build_empty_model
+
+    path = tiny_model_path("qwen3_5_moe")
+    config = AutoConfig.from_pretrained(path)
+    chosen = {d: build_empty_model(config, torch.float32, False, "sdpa", d).config.text_config._experts_implementation
+              for d in ("cpu", "npu")}
+    assert chosen == {"cpu": "grouped_mm", "npu": "eager"}
+    ids = torch.randint(100, 5000, (2, 12), generator=torch.Generator().manual_seed(0))
+    logits = [AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32, **kw)(input_ids=ids).logits
+              for kw in ({}, {"experts_implementation": "eager"})]
+    torch.testing.assert_close(logits[1], logits[0], rtol=1e-5, atol=1e-5)

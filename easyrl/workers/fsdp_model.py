@@ -75,9 +75,14 @@ def stored_dtype(fsdp: FSDPConfig, trainable: bool) -> torch.dtype:
     return TORCH_DTYPES[torch_dtype] if torch_dtype is not None else torch.float32
 
 
-def build_empty_model(hf_config, dtype: torch.dtype, trust_remote_code: bool, attn_implementation: str):
-    """The model's modules on the meta device (no memory), parameters of ``dtype``."""
+def build_empty_model(hf_config, dtype: torch.dtype, trust_remote_code: bool, attn_implementation: str,
+                      device: str = "cpu"):
+    """The model's modules on the meta device (no memory), parameters of ``dtype``. On ``npu`` an MoE model's routed
+    experts run transformers' ``eager`` loop: its default ``grouped_mm`` calls ``torch._grouped_mm``, which torch_npu
+    2.10 registers no PrivateUse1 kernel for (docs/ascend.md)."""
     kwargs = dict(dtype=dtype, trust_remote_code=trust_remote_code, attn_implementation=attn_implementation)
+    if device == "npu":
+        kwargs["experts_implementation"] = "eager"
     with torch.device("meta"):
         return hf_model_class(hf_config).from_config(hf_config, **kwargs)
 
@@ -139,7 +144,7 @@ def load_sharded_model(
     full_state, buffers = {}, {}
     if init_from is None and dist.get_rank() == 0:
         full_state, buffers = read_checkpoint(model_path, hf_config, trust, lora)
-    model = build_empty_model(hf_config, dtype, trust, attn_implementation)
+    model = build_empty_model(hf_config, dtype, trust, attn_implementation, device)
     if adapt is not None:
         adapt(model, full_state)
     if device == "npu" and config.model.npu_fused_kernels:
