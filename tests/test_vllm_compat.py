@@ -91,3 +91,64 @@ def test_the_colocated_engine_runs_in_process_and_without_fractal_nz():
     # (vllm-ascend 0.23 refuses wake_up and start_weight_update while VLLM_ASCEND_ENABLE_NZ is on, its default: NPU
     # workers get VLLM_ASCEND_ENABLE_NZ=0 from easyrl.workers.group.worker_runtime_env, tests/test_worker_setup.py)
     assert vllm_compat.in_process_engine_env() == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
+
+def test_moe_weights_transposed_by_the_npu_wake_up_reload_in_their_loaded_layout():
+    """vllm-ascend 0.23's ``wake_up(tags=["weights"])`` re-registers the post-processed fused-MoE weights (E, H, 2I)
+    as transposed views (E, 2I, H); vLLM's layer-wise reload (the weight sync) then copies the reprocessed tensor into
+    the view. ``untranspose_moe_weights`` undoes the views first: the reload lands in the original storage."""
+    from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
+    from vllm.model_executor.model_loader.reload import (finalize_layerwise_reload, initialize_layerwise_reload,
+                                                         record_metadata_for_reloading)
+
+    class AscendLikeMoEMethod(QuantizeMethodBase):  # AscendUnquantizedFusedMoEMethod's post-processing
+        def create_weights(self, *args, **kwargs):
+            pass
+
+        def apply(self, *args, **kwargs):
+            pass
+
+        def process_weights_after_loading(self, layer):
+            for name in ("w13_weight", "w2_weight"):
+                setattr(layer, name, torch.nn.Parameter(getattr(layer, name).data.transpose(1, 2).contiguous(),
+                                                        requires_grad=False))
+
+    experts, hidden, inter = 2, 8, 3  # 2I = 6 != H: the copy into the view fails
+    layer = torch.nn.Module()
+    layer.w13_weight = torch.nn.Parameter(torch.zeros(experts, 2 * inter, hidden), requires_grad=False)
+    layer.w2_weight = torch.nn.Parameter(torch.zeros(experts, hidden, inter), requires_grad=False)
+    layer.quant_method = AscendLikeMoEMethod()
+    model = torch.nn.Sequential(layer)
+    record_metadata_for_reloading(model)
+    layer.quant_method.process_weights_after_loading(layer)
+    storage = {n: p.data_ptr() for n, p in layer.named_parameters()}
+    for name, param in list(layer.named_parameters()):  # NPUWorker.wake_up (vllm-ascend v0.23.0 worker.py:253-268)
+        setattr(layer, name, torch.nn.Parameter(param.transpose(1, 2), requires_grad=False))
+
+    assert vllm_compat.untranspose_moe_weights(model) == ["0.w13_weight", "0.w2_weight"]
+    new = {"w13_weight": torch.randn(experts, 2 * inter, hidden), "w2_weight": torch.randn(experts, hidden, inter)}
+    initialize_layerwise_reload(model)
+    for name, tensor in new.items():
+        getattr(layer, name).weight_loader(getattr(layer, name), tensor)
+    finalize_layerwise_reload(model, None)
+    for name, tensor in new.items():
+        torch.testing.assert_close(getattr(layer, name), tensor.transpose(1, 2))
+        assert getattr(layer, name).data_ptr() == storage[name]
+    assert vllm_compat.untranspose_moe_weights(model) == []
+
+
+@pytest.mark.parametrize("version, tags, untransposed", [((0, 23), ["weights"], True), ((0, 23), None, True),
+                                                         ((0, 23), ["kv_cache"], False), ((0, 32), ["weights"], False)])
+def test_waking_the_weights_on_the_0_23_line_undoes_the_npu_moe_transpose(monkeypatch, version, tags, untransposed):
+    class LLM:
+        calls = []
+
+        def wake_up(self, tags):
+            self.calls.append(("wake_up", tags))
+
+        def collective_rpc(self, fn, kwargs):
+            self.calls.append(fn)
+
+    monkeypatch.setattr(vllm_compat, "vllm_version", lambda: version)
+    vllm_compat.wake_up(llm := LLM(), tags)
+    assert llm.calls == [("wake_up", tags)] + ([vllm_compat._untranspose_worker_moe_weights] if untransposed else [])

@@ -186,9 +186,35 @@ def wake_up(llm: Any, tags: Optional[list[str]]) -> None:
     """Re-allocate what :func:`sleep` freed: ``tags`` among ``weights`` and ``kv_cache``, None for all.
 
     vLLM 0.23 through 0.33: ``LLM.wake_up(tags=tags)`` (vllm-ascend 0.23 refuses it while its FRACTAL_NZ weight
-    mode is on).
+    mode is on). vLLM 0.23 (vllm-ascend 0.23): then :func:`untranspose_moe_weights` in each worker.
     """
     llm.wake_up(tags=tags)
+    if (tags is None or "weights" in tags) and (vllm_version() or (0, 24)) < (0, 24):
+        run_on_workers(llm, _untranspose_worker_moe_weights)
+
+
+def untranspose_moe_weights(model: torch.nn.Module) -> list[str]:
+    """Re-register each fused-MoE ``w13_weight`` / ``w2_weight`` that is a transposed view of contiguous storage as
+    that storage, ``Parameter(p.transpose(1, 2))``: the layout ``process_weights_after_loading`` left, which the
+    forward and vLLM's layer-wise reload expect. In place; returns the names changed (none where nothing is
+    transposed).
+
+    vllm-ascend 0.23 (through at least 0.25.1rc1; removed by #13012 on its main): ``NPUWorker.wake_up`` with the
+    ``weights`` tag replaces both tensors of every unquantized MoE layer by such views, (E, 2I, H) and (E, H, I). The
+    layer-wise reload of the next weight sync then copies the reprocessed (E, H, 2I) into the (E, 2I, H) view: a size
+    error, or, where 2I == H, experts silently run transposed (vllm-ascend #5915, #11548).
+    """
+    names = [name for name, p in model.named_parameters() if name.endswith(("w13_weight", "w2_weight"))
+             and p.dim() == 3 and not p.is_contiguous() and p.transpose(1, 2).is_contiguous()]
+    for name in names:
+        parent, _, leaf = name.rpartition(".")
+        module = model.get_submodule(parent)
+        setattr(module, leaf, torch.nn.Parameter(getattr(module, leaf).transpose(1, 2), requires_grad=False))
+    return names
+
+
+def _untranspose_worker_moe_weights(worker: Any) -> list[str]:
+    return untranspose_moe_weights(worker_model(worker))
 
 
 def destroy_model_parallel() -> None:
