@@ -7,6 +7,7 @@ import pytest
 
 from easyrl.config import RolloutConfig
 from easyrl.workers.dummy_load import DUMMY_LOAD_FORMAT
+from easyrl.workers.group import worker_runtime_env
 from easyrl.workers.rollout import engine_arguments
 
 
@@ -22,6 +23,13 @@ def test_custom_all_reduce_is_off(device, tp):
         assert args["tensor_parallel_size"] == tp and args["distributed_executor_backend"] == "external_launcher"
     else:
         assert "tensor_parallel_size" not in args
+    # nor the other IPC paths: the FlashInfer all-reduce + RMSNorm fusion here, symmetric memory and the FlashInfer
+    # all-reduce in the worker environment
+    fusion_off = {"pass_config": {"fuse_allreduce_rms": False}} if device == "cuda" and tp > 1 else None
+    assert args.get("compilation_config") == fusion_off
+    env = worker_runtime_env(device, 1, {})
+    ipc_all_reduce = [env.get(k) for k in ("VLLM_ALLREDUCE_USE_SYMM_MEM", "VLLM_ALLREDUCE_USE_FLASHINFER")]
+    assert ipc_all_reduce == (["0", "0"] if device == "cuda" else [None, None])
 
 
 @pytest.mark.parametrize("device", ["cuda", "npu"])

