@@ -7,7 +7,8 @@ Three paths: NVIDIA GPUs (``cuda`` + NCCL), Ascend NPUs (``npu`` + HCCL, through
 from __future__ import annotations
 
 import importlib.util
-from typing import Any
+import re
+from typing import Any, Optional
 
 import torch
 
@@ -59,13 +60,55 @@ def torch_device(device: str) -> torch.device:
     return torch.device(device, 0) if device == "npu" else torch.device("cuda", torch.cuda.current_device())
 
 
+# CUDA major version -> the oldest NVIDIA driver branch that runs it (NVIDIA's CUDA toolkit release notes, table 3:
+# CUDA 12.x >= 525.60.13 with minor-version compatibility, CUDA 13.x >= 580.65.06)
+CUDA_MIN_DRIVER = {12: 525, 13: 580}
+NVIDIA_DRIVER_FILE = "/proc/driver/nvidia/version"  # "NVRM version: NVIDIA UNIX ... Kernel Module  580.65.06  ..."
+
+
+def cuda_driver_problem(driver_text: Optional[str], torch_cuda: Optional[str]) -> Optional[str]:
+    """Why this host's NVIDIA driver cannot run torch's CUDA build, or None when it can or either is unknown.
+
+    Args:
+        driver_text: the contents of ``/proc/driver/nvidia/version`` (None: no NVIDIA driver on this host).
+        torch_cuda: ``torch.version.cuda``, e.g. ``"13.0"`` (None: a CPU or NPU build of torch).
+
+    Returns:
+        e.g. "torch 2.13.0+cu130 is built for CUDA 13.0, which needs an NVIDIA driver 580 or newer; this host has
+        570.133.20: ...".
+    """
+    found = re.search(r"\s(\d{3,})\.\d+(?:\.\d+)?\s", driver_text or "")
+    need = CUDA_MIN_DRIVER.get(int(torch_cuda.split(".")[0])) if torch_cuda else None
+    if found is None or need is None or int(found.group(1)) >= need:
+        return None
+    return (f"torch {torch.__version__} is built for CUDA {torch_cuda}, which needs an NVIDIA driver {need} or newer; "
+            f"this host has {found.group(0).strip()}: upgrade the driver, or install a torch (and vLLM) built for the "
+            f"host's CUDA (README, Running a real job)")
+
+
+def host_cuda_driver_problem() -> Optional[str]:
+    """:func:`cuda_driver_problem` for this host (reads :data:`NVIDIA_DRIVER_FILE`; None where it is absent)."""
+    try:
+        with open(NVIDIA_DRIVER_FILE) as f:
+            text = f.read()
+    except OSError:
+        return None
+    return cuda_driver_problem(text, torch.version.cuda)
+
+
 def set_device(device: str) -> None:
     """Make the worker's one visible accelerator the current device (``torch.cuda.set_device`` /
     ``torch.npu.set_device``), before the process group starts; NCCL and HCCL bind to it. No-op on the CPU.
 
     Ray gives each worker one device (``CUDA_VISIBLE_DEVICES`` / ``ASCEND_RT_VISIBLE_DEVICES``), so it is index 0.
+
+    Raises:
+        RuntimeError: on CUDA, the node's driver is too old for torch's CUDA (:func:`cuda_driver_problem`).
     """
     if device == "cuda":
+        problem = host_cuda_driver_problem()
+        if problem:
+            raise RuntimeError(problem)
         torch.cuda.set_device(0)
     elif device == "npu":
         import torch_npu  # noqa: F401  (registers torch.npu)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from easyrl.config import load_config
 from easyrl.device import collective_backend, ray_actor_resources
@@ -91,3 +92,38 @@ def test_worker_env_vars_from_the_config_reach_the_workers_and_win():
     assert env["HCCL_CONNECT_TIMEOUT"] == "1800" and env["LD_PRELOAD"] == "/lib/libjemalloc.so.2"
     assert env["VLLM_LOGGING_LEVEL"] == "DEBUG"  # the user's value over easyrl's default (WARNING)
     assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+
+
+R570 = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.133.20  Fri Mar 14 2025\nGCC version: gcc 11.4.0\n"
+R580 = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.65.06  Release Build  (dvs-builder)\n"
+
+
+@pytest.mark.parametrize("driver, torch_cuda, refused", [
+    (R570, "13.0", True), (R580, "13.0", False), (R570, "12.8", False),  # the locked torch 2.13 is CUDA 13: R580+
+    (None, "13.0", False), (R570, None, False), ("garbled", "13.0", False), (R570, "14.0", False),  # unknown: no claim
+])
+def test_the_cuda_driver_check_refuses_a_driver_older_than_torchs_cuda(driver, torch_cuda, refused):
+    from easyrl.device import cuda_driver_problem
+
+    problem = cuda_driver_problem(driver, torch_cuda)
+    assert (problem is not None) == refused
+    if refused:
+        assert "needs an NVIDIA driver 580 or newer; this host has 570.133.20" in problem
+
+
+def test_preflight_and_the_cuda_workers_check_the_driver(tmp_path, monkeypatch):
+    from easyrl import device
+    from easyrl.errors import ConfigError
+    from easyrl.trainer.preflight import check_cuda_driver
+
+    (tmp_path / "version").write_text(R570)
+    monkeypatch.setattr(device, "NVIDIA_DRIVER_FILE", str(tmp_path / "version"))
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    for kind in ("cuda", "auto"):
+        with pytest.raises(ConfigError, match=rf"^trainer.device={kind}: torch .* CUDA 13.0, which needs .* 580"):
+            check_cuda_driver(kind)
+    with pytest.raises(RuntimeError, match="570.133.20: upgrade the driver"):
+        device.set_device("cuda")
+    check_cuda_driver("npu")
+    (tmp_path / "version").write_text(R580)
+    check_cuda_driver("cuda")

@@ -105,8 +105,8 @@ def raise_video_limit(rollout: Any, max_videos: int, key: str) -> None:
 
 
 def prepare(config: Any, train: bool = True) -> Prepared:
-    """All pre-flight checks of a finalized config, in order: model paths, reward function and keyword arguments (both
-    cheap), model config and tokenizer, datasets, then the reward function called on one sample of the data.
+    """All pre-flight checks of a finalized config, in order: the CUDA driver, model paths, reward function and keyword
+    arguments (all cheap), model config and tokenizer, datasets, then the reward function called on one sample of the data.
 
     Args:
         config: the finalized ``PPOConfig``.
@@ -119,6 +119,7 @@ def prepare(config: Any, train: bool = True) -> Prepared:
     if train and not config.data.train_files:
         raise ConfigError("data.train_files is not set: training needs a training set (only `easyrl eval` runs "
                           "without one).")
+    check_cuda_driver(config.trainer.device)
     check_model_sources(config.worker.actor.model)
     reward_fn = load_reward(config.worker.reward)
     check_judge_files(config.worker.reward.judge)
@@ -154,6 +155,17 @@ def prepare(config: Any, train: bool = True) -> Prepared:
     check_reward_model(config.worker.reward.reward_model)
     return Prepared(tokenizer, processor, train_set, val, reward_fn)
 
+
+
+def check_cuda_driver(device: str) -> None:
+    """On ``trainer.device`` ``cuda`` or ``auto``, the driver host's NVIDIA driver runs torch's CUDA build (the locked
+    torch 2.13 is CUDA 13: driver 580+), before Ray schedules workers that would fail at ``torch.cuda.set_device``
+    (each worker checks its own node again). Raises ConfigError naming the versions."""
+    from easyrl.device import host_cuda_driver_problem
+
+    problem = host_cuda_driver_problem() if device in ("cuda", "auto") else None
+    if problem:
+        raise ConfigError(f"trainer.device={device}: {problem}.")
 
 
 def check_rollout_split(hf_config: Any, tensor_parallel_size: int) -> None:
