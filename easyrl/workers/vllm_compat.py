@@ -1,9 +1,10 @@
-"""The one place for what differs between vLLM release lines (0.23 through 0.33): every call into vLLM whose name,
-arguments or location has changed across lines goes through a small function here, whose docstring names the lines it
-serves; a line-specific branch tests :func:`vllm_version` or the engine's own API, so dropping a line is deleting its
-branches. The calls checked to be the same at both ends are made directly (the list, and how both ends are tested:
-docs/vllm-versions.md); CPU-backend workarounds live in ``easyrl.workers.vllm_cpu_fixes``. Nothing here imports vLLM
-at module level: the driver imports this module without vLLM being usable there.
+"""The one place for what differs between vLLM release lines (0.23, 0.32 and 0.33: the lines read; 0.24 to 0.31
+were not): every call into vLLM whose name, arguments or location has changed across lines goes through a small
+function here, whose docstring names the lines it serves; a line-specific branch tests :func:`vllm_version` or the
+engine's own API, so dropping a line is deleting its branches. The calls checked to be the same on every line read are
+made directly (the list, and how the lines are tested: docs/vllm-versions.md); CPU-backend workarounds live in
+``easyrl.workers.vllm_cpu_fixes``. Nothing here imports vLLM at module level: the driver imports this module without
+vLLM being usable there.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def in_process_engine_env() -> dict[str, str]:
     """Environment variables that make ``vllm.LLM`` run its engine core in the calling process (so that weights are
     handed over as tensors, never through disk or IPC) and let it take new weights; set before vLLM is imported.
 
-    vLLM 0.23 through 0.33: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``. (vllm-ascend 0.23 also needs
+    vLLM 0.23, 0.32 and 0.33: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``. (vllm-ascend 0.23 also needs
     ``VLLM_ASCEND_ENABLE_NZ=0``: its default, 1, stores weights in the FRACTAL_NZ layout, and its ``wake_up`` and
     ``start_weight_update`` then refuse to run; NPU workers get it from ``easyrl.workers.group.worker_runtime_env``.)
     """
@@ -48,7 +49,7 @@ def sampled_logprobs_kwargs() -> dict[str, Any]:
     from (after temperature, top-k and top-p), which is what the actor recomputes (logits / temperature) for the
     rollout/training mismatch.
 
-    vLLM 0.23 through 0.33: ``logprobs_mode="processed_logprobs"`` (the default, ``raw_logprobs``, is before
+    vLLM 0.23, 0.32 and 0.33: ``logprobs_mode="processed_logprobs"`` (the default, ``raw_logprobs``, is before
     temperature).
     """
     return {"logprobs_mode": "processed_logprobs"}
@@ -117,7 +118,7 @@ def run_on_workers(llm: Any, fn: Callable[..., Any], **kwargs: Any) -> list[Any]
     """``fn(worker, **kwargs)`` inside each of the engine's workers (one for an in-process engine), results in worker
     order.
 
-    vLLM 0.23 through 0.33: ``LLM.collective_rpc(fn, kwargs=kwargs)``.
+    vLLM 0.23, 0.32 and 0.33: ``LLM.collective_rpc(fn, kwargs=kwargs)``.
     """
     return llm.collective_rpc(fn, kwargs=kwargs)
 
@@ -125,7 +126,7 @@ def run_on_workers(llm: Any, fn: Callable[..., Any], **kwargs: Any) -> list[Any]
 def worker_model(worker: Any) -> torch.nn.Module:
     """The model a vLLM worker runs (called inside the worker, e.g. by :func:`run_on_workers`).
 
-    vLLM 0.23 through 0.33 (and vllm-ascend 0.23's ``NPUWorker``): ``worker.model_runner.get_model()``.
+    vLLM 0.23, 0.32 and 0.33 (and vllm-ascend 0.23's ``NPUWorker``): ``worker.model_runner.get_model()``.
     """
     return worker.model_runner.get_model()
 
@@ -136,7 +137,7 @@ def reload_weights(worker: Any, weights: Iterator[tuple[str, torch.Tensor]]) -> 
     re-initialisation. Parameters left out keep their old values (vLLM only warns). Both branches run vLLM's
     layer-wise reload around the model's ``load_weights`` (a layer must come whole in one call).
 
-    vLLM 0.23 through 0.33, GPU and CPU workers: the worker's public ``reload_weights(weights_iterator=...)``.
+    vLLM 0.23, 0.32 and 0.33, GPU and CPU workers: the worker's public ``reload_weights(weights_iterator=...)``.
     vllm-ascend 0.23 (``NPUWorker``, no ``reload_weights``): vLLM 0.23's native calls,
     ``start_weight_update(is_checkpoint_format=True)``, ``update_weights({"weights": weights})`` through the
     in-process backend of :func:`weight_transfer_kwargs`, ``finish_weight_update()`` (it raises unless
@@ -152,7 +153,7 @@ def reload_weights(worker: Any, weights: Iterator[tuple[str, torch.Tensor]]) -> 
     if not hasattr(worker, "start_weight_update") or getattr(worker, "weight_transfer_engine", None) is None:
         raise RuntimeError(
             f"vLLM {vllm_version()}'s {type(worker).__name__} has no reload_weights, and no weight-transfer engine for "
-            "its start/update/finish_weight_update calls: easyrl supports vLLM 0.23 through 0.33 "
+            "its start/update/finish_weight_update calls: easyrl supports vLLM 0.23, 0.32 and 0.33 "
             "(easyrl.workers.vllm_compat), with the engine built with vllm_compat.weight_transfer_kwargs()."
         )
     worker.start_weight_update(is_checkpoint_format=True)  # vLLM 0.23's signature
@@ -163,7 +164,7 @@ def reload_weights(worker: Any, weights: Iterator[tuple[str, torch.Tensor]]) -> 
 def reset_caches_after_reload(llm: Any) -> None:
     """Drop every cache computed with the old weights, after :func:`reload_weights`.
 
-    vLLM 0.23 through 0.33: ``reload_weights`` clears the worker's encoder cache but not the scheduler's record of
+    vLLM 0.23, 0.32 and 0.33: ``reload_weights`` clears the worker's encoder cache but not the scheduler's record of
     it, which otherwise ends in "Encoder cache miss" on the next image prompt: ``llm.llm_engine.reset_encoder_cache()``
     (the native calls of vllm-ascend 0.23 clear neither; this clears both), then ``LLM.reset_mm_cache()`` (the
     processor's multi-modal cache) and ``LLM.reset_prefix_cache()``.
@@ -176,7 +177,7 @@ def reset_caches_after_reload(llm: Any) -> None:
 def sleep(llm: Any, level: int) -> None:
     """Free the engine's device memory: level 1 the KV cache (weights kept in host memory), level 2 the weights too.
 
-    vLLM 0.23 through 0.33: ``LLM.sleep(level=level)`` (needs ``enable_sleep_mode=True`` at start; not on the CPU
+    vLLM 0.23, 0.32 and 0.33: ``LLM.sleep(level=level)`` (needs ``enable_sleep_mode=True`` at start; not on the CPU
     backend).
     """
     llm.sleep(level=level)
@@ -185,7 +186,7 @@ def sleep(llm: Any, level: int) -> None:
 def wake_up(llm: Any, tags: Optional[list[str]]) -> None:
     """Re-allocate what :func:`sleep` freed: ``tags`` among ``weights`` and ``kv_cache``, None for all.
 
-    vLLM 0.23 through 0.33: ``LLM.wake_up(tags=tags)`` (vllm-ascend 0.23 refuses it while its FRACTAL_NZ weight
+    vLLM 0.23, 0.32 and 0.33: ``LLM.wake_up(tags=tags)`` (vllm-ascend 0.23 refuses it while its FRACTAL_NZ weight
     mode is on). vLLM 0.23 (vllm-ascend 0.23): then :func:`untranspose_moe_weights` in each worker.
     """
     llm.wake_up(tags=tags)
@@ -221,7 +222,7 @@ def destroy_model_parallel() -> None:
     """Tear down the tensor-parallel groups of this process's engine (their owners unlink their shared-memory
     segments, e.g. the 24 MiB broadcast ring of each group).
 
-    vLLM 0.23 through 0.33: ``vllm.distributed.parallel_state.destroy_model_parallel()``.
+    vLLM 0.23, 0.32 and 0.33: ``vllm.distributed.parallel_state.destroy_model_parallel()``.
     """
     from vllm.distributed.parallel_state import destroy_model_parallel as destroy
 
