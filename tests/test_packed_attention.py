@@ -96,3 +96,38 @@ def test_model_packed_row_matches_padded_batch_and_padded_batch_is_unchanged():
     valid = mask.bool()
     torch.testing.assert_close(row, padded_ref[valid], atol=ATOL, rtol=0)
     torch.testing.assert_close(padded_packed_model[valid], padded_ref[valid], atol=ATOL, rtol=0)
+
+
+def test_qwen3_5_packed_row_in_one_varlen_call_matches_one_call_per_sequence(tiny_model_path, monkeypatch):
+    """With flash-linear-attention and causal-conv1d installed, Gated DeltaNet takes a packed row in one call with its
+    boundaries (``cu_seqlens``, ``seq_idx``). Stand-ins that honour them as the kernels document (transformers' PyTorch
+    code per sequence) give the logits of the one-call-per-sequence split."""
+    from transformers import AutoModelForImageTextToText
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as qwen3_5
+
+    from easyrl.models import packed_linear_attention
+
+    conv, rule, calls = qwen3_5.causal_conv1d_fn, qwen3_5.torch_chunk_gated_delta_rule, []
+
+    def varlen_conv(x, weight, bias=None, activation=None, seq_idx=None, **kwargs):  # x: (1, channels, tokens)
+        calls.append(seq_idx[0].tolist())
+        pieces = x.split(torch.bincount(seq_idx[0]).tolist(), dim=-1)
+        return torch.cat([conv(p, weight, bias, activation=activation) for p in pieces], dim=-1)
+
+    def varlen_rule(q, k, v, g, beta, cu_seqlens=None, **kwargs):  # (1, tokens, heads, ...)
+        lengths = cu_seqlens.diff().tolist()
+        per_sequence = zip(*(t.split(lengths, dim=1) for t in (q, k, v, g, beta)))
+        return torch.cat([rule(*parts, **kwargs)[0] for parts in per_sequence], dim=1), None
+
+    model = AutoModelForImageTextToText.from_pretrained(tiny_model_path("qwen3_5"), dtype=torch.float32).eval()
+    assert packed_linear_attention.split_linear_attention_at_sequences(model) == 1
+    lengths = (5, 7, 4)
+    ids = torch.randint(100, 5000, (1, sum(lengths)), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        split = model(input_ids=ids, position_ids=_positions(lengths), use_cache=False).logits
+        monkeypatch.setattr(packed_linear_attention, "varlen_kernels", lambda: True)
+        monkeypatch.setattr(qwen3_5, "causal_conv1d_fn", varlen_conv)
+        monkeypatch.setattr(qwen3_5, "torch_chunk_gated_delta_rule", varlen_rule)
+        varlen = model(input_ids=ids, position_ids=_positions(lengths), use_cache=False).logits
+    assert calls == [[0] * 5 + [1] * 7 + [2] * 4]  # one call for the row, each token's sequence index
+    torch.testing.assert_close(varlen, split, atol=ATOL, rtol=0)

@@ -17,19 +17,35 @@ from a zero state, and concatenates the outputs: the padded batch's numbers (a l
 leaves the state at zero, so it is the same computation), on every backend. Under gradient checkpointing the
 recomputation calls the layer again with the same position ids, so the split is the same.
 
+Where flash-linear-attention and causal-conv1d are installed (:func:`varlen_kernels`), transformers runs their kernels,
+which take the boundaries: the packed row then goes through in one call, with ``cu_seq_lens_q`` (handed to
+``chunk_gated_delta_rule`` as ``cu_seqlens``) and ``seq_idx`` (``causal_conv1d_fn``'s sequence index per token)
+instead of one call per sequence (checked on the CPU with stand-ins that honour the boundaries as the kernels
+document; the kernels themselves need a GPU and have not run here).
+
 Calls that are not a packed row pass through unchanged: a padded batch (``attention_mask`` given or more than one
 row), one sequence, a cache (generation).
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+import itertools
 from typing import Optional
 
 import torch
 
 from easyrl.models.packed_attention import sequence_lengths
 
-__all__ = ["split_linear_attention_at_sequences"]
+__all__ = ["split_linear_attention_at_sequences", "varlen_kernels"]
+
+
+@functools.cache
+def varlen_kernels() -> bool:
+    """Whether ``fla`` (flash-linear-attention) and ``causal_conv1d`` are installed: transformers (5.19) then runs
+    Gated DeltaNet with their kernels instead of its PyTorch fallbacks, which ignore the sequence boundaries."""
+    return all(importlib.util.find_spec(name) is not None for name in ("fla", "causal_conv1d"))
 
 
 def split_linear_attention_at_sequences(model: torch.nn.Module) -> int:
@@ -76,8 +92,8 @@ def _boundaries_hook(state: dict):
 
 
 def _split_forward(forward, state: dict):
-    """``linear_attn.forward`` that runs ``(1, total, hidden)`` one sequence at a time when the layer's pre-hook saw a
-    packed row; anything else (a padding mask, a cache, one sequence) goes to ``forward`` unchanged."""
+    """``linear_attn.forward`` that runs ``(1, total, hidden)`` one sequence at a time (or in one call with the
+    boundaries, :func:`varlen_kernels`) when the layer's pre-hook saw a packed row; anything else (a padding mask, a cache, one sequence) goes to ``forward`` unchanged."""
 
     def split(hidden_states: torch.Tensor, cache_params=None, attention_mask=None, **kwargs) -> torch.Tensor:
         lengths = state["lengths"]
@@ -85,6 +101,13 @@ def _split_forward(forward, state: dict):
                 or hidden_states.shape[0] != 1 or sum(lengths) != hidden_states.shape[1]):
             return forward(hidden_states=hidden_states, cache_params=cache_params, attention_mask=attention_mask,
                            **kwargs)
+        if varlen_kernels():  # one call, the boundaries handed to the kernels
+            device = hidden_states.device
+            bounds = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.long, device=device)  # fla: LongTensor
+            seq_idx = torch.arange(len(lengths), dtype=torch.int32, device=device).repeat_interleave(
+                torch.tensor(lengths, device=device))[None]
+            return forward(hidden_states=hidden_states, cache_params=None, attention_mask=None,
+                           **{**kwargs, "cu_seq_lens_q": bounds, "seq_idx": seq_idx})
         pieces = [forward(hidden_states=piece, cache_params=None, attention_mask=None, **kwargs)
                   for piece in hidden_states.split(lengths, dim=1)]
         return torch.cat(pieces, dim=1)
