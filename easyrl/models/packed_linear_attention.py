@@ -93,7 +93,8 @@ def _boundaries_hook(state: dict):
 
 def _split_forward(forward, state: dict):
     """``linear_attn.forward`` that runs ``(1, total, hidden)`` one sequence at a time (or in one call with the
-    boundaries, :func:`varlen_kernels`) when the layer's pre-hook saw a packed row; anything else (a padding mask, a cache, one sequence) goes to ``forward`` unchanged."""
+    boundaries, :func:`varlen_kernels`) when the layer's pre-hook saw a packed row; anything else (a padding mask, a
+    cache, one sequence) goes to ``forward`` unchanged."""
 
     def split(hidden_states: torch.Tensor, cache_params=None, attention_mask=None, **kwargs) -> torch.Tensor:
         lengths = state["lengths"]
@@ -103,7 +104,7 @@ def _split_forward(forward, state: dict):
                            **kwargs)
         if varlen_kernels():  # one call, the boundaries handed to the kernels
             device = hidden_states.device
-            bounds = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.long, device=device)  # fla: LongTensor
+            bounds = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.long, device=device)  # fla: int64
             seq_idx = torch.arange(len(lengths), dtype=torch.int32, device=device).repeat_interleave(
                 torch.tensor(lengths, device=device))[None]
             return forward(hidden_states=hidden_states, cache_params=None, attention_mask=None,
