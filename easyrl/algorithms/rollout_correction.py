@@ -31,7 +31,6 @@ def compute_tis_weights(
     Args:
         old_log_prob: ``(bsz, resp_len)`` log-probs recomputed by the trainer before the update.
         rollout_log_probs: ``(bsz, resp_len)`` log-probs reported by the rollout engine for the same tokens.
-        response_mask: ``(bsz, resp_len)`` ``{0, 1}``.
         cap: truncation ``C`` > 0 (the blog uses 2).
 
     Returns:
@@ -97,8 +96,6 @@ def compute_rollout_correction_weights(
 
     Args:
         log_ratio: ``(bsz, resp_len)`` ``old_log_prob - rollout_log_probs``.
-        response_mask: ``(bsz, resp_len)`` ``{0, 1}``.
-        rollout_is: ``"token"`` or ``"sequence"``.
         threshold: upper bound > 0 (the TIS blog uses 2).
         threshold_lower: IcePop's lower bound in (0, threshold], or None for TIS.
 
@@ -181,7 +178,6 @@ def compute_rollout_rejection_mask(
 
     Args:
         log_ratio: ``(bsz, resp_len)`` ``old_log_prob - rollout_log_probs``.
-        response_mask: ``(bsz, resp_len)`` ``{0, 1}``.
         rollout_rs: comma-separated options from :data:`ROLLOUT_RS_OPTIONS`, e.g. ``"token_k1,seq_max_k2"``.
         rollout_rs_threshold: see :func:`parse_rs_thresholds`.
 
