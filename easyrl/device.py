@@ -17,10 +17,7 @@ BACKENDS = {"cuda": "nccl", "npu": "hccl", "cpu": "gloo"}
 
 def detect_device(cluster_resources: dict[str, float] | None = None) -> str:
     """The device kind of the cluster: ``cuda`` if Ray (or this process) sees GPUs, ``npu`` if it sees NPUs, else ``cpu``.
-
-    Args:
-        cluster_resources: ``ray.cluster_resources()``; when None, this process's own devices decide.
-    """
+    ``cluster_resources``: ``ray.cluster_resources()``; when None, this process's own devices decide."""
     if cluster_resources is not None:
         if cluster_resources.get("GPU", 0) > 0:
             return "cuda"

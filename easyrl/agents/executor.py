@@ -59,14 +59,9 @@ def _run(spec: str, arguments: dict[str, Any]) -> tuple[str, str, list]:
 
 
 class ToolExecutor:
-    """Runs tool calls in ``workers`` processes, ``timeout_s`` seconds each at most.
-
-    Args:
-        specs: tool name -> ``path/to/file.py:function`` (``easyrl.agents.tools.Tool.spec``).
-        timeout_s: seconds one call may take (``worker.rollout.multi_turn.tool_timeout_s``).
-        workers: processes (``num_tool_workers``).
-        max_chars: characters of a tool's answer kept (``max_tool_response_length``).
-    """
+    """Runs tool calls (``specs``: tool name -> ``path/to/file.py:function``) in ``workers`` processes
+    (``num_tool_workers``), ``timeout_s`` seconds each at most (``tool_timeout_s``), keeping ``max_chars`` characters
+    of an answer (``max_tool_response_length``)."""
 
     def __init__(self, specs: dict[str, str], timeout_s: float, workers: int = 4, max_chars: int = 256):
         self.specs = specs

@@ -32,17 +32,9 @@ does not start without calls that are merely in transit)."""
 
 
 def start_round(ready: int, waiting: int, waited_s: float, patience_s: float) -> bool:
-    """Whether the next generation round starts now.
-
-    Args:
-        ready: trajectories that can generate their next turn.
-        waiting: trajectories whose tool calls are still running.
-        waited_s: seconds since the last round ended.
-        patience_s: seconds worth waiting for them (``PATIENCE`` x the last round's generation time).
-
-    Returns:
-        True when some trajectory is ready and either none waits or the wait reached ``patience_s``.
-    """
+    """Whether the next generation round starts now: some trajectory is ready (``ready`` of them can generate their
+    next turn) and either none waits for its tool calls (``waiting``) or the wait since the last round ended
+    (``waited_s``) reached ``patience_s`` (``PATIENCE`` x the last round's generation time)."""
     return ready > 0 and (waiting == 0 or waited_s >= patience_s)
 
 
@@ -54,12 +46,9 @@ def run_turns(loop: Any, trajectories: list, generate: Callable, patience: float
               clock: Callable[[], float] = time.monotonic) -> list:
     """Run ``trajectories`` to their end with ``loop`` (a ``TurnLoop``: its parser, executor and turn steps).
 
-    Args:
-        loop: the ``easyrl.agents.trajectory.TurnLoop``.
-        trajectories: the ``Trajectory`` objects, in the prompt order (updated in place and returned).
-        generate: ``generate(trajectories, round) -> [(ids, log_probs)]`` (``easyrl.agents.trajectory.Generate``).
-        patience: see ``PATIENCE`` (``float("inf")``: wait for every tool call, the round barrier).
-        clock: seconds, monotonic (a fake one in tests).
+    ``trajectories`` (in the prompt order) are updated in place and returned; ``generate(trajectories, round) ->
+    [(ids, log_probs)]``; ``patience``: see ``PATIENCE`` (``float("inf")``: wait for every tool call, the round
+    barrier); ``clock``: monotonic seconds (a fake one in tests).
     """
     order = {id(t): i for i, t in enumerate(trajectories)}
     ready = [t for t in trajectories if _open(t)]

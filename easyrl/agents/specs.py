@@ -17,9 +17,7 @@ def load_callable(spec: str, key: str) -> Callable:
     """The function named by ``spec`` (``path/to/file.py:function``); the file is imported once per process under a
     name derived from its absolute path (two ``tools.py`` files do not clash).
 
-    Args:
-        spec: ``path/to/file.py:function``.
-        key: the config key that gave it, named in errors.
+    ``key``: the config key that gave ``spec``, named in errors.
 
     Raises:
         ConfigError: a malformed spec, a missing file, a file that fails to import (its error is quoted), or no

@@ -83,14 +83,12 @@ class TurnLoop:
     """Runs trajectories to their end (see the module docstring).
 
     Args:
-        tokenizer: decodes assistant turns and tokenizes tool/environment turns (``easyrl.agents.chat``).
-        parser: finds tool calls in an assistant turn's text (``easyrl.agents.parsers``).
-        executor: runs them (None: no tools; any call is answered with an error).
+        executor: runs the tool calls ``parser`` finds (None: no tools; any call is answered with an error).
         environment: ``fn(messages)`` hook or None (``easyrl.agents.environment``).
-        max_assistant_turns, max_user_turns: limits per trajectory (None: none).
-        max_turn_tokens: tokens per assistant turn at most (None: the rest of the budget).
-        images: tool images of a VL model (``easyrl.agents.tool_images.ToolImages``); None: a text-only model, and a
-            tool that returns an image is an error (docs/errors.md A09).
+        max_assistant_turns, max_user_turns, max_turn_tokens: limits per trajectory and tokens per assistant turn
+            (None: none; the rest of the budget).
+        images: a VL model's tool images; None: a text-only model, and a tool that returns an image is an error
+            (docs/errors.md A09).
     """
 
     def __init__(self, tokenizer: Any, parser: Parser, executor: Optional[ToolExecutor],

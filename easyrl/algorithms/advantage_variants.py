@@ -1,11 +1,5 @@
-"""More advantage estimators, registered in :data:`~easyrl.algorithms.advantages.ADV_ESTIMATORS` with verl 0.9.1's
-names and semantics (checked against verl in ``tests/test_verl_parity.py``): ``opo``, ``gpg``, ``gdpo`` and
-``optimal_token_baseline``.
-
-Like those of :mod:`~easyrl.algorithms.advantages`, each takes one
-:class:`~easyrl.algorithms.advantages.AdvantageInputs` and returns ``(advantages, returns)``, ``(bsz, resp_len)``, 0
-outside the mask, group statistics vectorised over groups (``index_add_`` / ``scatter_reduce``).
-"""
+"""More advantage estimators for :data:`~easyrl.algorithms.advantages.ADV_ESTIMATORS` (``opo``, ``gpg``, ``gdpo``,
+``optimal_token_baseline``), with the contract of :mod:`~easyrl.algorithms.advantages`."""
 
 from __future__ import annotations
 
@@ -41,8 +35,6 @@ def opo_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
 
     ``A_i = R_i - sum_j |o_j| R_j / sum_j |o_j|`` over the sample's group (``|o_j|`` its valid tokens); a group of one
     has baseline 0.
-
-    Reads ``token_level_rewards``, ``response_mask`` and ``index``. Returns: ``(advantages, returns)``, equal.
     """
     scores = sample_scores(inputs)
     lengths = inputs.response_mask.sum(dim=-1).to(scores.dtype)
@@ -60,10 +52,7 @@ def gpg_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     up by the share of samples that carry a signal,
 
     ``A_i = alpha * (R_i - mean_group(R))`` with ``alpha = B / max(1, M)``, ``B`` the batch size and ``M`` the
-    number of samples with a non-zero score (verl 0.9.1's ``alpha``; its ``F_norm`` is 1). A group of one has mean 0.
-
-    Reads ``token_level_rewards``, ``response_mask`` and ``index``. Pair it with ``worker.actor.loss_type: gpg``.
-    Returns: ``(advantages, returns)``, equal.
+    number of samples with a non-zero score. A group of one has mean 0. Pair it with ``worker.actor.loss_type: gpg``.
     """
     scores = sample_scores(inputs)
     _, _, mean, _ = group_statistics(scores, inputs.index)
@@ -75,19 +64,15 @@ def gpg_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
 @ADV_ESTIMATORS.register("gdpo", group=True)
 @torch.no_grad()
 def gdpo_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
-    """GDPO, Group reward-Decoupled normalisation Policy Optimization (arXiv:2601.05242, as cited by verl 0.9.1):
+    """GDPO, Group reward-Decoupled normalisation Policy Optimization (arXiv:2601.05242):
     each reward component is normalised within its group on its own, so that a dominant component does not drown
     the others, then the weighted sum is whitened over the batch:
 
     ``A_k,i = (r_k,i - mean_group(r_k)) / (std_group(r_k) + epsilon)`` (no std division when
     ``norm_adv_by_std_in_grpo`` is False), ``A_i = whiten(sum_k w_k A_k,i)`` over all valid tokens.
 
-    Reads ``reward_components`` ``(bsz, K)`` and ``reward_weights`` (None: all 1); without components the single
-    component is the sample's score (GRPO followed by batch whitening), as in verl. Also ``response_mask``,
-    ``index``, ``epsilon``, ``norm_adv_by_std_in_grpo``.
-
-    Returns: ``(advantages, returns)``, equal. Raises: ValueError for fewer than 2 valid tokens, or when the number
-    of weights differs from ``K``.
+    Without ``reward_components`` the single component is the sample's score (GRPO followed by batch whitening).
+    Raises ValueError for fewer than 2 valid tokens, or when the number of weights differs from ``K``.
     """
     components = inputs.reward_components
     if components is None:
@@ -126,7 +111,7 @@ def _zero_tail(lengths: torch.Tensor, group_id: torch.Tensor, count: torch.Tenso
 @ADV_ESTIMATORS.register("optimal_token_baseline", group=True, needs_sum_pi_squared=True)
 @torch.no_grad()
 def optimal_token_baseline_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
-    """Optimal token baseline (verl 0.9.1's ``optimal_token_baseline``; the variance-minimising baseline
+    """Optimal token baseline (the variance-minimising baseline
     ``b* = E[G ||grad log pi||^2] / E[||grad log pi||^2]`` of Weaver & Tao 2001, "The Optimal Reward Baseline for
     Gradient-Based Reinforcement Learning", UAI, taken per token position).
 
@@ -138,13 +123,7 @@ def optimal_token_baseline_advantage(inputs: AdvantageInputs) -> tuple[torch.Ten
     ``B_t = sum_i m_it G_it W_it / (sum_i m_it W_it + 1e-8)``, ``A_it = (G_it - B_t) m_it``.
 
     A group of one has baseline 0. In a group whose longest response is unique, that response's baseline is 0 past
-    the second-longest length (no other sample reaches those positions).
-
-    Reads ``token_level_rewards``, ``response_mask``, ``index``, ``old_log_probs``, ``sum_pi_squared`` and (if set)
-    ``rollout_is_weights``.
-
-    Returns:
-        ``advantages`` and ``returns`` (the reward-to-go ``G``), ``(bsz, resp_len)``.
+    the second-longest length (no other sample reaches those positions). ``returns`` is the reward-to-go ``G``.
 
     Raises:
         ValueError: if ``old_log_probs`` or ``sum_pi_squared`` is None.

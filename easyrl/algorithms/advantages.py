@@ -113,14 +113,8 @@ samples make every advantage 0; ``needs_critic``: reads ``values`` (a learned va
 
 
 def compute_advantage(name: str, inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run the estimator registered as ``name``.
-
-    Returns:
-        ``(advantages, returns)``, both ``(bsz, resp_len)``, 0 outside the mask.
-
-    Raises:
-        ValueError: if ``name`` is unknown (the message lists the valid names), or what the estimator raises.
-    """
+    """Run the estimator registered as ``name``; raises ``ValueError`` for an unknown name (listing the valid ones)
+    or what the estimator raises."""
     return ADV_ESTIMATORS.get(name)(inputs)
 
 
@@ -181,14 +175,8 @@ def grpo_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]
     With ``norm_adv_by_std_in_grpo=False`` this is Dr. GRPO's advantage ``A_i = R_i - mean_group(R)``
     (Liu et al. 2025, "Understanding R1-Zero-Like Training: A Critical Perspective", arXiv:2503.20783, Sec. 3.1:
     the std division biases updates towards too easy / too hard questions). Dr. GRPO's other change, removing
-    the ``1/|o_i|`` length normalisation, belongs to the loss: use ``loss_agg_mode="seq-mean-token-sum-norm"``
-    (verl 0.7.1-0.9.1's mode; ``seq-mean-token-sum-norm-drgrpo`` is the same).
-
-    Reads ``token_level_rewards``, ``response_mask``, ``index`` (group ids), ``epsilon`` (added to the group std)
-    and ``norm_adv_by_std_in_grpo`` (divide by the group std: GRPO; or not: Dr. GRPO) of ``inputs``.
-
-    Returns:
-        ``(advantages, returns)``, both ``(bsz, resp_len)`` and equal, 0 outside the mask.
+    the ``1/|o_i|`` length normalisation, belongs to the loss: ``loss_agg_mode="seq-mean-token-sum-norm"``.
+    ``advantages`` and ``returns`` are equal.
     """
     scores = sample_scores(inputs)
     _, _, mean, std = group_statistics(scores, inputs.index)
@@ -208,8 +196,6 @@ def rloo_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]
 
     ``A_i = R_i - (1 / (k - 1)) * sum_{j != i} R_j`` over the ``k`` samples of the group, which equals
     ``k / (k - 1) * (R_i - mean_group(R))``. A group of size 1 has no other sample: its baseline is 0.
-
-    Reads ``token_level_rewards``, ``response_mask`` and ``index``. Returns: as :func:`grpo_advantage`.
     """
     scores = sample_scores(inputs)
     group_id, count, _, _ = group_statistics(scores, inputs.index)
@@ -245,14 +231,7 @@ def reinforce_plus_plus_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor
     """REINFORCE++ (Hu 2025, "REINFORCE++: A Simple and Efficient Approach for Aligning Large Language Models",
     arXiv:2501.03262): token-level discounted return ``G_t = sum_{s >= t} gamma^(s-t) r_s`` (the
     per-token KL penalty, when used, is already inside ``token_level_rewards``), then global advantage
-    normalisation: the returns are whitened with the mean and unbiased std of all valid tokens of the batch.
-
-    Reads ``token_level_rewards``, ``response_mask`` and ``gamma`` (discount per token); not ``index`` (the
-    baseline is batch-wide).
-
-    Returns:
-        ``advantages`` (whitened returns) and ``returns`` (the discounted returns), ``(bsz, resp_len)``,
-        0 outside the mask.
+    normalisation: ``advantages`` are the ``returns`` whitened over all valid tokens of the batch (no groups).
 
     Raises:
         ValueError: when the batch has fewer than 2 valid tokens.
@@ -268,11 +247,6 @@ def reinforce_plus_plus_baseline_advantage(inputs: AdvantageInputs) -> tuple[tor
     """REINFORCE++ with a group baseline (Hu 2025, arXiv:2501.03262, the "REINFORCE++-baseline" variant for
     several samples per prompt): ``A_i = R_i - mean_group(R)`` broadcast over the valid tokens, then whitened
     over all valid tokens of the batch (global, not per-group, std normalisation).
-
-    Reads ``token_level_rewards``, ``response_mask`` and ``index``.
-
-    Returns:
-        ``(advantages, returns)``, equal, ``(bsz, resp_len)``, 0 outside the mask.
 
     Raises:
         ValueError: when the batch has fewer than 2 valid tokens.
@@ -295,12 +269,6 @@ def remax_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor
     ``returns_t = sum_{s >= t} r_s`` (undiscounted reward-to-go over valid tokens) and
     ``advantages_t = returns_t - reward_baselines``.
 
-    Reads ``token_level_rewards``, ``response_mask`` and ``reward_baselines`` (``(bsz,)``, the reward of the greedy
-    rollout of each sample's prompt).
-
-    Returns:
-        ``(advantages, returns)``, ``(bsz, resp_len)``, 0 outside the mask.
-
     Raises:
         ValueError: if ``reward_baselines`` is None.
     """
@@ -319,19 +287,15 @@ def remax_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor
 @ADV_ESTIMATORS.register("grpo_passk", group=True)
 @torch.no_grad()
 def grpo_passk_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pass@k-style outcome advantage, defined as in verl's ``grpo_passk``.
-
-    The group is rewarded by its best sample (``max_j R_j``, the pass@k reward when ``k`` equals the group
+    """Pass@k-style outcome advantage. The group is rewarded by its best sample (``max_j R_j``, the pass@k reward when ``k`` equals the group
     size; Chen et al. 2025, "Pass@k Training for Adaptively Balancing Exploration and Exploitation of Large
     Reasoning Models", arXiv:2508.10751). The leave-one-out gradient of ``max`` credits only the best sample,
     by how much the group's max would drop without it (Tang et al. 2025, "Optimizing Language Models for
-    Inference Time Objectives using Reinforcement Learning", arXiv:2503.19595, which verl cites):
+    Inference Time Objectives using Reinforcement Learning", arXiv:2503.19595):
 
     ``A_best = R_max - R_second_max`` (divided by ``std_group(R) + epsilon`` when
     ``norm_adv_by_std_in_grpo``), and ``A = 0`` for every other sample. On ties the first sample (in batch
     order) holding the max is "best" and its advantage is 0 anyway.
-
-    Reads what :func:`grpo_advantage` reads. Returns: as :func:`grpo_advantage`.
 
     Raises:
         ValueError: when a group has fewer than 2 samples (naming the group id).

@@ -39,9 +39,7 @@ def clip_cov_policy_loss(
     others get ``max(-A r, -A clip(r, 1 - low, 1 + high))`` with ``r = exp(logp - logp_old)`` (not clamped, as in
     verl; no dual clip).
 
-    Reads ``settings.loss_agg_mode``, ``clip_ratio_low``, ``clip_ratio_high``, ``clip_cov_ratio``, ``clip_cov_lb``,
-    ``clip_cov_ub``. Metrics: ``pg_clipfrac`` is the fraction of valid tokens detached by the covariance rule;
-    ``pg_clipfrac_lower`` 0.
+    ``pg_clipfrac`` is the fraction of valid tokens detached by the covariance rule.
 
     Raises:
         ValueError: if ``clip_cov_ratio <= 0`` or the mode is unknown.
@@ -75,9 +73,8 @@ def kl_cov_policy_loss(
     penalty ``ppo_kl_coef * |logp - logp_old|`` on the ``max(1, int(kl_cov_ratio * T))`` valid tokens of largest
     covariance (``torch.topk``).
 
-    ``r = exp(logp - logp_old)``, not clamped (as in verl). Reads ``settings.loss_agg_mode``, ``kl_cov_ratio``,
-    ``ppo_kl_coef``. Metrics: ``pg_clipfrac`` / ``pg_clipfrac_lower`` 0; ``ppo_kl`` is, as in verl, the masked mean
-    of ``|logp - logp_old|`` (not of ``logp_old - logp``).
+    ``r = exp(logp - logp_old)``, not clamped (as in verl). Clip fractions are 0; ``ppo_kl`` is, as in verl, the
+    masked mean of ``|logp - logp_old|`` (not of ``logp_old - logp``).
 
     Raises:
         ValueError: if ``kl_cov_ratio <= 0`` or the mode is unknown.

@@ -30,17 +30,10 @@ def gae_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
         A_t     = delta_t + gamma * lam * A_{t+1}
         R_t     = A_t + V_t                          (the critic's regression target)
 
-    then the advantages are whitened over all valid tokens of the batch (mean 0, unit variance; as verl and EasyR1).
+    then the advantages (not the returns) are whitened over all valid tokens of the batch (mean 0, unit variance).
     A masked position passes ``V_{t+1}`` and ``A_{t+1}`` of the next valid token through unchanged, so padding (or a
-    masked token inside a response) neither discounts nor adds a TD error.
-
-    Reads ``token_level_rewards`` (for outcome rewards the score sits on the last valid token),
-    ``response_mask``, ``values`` (``(bsz, resp_len)`` critic values ``V(s_t)``, required), ``gamma`` (discount per
-    token, in [0, 1]) and ``lam`` (GAE's lambda in [0, 1]: 0 is the one-step TD error, 1 the Monte-Carlo return
-    minus ``V_t``); not ``index`` (the baseline is the critic).
-
-    Returns:
-        ``(advantages, returns)``, ``(bsz, resp_len)``, 0 outside the mask; ``returns`` are not whitened.
+    masked token inside a response) neither discounts nor adds a TD error. ``lam`` 0 is the one-step TD error, 1 the
+    Monte-Carlo return minus ``V_t``.
 
     Raises:
         ValueError: without ``values``, or when the batch has fewer than 2 valid tokens.
@@ -75,7 +68,7 @@ def compute_value_loss(
     loss_agg_mode: str,
     agg_kwargs: dict | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """PPO's clipped value loss (Schulman et al. 2017, arXiv:1707.06347, as in OpenAI baselines' ppo2 and verl):
+    """PPO's clipped value loss (Schulman et al. 2017, arXiv:1707.06347; OpenAI baselines' ppo2):
 
     ``l_t = 0.5 * max((V_t - R_t)^2, (clip(V_t, V_old_t - c, V_old_t + c) - R_t)^2)``, aggregated like the policy
     loss (:func:`~easyrl.algorithms.loss_agg.agg_loss`). The clip keeps the new value within ``c`` of the value the
@@ -85,10 +78,7 @@ def compute_value_loss(
         vpreds: ``(bsz, resp_len)`` values of the critic being trained (gradient flows here).
         returns: ``(bsz, resp_len)`` GAE returns (targets).
         values: ``(bsz, resp_len)`` values before the update (no gradient).
-        response_mask: ``(bsz, resp_len)`` ``{0, 1}``.
         cliprange_value: ``c`` > 0 (``worker.critic.cliprange_value``).
-        loss_agg_mode: see :func:`~easyrl.algorithms.loss_agg.agg_loss`.
-        agg_kwargs: global counts for :func:`~easyrl.algorithms.loss_agg.agg_loss`.
 
     Returns:
         ``(vf_loss, metrics)``: 0-dim loss; ``vf_clipfrac`` (fraction of valid tokens where the clipped term is the

@@ -67,12 +67,7 @@ def token_reverse_kl(student_log_probs: torch.Tensor, teacher_log_probs: torch.T
 def on_policy_distill_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """Pure on-policy distillation (Thinking Machines 2025; GKD with ``lambda = 1`` and the reverse KL, Agarwal et al.
     2024): ``A_t = -(log pi_student(y_t) - log pi_teacher(y_t))`` on every response token, discount 0; the rewards
-    are not used.
-
-    Reads ``old_log_probs`` (the student's) and ``teacher_log_probs`` and ``response_mask`` of ``inputs``.
-
-    Returns:
-        ``(advantages, returns)``, both ``(bsz, resp_len)`` and equal, 0 outside the mask.
+    are not used; ``old_log_probs`` are the student's. ``advantages`` and ``returns`` are equal.
 
     Raises:
         ValueError: ``old_log_probs`` or ``teacher_log_probs`` is missing.
@@ -85,24 +80,12 @@ def on_policy_distill_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, 
 
 @torch.no_grad()
 def add_distillation(advantages: torch.Tensor, reverse_kl: torch.Tensor, coef: float) -> torch.Tensor:
-    """RL mixed with distillation: ``A_t - coef * reverse_kl_t`` (slime's ``--opd-kl-coef``).
-
-    Args:
-        advantages: ``(bsz, resp_len)`` the RL estimator's advantages, 0 outside the mask.
-        reverse_kl: ``(bsz, resp_len)`` :func:`token_reverse_kl`, 0 outside the mask.
-        coef: ``algorithm.distill_coef`` (>= 0).
-
-    Returns:
-        ``(bsz, resp_len)``, 0 outside the mask.
-    """
+    """RL mixed with distillation: ``A_t - coef * reverse_kl_t``, all ``(bsz, resp_len)`` and 0 outside the mask
+    (``reverse_kl``: :func:`token_reverse_kl`; ``coef``: ``algorithm.distill_coef`` >= 0)."""
     return advantages - coef * reverse_kl.to(advantages.dtype)
 
 
 def reverse_kl_metrics(reverse_kl: torch.Tensor, response_mask: torch.Tensor) -> dict[str, float]:
-    """``distill/reverse_kl``: the mean of :func:`token_reverse_kl` over the batch's response tokens (nats per token).
-
-    Args:
-        reverse_kl: ``(bsz, resp_len)``.
-        response_mask: ``(bsz, resp_len)`` ``{0, 1}``.
-    """
+    """``distill/reverse_kl``: the mean of :func:`token_reverse_kl` ``(bsz, resp_len)`` over the batch's response
+    tokens (nats per token)."""
     return {"distill/reverse_kl": masked_mean(reverse_kl, response_mask.to(reverse_kl.dtype)).item()}

@@ -23,16 +23,9 @@ def select_groups(
     filter_high: float | None = None,
 ) -> np.ndarray:
     """Which samples to keep: those whose group's values are not all equal and, when bounds are given, whose
-    group mean lies in ``[filter_low, filter_high]`` (e.g. keep prompts with accuracy in [0.1, 0.9]).
-
-    Args:
-        values: ``(bsz,)`` per-sample value to filter on (the outcome score, or accuracy).
-        index: ``(bsz,)`` group ids (prompt uid).
-        filter_low: inclusive lower bound on the group mean, or None.
-        filter_high: inclusive upper bound on the group mean, or None.
-
-    Returns:
-        ``(bsz,)`` bool numpy array; all samples of a group share the same decision.
+    group mean lies in ``[filter_low, filter_high]`` (inclusive, None: unbounded; e.g. keep prompts with accuracy in
+    [0.1, 0.9]). ``values`` (the outcome score, or accuracy) and ``index`` (group ids) are ``(bsz,)``. Returns a
+    ``(bsz,)`` bool numpy array; all samples of a group share the same decision.
 
     Raises:
         ValueError: on mismatched lengths, a non-1-D input, or ``filter_low > filter_high``.

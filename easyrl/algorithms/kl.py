@@ -7,11 +7,7 @@ with samples drawn from the policy ``pi`` and ``x = ref_logp - logp = log(pi_ref
 * ``k2 = x^2 / 2``                    biased, low variance, always >= 0;
 * ``k3 = exp(x) - x - 1``             unbiased, low variance, always >= 0.
 
-Their *gradients*, when used as a loss on samples of ``pi`` (``d = logp - ref_logp``), differ from their values'
-properties: ``E[grad k1] = E[grad logp] = 0`` (no regularisation at all); ``grad k2 = d * grad logp``, whose
-expectation is the gradient of KL(pi || pi_ref); ``grad k3 = (1 - pi_ref / pi) * grad logp``, whose expectation is the
-gradient of the *forward* KL(pi_ref || pi). A name with a trailing ``+`` (``k1+``, ``k3+``, ``low_var_kl+``, as in verl)
-keeps the estimator's value but takes k2's gradient (straight-through): ``v + k2 - sg[k2]`` with ``v = sg[estimate]``.
+A name with a trailing ``+`` keeps the value but takes k2's gradient (straight-through), see :func:`kl_penalty`.
 """
 
 from __future__ import annotations
@@ -32,8 +28,6 @@ __all__ = [
     "apply_kl_penalty",
 ]
 
-# Accepted names; k1/k2/k3 are aliases of the names used in verl/EasyR1 configs; a trailing "+" (verl) keeps the value
-# and takes k2's gradient.
 _BASE_ESTIMATORS = ("kl", "abs", "mse", "low_var_kl", "k1", "k2", "k3")
 KL_ESTIMATORS = _BASE_ESTIMATORS + tuple(f"{name}+" for name in _BASE_ESTIMATORS)
 
@@ -48,7 +42,7 @@ def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, estimator: st
             ``0.5 (logp - ref)^2``; ``"low_var_kl"``/``"k3"``: ``exp(ref - logp) - (ref - logp) - 1`` with
             ``ref - logp`` clamped to [-20, 20] before ``exp`` (no overflow) and the result clamped to [-10, 10]
             (bounds the penalty of the rare token the reference finds far likelier than the policy). Any of these
-            with a trailing ``+`` (verl's straight-through variants, e.g. ``"k3+"``): the same value, but the
+            with a trailing ``+`` (straight-through, e.g. ``"k3+"``): the same value, but the
             gradient of k2, ``(logp - ref) * grad logp``, an unbiased estimate of the gradient of KL(pi || pi_ref)
             on samples of ``pi`` (k3's own gradient estimates that of the forward KL(pi_ref || pi); k1's is 0 in
             expectation).
@@ -85,11 +79,7 @@ class KLController(Protocol):
 
 
 class FixedKLController:
-    """A constant KL coefficient ``beta``.
-
-    Attributes:
-        value: the coefficient.
-    """
+    """A constant KL coefficient ``beta`` (``value``)."""
 
     def __init__(self, kl_coef: float):
         self.value = float(kl_coef)
@@ -123,12 +113,8 @@ class AdaptiveKLController:
         self.horizon = float(horizon)
 
     def update(self, current_kl: float, n_steps: int) -> None:
-        """Multiply ``value`` by ``1 + clip(current_kl / target - 1, -0.2, 0.2) * n_steps / horizon``.
-
-        Args:
-            current_kl: measured KL of the last batch.
-            n_steps: number of samples in that batch.
-        """
+        """Multiply ``value`` by ``1 + clip(current_kl / target - 1, -0.2, 0.2) * n_steps / horizon``
+        (``current_kl``: the last batch's KL, ``n_steps``: its number of samples)."""
         error = float(np.clip(current_kl / self.target - 1.0, -0.2, 0.2))
         self.value *= 1.0 + error * n_steps / self.horizon
 

@@ -68,15 +68,11 @@ def agg_loss(
     * ``"seq-mean-token-sum"``: ``sum_i (sum_t m_it l_it) / S``.
     * ``"seq-mean-token-mean"``: ``sum_i (sum_t m_it l_it / n_i) / S`` (the original GRPO objective,
       Shao et al. 2024, Eq. 3: ``1/G sum_i 1/|o_i| sum_t``).
-    * ``"token-sum"``: ``sum_it m_it l_it``, no normalisation (verl 0.9's mode of this name; the loss scale grows
-      with the mini-batch).
+    * ``"token-sum"``: ``sum_it m_it l_it``, no normalisation (the loss scale grows with the mini-batch).
     * ``"seq-mean-token-sum-norm"``: ``sum_i (sum_t m_it l_it / L) / S``, Dr. GRPO's length-unbiased loss (Liu et
       al. 2025, arXiv:2503.20783, Sec. 3.1, and its reference implementation sail-sg/oat: divide by the generation
       budget ``L = norm_length`` (default ``loss_mat.shape[-1]``, the padded response length) instead of ``|o_i|``,
-      average over the ``G`` sequences). This is verl 0.7.1-0.9.1's mode of this name; verl <= 0.7.0 *summed* over
-      the sequences (no ``1/S``), a loss ``S`` times larger (a ConfigWarning says so at config load).
-    * ``"seq-mean-token-sum-norm-drgrpo"``: the same as ``"seq-mean-token-sum-norm"`` (kept so that configs written
-      for easyrl before verl 0.7.1's semantics still load and mean what they meant).
+      average over the ``G`` sequences). ``"seq-mean-token-sum-norm-drgrpo"`` is the same.
 
     Pass the configured max response length as ``norm_length`` when micro-batches may be padded to different
     lengths, otherwise the constant ``L`` differs between them.
@@ -85,13 +81,10 @@ def agg_loss(
     micro-batch without valid tokens gives 0.
 
     Args:
-        loss_mat: ``(bsz, resp_len)`` per-token loss.
-        loss_mask: ``(bsz, resp_len)`` ``{0, 1}``.
-        loss_agg_mode: one of :data:`LOSS_AGG_MODES`.
+        loss_mat: ``(bsz, resp_len)`` per-token loss; ``loss_mask`` the same shape, ``{0, 1}``.
         global_num_tokens: valid tokens in the whole mini-batch over all ranks (``None``: this batch's count).
         global_num_seqs: sequences with >= 1 valid token in the whole mini-batch over all ranks (``None``: local).
         dp_size: number of data-parallel ranks averaging gradients.
-        norm_length: the constant ``L`` of the ``"seq-mean-token-sum-norm*"`` modes (verl's ``loss_scale_factor``).
 
     Returns:
         0-dim tensor.

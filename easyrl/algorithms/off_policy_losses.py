@@ -32,8 +32,7 @@ __all__ = ["bypass_mode_policy_loss", "dppo_kl_policy_loss", "dppo_tv_policy_los
 def gpg_policy_loss(inputs: PolicyLossInputs, settings: PolicyLossSettings) -> tuple[torch.Tensor, dict[str, float]]:
     """GPG, Group Policy Gradient (Chu et al. 2025, "GPG: A Simple and Strong Reinforcement Learning Baseline for
     Model Reasoning", arXiv:2504.02546, the GPG objective): plain REINFORCE, ``l_t = -A_t * logp_t``, no ratio and
-    no clip (pair it with ``algorithm.adv_estimator: gpg``). Reads ``settings.loss_agg_mode``. Metrics as
-    :func:`~easyrl.algorithms.policy_losses.vanilla_policy_loss` (clip fractions 0)."""
+    no clip (pair it with ``algorithm.adv_estimator: gpg``). Clip fractions are 0."""
     return finish_policy_loss(-inputs.advantages * inputs.log_prob, inputs, settings)
 
 
@@ -45,7 +44,7 @@ def dro_policy_loss(inputs: PolicyLossInputs, settings: PolicyLossSettings) -> t
 
     ``l_t = -(A_t * logp_t - beta / 2 * (logp_t - logp_old_t)^2)``, ``beta = dro_beta``.
 
-    Reads ``settings.loss_agg_mode`` and ``dro_beta``. Raises: ValueError if ``dro_beta`` is None or <= 0."""
+    Raises ValueError if ``dro_beta`` is None or <= 0."""
     if settings.dro_beta is None or settings.dro_beta <= 0:
         raise ValueError(f"loss_type dro needs worker.actor.dro_beta > 0, got {settings.dro_beta}")
     log_ratio = inputs.log_prob - inputs.old_log_prob

@@ -179,12 +179,6 @@ def vanilla_policy_loss(
     * ``A >= 0``: ``l = max(-A r, -A clip(r))``;
     * ``A < 0``:  ``l = min(max(-A r, -A clip(r)), -A c)`` (bounds the loss when ``r`` explodes).
 
-    Reads ``settings.loss_agg_mode``, ``clip_ratio_low``, ``clip_ratio_high`` (clip range ``[1 - low, 1 + high]``)
-    and ``clip_ratio_dual`` (``c`` > 1).
-
-    Returns:
-        ``(pg_loss, metrics)`` with metrics ``pg_clipfrac``, ``pg_clipfrac_lower`` (dual clip), ``ppo_kl``.
-
     Raises:
         ValueError: if ``clip_ratio_dual <= 1`` or the mode is unknown.
     """
@@ -212,18 +206,9 @@ def gspo_policy_loss(
     ratio), token ratio ``s_it = sg[s_i] * exp(logp_it - sg[logp_it])``: its value is ``s_i`` on every token of
     sequence ``i`` (so clipping is decided per sequence) while its gradient is ``s_i * grad logp_it``, which
     lets token-level advantages flow. Per token ``l = max(-A s_it, -A clip(s_it, 1 - low, 1 + high))``. With
-    one advantage per sequence this equals GSPO's sequence objective.
-
-    Notes:
-        * The paper averages over sequences (``1/G sum_i``) and uses the tiny ranges 3e-4 / 4e-4; use
-          ``loss_agg_mode="seq-mean-token-mean"`` to match it. The given mode is honoured, as in verl 0.9.1 (verl up
-          to 0.9.0 forced seq-mean-token-mean).
-        * verl 0.9.1 clamps the combined log-ratio at 10 from above only, which also zeroes the gradient of a
-          sequence past it; here ``log s_i`` (detached) is clamped to [-20, 20] and the gradient always flows.
-        * ``clip_ratio_dual`` is unused (no dual clip in GSPO); ``pg_clipfrac_lower`` is 0.
-
-    Reads ``settings.loss_agg_mode``, ``clip_ratio_low`` and ``clip_ratio_high``.
-    Returns / Raises: as :func:`vanilla_policy_loss` (no ValueError for ``clip_ratio_dual``).
+    one advantage per sequence this equals GSPO's sequence objective. The paper averages over sequences
+    (``loss_agg_mode="seq-mean-token-mean"``) with ranges 3e-4 / 4e-4; the configured mode is honoured. ``log s_i``
+    (detached) is clamped to [-20, 20], so the gradient always flows. No dual clip: ``pg_clipfrac_lower`` is 0.
     """
     log_prob, advantages = inputs.log_prob, inputs.advantages
     seq_log_ratio = masked_mean(log_prob - inputs.old_log_prob, inputs.response_mask, dim=-1).detach()  # (bsz,)
@@ -246,16 +231,9 @@ def cispo_policy_loss(
 
     ``l_t = -sg(clip(r_t, 1 - clip_ratio_low, 1 + clip_ratio_high)) * A_t * logp_t`` with
     ``r_t = exp(clamp(logp_t - logp_old_t, -20, 20))``: the IS weight is clipped and detached, but no token's
-    gradient is ever dropped (unlike PPO clipping). Bounds: the paper's ``eps_low^IS`` / ``eps_high^IS`` are
-    ``clip_ratio_low`` / ``clip_ratio_high``; the paper effectively disables the lower bound (large
-    ``eps_low^IS``), which here means ``clip_ratio_low >= 1``. The paper normalises by the total number of
-    tokens, i.e. ``loss_agg_mode="token-mean"``.
-
-    ``clip_ratio_dual`` is unused. Metrics: ``pg_clipfrac`` = fraction of valid tokens whose IS weight was
-    clipped (either bound); ``pg_clipfrac_lower`` = 0 (no dual clip).
-
-    Reads ``settings.loss_agg_mode``, ``clip_ratio_low`` and ``clip_ratio_high``.
-    Returns / Raises: as :func:`vanilla_policy_loss` (no ValueError for ``clip_ratio_dual``).
+    gradient is ever dropped (unlike PPO clipping). The paper's ``eps_low^IS`` / ``eps_high^IS`` are
+    ``clip_ratio_low`` / ``clip_ratio_high``; it disables the lower bound (here ``clip_ratio_low >= 1``) and uses
+    ``loss_agg_mode="token-mean"``. ``pg_clipfrac``: the fraction of valid tokens whose IS weight was clipped.
     """
     ratio = importance_ratio(inputs).detach()
     weight = torch.clamp(ratio, 1.0 - settings.clip_ratio_low, 1.0 + settings.clip_ratio_high)
@@ -290,19 +268,8 @@ def sapo_policy_loss(
     Per token ``l_t = -A_t * f(r_t; tau_t)`` with ``r_t = exp(clamp(logp_t - logp_old_t, -20, 20))``, the soft gate
     :func:`sapo_gate`, and ``tau_t = tau_positive`` where ``A_t > 0``, ``tau_negative`` otherwise (negative
     advantages get the larger temperature: their gradient decays faster off-policy, which the paper finds
-    stabilises training). No hard clipping: ``clip_ratio_*`` are unused.
-
-    Notes:
-        * The paper averages each sequence's token mean over the group (``1/G sum_i 1/|y_i| sum_t``), i.e.
-          ``loss_agg_mode="seq-mean-token-mean"``, which verl forces; easyrl honours the configured mode (as EasyR1
-          does) and warns at config load when it differs.
-        * Metrics: ``pg_clipfrac`` and ``pg_clipfrac_lower`` are 0 (nothing is clipped), as in verl.
-
-    Reads ``settings.loss_agg_mode``, ``tau_positive`` and ``tau_negative`` (gate temperatures > 0,
-    ``worker.actor.tau_positive`` / ``tau_negative``; EasyR1's and verl's defaults 1.0 / 1.05).
-
-    Returns:
-        ``(pg_loss, metrics)`` as :func:`vanilla_policy_loss`.
+    stabilises training). No hard clipping: ``clip_ratio_*`` are unused and the clip fractions are 0. The paper uses
+    ``loss_agg_mode="seq-mean-token-mean"``; the configured mode is honoured (a config warning when it differs).
 
     Raises:
         ValueError: if a temperature is not positive, or the mode is unknown.
@@ -317,6 +284,5 @@ def sapo_policy_loss(
     return finish_policy_loss(pg_losses, inputs, settings)
 
 
-# EasyR1's name for the token form of GSPO, which is what ``gspo`` computes (EasyR1's own ``gspo`` takes the gradient
-# through the sequence mean instead; with one advantage per sequence both give the same loss and gradient).
+# EasyR1's name for the token form of GSPO (docs/algorithms.md)
 POLICY_LOSSES.register("gspo_token", paper_check=_gspo_paper)(gspo_policy_loss)

@@ -1,5 +1,5 @@
 """Rollout correction between the rollout engine's and the trainer's log-probs: truncated importance sampling
-(:func:`compute_tis_weights`, ``worker.actor.tis_cap``) and verl 0.9's family: sequence-level IS, IcePop (masked IS)
+(:func:`compute_tis_weights`, ``worker.actor.tis_cap``), sequence-level IS, IcePop (masked IS)
 and rejection sampling (:func:`compute_rollout_correction_weights`, :func:`compute_rollout_rejection_mask`)."""
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ def compute_tis_weights(
     Args:
         old_log_prob: ``(bsz, resp_len)`` log-probs recomputed by the trainer before the update.
         rollout_log_probs: ``(bsz, resp_len)`` log-probs reported by the rollout engine for the same tokens.
-        response_mask: ``(bsz, resp_len)`` ``{0, 1}``.
         cap: truncation ``C`` > 0 (the blog uses 2).
 
     Returns:
@@ -67,8 +66,6 @@ def compute_tis_weights(
     return weights, metrics
 
 
-# ------------------------------------------------------------------------- verl 0.9's rollout-correction family
-
 ROLLOUT_IS_LEVELS = ("token", "sequence")
 ROLLOUT_RS_OPTIONS = ("token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3",
                       "seq_mean_k1", "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3")
@@ -83,8 +80,7 @@ def compute_rollout_correction_weights(
     threshold_lower: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Importance weights ``pi_train / pi_rollout`` against the engine/trainer mismatch, token- or sequence-level,
-    truncated (TIS) or masked (IcePop); verl 0.9.1's ``compute_rollout_correction_weights`` without batch
-    normalisation.
+    truncated (TIS) or masked (IcePop), without batch normalisation.
 
     With ``x_t = log_ratio_t`` (``log pi_old - log pi_rollout``), clamped to [-20, 20] before ``exp``:
 
@@ -100,9 +96,7 @@ def compute_rollout_correction_weights(
 
     Args:
         log_ratio: ``(bsz, resp_len)`` ``old_log_prob - rollout_log_probs``.
-        response_mask: ``(bsz, resp_len)`` ``{0, 1}``.
-        rollout_is: ``"token"`` or ``"sequence"``.
-        threshold: upper bound > 0 (verl's ``rollout_is_threshold``; the TIS blog uses 2).
+        threshold: upper bound > 0 (the TIS blog uses 2).
         threshold_lower: IcePop's lower bound in (0, threshold], or None for TIS.
 
     Returns:
@@ -136,7 +130,7 @@ def compute_rollout_correction_weights(
 
 
 def parse_rs_thresholds(options: list[str], spec: str | float) -> dict[str, tuple[float | None, float]]:
-    """verl's ``rollout_rs_threshold`` for each option: one value for all, or one per option, comma-separated; a
+    """``rollout_rs_threshold`` for each option: one value for all, or one per option, comma-separated; a
     ``*k1`` option takes ``"lower_upper"`` ratio bounds (a lone ``upper`` means ``[1/upper, upper]``), the others one
     upper bound. Returns option -> ``(lower or None, upper)``.
 
@@ -173,8 +167,8 @@ def compute_rollout_rejection_mask(
     rollout_rs_threshold: str | float,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Rejection sampling (masked IS) against the engine/trainer mismatch: tokens, or whole sequences, whose
-    divergence estimate leaves a hard trust region are dropped from the loss (verl 0.9.1's
-    ``compute_rollout_rejection_mask``; Liu et al. 2025, https://richardli.xyz/rl-collapse, Sec. 4, masked IS).
+    divergence estimate leaves a hard trust region are dropped from the loss (Liu et al. 2025,
+    https://richardli.xyz/rl-collapse, Sec. 4, masked IS).
 
     With ``x = clamp(log_ratio, -20, 20)`` the per-token estimators of KL(pi_rollout || pi_old) are Schulman's
     ``k1 = -x``, ``k2 = x^2 / 2``, ``k3 = exp(x) - 1 - x``. An option ``<level>_<k>`` compares, per token
@@ -184,7 +178,6 @@ def compute_rollout_rejection_mask(
 
     Args:
         log_ratio: ``(bsz, resp_len)`` ``old_log_prob - rollout_log_probs``.
-        response_mask: ``(bsz, resp_len)`` ``{0, 1}``.
         rollout_rs: comma-separated options from :data:`ROLLOUT_RS_OPTIONS`, e.g. ``"token_k1,seq_max_k2"``.
         rollout_rs_threshold: see :func:`parse_rs_thresholds`.
 

@@ -122,17 +122,11 @@ def _check_logits(logits: torch.Tensor, chunk_rows: int, temperature: float) -> 
 def log_probs_from_logits(
     logits: torch.Tensor, labels: torch.Tensor, chunk_rows: int = DEFAULT_CHUNK_ROWS, temperature: float = 1.0
 ) -> torch.Tensor:
-    """Log-probability (nats) of each label under ``softmax(logits / temperature)``.
-
-    Args:
-        logits: ``(bsz, L, vocab)`` (any leading dims), float32/bf16/fp16, may require grad; may be a slice.
-        labels: ``(bsz, L)`` int64 token ids, same leading dims as ``logits``.
-        chunk_rows: positions processed at once (peak temporary: ``chunk_rows x vocab`` float32).
-        temperature: sampling temperature the logits are divided by (> 0).
-
-    Returns:
-        ``(bsz, L)`` float32, equal to ``log_softmax(logits.float() / temperature, -1).gather(-1, labels)``; its
-        gradient w.r.t. ``logits`` has the logits' dtype.
+    """Log-probability (nats) of each label under ``softmax(logits / temperature)``: ``(bsz, L)`` float32, equal to
+    ``log_softmax(logits.float() / temperature, -1).gather(-1, labels)``, its gradient in the logits' dtype.
+    ``logits``: ``(bsz, L, vocab)`` (any leading dims; a slice, with grad, in float32/bf16/fp16); ``labels``:
+    ``(bsz, L)`` token ids; ``chunk_rows`` positions are processed at once (peak temporary: ``chunk_rows x vocab``
+    float32).
 
     Raises:
         ValueError: if the shapes do not match, a label is outside ``[0, vocab)``, ``chunk_rows < 1`` or
@@ -151,15 +145,8 @@ def log_probs_from_logits(
 def entropy_from_logits(
     logits: torch.Tensor, chunk_rows: int = DEFAULT_CHUNK_ROWS, temperature: float = 1.0
 ) -> torch.Tensor:
-    """Entropy (nats) of ``p = softmax(logits / temperature)`` at each position, ``H = -sum_v p_v log p_v``.
-
-    Args:
-        logits: ``(bsz, L, vocab)`` (any leading dims), may require grad; may be a slice.
-        chunk_rows: positions processed at once.
-        temperature: sampling temperature the logits are divided by (> 0).
-
-    Returns:
-        ``(bsz, L)`` float32.
+    """Entropy (nats) of ``p = softmax(logits / temperature)`` at each position, ``H = -sum_v p_v log p_v``:
+    ``(bsz, L)`` float32 for ``(bsz, L, vocab)`` logits (as :func:`log_probs_from_logits`).
 
     Raises:
         ValueError: if ``logits`` has fewer than 2 dims, ``chunk_rows < 1`` or ``temperature <= 0``.

@@ -54,10 +54,11 @@ def valid_keys(cls: type, prefix: str = "") -> dict[str, bool]:
     return keys
 
 
-def _check_keys(user: dict, source: str, valid: dict[str, bool], autos: dict[str, str], prefix: str = "",
-                unknown: Optional[list[tuple[str, list[str]]]] = None) -> None:
+def _check_keys(user: dict, source: str, valid: dict[str, bool], autos: dict[str, str], defaults: Any,
+                prefix: str = "", unknown: Optional[list[tuple[str, list[str]]]] = None) -> None:
     """Refuse the keys of one layer ``user`` (from ``source``) that are unknown (all of them in one error, each with
-    its "did you mean"), derived automatically, or a section given a plain value."""
+    its "did you mean"), derived automatically, a section given a plain value, or a mapping given for a key that holds
+    one value (``data.max_prompt_length={a: 1}``; ``defaults`` gives the example value)."""
     found: list[tuple[str, list[str]]] = [] if unknown is None else unknown
     for key, value in user.items():
         name = f"{prefix}{key}"
@@ -75,8 +76,11 @@ def _check_keys(user: dict, source: str, valid: dict[str, bool], autos: dict[str
         is_section = not valid[name] and any(k.startswith(name + ".") for k in valid)
         if is_section and value is not None and not isinstance(value, dict):
             raise ConfigError(f"'{name}' (from {source}) is a section: give a mapping of its keys, got {value!r}.")
+        if isinstance(value, dict) and not valid[name] and not is_section:
+            raise ConfigError(f"'{name}' (from {source}) holds one value, not a section: got the mapping {value!r}; "
+                              f"write {malformed.expected(name, defaults)}.")
         if isinstance(value, dict) and not valid[name]:
-            _check_keys(value, source, valid, autos, name + ".", found)
+            _check_keys(value, source, valid, autos, defaults, name + ".", found)
     if unknown is None and len(found) == 1:
         name, hint = found[0]
         raise ConfigError(f"Unknown config key '{name}' (from {source})."
@@ -104,10 +108,6 @@ def _pop_dotted(tree: dict, key: str) -> Any:
     return node.pop(last)
 
 
-def _merge_error(err: Exception, source: str, layer: Optional[dict] = None) -> str:
-    """One line for an OmegaConf merge error (a value of the wrong type), naming the key where OmegaConf knows it."""
-    return malformed.value_error(err, source, layer, OmegaConf.structured(PPOConfig))
-
 
 def _load_yaml(path: str) -> dict:
     """The mapping in the YAML file at ``path``; raises ``ConfigError`` naming the file (and line) otherwise."""
@@ -128,15 +128,7 @@ def _load_yaml(path: str) -> dict:
     except Exception as err:  # omegaconf's own errors (e.g. a malformed ${...}), a file that is not UTF-8
         raise ConfigError(malformed.read_error(err, path)) from None
     malformed.check_top_level(path)
-    container = OmegaConf.to_container(conf)
-    if container is None:
-        return {}
-    if not isinstance(container, dict):
-        raise ConfigError(
-            f"Config file '{path}' (from config=) holds a {type(container).__name__} at the top level; it must be a "
-            "mapping of sections (data:, algorithm:, worker:, trainer:)."
-        )
-    return container
+    return OmegaConf.to_container(conf) or {}
 
 
 def load_config(argv: list[str]) -> PPOConfig:
@@ -165,7 +157,7 @@ def load_config(argv: list[str]) -> PPOConfig:
             overrides.append(word)
 
     valid, autos = valid_keys(PPOConfig), auto_keys(PPOConfig)
-    merged = OmegaConf.structured(PPOConfig)
+    merged = defaults = OmegaConf.structured(PPOConfig)
     layers = []
     if yaml_path is not None:
         if not os.path.isfile(yaml_path):
@@ -187,8 +179,7 @@ def load_config(argv: list[str]) -> PPOConfig:
     free_dicts = [key for key, is_dict in valid.items() if is_dict]
     for layer, source, whole_keys in layers:
         layer = apply_aliases(layer or {}, source)  # EasyR1's keys -> easyrl's (easyrl/config/aliases.py)
-        malformed.check_leaf_values(layer, source, valid, OmegaConf.structured(PPOConfig))
-        _check_keys(layer, source, valid, autos)
+        _check_keys(layer, source, valid, autos, defaults)
         # A free-form dict given whole by a later layer replaces the earlier one instead of merging into it, so that
         # worker.reward.reward_function_kwargs={} really drops the YAML's kwargs. A YAML gives dicts whole; on the
         # command line only `key={...}` does, while `key.sub=value` merges into the dict.
@@ -205,11 +196,11 @@ def load_config(argv: list[str]) -> PPOConfig:
         except ConfigError:
             raise
         except Exception as e:  # type mismatch, e.g. a string for an int
-            raise ConfigError(_merge_error(e, source, layer)) from None
+            raise ConfigError(malformed.value_error(e, source, layer, defaults)) from None
     try:
         config: PPOConfig = OmegaConf.to_object(merged)
     except Exception as e:  # a ${...} that cannot be resolved, or resolves to a value of the wrong type
-        raise ConfigError(malformed.resolve_error(e, merged, valid, OmegaConf.structured(PPOConfig))) from None
+        raise ConfigError(malformed.resolve_error(e, merged, valid, defaults)) from None
     config.finalize()
     check_config(config)
     warn_config_traps(config)

@@ -4,7 +4,6 @@ write instead (docs/errors.md, "Configuration"). ``easyrl.config.loading`` calls
 - :func:`check_words`: the words themselves (``=5`` without a key, ``config=`` empty, given twice, or a folder);
 - :func:`read_error`: a YAML file that cannot be read (not UTF-8, a malformed ``${...}``); :func:`check_top_level`:
   one that holds a single value;
-- :func:`check_leaf_values`: a mapping given where a single value belongs (``data.max_prompt_length={a: 1}``);
 - :func:`value_error`: a value OmegaConf refuses (wrong type, empty, a list of the wrong length, not one of a
   ``Literal``'s choices), with the key's expected type and its default as the example;
 - :func:`resolve_error`: a ``${...}`` interpolation that cannot be resolved (unknown key, unset environment variable,
@@ -86,34 +85,10 @@ def check_top_level(path: str) -> None:
 
     with open(path, encoding="utf-8") as f:
         top = yaml.safe_load(f)
-    if top is not None and not isinstance(top, (dict, list)):
-        raise ConfigError(f"Config file '{path}' (from config=) holds a {type(top).__name__} at the top level "
-                          f"({top!r}); it must be a mapping of sections (data:, algorithm:, worker:, trainer:).")
-
-
-def check_leaf_values(layer: dict, source: str, valid: dict[str, bool], defaults: Any, prefix: str = "") -> None:
-    """Refuse a mapping given for a key that holds one value (``data.max_prompt_length={a: 1}`` or a YAML block under
-    it), which would otherwise read as unknown keys below it.
-
-    Args:
-        layer: one layer (YAML file or command line) as a nested dict.
-        source: where it came from, for the message.
-        valid: ``easyrl.config.loading.valid_keys(PPOConfig)``.
-        defaults: ``OmegaConf.structured(PPOConfig)``, for the example value.
-
-    Raises:
-        ConfigError: naming the key, the mapping given and an example value.
-    """
-    for key, value in layer.items():
-        name = f"{prefix}{key}"
-        if name not in valid or valid[name]:
-            continue
-        is_section = any(k.startswith(name + ".") for k in valid)
-        if isinstance(value, dict) and not is_section:
-            raise ConfigError(f"'{name}' (from {source}) holds one value, not a section: got the mapping {value!r}; "
-                              f"write {_expected(name, defaults)}.")
-        if isinstance(value, dict):
-            check_leaf_values(value, source, valid, defaults, name + ".")
+    if top is not None and not isinstance(top, dict):
+        shown = "" if isinstance(top, list) else f" ({top!r})"
+        raise ConfigError(f"Config file '{path}' (from config=) holds a {type(top).__name__} at the top level{shown}; "
+                          "it must be a mapping of sections (data:, algorithm:, worker:, trainer:).")
 
 
 def value_error(err: Exception, source: str, layer: Optional[dict], defaults: Any) -> str:
@@ -143,9 +118,9 @@ def value_error(err: Exception, source: str, layer: Optional[dict], defaults: An
         return (f"{key}={m.group(1)!r} is not one of: {', '.join(choices)}."
                 + (f" Did you mean: {close[0]}?" if close else ""))
     if message.startswith("Incompatible value 'None'") or "is not Optional" in message:
-        return (f"'{key}' (from {source}) has no value (empty or null); write {_expected(key, defaults)}, or leave "
+        return (f"'{key}' (from {source}) has no value (empty or null); write {expected(key, defaults)}, or leave "
                 "the key out to keep its default.")
-    return f"Bad value for '{key}' (from {source}): {message}; write {_expected(key, defaults)}."
+    return f"Bad value for '{key}' (from {source}): {message}; write {expected(key, defaults)}."
 
 
 def resolve_error(err: Exception, merged: Any, valid: dict[str, bool], defaults: Any) -> str:
@@ -240,7 +215,7 @@ def _cli_value(value: Any) -> str:
     return str(value)
 
 
-def _expected(key: str, defaults: Any) -> str:
+def expected(key: str, defaults: Any) -> str:
     """``an integer, e.g. data.max_prompt_length=1024`` (the key's type, its default as the example)."""
     from omegaconf import OmegaConf
 

@@ -112,10 +112,8 @@ def process_image(image: Any, min_pixels: int, max_pixels: int, factor: int = DE
     """Load ``image`` and return it in RGB at :func:`target_size` (area in ``[min_pixels, max_pixels]``, both sides
     multiples of ``factor``), resized with bicubic interpolation when the size changes.
 
-    Args:
-        image: a ``PIL.Image``, a ``{"bytes": ..., "path": ...}`` dict, or a path.
-        min_pixels / max_pixels: bounds on ``width * height`` in pixels.
-        factor: ``patch_size * merge_size`` of the vision encoder (28 for Qwen2/2.5-VL, 32 for Qwen3-VL).
+    ``image``: a ``PIL.Image``, a ``{"bytes": ..., "path": ...}`` dict, or a path; ``factor``: ``patch_size *
+    merge_size`` of the vision encoder (28 for Qwen2/2.5-VL, 32 for Qwen3-VL).
 
     Raises:
         ValueError: unreadable image (the message names its source) or bad bounds (see :func:`target_size`).

@@ -18,14 +18,8 @@ from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
 
 
 class PromptStream:
-    """Batches of ``batch_size`` prompts; a short last batch of each epoch is dropped.
-
-    Args:
-        dataset: a map-style dataset (``RLDataset``).
-        batch_size: prompts per batch (``data.rollout_batch_size``).
-        shuffle: reshuffle each epoch (order from ``seed`` and the epoch number).
-        seed: ``data.seed``.
-        collate_fn: batches items (``easyrl.data.dataset.collate_fn``).
+    """Batches of ``batch_size`` prompts (``data.rollout_batch_size``); a short last batch of each epoch is dropped.
+    ``shuffle`` reshuffles each epoch (order from ``seed`` and the epoch number).
 
     Raises:
         ValueError: fewer items than ``batch_size`` (no batch at all).

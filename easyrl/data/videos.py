@@ -225,16 +225,9 @@ def process_video(video: Any, limits: FrameLimits, min_pixels: int, max_pixels: 
                   factor: int = DEFAULT_FACTOR, processor: Any = None) -> Video:
     """Load, sample and resize one video (see the module docstring).
 
-    Args:
-        video: a file path or a list of frame images.
-        limits: frames per second and frame count bounds.
-        min_pixels / max_pixels: bounds on each frame's area in pixels (``data.min_pixels`` / ``max_pixels``),
-            narrowed by :func:`video_pixel_bounds` with ``processor``.
-        factor: ``patch_size * merge_size`` of the vision encoder (28 Qwen2/2.5-VL, 32 Qwen3-VL).
-        processor: the model's processor (its ``video_processor`` bounds the frames), or None.
-
-    Returns:
-        :class:`Video` with ``(T, H, W, 3)`` uint8 frames.
+    ``video``: a file path or a list of frame images; ``min_pixels`` / ``max_pixels`` bound each frame's area,
+    narrowed by :func:`video_pixel_bounds` with ``processor`` (None: no processor); ``factor`` as in
+    ``easyrl.data.images.process_image``. Returns a :class:`Video` with ``(T, H, W, 3)`` uint8 frames.
 
     Raises:
         ValueError: a missing or undecodable file or frame, too few frames, frames of different sizes; the message

@@ -175,13 +175,8 @@ class RewardFunction:
 def scores_to_token_rewards(overall: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
     """Token-level rewards: each sequence's score on its last valid response token, 0 elsewhere.
 
-    Args:
-        overall: ``(bsz,)`` sequence scores.
-        response_mask: ``(bsz, resp_len)``, 1 on response tokens (any 0/1 layout; the last 1 is used).
-
-    Returns:
-        ``(bsz, resp_len)`` float tensor in ``overall``'s dtype (float32 if it is an integer tensor). A row with no
-        valid token gets all zeros.
+    ``overall``: ``(bsz,)``; ``response_mask``: ``(bsz, resp_len)`` in any 0/1 layout (the last 1 is used). Returns
+    ``(bsz, resp_len)`` in ``overall``'s dtype (float32 for an integer tensor); a row with no valid token is all 0.
 
     Raises:
         ValueError: shapes that do not match.

@@ -134,10 +134,8 @@ class JudgePrompt:
 
 
 class Judge:
-    """What the trainer needs of the judge config: prompts from reward inputs, scores from verdicts.
-
-    Args:
-        config: ``worker.reward.judge`` (on: ``model_path`` set).
+    """What the trainer needs of the judge config (``worker.reward.judge``): prompts from reward inputs, scores from
+    verdicts.
 
     Raises:
         ConfigError: see :class:`JudgePrompt` and :func:`load_parser`.

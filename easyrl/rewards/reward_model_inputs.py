@@ -68,9 +68,6 @@ def encode_conversations(tokenizer: Any, prompts: list[str], responses: list[str
         max_length: tokens per input at most; a longer input keeps its last ``max_length`` tokens (where a
             sequence classifier reads its score). None: no limit.
 
-    Returns:
-        :class:`RewardModelInputs`.
-
     Raises:
         ValueError: the tokenizer has no chat template and none is given, or neither a pad nor an eos token.
     """

@@ -29,13 +29,9 @@ def varlen_vision_attention(module: torch.nn.Module, query: torch.Tensor, key: t
                             is_causal: bool = False, **_) -> tuple[torch.Tensor, None]:
     """transformers' attention-function signature, as its flash path calls it from a vision block.
 
-    Args:
-        query, key, value: ``(1, heads, patches, head_dim)``.
-        cu_seq_lens_q, cu_seq_lens_k: ``(pieces + 1,)`` int32 boundaries of the images or windows.
-        max_length_q, max_length_k: the longest piece (int or 0-dim tensor).
-
-    Returns:
-        ``((1, patches, heads, head_dim), None)``, as transformers' flash attention returns it.
+    ``query``, ``key``, ``value``: ``(1, heads, patches, head_dim)``; ``cu_seq_lens_q/k``: ``(pieces + 1,)`` int32
+    boundaries of the images or windows; ``max_length_q/k``: the longest piece. Returns ``((1, patches, heads,
+    head_dim), None)``, as transformers' flash attention returns it.
     """
     return varlen_flash(query, key, value, cu_seq_lens_q.to(torch.int32), cu_seq_lens_k.to(torch.int32),
                         int(max_length_q), int(max_length_k), dropout, is_causal, scaling), None

@@ -51,12 +51,10 @@ def estimate_memory(num_params: int, vocab_size: int, config: PPOConfig, capacit
     Args:
         num_params: parameters of the model (embeddings counted once when tied).
         vocab_size: rows of the output layer (logits width).
-        config: the finalized run configuration (world size, offload, dtypes, micro-batch, lengths).
         capacity_gib: total memory of one device, GiB.
         shape: the model's widths (:func:`model_shape`); None leaves the update's activations and unsharded weights
             out (a lower bound).
-        reward_model_params: parameters of the reward model (0: none; :func:`reward_model_parameters`).
-        teacher_params: parameters of the distillation teacher (``worker.teacher``; 0: none).
+        reward_model_params, teacher_params: parameters of the reward model and the distillation teacher (0: none).
     """
     worker = config.worker
     world = config.world_size

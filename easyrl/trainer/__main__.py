@@ -23,10 +23,7 @@ def build_trainer(config: PPOConfig, worker_cls: Optional[type] = None, startup=
     (``easyrl.trainer.preflight``), then start Ray (unless already started) and the workers (``worker_cls``: None
     for ``FSDPWorker``, or a subclass of it such as the tests' ``easyrl.testing.worker.InspectableWorker``), timing
     each phase into ``startup`` (an ``easyrl.trainer.launch.StartupProfile``; None: one started now), which the trainer
-    reports after its first step.
-
-    Returns:
-        A ``RayPPOTrainer`` ready to ``fit()``.
+    reports after its first step. Returns a ``RayPPOTrainer`` ready to ``fit()``.
 
     Raises:
         UserError: any pre-flight check (model, data, reward, run folder; see ``docs/errors.md``), before Ray starts.

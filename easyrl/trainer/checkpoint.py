@@ -103,16 +103,8 @@ def is_better(value: float, best: Optional[float], mode: str) -> bool:
 
 def checkpoints_to_delete(steps: list[int], newest: int, limit: int, best: Optional[int]) -> list[int]:
     """Which checkpoint steps retention removes: all but the ``limit`` newest (the one just saved, ``newest``,
-    counts among them) and ``best``, which is never removed. ``limit <= 0`` keeps everything.
-
-    Args:
-        steps: the steps of the ``global_step_N`` folders present.
-        newest: the step just saved.
-        limit: ``trainer.save_limit``.
-        best: the tracker's ``best_global_step`` (or None).
-
-    Returns:
-        The steps to delete, oldest first.
+    counts among them) and ``best`` (the tracker's ``best_global_step``), which is never removed. ``limit``
+    (``trainer.save_limit``) ``<= 0`` keeps everything. Returns the steps to delete, oldest first.
     """
     if limit <= 0:
         return []
@@ -123,19 +115,10 @@ def checkpoints_to_delete(steps: list[int], newest: int, limit: int, best: Optio
 
 def commit_checkpoint(root: str, step: int, write: Callable[[str], None], metric: Optional[float] = None,
                       metric_name: Optional[str] = None, mode: str = "max", save_limit: int = -1) -> str:
-    """Write a checkpoint atomically and record it in the tracker; then apply ``save_limit``.
-
-    Args:
-        root: the checkpoint folder of the run (``trainer.save_checkpoint_path``).
-        step: global step of the checkpoint.
-        write: ``write(tmp_dir)`` writes every file of the checkpoint into ``tmp_dir`` (which exists, empty).
-        metric: this step's value of ``metric_name`` (the validation metric that ranks checkpoints) or None if it
-            was not computed at this step.
-        mode: ``max`` or ``min``: which direction of ``metric`` is better.
-        save_limit: keep this many newest checkpoints (plus the best); ``<= 0`` keeps all.
-
-    Returns:
-        The final checkpoint folder ``<root>/global_step_<step>``.
+    """Write a checkpoint into ``root`` (``trainer.save_checkpoint_path``) atomically, record it in the tracker, then
+    apply ``save_limit`` (:func:`checkpoints_to_delete`). ``write(tmp_dir)`` writes every file into the existing,
+    empty ``tmp_dir``; ``metric`` is this step's value of ``metric_name`` (None: not computed), better when larger
+    (``mode="max"``) or smaller (``"min"``). Returns ``<root>/global_step_<step>``.
 
     Raises:
         RunStateError: writing failed with an ``OSError`` (a full disk, a quota, a read-only folder; also inside a
@@ -195,13 +178,9 @@ def _os_error_in(err: Optional[BaseException], depth: int = 0) -> Optional[OSErr
 class Checkpointer:
     """Saves and restores the whole training state under ``trainer.save_checkpoint_path``: every worker's shards
     (``FSDPWorker.save_checkpoint`` / ``load_checkpoint``) and the driver's state (``trainer_state.pt``: what the
-    trainer's ``state_dict`` returns). Owns ``last``, the newest complete checkpoint of this run.
-
-    Args:
-        config: the ``trainer`` config section (paths, ``save_limit``, ``best_metric``, ``best_metric_mode``).
-        workers: the ``WorkerGroup``.
-        identity: this run's ``easyrl.trainer.checkpoint_manifest.run_identity`` (None: no manifest written, none
-            checked).
+    trainer's ``state_dict`` returns). Owns ``last``, the newest complete checkpoint of this run. ``config`` is the
+    ``trainer`` section; ``identity`` this run's ``checkpoint_manifest.run_identity`` (None: no manifest written or
+    checked).
     """
 
     def __init__(self, config, workers, identity: Optional[dict[str, Any]] = None):
@@ -217,15 +196,8 @@ class Checkpointer:
 
     def save(self, step: int, driver_state: dict[str, Any], metrics: Optional[dict[str, float]] = None) -> str:
         """Save the training state after ``step`` as ``global_step_<step>`` (atomic; see the module docstring) and
-        apply ``trainer.save_limit``; ``metrics`` of this step rank it by ``trainer.best_metric``.
-
-        Args:
-            step: the global step just finished.
-            driver_state: the trainer's own state (written as ``trainer_state.pt``).
-            metrics: this step's metrics (None: not ranked).
-
-        Returns:
-            The checkpoint folder.
+        apply ``trainer.save_limit``; ``driver_state`` is written as ``trainer_state.pt``, ``metrics`` of this step
+        (None: not ranked) rank it by ``trainer.best_metric``. Returns the checkpoint folder.
         """
         from easyrl.workers.fsdp_worker import FSDPWorker
 

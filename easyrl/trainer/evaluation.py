@@ -36,16 +36,10 @@ def eval_folder(run_dir: str) -> str:
 
 
 def evaluate(config: PPOConfig, step: int = 0, worker_cls: Optional[type] = None) -> tuple[dict[str, float], str]:
-    """Validate the model of ``worker.actor.model.model_path`` on ``data.val_files``.
-
-    Args:
-        config: the finalized config (``trainer.val_only`` is set here; ``data.train_files`` is not read).
-        step: the step the metrics are logged at (a checkpoint's step; it also seeds the sampling as the
-            validation of that training step did).
-        worker_cls: None for ``FSDPWorker``, or a subclass of it.
-
-    Returns:
-        ``(metrics, folder)``: the validation metrics and the folder they were written to.
+    """Validate the model of ``worker.actor.model.model_path`` on ``data.val_files`` (``trainer.val_only`` is set here;
+    ``data.train_files`` is not read). ``step``: the step the metrics are logged at (a checkpoint's step; it also
+    seeds the sampling as that step's validation did); ``worker_cls``: None for ``FSDPWorker``, or a subclass.
+    Returns ``(metrics, folder)``: the validation metrics and the folder they were written to.
 
     Raises:
         UserError: a pre-flight check (model, validation data, reward), before Ray starts.

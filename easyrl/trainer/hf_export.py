@@ -55,15 +55,8 @@ def resolve_checkpoint(path: str) -> str:
 
 
 def export_checkpoint(checkpoint: str, out: str, dtype: Optional[torch.dtype] = None) -> str:
-    """A Hugging Face folder ``out`` from a checkpoint (see the module docstring).
-
-    Args:
-        checkpoint: a ``global_step_N`` folder, its ``actor`` folder, or a run's checkpoint folder (its last one).
-        out: the folder to write (must not exist).
-        dtype: the weights' dtype (None: the base model's).
-
-    Returns:
-        ``out``.
+    """Write the Hugging Face folder ``out`` (must not exist; returned) from ``checkpoint``: a ``global_step_N``
+    folder, its ``actor`` folder, or a run's checkpoint folder (its last one); ``dtype`` None keeps the base model's.
 
     Raises:
         FileNotFoundError: nothing that looks like a checkpoint at ``checkpoint``.

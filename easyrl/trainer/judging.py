@@ -39,13 +39,8 @@ def add_judge_scores(batch: Batch, scores: list[float], weight: float) -> None:
 
 
 class JudgePhase:
-    """Owns the judge's prompt and parser and the last step's verdicts (``verdicts``, for inspection).
-
-    Args:
-        judge: the loaded ``easyrl.rewards.judge.Judge``.
-        scorer: the trainer's ``Scorer`` (decodes the responses as the reward function sees them).
-        workers: the ``WorkerGroup``.
-    """
+    """Owns the judge's prompt and parser and the last step's verdicts (``verdicts``, for inspection);
+    ``scorer`` decodes the responses as the reward function sees them."""
 
     def __init__(self, judge: Judge, scorer: Scorer, workers: Any):
         self.judge = judge

@@ -55,15 +55,9 @@ class JsonlLogger:
 
 
 class Tracker:
-    """Fans metrics out to the backends named in ``trainer.logger``.
-
-    Args:
-        backends: names from ``easyrl.config.trainer.BACKENDS``.
-        run_dir: the run folder (JSONL, TensorBoard, wandb, SwanLab and MLflow files go under it).
-        project, experiment: ``trainer.project_name`` / ``trainer.experiment_name``.
-        config: the whole config as a plain dict (logged by the dashboards).
-        total_steps, initial_step: for the console's progress bar (a resumed run's bar starts at its step).
-        resume: a resumed run (see ``JsonlLogger``).
+    """Fans metrics out to the backends named in ``trainer.logger`` (``easyrl.config.trainer.BACKENDS``); their files
+    go under ``run_dir``; ``config`` (a plain dict) is logged by the dashboards; ``total_steps`` and
+    ``initial_step`` size the console's progress bar (a resumed run's bar starts at its step).
 
     Raises:
         ConfigError: an unknown backend name or a missing library (see ``check_backends``).

@@ -87,10 +87,7 @@ def reward_metrics(batch: Batch, generated: dict[str, list[float]], failures: in
 def frac_reward_zero_std(scores: Sequence[float], uids: Sequence[str]) -> float:
     """Fraction of GRPO groups (samples sharing a ``uid``) whose scores are all equal (TRL's
     ``frac_reward_zero_std``). Such a group has zero group-normalised advantage everywhere: it teaches nothing.
-
-    Args:
-        scores: one score per sample, ``(bsz,)``.
-        uids: the group id of each sample, ``(bsz,)``.
+    ``scores`` and ``uids`` are ``(bsz,)``.
 
     Raises:
         ValueError: ``scores`` and ``uids`` differ in length, or are empty.

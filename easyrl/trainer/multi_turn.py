@@ -47,13 +47,8 @@ _SEED_STRIDE = 1_000_003  # per turn, so that a sample's turns draw from differe
 
 class MultiTurnRollout:
     """Multi-turn trajectories on the workers' engines (see the module docstring; implements ``Rollout``).
-
-    Args:
-        workers: the ``WorkerGroup``.
-        config: the whole ``PPOConfig``.
-        tokenizer: the actor's tokenizer (with the chat template that renders tool turns).
-        pad_id: the tokenizer's padding id.
-        images: tool images of a VL model (``easyrl.trainer.multi_turn_images.tool_images_for``); None: text-only.
+    ``tokenizer``'s chat template renders the tool turns; ``images``: a VL model's tool images
+    (``easyrl.trainer.multi_turn_images.tool_images_for``), None for text-only.
 
     Raises:
         ConfigError: a tool, parser or environment that cannot be loaded (``easyrl.agents.specs``).

@@ -123,10 +123,8 @@ def check_reward_kwargs(fn: Callable, kwargs: dict, where: str) -> None:
 
 def check_reward_on_sample(reward_fn: Any, sample: dict) -> list[str]:
     """Call the reward function once on ``sample`` (one reward input) as its declared ``reward_type`` says, and apply
-    the output checks of ``RewardFunction``; a mismatch is reported now instead of at step 1 on the workers.
-
-    Returns:
-        The names of the scores it returned (``overall``, ``accuracy``, ...).
+    the output checks of ``RewardFunction``; a mismatch is reported now instead of at step 1 on the workers. Returns
+    the names of the scores it returned (``overall``, ``accuracy``, ...).
 
     Raises:
         RewardError: the call or its output failed, with a hint at the other ``reward_type`` when it fits.

@@ -43,13 +43,8 @@ def mix_reward_model_scores(batch: Batch, scores: torch.Tensor, weight: float) -
 
 class RewardModelScorer:
     """Scores training batches with the reward model on the workers; owns the reward model's tokenizer and keeps the
-    last step's templated texts (``last_texts``, for inspection).
-
-    Args:
-        config: ``worker.reward.reward_model``.
-        scorer: the rule reward's ``Scorer`` (its decoding of the responses and the rows' prompts).
-        workers: the worker group holding the reward model role.
-    """
+    last step's templated texts (``last_texts``, for inspection);
+    ``scorer`` (the rule reward's) decodes the responses and the rows' prompts."""
 
     def __init__(self, config: RewardModelConfig, scorer: Scorer, workers: WorkerGroup):
         self.config = config

@@ -45,10 +45,7 @@ def resume_mode(trainer) -> str:
 
 
 def refuse_existing_metrics(path: str) -> None:
-    """Refuse a metrics file that already holds rows (a new run would append to another run's metrics).
-
-    Args:
-        path: a ``metrics.jsonl``.
+    """Refuse a ``metrics.jsonl`` that already holds rows (a new run would append to another run's metrics).
 
     Raises:
         RunStateError: ``path`` exists and is not empty.
@@ -65,9 +62,6 @@ def checkpoint_to_resume(trainer) -> Optional[str]:
     """Which checkpoint a run resumes from (:func:`resume_mode`): ``trainer.load_checkpoint_path`` (``resume_path``),
     else the last one under ``trainer.save_checkpoint_path`` (``auto``, ``force``), else None (a new run;
     ``disable``).
-
-    Args:
-        trainer: the ``trainer`` config section.
 
     Raises:
         RunStateError: ``load_checkpoint_path`` is not a complete checkpoint; or, not resuming, the checkpoint
@@ -106,12 +100,8 @@ def saved_config_path(run_dir: str, step: int) -> Optional[str]:
 
 
 def refuse_changed_config(trainer, checkpoint: str, new_config: dict[str, Any]) -> None:
-    """Refuse to resume ``checkpoint`` with a config that trains differently from the one it was saved with.
-
-    Args:
-        trainer: the ``trainer`` config section (``run_dir``).
-        checkpoint: the ``global_step_N`` folder about to be resumed.
-        new_config: the new run's whole config as a nested dict (``easyrl.config.to_dict``).
+    """Refuse to resume ``checkpoint`` (a ``global_step_N`` folder) with a config (``new_config``, the whole config as
+    a nested dict) that trains differently from the one it was saved with.
 
     Raises:
         RunStateError: naming every differing key with its old and new value, and the two ways out: a new
@@ -139,16 +129,9 @@ def refuse_changed_config(trainer, checkpoint: str, new_config: dict[str, Any]) 
 def check_run_folder(trainer, new_config: Optional[dict[str, Any]] = None,
                      training_steps: Optional[int] = None) -> Optional[str]:
     """Fail early, before any worker starts, if the run would be refused (see :func:`checkpoint_to_resume`,
-    :func:`refuse_changed_config` and :func:`refuse_existing_metrics`), or is finished.
-
-    Args:
-        trainer: the ``trainer`` config section.
-        new_config: the whole config as a nested dict, compared with the saved one in ``resume_mode=auto`` (None: not
-            compared).
-        training_steps: the run's number of steps (None: not checked for a finished run).
-
-    Returns:
-        The checkpoint the run resumes from, or None for a new run.
+    :func:`refuse_changed_config` and :func:`refuse_existing_metrics`), or is finished. ``new_config`` (None: not
+    compared) is compared with the saved one in ``resume_mode=auto``; ``training_steps`` (None: not checked) is the
+    run's number of steps. Returns the checkpoint the run resumes from, or None for a new run.
 
     Raises:
         RunStateError: as described there.
@@ -176,9 +159,6 @@ def check_run_folder(trainer, new_config: Optional[dict[str, Any]] = None,
 def check_resumable(config) -> None:
     """The checkpoint this run would resume from (if any) is complete and fits this run (model, ranks, optimizer;
     ``easyrl.trainer.checkpoint_manifest.check_checkpoint``), checked before Ray starts.
-
-    Args:
-        config: the whole ``PPOConfig``.
 
     Raises:
         RunStateError: naming the file or the mismatch.

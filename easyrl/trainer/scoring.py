@@ -21,13 +21,8 @@ __all__ = ["Scorer"]
 class Scorer:
     """Scores generated batches; owns the reward functions, their guards and the reward actor. Each scoring returns
     the number of samples the function failed on (``worker.reward.on_error: zero``; the trainer's ``reward/errors``).
-
-    Args:
-        config: the ``worker.reward`` config section.
-        tokenizer: decodes the responses for the reward function.
-        reward_fn: the training reward (a ``RewardFunction``, or any callable with its interface).
-        val_reward_fn: the validation reward (None: ``reward_fn``).
-    """
+    ``config`` is ``worker.reward``; ``reward_fn`` a ``RewardFunction`` (or any callable with its interface);
+    ``val_reward_fn`` the validation reward (None: ``reward_fn``)."""
 
     def __init__(self, config, tokenizer, reward_fn, val_reward_fn=None):
         self.config = config

@@ -13,15 +13,10 @@ PHASES = ("train", "val", "baseline")
 
 
 def sample_seed(seed: int, step: int, index: int, round_: int = 0, phase: str = "train") -> int:
-    """A 31-bit seed for one request: a hash of ``(seed, phase, step, round_, index)``.
-
-    Args:
-        seed: ``worker.rollout.seed``.
-        step: the global step the request belongs to (1-based; validation before training uses 0).
-        index: the sample's index in the step's generation batch (prompts repeated ``n`` times).
-        round_: the generation round within the step (DAPO dynamic sampling draws several batches per step) or the
-            validation batch.
-        phase: ``train``, ``val`` or ``baseline`` (ReMax's greedy responses), so that their streams never coincide.
+    """A 31-bit seed for one request: a hash of ``(seed, phase, step, round_, index)``; ``step`` is 1-based (0:
+    validation before training), ``index`` the sample's place in the step's generation batch (prompts repeated ``n``
+    times), ``round_`` the generation round within the step (DAPO dynamic sampling) or the validation batch, and
+    ``phase`` (``train``, ``val``, ``baseline``: ReMax's greedy responses) keeps their streams apart.
 
     Raises:
         ValueError: an unknown phase.

@@ -20,14 +20,8 @@ SPECIAL_TOKENS = ("eos_token", "pad_token", "bos_token")
 
 
 def check_teacher(config: Any, student_tokenizer: Any) -> Any:
-    """Check ``worker.teacher`` against the student's tokenizer (after ``data.override_chat_template``, if any).
-
-    Args:
-        config: the finalized ``PPOConfig`` (``worker.teacher.model``, ``worker.actor.model``).
-        student_tokenizer: the actor's tokenizer as the prompts are built with it.
-
-    Returns:
-        The teacher's tokenizer.
+    """Check ``worker.teacher`` against the student's tokenizer (after ``data.override_chat_template``, if any);
+    returns the teacher's tokenizer.
 
     Raises:
         ModelError: the teacher's tokenizer cannot be loaded (naming ``worker.teacher.model.model_path``; its

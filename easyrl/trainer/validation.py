@@ -24,16 +24,9 @@ __all__ = ["Validator"]
 
 
 class Validator:
-    """Validation passes over ``dataset``; owns ``generations``, the last pass's first samples (for the loggers).
-
-    Args:
-        config: the whole ``PPOConfig``.
-        dataset: the validation ``RLDataset`` (None: no validation).
-        generator: generates the validation samples (its prompt batches and rollout).
-        scorer: scores them with the validation reward.
-        tokenizer: decodes prompts and responses for the generations table.
-        model_rewards: the judge and reward model, run after the validation reward as in training (None: none).
-    """
+    """Validation passes over ``dataset`` (None: no validation); owns ``generations``, the last pass's first samples
+    (for the loggers). ``model_rewards`` (the judge and reward model; None: none) run after the validation reward, as
+    in training."""
 
     def __init__(self, config, dataset, generator: Generator, scorer: Scorer, tokenizer,
                  model_rewards: Optional[ModelRewards] = None):

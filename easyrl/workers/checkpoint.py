@@ -88,13 +88,8 @@ def _require(path: str, rank: int, needed: list[str], what: str) -> None:
 def save_actor(policy, path: str, rank: int, model_only: bool = False) -> None:
     """Write the actor's shards to ``<path>/actor`` and this rank's extra state to ``<path>/extra_state_rank_R.pt``.
 
-    Args:
-        policy: the trainable ``FSDPPolicy`` (``model``, ``optimizer``, ``lr_scheduler``, ``num_updates``,
-            ``consecutive_skips``).
-        path: the (temporary) checkpoint folder, on a file system every rank sees.
-        rank: this worker's rank.
-        model_only: ``trainer.save_model_only``: no optimizer states (a resume starts a fresh AdamW;
-            the LR schedule, counters and RNG states are still saved).
+    ``path`` is on a file system every rank sees. ``model_only`` (``trainer.save_model_only``): no optimizer states (a
+    resume starts a fresh AdamW; the LR schedule, counters and RNG states are still saved).
     """
     _save_shards(policy, os.path.join(path, ACTOR_DIR), model_only)
     extra = {**_training_state(policy), "rng": get_rng_state()}

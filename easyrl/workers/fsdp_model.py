@@ -47,14 +47,8 @@ class Placement:
 
 
 def placement(device: str, offload_params: bool) -> Placement:
-    """Decide where a sharded model's tensors live.
-
-    Args:
-        device: the compute device kind, ``cuda``, ``npu`` or ``cpu``.
-        offload_params: the role's ``offload.offload_params`` setting (ignored on the CPU, where host = device).
-
-    Returns:
-        ``Placement``: parameters on the host only when offloading from an accelerator; buffers always on ``device``.
+    """Where a sharded model's tensors live: parameters on the host only when offloading (``offload_params``) from an
+    accelerator (on the CPU host = device); buffers always on ``device``.
 
     Raises:
         ValueError: an unknown device kind.

@@ -38,15 +38,8 @@ def worker_cpu_threads(device: str, offload: bool, cpus_per_node: int, workers_p
       ``OMP_NUM_THREADS=1``) that Adam step ran on one thread (#20);
     * GPU/NPU otherwise: 1 (the host only feeds the device).
 
-    Args:
-        device: ``cuda``, ``npu`` or ``cpu``.
-        offload: a trained role (actor, critic) offloads its parameters (``worker.*.offload.offload_params``).
-        cpus_per_node: CPUs Ray sees per node.
-        workers_per_node: worker processes per node (``trainer.n_gpus_per_node``).
-        cpu_threads_per_worker: ``trainer.cpu_threads_per_worker`` (CPU path only).
-
-    Returns:
-        At least 1.
+    ``offload``: a trained role offloads its parameters; ``cpus_per_node``: the CPUs Ray sees per node;
+    ``workers_per_node``: ``trainer.n_gpus_per_node``. Returns at least 1.
     """
     if device == "cpu":
         return max(1, cpu_threads_per_worker)
@@ -76,13 +69,8 @@ def node_contiguous_bundles(bundle_nodes: dict[int, str]) -> list[int]:
     A ``PACK`` placement group may spread its bundles over nodes in any order; ranks in bundle order would then
     interleave nodes, and rank-adjacent collectives (and anything that assumes ``rank // n_gpus_per_node`` is the
     node) would cross the network. Nodes are ordered by their first bundle (so bundle 0's node holds rank 0), bundles
-    within a node by index.
-
-    Args:
-        bundle_nodes: bundle index -> node id (``placement_group_table(pg)["bundles_to_node_id"]``).
-
-    Returns:
-        ``order`` with ``order[rank]`` = the bundle index that rank is placed on.
+    within a node by index. ``bundle_nodes``: bundle index -> node id (``placement_group_table(pg)
+    ["bundles_to_node_id"]``); returns ``order`` with ``order[rank]`` = the bundle index that rank is placed on.
     """
     first_bundle: dict[str, int] = {}
     for index in sorted(bundle_nodes):
@@ -132,12 +120,7 @@ def gather(refs: list[Any], method: str = "call") -> list[Any]:
     it (FSDP2 all-gather, gradient reduce-scatter), and so would the trainer. Here the results are taken in the order
     they arrive, so a dead rank (Ray ``ActorDiedError``) or a raising one surfaces within Ray's failure detection.
 
-    Args:
-        refs: object refs, one per rank, in rank order.
-        method: the worker method, for the message.
-
-    Returns:
-        The results in rank order.
+    ``refs``: one per rank, in rank order; returns the results in rank order.
 
     Raises:
         WorkerError: naming the first rank seen to fail (``died`` True for a dead process).

@@ -20,20 +20,12 @@ from easyrl.workers.rollout import _DTYPES
 
 
 def judge_engine_arguments(config: JudgeConfig, device: str, seed: int, enforce_eager: bool) -> dict[str, Any]:
-    """The ``vllm.LLM`` arguments of the judge engine (a pure function of the settings).
-
-    Args:
-        config: ``worker.reward.judge``.
-        device: ``cuda``, ``npu`` or ``cpu``.
-        seed: the engine's sampling seed (``worker.rollout.seed``; no effect when greedy).
-        enforce_eager: ``worker.rollout.enforce_eager`` (no CUDA graphs), shared with the rollout engine.
-
-    Returns:
-        Keyword arguments for ``vllm.LLM``: ``judge.dtype`` (``auto``: vLLM's choice), ``max_model_len``, no images or
-        videos (a vision-language judge reads text here), prefix caching (every judge prompt starts with the same
-        template text); on GPUs/NPUs ``gpu_memory_utilization`` and no sleep mode (see the module docstring; the CPU
-        backend sizes its KV cache from ``VLLM_CPU_KVCACHE_SPACE``, set by :class:`VLLMJudge` while it builds the
-        engine).
+    """The ``vllm.LLM`` arguments of the judge engine (a pure function of ``worker.reward.judge``, the device, the
+    sampling ``seed`` of ``worker.rollout.seed`` and ``worker.rollout.enforce_eager``, shared with the rollout engine):
+    ``judge.dtype`` (``auto``: vLLM's choice), ``max_model_len``, no images or videos (a vision-language judge reads
+    text here), prefix caching (every judge prompt starts with the same template text); on GPUs/NPUs
+    ``gpu_memory_utilization`` and no sleep mode (see the module docstring; the CPU backend sizes its KV cache from
+    ``VLLM_CPU_KVCACHE_SPACE``, set by :class:`VLLMJudge` while it builds the engine).
     """
     kwargs: dict[str, Any] = dict(
         model=config.model_path,
@@ -61,14 +53,7 @@ def chat_prompt_ids(tokenizer: Any, message: str) -> list[int]:
 
 
 class VLLMJudge:
-    """One judge engine per worker.
-
-    Args:
-        config: ``worker.reward.judge`` (``model_path`` set).
-        device: ``cuda``, ``npu`` or ``cpu``.
-        seed: see :func:`judge_engine_arguments`.
-        enforce_eager: see :func:`judge_engine_arguments`.
-    """
+    """One judge engine per worker (arguments: :func:`judge_engine_arguments`)."""
 
     def __init__(self, config: JudgeConfig, device: str, seed: int, enforce_eager: bool):
         from vllm import LLM
@@ -91,12 +76,9 @@ class VLLMJudge:
         """One verdict per judge prompt (``worker.reward.judge.max_tokens`` tokens at most, at its ``temperature``;
         0 = greedy).
 
-        Args:
-            messages: the rendered judge prompts (user messages; the chat template is applied here).
-
-        Returns:
-            The verdict texts in order; None for a prompt longer than ``max_model_len - max_tokens`` tokens (not
-            sent; the trainer scores it ``unparseable_score``).
+        ``messages``: the rendered judge prompts (user messages; the chat template is applied here). Returns the
+        verdict texts in order; None for a prompt longer than ``max_model_len - max_tokens`` tokens (not sent; the
+        trainer scores it ``unparseable_score``).
         """
         from vllm import SamplingParams
 

@@ -43,11 +43,8 @@ def attention_implementation(device: str, padding_free: bool, param_dtype: str, 
       padding-free forwards: the CPU, fp32, CUDA without ``flash_attn``;
     * ``sdpa`` with the padding mask for padded forwards.
 
-    Args:
-        device: ``cuda``, ``npu`` or ``cpu``.
-        padding_free: ``worker.actor.padding_free``.
-        param_dtype: ``worker.actor.fsdp.param_dtype`` (flash-attention has no fp32 kernels).
-        flash_available: ``transformers.utils.is_flash_attn_2_available()``.
+    ``param_dtype`` is ``worker.actor.fsdp.param_dtype`` (flash-attention has no fp32 kernels); ``flash_available``
+    ``transformers.utils.is_flash_attn_2_available()``.
     """
     if not padding_free:
         return "sdpa"
@@ -61,13 +58,8 @@ def flash_attention_warning(device: str, padding_free: bool, param_dtype: str, f
     (``attention_implementation`` then falls back to ``PACKED_SDPA``, one SDPA call per sequence: correct, slower).
 
     ``flash-attn`` is not in the ``gpu`` extra: the registry has only its source distribution, which compiles against
-    the installed torch and CUDA toolkit (nvcc) and cannot be locked beside the CPU stack.
-
-    Args:
-        device, padding_free, param_dtype, flash_available: as :func:`attention_implementation`.
-
-    Returns:
-        The message, or None when nothing is lost (another device, padded or fp32 forwards, flash_attn installed).
+    the installed torch and CUDA toolkit (nvcc) and cannot be locked beside the CPU stack. None when nothing is lost
+    (another device, padded or fp32 forwards, flash_attn installed). Arguments as :func:`attention_implementation`.
     """
     if device != "cuda" or not padding_free or param_dtype not in ("bf16", "fp16") or flash_available:
         return None

@@ -59,16 +59,8 @@ def build_roles(config: PPOConfig, mesh: DeviceMesh, device: str, torch_device: 
     """Build the roles this run needs (see the module docstring), on every rank together; ``seconds`` (when given)
     receives each built role's build time, by role name.
 
-    Args:
-        config: the finalized run configuration (``worker.actor`` / ``worker.ref`` / ``worker.critic``,
-            ``algorithm``).
-        mesh: the 1-D data-parallel device mesh over all workers.
-        device: ``cuda``, ``npu`` or ``cpu``.
-        torch_device: this rank's compute device.
-        training_steps: the run's steps (``PPOConfig.training_steps``), the trained roles' LR schedule's length.
-
-    Returns:
-        :class:`Roles`: the actor, and the reference and critic when needed.
+    ``mesh`` is the 1-D data-parallel mesh over all workers; ``training_steps`` (``PPOConfig.training_steps``) the
+    trained roles' LR schedule's length. Returns the actor, and the reference and critic when needed.
     """
     from easyrl.workers.critic import FSDPCritic
     from easyrl.workers.policy import FSDPPolicy

@@ -89,14 +89,9 @@ def _fill_empty(parts: list[list[int]]) -> None:
 
 
 def balanced_rank_order(lengths: Sequence[int], world_size: int) -> list[int]:
-    """A permutation of the batch whose ``world_size`` equal consecutive shares have nearly equal token sums.
-
-    Args:
-        lengths: ``(bsz,)`` tokens per sample (prompt + response, no padding).
-        world_size: number of data-parallel ranks; must divide ``bsz``.
-
-    Returns:
-        ``bsz`` indices, each exactly once: ``batch.select(order).chunk(world_size)[r]`` is rank ``r``'s share.
+    """A permutation of the batch whose ``world_size`` equal consecutive shares have nearly equal token sums:
+    ``batch.select(order).chunk(world_size)[r]`` is rank ``r``'s share. ``lengths``: ``(bsz,)`` tokens per sample
+    (prompt + response, no padding).
 
     Raises:
         ValueError: ``bsz`` not divisible by ``world_size``.
@@ -132,14 +127,9 @@ def count_micro_batches(lengths: Sequence[int], max_tokens: int) -> int:
 
 
 def dynamic_micro_batches(lengths: Sequence[int], num_micro_batches: int) -> list[list[int]]:
-    """Split a rank's samples into ``num_micro_batches`` micro-batches of nearly equal token sums.
-
-    Args:
-        lengths: ``(bsz,)`` tokens per sample.
-        num_micro_batches: usually the maximum over ranks of :func:`count_micro_batches`; at most ``bsz``.
-
-    Returns:
-        ``num_micro_batches`` non-empty lists of indices, every index exactly once, heaviest micro-batch first.
+    """Split a rank's samples (``lengths``: ``(bsz,)`` tokens each) into ``num_micro_batches`` (usually the maximum
+    over ranks of :func:`count_micro_batches`) non-empty lists of indices of nearly equal token sums, every index
+    exactly once, heaviest first.
 
     Raises:
         ValueError: ``num_micro_batches`` is not in ``[1, bsz]``.

@@ -173,14 +173,9 @@ class NonFiniteGradientError(RuntimeError):
 
 
 def skip_nonfinite_step(grad_norm: float, consecutive: int, limit: int, role: str = "actor") -> bool:
-    """Whether to skip the optimizer step for this gradient norm (it is NaN or infinite).
-
-    Args:
-        grad_norm: the global gradient norm (before clipping) of the mini-batch.
-        consecutive: optimizer steps skipped in a row before this one.
-        limit: ``worker.<role>.max_consecutive_skips``; the run stops when this many steps in a row are skipped
-            (``<= 0``: never).
-        role: ``actor`` or ``critic`` (named in the error).
+    """Whether to skip the optimizer step for the mini-batch's global gradient norm (before clipping): it is NaN or
+    infinite. ``consecutive``: steps skipped in a row before this one; ``limit``:
+    ``worker.<role>.max_consecutive_skips`` (the run stops when this many steps in a row are skipped; ``<= 0``: never).
 
     Raises:
         NonFiniteGradientError: this would be the ``limit``-th skip in a row.

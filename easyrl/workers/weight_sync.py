@@ -53,13 +53,8 @@ def sleep_level(device: str) -> Optional[int]:
 
 def plan_buckets(sizes: list[tuple[str, int]], bucket_bytes: int) -> list[list[str]]:
     """Group tensors, in order, into buckets of at most ``bucket_bytes`` (a larger tensor gets a bucket of its own).
-
-    Args:
-        sizes: ``(name, bytes of the full tensor in the rollout dtype)`` in state-dict order.
-        bucket_bytes: the budget per bucket (> 0).
-
-    Returns:
-        Consecutive lists of names covering ``sizes`` in order.
+    ``sizes``: ``(name, bytes of the full tensor in the rollout dtype)`` in state-dict order; returns consecutive
+    lists of names covering them in order.
 
     Raises:
         ValueError: ``bucket_bytes`` is not positive.
@@ -185,13 +180,8 @@ def reload_and_report(worker: Any, weights_iterator: Iterator[tuple[str, torch.T
     (``easyrl.workers.vllm_cpu_fixes.repack_cpu_moe_experts`` / ``repack_cpu_embedding_heads``, nothing on other
     devices).
 
-    Args:
-        worker: vLLM's worker (passed by ``collective_rpc``).
-        weights_iterator: ``(Hugging Face name, full tensor)`` pairs, consumed here.
-        device: ``cuda``, ``npu`` or ``cpu``: the engine's backend.
-
-    Returns:
-        ``[expected names, loaded names]`` as two sorted lists (vLLM's own parameter names).
+    ``weights_iterator``: ``(Hugging Face name, full tensor)`` pairs, consumed here. Returns ``[expected names, loaded
+    names]`` as two sorted lists (vLLM's own parameter names).
     """
     model = vllm_compat.worker_model(worker)
     expected = sorted(name for name, _ in model.named_parameters())
@@ -220,9 +210,6 @@ def sync_weights(state: dict[str, torch.Tensor], rollout: Any, device: str, torc
 
     Args:
         state: the FSDP2-sharded actor's ``state_dict()`` (Hugging Face names, DTensor shards).
-        rollout: the ``VLLMRollout`` of this rank.
-        device, torch_device: the compute device kind and device.
-        dtype: the rollout dtype (``worker.rollout.dtype``).
         bucket_bytes: full-tensor bytes per gather bucket.
         lora_scale: with a LoRA actor, ``alpha / rank``: each bucket's adapted weights reach vLLM merged,
             ``W + scale * B @ A`` under the plain model's names (``easyrl.models.lora.merge_lora_stream``).
