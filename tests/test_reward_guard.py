@@ -51,7 +51,7 @@ def test_a_hanging_sample_times_out_and_the_helper_restarts():
         elapsed = time.perf_counter() - start
         assert scores["overall"] == [1.0, 0.0, 2.0]
         assert [f.index for f in failures] == [1] and "timeout_s=2" in failures[0].error
-        assert elapsed < 30  # the batch call and the hanging sample's own call: two time limits, not an hour
+        assert elapsed < 300  # two 2 s time limits and helper restarts (slow on a loaded 2-core machine), not the hang (an hour)
         assert guard(_inputs("xyz"), step=3) == ({"overall": [3.0], "format": [1.0]}, [])  # a fresh helper works
     finally:
         guard.close()
