@@ -473,10 +473,12 @@ class GpuCheck:
         after = self.fingerprints()
         shutil.rmtree(folder)
         differ = sorted(k for k in before if before[k] != after.get(k))
+        nonzero = sum(value != (0, 0.0) for value in before.values())
+        changed = sum(before[k] != zeroed[k] for k in before)  # all: the zeroing reached the live shards
         self.result["dcp"] = {"folder": str(folder.parent), "gib": size / GIB, "save_seconds": saved,
                               "load_seconds": loaded, "tensors": len(before), "differ": differ[:10],
-                              "zeroing_changed": sum(before[k] != zeroed[k] for k in before),
-                              "ok": not differ and before.keys() == after.keys()}
+                              "nonzero_tensors": nonzero, "zeroing_changed": changed,
+                              "ok": not differ and before.keys() == after.keys() and changed == nonzero > 0}
 
     def state_tensors(self) -> dict[str, Any]:
         """The local shards of the actor's model and optimizer state dicts (``get_state_dict``, as checkpoints)."""
