@@ -3,12 +3,13 @@ pre-flight estimate (issue #36). No vLLM, no Ray: `FSDPPolicy` and what it calls
 (config.yaml + Qwen2.5-VL-3B-Instruct from examples/model_configs, random weights, one image per prompt at the
 largest size a prompt holds, the recipe's token budgets).
 
-Why the 3B: at world size 1 the 7B's fp32 weights, gradients and AdamW states take 124 GiB (the estimate); offloaded
-they would need ~133 GiB of host memory (the accelerator machine has 128 GiB), while the 3B's update fits an 80 GB
-card as configured (estimate 66.0 GiB; `easyrl simulate --estimate-only config=config.yaml
-worker.actor.model.model_path=Qwen/Qwen2.5-VL-3B-Instruct trainer.n_gpus_per_node=1`). Its rollout phase does not
-fit beside vLLM's claim at world size 1, so the CLI stops before simulating: the simulation runs here by calling
-`easyrl.simulate.phases.simulate` (the CLI's own function) in a CPU-only subprocess, in parallel.
+Why the 3B: at world size 1 the 7B's fp32 weights, gradients and AdamW states take 124 GiB (the estimate); offloaded,
+they, the offloaded reference (15 GiB) and rank 0's fp32 checkpoint read (31 GiB) would need ~170 GiB of host memory
+(the accelerator machine has 128 GiB), while the 3B's update fits an 80 GB card as configured (estimate 66.0 GiB:
+`easyrl simulate --estimate-only config=config.yaml worker.actor.model.model_path=Qwen/Qwen2.5-VL-3B-Instruct
+trainer.n_gpus_per_node=1`). Its rollout phase does not fit beside vLLM's claim at world size 1, so the CLI stops
+before simulating: the simulation runs here by calling `easyrl.simulate.phases.simulate` (the CLI's own function) in
+a CPU-only subprocess, in parallel.
 
 What it measures (one table printed, all of it in <out>/gpu_check.json, rewritten after each section):
 - per phase (`torch.cuda.max_memory_allocated` / `max_memory_reserved`, cache emptied before each): load actor, load
@@ -31,9 +32,10 @@ safetensors, tqdm, pillow, pyyaml; nothing can be downloaded there), one call of
     run(command="set -o pipefail; make gpu-check 2>&1 | tee $OUT/log.txt", carry=[".cache/gpu-wheels"],
         timeout_s=540)
 
-It should take about 5 minutes on an H100 (random checkpoint ~1 min, the phases ~2, DCP ~1, offload ~1.5); a
-section that fails is recorded (`errors` in the JSON) and the rest still run. On the CPU, the suite's toy run
-(tests/test_gpu_check.py, gloo, a tiny Qwen2.5-VL): `python bench/gpu_check.py --device cpu --tiny --out DIR`.
+It should take about 5 minutes on an H100 (an estimate, never run there: random checkpoint ~1 min, the phases ~2,
+DCP ~1, offload ~1.5; the simulation runs beside them, ~2 min of one core); a section that fails is recorded
+(`errors` in the JSON) and the rest still run. On the CPU, the suite's toy run (tests/test_gpu_check.py, gloo, a
+tiny Qwen2.5-VL): `python bench/gpu_check.py --device cpu --tiny --out DIR`.
 
 The wheels (WHEELS: what the actor path and the recipe's config loading import beyond that machine's image; all pure
 Python but pydantic-core, cp312 manylinux x86_64), downloaded here by `make gpu-wheels`:
@@ -62,7 +64,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 REPO = Path(__file__).resolve().parents[1]
 WHEELS = {  # name: (version, bytes of its wheel: tests/test_gpu_check.py adds them to the working tree's size)
@@ -568,6 +570,20 @@ def scratch_root() -> Optional[str]:
     return shm if os.path.isdir(shm) and shutil.disk_usage(shm).free > 64 * GIB else None
 
 
+SUMMARY = {  # one line per section below the phases (its values in the JSON under the same key)
+    "update": "\nupdate: {tokens} tokens ({samples} samples) in {seconds:.2f} s: {tokens_per_s:.0f} tokens/s, MFU "
+              "{mfu_text}",
+    "parity": "log-probs packed vs padded (bf16, {tokens} tokens): max |diff| {max_abs:.4f}, mean {mean_abs:.5f} "
+              "nats (tolerance {tolerance}): {verdict}",
+    "head": "head, {tokens} tokens x {vocab}: fused vs plain max |diff| {max_abs:.4f} ({verdict}); fwd+bwd fused "
+            "{fused_seconds:.3f} s, plain {plain_seconds:.3f} s; dW GEMM fp32 {dw_fp32_seconds:.3f} s "
+            "({dw_fp32_tflops:.1f} TFLOP/s) vs bf16 {dw_bf16_seconds:.3f} s ({dw_bf16_tflops:.1f} TFLOP/s)",
+    "dcp": "DCP round trip: {gib:.1f} GiB ({tensors} tensors) saved in {save_seconds:.1f} s, loaded in "
+           "{load_seconds:.1f} s: {verdict} (differing: {differ})",
+    "offload": "offload_params: shards on {params_on} (pinned {pinned}), host RSS {host_rss_gib:.1f} GiB (estimate "
+               "{host_estimate_gib:.1f} GiB of offloaded states)"}
+
+
 def table(result: dict[str, Any]) -> str:
     """The printed summary of ``result`` (GiB per device)."""
     def num(value: Any, fmt: str = "7.1f") -> str:
@@ -582,31 +598,12 @@ def table(result: dict[str, Any]) -> str:
         lines.append(f"{row['name']:34} {num(row['allocated_gib'])} {num(row['reserved_gib'], '8.1f')} "
                      f"{num(row.get('simulated_gib'), '9.1f')} {num(row.get('estimate_gib'), '8.1f')} "
                      f"{num(row['seconds'], '7.1f')}")
-    if "update" in result:
-        u = result["update"]
-        mfu = f", MFU {u['mfu']:.1%} of {u['peak_tflops']:.0f} TFLOP/s" if u["mfu"] is not None else ""
-        lines += ["", f"update: {u['tokens']} tokens ({u['samples']} samples) in {u['seconds']:.2f} s: "
-                      f"{u['tokens_per_s']:.0f} tokens/s{mfu}"]
-    if "parity" in result:
-        p = result["parity"]
-        lines.append(f"log-probs packed vs padded (bf16, {p['tokens']} tokens): max |diff| {p['max_abs']:.4f}, mean "
-                     f"{p['mean_abs']:.5f} nats (tolerance {p['tolerance']}): {'ok' if p['ok'] else 'FAILED'}")
-    if "head" in result:
-        h = result["head"]
-        lines.append(f"head, {h['tokens']} tokens x {h['vocab']}: fused vs plain max |diff| {h['max_abs']:.4f} "
-                     f"({'ok' if h['ok'] else 'FAILED'}); fwd+bwd fused {h['fused_seconds']:.3f} s / "
-                     f"{num(h['fused_peak_gib'], '.1f')} GiB, plain {h['plain_seconds']:.3f} s / "
-                     f"{num(h['plain_peak_gib'], '.1f')} GiB; dW GEMM fp32 {h['dw_fp32_seconds']:.3f} s "
-                     f"({h['dw_fp32_tflops']:.1f} TFLOP/s) vs bf16 {h['dw_bf16_seconds']:.3f} s "
-                     f"({h['dw_bf16_tflops']:.1f})")
-    if "dcp" in result:
-        d = result["dcp"]
-        lines.append(f"DCP round trip: {d['gib']:.1f} GiB ({d['tensors']} tensors) saved in {d['save_seconds']:.1f} s, "
-                     f"loaded in {d['load_seconds']:.1f} s: {'equal' if d['ok'] else 'DIFFER: ' + str(d['differ'])}")
-    if "offload" in result:
-        o = result["offload"]
-        lines.append(f"offload_params: shards on {o['params_on']} (pinned {o['pinned']}), host RSS "
-                     f"{o['host_rss_gib']:.1f} GiB (estimate {o['host_estimate_gib']:.1f} GiB of offloaded states)")
+    for key, text in SUMMARY.items():
+        if key in result:
+            values = result[key]
+            mfu = values.get("mfu")
+            lines.append(text.format(**values, verdict="ok" if values.get("ok", True) else "FAILED",
+                                     mfu_text=f"{mfu:.1%} of {values['peak_tflops']:.0f} TFLOP/s" if mfu else "-"))
     for name, error in result["errors"].items():
         lines.append(f"ERROR in {name}: {error.strip().splitlines()[-1]}")
     lines += ["", "ok" if result.get("ok") else "NOT OK (see errors and checks above)"]
