@@ -96,8 +96,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--tiny", action="store_true", help="the tiny Qwen2.5-VL on short rows (the suite's run)")
     parser.add_argument("--out", default="runs/gpu_check", help="folder of gpu_check.json and the simulation's log")
-    parser.add_argument("--scratch", default=None, help="folder of the random checkpoint and the DCP round trip "
-                        "(default: under /dev/shm when it has room, else the system's temporary folder)")
+    parser.add_argument("--scratch", default=None, help="where a temporary folder holds the random checkpoint and the "
+                        "DCP round trip (default: /dev/shm or the system's temporary folder, whichever has more room)")
     parser.add_argument("--skip", default="", help="comma-separated sections to leave out: parity,head,dcp,offload")
     parser.add_argument("--download-wheels", metavar="DIR", help="only download WHEELS into DIR (here, not there)")
     parser.add_argument("--simulate", metavar="JSON", help=argparse.SUPPRESS)  # the simulation subprocess
@@ -224,7 +224,7 @@ class GpuCheck:
     def run(self) -> int:
         import torch
 
-        scratch = Path(self.args.scratch or tempfile.mkdtemp(prefix="easyrl-gpu-check-", dir=scratch_root()))
+        scratch = Path(tempfile.mkdtemp(prefix="easyrl-gpu-check-", dir=self.args.scratch or scratch_root()))
         try:
             self.step("setup", lambda: self.setup(scratch))
             if "setup" not in self.result["errors"]:
@@ -460,6 +460,11 @@ class GpuCheck:
 
         from easyrl.workers.checkpoint import load_actor, save_actor
 
+        tensors = self.state_tensors()
+        need, free = sum(t.numel() * t.element_size() for t in tensors.values()), shutil.disk_usage(folder.parent).free
+        if need * 1.05 > free:
+            raise RuntimeError(f"the round trip needs ~{need / GIB:.1f} GiB in {folder.parent}, {free / GIB:.1f} free: "
+                               "give --scratch a folder with room")
         before = self.fingerprints()
         began = time.perf_counter()
         save_actor(self.actor, str(folder), 0)
@@ -564,10 +569,11 @@ class GpuCheck:
         return 0 if self.result["ok"] else 1
 
 
-def scratch_root() -> Optional[str]:
-    """/dev/shm when it has 64 GiB free (the 3B's DCP round trip is ~42 GiB), else the system's temporary folder."""
-    shm = "/dev/shm"
-    return shm if os.path.isdir(shm) and shutil.disk_usage(shm).free > 64 * GIB else None
+def scratch_root() -> str:
+    """/dev/shm or the system's temporary folder, whichever has more room (the 3B's random checkpoint and DCP round
+    trip take ~50 GiB)."""
+    roots = [r for r in ("/dev/shm", tempfile.gettempdir()) if os.path.isdir(r)]
+    return max(roots, key=lambda r: shutil.disk_usage(r).free)
 
 
 SUMMARY = {  # one line per section below the phases (its values in the JSON under the same key)
