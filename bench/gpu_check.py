@@ -522,8 +522,8 @@ class GpuCheck:
         """A fresh actor with ``offload_params``: one update (its second step) beside the estimate for that config."""
         import psutil
 
-        from easyrl.sizing.estimate import estimate_run
         from easyrl.simulate.phases import model_folder
+        from easyrl.sizing.estimate import estimate_run
         from easyrl.workers.policy import FSDPPolicy
 
         for name in ("actor", "ref"):
