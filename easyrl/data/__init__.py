@@ -1,17 +1,16 @@
-"""Data pipeline: prompt sources, image resizing, format templates and the RL prompt dataset."""
+"""Data pipeline: prompt sources, image resizing, format templates and the RL prompt dataset.
 
-from easyrl.data.dataset import RLDataset, collate_fn
-from easyrl.data.images import process_image, target_size
-from easyrl.data.intergps import load_intergps_geometry3k
-from easyrl.data.prompts import load_format_prompt
-from easyrl.data.sources import load_source
+The names below are imported on first use (PEP 562), so that ``easyrl.data.images`` imports without ``datasets``
+(``easyrl.sizing`` sizes images with it on machines without the data stack: bench/gpu_check.py)."""
 
-__all__ = [
-    "RLDataset",
-    "collate_fn",
-    "load_format_prompt",
-    "load_intergps_geometry3k",
-    "load_source",
-    "process_image",
-    "target_size",
-]
+import importlib
+
+_MODULES = {"RLDataset": "dataset", "collate_fn": "dataset", "process_image": "images", "target_size": "images",
+            "load_intergps_geometry3k": "intergps", "load_format_prompt": "prompts", "load_source": "sources"}
+__all__ = sorted(_MODULES)
+
+
+def __getattr__(name: str):
+    if name not in _MODULES:
+        raise AttributeError(f"module 'easyrl.data' has no attribute '{name}'")
+    return getattr(importlib.import_module(f"easyrl.data.{_MODULES[name]}"), name)

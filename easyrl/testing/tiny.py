@@ -244,6 +244,11 @@ _ARCHS = {
 assert tuple(_ARCHS) == TINY_ARCHS
 
 
+def tiny_config(arch: str) -> PretrainedConfig:
+    """The transformers config of the tiny ``arch`` (one of ``TINY_ARCHS``), without building the model."""
+    return _ARCHS[arch].config()
+
+
 def default_tiny_model_dir(arch: str) -> Path:
     """``$EASYRL_CACHE/tiny_models/<arch>`` (``EASYRL_CACHE`` defaults to ``~/.cache/easyrl``)."""
     return cache_root() / "tiny_models" / arch
@@ -261,7 +266,7 @@ def _write_model(arch: str, out: Path, seed: int) -> None:
     import transformers
 
     spec = _ARCHS[arch]
-    config = spec.config()
+    config = tiny_config(arch)
     torch.manual_seed(seed)
     model = getattr(transformers, spec.model_class)._from_config(config, dtype=torch.float32)
     model.to(torch.bfloat16)  # bf16 on disk, as the released checkpoints
