@@ -91,3 +91,8 @@ class PPOConfig:
     def world_size(self) -> int:
         """Number of workers (devices): ``trainer.nnodes * trainer.n_gpus_per_node``."""
         return self.trainer.nnodes * self.trainer.n_gpus_per_node
+
+    @property
+    def dp_size(self) -> int:
+        """Data-parallel groups (each gets its own share of a batch): ``world_size / worker.actor.ulysses_size``."""
+        return self.world_size // self.worker.actor.ulysses_size
