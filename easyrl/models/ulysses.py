@@ -95,7 +95,8 @@ def _attention(inner: str):
     def attention(module, query, key, value, attention_mask, *args, position_ids=None, **kwargs):
         function = ALL_ATTENTION_FUNCTIONS[inner]
         shard = _ACTIVE
-        if shard is None or not getattr(module, "is_causal", True) or query.shape[2] != shard.end - shard.start:
+        if (shard is None or attention_mask is not None or not getattr(module, "is_causal", True)
+                or query.shape[2] != shard.end - shard.start):
             return function(module, query, key, value, attention_mask, *args, position_ids=position_ids, **kwargs)
         # (1, heads, total / sp, d) -> (1, heads / sp, total, d)
         query, key, value = (_AllToAll.apply(t, shard.group, 1, 2) for t in (query, key, value))
@@ -204,8 +205,9 @@ class Gather:
 
 def _slice_decoder_inputs(module, args, kwargs):
     shard = _ACTIVE
-    if shard is None or kwargs["position_ids"].shape[-1] != shard.full_positions.shape[-1]:
-        return None
+    positions = kwargs.get("position_ids")
+    if shard is None or positions is None or positions.shape[-1] != shard.full_positions.shape[-1]:
+        return None  # not a sharded row (another model's forward after the block)
     for name in ("input_ids", "inputs_embeds"):
         if kwargs.get(name) is not None:
             kwargs[name] = kwargs[name][:, shard.start:shard.end]
