@@ -138,10 +138,11 @@ def check_combinations(config: "PPOConfig") -> None:
     longest = config.data.max_prompt_length + config.data.max_response_length
     for section in ("actor", "critic"):
         role = getattr(config.worker, section)
-        budget = role.max_token_len_per_device
-        if role.dynamic_batching and budget is not None and budget < longest:
+        budget, sp = role.max_token_len_per_device, config.worker.actor.ulysses_size
+        if role.dynamic_batching and budget is not None and budget * sp < longest:
+            split = f" split over worker.actor.ulysses_size={sp} devices" if sp > 1 else ""
             raise ConfigError(
-                f"worker.{section}.max_token_len_per_device={budget} is below the longest sample, "
+                f"worker.{section}.max_token_len_per_device={budget} is below the longest sample{split}, "
                 f"data.max_prompt_length + data.max_response_length = {longest}: raise it (or leave it null)."
             )
     if algo.needs_critic and config.worker.critic.model.lora.rank > 0:

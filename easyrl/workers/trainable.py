@@ -98,7 +98,8 @@ class FSDPTrainable:
             return [(list(range(s, min(s + micro_batch_size, len(data)))), piece)
                     for s, piece in zip(range(0, len(data), micro_batch_size), data.split(micro_batch_size))]
         lengths = data["attention_mask"].sum(-1).tolist()
-        budget = self.config.max_token_len_per_device or micro_batch_size * data["attention_mask"].shape[1]
+        sp = self.sp.size if self.sp else 1  # a micro-batch is split over the sequence-parallel group's devices
+        budget = (self.config.max_token_len_per_device or 0) * sp or micro_batch_size * data["attention_mask"].shape[1]
         count = torch.tensor(count_micro_batches(lengths, budget), device=self.torch_device)
         dist.all_reduce(count, op=dist.ReduceOp.MAX)
         parts = dynamic_micro_batches(lengths, int(count.item()))
