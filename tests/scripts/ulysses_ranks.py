@@ -1,8 +1,9 @@
 """Two gloo ranks, one FSDP2-sharded tiny model (fp32, gradient checkpointing), the same batch scored and
-differentiated twice (``torchrun --nproc_per_node 2 ulysses_ranks.py MODEL_DIR OUT_DIR``): data-parallel (each rank
-half of the batch, no sequence parallelism) and with Ulysses over both ranks (each rank the whole batch, half of each
-packed row). Rank 0 writes ``OUT_DIR/result.json``: the largest differences of the log-probs, entropies and full
-gradients between the two, and the largest gradient (a scale for them)."""
+differentiated twice (``torchrun --nproc_per_node 2 ulysses_ranks.py MODEL_DIR OUT_DIR``): without sequence
+parallelism (a text model: each rank half of the batch; a Qwen-VL model: each rank the whole batch with its images)
+and with Ulysses over both ranks (each rank the whole batch, half of each packed row; the vision tower on both).
+Rank 0 writes ``OUT_DIR/result.json``: the largest differences of the log-probs, entropies and full gradients
+between the two, and the largest gradient (a scale for them)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoProcessor
 
+from easyrl.models.hf_folder import hf_model_class
 from easyrl.models.fused_head import FusedLogProbHead
 from easyrl.models.packed_attention import PACKED_SDPA
 from easyrl.models.ulysses import attention_name, init_sequence_parallel
@@ -35,25 +37,65 @@ def batch(bsz: int = 4, prompt: int = 7, response: int = 6, vocab: int = 200):
     return ids * mask, mask, mask[:, prompt:].clone(), advantages
 
 
+def vl_batch(model_dir: str, model, response: int = 6):
+    """Rows with an image, without one, with one after text (the packed row splits inside the second image's row)."""
+    from PIL import Image
+
+    processor = AutoProcessor.from_pretrained(model_dir)
+    images = [Image.new("RGB", (56, 84), (200, 30, 60)), Image.new("RGB", (112, 56), (10, 220, 90))]
+    texts = ["<|vision_start|><|image_pad|><|vision_end|>what is x?", "hi there, no image",
+             "a<|vision_start|><|image_pad|><|vision_end|>find y"]
+    rows, pixel_values, grids, image_iter = [], [], [], iter(images)
+    for text in texts:
+        imgs = [next(image_iter)] if "image_pad" in text else None
+        out = processor(text=[text], images=imgs, return_tensors="pt")
+        rows.append(out["input_ids"][0])
+        if imgs:
+            pixel_values.append(out["pixel_values"])
+            grids.append(out["image_grid_thw"])
+    prompt = max(len(r) for r in rows)
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.zeros(len(rows), prompt + response, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, (row, resp_len) in enumerate(zip(rows, (6, 4, 5))):
+        ids[i, prompt - len(row):prompt], mask[i, prompt - len(row):prompt + resp_len] = row, 1
+        ids[i, prompt:prompt + resp_len] = torch.randint(10, 200, (resp_len,), generator=gen)
+    types = torch.zeros_like(ids)
+    types[ids == model.config.image_token_id] = 1
+    mm = {"pixel_values": torch.cat(pixel_values), "image_grid_thw": torch.cat(grids)}
+    return ids, mask, mask[:, prompt:].clone(), torch.randn(len(rows), response, generator=gen), mm, types
+
+
 def main() -> None:
     model_dir, out = sys.argv[1], sys.argv[2]
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     sp = init_sequence_parallel(world)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
-                                                 attn_implementation=attention_name(PACKED_SDPA))
+    hf_config = AutoConfig.from_pretrained(model_dir)
+    model = hf_model_class(hf_config).from_pretrained(model_dir, dtype=torch.float32,
+                                                      attn_implementation=attention_name(PACKED_SDPA))
+    torch.manual_seed(0)
+    with torch.no_grad():  # the tiny models' random init is near uniform: make log-probs and gradients informative
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
     sp.attach(model)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     mesh = init_device_mesh("cpu", (world,))
-    for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh)
+    for block in [m for m in model.modules() if type(m).__name__ in model._no_split_modules]:
+        fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
     head = FusedLogProbHead(model, chunk_tokens=3)
-    ids, mask, response_mask, advantages = batch()
+    is_vl = hasattr(hf_config, "vision_config")
+    mm, types = {}, None
+    if is_vl:
+        ids, mask, response_mask, advantages, mm, types = vl_batch(model_dir, model)
+    else:
+        ids, mask, response_mask, advantages = batch()
 
     def run(rows: slice, group):
-        inputs = ModelInputs(ids[rows], mask[rows], response_mask[rows], {}, None)
-        scores = response_scores(model, inputs, 1.0, with_entropy=True, entropy_grad=True, fused_head=head, sp=group)
+        inputs = ModelInputs(ids[rows], mask[rows], response_mask[rows], mm, None if types is None else types[rows])
+        scores = response_scores(model, inputs, 1.0, with_entropy=True, entropy_grad=True, fused_head=head,
+                                 is_vl=is_vl, sp=group)
         # the trainer's token-mean: the local sum over the global token count (all-reduced) x the data-parallel size
         tokens = response_mask[rows].sum().reshape(1)
         dist.all_reduce(tokens)
@@ -64,13 +106,15 @@ def main() -> None:
         model.zero_grad(set_to_none=True)
         return scores.log_probs.detach(), scores.entropy.detach(), grads
 
-    half = ids.shape[0] // world
-    lp_half, ent_half, grads_dp = run(slice(rank * half, (rank + 1) * half), None)
+    half = ids.shape[0] // world if not is_vl else 0  # a VL batch is not split: its images go with it whole
+    lp_half, ent_half, grads_dp = run(slice(rank * half, (rank + 1) * half) if half else slice(None), None)
     lp_sp, ent_sp, grads_sp = run(slice(None), sp)
-    lp_dp, ent_dp = ([torch.empty_like(t) for _ in range(world)] for t in (lp_half, ent_half))
-    dist.all_gather(lp_dp, lp_half)
-    dist.all_gather(ent_dp, ent_half)
-    lp_dp, ent_dp = torch.cat(lp_dp), torch.cat(ent_dp)
+    lp_dp, ent_dp = lp_half, ent_half
+    if half:
+        lp_dp, ent_dp = ([torch.empty_like(t) for _ in range(world)] for t in (lp_half, ent_half))
+        dist.all_gather(lp_dp, lp_half)
+        dist.all_gather(ent_dp, ent_half)
+        lp_dp, ent_dp = torch.cat(lp_dp), torch.cat(ent_dp)
     result = {
         "log_prob_diff": (lp_dp - lp_sp).abs().max().item(),
         "entropy_diff": (ent_dp - ent_sp).abs().max().item(),
