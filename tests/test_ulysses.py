@@ -27,7 +27,7 @@ def test_sp2_equals_sp1_log_probs_entropies_and_gradients(tiny_model_path, tmp_p
     )
     assert done.returncode == 0, done.stderr[-4000:]
     result = json.loads((tmp_path / "result.json").read_text())
-    assert result["log_prob_diff"] < 1e-5 and result["entropy_diff"] < 1e-4
+    assert result["log_prob_diff"] < 1e-5 and result["entropy_diff"] < 1e-4 and result["value_diff"] < 1e-5
     assert result["grad_diff"] < 1e-5 * max(1.0, result["grad_scale"])
 
 

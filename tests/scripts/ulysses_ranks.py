@@ -2,7 +2,8 @@
 differentiated twice (``torchrun --nproc_per_node 2 ulysses_ranks.py MODEL_DIR OUT_DIR``): without sequence
 parallelism (a text model: each rank half of the batch; a Qwen-VL model: each rank the whole batch with its images)
 and with Ulysses over both ranks (each rank the whole batch, half of each packed row; the vision tower on both).
-Rank 0 writes ``OUT_DIR/result.json``: the largest differences of the log-probs, entropies and full gradients
+The loss also takes the critic's values (``response_values``, the output embedding's first column as a value head).
+Rank 0 writes ``OUT_DIR/result.json``: the largest differences of the log-probs, entropies, values and full gradients
 between the two, and the largest gradient (a scale for them)."""
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from easyrl.models.hf_folder import hf_model_class
 from easyrl.models.fused_head import FusedLogProbHead
 from easyrl.models.packed_attention import PACKED_SDPA
 from easyrl.models.ulysses import attention_name, init_sequence_parallel
-from easyrl.workers.policy_forward import ModelInputs, response_scores
+from easyrl.workers.policy_forward import ModelInputs, response_scores, response_values
 
 
 def batch(bsz: int = 4, prompt: int = 7, response: int = 6, vocab: int = 200):
@@ -97,30 +98,31 @@ def main() -> None:
         scores = response_scores(model, inputs, 1.0, with_entropy=True, entropy_grad=True, fused_head=head,
                                  is_vl=is_vl, sp=group)
         # the trainer's token-mean: the local sum over the global token count (all-reduced) x the data-parallel size
+        # the critic's path: the output embedding's first column as a value head (logits, no fused head)
+        values = response_values(model, inputs, padding_free=True, is_vl=is_vl, sp=group)
         tokens = response_mask[rows].sum().reshape(1)
         dist.all_reduce(tokens)
         scale = world / tokens.item()
-        loss = -((scores.log_probs * advantages[rows] + 0.1 * scores.entropy) * response_mask[rows]).sum() * scale
+        loss = -((scores.log_probs * advantages[rows] + 0.1 * scores.entropy - values.square()) *
+                 response_mask[rows]).sum() * scale
         loss.backward()
         grads = {name: p.grad.full_tensor().clone() for name, p in model.named_parameters()}
         model.zero_grad(set_to_none=True)
-        return scores.log_probs.detach(), scores.entropy.detach(), grads
+        return torch.stack([scores.log_probs, scores.entropy, values]).detach(), grads
 
     half = ids.shape[0] // world if not is_vl else 0  # a VL batch is not split: its images go with it whole
-    lp_half, ent_half, grads_dp = run(slice(rank * half, (rank + 1) * half) if half else slice(None), None)
-    lp_sp, ent_sp, grads_sp = run(slice(None), sp)
-    lp_dp, ent_dp = lp_half, ent_half
-    if half:
-        lp_dp, ent_dp = ([torch.empty_like(t) for _ in range(world)] for t in (lp_half, ent_half))
-        dist.all_gather(lp_dp, lp_half)
-        dist.all_gather(ent_dp, ent_half)
-        lp_dp, ent_dp = torch.cat(lp_dp), torch.cat(ent_dp)
+    scores_dp, grads_dp = run(slice(rank * half, (rank + 1) * half) if half else slice(None), None)
+    scores_sp, grads_sp = run(slice(None), sp)
+    if half:  # (3, bsz / 2, R) per rank -> (3, bsz, R)
+        parts = [torch.empty_like(scores_dp) for _ in range(world)]
+        dist.all_gather(parts, scores_dp)
+        scores_dp = torch.cat(parts, dim=1)
+    diff = (scores_dp - scores_sp).abs().flatten(1).max(dim=1).values.tolist()
     result = {
-        "log_prob_diff": (lp_dp - lp_sp).abs().max().item(),
-        "entropy_diff": (ent_dp - ent_sp).abs().max().item(),
+        "log_prob_diff": diff[0], "entropy_diff": diff[1], "value_diff": diff[2],
         "grad_diff": max((grads_dp[k] - grads_sp[k]).abs().max().item() for k in grads_dp),
         "grad_scale": max(g.abs().max().item() for g in grads_dp.values()),
-        "log_prob_scale": lp_dp.abs().max().item(),
+        "log_prob_scale": scores_dp[0].abs().max().item(),
     }
     if rank == 0:
         with open(os.path.join(out, "result.json"), "w") as f:
