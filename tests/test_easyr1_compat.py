@@ -105,12 +105,10 @@ def test_reinforce_swanlab_lora_cispo_scripts():
     assert (actor.loss_type, actor.clip_ratio_low, actor.clip_ratio_high) == ("cispo", 0, 4)
 
 
-def test_ulysses_script_refused_then_loads_with_ulysses_1():
-    words = script("qwen3_14b_dapo17k_dapo")
-    with pytest.raises(ConfigError, match=r"worker\.actor\.ulysses_size=8 .*not supported.*set it to 1"):
-        load_config(words)
-    config = load_config(words + ["worker.actor.ulysses_size=1"])
+def test_ulysses_script_loads_unchanged():
+    config = load_config(script("qwen3_14b_dapo17k_dapo"))
     actor, algo = config.worker.actor, config.algorithm
+    assert (actor.ulysses_size, config.world_size, config.dp_size) == (8, 8, 1)
     assert (actor.optim.lr_warmup_steps, actor.fsdp.torch_dtype, actor.optim.strategy) == (10, "bf16", "adamw_bf16")
     assert (algo.max_try_make_batch, algo.filter_key) == (10, "accuracy_normalized")
     assert config.data.mini_rollout_batch_size == 256
@@ -128,10 +126,12 @@ def test_alias_values_and_refusals():
     assert "fsdp" not in mapped["worker"]["actor"] and "ref" not in mapped["worker"]  # emptied sections go
     assert tree["worker"]["actor"]["loss_type"] == "default"  # the layer itself is not changed
     for key, value in [("fsdp_size", 4), ("ulysses_size", 2)]:
-        layer = {"worker": {"actor": {key: value}}} if key == "ulysses_size" else \
+        layer = {"worker": {"critic": {key: value}}} if key == "ulysses_size" else \
             {"worker": {"actor": {"fsdp": {key: value}}}}
         with pytest.raises(ConfigError, match=key):
             apply_aliases(layer, "test")
+    verl = apply_aliases({"worker": {"actor": {"ulysses_sequence_parallel_size": 4}}}, "test")
+    assert verl["worker"]["actor"] == {"ulysses_size": 4}
     with pytest.raises(ConfigError, match="only vllm"):
         apply_aliases({"worker": {"rollout": {"name": "sglang"}}}, "the command line")
 

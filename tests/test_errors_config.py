@@ -123,11 +123,11 @@ def test_tensor_parallel_size_that_cannot_split_the_heads(expect_user_error):  #
                       "num_attention_heads=6", "divide it")
 
 
-def test_easyr1_ulysses_size_above_1(expect_user_error):  # C92
-    """EasyR1's worker.actor.ulysses_size: 1 is accepted (dropped with a log line), more is refused until sequence
-    parallelism exists (easyrl/config/aliases.py)."""
-    expect_user_error(lambda: load_config([DEMO, "worker.actor.model.model_path=m", "worker.actor.ulysses_size=8"]),
-                      "config", "worker.actor.ulysses_size=8", "not implemented", "set it to 1")
+def test_ulysses_size_that_does_not_divide_the_devices(expect_user_error):  # C92
+    """worker.actor.ulysses_size (EasyR1's key) must divide the devices (easyrl/config/checks.py)."""
+    expect_user_error(lambda: load_config([DEMO, "worker.actor.model.model_path=m", "worker.actor.ulysses_size=8",
+                                           "trainer.n_gpus_per_node=2"]),
+                      "config", "worker.actor.ulysses_size=8", "must divide the 2 devices")
 
 
 def test_mini_rollout_batch_size_that_cannot_split(expect_user_error):  # C93

@@ -194,3 +194,18 @@ def test_bf16_weights_bf16_moments_and_optimizer_offload_by_hand():
                                 capacity_gib=80.0)
     assert offloaded.rollout["actor Adam states"] == 0.0 and offloaded.training["actor Adam states"] == pytest.approx(
         8 * shard / GIB)
+
+
+def test_ulysses_splits_the_activations_so_32k_responses_fit():
+    """Qwen2.5-7B, 32K-token responses, 2 per micro-batch, 8 A100-40GB: the update's activations (~33 GiB) do not fit
+    on one device; with worker.actor.ulysses_size=4 each device holds a quarter of each sequence's."""
+    shape = ModelShape(hidden_size=3584, num_layers=28, intermediate_size=18944, tied=False)
+    words = ["data.max_response_length=32768", "worker.actor.micro_batch_size_per_device_for_update=2"]
+    estimates = {sp: estimate_memory(7_615_616_512, 152_064, _config(*words, f"worker.actor.ulysses_size={sp}"),
+                                     capacity_gib=40.0, shape=shape) for sp in (1, 4)}
+    activations = {sp: e.training["activations (checkpointed inputs)"] + e.training["activations (layers in backward)"]
+                   for sp, e in estimates.items()}
+    assert activations[4] == pytest.approx(activations[1] / 4)
+    with pytest.raises(ConfigError, match="The training phase needs .*worker.actor.ulysses_size"):
+        check_memory(estimates[1])
+    check_memory(estimates[4])

@@ -16,7 +16,7 @@ from easyrl.workers.fsdp_worker import FSDPWorker
 def _trainer(balance: bool, world: int) -> RayPPOTrainer:
     trainer = RayPPOTrainer.__new__(RayPPOTrainer)  # only the pieces _balance reads
     trainer.config = SimpleNamespace(trainer=SimpleNamespace(balance_batch=balance))
-    trainer.workers = SimpleNamespace(world_size=world)
+    trainer.workers = SimpleNamespace(world_size=world, dp_size=world)
     return trainer
 
 

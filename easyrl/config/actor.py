@@ -66,6 +66,12 @@ class ActorConfig(TrainedRoleConfig):
     rollout_rs_threshold: Optional[str] = None
     """One threshold per rollout_rs option (comma-separated) or one for all; k1 options take "lower_upper" ratio
     bounds (e.g. "0.5_2.0"), the others an upper bound (e.g. "0.05")."""
+    ulysses_size: Annotated[int, POSITIVE] = 1
+    """Sequence parallelism (DeepSpeed-Ulysses, ``easyrl.models.ulysses``): each packed micro-batch is split over this
+    many consecutive devices, which attend with a share of the heads each; the actor, the reference and the critic
+    (and the teacher) then hold ~1/ulysses_size of a sequence's activations per device, and the batch is shared
+    over ``world_size / ulysses_size`` data-parallel groups. Needs ``padding_free``; must divide the device count and
+    the model's attention and key/value heads."""
     # copied from algorithm.*
     use_kl_loss: bool = auto("algorithm.use_kl_loss", True)
     kl_penalty: str = auto("algorithm.kl_penalty", "low_var_kl")

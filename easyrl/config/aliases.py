@@ -108,9 +108,6 @@ def _either(given: Any, mapped: Any) -> Any:
     return bool(given) or bool(mapped)
 
 
-ULYSSES = ("sequence parallelism (Ulysses) is not implemented yet; set it to 1 and shorten "
-           "data.max_response_length or lower worker.actor.max_token_len_per_device to fit memory")
-
 ALIASES: dict[str, Rule] = {
     "trainer.max_try_make_batch": move("algorithm.max_try_make_batch"),
     "trainer.logger": _logger_names,
@@ -132,7 +129,6 @@ for _role in TRAINED:
     _p = f"worker.{_role}"
     ALIASES.update({
         f"{_p}.loss_avg_mode": move(f"{_p}.loss_agg_mode", {"token": "token-mean", "seq": "seq-mean-token-mean"}),
-        f"{_p}.ulysses_size": drop("no sequence parallelism (1)", (1,), ULYSSES),
         f"{_p}.strategy": drop("easyrl trains with FSDP2", ("fsdp",), "only fsdp is available"),
         f"{_p}.model.enable_gradient_checkpointing": move(f"{_p}.fsdp.enable_gradient_checkpointing"),
         f"{_p}.model.override_config": drop("the checkpoint's config.json is used as is", ({},),
@@ -144,6 +140,10 @@ for _role in TRAINED:
         f"{_p}.fsdp.mp_reduce_dtype": move(f"{_p}.fsdp.reduce_dtype"),
     })
 ALIASES.update({
+    "worker.actor.ulysses_sequence_parallel_size": move("worker.actor.ulysses_size"),  # verl's name
+    "worker.critic.ulysses_size": drop("the critic runs with worker.actor.ulysses_size (one sequence-parallel layout "
+                                       "for every role)", (1,), "set worker.actor.ulysses_size instead (it applies "
+                                       "to the critic too) and remove this key"),
     "worker.ref.strategy": drop("easyrl shards the reference with FSDP2", ("fsdp",), "only fsdp is available"),
     "worker.ref.fsdp.enable_cpu_offload": move("worker.ref.offload.offload_params", combine=_either),
     "worker.ref.offload.offload_optimizer": drop("the reference has no optimizer"),
@@ -169,7 +169,7 @@ def apply_aliases(layer: dict, source: str) -> dict:
     (see ``ALIASES``), each logged once.
 
     Raises:
-        ConfigError: an EasyR1 value easyrl cannot honour (``worker.actor.ulysses_size > 1``, ...), saying what to
+        ConfigError: an EasyR1 value easyrl cannot honour (``worker.critic.ulysses_size > 1``, ...), saying what to
             write instead.
     """
     tree = copy.deepcopy(layer)

@@ -51,6 +51,7 @@ def check_divisibility(config: "PPOConfig") -> None:
     for the actor and, with ``algorithm.adv_estimator: gae``, the critic; a generation round's samples
     (``data.mini_rollout_batch_size``) over the devices; and the devices into vLLM engines of
     ``worker.rollout.tensor_parallel_size``."""
+    check_sequence_parallel(config)
     sections = [("worker.actor", config.worker.actor)]
     if config.algorithm.needs_critic:
         sections.append(("worker.critic", config.worker.critic))
@@ -68,6 +69,27 @@ def check_divisibility(config: "PPOConfig") -> None:
         raise ConfigError(str(err)) from None
 
 
+def check_sequence_parallel(config: "PPOConfig") -> None:
+    """``worker.actor.ulysses_size`` divides the devices and comes with what it was built for: padding-free forwards
+    (actor and, with GAE, critic), no MoE router loss (each rank's router sees only its slice of the tokens). The
+    model's heads are checked with its config (``easyrl.trainer.preflight``)."""
+    size, world = config.worker.actor.ulysses_size, config.world_size
+    if size == 1:
+        return
+    if world % size:
+        raise ConfigError(f"worker.actor.ulysses_size={size} must divide the {world} devices (trainer.nnodes * "
+                          "trainer.n_gpus_per_node): each sequence-parallel group is ulysses_size devices.")
+    roles = ["actor"] + (["critic"] if config.algorithm.needs_critic else [])
+    for role in roles:
+        if not getattr(config.worker, role).padding_free:
+            raise ConfigError(f"worker.actor.ulysses_size={size} splits packed rows: set worker.{role}.padding_free="
+                              "true (or ulysses_size=1).")
+    if config.worker.actor.router_aux_loss_coef > 0:
+        raise ConfigError(f"worker.actor.ulysses_size={size} with worker.actor.router_aux_loss_coef > 0 is not "
+                          "implemented (each rank's router sees only its slice of a sequence): set one of them to "
+                          "0 or 1.")
+
+
 def _check_batch_split(config: "PPOConfig", section: str, global_batch_size: int, micro_batch_size: int) -> None:
     if config.data.rollout_batch_size % global_batch_size != 0:
         raise ConfigError(
@@ -75,12 +97,14 @@ def _check_batch_split(config: "PPOConfig", section: str, global_batch_size: int
             f"{section}.global_batch_size ({global_batch_size})."
         )
     samples_per_minibatch = global_batch_size * config.worker.rollout.n
-    if samples_per_minibatch % config.world_size != 0:
+    if samples_per_minibatch % config.dp_size != 0:
+        over = (f"{config.world_size} devices (trainer.nnodes * trainer.n_gpus_per_node)" if config.dp_size ==
+                config.world_size else f"{config.dp_size} data-parallel groups (devices / worker.actor.ulysses_size)")
         raise ConfigError(
             f"{section}.global_batch_size * worker.rollout.n ({samples_per_minibatch}) samples must split "
-            f"evenly over {config.world_size} devices (trainer.nnodes * trainer.n_gpus_per_node)."
+            f"evenly over {over}."
         )
-    per_device = samples_per_minibatch // config.world_size
+    per_device = samples_per_minibatch // config.dp_size
     if per_device % micro_batch_size != 0:
         raise ConfigError(
             f"{per_device} samples per device per mini-batch are not a multiple of "
@@ -114,10 +138,11 @@ def check_combinations(config: "PPOConfig") -> None:
     longest = config.data.max_prompt_length + config.data.max_response_length
     for section in ("actor", "critic"):
         role = getattr(config.worker, section)
-        budget = role.max_token_len_per_device
-        if role.dynamic_batching and budget is not None and budget < longest:
+        budget, sp = role.max_token_len_per_device, config.worker.actor.ulysses_size
+        if role.dynamic_batching and budget is not None and budget * sp < longest:
+            split = f" split over worker.actor.ulysses_size={sp} devices" if sp > 1 else ""
             raise ConfigError(
-                f"worker.{section}.max_token_len_per_device={budget} is below the longest sample, "
+                f"worker.{section}.max_token_len_per_device={budget} is below the longest sample{split}, "
                 f"data.max_prompt_length + data.max_response_length = {longest}: raise it (or leave it null)."
             )
     if algo.needs_critic and config.worker.critic.model.lora.rank > 0:

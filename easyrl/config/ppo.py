@@ -70,10 +70,12 @@ class PPOConfig:
         return steps if self.trainer.max_steps is None else min(steps, self.trainer.max_steps)
 
     def token_budget(self, micro: int, role=None) -> int:
-        """Tokens one micro-batch of ``micro`` samples holds: ``role.max_token_len_per_device`` (the actor's by
-        default) or ``micro x (data.max_prompt_length + data.max_response_length)``."""
+        """Tokens one micro-batch of ``micro`` samples holds on one device: ``role.max_token_len_per_device`` (the
+        actor's by default) or ``micro x (data.max_prompt_length + data.max_response_length)``, split over the
+        ``worker.actor.ulysses_size`` devices of a sequence-parallel group."""
         role = role or self.worker.actor
-        return role.max_token_len_per_device or micro * (self.data.max_prompt_length + self.data.max_response_length)
+        longest = self.data.max_prompt_length + self.data.max_response_length
+        return role.max_token_len_per_device or -(-micro * longest // self.worker.actor.ulysses_size)
 
     @property
     def uses_lora(self) -> bool:
@@ -91,3 +93,8 @@ class PPOConfig:
     def world_size(self) -> int:
         """Number of workers (devices): ``trainer.nnodes * trainer.n_gpus_per_node``."""
         return self.trainer.nnodes * self.trainer.n_gpus_per_node
+
+    @property
+    def dp_size(self) -> int:
+        """Data-parallel groups (each gets its own share of a batch): ``world_size / worker.actor.ulysses_size``."""
+        return self.world_size // self.worker.actor.ulysses_size

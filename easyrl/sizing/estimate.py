@@ -195,7 +195,8 @@ ADVICE = {  # item name part -> what shrinks it (the first match wins); "offload
     "reward model": "worker.reward.reward_model.offload.offload_params=true",
     "logits": f"worker.actor.padding_free=true (no full logits) or a lower {UPDATE}",
     "vision tower (update": f"a lower data.max_pixels or {UPDATE}",
-    "activations": f"a lower {UPDATE} (or worker.actor.max_token_len_per_device)",
+    "activations": f"a lower {UPDATE} (or worker.actor.max_token_len_per_device), or a higher "
+                   "worker.actor.ulysses_size (each sequence split over that many devices)",
     "FSDP2": GATHERED, "first decoder layer": GATHERED}
 
 

@@ -127,6 +127,7 @@ def prepare(config: Any, train: bool = True) -> Prepared:
     tokenizer, hf_config, processor = load_model_parts(config.worker.actor.model, sources_checked=True,
                                                        chat_template=config.data.override_chat_template)
     check_rollout_split(hf_config, config.worker.rollout.tensor_parallel_size)
+    check_sequence_parallel_heads(hf_config, config)
     warn_template_without_tools(tokenizer, config)
     if config.algorithm.needs_teacher:  # on-policy distillation: the teacher must read the student's token ids
         from easyrl.trainer.teacher_check import check_teacher
@@ -176,6 +177,26 @@ def check_rollout_split(hf_config: Any, tensor_parallel_size: int) -> None:
 
     try:
         check_heads_split(hf_config, tensor_parallel_size)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
+def check_sequence_parallel_heads(hf_config: Any, config: Any) -> None:
+    """The attention heads of the actor (and of the critic with GAE, the teacher with distillation) split over
+    ``worker.actor.ulysses_size`` ranks (``easyrl.models.ulysses.check_heads``). Raises ``ConfigError`` with the
+    head counts."""
+    from transformers import AutoConfig
+
+    from easyrl.models.ulysses import check_heads
+
+    size, algo, worker = config.worker.actor.ulysses_size, config.algorithm, config.worker
+    configs = [hf_config]
+    for needed, model in ((algo.needs_critic, worker.critic.model), (algo.needs_teacher, worker.teacher.model)):
+        if size > 1 and needed and model.model_path != worker.actor.model.model_path:
+            configs.append(AutoConfig.from_pretrained(model.model_path, trust_remote_code=model.trust_remote_code))
+    try:
+        for each in configs:
+            check_heads(each, size)
     except ValueError as err:
         raise ConfigError(str(err)) from None
 

@@ -322,7 +322,7 @@ class RayPPOTrainer:
         padded ``bsz x (prompt + response)`` positions that are padding) and ``perf/max_rank_tokens_ratio``
         (the busiest rank's tokens over the mean)."""
         lengths = batch["attention_mask"].sum(-1)
-        world = self.workers.world_size
+        world = self.workers.dp_size
         if self.config.trainer.balance_batch:
             order = balanced_rank_order(lengths.tolist(), world)
         else:

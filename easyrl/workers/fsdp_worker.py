@@ -125,12 +125,14 @@ class FSDPWorker:
         worker (``imports``, one per role, ``vllm_import``, ``engine``)."""
         from torch.distributed.device_mesh import init_device_mesh
 
+        from easyrl.models.ulysses import init_sequence_parallel
         from easyrl.workers.rollout import VLLMRollout
 
         cfg = self.config.worker
         if self.device != "cpu":
             self.check_memory()
         mesh = init_device_mesh(self.device, (self.world_size,), mesh_dim_names=("dp",))
+        init_sequence_parallel(cfg.actor.ulysses_size)  # the roles split packed rows over these groups
         roles = build_roles(self.config, mesh, self.device, self.torch_device, self.training_steps,
                             seconds=self.startup_seconds)
         self.actor, self.ref, self.critic = roles.actor, roles.ref, roles.critic
@@ -269,7 +271,7 @@ class FSDPWorker:
         without ``old_log_probs`` in ``data`` (an on-policy step) also ``"old_log_probs"``: the update's own
         pre-step log-probs ``(bsz, resp_len)``."""
         cfg = self.config
-        mini = cfg.worker.actor.global_batch_size * cfg.worker.rollout.n // self.world_size
+        mini = cfg.worker.actor.global_batch_size * cfg.worker.rollout.n // cfg.dp_size
         data = self.mm_stage.attach(data)
         metrics: dict[str, Any] = self.actor.update_policy(
             data, mini, cfg.worker.actor.micro_batch_size_per_device_for_update)
@@ -292,7 +294,7 @@ class FSDPWorker:
     def update_critic(self, data: Batch) -> dict[str, list[float]]:
         """Value-loss update of the critic on this worker's share (needs ``values`` and ``returns``)."""
         cfg = self.config
-        mini = cfg.worker.critic.global_batch_size * cfg.worker.rollout.n // self.world_size
+        mini = cfg.worker.critic.global_batch_size * cfg.worker.rollout.n // cfg.dp_size
         data = self.mm_stage.attach(data)
         metrics = self.critic.update_critic(data, mini, cfg.worker.critic.micro_batch_size_per_device_for_update)
         empty_cache(self.device)

@@ -202,6 +202,9 @@ class WorkerGroup:
         self.startup_seconds = {"workers": time.time() - began}
         began = time.time()
         self.rollout_layout = RolloutLayout(world_size, config.worker.rollout.tensor_parallel_size)
+        # the sequence-parallel groups (worker.actor.ulysses_size consecutive ranks) share one data-parallel share,
+        # laid out as the rollout's tensor-parallel groups are (easyrl.models.ulysses)
+        self.data_layout = RolloutLayout(world_size, config.worker.actor.ulysses_size)
         self.run_all(FSDPWorker.fetch_model_files)  # a hub id downloaded per node, before any collective timeout
         self.run_all(FSDPWorker.init_process_group, master_addr, master_port)
         self.startup_seconds["process_group"] = time.time() - began
@@ -226,16 +229,20 @@ class WorkerGroup:
         return gather([getattr(w, name).remote(*args, **kwargs) for w in self.workers], name)
 
     def run_split(self, method: Callable[..., Any], batch: Batch, **kwargs: Any) -> list[Any]:
-        """Call ``method`` (e.g. ``FSDPWorker.compute_log_probs``) on every worker with its equal consecutive share of
-        ``batch``; results in rank order.
+        """Call ``method`` (e.g. ``FSDPWorker.compute_log_probs``) on every worker with its data-parallel group's
+        equal consecutive share of ``batch`` (every rank of a sequence-parallel group gets the same share); results
+        once per group (its first rank's), in order (``dp_size`` of them).
 
         Raises:
             TypeError: ``method`` is a string (see :func:`method_name`).
             WorkerError: a worker died or raised (see :func:`gather`).
         """
-        name = method_name(method)
-        shares = batch.chunk(self.world_size)
-        return gather([getattr(w, name).remote(share, **kwargs) for w, share in zip(self.workers, shares)], name)
+        return self._run_grouped(method, batch, self.data_layout, **kwargs)
+
+    @property
+    def dp_size(self) -> int:
+        """Data-parallel groups (``world_size / worker.actor.ulysses_size``): the shares of ``run_split``."""
+        return self.data_layout.dp_size
 
     @property
     def rollout_dp_size(self) -> int:
@@ -252,11 +259,15 @@ class WorkerGroup:
             TypeError: ``method`` is a string (see :func:`method_name`).
             WorkerError: a worker died or raised (see :func:`gather`).
         """
+        return self._run_grouped(method, batch, self.rollout_layout, **kwargs)
+
+    def _run_grouped(self, method: Callable[..., Any], batch: Batch, layout: RolloutLayout, **kwargs: Any) -> list[Any]:
         name = method_name(method)
-        shares = [ray.put(share) for share in batch.chunk(self.rollout_dp_size)]
-        refs = [getattr(w, name).remote(share, **kwargs)
-                for w, share in zip(self.workers, self.rollout_layout.dispatch(shares))]
-        return self.rollout_layout.collect(gather(refs, name))
+        shares = batch.chunk(layout.dp_size)
+        if layout.tensor_parallel_size > 1:  # one copy in Ray's object store for the ranks of a group
+            shares = [ray.put(share) for share in shares]
+        refs = [getattr(w, name).remote(share, **kwargs) for w, share in zip(self.workers, layout.dispatch(shares))]
+        return layout.collect(gather(refs, name))
 
     def shutdown(self, close_timeout_s: float = 30.0) -> None:
         """Let the workers release their shared memory (``FSDPWorker.close``, waiting at most ``close_timeout_s``: a

@@ -18,6 +18,7 @@ The trainer keeps padded batches; this module is the one place that knows both l
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import NamedTuple, Optional
 
 import torch
@@ -26,6 +27,7 @@ from easyrl.algorithms.token_ops import entropy_from_logits, log_probs_from_logi
 from easyrl.models.fused_head import FusedLogProbHead
 from easyrl.models.packed_attention import PACKED_SDPA
 from easyrl.models.packing import pack_sequences, padded_text_positions
+from easyrl.models.ulysses import SequenceParallel
 
 __all__ = ["ModelInputs", "PolicyScores", "response_scores", "response_values", "attention_implementation",
            "flash_attention_warning"]
@@ -104,6 +106,7 @@ def response_scores(
     fused_head: Optional[FusedLogProbHead] = None,
     is_vl: bool = False,
     router_aux: bool = False,
+    sp: Optional[SequenceParallel] = None,
 ) -> PolicyScores:
     """Log-probs (and entropies, and an MoE router's load-balancing loss) of the response tokens of one padded
     micro-batch.
@@ -119,6 +122,8 @@ def response_scores(
         is_vl: the model takes mRoPE positions (Qwen-VL).
         router_aux: ask the model for its router's load-balancing loss (``output_router_logits=True``; transformers'
             ``load_balancing_loss_func`` over every non-padding token, prompt included).
+        sp: this rank's sequence-parallel group (padding-free only): the row is split over its ranks
+            (``easyrl.models.ulysses``); None: the whole row here.
 
     Returns:
         :class:`PolicyScores`; ``entropy`` None unless ``with_entropy``, ``router_aux_loss`` None unless
@@ -129,7 +134,7 @@ def response_scores(
     """
     extra = {"output_router_logits": True} if router_aux else {}
     if fused_head is not None:
-        return _packed(model, inputs, temperature, with_entropy, entropy_grad, fused_head, is_vl, extra)
+        return _packed(model, inputs, temperature, with_entropy, entropy_grad, fused_head, is_vl, extra, sp)
     output = _padded_outputs(model, inputs, extra)
     logits = output.logits[:, :-1, :]  # position t predicts token t+1: drop the last of the R + 1 kept positions
     responses = inputs.input_ids[:, -inputs.response_mask.shape[1]:]
@@ -154,14 +159,14 @@ def _router_aux_loss(output, router_aux: bool) -> Optional[torch.Tensor]:
 
 
 def response_values(model: torch.nn.Module, inputs: ModelInputs, padding_free: bool,
-                    is_vl: bool = False) -> torch.Tensor:
+                    is_vl: bool = False, sp: Optional[SequenceParallel] = None) -> torch.Tensor:
     """A value model's outputs at the positions that predict each response token: ``V(s_t)``, the value of the state
     before response token ``t`` (prompt + ``response[:t]``), read where the actor reads token ``t``'s log-prob.
 
     Args:
         model: a causal LM (or Qwen-VL) whose output embedding is a ``hidden -> 1`` value head
             (``easyrl.workers.critic.attach_value_head``).
-        inputs, is_vl: as :func:`response_scores`.
+        inputs, is_vl, sp: as :func:`response_scores`.
         padding_free: pack the micro-batch into one row (``worker.critic.padding_free``) or run it padded.
 
     Returns:
@@ -169,8 +174,7 @@ def response_values(model: torch.nn.Module, inputs: ModelInputs, padding_free: b
     """
     if padding_free:
         packed = _pack(model, inputs, is_vl)
-        out = model(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None,
-                    use_cache=False, logits_to_keep=packed.logit_indices, **inputs.multi_modal).logits[0]
+        out, _ = _packed_forward(model, packed, inputs.multi_modal, sp)
         return packed.unpack(out[:, 0].float())
     out = _padded_outputs(model, inputs)
     return out.logits[:, :-1, 0].float() * inputs.response_mask
@@ -200,13 +204,25 @@ def _pack(model, inputs: ModelInputs, is_vl: bool):
     return pack_sequences(inputs.input_ids, inputs.attention_mask, inputs.response_mask, positions, mrope=is_vl)
 
 
-def _packed(model, inputs: ModelInputs, temperature, with_entropy, entropy_grad, fused_head, is_vl, extra):
+def _packed_forward(model, packed, multi_modal, sp, scoring=None, extra=None):
+    """The model's ``(response tokens, c)`` outputs at ``packed.logit_indices`` (``scoring(labels)``: the fused
+    head's context for these labels), and the output; with ``sp`` each rank of the group runs its slice of the row
+    (``easyrl.models.ulysses``)."""
+    inputs = dict(input_ids=packed.input_ids, position_ids=packed.position_ids, logits_to_keep=packed.logit_indices)
+    with sp.sharded(packed.input_ids, packed.position_ids, packed.logit_indices, packed.labels) if sp else \
+            nullcontext((inputs, packed.labels, None)) as (inputs, labels, gather):
+        # attention_mask=None and use_cache=False: transformers then reads the sequence boundaries off the positions
+        with scoring(labels) if scoring else nullcontext():
+            output = model(**inputs, attention_mask=None, use_cache=False, **multi_modal, **(extra or {}))
+        scores = output.logits[0]
+        return (gather(scores) if gather else scores), output
+
+
+def _packed(model, inputs: ModelInputs, temperature, with_entropy, entropy_grad, fused_head, is_vl, extra, sp):
     packed = _pack(model, inputs, is_vl)
-    # attention_mask=None and use_cache=False: transformers then reads the sequence boundaries off the positions
-    with fused_head.scoring(packed.labels, temperature, entropy_grad=entropy_grad and with_entropy):
-        output = model(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None,
-                       use_cache=False, logits_to_keep=packed.logit_indices, **inputs.multi_modal, **extra)
-    scores = output.logits[0]
+    scores, output = _packed_forward(
+        model, packed, inputs.multi_modal, sp, extra=extra,
+        scoring=lambda labels: fused_head.scoring(labels, temperature, entropy_grad=entropy_grad and with_entropy))
     log_probs = packed.unpack(scores[:, 0])
     entropy = None
     if with_entropy:

@@ -19,6 +19,7 @@ from transformers.utils import is_flash_attn_2_available
 
 from easyrl.batch import Batch
 from easyrl.config import OffloadConfig, TrainedRoleConfig
+from easyrl.models.ulysses import attention_name, sequence_parallel_group
 from easyrl.workers.fsdp_model import clip_grad_norm, load_sharded_model
 from easyrl.workers.optim import build_lr_scheduler, build_optimizer, move_optimizer_state, offloads_optimizer
 from easyrl.workers.policy_forward import ModelInputs, attention_implementation, flash_attention_warning
@@ -61,10 +62,14 @@ class FSDPTrainable:
         hf_config = AutoConfig.from_pretrained(model_path, trust_remote_code=config.model.trust_remote_code)
         flash = is_flash_attn_2_available()
         attn = attention_implementation(device, config.padding_free, config.fsdp.param_dtype, flash)
+        self.sp = sequence_parallel_group() if config.padding_free else None  # easyrl.models.ulysses
+        attn = attention_name(attn) if self.sp else attn
         _warn_once(flash_attention_warning(device, config.padding_free, config.fsdp.param_dtype, flash))
         self.model = load_sharded_model(model_path, hf_config, config, mesh, device, trainable, offload,
                                         init_from=init_from and init_from.model, attn_implementation=attn,
                                         adapt=self._adapt_model)
+        if self.sp:
+            self.sp.attach(self.model)
         self.vision = VisionHooks(self.model, hf_config)  # the blank image, stray pads, vLLM's positions
         self.optimizer: Optional[torch.optim.Optimizer] = None
         self.num_updates = 0
@@ -93,7 +98,8 @@ class FSDPTrainable:
             return [(list(range(s, min(s + micro_batch_size, len(data)))), piece)
                     for s, piece in zip(range(0, len(data), micro_batch_size), data.split(micro_batch_size))]
         lengths = data["attention_mask"].sum(-1).tolist()
-        budget = self.config.max_token_len_per_device or micro_batch_size * data["attention_mask"].shape[1]
+        sp = self.sp.size if self.sp else 1  # a micro-batch is split over the sequence-parallel group's devices
+        budget = (self.config.max_token_len_per_device or 0) * sp or micro_batch_size * data["attention_mask"].shape[1]
         count = torch.tensor(count_micro_batches(lengths, budget), device=self.torch_device)
         dist.all_reduce(count, op=dist.ReduceOp.MAX)
         parts = dynamic_micro_batches(lengths, int(count.item()))

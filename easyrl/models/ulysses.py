@@ -1,0 +1,237 @@
+"""Ulysses sequence parallelism (Jacobs et al. 2023, "DeepSpeed Ulysses", arXiv:2309.14509) on the packed layout.
+
+The ``ulysses_size`` ranks of a sequence-parallel group get the same micro-batch. Its packed row (``(1, total)``,
+``easyrl.models.packing``) is padded to a multiple of the group size and cut into one contiguous slice per rank:
+every rank embeds, runs the MLPs and the norms of its ``total / sp`` tokens only. Attention needs the whole sequence,
+so around it an all-to-all swaps the split: ``(1, heads, total / sp, d)`` -> ``(1, heads / sp, total, d)`` (each rank
+attends over the full row with its share of the heads), and back after it (section 3.1 of the paper). The
+per-sequence causal attention (``PACKED_SDPA``, or flash-attention's varlen kernel) reads the sequence boundaries off
+the full row's position ids, which this module hands it. The fused head scores on each rank only the response tokens
+of its slice; the ``(response tokens, 2)`` scores are summed over the group (each rank fills its own), so only
+``(bsz, resp_len)`` scalars cross the group, never hidden states or logits.
+
+Gradients: every rank of the group computes the same loss from the summed scores. The sum's backward sums the
+group's gradients (``sp`` identical copies), which makes up for FSDP2 averaging the gradients over all
+``dp x sp`` ranks where only ``dp`` data-parallel shares exist: the result equals a run without sequence parallelism.
+
+Positions: computed on the whole packed row before it is cut (plain positions, or Qwen-VL's mRoPE rows), then sliced
+with it. Qwen-VL's vision tower runs on every rank of the group with the same images (the decoder's input embeddings
+are built for the full row and sliced at the decoder's entry), so every collective is issued alike on every rank.
+
+How transformers is told: :func:`attention_name` registers an attention function that wraps the model's own one
+with the two all-to-alls (active only inside :meth:`SequenceParallel.sharded`, and only for causal attention: a
+vision tower's passes through); :meth:`SequenceParallel.attach` hooks the text decoder to slice its inputs.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator, Optional
+
+import torch
+import torch.distributed as dist
+from transformers import AttentionInterface
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+__all__ = ["SequenceParallel", "attention_name", "check_heads", "sequence_parallel_group", "init_sequence_parallel"]
+
+_GROUP: Optional["SequenceParallel"] = None
+_ACTIVE: Optional["_Shard"] = None
+
+
+def _all_to_all(x: torch.Tensor, group, scatter_dim: int, gather_dim: int) -> torch.Tensor:
+    """Chunk ``x`` along ``scatter_dim`` over the group's ranks, send chunk ``j`` to rank ``j``, concatenate what
+    arrives along ``gather_dim`` in rank order (gloo has ``all_to_all`` on host tensors; NCCL/HCCL on device ones)."""
+    size = dist.get_world_size(group)
+    chunks = [c.contiguous() for c in x.chunk(size, dim=scatter_dim)]
+    out = [torch.empty_like(chunks[0]) for _ in range(size)]
+    dist.all_to_all(out, chunks, group=group)
+    return torch.cat(out, dim=gather_dim)
+
+
+class _AllToAll(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group, scatter_dim, gather_dim):
+        ctx.group, ctx.dims = group, (scatter_dim, gather_dim)
+        return _all_to_all(x, group, scatter_dim, gather_dim)
+
+    @staticmethod
+    def backward(ctx, grad):
+        scatter_dim, gather_dim = ctx.dims
+        return _all_to_all(grad, ctx.group, gather_dim, scatter_dim), None, None, None
+
+
+class _SumOverGroup(torch.autograd.Function):
+    """All-reduce (sum) whose backward all-reduces too: the gradient of the sum of the ranks' losses."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        out = x.clone()
+        dist.all_reduce(out, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+@dataclass
+class _Shard:
+    """One rank's slice ``[start, end)`` of a packed row padded to ``full_positions.shape[-1]`` tokens."""
+
+    start: int
+    end: int
+    full_positions: torch.Tensor
+    """``(1, padded_total)`` text positions of the whole row (the attention's sequence boundaries)."""
+    group: Any
+
+
+def _attention(inner: str):
+    def attention(module, query, key, value, attention_mask, *args, position_ids=None, **kwargs):
+        function = ALL_ATTENTION_FUNCTIONS[inner]
+        shard = _ACTIVE
+        if (shard is None or attention_mask is not None or not getattr(module, "is_causal", True)
+                or query.shape[2] != shard.end - shard.start):
+            return function(module, query, key, value, attention_mask, *args, position_ids=position_ids, **kwargs)
+        # (1, heads, total / sp, d) -> (1, heads / sp, total, d)
+        query, key, value = (_AllToAll.apply(t, shard.group, 1, 2) for t in (query, key, value))
+        out, weights = function(module, query, key, value, attention_mask, *args,
+                                position_ids=shard.full_positions, **kwargs)
+        return _AllToAll.apply(out, shard.group, 1, 2), weights  # (1, total, heads / sp, d) -> (1, total / sp, heads, d)
+    return attention
+
+
+def attention_name(inner: str) -> str:
+    """The ``attn_implementation`` name of ``inner`` (``easyrl_packed_sdpa``, ``flash_attention_2``, ...) wrapped in
+    Ulysses' all-to-alls, registered with transformers (attention and mask functions) on first use."""
+    name = f"easyrl_ulysses_{inner}"
+    if name not in ALL_ATTENTION_FUNCTIONS:
+        AttentionInterface.register(name, _attention(inner))
+        if inner in ALL_MASK_ATTENTION_FUNCTIONS:
+            AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[inner])
+    return name
+
+
+def check_heads(hf_config: Any, size: int, key: str = "worker.actor.ulysses_size") -> None:
+    """Raise unless the text model's query and key/value heads both divide by ``size`` and it has no linear-attention
+    layers (a Gated DeltaNet scan runs along the whole sequence on one rank).
+
+    Raises:
+        ValueError: naming ``key``, the head counts and the sizes that would fit.
+    """
+    if size <= 1:
+        return
+    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    if "linear_attention" in (getattr(text, "layer_types", None) or []):
+        raise ValueError(f"{key}={size}: {text.model_type} has linear-attention layers, which sequence parallelism "
+                         "does not split; set it to 1")
+    heads, kv = text.num_attention_heads, getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+    if heads % size or kv % size:
+        fits = [d for d in range(1, kv + 1) if heads % d == 0 and kv % d == 0]
+        raise ValueError(f"{key}={size} must divide the model's attention heads ({heads}) and key/value heads "
+                         f"({kv}): each rank attends with its share of both; choose one of {', '.join(map(str, fits))}")
+
+
+class SequenceParallel:
+    """This rank's sequence-parallel group: ranks ``[g * size, (g + 1) * size)`` of the process group.
+
+    Args:
+        group: the torch.distributed group of this rank's ``size`` ranks.
+    """
+
+    def __init__(self, group: Any):
+        self.group = group
+        self.size = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        self._hooked: set[int] = set()
+
+    def attach(self, model: torch.nn.Module) -> None:
+        """Hook ``model``'s text decoder (the module holding the ``layers``) so that, inside :meth:`sharded`, it
+        receives this rank's slice of its input ids or embeddings and positions (once per model)."""
+        decoder = next(m for m in model.modules() if isinstance(getattr(m, "layers", None), torch.nn.ModuleList)
+                       and hasattr(m, "embed_tokens"))
+        if id(decoder) not in self._hooked:
+            decoder.register_forward_pre_hook(_slice_decoder_inputs, with_kwargs=True)
+            self._hooked.add(id(decoder))
+
+    @contextmanager
+    def sharded(self, input_ids: torch.Tensor, position_ids: torch.Tensor, keep: torch.Tensor,
+                labels: torch.Tensor) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor, "Gather"]]:
+        """The model inputs of one packed row, padded to a multiple of the group size, with this rank's kept positions.
+
+        Args:
+            input_ids: ``(1, total)``; position_ids: ``(1, total)`` or mRoPE's ``(4, 1, total)``.
+            keep: ``(n,)`` packed positions to score (``PackedBatch.logit_indices``); labels: ``(n,)`` their tokens.
+
+        Yields:
+            ``(inputs, labels, gather)``: the model's ``input_ids`` / ``position_ids`` (the whole padded row: the
+            decoder slices it) / ``logits_to_keep`` (this rank's kept positions, local), this rank's labels, and
+            ``gather(scores)`` turning this rank's ``(n_local, c)`` scores into all ``(n, c)``.
+        """
+        global _ACTIVE
+        total = input_ids.shape[-1]
+        pad = -total % self.size
+        if pad:
+            # a dummy sequence (positions 0, 1, ...) at the end: its own attention block, never scored
+            input_ids = torch.cat([input_ids, input_ids.new_zeros(1, pad)], dim=-1)
+            extra = torch.arange(pad, device=position_ids.device, dtype=position_ids.dtype)
+            position_ids = torch.cat([position_ids, extra.expand(*position_ids.shape[:-1], pad)], dim=-1)
+        local = (total + pad) // self.size
+        start, end = self.rank * local, (self.rank + 1) * local
+        mine = (keep >= start) & (keep < end)
+        text_positions = position_ids[0] if position_ids.dim() == 3 else position_ids
+        _ACTIVE = _Shard(start, end, text_positions, self.group)
+        inputs = dict(input_ids=input_ids, position_ids=position_ids, logits_to_keep=keep[mine] - start)
+        # kept after the block: gradient checkpointing recomputes the layers (their attention) during the backward
+        yield inputs, labels[mine], Gather(mine, self.group)
+
+
+class Gather:
+    """Scores of this rank's kept positions -> those of all kept positions, summed over the group (differentiable)."""
+
+    def __init__(self, mine: torch.Tensor, group: Any):
+        self.mine, self.group = mine, group
+
+    def __call__(self, scores: torch.Tensor) -> torch.Tensor:
+        full = scores.new_zeros((self.mine.shape[0], *scores.shape[1:]))
+        full = full.index_put((self.mine.nonzero().flatten(),), scores)
+        return _SumOverGroup.apply(full, self.group)
+
+
+def _slice_decoder_inputs(module, args, kwargs):
+    shard = _ACTIVE
+    positions = kwargs.get("position_ids")
+    if shard is None or positions is None or positions.shape[-1] != shard.full_positions.shape[-1]:
+        return None  # not a sharded row (another model's forward after the block)
+    for name in ("input_ids", "inputs_embeds"):
+        if kwargs.get(name) is not None:
+            kwargs[name] = kwargs[name][:, shard.start:shard.end]
+    kwargs["position_ids"] = kwargs["position_ids"][..., shard.start:shard.end]
+    masks = kwargs.get("visual_pos_masks")
+    if masks is not None:  # Qwen3-VL deepstack: this slice's visual positions and their features
+        before, inside = int(masks[:, :shard.start].sum()), int(masks[:, shard.start:shard.end].sum())
+        kwargs["visual_pos_masks"] = masks[:, shard.start:shard.end]
+        kwargs["deepstack_visual_embeds"] = [e[before:before + inside] for e in kwargs["deepstack_visual_embeds"]]
+    return args, kwargs
+
+
+def init_sequence_parallel(size: int) -> Optional[SequenceParallel]:
+    """Split the process group into consecutive groups of ``size`` ranks (collective: every rank calls it, once) and
+    keep this rank's; None (and no group) for ``size`` 1."""
+    global _GROUP
+    if size <= 1:
+        return None
+    world = dist.get_world_size()
+    groups = [dist.new_group(list(range(g, g + size))) for g in range(0, world, size)]
+    _GROUP = SequenceParallel(groups[dist.get_rank() // size])
+    return _GROUP
+
+
+def sequence_parallel_group() -> Optional[SequenceParallel]:
+    """This process's group (:func:`init_sequence_parallel`), None without sequence parallelism."""
+    return _GROUP
