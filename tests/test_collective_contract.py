@@ -1,5 +1,5 @@
-"""The collective contract (``easyrl.workers.collectives``) on two real gloo ranks running FSDP2: symmetric ranks pass,
-and each planted asymmetry (a skipped all-gather, an extra one at the method's end, one FSDP2 unit run twice on one
+"""The collective contract (``easyrl.workers.collectives``) on two real gloo ranks running FSDP2 (symmetric ranks pass
+it in every multi-rank e2e test of the suite, which runs with it on): each planted asymmetry (a skipped all-gather, an extra one at the method's end, one FSDP2 unit run twice on one
 rank: S2-B's shape) fails on both ranks naming the call, in seconds instead of a hang."""
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ import torch
 from easyrl.workers import collectives
 
 REPO = Path(__file__).resolve().parents[1]
-PLANTS = ("none", "skip", "extra", "tower")
+PLANTS = ("skip", "extra", "tower")
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> dict[str, list[str]]:
-    """Each plant's two ``rank_R.txt`` (the four torchrun jobs run at once)."""
+    """Each plant's two ``rank_R.txt`` (the torchrun jobs run at once)."""
     out = {plant: tmp_path_factory.mktemp(plant) for plant in PLANTS}
     jobs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                               str(REPO / "tests/scripts/contract_ranks.py"), plant, str(out[plant])],
@@ -32,13 +32,9 @@ def ranks(tmp_path_factory) -> dict[str, list[str]]:
     return {plant: [(out[plant] / f"rank_{r}.txt").read_text() for r in (0, 1)] for plant in PLANTS}
 
 
-def test_symmetric_fsdp2_ranks_pass_the_contract(ranks):
-    assert ranks["none"][0] == ranks["none"][1] and ranks["none"][0].startswith("ok ")
-    assert int(ranks["none"][0].split()[1]) >= 8  # FSDP2's gathers and reduce-scatters, the all-reduce, the objects
-
-
 @pytest.mark.parametrize("plant, first, rank0, rank1", [
-    ("skip", 0, "all_gather_single(torch.float32[4] cpu, torch.float32[2] cpu)", "all_gather_single(torch.float32[144]"),
+    ("skip", 0, "all_gather_single(torch.float32[4] cpu, torch.float32[2] cpu)",
+     "all_gather_single(torch.float32[144]"),
     ("extra", None, "all_gather_single(torch.float32[4] cpu, torch.float32[2] cpu)", "end of step"),
     ("tower", 3, "all_gather_single(torch.float32[144] cpu", "all_gather_single(torch.float32[68] cpu"),
 ])
@@ -56,8 +52,9 @@ def test_a_host_tensor_on_a_device_only_group_is_named():
                                                              r"tensor torch.float32\[3\], but its backend serves "
                                                              r"\['cuda'\] only"):
         collectives._describe("all_reduce", nccl_group, {"tensor": torch.ones(3)})
-    assert collectives._describe("all_gather", SimpleNamespace(_device_types=[torch.device("cpu")]),
-                                 {"tensor_list": [torch.ones(2)], "tensor": torch.ones(5)}) == "all_gather(torch.float32 cpu)"
+    uneven = {"tensor_list": [torch.ones(2)], "tensor": torch.ones(5)}  # all_gather's shapes may differ by rank
+    cpu_group = SimpleNamespace(_device_types=[torch.device("cpu")])
+    assert collectives._describe("all_gather", cpu_group, uneven) == "all_gather(torch.float32 cpu)"
 
 
 def test_the_switch_is_the_config_key_or_the_environment(monkeypatch):

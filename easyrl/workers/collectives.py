@@ -8,10 +8,10 @@ suite turns it on), :func:`install` wraps torch.distributed's collectives (``tor
 ``all_gather_single``, ``reduce_scatter_single``, ``broadcast``, ``barrier``, ``all_gather_object``, ... which FSDP2
 calls) and the functional ones DTensor calls (``torch.distributed._functional_collectives``). Before a call runs, each
 rank posts ``(op, dtype, shape, device type)`` as call ``#n`` of the group to the process group's store and reads its
-peers' call ``#n``: a difference raises :class:`CollectiveMismatch` on every rank of the group, naming both calls, before
-the real collective can hang. :func:`method_end` posts the end of each worker method as a call, so that a rank with one
-collective more than its peers is caught at the method's end. The store's timeout (``worker.nccl_timeout``) bounds the
-wait for a peer that never arrives. Point-to-point sends and receives are not checked.
+peers' call ``#n``: a difference raises :class:`CollectiveMismatch` on every rank of the group, naming both calls,
+before the real collective can hang. :func:`method_end` posts the end of each worker method as a call, so that a rank
+with one collective more than its peers is caught at the method's end. The store's timeout (``worker.nccl_timeout``)
+bounds the wait for a peer that never arrives. Point-to-point sends and receives are not checked.
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ from __future__ import annotations
 import inspect
 import os
 import threading
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
-__all__ = ["ENV", "CollectiveMismatch", "contract_on", "install", "method_end"]
+__all__ = ["ENV", "CollectiveMismatch", "checked_call", "contract_on", "install", "method_end"]
 
 ENV = "EASYRL_CHECK_COLLECTIVES"
 C10D_OPS = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single", "reduce_scatter",
@@ -47,7 +47,8 @@ class CollectiveMismatch(RuntimeError):
 
 
 def contract_on(config_switch: bool) -> bool:
-    """Whether the contract is on: ``trainer.check_collectives`` (``config_switch``) or ``EASYRL_CHECK_COLLECTIVES=1``."""
+    """Whether the contract is on: ``trainer.check_collectives`` (``config_switch``) or
+    ``EASYRL_CHECK_COLLECTIVES=1``."""
     return bool(config_switch) or os.environ.get(ENV, "0") not in ("", "0")
 
 
@@ -98,7 +99,7 @@ class _Contract:
         def checked(*args: Any, **kwargs: Any) -> Any:
             if getattr(self.local, "depth", 0) == 0:
                 bound = dict(zip(parameters, args), **kwargs)
-                pg = _funcol_group(bound["group"]) if funcol_op else bound.get("group") or _default_group()
+                pg = _funcol_group(bound["group"]) if funcol_op else bound.get("group") or dist.group.WORLD
                 self.check(pg, _describe(label, pg, bound))
             self.local.depth = getattr(self.local, "depth", 0) + 1
             try:
@@ -109,10 +110,6 @@ class _Contract:
         checked._easyrl_contract = True  # type: ignore[attr-defined]
         checked.__wrapped__ = original  # type: ignore[attr-defined]
         setattr(module, op, checked)
-
-
-def _default_group() -> Any:
-    return dist.distributed_c10d._get_default_group()
 
 
 def _funcol_group(group: Any) -> Any:
@@ -169,17 +166,12 @@ def method_end(method: str, raised: bool = False) -> None:
         _CONTRACT.check(pg, f"{'raised in' if raised else 'end of'} {method}", raised=raised)
 
 
-def begin(method: str) -> None:
-    """Name the worker method whose collectives follow (for the messages)."""
+def checked_call(worker: Any, method: str, *args: Any, **kwargs: Any) -> Any:
+    """``getattr(worker, method)(*args, **kwargs)`` (named in the messages) followed by :func:`method_end`."""
     if _CONTRACT is not None:
         _CONTRACT.method = method
-
-
-def checked_call(worker: Any, method: str, *args: Any, **kwargs: Any) -> Any:
-    """``getattr(worker, method)(*args, **kwargs)`` followed by :func:`method_end`."""
-    begin(method)
     try:
-        result: Callable[..., Any] = getattr(worker, method)(*args, **kwargs)
+        result = getattr(worker, method)(*args, **kwargs)
     except BaseException:
         method_end(method, raised=True)
         raise
