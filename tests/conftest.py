@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
@@ -9,6 +10,14 @@ from typing import Callable, Iterator
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def collective_contract() -> None:
+    """Every multi-rank run of the suite (in-process trainers and ``python -m easyrl.trainer`` alike) checks that its
+    ranks issue the same collectives, call by call (``easyrl.workers.collectives``): what NCCL/HCCL would hang on
+    fails the test naming the call."""
+    os.environ["EASYRL_CHECK_COLLECTIVES"] = "1"
 
 
 @pytest.fixture(scope="session")

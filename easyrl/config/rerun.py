@@ -28,7 +28,7 @@ NEUTRAL_KEYS: tuple[str, ...] = (
     "worker.rollout.gpu_memory_utilization", "worker.rollout.cpu_kvcache_space_gib",
     "worker.rollout.update_weights_bucket_megabytes", "worker.rollout.enforce_eager",
     "worker.rollout.enable_chunked_prefill", "worker.rollout.max_num_batched_tokens", "worker.rollout.disable_tqdm",
-    "worker.nccl_timeout", "worker.env_vars*", "worker.reward.timeout_s",
+    "worker.nccl_timeout", "worker.env_vars*", "worker.reward.timeout_s", "trainer.check_collectives",
     "worker.reward.reward_model.micro_batch_size_per_device",
     "worker.rollout.limit_videos",  # vLLM's per-prompt capacity, raised from the data at start-up
     "worker.rollout.multi_turn.patience",  # which round a turn rides in, not what it samples (agents/scheduler.py)

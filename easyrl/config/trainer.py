@@ -127,6 +127,11 @@ class TrainerConfig:
     """wandb only: tags of the run (None: ``WANDB_TAGS``, or none)."""
     balance_batch: bool = True
     """Reorder each step's batch so that every worker's share holds about as many tokens (Karmarkar-Karp)."""
+    check_collectives: bool = False
+    """Check that every rank issues the same collectives (op, dtype, shape, group, device type), call by call, and
+    fail naming the first that differs instead of hanging in NCCL/HCCL: for debugging a hang (each collective then
+    waits for its peers through the process group's store). ``EASYRL_CHECK_COLLECTIVES=1`` turns it on too; the test
+    suite runs with it on (``easyrl.workers.collectives``)."""
 
     def check(self) -> None:
         """The loggers named exist and are installed (``check_backends``); ``resume_mode: resume_path`` has its

@@ -71,6 +71,11 @@ def as_dict(sim: Optional[Simulation], estimate: MemoryEstimate, problem: Option
             "fits": problem is None, "problem": problem}
 
 
+NOT_SEEN = ("not seen: the other ranks (rank 0 runs alone, its collectives meet no peer: run a CPU test with "
+            "EASYRL_CHECK_COLLECTIVES=1 for that), vLLM beyond its gpu_memory_utilization share, NPU op coverage "
+            "(an NPU is simulated as a fake CUDA device): docs/simulate.md")
+
+
 def table(sim: Optional[Simulation], estimate: MemoryEstimate, problem: Optional[str], device: str,
           world: int, judge: Optional[dict[str, float]] = None) -> str:
     """A table a person can read (GiB per device)."""
@@ -96,7 +101,7 @@ def table(sim: Optional[Simulation], estimate: MemoryEstimate, problem: Optional
     if judge:
         lines.append(f"judge vLLM weights (one engine per device): {judge['weights_gib']:.1f} GiB of a "
                      f"{judge['claim_gib']:.1f} GiB worker.reward.judge.gpu_memory_utilization claim")
-    lines += ["", "fits" if problem is None else f"DOES NOT FIT: {problem}"]
+    lines += ["", NOT_SEEN, "fits" if problem is None else f"DOES NOT FIT: {problem}"]
     return "\n".join(lines)
 
 

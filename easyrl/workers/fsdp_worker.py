@@ -32,7 +32,7 @@ from easyrl.device import (
 )
 from easyrl.models.hub_snapshot import local_model_path
 from easyrl.quiet import quiet_libraries
-from easyrl.workers import vllm_compat, weight_sync
+from easyrl.workers import collectives, vllm_compat, weight_sync
 from easyrl.workers.fsdp_model import TORCH_DTYPES, gather_full_state_dict
 from easyrl.workers.mm_staging import MultiModalStage
 from easyrl.workers.roles import build_roles
@@ -118,6 +118,13 @@ class FSDPWorker:
         self.torch_device = torch_device(self.device)
         dist.init_process_group(backend=collective_backend(self.device), rank=self.rank, world_size=self.world_size,
                                 timeout=datetime.timedelta(seconds=self.config.worker.nccl_timeout))
+        if collectives.contract_on(self.config.trainer.check_collectives):
+            collectives.install()  # every collective compared across the ranks, call by call
+
+    def checked(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """``method`` under the collective contract: ``WorkerGroup`` calls every method through here when the contract
+        is on, so that each method's end is compared across the ranks (``easyrl.workers.collectives.checked_call``)."""
+        return collectives.checked_call(self, method, *args, **kwargs)
 
     def init_models(self) -> dict[str, float]:
         """Build the model roles (``easyrl.workers.roles.build_roles``: the FSDP2 actor, the reference policy when a

@@ -22,6 +22,7 @@ from easyrl.batch import Batch
 from easyrl.config import PPOConfig
 from easyrl.device import ray_actor_resources
 from easyrl.quiet import worker_env
+from easyrl.workers.collectives import ENV, contract_on
 from easyrl.workers.fsdp_worker import FSDPWorker
 from easyrl.workers.rollout_layout import RolloutLayout
 from easyrl.workers.vllm_compat import in_process_engine_env
@@ -99,6 +100,8 @@ def worker_runtime_env(device: str, cpu_threads: int, user: dict[str, str]) -> d
         # vllm-ascend (0.18-0.23) keeps weights in FRACTAL_NZ by default and then refuses wake_up, which the colocated
         # engine needs after every training phase; the in-place weight sync also writes the plain ND layout
         env["VLLM_ASCEND_ENABLE_NZ"] = "0"
+    if ENV in os.environ:  # the collective contract (easyrl.workers.collectives), also on where Ray started earlier
+        env[ENV] = os.environ[ENV]
     env.update({str(k): str(v) for k, v in user.items()})
     return env
 
@@ -170,6 +173,7 @@ class WorkerGroup:
 
     def __init__(self, config: PPOConfig, device: str, worker_cls: type = FSDPWorker, training_steps: int = 0):
         began = time.time()
+        self.check_collectives = contract_on(config.trainer.check_collectives)
         world_size = config.world_size
         available = ray.cluster_resources()
         # a trained role's offloaded parameters mean a CPU Adam step (the frozen reference has no optimizer)
@@ -212,6 +216,12 @@ class WorkerGroup:
             for phase, value in seconds.items():
                 self.startup_seconds[phase] = max(value, self.startup_seconds.get(phase, 0.0))
 
+    def _call(self, worker: Any, name: str, *args: Any, **kwargs: Any) -> Any:
+        """One remote call of method ``name``; through ``FSDPWorker.checked`` under the collective contract."""
+        if self.check_collectives:
+            return worker.checked.remote(name, *args, **kwargs)
+        return getattr(worker, name).remote(*args, **kwargs)
+
     @property
     def world_size(self) -> int:
         """Number of workers."""
@@ -226,7 +236,7 @@ class WorkerGroup:
             WorkerError: a worker died or raised (see :func:`gather`).
         """
         name = method_name(method)
-        return gather([getattr(w, name).remote(*args, **kwargs) for w in self.workers], name)
+        return gather([self._call(w, name, *args, **kwargs) for w in self.workers], name)
 
     def run_split(self, method: Callable[..., Any], batch: Batch, **kwargs: Any) -> list[Any]:
         """Call ``method`` (e.g. ``FSDPWorker.compute_log_probs``) on every worker with its data-parallel group's
@@ -266,7 +276,7 @@ class WorkerGroup:
         shares = batch.chunk(layout.dp_size)
         if layout.tensor_parallel_size > 1:  # one copy in Ray's object store for the ranks of a group
             shares = [ray.put(share) for share in shares]
-        refs = [getattr(w, name).remote(share, **kwargs) for w, share in zip(self.workers, layout.dispatch(shares))]
+        refs = [self._call(w, name, share, **kwargs) for w, share in zip(self.workers, layout.dispatch(shares))]
         return layout.collect(gather(refs, name))
 
     def shutdown(self, close_timeout_s: float = 30.0) -> None:

@@ -92,18 +92,21 @@ class FSDPTrainable:
 
     def _micro_batches(self, data: Batch, micro_batch_size: int) -> list[tuple[list[int], Batch]]:
         """``(indices, micro-batch)`` pairs covering ``data``: fixed ``micro_batch_size`` pieces, or with
-        ``dynamic_batching`` pieces of at most ``max_token_len_per_device`` tokens (default ``micro_batch_size`` x
-        the padded sequence length), as many on every rank (a MAX all-reduce)."""
-        if not self.config.dynamic_batching:
-            return [(list(range(s, min(s + micro_batch_size, len(data)))), piece)
-                    for s, piece in zip(range(0, len(data), micro_batch_size), data.split(micro_batch_size))]
+        ``dynamic_batching`` pieces of at most ``max_token_len_per_device`` x ``ulysses_size`` tokens (default
+        ``micro_batch_size`` x the padded sequence length), as many on every rank (a MAX all-reduce, which on a VL model also agrees on the
+        vision-tower passes per micro-batch: ``VisionHooks.tower_passes``)."""
         lengths = data["attention_mask"].sum(-1).tolist()
         sp = self.sp.size if self.sp else 1  # a micro-batch is split over the sequence-parallel group's devices
         budget = (self.config.max_token_len_per_device or 0) * sp or micro_batch_size * data["attention_mask"].shape[1]
-        count = torch.tensor(count_micro_batches(lengths, budget), device=self.torch_device)
-        dist.all_reduce(count, op=dist.ReduceOp.MAX)
-        parts = dynamic_micro_batches(lengths, int(count.item()))
-        return [(part, data.select(part)) for part in parts]
+        count = count_micro_batches(lengths, budget) if self.config.dynamic_batching else 0
+        if self.config.dynamic_batching or self.vision.has_vision:  # the same on every rank
+            agreed = torch.tensor([count, self.vision.local_passes(data)], device=self.torch_device)
+            dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+            count, self.vision.tower_passes = int(agreed[0]), max(1, int(agreed[1]))
+        if not self.config.dynamic_batching:
+            return [(list(range(s, min(s + micro_batch_size, len(data)))), piece)
+                    for s, piece in zip(range(0, len(data), micro_batch_size), data.split(micro_batch_size))]
+        return [(part, data.select(part)) for part in dynamic_micro_batches(lengths, count)]
 
     @torch.no_grad()
     def _score_responses(self, data: Batch, micro_batch_size: int,

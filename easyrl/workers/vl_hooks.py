@@ -1,5 +1,5 @@
-"""The hooks a Qwen-VL policy (or critic) needs in every forward: a blank image for text-only micro-batches, and
-response pad ids hidden from the placeholder check.
+"""The hooks a Qwen-VL policy (or critic) needs in every forward: blank images, so that every rank runs the vision
+tower as many times per micro-batch, and response pad ids hidden from the placeholder check.
 
 ``VisionHooks`` wraps one sharded model: on a VL model it registers a forward hook on the token embedding
 (``blank_image_hook``), replaces the inner model's ``get_placeholder_mask`` (``placeholder_mask``) and its
@@ -22,6 +22,8 @@ from easyrl.workers.vl_tokens import mm_token_type_ids, stray_pads, visual_pad_i
 
 __all__ = ["VisionHooks", "merge_multimodal"]
 
+MODALITY_KEYS = ("pixel_values", "pixel_values_videos")  # one vision-tower pass each
+
 
 class VisionHooks:
     """The VL hooks of one (sharded) Hugging Face model, installed at construction.
@@ -40,7 +42,8 @@ class VisionHooks:
         self.model = model
         self.has_vision = getattr(hf_config, "vision_config", None) is not None
         self.pad_ids = visual_pad_ids(hf_config)
-        self.add_blank_image = False
+        self.tower_passes = 1  # vision-tower passes per micro-batch on every rank (agreed by FSDPTrainable)
+        self.blank_passes = 0
         self.stray_pads: Optional[tuple[torch.Tensor, torch.Tensor]] = None
         if self.has_vision:
             model.get_input_embeddings().register_forward_hook(self.blank_image_hook)
@@ -51,8 +54,9 @@ class VisionHooks:
     @contextmanager
     def model_inputs(self, micro: Batch, device: torch.device) -> Iterator[ModelInputs]:
         """One micro-batch's tensors moved to ``device`` (:class:`ModelInputs`: ids, masks, merged multimodal inputs,
-        ``mm_token_type_ids`` when it has images or videos), with the hooks armed for it (a blank image if it has none
-        on a VL model, its stray response pads hidden) until the ``with`` block ends."""
+        ``mm_token_type_ids`` when it has images or videos), with the hooks armed for it until the ``with`` block
+        ends: on a VL model ``tower_passes`` minus its modalities (images, videos) blank images, its stray response
+        pads hidden."""
         input_ids = micro["input_ids"].to(device)
         attention_mask = micro["attention_mask"].to(device)
         multi_modal = merge_multimodal(micro.extras.get("multi_modal_inputs", []), device)
@@ -63,25 +67,39 @@ class VisionHooks:
         stray = stray_pads(input_ids, prompt_len, self.pad_ids, response_mask) if self.pad_ids else None
         if stray is not None and stray.any():  # see placeholder_mask
             self.stray_pads = (stray, attention_mask.bool())
-        self.add_blank_image = self.has_vision and not visual
+        if self.has_vision:
+            self.blank_passes = self.tower_passes - sum(key in multi_modal for key in MODALITY_KEYS)
         try:
             yield ModelInputs(input_ids, attention_mask, response_mask, multi_modal, types)
         finally:
-            self.add_blank_image = False
+            self.blank_passes = 0
             self.stray_pads = None
 
+    def local_passes(self, data: Batch) -> int:
+        """Vision-tower passes a micro-batch of ``data`` may need: 0 on a text model, else 1 or, when ``data`` holds
+        both images and videos, 2. The ranks agree on the maximum (``tower_passes``) before their micro-batches run."""
+        if not self.has_vision:
+            return 0
+        inputs = [sample for sample in data.extras.get("multi_modal_inputs", []) if sample]
+        return max(1, sum(any(key in sample for sample in inputs) for key in MODALITY_KEYS))
+
     def blank_image_hook(self, module: torch.nn.Module, args: Any, embeds: torch.Tensor) -> torch.Tensor:
-        """Forward hook of the token embedding of a VL model: for a micro-batch without images, add 0 * the vision
-        tower's output on one blank image of 2x2 patches to the embeddings ``(bsz, seq_len, hidden)``.
+        """Forward hook of the token embedding of a VL model: add 0 * the vision tower's output on one blank image of
+        2x2 patches to the embeddings ``(bsz, seq_len, hidden)``, ``blank_passes`` times.
 
         FSDP2 gathers (forward) and reduce-scatters (backward) each block's shards collectively, in the order the
         blocks ran in the forward (it also prefetches by that order), so every rank must run the vision tower at the
         same point of every micro-batch if any rank does: a micro-batch without images on one rank while another
-        rank's has some would otherwise hang. The model embeds tokens right before it encodes images, so running the
-        tower here, inside the root's forward, reproduces the order of an image batch.
+        rank's has some would otherwise hang. Qwen-VL runs the tower once for the images and once more for the
+        videos, so a micro-batch with both takes two passes: every other micro-batch then adds blank ones. The model
+        embeds tokens right before it encodes images, so running the tower here, inside the root's forward, reproduces
+        the order of an image batch.
         """
-        if not self.add_blank_image:
-            return embeds
+        for _ in range(self.blank_passes):
+            embeds = self._add_blank_image(embeds)
+        return embeds
+
+    def _add_blank_image(self, embeds: torch.Tensor) -> torch.Tensor:
         vision = self.model.config.vision_config
         merge = vision.spatial_merge_size
         patch_dim = vision.in_channels * vision.temporal_patch_size * vision.patch_size**2

@@ -40,9 +40,13 @@ from easyrl.workers import vllm_compat
 from easyrl.workers.fsdp_model import gather_full
 from easyrl.workers.vllm_cpu_fixes import repack_cpu_embedding_heads, repack_cpu_moe_experts
 
-# The flat all-gather of one tensor per rank into ``(world * n,)``: ``all_gather_single`` where torch has it (it
-# deprecates ``all_gather_into_tensor``, which older torch lines have only: docs/vllm-versions.md).
-flat_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def flat_all_gather(output: torch.Tensor, tensor: torch.Tensor, group=None) -> None:
+    """The flat all-gather of one tensor per rank into ``(world * n,)``: ``all_gather_single`` where torch has it (it
+    deprecates ``all_gather_into_tensor``, which older torch lines have only: docs/vllm-versions.md); looked up at
+    each call, so that the collective contract (``easyrl.workers.collectives``) sees it."""
+    (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(output, tensor, group=group)
 
 
 def sleep_level(device: str) -> Optional[int]:
