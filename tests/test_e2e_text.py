@@ -44,30 +44,15 @@ def test_text_model_trains_validates_and_exports(e2e_config, trainer_on_ray, tmp
     assert AutoTokenizer.from_pretrained(exported).eos_token == "<|im_end|>"
 
 
-def _skip_in_sync(worker, name: str) -> None:
-    """On a worker (``__ray_call__``): every weight sync from now on leaves ``name`` out of what vLLM receives but
-    reports it written, a silent broken sync that ``weight_sync.check_all_loaded`` cannot see."""
-    load = worker.rollout.load_weights
-
-    def skipping(named_tensors):
-        expected, loaded = load((key, tensor) for key, tensor in named_tensors if key != name)
-        return expected, sorted({*loaded, name})
-
-    worker.rollout.load_weights = skipping
-
-
 def test_a_broken_weight_sync_stops_the_first_step_before_the_update(e2e_text_config, trainer_on_ray, tmp_path):
     """One tensor skipped by the sync keeps vLLM's start-up dummy values (~0): the sync check (on by default) stops
     step 1 after the old-log-prob pass, before the update, with the metric, the bound and the key in the message."""
-    import ray
-
     from easyrl.errors import user_error_of
     from easyrl.workers.weight_sync import WeightSyncError
 
     config = e2e_text_config(tmp_path, "trainer.max_steps=1")
     with trainer_on_ray(config, worker_cls=InspectableWorker) as trainer:
-        ray.get([w.__ray_call__.remote(_skip_in_sync, "model.layers.0.input_layernorm.weight")
-                 for w in trainer.workers.workers])
+        trainer.workers.run_all(InspectableWorker.break_sync, "model.layers.0.input_layernorm.weight")
         before = trainer.workers.run_all(InspectableWorker.actor_state_dict)[0]
         with pytest.raises(Exception) as failure:
             trainer.fit()
