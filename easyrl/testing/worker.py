@@ -70,6 +70,18 @@ class InspectableWorker(FSDPWorker):
         self.rollout.sleep()
         return scores
 
+    def break_sync(self, name: str) -> None:
+        """Every weight sync from now on leaves the Hugging Face tensor ``name`` out of what vLLM receives but reports it
+        written: vLLM keeps its old values (start-up dummy ones before the first sync), a broken sync that
+        ``weight_sync.check_all_loaded`` cannot see and the sync check must."""
+        load = self.rollout.load_weights
+
+        def skipping(named_tensors):
+            expected, loaded = load((key, tensor) for key, tensor in named_tensors if key != name)
+            return expected, sorted({*loaded, name})
+
+        self.rollout.load_weights = skipping
+
 
 def actor_log_probs_of(trainer, batch, response: list[int]) -> torch.Tensor:
     """The actor's log-probs ``(len(response),)`` of the fixed ``response`` after the first prompt of ``batch`` (a
@@ -82,14 +94,3 @@ def actor_log_probs_of(trainer, batch, response: list[int]) -> torch.Tensor:
     batch["attention_mask"] = torch.cat([batch["prompt_mask"], batch["response_mask"]], dim=1)
     return torch.cat(trainer.workers.run_split(FSDPWorker.compute_log_probs, batch))[0, : len(response)]
 
-    def break_sync(self, name: str) -> None:
-        """Every weight sync from now on leaves the Hugging Face tensor ``name`` out of what vLLM receives but reports it
-        written: vLLM keeps its old values (start-up dummy ones before the first sync), a broken sync that
-        ``weight_sync.check_all_loaded`` cannot see and the sync check must."""
-        load = self.rollout.load_weights
-
-        def skipping(named_tensors):
-            expected, loaded = load((key, tensor) for key, tensor in named_tensors if key != name)
-            return expected, sorted({*loaded, name})
-
-        self.rollout.load_weights = skipping
