@@ -51,7 +51,7 @@ def test_a_broken_weight_sync_stops_the_first_step_before_the_update(e2e_text_co
     from easyrl.errors import user_error_of
     from easyrl.workers.weight_sync import WeightSyncError
 
-    config = e2e_text_config(tmp_path, "trainer.max_steps=1")
+    config = e2e_text_config(tmp_path, "trainer.max_steps=1", "trainer.n_gpus_per_node=1")  # one engine: cheaper
     with trainer_on_ray(config, worker_cls=InspectableWorker) as trainer:
         trainer.workers.run_all(InspectableWorker.break_sync, "model.layers.0.input_layernorm.weight")
         before = trainer.workers.run_all(InspectableWorker.actor_state_dict)[0]
