@@ -195,6 +195,17 @@ def test_on_policy_update_without_old_log_prob_pass(process_group, tiny_model_pa
         torch.testing.assert_close(grad, with_old[name], atol=1e-6, rtol=1e-4, msg=name)
     with pytest.raises(ValueError, match="old_log_probs are needed"):
         policy.update_policy(data, mini_batch_size=len(data) // 2, micro_batch_size=2)
+    # the weight-sync check on the update's own log-probs, before its optimizer step: a correct engine passes, one
+    # whose log-probs are off by 0.3 nats stops the update with every weight unchanged
+    from easyrl.workers.weight_sync import WeightSyncError
+
+    data["rollout_log_probs"] = policy.compute_log_probs(data, 2, temperature=1.0) + 1e-4
+    policy.update_policy(data, mini_batch_size=len(data), micro_batch_size=2, sync_threshold=0.1)
+    weights = {n: p.full_tensor().clone() for n, p in policy.model.named_parameters()}
+    data["rollout_log_probs"] = policy.compute_log_probs(data, 2, temperature=1.0) - 0.3
+    with pytest.raises(WeightSyncError, match="rollout/log_prob_diff_median = 0.3"):
+        policy.update_policy(data, mini_batch_size=len(data), micro_batch_size=2, sync_threshold=0.1)
+    assert all(torch.equal(p.full_tensor(), weights[n]) for n, p in policy.model.named_parameters())
 
 
 def test_router_aux_loss_of_an_moe_actor(process_group, tiny_model_path):

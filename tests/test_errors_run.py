@@ -144,3 +144,12 @@ def test_a_real_config_refuses_a_checkpoint_of_other_ranks(tmp_path, e2e_text_co
     commit_checkpoint(config.trainer.save_checkpoint_path, 2, _full_checkpoint({**identity, "world_size": 1}))
     check_resumable(e2e_text_config(tmp_path, "trainer.n_gpus_per_node=1", "worker.actor.global_batch_size=2"))
     expect_user_error(lambda: check_resumable(config), "run", "global_step_2", "= 1, this run has 2")
+
+
+def test_broken_weight_sync(expect_user_error):  # K06
+    from easyrl.workers.weight_sync import check_weight_sync
+
+    check_weight_sync(0.1, 0.1)  # at the bound: goes on
+    check_weight_sync(5.0, None)  # off
+    expect_user_error(lambda: check_weight_sync(0.25, 0.1), "sync", "rollout/log_prob_diff_median = 0.25",
+                      "worker.actor.rollout_sync_threshold = 0.1", "w13_weight")

@@ -41,6 +41,36 @@ def test_values_and_gradients_match(chunk, temperature):
     torch.testing.assert_close(a_w.grad.double(), b_w.grad, atol=1e-4, rtol=1e-4)
 
 
+def test_bf16_weight_gradient_is_one_bf16_gemm_per_chunk_and_as_close_as_the_plain_heads():
+    """The dW GEMM runs in the compute dtype (bf16 tensor cores on CUDA, not fp32), summed over chunks in fp32: its
+    error against fp64 stays within the plain bf16 head's (whose autograd also runs dW in bf16)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    h, w, labels = _data(tokens=96, hidden=32, vocab=301)
+    u = torch.randn(len(labels), generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    gemms = []
+
+    class RecordGemms(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.addmm_.default):
+                gemms.append((tuple(args[-2].shape), tuple(args[-1].shape), args[-1].dtype))
+            return func(*args, **(kwargs or {}))
+
+    a_w = w.bfloat16().requires_grad_(True)
+    lp, _ = linear_log_probs(h.bfloat16(), a_w, labels, chunk_tokens=32, entropy_grad=False)
+    with RecordGemms():
+        (lp.double() * u).sum().backward()
+    dw_gemms = [dtype for a, b, dtype in gemms if a == (w.shape[0], 32) and b == (32, w.shape[1])]  # (V,c)(c,H)
+    assert dw_gemms == [torch.bfloat16] * 3, gemms
+    b_w = w.bfloat16().requires_grad_(True)
+    (_naive(h.bfloat16(), b_w, labels, 1.0)[0].double() * u).sum().backward()
+    ref_w = w.clone().requires_grad_(True)
+    (_naive(h, ref_w, labels, 1.0)[0] * u).sum().backward()
+    fused_err = (a_w.grad.double() - ref_w.grad).abs().max()
+    plain_err = (b_w.grad.double() - ref_w.grad).abs().max()
+    assert a_w.grad.dtype == torch.bfloat16 and fused_err <= max(plain_err, 1e-2 * ref_w.grad.abs().max())
+
+
 def test_no_entropy_gradient_when_not_asked():
     h, w, labels = _data()
     a_w = w.float().requires_grad_(True)

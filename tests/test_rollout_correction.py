@@ -74,8 +74,10 @@ def test_opo_and_gpg_hand_values():
 
 
 @pytest.mark.parametrize("overrides, words", [
-    (["worker.actor.rollout_is=token"], ["worker.actor.rollout_is", "calculate_log_probs"]),
-    (["worker.actor.loss_type=bypass_mode"], ["bypass_mode", "calculate_log_probs"]),
+    (["worker.rollout.calculate_log_probs=false", "worker.actor.rollout_is=token"],
+     ["worker.actor.rollout_is", "calculate_log_probs"]),
+    (["worker.rollout.calculate_log_probs=false", "worker.actor.loss_type=bypass_mode"],
+     ["bypass_mode", "calculate_log_probs"]),
     (["worker.rollout.calculate_log_probs=true", "worker.actor.rollout_is=tokens"], ["rollout_is", "tokens"]),
     (["worker.rollout.calculate_log_probs=true", "worker.actor.rollout_is=token", "worker.actor.tis_cap=2.0"],
      ["tis_cap", "rollout_is"]),
@@ -104,3 +106,34 @@ def test_valid_settings_load_and_rollout_correction_needs_old_log_probs():
     assert not config.on_policy_update
     config.worker.actor.rollout_rs = None
     assert config.on_policy_update
+
+
+def test_the_sync_gap_is_a_median_that_outlier_tokens_cannot_move():
+    from easyrl.algorithms.rollout_correction import log_prob_diff_median
+
+    old = torch.zeros(4, 8)
+    mask = torch.ones(4, 8)
+    mask[:, 6:] = 0
+    rollout = old + 1e-3
+    rollout[0, :3] -= 5.0  # 3 of 24 valid tokens far off (bf16 on low-probability tokens): the median stays
+    rollout[:, 6:] = 9.0  # padding is ignored
+    assert log_prob_diff_median(old, rollout, mask) == pytest.approx(1e-3)
+    assert log_prob_diff_median(old, old - 0.3 * mask, mask) == pytest.approx(0.3)  # most tokens moved
+    assert log_prob_diff_median(old, rollout, torch.zeros(4, 8)) == 0.0
+
+
+@pytest.mark.parametrize("overrides, threshold", [
+    ([], 0.1),
+    (["worker.actor.rollout_sync_threshold=0.5"], 0.5),
+    (["worker.actor.rollout_sync_threshold=null"], None),
+    (["worker.rollout.calculate_log_probs=false"], None),
+    (["worker.rollout.top_p=0.9"], None),  # vLLM reports the truncated distribution's log-probs
+    (["worker.rollout.top_k=20"], None),
+])
+def test_the_sync_check_is_on_by_default_where_the_distributions_agree(overrides, threshold):
+    assert load_config([*BASE, *overrides]).sync_check_threshold == threshold
+
+
+def test_the_sync_threshold_must_be_positive(expect_user_error):
+    expect_user_error(lambda: load_config([*BASE, "worker.actor.rollout_sync_threshold=0"]), "config",
+                      "worker.actor.rollout_sync_threshold")

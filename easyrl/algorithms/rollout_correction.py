@@ -1,6 +1,7 @@
 """Rollout correction between the rollout engine's and the trainer's log-probs: truncated importance sampling
 (:func:`compute_tis_weights`, ``worker.actor.tis_cap``), sequence-level IS, IcePop (masked IS)
-and rejection sampling (:func:`compute_rollout_correction_weights`, :func:`compute_rollout_rejection_mask`)."""
+and rejection sampling (:func:`compute_rollout_correction_weights`, :func:`compute_rollout_rejection_mask`); and the
+gap the weight-sync check reads (:func:`log_prob_diff_median`, ``easyrl.workers.weight_sync.check_weight_sync``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from easyrl.algorithms.masked_ops import masked_mean, masked_sum
 from easyrl.algorithms.policy_losses import LOG_RATIO_CLAMP
 
 __all__ = ["ROLLOUT_IS_LEVELS", "ROLLOUT_RS_OPTIONS", "compute_rollout_correction_weights", "correct_rollout",
-           "compute_rollout_rejection_mask", "compute_tis_weights", "parse_rs_thresholds"]
+           "compute_rollout_rejection_mask", "compute_tis_weights", "log_prob_diff_median", "parse_rs_thresholds"]
 
 
 @torch.no_grad()
@@ -64,6 +65,16 @@ def compute_tis_weights(
         "rollout/log_ppl_diff": float(masked_mean(seq_diff, seq_valid)),
     }
     return weights, metrics
+
+
+@torch.no_grad()
+def log_prob_diff_median(old_log_prob: torch.Tensor, rollout_log_probs: torch.Tensor,
+                         response_mask: torch.Tensor) -> float:
+    """Median over the valid tokens of ``|rollout_log_probs - old_log_prob|`` (nats; 0.0 without a valid token): the
+    engine/actor gap of the sampled tokens that a few outlier tokens (bf16 kernels on low-probability tokens) cannot
+    move, while a stale or missing tensor moves most tokens. All ``(bsz, resp_len)``."""
+    diff = (rollout_log_probs - old_log_prob).abs()[response_mask.bool()]
+    return float(diff.float().median()) if diff.numel() else 0.0
 
 
 ROLLOUT_IS_LEVELS = ("token", "sequence")

@@ -37,6 +37,11 @@ class ActorConfig(TrainedRoleConfig):
     not computed. The released Qwen3-MoE checkpoints were pre-trained with 0.001."""
     tis_cap: Optional[Annotated[float, POSITIVE]] = None
     """Truncated importance sampling cap against vLLM's sampled-token log-probs; None disables it."""
+    rollout_sync_threshold: Optional[Annotated[float, POSITIVE]] = 0.1
+    """Weight-sync check: the run stops before the update when the median over the step's response tokens of
+    ``|log p_vLLM - log p_actor|`` (``rollout/log_prob_diff_median``, nats) exceeds it; a correct sync stays far
+    below (docs/metrics.md). Checked when vLLM's log-probs are kept (``worker.rollout.calculate_log_probs``) and it
+    samples the untruncated distribution (top_p 1, top_k off, temperature > 0); None: off."""
     clip_cov_ratio: Annotated[float, POSITIVE] = 2e-4
     """``loss_type: clip_cov``: fraction of the micro-batch's tokens whose gradient is detached (verl's default)."""
     clip_cov_lb: float = 1.0

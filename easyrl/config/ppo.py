@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Optional
 
 from easyrl.config.algorithm import AlgorithmConfig
 from easyrl.config.data import DataConfig
@@ -88,6 +89,14 @@ class PPOConfig:
         """Whether a reference model is built: a KL term (loss or in-reward) uses the reference policy
         (``algorithm.needs_reference``) and the actor has no LoRA adapter (:attr:`uses_lora`)."""
         return self.algorithm.needs_reference and not self.uses_lora
+
+    @property
+    def sync_check_threshold(self) -> Optional[float]:
+        """``worker.actor.rollout_sync_threshold`` where the weight-sync check applies: vLLM's log-probs are kept and
+        are of the distribution the actor scores (temperature > 0, no top-p/top-k truncation); else None."""
+        rollout = self.worker.rollout
+        untruncated = rollout.temperature > 0 and rollout.top_p == 1.0 and rollout.top_k <= 0
+        return self.worker.actor.rollout_sync_threshold if rollout.calculate_log_probs and untruncated else None
 
     @property
     def world_size(self) -> int:

@@ -56,7 +56,8 @@ def _sampling_messages(config: PPOConfig) -> list[str]:
             f"worker.rollout.top_p={rollout.top_p} / top_k={rollout.top_k} with worker.rollout.calculate_log_probs"
             f" (tis_cap={actor.tis_cap}): vLLM reports log-probs of the truncated (top-p/top-k) distribution while "
             "the actor computes the full one, so rollout/* mismatch metrics and TIS weights compare different "
-            "distributions (the TIS blog and verl's rollout correction assume top_p=1, top_k=-1)."
+            "distributions (the TIS blog and verl's rollout correction assume top_p=1, top_k=-1), and the weight-sync "
+            "check (worker.actor.rollout_sync_threshold) is off."
         )
     greedy = (rollout.temperature == 0 or rollout.top_k == 1) and rollout.n > 1
     if greedy and not algo.estimator("group"):  # a group estimator learns nothing: an error (checks.py)

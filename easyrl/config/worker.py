@@ -53,8 +53,9 @@ class RolloutConfig:
     limit_images: Annotated[int, NON_NEGATIVE] = 1
     """Images per prompt at most (vLLM's ``limit_mm_per_prompt``); in a multi-turn rollout the prompt's and the tools'
     images of one conversation (more tool images are dropped and counted, docs/agents.md "Tool images")."""
-    calculate_log_probs: bool = False
-    """Keep vLLM's sampled-token log-probs (``rollout_log_probs``), needed by ``worker.actor.tis_cap``."""
+    calculate_log_probs: bool = True
+    """Keep vLLM's sampled-token log-probs (``rollout_log_probs``): the weight-sync check
+    (``worker.actor.rollout_sync_threshold``), ``rollout/*`` mismatch metrics, ``worker.actor.tis_cap``."""
     val_override_config: dict[str, Any] = field(default_factory=lambda: {"temperature": 0.6, "n": 1})
     """Sampling settings that replace the above during validation."""
     disable_tqdm: bool = True

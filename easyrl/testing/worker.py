@@ -27,7 +27,8 @@ class InspectableWorker(FSDPWorker):
       updates from the same start (e.g. one per loss setting);
     * ``update_config``: adopt new loss settings between steps (the trainer's config changed by the test);
     * ``rollout_score``: vLLM's teacher-forced log-probs of a fixed sequence, to check that the engine holds exactly
-      the actor's weights.
+      the actor's weights;
+    * ``break_sync``: plant a silently broken weight sync (one tensor skipped, reported written).
     """
 
     def _actor_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
@@ -69,6 +70,18 @@ class InspectableWorker(FSDPWorker):
         self.rollout.sleep()
         return scores
 
+    def break_sync(self, name: str) -> None:
+        """Every weight sync from now on leaves the Hugging Face tensor ``name`` out of what vLLM receives but reports it
+        written: vLLM keeps its old values (start-up dummy ones before the first sync), a broken sync that
+        ``weight_sync.check_all_loaded`` cannot see and the sync check must."""
+        load = self.rollout.load_weights
+
+        def skipping(named_tensors):
+            expected, loaded = load((key, tensor) for key, tensor in named_tensors if key != name)
+            return expected, sorted({*loaded, name})
+
+        self.rollout.load_weights = skipping
+
 
 def actor_log_probs_of(trainer, batch, response: list[int]) -> torch.Tensor:
     """The actor's log-probs ``(len(response),)`` of the fixed ``response`` after the first prompt of ``batch`` (a
@@ -80,3 +93,4 @@ def actor_log_probs_of(trainer, batch, response: list[int]) -> torch.Tensor:
     batch["input_ids"] = torch.cat([batch["prompts"], batch["responses"]], dim=1)
     batch["attention_mask"] = torch.cat([batch["prompt_mask"], batch["response_mask"]], dim=1)
     return torch.cat(trainer.workers.run_split(FSDPWorker.compute_log_probs, batch))[0, : len(response)]
+

@@ -13,7 +13,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from easyrl.algorithms.rollout_correction import compute_tis_weights
+from easyrl.algorithms.rollout_correction import compute_tis_weights, log_prob_diff_median
 from easyrl.batch import Batch
 
 
@@ -177,10 +177,13 @@ def timer(name: str, timing: dict[str, float]):
 def rollout_mismatch_metrics(batch: Batch) -> dict[str, float]:
     """How far vLLM's sampled-token log-probs are from the actor's recomputed ones (same weights, other kernels):
     ``rollout/probs_diff_{mean,max}``, ``rollout/log_ppl_diff`` (see ``compute_tis_weights``) and
-    ``rollout/log_prob_diff_max`` = max |logp_rollout - logp_old| over valid tokens."""
+    ``rollout/log_prob_diff_max`` = max |logp_rollout - logp_old| over valid tokens and
+    ``rollout/log_prob_diff_median`` (``log_prob_diff_median``: what the weight-sync check reads)."""
     mask = batch["response_mask"]
     _, metrics = compute_tis_weights(batch["old_log_probs"], batch["rollout_log_probs"], mask, cap=float("inf"))
     del metrics["rollout/tis_weight_mean"], metrics["rollout/tis_clip_frac"]
     diff = (batch["rollout_log_probs"] - batch["old_log_probs"]).abs() * mask
     metrics["rollout/log_prob_diff_max"] = diff.max().item()
+    metrics["rollout/log_prob_diff_median"] = log_prob_diff_median(batch["old_log_probs"], batch["rollout_log_probs"],
+                                                                    mask)
     return metrics

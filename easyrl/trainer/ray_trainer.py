@@ -65,6 +65,7 @@ from easyrl.workers.fsdp_worker import FSDPWorker
 from easyrl.workers.group import WorkerError, WorkerGroup
 from easyrl.workers.mm_staging import has_multi_modal, stage_references, staging_batch
 from easyrl.workers.seqlen_balancing import balanced_rank_order
+from easyrl.workers.weight_sync import check_weight_sync
 
 logger = logging.getLogger("easyrl.trainer")
 
@@ -251,6 +252,7 @@ class RayPPOTrainer:
                     batch["old_log_probs"] = torch.cat(old, dim=0)
                 if "rollout_log_probs" in batch:
                     metrics.update(rollout_mismatch_metrics(batch))
+                    check_weight_sync(metrics["rollout/log_prob_diff_median"], cfg.sync_check_threshold)
             if cfg.algorithm.needs_reference:  # a KL term (loss or in-reward) reads the reference's log-probs
                 with timer("ref", timing):
                     ref = self.workers.run_split(FSDPWorker.compute_ref_log_probs, for_workers(batch, staged))
@@ -290,7 +292,7 @@ class RayPPOTrainer:
                 with timer("update_actor", timing):
                     actor_metrics = self.workers.run_split(FSDPWorker.update_actor, for_workers(batch, staged))
             worker_metrics += actor_metrics
-            if on_policy and actor_metrics:  # the update's own (pre-step) log-probs are the old ones
+            if on_policy and actor_metrics:  # the update's own (pre-step) log-probs (sync checked before the step)
                 batch["old_log_probs"] = torch.cat([m.pop("old_log_probs") for m in actor_metrics], dim=0)
                 if "rollout_log_probs" in batch:
                     metrics.update(rollout_mismatch_metrics(batch))

@@ -281,7 +281,7 @@ class FSDPWorker:
         mini = cfg.worker.actor.global_batch_size * cfg.worker.rollout.n // cfg.dp_size
         data = self.mm_stage.attach(data)
         metrics: dict[str, Any] = self.actor.update_policy(
-            data, mini, cfg.worker.actor.micro_batch_size_per_device_for_update)
+            data, mini, cfg.worker.actor.micro_batch_size_per_device_for_update, cfg.sync_check_threshold)
         if self.actor.on_policy_log_probs is not None:
             metrics["old_log_probs"] = self.actor.on_policy_log_probs
         self.weights_dirty = True

@@ -4,21 +4,23 @@ and policy-gradient updates. The trainable actor, and frozen, the reference poli
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import torch
+import torch.distributed as dist
 from transformers import AutoConfig
 
 from easyrl.algorithms.kl import kl_penalty
 from easyrl.algorithms.loss_agg import agg_loss
 from easyrl.algorithms.policy_losses import POLICY_LOSSES, PolicyLossInputs, PolicyLossSettings
-from easyrl.algorithms.rollout_correction import correct_rollout
+from easyrl.algorithms.rollout_correction import correct_rollout, log_prob_diff_median
 from easyrl.batch import Batch
 from easyrl.config import ActorConfig
 from easyrl.errors import ConfigError
 from easyrl.models.fused_head import FusedLogProbHead
 from easyrl.workers.policy_forward import PolicyScores, response_scores
 from easyrl.workers.trainable import FSDPTrainable, token_share
+from easyrl.workers.weight_sync import check_weight_sync
 
 __all__ = ["FSDPPolicy", "has_router"]
 
@@ -56,7 +58,8 @@ class FSDPPolicy(FSDPTrainable):
         return self._score_responses(data, micro_batch_size,
                                      lambda micro: self._forward(micro, temperature, with_entropy=False).log_probs)
 
-    def update_policy(self, data: Batch, mini_batch_size: int, micro_batch_size: int) -> dict[str, list[float]]:
+    def update_policy(self, data: Batch, mini_batch_size: int, micro_batch_size: int,
+                      sync_threshold: Optional[float] = None) -> dict[str, list[float]]:
         """``ppo_epochs`` passes of clipped policy-gradient updates over this worker's share of the rollout batch.
 
         Args:
@@ -67,12 +70,16 @@ class FSDPPolicy(FSDPTrainable):
                 they are kept in ``self.on_policy_log_probs`` ``(bsz, resp_len)``.
             mini_batch_size: samples of this worker per optimizer step (``global_batch_size * n / world_size``).
             micro_batch_size: samples per forward/backward (or the token budget's unit with dynamic batching).
+            sync_threshold: ``PPOConfig.sync_check_threshold``; on an on-policy step with ``rollout_log_probs`` the
+                weight-sync check runs on the update's own log-probs before its optimizer step (collective: the
+                largest of the ranks' ``log_prob_diff_median``), as the trainer's runs after an old-log-prob pass.
 
         Returns:
             metric name -> values (one per micro-batch or per optimizer step); the trainer averages them.
 
         Raises:
             ValueError: ``old_log_probs`` is missing but the update takes several optimizer steps.
+            WeightSyncError: the on-policy weight-sync check failed (no weight was changed).
         """
         cfg = self.config
         policy_loss_fn = POLICY_LOSSES.get(cfg.loss_type)
@@ -87,7 +94,15 @@ class FSDPPolicy(FSDPTrainable):
             if on_policy:
                 self.on_policy_log_probs[indices] = log_probs.float().cpu()
 
-        return self.run_epochs(data, mini_batch_size, micro_batch_size, backward_micro, role="actor")
+        def check_sync() -> None:
+            gap = log_prob_diff_median(self.on_policy_log_probs, data["rollout_log_probs"], data["response_mask"])
+            gap = torch.tensor([gap], device=self.torch_device)
+            dist.all_reduce(gap, op=dist.ReduceOp.MAX)  # every rank stops, or none
+            check_weight_sync(gap.item(), sync_threshold)
+
+        checks = on_policy and sync_threshold is not None and "rollout_log_probs" in data
+        return self.run_epochs(data, mini_batch_size, micro_batch_size, backward_micro, role="actor",
+                               before_step=check_sync if checks else None)
 
     def _backward_micro(self, micro: Batch, policy_loss_fn, agg_kwargs: dict,
                         step_metrics: dict[str, float]) -> torch.Tensor:

@@ -121,11 +121,12 @@ class FSDPTrainable:
 
     def run_epochs(self, data: Batch, mini_batch_size: int, micro_batch_size: int,
                    backward_micro: Callable[[torch.Tensor, Batch, dict, dict], None],
-                   role: str) -> dict[str, list[float]]:
+                   role: str, before_step: Optional[Callable[[], None]] = None) -> dict[str, list[float]]:
         """``ppo_epochs`` reshuffled passes over ``data`` (the actor's and the critic's update loop): per mini-batch,
         the global token/sequence counts (all-reduced), ``backward_micro(indices, micro, agg_kwargs, step_metrics)``
-        per micro-batch (``indices``: the micro-batch's rows in ``data``), gradient clipping to ``max_grad_norm`` and
-        one optimizer step (skipped on a non-finite norm); then one LR-schedule step.
+        per micro-batch (``indices``: the micro-batch's rows in ``data``), ``before_step()`` (if given; it may raise to
+        stop before any weight moves), gradient clipping to ``max_grad_norm`` and one optimizer step (skipped on a
+        non-finite norm); then one LR-schedule step.
 
         Returns:
             metric name -> values: what ``backward_micro`` added per optimizer step, ``<role>/grad_norm`` per step,
@@ -153,6 +154,8 @@ class FSDPTrainable:
                 step_metrics: dict[str, float] = defaultdict(float)
                 for index, micro in self._micro_batches(mini, micro_batch_size):
                     backward_micro(mini_index[index], micro, agg_kwargs, step_metrics)
+                if before_step is not None:
+                    before_step()
                 grad_norm = clip_grad_norm(self.model.parameters(), cfg.max_grad_norm, self.torch_device)
                 skipped = skip_nonfinite_step(grad_norm.item(), self.consecutive_skips, cfg.max_consecutive_skips,
                                               role)

@@ -22,6 +22,10 @@ Sequence (``sync_weights``)::
   level-2 sleep, garbage). ``sync_weights`` records the names vLLM's ``load_weights`` reports and raises naming every
   vLLM parameter that was not written, so a renamed key stops the run instead of training on stale rollouts.
 
+A tensor written with the wrong values (a transposed layout, a loader changed by an upgrade) passes that check; the
+next step's log-probs do not: ``check_weight_sync`` stops the run before the update when vLLM's sampled-token log-probs
+are far from the actor's (``worker.actor.rollout_sync_threshold``).
+
 Why vLLM's own weight-transfer engines and checksums are not used: docs/vllm-versions.md.
 """
 
@@ -36,6 +40,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Shard
 
 from easyrl.device import empty_cache
+from easyrl.errors import UserError
 from easyrl.workers import vllm_compat
 from easyrl.workers.fsdp_model import gather_full
 from easyrl.workers.vllm_cpu_fixes import repack_cpu_embedding_heads, repack_cpu_moe_experts
@@ -230,3 +235,35 @@ def sync_weights(state: dict[str, torch.Tensor], rollout: Any, device: str, torc
     expected, loaded = rollout.load_weights(weights)
     empty_cache(device)
     check_all_loaded(set(expected), set(loaded))
+
+
+SYNC_KEY = "worker.actor.rollout_sync_threshold"
+
+
+class WeightSyncError(UserError):
+    """vLLM sampled from other weights than the actor holds (``check_weight_sync``); raised before the update."""
+
+    kind = "sync"
+
+
+def check_weight_sync(median_diff: float, threshold: Optional[float]) -> None:
+    """Stop the run when vLLM's sampled-token log-probs are too far from the actor's (a broken weight sync).
+
+    Args:
+        median_diff: the step's ``rollout/log_prob_diff_median`` (nats,
+            ``easyrl.algorithms.rollout_correction.log_prob_diff_median``).
+        threshold: ``PPOConfig.sync_check_threshold`` (None: no check); docs/metrics.md gives the gaps measured on
+            correct syncs and why a correct bf16 sync stays far below the default.
+
+    Raises:
+        WeightSyncError: ``median_diff > threshold`` (or NaN), naming the metric, the bound, the key and the causes.
+    """
+    if threshold is None or median_diff <= threshold:
+        return
+    raise WeightSyncError(
+        f"rollout/log_prob_diff_median = {median_diff:.4g} nats > {SYNC_KEY} = {threshold:g}: vLLM sampled from other "
+        "weights than the actor's, so the run stops before the update. Some vLLM tensor kept old values (start-up "
+        "dummy or an earlier step's): a parameter written in another layout (transposed or re-packed, e.g. fused MoE "
+        "experts w13_weight/w2_weight), a weight loader changed by a vLLM upgrade, a name mapped onto the wrong layer, "
+        "a LoRA merge. Check the vLLM version against docs/vllm-versions.md; raise the key (or set it to null) only if "
+        "your kernels are known to differ this much (docs/metrics.md, weight-sync check).")
