@@ -10,20 +10,21 @@ from typing import Callable
 
 from easyrl.errors import ConfigError
 
-__all__ = ["load_callable"]
+__all__ = ["check_signature", "load_callable"]
 
 
-def load_callable(spec: str, key: str) -> Callable:
+def load_callable(spec: str, key: str, called_as: str = "") -> Callable:
     """The function named by ``spec`` (``path/to/file.py:function``); the file is imported once per process under a
     name derived from its absolute path (two ``tools.py`` files do not clash).
 
     Args:
         spec: ``path/to/file.py:function``.
         key: the config key that gave it, named in errors.
+        called_as: how easyrl calls it, e.g. ``fn(text)``: the function must take one positional argument.
 
     Raises:
         ConfigError: a malformed spec, a missing file, a file that fails to import (its error is quoted), or no
-            callable of that name (the file's functions are listed).
+            callable of that name (the file's functions are listed), or one that cannot be ``called_as``.
     """
     path, _, name = spec.rpartition(":")
     if not path or not name:
@@ -47,4 +48,23 @@ def load_callable(spec: str, key: str) -> Callable:
         found = sorted(k for k, v in vars(sys.modules[module_name]).items()
                        if callable(v) and not k.startswith("_") and getattr(v, "__module__", "") == module_name)
         raise ConfigError(f"{key}={spec!r}: {path!r} has no function {name!r}; its functions: {found}.")
+    if called_as:
+        check_signature(fn, key, spec, called_as)
     return fn
+
+
+def check_signature(fn: Callable, key: str, spec: str, called_as: str) -> None:
+    """``fn`` can be called with one positional argument, as ``called_as`` shows (e.g. ``fn(verdict)``).
+
+    Raises:
+        ConfigError: naming ``key``, ``spec``, the signature and the call.
+    """
+    import inspect
+
+    try:
+        inspect.signature(fn).bind(None)
+    except TypeError as err:
+        raise ConfigError(f"{key}={spec!r}: {fn.__name__}{inspect.signature(fn)} cannot be called as "
+                          f"{called_as} ({err}); give it exactly one required argument.") from None
+    except ValueError:  # a builtin without a signature: called as is
+        pass

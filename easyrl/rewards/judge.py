@@ -15,6 +15,7 @@ is scored ``unparseable_score`` and counted: never a crash (the judge is a model
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import os
@@ -78,6 +79,11 @@ def load_parser(parser: str, json_key: str = "score") -> Callable[[str], Optiona
         fn, _, _ = load_function(parser)
     except Exception as err:
         raise ConfigError(f"worker.reward.judge.parser={parser!r}: {type(err).__name__}: {err}") from None
+    try:
+        inspect.signature(fn).bind("a verdict")
+    except TypeError as err:
+        raise ConfigError(f"worker.reward.judge.parser={parser!r}: {fn.__name__}{inspect.signature(fn)} cannot be "
+                          f"called as fn(verdict) ({err}); give it exactly one required argument.") from None
     return fn
 
 
@@ -123,10 +129,13 @@ class JudgePrompt:
         except jinja2.TemplateSyntaxError as err:
             raise ConfigError(f"{key}={self.path!r} line {err.lineno}: {err.message}") from None
         try:
-            self.render("a problem", "a response", "an answer")
+            shown = self.render("a problem", "EASYRL_RESPONSE", "an answer")
         except jinja2.UndefinedError as err:
             raise ConfigError(f"{key}={self.path!r} uses an undefined variable ({err.message}); the judge template "
                               f"gets {', '.join(TEMPLATE_VARIABLES)}.") from None
+        if "EASYRL_RESPONSE" not in shown:
+            raise ConfigError(f"{key}={self.path!r} does not show the response: the judge would score every sample "
+                              "without reading it; put {{ response }} in the template.")
 
     def render(self, problem: Any, response: str, ground_truth: Any) -> str:
         """The judge's user message for one sample."""

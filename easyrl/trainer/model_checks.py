@@ -105,16 +105,25 @@ def override_chat_template(tokenizer: Any, processor: Any, path: str) -> None:
     Raises:
         ConfigError: ``path`` is not a readable file (naming ``data.override_chat_template``).
     """
-    try:
-        with open(path, encoding="utf-8") as f:
-            template = f.read()
-    except OSError as err:
-        raise ConfigError(f"data.override_chat_template={path!r} cannot be read ({err.strerror or err}); give the "
-                          "path of a Jinja chat template file, or null to keep the model's") from None
+    template = read_chat_template(path)
     tokenizer.chat_template = template
     if processor is not None:
         processor.chat_template = template
     logger.info("chat template replaced by %s (data.override_chat_template)", path)
+
+
+def read_chat_template(path: str) -> str:
+    """The text of the chat template file ``path`` (``data.override_chat_template``).
+
+    Raises:
+        ConfigError: ``path`` is not a readable file.
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as err:
+        raise ConfigError(f"data.override_chat_template={path!r} cannot be read ({err.strerror or err}); give the "
+                          "path of a Jinja chat template file, or null to keep the model's") from None
 
 
 def check_chat_template(tokenizer: Any, processor: Any, where: str) -> None:
@@ -156,3 +165,104 @@ def _load_hint(key: str, path: str, reason: str) -> str:
                 "upgrade transformers, or set worker.actor.model.trust_remote_code=true for a model that ships its "
                 "own code")
     return ""
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+
+
+def weight_headers(key: str, path: str) -> Optional[dict[str, list[int]]]:
+    """The weights of the local model folder ``path`` (config key ``key``) read from their file headers alone (no
+    tensor is loaded): ``{tensor name: shape}`` over every ``*.safetensors`` file, or None for a hub id or a folder of
+    other formats (``.bin``, ``.gguf``: not read here).
+
+    Raises:
+        ModelError: a folder without weight files, a safetensors file cut short or with an unreadable header, or a
+            shard that ``model.safetensors.index.json`` names but that is missing (each names the file).
+    """
+    import json
+    import struct
+
+    folder = os.path.expanduser(path)
+    if not looks_local(path) or not os.path.isdir(folder):
+        return None
+    names = sorted(os.listdir(folder))
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        try:
+            with open(index, encoding="utf-8") as f:
+                shards = sorted(set(json.load(f)["weight_map"].values()))
+        except (ValueError, KeyError, OSError) as err:
+            raise ModelError(f"{key}={path!r}: {index} is not a safetensors index ({err}); copy it again") from None
+        missing = [name for name in shards if name not in names]
+        if missing:
+            raise ModelError(f"{key}={path!r} is missing the weight file(s) {missing} that {index} names; copy "
+                             "the whole model folder (every shard)")
+    if not any(name.endswith(WEIGHT_SUFFIXES) for name in names):
+        raise ModelError(f"{key}={path!r} holds no weights (no *.safetensors or *.bin file beside config.json); copy "
+                         "the model's weight files into it, or give the folder that has them")
+    shapes: dict[str, list[int]] = {}
+    for name in (n for n in names if n.endswith(".safetensors")):
+        file = os.path.join(folder, name)
+        size = os.path.getsize(file)
+        try:
+            with open(file, "rb") as f:
+                (length,) = struct.unpack("<Q", f.read(8))
+                header = json.loads(f.read(length)) if length <= size - 8 else None
+        except (struct.error, ValueError, UnicodeDecodeError):
+            header = None
+        if not isinstance(header, dict):
+            raise ModelError(f"{key}={path!r}: the weight file {file} has no readable safetensors header (a cut or "
+                             "corrupt copy); copy it again")
+        tensors = {k: v for k, v in header.items() if k != "__metadata__"}
+        needed = 8 + length + max((v["data_offsets"][1] for v in tensors.values()), default=0)
+        if size < needed:
+            raise ModelError(f"{key}={path!r}: the weight file {file} is cut short: it holds {size} of its {needed} "
+                             "bytes; copy it again")
+        shapes.update((k, v["shape"]) for k, v in tensors.items())
+    return shapes or None
+
+
+def check_model_fits(model_cfg: Any, hf_config: Any, tokenizer: Any, context: int) -> None:
+    """What the model folder's files say against the run's settings, before any weight is loaded: the tokenizer's
+    ids fit the embedding, ``context`` (``data.max_prompt_length + data.max_response_length``) fits the model's
+    positions.
+
+    Raises:
+        ModelError: a tokenizer larger than the embedding (``vocab_size``).
+        ConfigError: a context beyond ``max_position_embeddings``.
+    """
+    key = "worker.actor.model.model_path"
+    text = hf_config.get_text_config()
+    vocab = getattr(text, "vocab_size", None)
+    if vocab is not None and len(tokenizer) > vocab:
+        tok = model_cfg.tokenizer_path or model_cfg.model_path
+        raise ModelError(f"the tokenizer of {tok!r} has {len(tokenizer)} tokens but the model {model_cfg.model_path!r} "
+                         f"embeds only vocab_size={vocab}: ids beyond it would index past the embedding. Use the "
+                         "model's own tokenizer (worker.actor.model.tokenizer_path=null) or a model of its family")
+    positions = getattr(text, "max_position_embeddings", None)
+    if positions is not None and context > positions:
+        raise ConfigError(f"data.max_prompt_length + data.max_response_length = {context} tokens exceed the model's "
+                          f"max_position_embeddings={positions} ({key}={model_cfg.model_path!r}); vLLM refuses such a "
+                          "context: shorten them to fit")
+
+
+def check_lora_targets(model_cfg: Any) -> None:
+    """Every name of ``worker.actor.model.lora.target_modules`` is a module of the model, read from its weight files'
+    headers (peft only refuses targets of which none match: a typo beside a good name would go unadapted).
+
+    Raises:
+        ConfigError: naming the unknown targets and the model's layers with 2-D weights.
+    """
+    lora = model_cfg.lora
+    if lora.rank > 0 and lora.target_modules.strip() != "all-linear":
+        shapes = weight_headers("worker.actor.model.model_path", model_cfg.model_path) or {}
+        linear = {name.split(".")[-2] for name, shape in shapes.items()
+                  if name.endswith(".weight") and len(shape) == 2 and "embed" not in name}
+        parts = {part for name in shapes for part in name.split(".")}
+        from easyrl.models.lora import target_modules
+
+        unknown = [t for t in target_modules(lora.target_modules) if shapes and t not in parts]
+        if unknown:
+            raise ConfigError(f"worker.actor.model.lora.target_modules names {unknown}, which the model "
+                              f"{model_cfg.model_path!r} does not have; its linear layers are "
+                              f"{', '.join(sorted(linear)[:12])} (or give all-linear)")
