@@ -198,6 +198,9 @@ class RLDataset(torch.utils.data.Dataset):
             raise ValueError(f"column {self.prompt_key!r} holds a {type(content).__name__}, not a string: write the "
                              "prompt's text as one string in that column (a list of chat messages or parts is not "
                              "read), or set data.prompt_key to the column that holds it")
+        if not content.strip() and not n_images + n_videos:
+            raise ValueError(f"column {self.prompt_key!r} (data.prompt_key) is empty: the model would answer nothing; "
+                             "write the problem's text in that row, or remove the row")
         text = self.format_prompt(content)
         if self.processor is None:
             message: Any = text.replace(IMAGE_PLACEHOLDER, "").replace(VIDEO_PLACEHOLDER, "")

@@ -95,7 +95,8 @@ def load_model_parts(model_cfg: Any, sources_checked: bool = False,
         processor = _load(tok_key, tok_path, "processor", AutoProcessor.from_pretrained, remote)
     if chat_template is not None:
         override_chat_template(tokenizer, processor, chat_template)
-    check_chat_template(tokenizer, processor, f"{tok_key}={tok_path!r}")
+    where = f"data.override_chat_template={chat_template!r}" if chat_template is not None else f"{tok_key}={tok_path!r}"
+    check_chat_template(tokenizer, processor, where)
     return tokenizer, hf_config, processor
 
 
@@ -127,16 +128,29 @@ def read_chat_template(path: str) -> str:
 
 
 def check_chat_template(tokenizer: Any, processor: Any, where: str) -> None:
-    """Prompts are built with the chat template of the processor or the tokenizer: one must have it.
+    """Prompts are built with the chat template of the processor or the tokenizer: one must have it, and it must show
+    a message's content (a plain text file given as ``data.override_chat_template`` renders none).
 
     Raises:
         ModelError: neither has one (``where`` names the key and path).
+        ConfigError: the template fails to render a user message, or drops its content.
     """
     if not getattr(tokenizer, "chat_template", None) and not getattr(processor, "chat_template", None):
         raise ModelError(
             f"the tokenizer of {where} has no chat template, which builds the prompts; use an instruct/chat model, "
             "or set worker.actor.model.tokenizer_path to one"
         )
+    templater = tokenizer if getattr(tokenizer, "chat_template", None) else processor
+    try:
+        text = templater.apply_chat_template([{"role": "user", "content": "EASYRL_PROBE"}], tokenize=False,
+                                             add_generation_prompt=True)
+        reason = "" if "EASYRL_PROBE" in text else "it drops the message's content (no {{ message['content'] }})"
+    except Exception as err:  # a template error of the user's file or the model's
+        reason = f"it fails on one user message ({type(err).__name__}: {err})"
+    if reason:
+        raise ConfigError(f"the chat template of {where} does not render a prompt: {reason}. Give a Jinja chat "
+                          "template looping over messages (data.override_chat_template=FILE.jinja, e.g. the model's "
+                          "own chat_template.jinja), or null to keep the model's")
 
 
 def _load(key: str, path: str, what: str, loader: Callable, trust_remote_code: bool) -> Any:
@@ -266,3 +280,40 @@ def check_lora_targets(model_cfg: Any) -> None:
             raise ConfigError(f"worker.actor.model.lora.target_modules names {unknown}, which the model "
                               f"{model_cfg.model_path!r} does not have; its linear layers are "
                               f"{', '.join(sorted(linear)[:12])} (or give all-linear)")
+
+
+SCORE_HEADS = ("ForSequenceClassification", "ForTokenClassification", "ForRewardModel", "RewardModel")
+
+
+def check_head(key: str, path: Optional[str], scorer: bool) -> None:
+    """The model at ``path`` (config key ``key``) has the head its role needs, read from ``architectures`` in its
+    ``config.json`` (a local folder or the hub cache; nothing is checked otherwise): a reward model
+    (``scorer``) is a sequence classifier, a judge or teacher a language model.
+
+    Raises:
+        ModelError: naming the key, the architecture and the role the model would fit.
+    """
+    import json
+
+    if not path:
+        return
+    file = os.path.join(os.path.expanduser(path), "config.json")
+    if not os.path.isfile(file):
+        import huggingface_hub
+
+        cached = huggingface_hub.try_to_load_from_cache(path, "config.json")
+        file = cached if isinstance(cached, str) else None
+    try:
+        with open(file, encoding="utf-8") as f:
+            architectures = json.load(f).get("architectures") or []
+    except (TypeError, OSError, ValueError, AttributeError):
+        return  # no config.json to read here: the model's loader says what is wrong
+    heads = [arch for arch in architectures if arch.endswith(SCORE_HEADS)]
+    if scorer and architectures and not heads:
+        raise ModelError(f"{key}={path!r} is a {architectures[0]}, a language model, not a sequence classifier: a "
+                         "reward model gives one score per sequence (e.g. Skywork/Skywork-Reward-V2-Qwen3-0.6B). To "
+                         "have a language model grade responses, give it as worker.reward.judge.model_path")
+    if not scorer and heads:
+        raise ModelError(f"{key}={path!r} is a {heads[0]}, a reward model's head (one score per sequence), not a "
+                         "language model that predicts tokens: give an instruct model (...ForCausalLM), or use this "
+                         "one as worker.reward.reward_model.model_path")

@@ -15,6 +15,7 @@ from typing import Any, Optional
 from easyrl.data.prompts import load_format_prompt
 from easyrl.errors import ConfigError, DataError
 from easyrl.trainer.model_checks import (
+    check_head,
     check_lora_targets,
     check_model_fits,
     check_model_source,
@@ -166,6 +167,7 @@ def prepare(config: Any, train: bool = True) -> Prepared:
         teacher = config.worker.teacher.model
         check_model_source("worker.teacher.model.model_path", teacher.model_path)
         weight_headers("worker.teacher.model.model_path", teacher.model_path)
+        check_head("worker.teacher.model.model_path", teacher.model_path, scorer=False)
         if teacher.tokenizer_path:
             check_model_source("worker.teacher.model.tokenizer_path", teacher.tokenizer_path)
     if config.data.override_chat_template is not None:
@@ -176,6 +178,8 @@ def prepare(config: Any, train: bool = True) -> Prepared:
     check_agent_files(config.worker.rollout.multi_turn)
     reward_fn = load_reward(config.worker.reward)
     check_judge_files(config.worker.reward.judge)
+    check_head("worker.reward.judge.model_path", config.worker.reward.judge.model_path, scorer=False)
+    check_head("worker.reward.reward_model.model_path", config.worker.reward.reward_model.model_path, scorer=True)
     tokenizer, hf_config, processor = load_model_parts(config.worker.actor.model, sources_checked=True,
                                                        chat_template=config.data.override_chat_template)
     check_rollout_split(hf_config, config.worker.rollout.tensor_parallel_size)

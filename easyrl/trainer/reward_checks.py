@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional
 
 from easyrl.errors import ConfigError, ModelError, RewardError, UserError
 from easyrl.rewards.judge import load_judge
-from easyrl.trainer.model_checks import _load, check_model_source
+from easyrl.trainer.model_checks import _load, check_model_source, weight_headers
 
 logger = logging.getLogger("easyrl")
 
@@ -197,8 +197,19 @@ def check_reward_model(rm: Any) -> None:
 
 
 def check_judge_files(judge_cfg: Any) -> None:
-    """With ``worker.reward.judge`` on: its model source exists, its prompt template renders and its parser loads.
+    """With ``worker.reward.judge`` on: its model source exists with its weights, its prompt template renders and its
+    parser loads, its ``max_model_len`` fits the model's positions.
     Raises ``ModelError`` / ``ConfigError`` naming the key (docs/errors.md, J rows)."""
     if judge_cfg.model_path is not None:
         check_model_source("worker.reward.judge.model_path", judge_cfg.model_path)
+        weight_headers("worker.reward.judge.model_path", judge_cfg.model_path)
         load_judge(judge_cfg)
+        from transformers import AutoConfig
+
+        key = "worker.reward.judge.model_path"
+        text = _load(key, judge_cfg.model_path, "model config", AutoConfig.from_pretrained, False).get_text_config()
+        positions = getattr(text, "max_position_embeddings", None)
+        if positions is not None and judge_cfg.max_model_len > positions:
+            raise ConfigError(f"worker.reward.judge.max_model_len={judge_cfg.max_model_len} exceeds the judge's "
+                              f"max_position_embeddings={positions} ({key}={judge_cfg.model_path!r}); vLLM refuses "
+                              f"such a context: set it to {positions} or less.")
