@@ -95,6 +95,15 @@ def _no_effect_messages(config: PPOConfig) -> list[str]:
         messages.append("worker.teacher.model.model_path is the student's own model (worker.actor.model.model_path): "
                         "the reverse KL starts at 0 and distillation teaches nothing new. Give a larger model of the "
                         "same family.")
+    data = config.data
+    if data.prompt_key == data.answer_key:
+        messages.append(f"data.prompt_key and data.answer_key both name the column {data.prompt_key!r}: the reward "
+                        "compares each response with the problem itself. Set data.answer_key to the reference "
+                        "answer's column.")
+    system = (data.system_prompt or "").strip()
+    if system and " " not in system and system.endswith((".txt", ".md", ".jinja", ".j2", ".yaml")):
+        messages.append(f"data.system_prompt={system!r} looks like a file name, but it is the system message's text "
+                        "itself (no file is read): write the text, e.g. data.system_prompt=\"You are ...\".")
     for name in config.worker.env_vars:
         if str(name) != str(name).upper():
             messages.append(f"worker.env_vars has {name!r}: environment variable names are case-sensitive, and the "

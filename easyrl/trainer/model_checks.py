@@ -37,7 +37,8 @@ def check_model_source(key: str, path: str, timeout_s: float = HUB_TIMEOUT_S) ->
         if not os.path.isdir(folder):
             raise ModelError(f"{key}={path!r} is a file; give the model's folder (the one holding config.json)")
         if not os.path.isfile(os.path.join(folder, "config.json")):
-            raise ModelError(f"{key}={path!r} holds no config.json: is it a Hugging Face model folder?")
+            raise ModelError(f"{key}={path!r} holds no config.json: is it a Hugging Face model folder?"
+                             + _not_a_model_hint(folder))
         return
     import huggingface_hub
     from huggingface_hub import constants
@@ -61,6 +62,22 @@ def check_model_source(key: str, path: str, timeout_s: float = HUB_TIMEOUT_S) ->
             f"({type(err).__name__}: {str(err).strip()[:200]}); download the model to a folder and give its path, "
             "or check the network"
         ) from None
+
+
+def _not_a_model_hint(folder: str) -> str:
+    """What a folder without ``config.json`` holds instead, when easyrl can tell: a LoRA adapter, an easyrl run or
+    checkpoint folder."""
+    if os.path.isfile(os.path.join(folder, "adapter_config.json")):
+        return (" It holds a LoRA adapter (adapter_config.json), not a whole model: merge it into its base model "
+                "(peft's merge_and_unload, then save_pretrained) and give that folder")
+    names = os.listdir(folder)
+    if "checkpoint_tracker.json" in names or any(name.startswith("global_step_") for name in names) or os.path.isdir(
+            os.path.join(folder, "actor")):
+        export = os.path.join(folder, "huggingface")
+        where = f"give its export {export}" if os.path.isfile(os.path.join(export, "config.json")) else (
+            "export it first (easyrl export CHECKPOINT OUT) and give OUT")
+        return f" It is an easyrl run or checkpoint folder, not a model: {where}"
+    return ""
 
 
 def check_model_sources(model_cfg: Any) -> None:

@@ -181,6 +181,11 @@ def check_reward_model(rm: Any) -> None:
     if getattr(hf_config, "num_labels", 1) != 1:
         raise ModelError(f"{key}={rm.model_path!r} has num_labels={hf_config.num_labels}: a reward model is a sequence "
                          "classifier with one output (a scalar score), e.g. Skywork/Skywork-Reward-V2-Qwen3-0.6B")
+    positions = getattr(hf_config.get_text_config(), "max_position_embeddings", None)
+    if rm.max_length is not None and positions is not None and rm.max_length > positions:
+        raise ConfigError(f"worker.reward.reward_model.max_length={rm.max_length} exceeds the reward model's "
+                          f"max_position_embeddings={positions} ({key}={rm.model_path!r}): longer inputs would be "
+                          f"scored at positions it never saw; set it to {positions} or less.")
     tokenizer = _load(tok_key, rm.tokenizer_path or rm.model_path, "tokenizer", lambda _, **kw: load_tokenizer(rm),
                       rm.trust_remote_code)
     template = read_chat_template(rm.chat_template)
