@@ -301,3 +301,11 @@ def test_data_mistake_is_answered_before_the_model_loads(tiny_model_path, tmp_pa
     print(f"{cid}: answered in {time.time() - began:.1f} s")  # reported, not asserted (a shared machine)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith(line), proc.stderr
+
+
+def test_simulate_of_a_model_without_config_json(tmp_path):  # X13
+    proc = _command("simulate", f"config={REPO / 'examples/configs/cpu_demo.yaml'}",
+                    f"worker.actor.model.model_path={tmp_path / 'nomodel'}")  # was: a FileNotFoundError traceback
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        f"easyrl: model error: worker.actor.model.model_path='{tmp_path / 'nomodel'}' has no config.json to simulate")
