@@ -8,9 +8,9 @@ import os
 import sys
 from typing import Callable
 
-from easyrl.errors import ConfigError
+from easyrl.errors import ConfigError, check_signature
 
-__all__ = ["check_signature", "load_callable"]
+__all__ = ["load_callable"]
 
 
 def load_callable(spec: str, key: str, called_as: str = "") -> Callable:
@@ -52,19 +52,3 @@ def load_callable(spec: str, key: str, called_as: str = "") -> Callable:
         check_signature(fn, key, spec, called_as)
     return fn
 
-
-def check_signature(fn: Callable, key: str, spec: str, called_as: str) -> None:
-    """``fn`` can be called with one positional argument, as ``called_as`` shows (e.g. ``fn(verdict)``).
-
-    Raises:
-        ConfigError: naming ``key``, ``spec``, the signature and the call.
-    """
-    import inspect
-
-    try:
-        inspect.signature(fn).bind(None)
-    except TypeError as err:
-        raise ConfigError(f"{key}={spec!r}: {fn.__name__}{inspect.signature(fn)} cannot be called as "
-                          f"{called_as} ({err}); give it exactly one required argument.") from None
-    except ValueError:  # a builtin without a signature: called as is
-        pass

@@ -15,7 +15,6 @@ is scored ``unparseable_score`` and counted: never a crash (the judge is a model
 
 from __future__ import annotations
 
-import inspect
 import json
 import math
 import os
@@ -25,7 +24,7 @@ from typing import Any, Callable, Optional
 
 import jinja2
 
-from easyrl.errors import ConfigError
+from easyrl.errors import ConfigError, check_signature
 from easyrl.rewards.function import load_function
 
 DEFAULT_TEMPLATE = Path(__file__).resolve().parents[2] / "examples" / "judge" / "judge.jinja"
@@ -79,11 +78,7 @@ def load_parser(parser: str, json_key: str = "score") -> Callable[[str], Optiona
         fn, _, _ = load_function(parser)
     except Exception as err:
         raise ConfigError(f"worker.reward.judge.parser={parser!r}: {type(err).__name__}: {err}") from None
-    try:
-        inspect.signature(fn).bind("a verdict")
-    except TypeError as err:
-        raise ConfigError(f"worker.reward.judge.parser={parser!r}: {fn.__name__}{inspect.signature(fn)} cannot be "
-                          f"called as fn(verdict) ({err}); give it exactly one required argument.") from None
+    check_signature(fn, "worker.reward.judge.parser", parser, "fn(verdict)")
     return fn
 
 
