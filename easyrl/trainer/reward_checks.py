@@ -207,8 +207,8 @@ def check_judge_files(judge_cfg: Any) -> None:
     Raises ``ModelError`` / ``ConfigError`` naming the key (docs/errors.md, J rows)."""
     if judge_cfg.model_path is not None:
         check_model_source("worker.reward.judge.model_path", judge_cfg.model_path)
-        weight_headers("worker.reward.judge.model_path", judge_cfg.model_path)
         load_judge(judge_cfg)
+        weight_headers("worker.reward.judge.model_path", judge_cfg.model_path)
         from transformers import AutoConfig
 
         key = "worker.reward.judge.model_path"
