@@ -309,3 +309,11 @@ def test_simulate_of_a_model_without_config_json(tmp_path):  # X13
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith(
         f"easyrl: model error: worker.actor.model.model_path='{tmp_path / 'nomodel'}' has no config.json to simulate")
+
+
+def test_plot_of_a_run_stopped_while_writing_a_row(tmp_path, capsys):  # W21
+    from easyrl.cli import main
+
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "reward/overall": 0.5}\n{"step": 2, "rew')
+    assert main(["plot", str(tmp_path), "--output", str(tmp_path / "plot.png")]) == 0  # was: status 2, no plot
+    assert "metrics.jsonl:2 is cut short" in capsys.readouterr().err and (tmp_path / "plot.png").is_file()
