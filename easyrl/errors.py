@@ -74,6 +74,24 @@ class RunStateError(UserError):
     kind = "run"
 
 
+def check_signature(fn: Callable, key: str, spec: str, called_as: str) -> None:
+    """A user function (a tool-call parser, an environment, a judge's verdict parser) can be called with one
+    positional argument, as ``called_as`` shows (e.g. ``fn(verdict)``).
+
+    Raises:
+        ConfigError: naming ``key``, ``spec``, the signature and the call.
+    """
+    import inspect
+
+    try:
+        inspect.signature(fn).bind(None)
+    except TypeError as err:
+        raise ConfigError(f"{key}={spec!r}: {fn.__name__}{inspect.signature(fn)} cannot be called as "
+                          f"{called_as} ({err}); give it exactly one required argument.") from None
+    except ValueError:  # a builtin without a signature: called as is
+        pass
+
+
 def debug_enabled() -> bool:
     """Whether ``EASYRL_DEBUG`` asks for tracebacks of user errors (any value but ``""``/``0``/``false``)."""
     return os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no")

@@ -119,7 +119,8 @@ def read_run(path: str, name: Optional[str] = None) -> Run:
     floats; other non-numbers (validation generations) are skipped.
 
     Raises:
-        RunStateError: no metrics.jsonl there, or a line that is not JSON (names file and line).
+        RunStateError: no metrics.jsonl there, or a line that is not JSON (names file and line); a last line cut
+            short (no newline: the run stopped while writing it) is left out, said on stderr.
     """
     file = path if path.endswith(".jsonl") else os.path.join(path, "metrics.jsonl")
     if not os.path.isfile(file):
@@ -132,6 +133,10 @@ def read_run(path: str, name: Optional[str] = None) -> Run:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
+                if not line.endswith("\n"):  # the last line of a run stopped while writing it: plot the rest
+                    print(f"easyrl: {file}:{number} is cut short (the run stopped while writing it); plotted without "
+                          "it", file=sys.stderr)
+                    break
                 raise RunStateError(f"{file}:{number} is not a JSON object ({e}).") from None
             step = row.get("step")
             for key, value in row.items():

@@ -99,8 +99,13 @@ def quiet_libraries() -> None:
 
 
 def setup_command_logging() -> None:
-    """The logging of a command (``easyrl train``, ``easyrl eval``): ``EASYRL_LOG_LEVEL`` (default INFO) with
-    timestamps, and the library-noise filters (:func:`quiet_libraries`)."""
-    logging.basicConfig(level=os.environ.get("EASYRL_LOG_LEVEL", "INFO"),
+    """The logging of a command (``easyrl train``, ``easyrl eval``): ``EASYRL_LOG_LEVEL`` (default INFO, any case; an
+    unknown name is warned of and INFO used) with timestamps, and the library-noise filters (:func:`quiet_libraries`)."""
+    given = os.environ.get("EASYRL_LOG_LEVEL", "INFO")
+    known = given.strip().upper() in logging.getLevelNamesMapping()
+    logging.basicConfig(level=given.strip().upper() if known else "INFO",
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not known:
+        logging.getLogger("easyrl").warning("EASYRL_LOG_LEVEL=%r is not a log level (DEBUG, INFO, WARNING, ERROR): "
+                                            "INFO is used", given)
     quiet_libraries()

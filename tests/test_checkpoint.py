@@ -116,7 +116,7 @@ def test_a_tracker_write_that_fails_half_way_leaves_the_previous_tracker(tmp_pat
 
 def test_missing_checkpoint_named_by_the_tracker_is_an_error(tmp_path):
     (tmp_path / "checkpoint_tracker.json").write_text(json.dumps({"last_global_step": 3}))
-    with pytest.raises(FileNotFoundError, match="global_step_3"):
+    with pytest.raises(RunStateError, match="global_step_3"):  # a user error: one line, status 2 in every command
         find_last_checkpoint(str(tmp_path))
 
 

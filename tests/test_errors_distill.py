@@ -52,12 +52,13 @@ def _prepare(student: Path, teacher: Path, tmp_path: Path):
 
 
 def _altered_copy(student: Path, tmp_path: Path, edit) -> Path:
-    """The student's config and tokenizer files in a new folder, ``edit(folder)`` applied (no weights: the check
-    reads the tokenizer only)."""
+    """The student's config and tokenizer files in a new folder, ``edit(folder)`` applied (its weights linked: the
+    check reads the tokenizer only, and a folder without weights is refused first)."""
     folder = tmp_path / "teacher"
     folder.mkdir()
     for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         shutil.copy(student / name, folder / name)
+    (folder / "model.safetensors").symlink_to(student / "model.safetensors")
     edit(folder)
     return folder
 

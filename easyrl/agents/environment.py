@@ -14,7 +14,7 @@ __all__ = ["load_environment", "next_message"]
 
 def load_environment(spec: Optional[str]) -> Optional[Callable]:
     """The hook, or None without one. Raises ``ConfigError`` (``load_callable``)."""
-    return None if spec is None else load_callable(spec, "worker.rollout.multi_turn.environment")
+    return None if spec is None else load_callable(spec, "worker.rollout.multi_turn.environment", "fn(messages)")
 
 
 def next_message(env: Callable, messages: list[dict[str, Any]]) -> Optional[dict[str, Any]]:

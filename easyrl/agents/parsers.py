@@ -56,4 +56,4 @@ def load_parser(fmt: str) -> Parser:
     """
     if fmt == "hermes":
         return hermes
-    return load_callable(fmt, "worker.rollout.multi_turn.format")
+    return load_callable(fmt, "worker.rollout.multi_turn.format", "fn(text)")

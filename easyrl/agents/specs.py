@@ -8,20 +8,21 @@ import os
 import sys
 from typing import Callable
 
-from easyrl.errors import ConfigError
+from easyrl.errors import ConfigError, check_signature
 
 __all__ = ["load_callable"]
 
 
-def load_callable(spec: str, key: str) -> Callable:
+def load_callable(spec: str, key: str, called_as: str = "") -> Callable:
     """The function named by ``spec`` (``path/to/file.py:function``); the file is imported once per process under a
     name derived from its absolute path (two ``tools.py`` files do not clash).
 
-    ``key``: the config key that gave ``spec``, named in errors.
+    ``key``: the config key that gave ``spec``, named in errors; ``called_as``: how easyrl calls it, e.g. ``fn(text)``
+    (the function must take one positional argument).
 
     Raises:
         ConfigError: a malformed spec, a missing file, a file that fails to import (its error is quoted), or no
-            callable of that name (the file's functions are listed).
+            callable of that name (the file's functions are listed), or one that cannot be ``called_as``.
     """
     path, _, name = spec.rpartition(":")
     if not path or not name:
@@ -45,4 +46,7 @@ def load_callable(spec: str, key: str) -> Callable:
         found = sorted(k for k, v in vars(sys.modules[module_name]).items()
                        if callable(v) and not k.startswith("_") and getattr(v, "__module__", "") == module_name)
         raise ConfigError(f"{key}={spec!r}: {path!r} has no function {name!r}; its functions: {found}.")
+    if called_as:
+        check_signature(fn, key, spec, called_as)
     return fn
+

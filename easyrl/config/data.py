@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Annotated, Optional
 
-from easyrl.config.fields import POSITIVE, POSITIVE_OR_OFF
+from annotated_types import Ge
+
+from easyrl.config.fields import POSITIVE, POSITIVE_OR_OFF, Note
 from easyrl.errors import ConfigError
+
+VIDEO_FRAMES = Annotated[int, Ge(2), Note("Qwen-VL encodes a video's frames in pairs")]
 
 
 @dataclass
@@ -51,12 +56,11 @@ class DataConfig:
     video_key: Optional[str] = "videos"
     """Column holding each row's videos (EasyR1's key): file paths (relative ones under ``image_dir``) or lists of
     frame images; ``<video>`` in the prompt places them (docs/data.md, Videos). null: no column is read as videos."""
-    video_fps: float = 2.0
+    video_fps: Annotated[float, POSITIVE] = 2.0
     """Frames per second sampled from a video file (EasyR1's key; qwen-vl-utils' ``fps``)."""
-
-    video_min_frames: int = 4
+    video_min_frames: VIDEO_FRAMES = 4
     """Frames sampled from a video file at least (qwen-vl-utils' ``min_frames``), at most all it has."""
-    video_max_frames: int = 768
+    video_max_frames: VIDEO_FRAMES = 768
     """Frames sampled from a video at most (qwen-vl-utils' ``max_frames``); a longer frame list is thinned evenly."""
 
     @property
@@ -65,6 +69,14 @@ class DataConfig:
         return self.mini_rollout_batch_size or self.rollout_batch_size
 
     def check(self) -> None:
-        """Raises ``ConfigError`` when ``min_pixels`` is above ``max_pixels``."""
+        """Raises ``ConfigError`` when ``min_pixels`` is above ``max_pixels`` or ``video_min_frames`` above
+        ``video_max_frames``, or when ``image_dir`` is not a folder."""
         if self.min_pixels > self.max_pixels:
             raise ConfigError(f"data.min_pixels ({self.min_pixels}) is larger than data.max_pixels ({self.max_pixels}).")
+        if self.video_min_frames > self.video_max_frames:
+            raise ConfigError(f"data.video_min_frames ({self.video_min_frames}) is larger than data.video_max_frames "
+                              f"({self.video_max_frames}): no frame count satisfies both.")
+        if self.image_dir is not None and not os.path.isdir(os.path.expanduser(self.image_dir)):
+            raise ConfigError(f"data.image_dir={self.image_dir!r} is not a folder: give the folder that relative image "
+                              "and video paths of the data start from, or null for paths relative to the working "
+                              "directory.")

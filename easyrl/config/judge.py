@@ -69,6 +69,10 @@ def check_judge(judge: JudgeConfig, tensor_parallel_size: int) -> None:
     if parser not in JUDGE_PARSERS and not (isinstance(parser, str) and ".py:" in parser):
         raise ConfigError(f"worker.reward.judge.parser={parser!r} is not one of {', '.join(JUDGE_PARSERS)} nor "
                           "path/to/file.py:function_name (a function verdict -> float or None).")
+    if judge.max_tokens >= judge.max_model_len:
+        raise ConfigError(f"worker.reward.judge.max_tokens={judge.max_tokens} leaves no room for the judge's prompt in "
+                          f"worker.reward.judge.max_model_len={judge.max_model_len}: every prompt would go unsent and "
+                          "score unparseable_score; lower max_tokens (a verdict is a few tokens) or raise max_model_len.")
     if tensor_parallel_size > 1:
         raise ConfigError(f"worker.reward.judge is not supported with worker.rollout.tensor_parallel_size="
                           f"{tensor_parallel_size} yet (the judge engine is one per worker, beside a tensor-parallel "

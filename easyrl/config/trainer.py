@@ -139,6 +139,16 @@ class TrainerConfig:
         folder ``<runs_root>/<project_name>/<experiment_name>`` stays inside ``runs_root``: not empty, no ``/`` or
         ``\\``, not ``.`` or ``..``. Raises ``ConfigError`` naming the key."""
         check_backends(self.logger)
+        twice = sorted({name for name in self.logger if self.logger.count(name) > 1})
+        if twice:
+            raise ConfigError(f"trainer.logger names {twice} more than once: each backend would log every step twice "
+                              f"(a JSONL file with every row doubled); list each once, e.g. "
+                              f"trainer.logger=[{','.join(dict.fromkeys(self.logger))}].")
+        for key in ("runs_root", "save_checkpoint_path", "save_model_path"):
+            path = getattr(self, key)
+            if path and os.path.isfile(os.path.expanduser(path)):
+                raise ConfigError(f"trainer.{key}={path!r} is a file, where easyrl writes a folder: give a folder "
+                                  "path (a new one is made), or move the file away.")
         if self.resume_mode == "resume_path" and not self.load_checkpoint_path:
             raise ConfigError("trainer.resume_mode=resume_path resumes trainer.load_checkpoint_path, which is not set: "
                               "give it a global_step_N folder, or use resume_mode=auto.")

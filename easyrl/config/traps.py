@@ -1,4 +1,5 @@
-"""Warnings at config load for settings that run, but silently differ from what a paper or a verl recipe means.
+"""Warnings at config load for settings that run, but silently differ from what a paper or a verl recipe means, or
+have no effect in the chosen mode.
 
 Each check is a pure function of the finalized config returning messages that name the keys and the reference setting;
 :func:`warn_config_traps` emits them as :class:`ConfigWarning` (a ``UserWarning``), before any model is loaded. None of
@@ -70,6 +71,52 @@ def _sampling_messages(config: PPOConfig) -> list[str]:
     return messages
 
 
+def _no_effect_messages(config: PPOConfig) -> list[str]:
+    """Settings that have no effect in the chosen mode, or place work where it is slow: probably not what was meant."""
+    rollout, mt, judge = config.worker.rollout, config.worker.rollout.multi_turn, config.worker.reward.judge
+    key, messages = "worker.rollout.multi_turn", []
+    if not mt.enable and (mt.tools or mt.environment):
+        messages.append(f"{key}.tools / environment are set but {key}.enable=false: the rollout is single-turn and "
+                        f"never calls them. Set {key}.enable=true to use them.")
+    if mt.enable and mt.max_user_turns is not None and mt.environment is None:
+        messages.append(f"{key}.max_user_turns={mt.max_user_turns} has no effect without {key}.environment (only "
+                        "an environment adds user turns).")
+    if mt.enable and mt.max_turn_tokens is not None and mt.max_turn_tokens >= config.data.max_response_length:
+        messages.append(f"{key}.max_turn_tokens={mt.max_turn_tokens} is not below data.max_response_length="
+                        f"{config.data.max_response_length}, the whole trajectory's budget: it limits no turn.")
+    if judge.model_path is not None and judge.weight == 0:
+        messages.append("worker.reward.judge.weight=0: the judge runs on every sample but its score does not enter "
+                        "the reward (only reward/judge is logged). Give it a weight, or set "
+                        "worker.reward.judge.model_path=null.")
+    if config.worker.teacher.model.model_path and not config.algorithm.needs_teacher:
+        messages.append("worker.teacher.model.model_path is set but distillation is off (algorithm.distill_coef=0, "
+                        f"algorithm.adv_estimator={config.algorithm.adv_estimator}): no teacher is loaded. Set "
+                        "algorithm.distill_coef > 0 or algorithm.adv_estimator=on_policy_distill to use it.")
+    if config.algorithm.needs_teacher and config.worker.teacher.model.model_path == config.worker.actor.model.model_path:
+        messages.append("worker.teacher.model.model_path is the student's own model (worker.actor.model.model_path): "
+                        "the reverse KL starts at 0 and distillation teaches nothing new. Give a larger model of the "
+                        "same family.")
+    data = config.data
+    if data.prompt_key == data.answer_key:
+        messages.append(f"data.prompt_key and data.answer_key both name the column {data.prompt_key!r}: the reward "
+                        "compares each response with the problem itself. Set data.answer_key to the reference "
+                        "answer's column.")
+    system = (data.system_prompt or "").strip()
+    if system and " " not in system and system.endswith((".txt", ".md", ".jinja", ".j2", ".yaml")):
+        messages.append(f"data.system_prompt={system!r} looks like a file name, but it is the system message's text "
+                        "itself (no file is read): write the text, e.g. data.system_prompt=\"You are ...\".")
+    for name in config.worker.env_vars:
+        if str(name) != str(name).upper():
+            messages.append(f"worker.env_vars has {name!r}: environment variable names are case-sensitive, and the "
+                            f"usual ones are upper case; if {str(name).upper()} is meant, write it so.")
+    tp, per_node = rollout.tensor_parallel_size, config.trainer.n_gpus_per_node
+    if config.trainer.nnodes > 1 and per_node % tp != 0:
+        messages.append(f"worker.rollout.tensor_parallel_size={tp} does not divide trainer.n_gpus_per_node="
+                        f"{per_node}: some vLLM engines span two nodes and all-reduce over the network at every "
+                        "layer (slow). Choose a size that divides the devices of one node.")
+    return messages
+
+
 def config_trap_messages(config: PPOConfig) -> list[str]:
     """Every trap the configuration falls into, one message each (empty when none).
 
@@ -79,7 +126,7 @@ def config_trap_messages(config: PPOConfig) -> list[str]:
     Returns:
         Messages naming the keys, their values and the paper's or verl's setting.
     """
-    return _loss_messages(config) + _sampling_messages(config)
+    return _loss_messages(config) + _sampling_messages(config) + _no_effect_messages(config)
 
 
 def warn_config_traps(config: PPOConfig) -> list[str]:

@@ -108,6 +108,12 @@ class RewardConfig:
     """A discriminative reward model scoring on the workers (``easyrl.config.reward_model``; off by default)."""
 
 
+WORKER_OWNED_ENV = dict.fromkeys(("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"),
+                                 "its place in the process group") | {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0: the in-process vLLM engine that takes the actor's weights as tensors"}
+"""Environment variables every worker sets itself at start-up (``easyrl.workers.fsdp_worker``), over ``env_vars``."""
+
+
 @dataclass
 class WorkerConfig:
     """Everything that runs on the workers (one Ray actor per device)."""
@@ -136,3 +142,6 @@ class WorkerConfig:
             if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", str(name)):
                 raise ConfigError(f"worker.env_vars has the name {name!r}, which is not an environment variable name "
                                   "(letters, digits and _, not starting with a digit).")
+            if name in WORKER_OWNED_ENV:
+                raise ConfigError(f"worker.env_vars sets {name}, which each worker sets itself ({WORKER_OWNED_ENV[name]}"
+                                  "): yours would be overwritten. Remove it from worker.env_vars.")

@@ -122,6 +122,19 @@ def image_like_columns(dataset: datasets.Dataset) -> list[str]:
     return found
 
 
+def check_columns(dataset: datasets.Dataset, source: str, prompt_key: str, answer_key: str) -> None:
+    """The prompt and answer columns exist (checked on the rows alone, before any model loads).
+
+    Raises:
+        DataError: a missing column, naming it, ``source``, the columns there are and the config key.
+    """
+    columns = dataset.column_names
+    for key, config_key in ((prompt_key, "data.prompt_key"), (answer_key, "data.answer_key")):
+        if key not in columns:
+            raise DataError(f"column {key!r} not found in {source!r}; available columns: {columns}. "
+                            f"Set {config_key} to the column that holds it.")
+
+
 def check_image_column(dataset: datasets.Dataset, image_key: str | None, prompt_key: str, source: str,
                        text_only: bool) -> None:
     """A wrong ``data.image_key`` beside a column of images is an error (the images would be dropped silently);

@@ -12,7 +12,7 @@ import datasets
 import torch
 from PIL import Image
 
-from easyrl.data.checks import check_image_column, is_missing_answer
+from easyrl.data.checks import check_columns, check_image_column, is_missing_answer
 from easyrl.data.images import DEFAULT_FACTOR, load_image, process_image, target_size
 from easyrl.data.intergps import IMAGE_PLACEHOLDER
 from easyrl.data.prompts import load_format_prompt, user_content
@@ -116,6 +116,7 @@ class RLDataset(torch.utils.data.Dataset):
         video_key: str | None = None,
         video_limits: FrameLimits = FrameLimits(),
         tools: list[dict] | None = None,
+        rows: datasets.Dataset | None = None,
     ):
         self.data_path = data_path
         self.tokenizer = tokenizer
@@ -131,14 +132,9 @@ class RLDataset(torch.utils.data.Dataset):
         else:
             self.min_pixels, self.max_pixels, self.factor = min_pixels, max_pixels, DEFAULT_FACTOR
 
-        self.dataset = load_source(data_path)
+        self.dataset = load_source(data_path) if rows is None else rows
+        check_columns(self.dataset, data_path, prompt_key, answer_key)
         columns = self.dataset.column_names
-        for key, config_key in ((prompt_key, "data.prompt_key"), (answer_key, "data.answer_key")):
-            if key not in columns:
-                raise DataError(
-                    f"column {key!r} not found in {data_path!r}; available columns: {columns}. "
-                    f"Set {config_key} to the column that holds it."
-                )
         self.has_images = image_key is not None and image_key in columns
         self.video_key, self.video_limits = video_key, video_limits
         self.has_videos = video_key is not None and video_key in columns
@@ -202,6 +198,9 @@ class RLDataset(torch.utils.data.Dataset):
             raise ValueError(f"column {self.prompt_key!r} holds a {type(content).__name__}, not a string: write the "
                              "prompt's text as one string in that column (a list of chat messages or parts is not "
                              "read), or set data.prompt_key to the column that holds it")
+        if not content.strip() and not n_images + n_videos:
+            raise ValueError(f"column {self.prompt_key!r} (data.prompt_key) is empty: the model would answer nothing; "
+                             "write the problem's text in that row, or remove the row")
         text = self.format_prompt(content)
         if self.processor is None:
             message: Any = text.replace(IMAGE_PLACEHOLDER, "").replace(VIDEO_PLACEHOLDER, "")

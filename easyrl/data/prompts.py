@@ -21,8 +21,8 @@ class FormatPrompt:
     """A loaded format template; ``FormatPrompt(path)(content) -> str``.
 
     Raises (at construction):
-        ConfigError: the file does not exist, or is not valid Jinja2 (the message names the path,
-            ``data.format_prompt`` and the line).
+        ConfigError: the file does not exist, is not valid Jinja2 (the message names the path,
+            ``data.format_prompt`` and the line), uses a variable other than ``content``, or does not show it.
     """
 
     def __init__(self, path: str):
@@ -35,6 +35,9 @@ class FormatPrompt:
         with open(self.path, encoding="utf-8") as f:
             self.source = f.read()
         self.template = self._compile()
+        if "EASYRL_CONTENT" not in self("EASYRL_CONTENT"):
+            raise ConfigError(f"format prompt template {self.path!r} (data.format_prompt) does not show the problem: "
+                              "every prompt would be the same text; put {{ content }} where the problem goes.")
 
     def _compile(self) -> jinja2.Template:
         env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=False)
@@ -57,9 +60,9 @@ class FormatPrompt:
         try:
             return self.template.render(content=content)
         except jinja2.UndefinedError as err:
-            raise ValueError(
-                f"format prompt template {self.path!r} uses an undefined variable ({err.message}); "
-                "only `content` is passed"
+            raise ConfigError(
+                f"format prompt template {self.path!r} (data.format_prompt) uses an undefined variable "
+                f"({err.message}); only `content` is passed"
             ) from err
 
 

@@ -24,7 +24,7 @@ from typing import Any, Callable, Optional
 
 import jinja2
 
-from easyrl.errors import ConfigError
+from easyrl.errors import ConfigError, check_signature
 from easyrl.rewards.function import load_function
 
 DEFAULT_TEMPLATE = Path(__file__).resolve().parents[2] / "examples" / "judge" / "judge.jinja"
@@ -78,6 +78,7 @@ def load_parser(parser: str, json_key: str = "score") -> Callable[[str], Optiona
         fn, _, _ = load_function(parser)
     except Exception as err:
         raise ConfigError(f"worker.reward.judge.parser={parser!r}: {type(err).__name__}: {err}") from None
+    check_signature(fn, "worker.reward.judge.parser", parser, "fn(verdict)")
     return fn
 
 
@@ -123,10 +124,13 @@ class JudgePrompt:
         except jinja2.TemplateSyntaxError as err:
             raise ConfigError(f"{key}={self.path!r} line {err.lineno}: {err.message}") from None
         try:
-            self.render("a problem", "a response", "an answer")
+            shown = self.render("a problem", "EASYRL_RESPONSE", "an answer")
         except jinja2.UndefinedError as err:
             raise ConfigError(f"{key}={self.path!r} uses an undefined variable ({err.message}); the judge template "
                               f"gets {', '.join(TEMPLATE_VARIABLES)}.") from None
+        if "EASYRL_RESPONSE" not in shown:
+            raise ConfigError(f"{key}={self.path!r} does not show the response: the judge would score every sample "
+                              "without reading it; put {{ response }} in the template.")
 
     def render(self, problem: Any, response: str, ground_truth: Any) -> str:
         """The judge's user message for one sample."""

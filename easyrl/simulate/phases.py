@@ -19,6 +19,7 @@ from unittest import mock
 import torch
 
 from easyrl.config import PPOConfig
+from easyrl.errors import ModelError
 from easyrl.simulate.fake_device import (
     GIB,
     DeviceSpec,
@@ -95,15 +96,15 @@ def model_folder(model_path: str) -> str:
     ``examples/model_configs/<last part of the hub id>``.
 
     Raises:
-        FileNotFoundError: neither exists.
+        ModelError: neither exists.
     """
     if os.path.isfile(os.path.join(model_path, "config.json")):
         return model_path
     shipped = os.path.join(MODEL_CONFIGS, model_path.rstrip("/").split("/")[-1])
     if os.path.isfile(os.path.join(shipped, "config.json")):
         return shipped
-    raise FileNotFoundError(f"no config.json for '{model_path}': give a folder holding one, or add "
-                            f"{shipped}/config.json")
+    raise ModelError(f"worker.actor.model.model_path={model_path!r} has no config.json to simulate: give a folder "
+                     f"holding one (no weights needed), or add {shipped}/config.json")
 
 
 def budget_batch(config: PPOConfig, tokens: int, grid: Optional[ImageGrid] = None):

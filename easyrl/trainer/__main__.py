@@ -32,18 +32,19 @@ def build_trainer(config: PPOConfig, worker_cls: Optional[type] = None, startup=
     from easyrl.trainer.dashboards import check_logger_credentials
     from easyrl.trainer.launch import StartupProfile, quiet_datasets, start_ray
     from easyrl.trainer.preflight import prepare
-    from easyrl.trainer.run_folder import check_resumable, check_run_folder
+    from easyrl.trainer.run_folder import check_finished, check_resumable, check_run_folder
 
     startup = startup or StartupProfile(time.time())
     startup.add("launch", time.time() - startup.start)
     quiet_datasets()
     began = time.time()
-    ready = prepare(config)
-    startup.add("preflight", time.time() - began)
     check_logger_credentials(config.trainer)
-    # refuse another run's folder, or a changed config, and stop at a finished run, before anything starts
-    check_run_folder(config.trainer, to_dict(config), config.training_steps(len(ready.train_dataset)))
+    # refuse another run's folder (or its bad tracker), or a changed config, before any model loads
+    resume_from = check_run_folder(config.trainer, to_dict(config))
+    ready = prepare(config)
+    check_finished(config.trainer, resume_from, config.training_steps(len(ready.train_dataset)))
     check_resumable(config)  # a truncated or mismatched checkpoint to resume, before anything starts
+    startup.add("preflight", time.time() - began)
     from easyrl.trainer.ray_trainer import RayPPOTrainer  # after the checks, which need none of this
     from easyrl.workers.fsdp_worker import FSDPWorker
 

@@ -62,31 +62,37 @@ def read_tracker(root: str) -> dict[str, Any]:
     """The tracker of checkpoint folder ``root`` (``{}`` when there is none).
 
     Raises:
-        ValueError: the tracker exists but is not valid JSON (names the file).
+        RunStateError: the tracker exists but is not a JSON object, or is not a file (names it).
     """
     path = os.path.join(root, TRACKER)
     if not os.path.exists(path):
         return {}
     try:
         with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path} is not valid JSON ({err}); set trainer.load_checkpoint_path to a "
-                         f"global_step_N folder to resume from it explicitly.") from err
+            tracker = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        tracker = err
+    if not isinstance(tracker, dict) or not isinstance(tracker.get("last_global_step", 0), int):
+        why = f" ({tracker})" if isinstance(tracker, Exception) else ""
+        raise RunStateError(f"{path} is not a checkpoint tracker (a JSON object naming last_global_step){why}: it "
+                            f"was cut or edited by hand. Fix it (e.g. {{\"last_global_step\": N}} for the last "
+                            f"global_step_N folder under {root}), or set trainer.load_checkpoint_path to a "
+                            "global_step_N folder to resume from it explicitly.")
+    return tracker
 
 
 def find_last_checkpoint(root: str) -> Optional[str]:
     """The folder of the last complete checkpoint under ``root`` as named by the tracker, or None.
 
     Raises:
-        FileNotFoundError: the tracker names a folder that does not exist (e.g. deleted by hand).
+        RunStateError: the tracker names a folder that does not exist (e.g. deleted by hand), or is unreadable.
     """
     step = read_tracker(root).get("last_global_step")
     if step is None:
         return None
     path = os.path.join(root, step_dir_name(step))
     if not os.path.isfile(os.path.join(path, TRAINER_STATE)):
-        raise FileNotFoundError(
+        raise RunStateError(
             f"{os.path.join(root, TRACKER)} names step {step} but {path} is missing or incomplete; restore it, set "
             f"trainer.load_checkpoint_path to another global_step_N folder, or trainer.find_last_checkpoint=false "
             f"with a fresh trainer.experiment_name."

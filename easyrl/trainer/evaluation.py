@@ -17,7 +17,7 @@ import time
 from typing import Optional
 
 from easyrl.config import PPOConfig, to_dict
-from easyrl.errors import ModelError
+from easyrl.errors import ModelError, RunStateError
 
 logger = logging.getLogger("easyrl.eval")
 
@@ -137,7 +137,7 @@ def evaluate_model(config: PPOConfig, model: Optional[str] = None,
         if model is not None and is_checkpoint(model):
             try:
                 checkpoint = resolve_checkpoint(model)
-            except FileNotFoundError as err:
+            except (FileNotFoundError, RunStateError) as err:
                 raise ModelError(f"model={model}: {err}") from None
             step = Checkpointer.step_of(checkpoint)
             logger.info("exporting %s to a temporary Hugging Face folder", checkpoint)

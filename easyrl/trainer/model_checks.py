@@ -37,7 +37,8 @@ def check_model_source(key: str, path: str, timeout_s: float = HUB_TIMEOUT_S) ->
         if not os.path.isdir(folder):
             raise ModelError(f"{key}={path!r} is a file; give the model's folder (the one holding config.json)")
         if not os.path.isfile(os.path.join(folder, "config.json")):
-            raise ModelError(f"{key}={path!r} holds no config.json: is it a Hugging Face model folder?")
+            raise ModelError(f"{key}={path!r} holds no config.json: is it a Hugging Face model folder?"
+                             + _not_a_model_hint(folder))
         return
     import huggingface_hub
     from huggingface_hub import constants
@@ -61,6 +62,22 @@ def check_model_source(key: str, path: str, timeout_s: float = HUB_TIMEOUT_S) ->
             f"({type(err).__name__}: {str(err).strip()[:200]}); download the model to a folder and give its path, "
             "or check the network"
         ) from None
+
+
+def _not_a_model_hint(folder: str) -> str:
+    """What a folder without ``config.json`` holds instead, when easyrl can tell: a LoRA adapter, an easyrl run or
+    checkpoint folder."""
+    if os.path.isfile(os.path.join(folder, "adapter_config.json")):
+        return (" It holds a LoRA adapter (adapter_config.json), not a whole model: merge it into its base model "
+                "(peft's merge_and_unload, then save_pretrained) and give that folder")
+    names = os.listdir(folder)
+    if "checkpoint_tracker.json" in names or any(name.startswith("global_step_") for name in names) or os.path.isdir(
+            os.path.join(folder, "actor")):
+        export = os.path.join(folder, "huggingface")
+        where = f"give its export {export}" if os.path.isfile(os.path.join(export, "config.json")) else (
+            "export it first (easyrl export CHECKPOINT OUT) and give OUT")
+        return f" It is an easyrl run or checkpoint folder, not a model: {where}"
+    return ""
 
 
 def check_model_sources(model_cfg: Any) -> None:
@@ -95,7 +112,8 @@ def load_model_parts(model_cfg: Any, sources_checked: bool = False,
         processor = _load(tok_key, tok_path, "processor", AutoProcessor.from_pretrained, remote)
     if chat_template is not None:
         override_chat_template(tokenizer, processor, chat_template)
-    check_chat_template(tokenizer, processor, f"{tok_key}={tok_path!r}")
+    where = f"data.override_chat_template={chat_template!r}" if chat_template is not None else f"{tok_key}={tok_path!r}"
+    check_chat_template(tokenizer, processor, where)
     return tokenizer, hf_config, processor
 
 
@@ -105,29 +123,51 @@ def override_chat_template(tokenizer: Any, processor: Any, path: str) -> None:
     Raises:
         ConfigError: ``path`` is not a readable file (naming ``data.override_chat_template``).
     """
-    try:
-        with open(path, encoding="utf-8") as f:
-            template = f.read()
-    except OSError as err:
-        raise ConfigError(f"data.override_chat_template={path!r} cannot be read ({err.strerror or err}); give the "
-                          "path of a Jinja chat template file, or null to keep the model's") from None
+    template = read_chat_template(path)
     tokenizer.chat_template = template
     if processor is not None:
         processor.chat_template = template
     logger.info("chat template replaced by %s (data.override_chat_template)", path)
 
 
+def read_chat_template(path: str) -> str:
+    """The text of the chat template file ``path`` (``data.override_chat_template``).
+
+    Raises:
+        ConfigError: ``path`` is not a readable file.
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as err:
+        raise ConfigError(f"data.override_chat_template={path!r} cannot be read ({err.strerror or err}); give the "
+                          "path of a Jinja chat template file, or null to keep the model's") from None
+
+
 def check_chat_template(tokenizer: Any, processor: Any, where: str) -> None:
-    """Prompts are built with the chat template of the processor or the tokenizer: one must have it.
+    """Prompts are built with the chat template of the processor or the tokenizer: one must have it, and it must show
+    a message's content (a plain text file given as ``data.override_chat_template`` renders none).
 
     Raises:
         ModelError: neither has one (``where`` names the key and path).
+        ConfigError: the template fails to render a user message, or drops its content.
     """
     if not getattr(tokenizer, "chat_template", None) and not getattr(processor, "chat_template", None):
         raise ModelError(
             f"the tokenizer of {where} has no chat template, which builds the prompts; use an instruct/chat model, "
             "or set worker.actor.model.tokenizer_path to one"
         )
+    templater = tokenizer if getattr(tokenizer, "chat_template", None) else processor
+    try:
+        text = templater.apply_chat_template([{"role": "user", "content": "EASYRL_PROBE"}], tokenize=False,
+                                             add_generation_prompt=True)
+        reason = "" if "EASYRL_PROBE" in text else "it drops the message's content (no {{ message['content'] }})"
+    except Exception as err:  # a template error of the user's file or the model's
+        reason = f"it fails on one user message ({type(err).__name__}: {err})"
+    if reason:
+        raise ConfigError(f"the chat template of {where} does not render a prompt: {reason}. Give a Jinja chat "
+                          "template looping over messages (data.override_chat_template=FILE.jinja, e.g. the model's "
+                          "own chat_template.jinja), or null to keep the model's")
 
 
 def _load(key: str, path: str, what: str, loader: Callable, trust_remote_code: bool) -> Any:
@@ -156,3 +196,141 @@ def _load_hint(key: str, path: str, reason: str) -> str:
                 "upgrade transformers, or set worker.actor.model.trust_remote_code=true for a model that ships its "
                 "own code")
     return ""
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+
+
+def weight_headers(key: str, path: str) -> Optional[dict[str, list[int]]]:
+    """The weights of the local model folder ``path`` (config key ``key``) read from their file headers alone (no
+    tensor is loaded): ``{tensor name: shape}`` over every ``*.safetensors`` file, or None for a hub id or a folder of
+    other formats (``.bin``, ``.gguf``: not read here).
+
+    Raises:
+        ModelError: a folder without weight files, a safetensors file cut short or with an unreadable header, or a
+            shard that ``model.safetensors.index.json`` names but that is missing (each names the file).
+    """
+    import json
+    import struct
+
+    folder = os.path.expanduser(path)
+    if not looks_local(path) or not os.path.isdir(folder):
+        return None
+    names = sorted(os.listdir(folder))
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        try:
+            with open(index, encoding="utf-8") as f:
+                shards = sorted(set(json.load(f)["weight_map"].values()))
+        except (ValueError, KeyError, OSError) as err:
+            raise ModelError(f"{key}={path!r}: {index} is not a safetensors index ({err}); copy it again") from None
+        missing = [name for name in shards if name not in names]
+        if missing:
+            raise ModelError(f"{key}={path!r} is missing the weight file(s) {missing} that {index} names; copy "
+                             "the whole model folder (every shard)")
+    if not any(name.endswith(WEIGHT_SUFFIXES) for name in names):
+        raise ModelError(f"{key}={path!r} holds no weights (no *.safetensors or *.bin file beside config.json); copy "
+                         "the model's weight files into it, or give the folder that has them")
+    shapes: dict[str, list[int]] = {}
+    for name in (n for n in names if n.endswith(".safetensors")):
+        file = os.path.join(folder, name)
+        size = os.path.getsize(file)
+        try:
+            with open(file, "rb") as f:
+                (length,) = struct.unpack("<Q", f.read(8))
+                header = json.loads(f.read(length)) if length <= size - 8 else None
+        except (struct.error, ValueError, UnicodeDecodeError):
+            header = None
+        if not isinstance(header, dict):
+            raise ModelError(f"{key}={path!r}: the weight file {file} has no readable safetensors header (a cut or "
+                             "corrupt copy); copy it again")
+        tensors = {k: v for k, v in header.items() if k != "__metadata__"}
+        needed = 8 + length + max((v["data_offsets"][1] for v in tensors.values()), default=0)
+        if size < needed:
+            raise ModelError(f"{key}={path!r}: the weight file {file} is cut short: it holds {size} of its {needed} "
+                             "bytes; copy it again")
+        shapes.update((k, v["shape"]) for k, v in tensors.items())
+    return shapes or None
+
+
+def check_model_fits(model_cfg: Any, hf_config: Any, tokenizer: Any, context: int) -> None:
+    """What the model folder's files say against the run's settings, before any weight is loaded: the tokenizer's
+    ids fit the embedding, ``context`` (``data.max_prompt_length + data.max_response_length``) fits the model's
+    positions.
+
+    Raises:
+        ModelError: a tokenizer larger than the embedding (``vocab_size``).
+        ConfigError: a context beyond ``max_position_embeddings``.
+    """
+    key = "worker.actor.model.model_path"
+    text = hf_config.get_text_config()
+    vocab = getattr(text, "vocab_size", None)
+    if vocab is not None and len(tokenizer) > vocab:
+        tok = model_cfg.tokenizer_path or model_cfg.model_path
+        raise ModelError(f"the tokenizer of {tok!r} has {len(tokenizer)} tokens but the model {model_cfg.model_path!r} "
+                         f"embeds only vocab_size={vocab}: ids beyond it would index past the embedding. Use the "
+                         "model's own tokenizer (worker.actor.model.tokenizer_path=null) or a model of its family")
+    positions = getattr(text, "max_position_embeddings", None)
+    if positions is not None and context > positions:
+        raise ConfigError(f"data.max_prompt_length + data.max_response_length = {context} tokens exceed the model's "
+                          f"max_position_embeddings={positions} ({key}={model_cfg.model_path!r}); vLLM refuses such a "
+                          "context: shorten them to fit")
+
+
+def check_lora_targets(model_cfg: Any) -> None:
+    """Every name of ``worker.actor.model.lora.target_modules`` is a module of the model, read from its weight files'
+    headers (peft only refuses targets of which none match: a typo beside a good name would go unadapted).
+
+    Raises:
+        ConfigError: naming the unknown targets and the model's layers with 2-D weights.
+    """
+    lora = model_cfg.lora
+    if lora.rank > 0 and lora.target_modules.strip() != "all-linear":
+        shapes = weight_headers("worker.actor.model.model_path", model_cfg.model_path) or {}
+        linear = {name.split(".")[-2] for name, shape in shapes.items()
+                  if name.endswith(".weight") and len(shape) == 2 and "embed" not in name}
+        parts = {part for name in shapes for part in name.split(".")}
+        from easyrl.models.lora import target_modules
+
+        unknown = [t for t in target_modules(lora.target_modules) if shapes and t not in parts]
+        if unknown:
+            raise ConfigError(f"worker.actor.model.lora.target_modules names {unknown}, which the model "
+                              f"{model_cfg.model_path!r} does not have; its linear layers are "
+                              f"{', '.join(sorted(linear)[:12])} (or give all-linear)")
+
+
+SCORE_HEADS = ("ForSequenceClassification", "ForTokenClassification", "ForRewardModel", "RewardModel")
+
+
+def check_head(key: str, path: Optional[str], scorer: bool) -> None:
+    """The model at ``path`` (config key ``key``) has the head its role needs, read from ``architectures`` in its
+    ``config.json`` (a local folder or the hub cache; nothing is checked otherwise): a reward model
+    (``scorer``) is a sequence classifier, a judge or teacher a language model.
+
+    Raises:
+        ModelError: naming the key, the architecture and the role the model would fit.
+    """
+    import json
+
+    if not path:
+        return
+    file = os.path.join(os.path.expanduser(path), "config.json")
+    if not os.path.isfile(file):
+        import huggingface_hub
+
+        cached = huggingface_hub.try_to_load_from_cache(path, "config.json")
+        file = cached if isinstance(cached, str) else None
+    try:
+        with open(file, encoding="utf-8") as f:
+            architectures = json.load(f).get("architectures") or []
+    except (TypeError, OSError, ValueError, AttributeError):
+        return  # no config.json to read here: the model's loader says what is wrong
+    heads = [arch for arch in architectures if arch.endswith(SCORE_HEADS)]
+    if scorer and architectures and not heads:
+        raise ModelError(f"{key}={path!r} is a {architectures[0]}, a language model, not a sequence classifier: a "
+                         "reward model gives one score per sequence (e.g. Skywork/Skywork-Reward-V2-Qwen3-0.6B). To "
+                         "have a language model grade responses, give it as worker.reward.judge.model_path")
+    if not scorer and heads:
+        raise ModelError(f"{key}={path!r} is a {heads[0]}, a reward model's head (one score per sequence), not a "
+                         "language model that predicts tokens: give an instruct model (...ForCausalLM), or use this "
+                         "one as worker.reward.reward_model.model_path")

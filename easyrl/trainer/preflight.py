@@ -12,8 +12,18 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from easyrl.data.prompts import load_format_prompt
 from easyrl.errors import ConfigError, DataError
-from easyrl.trainer.model_checks import check_model_source, check_model_sources, load_model_parts
+from easyrl.trainer.model_checks import (
+    check_head,
+    check_lora_targets,
+    check_model_fits,
+    check_model_source,
+    check_model_sources,
+    load_model_parts,
+    read_chat_template,
+    weight_headers,
+)
 from easyrl.trainer.reward_checks import (
     check_filter_key,
     check_judge_files,
@@ -50,6 +60,19 @@ def tool_schemas(multi_turn: Any) -> Optional[list[dict]]:
     return [tool.schema for tool in load_tools(multi_turn.tools).values()]
 
 
+def check_agent_files(multi_turn: Any) -> None:
+    """With ``worker.rollout.multi_turn.enable``: the tools, the tool-call parser and the environment import and take
+    the arguments they are called with. Raises ``ConfigError`` naming the key (``easyrl.agents.specs``)."""
+    if not multi_turn.enable:
+        return
+    from easyrl.agents.environment import load_environment
+    from easyrl.agents.parsers import load_parser
+
+    tool_schemas(multi_turn)
+    load_parser(multi_turn.format)
+    load_environment(multi_turn.environment)
+
+
 def warn_template_without_tools(tokenizer: Any, config: Any) -> None:
     """Warn when the chat template drops ``tools=`` (SmolLM2's does): a prompt rendered with the tools of
     ``worker.rollout.multi_turn.tools`` that does not name each of them means the model is never told about them, and
@@ -72,8 +95,24 @@ def warn_template_without_tools(tokenizer: Any, config: Any) -> None:
                        ", ".join(repr(name) for name in missing))
 
 
-def load_dataset_for(key: str, path: str, config: Any, tokenizer: Any, processor: Any):
-    """``RLDataset`` of the data path ``path`` given by config key ``key``; data errors are prefixed with the key."""
+def read_rows(key: str, path: str, data: Any):
+    """The rows of the data path ``path`` given by config key ``key``, their prompt/answer columns and image column
+    checked: files only, no model, so a typo costs seconds. Data errors are prefixed with the key."""
+    from easyrl.data.checks import check_columns, check_image_column
+    from easyrl.data.sources import load_source
+
+    try:
+        rows = load_source(path)
+        check_columns(rows, path, data.prompt_key, data.answer_key)
+        check_image_column(rows, data.image_key, data.prompt_key, path, text_only=False)
+    except DataError as err:  # the message names the file; say which setting gave it
+        raise DataError(f"{key}: {err}") from None
+    return rows
+
+
+def load_dataset_for(key: str, path: str, config: Any, tokenizer: Any, processor: Any, rows: Any = None):
+    """``RLDataset`` of the data path ``path`` given by config key ``key`` (``rows``: its rows, already read by
+    :func:`read_rows`); data errors are prefixed with the key."""
     from easyrl.data.dataset import RLDataset
     from easyrl.data.videos import FrameLimits
 
@@ -86,7 +125,7 @@ def load_dataset_for(key: str, path: str, config: Any, tokenizer: Any, processor
             filter_overlong_prompts=data.filter_overlong_prompts, system_prompt=data.system_prompt,
             video_key=data.video_key,
             video_limits=FrameLimits(data.video_fps, data.video_min_frames, data.video_max_frames),
-            tools=tool_schemas(config.worker.rollout.multi_turn),
+            tools=tool_schemas(config.worker.rollout.multi_turn), rows=rows,
         )
     except DataError as err:  # the message names the file; say which setting gave it
         raise DataError(f"{key}: {err}") from None
@@ -105,9 +144,10 @@ def raise_video_limit(rollout: Any, max_videos: int, key: str) -> None:
 
 
 def prepare(config: Any, train: bool = True) -> Prepared:
-    """All pre-flight checks of a finalized config, in order: the CUDA driver, model paths, reward function and keyword
-    arguments (all cheap), model config and tokenizer, datasets, then the reward function called on one sample of the
-    data.
+    """All pre-flight checks of a finalized config, cheap ones first: the CUDA driver, model paths and weight-file
+    headers, the data files' rows and columns, the templates, tool and reward files (seconds, no model loaded); then
+    the model config and tokenizer against the settings, the datasets' rows, and the reward function called on one
+    sample of the data.
 
     Args:
         config: the finalized ``PPOConfig``.
@@ -120,29 +160,47 @@ def prepare(config: Any, train: bool = True) -> Prepared:
     if train and not config.data.train_files:
         raise ConfigError("data.train_files is not set: training needs a training set (only `easyrl eval` runs "
                           "without one).")
+    # cheap first (driver, paths, file headers, data columns, templates, tool files): a typo costs seconds
     check_cuda_driver(config.trainer.device)
     check_model_sources(config.worker.actor.model)
+    weight_headers("worker.actor.model.model_path", config.worker.actor.model.model_path)
+    check_lora_targets(config.worker.actor.model)
+    if config.algorithm.needs_teacher:
+        teacher = config.worker.teacher.model
+        check_model_source("worker.teacher.model.model_path", teacher.model_path)
+        weight_headers("worker.teacher.model.model_path", teacher.model_path)
+        check_head("worker.teacher.model.model_path", teacher.model_path, scorer=False)
+        if teacher.tokenizer_path:
+            check_model_source("worker.teacher.model.tokenizer_path", teacher.tokenizer_path)
+    if config.data.override_chat_template is not None:
+        read_chat_template(config.data.override_chat_template)
+    keys = [("data.train_files", config.data.train_files)] * train + [("data.val_files", config.data.val_files)]
+    rows = {key: read_rows(key, path, config.data) for key, path in keys if path}
+    load_format_prompt(config.data.format_prompt)
+    check_agent_files(config.worker.rollout.multi_turn)
     reward_fn = load_reward(config.worker.reward)
     check_judge_files(config.worker.reward.judge)
+    check_head("worker.reward.judge.model_path", config.worker.reward.judge.model_path, scorer=False)
+    check_head("worker.reward.reward_model.model_path", config.worker.reward.reward_model.model_path, scorer=True)
     tokenizer, hf_config, processor = load_model_parts(config.worker.actor.model, sources_checked=True,
                                                        chat_template=config.data.override_chat_template)
     check_rollout_split(hf_config, config.worker.rollout.tensor_parallel_size)
     check_sequence_parallel_heads(hf_config, config)
+    check_model_fits(config.worker.actor.model, hf_config, tokenizer,
+                     config.data.max_prompt_length + config.data.max_response_length)
     warn_template_without_tools(tokenizer, config)
     if config.algorithm.needs_teacher:  # on-policy distillation: the teacher must read the student's token ids
         from easyrl.trainer.teacher_check import check_teacher
 
-        teacher = config.worker.teacher.model
-        check_model_source("worker.teacher.model.model_path", teacher.model_path)
-        if teacher.tokenizer_path:
-            check_model_source("worker.teacher.model.tokenizer_path", teacher.tokenizer_path)
         check_teacher(config, tokenizer)
     train_set = None
     if train:
-        train_set = load_dataset_for("data.train_files", config.data.train_files, config, tokenizer, processor)
+        train_set = load_dataset_for("data.train_files", config.data.train_files, config, tokenizer, processor,
+                                     rows["data.train_files"])
     val = None
     if config.data.val_files:
-        val = load_dataset_for("data.val_files", config.data.val_files, config, tokenizer, processor)
+        val = load_dataset_for("data.val_files", config.data.val_files, config, tokenizer, processor,
+                               rows["data.val_files"])
     if train_set is not None:
         check_enough_prompts(config, len(train_set))
     source = train_set if train_set is not None else val

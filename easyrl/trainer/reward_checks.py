@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional
 
 from easyrl.errors import ConfigError, ModelError, RewardError, UserError
 from easyrl.rewards.judge import load_judge
-from easyrl.trainer.model_checks import _load, check_model_source
+from easyrl.trainer.model_checks import _load, check_model_source, weight_headers
 
 logger = logging.getLogger("easyrl")
 
@@ -179,6 +179,11 @@ def check_reward_model(rm: Any) -> None:
     if getattr(hf_config, "num_labels", 1) != 1:
         raise ModelError(f"{key}={rm.model_path!r} has num_labels={hf_config.num_labels}: a reward model is a sequence "
                          "classifier with one output (a scalar score), e.g. Skywork/Skywork-Reward-V2-Qwen3-0.6B")
+    positions = getattr(hf_config.get_text_config(), "max_position_embeddings", None)
+    if rm.max_length is not None and positions is not None and rm.max_length > positions:
+        raise ConfigError(f"worker.reward.reward_model.max_length={rm.max_length} exceeds the reward model's "
+                          f"max_position_embeddings={positions} ({key}={rm.model_path!r}): longer inputs would be "
+                          f"scored at positions it never saw; set it to {positions} or less.")
     tokenizer = _load(tok_key, rm.tokenizer_path or rm.model_path, "tokenizer", lambda _, **kw: load_tokenizer(rm),
                       rm.trust_remote_code)
     template = read_chat_template(rm.chat_template)
@@ -195,8 +200,19 @@ def check_reward_model(rm: Any) -> None:
 
 
 def check_judge_files(judge_cfg: Any) -> None:
-    """With ``worker.reward.judge`` on: its model source exists, its prompt template renders and its parser loads.
+    """With ``worker.reward.judge`` on: its model source exists with its weights, its prompt template renders and its
+    parser loads, its ``max_model_len`` fits the model's positions.
     Raises ``ModelError`` / ``ConfigError`` naming the key (docs/errors.md, J rows)."""
     if judge_cfg.model_path is not None:
         check_model_source("worker.reward.judge.model_path", judge_cfg.model_path)
         load_judge(judge_cfg)
+        weight_headers("worker.reward.judge.model_path", judge_cfg.model_path)
+        from transformers import AutoConfig
+
+        key = "worker.reward.judge.model_path"
+        text = _load(key, judge_cfg.model_path, "model config", AutoConfig.from_pretrained, False).get_text_config()
+        positions = getattr(text, "max_position_embeddings", None)
+        if positions is not None and judge_cfg.max_model_len > positions:
+            raise ConfigError(f"worker.reward.judge.max_model_len={judge_cfg.max_model_len} exceeds the judge's "
+                              f"max_position_embeddings={positions} ({key}={judge_cfg.model_path!r}); vLLM refuses "
+                              f"such a context: set it to {positions} or less.")

@@ -144,8 +144,21 @@ def check_run_folder(trainer, new_config: Optional[dict[str, Any]] = None,
         return None
     if new_config is not None and resume_mode(trainer) == "auto":
         refuse_changed_config(trainer, resume_from, new_config)
+    check_finished(trainer, resume_from, training_steps)
+    return resume_from
+
+
+def check_finished(trainer, resume_from: Optional[str], training_steps: Optional[int]) -> None:
+    """Stop at a finished run: the checkpoint ``resume_from`` (None: a new run) is at step ``training_steps`` (None: not
+    checked) or later.
+
+    Raises:
+        RunFinished: naming the run folder, the step and what to do instead.
+    """
+    if resume_from is None or training_steps is None:
+        return
     step = Checkpointer.step_of(resume_from)
-    if training_steps is not None and step >= training_steps:
+    if step >= training_steps:
         model = trainer.save_model_path or os.path.join(trainer.run_dir, "huggingface")
         where = f"its model is in {model}" if os.path.isdir(model) else "it was not exported"
         raise RunFinished(
@@ -153,7 +166,6 @@ def check_run_folder(trainer, new_config: Optional[dict[str, Any]] = None,
             f"{where}. Nothing to do. To train further raise trainer.max_steps or trainer.total_epochs; to start a "
             f"new run choose a new trainer.experiment_name; to validate it: easyrl eval config=... model={resume_from}"
         )
-    return resume_from
 
 
 def check_resumable(config) -> None:
