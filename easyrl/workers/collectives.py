@@ -90,9 +90,9 @@ class _Contract:
                 "in the same order (collective contract, docs/environment.md).")
 
     def wrap(self, module: Any, op: str, funcol_op: bool) -> None:
-        original = getattr(module, op)
-        if getattr(original, "_easyrl_contract", False):
-            return
+        original = getattr(module, op, None)
+        if original is None or getattr(original, "_easyrl_contract", False):  # absent on this torch line (2.11 lacks
+            return  # c10d's all_gather_single / reduce_scatter_single), or wrapped already
         parameters = inspect.signature(original).parameters
         label = f"funcol.{op}" if funcol_op else op
 
