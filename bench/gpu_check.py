@@ -299,7 +299,6 @@ class GpuCheck:
         for inputs in batch.extras.get("multi_modal_inputs", []):
             inputs["pixel_values"].normal_()
         batch["advantages"] = torch.randn(batch["response_mask"].shape)
-        batch["response_mask"] = batch["response_mask"].long()  # as the trainer sends it
         return batch
 
     def padded_rows(self, rows: int):

@@ -121,7 +121,8 @@ def budget_batch(config: PPOConfig, tokens: int, grid: Optional[ImageGrid] = Non
     length = prompt + response
     tensors = {"input_ids": torch.randint(0, 1000, (bsz, length)),
                "attention_mask": torch.ones(bsz, length, dtype=torch.long),
-               "response_mask": torch.ones(bsz, response),  # values, returns: the critic's
+               "response_mask": torch.ones(bsz, response, dtype=torch.long),  # integers, as the trainer sends it
+               # values, returns: the critic's
                **{key: torch.zeros(bsz, response) for key in ("advantages", "old_log_probs", "ref_log_probs",
                                                               "values", "returns")}}
     extras = {"multi_modal_inputs": add_images(tensors["input_ids"], prompt, grid)} if grid is not None else {}
