@@ -100,19 +100,6 @@ def test_tokenizer_larger_than_the_embedding(before_ray, expect_user_error, tiny
                       "vocab_size=1000", "worker.actor.model.tokenizer_path")
 
 
-UNFIT = [
-    ("M18", ["data.max_prompt_length=40000", "data.max_response_length=40000"],
-     ["data.max_prompt_length + data.max_response_length = 80000", "max_position_embeddings=32768"]),
-    ("M19", ["worker.actor.model.lora.rank=8", "worker.actor.model.lora.target_modules=q_proj,query_key_value"],
-     ["worker.actor.model.lora.target_modules names ['query_key_value']", "q_proj"]),
-]
-
-
-@pytest.mark.parametrize("cid, words, culprits", UNFIT, ids=[case[0] for case in UNFIT])
-def test_settings_the_model_cannot_take(before_ray, expect_user_error, cid, words, culprits):
-    expect_user_error(before_ray(*words), "config", *culprits)
-
-
 def test_lora_adapter_or_run_folder_as_model(before_ray, expect_user_error, tmp_path):  # M20
     adapter = _write(tmp_path / "adapter/adapter_config.json", "{}").parent
     expect_user_error(before_ray(f"worker.actor.model.model_path={adapter}"), "model", "holds a LoRA adapter",
@@ -145,7 +132,11 @@ def test_format_prompt_that_drops_the_problem(before_ray, expect_user_error, tmp
                       "does not show the problem", "{{ content }}")
 
 
-CANNOT_WORK = [
+CANNOT_WORK = [  # settings the model cannot take (M18, M19), then values that cannot work
+    ("M18", ["data.max_prompt_length=40000", "data.max_response_length=40000"],
+     ["data.max_prompt_length + data.max_response_length = 80000", "max_position_embeddings=32768"]),
+    ("M19", ["worker.actor.model.lora.rank=8", "worker.actor.model.lora.target_modules=q_proj,query_key_value"],
+     ["worker.actor.model.lora.target_modules names ['query_key_value']", "q_proj"]),
     ("D34", ["data.image_dir=/no/such/images"], ["data.image_dir='/no/such/images' is not a folder"]),
     ("V07", ["data.video_fps=0"], ["data.video_fps must be a positive number"]),
     ("V08", ["data.video_min_frames=8", "data.video_max_frames=4"], ["data.video_min_frames (8)", "video_max_frames"]),
