@@ -16,7 +16,7 @@ from easyrl.algorithms.masked_ops import masked_whiten
 
 __all__ = ["gdpo_advantage", "gpg_advantage", "opo_advantage", "optimal_token_baseline_advantage"]
 
-OTB_EPSILON = 1e-8  # added to the optimal token baseline's denominator (verl's default)
+OTB_EPSILON = 1e-8  # added to the optimal token baseline's denominator
 
 
 def _group_sum(values: torch.Tensor, group_id: torch.Tensor) -> torch.Tensor:
@@ -29,13 +29,8 @@ def _group_sum(values: torch.Tensor, group_id: torch.Tensor) -> torch.Tensor:
 @ADV_ESTIMATORS.register("opo", group=True)
 @torch.no_grad()
 def opo_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
-    """On-Policy RL with Optimal reward baseline (Hao et al. 2025, "On-Policy RL with Optimal Reward Baseline",
-    arXiv:2505.23585, Eq. 5): the group baseline is the length-weighted mean reward, the variance-minimising
-    baseline when a gradient's norm grows with the response length,
-
-    ``A_i = R_i - sum_j |o_j| R_j / sum_j |o_j|`` over the sample's group (``|o_j|`` its valid tokens); a group of one
-    has baseline 0.
-    """
+    """OPO (Hao et al. 2025, arXiv:2505.23585, Eq. 5): ``A_i = R_i - sum_j |o_j| R_j / sum_j |o_j|`` over the
+    group, the length-weighted mean reward (``|o_j|`` valid tokens); baseline 0 for a group of one."""
     scores = sample_scores(inputs)
     lengths = inputs.response_mask.sum(dim=-1).to(scores.dtype)
     group_id, count, _, _ = group_statistics(scores, inputs.index)
@@ -47,13 +42,8 @@ def opo_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
 @ADV_ESTIMATORS.register("gpg", group=True)
 @torch.no_grad()
 def gpg_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
-    """GPG, Group Policy Gradient (Chu et al. 2025, "GPG: A Simple and Strong Reinforcement Learning Baseline for
-    Model Reasoning", arXiv:2504.02546, the corrected advantage): the group-centred reward, without the std, scaled
-    up by the share of samples that carry a signal,
-
-    ``A_i = alpha * (R_i - mean_group(R))`` with ``alpha = B / max(1, M)``, ``B`` the batch size and ``M`` the
-    number of samples with a non-zero score. A group of one has mean 0. Pair it with ``worker.actor.loss_type: gpg``.
-    """
+    """GPG (Chu et al. 2025, arXiv:2504.02546, the corrected advantage): ``A_i = B / max(1, M) * (R_i - mean_g(R))``,
+    ``B`` the batch size, ``M`` the samples with a non-zero score. Pair with ``worker.actor.loss_type: gpg``."""
     scores = sample_scores(inputs)
     _, _, mean, _ = group_statistics(scores, inputs.index)
     alpha = scores.shape[0] / max(1, int(torch.count_nonzero(scores)))
@@ -64,16 +54,10 @@ def gpg_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
 @ADV_ESTIMATORS.register("gdpo", group=True)
 @torch.no_grad()
 def gdpo_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
-    """GDPO, Group reward-Decoupled normalisation Policy Optimization (arXiv:2601.05242):
-    each reward component is normalised within its group on its own, so that a dominant component does not drown
-    the others, then the weighted sum is whitened over the batch:
-
-    ``A_k,i = (r_k,i - mean_group(r_k)) / (std_group(r_k) + epsilon)`` (no std division when
-    ``norm_adv_by_std_in_grpo`` is False), ``A_i = whiten(sum_k w_k A_k,i)`` over all valid tokens.
-
-    Without ``reward_components`` the single component is the sample's score (GRPO followed by batch whitening).
-    Raises ValueError for fewer than 2 valid tokens, or when the number of weights differs from ``K``.
-    """
+    """GDPO (arXiv:2601.05242): each reward component normalised in its group,
+    ``A_k,i = (r_k,i - mean_g(r_k)) / (std_g(r_k) + eps)`` (no std without ``norm_adv_by_std_in_grpo``), then
+    ``whiten(sum_k w_k A_k,i)`` over all valid tokens; without ``reward_components`` the one component is the score.
+    ValueError for fewer than 2 valid tokens or a weight count other than ``K``."""
     components = inputs.reward_components
     if components is None:
         components = sample_scores(inputs).unsqueeze(-1)
@@ -93,8 +77,7 @@ def gdpo_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]
 
 
 def _zero_tail(lengths: torch.Tensor, group_id: torch.Tensor, count: torch.Tensor, resp_len: int) -> torch.Tensor:
-    """``(bsz, resp_len)`` bool: the positions, in the group's only longest response, past the second-longest
-    response's length (where no other sample of the group has a return to compare with)."""
+    """``(bsz, resp_len)`` bool: the positions of a group's unique longest response past the second-longest length."""
     n_groups = int(group_id.max()) + 1
     longest = torch.zeros(n_groups, dtype=lengths.dtype, device=lengths.device).scatter_reduce(
         0, group_id, lengths, reduce="amax", include_self=False)[group_id]
@@ -111,23 +94,12 @@ def _zero_tail(lengths: torch.Tensor, group_id: torch.Tensor, count: torch.Tenso
 @ADV_ESTIMATORS.register("optimal_token_baseline", group=True, needs_sum_pi_squared=True)
 @torch.no_grad()
 def optimal_token_baseline_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
-    """Optimal token baseline (the variance-minimising baseline
-    ``b* = E[G ||grad log pi||^2] / E[||grad log pi||^2]`` of Weaver & Tao 2001, "The Optimal Reward Baseline for
-    Gradient-Based Reinforcement Learning", UAI, taken per token position).
-
-    For a softmax policy the squared norm of the score w.r.t. the logits at step ``j`` is
-    ``s_j = 1 - 2 pi_j + sum_v pi(v)^2`` (``pi_j`` the sampled token's probability); its running sum
-    ``W_t = sum_{j <= t} m_j s_j`` (times ``rho_j^2`` with rollout IS weights) weighs each sample's reward-to-go
-    ``G_t = sum_{s >= t} m_s r_s`` in the baseline shared by the group at position ``t``:
-
-    ``B_t = sum_i m_it G_it W_it / (sum_i m_it W_it + 1e-8)``, ``A_it = (G_it - B_t) m_it``.
-
-    A group of one has baseline 0. In a group whose longest response is unique, that response's baseline is 0 past
-    the second-longest length (no other sample reaches those positions). ``returns`` is the reward-to-go ``G``.
-
-    Raises:
-        ValueError: if ``old_log_probs`` or ``sum_pi_squared`` is None.
-    """
+    """Optimal token baseline (Weaver & Tao 2001, UAI: ``b* = E[G ||grad log pi||^2] / E[||grad log pi||^2]``, per
+    token position). ``s_j = 1 - 2 pi_j + sum_v pi(v)^2`` is the squared score norm at step ``j`` (times ``rho_j^2``
+    with IS weights), ``W_t = sum_{j <= t} m_j s_j``, ``G_t`` the reward-to-go (returned as ``returns``):
+    ``B_t = sum_i m_it G_it W_it / (sum_i m_it W_it + 1e-8)``, ``A_it = (G_it - B_t) m_it``. Baseline 0 for a group
+    of one and past the second-longest length of a unique longest response. ValueError without ``old_log_probs``
+    or ``sum_pi_squared``."""
     if inputs.old_log_probs is None or inputs.sum_pi_squared is None:
         raise ValueError("adv estimator 'optimal_token_baseline' needs old_log_probs and sum_pi_squared (bsz, "
                          "resp_len): the sampled token's log-prob and sum_v pi(v)^2 at each response position")

@@ -4,12 +4,9 @@ Every estimator takes one :class:`AdvantageInputs` and returns ``(advantages, re
 
     advantages, returns = compute_advantage("grpo", AdvantageInputs(token_level_rewards, response_mask, index))
 
-Group ids (``index``) are turned into integers with ``np.unique`` and every group statistic is computed with
-``index_add_``/``scatter_reduce`` in one pass over the batch, never with a Python loop over samples. ``advantages``
-and ``returns`` are ``(bsz, resp_len)``, 0 outside ``response_mask``, computed under ``torch.no_grad()``. An estimator
-reads only the fields it needs, so a trainer builds the same inputs whatever the estimator.
-A group with a single sample has no baseline: its group mean is taken as 0 and its std as 1 (as in verl).
-The critic's estimator ``gae`` lives in :mod:`easyrl.algorithms.critic`.
+Group statistics are vectorised (``np.unique`` + ``index_add_``/``scatter_reduce``). ``advantages`` and ``returns``
+are ``(bsz, resp_len)``, 0 outside ``response_mask``, computed under ``torch.no_grad()``. A group of one sample has
+mean 0 and std 1. ``gae`` lives in :mod:`easyrl.algorithms.critic`.
 """
 
 from __future__ import annotations
@@ -29,33 +26,24 @@ __all__ = ["ADV_ESTIMATORS", "AdvantageInputs", "broadcast_to_tokens", "compute_
 
 @dataclass(frozen=True, eq=False)
 class AdvantageInputs:
-    """What an advantage estimator reads; the shapes are checked once, at construction.
+    """What an advantage estimator reads (each reads only its fields); shapes are checked at construction.
 
     Attributes:
-        token_level_rewards: ``(bsz, resp_len)`` float, the reward of each response token (for outcome rewards all
-            of it sits on the last valid token); the *score* of a sample is the sum over its valid tokens.
+        token_level_rewards: ``(bsz, resp_len)``; a sample's *score* is the sum over its valid tokens.
         response_mask: ``(bsz, resp_len)`` ``{0, 1}``, 1 on the generated tokens.
-        index: ``(bsz,)`` numpy array of group ids (the prompt's uid string; the ``n`` samples of one prompt share
-            it); stored as given through ``np.asarray``.
-        gamma: discount per token (``reinforce_plus_plus``, ``gae``).
-        epsilon: added to the group std (``grpo``, ``grpo_passk``).
-        norm_adv_by_std_in_grpo: divide by the group std (``grpo``, ``grpo_passk``); False is Dr. GRPO.
-        reward_baselines: ``(bsz,)`` reward of the greedy rollout of each sample's prompt (``remax``), or None.
-        values: ``(bsz, resp_len)`` critic values ``V(s_t)`` (``gae``), or None.
-        lam: GAE's lambda in [0, 1] (``gae``).
-        reward_components: ``(bsz, K)`` the ``K`` reward components of each sample (``gdpo``), or None.
-        reward_weights: ``K`` weights of the components (``gdpo``), or None for all 1.
-        old_log_probs: ``(bsz, resp_len)`` log-probs of the sampled tokens (``optimal_token_baseline``), or None.
-        sum_pi_squared: ``(bsz, resp_len)`` ``sum_v pi(v)^2`` over the vocabulary at each response position
-            (``optimal_token_baseline``), or None.
-        rollout_is_weights: ``(bsz, resp_len)`` rollout-correction IS weights (``optimal_token_baseline``), or None.
-        teacher_log_probs: ``(bsz, resp_len)`` the distillation teacher's log-probs of the sampled tokens
-            (``on_policy_distill``, with ``old_log_probs`` as the student's), or None.
+        index: ``(bsz,)`` group ids (the prompt's uid; the ``n`` samples of a prompt share it).
+        gamma: discount per token (``reinforce_plus_plus``, ``gae``); lam: GAE's lambda in [0, 1].
+        epsilon, norm_adv_by_std_in_grpo: added to / divide by the group std (False is Dr. GRPO).
+        reward_baselines: ``(bsz,)`` reward of the greedy rollout of each prompt (``remax``).
+        values: ``(bsz, resp_len)`` critic values ``V(s_t)`` (``gae``).
+        reward_components, reward_weights: ``(bsz, K)`` reward components and their ``K`` weights (``gdpo``).
+        old_log_probs, sum_pi_squared, rollout_is_weights: ``(bsz, resp_len)`` sampled-token log-probs,
+            ``sum_v pi(v)^2`` and IS weights (``optimal_token_baseline``; ``old_log_probs`` also the student's in
+            ``on_policy_distill``); teacher_log_probs: the teacher's, ``(bsz, resp_len)``.
 
     Raises:
-        ValueError: if ``token_level_rewards`` is not 2-D or its shape differs from ``response_mask``'s or (when
-            given) ``values``'s, if ``index`` is not ``(bsz,)``, or if ``reward_baselines`` is given and not
-            ``(bsz,)``.
+        ValueError: a ``(bsz, resp_len)`` field of another shape, ``index`` not ``(bsz,)``, ``reward_baselines``
+            not ``(bsz,)`` or ``reward_components`` not ``(bsz, K)``.
     """
 
     token_level_rewards: torch.Tensor
@@ -105,16 +93,13 @@ AdvEstimator = Callable[[AdvantageInputs], tuple[torch.Tensor, torch.Tensor]]
 ADV_ESTIMATORS: Registry[AdvEstimator] = Registry(
     "advantage estimator", group=False, needs_critic=False, needs_teacher=False, uses_reward=True,
     needs_reward_baselines=False, needs_sum_pi_squared=False)
-"""``algorithm.adv_estimator`` -> estimator ``fn(inputs: AdvantageInputs) -> (advantages, returns)``. Traits:
-``group``: the baseline is the prompt's other samples (ReMax: its greedy response), so ``n`` identical (greedy)
-samples make every advantage 0; ``needs_critic``: reads ``values`` (a learned value model); ``needs_teacher``: reads
-``teacher_log_probs``; ``uses_reward``: the advantage depends on the reward; ``needs_reward_baselines``: reads
-``reward_baselines`` (the greedy response's reward); ``needs_sum_pi_squared``: reads ``sum_pi_squared``."""
+"""``algorithm.adv_estimator`` -> ``fn(AdvantageInputs) -> (advantages, returns)``. Traits: ``group`` (the baseline
+is the prompt's other samples, so ``n`` greedy samples make every advantage 0), ``needs_critic`` (``values``),
+``needs_teacher``, ``uses_reward``, ``needs_reward_baselines``, ``needs_sum_pi_squared``: the fields it reads."""
 
 
 def compute_advantage(name: str, inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run the estimator registered as ``name``; raises ``ValueError`` for an unknown name (listing the valid ones)
-    or what the estimator raises."""
+    """Run the estimator ``name``; ``ValueError`` for an unknown name (listing the valid ones)."""
     return ADV_ESTIMATORS.get(name)(inputs)
 
 
@@ -129,17 +114,8 @@ def sample_scores(inputs: AdvantageInputs) -> torch.Tensor:
 def group_statistics(
     scores: torch.Tensor, index: np.ndarray
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-sample statistics of the sample's group, computed vectorised over groups.
-
-    Args:
-        scores: ``(bsz,)`` float.
-        index: ``(bsz,)`` group ids (any hashable numpy dtype, usually uid strings).
-
-    Returns:
-        ``(group_id, count, mean, std)``: ``group_id`` ``(bsz,)`` int64 in ``[0, n_groups)``; ``count``, ``mean``,
-        ``std`` ``(bsz,)``, the size, mean and unbiased standard deviation (like ``torch.std``) of the sample's
-        group. A group of size 1 gets mean 0 and std 1.
-    """
+    """``(group_id, count, mean, std)`` of each sample's group, all ``(bsz,)``, from ``scores`` and ``index``
+    ``(bsz,)``: ``group_id`` int64 in ``[0, n_groups)``, ``std`` unbiased; a group of one has mean 0 and std 1."""
     _, inverse = np.unique(np.asarray(index), return_inverse=True)
     group_id = torch.as_tensor(inverse.reshape(-1), dtype=torch.long, device=scores.device)
     n_groups = int(group_id.max()) + 1 if group_id.numel() else 0
@@ -167,17 +143,9 @@ def broadcast_to_tokens(per_sample: torch.Tensor, response_mask: torch.Tensor) -
 @ADV_ESTIMATORS.register("grpo", group=True)
 @torch.no_grad()
 def grpo_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
-    """GRPO outcome advantage (Shao et al. 2024, DeepSeekMath, arXiv:2402.03300, Sec. 4.1.2 and Eq. 3).
-
-    ``A_i = (R_i - mean_group(R)) / (std_group(R) + epsilon)`` for every valid token of sample ``i``, where
-    ``R_i`` is the sum of the sample's token rewards and ``std`` is unbiased (``torch.std``).
-
-    With ``norm_adv_by_std_in_grpo=False`` this is Dr. GRPO's advantage ``A_i = R_i - mean_group(R)``
-    (Liu et al. 2025, "Understanding R1-Zero-Like Training: A Critical Perspective", arXiv:2503.20783, Sec. 3.1:
-    the std division biases updates towards too easy / too hard questions). Dr. GRPO's other change, removing
-    the ``1/|o_i|`` length normalisation, belongs to the loss: ``loss_agg_mode="seq-mean-token-sum-norm"``.
-    ``advantages`` and ``returns`` are equal.
-    """
+    """GRPO (Shao et al. 2024, arXiv:2402.03300, Sec. 4.1.2, Eq. 3): ``A_i = (R_i - mean_g(R)) / (std_g(R) + eps)``
+    on every valid token, ``R_i`` the sample's score. Without ``norm_adv_by_std_in_grpo``: Dr. GRPO's
+    ``R_i - mean_g(R)`` (Liu et al. 2025, arXiv:2503.20783, Sec. 3.1). ``advantages`` equal ``returns``."""
     scores = sample_scores(inputs)
     _, _, mean, std = group_statistics(scores, inputs.index)
     adv = scores - mean
@@ -190,13 +158,8 @@ def grpo_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]
 @ADV_ESTIMATORS.register("rloo", group=True)
 @torch.no_grad()
 def rloo_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
-    """REINFORCE Leave-One-Out advantage (Ahmadian et al. 2024, "Back to Basics: Revisiting REINFORCE Style
-    Optimization for Learning from Human Feedback in LLMs", arXiv:2402.14740; the estimator is Kool et al. 2019,
-    "Buy 4 REINFORCE Samples, Get a Baseline for Free!").
-
-    ``A_i = R_i - (1 / (k - 1)) * sum_{j != i} R_j`` over the ``k`` samples of the group, which equals
-    ``k / (k - 1) * (R_i - mean_group(R))``. A group of size 1 has no other sample: its baseline is 0.
-    """
+    """RLOO (Ahmadian et al. 2024, arXiv:2402.14740; Kool et al. 2019): ``A_i = R_i - sum_{j != i} R_j / (k - 1)``
+    over the ``k`` samples of the group; baseline 0 for a group of one."""
     scores = sample_scores(inputs)
     group_id, count, _, _ = group_statistics(scores, inputs.index)
     group_sum = torch.zeros(int(group_id.max()) + 1, dtype=scores.dtype, device=scores.device).index_add_(
@@ -208,12 +171,8 @@ def rloo_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]
 
 
 def _discounted_returns(rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float) -> torch.Tensor:
-    """``G_t = r_t + gamma * G_{t+1}`` over valid tokens, right to left, ``(bsz, resp_len)``.
-
-    A masked position has reward 0, passes the return of the next valid token through undiscounted and gets
-    ``G_t = 0`` itself; for the usual left-aligned responses (mask = 1...1 0...0) this is the plain discounted
-    return that restarts at the end of each response.
-    """
+    """``G_t = r_t + gamma * G_{t+1}`` over valid tokens, ``(bsz, resp_len)``; a masked position gets 0 and passes
+    the next valid token's return through undiscounted."""
     mask = response_mask.to(rewards.dtype)
     rewards = rewards * mask
     returns = torch.zeros_like(rewards)
@@ -228,14 +187,8 @@ def _discounted_returns(rewards: torch.Tensor, response_mask: torch.Tensor, gamm
 @ADV_ESTIMATORS.register("reinforce_plus_plus")
 @torch.no_grad()
 def reinforce_plus_plus_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
-    """REINFORCE++ (Hu 2025, "REINFORCE++: A Simple and Efficient Approach for Aligning Large Language Models",
-    arXiv:2501.03262): token-level discounted return ``G_t = sum_{s >= t} gamma^(s-t) r_s`` (the
-    per-token KL penalty, when used, is already inside ``token_level_rewards``), then global advantage
-    normalisation: ``advantages`` are the ``returns`` whitened over all valid tokens of the batch (no groups).
-
-    Raises:
-        ValueError: when the batch has fewer than 2 valid tokens.
-    """
+    """REINFORCE++ (Hu 2025, arXiv:2501.03262): the discounted return ``G_t = sum_{s >= t} gamma^(s-t) r_s``,
+    whitened over all valid tokens of the batch as the advantage. ValueError for fewer than 2 valid tokens."""
     returns = _discounted_returns(inputs.token_level_rewards, inputs.response_mask, inputs.gamma)
     adv = masked_whiten(returns, inputs.response_mask) * inputs.response_mask
     return adv, returns
@@ -244,13 +197,8 @@ def reinforce_plus_plus_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor
 @ADV_ESTIMATORS.register("reinforce_plus_plus_baseline", group=True)
 @torch.no_grad()
 def reinforce_plus_plus_baseline_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
-    """REINFORCE++ with a group baseline (Hu 2025, arXiv:2501.03262, the "REINFORCE++-baseline" variant for
-    several samples per prompt): ``A_i = R_i - mean_group(R)`` broadcast over the valid tokens, then whitened
-    over all valid tokens of the batch (global, not per-group, std normalisation).
-
-    Raises:
-        ValueError: when the batch has fewer than 2 valid tokens.
-    """
+    """REINFORCE++-baseline (Hu 2025, arXiv:2501.03262): ``R_i - mean_g(R)`` on each token, whitened over all
+    valid tokens of the batch. ValueError for fewer than 2 valid tokens."""
     response_mask = inputs.response_mask
     scores = sample_scores(inputs)
     _, _, mean, _ = group_statistics(scores, inputs.index)
@@ -262,16 +210,8 @@ def reinforce_plus_plus_baseline_advantage(inputs: AdvantageInputs) -> tuple[tor
 @ADV_ESTIMATORS.register("remax", group=True, needs_reward_baselines=True)
 @torch.no_grad()
 def remax_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
-    """ReMax (Li et al. 2023, "ReMax: A Simple, Effective, and Efficient Reinforcement Learning Method for Aligning
-    Large Language Models", arXiv:2310.10505, Algorithm 1): the baseline is the reward of the greedy response
-    to the same prompt.
-
-    ``returns_t = sum_{s >= t} r_s`` (undiscounted reward-to-go over valid tokens) and
-    ``advantages_t = returns_t - reward_baselines``.
-
-    Raises:
-        ValueError: if ``reward_baselines`` is None.
-    """
+    """ReMax (Li et al. 2023, arXiv:2310.10505, Algorithm 1): ``returns_t = sum_{s >= t} r_s`` and
+    ``A_t = returns_t - b``, ``b`` the greedy response's reward. ValueError without ``reward_baselines``."""
     if inputs.reward_baselines is None:
         raise ValueError(
             "adv estimator 'remax' needs reward_baselines (bsz,): the reward of a greedy rollout per prompt; "
@@ -287,19 +227,10 @@ def remax_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor
 @ADV_ESTIMATORS.register("grpo_passk", group=True)
 @torch.no_grad()
 def grpo_passk_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pass@k-style outcome advantage. The group is rewarded by its best sample (``max_j R_j``, the pass@k reward when ``k`` equals the group
-    size; Chen et al. 2025, "Pass@k Training for Adaptively Balancing Exploration and Exploitation of Large
-    Reasoning Models", arXiv:2508.10751). The leave-one-out gradient of ``max`` credits only the best sample,
-    by how much the group's max would drop without it (Tang et al. 2025, "Optimizing Language Models for
-    Inference Time Objectives using Reinforcement Learning", arXiv:2503.19595):
-
-    ``A_best = R_max - R_second_max`` (divided by ``std_group(R) + epsilon`` when
-    ``norm_adv_by_std_in_grpo``), and ``A = 0`` for every other sample. On ties the first sample (in batch
-    order) holding the max is "best" and its advantage is 0 anyway.
-
-    Raises:
-        ValueError: when a group has fewer than 2 samples (naming the group id).
-    """
+    """Pass@k advantage (Chen et al. 2025, arXiv:2508.10751; leave-one-out of ``max``, Tang et al. 2025,
+    arXiv:2503.19595): ``A_best = R_max - R_second_max`` (divided by ``std_g(R) + eps`` when
+    ``norm_adv_by_std_in_grpo``), 0 for every other sample; on ties the first in batch order is best.
+    ValueError for a group of fewer than 2 samples (naming it)."""
     scores = sample_scores(inputs)
     group_id, count, _, std = group_statistics(scores, inputs.index)
     if bool((count < 2).any()):

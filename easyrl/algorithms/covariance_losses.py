@@ -1,15 +1,6 @@
-"""Entropy-collapse control by covariance: the Clip-Cov and KL-Cov policy losses (``worker.actor.loss_type``).
-
-Cui et al. 2025, "The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models", arXiv:2505.22617:
-the policy entropy falls by the covariance between a token's log-prob and its advantage (Sec. 3), and a few
-tokens of very high covariance drive the collapse. Both losses act on those tokens only (Sec. 4); the
-covariance of token ``t`` is centred over the valid tokens of the micro-batch:
-
-    cov_t = (A_t - mean(A)) * (logp_t - mean(sg[logp]))
-
-Both are registered like :mod:`~easyrl.algorithms.policy_losses`' losses and match verl 0.9.1's ``clip_cov`` and
-``kl_cov`` (values and gradients; ``tests/test_verl_parity.py``).
-"""
+"""Clip-Cov and KL-Cov policy losses (Cui et al. 2025, arXiv:2505.22617, Sec. 4): entropy-collapse control acting
+only on the tokens of highest covariance ``cov_t = (A_t - mean(A)) * (logp_t - mean(sg[logp]))`` over the valid
+tokens of the micro-batch."""
 
 from __future__ import annotations
 
@@ -30,20 +21,10 @@ __all__ = ["clip_cov_policy_loss", "kl_cov_policy_loss"]
 def clip_cov_policy_loss(
     inputs: PolicyLossInputs, settings: PolicyLossSettings
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Clip-Cov (Cui et al. 2025, arXiv:2505.22617, Sec. 4, Clip-Cov): the PPO clipped surrogate, with the gradient
-    of a few high-covariance tokens detached.
-
-    Among the valid tokens that PPO's clip left alone and whose covariance lies in
-    ``(clip_cov_lb, clip_cov_ub)``, ``max(1, int(clip_cov_ratio * T))`` are drawn at random (``torch.randperm`` on
-    the global generator, like verl) and their loss is set to 0 (``T`` the valid tokens of the micro-batch). The
-    others get ``max(-A r, -A clip(r, 1 - low, 1 + high))`` with ``r = exp(logp - logp_old)`` (not clamped, as in
-    verl; no dual clip).
-
-    ``pg_clipfrac`` is the fraction of valid tokens detached by the covariance rule.
-
-    Raises:
-        ValueError: if ``clip_cov_ratio <= 0`` or the mode is unknown.
-    """
+    """Clip-Cov: PPO's clipped surrogate ``max(-A r, -A clip(r, 1 - low, 1 + high))`` (``r`` not clamped, no dual
+    clip), with loss 0 on ``max(1, int(clip_cov_ratio * T))`` tokens drawn by ``torch.randperm`` among the unclipped
+    valid ones with ``clip_cov_lb < cov < clip_cov_ub``; ``pg_clipfrac`` is their fraction.
+    ValueError if ``clip_cov_ratio <= 0`` or the mode is unknown."""
     if settings.clip_cov_ratio <= 0:
         raise ValueError(f"clip_cov_ratio must be > 0, got {settings.clip_cov_ratio}")
     advantages, log_prob, mask = inputs.advantages, inputs.log_prob, inputs.response_mask
@@ -69,16 +50,9 @@ def clip_cov_policy_loss(
 def kl_cov_policy_loss(
     inputs: PolicyLossInputs, settings: PolicyLossSettings
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """KL-Cov (Cui et al. 2025, arXiv:2505.22617, Sec. 4, KL-Cov): the unclipped surrogate ``-A r``, plus a KL
-    penalty ``ppo_kl_coef * |logp - logp_old|`` on the ``max(1, int(kl_cov_ratio * T))`` valid tokens of largest
-    covariance (``torch.topk``).
-
-    ``r = exp(logp - logp_old)``, not clamped (as in verl). Clip fractions are 0; ``ppo_kl`` is, as in verl, the
-    masked mean of ``|logp - logp_old|`` (not of ``logp_old - logp``).
-
-    Raises:
-        ValueError: if ``kl_cov_ratio <= 0`` or the mode is unknown.
-    """
+    """KL-Cov: the unclipped ``-A r`` plus ``ppo_kl_coef * |logp - logp_old|`` on the
+    ``max(1, int(kl_cov_ratio * T))`` valid tokens of largest covariance; clip fractions 0, ``ppo_kl`` the masked
+    mean of ``|logp - logp_old|``. ValueError if ``kl_cov_ratio <= 0`` or the mode is unknown."""
     if settings.kl_cov_ratio <= 0:
         raise ValueError(f"kl_cov_ratio must be > 0, got {settings.kl_cov_ratio}")
     advantages, log_prob, mask = inputs.advantages, inputs.log_prob, inputs.response_mask

@@ -1,10 +1,5 @@
-"""What PPO with a learned critic adds: GAE advantages (registered as the estimator ``"gae"``) and the clipped value
-loss.
-
-Values are per response token: ``values[:, t] = V(s_t)``, the critic's estimate of the return from the state *before*
-response token ``t`` (prompt + ``response[:t]``), read at the position that predicts token ``t`` like the actor's
-log-probs.
-"""
+"""PPO with a learned critic: GAE advantages (estimator ``"gae"``) and the clipped value loss. ``values[:, t]`` is
+``V(s_t)``, the return estimated before response token ``t``, read where the actor reads token ``t``'s log-prob."""
 
 from __future__ import annotations
 
@@ -20,24 +15,11 @@ __all__ = ["gae_advantage", "compute_value_loss"]
 @ADV_ESTIMATORS.register("gae", needs_critic=True)
 @torch.no_grad()
 def gae_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generalized Advantage Estimation (Schulman et al. 2016, "High-Dimensional Continuous Control Using Generalized
-    Advantage Estimation", arXiv:1506.02438, Eq. 16), as PPO uses it (Schulman et al. 2017, arXiv:1707.06347,
-    Eq. 11-12).
-
-    Right to left over the valid tokens of each response, with ``V_{T} = 0`` after the last one::
-
-        delta_t = r_t + gamma * V_{t+1} - V_t
-        A_t     = delta_t + gamma * lam * A_{t+1}
-        R_t     = A_t + V_t                          (the critic's regression target)
-
-    then the advantages (not the returns) are whitened over all valid tokens of the batch (mean 0, unit variance).
-    A masked position passes ``V_{t+1}`` and ``A_{t+1}`` of the next valid token through unchanged, so padding (or a
-    masked token inside a response) neither discounts nor adds a TD error. ``lam`` 0 is the one-step TD error, 1 the
-    Monte-Carlo return minus ``V_t``.
-
-    Raises:
-        ValueError: without ``values``, or when the batch has fewer than 2 valid tokens.
-    """
+    """GAE (Schulman et al. 2016, arXiv:1506.02438, Eq. 16; PPO, arXiv:1707.06347, Eq. 11-12), right to left over
+    valid tokens with ``V = 0`` after the last: ``delta_t = r_t + gamma V_{t+1} - V_t``,
+    ``A_t = delta_t + gamma lam A_{t+1}``, returns ``R_t = A_t + V_t``; then ``A`` is whitened over the batch's valid
+    tokens. A masked position passes the next valid ``V`` and ``A`` through unchanged.
+    ValueError without ``values`` or with fewer than 2 valid tokens."""
     if inputs.values is None:
         raise ValueError("adv estimator 'gae' needs the critic's values (bsz, resp_len): set up worker.critic")
     gamma, lam, response_mask = inputs.gamma, inputs.lam, inputs.response_mask
@@ -68,25 +50,12 @@ def compute_value_loss(
     loss_agg_mode: str,
     agg_kwargs: dict | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """PPO's clipped value loss (Schulman et al. 2017, arXiv:1707.06347; OpenAI baselines' ppo2):
-
-    ``l_t = 0.5 * max((V_t - R_t)^2, (clip(V_t, V_old_t - c, V_old_t + c) - R_t)^2)``, aggregated like the policy
-    loss (:func:`~easyrl.algorithms.loss_agg.agg_loss`). The clip keeps the new value within ``c`` of the value the
-    advantages were computed with; ``max`` makes it pessimistic (it never rewards moving farther).
-
-    Args:
-        vpreds: ``(bsz, resp_len)`` values of the critic being trained (gradient flows here).
-        returns: ``(bsz, resp_len)`` GAE returns (targets).
-        values: ``(bsz, resp_len)`` values before the update (no gradient).
-        cliprange_value: ``c`` > 0 (``worker.critic.cliprange_value``).
-
-    Returns:
-        ``(vf_loss, metrics)``: 0-dim loss; ``vf_clipfrac`` (fraction of valid tokens where the clipped term is the
-        larger one) and ``vpred_mean`` (masked mean of ``vpreds``) as floats.
-
-    Raises:
-        ValueError: if ``cliprange_value <= 0`` or the mode is unknown.
-    """
+    """PPO's clipped value loss (Schulman et al. 2017, arXiv:1707.06347; baselines' ppo2),
+    ``l_t = 0.5 * max((V_t - R_t)^2, (clip(V_t, V_old_t - c, V_old_t + c) - R_t)^2)`` aggregated by
+    :func:`~easyrl.algorithms.loss_agg.agg_loss`. ``vpreds`` (trained), ``returns`` (targets) and ``values`` (before
+    the update) are ``(bsz, resp_len)``; ``c = cliprange_value``. Returns the 0-dim loss and ``vf_clipfrac`` (share
+    of valid tokens where the clipped term is larger), ``vpred_mean``. ValueError if ``c <= 0`` or the mode is
+    unknown."""
     if cliprange_value <= 0:
         raise ValueError(f"cliprange_value must be > 0, got {cliprange_value}")
     clipped = values + torch.clamp(vpreds - values, -cliprange_value, cliprange_value)

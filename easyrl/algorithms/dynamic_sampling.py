@@ -1,11 +1,5 @@
-"""DAPO dynamic sampling: drop the groups that carry no learning signal.
-
-Yu et al. 2025, "DAPO: An Open-Source LLM Reinforcement Learning System at Scale", arXiv:2503.14476, Sec. 3.2
-(the constraint ``0 < |{o_i : is_equivalent(a, o_i)}| < G`` of the DAPO objective): when every sample of a
-prompt gets the same reward, every group-relative advantage is 0 and the prompt only dilutes the batch; such
-groups are filtered out and more prompts are sampled until the batch is full (the refill loop belongs to the
-trainer).
-"""
+"""DAPO dynamic sampling (Yu et al. 2025, arXiv:2503.14476, Sec. 3.2): drop the groups whose samples all got the same
+reward (every group-relative advantage is 0); the trainer refills the batch."""
 
 from __future__ import annotations
 
@@ -22,14 +16,9 @@ def select_groups(
     filter_low: float | None = None,
     filter_high: float | None = None,
 ) -> np.ndarray:
-    """Which samples to keep: those whose group's values are not all equal and, when bounds are given, whose
-    group mean lies in ``[filter_low, filter_high]`` (inclusive, None: unbounded; e.g. keep prompts with accuracy in
-    [0.1, 0.9]). ``values`` (the outcome score, or accuracy) and ``index`` (group ids) are ``(bsz,)``. Returns a
-    ``(bsz,)`` bool numpy array; all samples of a group share the same decision.
-
-    Raises:
-        ValueError: on mismatched lengths, a non-1-D input, or ``filter_low > filter_high``.
-    """
+    """``(bsz,)`` bool: keep the samples whose group's ``values`` (score or accuracy, ``(bsz,)``, grouped by ``index``)
+    are not all equal and whose group mean lies in ``[filter_low, filter_high]`` (None: unbounded).
+    ValueError on mismatched or non-1-D inputs or ``filter_low > filter_high``."""
     if isinstance(values, torch.Tensor):
         values = values.detach().float().cpu().numpy()
     values = np.asarray(values, dtype=np.float64)

@@ -1,10 +1,5 @@
-"""Policy losses beyond PPO's ratio clip, registered by ``worker.actor.loss_type`` (verl 0.9.1's names and semantics,
-checked against verl in ``tests/test_verl_parity.py``): ``gpg``, ``dro``, ``geo_mean`` (GMPO), ``dppo_tv`` /
-``dppo_kl`` (divergence trust regions) and ``bypass_mode`` (the rollout engine's log-probs as the old policy).
-
-Each is a pure function ``fn(PolicyLossInputs, PolicyLossSettings) -> (pg_loss, metrics)`` like those of
-:mod:`~easyrl.algorithms.policy_losses`; truncated-IS weights in the inputs multiply the per-token loss.
-"""
+"""Policy losses beyond PPO's ratio clip (``worker.actor.loss_type``): ``gpg``, ``dro``, ``geo_mean``, ``dppo_tv`` /
+``dppo_kl`` and ``bypass_mode``, with the contract of :mod:`~easyrl.algorithms.policy_losses`."""
 
 from __future__ import annotations
 
@@ -30,21 +25,14 @@ __all__ = ["bypass_mode_policy_loss", "dppo_kl_policy_loss", "dppo_tv_policy_los
 
 @POLICY_LOSSES.register("gpg")
 def gpg_policy_loss(inputs: PolicyLossInputs, settings: PolicyLossSettings) -> tuple[torch.Tensor, dict[str, float]]:
-    """GPG, Group Policy Gradient (Chu et al. 2025, "GPG: A Simple and Strong Reinforcement Learning Baseline for
-    Model Reasoning", arXiv:2504.02546, the GPG objective): plain REINFORCE, ``l_t = -A_t * logp_t``, no ratio and
-    no clip (pair it with ``algorithm.adv_estimator: gpg``). Clip fractions are 0."""
+    """GPG (Chu et al. 2025, arXiv:2504.02546): REINFORCE, ``l_t = -A_t * logp_t``, no ratio, no clip."""
     return finish_policy_loss(-inputs.advantages * inputs.log_prob, inputs, settings)
 
 
 @POLICY_LOSSES.register("dro", needs_dro_beta=True)
 def dro_policy_loss(inputs: PolicyLossInputs, settings: PolicyLossSettings) -> tuple[torch.Tensor, dict[str, float]]:
-    """Direct Reward Optimization's policy term (Richemond et al. 2024, "Offline Regularised Reinforcement Learning
-    for Large Language Models Alignment", arXiv:2405.19107, the DRO policy loss, as verl 0.9.1's ``dro``): REINFORCE
-    with a quadratic penalty on the log-ratio to the old policy,
-
-    ``l_t = -(A_t * logp_t - beta / 2 * (logp_t - logp_old_t)^2)``, ``beta = dro_beta``.
-
-    Raises ValueError if ``dro_beta`` is None or <= 0."""
+    """DRO's policy term (Richemond et al. 2024, arXiv:2405.19107):
+    ``l_t = -(A_t * logp_t - dro_beta / 2 * (logp_t - logp_old_t)^2)``. ValueError unless ``dro_beta > 0``."""
     if settings.dro_beta is None or settings.dro_beta <= 0:
         raise ValueError(f"loss_type dro needs worker.actor.dro_beta > 0, got {settings.dro_beta}")
     log_ratio = inputs.log_prob - inputs.old_log_prob
@@ -56,24 +44,11 @@ def dro_policy_loss(inputs: PolicyLossInputs, settings: PolicyLossSettings) -> t
 def geo_mean_policy_loss(
     inputs: PolicyLossInputs, settings: PolicyLossSettings
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """GMPO, Geometric-Mean Policy Optimization (Zhao et al. 2025, "Geometric-Mean Policy Optimization",
-    arXiv:2507.20673, the GMPO objective): the sequence's ratio is the geometric mean of its clipped token ratios,
-    which bounds the influence of outlier tokens.
-
-    With ``d_t = logp_t - logp_old_t`` (not clamped, as in verl), ``s = sign(A_t)`` and
-    ``c_t = s * min(s d_t, s clip(d_t, -clip_ratio_low, clip_ratio_high))`` (clipping in log space, pessimistic in
-    the sign of the advantage), per sequence ``i``:
-
-    ``l_i = -mean_t(A_it) * exp(mean_t(c_it))``; with IS weights ``w`` also times ``exp(mean_t log(w_it + 1e-10))``.
-
-    The sequence losses are averaged over the sequences with a valid token, with the global sequence count and
-    ``dp_size`` of ``inputs.agg_kwargs`` (``loss_agg_mode`` is not used). verl 0.9.1 takes the plain mean over the
-    micro-batch's rows (empty rows count, global normalisation does not apply); the two agree on a micro-batch
-    without empty rows and with ``dp_size`` 1.
-
-    Metrics: ``pg_clipfrac`` / ``pg_clipfrac_lower``: fraction of valid tokens whose ``d_t`` was clipped with a
-    positive / negative advantage; ``ppo_kl``.
-    """
+    """GMPO (Zhao et al. 2025, arXiv:2507.20673): with ``d_t = logp_t - logp_old_t``, ``s = sign(A_t)`` and
+    ``c_t = s * min(s d_t, s clip(d_t, -clip_ratio_low, clip_ratio_high))``, per sequence
+    ``l_i = -mean_t(A_it) * exp(mean_t(c_it))`` (times ``exp(mean_t log(w_it + 1e-10))`` with IS weights), averaged
+    over the sequences with a valid token (global count and ``dp_size`` of ``agg_kwargs``; ``loss_agg_mode`` unused).
+    ``pg_clipfrac`` / ``pg_clipfrac_lower``: share of valid tokens clipped with a positive / negative advantage."""
     mask = inputs.response_mask
     advantages, log_ratio = inputs.advantages, inputs.log_prob - inputs.old_log_prob
     sign = torch.sign(advantages)
@@ -100,9 +75,8 @@ def geo_mean_policy_loss(
 
 
 def _dppo_loss(inputs: PolicyLossInputs, settings: PolicyLossSettings, inside: torch.Tensor):
-    """DPPO's common end: ``l_t = -A_t * sg[min(r_t, c)] * logp_t`` on the tokens ``inside`` the trust region, 0
-    elsewhere (``c = clip_ratio_dual``); ``pg_clipfrac`` = fraction outside, ``pg_clipfrac_lower`` = fraction inside
-    with ``r > c``."""
+    """``l_t = -A_t * sg[min(r_t, c)] * logp_t`` on the tokens ``inside`` the trust region (``c = clip_ratio_dual``);
+    ``pg_clipfrac``: share outside, ``pg_clipfrac_lower``: inside with ``r > c``."""
     ratio = importance_ratio(inputs)
     inside = inside.detach()
     truncated = torch.clamp(ratio, max=settings.clip_ratio_dual).detach()
@@ -115,17 +89,8 @@ def _dppo_loss(inputs: PolicyLossInputs, settings: PolicyLossSettings, inside: t
 def dppo_tv_policy_loss(
     inputs: PolicyLossInputs, settings: PolicyLossSettings
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """DPPO-Binary-TV (divergence-based PPO, arXiv:2602.04879 as cited by verl 0.9.1: the binary total-variation trust
-    region): a token
-    is trained only while its probability moved less than the thresholds in the direction its advantage pushes it,
-
-    ``inside_t = (p_t - p_old_t <= clip_ratio_high)`` if ``A_t > 0`` else ``(p_t - p_old_t >= -clip_ratio_low)``,
-    ``l_t = -A_t * sg[min(r_t, c)] * logp_t * inside_t`` with ``r_t = exp(clamp(logp_t - logp_old_t, -20, 20))`` and
-    the truncation ``c = clip_ratio_dual`` (verl reads its ``clip_ratio_c``, 3 by default; the paper, Sec. 5.4,
-    recommends a large one).
-
-    ``clip_ratio_low`` / ``clip_ratio_high`` are probability differences here, not ratio ranges. Metrics:
-    ``pg_clipfrac`` = fraction of valid tokens outside the region, ``pg_clipfrac_lower`` = inside with ``r > c``."""
+    """DPPO-Binary-TV (arXiv:2602.04879): a token is trained while ``p_t - p_old_t <= clip_ratio_high`` (``A_t > 0``)
+    or ``>= -clip_ratio_low`` (else); the thresholds are probability differences here."""
     delta = torch.exp(inputs.log_prob) - torch.exp(inputs.old_log_prob)
     inside = torch.where(inputs.advantages > 0, delta <= settings.clip_ratio_high, delta >= -settings.clip_ratio_low)
     return _dppo_loss(inputs, settings, inside)
@@ -135,13 +100,9 @@ def dppo_tv_policy_loss(
 def dppo_kl_policy_loss(
     inputs: PolicyLossInputs, settings: PolicyLossSettings
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """DPPO-Binary-KL (arXiv:2602.04879, the binary-KL trust region): as :func:`dppo_tv_policy_loss` with the
-    KL between the Bernoulli distributions "this token / any other" under the old and the new policy,
-
-    ``D_t = p_old log(p_old / p) + (1 - p_old) log((1 - p_old + 1e-8) / (1 - p + 1e-8))``,
-
-    and ``inside_t = (D_t <= clip_ratio_high) or (p_t <= p_old_t)`` if ``A_t > 0``, else
-    ``(D_t <= clip_ratio_low) or (p_t >= p_old_t)`` (a token moving against its advantage's push is never masked)."""
+    """DPPO-Binary-KL (arXiv:2602.04879): as ``dppo_tv`` with the binary KL
+    ``D_t = p_old log(p_old / p) + (1 - p_old) log((1 - p_old + 1e-8) / (1 - p + 1e-8))``; inside while
+    ``D_t <= clip_ratio_high`` or ``p_t <= p_old_t`` (``A_t > 0``), else ``D_t <= clip_ratio_low`` or ``p_t >= p_old_t``."""
     log_prob, old_log_prob = inputs.log_prob, inputs.old_log_prob
     prob, old_prob = torch.exp(log_prob), torch.exp(old_log_prob)
     binary_kl = old_prob * (old_log_prob - log_prob) + (1 - old_prob) * torch.log(
@@ -155,24 +116,12 @@ def dppo_kl_policy_loss(
 def bypass_mode_policy_loss(
     inputs: PolicyLossInputs, settings: PolicyLossSettings
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Bypass mode (verl 0.9.1's ``bypass_mode``; the rollout-correction theory of Yao et al. 2025,
-    https://fengyao.notion.site/off-policy-rl, and Liu et al. 2025, https://richardli.xyz/rl-collapse): the rollout
-    engine's log-probs stand for the old policy, so the trainer's old-log-prob forward is skipped.
-    ``inputs.old_log_prob`` must hold ``rollout_log_probs`` (the actor passes them).
-
-    The IS weights ``w`` of the current policy against the rollout engine (``rollout_is``, ``rollout_is_threshold``,
-    ``rollout_is_threshold_lower``: token/sequence TIS or IcePop) and the rejection mask (``rollout_rs``,
-    ``rollout_rs_threshold``) are computed here (detached) from ``logp - logp_rollout``; then
-
-    * ``bypass_loss_type="ppo_clip"``: :func:`~easyrl.algorithms.policy_losses.vanilla_policy_loss` with
-      ``r = pi / pi_rollout`` on the kept tokens; ``w`` is not applied (the ratio already is the IS correction);
-    * ``bypass_loss_type="reinforce"``: ``l_t = -A_t * logp_t * w_t`` on the kept tokens (REINFORCE with IS).
-
-    ``inputs.rollout_is_weights`` is ignored. Metrics: the loss's own plus ``rollout_corr/*``.
-
-    Raises:
-        ValueError: for another ``bypass_loss_type``, or what the corrections raise.
-    """
+    """Bypass mode (Yao et al. 2025, fengyao.notion.site/off-policy-rl; Liu et al. 2025, richardli.xyz/rl-collapse):
+    ``inputs.old_log_prob`` holds the rollout engine's log-probs, so the old-log-prob forward is skipped. The IS
+    weights ``w`` (``rollout_is*``) and rejection mask (``rollout_rs*``) are computed here from
+    ``logp - logp_rollout``; ``ppo_clip``: ``vanilla`` on the kept tokens (no ``w``); ``reinforce``:
+    ``l_t = -A_t * logp_t * w_t``. ``inputs.rollout_is_weights`` is ignored; metrics add ``rollout_corr/*``.
+    ValueError for another ``bypass_loss_type`` or from the corrections."""
     if settings.bypass_loss_type not in ("ppo_clip", "reinforce"):
         raise ValueError(f"bypass_loss_type must be ppo_clip or reinforce, got {settings.bypass_loss_type!r}")
     log_ratio = (inputs.log_prob - inputs.old_log_prob).detach()

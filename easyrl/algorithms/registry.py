@@ -1,18 +1,12 @@
-"""A name -> function registry, the one behind :data:`~easyrl.algorithms.advantages.ADV_ESTIMATORS` and
-:data:`~easyrl.algorithms.policy_losses.POLICY_LOSSES`.
+"""A name -> function registry (behind ``ADV_ESTIMATORS`` and ``POLICY_LOSSES``) with traits per entry, so that no
+caller compares names::
 
-A configuration key names an entry (``algorithm.adv_estimator``, ``worker.actor.loss_type``); the module that defines
-the function registers it with the decorator, and the caller looks it up with :meth:`Registry.get`. What an entry
-*is* (group-relative, needs a critic, ...) is a trait given at registration, read with :meth:`Registry.trait`, so that
-no caller compares names::
-
-    ADV_ESTIMATORS = Registry("advantage estimator", group=False, needs_critic=False)
+    ADV_ESTIMATORS = Registry("advantage estimator", group=False)
 
     @ADV_ESTIMATORS.register("grpo", group=True)
     def grpo_advantage(inputs): ...
 
-    ADV_ESTIMATORS.get("grpo")(inputs)
-    ADV_ESTIMATORS.trait("grpo", "group")  # True
+    ADV_ESTIMATORS.get("grpo")(inputs); ADV_ESTIMATORS.trait("grpo", "group")  # True
 """
 
 from __future__ import annotations
@@ -26,14 +20,8 @@ F = TypeVar("F", bound=Callable)
 
 
 class Registry(Generic[F]):
-    """Functions registered by name, in registration order.
-
-    ``name in registry``, ``list(registry)`` (the names) and ``len(registry)`` work as for a dict's keys.
-
-    Args:
-        kind: what an entry is, for error messages (``"advantage estimator"``, ``"policy loss"``).
-        **defaults: the traits an entry may declare, with their values for entries that do not.
-    """
+    """Functions by name, in registration order (``in``, ``list()``, ``len()`` as for a dict's keys); ``kind`` names
+    an entry in errors, ``**defaults`` are the traits an entry may declare and their default values."""
 
     def __init__(self, kind: str, **defaults: Any):
         self.kind = kind
@@ -42,12 +30,8 @@ class Registry(Generic[F]):
         self._traits: dict[str, dict[str, Any]] = {}
 
     def register(self, name: str, **traits: Any) -> Callable[[F], F]:
-        """Decorator adding the function under ``name`` with its ``traits``; it returns the function unchanged.
-
-        Raises:
-            ValueError: if ``name`` is already taken by a different function (registering the same one again is a
-                no-op, e.g. when a module is reloaded), or a trait is not one of the registry's.
-        """
+        """Decorator adding the function under ``name``. ValueError if ``name`` is taken by another function
+        (the same one again is a no-op) or a trait is unknown."""
         unknown = sorted(set(traits) - set(self.defaults))
         if unknown:
             raise ValueError(f"{self.kind} {name!r}: unknown traits {unknown}; known: {sorted(self.defaults)}")
@@ -63,22 +47,14 @@ class Registry(Generic[F]):
         return decorator
 
     def get(self, name: str) -> F:
-        """The function registered as ``name``.
-
-        Raises:
-            ValueError: if ``name`` is unknown; the message lists the valid names.
-        """
+        """The function registered as ``name``; ValueError listing the valid names if it is unknown."""
         if name not in self._entries:
             raise ValueError(f"unknown {self.kind} {name!r}; valid names: {self.names()}")
         return self._entries[name]
 
     def trait(self, name: str, trait: str) -> Any:
-        """The value of ``trait`` for the entry ``name``: the registry's default when the entry did not declare it, or
-        when ``name`` is unknown (so that a config check may read it before the name is checked).
-
-        Raises:
-            KeyError: if ``trait`` is not one of the registry's.
-        """
+        """``trait`` of entry ``name``, the default for an unknown name (config checks read it before checking the
+        name); KeyError for an unknown trait."""
         return self._traits.get(name, self.defaults)[trait]
 
     def names(self) -> list[str]:

@@ -1,7 +1,6 @@
-"""Rollout correction between the rollout engine's and the trainer's log-probs: truncated importance sampling
-(:func:`compute_tis_weights`, ``worker.actor.tis_cap``), sequence-level IS, IcePop (masked IS)
-and rejection sampling (:func:`compute_rollout_correction_weights`, :func:`compute_rollout_rejection_mask`); and the
-gap the weight-sync check reads (:func:`log_prob_diff_median`, ``easyrl.workers.weight_sync.check_weight_sync``)."""
+"""Rollout correction between the rollout engine's and the trainer's log-probs: truncated IS (``tis_cap``),
+token/sequence IS and IcePop, rejection sampling, and the gap the weight-sync check reads. All tensors are
+``(bsz, resp_len)``; ``log_ratio`` is ``old_log_prob - rollout_log_probs``, clamped to [-20, 20] before ``exp``."""
 
 from __future__ import annotations
 
@@ -23,31 +22,11 @@ def compute_tis_weights(
     response_mask: torch.Tensor,
     cap: float,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Truncated importance-sampling weights correcting the rollout engine / trainer mismatch (Yao et al. 2025,
-    "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training", blog,
-    https://fengyao.notion.site/off-policy-rl): the rollout engine (vLLM) samples from ``pi_rollout`` while the
-    loss assumes ``pi_old`` (the trainer's recomputation), so each token is reweighted by
-    ``w = min(pi_old / pi_rollout, cap)``.
-
-    Args:
-        old_log_prob: ``(bsz, resp_len)`` log-probs recomputed by the trainer before the update.
-        rollout_log_probs: ``(bsz, resp_len)`` log-probs reported by the rollout engine for the same tokens.
-        cap: truncation ``C`` > 0 (the blog uses 2).
-
-    Returns:
-        ``(weights, metrics)``: ``weights`` ``(bsz, resp_len)`` detached, 0 outside the mask; metrics (floats):
-
-        * ``rollout/tis_weight_mean``: masked mean of the truncated weights;
-        * ``rollout/tis_clip_frac``: fraction of valid tokens whose raw weight exceeded ``cap``;
-        * ``rollout/probs_diff_mean`` / ``rollout/probs_diff_max``: masked mean / max of
-          ``|exp(rollout_logp) - exp(old_logp)|``, the token-probability gap;
-        * ``rollout/log_ppl_diff``: mean over non-empty sequences of
-          ``mean_t(rollout_logp) - mean_t(old_logp) = log PPL_old - log PPL_rollout`` (> 0: the trainer finds the
-          rollouts less likely than the engine did).
-
-    Raises:
-        ValueError: if ``cap <= 0``.
-    """
+    """Truncated IS (Yao et al. 2025, fengyao.notion.site/off-policy-rl): ``w = min(pi_old / pi_rollout, cap)``, 0
+    outside the mask. Metrics: ``rollout/tis_weight_mean``, ``rollout/tis_clip_frac`` (share of raw weights above
+    ``cap``), ``rollout/probs_diff_mean`` / ``_max`` (``|p_rollout - p_old|``), ``rollout/log_ppl_diff`` (mean over
+    sequences of ``mean_t(rollout_logp) - mean_t(old_logp)``; > 0: the trainer finds the rollouts less likely).
+    ValueError if ``cap <= 0``."""
     if cap <= 0:
         raise ValueError(f"compute_tis_weights: cap must be > 0, got {cap}")
     valid = response_mask.bool()
@@ -70,9 +49,8 @@ def compute_tis_weights(
 @torch.no_grad()
 def log_prob_diff_median(old_log_prob: torch.Tensor, rollout_log_probs: torch.Tensor,
                          response_mask: torch.Tensor) -> float:
-    """Median over the valid tokens of ``|rollout_log_probs - old_log_prob|`` (nats; 0.0 without a valid token): the
-    engine/actor gap of the sampled tokens that a few outlier tokens (bf16 kernels on low-probability tokens) cannot
-    move, while a stale or missing tensor moves most tokens. All ``(bsz, resp_len)``."""
+    """Median of ``|rollout_log_probs - old_log_prob|`` over valid tokens (nats; 0.0 without one): a few outlier tokens
+    cannot move it, stale weights move most."""
     diff = (rollout_log_probs - old_log_prob).abs()[response_mask.bool()]
     return float(diff.float().median()) if diff.numel() else 0.0
 
@@ -90,35 +68,13 @@ def compute_rollout_correction_weights(
     threshold: float = 2.0,
     threshold_lower: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Importance weights ``pi_train / pi_rollout`` against the engine/trainer mismatch, token- or sequence-level,
-    truncated (TIS) or masked (IcePop), without batch normalisation.
-
-    With ``x_t = log_ratio_t`` (``log pi_old - log pi_rollout``), clamped to [-20, 20] before ``exp``:
-
-    * ``rollout_is="token"``: ``rho_t = exp(x_t)`` (Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You
-      Off-Policy RL Training", https://fengyao.notion.site/off-policy-rl: per-token truncated IS, biased, low variance);
-    * ``rollout_is="sequence"``: ``rho_i = exp(sum_t m_it x_it)`` on every token of sequence ``i`` (the sequence
-      likelihood ratio, unbiased, high variance; Liu et al. 2025, "When Speed Kills Stability: Demystifying RL
-      Collapse from the Training-Inference Mismatch", https://richardli.xyz/rl-collapse, Sec. 4, sequence-level IS).
-
-    Then, without ``threshold_lower``, TIS: ``w = min(rho, threshold)``; with it, IcePop (Ling Team 2025, "Every Step
-    Evolves: Scaling Reinforcement Learning for Trillion-Scale Thinking Model", arXiv:2510.18855, IcePop, masked IS):
-    ``w = rho`` where ``threshold_lower <= rho <= threshold`` and 0 elsewhere (the token's gradient is dropped).
-
-    Args:
-        log_ratio: ``(bsz, resp_len)`` ``old_log_prob - rollout_log_probs``.
-        threshold: upper bound > 0 (the TIS blog uses 2).
-        threshold_lower: IcePop's lower bound in (0, threshold], or None for TIS.
-
-    Returns:
-        ``(weights, metrics)``: ``weights`` ``(bsz, resp_len)`` detached, 0 outside the mask; metrics (floats)
-        ``rollout_corr/rollout_is_mean`` (masked mean of the weights), ``rollout_corr/rollout_is_ratio_fraction_high``
-        / ``_low`` (fraction of valid tokens whose raw weight is above ``threshold`` / below ``threshold_lower``,
-        default ``1 / threshold``).
-
-    Raises:
-        ValueError: for another level, a non-positive threshold, or ``threshold_lower`` outside (0, threshold].
-    """
+    """IS weights ``pi_old / pi_rollout``, 0 outside the mask: ``rho_t = exp(x_t)`` (``"token"``, Yao et al. 2025) or
+    ``rho_i = exp(sum_t m_it x_it)`` on every token (``"sequence"``; Liu et al. 2025, richardli.xyz/rl-collapse,
+    Sec. 4); then TIS ``min(rho, threshold)``, or with ``threshold_lower`` IcePop (arXiv:2510.18855): ``rho`` inside
+    ``[threshold_lower, threshold]``, 0 outside. Metrics: ``rollout_corr/rollout_is_mean``,
+    ``rollout_corr/rollout_is_ratio_fraction_high`` / ``_low`` (raw weight above ``threshold`` / below
+    ``threshold_lower``, default ``1 / threshold``). ValueError for another level or bounds outside
+    ``0 < threshold_lower <= threshold``."""
     if rollout_is not in ROLLOUT_IS_LEVELS:
         raise ValueError(f"rollout_is must be one of {ROLLOUT_IS_LEVELS}, got {rollout_is!r}")
     if threshold <= 0 or (threshold_lower is not None and not 0 < threshold_lower <= threshold):
@@ -141,14 +97,9 @@ def compute_rollout_correction_weights(
 
 
 def parse_rs_thresholds(options: list[str], spec: str | float) -> dict[str, tuple[float | None, float]]:
-    """``rollout_rs_threshold`` for each option: one value for all, or one per option, comma-separated; a
-    ``*k1`` option takes ``"lower_upper"`` ratio bounds (a lone ``upper`` means ``[1/upper, upper]``), the others one
-    upper bound. Returns option -> ``(lower or None, upper)``.
-
-    Raises:
-        ValueError: for a count that matches neither 1 nor ``len(options)``, a non-positive or unordered bound, or a
-            ``lower_upper`` pair on a k2/k3 option.
-    """
+    """option -> ``(lower or None, upper)`` from ``rollout_rs_threshold``: one value for all or one per option
+    (comma-separated); ``*k1`` takes ``"lower_upper"`` ratio bounds (``upper`` alone: ``[1/upper, upper]``), k2/k3
+    one upper bound. ValueError for another count, a non-positive or unordered bound, or a pair on k2/k3."""
     parts = [p.strip() for p in str(spec).split(",") if p.strip()]
     if len(parts) == 1:
         parts = parts * len(options)
@@ -177,28 +128,11 @@ def compute_rollout_rejection_mask(
     rollout_rs: str,
     rollout_rs_threshold: str | float,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Rejection sampling (masked IS) against the engine/trainer mismatch: tokens, or whole sequences, whose
-    divergence estimate leaves a hard trust region are dropped from the loss (Liu et al. 2025,
-    https://richardli.xyz/rl-collapse, Sec. 4, masked IS).
-
-    With ``x = clamp(log_ratio, -20, 20)`` the per-token estimators of KL(pi_rollout || pi_old) are Schulman's
-    ``k1 = -x``, ``k2 = x^2 / 2``, ``k3 = exp(x) - 1 - x``. An option ``<level>_<k>`` compares, per token
-    (``token_``), or per sequence the masked sum (``seq_sum_``), mean (``seq_mean_``) or max (``seq_max_``) over its
-    tokens, to its threshold: ``k1`` statistics must lie in ``[log lower, log upper]``, ``k2``/``k3`` ones be
-    ``<= upper``. Several comma-separated options must all pass.
-
-    Args:
-        log_ratio: ``(bsz, resp_len)`` ``old_log_prob - rollout_log_probs``.
-        rollout_rs: comma-separated options from :data:`ROLLOUT_RS_OPTIONS`, e.g. ``"token_k1,seq_max_k2"``.
-        rollout_rs_threshold: see :func:`parse_rs_thresholds`.
-
-    Returns:
-        ``(mask, metrics)``: the response mask with rejected tokens set to 0 (same dtype), and
-        ``rollout_corr/rollout_rs_masked_fraction`` (fraction of valid tokens rejected).
-
-    Raises:
-        ValueError: for an unknown option or a bad threshold.
-    """
+    """Rejection sampling (Liu et al. 2025, richardli.xyz/rl-collapse, Sec. 4, masked IS): each comma-separated
+    option ``<level>_<k>`` of :data:`ROLLOUT_RS_OPTIONS` compares Schulman's ``k1 = -x``, ``k2 = x^2 / 2`` or
+    ``k3 = exp(x) - 1 - x`` per token or the sequence's sum / mean / max to its bounds (:func:`parse_rs_thresholds`;
+    k1 within ``[log lower, log upper]``, k2/k3 ``<= upper``). Returns the mask with rejected tokens at 0 and
+    ``rollout_corr/rollout_rs_masked_fraction``. ValueError for an unknown option or a bad threshold."""
     options = list(dict.fromkeys(o.strip() for o in rollout_rs.split(",") if o.strip()))
     unknown = [o for o in options if o not in ROLLOUT_RS_OPTIONS]
     if unknown or not options:
@@ -242,14 +176,8 @@ def correct_rollout(
     rollout_rs: str | None = None,
     rollout_rs_threshold: str | float | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor, dict[str, float]]:
-    """The actor's rollout correction of one micro-batch (``worker.actor.tis_cap`` / ``rollout_is*`` /
-    ``rollout_rs*``): :func:`compute_tis_weights` when ``tis_cap`` is set, else
-    :func:`compute_rollout_correction_weights` when ``rollout_is`` is set; then :func:`compute_rollout_rejection_mask`
-    when ``rollout_rs`` is set.
-
-    Returns:
-        ``(weights or None, response_mask with rejected tokens at 0, token-mean metrics)``; each ``(bsz, resp_len)``.
-    """
+    """One micro-batch's correction: TIS when ``tis_cap`` is set, else ``rollout_is`` weights; then the
+    ``rollout_rs`` mask. Returns ``(weights or None, mask, metrics)``."""
     weights, metrics, mask = None, {}, response_mask
     log_ratio = old_log_prob - rollout_log_probs
     if tis_cap is not None:

@@ -1,19 +1,9 @@
 """Per-token log-probabilities and entropies from logits, without vocabulary-sized float32 copies.
 
-``F.log_softmax(logits.float(), -1)`` materialises a float32 ``(bsz, L, vocab)`` tensor, and autograd keeps it
-(plus the float cast of a bf16 input) until backward: with a 150k vocabulary that is ~0.6 GB per 1k tokens,
-each. Here both functions are ``torch.autograd.Function``s that walk the positions in chunks of ``chunk_rows``:
-
-* forward: per chunk, cast to float32 and compute ``log p(y) = z_y - logsumexp(z)`` (or the entropy); only a
-  ``(chunk_rows, vocab)`` float32 temporary exists at a time;
-* saved for backward: the input logits themselves (a reference, no copy) and one float per position;
-* backward: recompute the chunk's softmax and write the gradient chunk by chunk into one tensor of the logits'
-  dtype (``d log p(y) / dz = onehot(y) - p``; ``dH / dz = -p * (log p + H)``).
-
-Slices such as ``logits[:, :-1]`` are read block by block through views, never copied, and the sampling
-temperature is applied per chunk, so pass the model's raw (bf16) logits slice and ``temperature`` rather than
-``logits.float() / temperature`` (which makes full float32 copies). Results are float32. Double backward is not
-supported.
+Both are ``autograd.Function``s that walk the positions in chunks of ``chunk_rows``: only a ``(chunk_rows, vocab)``
+float32 temporary exists at a time, backward keeps a reference to the logits (no copy) and recomputes each chunk's
+softmax (``d log p(y) / dz = onehot(y) - p``; ``dH / dz = -p * (log p + H)``). Pass the raw (bf16) logits slice and
+``temperature``, not ``logits.float() / temperature`` (a full float32 copy). Results are float32; no double backward.
 """
 
 from __future__ import annotations
@@ -29,8 +19,7 @@ DEFAULT_CHUNK_ROWS = 256
 
 
 def _blocks(x: torch.Tensor, chunk_rows: int, offset: int = 0) -> Iterator[tuple[int, int, torch.Tensor]]:
-    """Yield ``(start, stop, block)`` covering the rows of ``x`` (``(..., vocab)``) in row-major order, where
-    ``block`` is a ``(stop - start, vocab)`` view (no copy) and ``start/stop`` index the flattened rows."""
+    """``(start, stop, block)`` over the flattened rows of ``x`` ``(..., vocab)``, ``block`` a view, no copy."""
     vocab = x.shape[-1]
     try:
         flat = x.view(-1, vocab)
@@ -47,12 +36,8 @@ def _blocks(x: torch.Tensor, chunk_rows: int, offset: int = 0) -> Iterator[tuple
 def _chunked_backward(
     ctx, grad_out: torch.Tensor, chunk_grad: Callable[[torch.Tensor, slice, torch.Tensor], torch.Tensor]
 ) -> torch.Tensor:
-    """The gradient w.r.t. the logits saved first in ``ctx``, in their dtype, written chunk by chunk.
-
-    ``chunk_grad(z, rows, g)`` returns the float32 gradient of one chunk: ``z`` is its ``(rows, vocab)`` float32
-    ``logits / temperature``, ``rows`` the slice of the flattened positions it covers, ``g`` the ``(rows, 1)``
-    incoming gradient already divided by the temperature (the chain rule through ``z = logits / T``).
-    """
+    """The gradient w.r.t. the saved logits, in their dtype, chunk by chunk: ``chunk_grad(z, rows, g)`` gets the
+    chunk's float32 ``logits / T``, its row slice and the ``(rows, 1)`` incoming gradient divided by ``T``."""
     logits = ctx.saved_tensors[0]
     grad_flat = grad_out.reshape(-1, 1).float() / ctx.temperature
     grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
@@ -122,16 +107,9 @@ def _check_logits(logits: torch.Tensor, chunk_rows: int, temperature: float) -> 
 def log_probs_from_logits(
     logits: torch.Tensor, labels: torch.Tensor, chunk_rows: int = DEFAULT_CHUNK_ROWS, temperature: float = 1.0
 ) -> torch.Tensor:
-    """Log-probability (nats) of each label under ``softmax(logits / temperature)``: ``(bsz, L)`` float32, equal to
-    ``log_softmax(logits.float() / temperature, -1).gather(-1, labels)``, its gradient in the logits' dtype.
-    ``logits``: ``(bsz, L, vocab)`` (any leading dims; a slice, with grad, in float32/bf16/fp16); ``labels``:
-    ``(bsz, L)`` token ids; ``chunk_rows`` positions are processed at once (peak temporary: ``chunk_rows x vocab``
-    float32).
-
-    Raises:
-        ValueError: if the shapes do not match, a label is outside ``[0, vocab)``, ``chunk_rows < 1`` or
-            ``temperature <= 0``.
-    """
+    """``log_softmax(logits.float() / temperature, -1).gather(-1, labels)`` (nats): ``(bsz, L)`` float32 for
+    ``(bsz, L, vocab)`` logits (any leading dims) and ``(bsz, L)`` labels; the gradient in the logits' dtype.
+    ValueError for mismatched shapes, a label outside ``[0, vocab)``, ``chunk_rows < 1`` or ``temperature <= 0``."""
     _check_logits(logits, chunk_rows, temperature)
     if labels.shape != logits.shape[:-1]:
         raise ValueError(
@@ -145,11 +123,7 @@ def log_probs_from_logits(
 def entropy_from_logits(
     logits: torch.Tensor, chunk_rows: int = DEFAULT_CHUNK_ROWS, temperature: float = 1.0
 ) -> torch.Tensor:
-    """Entropy (nats) of ``p = softmax(logits / temperature)`` at each position, ``H = -sum_v p_v log p_v``:
-    ``(bsz, L)`` float32 for ``(bsz, L, vocab)`` logits (as :func:`log_probs_from_logits`).
-
-    Raises:
-        ValueError: if ``logits`` has fewer than 2 dims, ``chunk_rows < 1`` or ``temperature <= 0``.
-    """
+    """``H = -sum_v p_v log p_v`` (nats) of ``softmax(logits / temperature)``, ``(bsz, L)`` float32; ValueError for
+    fewer than 2 dims, ``chunk_rows < 1`` or ``temperature <= 0``."""
     _check_logits(logits, chunk_rows, temperature)
     return _Entropy.apply(logits, chunk_rows, float(temperature))
