@@ -1,15 +1,8 @@
-"""The one rule for mistakes a user can fix: one short message that names the culprit and what to do.
+"""Mistakes a user can fix: one short message naming the culprit (key, file, row, column, rank) and what to do.
 
-Raise a :class:`UserError` (or one of its kinds below) wherever the cause is the user's input: a config key, a data
-file or row, a model folder, a reward function, a run folder. ``python -m easyrl.trainer`` prints it as::
-
-    easyrl: <kind> error: <message>
-
-on stderr and exits with status 2, without a traceback (``EASYRL_DEBUG=1`` re-raises it with the traceback). Anything
-else is a bug of easyrl or a library and keeps its traceback. The message should name the key / file / row / column /
-rank and say what to change; ``docs/errors.md`` lists every such message with the test that checks it.
-
-The kinds also derive from ``ValueError`` so that code catching ``ValueError`` around a load keeps working.
+Raise a :class:`UserError` (or a kind below; all are ``ValueError``\ s) where the cause is the user's input; the
+commands print ``easyrl: <kind> error: <message>`` on stderr and exit with status 2, without a traceback
+(``EASYRL_DEBUG=1`` re-raises). Anything else keeps its traceback. ``docs/errors.md`` lists every message.
 """
 
 from __future__ import annotations
@@ -23,13 +16,7 @@ DEBUG_ENV = "EASYRL_DEBUG"
 
 
 class UserError(ValueError):
-    """A mistake the user can fix (bad config value, data row, model folder, reward function, ...).
-
-    Args:
-        message: what is wrong, naming the culprit (key, file, row, column, rank), and what to do.
-        kind: the word after ``easyrl:`` in the printed message (``config``, ``data``, ``model``, ``reward``, ...);
-            defaults to the class's ``kind``.
-    """
+    """A mistake the user can fix; ``kind`` (default: the class's) is the word after ``easyrl:``."""
 
     kind = "input"
 
@@ -68,19 +55,14 @@ class RewardError(UserError):
 
 
 class RunStateError(UserError):
-    """The run folder or checkpoint cannot be used as asked (another run's metrics or checkpoints, an incomplete
-    checkpoint): the message says what to do. Printed as ``easyrl: run error: ...`` (exit status 2)."""
+    """The run folder or checkpoint cannot be used as asked (another run's, an incomplete checkpoint)."""
 
     kind = "run"
 
 
 def check_signature(fn: Callable, key: str, spec: str, called_as: str) -> None:
-    """A user function (a tool-call parser, an environment, a judge's verdict parser) can be called with one
-    positional argument, as ``called_as`` shows (e.g. ``fn(verdict)``).
-
-    Raises:
-        ConfigError: naming ``key``, ``spec``, the signature and the call.
-    """
+    """Check that a user function can be called with one positional argument (``called_as``, e.g. ``fn(verdict)``);
+    ConfigError naming ``key``, ``spec``, the signature and the call."""
     import inspect
 
     try:
@@ -115,13 +97,8 @@ def format_user_error(err: UserError) -> str:
 
 
 def run_cli(main: Callable[[], int]) -> int:
-    """Run ``main()`` and turn a :class:`UserError` into its one-line message on stderr and exit status 2.
-
-    Other exceptions propagate with their traceback. With ``EASYRL_DEBUG=1`` user errors propagate too.
-
-    Returns:
-        ``main()``'s exit status, or 2 after a user error.
-    """
+    """``main()``'s exit status, or 2 after printing a :class:`UserError`'s line on stderr (other exceptions, and
+    user errors under ``EASYRL_DEBUG=1``, propagate)."""
     try:
         return main()
     except Exception as err:

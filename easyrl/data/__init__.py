@@ -1,7 +1,5 @@
-"""Data pipeline: prompt sources, image resizing, format templates and the RL prompt dataset.
-
-The names below are imported on first use (PEP 562), so that ``easyrl.data.images`` imports without ``datasets``
-(``easyrl.sizing`` sizes images with it on machines without the data stack: bench/gpu_check.py)."""
+"""Data pipeline: prompt sources, images, videos, format templates and the RL prompt dataset. Names are imported on
+first use, so that ``easyrl.data.images`` imports without ``datasets``."""
 
 import importlib
 

@@ -1,9 +1,5 @@
-"""Why a data source cannot be read, said in the user's terms: which file, which line, which column.
-
-``datasets`` reports a malformed JSON line as pandas' "Expected object or value at position 29" and a corrupt parquet
-file as pyarrow's "magic bytes not found"; the functions here find the file and line behind such a failure (only
-after it happened, so a good source costs nothing) and turn it into a :class:`easyrl.errors.DataError`.
-"""
+"""Why a data source cannot be read, in the user's terms (file, line, column): after ``datasets`` fails, find the file
+and line behind its message and raise a :class:`easyrl.errors.DataError`."""
 
 from __future__ import annotations
 
@@ -41,11 +37,8 @@ def check_not_empty(files: Iterable[str]) -> None:
 
 
 def bad_json_line(path: str) -> tuple[int, str] | None:
-    """``(line number, reason)`` of the first line of a JSON / JSON-lines file that does not parse, else None.
-
-    A ``.json`` file holding one document (``[...]`` or ``{...}`` over several lines) is parsed whole; otherwise, and
-    for ``.jsonl``, each non-blank line must be one JSON object.
-    """
+    """``(line number, reason)`` of the first bad line of a JSON (one document, parsed whole) or JSON-lines file
+    (one object per non-blank line), else None."""
     with open(path, encoding="utf-8", errors="replace") as f:
         text = f.read()
     document_error = None
@@ -89,8 +82,8 @@ NO_ROWS_HINT = ("; write one row per sample (JSON lines: one object per line, e.
 
 
 def read_error(source: str, files: list[str], err: BaseException) -> DataError:
-    """The ``DataError`` for ``datasets`` failing on ``source``: the malformed JSON line or unreadable parquet file
-    among ``files`` when one is found, else the library's reason in one line."""
+    """The ``DataError`` for ``datasets`` failing on ``source``: the bad JSON line or parquet file among ``files``,
+    else the library's reason in one line."""
     for file in files:
         if file.lower().endswith(JSON_EXTENSIONS):
             bad = bad_json_line(file)
@@ -123,11 +116,7 @@ def image_like_columns(dataset: datasets.Dataset) -> list[str]:
 
 
 def check_columns(dataset: datasets.Dataset, source: str, prompt_key: str, answer_key: str) -> None:
-    """The prompt and answer columns exist (checked on the rows alone, before any model loads).
-
-    Raises:
-        DataError: a missing column, naming it, ``source``, the columns there are and the config key.
-    """
+    """DataError unless the prompt and answer columns exist (naming the column, source, columns and config key)."""
     columns = dataset.column_names
     for key, config_key in ((prompt_key, "data.prompt_key"), (answer_key, "data.answer_key")):
         if key not in columns:
@@ -137,12 +126,8 @@ def check_columns(dataset: datasets.Dataset, source: str, prompt_key: str, answe
 
 def check_image_column(dataset: datasets.Dataset, image_key: str | None, prompt_key: str, source: str,
                        text_only: bool) -> None:
-    """A wrong ``data.image_key`` beside a column of images is an error (the images would be dropped silently);
-    images given to a text-only model are a warning, as they are dropped on purpose.
-
-    Raises:
-        DataError: ``image_key`` is not a column but another column looks like images (names both).
-    """
+    """DataError when ``image_key`` is not a column but another column looks like images (naming both); a warning
+    when a text-only model gets images (they are dropped)."""
     columns = dataset.column_names
     candidates = [c for c in image_like_columns(dataset) if c != prompt_key]
     if image_key is not None and image_key not in columns and candidates:

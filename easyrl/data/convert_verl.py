@@ -1,19 +1,7 @@
-"""``python -m easyrl.data.convert_verl IN OUT``: a verl-format parquet file -> easyrl's columns.
-
-verl's preprocessing scripts (``examples/data_preprocess/*.py`` in verl) write one row per prompt as::
-
-    prompt          list of chat messages [{"role": "system" | "user", "content": str}, ...]; images as <image>
-    images          list of images ({"bytes", "path"} dicts, as datasets stores them), only for multimodal data
-    reward_model    {"style": "rule", "ground_truth": ...}
-    data_source     str (which reward verl's default reward manager picks)
-    ability, extra_info   anything
-
-The easyrl file has ``problem`` (the user message's text, ``<image>`` placeholders kept), ``answer`` (the ground
-truth as a string: what the reward function receives as ``ground_truth``), ``images`` (unchanged, when present) and
-``data_source`` (kept for reference; easyrl's reward is ``worker.reward.reward_function``), so the defaults
-``data.prompt_key: problem``, ``data.answer_key: answer``, ``data.image_key: images`` read it. A system message
-cannot be a column: when every row has the same one, its text is printed as the ``data.system_prompt`` to set;
-rows with different system messages, several user messages or assistant turns are refused (single-turn prompts only).
+"""``python -m easyrl.data.convert_verl IN OUT``: a verl-format parquet file (``prompt`` chat messages,
+``reward_model.ground_truth``, optional ``images``, ``data_source``) -> easyrl's ``problem``, ``answer`` (a string, JSON
+for a non-string), ``images``, ``data_source`` (docs/data.md). A system message shared by every row is printed as the
+``data.system_prompt`` to set; different system messages or multi-turn prompts are refused.
 """
 
 from __future__ import annotations
@@ -29,12 +17,8 @@ VERL_COLUMNS = ("prompt", "reward_model")
 
 
 def convert_row(row: dict[str, Any], index: int) -> tuple[dict[str, Any], Optional[str]]:
-    """One verl row -> ``({"problem", "answer"}, system message text or None)``.
-
-    Raises:
-        DataError: ``prompt`` is not a list of messages with exactly one user message (and at most one system message
-            before it), or ``reward_model`` has no ``ground_truth``; the message names the row.
-    """
+    """One verl row -> ``({"problem", "answer"}, system message or None)``; DataError naming the row unless the prompt
+    is ``[system,] user`` messages and ``reward_model`` has a ``ground_truth``."""
     messages = row["prompt"]
     if isinstance(messages, str):  # some verl datasets store the chat as a JSON string
         messages = json.loads(messages)
@@ -54,15 +38,8 @@ def convert_row(row: dict[str, Any], index: int) -> tuple[dict[str, Any], Option
 
 
 def convert(src: str, dst: str) -> Optional[str]:
-    """Convert the verl parquet file ``src`` into the easyrl parquet file ``dst``.
-
-    Returns:
-        The system message all rows share (to set as ``data.system_prompt``), or None when there is none.
-
-    Raises:
-        DataError: ``src`` cannot be read or lacks verl's columns (names the columns it has), a row that cannot be
-            converted (see :func:`convert_row`), or rows with different system messages.
-    """
+    """Write ``dst`` from ``src``; returns the system message all rows share, or None. DataError for an unreadable
+    ``src``, missing verl columns (naming those it has), a bad row, or different system messages."""
     import datasets
 
     try:
@@ -103,20 +80,16 @@ def main(argv: Optional[list[str]] = None) -> int:
 
         datasets.disable_progress_bars()
         system = convert(args.src, args.dst)
-        print(f"wrote {args.dst}: data.train_files={args.dst} (columns problem, answer"
-              f"{', images' if _has_images(args.dst) else ''})")
+        import pyarrow.parquet as pq
+
+        images = "images" in pq.read_schema(args.dst).names
+        print(f"wrote {args.dst}: data.train_files={args.dst} (columns problem, answer{', images' if images else ''})")
         if system is not None:
             print(f"every prompt had this system message; put it in your config YAML's data section: "
                   f"system_prompt: {json.dumps(system)}")
         return 0
 
     return run_cli(run)
-
-
-def _has_images(path: str) -> bool:
-    import pyarrow.parquet as pq
-
-    return "images" in pq.read_schema(path).names
 
 
 if __name__ == "__main__":

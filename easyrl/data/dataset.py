@@ -1,6 +1,4 @@
-"""Prompt datasets for RL: turning each row of a source into token ids + images (+ videos), and batching. What a
-source (``data_path``) may be, and how it is loaded, is ``easyrl.data.sources``.
-"""
+"""Prompt datasets for RL: each row of a source (``easyrl.data.sources``) as token ids + images (+ videos)."""
 
 from __future__ import annotations
 
@@ -22,18 +20,13 @@ from easyrl.errors import ConfigError, DataError
 
 logger = logging.getLogger("easyrl.data")
 
-# Processor outputs aligned with the prompt's tokens, (1, prompt_len): not image features, so not in
-# `multi_modal_inputs`. `mm_token_type_ids` (0 text / 1 image / 2 video per token) is derived from the ids by the
-# trainer over the padded prompt + response, as transformers' Qwen-VL needs it to compute mRoPE position ids.
+# Processor outputs aligned with the prompt's tokens, (1, prompt_len), kept out of `multi_modal_inputs` (the trainer
+# derives `mm_token_type_ids` over the padded prompt + response).
 TOKEN_ALIGNED_KEYS = ("input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids")
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Rows -> prompts
 
 
 def _pixel_bounds(processor: Any, min_pixels: int, max_pixels: int) -> tuple[int, int, int]:
-    """``(min_pixels, max_pixels, factor)`` for ``process_image``: the data bounds intersected with the processor's
-    own bounds (so that the processor, and vLLM which uses the same config, never resize again)."""
+    """``(min_pixels, max_pixels, factor)``: the data bounds intersected with the image processor's own."""
     image_processor = getattr(processor, "image_processor", None)
     if image_processor is None:
         return min_pixels, max_pixels, DEFAULT_FACTOR
@@ -57,44 +50,27 @@ def _pixel_bounds(processor: Any, min_pixels: int, max_pixels: int) -> tuple[int
 
 
 def _image_size(image: Any) -> tuple[int, int]:
-    """``(width, height)`` of an image, decoding all of its pixels, so that a truncated or corrupt file fails here
-    (the header alone can be intact)."""
+    """``(width, height)``, decoding every pixel so that a truncated file fails here."""
     if isinstance(image, Image.Image):
         return image.size
     return load_image(image).size  # raises the clear "cannot read ..." error (or TypeError)
 
 
 class RLDataset(torch.utils.data.Dataset):
-    """Prompts for RL rollouts: each row becomes the actor's token ids, vLLM's token ids, images and ground truth.
+    """Prompts for RL rollouts: each row becomes the actor's token ids, vLLM's token ids, images, videos and answer.
 
-    The row's ``prompt_key`` text, rendered by the ``format_prompt`` template if any, becomes the user message; its
-    ``<image>`` placeholders become Qwen-VL image content items in order (if the text has none, the images go first),
-    and the chat template is applied with ``add_generation_prompt=True``. With a text-only model (``processor=None``)
-    the images are ignored and ``<image>`` is removed.
-
-    Args:
-        data_path: the source (see the module docstring).
-        tokenizer: the model's tokenizer (a chat template is required).
-        processor: the model's multimodal processor (e.g. ``Qwen2_5_VLProcessor``) or None for text-only models.
-        prompt_key / answer_key / image_key: column names (config keys ``data.prompt_key`` / ``data.answer_key`` /
-            ``data.image_key``); a missing image column means text-only data.
-        image_dir: folder against which relative image paths are resolved.
-        max_prompt_length: maximum ``len(prompt_ids)`` in tokens, image tokens included.
-        format_prompt: path of a Jinja2 template receiving ``content`` (see :mod:`easyrl.data.prompts`) or None.
-        min_pixels / max_pixels: bounds on each image's area in pixels (see :func:`easyrl.data.images.process_image`),
-            intersected with the image processor's own bounds.
-        filter_overlong_prompts: drop rows longer than ``max_prompt_length`` at construction (the count is logged on
-            the ``easyrl.data`` logger). When False no row is dropped or truncated; the trainer sees them as they are.
-        system_prompt: text of a system message before each user message (``data.system_prompt``), or None.
-        video_key: column of videos (``data.video_key``), each row a list of videos (file paths or lists of frame
-            images, relative paths resolved against ``image_dir``; see :mod:`easyrl.data.videos`); ``<video>``
-            placeholders in the prompt place them. A missing column means no videos; a text-only model drops them.
-        video_limits: frame sampling (``data.video_fps``, ``video_min_frames``, ``video_max_frames``).
+    The ``prompt_key`` text, rendered by the ``format_prompt`` template, is the user message (after
+    ``system_prompt``); its ``<image>``/``<video>`` placeholders place the media (none: media first); the chat template
+    is applied with ``add_generation_prompt=True``. A text-only model (``processor=None``) drops the media. Keyword
+    arguments are the ``data.*`` keys of the same names; relative media paths resolve against ``image_dir``;
+    ``max_prompt_length`` counts image and video tokens; ``filter_overlong_prompts`` drops longer rows at construction
+    (else none is dropped or truncated); ``tools`` are JSON schemas for the chat template; ``rows`` replaces loading
+    ``data_path``.
 
     Raises (construction):
         FileNotFoundError: missing data file / folder / template.
-        KeyError: a missing column; the message names the column, the source, the available columns and the config key.
-        ValueError: a malformed row (names its index) or bad pixel bounds.
+        DataError: a missing column (naming it, the source, the columns and the config key) or a malformed row.
+        ConfigError: pixel bounds that do not overlap the processor's.
     """
 
     def __init__(
@@ -216,14 +192,9 @@ class RLDataset(torch.utils.data.Dataset):
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def _scan_rows(self, filter_overlong: bool) -> None:
-        """Check every row once, at construction: the prompt is a string, the answer is present, ``<image>``
-        placeholders match the images, every image decodes fully; and count its ``len(prompt_ids)`` (image tokens
-        from each image's target size, ``w * h / factor**2``, without running the processor). With
-        ``filter_overlong``, rows longer than ``max_prompt_length`` are dropped (the count is logged).
-
-        Raises:
-            DataError: the first bad row, naming its index, the source and the column; or every row too long.
-        """
+        """Check every row once (prompt, answer, placeholders, media decode) and count its prompt tokens without the
+        processor; with ``filter_overlong`` drop the rows above ``max_prompt_length``. DataError for the first bad row
+        (index, source, column) or when every row is too long."""
         columns = [self.prompt_key, self.answer_key] + ([self.image_key] if self.has_images else []) + (
             [self.video_key] if self.has_videos else [])
         view = self.dataset.select_columns(list(dict.fromkeys(columns)))
@@ -272,22 +243,11 @@ class RLDataset(torch.utils.data.Dataset):
         return len(self.dataset)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        """One prompt.
-
-        Returns:
-            ``prompt_ids`` (list[int]): the actor's ids, each image's placeholder expanded to its image tokens;
-            ``raw_prompt_ids`` (list[int]): vLLM's ids, one ``<|image_pad|>`` per image;
-            ``images`` (list[PIL.Image]): RGB, resized (``[]`` for text rows or text-only models);
-            ``videos`` (list[easyrl.data.videos.Video]): sampled, resized frames + metadata (``[]`` without videos);
-            ``multi_modal_inputs`` (dict[str, Tensor]): processor outputs besides ids and mask, e.g. ``pixel_values``
-            ``(n_patches, patch_dim)`` and ``image_grid_thw`` ``(n_images, 3)``, for videos ``pixel_values_videos``,
-            ``video_grid_thw`` ``(n_videos, 3)`` (and Qwen2.5-VL's ``second_per_grid_ts``); ``{}`` without either;
-            ``ground_truth`` (str): the row's answer;
-            ``columns`` (dict): the row's columns for verl- and TRL-style reward functions (:meth:`reward_columns`).
-
-        Raises:
-            ValueError: a malformed row; the message names its index in the source.
-        """
+        """One prompt: ``prompt_ids`` (the actor's, placeholders expanded to image tokens), ``raw_prompt_ids`` (vLLM's,
+        one ``<|image_pad|>`` per image), ``images`` (RGB, resized), ``videos`` (:class:`~easyrl.data.videos.Video`),
+        ``multi_modal_inputs`` (processor outputs besides ids and mask: ``pixel_values`` ``(n_patches, patch_dim)``,
+        ``image_grid_thw`` ``(n_images, 3)``, ``pixel_values_videos``, ``video_grid_thw``, ...), ``ground_truth``
+        (str) and ``columns`` (:meth:`reward_columns`). DataError for a malformed row, naming its index."""
         row = self.dataset[index]
         try:
             return self._build(row)
@@ -326,8 +286,7 @@ class RLDataset(torch.utils.data.Dataset):
         }
 
     def reward_columns(self, row: dict) -> dict[str, Any]:
-        """The row's columns as reward functions of verl and TRL receive them (``easyrl.rewards.styles``): all but
-        the image column, the ``data.prompt_key`` column under TRL's name ``prompt``."""
+        """The row's columns for ``easyrl.rewards.styles``: all but the media, the prompt under the name ``prompt``."""
         columns = {key: value for key, value in row.items()
                    if key not in (self.image_key, self.prompt_key, self.video_key)}
         columns["prompt"] = row.get(self.prompt_key)
@@ -335,11 +294,7 @@ class RLDataset(torch.utils.data.Dataset):
 
 
 def collate_fn(features: list[dict[str, Any]]) -> dict[str, list]:
-    """Batch ``RLDataset`` items into ``{key: [value per item]}`` plain lists (no padding; the trainer pads).
-
-    Raises:
-        ValueError: an empty batch, or items with different keys.
-    """
+    """``RLDataset`` items as ``{key: [value per item]}`` (no padding); ValueError for an empty batch or other keys."""
     if not features:
         raise ValueError("collate_fn got an empty batch")
     keys = list(features[0])

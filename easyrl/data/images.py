@@ -1,11 +1,8 @@
 """Image loading and resizing for vision-language prompts.
 
-Qwen2-VL / Qwen2.5-VL / Qwen3-VL cut an image into ``patch x patch`` pixel patches and merge ``merge x merge`` patches
-into one LLM token, so an image whose height and width are multiples of ``factor = patch * merge`` (28 for Qwen2/2.5-VL,
-32 for Qwen3-VL) costs exactly ``height * width / factor**2`` image tokens. Both the HuggingFace processor (the actor's
-input) and vLLM (the rollout's input) first "smart-resize" every image to such multiples inside their own pixel bounds;
-if we hand them an image that is already a multiple of ``factor`` and inside those bounds, neither resizes it again and
-the two sides agree on the number of image tokens.
+An image whose sides are multiples of ``factor = patch * merge`` (28 for Qwen2/2.5-VL, 32 for Qwen3-VL) and whose area
+lies inside the processor's bounds is not resized again by the HF processor or vLLM, so both count the same
+``height * width / factor**2`` image tokens.
 """
 
 from __future__ import annotations
@@ -24,17 +21,12 @@ MAX_ASPECT_RATIO = 200  # the Qwen-VL processors refuse more elongated images
 def target_size(
     width: int, height: int, min_pixels: int, max_pixels: int, factor: int = DEFAULT_FACTOR
 ) -> tuple[int, int]:
-    """Size ``(width, height)`` in pixels that :func:`process_image` gives a ``width x height`` image.
-
-    The image is scaled, keeping its aspect ratio, so that its area lies in ``[min_pixels, max_pixels]``; then both
-    sides are snapped to multiples of ``factor`` (at least ``factor``): rounded to the nearest multiple, then rounded
-    down if that overshoots ``max_pixels`` or up if it undershoots ``min_pixels``. The number of image tokens of the
-    result is ``width * height // factor**2``. (With bounds very close to each other the snapped area can land just
-    outside them.)
+    """``(width, height)`` in pixels that :func:`process_image` gives a ``width x height`` image: scaled (aspect kept)
+    into ``[min_pixels, max_pixels]``, each side rounded to a multiple of ``factor`` (down if that overshoots, up if it
+    undershoots).
 
     Raises:
-        ValueError: if the bounds are not ``factor**2 <= min_pixels <= max_pixels`` (a non-empty range of snapped
-            areas), if a side is not positive, or if the aspect ratio exceeds 200 (the Qwen-VL processors reject it).
+        ValueError: unless ``factor**2 <= min_pixels <= max_pixels``; for an empty side or an aspect ratio above 200.
     """
     if not factor * factor <= min_pixels <= max_pixels:
         raise ValueError(
@@ -66,13 +58,8 @@ def target_size(
 
 
 def load_image(image: Any) -> Image.Image:
-    """Open ``image`` (a ``PIL.Image``, a ``{"bytes": ..., "path": ...}`` dict as ``datasets`` stores images, or a file
-    path) without resizing it.
-
-    Raises:
-        ValueError: if the image cannot be read; the message names the path (or says the bytes were bad).
-        TypeError: for any other kind of value.
-    """
+    """Open a ``PIL.Image``, ``{"bytes", "path"}`` dict or file path, unresized; ValueError naming the source if it
+    cannot be read, TypeError for another kind of value."""
     if isinstance(image, Image.Image):
         return image
     if isinstance(image, dict):
@@ -109,15 +96,8 @@ def to_rgb(image: Image.Image) -> Image.Image:
 
 
 def process_image(image: Any, min_pixels: int, max_pixels: int, factor: int = DEFAULT_FACTOR) -> Image.Image:
-    """Load ``image`` and return it in RGB at :func:`target_size` (area in ``[min_pixels, max_pixels]``, both sides
-    multiples of ``factor``), resized with bicubic interpolation when the size changes.
-
-    ``image``: a ``PIL.Image``, a ``{"bytes": ..., "path": ...}`` dict, or a path; ``factor``: ``patch_size *
-    merge_size`` of the vision encoder (28 for Qwen2/2.5-VL, 32 for Qwen3-VL).
-
-    Raises:
-        ValueError: unreadable image (the message names its source) or bad bounds (see :func:`target_size`).
-    """
+    """``image`` loaded, in RGB, bicubic-resized to :func:`target_size`. Raises as :func:`load_image` and
+    :func:`target_size`."""
     img = to_rgb(load_image(image))
     size = target_size(img.width, img.height, min_pixels, max_pixels, factor)
     if size != img.size:

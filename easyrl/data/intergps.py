@@ -1,8 +1,5 @@
 """Geometry3K in the raw InterGPS layout (Lu et al., "Inter-GPS", ACL 2021) -> the columns of the hub copy
-``hiyouga/geometry3k``: ``images`` [the diagram], ``problem`` ("<image>" + problem text), ``answer`` (the text of the
-correct choice), ``id``, ``choices``, ``ground_truth``. Used by ``RLDataset`` for InterGPS folders and by
-``examples/data_preprocess/geo3k.py``.
-"""
+``hiyouga/geometry3k`` (:data:`GEO3K_FEATURES`)."""
 
 from __future__ import annotations
 
@@ -53,23 +50,10 @@ def intergps_problem_dirs(root: str) -> list[str]:
     return sorted(found, key=key)
 
 
-def is_intergps_dir(path: str) -> bool:
-    """Whether ``path`` is a folder in the raw InterGPS Geometry3K layout."""
-    return os.path.isdir(path) and bool(intergps_problem_dirs(path))
-
-
 def convert_intergps_problem(problem_dir: str) -> tuple[str, dict[str, Any]]:
-    """One InterGPS problem folder -> ``(split, row)`` with the hub's columns.
-
-    ``row``: ``images`` = [the diagram as ``{"bytes", "path"}``], ``problem`` = ``"<image>" + problem_text``,
-    ``answer`` = the text of the correct choice (letter A-D -> index into ``choices``), ``id``, ``choices``,
-    ``ground_truth`` = the correct letter. ``split`` is ``data_type`` ("train" / "val" / "test"), with "val" renamed
-    "validation" as on the hub.
-
-    Raises:
-        DataError: ``data.json`` or ``img_diagram.png`` is missing (names the path), or a malformed ``data.json``
-            (names the file and the field).
-    """
+    """One problem folder -> ``(split, row)``: ``images`` [the diagram], ``problem`` ``"<image>" + problem_text``,
+    ``answer`` the correct choice's text, ``id``, ``choices``, ``ground_truth`` its letter; ``split`` from
+    ``data_type`` ("val" -> "validation"). DataError for a missing file or a malformed ``data.json`` (naming it)."""
     json_path = os.path.join(problem_dir, "data.json")
     image_path = os.path.join(problem_dir, "img_diagram.png")
     for path in (json_path, image_path):
@@ -104,12 +88,7 @@ def convert_intergps_problem(problem_dir: str) -> tuple[str, dict[str, Any]]:
 
 
 def load_intergps_geometry3k(root: str) -> dict[str, datasets.Dataset]:
-    """All problems under an InterGPS Geometry3K folder, as one ``datasets.Dataset`` per split (by ``data_type``),
-    with the columns and features of the hub copy (:data:`GEO3K_FEATURES`).
-
-    Raises:
-        FileNotFoundError: ``root`` is not a folder or holds no ``<id>/data.json``.
-    """
+    """One ``datasets.Dataset`` per split of the problems under ``root``; FileNotFoundError without any."""
     if not os.path.isdir(root):
         raise FileNotFoundError(f"Geometry3K folder {root!r} does not exist")
     problem_dirs = intergps_problem_dirs(root)

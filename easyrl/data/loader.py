@@ -1,11 +1,6 @@
-"""The training prompts as an endless, resumable stream of batches, epoch after epoch.
-
-Built on torchdata's ``StatefulDataLoader`` (its ``state_dict`` holds the position inside the epoch) and
-``StatefulDistributedSampler`` with one replica (its order is a pure function of ``(seed, epoch)``), so that a run
-resumed from a checkpoint draws exactly the batches the uninterrupted run would have drawn, also across an epoch
-boundary. (A plain ``RandomSampler`` with a generator does not: torchdata restores the generator of the current
-epoch, and the next epoch's order then differs.)
-"""
+"""The training prompts as an endless, resumable stream of batches: torchdata's ``StatefulDataLoader`` over a
+one-replica ``StatefulDistributedSampler``, whose order is a function of ``(seed, epoch)`` (a ``RandomSampler``
+would draw another order in the epoch after a resume)."""
 
 from __future__ import annotations
 
@@ -18,12 +13,8 @@ from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
 
 
 class PromptStream:
-    """Batches of ``batch_size`` prompts (``data.rollout_batch_size``); a short last batch of each epoch is dropped.
-    ``shuffle`` reshuffles each epoch (order from ``seed`` and the epoch number).
-
-    Raises:
-        ValueError: fewer items than ``batch_size`` (no batch at all).
-    """
+    """Batches of ``batch_size`` prompts, the short last batch of an epoch dropped, reshuffled each epoch with
+    ``shuffle``; ValueError for fewer items than ``batch_size``."""
 
     def __init__(self, dataset: Dataset, batch_size: int, shuffle: bool, seed: int, collate_fn: Callable):
         if len(dataset) < batch_size:

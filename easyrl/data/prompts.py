@@ -1,10 +1,5 @@
-"""Format-prompt templates: a Jinja2 file that wraps a problem's text into the user message.
-
-The template receives one variable, ``content`` (the problem text, ``<image>`` placeholders included), and its
-rendering becomes the user turn of the chat. Example (``examples/format_prompt/math.jinja``)::
-
-    {{ content | trim }} Think step by step inside <think> </think> tags, then put the final answer in \\boxed{}.
-"""
+"""Format-prompt templates (``data.format_prompt``): a Jinja2 file rendering ``content`` (the problem text,
+placeholders included) into the user message, e.g. ``examples/format_prompt/math.jinja``."""
 
 from __future__ import annotations
 
@@ -18,12 +13,8 @@ from easyrl.errors import ConfigError
 
 
 class FormatPrompt:
-    """A loaded format template; ``FormatPrompt(path)(content) -> str``.
-
-    Raises (at construction):
-        ConfigError: the file does not exist, is not valid Jinja2 (the message names the path,
-            ``data.format_prompt`` and the line), uses a variable other than ``content``, or does not show it.
-    """
+    """A loaded template, ``FormatPrompt(path)(content) -> str``. ConfigError: a missing file, invalid Jinja2
+    (naming the line), a variable other than ``content``, or a template that does not show it."""
 
     def __init__(self, path: str):
         self.path = os.fspath(path)
@@ -67,11 +58,7 @@ class FormatPrompt:
 
 
 def load_format_prompt(path: str | None) -> Callable[[str], str]:
-    """The format template at ``path`` as a callable ``content -> user message``; the identity when ``path`` is None.
-
-    Raises:
-        ConfigError: see :class:`FormatPrompt`.
-    """
+    """The template at ``path`` as ``content -> user message`` (the identity for None); raises as :class:`FormatPrompt`."""
     if path is None:
         return _identity
     return FormatPrompt(path)
@@ -82,16 +69,9 @@ def _identity(content: str) -> str:
 
 
 def user_content(text: str, n_images: int, n_videos: int, column: Callable[[str], str]) -> list[dict[str, Any]]:
-    """The Qwen-VL content items of a user message: ``text`` cut at its ``<image>`` / ``<video>`` placeholders into
-    text items and ``{"type": "image"}`` / ``{"type": "video"}`` items, in order. Images (videos) without any
-    placeholder go first, images before videos, then the text.
-
-    Args:
-        column: ``column(kind)`` names the row's image or video column for the error message.
-
-    Raises:
-        ValueError: the placeholders of a kind are neither absent nor as many as the row's items of that kind.
-    """
+    """The Qwen-VL content items of a user message: ``text`` cut at its ``<image>`` / ``<video>`` placeholders (media
+    of a kind without placeholders go first). ValueError, naming ``column(kind)``, when a kind's placeholders are
+    neither absent nor as many as its items."""
     placed = {}
     for kind, count in (("image", n_images), ("video", n_videos)):
         placed[kind] = text.count(f"<{kind}>")

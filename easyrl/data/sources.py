@@ -1,13 +1,5 @@
-"""Loading a prompt source into a ``datasets.Dataset`` (``RLDataset`` turns its rows into prompts).
-
-A source is one ``data_path`` string:
-
-- ``name@split``: a dataset on the HuggingFace hub, e.g. ``hiyouga/geometry3k@train``;
-- a local ``.parquet`` / ``.json`` / ``.jsonl`` file, or a local folder of such files (``datasets`` infers the splits
-  from the file names); ``path@split`` picks a split of a local folder;
-- a raw InterGPS Geometry3K folder (``<id>/data.json`` + ``<id>/img_diagram.png``, possibly under ``train/``, ``val/``,
-  ``test/``), converted on the fly to the hub's columns by :func:`load_intergps_geometry3k`.
-"""
+"""Loading a ``data_path`` into a ``datasets.Dataset``: a hub dataset ``name@split``, a local
+``.parquet``/``.json``/``.jsonl`` file or folder (``path@split`` picks a split), or a raw InterGPS Geometry3K folder."""
 
 from __future__ import annotations
 
@@ -18,7 +10,7 @@ from typing import Any
 import datasets
 
 from easyrl.data.checks import NO_ROWS_HINT, check_not_empty, data_files_under, read_error
-from easyrl.data.intergps import is_intergps_dir, load_intergps_geometry3k
+from easyrl.data.intergps import intergps_problem_dirs, load_intergps_geometry3k
 from easyrl.errors import DataError
 
 logger = logging.getLogger("easyrl.data")
@@ -41,14 +33,9 @@ def _pick_split(splits: dict[str, datasets.Dataset], split: str | None, source: 
 
 
 def load_source(data_path: str) -> datasets.Dataset:
-    """Load the rows of a ``data_path`` (see the module docstring for the accepted forms).
-
-    Raises:
-        DataError: a local path that does not exist (names it), an empty file, a folder with no data files, an
-            unsupported file extension, a malformed JSON line (names the file and line), an unreadable parquet file,
-            a split the source does not have, a source with no rows, or a hub dataset that cannot be loaded (names
-            the dataset and split).
-    """
+    """The rows of ``data_path``. DataError (naming the path, file, line or split): a missing path, an empty file or
+    source, no data files, an unsupported extension, malformed JSON, unreadable parquet, an unknown split, or a hub
+    dataset that cannot be loaded."""
     path, split = data_path, None
     if not os.path.exists(data_path) and "@" in data_path:
         path, split = data_path.rsplit("@", 1)
@@ -61,7 +48,7 @@ def load_source(data_path: str) -> datasets.Dataset:
             )
         return _not_empty(load_split(LOCAL_FILE_BUILDERS[ext], data_path, split, data_files=path), data_path)
     if os.path.isdir(path):
-        if is_intergps_dir(path):
+        if intergps_problem_dirs(path):
             return _not_empty(_pick_split(load_intergps_geometry3k(path), split, path), data_path)
         return _not_empty(load_split(path, data_path, split), data_path)
     looks_local = path.startswith((os.sep, ".", "~")) or os.path.splitext(path)[1].lower() in LOCAL_FILE_BUILDERS
@@ -81,11 +68,8 @@ def load_source(data_path: str) -> datasets.Dataset:
 
 
 def load_split(builder: str, source: str, split: str | None, **kwargs: Any) -> datasets.Dataset:
-    """``datasets.load_dataset(builder, **kwargs)`` reduced to one split (see :func:`_pick_split`).
-
-    Raises:
-        DataError: no data files, an empty file, or a file ``datasets`` cannot read (see :func:`read_error`).
-    """
+    """``datasets.load_dataset(builder, **kwargs)`` reduced to one split; DataError for no data files, an empty file
+    or one ``datasets`` cannot read."""
     files = data_files_under(kwargs.get("data_files") or builder)
     if not files:
         raise DataError(f"no .parquet/.json/.jsonl data files found in {source!r}")

@@ -1,19 +1,11 @@
-"""Video loading and frame sampling for Qwen-VL prompts (``data.video_key`` / ``data.video_fps``).
+"""Video loading and frame sampling for Qwen-VL prompts (``data.video_key`` / ``data.video_fps``); docs/data.md.
 
-A video in the data is a file path (anything OpenCV's FFmpeg backend decodes; ``cv2`` comes with vLLM) or a list of
-frame images (paths, ``{"bytes", "path"}`` dicts, PIL images).
-
-Sampling follows qwen-vl-utils' ``smart_nframes``: a file of ``total`` frames at
-``source_fps`` gives ``total / source_fps * fps`` frames, clipped to ``[min_frames, max_frames]`` and to ``total``, then
-floored to an even count (Qwen-VL merges frames in pairs, ``temporal_patch_size = 2``), at the indices
-``linspace(0, total - 1, n).round()``. A list of frames is a video already sampled at ``fps``: all its frames are kept
-(evenly thinned to ``max_frames`` if longer) and an odd count is padded with the last frame, as qwen-vl-utils does.
-
-Every frame is then resized to one size whose sides are multiples of ``factor`` (``easyrl.data.images.target_size``)
-inside the pixel bounds of both the processor and vLLM, so that neither resizes again and both count the same video
-tokens: ``n_frames / 2 * width * height / factor**2``. The frames go to both with their ``metadata`` (the source fps,
-the sampled indices), from which Qwen2.5-VL's processor derives ``second_per_grid_ts = 2 / sampled_fps`` and
-Qwen3-VL its timestamps; frame sampling in the processors is off (``do_sample_frames=False``).
+A video is a file path (decoded by OpenCV's FFmpeg backend) or a list of frame images. A file gives
+``total / source_fps * fps`` frames clipped to ``[min_frames, max_frames]`` and ``total``, floored to an even count
+(``temporal_patch_size = 2``), at ``linspace(0, total - 1, n).round()`` (qwen-vl-utils' ``smart_nframes``); a frame
+list is already sampled at ``fps`` (thinned to ``max_frames``, an odd count padded with the last frame). Frames are
+resized to one size with sides multiples of ``factor``, so the processor and vLLM (frame sampling off, the same
+``metadata``) count the same ``n_frames / 2 * width * height / factor**2`` video tokens.
 """
 
 from __future__ import annotations
@@ -34,13 +26,9 @@ BACKEND = "opencv"
 
 @dataclass
 class Video:
-    """One sampled, resized video.
-
-    ``frames``: ``(T, H, W, 3)`` uint8 RGB, ``T`` even, ``H`` and ``W`` multiples of ``factor``.
-    ``metadata``: transformers' ``VideoMetadata`` fields: ``fps`` (of the source), ``total_num_frames``,
-    ``frames_indices`` (the sampled ones), ``duration`` (s), ``width``/``height`` (of the frames), ``video_backend``.
-    ``source``: the path or a description, for messages.
-    """
+    """One sampled, resized video: ``frames`` ``(T, H, W, 3)`` uint8 RGB (``T`` even, sides multiples of ``factor``),
+    ``metadata`` transformers' ``VideoMetadata`` fields (source ``fps``, ``total_num_frames``, ``frames_indices``,
+    ``duration`` in s, ``width``/``height``, ``video_backend``), ``source`` for messages."""
 
     frames: np.ndarray
     metadata: dict[str, Any]
@@ -48,7 +36,7 @@ class Video:
 
     @property
     def sampled_fps(self) -> float:
-        """Frames per second of the sampled frames (what Qwen2.5-VL's ``second_per_grid_ts`` is ``2 /`` of)."""
+        """Frames per second of the sampled frames."""
         return len(self.metadata["frames_indices"]) / self.metadata["total_num_frames"] * self.metadata["fps"]
 
     def vllm_item(self) -> tuple[np.ndarray, dict[str, Any]]:
@@ -71,11 +59,7 @@ def _floor_even(x: float) -> int:
 
 
 def frame_count(total: int, source_fps: float, limits: FrameLimits) -> int:
-    """Frames sampled from a file of ``total`` frames at ``source_fps`` (qwen-vl-utils' ``smart_nframes``).
-
-    Raises:
-        ValueError: the video has fewer than 2 frames (Qwen-VL needs a pair).
-    """
+    """Frames sampled from a file of ``total`` frames at ``source_fps``; ValueError for fewer than 2 frames."""
     if total < FRAME_FACTOR:
         raise ValueError(f"it has {total} frame(s); a video needs at least {FRAME_FACTOR}")
     min_frames = int(math.ceil(limits.min_frames / FRAME_FACTOR) * FRAME_FACTOR)
@@ -108,12 +92,11 @@ def _open(path: str):
 
 
 def probe(video: Any, limits: FrameLimits) -> tuple[int, int, int]:
-    """``(frames sampled, width, height)`` of a video for the prompt-length scan: a file's header and first frame (not
-    all of it), every image of a frame list (decoded fully, as images are).
+    """``(frames sampled, width, height)`` from a file's header and first frame, or every image of a frame list.
 
     Raises:
-        ValueError: a missing or undecodable file, an unreadable frame, or fewer than 2 frames (names the video).
-        TypeError: a value that is neither a path nor a list of frames.
+        ValueError: a missing or undecodable file or frame, or fewer than 2 frames (naming the video).
+        TypeError: neither a path nor a list of frames.
     """
     if isinstance(video, (str, os.PathLike)):
         import cv2
@@ -162,8 +145,7 @@ def _list_count(n: int, limits: FrameLimits) -> int:
 
 
 def _grab(path: str, wanted: list[int]) -> tuple[list[np.ndarray], int]:
-    """The RGB frames at the sorted indices ``wanted`` (grabbed in order, only those decoded), and how many frames
-    were grabbed (fewer than ``wanted[-1] + 1`` when the stream ends early)."""
+    """The RGB frames at the sorted indices ``wanted`` (only those decoded) and how many frames were grabbed."""
     import cv2
 
     capture = _open(path)
@@ -182,8 +164,7 @@ def _grab(path: str, wanted: list[int]) -> tuple[list[np.ndarray], int]:
 
 
 def _decode_file(path: str, limits: FrameLimits) -> tuple[list[np.ndarray], dict[str, Any]]:
-    """The sampled RGB frames of a video file, and its metadata. If the header's frame count was too high, the
-    frames are sampled again over those that exist."""
+    """The sampled RGB frames of a file and its metadata, resampled once if the header overstated the frame count."""
     import cv2
 
     capture = _open(path)
@@ -223,17 +204,8 @@ def _decode_list(video: list, limits: FrameLimits) -> tuple[list[np.ndarray], di
 
 def process_video(video: Any, limits: FrameLimits, min_pixels: int, max_pixels: int,
                   factor: int = DEFAULT_FACTOR, processor: Any = None) -> Video:
-    """Load, sample and resize one video (see the module docstring).
-
-    ``video``: a file path or a list of frame images; ``min_pixels`` / ``max_pixels`` bound each frame's area,
-    narrowed by :func:`video_pixel_bounds` with ``processor`` (None: no processor); ``factor`` as in
-    ``easyrl.data.images.process_image``. Returns a :class:`Video` with ``(T, H, W, 3)`` uint8 frames.
-
-    Raises:
-        ValueError: a missing or undecodable file or frame, too few frames, frames of different sizes; the message
-            names the video.
-        TypeError: a value that is neither a path nor a list of frames.
-    """
+    """Load, sample and resize one video; each frame's area within :func:`video_pixel_bounds`. Raises as
+    :func:`probe`, and ValueError for frames of different sizes."""
     if isinstance(video, (str, os.PathLike)):
         frames, metadata = _decode_file(os.fspath(video), limits)
     else:
@@ -251,26 +223,20 @@ def process_video(video: Any, limits: FrameLimits, min_pixels: int, max_pixels: 
 
 def probe_tokens(video: Any, limits: FrameLimits, min_pixels: int, max_pixels: int, factor: int = DEFAULT_FACTOR,
                  processor: Any = None) -> int:
-    """The ``<|video_pad|>`` tokens :func:`process_video` will give ``video``, from its header and first frame only
-    (the prompt-length scan). Raises as :func:`probe`."""
+    """The ``<|video_pad|>`` tokens :func:`process_video` will give ``video``, from :func:`probe`."""
     count, width, height = probe(video, limits)
     lo, hi = video_pixel_bounds(processor, min_pixels, max_pixels, count)
     return video_tokens(count, *target_size(width, height, lo, hi, factor), factor)
 
 
 def video_tokens(n_frames: int, width: int, height: int, factor: int = DEFAULT_FACTOR) -> int:
-    """``<|video_pad|>`` tokens of a video of ``n_frames`` (even) frames of ``width x height`` (multiples of
-    ``factor``) in the processor's expanded prompt."""
+    """``<|video_pad|>`` tokens of ``n_frames`` (even) frames of ``width x height`` (multiples of ``factor``)."""
     return n_frames // FRAME_FACTOR * (width // factor) * (height // factor)
 
 
 def video_pixel_bounds(processor: Any, min_pixels: int, max_pixels: int, n_frames: int) -> tuple[int, int]:
-    """Per-frame ``(min_pixels, max_pixels)`` of a video of ``n_frames``: the data bounds, with ``max_pixels`` at most
-    an even share of ``0.9 * max_video_tokens`` tokens' pixels over the video's frame pairs (as qwen-vl-utils and the
-    video processor's ``cap_pixels_per_frame`` bound a whole video), not below ``min_pixels``. vLLM
-    (``mm_processor_kwargs``) and the dataset (``videos_kwargs.size``) pass the data bounds to the processor, so both
-    keep frames of this size as they are.
-    """
+    """Per-frame ``(min_pixels, max_pixels)``: the data bounds, ``max_pixels`` at most an even share of
+    ``0.9 * max_video_tokens`` tokens' pixels over the frame pairs (not below ``min_pixels``)."""
     video_processor = getattr(processor, "video_processor", None)
     if video_processor is None:
         return min_pixels, max_pixels
