@@ -1,12 +1,6 @@
-"""The token ids of a tool or environment turn, appended after the assistant's generated tokens (which are never
-re-tokenized).
-
-The chat template renders a conversation; the turn's text is what rendering ``[user, assistant, *new]`` (with the
-generation prompt: the next assistant header) adds after the assistant's end-of-turn token in rendering
-``[user, assistant]``. The generated ids end with that token (the engine stopped on it), so the delta starts right
-after it: for Qwen's ChatML, ``"\\n<|im_start|>user\\n<tool_response>\\n...\\n</tool_response><|im_end|>\\n
-<|im_start|>assistant\\n"``.
-"""
+"""The token ids of a tool or environment turn, appended after the assistant's generated tokens (never
+re-tokenized): what rendering ``[user, assistant, *new]`` with the generation prompt adds after the assistant's
+end-of-turn token in rendering ``[user, assistant]``."""
 
 from __future__ import annotations
 
@@ -18,17 +12,9 @@ _BASE = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "H
 
 
 def turn_ids(tokenizer: Any, messages: list[dict[str, Any]], end_text: str) -> list[int]:
-    """Token ids of ``messages`` (tool/user turns following an assistant turn) up to the next assistant header.
-
-    Args:
-        tokenizer: a tokenizer (or processor) with a chat template.
-        messages: the new turns, e.g. ``[{"role": "tool", "content": "42"}]``.
-        end_text: the text of the token the assistant turn ended with (e.g. ``<|im_end|>``), or ``""`` for a turn
-            cut before its end (the new turns then start right after it, e.g. ``"<|im_start|>tool\n..."``).
-
-    Raises:
-        ValueError: the template renders the earlier turns differently once the new ones follow (no delta exists).
-    """
+    """Token ids of ``messages`` (e.g. ``[{"role": "tool", "content": "42"}]``) up to the next assistant header;
+    ``end_text`` is the assistant turn's end token (``<|im_end|>``), ``""`` for a cut turn. ValueError when the
+    template renders the earlier turns differently once the new ones follow."""
     before = tokenizer.apply_chat_template(_BASE, tokenize=False)
     after = tokenizer.apply_chat_template(_BASE + list(messages), tokenize=False, add_generation_prompt=True)
     cut = before.rfind(end_text)

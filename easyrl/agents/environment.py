@@ -1,7 +1,6 @@
-"""The environment hook (``worker.rollout.multi_turn.environment: path/to/file.py:function``): after an assistant
-turn without a tool call it is called with the conversation so far (a list of ``{"role", "content"}`` dicts, the
-prompt's messages not included: ``[assistant, tool, ..., assistant]``) and returns the next user/environment
-message (a string or a ``{"role", "content"}`` dict) or None when the episode is done."""
+"""The environment hook (``worker.rollout.multi_turn.environment``): after an assistant turn without a tool call,
+``fn(messages)`` gets the conversation after the prompt and returns the next message (a string or a
+``{"role", "content"}`` dict) or None when the episode is done."""
 
 from __future__ import annotations
 
@@ -18,11 +17,7 @@ def load_environment(spec: Optional[str]) -> Optional[Callable]:
 
 
 def next_message(env: Callable, messages: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
-    """The environment's next message as a dict (``role`` ``user`` unless it says otherwise), or None (done).
-
-    Raises:
-        TypeError: the hook returned something else than None, a string or a dict with ``content`` (naming it).
-    """
+    """The next message (``role`` ``user`` by default) or None; TypeError naming the hook for another return value."""
     out = env([dict(m) for m in messages])
     if out is None:
         return None

@@ -1,11 +1,6 @@
-"""Tool calls run in a pool of processes, each with a time limit; a call that raises, hangs or returns something
-that is not text never ends the run: the model reads what happened as the tool's answer, and the rollout counts it.
-
-The processes are started with ``spawn`` (no copy of the trainer's threads and Ray state) and import each tool file
-once. ``submit`` returns futures at once (``easyrl.agents.scheduler`` keeps generating while they run); at most
-``workers`` calls run at a time, each timed from its start, and the others queue. A call past ``timeout_s`` (a hang,
-or a process that died) is answered with a timeout at once; its process stays busy until no other call is running,
-then the pool is terminated (the hung processes killed) and the next call gets a fresh pool.
+"""Tool calls in a ``spawn`` process pool, each with a time limit; a call that raises, hangs or returns non-text is
+answered to the model as the tool's answer and counted, never ending the run. A call past ``timeout_s`` is answered
+at once; its process stays busy until no other call runs, then the pool is terminated and the next call gets a new one.
 """
 
 from __future__ import annotations
@@ -32,12 +27,11 @@ class ToolResult:
 
 
 def _started(_: int) -> None:
-    """A no-op run once per pool process when the pool starts (see ``ToolExecutor._ensure_pool``)."""
+    """A no-op each pool process runs once at start."""
 
 
 def render_result(value: Any) -> str:
-    """A tool's return value as the tool message's text: strings as they are, JSON for what JSON can hold, else
-    ``str``."""
+    """A tool's return value as text: a string as is, else JSON, else ``str``."""
     if isinstance(value, str):
         return value
     try:
@@ -89,9 +83,8 @@ class ToolExecutor:
         return [f.result for f in futures]
 
     def submit(self, calls: list[dict[str, Any]]) -> list["ToolFuture"]:
-        """Start ``calls`` (at most ``workers`` run at once; the others queue) and return at once, one future per
-        call. A call is ``{"name", "arguments"}`` or a parser's ``{"error": why}``; an unknown tool name is an error
-        (the known names are listed to the model): both are answered right away."""
+        """One future per call (``{"name", "arguments"}`` or a parser's ``{"error": why}``), returned at once; errors
+        and unknown tools are answered right away, the rest queue for ``workers`` processes."""
         futures = [ToolFuture(call) for call in calls]
         for future in futures:
             call = future.call
@@ -106,8 +99,7 @@ class ToolExecutor:
         return futures
 
     def wait(self, futures: list["ToolFuture"], until: float) -> None:
-        """Return once one of ``futures`` that was not answered is answered, or at ``until``
-        (``time.monotonic()``), or at once when all of them are answered."""
+        """Return when one more of ``futures`` is answered, all are, or at ``until`` (``time.monotonic()``)."""
         before = sum(f.done for f in futures)
         self._pump()
         while not all(f.done for f in futures) and sum(f.done for f in futures) == before and time.monotonic() < until:
@@ -147,8 +139,7 @@ class ToolExecutor:
         self._hung = 0
 
     def close(self) -> None:
-        """Kill the pool's processes (a new pool starts on the next call); calls still running or queued are
-        answered with an error."""
+        """Kill the pool's processes; calls still running or queued are answered with an error."""
         self._retire_pool()
         for future in [*self._running, *self._queue]:
             future.result = ToolResult("Error: the tool pool was closed before the call was answered", "error")

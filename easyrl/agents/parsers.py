@@ -1,10 +1,6 @@
-"""Tool calls in the model's text: the Hermes/Qwen convention (``<tool_call>{"name": ..., "arguments": {...}}
-</tool_call>``, the format of the Qwen2.5/Qwen3/Qwen3-VL chat templates) or a user parser
-``path/to/file.py:function`` (``worker.rollout.multi_turn.format``).
-
-A parser takes the assistant turn's text and returns a list of calls, each ``{"name": str, "arguments": dict}``;
-a call the model botched is returned as ``{"error": "why"}``, which the model then reads as the tool's answer (and
-the rollout counts as a tool error). An empty list means a final answer.
+"""Tool calls in the model's text (``worker.rollout.multi_turn.format``): Hermes/Qwen ``<tool_call>{json}</tool_call>``
+or a user parser ``path/to/file.py:function``. A parser returns ``[{"name": str, "arguments": dict}]``, a botched call
+as ``{"error": "why"}`` (the model reads it as the tool's answer); an empty list is a final answer.
 """
 
 from __future__ import annotations
@@ -49,11 +45,7 @@ def hermes(text: str) -> list[dict[str, Any]]:
 
 
 def load_parser(fmt: str) -> Parser:
-    """The parser named by ``worker.rollout.multi_turn.format``: ``hermes`` or ``path/to/file.py:function``.
-
-    Raises:
-        ConfigError: see ``easyrl.agents.specs.load_callable``.
-    """
+    """``hermes`` or the user parser ``path/to/file.py:function``; ConfigError as ``load_callable``."""
     if fmt == "hermes":
         return hermes
     return load_callable(fmt, "worker.rollout.multi_turn.format", "fn(text)")

@@ -14,16 +14,10 @@ __all__ = ["load_callable"]
 
 
 def load_callable(spec: str, key: str, called_as: str = "") -> Callable:
-    """The function named by ``spec`` (``path/to/file.py:function``); the file is imported once per process under a
-    name derived from its absolute path (two ``tools.py`` files do not clash).
-
-    ``key``: the config key that gave ``spec``, named in errors; ``called_as``: how easyrl calls it, e.g. ``fn(text)``
-    (the function must take one positional argument).
-
-    Raises:
-        ConfigError: a malformed spec, a missing file, a file that fails to import (its error is quoted), or no
-            callable of that name (the file's functions are listed), or one that cannot be ``called_as``.
-    """
+    """The function of ``spec`` (``path/to/file.py:function``), its file imported once per process under a name from
+    its absolute path. ``key`` is named in errors; with ``called_as`` (``fn(text)``) it must take one argument.
+    ConfigError: a malformed spec, a missing file, a failed import (quoted), no such function (listing the file's),
+    or a signature that does not fit ``called_as``."""
     path, _, name = spec.rpartition(":")
     if not path or not name:
         raise ConfigError(f"{key}={spec!r} is not of the form path/to/file.py:function.")

@@ -1,20 +1,10 @@
 """Images returned by tools, for Qwen-VL models (docs/agents.md, "Tool images").
 
-A tool returns images as a ``{"text": str, "image": [images]}`` dict
-(``image`` may also be a single image; ``text`` may be left out), or a bare image. An image is a ``PIL.Image``
-(open a file or bytes with ``PIL.Image.open``); its pixels are loaded in the tool's process and cross the process-pool
-boundary pickled. Anything else in ``image`` is the tool's error (returned to the model, counted).
-
-The tool message then holds Qwen-VL content items, images first::
-
-    {"role": "tool", "content": [{"type": "image"}, ..., {"type": "text", "text": "..."}]}
-
-which the chat template renders as ``<|vision_start|><|image_pad|><|vision_end|>...``: ONE pad per image, the form
-vLLM takes with the image in ``multi_modal_data``. The trajectory keeps the pads EXPANDED (the ``n`` pads vLLM and the
-Hugging Face processor turn the image into), so its response tokens, mask and log-probs line up with the actor's
-sequence; each generate call collapses every run of pads back to one (:func:`collapse_pads`). A sampled pad never
-appears in a response (vLLM's ``bad_words``, ``easyrl.workers.vl_tokens``), so every run of pads in a response is a
-tool image.
+A tool returns ``{"text": str, "image": image or [images]}`` or a bare ``PIL.Image`` (loaded in the tool's process).
+The tool message holds content items, images first, rendered as one ``<|image_pad|>`` per image. The trajectory
+keeps the pads expanded (``n`` per image, as the processor gives them), so its tokens, mask and log-probs line up
+with the actor's; each generate call collapses every run back to one pad (a sampled pad never appears: vLLM's
+``bad_words``).
 """
 
 from __future__ import annotations
@@ -41,14 +31,8 @@ def has_images(value: Any) -> bool:
 
 
 def split_images(value: Any) -> tuple[Any, list[Image.Image]]:
-    """``(text part, images)`` of a tool's return value: ``(value, [])`` for a value without images, else the
-    ``text`` (``""`` if none) and the images, their pixels loaded (a lazily opened file is read here, in the tool's
-    process).
-
-    Raises:
-        TypeError: an image that is not a ``PIL.Image``; OSError: one whose pixels cannot be read. The executor
-            returns either to the model as the tool's error, and counts it.
-    """
+    """``(text part, images)`` of a tool's return value (``(value, [])`` without images), pixels loaded. TypeError
+    for a non-``PIL.Image``, OSError for unreadable pixels: the executor returns either as the tool's error."""
     if not has_images(value):
         return value, []
     images = [value] if isinstance(value, Image.Image) else value["image"]
@@ -73,17 +57,12 @@ def tool_message(text: str, n_images: int) -> dict[str, Any]:
 
 
 def collapse_pads(ids: list[int], pad_id: int) -> list[int]:
-    """``ids`` with every run of ``pad_id`` replaced by one pad (vLLM's prompt form: it expands each pad again
-    from its image)."""
+    """``ids`` with every run of ``pad_id`` replaced by one pad (vLLM's prompt form)."""
     return [token for i, token in enumerate(ids) if not (token == pad_id and i and ids[i - 1] == pad_id)]
 
 
 def expand_pads(ids: list[int], pad_id: int, counts: list[int]) -> list[int]:
-    """``ids`` (one ``pad_id`` per image) with the ``i``-th pad repeated ``counts[i]`` times.
-
-    Raises:
-        ValueError: the number of pads is not ``len(counts)`` (the chat template did not render one pad per image).
-    """
+    """``ids`` with the ``i``-th ``pad_id`` repeated ``counts[i]`` times; ValueError unless there are ``len(counts)``."""
     found = ids.count(pad_id)
     if found != len(counts):
         raise ValueError(f"the chat template rendered {found} image pad(s) for {len(counts)} tool image(s)")
@@ -95,19 +74,9 @@ def expand_pads(ids: list[int], pad_id: int, counts: list[int]) -> list[int]:
 
 
 class ToolImages:
-    """Tool images of a VL model: resized like prompt images, expanded to their image tokens, capped per trajectory.
-
-    Args:
-        prepare: ``image -> (image as vLLM and the processor get it, its number of image tokens)``: resized into
-            ``data.min_pixels``/``data.max_pixels`` (both sides multiples of the patch factor, so neither vLLM nor the
-            processor resizes it again) and ``grid_t * grid_h * grid_w / merge**2`` tokens (the processor's
-            ``image_grid_thw``); built by ``easyrl.trainer.multi_turn_images``.
-        pad_id: the ``<|image_pad|>`` id.
-        limit: images per trajectory at most, prompt images included (``worker.rollout.limit_images``, vLLM's
-            ``limit_mm_per_prompt``): a tool image beyond it is dropped and the tool message says so (a cap, not an
-            error: a model that zooms too often reads why it sees no more images, and ``multi_turn/tool_images_dropped``
-            counts them).
-    """
+    """Tool images of a VL model: ``prepare(image) -> (resized image, its image tokens)``, ``pad_id`` the
+    ``<|image_pad|>`` id, ``limit`` images per trajectory with the prompt's (``worker.rollout.limit_images``); an image
+    beyond it is dropped, the tool message says so and ``multi_turn/tool_images_dropped`` counts it."""
 
     def __init__(self, prepare: Callable[[Image.Image], tuple[Image.Image, int]], pad_id: int, limit: int):
         self.prepare = prepare
@@ -115,8 +84,7 @@ class ToolImages:
         self.limit = limit
 
     def attach(self, traj: Any, text: str, images: list[Image.Image]) -> dict[str, Any]:
-        """The tool message of ``text`` and ``images``; the images that fit under the limit are prepared and
-        appended to ``traj.images`` (and their token counts to ``traj.image_tokens``), in order."""
+        """The tool message of ``text`` and ``images``; those under the limit are prepared and added to ``traj``."""
         room = max(0, self.limit - traj.prompt_images - len(traj.images))
         kept, dropped = images[:room], len(images) - room
         for image in kept:
@@ -131,9 +99,8 @@ class ToolImages:
         return tool_message(text, len(kept))
 
     def expand(self, traj: Any, ids: list[int], new_images: int) -> list[int]:
-        """The tool turn ``ids`` with the pads of the trajectory's last ``new_images`` images expanded; if the turn
-        does not fit in the trajectory's remaining budget, it is cut before the first image that does not fit whole
-        (that image and the ones after it are dropped from ``traj``) and the trajectory ends."""
+        """The tool turn ``ids`` with the last ``new_images`` pads expanded; a turn over the budget is cut before the
+        first image that does not fit whole (dropped from ``traj`` with the later ones) and ends the trajectory."""
         counts = traj.image_tokens[len(traj.image_tokens) - new_images:] if new_images else []
         ids = expand_pads(ids, self.pad_id, counts)
         if len(ids) <= traj.remaining:

@@ -26,17 +26,8 @@ class Tool:
 
 
 def load_tools(specs: list[str], key: str = "worker.rollout.multi_turn.tools") -> dict[str, Tool]:
-    """Import every tool and build its schema from its signature and docstring
-    (``transformers.utils.get_json_schema``: type hints for every argument and a Google-style docstring with a
-    description and an ``Args:`` entry per argument).
-
-    Returns:
-        ``{name: Tool}`` in the order given.
-
-    Raises:
-        ConfigError: a tool that cannot be imported (``load_callable``) or whose schema cannot be built (a missing
-            type hint or docstring entry; transformers' message is quoted).
-    """
+    """``{name: Tool}`` in order, each schema from ``transformers.utils.get_json_schema`` (type hints and a
+    Google-style docstring). ConfigError for a tool that cannot be imported or has no schema (quoted)."""
     from transformers.utils import get_json_schema
 
     tools: dict[str, Tool] = {}

@@ -1,15 +1,7 @@
-"""The turn loop of a multi-turn rollout, engine-agnostic: trajectories as token ids (the engine's generated ids plus
-the tokenized tool/environment turns, never re-tokenized), the response mask (1 on assistant tokens, 0 on
-tool/environment tokens), the engine's log-probs aligned with them, and the conversation and tool calls for the
-reward function.
-
-Each round sends every ready trajectory (prompt + everything so far) to ``generate`` at once, so trajectories at
-different turns are generated together; their tool calls run in parallel (``easyrl.agents.executor``) while later
-rounds go on without the trajectories whose tools are late (``easyrl.agents.scheduler``).
-
-A trajectory ends at a final answer (no tool call, and no environment or the environment says done),
-``max_assistant_turns``, ``max_user_turns``, or when its response reaches ``budget`` tokens
-(``data.max_response_length``; a tool turn that does not fit is cut there).
+"""The turn loop of a multi-turn rollout, engine-agnostic: trajectories as token ids (generated ids plus tokenized
+tool/environment turns, never re-tokenized), the response mask (1 on assistant tokens), the engine's log-probs, and
+the conversation and tool calls for the reward function. A trajectory ends at a final answer, ``max_assistant_turns``,
+``max_user_turns`` or its ``budget`` of response tokens (a tool turn that does not fit is cut).
 """
 
 from __future__ import annotations
@@ -27,8 +19,7 @@ from easyrl.agents.tool_images import ToolImages, check_images_allowed
 __all__ = ["Trajectory", "TurnLoop", "Generate"]
 
 Generate = Callable[[list["Trajectory"], int], list[tuple[list[int], Optional[list[float]]]]]
-"""``generate(trajectories, round) -> [(new token ids, their log-probs or None)]``: one assistant turn each, at most
-``TurnLoop.turn_budget(trajectory)`` tokens, continuing ``prompt_ids + response_ids``."""
+"""``generate(trajectories, round) -> [(new ids, log-probs or None)]``: one assistant turn each, ``turn_budget`` at most."""
 
 
 @dataclass
@@ -49,8 +40,7 @@ class Trajectory:
     done: bool = False
     prompt_images: int = 0
     images: list = field(default_factory=list)
-    """Tool images (``PIL.Image``, prepared: ``easyrl.agents.tool_images``), in order; their pads are in
-    ``response_ids``, expanded (``image_tokens`` each)."""
+    """Prepared tool images, in order; their pads are in ``response_ids``, expanded (``image_tokens`` each)."""
     image_tokens: list[int] = field(default_factory=list)
     tool_images: int = 0
     tool_images_dropped: int = 0
@@ -61,8 +51,7 @@ class Trajectory:
         return self.budget - len(self.response_ids)
 
     def add(self, ids: list[int], trained: bool, log_probs: Optional[list[float]] = None) -> None:
-        """Append tokens (cut to the budget; a cut ends the trajectory): assistant tokens (``trained``, mask 1) or
-        tool/environment tokens (mask 0, log-prob 0)."""
+        """Append tokens cut to the budget (a cut ends it): assistant (``trained``, mask 1) or tool (mask 0, log-prob 0)."""
         ids = list(ids)[: self.remaining]
         self.response_ids += ids
         self.response_mask += [int(trained)] * len(ids)
@@ -80,16 +69,8 @@ class Trajectory:
 
 
 class TurnLoop:
-    """Runs trajectories to their end (see the module docstring).
-
-    Args:
-        executor: runs the tool calls ``parser`` finds (None: no tools; any call is answered with an error).
-        environment: ``fn(messages)`` hook or None (``easyrl.agents.environment``).
-        max_assistant_turns, max_user_turns, max_turn_tokens: limits per trajectory and tokens per assistant turn
-            (None: none; the rest of the budget).
-        images: a VL model's tool images; None: a text-only model, and a tool that returns an image is an error
-            (docs/errors.md A09).
-    """
+    """Runs trajectories to their end. ``executor`` None: every tool call is answered with an error; limits None:
+    none; ``images`` None: a text-only model, where a tool image is an error (docs/errors.md A09)."""
 
     def __init__(self, tokenizer: Any, parser: Parser, executor: Optional[ToolExecutor],
                  environment: Optional[Callable] = None, max_assistant_turns: Optional[int] = None,
@@ -111,8 +92,7 @@ class TurnLoop:
 
     def run(self, trajectories: list[Trajectory], generate: Generate,
             patience: float = scheduler.PATIENCE) -> list[Trajectory]:
-        """Generate, call tools and step the environment until every trajectory is done; returns them. A round
-        does not wait for late tool calls (``easyrl.agents.scheduler``; ``patience=inf``: it does)."""
+        """Generate, call tools and step the environment until every trajectory is done (``easyrl.agents.scheduler``)."""
         return scheduler.run_turns(self, trajectories, generate, patience)
 
     def _assistant_turn(self, traj: Trajectory, ids: list[int], log_probs: Optional[list[float]]) -> None:
@@ -124,9 +104,8 @@ class TurnLoop:
             traj.done = True
 
     def _follow_up(self, trajectories: list[Trajectory], results: Optional[list] = None) -> None:
-        """Parse every trajectory's last assistant turn, run all tool calls together (or take their ``results``,
-        ``ToolResult`` in call order, from ``easyrl.agents.scheduler``), then append each one's tool turn,
-        environment turn, or end it."""
+        """Parse each last assistant turn, run the calls (or take ``results`` in call order), then append each one's
+        tool or environment turn, or end it."""
         calls = {id(t): self.parser(t.messages[-1]["content"]) for t in trajectories}
         flat = [call for t in trajectories for call in calls[id(t)]]
         if results is not None:
