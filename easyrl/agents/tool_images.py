@@ -62,7 +62,7 @@ def collapse_pads(ids: list[int], pad_id: int) -> list[int]:
 
 
 def expand_pads(ids: list[int], pad_id: int, counts: list[int]) -> list[int]:
-    """``ids`` with the ``i``-th ``pad_id`` repeated ``counts[i]`` times; ValueError unless there are ``len(counts)``."""
+    """``ids`` with the ``i``-th ``pad_id`` repeated ``counts[i]`` times; ValueError for another pad count."""
     found = ids.count(pad_id)
     if found != len(counts):
         raise ValueError(f"the chat template rendered {found} image pad(s) for {len(counts)} tool image(s)")

@@ -19,7 +19,7 @@ from easyrl.agents.tool_images import ToolImages, check_images_allowed
 __all__ = ["Trajectory", "TurnLoop", "Generate"]
 
 Generate = Callable[[list["Trajectory"], int], list[tuple[list[int], Optional[list[float]]]]]
-"""``generate(trajectories, round) -> [(new ids, log-probs or None)]``: one assistant turn each, ``turn_budget`` at most."""
+"""``generate(trajectories, round) -> [(new ids, log-probs or None)]``: one turn each, ``turn_budget`` at most."""
 
 
 @dataclass
@@ -51,7 +51,7 @@ class Trajectory:
         return self.budget - len(self.response_ids)
 
     def add(self, ids: list[int], trained: bool, log_probs: Optional[list[float]] = None) -> None:
-        """Append tokens cut to the budget (a cut ends it): assistant (``trained``, mask 1) or tool (mask 0, log-prob 0)."""
+        """Append tokens cut to the budget (a cut ends it): assistant (``trained``, mask 1) or tool (mask 0)."""
         ids = list(ids)[: self.remaining]
         self.response_ids += ids
         self.response_mask += [int(trained)] * len(ids)
@@ -92,7 +92,7 @@ class TurnLoop:
 
     def run(self, trajectories: list[Trajectory], generate: Generate,
             patience: float = scheduler.PATIENCE) -> list[Trajectory]:
-        """Generate, call tools and step the environment until every trajectory is done (``easyrl.agents.scheduler``)."""
+        """Generate, call tools and step the environment until every trajectory is done."""
         return scheduler.run_turns(self, trajectories, generate, patience)
 
     def _assistant_turn(self, traj: Trajectory, ids: list[int], log_probs: Optional[list[float]]) -> None:

@@ -44,7 +44,7 @@ def agg_loss(
     dp_size: int = 1,
     norm_length: int | None = None,
 ) -> torch.Tensor:
-    """The 0-dim loss of ``loss_mat`` ``(bsz, resp_len)`` under ``loss_mask`` (same shape, ``{0, 1}``), times ``dp_size``.
+    """The 0-dim loss of ``loss_mat`` ``(bsz, resp_len)`` under ``loss_mask`` (same shape), times ``dp_size``.
 
     ``n_i = sum_t m_it``; ``T`` valid tokens and ``S`` sequences with ``n_i > 0`` (the global counts when given, else
     this batch's; an empty denominator counts as 1):

@@ -102,7 +102,8 @@ def dppo_kl_policy_loss(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """DPPO-Binary-KL (arXiv:2602.04879): as ``dppo_tv`` with the binary KL
     ``D_t = p_old log(p_old / p) + (1 - p_old) log((1 - p_old + 1e-8) / (1 - p + 1e-8))``; inside while
-    ``D_t <= clip_ratio_high`` or ``p_t <= p_old_t`` (``A_t > 0``), else ``D_t <= clip_ratio_low`` or ``p_t >= p_old_t``."""
+    ``D_t <= clip_ratio_high`` or ``p_t <= p_old_t`` (``A_t > 0``), else ``D_t <= clip_ratio_low`` or
+    ``p_t >= p_old_t``."""
     log_prob, old_log_prob = inputs.log_prob, inputs.old_log_prob
     prob, old_prob = torch.exp(log_prob), torch.exp(old_log_prob)
     binary_kl = old_prob * (old_log_prob - log_prob) + (1 - old_prob) * torch.log(

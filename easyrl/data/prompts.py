@@ -58,7 +58,7 @@ class FormatPrompt:
 
 
 def load_format_prompt(path: str | None) -> Callable[[str], str]:
-    """The template at ``path`` as ``content -> user message`` (the identity for None); raises as :class:`FormatPrompt`."""
+    """The template at ``path`` as ``content -> user message`` (the identity for None)."""
     if path is None:
         return _identity
     return FormatPrompt(path)

@@ -1,15 +1,8 @@
-"""User reward functions loaded from a Python file, and their scores laid onto response tokens.
+"""User reward functions (``worker.reward.reward_function: path/to/file.py:fn``) and their scores on response tokens.
 
-Config: ``worker.reward.reward_function: path/to/file.py:fn_name`` (``path/to/file.py`` alone: ``:main``),
-``worker.reward.reward_function_kwargs: {...}``, ``worker.reward.reward_type: auto | batch | sequential`` (auto: the
-file's ``REWARD_TYPE``, else batch).
-
-Each reward input is ``{"response": str, "response_length": int, "ground_truth": str}``. A ``batch`` function gets the
-list of all inputs and returns a list of score dicts (one per input); a ``sequential`` function gets one input and
-returns one score dict. A score dict maps names to numbers; ``overall`` is the reward, the other names (``format``,
-``accuracy``, ...) are only logged. Functions written for verl (``compute_score(data_source, solution_str,
-ground_truth, extra_info)``) or TRL (``fn(completions, **columns) -> list[float]``) are recognised by their signature
-(or the file's ``REWARD_STYLE``) and called as those libraries call them: ``easyrl.rewards.styles``.
+A reward input is ``{"response": str, "response_length": int, "ground_truth": str}`` (+ the row's ``columns``); a
+``batch`` function maps the list of inputs to one score dict each, a ``sequential`` one maps one input to one dict.
+``overall`` is the reward, other names are logged. verl- and TRL-style functions: ``easyrl.rewards.styles``.
 """
 
 from __future__ import annotations
@@ -37,19 +30,13 @@ def split_spec(spec: str) -> tuple[str, str]:
 
 
 def _module_name(path: str) -> str:
-    """A unique module name per file, so two reward files named ``math.py`` do not clash (nor shadow the stdlib)."""
+    """A module name per file, so two ``math.py`` files neither clash nor shadow the stdlib."""
     return "easyrl_reward_" + hashlib.sha1(os.path.abspath(path).encode()).hexdigest()[:12]
 
 
 def load_function(spec: str) -> tuple[Callable, str, str]:
-    """Import ``fn_name`` from the file of a ``path/to/file.py:fn_name`` spec (``path/to/file.py`` alone: ``main``);
-    returns ``(fn, path, fn_name)``.
-
-    Raises:
-        ValueError: an empty part.
-        FileNotFoundError: the file does not exist (names it).
-        AttributeError: the file has no callable ``fn_name`` (names both).
-    """
+    """``(fn, path, fn_name)`` of a spec, the file imported once per process. ValueError for an empty part,
+    FileNotFoundError for a missing file, AttributeError when it has no callable ``fn_name`` (naming both)."""
     path, name = split_spec(spec)
     if not path or not name:
         raise ValueError(f"worker.reward.reward_function {spec!r} must be 'path/to/file.py:function_name'")
@@ -78,21 +65,10 @@ def load_function(spec: str) -> tuple[Callable, str, str]:
 
 
 class RewardFunction:
-    """A user reward function; ``RewardFunction(spec, kwargs, reward_type)(reward_inputs) -> {name: [float] * bsz}``.
-
-    Args:
-        spec: ``path/to/file.py:fn_name`` (config ``worker.reward.reward_function``).
-        kwargs: extra keyword arguments passed on every call (``worker.reward.reward_function_kwargs``).
-        reward_type: ``batch`` (the function scores the whole list), ``sequential`` (one input at a time) or
-            ``auto`` (the file's ``REWARD_TYPE``, else ``batch``). verl-style functions are always called per sample
-            and TRL-style ones per batch (``style``); ``reward_type`` holds the resolved value.
-
-    Attributes:
-        style: ``easyrl``, ``verl`` or ``trl`` (``easyrl.rewards.styles.detect_style``).
-
-    Raises (construction): see :func:`load_function`; ``ValueError`` for an unknown ``reward_type`` or
-    ``REWARD_STYLE``.
-    """
+    """``RewardFunction(spec, kwargs, reward_type)(reward_inputs) -> {name: [float] * bsz}``; ``kwargs`` go to every
+    call; ``reward_type`` ``auto`` resolves to the file's ``REWARD_TYPE``, else ``batch`` (verl style: per sample,
+    TRL style: per batch). Raises as :func:`load_function`, and ValueError for an unknown ``reward_type`` or
+    ``REWARD_STYLE``."""
 
     def __init__(self, spec: str, kwargs: dict | None = None, reward_type: str = "auto"):
         if reward_type not in REWARD_TYPES + ("auto",):
@@ -121,13 +97,8 @@ class RewardFunction:
         return f"reward function {self.name!r} in {self.path!r}"
 
     def __call__(self, reward_inputs: list[dict[str, Any]]) -> dict[str, list[float]]:
-        """Score ``reward_inputs``; returns each score name -> a list of ``len(reward_inputs)`` floats.
-
-        Raises:
-            ValueError: the function returned a non-list (batch) or a list of the wrong length, a non-dict, a dict
-                without ``overall``, a non-finite or non-number value, or names that differ between rows; the message
-                names the function, its file and the row.
-        """
+        """Score name -> ``len(reward_inputs)`` floats. ValueError naming the function, file and row for a result
+        of the wrong type or length, without ``overall``, with a non-finite value or other names than row 0's."""
         if self.style == "verl":
             scores = [call_verl(self.fn, reward_input, self.kwargs) for reward_input in reward_inputs]
         elif self.style == "trl":
@@ -173,14 +144,8 @@ class RewardFunction:
 
 
 def scores_to_token_rewards(overall: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """Token-level rewards: each sequence's score on its last valid response token, 0 elsewhere.
-
-    ``overall``: ``(bsz,)``; ``response_mask``: ``(bsz, resp_len)`` in any 0/1 layout (the last 1 is used). Returns
-    ``(bsz, resp_len)`` in ``overall``'s dtype (float32 for an integer tensor); a row with no valid token is all 0.
-
-    Raises:
-        ValueError: shapes that do not match.
-    """
+    """``(bsz, resp_len)``: each ``overall`` ``(bsz,)`` score on its row's last valid token, 0 elsewhere, in
+    ``overall``'s dtype (float32 for integers). ValueError for mismatched shapes."""
     if overall.dim() != 1 or response_mask.dim() != 2 or overall.shape[0] != response_mask.shape[0]:
         raise ValueError(
             f"expected overall (bsz,) and response_mask (bsz, resp_len), got {tuple(overall.shape)} and "

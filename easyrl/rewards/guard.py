@@ -1,12 +1,7 @@
-"""A reward function that may raise or hang on a sample without losing the run.
-
-``GuardedReward`` calls a ``RewardFunction`` with a per-call time limit (``worker.reward.timeout_s``) and a policy for
-failures (``worker.reward.on_error``): ``raise`` stops with a ``RewardSampleError`` naming the step, the sample's index and
-its response; ``zero`` scores the failing samples 0 on every name and reports them (counted as ``reward/errors``).
-
-With a time limit the function runs in a helper process (``spawn``; started at the first call, restarted after a
-timeout or a crash), because a hung Python call cannot be stopped inside the trainer's own process. When a ``batch``
-call fails, each sample is scored alone to find which one fails; the others keep their scores from those single calls.
+"""A reward function that may raise or hang on a sample without losing the run (``worker.reward.timeout_s``,
+``worker.reward.on_error``: ``raise`` names the step, sample and response; ``zero`` scores failures 0 and counts them).
+With a time limit the function runs in a ``spawn`` helper process, restarted after a timeout or crash. A failed
+``batch`` call is retried sample by sample to find the failing ones.
 """
 
 from __future__ import annotations
@@ -26,14 +21,12 @@ _START_TIMEOUT_S = 600
 
 
 class RewardSampleError(RewardError):
-    """The reward function failed on a sample and ``worker.reward.on_error`` is ``raise`` (a user error: printed by
-    the CLI as ``easyrl: reward error: ...``, exit status 2)."""
+    """The reward function failed on a sample and ``worker.reward.on_error`` is ``raise``."""
 
 
 @dataclass
 class RewardFailure:
-    """One sample the function could not score: its index in the step's batch, its response and what went wrong.
-    ``index`` None: the batch call failed although every sample alone succeeded (their single scores are used)."""
+    """One sample the function could not score; ``index`` None: the batch call failed, every sample alone succeeded."""
 
     index: Optional[int]
     response: Optional[str]
@@ -86,8 +79,7 @@ class _Helper:
             raise RuntimeError(f"the reward helper process could not load {reward_fn.spec}: {value}")
 
     def call(self, inputs: list[dict[str, Any]], timeout_s: float) -> tuple[str, Any]:
-        """``("ok", scores)``, ``("error", text)`` (the function raised), ``("timeout", text)`` or ``("crash", text)``
-        (the process died: ``os._exit``, a segfault, the OOM killer; a new one serves the next call)."""
+        """``("ok", scores)``, or ``("error" | "timeout" | "crash", text)``."""
         try:
             self.conn.send(inputs)
             if not self.conn.poll(timeout_s):
@@ -105,18 +97,9 @@ class _Helper:
 
 
 class GuardedReward:
-    """``GuardedReward(reward_fn, on_error, timeout_s)(inputs, step) -> (scores, failures)``.
-
-    Args:
-        reward_fn: the user's function (``easyrl.rewards.function.RewardFunction``), or any callable mapping a list
-            of reward inputs to ``{name: [float] * len(inputs)}`` (scored like a ``batch`` function, in-process: a
-            plain callable cannot be shipped to a helper process, so ``timeout_s`` does not apply to it).
-        on_error: ``raise`` or ``zero``.
-        timeout_s: seconds per call, or None for no limit (then no helper process).
-
-    Raises:
-        ValueError: an unknown ``on_error``.
-    """
+    """``GuardedReward(reward_fn, on_error, timeout_s)(inputs, step) -> (scores, failures)``; a plain callable (not a
+    ``RewardFunction``) is scored as ``batch`` in-process, without ``timeout_s`` (seconds per call, None: no limit).
+    ValueError for an unknown ``on_error``."""
 
     def __init__(self, reward_fn: RewardFunction, on_error: str = "raise", timeout_s: Optional[float] = None):
         if on_error not in ("raise", "zero"):
@@ -145,14 +128,7 @@ class GuardedReward:
         return status == "ok", value
 
     def __call__(self, inputs: list[dict[str, Any]], step: int) -> tuple[dict[str, list[float]], list[RewardFailure]]:
-        """Score ``inputs`` (see ``RewardFunction``) at training step ``step``.
-
-        Returns:
-            ``(scores, failures)``: each score name -> ``len(inputs)`` floats (0 for failed samples), and the failures.
-
-        Raises:
-            RewardSampleError: a sample failed and ``on_error`` is ``raise`` (names the step, the sample and its response).
-        """
+        """``(scores, failures)``, failed samples scored 0; RewardSampleError with ``on_error: raise``."""
         if self.reward_type == "batch":
             ok, value = self._call(inputs)
             if ok:

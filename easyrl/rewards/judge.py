@@ -1,17 +1,6 @@
-"""The pure parts of the LLM judge (``worker.reward.judge``): the Jinja judge prompt, the verdict parsers and the count
-of unparseable verdicts. The judge's engine runs on the workers (``easyrl.workers.judge``); the trainer renders the
-prompts here, sends them to the workers and parses what comes back (``easyrl.trainer.judging``).
-
-A verdict becomes a score by the configured parser:
-
-* ``number``: the last number in the text, a denominator not counted (``"7"`` -> 7.0, ``"I give it 3.5."`` -> 3.5,
-  ``"Score: 7/10"`` and ``"7 out of 10"`` -> 7.0);
-* ``json``: the last ``{...}`` object in the text that parses as JSON and holds ``json_key`` with a number;
-* ``path/to/file.py:function``: ``function(verdict: str) -> float | None``.
-
-A verdict no parser can read (no number, no such key, the function returned None, a non-finite number, or raised)
-is scored ``unparseable_score`` and counted: never a crash (the judge is a model; its output is not trusted).
-"""
+"""The pure parts of the LLM judge (``worker.reward.judge``, docs/judge.md): the Jinja prompt and the verdict
+parsers (``number``, ``json``, ``path/to/file.py:function``). A verdict no parser can read is scored
+``unparseable_score`` and counted, never a crash."""
 
 from __future__ import annotations
 
@@ -28,7 +17,7 @@ from easyrl.errors import ConfigError, check_signature
 from easyrl.rewards.function import load_function
 
 DEFAULT_TEMPLATE = Path(__file__).resolve().parents[2] / "examples" / "judge" / "judge.jinja"
-"""The template used when ``worker.reward.judge.prompt_template`` is null (the easyrl repository's example)."""
+"""The template used when ``worker.reward.judge.prompt_template`` is null."""
 
 TEMPLATE_VARIABLES = ("problem", "response", "ground_truth")
 
@@ -37,17 +26,13 @@ _NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
 
 
 def parse_number(verdict: str) -> Optional[float]:
-    """The last number in ``verdict`` (integers, decimals, a sign, an exponent), or None without one.
-
-    A denominator (``/ 10``, ``out of 10``) is not a score: ``"Score: 7/10"`` -> 7.0. E.g. ``"The answer is correct.
-    Score: 8"`` -> 8.0; ``"no idea"`` -> None."""
+    """The last number in ``verdict``, a denominator not counted (``"Score: 7/10"`` -> 7.0), or None."""
     found = _NUMBER.findall(_DENOMINATOR.sub("", verdict))
     return float(found[-1]) if found else None
 
 
 def parse_json(verdict: str, key: str) -> Optional[float]:
-    """``obj[key]`` of the last JSON object in ``verdict`` that holds ``key`` with a number (a bool is not one), or
-    None. E.g. ``'{"score": 4}'`` -> 4.0 with ``key="score"``; ``'score: 4'`` -> None."""
+    """``obj[key]`` of the last JSON object in ``verdict`` holding a number (not a bool) there, or None."""
     decoder = json.JSONDecoder()
     found = None
     for start in [m.start() for m in re.finditer(r"\{", verdict)]:
@@ -61,11 +46,8 @@ def parse_json(verdict: str, key: str) -> Optional[float]:
 
 
 def load_parser(parser: str, json_key: str = "score") -> Callable[[str], Optional[float]]:
-    """The verdict parser named by ``worker.reward.judge.parser``: ``verdict -> score | None``.
-
-    Raises:
-        ConfigError: a ``file.py:function`` whose file does not exist, does not import, or has no such function.
-    """
+    """``verdict -> score | None`` of ``worker.reward.judge.parser``; ConfigError for a file that does not exist or
+    import, or lacks the function."""
     if parser == "number":
         return parse_number
     if parser == "json":
@@ -84,9 +66,8 @@ def load_parser(parser: str, json_key: str = "score") -> Callable[[str], Optiona
 
 def score_verdicts(verdicts: list[Optional[str]], parser: Callable[[str], Any],
                    unparseable_score: float) -> tuple[list[float], int]:
-    """Parse every verdict; returns ``(scores, unparseable)``: one float per verdict, and how many were scored
-    ``unparseable_score`` (a None verdict: the prompt did not fit the judge's context; a parser that returned None,
-    something not a finite number, or raised)."""
+    """``(scores, unparseable)``: one float per verdict, and how many got ``unparseable_score`` (a None verdict, or a
+    parser that returned None or a non-finite value, or raised)."""
     scores, unparseable = [], 0
     for verdict in verdicts:
         try:
@@ -103,12 +84,8 @@ def score_verdicts(verdicts: list[Optional[str]], parser: Callable[[str], Any],
 
 
 class JudgePrompt:
-    """The judge's Jinja template; ``JudgePrompt(path).render(problem, response, ground_truth) -> str``.
-
-    Raises (at construction):
-        ConfigError: the file does not exist, is not valid Jinja2, or uses a variable other than ``problem``,
-            ``response`` and ``ground_truth`` (names ``worker.reward.judge.prompt_template``, the file and the line).
-    """
+    """``JudgePrompt(path).render(problem, response, ground_truth) -> str``; ConfigError for a missing file, invalid
+    Jinja2 or another variable (naming the key, file and line)."""
 
     def __init__(self, path: Optional[str]):
         self.path = os.fspath(path) if path is not None else str(DEFAULT_TEMPLATE)
@@ -138,12 +115,7 @@ class JudgePrompt:
 
 
 class Judge:
-    """What the trainer needs of the judge config (``worker.reward.judge``): prompts from reward inputs, scores from
-    verdicts.
-
-    Raises:
-        ConfigError: see :class:`JudgePrompt` and :func:`load_parser`.
-    """
+    """Prompts from reward inputs and scores from verdicts (``worker.reward.judge``); raises as its parts."""
 
     def __init__(self, config: Any):
         self.config = config
@@ -151,8 +123,7 @@ class Judge:
         self.parser = load_parser(config.parser, config.json_key)
 
     def prompts(self, reward_inputs: list[dict[str, Any]]) -> list[str]:
-        """One user message per sample, from ``easyrl.trainer.scoring.Scorer.reward_inputs`` (the problem is the
-        dataset row's prompt column, ``columns["prompt"]``)."""
+        """One user message per reward input (the problem is ``columns["prompt"]``)."""
         return [self.prompt.render(item.get("columns", {}).get("prompt", ""), item["response"], item["ground_truth"])
                 for item in reward_inputs]
 
@@ -162,9 +133,5 @@ class Judge:
 
 
 def load_judge(config: Any) -> Optional[Judge]:
-    """The ``Judge`` of ``worker.reward.judge``, or None when it is off (``model_path`` null).
-
-    Raises:
-        ConfigError: see :class:`Judge`.
-    """
+    """The ``Judge`` of ``worker.reward.judge``, or None when ``model_path`` is null."""
     return None if config.model_path is None else Judge(config)

@@ -1,13 +1,6 @@
-"""A reward model's inputs: each (prompt, response) as text, templated with the reward model's own chat template and
-encoded with its own tokenizer (the policy's ids mean nothing to a model with another vocabulary or template).
-
-The prompt is the dataset row's prompt column (``data.prompt_key``, before ``data.format_prompt``; the row's
-``columns["prompt"]``), the response the policy's decoded response (``worker.reward.skip_special_tokens``). They are
-rendered as ``[{"role": "user", "content": prompt}, {"role": "assistant", "content": response}]`` by
-``worker.reward.reward_model.chat_template`` or the tokenizer's own template, and encoded without adding special
-tokens (the template writes them), as ``tokenizer.apply_chat_template(..., tokenize=True)`` does: the text a
-direct ``transformers`` call on the same conversation scores.
-"""
+"""A reward model's inputs: each (prompt column, decoded response) rendered as a user/assistant chat by the reward
+model's own chat template and encoded by its own tokenizer without adding special tokens (as
+``apply_chat_template(..., tokenize=True)`` does)."""
 
 from __future__ import annotations
 
@@ -28,11 +21,7 @@ def load_tokenizer(config: Any) -> Any:
 
 
 def padding_id(tokenizer: Any) -> int:
-    """The id reward-model inputs are padded with: the tokenizer's pad token, else its eos token.
-
-    Raises:
-        ValueError: the tokenizer has neither.
-    """
+    """The tokenizer's pad id, else its eos id; ValueError without either."""
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if pad_id is None:
         raise ValueError("the reward model's tokenizer has neither a pad nor an eos token to pad with")
@@ -46,10 +35,8 @@ def conversation(prompt: str, response: str) -> list[dict[str, str]]:
 
 @dataclass
 class RewardModelInputs:
-    """Right-padded reward-model inputs of a batch.
-
-    ``input_ids``/``attention_mask``: ``(bsz, longest)`` int64, padded with the reward model's pad id; ``truncated``:
-    how many inputs lost their first tokens to ``max_length``; ``texts``: the templated texts (for inspection)."""
+    """Right-padded inputs: ``input_ids``/``attention_mask`` ``(bsz, longest)`` int64, ``truncated`` (inputs that lost
+    their first tokens to ``max_length``), ``texts`` (the templated texts)."""
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
@@ -59,18 +46,9 @@ class RewardModelInputs:
 
 def encode_conversations(tokenizer: Any, prompts: list[str], responses: list[str],
                          chat_template: Optional[str] = None, max_length: Optional[int] = None) -> RewardModelInputs:
-    """Template and encode (prompt, response) pairs for a reward model.
-
-    Args:
-        tokenizer: the reward model's tokenizer (its ``pad_token_id``, else ``eos_token_id``, pads).
-        prompts, responses: texts, one pair per sample.
-        chat_template: a Jinja chat template replacing the tokenizer's (None: the tokenizer's own).
-        max_length: tokens per input at most; a longer input keeps its last ``max_length`` tokens (where a
-            sequence classifier reads its score). None: no limit.
-
-    Raises:
-        ValueError: the tokenizer has no chat template and none is given, or neither a pad nor an eos token.
-    """
+    """Template and encode (prompt, response) pairs; ``chat_template`` replaces the tokenizer's; a longer input keeps
+    its last ``max_length`` tokens (where a classifier reads its score). ValueError without a chat template or a
+    pad/eos token."""
     if chat_template is None and not getattr(tokenizer, "chat_template", None):
         raise ValueError("the reward model's tokenizer has no chat template: set worker.reward.reward_model."
                          "chat_template to the template it was trained with")

@@ -1,24 +1,15 @@
 """Reward functions written for verl or TRL, called the way those libraries call them (docs/migrating.md).
 
-A reward file's function has one of three signatures, recognised from its parameter names or declared in the file
-as ``REWARD_STYLE = "easyrl" | "verl" | "trl"``:
+The style is the file's ``REWARD_STYLE`` or shows in the parameter names:
 
-* ``easyrl`` (EasyR1's): ``fn(reward_inputs, **kwargs)``: a list of reward inputs (``batch``) or one (``sequential``)
-  -> score dicts with ``overall``.
-* ``verl``: ``compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs)`` called once per
-  sample with keywords, as verl's ``NaiveRewardManager`` does, returning a number (the reward) or a dict whose
-  ``score`` is the reward and whose other numbers are logged. ``data_source`` and ``extra_info`` are the dataset's
-  columns of those names (``""`` and ``{}`` when absent); ``ground_truth`` is ``reward_model["ground_truth"]`` when
-  the dataset has verl's ``reward_model`` column, else the ``data.answer_key`` column. Recognised by a parameter
-  named ``solution_str``.
-* ``trl``: ``fn(completions, **kwargs) -> list[float]`` called once per batch, as TRL's ``GRPOTrainer`` does, with
-  ``prompts=`` (the ``data.prompt_key`` column), ``completions=`` (strings; ``[{"role": "assistant", "content":
-  text}]`` when the prompt is a conversation) and every other dataset column as a keyword of per-sample lists. A
-  ``None`` (TRL: "not applicable") scores 0, as TRL's sum over reward functions (``nansum``) makes it. Recognised by
-  a first parameter named ``completions`` or a parameter ``prompts``.
-
-Each reward input carries the dataset row's columns (``columns``: images left out, the ``data.prompt_key`` column
-under TRL's name ``prompt``), which these calls read.
+* ``easyrl``: ``fn(reward_inputs, **kwargs)``, a list (``batch``) or one input (``sequential``) -> score dicts.
+* ``verl`` (a parameter ``solution_str``): ``compute_score(data_source, solution_str, ground_truth, extra_info)``
+  per sample with keywords, returning the reward or a dict whose ``score`` is the reward (other numbers logged);
+  ``data_source``/``extra_info`` are the row's columns (``""``/``{}``), ``ground_truth`` is
+  ``reward_model["ground_truth"]`` if present, else the answer column.
+* ``trl`` (first parameter ``completions`` or a parameter ``prompts``): ``fn(completions, **kwargs) -> list[float]``
+  per batch with ``prompts=``, ``completions=`` (chat messages when the prompt is a conversation) and every other
+  column as per-sample lists; ``None`` scores 0.
 """
 
 from __future__ import annotations
@@ -34,11 +25,7 @@ __all__ = ["STYLES", "call_trl", "call_verl", "detect_style"]
 
 
 def detect_style(fn: Callable, declared: Any = None) -> str:
-    """``declared`` (a module's ``REWARD_STYLE``) if given, else the style ``fn``'s parameter names show.
-
-    Raises:
-        ValueError: a declared style that is not one of ``STYLES``.
-    """
+    """``declared`` (``REWARD_STYLE``) if given, else the style of ``fn``'s parameter names; ValueError for another."""
     if declared is not None:
         if declared not in STYLES:
             raise ValueError(f"REWARD_STYLE={declared!r} must be one of {STYLES}")
@@ -71,11 +58,7 @@ def _verl_arguments(reward_input: dict[str, Any]) -> dict[str, Any]:
 
 
 def call_verl(fn: Callable, reward_input: dict[str, Any], kwargs: dict[str, Any]) -> dict[str, float]:
-    """One sample scored as verl scores it; returns easyrl's score dict (``overall`` = verl's ``score``).
-
-    Raises:
-        ValueError: a dict result without ``score``.
-    """
+    """One sample scored as verl does; ``overall`` is ``score``. ValueError for a dict without ``score``."""
     result = fn(**_accepted(fn, _verl_arguments(reward_input)), **kwargs)
     if not isinstance(result, dict):
         return {"overall": result}
@@ -104,11 +87,7 @@ def _is_conversation(prompt: Any) -> bool:
 
 
 def call_trl(fn: Callable, reward_inputs: list[dict[str, Any]], kwargs: dict[str, Any]) -> list[dict[str, float]]:
-    """A batch scored as TRL scores it; returns one score dict per input (``overall``; ``None`` -> 0).
-
-    Raises:
-        ValueError: the function did not return a list of one value per input.
-    """
+    """A batch scored as TRL does, one ``{"overall"}`` per input; ValueError unless one value per input comes back."""
     arguments = {**_trl_arguments(reward_inputs), **kwargs}
     values = fn(**_accepted(fn, arguments))
     if not isinstance(values, (list, tuple)) or len(values) != len(reward_inputs):

@@ -1,5 +1,4 @@
-"""The rule reward of a run scored by a model alone (``worker.reward.reward_function: null`` with
-``worker.reward.reward_model.model_path`` set): 0 for every sample, so ``overall`` is the model's weighted score."""
+"""The rule reward of a run scored by a reward model alone (``worker.reward.reward_function: null``): 0 per sample."""
 
 from __future__ import annotations
 
