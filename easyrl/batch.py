@@ -57,17 +57,8 @@ class Batch:
         return self.split(len(self) // n)
 
     def padded_to_multiple(self, k: int) -> "Batch":
-        """This batch with copies of its first samples appended (wrapping around when it has fewer than needed) so
-        that its length is a multiple of ``k``: every tensor ``(bsz, ...)`` becomes ``(bsz + pad, ...)`` and every
-        extra a list of ``bsz + pad``, with ``pad = (-bsz) % k``; the first ``bsz`` samples are this batch's, so
-        ``.select(list(range(bsz)))`` drops the copies again. Used to give each of ``k`` workers or engines an equal
-        share of a batch of any size (a validation set's last batch).
-
-        Returns ``self`` itself (not a copy) when nothing is to add, an empty batch included (0 is a multiple of k).
-
-        Raises:
-            ValueError: ``k < 1``.
-        """
+        """This batch with ``(-bsz) % k`` copies of its first samples appended (wrapping around), so that ``k``
+        workers get equal shares; ``self`` itself when nothing is to add. ValueError for ``k < 1``."""
         if k < 1:
             raise ValueError(f"Cannot pad a batch to a multiple of {k}: it must be at least 1.")
         real = len(self)

@@ -7,8 +7,8 @@
     easyrl simulate config=FILE.yaml [--device D] one step's memory on simulated devices (python -m easyrl.simulate)
     easyrl --version
 
-Each command's ``--help`` names itself (``easyrl train --help`` says ``easyrl train``). Bare ``easyrl`` prints the
-help. A new command is one entry of ``COMMANDS`` and one branch of :func:`main`.
+Each command's ``--help`` names itself; bare ``easyrl`` prints the help. A new command is one entry of ``COMMANDS``
+and one branch of :func:`main`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ COMMANDS: dict[str, str] = {
 
 
 def version() -> str:
-    """The installed easyrl's version (``unknown`` when run from a checkout that is not installed)."""
+    """The installed easyrl's version, ``unknown`` in a checkout that is not installed."""
     from importlib.metadata import PackageNotFoundError
     from importlib.metadata import version as package_version
 
@@ -67,11 +67,9 @@ def main(argv: Optional[list[str]] = None) -> int:
 
         return export(rest, prog="easyrl export")
     if command == "plot":
-        from easyrl import plot
+        from easyrl.plot import main as plot
 
-        plot_parser = argparse.ArgumentParser(prog="easyrl plot", description=COMMANDS["plot"])
-        plot.add_arguments(plot_parser)
-        return plot.run_command(plot_parser.parse_args(rest))
+        return plot(rest, prog="easyrl plot", description=COMMANDS["plot"])
     if command == "simulate":
         from easyrl.simulate.__main__ import main as simulate
 

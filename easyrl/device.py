@@ -1,8 +1,4 @@
-"""The hardware layer: which device a worker computes on and which collective backend connects the workers.
-
-Three paths: NVIDIA GPUs (``cuda`` + NCCL), Ascend NPUs (``npu`` + HCCL, through ``torch_npu``), and the CPU
-(``cpu`` + gloo), the last one for development and tests.
-"""
+"""The hardware layer: ``cuda`` + NCCL, ``npu`` + HCCL (``torch_npu``) or ``cpu`` + gloo (development and tests)."""
 
 from __future__ import annotations
 
@@ -16,8 +12,8 @@ BACKENDS = {"cuda": "nccl", "npu": "hccl", "cpu": "gloo"}
 
 
 def detect_device(cluster_resources: dict[str, float] | None = None) -> str:
-    """The device kind of the cluster: ``cuda`` if Ray (or this process) sees GPUs, ``npu`` if it sees NPUs, else ``cpu``.
-    ``cluster_resources``: ``ray.cluster_resources()``; when None, this process's own devices decide."""
+    """``cuda``, ``npu`` or ``cpu``: what ``cluster_resources`` (``ray.cluster_resources()``) or, when None, this
+    process sees."""
     if cluster_resources is not None:
         if cluster_resources.get("GPU", 0) > 0:
             return "cuda"
@@ -64,16 +60,8 @@ NVIDIA_DRIVER_FILE = "/proc/driver/nvidia/version"  # "NVRM version: NVIDIA UNIX
 
 
 def cuda_driver_problem(driver_text: Optional[str], torch_cuda: Optional[str]) -> Optional[str]:
-    """Why this host's NVIDIA driver cannot run torch's CUDA build, or None when it can or either is unknown.
-
-    Args:
-        driver_text: the contents of ``/proc/driver/nvidia/version`` (None: no NVIDIA driver on this host).
-        torch_cuda: ``torch.version.cuda``, e.g. ``"13.0"`` (None: a CPU or NPU build of torch).
-
-    Returns:
-        e.g. "torch 2.13.0+cu130 is built for CUDA 13.0, which needs an NVIDIA driver 580 or newer; this host has
-        570.133.20: ...".
-    """
+    """Why the driver of ``driver_text`` (``/proc/driver/nvidia/version``) cannot run ``torch_cuda``
+    (``torch.version.cuda``), or None when it can or either is None."""
     found = re.search(r"\s(\d{3,})\.\d+(?:\.\d+)?\s", driver_text or "")
     need = CUDA_MIN_DRIVER.get(int(torch_cuda.split(".")[0])) if torch_cuda else None
     if found is None or need is None or int(found.group(1)) >= need:
@@ -94,14 +82,8 @@ def host_cuda_driver_problem() -> Optional[str]:
 
 
 def set_device(device: str) -> None:
-    """Make the worker's one visible accelerator the current device (``torch.cuda.set_device`` /
-    ``torch.npu.set_device``), before the process group starts; NCCL and HCCL bind to it. No-op on the CPU.
-
-    Ray gives each worker one device (``CUDA_VISIBLE_DEVICES`` / ``ASCEND_RT_VISIBLE_DEVICES``), so it is index 0.
-
-    Raises:
-        RuntimeError: on CUDA, the node's driver is too old for torch's CUDA (:func:`cuda_driver_problem`).
-    """
+    """Make the worker's one visible accelerator (index 0) current before the process group starts; no-op on the
+    CPU. RuntimeError when the node's driver is too old for torch's CUDA."""
     if device == "cuda":
         problem = host_cuda_driver_problem()
         if problem:
@@ -135,12 +117,8 @@ def device_name(device: str) -> str:
 
 
 def memory_metrics(device: str) -> dict[str, float]:
-    """This worker's memory, in GiB (2**30 bytes; the ``_gb`` suffix is the metric name).
-
-    ``perf/max_memory_allocated_gb`` / ``perf/max_memory_reserved_gb``: the accelerator allocator's peaks since the
-    worker started (tensors / cached blocks; only on cuda and npu, the CPU has no such allocator);
-    ``perf/cpu_memory_used_gb``: the worker process's resident host memory now (RSS).
-    """
+    """This worker's memory in GiB: ``perf/max_memory_allocated_gb`` / ``_reserved_gb`` (the accelerator
+    allocator's peaks; not on the CPU) and ``perf/cpu_memory_used_gb`` (the process's RSS now)."""
     import psutil
 
     metrics = {"perf/cpu_memory_used_gb": psutil.Process().memory_info().rss / 2**30}

@@ -11,8 +11,6 @@ import os
 import sys
 from typing import Callable, Optional
 
-EXIT_USER_ERROR = 2
-DEBUG_ENV = "EASYRL_DEBUG"
 
 
 class UserError(ValueError):
@@ -74,11 +72,6 @@ def check_signature(fn: Callable, key: str, spec: str, called_as: str) -> None:
         pass
 
 
-def debug_enabled() -> bool:
-    """Whether ``EASYRL_DEBUG`` asks for tracebacks of user errors (any value but ``""``/``0``/``false``)."""
-    return os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no")
-
-
 def user_error_of(err: BaseException) -> Optional[UserError]:
     """The :class:`UserError` behind ``err``: itself, a Ray task error's cause, or an explicit ``raise ... from``."""
     seen = 0
@@ -91,11 +84,6 @@ def user_error_of(err: BaseException) -> Optional[UserError]:
     return None
 
 
-def format_user_error(err: UserError) -> str:
-    """The one line printed for ``err``: ``easyrl: <kind> error: <message>``."""
-    return f"easyrl: {err.kind} error: {err.message}"
-
-
 def run_cli(main: Callable[[], int]) -> int:
     """``main()``'s exit status, or 2 after printing a :class:`UserError`'s line on stderr (other exceptions, and
     user errors under ``EASYRL_DEBUG=1``, propagate)."""
@@ -103,7 +91,7 @@ def run_cli(main: Callable[[], int]) -> int:
         return main()
     except Exception as err:
         user_error = user_error_of(err)
-        if user_error is None or debug_enabled():
+        if user_error is None or os.environ.get("EASYRL_DEBUG", "").strip().lower() not in ("", "0", "false", "no"):
             raise
-        print(format_user_error(user_error), file=sys.stderr)
-        return EXIT_USER_ERROR
+        print(f"easyrl: {user_error.kind} error: {user_error.message}", file=sys.stderr)
+        return 2

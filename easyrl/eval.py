@@ -1,15 +1,6 @@
-"""``easyrl eval config=FILE.yaml [model=PATH] [KEY=VALUE ...]`` (also ``python -m easyrl.eval``): validation only
-(the work is ``easyrl.trainer.evaluation``'s).
-
-Runs the trainer's validation pass (the same ``val/*`` metrics and generations table as a training run's) on
-``data.val_files`` with one model, and writes nothing but its own folder ``<run_dir>/eval/<UTC time>``
-(``metrics.jsonl``, ``config.yaml``): no checkpoint, no export, no training set (``data.train_files`` may be null).
-
-``model=`` names the model: a Hugging Face folder (e.g. a run's export ``runs/<project>/<experiment>/huggingface``),
-a ``global_step_N`` checkpoint, or a run's checkpoint folder (its last checkpoint); a checkpoint is first exported to
-a temporary Hugging Face folder (``easyrl.export``) and its step is the step the metrics are logged at. Without
-``model=``: ``worker.actor.model.model_path``, or ``trainer.load_checkpoint_path`` when set. ``trainer.val_only=true``
-in a training command routes here.
+"""``easyrl eval config=FILE.yaml [model=PATH] [KEY=VALUE ...]`` (also ``python -m easyrl.eval``): the trainer's
+validation pass on one model (``easyrl.trainer.evaluation``), writing only ``<run_dir>/eval/<UTC time>``; ``USAGE``
+says the rest. ``trainer.val_only=true`` in a training command routes here.
 """
 
 from __future__ import annotations
@@ -39,7 +30,7 @@ example:
 
 
 def main(argv: Optional[list[str]] = None, prog: str = "python -m easyrl.eval") -> int:
-    """Command-line entry point; exit status 0, or 2 after a user error (one line, no traceback)."""
+    """Exit status 0, or 2 after a user error."""
     argv = sys.argv[1:] if argv is None else argv
     if not argv or any(word in ("-h", "--help", "help") for word in argv):
         print(USAGE.format(prog=prog), end="")

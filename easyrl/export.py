@@ -1,7 +1,5 @@
-"""``easyrl export CHECKPOINT OUT`` (also ``python -m easyrl.export``): a Hugging Face folder from a checkpoint.
-
-The library part is ``easyrl.trainer.hf_export`` (see its docstring for what is written).
-"""
+"""``easyrl export CHECKPOINT OUT`` (also ``python -m easyrl.export``): a Hugging Face folder from a checkpoint, by
+``easyrl.trainer.hf_export``."""
 
 from __future__ import annotations
 
@@ -13,7 +11,7 @@ from typing import Optional
 
 from easyrl.errors import RunStateError, UserError, run_cli
 from easyrl.models.hf_folder import DTYPES
-from easyrl.trainer.hf_export import export_checkpoint, resolve_checkpoint  # noqa: F401  (the library's names)
+from easyrl.trainer.hf_export import export_checkpoint
 
 logger = logging.getLogger("easyrl.export")
 
@@ -31,8 +29,7 @@ example:
 
 
 def main(argv: Optional[list[str]] = None, prog: str = "python -m easyrl.export") -> int:
-    """Command-line entry point; exit status 0, or 2 for a bad argument or checkpoint (one ``easyrl: <kind> error:``
-    line, no traceback)."""
+    """Exit status 0, or 2 for a bad argument or checkpoint."""
     parser = argparse.ArgumentParser(prog=prog, description=DESCRIPTION.format(prog=prog),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", help="a global_step_N folder, or a run's checkpoint folder (its last one)")

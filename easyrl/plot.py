@@ -1,15 +1,9 @@
 """``python -m easyrl.plot RUN_DIR [RUN_DIR ...]`` (or ``easyrl plot``): one figure of a run's metrics over steps.
 
-Reads ``<run_dir>/metrics.jsonl`` of each run and draws the panels of ``PANELS`` with matplotlib, one quantity per
-panel (reward, accuracy, groups without reward spread, response length, truncated responses, KL, entropy, PPO clip
-fraction, grad norm, phase timings, multi-turn, LLM judge, reward model, per-device throughput, all-device
-throughput, MFU, memory), every run on the same
-axes (color and marker: the metric, named as in metrics.jsonl; line style: the run). Training and validation values
-of one quantity share a panel (``critic/score/mean`` beside ``val/reward/overall``). Panels that no run logged are left
-out and named under the figure. A series that barely moves is drawn flat: the y axis spans at least
-``MIN_RELATIVE_SPAN`` of the values' magnitude, and ticks are plain numbers (no offset such as ``+1.1879e1``).
-Writes a PNG and an HTML page (the PNG embedded, plus a table of each run's last values), by default
-``<first run_dir>/plots/metrics.{png,html}``.
+Each run's ``metrics.jsonl`` is drawn on the ``PANELS`` it logged (one quantity per panel, training and validation
+side by side; color and marker: the metric, line style: the run); panels no run logged are named under the figure.
+A nearly flat series stays flat (``MIN_RELATIVE_SPAN``). Writes a PNG and an HTML page (the PNG plus each run's last
+values), by default ``<first run_dir>/plots/metrics.{png,html}``.
 """
 
 from __future__ import annotations
@@ -28,11 +22,8 @@ from easyrl.errors import RunStateError, run_cli
 
 @dataclass(frozen=True)
 class Panel:
-    """One axis: a quantity (``unit``) and the metrics.jsonl keys that measure it; ``fraction``: values in [0, 1].
-
-    ``prefix``: also every logged key ``<prefix><name>`` or ``<prefix><name>/mean`` (``name`` without ``/``) that no
-    panel names in its ``keys``, in the order the run logged them, so that a new phase's ``timing_s/<phase>`` or a
-    new ``multi_turn/*`` metric is drawn without being listed here."""
+    """One axis: a quantity (``unit``) and its metrics.jsonl ``keys``; ``fraction``: values in [0, 1]; ``prefix``: also
+    every logged ``<prefix><name>`` (or ``.../mean``) key that no panel names, in logged order."""
 
     title: str
     unit: str
@@ -41,7 +32,7 @@ class Panel:
     prefix: Optional[str] = None
 
     def drawn_keys(self, runs: list["Run"]) -> list[str]:
-        """``keys``, then the keys of ``runs`` that ``prefix`` matches (see the class docstring)."""
+        """``keys``, then the keys of ``runs`` that ``prefix`` matches."""
         found = list(self.keys)
         if self.prefix is not None:
             named = {key for panel in PANELS for key in panel.keys}
@@ -83,12 +74,8 @@ MIN_RELATIVE_SPAN = 0.05  # a y axis spans at least 5% of the largest |value| (a
 
 
 def y_limits(values: list[float], fraction: bool = False) -> Optional[tuple[float, float]]:
-    """The y limits that keep a nearly flat series flat, or None to let matplotlib autoscale.
-
-    ``values`` are every value drawn on the axis. When they span less than ``MIN_RELATIVE_SPAN`` x their largest
-    magnitude (or are all 0: a span of 1), the limits are that span centred on them, moved up to start at 0 when
-    the values are all >= 0 (and capped at 1 for a ``fraction``): 11.87995 and 11.87996 give about (11.58, 12.18).
-    """
+    """Limits spanning at least ``MIN_RELATIVE_SPAN`` x the largest ``|value|`` (1 for all zeros), centred on the
+    values, from 0 for non-negative values and at most 1 for a ``fraction``; None (autoscale) for a wider spread."""
     finite = [v for v in values if math.isfinite(v)]
     if not finite:
         return None
@@ -115,13 +102,8 @@ class Run:
 
 
 def read_run(path: str, name: Optional[str] = None) -> Run:
-    """Read ``path`` (a run folder or its ``metrics.jsonl``). Non-finite values (written as strings) come back as
-    floats; other non-numbers (validation generations) are skipped.
-
-    Raises:
-        RunStateError: no metrics.jsonl there, or a line that is not JSON (names file and line); a last line cut
-            short (no newline: the run stopped while writing it) is left out, said on stderr.
-    """
+    """The numeric metrics of ``path`` (a run folder or its ``metrics.jsonl``; ``"nan"``/``"inf"`` strings read as
+    floats). RunStateError without the file or for a line that is not JSON (a last line cut short is skipped)."""
     file = path if path.endswith(".jsonl") else os.path.join(path, "metrics.jsonl")
     if not os.path.isfile(file):
         raise RunStateError(f"{file} does not exist: give a run folder (runs/<project>/<experiment>) that has one.")
@@ -153,9 +135,8 @@ def read_run(path: str, name: Optional[str] = None) -> Run:
 
 
 def plot_runs(runs: list[Run], output: str):
-    """Draw the ``PANELS`` that some run logged for ``runs`` into ``output`` (a .png path) and ``output`` with .html.
-    Returns the figure (its axes carry the panel titles and lines, labelled with the metrics.jsonl keys, prefixed by
-    ``<run>: `` when there are several runs; ``fig.texts`` names the panels left out)."""
+    """Draw ``runs`` into ``output`` (.png) and its .html; returns the figure (lines labelled with the keys, prefixed
+    ``<run>: `` for several runs; ``fig.texts`` names the panels left out)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -207,8 +188,7 @@ def plot_runs(runs: list[Run], output: str):
 
 
 def _legend(ax, runs: list[Run]) -> None:
-    """One run: a legend entry per line. Several runs: one entry per metric (its color and marker) and one per run
-    (its line style), not one per (run, metric)."""
+    """An entry per line for one run; else one per metric and one per run (its line style)."""
     if len(runs) == 1:
         ax.legend(fontsize=7)
         return
@@ -246,19 +226,6 @@ def _write_html(runs: list[Run], png: str) -> str:
     return path
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The command line of ``easyrl plot`` / ``python -m easyrl.plot``."""
-    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run folders (or metrics.jsonl files)")
-    parser.add_argument("-o", "--output", help="PNG path (default <first RUN_DIR>/plots/metrics.png); "
-                                               "the HTML page is written beside it")
-
-
-def run_command(args: argparse.Namespace) -> int:
-    """Plot ``args.run_dirs``; prints the PNG and HTML paths. Returns the exit status (2: a run cannot be read,
-    printed as one ``easyrl: run error:`` line)."""
-    return run_cli(lambda: _plot(args))
-
-
 def _plot(args: argparse.Namespace) -> int:
     runs = [read_run(path) for path in args.run_dirs]
     names = [run.name for run in runs]
@@ -274,10 +241,15 @@ def _plot(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m easyrl.plot", description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    return run_command(parser.parse_args(argv))
+def main(argv: Optional[list[str]] = None, prog: str = "python -m easyrl.plot",
+         description: str = __doc__.splitlines()[0]) -> int:
+    """Plot the runs and print the PNG and HTML paths; exit status 0, or 2 when a run cannot be read."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run folders (or metrics.jsonl files)")
+    parser.add_argument("-o", "--output", help="PNG path (default <first RUN_DIR>/plots/metrics.png); "
+                                               "the HTML page is written beside it")
+    args = parser.parse_args(argv)
+    return run_cli(lambda: _plot(args))
 
 
 if __name__ == "__main__":

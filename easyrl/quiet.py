@@ -1,19 +1,6 @@
-"""A readable console: library messages that say nothing to an easyrl user are dropped, every other one is kept.
-
-What is dropped (by default; ``EASYRL_VERBOSE=1`` keeps everything) is listed in ``NOISE`` with the reason: vLLM's
-start-up notes about settings easyrl chose on purpose (eager mode, chunked prefill off, in-process engine, the seed),
-CPU-backend performance hints (tcmalloc/iomp preload, Triton CPU, thread binding), the "Failed to load weights"
-notes about layers that have no weights when weights are reloaded in place (rotary embeddings, fused norms: real
-layers that fail still warn), vLLM's line per weight of a float32 checkpoint cast to a 16-bit engine dtype, and
-deprecation notices raised inside vLLM/transformers.
-Progress bars of worker processes (weight loading) are turned off with ``TQDM_DISABLE=1``.
-
-Switches, for when the full logs are wanted:
-
-- ``EASYRL_VERBOSE=1``: no filtering at all, vLLM at INFO, worker progress bars and torch's C++ warnings back on.
-- ``VLLM_LOGGING_LEVEL=INFO|DEBUG`` (vLLM's own variable; default WARNING in the workers).
-- ``EASYRL_LOG_LEVEL=DEBUG`` (the easyrl loggers of the driver process; default INFO).
-- ``RAY_DEDUP_LOGS=0`` (Ray's: print repeated worker lines again instead of "[repeated Nx across cluster]").
+"""A readable console: library messages that say nothing to an easyrl user (``NOISE``, each with its reason) are
+dropped and worker progress bars turned off. ``EASYRL_VERBOSE=1`` keeps everything; ``VLLM_LOGGING_LEVEL`` and
+``EASYRL_LOG_LEVEL`` set the vLLM and easyrl levels (docs/metrics.md).
 """
 
 from __future__ import annotations
@@ -58,7 +45,7 @@ WARNINGS: tuple[tuple[str, type[Warning]], ...] = (
 
 
 def verbose() -> bool:
-    """Whether the user asked for the full library logs (``EASYRL_VERBOSE`` set to anything but 0/false/empty)."""
+    """Whether ``EASYRL_VERBOSE`` is set (to anything but 0/false/no/empty)."""
     return os.environ.get(VERBOSE_ENV, "").strip().lower() not in ("", "0", "false", "no")
 
 
@@ -74,8 +61,8 @@ class NoiseFilter(logging.Filter):
 
 
 def worker_env() -> dict[str, str]:
-    """Environment variables for worker processes (set before torch/vLLM are imported there): vLLM at WARNING
-    (``VLLM_LOGGING_LEVEL`` wins if set), no progress bars, torch's C++ warnings only from ERROR up."""
+    """Worker processes' environment: vLLM at WARNING unless ``VLLM_LOGGING_LEVEL`` is set, no progress bars, torch's
+    C++ warnings from ERROR up."""
     if verbose():
         return {VERBOSE_ENV: "1", "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "INFO")}
     return {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"), "TQDM_DISABLE": "1",
@@ -83,11 +70,8 @@ def worker_env() -> dict[str, str]:
 
 
 def quiet_libraries() -> None:
-    """Install the ``NOISE`` filters on their loggers and ignore the ``WARNINGS`` in this process (idempotent).
-
-    Logger filters (not handler filters) survive vLLM re-configuring its handlers when an engine starts, and need
-    no library imported first. Does nothing when ``EASYRL_VERBOSE`` is set.
-    """
+    """Filter ``NOISE`` on its loggers (logger filters survive vLLM re-configuring its handlers) and ignore the
+    ``WARNINGS`` in this process; idempotent, nothing with ``EASYRL_VERBOSE``."""
     if verbose():
         return
     for name, pattern, _ in NOISE:
@@ -99,8 +83,8 @@ def quiet_libraries() -> None:
 
 
 def setup_command_logging() -> None:
-    """The logging of a command (``easyrl train``, ``easyrl eval``): ``EASYRL_LOG_LEVEL`` (default INFO, any case; an
-    unknown name is warned of and INFO used) with timestamps, and the library-noise filters (:func:`quiet_libraries`)."""
+    """A command's logging: ``EASYRL_LOG_LEVEL`` (default INFO; an unknown name warns and uses INFO) with timestamps,
+    and :func:`quiet_libraries`."""
     given = os.environ.get("EASYRL_LOG_LEVEL", "INFO")
     known = given.strip().upper() in logging.getLevelNamesMapping()
     logging.basicConfig(level=given.strip().upper() if known else "INFO",

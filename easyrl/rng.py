@@ -1,6 +1,4 @@
-"""The random generator states of one process (Python, NumPy, torch CPU and, if any, CUDA/NPU), to save with a
-checkpoint and restore on resume: by the driver (``easyrl.trainer.checkpoint``) and by every worker rank
-(``easyrl.workers.checkpoint``)."""
+"""The random generator states of one process, saved with a checkpoint and restored on resume."""
 
 from __future__ import annotations
 
