@@ -1,16 +1,6 @@
-"""What wrote a checkpoint, and the refusal, before any worker loads it, of one that is truncated or does not fit this
-run (another model, another number of ranks, another optimizer or trained-parameter set).
-
-Each ``global_step_N`` holds ``manifest.json``, written last (after every shard)::
-
-    {"world_size": 2, "optimizer": "AdamW", "actor_lora_rank": 0, "critic": false,
-     "model": {"model_type": "qwen2_5_vl", "hidden_size": 256, ...},
-     "files": {"actor/__0_0.distcp": 123456, "trainer_state.pt": 2345, ...}}
-
-At resume :func:`check_checkpoint` compares it with this run's :func:`run_identity` and every file's size with the
-one recorded (a half-deleted or truncated shard is named). A checkpoint without a manifest (written by an older
-easyrl) gets only the presence checks of the files each rank reads.
-"""
+"""``manifest.json``, written last into each checkpoint (this run's identity: ranks, optimizer, LoRA rank, critic, the
+model's shape; every file's size), and :func:`check_checkpoint`, the refusal at resume, before any worker loads, of a
+checkpoint that is truncated or does not fit this run (docs/checkpoints.md)."""
 
 from __future__ import annotations
 
@@ -33,20 +23,14 @@ _SETTINGS = {  # manifest key -> how the message names it
 
 
 def model_fingerprint(hf_config: dict[str, Any]) -> dict[str, Any]:
-    """The shape-defining entries of a Hugging Face model config (``config.json`` as a dict); a vision-language
-    model's ``text_config`` fills what its top level lacks."""
+    """The :data:`MODEL_KEYS` entries of a ``config.json`` dict (its ``text_config`` fills what the top lacks)."""
     text = hf_config.get("text_config") or {}
-    out = {}
-    for key in MODEL_KEYS:
-        value = hf_config.get(key, text.get(key))
-        if value is not None:
-            out[key] = value
-    return out
+    found = {key: hf_config.get(key, text.get(key)) for key in MODEL_KEYS}
+    return {key: value for key, value in found.items() if value is not None}
 
 
 def run_identity(config) -> dict[str, Any]:
-    """This run's side of the comparison: ranks, optimizer, LoRA rank, critic, and the model's fingerprint (its config
-    read from ``worker.actor.model.model_path``, local folder or hub cache)."""
+    """This run's ranks, optimizer, LoRA rank, critic and model fingerprint (``worker.actor.model.model_path``)."""
     from transformers import AutoConfig
 
     model = config.worker.actor.model
@@ -74,9 +58,8 @@ def write_manifest(folder: str, identity: dict[str, Any]) -> None:
 
 
 def mismatches(saved: dict[str, Any], expected: dict[str, Any]) -> list[str]:
-    """How the checkpoint's manifest ``saved`` differs from this run's ``expected`` (``run_identity``): one phrase per
-    difference, e.g. ``"2 ranks (...), this run has 4"``; empty when it fits. Keys missing on either side are not
-    compared."""
+    """One phrase per difference between the manifest ``saved`` and ``expected`` (``run_identity``); keys missing on
+    either side are not compared."""
     found = []
     for key, label in _SETTINGS.items():
         if key in saved and key in expected and saved[key] != expected[key]:
@@ -113,12 +96,8 @@ def _required_files(folder: str, identity: dict[str, Any]) -> list[str]:
 
 
 def check_checkpoint(folder: str, identity: dict[str, Any]) -> None:
-    """Refuse checkpoint ``folder`` if a file is missing or truncated, or it was written by a run that does not fit
-    this one (``identity``: :func:`run_identity`).
-
-    Raises:
-        RunStateError: naming the file(s) or the mismatch, and what to do.
-    """
+    """Refuse checkpoint ``folder`` with a missing or truncated file, or written by a run that does not fit
+    ``identity`` (:func:`run_identity`): ``RunStateError`` naming the files or the mismatch."""
     path = os.path.join(folder, MANIFEST)
     if not os.path.isfile(path):
         damaged = _required_files(folder, identity)
