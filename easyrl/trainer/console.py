@@ -1,11 +1,4 @@
-"""The console backend: a progress bar over the training steps (tqdm: ETA, latest reward) and one short line per step.
-
-The full metric set goes to the JSONL file (and the dashboards); the console shows what a person watches::
-
-    step 3/10 | reward 0.412 acc 0.250 | len 37.5 | kl 0.0012 | ent 1.23 | 41.2s | 96 tok/s/dev | val 0.300
-
-and in a multi-turn run the tool calls per sample and the tool errors after ``len`` (``tools 1.50/sample errors 2``).
-"""
+"""The console backend: a tqdm bar over the training steps and one short line per step (docs/metrics.md)."""
 
 from __future__ import annotations
 
@@ -33,9 +26,8 @@ SHARED_FIELDS = {"acc": "reward", "errors": "tools"}  # a field shown in the par
 
 
 def summary_line(metrics: dict[str, float], step: int, total: Optional[int] = None) -> str:
-    """``step 3/10 | reward 0.412 acc 0.250 | ...``: the ``SUMMARY_FIELDS`` present in ``metrics``, in their order;
-    the reward and accuracy share one part, as do a multi-turn run's tool calls and tool errors
-    (``tools 1.50/sample errors 2``); the parts are separated by `` | ``."""
+    """``step 3/10 | reward 0.412 acc 0.250 | ...``: the :data:`SUMMARY_FIELDS` present in ``metrics``, in order
+    (:data:`SHARED_FIELDS` share their part)."""
     head = f"step {step}/{total}" if total else f"step {step}"
     parts = [head]
     for label, keys, fmt in SUMMARY_FIELDS:
@@ -51,11 +43,8 @@ def summary_line(metrics: dict[str, float], step: int, total: Optional[int] = No
 
 
 class ConsoleLogger:
-    """A tqdm bar over ``total_steps`` training steps (``initial``: steps already done, e.g. after a resume) with the
-    latest reward as postfix, and ``summary_line`` per logged step written above the bar (on stderr).
-
-    Logging step 0 (validation before training) prints its line without moving the bar.
-    """
+    """A tqdm bar over ``total_steps`` (``initial`` done already) with the latest reward, and :func:`summary_line`
+    per logged step above it (stderr)."""
 
     def __init__(self, total_steps: Optional[int] = None, initial: int = 0):
         self.total = total_steps
@@ -69,7 +58,7 @@ class ConsoleLogger:
             self._redirect.__enter__()
 
     def log(self, metrics: dict[str, float], step: int, generations: Optional[list[dict]] = None) -> None:
-        """Write the step's summary line and move the bar to ``step`` (``generations`` are not shown)."""
+        """Write the step's summary line and move the bar to ``step``."""
         line = summary_line(metrics, step, self.total)
         if self.bar is None:
             print(line, file=sys.stderr, flush=True)

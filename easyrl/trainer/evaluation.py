@@ -1,12 +1,6 @@
-"""Validation only (``easyrl eval``, and ``trainer.val_only=true``): the trainer's validation pass on
-``data.val_files`` with the model of ``worker.actor.model.model_path``, and nothing else.
-
-It reuses the trainer's parts, a ``SingleTurnRollout`` on the workers' engines, a ``Generator``, a ``Scorer`` and a
-``Validator``, so the metrics (``val/reward/<name>``, ``val/response_length/mean``, ``timing_s/validation``) and the
-generations table are those of a training run's validation. No training set is read, no optimizer is built (the
-actor is built frozen, ``easyrl.workers.roles``), and nothing is written into a run folder: the metrics go to their
-own folder, ``<run_dir>/eval/<UTC time>`` (``metrics.jsonl``, ``config.yaml``), never another run's.
-"""
+"""Validation only (``easyrl eval``, ``trainer.val_only=true``): the trainer's ``Validator`` on ``data.val_files``
+with a frozen actor of ``worker.actor.model.model_path``, so the metrics and generations are a training run's
+validation's; they go to their own folder, ``<run_dir>/eval/<UTC time>``, never into a run folder."""
 
 from __future__ import annotations
 
@@ -23,8 +17,7 @@ logger = logging.getLogger("easyrl.eval")
 
 
 def eval_folder(run_dir: str) -> str:
-    """A new folder for one evaluation's outputs, ``<run_dir>/eval/<YYYYmmdd-HHMMSS>`` (``-2``, ``-3``, ... when
-    one of that second exists), created here."""
+    """A new folder ``<run_dir>/eval/<YYYYmmdd-HHMMSS>`` (``-2``, ``-3``, ... when one of that second exists)."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     base = os.path.join(run_dir, "eval", stamp)
     folder, n = base, 1
@@ -36,14 +29,9 @@ def eval_folder(run_dir: str) -> str:
 
 
 def evaluate(config: PPOConfig, step: int = 0, worker_cls: Optional[type] = None) -> tuple[dict[str, float], str]:
-    """Validate the model of ``worker.actor.model.model_path`` on ``data.val_files`` (``trainer.val_only`` is set here;
-    ``data.train_files`` is not read). ``step``: the step the metrics are logged at (a checkpoint's step; it also
-    seeds the sampling as that step's validation did); ``worker_cls``: None for ``FSDPWorker``, or a subclass.
-    Returns ``(metrics, folder)``: the validation metrics and the folder they were written to.
-
-    Raises:
-        UserError: a pre-flight check (model, validation data, reward), before Ray starts.
-    """
+    """Validate ``worker.actor.model.model_path`` on ``data.val_files`` at ``step`` (a checkpoint's: it seeds the
+    sampling as that step's validation did); ``worker_cls``: None for ``FSDPWorker``, or a subclass. Returns
+    ``(metrics, folder)``; raises ``UserError`` from the pre-flight, before Ray starts."""
     from omegaconf import OmegaConf
 
     from easyrl.trainer.dashboards import check_logger_credentials
@@ -89,8 +77,7 @@ def evaluate(config: PPOConfig, step: int = 0, worker_cls: Optional[type] = None
 
 
 def is_checkpoint(path: str) -> bool:
-    """Whether ``path`` is a training checkpoint (a ``global_step_N`` folder, its ``actor`` folder, or a run's
-    checkpoint folder with a ``checkpoint_tracker.json``) rather than a Hugging Face model folder."""
+    """Whether ``path`` is a ``global_step_N`` folder, its ``actor`` folder or a run's checkpoint folder."""
     from easyrl.trainer.checkpoint import TRACKER
 
     return (os.path.isfile(os.path.join(path, "actor", ".metadata")) or os.path.isfile(os.path.join(path, ".metadata"))
@@ -104,8 +91,7 @@ def split_model(argv: list[str]) -> tuple[Optional[str], list[str]]:
 
 
 def evaluate_command(argv: list[str], worker_cls: Optional[type] = None) -> dict[str, float]:
-    """``easyrl eval``: the config from the command-line words ``argv`` (``model=PATH`` among them), then
-    :func:`evaluate_model`. Returns the validation metrics; raises ``UserError`` as that does."""
+    """``easyrl eval``: the config from ``argv`` (``model=PATH`` among them), then :func:`evaluate_model`."""
     from easyrl.config import load_config
 
     model, words = split_model(argv)
@@ -116,9 +102,9 @@ def evaluate_command(argv: list[str], worker_cls: Optional[type] = None) -> dict
 
 def evaluate_model(config: PPOConfig, model: Optional[str] = None,
                    worker_cls: Optional[type] = None) -> dict[str, float]:
-    """Validate ``model`` (a Hugging Face folder or a checkpoint, exported first to a temporary folder; None:
-    ``trainer.load_checkpoint_path`` if set, else ``worker.actor.model.model_path``), print one summary line of the
-    ``val/*`` metrics, and return the metrics.
+    """Validate ``model`` (a Hugging Face folder, or a checkpoint exported to a temporary one; None:
+    ``trainer.load_checkpoint_path``, else ``worker.actor.model.model_path``), print the ``val/*`` metrics in one
+    line and return them.
 
     Raises:
         ModelError: ``model`` does not exist, or is a checkpoint that cannot be exported.

@@ -1,11 +1,5 @@
-"""Where metrics go: the console (``easyrl.trainer.console``), a JSONL file in the run folder, and the dashboards of
-``easyrl.trainer.dashboards`` (Weights & Biases, TensorBoard, SwanLab, MLflow).
-
-``trainer.logger`` lists the backends; each receives ``log(metrics, step, generations=None)`` with flat
-``group/name`` keys. The JSONL file (``<run_dir>/metrics.jsonl``) has one object per step:
-``{"step": int, "<metric>": float, ...}``, and on validation steps with ``trainer.val_generations_to_log > 0`` also
-``"val/generations": [{"prompt", "response", "ground_truth", "score"}, ...]``.
-"""
+"""Where metrics go: the backends of ``trainer.logger`` (the console, ``<run_dir>/metrics.jsonl``, the dashboards),
+each given ``log(metrics, step, generations=None)`` with flat ``group/name`` keys (docs/metrics.md)."""
 
 from __future__ import annotations
 
@@ -24,15 +18,8 @@ logger = logging.getLogger("easyrl.metrics")
 
 
 class JsonlLogger:
-    """Writes one JSON object per step to ``path`` (non-finite values are written as strings).
-
-    The file is only ever appended to. A resumed run (``resume=True``) adds its steps after the earlier rows: when
-    the interrupted run had logged steps after its last checkpoint, those steps appear twice and the later row of a
-    step is the one of the resumed run. A new run (``resume=False``) refuses a file that already holds rows.
-
-    Raises:
-        RunStateError: ``path`` holds another run's metrics and ``resume`` is False.
-    """
+    """Appends one JSON object per step to ``path`` (non-finite values as strings); a new run (not ``resume``)
+    refuses a file that holds rows (``RunStateError``)."""
 
     def __init__(self, path: str, resume: bool = False):
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
@@ -55,12 +42,11 @@ class JsonlLogger:
 
 
 class Tracker:
-    """Fans metrics out to the backends named in ``trainer.logger`` (``easyrl.config.trainer.BACKENDS``); their files
-    go under ``run_dir``; ``config`` (a plain dict) is logged by the dashboards; ``total_steps`` and
-    ``initial_step`` size the console's progress bar (a resumed run's bar starts at its step).
+    """Fans metrics out to the backends named in ``trainer.logger``, writing under ``run_dir``; ``config`` (a dict)
+    goes to the dashboards, ``total_steps`` and ``initial_step`` size the console's bar.
 
     Raises:
-        ConfigError: an unknown backend name or a missing library (see ``check_backends``).
+        ConfigError: an unknown backend or a missing library.
         RunStateError: a new run in a folder with another run's metrics.
     """
 
@@ -82,7 +68,7 @@ class Tracker:
                 self.loggers.append(cls(run_dir, project, experiment, config))
 
     def log(self, metrics: dict[str, float], step: int, generations: Optional[list[dict]] = None) -> None:
-        """Send one step's metrics (flat ``group/name`` keys), and validation generations if any, to every backend."""
+        """Send one step's metrics and validation generations (if any) to every backend."""
         for backend in self.loggers:
             backend.log(metrics, step, generations)
 
