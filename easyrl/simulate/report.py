@@ -1,5 +1,4 @@
-"""The simulation's table: per-device peak memory by phase beside ``easyrl.sizing.estimate``'s estimate, the host
-memory the offloaded states need, and the verdict (fits, or every phase that does not and the settings to change)."""
+"""The simulation's verdict and table: per-device peaks by phase beside ``easyrl.sizing.estimate``'s estimate."""
 
 from __future__ import annotations
 
@@ -10,10 +9,8 @@ from easyrl.sizing.estimate import MemoryEstimate, advice
 
 
 def verdict(sim: Optional[Simulation], estimate: MemoryEstimate, estimate_error: Optional[str]) -> Optional[str]:
-    """None when the run fits; else why not: the estimate's error (every phase it finds over the device, with the
-    settings to change), or every simulated phase whose peak (an experience forward's with the AdamW states of a later
-    step, :func:`simulated_experience_gib`) and what is held beside it exceed the device, each with the settings that
-    shrink its largest items in the estimate (``easyrl.sizing.estimate.advice``)."""
+    """None when the run fits; else the estimate's error, or every simulated phase whose peak
+    (:func:`simulated_experience_gib`) and what is held beside it exceed the device, with ``advice``."""
     if estimate_error or sim is None:
         return estimate_error or None
     beside = sum(sim.beside.values())  # the judge's engine, resident in every phase
@@ -31,8 +28,8 @@ def verdict(sim: Optional[Simulation], estimate: MemoryEstimate, estimate_error:
 
 
 def estimate_items(phase: str, estimate: MemoryEstimate) -> dict[str, float]:
-    """The estimate's items for the simulated ``phase``: an experience forward's own, the training phase's for an
-    update, else what stays resident beside the sleeping engine (loading, weight sync, checkpoint, export)."""
+    """The estimate's items for a simulated ``phase``: an experience forward's, the training phase's for an update,
+    else what stays resident beside the sleeping engine."""
     if phase in estimate.experience:
         return estimate.experience[phase]
     if "update" in phase:
@@ -41,9 +38,8 @@ def estimate_items(phase: str, estimate: MemoryEstimate) -> dict[str, float]:
 
 
 def simulated_experience_gib(phase: PhaseResult, estimate: MemoryEstimate) -> float:
-    """A phase's simulated peak as the device holds it from the second step on: the simulation runs the experience
-    forwards before any update, so the actor's AdamW states (resident then unless ``offload_optimizer`` / offloaded)
-    are added from the estimate to theirs."""
+    """A phase's simulated peak from the second step on: an experience forward's gets the actor's AdamW states from
+    the estimate (the simulation runs it before any update)."""
     return phase.peak_gib + estimate.experience.get(phase.name, {}).get("actor Adam states", 0.0)
 
 
@@ -106,8 +102,7 @@ def table(sim: Optional[Simulation], estimate: MemoryEstimate, problem: Optional
 
 
 def experience_column(phase: PhaseResult, estimate: MemoryEstimate) -> str:
-    """The estimate beside a simulated experience forward (``easyrl.sizing.experience.estimate_experience``), less the
-    actor's AdamW states, which the simulation (before any update) does not hold yet; empty for other phases."""
+    """The estimate beside a simulated experience forward, less the actor's AdamW states; empty for other phases."""
     items = estimate.experience.get(phase.name)
     if items is None:
         return ""

@@ -39,22 +39,13 @@ def run_identity(config) -> dict[str, Any]:
             "critic": config.algorithm.needs_critic, "model": model_fingerprint(hf_config)}
 
 
-def file_sizes(folder: str) -> dict[str, int]:
-    """Every file under ``folder`` (relative path -> bytes), the manifest itself left out."""
-    sizes = {}
-    for dirpath, _, names in os.walk(folder):
-        for name in names:
-            path = os.path.join(dirpath, name)
-            rel = os.path.relpath(path, folder)
-            if rel != MANIFEST:
-                sizes[rel] = os.path.getsize(path)
-    return dict(sorted(sizes.items()))
-
-
 def write_manifest(folder: str, identity: dict[str, Any]) -> None:
     """Write ``<folder>/manifest.json``: ``identity`` and the size of every file written so far (call it last)."""
+    sizes = {os.path.relpath(os.path.join(root, name), folder): os.path.getsize(os.path.join(root, name))
+             for root, _, names in os.walk(folder) for name in names}
+    sizes.pop(MANIFEST, None)
     with open(os.path.join(folder, MANIFEST), "w", encoding="utf-8") as f:
-        json.dump({**identity, "files": file_sizes(folder)}, f, indent=1)
+        json.dump({**identity, "files": dict(sorted(sizes.items()))}, f, indent=1)
 
 
 def mismatches(saved: dict[str, Any], expected: dict[str, Any]) -> list[str]:
@@ -72,36 +63,18 @@ def mismatches(saved: dict[str, Any], expected: dict[str, Any]) -> list[str]:
     return found
 
 
-def damaged_files(folder: str, files: dict[str, int]) -> list[str]:
-    """The recorded files of ``folder`` that are missing or whose size differs from the recorded one."""
-    found = []
-    for rel, size in files.items():
-        path = os.path.join(folder, rel)
-        if not os.path.isfile(path):
-            found.append(f"{path} is missing")
-        elif os.path.getsize(path) != size:
-            found.append(f"{path} holds {os.path.getsize(path)} of its {size} bytes")
-    return found
-
-
-def _required_files(folder: str, identity: dict[str, Any]) -> list[str]:
-    """Without a manifest: the files every rank reads (DCP metadata, each rank's extra state, the critic's)."""
-    ranks = range(identity.get("world_size", 1))
-    needed = [os.path.join("actor", ".metadata"), "trainer_state.pt", *(f"extra_state_rank_{r}.pt" for r in ranks)]
-    if identity.get("critic"):
-        needed += [os.path.join("critic", ".metadata"), *(os.path.join("critic", f"extra_state_rank_{r}.pt")
-                                                           for r in ranks)]
-    paths = [os.path.join(folder, rel) for rel in needed]
-    return [f"{path} is missing" for path in paths if not os.path.exists(path)]
-
-
 def check_checkpoint(folder: str, identity: dict[str, Any]) -> None:
     """Refuse checkpoint ``folder`` with a missing or truncated file, or written by a run that does not fit
     ``identity`` (:func:`run_identity`): ``RunStateError`` naming the files or the mismatch."""
     path = os.path.join(folder, MANIFEST)
-    if not os.path.isfile(path):
-        damaged = _required_files(folder, identity)
-        saved: dict[str, Any] = {}
+    saved: dict[str, Any] = {}
+    if not os.path.isfile(path):  # written without a manifest: the files every rank reads, sizes unknown
+        ranks = range(identity.get("world_size", 1))
+        needed = [os.path.join("actor", ".metadata"), "trainer_state.pt", *(f"extra_state_rank_{r}.pt" for r in ranks)]
+        if identity.get("critic"):
+            needed += [os.path.join("critic", ".metadata"),
+                       *(os.path.join("critic", f"extra_state_rank_{r}.pt") for r in ranks)]
+        files = dict.fromkeys(needed)
     else:
         try:
             with open(path, encoding="utf-8") as f:
@@ -109,7 +82,14 @@ def check_checkpoint(folder: str, identity: dict[str, Any]) -> None:
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             raise RunStateError(f"{path} is not valid JSON ({err}): the checkpoint {folder} is damaged. Resume from "
                                 "another one (trainer.load_checkpoint_path=<folder>/global_step_M).") from None
-        damaged = damaged_files(folder, saved.get("files", {}))
+        files = saved.get("files", {})
+    damaged = []
+    for rel, size in files.items():
+        file = os.path.join(folder, rel)
+        if not os.path.isfile(file):
+            damaged.append(f"{file} is missing")
+        elif size is not None and os.path.getsize(file) != size:
+            damaged.append(f"{file} holds {os.path.getsize(file)} of its {size} bytes")
     if damaged:
         raise RunStateError(f"checkpoint {folder} is incomplete: {'; '.join(damaged)}. Restore the files, or resume "
                             "from an earlier checkpoint (trainer.load_checkpoint_path=<folder>/global_step_M).")

@@ -84,17 +84,12 @@ def is_checkpoint(path: str) -> bool:
             or os.path.isfile(os.path.join(path, TRACKER)))
 
 
-def split_model(argv: list[str]) -> tuple[Optional[str], list[str]]:
-    """``model=PATH`` taken out of the command-line words: ``(PATH or None, the other words)``."""
-    models = [word.split("=", 1)[1] for word in argv if word.startswith("model=")]
-    return (models[-1] if models else None), [word for word in argv if not word.startswith("model=")]
-
-
 def evaluate_command(argv: list[str], worker_cls: Optional[type] = None) -> dict[str, float]:
     """``easyrl eval``: the config from ``argv`` (``model=PATH`` among them), then :func:`evaluate_model`."""
     from easyrl.config import load_config
 
-    model, words = split_model(argv)
+    models = [word.split("=", 1)[1] for word in argv if word.startswith("model=")]
+    model, words = (models[-1] if models else None), [word for word in argv if not word.startswith("model=")]
     if model is not None:  # before the config's checks, which need a model path (a checkpoint's is set after export)
         words.append(f"worker.actor.model.model_path={model}")
     return evaluate_model(load_config([*words, "trainer.val_only=true"]), model, worker_cls)

@@ -1,13 +1,5 @@
-"""The trainer's judge phase (``worker.reward.judge``, docs/judge.md): render one judge prompt per sample, have the
-workers' judge engines answer (``FSDPWorker.judge``), parse the verdicts, and add the score to the batch as the named
-score ``score/judge``, weighted into ``overall`` and ``token_level_scores``:
-
-    overall = reward function's overall + judge.weight x judge score
-
-It runs after the reward function's scores are in the batch (``Scorer.wait`` or ``Scorer.score``) and before the
-advantage; with dynamic sampling (``algorithm.online_filtering``) the groups are chosen on the reward function's
-scores alone. Validation runs the judge too (``easyrl.trainer.model_rewards``).
-"""
+"""The trainer's judge phase (``worker.reward.judge``, docs/judge.md): one judge prompt per sample answered by the
+workers' judge engines, the verdicts parsed into ``score/judge``: ``overall = reward overall + weight x judge``."""
 
 from __future__ import annotations
 
@@ -39,8 +31,7 @@ def add_judge_scores(batch: Batch, scores: list[float], weight: float) -> None:
 
 
 class JudgePhase:
-    """Owns the judge's prompt and parser and the last step's verdicts (``verdicts``, for inspection);
-    ``scorer`` decodes the responses as the reward function sees them."""
+    """Owns the judge's prompt and parser and the last verdicts; ``scorer`` decodes the responses."""
 
     def __init__(self, judge: Judge, scorer: Scorer, workers: Any):
         self.judge = judge
@@ -59,14 +50,8 @@ class JudgePhase:
         return None if judge is None else cls(judge, scorer, workers)
 
     def run(self, batch: Batch) -> dict[str, float]:
-        """Judge every sample of ``batch`` (each worker its equal share) and add the scores (:func:`add_judge_scores`).
-
-        The raw verdicts go into ``batch["judge_verdict"]`` (the generations table's column), and the first
-        unreadable one into a warning.
-
-        Returns:
-            ``{"judge/unparseable": verdicts scored unparseable_score}``.
-        """
+        """Judge every sample of ``batch`` and add the scores (raw verdicts in ``batch["judge_verdict"]``, the first
+        unreadable one warned of); returns ``{"judge/unparseable": count}``."""
         prompts = self.judge.prompts(self.scorer.reward_inputs(batch))
         requests = Batch(TensorDict({}, batch_size=[len(prompts)]), {"judge_prompt": prompts})
         self.verdicts = [v for share in self.workers.run_split(FSDPWorker.judge, requests) for v in share]

@@ -1,11 +1,5 @@
-"""The reward phases that run models on the workers, after the reward function's scores are in the batch: the LLM
-judge (``worker.reward.judge``, :class:`~easyrl.trainer.judging.JudgePhase`) and then the discriminative reward model
-(``worker.reward.reward_model``, :class:`~easyrl.trainer.reward_model.RewardModelScorer`). Each adds its named score
-(``score/judge``, ``score/reward_model``) and its weighted share of ``overall`` and ``token_level_scores``.
-
-The training step and validation run the same phases, so ``val/reward/judge``, ``val/reward/reward_model`` and a
-``val/reward/overall`` that includes them are reported as verl's validation does with a reward model.
-"""
+"""The reward phases that run models on the workers after the reward function's scores, in training and validation
+alike: the LLM judge, then the reward model, each adding its named score and weighted share of ``overall``."""
 
 from __future__ import annotations
 
@@ -21,14 +15,8 @@ __all__ = ["ModelRewards"]
 
 
 class ModelRewards:
-    """The judge and reward-model phases of a run; either is None when its ``model_path`` is null.
-
-    Args:
-        judging: the judge phase, or None.
-        reward_model: the reward-model phase, or None.
-        world_size: the number of workers; every worker must get an equal share of a batch (the FSDP2 reward model
-            gathers its shards on all ranks together).
-    """
+    """The judge and reward-model phases (either None when off); every one of ``world_size`` workers gets an equal
+    share of a batch."""
 
     def __init__(self, judging: Optional[JudgePhase], reward_model: Optional[RewardModelScorer], world_size: int):
         self.judging = judging
@@ -53,12 +41,8 @@ class ModelRewards:
         return self.judging is not None or self.reward_model is not None
 
     def run(self, batch: Batch, timing: dict[str, float], metrics: dict[str, float]) -> None:
-        """Score ``batch`` with the judge, then the reward model, in place (``token_level_scores`` ``(bsz,
-        resp_len)`` and the ``score/*`` lists); adds ``timing_s/judge`` / ``timing_s/reward_model`` (seconds) to
-        ``timing`` and ``judge/unparseable`` / ``reward_model/truncated`` to ``metrics``.
-
-        A batch whose length is not a multiple of ``world_size`` (a validation set's last batch) is scored with
-        copies of its first samples appended, which are dropped again (``Batch.padded_to_multiple``)."""
+        """Score ``batch`` with the judge, then the reward model, in place, timed into ``timing``; a batch not a
+        multiple of ``world_size`` is padded with copies, dropped again."""
         if not self.enabled:
             return
         real = len(batch)

@@ -1,25 +1,8 @@
-"""The multi-turn rollout (``worker.rollout.multi_turn.enable``, docs/agents.md): trajectories that alternate
-assistant turns, sampled by the workers' colocated vLLM engines, and tool or environment turns
-(``easyrl.agents``), in the trajectory batch layout of ``easyrl.trainer.rollout``.
-
-The driver runs the turns (``easyrl.agents.trajectory.TurnLoop``): each round sends every ready trajectory
-(prompt + all its tokens so far, capped at its remaining response budget) to the engines in one batch, so
-trajectories at different turns are generated together; a trajectory whose tool call is late joins a later round
-(``easyrl.agents.scheduler``; ``patience``). The engines stay awake between rounds
-(``generate_sequences(keep_awake=True)``): the actor's weights are synced once, before the first round, and later
-rounds sync nothing; the engines sleep after the last round (``FSDPWorker.sleep_rollout``).
-
-In the batch, ``responses`` holds every token after the prompt (assistant, tool and environment tokens), the
-``attention_mask``'s response part is 1 on all of them, ``response_mask`` only on the assistant's, and
-``rollout_log_probs`` holds the engine's log-probs at the assistant tokens (0 elsewhere). Extras for the reward
-function and the metrics: ``messages`` (the conversation after the prompt), ``tool_calls`` (``{"name",
-"arguments", "result", "status"}`` each, or ``{"error", ...}`` for a botched call), ``multi_turn_stats`` and, for a
-VL model, ``tool_images`` (per sample, the ``PIL.Image``s the tools returned, after the prompt's ``images``).
-
-Tool images (VL models, ``easyrl.trainer.multi_turn_images``): each round's engine prompt is prompt + response with
-every run of image pads collapsed to one, and ``multi_modal_data`` holds the prompt's images then the trajectory's tool
-images; the batch's ``multi_modal_inputs`` get the tool images' processor outputs appended.
-"""
+"""The multi-turn rollout (``worker.rollout.multi_turn.enable``; how it schedules, tokenizes and lays out a
+trajectory: docs/agents.md): the driver runs the turns (``easyrl.agents.trajectory.TurnLoop``), each round sending
+every ready trajectory to the workers' engines, which stay awake between rounds. Beyond the trajectory layout of
+``easyrl.trainer.rollout`` (``response_mask`` 0 on tool and environment tokens) the batch holds ``messages``,
+``tool_calls``, ``multi_turn_stats`` and, for a VL model, ``tool_images``."""
 
 from __future__ import annotations
 
@@ -46,13 +29,8 @@ _SEED_STRIDE = 1_000_003  # per turn, so that a sample's turns draw from differe
 
 
 class MultiTurnRollout:
-    """Multi-turn trajectories on the workers' engines (see the module docstring; implements ``Rollout``).
-    ``tokenizer``'s chat template renders the tool turns; ``images``: a VL model's tool images
-    (``easyrl.trainer.multi_turn_images.tool_images_for``), None for text-only.
-
-    Raises:
-        ConfigError: a tool, parser or environment that cannot be loaded (``easyrl.agents.specs``).
-    """
+    """A ``Rollout`` of multi-turn trajectories; ``tokenizer``'s chat template renders the tool turns, ``images``: a VL
+    model's tool images (None: text-only). ``ConfigError`` for a tool, parser or environment that cannot be loaded."""
 
     def __init__(self, workers, config, tokenizer, pad_id: int, images=None):
         mt = config.worker.rollout.multi_turn
@@ -142,8 +120,8 @@ class MultiTurnRollout:
 
 
 def make_rollout(config, workers, tokenizer, pad_id: int, dataset=None):
-    """The rollout ``config`` asks for: ``MultiTurnRollout`` with ``worker.rollout.multi_turn.enable`` (tool images
-    with ``dataset``'s processor and pixel bounds, if it has a VL one), else ``SingleTurnRollout``."""
+    """``MultiTurnRollout`` with ``worker.rollout.multi_turn.enable`` (tool images by ``dataset``'s VL processor),
+    else ``SingleTurnRollout``."""
     if config.worker.rollout.multi_turn.enable:
         images = tool_images_for(dataset, config.worker.rollout.limit_images)
         return MultiTurnRollout(workers, config, tokenizer, pad_id, images)
@@ -151,12 +129,8 @@ def make_rollout(config, workers, tokenizer, pad_id: int, dataset=None):
 
 
 def multi_turn_metrics(batch: Batch) -> dict[str, float]:
-    """``multi_turn/*`` of a multi-turn batch ({} otherwise): ``assistant_turns/{mean,max,min}`` (verl's
-    ``num_turns``, counting assistant turns), ``user_turns/mean``, ``tool_calls``, ``tool_errors``,
-    ``tool_timeouts`` (totals over the batch), ``tool_calls_per_traj/mean``, ``masked_token_share`` (tool and
-    environment tokens / all response tokens), ``assistant_tokens_per_turn/mean`` and, for tool images,
-    ``tool_images`` and ``tool_images_dropped`` (totals: images the model saw, images over
-    ``worker.rollout.limit_images``)."""
+    """``multi_turn/*`` of a multi-turn batch ({} otherwise; docs/metrics.md): turn, tool-call, error, timeout and
+    tool-image counts, ``masked_token_share`` (tool and environment tokens / response tokens)."""
     if "multi_turn_stats" not in batch:
         return {}
     stats = batch["multi_turn_stats"]

@@ -1,14 +1,6 @@
-"""Tool images on the engines and in the actor's inputs (docs/agents.md, "Tool images"; the turn-level part is
-``easyrl.agents.tool_images``).
-
-A tool image is resized exactly as a prompt image (``easyrl.data.images.process_image`` inside the dataset's pixel
-bounds: ``data.min_pixels``/``data.max_pixels`` narrowed to the image processor's, both sides multiples of
-``patch * merge``), so vLLM (``multi_modal_data``) and the Hugging Face image processor (the actor) see the same
-pixels and cut it into the same ``h * w / (patch * merge)**2`` image tokens. The actor's ``multi_modal_inputs`` of a
-trajectory are the prompt's processor outputs with the tool images' appended, in order (``pixel_values``
-``(patches, dim)`` and ``image_grid_thw`` ``(images, 3)``), matching the order of the image pads in prompt + response,
-which is what the mRoPE positions (``get_rope_index``) and the vision tower's placeholder check go by.
-"""
+"""Tool images on the engines and in the actor's inputs (docs/agents.md, "Tool images"): each is resized exactly as a
+prompt image, and its processor outputs are appended to the prompt's ``multi_modal_inputs`` in the order of the image
+pads (the turn-level part: ``easyrl.agents.tool_images``)."""
 
 from __future__ import annotations
 
@@ -26,13 +18,8 @@ IMAGE_KEYS = ("pixel_values", "image_grid_thw")
 
 
 class VLToolImages(ToolImages):
-    """``ToolImages`` of a Qwen-VL processor.
-
-    Args:
-        processor: the model's processor (``image_processor``, ``image_token``).
-        min_pixels, max_pixels, factor: the dataset's pixel bounds and patch factor (``RLDataset``).
-        limit: ``worker.rollout.limit_images``.
-    """
+    """``ToolImages`` of a Qwen-VL ``processor`` within the dataset's pixel bounds and patch ``factor``, at most
+    ``limit`` images (``worker.rollout.limit_images``)."""
 
     def __init__(self, processor: Any, min_pixels: int, max_pixels: int, factor: int, limit: int):
         self.processor = processor
@@ -58,8 +45,7 @@ class VLToolImages(ToolImages):
 
 
 def tool_images_for(dataset: Any, limit: int) -> Optional[VLToolImages]:
-    """Tool images for the model of ``dataset`` (an ``RLDataset``): None for a text-only model (no processor with
-    an image processor)."""
+    """Tool images for the model of ``dataset`` (an ``RLDataset``); None for a text-only model."""
     processor = getattr(dataset, "processor", None)
     if processor is None or getattr(processor, "image_processor", None) is None:
         return None

@@ -50,18 +50,6 @@ def tool_schemas(multi_turn: Any) -> Optional[list[dict]]:
     return [tool.schema for tool in load_tools(multi_turn.tools).values()]
 
 
-def check_agent_files(multi_turn: Any) -> None:
-    """With multi-turn on, the tools, tool-call parser and environment load; else ``ConfigError`` naming the key."""
-    if not multi_turn.enable:
-        return
-    from easyrl.agents.environment import load_environment
-    from easyrl.agents.parsers import load_parser
-
-    tool_schemas(multi_turn)
-    load_parser(multi_turn.format)
-    load_environment(multi_turn.environment)
-
-
 def warn_template_without_tools(tokenizer: Any, config: Any) -> None:
     """Warn when the chat template drops ``tools=`` (SmolLM2's does): the model would never be told about the tools
     (not an error: the data or ``data.format_prompt`` may describe them)."""
@@ -156,7 +144,14 @@ def prepare(config: Any, train: bool = True) -> Prepared:
     keys = [("data.train_files", config.data.train_files)] * train + [("data.val_files", config.data.val_files)]
     rows = {key: read_rows(key, path, config.data) for key, path in keys if path}
     load_format_prompt(config.data.format_prompt)
-    check_agent_files(config.worker.rollout.multi_turn)
+    multi_turn = config.worker.rollout.multi_turn
+    if multi_turn.enable:  # the tools, tool-call parser and environment load (ConfigError naming the key)
+        from easyrl.agents.environment import load_environment
+        from easyrl.agents.parsers import load_parser
+
+        tool_schemas(multi_turn)
+        load_parser(multi_turn.format)
+        load_environment(multi_turn.environment)
     reward_fn = load_reward(config.worker.reward)
     check_judge_files(config.worker.reward.judge)
     check_head("worker.reward.judge.model_path", config.worker.reward.judge.model_path, scorer=False)

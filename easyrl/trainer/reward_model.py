@@ -1,14 +1,6 @@
-"""The trainer's reward-model phase (``worker.reward.reward_model``): template each (prompt, response) with the reward
-model's chat template, score the inputs on the workers (``FSDPWorker.compute_rm_scores``, split like the log-prob
-passes), and mix the scores into the rule reward as the named score ``score/reward_model``::
-
-    overall = rule overall + weight x score/reward_model       (on the response's last token, token_level_scores)
-
-Run once per training step after the rule reward is in the batch (``RayPPOTrainer.train_step``, timed as
-``timing_s/reward_model``) and on every validation batch (``easyrl.trainer.model_rewards``). ReMax's greedy
-baselines are scored by the rule reward only, and online filtering (DAPO) filters on the rule reward's scores
-(docs/rewards.md).
-"""
+"""The trainer's reward-model phase (``worker.reward.reward_model``, docs/rewards.md): each (prompt, response) in
+the reward model's chat template, scored on the workers and mixed in as ``score/reward_model``:
+``overall = rule overall + weight x score/reward_model``."""
 
 from __future__ import annotations
 
@@ -42,9 +34,8 @@ def mix_reward_model_scores(batch: Batch, scores: torch.Tensor, weight: float) -
 
 
 class RewardModelScorer:
-    """Scores training batches with the reward model on the workers; owns the reward model's tokenizer and keeps the
-    last step's templated texts (``last_texts``, for inspection);
-    ``scorer`` (the rule reward's) decodes the responses and the rows' prompts."""
+    """Scores batches with the reward model on the workers; keeps the last templated texts (``last_texts``);
+    ``scorer`` decodes the responses."""
 
     def __init__(self, config: RewardModelConfig, scorer: Scorer, workers: WorkerGroup):
         self.config = config
@@ -55,8 +46,7 @@ class RewardModelScorer:
         self.last_texts: Optional[list[str]] = None
 
     def conversations(self, batch: Batch) -> tuple[list[str], list[str]]:
-        """The prompts (the row's ``data.prompt_key`` text; without it, the policy's prompt decoded) and the decoded
-        responses (as the rule reward reads them) of ``batch``."""
+        """The prompts (the row's ``prompt`` column, else the policy's prompt decoded) and responses of ``batch``."""
         inputs = self.scorer.reward_inputs(batch)
         prompts = [row["columns"].get("prompt") for row in inputs]
         if any(prompt is None for prompt in prompts):
@@ -67,9 +57,8 @@ class RewardModelScorer:
         return [str(p) for p in prompts], [row["response"] for row in inputs]
 
     def score(self, batch: Batch, metrics: dict[str, float]) -> torch.Tensor:
-        """Score ``batch`` (its length a multiple of the world size, as every worker pass) with the reward model and
-        mix the scores in (:func:`mix_reward_model_scores`); adds ``reward_model/truncated`` (inputs cut to
-        ``max_length``) to ``metrics``. Returns the ``(bsz,)`` scores."""
+        """Score ``batch`` (length a multiple of the world size) and mix the scores in; adds
+        ``reward_model/truncated`` to ``metrics``. Returns the ``(bsz,)`` scores."""
         prompts, responses = self.conversations(batch)
         encoded = encode_conversations(self.tokenizer, prompts, responses, self.chat_template, self.config.max_length)
         inputs = Batch(TensorDict({"input_ids": encoded.input_ids, "attention_mask": encoded.attention_mask},

@@ -1,7 +1,4 @@
-"""The trainer's validation: when to validate (``trainer.val_freq``, after the last step) and a pass over the whole
-validation set with ``worker.rollout.val_override_config``, keeping its first samples for the loggers' tables
-(``trainer.val_generations_to_log``).
-"""
+"""The trainer's validation: when (``trainer.val_freq``, after the last step) and a pass over the validation set."""
 
 from __future__ import annotations
 
@@ -24,9 +21,8 @@ __all__ = ["Validator"]
 
 
 class Validator:
-    """Validation passes over ``dataset`` (None: no validation); owns ``generations``, the last pass's first samples
-    (for the loggers). ``model_rewards`` (the judge and reward model; None: none) run after the validation reward, as
-    in training."""
+    """Validation passes over ``dataset`` (None: none); owns ``generations``, the last pass's first samples.
+    ``model_rewards`` run after the validation reward, as in training."""
 
     def __init__(self, config, dataset, generator: Generator, scorer: Scorer, tokenizer,
                  model_rewards: Optional[ModelRewards] = None):
@@ -39,17 +35,13 @@ class Validator:
         self.generations: list[dict[str, Any]] = []
 
     def due(self, step: int, total_steps: int) -> bool:
-        """Whether to validate after training step ``step`` of ``total_steps``: every ``trainer.val_freq`` steps
-        and after the last one (never without a validation set or with ``val_freq`` <= 0)."""
+        """Whether to validate after ``step`` of ``total_steps``: every ``trainer.val_freq`` steps and after the last."""
         freq = self.config.trainer.val_freq
         return self.dataset is not None and freq > 0 and (step % freq == 0 or step == total_steps)
 
     def run(self, step: int) -> dict[str, float]:
-        """Generate on the whole validation set with ``worker.rollout.val_override_config`` (sampling seeds of
-        ``step``); mean of every named score as ``val/reward/<name>`` (the judge's and reward model's included, and
-        in ``overall`` with their weights, as in training), plus ``val/response_length/mean``,
-        ``timing_s/validation`` (seconds) and, for a multi-turn rollout, ``val/multi_turn/*`` (tool calls, errors,
-        turns: ``easyrl.trainer.multi_turn.multi_turn_metrics`` over the whole validation set)."""
+        """Generate on the whole validation set with ``worker.rollout.val_override_config``: ``val/reward/<name>``
+        (means), ``val/response_length/mean``, ``timing_s/validation`` and, multi-turn, ``val/multi_turn/*``."""
         cfg = self.config
         overrides = dict(cfg.worker.rollout.val_override_config)
         n = int(overrides.pop("n", 1))
