@@ -1,6 +1,6 @@
 """The pure parts of the LLM judge (``worker.reward.judge``): the Jinja judge prompt, the verdict parsers and the count
 of unparseable verdicts. The judge's engine runs on the workers (``easyrl.workers.judge``); the trainer renders the
-prompts here, sends them to the workers and parses what comes back (``easyrl.trainer.judging``).
+prompts here, sends them to the workers and parses what comes back (``easyrl.trainer.model_rewards``).
 
 A verdict becomes a score by the configured parser:
 
