@@ -12,8 +12,6 @@ import torch
 from easyrl.config import PPOConfig
 from easyrl.simulate.fake_device import GIB, fake_state
 
-JUDGE = "judge vLLM (worker.reward.judge.gpu_memory_utilization)"
-
 
 class _FakeLoaded:
     """``from_pretrained``'s model for ``FSDPRewardModel`` on rank 0: a fake state dict and buffers."""

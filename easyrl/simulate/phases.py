@@ -27,6 +27,7 @@ from easyrl.simulate.fake_device import (
 )
 from easyrl.simulate.images import ImageGrid, add_images, image_grid
 from easyrl.simulate.vl_model import simulated_vl
+from easyrl.sizing.estimate import JUDGE
 
 MODEL_CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                              "examples", "model_configs")
@@ -150,7 +151,7 @@ def simulate(config: PPOConfig, spec: DeviceSpec, log: Callable[[str], None] = p
         else None
     rm_batch = extra_roles.reward_model_batch(config) if cfg.reward.reward_model.enabled else None
     if cfg.reward.judge.model_path is not None:  # its engine stays resident: no sleep mode (easyrl.workers.judge)
-        sim.beside[extra_roles.JUDGE] = cfg.reward.judge.gpu_memory_utilization * spec.memory_gib
+        sim.beside[JUDGE] = cfg.reward.judge.gpu_memory_utilization * spec.memory_gib
     with simulated_rank(spec, world, kind) as (mesh, mode):
         def phase(name: str, run: Callable[[], object]) -> object:
             start = time.perf_counter()

@@ -13,6 +13,9 @@ from easyrl.sizing.anatomy import DTYPE_BYTES, GIB, ModelShape, model_anatomy, s
 from easyrl.sizing.experience import RoleModel, estimate_experience, experience_models
 from easyrl.sizing.vision import vision_activations
 
+JUDGE = "judge vLLM (worker.reward.judge.gpu_memory_utilization)"
+"""The item of the LLM judge's engine, resident beside every phase (no sleep mode)."""
+
 
 @dataclass
 class MemoryEstimate:
@@ -98,8 +101,7 @@ def estimate_memory(num_params: int, vocab_size: int, config: PPOConfig, capacit
     judge = worker.reward.judge
     if judge.model_path is not None:  # the LLM judge's engine stays resident (easyrl.workers.judge: no sleep mode)
         for phase in (estimate.rollout, estimate.training):
-            phase["judge vLLM (worker.reward.judge.gpu_memory_utilization)"] = judge.gpu_memory_utilization * \
-                capacity_gib
+            phase[JUDGE] = judge.gpu_memory_utilization * capacity_gib
     if reward_model_params:
         estimate.rollout["reward model"] = estimate.training["reward model"] = 0.0 if rm.offload.offload_params \
             else rm_gib

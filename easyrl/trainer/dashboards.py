@@ -15,15 +15,6 @@ WANDB_ID_FILE = "wandb_run_id"
 _OFFLINE = ("offline", "dryrun", "disabled", "local")
 
 
-def _netrc_has(host: str) -> bool:
-    """Whether the netrc file (``NETRC``, else ``~/.netrc``) holds a login for ``host``."""
-    path = os.environ.get("NETRC") or os.path.join(os.path.expanduser("~"), ".netrc")
-    try:
-        return os.path.isfile(path) and netrc.netrc(path).authenticators(host) is not None
-    except (netrc.NetrcParseError, OSError):
-        return False
-
-
 def check_logger_credentials(trainer) -> None:
     """Online wandb / swanlab in ``trainer.logger`` have a login (an API key variable or a netrc entry), checked
     before any worker starts; else ``ConfigError`` naming the variable to set and the offline switch."""
@@ -32,7 +23,12 @@ def check_logger_credentials(trainer) -> None:
             and os.environ.get("WANDB_DISABLED", "").lower() not in ("true", "1") \
             and not os.environ.get("WANDB_API_KEY"):
         host = urlparse(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname or "api.wandb.ai"
-        if not _netrc_has(host):
+        path = os.environ.get("NETRC") or os.path.join(os.path.expanduser("~"), ".netrc")
+        try:
+            logged_in = os.path.isfile(path) and netrc.netrc(path).authenticators(host) is not None
+        except (netrc.NetrcParseError, OSError):
+            logged_in = False
+        if not logged_in:
             raise ConfigError(
                 f"trainer.logger has wandb but no wandb login was found (no WANDB_API_KEY, no {host} entry in "
                 f"~/.netrc): set WANDB_API_KEY or run `wandb login`, or set WANDB_MODE=offline to keep the run on disk "

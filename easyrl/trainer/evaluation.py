@@ -16,18 +16,6 @@ from easyrl.errors import ModelError, RunStateError
 logger = logging.getLogger("easyrl.eval")
 
 
-def eval_folder(run_dir: str) -> str:
-    """A new folder ``<run_dir>/eval/<YYYYmmdd-HHMMSS>`` (``-2``, ``-3``, ... when one of that second exists)."""
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    base = os.path.join(run_dir, "eval", stamp)
-    folder, n = base, 1
-    while os.path.exists(folder):
-        n += 1
-        folder = f"{base}-{n}"
-    os.makedirs(folder)
-    return folder
-
-
 def evaluate(config: PPOConfig, step: int = 0, worker_cls: Optional[type] = None) -> tuple[dict[str, float], str]:
     """Validate ``worker.actor.model.model_path`` on ``data.val_files`` at ``step`` (a checkpoint's: it seeds the
     sampling as that step's validation did); ``worker_cls``: None for ``FSDPWorker``, or a subclass. Returns
@@ -51,7 +39,12 @@ def evaluate(config: PPOConfig, step: int = 0, worker_cls: Optional[type] = None
     quiet_datasets()
     ready = prepare(config, train=False)
     check_logger_credentials(config.trainer)
-    folder = eval_folder(config.trainer.run_dir)
+    base = os.path.join(config.trainer.run_dir, "eval", time.strftime("%Y%m%d-%H%M%S", time.gmtime()))
+    folder, n = base, 1
+    while os.path.exists(folder):  # -2, -3, ... when one of that second exists
+        n += 1
+        folder = f"{base}-{n}"
+    os.makedirs(folder)
     OmegaConf.save(OmegaConf.structured(config), os.path.join(folder, "config.yaml"))
     device = start_ray(config)
     tokenizer = ready.tokenizer

@@ -59,8 +59,8 @@ class JudgePhase:
         return None if judge is None else cls(judge, scorer, workers)
 
     def run(self, batch: Batch) -> dict[str, float]:
-        """Judge every sample of ``batch`` and add the scores as ``score/judge`` (raw verdicts in ``batch["judge_verdict"]``, the first
-        unreadable one warned of); returns ``{"judge/unparseable": count}``."""
+        """Judge every sample of ``batch`` and add the scores as ``score/judge`` (raw verdicts in
+        ``batch["judge_verdict"]``, the first unreadable one warned of); returns ``{"judge/unparseable": count}``."""
         prompts = self.judge.prompts(self.scorer.reward_inputs(batch))
         requests = Batch(TensorDict({}, batch_size=[len(prompts)]), {"judge_prompt": prompts})
         self.verdicts = [v for share in self.workers.run_split(FSDPWorker.judge, requests) for v in share]

@@ -154,7 +154,6 @@ def prepare(config: Any, train: bool = True) -> Prepared:
         load_environment(multi_turn.environment)
     reward_fn = load_reward(config.worker.reward)
     check_judge_files(config.worker.reward.judge)
-    check_head("worker.reward.judge.model_path", config.worker.reward.judge.model_path, scorer=False)
     check_head("worker.reward.reward_model.model_path", config.worker.reward.reward_model.model_path, scorer=True)
     tokenizer, hf_config, processor = load_model_parts(config.worker.actor.model, sources_checked=True,
                                                        chat_template=config.data.override_chat_template)
@@ -167,14 +166,8 @@ def prepare(config: Any, train: bool = True) -> Prepared:
         from easyrl.trainer.teacher_check import check_teacher
 
         check_teacher(config, tokenizer)
-    train_set = None
-    if train:
-        train_set = load_dataset_for("data.train_files", config.data.train_files, config, tokenizer, processor,
-                                     rows["data.train_files"])
-    val = None
-    if config.data.val_files:
-        val = load_dataset_for("data.val_files", config.data.val_files, config, tokenizer, processor,
-                               rows["data.val_files"])
+    sets = {key: load_dataset_for(key, path, config, tokenizer, processor, rows[key]) for key, path in keys if path}
+    train_set, val = sets.get("data.train_files"), sets.get("data.val_files")
     if train_set is not None:
         check_enough_prompts(config, len(train_set))
     source = train_set if train_set is not None else val
@@ -183,7 +176,7 @@ def prepare(config: Any, train: bool = True) -> Prepared:
     response = f"<think>a sample</think> \\boxed{{{ground_truth}}}"
     sample = {"response": response, "response_length": len(tokenizer.encode(response)), "ground_truth": ground_truth,
               "columns": source.reward_columns(first)}
-    if config.worker.rollout.multi_turn.enable:  # what a multi-turn rollout adds (easyrl.trainer.multi_turn)
+    if multi_turn.enable:  # what a multi-turn rollout adds (easyrl.trainer.multi_turn)
         sample.update(messages=[{"role": "assistant", "content": response}], tool_calls=[])
     check_filter_key(config, check_reward_on_sample(reward_fn, sample), reward_fn.where)
     check_reward_model(config.worker.reward.reward_model)

@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional
 
 from easyrl.errors import ConfigError, ModelError, RewardError, UserError
 from easyrl.rewards.judge import load_judge
-from easyrl.trainer.model_checks import check_model_source, check_model_sources, load_part, weight_headers
+from easyrl.trainer.model_checks import check_head, check_model_source, check_model_sources, load_part, weight_headers
 
 logger = logging.getLogger("easyrl")
 
@@ -181,7 +181,8 @@ def check_reward_model(rm: Any) -> None:
 
 def check_judge_files(judge_cfg: Any) -> None:
     """With ``worker.reward.judge`` on: its model and weights exist, its prompt template and parser load, its
-    ``max_model_len`` fits the model's positions. Raises ``ModelError`` / ``ConfigError`` naming the key."""
+    ``max_model_len`` fits the model's positions, it is a language model. Raises ``ModelError`` / ``ConfigError``
+    naming the key."""
     key = "worker.reward.judge.model_path"
     if judge_cfg.model_path is not None:
         check_model_source(key, judge_cfg.model_path)
@@ -195,3 +196,4 @@ def check_judge_files(judge_cfg: Any) -> None:
             raise ConfigError(f"worker.reward.judge.max_model_len={judge_cfg.max_model_len} exceeds the judge's "
                               f"max_position_embeddings={positions} ({key}={judge_cfg.model_path!r}); vLLM refuses "
                               f"such a context: set it to {positions} or less.")
+    check_head(key, judge_cfg.model_path, scorer=False)

@@ -74,25 +74,18 @@ def checkpoint_to_resume(trainer) -> Optional[str]:
     return last
 
 
-def saved_config_path(run_dir: str, step: int) -> Optional[str]:
-    """The config ``run_dir`` trained with up to ``step``: the latest ``config_resume_step_M.yaml`` with ``M <= step``,
-    else ``config.yaml``; None if neither is there."""
-    resumed = {int(m.group(1)): name for name in (os.listdir(run_dir) if os.path.isdir(run_dir) else [])
-               if (m := _RESUMED_CONFIG.match(name))}
-    earlier = [m for m in resumed if m <= step]
-    name = resumed[max(earlier)] if earlier else "config.yaml"
-    path = os.path.join(run_dir, name)
-    return path if os.path.isfile(path) else None
-
-
 def refuse_changed_config(trainer, checkpoint: str, new_config: dict[str, Any]) -> None:
     """``RunStateError`` naming every key (old -> new) when ``new_config`` (a nested dict) trains differently from
-    the config ``checkpoint`` was saved with."""
+    the config ``checkpoint`` was saved with: the latest ``config_resume_step_M.yaml`` with ``M`` up to its step, else
+    ``config.yaml``."""
     from omegaconf import OmegaConf
 
     step = Checkpointer.step_of(checkpoint)
-    path = saved_config_path(trainer.run_dir, step)
-    if path is None:
+    run_dir = trainer.run_dir
+    resumed = {int(m.group(1)): name for name in (os.listdir(run_dir) if os.path.isdir(run_dir) else [])
+               if (m := _RESUMED_CONFIG.match(name)) and int(m.group(1)) <= step}
+    path = os.path.join(run_dir, resumed[max(resumed)] if resumed else "config.yaml")
+    if not os.path.isfile(path):
         logger.warning("%s has no saved config to compare with: resuming %s as it is", trainer.run_dir, checkpoint)
         return
     saved = OmegaConf.to_container(OmegaConf.load(path))

@@ -35,7 +35,7 @@ class Validator:
         self.generations: list[dict[str, Any]] = []
 
     def due(self, step: int, total_steps: int) -> bool:
-        """Whether to validate after ``step`` of ``total_steps``: every ``trainer.val_freq`` steps and after the last."""
+        """Whether to validate after ``step`` of ``total_steps``: every ``trainer.val_freq`` steps, and the last."""
         freq = self.config.trainer.val_freq
         return self.dataset is not None and freq > 0 and (step % freq == 0 or step == total_steps)
 
