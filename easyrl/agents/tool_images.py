@@ -101,7 +101,7 @@ class ToolImages:
         prepare: ``image -> (image as vLLM and the processor get it, its number of image tokens)``: resized into
             ``data.min_pixels``/``data.max_pixels`` (both sides multiples of the patch factor, so neither vLLM nor the
             processor resizes it again) and ``grid_t * grid_h * grid_w / merge**2`` tokens (the processor's
-            ``image_grid_thw``); built by ``easyrl.trainer.multi_turn_images``.
+            ``image_grid_thw``); built by ``easyrl.trainer.multi_turn``.
         pad_id: the ``<|image_pad|>`` id.
         limit: images per trajectory at most, prompt images included (``worker.rollout.limit_images``, vLLM's
             ``limit_mm_per_prompt``): a tool image beyond it is dropped and the tool message says so (a cap, not an

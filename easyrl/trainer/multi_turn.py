@@ -2,7 +2,9 @@
 trajectory: docs/agents.md): the driver runs the turns (``easyrl.agents.trajectory.TurnLoop``), each round sending
 every ready trajectory to the workers' engines, which stay awake between rounds. Beyond the trajectory layout of
 ``easyrl.trainer.rollout`` (``response_mask`` 0 on tool and environment tokens) the batch holds ``messages``,
-``tool_calls``, ``multi_turn_stats`` and, for a VL model, ``tool_images``."""
+``tool_calls``, ``multi_turn_stats`` and, for a VL model, ``tool_images``: each resized exactly as a prompt image,
+its processor outputs appended to the prompt's ``multi_modal_inputs`` in the order of the image pads (docs/agents.md,
+"Tool images"; the turn-level part: ``easyrl.agents.tool_images``)."""
 
 from __future__ import annotations
 
@@ -10,22 +12,61 @@ from typing import Any, Optional
 
 import numpy as np
 import torch
+from PIL import Image
 
 from easyrl.agents.environment import load_environment
 from easyrl.agents.executor import ToolExecutor
 from easyrl.agents.parsers import load_parser
-from easyrl.agents.tool_images import collapse_pads
+from easyrl.agents.tool_images import ToolImages, collapse_pads
 from easyrl.agents.tools import load_tools
 from easyrl.agents.trajectory import Trajectory, TurnLoop
 from easyrl.batch import Batch
+from easyrl.data.images import process_image
 from easyrl.trainer.batch_layout import right_pad
-from easyrl.trainer.multi_turn_images import tool_images_for
 from easyrl.trainer.rollout import SingleTurnRollout
 from easyrl.workers.fsdp_worker import FSDPWorker
 
-__all__ = ["MultiTurnRollout", "make_rollout", "multi_turn_metrics"]
+__all__ = ["MultiTurnRollout", "VLToolImages", "make_rollout", "multi_turn_metrics", "tool_images_for"]
 
 _SEED_STRIDE = 1_000_003  # per turn, so that a sample's turns draw from different streams
+
+
+IMAGE_KEYS = ("pixel_values", "image_grid_thw")
+
+
+class VLToolImages(ToolImages):
+    """``ToolImages`` of a Qwen-VL ``processor`` within the dataset's pixel bounds and patch ``factor``, at most
+    ``limit`` images (``worker.rollout.limit_images``)."""
+
+    def __init__(self, processor: Any, min_pixels: int, max_pixels: int, factor: int, limit: int):
+        self.processor = processor
+        self.bounds = (min_pixels, max_pixels, factor)
+        pad_id = processor.tokenizer.convert_tokens_to_ids(processor.image_token)
+        super().__init__(self._prepare, int(pad_id), limit)
+
+    def _prepare(self, image: Image.Image) -> tuple[Image.Image, int]:
+        """The image at its target size and its number of image tokens (both sides are multiples of ``factor``)."""
+        image = process_image(image, *self.bounds)
+        return image, image.width * image.height // self.bounds[2] ** 2
+
+    def actor_inputs(self, prompt_inputs: dict[str, torch.Tensor], images: list[Image.Image]
+                     ) -> dict[str, torch.Tensor]:
+        """The prompt's processor outputs with ``images``' appended (``prompt_inputs`` itself when there are none)."""
+        if not images:
+            return prompt_inputs
+        tool = self.processor.image_processor(images=images, return_tensors="pt")
+        merged = dict(prompt_inputs)
+        for key in IMAGE_KEYS:
+            merged[key] = torch.cat([prompt_inputs[key], tool[key]]) if key in prompt_inputs else tool[key]
+        return merged
+
+
+def tool_images_for(dataset: Any, limit: int) -> Optional[VLToolImages]:
+    """Tool images for the model of ``dataset`` (an ``RLDataset``); None for a text-only model."""
+    processor = getattr(dataset, "processor", None)
+    if processor is None or getattr(processor, "image_processor", None) is None:
+        return None
+    return VLToolImages(processor, dataset.min_pixels, dataset.max_pixels, dataset.factor, limit)
 
 
 class MultiTurnRollout:
