@@ -101,7 +101,9 @@ class MultiTurnRollout:
         pad = (-len(rows)) % self.engines
         rows_padded = rows + [rows[i % len(rows)] for i in range(pad)]
         share = Batch(prompts.tensors[torch.tensor(rows_padded)], {})
-        share["raw_prompt_ids"] = [trajectories[i].prompt_ids + self._engine_ids(trajectories[i]) for i in rows_padded]
+        share["raw_prompt_ids"] = [trajectories[i].prompt_ids + (  # one pad per tool image, as the engine takes it
+            collapse_pads(trajectories[i].response_ids, self.images.pad_id) if trajectories[i].images
+            else trajectories[i].response_ids) for i in rows_padded]
         share["images"] = [(prompts["images"][i] if "images" in prompts else []) + trajectories[i].images
                            for i in rows_padded]
         if "videos" in prompts:
@@ -119,10 +121,6 @@ class MultiTurnRollout:
             return [(row, None) for row in ids]
         log_probs = [row for out in outputs for row in out["response_log_probs"]][: len(active)]
         return list(zip(ids, log_probs))
-
-    def _engine_ids(self, traj: Trajectory) -> list[int]:
-        """The trajectory's response as the engine takes it: one pad per tool image."""
-        return collapse_pads(traj.response_ids, self.images.pad_id) if traj.images else traj.response_ids
 
     def generate(self, prompts: Batch, overrides: Optional[dict[str, Any]]) -> tuple[Batch, float]:
         """See ``Rollout.generate``."""

@@ -63,7 +63,8 @@ class Validator:
                     sums[key.removeprefix("score/")].extend(batch[key])
                 lengths.extend(batch["response_mask"].sum(-1).float().tolist())
                 agent_stats.extend(batch["multi_turn_stats"] if "multi_turn_stats" in batch else [])
-                self._keep_generations(batch)
+                wanted = cfg.trainer.val_generations_to_log - len(self.generations)  # the first samples, logged
+                self.generations.extend(generation_rows(self.tokenizer, batch, wanted))
         metrics = {f"val/reward/{name}": float(np.mean(values)) for name, values in sums.items()}
         metrics["val/response_length/mean"] = float(np.mean(lengths))
         metrics["timing_s/validation"] = timing["validation"]
@@ -71,8 +72,3 @@ class Validator:
             stats = Batch(TensorDict({}, batch_size=[len(agent_stats)]), {"multi_turn_stats": agent_stats})
             metrics.update({f"val/{key}": value for key, value in multi_turn_metrics(stats).items()})
         return metrics
-
-    def _keep_generations(self, batch: Batch) -> None:
-        """Adds ``batch``'s first samples to ``generations`` until ``trainer.val_generations_to_log`` are kept."""
-        wanted = self.config.trainer.val_generations_to_log - len(self.generations)
-        self.generations.extend(generation_rows(self.tokenizer, batch, wanted))
