@@ -4,6 +4,7 @@ model's and the distillation teacher's load and forward, and the LLM judge's vLL
 from __future__ import annotations
 
 import copy
+from types import SimpleNamespace
 from typing import Callable
 from unittest import mock
 
@@ -11,21 +12,7 @@ import torch
 
 from easyrl.config import PPOConfig
 from easyrl.simulate.fake_device import GIB, fake_state
-
-
-class _FakeLoaded:
-    """``from_pretrained``'s model for ``FSDPRewardModel`` on rank 0: a fake state dict and buffers."""
-
-    def __init__(self, hf_config):
-        from easyrl.sizing.anatomy import meta_model
-
-        self.state, self.buffers = fake_state(meta_model(hf_config, classifier=True))
-
-    def state_dict(self):
-        return self.state
-
-    def named_buffers(self):
-        return iter(self.buffers.items())
+from easyrl.sizing.anatomy import meta_model
 
 
 def reward_model_batch(config: PPOConfig):
@@ -52,8 +39,12 @@ def reward_model_phases(config: PPOConfig, mesh, kind: str, device: torch.device
 
     rm = copy.copy(config.worker.reward.reward_model)  # model_path: the folder holding its config.json
     rm.model_path = folder(rm.model_path)
-    loaded = staticmethod(lambda path, config=None, **kwargs: _FakeLoaded(config))
-    with mock.patch.object(AutoModelForSequenceClassification, "from_pretrained", loaded):
+
+    def loaded(path, **kwargs):  # from_pretrained's model on rank 0: a fake state dict and buffers
+        state, buffers = fake_state(meta_model(kwargs["config"], classifier=True))
+        return SimpleNamespace(state_dict=lambda: state, named_buffers=lambda: iter(buffers.items()))
+
+    with mock.patch.object(AutoModelForSequenceClassification, "from_pretrained", staticmethod(loaded)):
         model = phase("load reward model", lambda: FSDPRewardModel(rm, mesh, kind, device, pad_id=0))
     phase("reward model forward", lambda: model.compute_scores(batch))
 
