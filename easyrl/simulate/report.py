@@ -9,38 +9,29 @@ from easyrl.sizing.estimate import MemoryEstimate, advice
 
 
 def verdict(sim: Optional[Simulation], estimate: MemoryEstimate, estimate_error: Optional[str]) -> Optional[str]:
-    """None when the run fits; else the estimate's error, or every simulated phase whose peak
-    (:func:`simulated_experience_gib`) and what is held beside it exceed the device, with ``advice``."""
+    """None when the run fits; else the estimate's error, or every simulated phase whose peak (an experience forward's
+    with the actor's AdamW states of a later step: the simulation runs it before any update) and what is held beside
+    it exceed the device, with the ``advice`` of the estimate's items for that phase."""
     if estimate_error or sim is None:
         return estimate_error or None
     beside = sum(sim.beside.values())  # the judge's engine, resident in every phase
     held = f" (+ {beside:.1f} GiB held beside it: {', '.join(sim.beside)})" if beside else ""
     problems = []
     for phase in sim.phases:
-        peak = simulated_experience_gib(phase, estimate)
+        peak = phase.peak_gib + estimate.experience.get(phase.name, {}).get("actor Adam states", 0.0)
         if peak + beside <= estimate.capacity_gib:
             continue
         later = " (with the actor's AdamW states of a later step)" if phase.name in estimate.experience else ""
-        items = estimate_items(phase.name, estimate) | sim.beside
+        if phase.name in estimate.experience:
+            items = estimate.experience[phase.name]
+        elif "update" in phase.name:
+            items = estimate.training
+        else:  # what stays resident beside the sleeping engine
+            items = {name: gib for name, gib in estimate.rollout.items() if "gpu_memory_utilization" not in name}
+        items = items | sim.beside
         problems.append(f"phase '{phase.name}' peaks at {peak:.1f} GiB{held} on a {estimate.capacity_gib:.1f} GiB "
                         f"device{later}: {advice(items, peak + beside - estimate.capacity_gib)}")
     return "; and ".join(problems) or None
-
-
-def estimate_items(phase: str, estimate: MemoryEstimate) -> dict[str, float]:
-    """The estimate's items for a simulated ``phase``: an experience forward's, the training phase's for an update,
-    else what stays resident beside the sleeping engine."""
-    if phase in estimate.experience:
-        return estimate.experience[phase]
-    if "update" in phase:
-        return estimate.training
-    return {name: gib for name, gib in estimate.rollout.items() if "gpu_memory_utilization" not in name}
-
-
-def simulated_experience_gib(phase: PhaseResult, estimate: MemoryEstimate) -> float:
-    """A phase's simulated peak from the second step on: an experience forward's gets the actor's AdamW states from
-    the estimate (the simulation runs it before any update)."""
-    return phase.peak_gib + estimate.experience.get(phase.name, {}).get("actor Adam states", 0.0)
 
 
 def judge_problem(judge: dict[str, float]) -> Optional[str]:
