@@ -1,4 +1,4 @@
-"""Images returned by tools (``easyrl.agents.tool_images``, ``easyrl.trainer.multi_turn_images``) with the tiny
+"""Images returned by tools (``easyrl.agents.tool_images``, ``easyrl.trainer.multi_turn``) with the tiny
 Qwen2.5-VL's real processor, the real tool process pool and a scripted engine: the return-value convention, the tool
 turn's tokens (image pads expanded exactly as the processor expands them), the engine's one-pad form, the actor's
 inputs, the per-trajectory image limit, the budget cut, and the misuse errors (docs/errors.md A09, A10)."""
@@ -16,7 +16,7 @@ from easyrl.agents.executor import ToolExecutor
 from easyrl.agents.tool_images import collapse_pads, expand_pads, split_images
 from easyrl.agents.trajectory import Trajectory, TurnLoop
 from easyrl.errors import ConfigError
-from easyrl.trainer.multi_turn_images import tool_images_for
+from easyrl.trainer.multi_turn import tool_images_for
 from easyrl.workers.vl_tokens import mm_token_type_ids, stray_pads
 
 HERE = Path(__file__).parent / "agent_tools"

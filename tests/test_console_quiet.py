@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from easyrl.quiet import NOISE, WARNINGS, quiet_libraries, worker_env
-from easyrl.trainer.console import ConsoleLogger, summary_line
+from easyrl.trainer.loggers import ConsoleLogger, summary_line
 
 METRICS = {
     "critic/score/mean": 0.41234, "reward/accuracy": 0.25, "response_length/mean": 37.5, "actor/kl_loss": 0.00123,

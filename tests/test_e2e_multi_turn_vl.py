@@ -2,7 +2,7 @@
 every trajectory makes two tool turns, each returning an image (``tests/agent_tools/image_tools.py:paint``, called by
 the plug-in parser ``tests/agent_tools/parser.py:paint_every_turn`` since a random model writes no tool calls), before
 its last assistant turn: the images reach the next turn's vLLM prompt and the actor's inputs
-(``easyrl.trainer.multi_turn_images``)."""
+(``easyrl.trainer.multi_turn``)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The pre-flight estimate (easyrl.sizing.estimate) against ``easyrl simulate``'s count of the actor update
-(forward, backward, AdamW step on the simulated device: easyrl.simulate.phases.simulate_update), for real widths on a
+(forward, backward, AdamW step on the simulated device: easyrl.simulate.phases.simulate_updates), for real widths on a
 few layers: fake tensors cost the same CPU time whatever their size, so a 7B-wide layer is as cheap to simulate as a
 tiny one. The estimate must stay within 10% of the simulation (it was -39% and -27% before it counted activations and
 FSDP2's unsharded weights, and still counted padded logits the fused head never holds); docs/simulate.md has the full
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from easyrl.config import load_config
-from easyrl.simulate.phases import simulate_update
+from easyrl.simulate.phases import simulate_updates
 from easyrl.sizing.anatomy import count_parameters, model_shape
 from easyrl.sizing.devices import DEVICES
 from easyrl.sizing.estimate import estimate_memory
@@ -45,7 +45,7 @@ def test_estimate_follows_the_simulated_update(tmp_path, layers, widths, overrid
     hf_config = AutoConfig.from_pretrained(path)
     num_params, vocab = count_parameters(hf_config)
     estimate = estimate_memory(num_params, vocab, config, DEVICES["h100"].memory_gib, model_shape(hf_config))
-    simulated = simulate_update(config, DEVICES["h100"], log=lambda _: None).peak_gib
+    simulated = simulate_updates(config, DEVICES["h100"], log=lambda _: None)[0].peak_gib
     assert estimate.training_gib == pytest.approx(simulated, rel=TOLERANCE), (estimate.training, simulated)
 
 
@@ -69,7 +69,7 @@ def test_ppo_simulates_the_critic_update_beside_the_actor(tmp_path):
     estimate = estimate_memory(num_params, vocab, config, DEVICES["h100"].memory_gib, model_shape(hf_config))
     phases = {p.name: p.peak_gib for p in simulate_updates(config, DEVICES["h100"], log=lambda _: None)}
     assert list(phases) == ["actor update (fwd+bwd+AdamW)", "critic update (fwd+bwd+AdamW)"]
-    alone = simulate_update(plain, DEVICES["h100"], log=lambda _: None).peak_gib
+    alone = simulate_updates(plain, DEVICES["h100"], log=lambda _: None)[0].peak_gib
     assert phases["actor update (fwd+bwd+AdamW)"] > alone + 1.0  # the critic's float32 shard + AdamW states: 1.4 GiB
     assert max(phases.values()) <= estimate.training_gib <= 1.2 * max(phases.values())
 
@@ -88,7 +88,7 @@ def test_padded_path_simulates_and_the_estimate_bounds_it(tmp_path):
     hf_config = AutoConfig.from_pretrained(path)
     num_params, vocab = count_parameters(hf_config)
     estimate = estimate_memory(num_params, vocab, config, DEVICES["h100"].memory_gib, model_shape(hf_config))
-    simulated = simulate_update(config, DEVICES["h100"], log=lambda _: None).peak_gib
+    simulated = simulate_updates(config, DEVICES["h100"], log=lambda _: None)[0].peak_gib
     assert simulated <= estimate.training_gib <= 1.35 * simulated
 
 

@@ -99,13 +99,13 @@ def test_judge_engine_arguments_claim_a_share_on_accelerators_without_sleep_mode
 def test_judge_scores_are_weighted_into_overall_on_the_last_token():
     from tensordict import TensorDict
 
-    from easyrl.trainer.judging import add_judge_scores
+    from easyrl.trainer.model_rewards import add_model_scores
 
     mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
     scores = torch.tensor([[0.0, 0.5, 0.0], [0.0, 0.0, 1.0]])
     batch = Batch(TensorDict({"response_mask": mask, "token_level_scores": scores}, batch_size=[2]),
                   {"score/overall": [0.5, 1.0]})
-    add_judge_scores(batch, [2.0, -1.0], weight=0.5)
+    add_model_scores(batch, "judge", [2.0, -1.0], weight=0.5)
     assert batch["score/judge"] == [2.0, -1.0]
     assert batch["score/overall"] == [1.5, 0.5]
     assert torch.equal(batch["token_level_scores"], torch.tensor([[0.0, 1.5, 0.0], [0.0, 0.0, 0.5]]))

@@ -12,8 +12,7 @@ import torch
 from tensordict import TensorDict
 
 from easyrl.batch import Batch
-from easyrl.trainer.model_rewards import ModelRewards
-from easyrl.trainer.reward_model import mix_reward_model_scores
+from easyrl.trainer.model_rewards import ModelRewards, add_model_scores
 from easyrl.trainer.scoring import Scorer
 from easyrl.trainer.validation import Validator
 
@@ -31,7 +30,7 @@ class RecordingRewardModel:
         batch.chunk(self.world_size)  # what WorkerGroup.run_split does: raises on unequal shares
         self.sizes.append(len(batch))
         scores = batch["responses"][:, 0].float() / 10
-        mix_reward_model_scores(batch, scores, WEIGHT)
+        add_model_scores(batch, "reward_model", scores, WEIGHT)
         return scores
 
 

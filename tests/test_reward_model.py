@@ -64,13 +64,13 @@ def test_a_chat_template_override_and_max_length_keep_the_end(rm_tokenizer):
 def test_mixing_adds_the_weighted_score_on_the_last_response_token():
     from tensordict import TensorDict
 
-    from easyrl.trainer.reward_model import mix_reward_model_scores
+    from easyrl.trainer.model_rewards import add_model_scores
 
     mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
     rule = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
     batch = Batch(TensorDict({"response_mask": mask, "token_level_scores": rule}, batch_size=[2]),
                   {"score/overall": [1.0, 0.0]})
-    mix_reward_model_scores(batch, torch.tensor([2.0, -4.0]), weight=0.5)
+    add_model_scores(batch, "reward_model", torch.tensor([2.0, -4.0]), weight=0.5)
     assert batch["score/reward_model"] == [2.0, -4.0]
     assert batch["score/overall"] == [2.0, -2.0]
     assert torch.equal(batch["token_level_scores"], torch.tensor([[0.0, 2.0, 0.0], [0.0, 0.0, -2.0]]))

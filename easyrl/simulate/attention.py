@@ -1,7 +1,5 @@
-"""The device's attention kernels on simulated devices: what an H100 / 910B holds for attention (output +
-log-sum-exp), not the ``(batch, heads, S, S)`` weights of the math path that ``scaled_dot_product_attention`` takes
-on fake tensors. Which kernel runs where: docs/simulate.md, "The device's attention kernels".
-"""
+"""The device's attention kernels on simulated devices (output + log-sum-exp, not the math path's ``(batch, heads,
+S, S)`` weights); which kernel runs where: docs/simulate.md, "The device's attention kernels"."""
 
 from __future__ import annotations
 
@@ -29,9 +27,8 @@ _math_sdpa = torch.nn.functional.scaled_dot_product_attention
 def fused_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
                dropout_p: float = 0.0, is_causal: bool = False, scale: Optional[float] = None,
                enable_gqa: bool = False) -> torch.Tensor:
-    """``scaled_dot_product_attention`` as CUDA runs it: flash kernel without a mask in bf16/fp16
-    (head dim <= 256), memory-efficient kernel with the mask as a bias otherwise, the math path where CUDA takes it
-    too.
+    """``scaled_dot_product_attention`` as CUDA runs it: flash without a mask in bf16/fp16 (head dim <= 256), else
+    memory-efficient with the mask as a bias, the math path where CUDA takes it too.
 
     Args:
         query: ``(batch, heads, Sq, head_dim)``; key, value: ``(batch, kv_heads, Sk, head_dim)``.
@@ -62,9 +59,8 @@ def simulated_varlen_attention(module: torch.nn.Module, query: torch.Tensor, key
                                attention_mask: Optional[torch.Tensor], dropout: float = 0.0,
                                scaling: Optional[float] = None, is_causal: Optional[bool] = None,
                                position_ids: Optional[torch.Tensor] = None, **kwargs) -> tuple[torch.Tensor, None]:
-    """transformers' attention-function signature: flash-attention's varlen kernel (``aten._flash_attention_forward``
-    with ``cum_seq_q/k``) over one packed row, the sequences read off the position ids as
-    ``easyrl.models.packed_attention`` reads them (and as transformers' flash path does).
+    """transformers' attention function: the varlen flash kernel over one packed row, its sequences read off the
+    position ids (``easyrl.models.packed_attention``).
 
     Args:
         query: ``(1, heads, total, head_dim)``; key, value: ``(1, kv_heads, total, head_dim)`` (the kernel takes
@@ -74,8 +70,7 @@ def simulated_varlen_attention(module: torch.nn.Module, query: torch.Tensor, key
     Returns:
         ``((1, total, heads, head_dim), None)``.
 
-    Calls that are not a causal packed row (a mask, more than one row, a bidirectional vision tower, decoding) go to
-    transformers' ``sdpa_attention_forward``, i.e. :func:`fused_sdpa` inside :func:`device_attention`.
+    Other calls (a mask, several rows, a vision tower, decoding) go to ``sdpa_attention_forward``.
     """
     lengths = packed_lengths(module, query, key, attention_mask, is_causal, position_ids)
     if lengths is None:
@@ -89,8 +84,8 @@ def simulated_varlen_attention(module: torch.nn.Module, query: torch.Tensor, key
 def varlen_flash(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu_seqlens_q: torch.Tensor,
                  cu_seqlens_k: torch.Tensor, max_q: int, max_k: int, dropout: float, causal: bool,
                  scale: Optional[float], window: Optional[int] = None) -> torch.Tensor:
-    """flash-attention's varlen kernel (``aten._flash_attention_forward``, which has fake/meta kernels for it and
-    its backward) over the pieces of one row that ``cu_seqlens_q/k`` (``(pieces + 1,)`` int32 boundaries) mark.
+    """``aten._flash_attention_forward`` (fake kernels for it and its backward) over the pieces of one row that
+    ``cu_seqlens_q/k`` (``(pieces + 1,)`` int32 boundaries) mark.
 
     Args:
         query: ``(1, heads, total, head_dim)``; key, value: ``(1, kv_heads, total, head_dim)``.
@@ -113,9 +108,8 @@ AttentionMaskInterface.register(SIMULATED_VARLEN, packed_sdpa_mask)
 
 @contextlib.contextmanager
 def device_attention(kind: str) -> Iterator[None]:
-    """The attention kernels of a ``kind`` (``cuda`` / ``npu``) device with ``flash_attn`` installed, for the models
-    built and run inside: the actor's choice (``attention_implementation`` with ``kind`` and ``flash_available``;
-    :data:`SIMULATED_VARLEN` for ``flash_attention_2``) and SDPA's (:func:`fused_sdpa`)."""
+    """Inside: the attention of a ``kind`` (``cuda`` / ``npu``) device with ``flash_attn`` installed, for the actor's
+    choice (:data:`SIMULATED_VARLEN` for ``flash_attention_2``) and SDPA's (:func:`fused_sdpa`)."""
     from easyrl.workers import trainable
     from easyrl.workers.policy_forward import attention_implementation
 

@@ -1,15 +1,13 @@
-"""Simulated devices: one process acting as one rank of the config's real world, on fake accelerator tensors: the
-fake process group (collectives return at once), ``FakeTensorMode`` (shapes, dtypes and devices without storage;
-a host/device mix raises), :class:`SimulatedDevice` above it (real values for small tensors, the collective check,
-memory accounting) and the CUDA runtime's stand-ins (``easyrl.simulate.standins``, re-exported here). Both device
-errors become a :class:`DeviceCheckError` naming the innermost easyrl call (:func:`device_check`). How and why:
-docs/simulate.md, "What makes a CPU act as a cluster".
-"""
+"""Simulated devices: one process as one rank of the config's world on fake accelerator tensors (the fake process
+group, ``FakeTensorMode``, :class:`SimulatedDevice` above it) and stand-ins for the accelerator outside tensors (the
+CUDA runtime, DTensor's shard offsets, attention kernels); device errors become a :class:`DeviceCheckError` naming
+the innermost easyrl call. How and why: docs/simulate.md, "What makes a CPU act as a cluster"."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import traceback
 import weakref
 from typing import Iterator, Optional
@@ -20,7 +18,8 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from easyrl.simulate.standins import GIB, DeviceSpec, accelerator_standins  # noqa: F401
+from easyrl.sizing.anatomy import GIB
+from easyrl.sizing.devices import DeviceSpec
 
 
 class DeviceCheckError(RuntimeError):
@@ -37,19 +36,10 @@ SHADOW_LIMIT = 1 << 24  # elements: small tensors (ids, masks, positions, counts
 
 
 class SimulatedDevice(TorchDispatchMode):
-    """Runs above ``FakeTensorMode`` and adds three things to it:
-
-    * real values for small data-carrying tensors ("shadows"): an op whose tensor inputs all have real values (the
-      batch's ids and masks, what is computed from them: packed indices, positions, counts) runs for real on the host
-      and its output, placed on the fake device, keeps the real result; so easyrl's data-dependent code (boolean
-      masks, ``nonzero``, ``.item()``, ``.tolist()``) runs unchanged. Ops touching weights or activations stay fake;
-    * the collective check: a ``c10d::*`` / ``_c10d_functional::*`` op given a tensor not on ``device_type`` raises
-      :class:`HostTensorInCollective` (NCCL and HCCL accept device tensors only; the fake process group anything);
-    * device memory accounting: every storage on ``device_type`` is counted from its allocation until it is freed
-      (garbage-collected, or resized to 0 as FSDP2 frees unsharded parameters): ``allocated`` and ``peak`` bytes.
-
-    A host/device mix is left to ``FakeTensorMode``, which raises ``FakeTensorDeviceMismatchError``.
-    """
+    """Above ``FakeTensorMode``: real values ("shadows") for small data tensors (ids, masks, what is computed from
+    them), so data-dependent code runs unchanged; the collective check (:class:`HostTensorInCollective` for a tensor
+    not on ``device_type``); and memory accounting of every ``device_type`` storage until freed (``allocated``,
+    ``peak`` bytes). A host/device mix is left to ``FakeTensorMode`` (``FakeTensorDeviceMismatchError``)."""
 
     def __init__(self, device_type: str):
         super().__init__()
@@ -65,8 +55,7 @@ class SimulatedDevice(TorchDispatchMode):
         self.peak = self.allocated
 
     def _track(self, tensor: torch.Tensor) -> None:
-        """Count ``tensor``'s storage until it is freed (storages keep their Python object while alive). Only fake
-        tensors hold (simulated) memory: a DTensor wrapper reports its global size, so its local tensor is counted."""
+        """Count ``tensor``'s storage until it is freed (a DTensor: its local tensor; only fake tensors count)."""
         from torch._subclasses.fake_tensor import FakeTensor
         from torch.distributed.tensor import DTensor
 
@@ -212,8 +201,8 @@ def _tensors(value) -> list[torch.Tensor]:
 
 
 def culprit(exc: BaseException) -> str:
-    """``file:line in function: source`` of the innermost frame of ``exc``'s traceback that is easyrl's own code (not
-    ``easyrl/simulate``), else of its innermost frame outside torch; ``?`` when there is none."""
+    """``file:line in function: source`` of ``exc``'s innermost easyrl frame outside ``easyrl/simulate`` (else
+    outside torch; ``?`` without one)."""
     frames = traceback.extract_tb(exc.__traceback__)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     here = os.path.dirname(os.path.abspath(__file__))
@@ -230,8 +219,8 @@ def culprit(exc: BaseException) -> str:
 
 @contextlib.contextmanager
 def device_check(phase: str) -> Iterator[None]:
-    """Turn a host/device mix (``FakeTensorDeviceMismatchError``) or a host tensor in a collective into a
-    :class:`DeviceCheckError` naming ``phase`` and the easyrl call."""
+    """A host/device mix or a host tensor in a collective becomes a :class:`DeviceCheckError` naming ``phase`` and
+    the easyrl call."""
     from torch._subclasses.fake_tensor import FakeTensorDeviceMismatchError
 
     try:
@@ -243,10 +232,8 @@ def device_check(phase: str) -> Iterator[None]:
 
 @contextlib.contextmanager
 def fake_world(rank: int, world_size: int, device_type: str = "cuda") -> Iterator[None]:
-    """This process as ``rank`` of ``world_size`` over the fake process group (collectives return at once), bound to
-    ``device_type`` only, as NCCL is to ``cuda``: torch picks a collective's device from the group's device types
-    (``set_model_state_dict(broadcast_from_rank0=True)`` moves host-offloaded tensors to it first), and a fake group
-    that also claimed ``cpu`` would send host tensors where NCCL never sees one."""
+    """This process as ``rank`` of ``world_size`` over the fake process group, bound to ``device_type`` only (as NCCL
+    to ``cuda``: a group that also claimed ``cpu`` would take host tensors NCCL never sees)."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     if dist.is_initialized():
@@ -265,8 +252,7 @@ def fake_world(rank: int, world_size: int, device_type: str = "cuda") -> Iterato
 
 @contextlib.contextmanager
 def fake_tensors(device_type: Optional[str]) -> Iterator["SimulatedDevice"]:
-    """``FakeTensorMode`` (host tensors created before it are accepted as inputs) with, for an accelerator
-    ``device_type``, the collective check; new tensors are fake, whatever their device."""
+    """``FakeTensorMode`` (earlier host tensors accepted as inputs) under a :class:`SimulatedDevice`."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode(allow_non_fake_inputs=True):
@@ -287,18 +273,16 @@ _torch_tensor = torch.tensor
 
 
 def _tensor_of_scalars(data, *args, **kwargs):
-    """``torch.tensor`` whose list elements that are 0-dim tensors are read as Python numbers first: under a dispatch
-    mode ``torch.tensor([float_tensor], dtype=torch.int64)`` converts elements with ``__index__`` and fails, where
-    plain PyTorch accepts it (easyrl's token counts do this)."""
+    """``torch.tensor`` reading 0-dim tensor elements as numbers first (under a dispatch mode
+    ``torch.tensor([float_tensor], dtype=torch.int64)`` fails, where plain PyTorch accepts it)."""
     if isinstance(data, (list, tuple)) and any(isinstance(v, torch.Tensor) and v.dim() == 0 for v in data):
         data = [v.item() if isinstance(v, torch.Tensor) and v.dim() == 0 else v for v in data]
     return _torch_tensor(data, *args, **kwargs)
 
 
 def fake_checkpoint_reader(model_path: str, hf_config, trust_remote_code: bool, lora=None) -> tuple[dict, dict]:
-    """Stand-in for ``easyrl.workers.fsdp_model.read_checkpoint`` on rank 0: the same names, shapes and dtypes
-    (float32, the model's own buffers; with ``lora`` peft's names) as fake tensors; no weights are read. Call it
-    under ``FakeTensorMode``."""
+    """Stand-in for ``easyrl.workers.fsdp_model.read_checkpoint`` on rank 0 (under ``FakeTensorMode``): the same
+    names, shapes and dtypes (with ``lora`` peft's names) as fake tensors, no weights read."""
     from easyrl.sizing.anatomy import meta_model
 
     model = meta_model(hf_config, trust_remote_code)
@@ -310,7 +294,66 @@ def fake_checkpoint_reader(model_path: str, hf_config, trust_remote_code: bool, 
 
 
 def fake_state(model: torch.nn.Module) -> tuple[dict, dict]:
-    """``(state dict, buffers)`` of ``model`` (a meta-device build) as new tensors of the same names, shapes and
-    dtypes: fake tensors under ``FakeTensorMode``."""
+    """``(state dict, buffers)`` of ``model`` (a meta-device build) as new tensors of the same shapes and dtypes."""
     state = {name: torch.empty(t.shape, dtype=t.dtype) for name, t in model.state_dict().items()}
     return state, {name: torch.empty(b.shape, dtype=b.dtype) for name, b in model.named_buffers()}
+
+
+class _Stream:
+    """Stand-in for ``torch.cuda.Stream`` / ``Event``: every method is a no-op (one simulated stream)."""
+
+    def __init__(self, *args, **kwargs):
+        self.device = torch.device("cuda", 0)
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+@contextlib.contextmanager
+def accelerator_standins(spec: DeviceSpec, fused_attention: bool = True) -> Iterator[None]:
+    """Inside: the CUDA runtime calls (device, streams, events, memory queries) answer for one ``spec`` device
+    (``is_available`` stays False: initialisation would call the CUDA RNG); with ``fused_attention`` the device's
+    attention kernels (``easyrl.simulate.attention.device_attention``)."""
+    cuda = torch.cuda
+    props = mock.Mock(total_memory=int(spec.memory_gib * GIB), name=spec.name)
+    patches = dict(current_device=lambda: 0, device_count=lambda: 1, set_device=lambda *a, **k: None,
+                   Stream=_Stream, Event=_Stream, current_stream=lambda *a, **k: _Stream(),
+                   default_stream=lambda *a, **k: _Stream(), stream=lambda *a, **k: contextlib.nullcontext(),
+                   synchronize=lambda *a, **k: None, empty_cache=lambda: None,
+                   get_device_properties=lambda *a, **k: props, get_device_name=lambda *a, **k: spec.name,
+                   get_device_capability=lambda *a, **k: (9, 0),
+                   memory_allocated=lambda *a, **k: 0, max_memory_allocated=lambda *a, **k: 0,
+                   max_memory_reserved=lambda *a, **k: 0)
+    with contextlib.ExitStack() as stack:
+        for name, value in patches.items():
+            stack.enter_context(mock.patch.object(cuda, name, value))
+        _patch_shard_offsets(stack)
+        if fused_attention:
+            from easyrl.simulate.attention import device_attention
+
+            stack.enter_context(device_attention(spec.kind))
+        yield
+
+
+def _patch_shard_offsets(stack: contextlib.ExitStack) -> None:
+    """DTensor's shard offsets (``int()`` of small index tensors, which a fake tensor cannot answer) on real
+    tensors, wherever imported."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.distributed.tensor import _utils
+
+    original = _utils.compute_local_shape_and_global_offset
+
+    def real_offsets(*args, **kwargs):
+        with unset_fake_temporarily():
+            return original(*args, **kwargs)
+
+    for name, module in list(sys.modules.items()):
+        if name.startswith("torch.distributed") and getattr(module, "compute_local_shape_and_global_offset",
+                                                            None) is original:
+            stack.enter_context(mock.patch.object(module, "compute_local_shape_and_global_offset", real_offsets))

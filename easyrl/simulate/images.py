@@ -1,7 +1,5 @@
-"""The images of a vision-language budget micro-batch (docs/simulate.md, "Images"): one image per prompt, the largest
-the config admits (``easyrl.sizing.vision.prompt_image_grid``), carried as the trainer sends them
-(``multi_modal_inputs`` and the image pad tokens in ``input_ids``), so the simulated phases run the vision tower.
-"""
+"""The images of a vision-language budget micro-batch (docs/simulate.md, "Images"): one per prompt, the largest the
+config admits, carried as the trainer sends them, so the simulated phases run the vision tower."""
 
 from __future__ import annotations
 
@@ -42,9 +40,8 @@ class ImageGrid:
 
 
 def image_grid(hf_config, config: PPOConfig) -> Optional[ImageGrid]:
-    """The largest image one prompt of ``config`` holds, or None for a model without a
-    ``vision_config`` or a ``data.max_prompt_length`` without room for one beside ``TEXT_TOKENS``
-    (``easyrl.sizing.vision``): then the batch is text only."""
+    """The largest image one prompt of ``config`` holds (``easyrl.sizing.vision.prompt_image_grid``); None for a
+    text model or no room: a text-only batch."""
     vision = vision_shape(hf_config)
     grid = prompt_image_grid(config, vision) if vision is not None else None
     if grid is None:
@@ -60,10 +57,9 @@ def image_grid(hf_config, config: PPOConfig) -> Optional[ImageGrid]:
 
 
 def add_images(input_ids: torch.Tensor, prompt_length: int, grid: ImageGrid) -> list[dict[str, torch.Tensor]]:
-    """Put one image's tokens in each prompt of ``input_ids`` ``(bsz, prompt_length + response)`` (in place: vision
-    start, ``grid.tokens`` image pads, vision end, after the first text tokens) and return its ``multi_modal_inputs``:
-    per sample ``pixel_values`` ``(grid.patches, grid.patch_dim)`` float32 and ``image_grid_thw`` ``(1, 3)`` int64,
-    host tensors (as the trainer sends them)."""
+    """Put one image's tokens (vision start, ``grid.tokens`` pads, vision end) in each prompt of ``input_ids``
+    ``(bsz, prompt_length + response)``, in place; returns per sample ``pixel_values`` ``(grid.patches,
+    grid.patch_dim)`` float32 and ``image_grid_thw`` ``(1, 3)`` int64, host tensors."""
     start = (prompt_length - grid.tokens - 2) // 2  # text before and after the image
     input_ids[:, start] = grid.vision_start_token_id
     input_ids[:, start + 1:start + 1 + grid.tokens] = grid.image_token_id

@@ -1,11 +1,7 @@
-"""The phases of one training step, run with easyrl's own worker code as one rank of the config's world on simulated
-devices (``easyrl.simulate.fake_device``): load and shard (the actor, the reference as configured, each with its
-offload setting), the old-log-prob forward at the config's token budget, the reference forward, the weight-sync
-gather in buckets, the checkpoint state dict and the export gather. Each phase records the device's peak memory.
-
-The simulated rank is rank 0: it is the rank that reads the checkpoint (here a stand-in of the same names and shapes,
-``fake_checkpoint_reader``: no weights are read) and holds the largest ``Shard(0)`` pieces.
-"""
+"""The phases of one training step run with easyrl's own worker code as rank 0 of the config's world on simulated
+devices (``easyrl.simulate.fake_device``), each recording the device's peak memory: load and shard, the experience
+forwards at the config's token budget, the weight-sync gather, the checkpoint state dict, the export gather and the
+updates. Rank 0 reads the checkpoint (faked: ``fake_checkpoint_reader``) and holds the largest ``Shard(0)`` pieces."""
 
 from __future__ import annotations
 
@@ -31,6 +27,7 @@ from easyrl.simulate.fake_device import (
 )
 from easyrl.simulate.images import ImageGrid, add_images, image_grid
 from easyrl.simulate.vl_model import simulated_vl
+from easyrl.sizing.estimate import JUDGE
 
 MODEL_CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                              "examples", "model_configs")
@@ -58,9 +55,8 @@ class Simulation:
 
 
 def lora_outside_fake_mode():
-    """Patch ``easyrl.models.lora.apply_lora`` to run with fake tensors switched off (on the meta-device model):
-    peft's ``Module.to`` swaps parameters and refuses the weakref ``FakeTensorMode`` keeps on every tensor it
-    makes (docs/simulate.md); the adapter becomes fake when FSDP2 materializes it."""
+    """``easyrl.models.lora.apply_lora`` with fake tensors off: peft's ``Module.to`` refuses the weakref
+    ``FakeTensorMode`` keeps on its tensors (docs/simulate.md); FSDP2 makes the adapter fake later."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     from easyrl.models import lora as lora_module
@@ -76,9 +72,8 @@ def lora_outside_fake_mode():
 
 @contextlib.contextmanager
 def simulated_rank(spec: DeviceSpec, world_size: int, kind: str) -> Iterator[tuple]:
-    """Rank 0 of ``world_size`` on fake ``kind`` tensors standing for ``spec`` devices (``(mesh, SimulatedDevice)``
-    inside): the fake world, the accelerator's stand-ins, rank 0's checkpoint read faked, peft outside the fake mode,
-    the VL stand-ins (``easyrl.simulate.vl_model``) and a 1-D ``dp`` device mesh."""
+    """Rank 0 of ``world_size`` on fake ``kind`` tensors for ``spec`` devices, with every stand-in; yields ``(1-D
+    dp mesh, SimulatedDevice)``."""
     from torch.distributed.device_mesh import init_device_mesh
 
     import easyrl.workers.fsdp_model as fsdp_model
@@ -92,12 +87,8 @@ def simulated_rank(spec: DeviceSpec, world_size: int, kind: str) -> Iterator[tup
 
 
 def model_folder(model_path: str) -> str:
-    """A folder holding the model's ``config.json``: ``model_path`` itself when it has one, else the shipped
-    ``examples/model_configs/<last part of the hub id>``.
-
-    Raises:
-        ModelError: neither exists.
-    """
+    """``model_path`` when it holds a ``config.json``, else the shipped ``examples/model_configs/<name>``;
+    ``ModelError`` when neither exists."""
     if os.path.isfile(os.path.join(model_path, "config.json")):
         return model_path
     shipped = os.path.join(MODEL_CONFIGS, model_path.rstrip("/").split("/")[-1])
@@ -108,10 +99,8 @@ def model_folder(model_path: str) -> str:
 
 
 def budget_batch(config: PPOConfig, tokens: int, grid: Optional[ImageGrid] = None):
-    """A packed micro-batch's worth of samples: full-length rows (``max_prompt_length + max_response_length``) until
-    ``tokens`` are used, host tensors (the trainer sends the batch from the host); with ``grid`` (a VL model:
-    :func:`vision_grid`) one image per prompt, its pad tokens in the prompt and its ``multi_modal_inputs``
-    (``easyrl.simulate.images``)."""
+    """Full-length host rows (prompt + response) filling ``tokens``, as the trainer sends them; with ``grid`` (a VL
+    model) one image per prompt (``easyrl.simulate.images.add_images``)."""
     from tensordict import TensorDict
 
     from easyrl.batch import Batch
@@ -139,11 +128,8 @@ def vision_grid(config: PPOConfig, model_path: str, trust_remote_code: bool = Fa
 
 def simulate(config: PPOConfig, spec: DeviceSpec, log: Callable[[str], None] = print,
              update: bool = True) -> Simulation:
-    """Run the phases (module docstring) as rank 0 of ``config.world_size`` on fake ``spec`` devices.
-
-    Raises:
-        DeviceCheckError: a host tensor reached a device op or a collective (the message names phase and call).
-    """
+    """Run the phases as rank 0 of ``config.world_size`` on fake ``spec`` devices (``update``: the updates too);
+    ``DeviceCheckError`` when a host tensor reaches a device op or a collective."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     import easyrl.workers.fsdp_model as fsdp_model
@@ -165,7 +151,7 @@ def simulate(config: PPOConfig, spec: DeviceSpec, log: Callable[[str], None] = p
         else None
     rm_batch = extra_roles.reward_model_batch(config) if cfg.reward.reward_model.enabled else None
     if cfg.reward.judge.model_path is not None:  # its engine stays resident: no sleep mode (easyrl.workers.judge)
-        sim.beside[extra_roles.JUDGE] = cfg.reward.judge.gpu_memory_utilization * spec.memory_gib
+        sim.beside[JUDGE] = cfg.reward.judge.gpu_memory_utilization * spec.memory_gib
     with simulated_rank(spec, world, kind) as (mesh, mode):
         def phase(name: str, run: Callable[[], object]) -> object:
             start = time.perf_counter()
@@ -217,18 +203,11 @@ def _state_bytes(policy) -> int:
 UPDATES = {"actor": "update_policy", "critic": "update_critic"}  # the update method of each trained model
 
 
-def simulate_update(config: PPOConfig, spec: DeviceSpec, log: Callable[[str], None] = print) -> PhaseResult:
-    """The actor's update phase (:func:`simulate_updates`)."""
-    return simulate_updates(config, spec, log)[0]
-
-
 def simulate_updates(config: PPOConfig, spec: DeviceSpec,
                      log: Callable[[str], None] = print) -> list[PhaseResult]:
-    """The actor update (forward, backward, gradient clipping, AdamW step) at the update token budget, then, with a
-    critic (``algorithm.adv_estimator=gae``), the critic's, as rank 0 of the config's world on fake CPU tensors
-    (autograd cannot run backward on a fake ``cuda`` device), both models loaded. Each peak is the second step's
-    (AdamW states resident), over two micro-batches when the config's mini-batch holds more than one (the first's
-    gradients resident), with offloaded parameter, gradient and AdamW shards taken out (docs/simulate.md)."""
+    """The actor's update (and the critic's, with one) at the update token budget on fake CPU tensors (autograd
+    cannot run backward on a fake ``cuda`` device): each peak is a second step's (AdamW states resident), over two
+    micro-batches when the mini-batch holds more, offloaded shards taken out (docs/simulate.md)."""
     from easyrl.workers.critic import FSDPCritic
     from easyrl.workers.policy import FSDPPolicy
 

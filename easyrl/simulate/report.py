@@ -1,5 +1,4 @@
-"""The simulation's table: per-device peak memory by phase beside ``easyrl.sizing.estimate``'s estimate, the host
-memory the offloaded states need, and the verdict (fits, or every phase that does not and the settings to change)."""
+"""The simulation's verdict and table: per-device peaks by phase beside ``easyrl.sizing.estimate``'s estimate."""
 
 from __future__ import annotations
 
@@ -10,41 +9,29 @@ from easyrl.sizing.estimate import MemoryEstimate, advice
 
 
 def verdict(sim: Optional[Simulation], estimate: MemoryEstimate, estimate_error: Optional[str]) -> Optional[str]:
-    """None when the run fits; else why not: the estimate's error (every phase it finds over the device, with the
-    settings to change), or every simulated phase whose peak (an experience forward's with the AdamW states of a later
-    step, :func:`simulated_experience_gib`) and what is held beside it exceed the device, each with the settings that
-    shrink its largest items in the estimate (``easyrl.sizing.estimate.advice``)."""
+    """None when the run fits; else the estimate's error, or every simulated phase whose peak (an experience forward's
+    with the actor's AdamW states of a later step: the simulation runs it before any update) and what is held beside
+    it exceed the device, with the ``advice`` of the estimate's items for that phase."""
     if estimate_error or sim is None:
         return estimate_error or None
     beside = sum(sim.beside.values())  # the judge's engine, resident in every phase
     held = f" (+ {beside:.1f} GiB held beside it: {', '.join(sim.beside)})" if beside else ""
     problems = []
     for phase in sim.phases:
-        peak = simulated_experience_gib(phase, estimate)
+        peak = phase.peak_gib + estimate.experience.get(phase.name, {}).get("actor Adam states", 0.0)
         if peak + beside <= estimate.capacity_gib:
             continue
         later = " (with the actor's AdamW states of a later step)" if phase.name in estimate.experience else ""
-        items = estimate_items(phase.name, estimate) | sim.beside
+        if phase.name in estimate.experience:
+            items = estimate.experience[phase.name]
+        elif "update" in phase.name:
+            items = estimate.training
+        else:  # what stays resident beside the sleeping engine
+            items = {name: gib for name, gib in estimate.rollout.items() if "gpu_memory_utilization" not in name}
+        items = items | sim.beside
         problems.append(f"phase '{phase.name}' peaks at {peak:.1f} GiB{held} on a {estimate.capacity_gib:.1f} GiB "
                         f"device{later}: {advice(items, peak + beside - estimate.capacity_gib)}")
     return "; and ".join(problems) or None
-
-
-def estimate_items(phase: str, estimate: MemoryEstimate) -> dict[str, float]:
-    """The estimate's items for the simulated ``phase``: an experience forward's own, the training phase's for an
-    update, else what stays resident beside the sleeping engine (loading, weight sync, checkpoint, export)."""
-    if phase in estimate.experience:
-        return estimate.experience[phase]
-    if "update" in phase:
-        return estimate.training
-    return {name: gib for name, gib in estimate.rollout.items() if "gpu_memory_utilization" not in name}
-
-
-def simulated_experience_gib(phase: PhaseResult, estimate: MemoryEstimate) -> float:
-    """A phase's simulated peak as the device holds it from the second step on: the simulation runs the experience
-    forwards before any update, so the actor's AdamW states (resident then unless ``offload_optimizer`` / offloaded)
-    are added from the estimate to theirs."""
-    return phase.peak_gib + estimate.experience.get(phase.name, {}).get("actor Adam states", 0.0)
 
 
 def judge_problem(judge: dict[str, float]) -> Optional[str]:
@@ -106,8 +93,7 @@ def table(sim: Optional[Simulation], estimate: MemoryEstimate, problem: Optional
 
 
 def experience_column(phase: PhaseResult, estimate: MemoryEstimate) -> str:
-    """The estimate beside a simulated experience forward (``easyrl.sizing.experience.estimate_experience``), less the
-    actor's AdamW states, which the simulation (before any update) does not hold yet; empty for other phases."""
+    """The estimate beside a simulated experience forward, less the actor's AdamW states; empty for other phases."""
     items = estimate.experience.get(phase.name)
     if items is None:
         return ""

@@ -1,8 +1,5 @@
-"""A Qwen-VL model on simulated devices (docs/simulate.md, "Images"): the vision tower's attention as one varlen
-call per block, as flash-attention runs it (transformers' other path makes one SDPA call per image or window:
-minutes of fake-tensor dispatch for the same memory), and image-token masks that keep their real values, so that
-Qwen3-VL's DeepStack step can index with them on fake tensors.
-"""
+"""A Qwen-VL model on simulated devices (docs/simulate.md, "Images"): the vision tower's attention as one varlen call
+per block, and image-token masks that keep their real values (Qwen3-VL's DeepStack indexes with them)."""
 
 from __future__ import annotations
 
@@ -27,12 +24,8 @@ def varlen_vision_attention(module: torch.nn.Module, query: torch.Tensor, key: t
                             dropout: float = 0.0, cu_seq_lens_q: Optional[torch.Tensor] = None,
                             cu_seq_lens_k: Optional[torch.Tensor] = None, max_length_q=None, max_length_k=None,
                             is_causal: bool = False, **_) -> tuple[torch.Tensor, None]:
-    """transformers' attention-function signature, as its flash path calls it from a vision block.
-
-    ``query``, ``key``, ``value``: ``(1, heads, patches, head_dim)``; ``cu_seq_lens_q/k``: ``(pieces + 1,)`` int32
-    boundaries of the images or windows; ``max_length_q/k``: the longest piece. Returns ``((1, patches, heads,
-    head_dim), None)``, as transformers' flash attention returns it.
-    """
+    """transformers' flash attention of a vision block: ``query``, ``key``, ``value`` ``(1, heads, patches,
+    head_dim)``, ``cu_seq_lens_q/k`` ``(pieces + 1,)`` boundaries; returns ``((1, patches, heads, head_dim), None)``."""
     return varlen_flash(query, key, value, cu_seq_lens_q.to(torch.int32), cu_seq_lens_k.to(torch.int32),
                         int(max_length_q), int(max_length_k), dropout, is_causal, scaling), None
 
@@ -41,9 +34,8 @@ AttentionInterface.register(VISION_VARLEN, varlen_vision_attention)
 
 
 def _token_masks(model: torch.nn.Module):
-    """``model.get_placeholder_mask`` (its count checks included) returning ``(bsz, tokens, 1)`` masks computed
-    from ``input_ids``: ``masked_scatter`` broadcasts them as it does the device's ``(bsz, tokens, hidden)`` views,
-    and they are small enough for ``SimulatedDevice`` to keep their real values (``SHADOW_LIMIT``)."""
+    """``model.get_placeholder_mask`` (its checks included) returning ``(bsz, tokens, 1)`` masks from
+    ``input_ids``, small enough to keep their real values (``SHADOW_LIMIT``)."""
     original = model.get_placeholder_mask
     config = model.config
 
@@ -59,8 +51,8 @@ def _token_masks(model: torch.nn.Module):
 
 def deepstack_by_positions(self, hidden_states: torch.Tensor, visual_pos_masks: torch.Tensor,
                            visual_embeds: torch.Tensor) -> torch.Tensor:
-    """Qwen3-VL's ``_deepstack_process`` with the image tokens' positions for an index (``nonzero`` of the small
-    mask, answered from its real values) instead of the boolean mask, which fake tensors cannot size.
+    """Qwen3-VL's ``_deepstack_process`` indexing by the image tokens' positions (fake tensors cannot size a
+    boolean mask).
 
     Args:
         hidden_states: ``(bsz, tokens, hidden)``.
@@ -76,9 +68,8 @@ def deepstack_by_positions(self, hidden_states: torch.Tensor, visual_pos_masks: 
 
 @contextlib.contextmanager
 def simulated_vl() -> Iterator[None]:
-    """Inside: every model ``easyrl.workers.fsdp_model.build_empty_model`` builds with a vision tower runs its
-    attention with :data:`VISION_VARLEN`, returns ``(bsz, tokens, 1)`` placeholder masks and (Qwen3-VL) adds its
-    DeepStack features by position; a text model is left as built."""
+    """Inside: every VL model ``build_empty_model`` builds uses :data:`VISION_VARLEN`, :func:`_token_masks` and
+    :func:`deepstack_by_positions`."""
     import easyrl.workers.fsdp_model as fsdp_model
 
     build = fsdp_model.build_empty_model

@@ -1,6 +1,5 @@
-"""What sizing knows of a model before anything is loaded: its widths (:class:`ModelShape`, with the vision tower's
-:class:`VisionShape`) read off its ``config.json``, and its parameter and matmul-weight counts from one build on the
-meta device (:func:`model_anatomy`); the units (GiB, bytes per dtype)."""
+"""A model's anatomy before anything is loaded: its widths (:class:`ModelShape`, :class:`VisionShape`) from its
+``config.json``, its parameter and matmul-weight counts from one meta-device build (:func:`model_anatomy`); units."""
 
 from __future__ import annotations
 
@@ -38,11 +37,9 @@ class VisionShape:
 
 @dataclass(frozen=True)
 class ModelShape:
-    """The widths that size activations and FLOPs (from the model's ``config.json``; its ``text_config`` for VL
-    models).
-
-    ``intermediate_size`` is the MLP width one token passes through: ``num_experts_per_tok x moe_intermediate_size``
-    for a mixture of experts. ``tied``: the LM head is the input embedding (one ``vocab x hidden`` matrix)."""
+    """The widths that size activations and FLOPs (the ``text_config``'s for VL models). ``intermediate_size``: the
+    MLP width one token passes through (``top_k x moe_intermediate_size`` for MoE); ``tied``: the LM head is the
+    input embedding."""
 
     hidden_size: int
     num_layers: int
@@ -78,10 +75,8 @@ def model_shape(hf_config) -> ModelShape:
 
 
 def vision_shape(hf_config) -> "VisionShape | None":
-    """:class:`VisionShape` of a Qwen-VL config's ``vision_config`` (None without one). The processor's patch widths
-    are the vision config's (``patch_size``, ``spatial_merge_size``, ``temporal_patch_size``, ``in_channels``): the
-    Qwen-VL ``preprocessor_config.json`` repeats them. Qwen2-VL names the tower's width ``embed_dim`` (its
-    ``hidden_size`` is the merger's output, the language model's width)."""
+    """:class:`VisionShape` of a Qwen-VL ``vision_config`` (None without one); the processor's patch widths are the
+    vision config's. Qwen2-VL names the tower's width ``embed_dim`` (its ``hidden_size`` is the merger's output)."""
     vision = getattr(hf_config, "vision_config", None)
     if vision is None:
         return None
@@ -99,15 +94,15 @@ def vision_shape(hf_config) -> "VisionShape | None":
 
 
 def split_parameters(params: int, vocab_size: int, shape: ModelShape, lm_head: bool = True) -> tuple[int, float]:
-    """``(root, layer)``: the parameters of FSDP2's root group (the embedding, and the LM head unless tied or
-    ``lm_head`` is False: a score head) and of one decoder layer (the rest over ``num_layers``)."""
+    """``(root, layer)`` parameters: FSDP2's root group (the embedding, and the LM head unless tied or not
+    ``lm_head``) and one decoder layer (the rest over ``num_layers``)."""
     root = (2 if lm_head and not shape.tied else 1) * vocab_size * shape.hidden_size
     return root, max(params - root, 0) / shape.num_layers
 
 
 def meta_model(hf_config, trust_remote_code: bool = False, classifier: bool = False):
-    """The model built from ``hf_config`` on the meta device (no memory): its causal-LM / image-text-to-text class
-    (``easyrl.models.hf_folder.hf_model_class``), or with ``classifier`` ``AutoModelForSequenceClassification``."""
+    """The model of ``hf_config`` on the meta device (``hf_model_class``, or with ``classifier`` a sequence
+    classifier)."""
     import torch
 
     from easyrl.models.hf_folder import hf_model_class
@@ -132,9 +127,8 @@ def count_parameters(hf_config, trust_remote_code: bool = False) -> tuple[int, i
 
 
 def model_anatomy(hf_config, trust_remote_code: bool = False) -> tuple[int, int, ModelShape]:
-    """``(parameters, vocab size, shape)`` from one meta-device build: :func:`model_shape` with the FLOPs counts
-    filled in: every ``nn.Linear`` and patch-embedding convolution weight sorted into text (language model + LM
-    head), per-patch and per-merged-token (``merger``) weights, and the attention width ``heads x head_dim``."""
+    """``(parameters, vocab size, shape)`` from one meta-device build: :func:`model_shape` with every matmul weight
+    counted as text, per-patch or per-merged-token (``merger``), and the attention width ``heads x head_dim``."""
     import torch
 
     model = meta_model(hf_config, trust_remote_code)

@@ -1,5 +1,4 @@
-"""The accelerators easyrl knows (:data:`DEVICES`), one table: the driver's name, the dense peak for MFU, and for the
-ones ``easyrl simulate`` models, the memory the driver reports. Imports nothing heavy (``easyrl simulate --help``)."""
+"""The accelerators easyrl knows, one table (:data:`DEVICES`); imports nothing heavy (``easyrl simulate --help``)."""
 
 from __future__ import annotations
 
@@ -10,13 +9,9 @@ from typing import Optional
 
 @dataclass(frozen=True)
 class DeviceSpec:
-    """One accelerator model.
-
-    ``kind``: ``cuda`` / ``npu``. ``name``: as the driver reports it. ``peak_tflops``: dense (no sparsity) BF16
-    tensor-core peak in TFLOP/s from the vendor's data sheet. ``marker``: matched as a substring of a device's name
-    (longest first) to find its peak. ``memory_gib``: total memory as the driver reports it
-    (``torch.cuda.get_device_properties(0).total_memory / 2**30``; nvidia-smi / npu-smi MiB / 1024: a label's
-    "80 GB" is decimal gigabytes); None: not simulated."""
+    """One accelerator: ``kind`` (``cuda`` / ``npu``), ``name`` as the driver reports it, ``peak_tflops`` (dense BF16
+    peak from the data sheet), ``marker`` (a substring of the driver's name, longest first) and ``memory_gib`` (total
+    memory as the driver reports it, MiB / 1024; None: not simulated)."""
 
     kind: str
     name: str

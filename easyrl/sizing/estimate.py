@@ -1,9 +1,6 @@
-"""Pre-flight device-memory estimate: will this run fit on one device, before minutes of loading end in an OOM?
-
-GiB per device for the rollout phase, the training phase and each experience forward, and GiB of host memory per
-node for what is offloaded; what each item counts: docs/simulate.md, "What the estimate counts". Not counted: CUDA
-context and NCCL buffers (~1-2 GiB), allocator fragmentation.
-"""
+"""Pre-flight device-memory estimate: GiB per device for the rollout phase, the training phase and each experience
+forward, GiB of host memory per node for what is offloaded (docs/simulate.md, "What the estimate counts"; CUDA
+context, NCCL buffers and fragmentation are not counted)."""
 
 from __future__ import annotations
 
@@ -15,6 +12,9 @@ from easyrl.errors import ConfigError
 from easyrl.sizing.anatomy import DTYPE_BYTES, GIB, ModelShape, model_anatomy, split_parameters
 from easyrl.sizing.experience import RoleModel, estimate_experience, experience_models
 from easyrl.sizing.vision import vision_activations
+
+JUDGE = "judge vLLM (worker.reward.judge.gpu_memory_utilization)"
+"""The item of the LLM judge's engine, resident beside every phase (no sleep mode)."""
 
 
 @dataclass
@@ -28,11 +28,9 @@ class MemoryEstimate:
     rollout: dict[str, float] = field(default_factory=dict)
     training: dict[str, float] = field(default_factory=dict)
     experience: dict[str, dict[str, float]] = field(default_factory=dict)
-    """Each experience forward (``easyrl simulate``'s phase name -> its items, GiB):
-    ``easyrl.sizing.experience.estimate_experience``."""
+    """Each experience forward's items (phase name -> GiB), ``estimate_experience``."""
     host: dict[str, float] = field(default_factory=dict)
-    """Host memory per node (GiB) for what is offloaded (the offloaded roles' shards, AdamW states with
-    ``offload_optimizer``) on the ``trainer.n_gpus_per_node`` devices of one node."""
+    """Host memory per node (GiB) for the offloaded shards and AdamW states."""
 
     @property
     def rollout_gib(self) -> float:
@@ -52,8 +50,7 @@ def estimate_memory(num_params: int, vocab_size: int, config: PPOConfig, capacit
         num_params: parameters of the model (embeddings counted once when tied).
         vocab_size: rows of the output layer (logits width).
         capacity_gib: total memory of one device, GiB.
-        shape: the model's widths (:func:`model_shape`); None leaves the update's activations and unsharded weights
-            out (a lower bound).
+        shape: the model's widths; None leaves the update's activations out (a lower bound).
         reward_model_params, teacher_params: parameters of the reward model and the distillation teacher (0: none).
     """
     worker = config.worker
@@ -104,8 +101,7 @@ def estimate_memory(num_params: int, vocab_size: int, config: PPOConfig, capacit
     judge = worker.reward.judge
     if judge.model_path is not None:  # the LLM judge's engine stays resident (easyrl.workers.judge: no sleep mode)
         for phase in (estimate.rollout, estimate.training):
-            phase["judge vLLM (worker.reward.judge.gpu_memory_utilization)"] = judge.gpu_memory_utilization * \
-                capacity_gib
+            phase[JUDGE] = judge.gpu_memory_utilization * capacity_gib
     if reward_model_params:
         estimate.rollout["reward model"] = estimate.training["reward model"] = 0.0 if rm.offload.offload_params \
             else rm_gib
@@ -121,11 +117,9 @@ def estimate_memory(num_params: int, vocab_size: int, config: PPOConfig, capacit
 
 
 def estimate_run(config: PPOConfig, capacity_gib: float, folder: Callable[[str], str] = str) -> MemoryEstimate:
-    """The whole pre-flight estimate of ``config`` on devices of ``capacity_gib`` GiB: the actor's anatomy (one
-    meta-device build from its ``config.json``), the teacher's and the reward model's (:func:`experience_models`),
-    both phases (:func:`estimate_memory`) and every experience forward (:func:`estimate_experience`). The worker's
-    pre-flight and ``easyrl simulate`` call it; ``folder(model_path)`` finds each ``config.json`` (``easyrl simulate``
-    maps a hub id to the shipped one)."""
+    """The whole estimate of ``config`` on devices of ``capacity_gib`` GiB (the worker's pre-flight and ``easyrl
+    simulate`` call it): every role's anatomy, both phases and every experience forward; ``folder(model_path)`` finds
+    each ``config.json``."""
     from transformers import AutoConfig
 
     model = config.worker.actor.model
@@ -178,9 +172,7 @@ EXPERIENCE_SETTINGS = {
 
 
 def prefetched_layer(num_params: int, vocab_size: int, shape: ModelShape, compute_bytes: int) -> float:
-    """GiB of the decoder layer FSDP2 gathers ahead in backward (its all-gather output, the compute dtype, one
-    flat ``layer parameters`` buffer), beside the layer whose gradients are being reduce-scattered: the backward
-    prefetch (large for a MoE layer beside its activations: docs/simulate.md)."""
+    """GiB of the decoder layer FSDP2 prefetches in backward (one layer in the compute dtype)."""
     return split_parameters(num_params, vocab_size, shape)[1] * compute_bytes / GIB
 
 
@@ -201,9 +193,8 @@ ADVICE = {  # item name part -> what shrinks it (the first match wins); "offload
 
 
 def advice(items: dict[str, float], excess_gib: float) -> str:
-    """What to change for a phase ``excess_gib`` over the device, from its dominant items: the largest ones until
-    they cover the excess, and any holding a fifth of the phase. An item is named by :data:`ADVICE`, or for an
-    experience forward's own items (``'<phase>: ...'``) by its activations' setting (:data:`EXPERIENCE_SETTINGS`)."""
+    """What to change for a phase ``excess_gib`` over the device: the settings (:data:`ADVICE`,
+    :data:`EXPERIENCE_SETTINGS`) of its largest items until they cover the excess, and of any holding a fifth."""
     total = sum(items.values())
     ranked = sorted(((gib, name) for name, gib in items.items() if gib > 0), reverse=True)
     steps, covered, devices = [], 0.0, False
@@ -222,8 +213,7 @@ def advice(items: dict[str, float], excess_gib: float) -> str:
 
 
 def check_memory(estimate: MemoryEstimate) -> None:
-    """Stop a run that cannot fit, naming every phase that does not, with its numbers and the settings that shrink
-    its largest items (:func:`advice`).
+    """Stop a run that cannot fit, naming every phase that does not with its numbers and :func:`advice`.
 
     Raises:
         ConfigError: vLLM's weights do not fit in its claim (no room for a KV cache), or a phase needs more than the

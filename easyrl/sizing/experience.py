@@ -1,6 +1,5 @@
-"""The experience forwards' memory (old log-probs, reference, the distillation teacher's, the reward model's; vLLM
-asleep), each a phase of its own: what stays resident + the larger of the forward's peak inside a decoder layer and
-its start (docs/simulate.md, "Experience forwards"); ``easyrl.sizing.estimate.check_memory`` checks them."""
+"""The experience forwards' memory (old log-probs, reference, teacher, reward model; vLLM asleep), each a phase:
+what stays resident + the larger of the forward's peak and its start (docs/simulate.md, "Experience forwards")."""
 
 from __future__ import annotations
 
@@ -23,8 +22,7 @@ from easyrl.sizing.vision import vision_forward, vision_start
 
 @dataclass(frozen=True)
 class RoleModel:
-    """A model an experience forward runs (the actor, the teacher, the reward model): its parameter count, its
-    vocabulary, its widths, and whether it ends in an LM head (a reward model's score head is ``hidden x 1``)."""
+    """A model an experience forward runs: parameters, vocabulary, widths, and whether it ends in an LM head."""
 
     params: int
     vocab_size: int
@@ -33,15 +31,9 @@ class RoleModel:
 
 
 def experience_forward(model: RoleModel, tokens: int, compute_bytes: int) -> dict[str, float]:
-    """GiB one experience forward of ``model`` over ``tokens`` adds on top of what stays resident, by category:
-    FSDP2's gathered weights in the compute dtype (the root group: the embedding, and the LM head unless tied or a
-    score head, for the whole forward; two decoder layers, the one running and the next, prefetched) and one layer's
-    activations without autograd at their peak inside its MLP: the gate's activation, the up projection and their
-    product (``3 x intermediate``), or for a mixture of experts its routed token copies (``4 x top_k x hidden``: the
-    inputs gathered per expert, the grouped matmul's output, the weighted outputs before and after the un-permute),
-    beside the residual stream, the normed input and the attention output (``4 x hidden``). Not counted, below that
-    peak: the fused attention kernels (output + log-sum-exp), the fused LM head's 512-token logit chunks, Gated
-    DeltaNet's chunked state."""
+    """GiB one experience forward of ``model`` over ``tokens`` adds to what stays resident: FSDP2's gathered root
+    group and two decoder layers, and one layer's activations without autograd at their peak in its MLP (``3 x
+    intermediate``, or MoE's routed copies ``4 x top_k x hidden``, beside ``4 x hidden``; docs/simulate.md)."""
     shape = model.shape
     embeddings, layer = split_parameters(model.params, model.vocab_size, shape, model.lm_head)
     mlp = max(3 * shape.intermediate_size, 4 * shape.routed_width)
@@ -50,13 +42,9 @@ def experience_forward(model: RoleModel, tokens: int, compute_bytes: int) -> dic
 
 
 def forward_start(model: RoleModel, tokens: int, compute_bytes: int, vision: float | None = None) -> dict[str, float]:
-    """GiB one experience forward of ``model`` over ``tokens`` holds at its start, before FSDP2 gathers the first
-    block: the root group (the embedding, and the LM head unless tied or a score head) twice, as its unsharded
-    parameters and as the flat all-gather output FSDP2 keeps until the next group's copy-out
-    (``FSDPParamGroup.wait_for_unshard``, torch 2.13); the input embeddings (``tokens x hidden``); and either the first
-    decoder layer twice (a text model) or ``vision``, the bytes the vision tower holds before its first block
-    (``vision.vision_start``). Above :func:`experience_forward`'s peak for a large vocabulary at a small token
-    budget."""
+    """GiB one experience forward holds before its first block: the root group twice (unsharded, and the all-gather
+    output FSDP2 keeps until the next group's), the input embeddings, and the first decoder layer twice or
+    ``vision`` (bytes, ``vision.vision_start``); above :func:`experience_forward`'s for a large vocabulary."""
     shape = model.shape
     embeddings, layer = split_parameters(model.params, model.vocab_size, shape, model.lm_head)
     first = 2 * layer * compute_bytes if vision is None else vision
@@ -70,16 +58,9 @@ def forward_start(model: RoleModel, tokens: int, compute_bytes: int, vision: flo
 def estimate_experience(estimate: "MemoryEstimate", config: PPOConfig, actor: RoleModel,
                         teacher: RoleModel | None = None,
                         reward_model: RoleModel | None = None) -> dict[str, dict[str, float]]:
-    """The experience forwards' peaks per device (GiB), phase name -> items: what stays resident while vLLM sleeps
-    (the rollout phase's items less vLLM's claim) plus the larger of :func:`experience_forward` (with
-    ``vision.vision_forward`` for a VL model) and :func:`forward_start` of its model at its token budget
-    (``config.token_budget``; the reward model's ``max_token_len_per_device`` or ``micro_batch_size_per_device x
-    (max_length or the padded length)``). Stored in ``estimate.experience`` too.
-
-    Args:
-        estimate: ``easyrl.sizing.estimate.estimate_memory``'s result for ``config``.
-        actor: the actor's (and the reference's) model; ``teacher``/``reward_model``: theirs, None without one.
-    """
+    """Each experience forward's items (phase name -> GiB), also stored in ``estimate.experience``: the rollout
+    phase's resident items less vLLM's claim, plus the larger of :func:`experience_forward` (with the vision tower's)
+    and :func:`forward_start` at its token budget. ``teacher`` / ``reward_model``: None without one."""
     worker, data = config.worker, config.data
     length = data.max_prompt_length + data.max_response_length
     cb = DTYPE_BYTES[worker.actor.fsdp.param_dtype]
@@ -112,7 +93,7 @@ def estimate_experience(estimate: "MemoryEstimate", config: PPOConfig, actor: Ro
 
 def experience_models(config: PPOConfig, folder: Callable[[str], str] = str) -> dict[str, RoleModel | None]:
     """:func:`estimate_experience`'s ``teacher`` and ``reward_model`` (None without one), counted on the meta device
-    from their ``config.json`` (``folder(model_path)``: ``easyrl simulate`` maps a hub id to the shipped config)."""
+    from ``folder(model_path)``'s ``config.json``."""
     from transformers import AutoConfig
 
     worker = config.worker

@@ -39,10 +39,9 @@ def mfu(flops: float, seconds: float, world_size: int, peak: Optional[float]) ->
 def compute_mfu_metrics(shape: ModelShape, attention_mask: torch.Tensor, multi_modal_inputs: list[dict],
                         timing: dict[str, float], world_size: int, peak: Optional[float],
                         ppo_epochs: int) -> dict[str, float]:
-    """``perf/mfu/actor``: ``ppo_epochs`` x 3 x forward FLOPs over ``timing["update_actor"]`` seconds;
-    ``perf/mfu/rollout``: forward FLOPs over ``timing["gen"]`` seconds (as if vLLM's prefix cache saved nothing);
-    each over ``world_size`` devices of ``peak`` FLOP/s. Empty without a peak (CPU). ``attention_mask``: ``(bsz,
-    seq_len)``; ``multi_modal_inputs``: per sample, its ``image_grid_thw`` / ``video_grid_thw`` ``(n_images, 3)``."""
+    """``perf/mfu/actor`` (``ppo_epochs`` x 3 x forward FLOPs over ``timing["update_actor"]``) and
+    ``perf/mfu/rollout`` (forward FLOPs over ``timing["gen"]``) on ``world_size`` devices of ``peak`` FLOP/s; empty
+    without a peak. ``attention_mask``: ``(bsz, seq_len)``; ``multi_modal_inputs``: per sample its ``*_grid_thw``."""
     if peak is None:
         return {}
     patches = [int(row.prod()) for inputs in multi_modal_inputs for key in ("image_grid_thw", "video_grid_thw")

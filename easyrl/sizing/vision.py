@@ -1,4 +1,4 @@
-"""The vision tower's share of the memory (Qwen-VL), for the largest image one prompt holds (docs/simulate.md,
+"""The vision tower's share of the memory (Qwen-VL) for the largest image one prompt holds (docs/simulate.md,
 "Images")."""
 
 from __future__ import annotations
@@ -13,12 +13,9 @@ TEXT_TOKENS = 64
 
 
 def prompt_image_grid(config: PPOConfig, vision: VisionShape) -> "tuple[int, int, int] | None":
-    """``image_grid_thw`` ``(1, H / patch, W / patch)`` of the largest image one prompt holds: a square image at
-    ``data.max_pixels``, smart-resized as the dataset and the processor do (``easyrl.data.images.target_size``,
-    sides multiples of ``patch x merge``), shrunk to the largest square whose image tokens (``H x W / (patch x
-    merge)^2``) fit in ``data.max_prompt_length`` beside :data:`TEXT_TOKENS` (``data.filter_overlong_prompts`` drops
-    a longer prompt). None when ``data.max_prompt_length`` leaves no room for an image beside :data:`TEXT_TOKENS`.
-    """
+    """``image_grid_thw`` ``(1, H / patch, W / patch)`` of the largest image one prompt holds: a square at
+    ``data.max_pixels`` resized as the dataset does, shrunk until its tokens fit ``data.max_prompt_length`` beside
+    :data:`TEXT_TOKENS`; None without room."""
     from easyrl.data.images import target_size
 
     data = config.data
@@ -43,15 +40,9 @@ def prompt_patches(config: PPOConfig, vision: VisionShape, tokens: int) -> int:
 
 
 def vision_activations(config: PPOConfig, vision: VisionShape) -> dict[str, float]:
-    """GiB that the vision tower holds at the peak of one actor update micro-batch (in the middle of the language
-    model's backward, before the tower's own), ``P`` patches (:func:`prompt_patches`). Per patch: ``pixel_values``
-    on the device (float32) and their compute-dtype copy; with gradient checkpointing each block's input (``depth x
-    hidden``); without, what every block keeps for its backward (``(gate, up, activation, product | fc1,
-    activation) x intermediate`` and ``~12 x hidden``); then each patch merger's inputs (``4 x hidden``) and its
-    output tokens (``P / merge^2 x out_hidden_size``), and the final merger's float32 norm. A tower frozen by
-    ``freeze_vision_tower`` keeps only its output; with LoRA it keeps as much as a trained one (peft's
-    ``enable_input_require_grads`` hooks its patch embedding too).
-    """
+    """GiB the vision tower holds at the peak of one actor update micro-batch of ``P`` patches: per patch the pixels
+    (float32 + compute copy), each block's input (checkpointing) or what it keeps for backward, the mergers' inputs
+    and output tokens; a frozen tower only its output (with LoRA as much as a trained one: peft hooks it)."""
     actor = config.worker.actor
     cb = DTYPE_BYTES[actor.fsdp.param_dtype]
     patches = prompt_patches(config, vision, config.token_budget(actor.micro_batch_size_per_device_for_update))
@@ -72,10 +63,8 @@ def vision_activations(config: PPOConfig, vision: VisionShape) -> dict[str, floa
 
 
 def vision_forward(config: PPOConfig, vision: VisionShape, tokens: int, text_hidden: int) -> dict[str, float]:
-    """GiB that images add to an experience forward without autograd of ``tokens`` (``P`` patches:
-    :func:`prompt_patches`) at its peak in a decoder layer's MLP: ``pixel_values`` on the device (float32) and their
-    compute-dtype copy, the image tokens of the final and DeepStack mergers (``P / merge^2 x out_hidden_size``), and
-    the input embeddings with the image tokens scattered in (``tokens x hidden``)."""
+    """GiB images add to an experience forward of ``tokens`` at its peak: the pixels (float32 + compute copy), the
+    mergers' image tokens (``P / merge^2 x out_hidden_size``) and the input embeddings (``tokens x hidden``)."""
     patches = prompt_patches(config, vision, tokens)
     if not patches:
         return {}
@@ -86,10 +75,8 @@ def vision_forward(config: PPOConfig, vision: VisionShape, tokens: int, text_hid
 
 
 def vision_start(config: PPOConfig, vision: VisionShape, tokens: int) -> float:
-    """Bytes the vision tower holds before its first block, for an experience forward of ``tokens`` (``P`` patches:
-    :func:`prompt_patches`): ``pixel_values`` on the device (float32) and their compute-dtype copy, the patch
-    embedding's output (``P x hidden``), and, for a learned position embedding (Qwen3-VL, Qwen3.5), its bilinear
-    interpolation: the four corners' embeddings (``P x 4 x hidden``) and their product with the float32 weights."""
+    """Bytes the vision tower holds before its first block for ``tokens``: the pixels, the patch embedding's output
+    (``P x hidden``) and a learned position embedding's interpolation (``P x 4 x hidden``, float32 weights)."""
     patches = prompt_patches(config, vision, tokens)
     cb = DTYPE_BYTES[config.worker.actor.fsdp.param_dtype]
     interpolation = patches * 4 * vision.hidden_size * (cb + 4) if vision.position_embedding else 0

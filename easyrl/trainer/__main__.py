@@ -19,15 +19,12 @@ logger = logging.getLogger("easyrl")
 
 
 def build_trainer(config: PPOConfig, worker_cls: Optional[type] = None, startup=None):
-    """Check and load the model's tokenizer/processor, the datasets and the reward function
-    (``easyrl.trainer.preflight``), then start Ray (unless already started) and the workers (``worker_cls``: None
-    for ``FSDPWorker``, or a subclass of it such as the tests' ``easyrl.testing.worker.InspectableWorker``), timing
-    each phase into ``startup`` (an ``easyrl.trainer.launch.StartupProfile``; None: one started now), which the trainer
-    reports after its first step. Returns a ``RayPPOTrainer`` ready to ``fit()``.
+    """A ``RayPPOTrainer`` ready to ``fit()``: the pre-flight checks, then Ray and the workers (``worker_cls``: None
+    for ``FSDPWorker``, or a subclass), each phase timed into ``startup`` (a ``StartupProfile``; None: a new one).
 
     Raises:
-        UserError: any pre-flight check (model, data, reward, run folder; see ``docs/errors.md``), before Ray starts.
-        RunFinished: the run folder's checkpoint is at the run's last step (``easyrl.trainer.run_folder``).
+        UserError: any pre-flight check (docs/errors.md), before Ray starts.
+        RunFinished: the run folder's checkpoint is at the run's last step.
     """
     from easyrl.trainer.dashboards import check_logger_credentials
     from easyrl.trainer.launch import StartupProfile, quiet_datasets, start_ray
@@ -94,11 +91,8 @@ log level (default INFO).
 
 
 def main(argv: Optional[list[str]] = None, prog: str = "python -m easyrl.trainer") -> int:
-    """Command-line entry point; returns the exit status: 0 done, or nothing to do (a finished run, said on stdout);
-    2 after a user error (a config mistake, a run folder that belongs to another run or trained with other settings,
-    a reward function failing on a sample with ``on_error: raise``; printed as one line, no traceback);
-    ``128 + signal`` when SIGTERM/SIGINT stopped the run after a checkpoint. A failed run (e.g. a dead worker) raises,
-    naming the rank and the last good checkpoint (status 1). ``trainer.val_only=true`` runs ``easyrl eval``."""
+    """Command-line entry point; returns the exit status: 0 done (or a finished run), 2 after a user error (one
+    line), ``128 + signal`` when SIGTERM/SIGINT stopped the run after a checkpoint; a failed run raises (1)."""
     argv = sys.argv[1:] if argv is None else argv
     if any(word in ("-h", "--help", "help") for word in argv):
         print(USAGE.format(prog=prog), end="")

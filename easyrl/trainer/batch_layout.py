@@ -1,11 +1,5 @@
-"""The trainer's padded batch layout: left-padded prompts, right-padded responses, and the part of a batch the
-workers need.
-
-A batch holds ``prompts`` ``(bsz, P)`` left-padded to ``data.max_prompt_length`` and ``responses`` ``(bsz, R)``
-right-padded to ``data.max_response_length``, so that ``input_ids = cat(prompts, responses)`` has every sequence's
-prompt end and response start at column ``P`` (the workers pack rows without padding themselves:
-``easyrl.models.packing``).
-"""
+"""The trainer's padded batch layout: ``prompts`` ``(bsz, P)`` left-padded, ``responses`` ``(bsz, R)`` right-padded,
+so every response starts at column ``P`` of ``input_ids``; and what of a batch the workers need."""
 
 from __future__ import annotations
 
@@ -52,10 +46,8 @@ def right_pad(rows: list[list[Any]], length: int, pad_value: Any,
 
 
 def for_workers(batch: Batch, staged: Optional[list[tuple[str, int]]] = None) -> Batch:
-    """What the log-prob and update passes need: the tensors and the processor outputs (``multi_modal_inputs``),
-    without the PIL images, prompt ids, ground truths and scores that only generation and the trainer use (no copy).
-    With ``staged`` (one reference per sample, ``easyrl.workers.mm_staging``) the references replace the processor
-    outputs, which the workers already hold for this step."""
+    """The tensors and processor outputs (no copy), the log-prob and update passes' share; with ``staged`` (one
+    reference per sample, ``easyrl.workers.mm_staging``) the references replace the processor outputs."""
     if staged is not None:
         return Batch(batch.tensors, {STAGE_KEY: staged})
     extras = {key: batch.extras[key] for key in ("multi_modal_inputs",) if key in batch.extras}
@@ -63,7 +55,6 @@ def for_workers(batch: Batch, staged: Optional[list[tuple[str, int]]] = None) ->
 
 
 def for_rollout(prompts: Batch) -> Batch:
-    """What generation needs of a prompt batch: all of it but the processor outputs (``multi_modal_inputs``), which
-    vLLM recomputes from the PIL ``images``, and the dataset columns kept for the reward (``columns``) (no copy)."""
+    """A prompt batch less ``multi_modal_inputs`` (vLLM takes the images) and ``columns`` (no copy)."""
     return Batch(prompts.tensors, {key: value for key, value in prompts.extras.items()
                                    if key not in ("multi_modal_inputs", "columns")})

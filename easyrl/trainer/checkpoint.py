@@ -1,25 +1,6 @@
-"""Checkpoint folders of a run: names, the tracker file, atomic commits, retention, and the trainer's part that saves
-and restores the whole training state (:class:`Checkpointer`: the workers' shards and the driver's own state).
-
-Layout (EasyR1's names), under ``trainer.save_checkpoint_path`` (default: the run folder ``<runs_root>/<project_name>/
-<experiment_name>``, next to ``metrics.jsonl``)::
-
-    checkpoint_tracker.json       {"last_global_step": N, "best_global_step": M, "best_metric": ..., ...}
-    global_step_N/
-        actor/                    torch.distributed.checkpoint shards of the actor's model and optimizer (all ranks)
-        actor/huggingface/        config, generation config, tokenizer/processor (no weights; for ``easyrl.export``)
-        extra_state_rank_R.pt     per rank: LR scheduler, RNG states, update counters
-        critic/                   with algorithm.adv_estimator=gae: the critic's DCP shards (model with its value
-                                  head, optimizer) and critic/extra_state_rank_R.pt (its LR scheduler, counters)
-        trainer_state.pt          the driver: global step, dataloader position, KL controller, RNG states
-        manifest.json             written last: ranks, optimizer, model shape, every file's size
-                                  (``easyrl.trainer.checkpoint_manifest``, checked before a resume loads anything)
-
-A checkpoint is written under ``.global_step_N.tmp`` and renamed to ``global_step_N`` only when every file is there;
-the tracker is then replaced atomically (write + ``os.replace``). A crash at any moment leaves the tracker naming the
-previous complete checkpoint, which is what a resume picks. A save that fails (a full disk) removes its temporary
-folder and ends the run with one line naming the last good checkpoint (:func:`commit_checkpoint`).
-"""
+"""Checkpoint folders of a run under ``trainer.save_checkpoint_path``: names, the tracker, atomic commits (written as
+``.global_step_N.tmp``, renamed when complete, then named by the tracker), retention, and :class:`Checkpointer`, the
+trainer's part that saves and restores the whole training state. Layout and guarantees: docs/checkpoints.md."""
 
 from __future__ import annotations
 
@@ -49,15 +30,6 @@ def step_dir_name(step: int) -> str:
     return f"global_step_{step}"
 
 
-def _write_json_atomic(path: str, data: dict) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def read_tracker(root: str) -> dict[str, Any]:
     """The tracker of checkpoint folder ``root`` (``{}`` when there is none).
 
@@ -82,11 +54,8 @@ def read_tracker(root: str) -> dict[str, Any]:
 
 
 def find_last_checkpoint(root: str) -> Optional[str]:
-    """The folder of the last complete checkpoint under ``root`` as named by the tracker, or None.
-
-    Raises:
-        RunStateError: the tracker names a folder that does not exist (e.g. deleted by hand), or is unreadable.
-    """
+    """The folder of the last complete checkpoint under ``root`` as named by the tracker, or None; ``RunStateError``
+    when the tracker is unreadable or names a missing folder."""
     step = read_tracker(root).get("last_global_step")
     if step is None:
         return None
@@ -100,18 +69,9 @@ def find_last_checkpoint(root: str) -> Optional[str]:
     return path
 
 
-def is_better(value: float, best: Optional[float], mode: str) -> bool:
-    """Whether ``value`` beats ``best`` (None: nothing yet) under ``mode`` (``max`` or ``min``)."""
-    if best is None:
-        return True
-    return value > best if mode == "max" else value < best
-
-
 def checkpoints_to_delete(steps: list[int], newest: int, limit: int, best: Optional[int]) -> list[int]:
-    """Which checkpoint steps retention removes: all but the ``limit`` newest (the one just saved, ``newest``,
-    counts among them) and ``best`` (the tracker's ``best_global_step``), which is never removed. ``limit``
-    (``trainer.save_limit``) ``<= 0`` keeps everything. Returns the steps to delete, oldest first.
-    """
+    """The steps retention removes, oldest first: all but the ``limit`` newest (``newest`` included) and ``best``,
+    which is never removed; ``limit`` (``trainer.save_limit``) ``<= 0`` keeps everything."""
     if limit <= 0:
         return []
     older = sorted((s for s in steps if s < newest), reverse=True)
@@ -121,15 +81,13 @@ def checkpoints_to_delete(steps: list[int], newest: int, limit: int, best: Optio
 
 def commit_checkpoint(root: str, step: int, write: Callable[[str], None], metric: Optional[float] = None,
                       metric_name: Optional[str] = None, mode: str = "max", save_limit: int = -1) -> str:
-    """Write a checkpoint into ``root`` (``trainer.save_checkpoint_path``) atomically, record it in the tracker, then
-    apply ``save_limit`` (:func:`checkpoints_to_delete`). ``write(tmp_dir)`` writes every file into the existing,
-    empty ``tmp_dir``; ``metric`` is this step's value of ``metric_name`` (None: not computed), better when larger
-    (``mode="max"``) or smaller (``"min"``). Returns ``<root>/global_step_<step>``.
+    """Write checkpoint ``step`` into ``root`` atomically (``write(tmp_dir)`` fills the empty ``tmp_dir``), record it
+    in the tracker (best by ``metric`` of ``metric_name`` under ``mode`` ``max``/``min``; None: not ranked), then
+    apply ``save_limit``. Returns ``<root>/global_step_<step>``.
 
     Raises:
-        RunStateError: writing failed with an ``OSError`` (a full disk, a quota, a read-only folder; also inside a
-            worker): the temporary folder is removed, the tracker still names the previous checkpoint, and the
-            message names it.
+        RunStateError: writing failed with an ``OSError`` (full disk, quota, read-only; also in a worker): the
+            temporary folder is removed and the message names the last good checkpoint.
     """
     os.makedirs(root, exist_ok=True)
     final = os.path.join(root, step_dir_name(step))
@@ -143,9 +101,15 @@ def commit_checkpoint(root: str, step: int, write: Callable[[str], None], metric
             shutil.rmtree(final)
         os.rename(tmp, final)
         tracker["last_global_step"] = step
-        if metric is not None and is_better(metric, tracker.get("best_metric_value"), mode):
+        best = tracker.get("best_metric_value")
+        if metric is not None and (best is None or (metric > best if mode == "max" else metric < best)):
             tracker.update(best_global_step=step, best_metric=metric_name, best_metric_value=metric)
-        _write_json_atomic(os.path.join(root, TRACKER), tracker)
+        path = os.path.join(root, TRACKER)
+        with open(f"{path}.tmp", "w", encoding="utf-8") as f:
+            json.dump(tracker, f, indent=2)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(f"{path}.tmp", path)
     except Exception as err:
         shutil.rmtree(tmp, ignore_errors=True)  # give the space back
         os_error = _os_error_in(err)
@@ -182,12 +146,9 @@ def _os_error_in(err: Optional[BaseException], depth: int = 0) -> Optional[OSErr
 
 
 class Checkpointer:
-    """Saves and restores the whole training state under ``trainer.save_checkpoint_path``: every worker's shards
-    (``FSDPWorker.save_checkpoint`` / ``load_checkpoint``) and the driver's state (``trainer_state.pt``: what the
-    trainer's ``state_dict`` returns). Owns ``last``, the newest complete checkpoint of this run. ``config`` is the
-    ``trainer`` section; ``identity`` this run's ``checkpoint_manifest.run_identity`` (None: no manifest written or
-    checked).
-    """
+    """Saves and restores every worker's shards and the driver's state (``trainer_state.pt``); owns ``last``, this
+    run's newest checkpoint. ``config``: the ``trainer`` section; ``identity``: ``checkpoint_manifest.run_identity``
+    (None: no manifest written or checked)."""
 
     def __init__(self, config, workers, identity: Optional[dict[str, Any]] = None):
         self.config = config
@@ -201,10 +162,8 @@ class Checkpointer:
         return int(os.path.basename(os.path.normpath(path)).rsplit("_", 1)[-1])
 
     def save(self, step: int, driver_state: dict[str, Any], metrics: Optional[dict[str, float]] = None) -> str:
-        """Save the training state after ``step`` as ``global_step_<step>`` (atomic; see the module docstring) and
-        apply ``trainer.save_limit``; ``driver_state`` is written as ``trainer_state.pt``, ``metrics`` of this step
-        (None: not ranked) rank it by ``trainer.best_metric``. Returns the checkpoint folder.
-        """
+        """Save the state after ``step`` (``driver_state`` as ``trainer_state.pt``; ``metrics`` rank it by
+        ``trainer.best_metric``); returns the checkpoint folder."""
         from easyrl.workers.fsdp_worker import FSDPWorker
 
         cfg = self.config
@@ -223,13 +182,8 @@ class Checkpointer:
         return self.last
 
     def load(self, path: str) -> dict[str, Any]:
-        """Restore every worker's shards from checkpoint folder ``path``; returns the driver's state saved with it
-        (for the trainer's ``load_state_dict``).
-
-        Raises:
-            RunStateError: the checkpoint is truncated or does not fit this run (``check_checkpoint``), before any
-                worker loads from it.
-        """
+        """Restore every worker's shards from ``path``; returns the driver's saved state. ``RunStateError`` before
+        any worker loads when the checkpoint is truncated or does not fit this run (``check_checkpoint``)."""
         from easyrl.workers.fsdp_worker import FSDPWorker
 
         if self.identity is not None:

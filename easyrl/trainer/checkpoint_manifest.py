@@ -1,16 +1,6 @@
-"""What wrote a checkpoint, and the refusal, before any worker loads it, of one that is truncated or does not fit this
-run (another model, another number of ranks, another optimizer or trained-parameter set).
-
-Each ``global_step_N`` holds ``manifest.json``, written last (after every shard)::
-
-    {"world_size": 2, "optimizer": "AdamW", "actor_lora_rank": 0, "critic": false,
-     "model": {"model_type": "qwen2_5_vl", "hidden_size": 256, ...},
-     "files": {"actor/__0_0.distcp": 123456, "trainer_state.pt": 2345, ...}}
-
-At resume :func:`check_checkpoint` compares it with this run's :func:`run_identity` and every file's size with the
-one recorded (a half-deleted or truncated shard is named). A checkpoint without a manifest (written by an older
-easyrl) gets only the presence checks of the files each rank reads.
-"""
+"""``manifest.json``, written last into each checkpoint (this run's identity: ranks, optimizer, LoRA rank, critic, the
+model's shape; every file's size), and :func:`check_checkpoint`, the refusal at resume, before any worker loads, of a
+checkpoint that is truncated or does not fit this run (docs/checkpoints.md)."""
 
 from __future__ import annotations
 
@@ -33,20 +23,14 @@ _SETTINGS = {  # manifest key -> how the message names it
 
 
 def model_fingerprint(hf_config: dict[str, Any]) -> dict[str, Any]:
-    """The shape-defining entries of a Hugging Face model config (``config.json`` as a dict); a vision-language
-    model's ``text_config`` fills what its top level lacks."""
+    """The :data:`MODEL_KEYS` entries of a ``config.json`` dict (its ``text_config`` fills what the top lacks)."""
     text = hf_config.get("text_config") or {}
-    out = {}
-    for key in MODEL_KEYS:
-        value = hf_config.get(key, text.get(key))
-        if value is not None:
-            out[key] = value
-    return out
+    found = {key: hf_config.get(key, text.get(key)) for key in MODEL_KEYS}
+    return {key: value for key, value in found.items() if value is not None}
 
 
 def run_identity(config) -> dict[str, Any]:
-    """This run's side of the comparison: ranks, optimizer, LoRA rank, critic, and the model's fingerprint (its config
-    read from ``worker.actor.model.model_path``, local folder or hub cache)."""
+    """This run's ranks, optimizer, LoRA rank, critic and model fingerprint (``worker.actor.model.model_path``)."""
     from transformers import AutoConfig
 
     model = config.worker.actor.model
@@ -55,28 +39,18 @@ def run_identity(config) -> dict[str, Any]:
             "critic": config.algorithm.needs_critic, "model": model_fingerprint(hf_config)}
 
 
-def file_sizes(folder: str) -> dict[str, int]:
-    """Every file under ``folder`` (relative path -> bytes), the manifest itself left out."""
-    sizes = {}
-    for dirpath, _, names in os.walk(folder):
-        for name in names:
-            path = os.path.join(dirpath, name)
-            rel = os.path.relpath(path, folder)
-            if rel != MANIFEST:
-                sizes[rel] = os.path.getsize(path)
-    return dict(sorted(sizes.items()))
-
-
 def write_manifest(folder: str, identity: dict[str, Any]) -> None:
     """Write ``<folder>/manifest.json``: ``identity`` and the size of every file written so far (call it last)."""
+    sizes = {os.path.relpath(os.path.join(root, name), folder): os.path.getsize(os.path.join(root, name))
+             for root, _, names in os.walk(folder) for name in names}
+    sizes.pop(MANIFEST, None)
     with open(os.path.join(folder, MANIFEST), "w", encoding="utf-8") as f:
-        json.dump({**identity, "files": file_sizes(folder)}, f, indent=1)
+        json.dump({**identity, "files": dict(sorted(sizes.items()))}, f, indent=1)
 
 
 def mismatches(saved: dict[str, Any], expected: dict[str, Any]) -> list[str]:
-    """How the checkpoint's manifest ``saved`` differs from this run's ``expected`` (``run_identity``): one phrase per
-    difference, e.g. ``"2 ranks (...), this run has 4"``; empty when it fits. Keys missing on either side are not
-    compared."""
+    """One phrase per difference between the manifest ``saved`` and ``expected`` (``run_identity``); keys missing on
+    either side are not compared."""
     found = []
     for key, label in _SETTINGS.items():
         if key in saved and key in expected and saved[key] != expected[key]:
@@ -89,40 +63,18 @@ def mismatches(saved: dict[str, Any], expected: dict[str, Any]) -> list[str]:
     return found
 
 
-def damaged_files(folder: str, files: dict[str, int]) -> list[str]:
-    """The recorded files of ``folder`` that are missing or whose size differs from the recorded one."""
-    found = []
-    for rel, size in files.items():
-        path = os.path.join(folder, rel)
-        if not os.path.isfile(path):
-            found.append(f"{path} is missing")
-        elif os.path.getsize(path) != size:
-            found.append(f"{path} holds {os.path.getsize(path)} of its {size} bytes")
-    return found
-
-
-def _required_files(folder: str, identity: dict[str, Any]) -> list[str]:
-    """Without a manifest: the files every rank reads (DCP metadata, each rank's extra state, the critic's)."""
-    ranks = range(identity.get("world_size", 1))
-    needed = [os.path.join("actor", ".metadata"), "trainer_state.pt", *(f"extra_state_rank_{r}.pt" for r in ranks)]
-    if identity.get("critic"):
-        needed += [os.path.join("critic", ".metadata"), *(os.path.join("critic", f"extra_state_rank_{r}.pt")
-                                                           for r in ranks)]
-    paths = [os.path.join(folder, rel) for rel in needed]
-    return [f"{path} is missing" for path in paths if not os.path.exists(path)]
-
-
 def check_checkpoint(folder: str, identity: dict[str, Any]) -> None:
-    """Refuse checkpoint ``folder`` if a file is missing or truncated, or it was written by a run that does not fit
-    this one (``identity``: :func:`run_identity`).
-
-    Raises:
-        RunStateError: naming the file(s) or the mismatch, and what to do.
-    """
+    """Refuse checkpoint ``folder`` with a missing or truncated file, or written by a run that does not fit
+    ``identity`` (:func:`run_identity`): ``RunStateError`` naming the files or the mismatch."""
     path = os.path.join(folder, MANIFEST)
-    if not os.path.isfile(path):
-        damaged = _required_files(folder, identity)
-        saved: dict[str, Any] = {}
+    saved: dict[str, Any] = {}
+    if not os.path.isfile(path):  # written without a manifest: the files every rank reads, sizes unknown
+        ranks = range(identity.get("world_size", 1))
+        needed = [os.path.join("actor", ".metadata"), "trainer_state.pt", *(f"extra_state_rank_{r}.pt" for r in ranks)]
+        if identity.get("critic"):
+            needed += [os.path.join("critic", ".metadata"),
+                       *(os.path.join("critic", f"extra_state_rank_{r}.pt") for r in ranks)]
+        files = dict.fromkeys(needed)
     else:
         try:
             with open(path, encoding="utf-8") as f:
@@ -130,7 +82,14 @@ def check_checkpoint(folder: str, identity: dict[str, Any]) -> None:
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             raise RunStateError(f"{path} is not valid JSON ({err}): the checkpoint {folder} is damaged. Resume from "
                                 "another one (trainer.load_checkpoint_path=<folder>/global_step_M).") from None
-        damaged = damaged_files(folder, saved.get("files", {}))
+        files = saved.get("files", {})
+    damaged = []
+    for rel, size in files.items():
+        file = os.path.join(folder, rel)
+        if not os.path.isfile(file):
+            damaged.append(f"{file} is missing")
+        elif size is not None and os.path.getsize(file) != size:
+            damaged.append(f"{file} holds {os.path.getsize(file)} of its {size} bytes")
     if damaged:
         raise RunStateError(f"checkpoint {folder} is incomplete: {'; '.join(damaged)}. Restore the files, or resume "
                             "from an earlier checkpoint (trainer.load_checkpoint_path=<folder>/global_step_M).")

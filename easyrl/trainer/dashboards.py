@@ -1,23 +1,5 @@
-"""The dashboard backends of ``trainer.logger``: Weights & Biases, TensorBoard, SwanLab, MLflow.
-
-Each is an optional dependency (an extra: ``pip install 'easyrl[wandb]'``), checked when the config is loaded
-(``easyrl.config.trainer.check_backends``). Each takes ``log(metrics, step, generations=None)``: flat ``group/name``
-metrics, and on validation steps the first ``trainer.val_generations_to_log`` samples as rows
-``{"prompt", "response", "ground_truth", "score"}``, logged as a table named ``val/generations``.
-
-Where each writes, and the library's own switches (online/offline modes are the libraries' environment variables):
-
-- wandb: ``<run_dir>/wandb``; ``WANDB_MODE=offline`` keeps the run on disk (``wandb sync`` uploads it later). The run
-  id is kept in ``<run_dir>/wandb_run_id``, so a resumed run continues the same wandb run (``resume="allow"``);
-  ``trainer.wandb_entity`` / ``wandb_group`` / ``wandb_tags`` set its team, group and tags.
-- tensorboard: ``<run_dir>/tensorboard`` event files (generations as a text table).
-- swanlab: ``<run_dir>/swanlog`` (``SWANLAB_LOGDIR`` overrides); ``SWANLAB_MODE=offline`` (sync later) or ``local``
-  (needs ``swanlab[dashboard]``); default: SwanLab's own (cloud, after ``swanlab login``).
-- mlflow: ``MLFLOW_TRACKING_URI`` if set, else a local file store ``<run_dir>/mlruns`` (``mlflow ui
-  --backend-store-uri <run_dir>/mlruns``). MLflow 3 keeps its file store in maintenance mode and refuses it unless
-  ``MLFLOW_ALLOW_FILE_STORE=true``, which is set for this local default only. The config is logged as
-  ``config.json``, generations as ``val_generations/step_<step>.json``.
-"""
+"""The dashboard backends of ``trainer.logger``: Weights & Biases, TensorBoard, SwanLab, MLflow, each an optional
+extra with ``log(metrics, step, generations=None)``; where each writes and its offline switch: docs/metrics.md."""
 
 from __future__ import annotations
 
@@ -33,31 +15,20 @@ WANDB_ID_FILE = "wandb_run_id"
 _OFFLINE = ("offline", "dryrun", "disabled", "local")
 
 
-def _netrc_has(host: str) -> bool:
-    """Whether the netrc file (``NETRC``, else ``~/.netrc``) holds a login for ``host``."""
-    path = os.environ.get("NETRC") or os.path.join(os.path.expanduser("~"), ".netrc")
-    try:
-        return os.path.isfile(path) and netrc.netrc(path).authenticators(host) is not None
-    except (netrc.NetrcParseError, OSError):
-        return False
-
-
 def check_logger_credentials(trainer) -> None:
-    """The online dashboards of ``trainer.logger`` have credentials, checked before any worker starts (a run would
-    otherwise stop at its first log, or wait for a login prompt): wandb needs ``WANDB_API_KEY`` or a ``wandb login``
-    (netrc entry for ``WANDB_BASE_URL``'s host, default api.wandb.ai) unless ``WANDB_MODE`` is offline/disabled;
-    swanlab needs ``SWANLAB_API_KEY`` or a ``swanlab login`` (``~/.swanlab/.netrc``) unless ``SWANLAB_MODE`` is
-    offline/local/disabled. MLflow and TensorBoard write local files by default.
-
-    Raises:
-        ConfigError: naming the backend, the variable to set and the offline switch.
-    """
+    """Online wandb / swanlab in ``trainer.logger`` have a login (an API key variable or a netrc entry), checked
+    before any worker starts; else ``ConfigError`` naming the variable to set and the offline switch."""
     backends = trainer.logger
     if "wandb" in backends and os.environ.get("WANDB_MODE", "").lower() not in _OFFLINE \
             and os.environ.get("WANDB_DISABLED", "").lower() not in ("true", "1") \
             and not os.environ.get("WANDB_API_KEY"):
         host = urlparse(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname or "api.wandb.ai"
-        if not _netrc_has(host):
+        path = os.environ.get("NETRC") or os.path.join(os.path.expanduser("~"), ".netrc")
+        try:
+            logged_in = os.path.isfile(path) and netrc.netrc(path).authenticators(host) is not None
+        except (netrc.NetrcParseError, OSError):
+            logged_in = False
+        if not logged_in:
             raise ConfigError(
                 f"trainer.logger has wandb but no wandb login was found (no WANDB_API_KEY, no {host} entry in "
                 f"~/.netrc): set WANDB_API_KEY or run `wandb login`, or set WANDB_MODE=offline to keep the run on disk "
@@ -76,8 +47,7 @@ def check_logger_credentials(trainer) -> None:
 
 
 def wandb_run_id(run_dir: str, resume: bool) -> str:
-    """The wandb run id of the run folder ``run_dir``: the one kept in ``<run_dir>/wandb_run_id`` when the run
-    resumes (so its steps continue the same wandb run), else a new one, written there."""
+    """The id kept in ``<run_dir>/wandb_run_id`` when the run resumes, else a new one, written there."""
     path = os.path.join(run_dir, WANDB_ID_FILE)
     if resume and os.path.isfile(path):
         with open(path, encoding="utf-8") as f:
@@ -98,8 +68,6 @@ def _numeric(metrics: dict[str, Any]) -> dict[str, float]:
 
 
 def _columns(generations: list[dict[str, Any]]) -> list[str]:
-    """``step`` and the generations' own keys (``prompt``, ``response``, ``ground_truth``, ``score``, and
-    ``judge_verdict`` in a judged run: ``easyrl.trainer.metrics.generation_rows``)."""
     return ["step", *generations[0]]
 
 
@@ -108,9 +76,7 @@ def _table_rows(generations: list[dict[str, Any]], step: int) -> list[list[Any]]
 
 
 class WandbLogger:
-    """A Weights & Biases run ``project/experiment`` with the whole config, under ``<run_dir>/wandb``; its id is kept
-    in ``<run_dir>/wandb_run_id`` (:func:`wandb_run_id`), so a resumed run (``resume``) continues it. Entity, group
-    and tags come from ``config["trainer"]`` (``wandb_entity``, ``wandb_group``, ``wandb_tags``)."""
+    """A Weights & Biases run ``project/experiment`` under ``<run_dir>/wandb`` (a resumed run continues it)."""
 
     def __init__(self, run_dir: str, project: str, experiment: str, config: dict[str, Any], resume: bool = False):
         import wandb
@@ -134,7 +100,7 @@ class WandbLogger:
 
 
 class TensorBoardLogger:
-    """TensorBoard event files under ``<run_dir>/tensorboard``; generations as a markdown table (text plugin)."""
+    """TensorBoard event files; generations as a markdown table."""
 
     def __init__(self, log_dir: str):
         from torch.utils.tensorboard import SummaryWriter
@@ -181,7 +147,7 @@ class SwanlabLogger:
 
 
 class MlflowLogger:
-    """An MLflow run ``experiment`` in experiment ``project`` (see the module docstring for the store)."""
+    """An MLflow run ``experiment`` in experiment ``project``."""
 
     def __init__(self, run_dir: str, project: str, experiment: str, config: dict[str, Any]):
         from mlflow.tracking import MlflowClient

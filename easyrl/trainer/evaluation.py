@@ -1,12 +1,6 @@
-"""Validation only (``easyrl eval``, and ``trainer.val_only=true``): the trainer's validation pass on
-``data.val_files`` with the model of ``worker.actor.model.model_path``, and nothing else.
-
-It reuses the trainer's parts, a ``SingleTurnRollout`` on the workers' engines, a ``Generator``, a ``Scorer`` and a
-``Validator``, so the metrics (``val/reward/<name>``, ``val/response_length/mean``, ``timing_s/validation``) and the
-generations table are those of a training run's validation. No training set is read, no optimizer is built (the
-actor is built frozen, ``easyrl.workers.roles``), and nothing is written into a run folder: the metrics go to their
-own folder, ``<run_dir>/eval/<UTC time>`` (``metrics.jsonl``, ``config.yaml``), never another run's.
-"""
+"""Validation only (``easyrl eval``, ``trainer.val_only=true``): the trainer's ``Validator`` on ``data.val_files``
+with a frozen actor of ``worker.actor.model.model_path``, so the metrics and generations are a training run's
+validation's; they go to their own folder, ``<run_dir>/eval/<UTC time>``, never into a run folder."""
 
 from __future__ import annotations
 
@@ -22,28 +16,10 @@ from easyrl.errors import ModelError, RunStateError
 logger = logging.getLogger("easyrl.eval")
 
 
-def eval_folder(run_dir: str) -> str:
-    """A new folder for one evaluation's outputs, ``<run_dir>/eval/<YYYYmmdd-HHMMSS>`` (``-2``, ``-3``, ... when
-    one of that second exists), created here."""
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    base = os.path.join(run_dir, "eval", stamp)
-    folder, n = base, 1
-    while os.path.exists(folder):
-        n += 1
-        folder = f"{base}-{n}"
-    os.makedirs(folder)
-    return folder
-
-
 def evaluate(config: PPOConfig, step: int = 0, worker_cls: Optional[type] = None) -> tuple[dict[str, float], str]:
-    """Validate the model of ``worker.actor.model.model_path`` on ``data.val_files`` (``trainer.val_only`` is set here;
-    ``data.train_files`` is not read). ``step``: the step the metrics are logged at (a checkpoint's step; it also
-    seeds the sampling as that step's validation did); ``worker_cls``: None for ``FSDPWorker``, or a subclass.
-    Returns ``(metrics, folder)``: the validation metrics and the folder they were written to.
-
-    Raises:
-        UserError: a pre-flight check (model, validation data, reward), before Ray starts.
-    """
+    """Validate ``worker.actor.model.model_path`` on ``data.val_files`` at ``step`` (a checkpoint's: it seeds the
+    sampling as that step's validation did); ``worker_cls``: None for ``FSDPWorker``, or a subclass. Returns
+    ``(metrics, folder)``; raises ``UserError`` from the pre-flight, before Ray starts."""
     from omegaconf import OmegaConf
 
     from easyrl.trainer.dashboards import check_logger_credentials
@@ -63,7 +39,12 @@ def evaluate(config: PPOConfig, step: int = 0, worker_cls: Optional[type] = None
     quiet_datasets()
     ready = prepare(config, train=False)
     check_logger_credentials(config.trainer)
-    folder = eval_folder(config.trainer.run_dir)
+    base = os.path.join(config.trainer.run_dir, "eval", time.strftime("%Y%m%d-%H%M%S", time.gmtime()))
+    folder, n = base, 1
+    while os.path.exists(folder):  # -2, -3, ... when one of that second exists
+        n += 1
+        folder = f"{base}-{n}"
+    os.makedirs(folder)
     OmegaConf.save(OmegaConf.structured(config), os.path.join(folder, "config.yaml"))
     device = start_ray(config)
     tokenizer = ready.tokenizer
@@ -89,26 +70,19 @@ def evaluate(config: PPOConfig, step: int = 0, worker_cls: Optional[type] = None
 
 
 def is_checkpoint(path: str) -> bool:
-    """Whether ``path`` is a training checkpoint (a ``global_step_N`` folder, its ``actor`` folder, or a run's
-    checkpoint folder with a ``checkpoint_tracker.json``) rather than a Hugging Face model folder."""
+    """Whether ``path`` is a ``global_step_N`` folder, its ``actor`` folder or a run's checkpoint folder."""
     from easyrl.trainer.checkpoint import TRACKER
 
     return (os.path.isfile(os.path.join(path, "actor", ".metadata")) or os.path.isfile(os.path.join(path, ".metadata"))
             or os.path.isfile(os.path.join(path, TRACKER)))
 
 
-def split_model(argv: list[str]) -> tuple[Optional[str], list[str]]:
-    """``model=PATH`` taken out of the command-line words: ``(PATH or None, the other words)``."""
-    models = [word.split("=", 1)[1] for word in argv if word.startswith("model=")]
-    return (models[-1] if models else None), [word for word in argv if not word.startswith("model=")]
-
-
 def evaluate_command(argv: list[str], worker_cls: Optional[type] = None) -> dict[str, float]:
-    """``easyrl eval``: the config from the command-line words ``argv`` (``model=PATH`` among them), then
-    :func:`evaluate_model`. Returns the validation metrics; raises ``UserError`` as that does."""
+    """``easyrl eval``: the config from ``argv`` (``model=PATH`` among them), then :func:`evaluate_model`."""
     from easyrl.config import load_config
 
-    model, words = split_model(argv)
+    models = [word.split("=", 1)[1] for word in argv if word.startswith("model=")]
+    model, words = (models[-1] if models else None), [word for word in argv if not word.startswith("model=")]
     if model is not None:  # before the config's checks, which need a model path (a checkpoint's is set after export)
         words.append(f"worker.actor.model.model_path={model}")
     return evaluate_model(load_config([*words, "trainer.val_only=true"]), model, worker_cls)
@@ -116,9 +90,9 @@ def evaluate_command(argv: list[str], worker_cls: Optional[type] = None) -> dict
 
 def evaluate_model(config: PPOConfig, model: Optional[str] = None,
                    worker_cls: Optional[type] = None) -> dict[str, float]:
-    """Validate ``model`` (a Hugging Face folder or a checkpoint, exported first to a temporary folder; None:
-    ``trainer.load_checkpoint_path`` if set, else ``worker.actor.model.model_path``), print one summary line of the
-    ``val/*`` metrics, and return the metrics.
+    """Validate ``model`` (a Hugging Face folder, or a checkpoint exported to a temporary one; None:
+    ``trainer.load_checkpoint_path``, else ``worker.actor.model.model_path``), print the ``val/*`` metrics in one
+    line and return them.
 
     Raises:
         ModelError: ``model`` does not exist, or is a checkpoint that cannot be exported.

@@ -1,7 +1,5 @@
-"""The trainer's generation phase: prompt batches (each prompt repeated ``n`` times, one ``uid`` per group, a sampling
-seed per sample), trajectories from the rollout, DAPO dynamic sampling (generate until enough groups vary), and
-ReMax's greedy baselines.
-"""
+"""The trainer's generation phase: prompt batches, trajectories from the rollout, DAPO dynamic sampling and ReMax's
+greedy baselines."""
 
 from __future__ import annotations
 
@@ -27,15 +25,8 @@ __all__ = ["Generator"]
 
 
 class Generator:
-    """Makes the step's batch: prompts -> trajectories (``rollout``) -> scores (``scorer``), with dynamic sampling
-    and ReMax baselines as configured.
-
-    Args:
-        config: the whole ``PPOConfig``.
-        rollout: what turns prompts into trajectories (``easyrl.trainer.rollout``).
-        scorer: the reward phase.
-        pad_id: the tokenizer's padding id.
-    """
+    """Makes the step's batch of ``config`` (a ``PPOConfig``): prompts -> trajectories (``rollout``) -> scores
+    (``scorer``), with dynamic sampling and ReMax baselines as configured."""
 
     def __init__(self, config, rollout: Rollout, scorer: Scorer, pad_id: int):
         self.config = config
@@ -45,9 +36,8 @@ class Generator:
 
     def prompt_batch(self, features: dict[str, list], n: int, step: int, round_: int = 0,
                      phase: str = "train") -> Batch:
-        """Repeat each prompt ``n`` times (consecutively) and give the copies one shared ``uid``; each sample gets
-        its own sampling seed (``rollout_seed``, from ``worker.rollout.seed``, the ``step``, ``round_`` and its
-        index; see ``easyrl.trainer.seeding``)."""
+        """Each prompt repeated ``n`` times with one shared ``uid``, each sample its own ``rollout_seed``
+        (``easyrl.trainer.seeding``)."""
         count = len(features["prompt_ids"])
         order = [i for i in range(count) for _ in range(n)]
         uids = [str(uuid.uuid4()) for _ in range(count)]
@@ -68,27 +58,21 @@ class Generator:
         return batch
 
     def generate_even(self, prompts: Batch, overrides: Optional[dict[str, Any]]) -> Batch:
-        """:meth:`generate` for any number of prompts: pads with copies of the first prompts so that every engine
-        gets an equal share, and drops their trajectories again."""
+        """:meth:`generate` for any number of prompts (padded to an equal share per engine, the copies dropped)."""
         real = len(prompts)
         padded = prompts.padded_to_multiple(self.rollout.engines)
         return self.generate(padded, overrides=overrides, timing={}).select(list(range(real)))
 
     def make_batch(self, prompt_stream: Iterator[dict[str, list]], step: int, timing: dict[str, float],
                    metrics: dict[str, float]) -> tuple[Batch, Optional[ray.ObjectRef], dict[str, list[float]], int]:
-        """Generate and score ``data.rollout_batch_size`` groups of ``n`` samples for training step ``step``.
-        Returns ``(batch, pending, scores, failures)``: ``pending`` the scores the reward actor is still computing
-        (one round; ``Scorer.wait``) or None (scored already), ``scores`` every generated sample's named scores when
-        scored here, ``failures`` the samples the reward function failed on.
+        """Generate and score ``data.rollout_batch_size`` groups of ``n`` samples for step ``step``, in rounds of
+        ``data.mini_rollout_batch_size`` prompts. Returns ``(batch, pending, scores, failures)``: ``pending`` the
+        reward actor's scores still computing (``Scorer.wait``) or None, ``scores`` every generated sample's named
+        scores when scored here (dropped groups included), ``failures`` the samples the reward function failed on.
 
         With ``algorithm.online_filtering`` (DAPO dynamic sampling, Yu et al. 2025 sec. 3.2) groups whose
-        ``filter_key`` scores are all equal, or whose mean is outside [filter_low, filter_high], are dropped and
-        more prompts are generated until enough groups are kept (``max_try_make_batch`` rounds at most); metrics
-        ``dynamic_sampling/{num_gen_batches,groups_kept,groups_dropped}``. ``scores`` hold every generated sample,
-        dropped groups included (``reward/<name>`` is their mean, as EasyR1 logs it: the policy's reward, not the
-        filter's).
-        Each round generates ``data.mini_rollout_batch_size`` prompts (EasyR1's generation batch; None: the rollout
-        batch); without filtering, smaller rounds are generated until the rollout batch is full.
+        ``filter_key`` scores are all equal or whose mean is outside [filter_low, filter_high] are dropped until
+        enough are kept (``max_try_make_batch`` rounds at most); metrics ``dynamic_sampling/*``.
 
         Raises:
             RuntimeError: ``max_try_make_batch`` rounds did not yield enough groups.
@@ -147,9 +131,8 @@ class Generator:
         return batch, None, generated, failures
 
     def greedy_baselines(self, prompts: Batch, step: int) -> tuple[torch.Tensor, int]:
-        """ReMax's baseline (Li et al. 2023, Eq. 4): the reward of a greedy response to each prompt, ``(bsz,)``,
-        shared by the ``n`` samples of the prompt; and the number of greedy responses the reward function failed
-        on."""
+        """ReMax's baseline (Li et al. 2023, Eq. 4): each prompt's greedy reward repeated ``n`` times, ``(bsz,)``, and
+        the number of greedy responses the reward function failed on."""
         n = self.config.worker.rollout.n
         firsts = prompts.select(list(range(0, len(prompts), n)))
         firsts["rollout_seed"] = batch_seeds(self.config.worker.rollout.seed, step, len(firsts), phase="baseline")

@@ -1,13 +1,6 @@
-"""A Hugging Face folder from a training checkpoint, on one process without Ray (``easyrl export`` /
-``python -m easyrl.export``, and ``easyrl eval`` given a checkpoint).
-
-The actor's ``torch.distributed.checkpoint`` shards are read into full weights (a LoRA actor merged into plain
-weights) and written with ``easyrl.models.hf_folder.write_hf_folder``: sharded ``*.safetensors`` in the base model's
-dtype (its config's ``dtype`` / ``torch_dtype``; the training master copy is float32), ``config.json``, the
-tokenizer/processor files and the base model's ``generation_config.json`` byte for byte, written under a temporary
-name and renamed when complete, so an interrupted export never leaves a folder that looks whole. (The end-of-run
-export of a training run is ``FSDPWorker.save_hf``, on the same library.)
-"""
+"""A Hugging Face folder from a training checkpoint, on one process without Ray (``easyrl export``, ``easyrl eval``
+of a checkpoint): the actor's DCP shards read into full weights (a LoRA actor merged) and written by
+``easyrl.models.hf_folder.write_hf_folder`` in the base model's dtype, complete or not at all."""
 
 from __future__ import annotations
 
@@ -22,8 +15,7 @@ from easyrl.trainer.checkpoint import find_last_checkpoint
 
 
 def load_checkpoint_weights(actor_dir: str) -> dict[str, torch.Tensor]:
-    """The actor's full float32 weights from the ``torch.distributed.checkpoint`` shards in ``actor_dir``, read on
-    this one process (no process group); the optimizer state is not read."""
+    """The actor's full float32 weights from the DCP shards in ``actor_dir`` (no process group, no optimizer)."""
     import torch.distributed.checkpoint as dcp
 
     metadata = dcp.FileSystemReader(actor_dir).read_metadata()
@@ -36,12 +28,8 @@ def load_checkpoint_weights(actor_dir: str) -> dict[str, torch.Tensor]:
 
 
 def resolve_checkpoint(path: str) -> str:
-    """A ``global_step_N`` folder from ``path``: itself, its parent if ``path`` is its ``actor`` folder, or the last
-    checkpoint of a run's checkpoint folder.
-
-    Raises:
-        FileNotFoundError: nothing that looks like a checkpoint at ``path``.
-    """
+    """The ``global_step_N`` folder of ``path`` (itself, its ``actor`` folder, or a run's checkpoint folder: its
+    last); ``FileNotFoundError`` when there is none."""
     path = os.path.abspath(path)
     if os.path.basename(path) == "actor":
         path = os.path.dirname(path)
@@ -70,13 +58,8 @@ def export_checkpoint(checkpoint: str, out: str, dtype: Optional[torch.dtype] = 
 
 
 def merge_lora_checkpoint(state: dict[str, torch.Tensor], hf_dir: str) -> dict[str, torch.Tensor]:
-    """A LoRA actor's weights merged into the plain model's (``W + lora_alpha / r * B @ A``, see
-    ``easyrl.models.lora.merge_lora_stream``), with the scale from the checkpoint's ``adapter_config.json``;
-    ``state`` unchanged when it holds no adapter.
-
-    Raises:
-        FileNotFoundError: the weights hold an adapter but ``hf_dir`` has no ``adapter_config.json``.
-    """
+    """A LoRA actor's weights merged (``W + lora_alpha / r * B @ A``, scale from ``hf_dir``'s
+    ``adapter_config.json``, else ``FileNotFoundError``); ``state`` itself without an adapter."""
     from easyrl.models.lora import is_adapter_key, merge_lora_stream
 
     if not any(is_adapter_key(name) for name in state):

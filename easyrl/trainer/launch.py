@@ -1,5 +1,4 @@
-"""Start-up on the driver, shared by training (``build_trainer``) and evaluation (``easyrl.trainer.evaluation``): Ray,
-started after every pre-flight check so that a user error never waits for it, and the start-up profile."""
+"""Start-up on the driver, for training and ``easyrl eval``: Ray (after every pre-flight check) and the profile."""
 
 from __future__ import annotations
 
@@ -17,22 +16,9 @@ STARTUP_PHASES = ("launch", "preflight", "ray", "workers", "imports", "process_g
 
 
 class StartupProfile:
-    """Wall-clock seconds of each start-up phase, from the command's start to the first training step, reported once
-    as ``timing_s/startup/<phase>`` in the first metrics row and as one console line::
-
-        startup 41.2 s: launch 3.1, preflight 2.0, ray 6.3, workers 12.3 (imports 9.8), ... first_sync 0.4
-
-    Phases: ``launch`` (interpreter start, imports, config), ``preflight`` (tokenizer/processor, datasets, reward
-    check), ``ray`` (``ray.init``), ``workers`` (placement group and worker processes until every one answers; of
-    it ``imports``: a worker's process start to its ``__init__``, mostly importing torch/transformers), ``process_group``,
-    per model role ``actor`` / ``ref`` / ``critic`` / ``reward_model`` / ``teacher`` (FSDP2 build and load, slowest rank),
-    ``vllm_import`` and ``engine`` (the vLLM engine's build: model, profiling, KV cache; slowest rank), ``validation``
-    (before training), ``other`` (the rest: the trainer's own set-up, a resumed checkpoint), ``first_sync`` (step 1's
-    weight sync, inside step 1). ``total`` runs from ``start`` to the beginning of step 1 (the first sync excluded).
-
-    Args:
-        start: the start, ``time.time()`` seconds; None: this process's start (the command's).
-    """
+    """Wall-clock seconds of each start-up phase (:data:`STARTUP_PHASES`, docs/metrics.md) from ``start``
+    (``time.time()``; None: this process's start) to step 1, reported once as ``timing_s/startup/<phase>`` and one
+    console line ``startup 41.2 s: launch 3.1, ...``."""
 
     def __init__(self, start: Optional[float] = None):
         if start is None:
@@ -76,16 +62,8 @@ def quiet_datasets() -> None:
 
 
 def start_ray(config) -> str:
-    """Start Ray (unless already started) and resolve ``trainer.device``. A Ray started here runs no dashboard (its
-    ten processes cost seconds of start-up on a small machine); for one, start the cluster with ``ray start --head``
-    first: the trainer attaches to it (docs/multinode.md).
-
-    Args:
-        config: the finalized ``PPOConfig``.
-
-    Returns:
-        The device kind the workers use: ``cuda``, ``npu`` or ``cpu`` (``auto``: what Ray's cluster offers).
-    """
+    """Start Ray unless started (without a dashboard: ``ray start --head`` first for one, docs/multinode.md);
+    returns the workers' device kind, ``cuda``, ``npu`` or ``cpu`` (``trainer.device=auto``: what Ray offers)."""
     import ray
 
     from easyrl.device import detect_device

@@ -1,9 +1,8 @@
-"""Per-step metrics with the field's standard names (verl / EasyR1)."""
+"""Per-step metrics with the field's standard names (docs/metrics.md)."""
 
 from __future__ import annotations
 
 import itertools
-
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -23,13 +22,9 @@ def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
 
 
 def compute_data_metrics(batch: Batch, max_prompt_length: int, max_response_length: int) -> dict[str, float]:
-    """``critic/{score,rewards,advantages,returns}/{mean,max,min}``, ``response_length/*``, ``prompt_length/*``; with a
-    critic also ``critic/values/{mean,max,min}`` and ``critic/vf_explained_var`` (``1 - var(R - V) / var(R)`` over
-    valid tokens, verl's definition).
-
-    Scores and rewards are per sequence (sum over tokens); advantages and returns are over valid response tokens.
-    ``*/clip_ratio`` is the fraction of samples that reached the maximum length.
-    """
+    """``critic/{score,rewards,advantages,returns}/{mean,max,min}`` (scores and rewards summed per sequence, the
+    others over valid tokens), ``response_length/*``, ``prompt_length/*`` (``clip_ratio``: the share at the maximum);
+    with a critic ``critic/values/*`` and ``critic/vf_explained_var`` (``1 - var(R - V) / var(R)``)."""
     mask = batch["response_mask"].bool()
     response_length = mask.sum(-1).float()
     prompt_length = batch["attention_mask"][:, : batch["prompts"].shape[1]].sum(-1).float()
@@ -51,14 +46,9 @@ def compute_data_metrics(batch: Batch, max_prompt_length: int, max_response_leng
 
 def compute_throughput_metrics(batch: Batch, step_seconds: float, world_size: int,
                                timing: Optional[dict[str, float]] = None, ppo_epochs: int = 1) -> dict[str, float]:
-    """Token counts and rates of one step.
-
-    ``perf/total_num_tokens``: prompt + response tokens of the step; ``perf/time_per_step``: seconds;
-    ``perf/throughput``: tokens per second per device (verl's name); ``perf/throughput_total``: over all devices.
-    With ``timing`` (seconds per phase, ``timing_s/*`` without the prefix), the phases separately, over all devices:
-    ``perf/rollout_tokens_per_s`` = generated (response) tokens / ``gen`` seconds, and ``perf/update_tokens_per_s`` =
-    ``ppo_epochs`` x prompt + response tokens / ``update_actor`` seconds.
-    """
+    """``perf/total_num_tokens`` (prompt + response), ``perf/time_per_step`` (s), ``perf/throughput`` (tokens/s per
+    device), ``perf/throughput_total``; with ``timing`` (seconds per phase) ``perf/rollout_tokens_per_s`` (response
+    tokens / ``gen``) and ``perf/update_tokens_per_s`` (``ppo_epochs`` x tokens / ``update_actor``)."""
     total_tokens = int(batch["attention_mask"].sum().item())
     seconds = max(step_seconds, 1e-9)
     metrics = {
@@ -85,9 +75,8 @@ def reward_metrics(batch: Batch, generated: dict[str, list[float]], failures: in
 
 
 def frac_reward_zero_std(scores: Sequence[float], uids: Sequence[str]) -> float:
-    """Fraction of GRPO groups (samples sharing a ``uid``) whose scores are all equal (TRL's
-    ``frac_reward_zero_std``). Such a group has zero group-normalised advantage everywhere: it teaches nothing.
-    ``scores`` and ``uids`` are ``(bsz,)``.
+    """Fraction of groups (samples sharing a ``uid``; ``scores``, ``uids``: ``(bsz,)``) whose scores are all equal:
+    their group-normalised advantage is 0.
 
     Raises:
         ValueError: ``scores`` and ``uids`` differ in length, or are empty.
@@ -102,15 +91,13 @@ def frac_reward_zero_std(scores: Sequence[float], uids: Sequence[str]) -> float:
 
 
 def constant_rewards_began(frac: float, previous: Optional[float]) -> bool:
-    """Whether to print ``constant_reward_warning``: every group is constant now (``frac`` = 1) and was not at the
-    previous step (``previous``: its ``frac_reward_zero_std``, None before the first step), so that a run that never
-    earns a reward warns once instead of every step."""
+    """Whether to warn: every group is constant now (``frac`` = 1) and was not at the previous step (``previous``;
+    None before the first)."""
     return frac == 1.0 and previous != 1.0
 
 
 def constant_reward_warning(step: int, num_groups: int, scores: Sequence[float]) -> str:
-    """The warning printed when ``frac_reward_zero_std`` is 1: no group has a reward spread, so every
-    group-normalised advantage is 0 and only the KL term moves the policy."""
+    """The warning printed when ``frac_reward_zero_std`` becomes 1."""
     values = ", ".join(f"{s:g}" for s in sorted(set(scores))[:5])
     return (f"step {step}: every one of the {num_groups} groups has equal rewards (scores {values}): all advantages "
             f"are 0, so only the KL term moves the policy. Check that responses can earn a reward (e.g. the model "
@@ -118,11 +105,9 @@ def constant_reward_warning(step: int, num_groups: int, scores: Sequence[float])
 
 
 def generation_rows(tokenizer, batch: Batch, count: int) -> list[dict]:
-    """The first ``count`` samples of a scored batch as ``{"prompt", "response", "ground_truth", "score"}`` (texts
-    decoded without special tokens, so image placeholders are dropped; ``score`` is the ``overall`` reward) for the
-    loggers' validation-generation tables, plus ``judge_verdict`` (the judge's raw answer, None for a prompt not
-    sent) when the batch was judged. Response tokens left out of the loss (``response_mask`` 0: a multi-turn
-    trajectory's tool and environment turns) are shown as ``<masked>...</masked>``. ``[]`` when ``count <= 0``."""
+    """The first ``count`` samples of a scored batch as ``{"prompt", "response", "ground_truth", "score"}`` (and
+    ``judge_verdict`` when judged), decoded without special tokens; tokens outside ``response_mask`` (tool turns)
+    are shown as ``<masked>...</masked>``."""
     rows = list(range(min(max(count, 0), len(batch))))
     if not rows:
         return []
@@ -161,8 +146,7 @@ MEASURED_PREFIXES = (
 
 
 def is_measured(key: str) -> bool:
-    """Whether metric ``key`` is a wall-clock or memory measurement (``MEASURED_PREFIXES``), i.e. not reproducible
-    by a rerun with the same seed; ``perf/total_num_tokens``, ``perf/padding_fraction`` and the learning metrics are."""
+    """Whether metric ``key`` is a wall-clock or memory measurement (:data:`MEASURED_PREFIXES`)."""
     return key.startswith(MEASURED_PREFIXES)
 
 
@@ -175,10 +159,8 @@ def timer(name: str, timing: dict[str, float]):
 
 
 def rollout_mismatch_metrics(batch: Batch) -> dict[str, float]:
-    """How far vLLM's sampled-token log-probs are from the actor's recomputed ones (same weights, other kernels):
-    ``rollout/probs_diff_{mean,max}``, ``rollout/log_ppl_diff`` (see ``compute_tis_weights``) and
-    ``rollout/log_prob_diff_max`` = max |logp_rollout - logp_old| over valid tokens and
-    ``rollout/log_prob_diff_median`` (``log_prob_diff_median``: what the weight-sync check reads)."""
+    """How far vLLM's sampled-token log-probs are from the actor's: ``rollout/probs_diff_{mean,max}``,
+    ``rollout/log_ppl_diff`` (``compute_tis_weights``), ``rollout/log_prob_diff_{max,median}`` over valid tokens."""
     mask = batch["response_mask"]
     _, metrics = compute_tis_weights(batch["old_log_probs"], batch["rollout_log_probs"], mask, cap=float("inf"))
     del metrics["rollout/tis_weight_mean"], metrics["rollout/tis_clip_frac"]

@@ -1,8 +1,5 @@
-"""Pre-flight checks of a model before Ray starts: its folder or hub id (``check_model_source``), and its config,
-tokenizer, processor and chat template (``load_model_parts``); used for the policy and for every other model a run
-reads (reference, critic, teacher, reward model, judge). Each failure is a ``ModelError`` naming the config key and
-what to do (docs/errors.md, M rows).
-"""
+"""Pre-flight checks of every model a run reads, before Ray starts: its folder or hub id, weight-file headers,
+config, tokenizer, processor and chat template. Each failure names the config key (docs/errors.md, M rows)."""
 
 from __future__ import annotations
 
@@ -19,16 +16,13 @@ logger = logging.getLogger("easyrl")
 HUB_TIMEOUT_S = 10.0
 
 
-
 def check_model_source(key: str, path: str, timeout_s: float = HUB_TIMEOUT_S) -> None:
-    """A local model folder must exist and hold ``config.json``; a hub id must be in the local cache or reachable.
-
-    The hub is asked once, with a ``timeout_s`` second timeout, and not at all under ``HF_HUB_OFFLINE=1`` (then only
-    the cache counts), so an unreachable hub answers in seconds instead of a minute of retries.
+    """A local model folder must exist and hold ``config.json``; a hub id must be cached or known to the hub, asked
+    once with a ``timeout_s`` second timeout (never under ``HF_HUB_OFFLINE=1``).
 
     Raises:
-        ModelError: naming ``key`` and ``path``: a missing folder, a file, a folder without ``config.json``, a hub id
-            that is not cached and cannot be reached, or that the hub does not know.
+        ModelError: naming ``key`` and ``path``: a missing folder, a file, no ``config.json``, a hub id not cached
+            and unreachable, or unknown to the hub.
     """
     if looks_local(path):
         folder = os.path.expanduser(path)
@@ -80,18 +74,18 @@ def _not_a_model_hint(folder: str) -> str:
     return ""
 
 
-def check_model_sources(model_cfg: Any) -> None:
-    """:func:`check_model_source` of ``worker.actor.model.model_path`` and, if set, ``tokenizer_path``."""
-    check_model_source("worker.actor.model.model_path", model_cfg.model_path)
+def check_model_sources(model_cfg: Any, prefix: str = "worker.actor.model") -> None:
+    """:func:`check_model_source` of ``<prefix>.model_path`` and, if set, ``<prefix>.tokenizer_path``."""
+    check_model_source(f"{prefix}.model_path", model_cfg.model_path)
     if model_cfg.tokenizer_path:
-        check_model_source("worker.actor.model.tokenizer_path", model_cfg.tokenizer_path)
+        check_model_source(f"{prefix}.tokenizer_path", model_cfg.tokenizer_path)
 
 
 def load_model_parts(model_cfg: Any, sources_checked: bool = False,
                      chat_template: Optional[str] = None) -> tuple[Any, Any, Any]:
     """``(tokenizer, hf_config, processor or None)`` of ``worker.actor.model``, after :func:`check_model_sources`
-    (unless ``sources_checked``); with ``chat_template`` (``data.override_chat_template``, a Jinja file) the
-    tokenizer's and processor's chat template is replaced by the file's text (EasyR1's behaviour).
+    (unless ``sources_checked``); ``chat_template`` (``data.override_chat_template``, a Jinja file) replaces their
+    chat template.
 
     Raises:
         ModelError: naming the key whose folder cannot be loaded, or a tokenizer without a chat template.
@@ -105,11 +99,11 @@ def load_model_parts(model_cfg: Any, sources_checked: bool = False,
 
     tok_path = model_cfg.tokenizer_path or model_cfg.model_path
     remote = model_cfg.trust_remote_code
-    hf_config = _load(model_key, model_cfg.model_path, "model config", AutoConfig.from_pretrained, remote)
-    tokenizer = _load(tok_key, tok_path, "tokenizer", AutoTokenizer.from_pretrained, remote)
+    hf_config = load_part(model_key, model_cfg.model_path, "model config", AutoConfig.from_pretrained, remote)
+    tokenizer = load_part(tok_key, tok_path, "tokenizer", AutoTokenizer.from_pretrained, remote)
     processor = None
     if getattr(hf_config, "vision_config", None) is not None:
-        processor = _load(tok_key, tok_path, "processor", AutoProcessor.from_pretrained, remote)
+        processor = load_part(tok_key, tok_path, "processor", AutoProcessor.from_pretrained, remote)
     if chat_template is not None:
         override_chat_template(tokenizer, processor, chat_template)
     where = f"data.override_chat_template={chat_template!r}" if chat_template is not None else f"{tok_key}={tok_path!r}"
@@ -118,11 +112,8 @@ def load_model_parts(model_cfg: Any, sources_checked: bool = False,
 
 
 def override_chat_template(tokenizer: Any, processor: Any, path: str) -> None:
-    """Replace the chat template of ``tokenizer`` (and ``processor``, if any) by the text of the Jinja file ``path``.
-
-    Raises:
-        ConfigError: ``path`` is not a readable file (naming ``data.override_chat_template``).
-    """
+    """Replace the chat template of ``tokenizer`` (and ``processor``) by the Jinja file ``path``; raises
+    ``ConfigError`` as :func:`read_chat_template`."""
     template = read_chat_template(path)
     tokenizer.chat_template = template
     if processor is not None:
@@ -131,11 +122,7 @@ def override_chat_template(tokenizer: Any, processor: Any, path: str) -> None:
 
 
 def read_chat_template(path: str) -> str:
-    """The text of the chat template file ``path`` (``data.override_chat_template``).
-
-    Raises:
-        ConfigError: ``path`` is not a readable file.
-    """
+    """The text of the chat template file ``path`` (``data.override_chat_template``); ``ConfigError`` if unreadable."""
     try:
         with open(path, encoding="utf-8") as f:
             return f.read()
@@ -145,8 +132,8 @@ def read_chat_template(path: str) -> str:
 
 
 def check_chat_template(tokenizer: Any, processor: Any, where: str) -> None:
-    """Prompts are built with the chat template of the processor or the tokenizer: one must have it, and it must show
-    a message's content (a plain text file given as ``data.override_chat_template`` renders none).
+    """The processor's or the tokenizer's chat template (which builds the prompts) exists and shows a message's
+    content.
 
     Raises:
         ModelError: neither has one (``where`` names the key and path).
@@ -170,7 +157,8 @@ def check_chat_template(tokenizer: Any, processor: Any, where: str) -> None:
                           "own chat_template.jinja), or null to keep the model's")
 
 
-def _load(key: str, path: str, what: str, loader: Callable, trust_remote_code: bool) -> Any:
+def load_part(key: str, path: str, what: str, loader: Callable, trust_remote_code: bool) -> Any:
+    """``loader(path)``; any failure is a ``ModelError`` naming ``what``, ``key`` and what to write instead."""
     try:
         return loader(path, trust_remote_code=trust_remote_code)
     except Exception as err:
@@ -183,7 +171,7 @@ def _load(key: str, path: str, what: str, loader: Callable, trust_remote_code: b
 
 
 def _load_hint(key: str, path: str, reason: str) -> str:
-    """What to write instead, for the two broken ``config.json`` files a loader names (not JSON, unknown type)."""
+    """What to write instead, for a ``config.json`` that is not JSON or names an unknown type."""
     if "not a valid JSON file" in reason:
         return (f"; write {os.path.join(path, 'config.json')} as one JSON object (the file save_pretrained writes, "
                 f"e.g. {{\"model_type\": \"qwen2\", ...}}), or set {key} to a model folder or hub id that has one")
@@ -202,13 +190,12 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 
 
 def weight_headers(key: str, path: str) -> Optional[dict[str, list[int]]]:
-    """The weights of the local model folder ``path`` (config key ``key``) read from their file headers alone (no
-    tensor is loaded): ``{tensor name: shape}`` over every ``*.safetensors`` file, or None for a hub id or a folder of
-    other formats (``.bin``, ``.gguf``: not read here).
+    """``{tensor name: shape}`` of the local model folder ``path`` (config key ``key``) from its ``*.safetensors``
+    headers alone; None for a hub id or other formats (``.bin``, ``.gguf``).
 
     Raises:
-        ModelError: a folder without weight files, a safetensors file cut short or with an unreadable header, or a
-            shard that ``model.safetensors.index.json`` names but that is missing (each names the file).
+        ModelError: no weight files, a safetensors file cut short or with an unreadable header, or a shard that
+            ``model.safetensors.index.json`` names missing (each names the file).
     """
     import json
     import struct
@@ -254,9 +241,7 @@ def weight_headers(key: str, path: str) -> Optional[dict[str, list[int]]]:
 
 
 def check_model_fits(model_cfg: Any, hf_config: Any, tokenizer: Any, context: int) -> None:
-    """What the model folder's files say against the run's settings, before any weight is loaded: the tokenizer's
-    ids fit the embedding, ``context`` (``data.max_prompt_length + data.max_response_length``) fits the model's
-    positions.
+    """The tokenizer's ids fit the embedding and ``context`` (prompt + response length) the model's positions.
 
     Raises:
         ModelError: a tokenizer larger than the embedding (``vocab_size``).
@@ -278,8 +263,8 @@ def check_model_fits(model_cfg: Any, hf_config: Any, tokenizer: Any, context: in
 
 
 def check_lora_targets(model_cfg: Any) -> None:
-    """Every name of ``worker.actor.model.lora.target_modules`` is a module of the model, read from its weight files'
-    headers (peft only refuses targets of which none match: a typo beside a good name would go unadapted).
+    """Every name of ``worker.actor.model.lora.target_modules`` is a module of the model (read from its weight
+    headers; peft refuses only targets of which none match).
 
     Raises:
         ConfigError: naming the unknown targets and the model's layers with 2-D weights.
@@ -303,9 +288,8 @@ SCORE_HEADS = ("ForSequenceClassification", "ForTokenClassification", "ForReward
 
 
 def check_head(key: str, path: Optional[str], scorer: bool) -> None:
-    """The model at ``path`` (config key ``key``) has the head its role needs, read from ``architectures`` in its
-    ``config.json`` (a local folder or the hub cache; nothing is checked otherwise): a reward model
-    (``scorer``) is a sequence classifier, a judge or teacher a language model.
+    """The model at ``path`` (config key ``key``) has its role's head, read from ``architectures`` in a local or
+    cached ``config.json``: a reward model (``scorer``) is a sequence classifier, a judge or teacher a language model.
 
     Raises:
         ModelError: naming the key, the architecture and the role the model would fit.

@@ -1,34 +1,120 @@
-"""The reward phases that run models on the workers, after the reward function's scores are in the batch: the LLM
-judge (``worker.reward.judge``, :class:`~easyrl.trainer.judging.JudgePhase`) and then the discriminative reward model
-(``worker.reward.reward_model``, :class:`~easyrl.trainer.reward_model.RewardModelScorer`). Each adds its named score
-(``score/judge``, ``score/reward_model``) and its weighted share of ``overall`` and ``token_level_scores``.
+"""The reward phases that run models on the workers after the reward function's scores, in training and validation
+alike: the LLM judge (``worker.reward.judge``, docs/judge.md), then the reward model (``worker.reward.reward_model``,
+docs/rewards.md), each adding its named score and its weighted share of ``overall``::
 
-The training step and validation run the same phases, so ``val/reward/judge``, ``val/reward/reward_model`` and a
-``val/reward/overall`` that includes them are reported as verl's validation does with a reward model.
+    overall = reward function's overall + judge.weight x score/judge + reward_model.weight x score/reward_model
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+import logging
+from typing import Any, Optional, Union
+
+import torch
+from tensordict import TensorDict
 
 from easyrl.batch import Batch
-from easyrl.trainer.judging import JudgePhase
+from easyrl.config import RewardModelConfig
+from easyrl.config.reward_model import read_chat_template
+from easyrl.rewards.function import scores_to_token_rewards
+from easyrl.rewards.judge import Judge, load_judge
+from easyrl.rewards.reward_model_inputs import encode_conversations, load_tokenizer
 from easyrl.trainer.metrics import timer
-from easyrl.trainer.reward_model import RewardModelScorer
 from easyrl.trainer.scoring import Scorer
+from easyrl.workers.fsdp_worker import FSDPWorker
+from easyrl.workers.group import WorkerGroup
 
-__all__ = ["ModelRewards"]
+__all__ = ["JudgePhase", "ModelRewards", "RewardModelScorer", "add_model_scores"]
+
+logger = logging.getLogger("easyrl.judge")
+
+
+def add_model_scores(batch: Batch, name: str, scores: Union[torch.Tensor, list[float]], weight: float) -> None:
+    """Put ``scores`` ``(bsz,)`` in ``batch`` as ``score/<name>`` and add ``weight x score`` to ``score/overall`` and
+    to ``token_level_scores`` ``(bsz, resp_len)`` (on each response's last token), in place."""
+    values = scores.float().tolist() if isinstance(scores, torch.Tensor) else [float(s) for s in scores]
+    batch["token_level_scores"] = batch["token_level_scores"] + scores_to_token_rewards(
+        weight * torch.tensor(values, dtype=torch.float32), batch["response_mask"])
+    batch["score/overall"] = [overall + weight * s for overall, s in zip(batch["score/overall"], values)]
+    batch[f"score/{name}"] = values
+
+
+class JudgePhase:
+    """Owns the judge's prompt and parser and the last verdicts; ``scorer`` decodes the responses."""
+
+    def __init__(self, judge: Judge, scorer: Scorer, workers: Any):
+        self.judge = judge
+        self.scorer = scorer
+        self.workers = workers
+        self.verdicts: list[Optional[str]] = []
+
+    @classmethod
+    def create(cls, config: Any, scorer: Scorer, workers: Any) -> Optional["JudgePhase"]:
+        """The phase for ``worker.reward.judge``, or None when the judge is off (``model_path`` null).
+
+        Raises:
+            ConfigError: a bad prompt template or parser (``easyrl.rewards.judge``).
+        """
+        judge = load_judge(config)
+        return None if judge is None else cls(judge, scorer, workers)
+
+    def run(self, batch: Batch) -> dict[str, float]:
+        """Judge every sample of ``batch`` and add the scores as ``score/judge`` (raw verdicts in
+        ``batch["judge_verdict"]``, the first unreadable one warned of); returns ``{"judge/unparseable": count}``."""
+        prompts = self.judge.prompts(self.scorer.reward_inputs(batch))
+        requests = Batch(TensorDict({}, batch_size=[len(prompts)]), {"judge_prompt": prompts})
+        self.verdicts = [v for share in self.workers.run_split(FSDPWorker.judge, requests) for v in share]
+        scores, unparseable = self.judge.scores(self.verdicts)
+        add_model_scores(batch, "judge", scores, self.judge.config.weight)
+        batch["judge_verdict"] = self.verdicts  # for the generations table (easyrl.trainer.metrics.generation_rows)
+        if unparseable:
+            first = next(v for v in self.verdicts if self.judge.scores([v])[1])
+            logger.warning("judge: %d of %d verdicts unreadable by worker.reward.judge.parser=%s, e.g. %r (None: the "
+                           "prompt did not fit max_model_len)", unparseable, len(scores), self.judge.config.parser,
+                           first)
+        return {"judge/unparseable": float(unparseable)}
+
+
+class RewardModelScorer:
+    """Scores batches with the reward model on the workers; keeps the last templated texts (``last_texts``);
+    ``scorer`` decodes the responses."""
+
+    def __init__(self, config: RewardModelConfig, scorer: Scorer, workers: WorkerGroup):
+        self.config = config
+        self.scorer = scorer
+        self.workers = workers
+        self.tokenizer = load_tokenizer(config)
+        self.chat_template = read_chat_template(config.chat_template)
+        self.last_texts: Optional[list[str]] = None
+
+    def conversations(self, batch: Batch) -> tuple[list[str], list[str]]:
+        """The prompts (the row's ``prompt`` column, else the policy's prompt decoded) and responses of ``batch``."""
+        inputs = self.scorer.reward_inputs(batch)
+        prompts = [row["columns"].get("prompt") for row in inputs]
+        if any(prompt is None for prompt in prompts):
+            decoded = self.scorer.tokenizer.batch_decode(
+                [ids[mask.bool()].tolist() for ids, mask in zip(batch["prompts"], batch["prompt_mask"])],
+                skip_special_tokens=True)
+            prompts = [p if p is not None else d for p, d in zip(prompts, decoded)]
+        return [str(p) for p in prompts], [row["response"] for row in inputs]
+
+    def score(self, batch: Batch, metrics: dict[str, float]) -> torch.Tensor:
+        """Score ``batch`` (length a multiple of the world size) and add them as ``score/reward_model``; adds
+        ``reward_model/truncated`` to ``metrics``. Returns the ``(bsz,)`` scores."""
+        prompts, responses = self.conversations(batch)
+        encoded = encode_conversations(self.tokenizer, prompts, responses, self.chat_template, self.config.max_length)
+        inputs = Batch(TensorDict({"input_ids": encoded.input_ids, "attention_mask": encoded.attention_mask},
+                                  batch_size=[len(batch)]))
+        scores = torch.cat(self.workers.run_split(FSDPWorker.compute_rm_scores, inputs), dim=0)
+        add_model_scores(batch, "reward_model", scores, self.config.weight)
+        metrics["reward_model/truncated"] = float(encoded.truncated)
+        self.last_texts = encoded.texts
+        return scores
 
 
 class ModelRewards:
-    """The judge and reward-model phases of a run; either is None when its ``model_path`` is null.
-
-    Args:
-        judging: the judge phase, or None.
-        reward_model: the reward-model phase, or None.
-        world_size: the number of workers; every worker must get an equal share of a batch (the FSDP2 reward model
-            gathers its shards on all ranks together).
-    """
+    """The judge and reward-model phases (either None when off); every one of ``world_size`` workers gets an equal
+    share of a batch."""
 
     def __init__(self, judging: Optional[JudgePhase], reward_model: Optional[RewardModelScorer], world_size: int):
         self.judging = judging
@@ -53,12 +139,8 @@ class ModelRewards:
         return self.judging is not None or self.reward_model is not None
 
     def run(self, batch: Batch, timing: dict[str, float], metrics: dict[str, float]) -> None:
-        """Score ``batch`` with the judge, then the reward model, in place (``token_level_scores`` ``(bsz,
-        resp_len)`` and the ``score/*`` lists); adds ``timing_s/judge`` / ``timing_s/reward_model`` (seconds) to
-        ``timing`` and ``judge/unparseable`` / ``reward_model/truncated`` to ``metrics``.
-
-        A batch whose length is not a multiple of ``world_size`` (a validation set's last batch) is scored with
-        copies of its first samples appended, which are dropped again (``Batch.padded_to_multiple``)."""
+        """Score ``batch`` with the judge, then the reward model, in place, timed into ``timing``; a batch not a
+        multiple of ``world_size`` is padded with copies, dropped again."""
         if not self.enabled:
             return
         real = len(batch)

@@ -1,25 +1,10 @@
-"""The multi-turn rollout (``worker.rollout.multi_turn.enable``, docs/agents.md): trajectories that alternate
-assistant turns, sampled by the workers' colocated vLLM engines, and tool or environment turns
-(``easyrl.agents``), in the trajectory batch layout of ``easyrl.trainer.rollout``.
-
-The driver runs the turns (``easyrl.agents.trajectory.TurnLoop``): each round sends every ready trajectory
-(prompt + all its tokens so far, capped at its remaining response budget) to the engines in one batch, so
-trajectories at different turns are generated together; a trajectory whose tool call is late joins a later round
-(``easyrl.agents.scheduler``; ``patience``). The engines stay awake between rounds
-(``generate_sequences(keep_awake=True)``): the actor's weights are synced once, before the first round, and later
-rounds sync nothing; the engines sleep after the last round (``FSDPWorker.sleep_rollout``).
-
-In the batch, ``responses`` holds every token after the prompt (assistant, tool and environment tokens), the
-``attention_mask``'s response part is 1 on all of them, ``response_mask`` only on the assistant's, and
-``rollout_log_probs`` holds the engine's log-probs at the assistant tokens (0 elsewhere). Extras for the reward
-function and the metrics: ``messages`` (the conversation after the prompt), ``tool_calls`` (``{"name",
-"arguments", "result", "status"}`` each, or ``{"error", ...}`` for a botched call), ``multi_turn_stats`` and, for a
-VL model, ``tool_images`` (per sample, the ``PIL.Image``s the tools returned, after the prompt's ``images``).
-
-Tool images (VL models, ``easyrl.trainer.multi_turn_images``): each round's engine prompt is prompt + response with
-every run of image pads collapsed to one, and ``multi_modal_data`` holds the prompt's images then the trajectory's tool
-images; the batch's ``multi_modal_inputs`` get the tool images' processor outputs appended.
-"""
+"""The multi-turn rollout (``worker.rollout.multi_turn.enable``; how it schedules, tokenizes and lays out a
+trajectory: docs/agents.md): the driver runs the turns (``easyrl.agents.trajectory.TurnLoop``), each round sending
+every ready trajectory to the workers' engines, which stay awake between rounds. Beyond the trajectory layout of
+``easyrl.trainer.rollout`` (``response_mask`` 0 on tool and environment tokens) the batch holds ``messages``,
+``tool_calls``, ``multi_turn_stats`` and, for a VL model, ``tool_images``: each resized exactly as a prompt image,
+its processor outputs appended to the prompt's ``multi_modal_inputs`` in the order of the image pads (docs/agents.md,
+"Tool images"; the turn-level part: ``easyrl.agents.tool_images``)."""
 
 from __future__ import annotations
 
@@ -27,32 +12,66 @@ from typing import Any, Optional
 
 import numpy as np
 import torch
+from PIL import Image
 
 from easyrl.agents.environment import load_environment
 from easyrl.agents.executor import ToolExecutor
 from easyrl.agents.parsers import load_parser
-from easyrl.agents.tool_images import collapse_pads
+from easyrl.agents.tool_images import ToolImages, collapse_pads
 from easyrl.agents.tools import load_tools
 from easyrl.agents.trajectory import Trajectory, TurnLoop
 from easyrl.batch import Batch
+from easyrl.data.images import process_image
 from easyrl.trainer.batch_layout import right_pad
-from easyrl.trainer.multi_turn_images import tool_images_for
 from easyrl.trainer.rollout import SingleTurnRollout
 from easyrl.workers.fsdp_worker import FSDPWorker
 
-__all__ = ["MultiTurnRollout", "make_rollout", "multi_turn_metrics"]
+__all__ = ["MultiTurnRollout", "VLToolImages", "make_rollout", "multi_turn_metrics", "tool_images_for"]
 
 _SEED_STRIDE = 1_000_003  # per turn, so that a sample's turns draw from different streams
 
 
-class MultiTurnRollout:
-    """Multi-turn trajectories on the workers' engines (see the module docstring; implements ``Rollout``).
-    ``tokenizer``'s chat template renders the tool turns; ``images``: a VL model's tool images
-    (``easyrl.trainer.multi_turn_images.tool_images_for``), None for text-only.
+IMAGE_KEYS = ("pixel_values", "image_grid_thw")
 
-    Raises:
-        ConfigError: a tool, parser or environment that cannot be loaded (``easyrl.agents.specs``).
-    """
+
+class VLToolImages(ToolImages):
+    """``ToolImages`` of a Qwen-VL ``processor`` within the dataset's pixel bounds and patch ``factor``, at most
+    ``limit`` images (``worker.rollout.limit_images``)."""
+
+    def __init__(self, processor: Any, min_pixels: int, max_pixels: int, factor: int, limit: int):
+        self.processor = processor
+        self.bounds = (min_pixels, max_pixels, factor)
+        pad_id = processor.tokenizer.convert_tokens_to_ids(processor.image_token)
+        super().__init__(self._prepare, int(pad_id), limit)
+
+    def _prepare(self, image: Image.Image) -> tuple[Image.Image, int]:
+        """The image at its target size and its number of image tokens (both sides are multiples of ``factor``)."""
+        image = process_image(image, *self.bounds)
+        return image, image.width * image.height // self.bounds[2] ** 2
+
+    def actor_inputs(self, prompt_inputs: dict[str, torch.Tensor], images: list[Image.Image]
+                     ) -> dict[str, torch.Tensor]:
+        """The prompt's processor outputs with ``images``' appended (``prompt_inputs`` itself when there are none)."""
+        if not images:
+            return prompt_inputs
+        tool = self.processor.image_processor(images=images, return_tensors="pt")
+        merged = dict(prompt_inputs)
+        for key in IMAGE_KEYS:
+            merged[key] = torch.cat([prompt_inputs[key], tool[key]]) if key in prompt_inputs else tool[key]
+        return merged
+
+
+def tool_images_for(dataset: Any, limit: int) -> Optional[VLToolImages]:
+    """Tool images for the model of ``dataset`` (an ``RLDataset``); None for a text-only model."""
+    processor = getattr(dataset, "processor", None)
+    if processor is None or getattr(processor, "image_processor", None) is None:
+        return None
+    return VLToolImages(processor, dataset.min_pixels, dataset.max_pixels, dataset.factor, limit)
+
+
+class MultiTurnRollout:
+    """A ``Rollout`` of multi-turn trajectories; ``tokenizer``'s chat template renders the tool turns, ``images``: a VL
+    model's tool images (None: text-only). ``ConfigError`` for a tool, parser or environment that cannot be loaded."""
 
     def __init__(self, workers, config, tokenizer, pad_id: int, images=None):
         mt = config.worker.rollout.multi_turn
@@ -82,7 +101,9 @@ class MultiTurnRollout:
         pad = (-len(rows)) % self.engines
         rows_padded = rows + [rows[i % len(rows)] for i in range(pad)]
         share = Batch(prompts.tensors[torch.tensor(rows_padded)], {})
-        share["raw_prompt_ids"] = [trajectories[i].prompt_ids + self._engine_ids(trajectories[i]) for i in rows_padded]
+        share["raw_prompt_ids"] = [trajectories[i].prompt_ids + (  # one pad per tool image, as the engine takes it
+            collapse_pads(trajectories[i].response_ids, self.images.pad_id) if trajectories[i].images
+            else trajectories[i].response_ids) for i in rows_padded]
         share["images"] = [(prompts["images"][i] if "images" in prompts else []) + trajectories[i].images
                            for i in rows_padded]
         if "videos" in prompts:
@@ -100,10 +121,6 @@ class MultiTurnRollout:
             return [(row, None) for row in ids]
         log_probs = [row for out in outputs for row in out["response_log_probs"]][: len(active)]
         return list(zip(ids, log_probs))
-
-    def _engine_ids(self, traj: Trajectory) -> list[int]:
-        """The trajectory's response as the engine takes it: one pad per tool image."""
-        return collapse_pads(traj.response_ids, self.images.pad_id) if traj.images else traj.response_ids
 
     def generate(self, prompts: Batch, overrides: Optional[dict[str, Any]]) -> tuple[Batch, float]:
         """See ``Rollout.generate``."""
@@ -142,8 +159,8 @@ class MultiTurnRollout:
 
 
 def make_rollout(config, workers, tokenizer, pad_id: int, dataset=None):
-    """The rollout ``config`` asks for: ``MultiTurnRollout`` with ``worker.rollout.multi_turn.enable`` (tool images
-    with ``dataset``'s processor and pixel bounds, if it has a VL one), else ``SingleTurnRollout``."""
+    """``MultiTurnRollout`` with ``worker.rollout.multi_turn.enable`` (tool images by ``dataset``'s VL processor),
+    else ``SingleTurnRollout``."""
     if config.worker.rollout.multi_turn.enable:
         images = tool_images_for(dataset, config.worker.rollout.limit_images)
         return MultiTurnRollout(workers, config, tokenizer, pad_id, images)
@@ -151,12 +168,8 @@ def make_rollout(config, workers, tokenizer, pad_id: int, dataset=None):
 
 
 def multi_turn_metrics(batch: Batch) -> dict[str, float]:
-    """``multi_turn/*`` of a multi-turn batch ({} otherwise): ``assistant_turns/{mean,max,min}`` (verl's
-    ``num_turns``, counting assistant turns), ``user_turns/mean``, ``tool_calls``, ``tool_errors``,
-    ``tool_timeouts`` (totals over the batch), ``tool_calls_per_traj/mean``, ``masked_token_share`` (tool and
-    environment tokens / all response tokens), ``assistant_tokens_per_turn/mean`` and, for tool images,
-    ``tool_images`` and ``tool_images_dropped`` (totals: images the model saw, images over
-    ``worker.rollout.limit_images``)."""
+    """``multi_turn/*`` of a multi-turn batch ({} otherwise; docs/metrics.md): turn, tool-call, error, timeout and
+    tool-image counts, ``masked_token_share`` (tool and environment tokens / response tokens)."""
     if "multi_turn_stats" not in batch:
         return {}
     stats = batch["multi_turn_stats"]

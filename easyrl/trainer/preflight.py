@@ -1,10 +1,5 @@
-"""Everything that can be checked about a run before Ray and the workers start: the model folder (or hub id), the
-tokenizer and processor, the datasets, the reward function with its keyword arguments and declared type.
-
-``prepare(config)`` runs the checks in the order a user would fix them and returns what the trainer needs. Each
-failure is an :class:`easyrl.errors.UserError` naming the config key (and file, row, column, function) and what to do;
-``docs/errors.md`` lists them with their tests.
-"""
+"""Everything checked before Ray starts (``prepare``): models, tokenizer and processor, data, templates, tools and
+reward, in the order a user would fix them. Each failure is a ``UserError`` naming the key (docs/errors.md)."""
 
 from __future__ import annotations
 
@@ -18,7 +13,6 @@ from easyrl.trainer.model_checks import (
     check_head,
     check_lora_targets,
     check_model_fits,
-    check_model_source,
     check_model_sources,
     load_model_parts,
     read_chat_template,
@@ -35,10 +29,6 @@ from easyrl.trainer.reward_checks import (
 logger = logging.getLogger("easyrl")
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# Data and the whole pre-flight
-
-
 @dataclass
 class Prepared:
     """What ``build_trainer`` needs, all checked: tokenizer, processor (None for text-only models), datasets, reward."""
@@ -51,8 +41,8 @@ class Prepared:
 
 
 def tool_schemas(multi_turn: Any) -> Optional[list[dict]]:
-    """The JSON schemas of ``worker.rollout.multi_turn.tools`` for the chat template (None when multi-turn is off or
-    has no tools). Raises ``ConfigError`` for a tool that cannot be loaded (``easyrl.agents.tools``)."""
+    """The JSON schemas of ``worker.rollout.multi_turn.tools`` (None without multi-turn tools); ``ConfigError`` for a
+    tool that cannot be loaded."""
     if not multi_turn.enable or not multi_turn.tools:
         return None
     from easyrl.agents.tools import load_tools
@@ -60,24 +50,9 @@ def tool_schemas(multi_turn: Any) -> Optional[list[dict]]:
     return [tool.schema for tool in load_tools(multi_turn.tools).values()]
 
 
-def check_agent_files(multi_turn: Any) -> None:
-    """With ``worker.rollout.multi_turn.enable``: the tools, the tool-call parser and the environment import and take
-    the arguments they are called with. Raises ``ConfigError`` naming the key (``easyrl.agents.specs``)."""
-    if not multi_turn.enable:
-        return
-    from easyrl.agents.environment import load_environment
-    from easyrl.agents.parsers import load_parser
-
-    tool_schemas(multi_turn)
-    load_parser(multi_turn.format)
-    load_environment(multi_turn.environment)
-
-
 def warn_template_without_tools(tokenizer: Any, config: Any) -> None:
-    """Warn when the chat template drops ``tools=`` (SmolLM2's does): a prompt rendered with the tools of
-    ``worker.rollout.multi_turn.tools`` that does not name each of them means the model is never told about them, and
-    a run then trains with no tool calls. A warning, not an error: the data or ``data.format_prompt`` may describe
-    the tools instead."""
+    """Warn when the chat template drops ``tools=`` (SmolLM2's does): the model would never be told about the tools
+    (not an error: the data or ``data.format_prompt`` may describe them)."""
     schemas = tool_schemas(config.worker.rollout.multi_turn)
     if not schemas:
         return
@@ -96,8 +71,8 @@ def warn_template_without_tools(tokenizer: Any, config: Any) -> None:
 
 
 def read_rows(key: str, path: str, data: Any):
-    """The rows of the data path ``path`` given by config key ``key``, their prompt/answer columns and image column
-    checked: files only, no model, so a typo costs seconds. Data errors are prefixed with the key."""
+    """The rows of data path ``path`` (config key ``key``), their columns checked without a model; data errors are
+    prefixed with the key."""
     from easyrl.data.checks import check_columns, check_image_column
     from easyrl.data.sources import load_source
 
@@ -111,8 +86,8 @@ def read_rows(key: str, path: str, data: Any):
 
 
 def load_dataset_for(key: str, path: str, config: Any, tokenizer: Any, processor: Any, rows: Any = None):
-    """``RLDataset`` of the data path ``path`` given by config key ``key`` (``rows``: its rows, already read by
-    :func:`read_rows`); data errors are prefixed with the key."""
+    """``RLDataset`` of data path ``path`` (config key ``key``; ``rows``: from :func:`read_rows`); data errors are
+    prefixed with the key."""
     from easyrl.data.dataset import RLDataset
     from easyrl.data.videos import FrameLimits
 
@@ -134,9 +109,8 @@ def load_dataset_for(key: str, path: str, config: Any, tokenizer: Any, processor
 
 
 def raise_video_limit(rollout: Any, max_videos: int, key: str) -> None:
-    """vLLM refuses a prompt with more videos than ``limit_mm_per_prompt`` allows, and profiles a video at start-up
-    only when the limit is above 0: ``worker.rollout.limit_videos`` is raised to the most videos a row of the data
-    has (logged), so EasyR1 configs, which have no such key, run on video data unchanged."""
+    """Raise ``worker.rollout.limit_videos`` to the most videos a row has (logged): vLLM refuses more per prompt, and
+    configs without the key run on video data unchanged."""
     if max_videos > rollout.limit_videos:
         logger.info("%s has up to %d video(s) per prompt: worker.rollout.limit_videos raised from %d to %d", key,
                     max_videos, rollout.limit_videos, max_videos)
@@ -144,15 +118,10 @@ def raise_video_limit(rollout: Any, max_videos: int, key: str) -> None:
 
 
 def prepare(config: Any, train: bool = True) -> Prepared:
-    """All pre-flight checks of a finalized config, cheap ones first: the CUDA driver, model paths and weight-file
-    headers, the data files' rows and columns, the templates, tool and reward files (seconds, no model loaded); then
-    the model config and tokenizer against the settings, the datasets' rows, and the reward function called on one
-    sample of the data.
-
-    Args:
-        config: the finalized ``PPOConfig``.
-        train: False for ``easyrl eval``: no training set is loaded (``data.train_files`` may be null; the
-            ``train_dataset`` returned is None) and the reward is tried on a validation sample.
+    """All pre-flight checks of a finalized ``PPOConfig``, cheap ones first (driver, paths, headers, data columns,
+    templates, tool and reward files: no model loaded), then the model config and tokenizer against the settings, the
+    datasets, and the reward function on one sample. ``train`` False (``easyrl eval``): no training set is loaded
+    and the reward is tried on a validation sample.
 
     Raises:
         UserError: ``ModelError``, ``DataError``, ``RewardError`` or ``ConfigError``; see ``docs/errors.md``.
@@ -166,21 +135,25 @@ def prepare(config: Any, train: bool = True) -> Prepared:
     weight_headers("worker.actor.model.model_path", config.worker.actor.model.model_path)
     check_lora_targets(config.worker.actor.model)
     if config.algorithm.needs_teacher:
-        teacher = config.worker.teacher.model
-        check_model_source("worker.teacher.model.model_path", teacher.model_path)
-        weight_headers("worker.teacher.model.model_path", teacher.model_path)
-        check_head("worker.teacher.model.model_path", teacher.model_path, scorer=False)
-        if teacher.tokenizer_path:
-            check_model_source("worker.teacher.model.tokenizer_path", teacher.tokenizer_path)
+        key, teacher = "worker.teacher.model.model_path", config.worker.teacher.model
+        check_model_sources(teacher, "worker.teacher.model")
+        weight_headers(key, teacher.model_path)
+        check_head(key, teacher.model_path, scorer=False)
     if config.data.override_chat_template is not None:
         read_chat_template(config.data.override_chat_template)
     keys = [("data.train_files", config.data.train_files)] * train + [("data.val_files", config.data.val_files)]
     rows = {key: read_rows(key, path, config.data) for key, path in keys if path}
     load_format_prompt(config.data.format_prompt)
-    check_agent_files(config.worker.rollout.multi_turn)
+    multi_turn = config.worker.rollout.multi_turn
+    if multi_turn.enable:  # the tools, tool-call parser and environment load (ConfigError naming the key)
+        from easyrl.agents.environment import load_environment
+        from easyrl.agents.parsers import load_parser
+
+        tool_schemas(multi_turn)
+        load_parser(multi_turn.format)
+        load_environment(multi_turn.environment)
     reward_fn = load_reward(config.worker.reward)
     check_judge_files(config.worker.reward.judge)
-    check_head("worker.reward.judge.model_path", config.worker.reward.judge.model_path, scorer=False)
     check_head("worker.reward.reward_model.model_path", config.worker.reward.reward_model.model_path, scorer=True)
     tokenizer, hf_config, processor = load_model_parts(config.worker.actor.model, sources_checked=True,
                                                        chat_template=config.data.override_chat_template)
@@ -193,14 +166,8 @@ def prepare(config: Any, train: bool = True) -> Prepared:
         from easyrl.trainer.teacher_check import check_teacher
 
         check_teacher(config, tokenizer)
-    train_set = None
-    if train:
-        train_set = load_dataset_for("data.train_files", config.data.train_files, config, tokenizer, processor,
-                                     rows["data.train_files"])
-    val = None
-    if config.data.val_files:
-        val = load_dataset_for("data.val_files", config.data.val_files, config, tokenizer, processor,
-                               rows["data.val_files"])
+    sets = {key: load_dataset_for(key, path, config, tokenizer, processor, rows[key]) for key, path in keys if path}
+    train_set, val = sets.get("data.train_files"), sets.get("data.val_files")
     if train_set is not None:
         check_enough_prompts(config, len(train_set))
     source = train_set if train_set is not None else val
@@ -209,18 +176,16 @@ def prepare(config: Any, train: bool = True) -> Prepared:
     response = f"<think>a sample</think> \\boxed{{{ground_truth}}}"
     sample = {"response": response, "response_length": len(tokenizer.encode(response)), "ground_truth": ground_truth,
               "columns": source.reward_columns(first)}
-    if config.worker.rollout.multi_turn.enable:  # what a multi-turn rollout adds (easyrl.trainer.multi_turn)
+    if multi_turn.enable:  # what a multi-turn rollout adds (easyrl.trainer.multi_turn)
         sample.update(messages=[{"role": "assistant", "content": response}], tool_calls=[])
     check_filter_key(config, check_reward_on_sample(reward_fn, sample), reward_fn.where)
     check_reward_model(config.worker.reward.reward_model)
     return Prepared(tokenizer, processor, train_set, val, reward_fn)
 
 
-
 def check_cuda_driver(device: str) -> None:
-    """On ``trainer.device`` ``cuda`` or ``auto``, the driver host's NVIDIA driver runs torch's CUDA build (the locked
-    torch 2.13 is CUDA 13: driver 580+), before Ray schedules workers that would fail at ``torch.cuda.set_device``
-    (each worker checks its own node again). Raises ConfigError naming the versions."""
+    """On ``trainer.device`` ``cuda`` or ``auto``, the driver host's NVIDIA driver runs torch's CUDA build (each
+    worker checks its own node again). Raises ``ConfigError`` naming the versions."""
     from easyrl.device import host_cuda_driver_problem
 
     problem = host_cuda_driver_problem() if device in ("cuda", "auto") else None
@@ -229,8 +194,8 @@ def check_cuda_driver(device: str) -> None:
 
 
 def check_rollout_split(hf_config: Any, tensor_parallel_size: int) -> None:
-    """vLLM can split the model over ``worker.rollout.tensor_parallel_size`` ranks (its heads divide evenly;
-    ``easyrl.workers.rollout_layout.check_heads_split``). Raises ``ConfigError`` naming the key and the config field."""
+    """The model's heads split over ``worker.rollout.tensor_parallel_size`` ranks (``check_heads_split``); else
+    ``ConfigError``."""
     from easyrl.workers.rollout_layout import check_heads_split
 
     try:
@@ -240,9 +205,8 @@ def check_rollout_split(hf_config: Any, tensor_parallel_size: int) -> None:
 
 
 def check_sequence_parallel_heads(hf_config: Any, config: Any) -> None:
-    """The attention heads of the actor (and of the critic with GAE, the teacher with distillation) split over
-    ``worker.actor.ulysses_size`` ranks (``easyrl.models.ulysses.check_heads``). Raises ``ConfigError`` with the
-    head counts."""
+    """The heads of the actor (and critic, teacher) split over ``worker.actor.ulysses_size`` ranks
+    (``easyrl.models.ulysses.check_heads``); else ``ConfigError`` with the head counts."""
     from transformers import AutoConfig
 
     from easyrl.models.ulysses import check_heads

@@ -1,8 +1,6 @@
-"""Pre-flight checks of the reward side before Ray starts: the reward function (its file, function, keyword
-arguments and declared type, then one call on a sample of the data), the online-filtering key, the reward model and the
-LLM judge. Each failure is a ``RewardError`` / ``ConfigError`` / ``ModelError`` naming the key, file and function
-(docs/errors.md, K, R and J rows).
-"""
+"""Pre-flight checks of the reward side before Ray starts: the reward function (file, function, keyword arguments,
+declared type, one call on a sample), the online-filtering key, the reward model and the LLM judge (docs/errors.md,
+K, R and J rows)."""
 
 from __future__ import annotations
 
@@ -15,19 +13,17 @@ from typing import Any, Callable, Optional
 
 from easyrl.errors import ConfigError, ModelError, RewardError, UserError
 from easyrl.rewards.judge import load_judge
-from easyrl.trainer.model_checks import _load, check_model_source, weight_headers
+from easyrl.trainer.model_checks import check_head, check_model_source, check_model_sources, load_part, weight_headers
 
 logger = logging.getLogger("easyrl")
 
 
-
 def load_reward(reward_cfg: Any):
-    """The ``RewardFunction`` of ``worker.reward``, its file imported and its keyword arguments checked against the
-    function's signature (not yet called: see :func:`check_reward_on_sample`).
+    """The ``RewardFunction`` of ``worker.reward``, imported, its keyword arguments bound to its signature.
 
     Raises:
-        RewardError: no function configured, a malformed spec, a missing file or function, an import that fails
-            (names the line), keyword arguments the function does not take or required ones not given.
+        RewardError: no function configured, a malformed spec, a missing file or function, a failing import (names
+            the line), keyword arguments the function does not take or required ones not given.
     """
     from easyrl.rewards.function import RewardFunction
 
@@ -59,12 +55,8 @@ def load_reward(reward_cfg: Any):
 
 
 def check_styled_reward_kwargs(reward_fn: Any) -> None:
-    """A verl- or TRL-style function (``easyrl.rewards.styles``) must bind to the arguments its library passes (those
-    it takes) plus ``worker.reward.reward_function_kwargs``.
-
-    Raises:
-        RewardError: naming the function, its signature, the style and the binding error.
-    """
+    """A verl- or TRL-style function (``easyrl.rewards.styles``) binds to the arguments its library passes (those it
+    takes) plus ``worker.reward.reward_function_kwargs``; else ``RewardError`` naming signature and style."""
     from easyrl.rewards.styles import VERL_ARGS
 
     fn, kwargs = reward_fn.fn, reward_fn.kwargs
@@ -92,12 +84,8 @@ def _line_in(err: BaseException, path: str) -> Optional[int]:
 
 
 def check_reward_kwargs(fn: Callable, kwargs: dict, where: str) -> None:
-    """``fn(reward_input(s), **kwargs)`` must bind: every key a parameter (unless ``fn`` takes ``**kwargs``), every
-    required parameter after the first given.
-
-    Raises:
-        RewardError: naming the key of ``worker.reward.reward_function_kwargs``, the function and its signature.
-    """
+    """``fn(reward_input(s), **kwargs)`` binds; else ``RewardError`` naming the key of
+    ``worker.reward.reward_function_kwargs``, the function and its signature."""
     signature = inspect.signature(fn)
     params = list(signature.parameters.values())
     shown = f"{where} with signature {fn.__name__}{signature}"
@@ -122,13 +110,8 @@ def check_reward_kwargs(fn: Callable, kwargs: dict, where: str) -> None:
 
 
 def check_reward_on_sample(reward_fn: Any, sample: dict) -> list[str]:
-    """Call the reward function once on ``sample`` (one reward input) as its declared ``reward_type`` says, and apply
-    the output checks of ``RewardFunction``; a mismatch is reported now instead of at step 1 on the workers. Returns
-    the names of the scores it returned (``overall``, ``accuracy``, ...).
-
-    Raises:
-        RewardError: the call or its output failed, with a hint at the other ``reward_type`` when it fits.
-    """
+    """Call the reward function once on ``sample`` (one reward input) with its output checks; returns the names of
+    its scores. Raises ``RewardError``, with a hint at the other ``reward_type``."""
     try:
         return list(reward_fn([sample]))
     except Exception as err:
@@ -155,13 +138,13 @@ def check_filter_key(config: Any, score_names: list[str], where: str) -> None:
 
 
 def check_reward_model(rm: Any) -> None:
-    """``worker.reward.reward_model`` (when its ``model_path`` is set): the checkpoint exists and is a sequence
-    classifier with one output, its tokenizer loads, and the chat template renders a (prompt, response) pair.
+    """``worker.reward.reward_model`` (when enabled): a sequence classifier with one output, a tokenizer, a chat
+    template that renders a (prompt, response) pair.
 
     Raises:
-        ModelError: a missing folder or hub id, a config or tokenizer that cannot be loaded, ``num_labels`` other
-            than 1, a tokenizer without a chat template when ``chat_template`` is not set.
-        ConfigError: ``chat_template`` fails to render.
+        ModelError: a missing model, a config or tokenizer that cannot be loaded, ``num_labels`` other than 1, no
+            chat template.
+        ConfigError: ``chat_template`` fails to render; ``max_length`` beyond the model's positions.
     """
     if not rm.enabled:
         return
@@ -170,12 +153,10 @@ def check_reward_model(rm: Any) -> None:
 
     key = "worker.reward.reward_model.model_path"
     tok_key = "worker.reward.reward_model.tokenizer_path" if rm.tokenizer_path else key
-    check_model_source(key, rm.model_path)
-    if rm.tokenizer_path:
-        check_model_source(tok_key, rm.tokenizer_path)
+    check_model_sources(rm, "worker.reward.reward_model")
     from transformers import AutoConfig
 
-    hf_config = _load(key, rm.model_path, "model config", AutoConfig.from_pretrained, rm.trust_remote_code)
+    hf_config = load_part(key, rm.model_path, "model config", AutoConfig.from_pretrained, rm.trust_remote_code)
     if getattr(hf_config, "num_labels", 1) != 1:
         raise ModelError(f"{key}={rm.model_path!r} has num_labels={hf_config.num_labels}: a reward model is a sequence "
                          "classifier with one output (a scalar score), e.g. Skywork/Skywork-Reward-V2-Qwen3-0.6B")
@@ -184,8 +165,8 @@ def check_reward_model(rm: Any) -> None:
         raise ConfigError(f"worker.reward.reward_model.max_length={rm.max_length} exceeds the reward model's "
                           f"max_position_embeddings={positions} ({key}={rm.model_path!r}): longer inputs would be "
                           f"scored at positions it never saw; set it to {positions} or less.")
-    tokenizer = _load(tok_key, rm.tokenizer_path or rm.model_path, "tokenizer", lambda _, **kw: load_tokenizer(rm),
-                      rm.trust_remote_code)
+    tokenizer = load_part(tok_key, rm.tokenizer_path or rm.model_path, "tokenizer",
+                          lambda _, **kw: load_tokenizer(rm), rm.trust_remote_code)
     template = read_chat_template(rm.chat_template)
     if template is None and not getattr(tokenizer, "chat_template", None):
         raise ModelError(f"the tokenizer of {tok_key}={rm.tokenizer_path or rm.model_path!r} has no chat template: set "
@@ -198,21 +179,21 @@ def check_reward_model(rm: Any) -> None:
                           f"{type(err).__name__}: {reason}") from None
 
 
-
 def check_judge_files(judge_cfg: Any) -> None:
-    """With ``worker.reward.judge`` on: its model source exists with its weights, its prompt template renders and its
-    parser loads, its ``max_model_len`` fits the model's positions.
-    Raises ``ModelError`` / ``ConfigError`` naming the key (docs/errors.md, J rows)."""
+    """With ``worker.reward.judge`` on: its model and weights exist, its prompt template and parser load, its
+    ``max_model_len`` fits the model's positions, it is a language model. Raises ``ModelError`` / ``ConfigError``
+    naming the key."""
+    key = "worker.reward.judge.model_path"
     if judge_cfg.model_path is not None:
-        check_model_source("worker.reward.judge.model_path", judge_cfg.model_path)
+        check_model_source(key, judge_cfg.model_path)
         load_judge(judge_cfg)
-        weight_headers("worker.reward.judge.model_path", judge_cfg.model_path)
+        weight_headers(key, judge_cfg.model_path)
         from transformers import AutoConfig
 
-        key = "worker.reward.judge.model_path"
-        text = _load(key, judge_cfg.model_path, "model config", AutoConfig.from_pretrained, False).get_text_config()
+        text = load_part(key, judge_cfg.model_path, "model config", AutoConfig.from_pretrained, False).get_text_config()
         positions = getattr(text, "max_position_embeddings", None)
         if positions is not None and judge_cfg.max_model_len > positions:
             raise ConfigError(f"worker.reward.judge.max_model_len={judge_cfg.max_model_len} exceeds the judge's "
                               f"max_position_embeddings={positions} ({key}={judge_cfg.model_path!r}); vLLM refuses "
                               f"such a context: set it to {positions} or less.")
+    check_head(key, judge_cfg.model_path, scorer=False)

@@ -1,5 +1,4 @@
-"""The rollout: what turns a batch of prompts into a batch of trajectories. The trainer holds one and does not know
-which kind; a new kind (multi-turn with tools or an environment) is a second class with the same method.
+"""The rollout: what turns a batch of prompts into a batch of trajectories; the trainer does not know which kind.
 
 A trajectory batch adds to the prompt batch (``prompts`` ``(bsz, P)`` left-padded, its ``prompt_mask``, the extras):
 
@@ -42,13 +41,7 @@ class Rollout(Protocol):
 
 
 class SingleTurnRollout:
-    """One response per prompt, sampled by the workers' colocated vLLM engines (``FSDPWorker.generate_sequences``).
-
-    Args:
-        workers: the ``WorkerGroup``.
-        response_length: ``data.max_response_length`` (the responses' padded width).
-        pad_id: the tokenizer's padding id.
-    """
+    """One response per prompt from the ``workers``' vLLM engines, right-padded to ``response_length``."""
 
     def __init__(self, workers, response_length: int, pad_id: int):
         self.workers = workers

@@ -1,13 +1,6 @@
-"""The run folder, ``<runs_root>/<project_name>/<experiment_name>``: which checkpoint a run resumes from, and the
-refusal of a folder that belongs to another run (its ``metrics.jsonl`` or its checkpoints), before any worker starts.
-
-A run never overwrites another: a new run refuses a folder holding another run's metrics or checkpoints; a run that
-finds its own last checkpoint resumes it (``trainer.resume_mode``, verl's names: ``auto``, ``disable``, ``force``,
-``resume_path``). In ``auto`` mode it first compares the folder's saved config (``config.yaml``, or the
-``config_resume_step_N.yaml`` of the latest resume, written by ``RayPPOTrainer.fit``) with the new one, and refuses a
-change to a key that alters training (``easyrl.config.rerun``); a run whose checkpoint is at its last step is
-finished (:class:`RunFinished`): nothing is trained or exported again.
-"""
+"""The run folder, ``<runs_root>/<project_name>/<experiment_name>``, before any worker starts: which checkpoint a run
+resumes from (``trainer.resume_mode``), and the refusal of another run's folder, of a changed config
+(``easyrl.config.rerun``) or of a finished run (docs/checkpoints.md, "Resume")."""
 
 from __future__ import annotations
 
@@ -29,8 +22,7 @@ _RESUMED_CONFIG = re.compile(r"^config_resume_step_(\d+)\.yaml$")
 
 
 class RunFinished(Exception):
-    """The run folder's last checkpoint is at this run's last step: nothing to train or export (not an error; the
-    command says so and exits with status 0). The message says where the model is and how to train further."""
+    """The run folder's last checkpoint is at this run's last step: not an error, the command says so and exits 0."""
 
 
 def resume_mode(trainer) -> str:
@@ -45,11 +37,7 @@ def resume_mode(trainer) -> str:
 
 
 def refuse_existing_metrics(path: str) -> None:
-    """Refuse a ``metrics.jsonl`` that already holds rows (a new run would append to another run's metrics).
-
-    Raises:
-        RunStateError: ``path`` exists and is not empty.
-    """
+    """``RunStateError`` when the ``metrics.jsonl`` of a new run already holds rows (another run's)."""
     if os.path.exists(path) and os.path.getsize(path) > 0:
         raise RunStateError(
             f"{path} holds the metrics of another run and there is no checkpoint to resume it from. A run never "
@@ -59,13 +47,12 @@ def refuse_existing_metrics(path: str) -> None:
 
 
 def checkpoint_to_resume(trainer) -> Optional[str]:
-    """Which checkpoint a run resumes from (:func:`resume_mode`): ``trainer.load_checkpoint_path`` (``resume_path``),
-    else the last one under ``trainer.save_checkpoint_path`` (``auto``, ``force``), else None (a new run;
-    ``disable``).
+    """The checkpoint a run resumes from: ``trainer.load_checkpoint_path`` (``resume_path``), else the last one
+    under ``trainer.save_checkpoint_path`` (``auto``, ``force``), else None (a new run).
 
     Raises:
-        RunStateError: ``load_checkpoint_path`` is not a complete checkpoint; or, not resuming, the checkpoint
-            folder already holds another run's checkpoints (they would be overwritten).
+        RunStateError: ``load_checkpoint_path`` is incomplete; or, not resuming, the folder holds another run's
+            checkpoints.
     """
     root = trainer.save_checkpoint_path
     mode = resume_mode(trainer)
@@ -87,31 +74,18 @@ def checkpoint_to_resume(trainer) -> Optional[str]:
     return last
 
 
-def saved_config_path(run_dir: str, step: int) -> Optional[str]:
-    """The config the run folder ``run_dir`` trained with up to checkpoint step ``step``: the
-    ``config_resume_step_M.yaml`` of the latest resume at ``M <= step``, else ``config.yaml``; None if neither is
-    there (a folder of an older easyrl)."""
-    resumed = {int(m.group(1)): name for name in (os.listdir(run_dir) if os.path.isdir(run_dir) else [])
-               if (m := _RESUMED_CONFIG.match(name))}
-    earlier = [m for m in resumed if m <= step]
-    name = resumed[max(earlier)] if earlier else "config.yaml"
-    path = os.path.join(run_dir, name)
-    return path if os.path.isfile(path) else None
-
-
 def refuse_changed_config(trainer, checkpoint: str, new_config: dict[str, Any]) -> None:
-    """Refuse to resume ``checkpoint`` (a ``global_step_N`` folder) with a config (``new_config``, the whole config as
-    a nested dict) that trains differently from the one it was saved with.
-
-    Raises:
-        RunStateError: naming every differing key with its old and new value, and the two ways out: a new
-            ``trainer.experiment_name``, or ``trainer.resume_mode=force``.
-    """
+    """``RunStateError`` naming every key (old -> new) when ``new_config`` (a nested dict) trains differently from
+    the config ``checkpoint`` was saved with: the latest ``config_resume_step_M.yaml`` with ``M`` up to its step, else
+    ``config.yaml``."""
     from omegaconf import OmegaConf
 
     step = Checkpointer.step_of(checkpoint)
-    path = saved_config_path(trainer.run_dir, step)
-    if path is None:
+    run_dir = trainer.run_dir
+    resumed = {int(m.group(1)): name for name in (os.listdir(run_dir) if os.path.isdir(run_dir) else [])
+               if (m := _RESUMED_CONFIG.match(name)) and int(m.group(1)) <= step}
+    path = os.path.join(run_dir, resumed[max(resumed)] if resumed else "config.yaml")
+    if not os.path.isfile(path):
         logger.warning("%s has no saved config to compare with: resuming %s as it is", trainer.run_dir, checkpoint)
         return
     saved = OmegaConf.to_container(OmegaConf.load(path))
@@ -128,14 +102,12 @@ def refuse_changed_config(trainer, checkpoint: str, new_config: dict[str, Any]) 
 
 def check_run_folder(trainer, new_config: Optional[dict[str, Any]] = None,
                      training_steps: Optional[int] = None) -> Optional[str]:
-    """Fail early, before any worker starts, if the run would be refused (see :func:`checkpoint_to_resume`,
-    :func:`refuse_changed_config` and :func:`refuse_existing_metrics`), or is finished. ``new_config`` (None: not
-    compared) is compared with the saved one in ``resume_mode=auto``; ``training_steps`` (None: not checked) is the
-    run's number of steps. Returns the checkpoint the run resumes from, or None for a new run.
+    """The checkpoint the run resumes from (None: a new run), after the refusals above; ``new_config`` (None: not
+    compared) is compared in ``resume_mode=auto``, ``training_steps`` (None: not checked) finds a finished run.
 
     Raises:
-        RunStateError: as described there.
-        RunFinished: the checkpoint to resume is at step ``training_steps`` or later.
+        RunStateError: as the functions above.
+        RunFinished: as :func:`check_finished`.
     """
     resume_from = checkpoint_to_resume(trainer)
     if resume_from is None:
@@ -149,12 +121,8 @@ def check_run_folder(trainer, new_config: Optional[dict[str, Any]] = None,
 
 
 def check_finished(trainer, resume_from: Optional[str], training_steps: Optional[int]) -> None:
-    """Stop at a finished run: the checkpoint ``resume_from`` (None: a new run) is at step ``training_steps`` (None: not
-    checked) or later.
-
-    Raises:
-        RunFinished: naming the run folder, the step and what to do instead.
-    """
+    """``RunFinished`` when ``resume_from`` (None: a new run) is at step ``training_steps`` (None: not checked) or
+    later."""
     if resume_from is None or training_steps is None:
         return
     step = Checkpointer.step_of(resume_from)
@@ -169,12 +137,7 @@ def check_finished(trainer, resume_from: Optional[str], training_steps: Optional
 
 
 def check_resumable(config) -> None:
-    """The checkpoint this run would resume from (if any) is complete and fits this run (model, ranks, optimizer;
-    ``easyrl.trainer.checkpoint_manifest.check_checkpoint``), checked before Ray starts.
-
-    Raises:
-        RunStateError: naming the file or the mismatch.
-    """
+    """The checkpoint this run would resume from (if any) is complete and fits it (``check_checkpoint``)."""
     path = checkpoint_to_resume(config.trainer)
     if path is not None:
         check_checkpoint(path, run_identity(config))

@@ -1,7 +1,5 @@
-"""The trainer's reward phase: decode the responses, score them with the reward function through its guard
-(``worker.reward.on_error``, ``timeout_s``), in this process or in the reward actor while the log-prob passes run, and
-put the scores in the batch (``token_level_scores`` on the last response token, every named score as ``score/<name>``).
-"""
+"""The trainer's reward phase: score decoded responses with the guarded reward function, here or in the reward actor
+while the log-prob passes run, into ``token_level_scores`` (last response token) and ``score/<name>``."""
 
 from __future__ import annotations
 
@@ -19,10 +17,8 @@ __all__ = ["Scorer"]
 
 
 class Scorer:
-    """Scores generated batches; owns the reward functions, their guards and the reward actor. Each scoring returns
-    the number of samples the function failed on (``worker.reward.on_error: zero``; the trainer's ``reward/errors``).
-    ``config`` is ``worker.reward``; ``reward_fn`` a ``RewardFunction`` (or any callable with its interface);
-    ``val_reward_fn`` the validation reward (None: ``reward_fn``)."""
+    """Scores generated batches; owns the reward functions (``config``: ``worker.reward``; ``val_reward_fn`` None:
+    ``reward_fn``), their guards and the reward actor. Each scoring returns the number of failed samples."""
 
     def __init__(self, config, tokenizer, reward_fn, val_reward_fn=None):
         self.config = config
@@ -42,8 +38,8 @@ class Scorer:
         return isinstance(self.reward_fn, RewardFunction)
 
     def reward_inputs(self, batch: Batch) -> list[dict[str, Any]]:
-        """The reward function's inputs: decoded response, its length in tokens, ground truth, and the dataset row's
-        columns (``columns``, read by verl- and TRL-style functions: ``easyrl.rewards.styles``)."""
+        """The reward inputs: decoded response, its length in tokens, ground truth, the row's ``columns`` (and a
+        multi-turn rollout's ``messages`` and ``tool_calls``)."""
         lengths = batch["response_mask"].sum(-1).tolist()
         # every token after the prompt (a multi-turn response holds tool turns, outside response_mask)
         ends = batch["attention_mask"][:, -batch["responses"].shape[1]:].sum(-1).tolist()

@@ -13,10 +13,8 @@ PHASES = ("train", "val", "baseline")
 
 
 def sample_seed(seed: int, step: int, index: int, round_: int = 0, phase: str = "train") -> int:
-    """A 31-bit seed for one request: a hash of ``(seed, phase, step, round_, index)``; ``step`` is 1-based (0:
-    validation before training), ``index`` the sample's place in the step's generation batch (prompts repeated ``n``
-    times), ``round_`` the generation round within the step (DAPO dynamic sampling) or the validation batch, and
-    ``phase`` (``train``, ``val``, ``baseline``: ReMax's greedy responses) keeps their streams apart.
+    """A 31-bit seed for one request, a hash of ``(seed, phase, step, round_, index)``: ``index`` the sample's place
+    in the step's batch, ``round_`` the generation round or validation batch, ``phase`` one of :data:`PHASES`.
 
     Raises:
         ValueError: an unknown phase.

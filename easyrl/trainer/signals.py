@@ -19,12 +19,8 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class GracefulStop:
-    """Context manager that installs the handlers (main thread only; elsewhere it does nothing) and restores the
-    previous ones on exit.
-
-    Attributes:
-        signum: the first signal received, or None.
-    """
+    """Installs the handlers inside (main thread only) and restores the previous ones; ``signum``: the first signal
+    received, or None."""
 
     def __init__(self):
         self.signum: Optional[int] = None

@@ -1,11 +1,5 @@
-"""Pre-flight of on-policy distillation: the teacher must read the student's tokens as the student does.
-
-The teacher scores the student's sampled token ids as they are (no re-tokenization), so its tokenizer must give the
-same id to every token of the student's vocabulary, and it should see the conversation in the format it was trained
-on: the same special tokens (eos, pad, bos) and the same chat template rendering of a prompt. Any difference is
-refused before Ray starts with one ``easyrl: config error:`` naming both paths and what differs (docs/errors.md,
-T04-T06). Called by ``easyrl.trainer.preflight.prepare`` when ``algorithm.needs_teacher``.
-"""
+"""Pre-flight of on-policy distillation: the teacher scores the student's token ids as they are, so both need the
+same vocabulary, special tokens and chat template rendering (docs/errors.md, T04-T06)."""
 
 from __future__ import annotations
 
@@ -13,19 +7,16 @@ from typing import Any
 
 from easyrl.errors import ConfigError, ModelError
 
-# A conversation rendered by both chat templates; both must give the same text.
 PROBE_MESSAGES = [{"role": "system", "content": "You are a helpful assistant."},
                   {"role": "user", "content": "What is 3 + 4?"}]
 SPECIAL_TOKENS = ("eos_token", "pad_token", "bos_token")
 
 
 def check_teacher(config: Any, student_tokenizer: Any) -> Any:
-    """Check ``worker.teacher`` against the student's tokenizer (after ``data.override_chat_template``, if any);
-    returns the teacher's tokenizer.
+    """Check ``worker.teacher`` against the student's tokenizer; returns the teacher's tokenizer.
 
     Raises:
-        ModelError: the teacher's tokenizer cannot be loaded (naming ``worker.teacher.model.model_path``; its
-            folder or hub id was checked to exist by ``model_checks.check_model_source``).
+        ModelError: the teacher's tokenizer cannot be loaded.
         ConfigError: the vocabularies, special tokens or chat templates differ (naming both paths).
     """
     teacher = config.worker.teacher.model
@@ -63,11 +54,7 @@ def check_teacher(config: Any, student_tokenizer: Any) -> Any:
 
 
 def vocabulary_difference(student: Any, teacher: Any) -> str:
-    """What differs between two tokenizers' vocabularies (token -> id, added tokens included), or ``""``.
-
-    Returns:
-        e.g. ``"49152 tokens vs 151665; 'hello' is id 7 for the student and 15339 for the teacher"``.
-    """
+    """What differs between two tokenizers' vocabularies (token -> id, added tokens included), or ``""``."""
     mine, theirs = student.get_vocab(), teacher.get_vocab()
     if mine == theirs:
         return ""
@@ -84,8 +71,7 @@ def vocabulary_difference(student: Any, teacher: Any) -> str:
 
 
 def _render(tokenizer: Any) -> str:
-    """The probe conversation through the tokenizer's chat template (with the generation prompt), or a note that it
-    has none."""
+    """:data:`PROBE_MESSAGES` through the tokenizer's chat template, or a note that it has none."""
     if not getattr(tokenizer, "chat_template", None):
         return "<no chat template>"
     return tokenizer.apply_chat_template(PROBE_MESSAGES, tokenize=False, add_generation_prompt=True)

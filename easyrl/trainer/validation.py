@@ -1,7 +1,4 @@
-"""The trainer's validation: when to validate (``trainer.val_freq``, after the last step) and a pass over the whole
-validation set with ``worker.rollout.val_override_config``, keeping its first samples for the loggers' tables
-(``trainer.val_generations_to_log``).
-"""
+"""The trainer's validation: when (``trainer.val_freq``, after the last step) and a pass over the validation set."""
 
 from __future__ import annotations
 
@@ -24,9 +21,8 @@ __all__ = ["Validator"]
 
 
 class Validator:
-    """Validation passes over ``dataset`` (None: no validation); owns ``generations``, the last pass's first samples
-    (for the loggers). ``model_rewards`` (the judge and reward model; None: none) run after the validation reward, as
-    in training."""
+    """Validation passes over ``dataset`` (None: none); owns ``generations``, the last pass's first samples.
+    ``model_rewards`` run after the validation reward, as in training."""
 
     def __init__(self, config, dataset, generator: Generator, scorer: Scorer, tokenizer,
                  model_rewards: Optional[ModelRewards] = None):
@@ -39,17 +35,13 @@ class Validator:
         self.generations: list[dict[str, Any]] = []
 
     def due(self, step: int, total_steps: int) -> bool:
-        """Whether to validate after training step ``step`` of ``total_steps``: every ``trainer.val_freq`` steps
-        and after the last one (never without a validation set or with ``val_freq`` <= 0)."""
+        """Whether to validate after ``step`` of ``total_steps``: every ``trainer.val_freq`` steps, and the last."""
         freq = self.config.trainer.val_freq
         return self.dataset is not None and freq > 0 and (step % freq == 0 or step == total_steps)
 
     def run(self, step: int) -> dict[str, float]:
-        """Generate on the whole validation set with ``worker.rollout.val_override_config`` (sampling seeds of
-        ``step``); mean of every named score as ``val/reward/<name>`` (the judge's and reward model's included, and
-        in ``overall`` with their weights, as in training), plus ``val/response_length/mean``,
-        ``timing_s/validation`` (seconds) and, for a multi-turn rollout, ``val/multi_turn/*`` (tool calls, errors,
-        turns: ``easyrl.trainer.multi_turn.multi_turn_metrics`` over the whole validation set)."""
+        """Generate on the whole validation set with ``worker.rollout.val_override_config``: ``val/reward/<name>``
+        (means), ``val/response_length/mean``, ``timing_s/validation`` and, multi-turn, ``val/multi_turn/*``."""
         cfg = self.config
         overrides = dict(cfg.worker.rollout.val_override_config)
         n = int(overrides.pop("n", 1))
@@ -71,7 +63,8 @@ class Validator:
                     sums[key.removeprefix("score/")].extend(batch[key])
                 lengths.extend(batch["response_mask"].sum(-1).float().tolist())
                 agent_stats.extend(batch["multi_turn_stats"] if "multi_turn_stats" in batch else [])
-                self._keep_generations(batch)
+                wanted = cfg.trainer.val_generations_to_log - len(self.generations)  # the first samples, logged
+                self.generations.extend(generation_rows(self.tokenizer, batch, wanted))
         metrics = {f"val/reward/{name}": float(np.mean(values)) for name, values in sums.items()}
         metrics["val/response_length/mean"] = float(np.mean(lengths))
         metrics["timing_s/validation"] = timing["validation"]
@@ -79,8 +72,3 @@ class Validator:
             stats = Batch(TensorDict({}, batch_size=[len(agent_stats)]), {"multi_turn_stats": agent_stats})
             metrics.update({f"val/{key}": value for key, value in multi_turn_metrics(stats).items()})
         return metrics
-
-    def _keep_generations(self, batch: Batch) -> None:
-        """Adds ``batch``'s first samples to ``generations`` until ``trainer.val_generations_to_log`` are kept."""
-        wanted = self.config.trainer.val_generations_to_log - len(self.generations)
-        self.generations.extend(generation_rows(self.tokenizer, batch, wanted))

@@ -360,7 +360,7 @@ class FSDPWorker:
 
     def judge(self, share: Batch) -> list[Optional[str]]:
         """The LLM judge's verdict texts of this worker's share of judge prompts (``share["judge_prompt"]``, rendered
-        by the trainer: ``easyrl.trainer.judging``), in order; None for a prompt too long for the judge's context.
+        by the trainer: ``easyrl.trainer.model_rewards``), in order; None for a prompt too long for the judge's context.
         The judge's vLLM engine (``easyrl.workers.judge.VLLMJudge``) is built on the first call and sleeps between
         calls on GPUs/NPUs."""
         from easyrl.workers.judge import VLLMJudge
