@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Annotated, Optional
+from typing import Annotated, Literal, Optional
 
 from annotated_types import Gt
 
-from easyrl.config.fields import NON_NEGATIVE, POSITIVE, UNIT, auto
+from easyrl.config.fields import NON_NEGATIVE, POSITIVE, UNIT, auto, registered
 from easyrl.config.role import OffloadConfig, TrainedRoleConfig
 
 
@@ -22,7 +22,7 @@ class ActorConfig(TrainedRoleConfig):
     clip_ratio_high: Annotated[float, NON_NEGATIVE] = 0.3
     clip_ratio_dual: Annotated[float, Gt(1)] = 3.0
     """Dual-clip PPO's c > 1 (Ye et al. 2020, Eq. 5)."""
-    loss_type: str = "vanilla"
+    loss_type: Annotated[str, registered("easyrl.algorithms.policy_losses", "POLICY_LOSSES")] = "vanilla"
     """Policy loss (``easyrl.algorithms.policy_losses.POLICY_LOSSES``): vanilla (PPO clip, dual-clip), gspo, cispo,
     sapo, clip_cov, kl_cov, geo_mean (GMPO), dppo_tv, dppo_kl, dro, gpg, bypass_mode; see docs/algorithms.md."""
     tau_positive: Annotated[float, POSITIVE] = 1.0
@@ -54,10 +54,10 @@ class ActorConfig(TrainedRoleConfig):
     """``loss_type: kl_cov``: weight of ``|log pi - log pi_old|`` on those tokens (verl's default)."""
     dro_beta: Optional[Annotated[float, POSITIVE]] = None
     """``loss_type: dro``: weight of the quadratic log-ratio penalty, > 0 (required with dro)."""
-    bypass_loss_type: str = "ppo_clip"
+    bypass_loss_type: Literal["ppo_clip", "reinforce"] = "ppo_clip"
     """``loss_type: bypass_mode``: ppo_clip (PPO's ratio against the engine's log-probs) or reinforce (REINFORCE
     with the rollout_is weights); verl's ``loss_type`` of its rollout_correction section."""
-    rollout_is: Optional[str] = None
+    rollout_is: Optional[Annotated[str, registered("easyrl.algorithms.rollout_correction", "ROLLOUT_IS_LEVELS")]] = None
     """Rollout importance sampling: token or sequence (``pi_old / pi_rollout`` per token or per sequence), capped at
     rollout_is_threshold (or IcePop with rollout_is_threshold_lower); None: off (``tis_cap`` is the token TIS
     shortcut). Needs worker.rollout.calculate_log_probs."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from easyrl.config.fields import NON_NEGATIVE, POSITIVE, POSITIVE_OR_OFF, UNIT, Note
+from easyrl.config.fields import NON_NEGATIVE, POSITIVE, POSITIVE_OR_OFF, UNIT, Note, registered
 from easyrl.errors import ConfigError
 
 
@@ -13,7 +13,7 @@ from easyrl.errors import ConfigError
 class AlgorithmConfig:
     """The RL algorithm: advantage estimator and KL regularisation."""
 
-    adv_estimator: str = "grpo"
+    adv_estimator: Annotated[str, registered("easyrl.algorithms.advantages", "ADV_ESTIMATORS")] = "grpo"
     """One of ``easyrl.algorithms.advantages.ADV_ESTIMATORS``: grpo, rloo, reinforce_plus_plus,
     reinforce_plus_plus_baseline, remax, grpo_passk, opo, gpg, gdpo, gae (optimal_token_baseline is registered but
     needs per-token sum_v pi(v)^2, which the actor does not compute yet)."""
@@ -28,7 +28,7 @@ class AlgorithmConfig:
     use_kl_loss: bool = True
     """KL as a loss term of the actor; ``use_kl_in_reward`` puts it in the reward instead."""
     use_kl_in_reward: bool = False
-    kl_penalty: str = "low_var_kl"
+    kl_penalty: Annotated[str, registered("easyrl.algorithms.kl", "KL_ESTIMATORS")] = "low_var_kl"
     """KL estimator: kl (k1), abs, mse (k2), low_var_kl (k3)."""
     kl_coef: Annotated[float, NON_NEGATIVE] = 1e-2
     kl_type: Literal["fixed", "adaptive"] = "fixed"

@@ -2,9 +2,9 @@
 ``load_config`` once ``PPOConfig.finalize`` has filled in the auto keys). A value's range or choice is on its field
 (``easyrl.config.fields``), a section's own rules in its ``check`` method.
 
-Order matters for the messages: every field is checked to be in range first (so that a zero never reaches a
-division), then each section, then the sizes that must divide each other, then names chosen from a registry, then
-settings that only make sense together. Each failure raises :class:`easyrl.errors.ConfigError` naming the key, the
+Order matters for the messages: every field's type, range and choice is checked while loading (so that a zero never
+reaches a division), then each section, then the sizes that must divide each other, then settings that only make
+sense together. Each failure raises :class:`easyrl.errors.ConfigError` naming the key, the
 value and what to set.
 """
 
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from easyrl.config.fields import check_fields
 from easyrl.config.judge import check_judge
 from easyrl.config.multi_turn import check_multi_turn
 from easyrl.config.reward_model import check_reward_model
@@ -21,13 +20,6 @@ from easyrl.errors import ConfigError
 
 if TYPE_CHECKING:
     from easyrl.config.ppo import PPOConfig
-
-def check_choice(key: str, value: Any, choices: Any) -> None:
-    """Raise ``ConfigError`` unless ``value`` is one of ``choices``, the names an ``easyrl.algorithms`` registry or
-    tuple holds (a choice fixed in easyrl is a ``Literal`` on its field, checked by OmegaConf)."""
-    if value not in choices:
-        raise ConfigError(f"{key}={value!r} is not one of: {', '.join(map(str, choices))}.")
-
 
 def check_tensor_parallel(world_size: int, tensor_parallel_size: int) -> None:
     """Raise unless ``tensor_parallel_size`` (>= 1) divides ``world_size`` (the rollout's vLLM engines each span
@@ -112,21 +104,6 @@ def _check_batch_split(config: "PPOConfig", section: str, global_batch_size: int
         )
 
 
-def check_names(config: "PPOConfig") -> None:
-    """Names that select an implementation must exist (checked before any model is loaded)."""
-    from easyrl.algorithms.advantages import ADV_ESTIMATORS
-    from easyrl.algorithms.kl import KL_ESTIMATORS
-    from easyrl.algorithms.loss_agg import LOSS_AGG_MODES
-    from easyrl.algorithms.policy_losses import POLICY_LOSSES
-
-    actor = config.worker.actor
-    check_choice("algorithm.adv_estimator", config.algorithm.adv_estimator, list(ADV_ESTIMATORS))
-    check_choice("algorithm.kl_penalty", config.algorithm.kl_penalty, KL_ESTIMATORS)
-    check_choice("worker.actor.loss_type", actor.loss_type, list(POLICY_LOSSES))
-    check_choice("worker.actor.loss_agg_mode", actor.loss_agg_mode, LOSS_AGG_MODES)
-    check_choice("worker.critic.loss_agg_mode", config.worker.critic.loss_agg_mode, LOSS_AGG_MODES)
-
-
 def check_combinations(config: "PPOConfig") -> None:
     """Settings that only make sense together."""
     actor, rollout, algo = config.worker.actor, config.worker.rollout, config.algorithm
@@ -159,7 +136,7 @@ def check_combinations(config: "PPOConfig") -> None:
 def check_rollout_correction(config: "PPOConfig") -> None:
     """``worker.actor``'s rollout correction and the losses that need a setting of their own (verl 0.9's family)."""
     from easyrl.algorithms.policy_losses import POLICY_LOSSES
-    from easyrl.algorithms.rollout_correction import ROLLOUT_IS_LEVELS, parse_rs_thresholds
+    from easyrl.algorithms.rollout_correction import ROLLOUT_RS_OPTIONS, parse_rs_thresholds
 
     actor, rollout = config.worker.actor, config.worker.rollout
     loss, engine_old = actor.loss_type, POLICY_LOSSES.trait(actor.loss_type, "uses_engine_log_probs")
@@ -169,11 +146,9 @@ def check_rollout_correction(config: "PPOConfig") -> None:
     for key, used in uses_engine.items():
         if used and rollout.calculate_log_probs is False:
             raise ConfigError(f"{key} needs worker.rollout.calculate_log_probs=true (vLLM's sampled-token log-probs).")
-    if actor.rollout_is is not None:
-        check_choice("worker.actor.rollout_is", actor.rollout_is, ROLLOUT_IS_LEVELS)
-        if actor.tis_cap is not None:
-            raise ConfigError("worker.actor.tis_cap and worker.actor.rollout_is are both set: tis_cap is token TIS, "
-                              "the same as rollout_is=token with rollout_is_threshold=<cap>; keep one.")
+    if actor.rollout_is is not None and actor.tis_cap is not None:
+        raise ConfigError("worker.actor.tis_cap and worker.actor.rollout_is are both set: tis_cap is token TIS, the "
+                          "same as rollout_is=token with rollout_is_threshold=<cap>; keep one.")
     lower = actor.rollout_is_threshold_lower
     if lower is not None and lower > actor.rollout_is_threshold:
         raise ConfigError(f"worker.actor.rollout_is_threshold_lower={lower} is above rollout_is_threshold="
@@ -182,17 +157,14 @@ def check_rollout_correction(config: "PPOConfig") -> None:
         if actor.rollout_rs_threshold is None:
             raise ConfigError("worker.actor.rollout_rs needs worker.actor.rollout_rs_threshold (e.g. \"0.5_2.0\" for "
                               "a k1 option, \"0.05\" for k2/k3).")
+        options = [o.strip() for o in actor.rollout_rs.split(",") if o.strip()]
+        for option in options:
+            if option not in ROLLOUT_RS_OPTIONS:
+                raise ConfigError(f"worker.actor.rollout_rs={option!r} is not one of: {', '.join(ROLLOUT_RS_OPTIONS)}.")
         try:
-            from easyrl.algorithms.rollout_correction import ROLLOUT_RS_OPTIONS
-
-            options = [o.strip() for o in actor.rollout_rs.split(",") if o.strip()]
-            for option in options:
-                check_choice("worker.actor.rollout_rs", option, ROLLOUT_RS_OPTIONS)
             parse_rs_thresholds(options, actor.rollout_rs_threshold)
         except ValueError as e:
             raise ConfigError(f"worker.actor.rollout_rs_threshold: {e}") from None
-    if engine_old:
-        check_choice("worker.actor.bypass_loss_type", actor.bypass_loss_type, ("ppo_clip", "reinforce"))
     if POLICY_LOSSES.trait(loss, "needs_dro_beta") and actor.dro_beta is None:
         raise ConfigError(f"worker.actor.loss_type={loss} needs worker.actor.dro_beta (> 0, the weight of the "
                           "quadratic log-ratio penalty).")
@@ -227,12 +199,10 @@ def check_config(config: "PPOConfig") -> None:
     """
     if not config.worker.actor.model.model_path:
         raise ConfigError("worker.actor.model.model_path is not set: give a hub id or a local model folder.")
-    check_fields(config, type(config))
     for section in (config.data, config.algorithm, config.worker.rollout, config.worker, config.trainer):
         section.check()
     config.worker.actor.model.lora.check("worker.actor.model.lora")
     check_divisibility(config)
-    check_names(config)
     check_combinations(config)
     check_greedy_groups(config)
     check_multi_turn(config.worker.rollout.multi_turn)

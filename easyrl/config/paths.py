@@ -18,6 +18,8 @@ from __future__ import annotations
 import os
 from typing import Any, Optional
 
+from easyrl.config.aliases import get_key, set_key
+
 # keys whose value names an input file or folder (or a list of them); the reward function's and the tools' are
 # ``path.py:function``
 INPUT_PATHS: tuple[str, ...] = (
@@ -64,13 +66,9 @@ def resolve_config_paths(layer: dict[str, Any], config_file: str, cwd: Optional[
     place (each item of a list, e.g. ``multi_turn.tools``); returns ``layer``."""
     folders = search_folders(config_file, cwd)
     for key in INPUT_PATHS:
-        *parents, last = key.split(".")
-        node = layer
-        for part in parents:
-            node = node.get(part) if isinstance(node, dict) else None
-        value = node.get(last) if isinstance(node, dict) else None
+        value = get_key(layer, key)
         if isinstance(value, str):
-            node[last] = resolve_path(value, folders)
+            set_key(layer, key, resolve_path(value, folders))
         elif isinstance(value, list):
-            node[last] = [resolve_path(item, folders) if isinstance(item, str) else item for item in value]
+            set_key(layer, key, [resolve_path(item, folders) if isinstance(item, str) else item for item in value])
     return layer

@@ -9,7 +9,7 @@ from typing import Annotated, Literal, Optional
 
 from annotated_types import Interval
 
-from easyrl.config.fields import NON_NEGATIVE, POSITIVE, UNIT
+from easyrl.config.fields import NON_NEGATIVE, POSITIVE, UNIT, registered
 from easyrl.errors import ConfigError
 
 Dtype = Literal["bf16", "fp16", "fp32"]
@@ -131,7 +131,7 @@ class TrainedRoleConfig:
     micro_batch_size_per_device_for_experience: Annotated[int, POSITIVE] = 16
     """Samples per forward over a rollout batch: the actor's old/ref log-probs, the critic's values."""
     max_grad_norm: Annotated[float, POSITIVE] = 1.0
-    loss_agg_mode: str = "token-mean"
+    loss_agg_mode: Annotated[str, registered("easyrl.algorithms.loss_agg", "LOSS_AGG_MODES")] = "token-mean"
     """How the per-token loss (the policy loss, the critic's value loss) is aggregated: token-mean, token-sum,
     seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm (Dr. GRPO's mean over sequences / L, as verl
     0.7.1-0.9.1), seq-mean-token-sum-norm-drgrpo (the same); see docs/algorithms.md."""

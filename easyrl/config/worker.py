@@ -11,7 +11,7 @@ from annotated_types import Ge
 
 from easyrl.config.actor import ActorConfig, RefConfig
 from easyrl.config.critic import CriticConfig
-from easyrl.config.fields import FRACTION, NON_NEGATIVE, POSITIVE, Note, auto, check_fields
+from easyrl.config.fields import FRACTION, NON_NEGATIVE, POSITIVE, Note, auto, validate
 from easyrl.config.judge import JudgeConfig
 from easyrl.config.multi_turn import MultiTurnConfig
 from easyrl.config.reward_model import RewardModelConfig
@@ -78,7 +78,7 @@ class RolloutConfig:
                 raise ConfigError(f"Unknown key 'worker.rollout.val_override_config.{name}'."
                                   + (f" Did you mean: {close[0]}?" if close else "")
                                   + f" Validation can override: {', '.join(VAL_OVERRIDES)}.")
-        check_fields(self.val_override_config, RolloutConfig, "worker.rollout.val_override_config.")
+        validate(self.val_override_config, RolloutConfig, "worker.rollout.val_override_config.")
 
 
 @dataclass
