@@ -26,11 +26,11 @@ def check_tensor_parallel(world_size: int, tensor_parallel_size: int) -> None:
     ``tensor_parallel_size`` devices; see ``easyrl.workers.rollout_layout``).
 
     Raises:
-        ValueError: naming ``worker.rollout.tensor_parallel_size``, the device count and the sizes that would fit.
+        ConfigError: naming ``worker.rollout.tensor_parallel_size``, the device count and the sizes that would fit.
     """
     if tensor_parallel_size < 1 or world_size % tensor_parallel_size != 0:
         fits = [d for d in range(1, world_size + 1) if world_size % d == 0]
-        raise ValueError(
+        raise ConfigError(
             f"worker.rollout.tensor_parallel_size={tensor_parallel_size} does not divide the {world_size} devices "
             f"(trainer.nnodes * trainer.n_gpus_per_node): each vLLM engine spans tensor_parallel_size devices, so "
             f"choose one of {', '.join(map(str, fits))}."
@@ -55,10 +55,7 @@ def check_divisibility(config: "PPOConfig") -> None:
             f"data.mini_rollout_batch_size * worker.rollout.n ({mini * config.worker.rollout.n}) samples must split "
             f"evenly over {config.world_size} devices (trainer.nnodes * trainer.n_gpus_per_node)."
         )
-    try:
-        check_tensor_parallel(config.world_size, config.worker.rollout.tensor_parallel_size)
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
+    check_tensor_parallel(config.world_size, config.worker.rollout.tensor_parallel_size)
 
 
 def check_sequence_parallel(config: "PPOConfig") -> None:

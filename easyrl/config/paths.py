@@ -1,17 +1,5 @@
-"""Relative paths in a config file, found from the file's own folder so that a recipe runs from any folder.
-
-The rule (docs/config.md): a relative path given in the YAML file of ``config=`` is looked up, in order, against
-
-1. the config file's folder,
-2. the current folder (as a path on the command line always is),
-3. the config file's parent folders, nearest first (a recipe under ``examples/configs/`` naming
-   ``examples/data/...`` from the repository root);
-
-and the first place where it exists wins (written as an absolute path). A path found nowhere is left as written
-(a hub id such as ``hiyouga/geometry3k@train`` or ``Qwen/Qwen2.5-7B-Instruct``, or a mistake that the pre-flight
-checks then name). Only input paths are resolved (``INPUT_PATHS``); outputs (``trainer.runs_root``,
-``trainer.save_*``) stay relative to the current folder.
-"""
+"""Relative input paths of a config file, looked up against the file's folder, the current folder, then the file's
+parent folders, nearest first; the first place where one exists wins (docs/config.md, "Relative paths")."""
 
 from __future__ import annotations
 
