@@ -13,8 +13,8 @@ from easyrl.config.actor import ActorConfig, RefConfig
 from easyrl.config.algorithm import AlgorithmConfig
 from easyrl.config.critic import CriticConfig
 from easyrl.config.data import DataConfig
-from easyrl.config.fields import auto
-from easyrl.config.loading import auto_keys, load_config, to_dict, valid_keys
+from easyrl.config.fields import auto, auto_keys, valid_keys
+from easyrl.config.loading import load_config, to_dict
 from easyrl.config.ppo import PPOConfig
 from easyrl.config.reward_model import RewardModelConfig
 from easyrl.config.role import FSDPConfig, LoraConfig, ModelConfig, OffloadConfig, OptimConfig, TrainedRoleConfig

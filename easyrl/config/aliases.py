@@ -1,13 +1,10 @@
 """EasyR1's config keys that easyrl names or places differently, mapped at load (``apply_aliases``), so that EasyR1's
 ``examples/config.yaml`` and launch scripts load unchanged (docs/migrating.md).
 
-Each mapping logs one line on the ``easyrl.config`` logger saying what the key became: INFO for a key that means
-the same under another name or place (or what easyrl always does), WARNING where the value is approximated. A value
-easyrl cannot honour yet is refused with a ``ConfigError`` that says what to write instead. Keys EasyR1 and easyrl
-share with one meaning (most of them, and the implemented ones: ``optim.lr_scheduler_type``, ``lr_warmup_steps``,
-``optim.strategy``, ``fsdp.torch_dtype``, ``offload.offload_optimizer``, ``trainer.save_model_only``,
-``data.mini_rollout_batch_size``, ``data.override_chat_template``, ``data.video_key``) are fields of the dataclasses
-and need no entry here.
+Each mapping logs one INFO line on the ``easyrl.config`` logger saying what the key became; a value easyrl cannot
+honour yet is refused with a ``ConfigError`` that says what to write instead. Keys EasyR1 and easyrl share with one
+meaning are fields of the dataclasses and need no entry here. ``get_key``/``set_key``/``pop_key`` address a nested
+dict by dotted key (also for ``easyrl.config.loading`` and ``paths``).
 """
 
 from __future__ import annotations

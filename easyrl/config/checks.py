@@ -1,11 +1,7 @@
-"""Checks of a merged configuration's values that span sections, before anything is loaded or started (called by
-``load_config`` once ``PPOConfig.finalize`` has filled in the auto keys). A value's range or choice is on its field
-(``easyrl.config.fields``), a section's own rules in its ``check`` method.
-
-Order matters for the messages: every field's type, range and choice is checked while loading (so that a zero never
-reaches a division), then each section, then the sizes that must divide each other, then settings that only make
-sense together. Each failure raises :class:`easyrl.errors.ConfigError` naming the key, the
-value and what to set.
+"""Checks of a finalized configuration's values that span sections, before anything is loaded or started. A value's
+type, range or choice is on its field (checked while loading, so that a zero never reaches a division), a section's
+own rules in its ``check`` method. Each failure raises :class:`easyrl.errors.ConfigError` naming the key, the value
+and what to set.
 """
 
 from __future__ import annotations

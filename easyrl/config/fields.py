@@ -63,6 +63,26 @@ def auto(source: str, default: Any = None) -> Any:
     return field(default=default, metadata={"auto": source})
 
 
+def _fields(cls: type, prefix: str = "") -> list[tuple[str, dataclasses.Field, bool]]:
+    """``(dotted key, field, whether it is a section)`` of every field below dataclass ``cls``, sections first."""
+    found = []
+    for f in dataclasses.fields(cls):
+        sub = f.default_factory() if f.default_factory is not dataclasses.MISSING else None
+        found.append((prefix + f.name, f, dataclasses.is_dataclass(sub)))
+        found += _fields(type(sub), f"{prefix}{f.name}.") if dataclasses.is_dataclass(sub) else []
+    return found
+
+
+def auto_keys(cls: type) -> dict[str, str]:
+    """Dotted names of the auto fields of ``cls`` (recursively) -> the key they are derived from."""
+    return {key: f.metadata["auto"] for key, f, _ in _fields(cls) if "auto" in f.metadata}
+
+
+def valid_keys(cls: type) -> dict[str, bool]:
+    """All dotted keys of ``cls`` -> whether the key holds a free-form dict (its children are not checked)."""
+    return {key: not section and "dict" in str(f.type) for key, f, section in _fields(cls)}
+
+
 def validate(values: Any, cls: type, prefix: str = "", source: Callable[[str], Optional[str]] = lambda key: None) -> Any:
     """``values`` (a nested dict of some of ``cls``'s fields; the others keep their defaults) as a ``cls`` instance,
     every type, range and choice checked, every float finite (but where :class:`AllowInf`).

@@ -14,31 +14,11 @@ from omegaconf import OmegaConf
 from easyrl.config import malformed
 from easyrl.config.aliases import MISSING, apply_aliases, get_key, pop_key
 from easyrl.config.checks import check_config
-from easyrl.config.fields import expected, validate
+from easyrl.config.fields import auto_keys, expected, validate, valid_keys
 from easyrl.config.paths import resolve_config_paths
 from easyrl.config.ppo import PPOConfig
 from easyrl.config.traps import warn_config_traps
 from easyrl.errors import ConfigError
-
-
-def _fields(cls: type, prefix: str = "") -> list[tuple[str, dataclasses.Field, bool]]:
-    """``(dotted key, field, whether it is a section)`` of every field below dataclass ``cls``, sections first."""
-    found = []
-    for f in dataclasses.fields(cls):
-        sub = f.default_factory() if f.default_factory is not dataclasses.MISSING else None
-        found.append((prefix + f.name, f, dataclasses.is_dataclass(sub)))
-        found += _fields(type(sub), f"{prefix}{f.name}.") if dataclasses.is_dataclass(sub) else []
-    return found
-
-
-def auto_keys(cls: type) -> dict[str, str]:
-    """Dotted names of the auto fields of ``cls`` (recursively) -> the key they are derived from."""
-    return {key: f.metadata["auto"] for key, f, _ in _fields(cls) if "auto" in f.metadata}
-
-
-def valid_keys(cls: type) -> dict[str, bool]:
-    """All dotted keys of ``cls`` -> whether the key holds a free-form dict (its children are not checked)."""
-    return {key: not section and "dict" in str(f.type) for key, f, section in _fields(cls)}
 
 
 def _check_keys(user: dict, source: str, valid: dict[str, bool], autos: dict[str, str], prefix: str = "",

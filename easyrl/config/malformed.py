@@ -1,14 +1,7 @@
-"""One line for each way a command-line word, a YAML file or a value can be malformed, naming the culprit and what to
-write instead (docs/errors.md, "Configuration"). ``easyrl.config.loading`` calls these at its steps:
-
-- :func:`check_words`: the words themselves (``=5`` without a key, ``config=`` empty, given twice, or a folder);
-- :func:`read_error`: a YAML file that cannot be read (not UTF-8, a malformed ``${...}``); :func:`check_top_level`:
-  one that holds a single value;
-- :func:`resolve_error`: a ``${...}`` interpolation that cannot be resolved (unknown key, unset environment variable,
-  a loop, an unknown resolver).
-
-Duplicate keys on the command line are not an error: the later word wins (OmegaConf's and EasyR1's rule; launch
-scripts append overrides). Duplicate keys inside one YAML file are (PyYAML's "found duplicate key", with its line).
+"""One line for each way a command-line word, a YAML file or an interpolation can be malformed, naming the culprit
+and what to write instead (docs/errors.md, "Malformed words, files and values"); ``easyrl.config.loading`` calls these
+at its steps. A key repeated on the command line is not an error (the later word wins); one repeated inside a YAML
+mapping is (PyYAML's "found duplicate key", with its line).
 """
 
 from __future__ import annotations

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from functools import reduce
 from typing import Optional
 
 from easyrl.config.algorithm import AlgorithmConfig
 from easyrl.config.data import DataConfig
+from easyrl.config.fields import auto_keys
 from easyrl.config.trainer import TrainerConfig
 from easyrl.config.worker import WorkerConfig
 
@@ -23,24 +25,14 @@ class PPOConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
     def finalize(self) -> "PPOConfig":
-        """Fill in the auto keys (values that follow from others); returns ``self``. The values are checked after
+        """Fill in the auto keys (values that follow from others: each field's ``auto`` source); returns ``self``. The values are checked after
         this by ``load_config`` (``easyrl.config.checks``, ``easyrl.config.traps``)."""
-        actor, rollout, algo = self.worker.actor, self.worker.rollout, self.algorithm
-        rollout.prompt_length = self.data.max_prompt_length
-        rollout.response_length = self.data.max_response_length
-        rollout.trust_remote_code = actor.model.trust_remote_code
-        rollout.min_pixels, rollout.max_pixels = self.data.min_pixels, self.data.max_pixels
-        actor.use_kl_loss = algo.use_kl_loss
-        actor.kl_penalty = algo.kl_penalty
-        actor.kl_coef = algo.kl_coef
-        actor.disable_kl = algo.disable_kl
-        actor.temperature = rollout.temperature
-        self.worker.ref.micro_batch_size_per_device_for_experience = actor.micro_batch_size_per_device_for_experience
-        self.worker.reward.reward_model.param_dtype = actor.fsdp.param_dtype
-        self.worker.teacher.micro_batch_size_per_device_for_experience = (
-            actor.micro_batch_size_per_device_for_experience)
+        for key, source in auto_keys(PPOConfig).items():
+            if "/" not in source:  # trainer.run_dir joins two keys: below
+                *section, name = key.split(".")
+                setattr(reduce(getattr, section, self), name, reduce(getattr, source.split("."), self))
         critic_model = self.worker.critic.model
-        critic_model.model_path = critic_model.model_path or actor.model.model_path
+        critic_model.model_path = critic_model.model_path or self.worker.actor.model.model_path
         self.trainer.run_dir = os.path.join(
             self.trainer.runs_root, self.trainer.project_name, self.trainer.experiment_name
         )

@@ -56,13 +56,9 @@ class RewardModelConfig:
 
 
 def check_reward_model(config: Any) -> None:
-    """The reward model's settings of ``config`` (a ``PPOConfig``), checked at load (the checkpoint is checked by the
-    pre-flight, ``easyrl.trainer.preflight``).
-
-    Raises:
-        ConfigError: naming the key: an empty ``chat_template``, a ReMax run (its greedy baseline is
-            scored by the rule reward only).
-    """
+    """The reward model's settings of a ``PPOConfig`` (its checkpoint is checked by ``easyrl.trainer.preflight``).
+    Raises ``ConfigError`` naming the key: an empty ``chat_template``, or an estimator whose greedy baselines the rule
+    reward alone scores (ReMax)."""
     rm = config.worker.reward.reward_model
     if not rm.enabled:
         return
