@@ -10,6 +10,7 @@ from annotated_types import Gt
 
 from easyrl.config.fields import NON_NEGATIVE, POSITIVE, UNIT, auto, registered
 from easyrl.config.role import OffloadConfig, TrainedRoleConfig
+from easyrl.errors import ConfigError
 
 
 @dataclass
@@ -83,6 +84,38 @@ class ActorConfig(TrainedRoleConfig):
     kl_coef: float = auto("algorithm.kl_coef", 1e-2)
     disable_kl: bool = auto("algorithm.disable_kl", False)
     temperature: float = auto("worker.rollout.temperature", 1.0)
+
+    def check(self) -> None:
+        """The rollout correction's settings agree (one kind of IS, IcePop's bounds in order, a threshold for each
+        rejection option), a loss has the setting it needs (``dro_beta``), and LoRA's (``LoraConfig.check``). Raises
+        ``ConfigError`` naming the key."""
+        from easyrl.algorithms.policy_losses import POLICY_LOSSES
+        from easyrl.algorithms.rollout_correction import ROLLOUT_RS_OPTIONS, parse_rs_thresholds
+
+        self.model.lora.check("worker.actor.model.lora")
+        if self.rollout_is is not None and self.tis_cap is not None:
+            raise ConfigError("worker.actor.tis_cap and worker.actor.rollout_is are both set: tis_cap is token TIS, "
+                              "the same as rollout_is=token with rollout_is_threshold=<cap>; keep one.")
+        lower = self.rollout_is_threshold_lower
+        if lower is not None and lower > self.rollout_is_threshold:
+            raise ConfigError(f"worker.actor.rollout_is_threshold_lower={lower} is above rollout_is_threshold="
+                              f"{self.rollout_is_threshold}: IcePop keeps weights in [lower, upper].")
+        if self.rollout_rs is not None:
+            if self.rollout_rs_threshold is None:
+                raise ConfigError("worker.actor.rollout_rs needs worker.actor.rollout_rs_threshold (e.g. \"0.5_2.0\" "
+                                  "for a k1 option, \"0.05\" for k2/k3).")
+            options = [o.strip() for o in self.rollout_rs.split(",") if o.strip()]
+            for option in options:
+                if option not in ROLLOUT_RS_OPTIONS:
+                    raise ConfigError(f"worker.actor.rollout_rs={option!r} is not one of: "
+                                      f"{', '.join(ROLLOUT_RS_OPTIONS)}.")
+            try:
+                parse_rs_thresholds(options, self.rollout_rs_threshold)
+            except ValueError as e:
+                raise ConfigError(f"worker.actor.rollout_rs_threshold: {e}") from None
+        if POLICY_LOSSES.trait(self.loss_type, "needs_dro_beta") and self.dro_beta is None:
+            raise ConfigError(f"worker.actor.loss_type={self.loss_type} needs worker.actor.dro_beta (> 0, the weight "
+                              "of the quadratic log-ratio penalty).")
 
 
 @dataclass

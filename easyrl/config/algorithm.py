@@ -51,10 +51,16 @@ class AlgorithmConfig:
     is ``adv_estimator: on_policy_distill`` with this left at 0."""
 
     def check(self) -> None:
-        """Raises ``ConfigError`` when ``filter_low`` is above ``filter_high``."""
+        """Raises ``ConfigError`` for KL both as a loss and in the reward, ``filter_low`` above ``filter_high``, or an
+        estimator that needs what the actor does not compute yet."""
+        if self.use_kl_loss and self.use_kl_in_reward:
+            raise ConfigError("algorithm.use_kl_loss and algorithm.use_kl_in_reward are both true: choose one.")
         if self.filter_low > self.filter_high:
             raise ConfigError(f"algorithm.filter_low ({self.filter_low}) is larger than algorithm.filter_high "
                               f"({self.filter_high}).")
+        if self.estimator("needs_sum_pi_squared"):
+            raise ConfigError(f"algorithm.adv_estimator={self.adv_estimator} needs sum_v pi(v)^2 at every response "
+                              "token, which easyrl's actor does not compute yet; choose another estimator (grpo, opo).")
 
     def estimator(self, trait: str) -> Any:
         """``trait`` of the estimator ``adv_estimator`` names (``group``, ``needs_critic``, ``needs_teacher``,

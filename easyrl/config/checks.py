@@ -17,6 +17,7 @@ from easyrl.errors import ConfigError
 if TYPE_CHECKING:
     from easyrl.config.ppo import PPOConfig
 
+
 def check_tensor_parallel(world_size: int, tensor_parallel_size: int) -> None:
     """Raise unless ``tensor_parallel_size`` (>= 1) divides ``world_size`` (the rollout's vLLM engines each span
     ``tensor_parallel_size`` devices; see ``easyrl.workers.rollout_layout``).
@@ -98,13 +99,18 @@ def _check_batch_split(config: "PPOConfig", section: str, global_batch_size: int
 
 
 def check_combinations(config: "PPOConfig") -> None:
-    """Settings that only make sense together."""
-    actor, rollout, algo = config.worker.actor, config.worker.rollout, config.algorithm
-    if algo.use_kl_loss and algo.use_kl_in_reward:
-        raise ConfigError("algorithm.use_kl_loss and algorithm.use_kl_in_reward are both true: choose one.")
-    if rollout.calculate_log_probs is False and actor.tis_cap is not None:
-        raise ConfigError("worker.actor.tis_cap needs worker.rollout.calculate_log_probs=true.")
-    check_rollout_correction(config)
+    """Settings of different sections that only make sense together."""
+    from easyrl.algorithms.policy_losses import POLICY_LOSSES
+
+    actor, algo = config.worker.actor, config.algorithm
+    uses_engine = {"worker.actor.tis_cap": actor.tis_cap is not None,
+                   "worker.actor.rollout_is": actor.rollout_is is not None,
+                   "worker.actor.rollout_rs": actor.rollout_rs is not None,
+                   f"worker.actor.loss_type={actor.loss_type}": POLICY_LOSSES.trait(actor.loss_type,
+                                                                                    "uses_engine_log_probs")}
+    for key, used in uses_engine.items():
+        if used and config.worker.rollout.calculate_log_probs is False:
+            raise ConfigError(f"{key} needs worker.rollout.calculate_log_probs=true (vLLM's sampled-token log-probs).")
     longest = config.data.max_prompt_length + config.data.max_response_length
     for section in ("actor", "critic"):
         role = getattr(config.worker, section)
@@ -124,47 +130,6 @@ def check_combinations(config: "PPOConfig") -> None:
     if config.trainer.critic_warmup > 0 and not algo.needs_critic:
         raise ConfigError(f"trainer.critic_warmup={config.trainer.critic_warmup} needs a critic "
                           "(algorithm.adv_estimator=gae); set it to 0.")
-
-
-def check_rollout_correction(config: "PPOConfig") -> None:
-    """``worker.actor``'s rollout correction and the losses that need a setting of their own (verl 0.9's family)."""
-    from easyrl.algorithms.policy_losses import POLICY_LOSSES
-    from easyrl.algorithms.rollout_correction import ROLLOUT_RS_OPTIONS, parse_rs_thresholds
-
-    actor, rollout = config.worker.actor, config.worker.rollout
-    loss, engine_old = actor.loss_type, POLICY_LOSSES.trait(actor.loss_type, "uses_engine_log_probs")
-    uses_engine = {"worker.actor.rollout_is": actor.rollout_is is not None,
-                   "worker.actor.rollout_rs": actor.rollout_rs is not None,
-                   f"worker.actor.loss_type={loss}": engine_old}
-    for key, used in uses_engine.items():
-        if used and rollout.calculate_log_probs is False:
-            raise ConfigError(f"{key} needs worker.rollout.calculate_log_probs=true (vLLM's sampled-token log-probs).")
-    if actor.rollout_is is not None and actor.tis_cap is not None:
-        raise ConfigError("worker.actor.tis_cap and worker.actor.rollout_is are both set: tis_cap is token TIS, the "
-                          "same as rollout_is=token with rollout_is_threshold=<cap>; keep one.")
-    lower = actor.rollout_is_threshold_lower
-    if lower is not None and lower > actor.rollout_is_threshold:
-        raise ConfigError(f"worker.actor.rollout_is_threshold_lower={lower} is above rollout_is_threshold="
-                          f"{actor.rollout_is_threshold}: IcePop keeps weights in [lower, upper].")
-    if actor.rollout_rs is not None:
-        if actor.rollout_rs_threshold is None:
-            raise ConfigError("worker.actor.rollout_rs needs worker.actor.rollout_rs_threshold (e.g. \"0.5_2.0\" for "
-                              "a k1 option, \"0.05\" for k2/k3).")
-        options = [o.strip() for o in actor.rollout_rs.split(",") if o.strip()]
-        for option in options:
-            if option not in ROLLOUT_RS_OPTIONS:
-                raise ConfigError(f"worker.actor.rollout_rs={option!r} is not one of: {', '.join(ROLLOUT_RS_OPTIONS)}.")
-        try:
-            parse_rs_thresholds(options, actor.rollout_rs_threshold)
-        except ValueError as e:
-            raise ConfigError(f"worker.actor.rollout_rs_threshold: {e}") from None
-    if POLICY_LOSSES.trait(loss, "needs_dro_beta") and actor.dro_beta is None:
-        raise ConfigError(f"worker.actor.loss_type={loss} needs worker.actor.dro_beta (> 0, the weight of the "
-                          "quadratic log-ratio penalty).")
-    if config.algorithm.estimator("needs_sum_pi_squared"):
-        raise ConfigError(f"algorithm.adv_estimator={config.algorithm.adv_estimator} needs sum_v pi(v)^2 at every "
-                          "response token, which easyrl's actor does not compute yet; choose another estimator (grpo, "
-                          "opo).")
 
 
 def check_greedy_groups(config: "PPOConfig") -> None:
@@ -192,9 +157,9 @@ def check_config(config: "PPOConfig") -> None:
     """
     if not config.worker.actor.model.model_path:
         raise ConfigError("worker.actor.model.model_path is not set: give a hub id or a local model folder.")
-    for section in (config.data, config.algorithm, config.worker.rollout, config.worker, config.trainer):
+    for section in (config.data, config.algorithm, config.worker.actor, config.worker.rollout, config.worker,
+                    config.trainer):
         section.check()
-    config.worker.actor.model.lora.check("worker.actor.model.lora")
     check_divisibility(config)
     check_combinations(config)
     check_greedy_groups(config)
