@@ -24,8 +24,7 @@ class ActorConfig(TrainedRoleConfig):
     clip_ratio_dual: Annotated[float, Gt(1)] = 3.0
     """Dual-clip PPO's c > 1 (Ye et al. 2020, Eq. 5)."""
     loss_type: Annotated[str, registered("easyrl.algorithms.policy_losses", "POLICY_LOSSES")] = "vanilla"
-    """Policy loss (``easyrl.algorithms.policy_losses.POLICY_LOSSES``): vanilla (PPO clip, dual-clip), gspo, cispo,
-    sapo, clip_cov, kl_cov, geo_mean (GMPO), dppo_tv, dppo_kl, dro, gpg, bypass_mode; see docs/algorithms.md."""
+    """The policy loss (vanilla: PPO clip with dual-clip; the others in docs/algorithms.md)."""
     tau_positive: Annotated[float, POSITIVE] = 1.0
     """SAPO gate temperature for tokens with a positive advantage (``loss_type: sapo``)."""
     tau_negative: Annotated[float, POSITIVE] = 1.05
@@ -34,8 +33,8 @@ class ActorConfig(TrainedRoleConfig):
     router_aux_loss_coef: Annotated[float, NON_NEGATIVE] = 0.0
     """MoE models (Qwen3-MoE, Qwen3-VL-MoE, Qwen3.5-MoE, ...): weight of the router's load-balancing loss (Switch
     Transformer, Fedus et al. 2022, arXiv:2101.03961, Eq. 4-6, as transformers computes it over every token of a
-    micro-batch) added to the actor's loss, logged as ``actor/router_aux_loss``. 0 (default, as verl's FSDP actor):
-    not computed. The released Qwen3-MoE checkpoints were pre-trained with 0.001."""
+    micro-batch) added to the actor's loss, logged as ``actor/router_aux_loss``; 0: not computed. The released
+    Qwen3-MoE checkpoints were pre-trained with 0.001."""
     tis_cap: Optional[Annotated[float, POSITIVE]] = None
     """Truncated importance sampling cap against vLLM's sampled-token log-probs; None disables it."""
     rollout_sync_threshold: Optional[Annotated[float, POSITIVE]] = 0.1
@@ -44,7 +43,7 @@ class ActorConfig(TrainedRoleConfig):
     below (docs/metrics.md). Checked when vLLM's log-probs are kept (``worker.rollout.calculate_log_probs``) and it
     samples the untruncated distribution (top_p 1, top_k off, temperature > 0); None: off."""
     clip_cov_ratio: Annotated[float, POSITIVE] = 2e-4
-    """``loss_type: clip_cov``: fraction of the micro-batch's tokens whose gradient is detached (verl's default)."""
+    """``loss_type: clip_cov``: fraction of the micro-batch's tokens whose gradient is detached."""
     clip_cov_lb: float = 1.0
     """``loss_type: clip_cov``: tokens are drawn among those with covariance in (clip_cov_lb, clip_cov_ub)."""
     clip_cov_ub: float = 5.0
@@ -52,13 +51,14 @@ class ActorConfig(TrainedRoleConfig):
     kl_cov_ratio: Annotated[float, POSITIVE] = 2e-4
     """``loss_type: kl_cov``: fraction of the micro-batch's tokens (largest covariance) given the KL penalty."""
     ppo_kl_coef: Annotated[float, NON_NEGATIVE] = 0.1
-    """``loss_type: kl_cov``: weight of ``|log pi - log pi_old|`` on those tokens (verl's default)."""
+    """``loss_type: kl_cov``: weight of ``|log pi - log pi_old|`` on those tokens."""
     dro_beta: Optional[Annotated[float, POSITIVE]] = None
     """``loss_type: dro``: weight of the quadratic log-ratio penalty, > 0 (required with dro)."""
     bypass_loss_type: Literal["ppo_clip", "reinforce"] = "ppo_clip"
     """``loss_type: bypass_mode``: ppo_clip (PPO's ratio against the engine's log-probs) or reinforce (REINFORCE
-    with the rollout_is weights); verl's ``loss_type`` of its rollout_correction section."""
-    rollout_is: Optional[Annotated[str, registered("easyrl.algorithms.rollout_correction", "ROLLOUT_IS_LEVELS")]] = None
+    with the rollout_is weights)."""
+    rollout_is: Optional[Annotated[str, registered("easyrl.algorithms.rollout_correction", "ROLLOUT_IS_LEVELS")]] = (
+        None)
     """Rollout importance sampling: token or sequence (``pi_old / pi_rollout`` per token or per sequence), capped at
     rollout_is_threshold (or IcePop with rollout_is_threshold_lower); None: off (``tis_cap`` is the token TIS
     shortcut). Needs worker.rollout.calculate_log_probs."""
@@ -67,7 +67,7 @@ class ActorConfig(TrainedRoleConfig):
     rollout_is_threshold_lower: Optional[Annotated[float, POSITIVE]] = None
     """IcePop: weights outside [rollout_is_threshold_lower, rollout_is_threshold] are set to 0 instead of truncated."""
     rollout_rs: Optional[str] = None
-    """Rejection sampling: comma-separated token_k1|k2|k3, seq_sum_k1|k2|k3, seq_mean_k1|k2|k3, seq_max_k2|k3;
+    """Rejection sampling: comma-separated options of ``ROLLOUT_RS_OPTIONS`` (``token_k1``, ``seq_max_k2``, ...);
     tokens (or sequences) whose divergence from the engine exceeds rollout_rs_threshold leave the loss."""
     rollout_rs_threshold: Optional[str] = None
     """One threshold per rollout_rs option (comma-separated) or one for all; k1 options take "lower_upper" ratio

@@ -14,9 +14,8 @@ class AlgorithmConfig:
     """The RL algorithm: advantage estimator and KL regularisation."""
 
     adv_estimator: Annotated[str, registered("easyrl.algorithms.advantages", "ADV_ESTIMATORS")] = "grpo"
-    """One of ``easyrl.algorithms.advantages.ADV_ESTIMATORS``: grpo, rloo, reinforce_plus_plus,
-    reinforce_plus_plus_baseline, remax, grpo_passk, opo, gpg, gdpo, gae (optimal_token_baseline is registered but
-    needs per-token sum_v pi(v)^2, which the actor does not compute yet)."""
+    """The advantage estimator (docs/algorithms.md); what it needs (a critic, a teacher, groups) is its registry
+    entry's traits (:meth:`estimator`)."""
     norm_adv_by_std_in_grpo: bool = True
     """False gives Dr.GRPO (no division by the group's std)."""
     gamma: Annotated[float, UNIT] = 1.0
@@ -45,7 +44,7 @@ class AlgorithmConfig:
     max_try_make_batch: Annotated[int, POSITIVE_OR_OFF] = 20
     """Generation rounds per step at most when filtering; then the step fails with a clear error (-1: no limit)."""
     distill_coef: Annotated[float, NON_NEGATIVE, Note("0 turns distillation off")] = 0.0
-    """On-policy distillation mixed with RL (slime's ``--opd-kl-coef``; docs/distillation.md): the per-token reverse
+    """On-policy distillation mixed with RL (docs/distillation.md): the per-token reverse
     KL to the teacher (``worker.teacher``), ``log pi_student(y_t) - log pi_teacher(y_t)``, times this coefficient is
     subtracted from the RL advantage of every response token. 0 = off. Pure distillation (no reward in the advantage)
     is ``adv_estimator: on_policy_distill`` with this left at 0."""

@@ -36,7 +36,7 @@ def check_tensor_parallel(world_size: int, tensor_parallel_size: int) -> None:
 
 def check_divisibility(config: "PPOConfig") -> None:
     """Batch sizes that must split evenly: rollout batch into mini-batches, mini-batch samples over the devices, a
-    device's share into micro-batches (all counted as in EasyR1: batch sizes in prompts, micro-batches in samples),
+    device's share into micro-batches (batch sizes in prompts, micro-batches in samples),
     for the actor and, with ``algorithm.adv_estimator: gae``, the critic; a generation round's samples
     (``data.mini_rollout_batch_size``) over the devices; and the devices into vLLM engines of
     ``worker.rollout.tensor_parallel_size``."""

@@ -83,7 +83,7 @@ def valid_keys(cls: type) -> dict[str, bool]:
     return {key: not section and "dict" in str(f.type) for key, f, section in _fields(cls)}
 
 
-def validate(values: Any, cls: type, prefix: str = "", source: Callable[[str], Optional[str]] = lambda key: None) -> Any:
+def validate(values: Any, cls: type, prefix: str = "", source: Callable[[str], Optional[str]] = lambda _: None) -> Any:
     """``values`` (a nested dict of some of ``cls``'s fields; the others keep their defaults) as a ``cls`` instance,
     every type, range and choice checked, every float finite (but where :class:`AllowInf`).
 
@@ -122,16 +122,18 @@ def _message(error: dict, cls: type, prefix: str, source: Callable[[str], Option
     if kind in ("missing", "too_short", "too_long") and isinstance(loc[-1], int):
         loc = loc[:-1]  # a list of the wrong length: name the list
     key = prefix + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc)[1:]
-    hint, where = _hint(cls, loc), f" (from {source(key.split('[')[0])})" if source(key.split("[")[0]) else ""
+    hint, where = _hint(cls, loc), source(key.split("[")[0])
+    where = f" (from {where})" if where else ""
     if kind in ("literal_error", "choice"):
         choices = error["ctx"]["choices"] if kind == "choice" else [str(c) for c in typing.get_args(_bare(hint))]
         close = difflib.get_close_matches(str(value), choices, n=1, cutoff=0.6)
-        return f"{key}={value!r} is not one of: {', '.join(choices)}." + (f" Did you mean: {close[0]}?" if close else "")
+        return f"{key}={value!r} is not one of: {', '.join(choices)}." + (f" Did you mean: {close[0]}?" * bool(close))
     if kind in _RANGES:
         return f"{key} must be {_allowed(hint)}, got {value!r}."
     example = expected(cls, loc, key)
     if value is None:
-        return f"'{key}'{where} has no value (empty or null); write {example}, or leave the key out to keep its default."
+        return (f"'{key}'{where} has no value (empty or null); write {example}, or leave the key out to keep its "
+                "default.")
     length = f" (length {len(value)})" if kind in ("missing", "too_short", "too_long") else ""
     value = list(value) if isinstance(value, tuple) else value
     return f"Bad value for '{key}'{where}: got {value!r}{length}; write {example}."

@@ -25,8 +25,8 @@ class PPOConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
     def finalize(self) -> "PPOConfig":
-        """Fill in the auto keys (values that follow from others: each field's ``auto`` source); returns ``self``. The values are checked after
-        this by ``load_config`` (``easyrl.config.checks``, ``easyrl.config.traps``)."""
+        """Fill in the auto keys, each from the source its field names (``auto``); returns ``self``. The values are
+        checked after this by ``load_config`` (``easyrl.config.checks``, ``easyrl.config.traps``)."""
         for key, source in auto_keys(PPOConfig).items():
             if "/" not in source:  # trainer.run_dir joins two keys: below
                 *section, name = key.split(".")
@@ -42,7 +42,7 @@ class PPOConfig:
 
     @property
     def on_policy_update(self) -> bool:
-        """Whether the update is provably on-policy, so the old-log-prob pass can be skipped (verl does the same):
+        """Whether the update is provably on-policy, so the old-log-prob pass can be skipped:
         one epoch over one mini-batch (``ppo_epochs == 1``, ``global_batch_size == data.rollout_batch_size``), so
         every forward of the update runs before its only optimizer step and its detached log-probs are the old
         ones; no truncated importance sampling (``tis_cap``, ``rollout_is``, ``rollout_rs``), no in-reward KL and
@@ -56,7 +56,7 @@ class PPOConfig:
     def training_steps(self, n_prompts: int) -> int:
         """The run's number of steps for a training set of ``n_prompts`` prompts: ``trainer.total_epochs`` passes of
         ``n_prompts // data.rollout_batch_size`` steps (a short last batch is dropped), at most
-        ``trainer.max_steps``. With ``data.mini_rollout_batch_size`` EasyR1's count: the prompts an epoch generates
+        ``trainer.max_steps``. With ``data.mini_rollout_batch_size``: the prompts an epoch generates
         (whole generation batches) per rollout batch."""
         generated = n_prompts // self.data.generation_batch_size * self.data.generation_batch_size
         steps = generated // self.data.rollout_batch_size * self.trainer.total_epochs

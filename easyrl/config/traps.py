@@ -18,7 +18,7 @@ __all__ = ["ConfigWarning", "warn_config_traps"]
 
 
 class ConfigWarning(UserWarning):
-    """A setting that differs from its paper's or verl's meaning (see ``config_trap_messages``)."""
+    """A setting that differs from its paper's or verl's meaning (see ``warn_config_traps``)."""
 
 
 def _loss_messages(config: PPOConfig) -> list[str]:
