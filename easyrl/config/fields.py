@@ -127,7 +127,8 @@ def _message(error: dict, cls: type, prefix: str, source: Callable[[str], Option
     if kind in ("literal_error", "choice"):
         choices = error["ctx"]["choices"] if kind == "choice" else [str(c) for c in typing.get_args(_bare(hint))]
         close = difflib.get_close_matches(str(value), choices, n=1, cutoff=0.6)
-        return f"{key}={value!r} is not one of: {', '.join(choices)}." + (f" Did you mean: {close[0]}?" * bool(close))
+        did_you_mean = f" Did you mean: {close[0]}?" if close else ""
+        return f"{key}={value!r} is not one of: {', '.join(choices)}.{did_you_mean}"
     if kind in _RANGES:
         return f"{key} must be {_allowed(hint)}, got {value!r}."
     example = expected(cls, loc, key)
