@@ -6,7 +6,7 @@ and what to set.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from easyrl.config.judge import check_judge
 from easyrl.config.multi_turn import check_multi_turn

@@ -7,7 +7,7 @@ import copy
 import dataclasses
 import difflib
 import os
-from typing import Any, Optional
+from typing import Optional
 
 from omegaconf import OmegaConf
 
