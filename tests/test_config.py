@@ -25,6 +25,25 @@ def test_precedence_defaults_yaml_cli():
     assert config.worker.actor.kl_coef == config.algorithm.kl_coef
 
 
+def test_every_auto_key_holds_its_source():
+    """``PPOConfig.finalize`` copies each auto key from the source its field names (``auto("algorithm.kl_coef")``);
+    every source is set away from the auto field's default here, so a key left uncopied fails."""
+    from functools import reduce
+
+    from easyrl.config import auto_keys
+
+    config = load_config([DEMO, "worker.actor.model.model_path=m", "worker.actor.model.trust_remote_code=true",
+                          "algorithm.use_kl_loss=false", "algorithm.kl_penalty=k2", "algorithm.kl_coef=0.3",
+                          "algorithm.disable_kl=true", "worker.rollout.temperature=0.7", "data.min_pixels=1000",
+                          "worker.actor.micro_batch_size_per_device_for_experience=3",
+                          "worker.actor.fsdp.param_dtype=fp32"])
+    autos = {key: source for key, source in auto_keys(type(config)).items() if "/" not in source}
+    assert len(autos) == 13
+    for key, source in autos.items():
+        assert reduce(getattr, key.split("."), config) == reduce(getattr, source.split("."), config), key
+    assert config.trainer.run_dir == "runs/easyrl/cpu_demo"
+
+
 def test_typo_fails_fast_from_the_command_line():
     """A typo is reported before any heavy library is imported (no torch, Ray, vLLM or transformers start-up)."""
     proc = subprocess.run(

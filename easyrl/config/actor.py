@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Annotated, Optional
+from typing import Annotated, Literal, Optional
 
 from annotated_types import Gt
 
-from easyrl.config.fields import NON_NEGATIVE, POSITIVE, UNIT, auto
+from easyrl.config.fields import NON_NEGATIVE, POSITIVE, UNIT, auto, registered
 from easyrl.config.role import OffloadConfig, TrainedRoleConfig
+from easyrl.errors import ConfigError
 
 
 @dataclass
@@ -22,9 +23,8 @@ class ActorConfig(TrainedRoleConfig):
     clip_ratio_high: Annotated[float, NON_NEGATIVE] = 0.3
     clip_ratio_dual: Annotated[float, Gt(1)] = 3.0
     """Dual-clip PPO's c > 1 (Ye et al. 2020, Eq. 5)."""
-    loss_type: str = "vanilla"
-    """Policy loss (``easyrl.algorithms.policy_losses.POLICY_LOSSES``): vanilla (PPO clip, dual-clip), gspo, cispo,
-    sapo, clip_cov, kl_cov, geo_mean (GMPO), dppo_tv, dppo_kl, dro, gpg, bypass_mode; see docs/algorithms.md."""
+    loss_type: Annotated[str, registered("easyrl.algorithms.policy_losses", "POLICY_LOSSES")] = "vanilla"
+    """The policy loss (vanilla: PPO clip with dual-clip; the others in docs/algorithms.md)."""
     tau_positive: Annotated[float, POSITIVE] = 1.0
     """SAPO gate temperature for tokens with a positive advantage (``loss_type: sapo``)."""
     tau_negative: Annotated[float, POSITIVE] = 1.05
@@ -33,8 +33,8 @@ class ActorConfig(TrainedRoleConfig):
     router_aux_loss_coef: Annotated[float, NON_NEGATIVE] = 0.0
     """MoE models (Qwen3-MoE, Qwen3-VL-MoE, Qwen3.5-MoE, ...): weight of the router's load-balancing loss (Switch
     Transformer, Fedus et al. 2022, arXiv:2101.03961, Eq. 4-6, as transformers computes it over every token of a
-    micro-batch) added to the actor's loss, logged as ``actor/router_aux_loss``. 0 (default, as verl's FSDP actor):
-    not computed. The released Qwen3-MoE checkpoints were pre-trained with 0.001."""
+    micro-batch) added to the actor's loss, logged as ``actor/router_aux_loss``; 0: not computed. The released
+    Qwen3-MoE checkpoints were pre-trained with 0.001."""
     tis_cap: Optional[Annotated[float, POSITIVE]] = None
     """Truncated importance sampling cap against vLLM's sampled-token log-probs; None disables it."""
     rollout_sync_threshold: Optional[Annotated[float, POSITIVE]] = 0.1
@@ -43,7 +43,7 @@ class ActorConfig(TrainedRoleConfig):
     below (docs/metrics.md). Checked when vLLM's log-probs are kept (``worker.rollout.calculate_log_probs``) and it
     samples the untruncated distribution (top_p 1, top_k off, temperature > 0); None: off."""
     clip_cov_ratio: Annotated[float, POSITIVE] = 2e-4
-    """``loss_type: clip_cov``: fraction of the micro-batch's tokens whose gradient is detached (verl's default)."""
+    """``loss_type: clip_cov``: fraction of the micro-batch's tokens whose gradient is detached."""
     clip_cov_lb: float = 1.0
     """``loss_type: clip_cov``: tokens are drawn among those with covariance in (clip_cov_lb, clip_cov_ub)."""
     clip_cov_ub: float = 5.0
@@ -51,13 +51,14 @@ class ActorConfig(TrainedRoleConfig):
     kl_cov_ratio: Annotated[float, POSITIVE] = 2e-4
     """``loss_type: kl_cov``: fraction of the micro-batch's tokens (largest covariance) given the KL penalty."""
     ppo_kl_coef: Annotated[float, NON_NEGATIVE] = 0.1
-    """``loss_type: kl_cov``: weight of ``|log pi - log pi_old|`` on those tokens (verl's default)."""
+    """``loss_type: kl_cov``: weight of ``|log pi - log pi_old|`` on those tokens."""
     dro_beta: Optional[Annotated[float, POSITIVE]] = None
     """``loss_type: dro``: weight of the quadratic log-ratio penalty, > 0 (required with dro)."""
-    bypass_loss_type: str = "ppo_clip"
+    bypass_loss_type: Literal["ppo_clip", "reinforce"] = "ppo_clip"
     """``loss_type: bypass_mode``: ppo_clip (PPO's ratio against the engine's log-probs) or reinforce (REINFORCE
-    with the rollout_is weights); verl's ``loss_type`` of its rollout_correction section."""
-    rollout_is: Optional[str] = None
+    with the rollout_is weights)."""
+    rollout_is: Optional[Annotated[str, registered("easyrl.algorithms.rollout_correction", "ROLLOUT_IS_LEVELS")]] = (
+        None)
     """Rollout importance sampling: token or sequence (``pi_old / pi_rollout`` per token or per sequence), capped at
     rollout_is_threshold (or IcePop with rollout_is_threshold_lower); None: off (``tis_cap`` is the token TIS
     shortcut). Needs worker.rollout.calculate_log_probs."""
@@ -66,7 +67,7 @@ class ActorConfig(TrainedRoleConfig):
     rollout_is_threshold_lower: Optional[Annotated[float, POSITIVE]] = None
     """IcePop: weights outside [rollout_is_threshold_lower, rollout_is_threshold] are set to 0 instead of truncated."""
     rollout_rs: Optional[str] = None
-    """Rejection sampling: comma-separated token_k1|k2|k3, seq_sum_k1|k2|k3, seq_mean_k1|k2|k3, seq_max_k2|k3;
+    """Rejection sampling: comma-separated options of ``ROLLOUT_RS_OPTIONS`` (``token_k1``, ``seq_max_k2``, ...);
     tokens (or sequences) whose divergence from the engine exceeds rollout_rs_threshold leave the loss."""
     rollout_rs_threshold: Optional[str] = None
     """One threshold per rollout_rs option (comma-separated) or one for all; k1 options take "lower_upper" ratio
@@ -83,6 +84,38 @@ class ActorConfig(TrainedRoleConfig):
     kl_coef: float = auto("algorithm.kl_coef", 1e-2)
     disable_kl: bool = auto("algorithm.disable_kl", False)
     temperature: float = auto("worker.rollout.temperature", 1.0)
+
+    def check(self) -> None:
+        """The rollout correction's settings agree (one kind of IS, IcePop's bounds in order, a threshold for each
+        rejection option), a loss has the setting it needs (``dro_beta``), and LoRA's (``LoraConfig.check``). Raises
+        ``ConfigError`` naming the key."""
+        from easyrl.algorithms.policy_losses import POLICY_LOSSES
+        from easyrl.algorithms.rollout_correction import ROLLOUT_RS_OPTIONS, parse_rs_thresholds
+
+        self.model.lora.check("worker.actor.model.lora")
+        if self.rollout_is is not None and self.tis_cap is not None:
+            raise ConfigError("worker.actor.tis_cap and worker.actor.rollout_is are both set: tis_cap is token TIS, "
+                              "the same as rollout_is=token with rollout_is_threshold=<cap>; keep one.")
+        lower = self.rollout_is_threshold_lower
+        if lower is not None and lower > self.rollout_is_threshold:
+            raise ConfigError(f"worker.actor.rollout_is_threshold_lower={lower} is above rollout_is_threshold="
+                              f"{self.rollout_is_threshold}: IcePop keeps weights in [lower, upper].")
+        if self.rollout_rs is not None:
+            if self.rollout_rs_threshold is None:
+                raise ConfigError("worker.actor.rollout_rs needs worker.actor.rollout_rs_threshold (e.g. \"0.5_2.0\" "
+                                  "for a k1 option, \"0.05\" for k2/k3).")
+            options = [o.strip() for o in self.rollout_rs.split(",") if o.strip()]
+            for option in options:
+                if option not in ROLLOUT_RS_OPTIONS:
+                    raise ConfigError(f"worker.actor.rollout_rs={option!r} is not one of: "
+                                      f"{', '.join(ROLLOUT_RS_OPTIONS)}.")
+            try:
+                parse_rs_thresholds(options, self.rollout_rs_threshold)
+            except ValueError as e:
+                raise ConfigError(f"worker.actor.rollout_rs_threshold: {e}") from None
+        if POLICY_LOSSES.trait(self.loss_type, "needs_dro_beta") and self.dro_beta is None:
+            raise ConfigError(f"worker.actor.loss_type={self.loss_type} needs worker.actor.dro_beta (> 0, the weight "
+                              "of the quadratic log-ratio penalty).")
 
 
 @dataclass

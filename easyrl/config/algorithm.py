@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from easyrl.config.fields import NON_NEGATIVE, POSITIVE, POSITIVE_OR_OFF, UNIT, Note
+from easyrl.config.fields import NON_NEGATIVE, POSITIVE, POSITIVE_OR_OFF, UNIT, Note, registered
 from easyrl.errors import ConfigError
 
 
@@ -13,10 +13,9 @@ from easyrl.errors import ConfigError
 class AlgorithmConfig:
     """The RL algorithm: advantage estimator and KL regularisation."""
 
-    adv_estimator: str = "grpo"
-    """One of ``easyrl.algorithms.advantages.ADV_ESTIMATORS``: grpo, rloo, reinforce_plus_plus,
-    reinforce_plus_plus_baseline, remax, grpo_passk, opo, gpg, gdpo, gae (optimal_token_baseline is registered but
-    needs per-token sum_v pi(v)^2, which the actor does not compute yet)."""
+    adv_estimator: Annotated[str, registered("easyrl.algorithms.advantages", "ADV_ESTIMATORS")] = "grpo"
+    """The advantage estimator (docs/algorithms.md); what it needs (a critic, a teacher, groups) is its registry
+    entry's traits (:meth:`estimator`)."""
     norm_adv_by_std_in_grpo: bool = True
     """False gives Dr.GRPO (no division by the group's std)."""
     gamma: Annotated[float, UNIT] = 1.0
@@ -28,7 +27,7 @@ class AlgorithmConfig:
     use_kl_loss: bool = True
     """KL as a loss term of the actor; ``use_kl_in_reward`` puts it in the reward instead."""
     use_kl_in_reward: bool = False
-    kl_penalty: str = "low_var_kl"
+    kl_penalty: Annotated[str, registered("easyrl.algorithms.kl", "KL_ESTIMATORS")] = "low_var_kl"
     """KL estimator: kl (k1), abs, mse (k2), low_var_kl (k3)."""
     kl_coef: Annotated[float, NON_NEGATIVE] = 1e-2
     kl_type: Literal["fixed", "adaptive"] = "fixed"
@@ -45,16 +44,22 @@ class AlgorithmConfig:
     max_try_make_batch: Annotated[int, POSITIVE_OR_OFF] = 20
     """Generation rounds per step at most when filtering; then the step fails with a clear error (-1: no limit)."""
     distill_coef: Annotated[float, NON_NEGATIVE, Note("0 turns distillation off")] = 0.0
-    """On-policy distillation mixed with RL (slime's ``--opd-kl-coef``; docs/distillation.md): the per-token reverse
+    """On-policy distillation mixed with RL (docs/distillation.md): the per-token reverse
     KL to the teacher (``worker.teacher``), ``log pi_student(y_t) - log pi_teacher(y_t)``, times this coefficient is
     subtracted from the RL advantage of every response token. 0 = off. Pure distillation (no reward in the advantage)
     is ``adv_estimator: on_policy_distill`` with this left at 0."""
 
     def check(self) -> None:
-        """Raises ``ConfigError`` when ``filter_low`` is above ``filter_high``."""
+        """Raises ``ConfigError`` for KL both as a loss and in the reward, ``filter_low`` above ``filter_high``, or an
+        estimator that needs what the actor does not compute yet."""
+        if self.use_kl_loss and self.use_kl_in_reward:
+            raise ConfigError("algorithm.use_kl_loss and algorithm.use_kl_in_reward are both true: choose one.")
         if self.filter_low > self.filter_high:
             raise ConfigError(f"algorithm.filter_low ({self.filter_low}) is larger than algorithm.filter_high "
                               f"({self.filter_high}).")
+        if self.estimator("needs_sum_pi_squared"):
+            raise ConfigError(f"algorithm.adv_estimator={self.adv_estimator} needs sum_v pi(v)^2 at every response "
+                              "token, which easyrl's actor does not compute yet; choose another estimator (grpo, opo).")
 
     def estimator(self, trait: str) -> Any:
         """``trait`` of the estimator ``adv_estimator`` names (``group``, ``needs_critic``, ``needs_teacher``,

@@ -1,13 +1,10 @@
 """EasyR1's config keys that easyrl names or places differently, mapped at load (``apply_aliases``), so that EasyR1's
 ``examples/config.yaml`` and launch scripts load unchanged (docs/migrating.md).
 
-Each mapping logs one line on the ``easyrl.config`` logger saying what the key became: INFO for a key that means
-the same under another name or place (or what easyrl always does), WARNING where the value is approximated. A value
-easyrl cannot honour yet is refused with a ``ConfigError`` that says what to write instead. Keys EasyR1 and easyrl
-share with one meaning (most of them, and the implemented ones: ``optim.lr_scheduler_type``, ``lr_warmup_steps``,
-``optim.strategy``, ``fsdp.torch_dtype``, ``offload.offload_optimizer``, ``trainer.save_model_only``,
-``data.mini_rollout_batch_size``, ``data.override_chat_template``, ``data.video_key``) are fields of the dataclasses
-and need no entry here.
+Each mapping logs one INFO line on the ``easyrl.config`` logger saying what the key became; a value easyrl cannot
+honour yet is refused with a ``ConfigError`` that says what to write instead. Keys EasyR1 and easyrl share with one
+meaning are fields of the dataclasses and need no entry here. ``get_key``/``set_key``/``pop_key`` address a nested
+dict by dotted key (also for ``easyrl.config.loading`` and ``paths``).
 """
 
 from __future__ import annotations
@@ -18,11 +15,11 @@ from typing import Any, Callable, Optional
 
 from easyrl.errors import ConfigError
 
-__all__ = ["ALIASES", "apply_aliases"]
+__all__ = ["ALIASES", "MISSING", "apply_aliases", "get_key", "pop_key", "set_key"]
 
 logger = logging.getLogger("easyrl.config")
 
-_MISSING = object()
+MISSING = object()
 TRAINED = ("actor", "critic")
 ROLES = ("actor", "critic", "ref")
 
@@ -39,20 +36,22 @@ def _parent(tree: dict, key: str, create: bool = False) -> tuple[Optional[dict],
     return (node if isinstance(node, dict) else None), last
 
 
-def _get(tree: dict, key: str) -> Any:
+def get_key(tree: dict, key: str) -> Any:
+    """The value of dotted ``key`` in the nested dict ``tree``, or ``MISSING``."""
     node, last = _parent(tree, key)
-    return node.get(last, _MISSING) if node is not None else _MISSING
+    return node.get(last, MISSING) if node is not None else MISSING
 
 
-def _pop(tree: dict, key: str) -> None:
-    """Remove ``key``, and the sections it leaves empty (e.g. ``worker.ref.fsdp``)."""
+def pop_key(tree: dict, key: str) -> Any:
+    """Remove ``key`` and return its value; the sections it leaves empty go too (e.g. ``worker.ref.fsdp``)."""
     node, last = _parent(tree, key)
-    node.pop(last)
+    value = node.pop(last)
     if not node and "." in key:
-        _pop(tree, key.rsplit(".", 1)[0])
+        pop_key(tree, key.rsplit(".", 1)[0])
+    return value
 
 
-def _set(tree: dict, key: str, value: Any) -> None:
+def set_key(tree: dict, key: str, value: Any) -> None:
     node, last = _parent(tree, key, create=True)
     node[last] = value
 
@@ -66,12 +65,12 @@ def move(target: str, values: Optional[dict] = None, combine: Optional[Callable[
     ``combine(given, mapped)`` decides, else the EasyR1 key wins)."""
     def rule(tree: dict, key: str, value: Any, source: str) -> None:
         new = values.get(value, value) if values is not None and isinstance(value, str) else value
-        given = _get(tree, target)
+        given = get_key(tree, target)
         note = ""
-        if given is not _MISSING and combine is not None:
+        if given is not MISSING and combine is not None:
             new, note = combine(given, new), f" (combined with {target}={given!r} given beside it)"
-        _pop(tree, key)
-        _set(tree, target, new)
+        pop_key(tree, key)
+        set_key(tree, target, new)
         logger.info("easyrl: EasyR1 key %s=%r (from %s) -> %s=%r%s", key, value, source, target, new, note)
     return rule
 
@@ -82,7 +81,7 @@ def drop(meaning: str, accepted: Optional[tuple] = None, instead: str = "") -> R
     def rule(tree: dict, key: str, value: Any, source: str) -> None:
         if accepted is not None and value not in accepted:
             raise ConfigError(f"{key}={value!r} (from {source}) is not supported by easyrl: {instead}")
-        _pop(tree, key)
+        pop_key(tree, key)
         logger.info("easyrl: EasyR1 key %s=%r (from %s) dropped: %s", key, value, source, meaning)
     return rule
 
@@ -91,7 +90,7 @@ def rename_value(values: dict) -> Rule:
     """The key is easyrl's too, but some of its values have easyrl names."""
     def rule(tree: dict, key: str, value: Any, source: str) -> None:
         if isinstance(value, str) and value in values:
-            _set(tree, key, values[value])
+            set_key(tree, key, values[value])
             logger.info("easyrl: EasyR1 value %s=%r (from %s) -> %r", key, value, source, values[value])
     return rule
 
@@ -100,7 +99,7 @@ def _logger_names(tree: dict, key: str, value: Any, source: str) -> None:
     """EasyR1's ``file`` logger (a JSONL file of every step's metrics) is easyrl's ``jsonl``."""
     if isinstance(value, (list, tuple)) and "file" in value:
         names = list(dict.fromkeys("jsonl" if name == "file" else name for name in value))
-        _set(tree, key, names)
+        set_key(tree, key, names)
         logger.info("easyrl: EasyR1 logger 'file' in %s (from %s) -> jsonl: %s", key, source, names)
 
 
@@ -174,7 +173,7 @@ def apply_aliases(layer: dict, source: str) -> dict:
     """
     tree = copy.deepcopy(layer)
     for key, rule in ALIASES.items():
-        value = _get(tree, key)
-        if value is not _MISSING:
+        value = get_key(tree, key)
+        if value is not MISSING:
             rule(tree, key, value, source)
     return tree

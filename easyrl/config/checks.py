@@ -1,18 +1,13 @@
-"""Checks of a merged configuration's values that span sections, before anything is loaded or started (called by
-``load_config`` once ``PPOConfig.finalize`` has filled in the auto keys). A value's range or choice is on its field
-(``easyrl.config.fields``), a section's own rules in its ``check`` method.
-
-Order matters for the messages: every field is checked to be in range first (so that a zero never reaches a
-division), then each section, then the sizes that must divide each other, then names chosen from a registry, then
-settings that only make sense together. Each failure raises :class:`easyrl.errors.ConfigError` naming the key, the
-value and what to set.
+"""Checks of a finalized configuration's values that span sections, before anything is loaded or started. A value's
+type, range or choice is on its field (checked while loading, so that a zero never reaches a division), a section's
+own rules in its ``check`` method. Each failure raises :class:`easyrl.errors.ConfigError` naming the key, the value
+and what to set.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from easyrl.config.fields import check_fields
 from easyrl.config.judge import check_judge
 from easyrl.config.multi_turn import check_multi_turn
 from easyrl.config.reward_model import check_reward_model
@@ -22,23 +17,17 @@ from easyrl.errors import ConfigError
 if TYPE_CHECKING:
     from easyrl.config.ppo import PPOConfig
 
-def check_choice(key: str, value: Any, choices: Any) -> None:
-    """Raise ``ConfigError`` unless ``value`` is one of ``choices``, the names an ``easyrl.algorithms`` registry or
-    tuple holds (a choice fixed in easyrl is a ``Literal`` on its field, checked by OmegaConf)."""
-    if value not in choices:
-        raise ConfigError(f"{key}={value!r} is not one of: {', '.join(map(str, choices))}.")
-
 
 def check_tensor_parallel(world_size: int, tensor_parallel_size: int) -> None:
     """Raise unless ``tensor_parallel_size`` (>= 1) divides ``world_size`` (the rollout's vLLM engines each span
     ``tensor_parallel_size`` devices; see ``easyrl.workers.rollout_layout``).
 
     Raises:
-        ValueError: naming ``worker.rollout.tensor_parallel_size``, the device count and the sizes that would fit.
+        ConfigError: naming ``worker.rollout.tensor_parallel_size``, the device count and the sizes that would fit.
     """
     if tensor_parallel_size < 1 or world_size % tensor_parallel_size != 0:
         fits = [d for d in range(1, world_size + 1) if world_size % d == 0]
-        raise ValueError(
+        raise ConfigError(
             f"worker.rollout.tensor_parallel_size={tensor_parallel_size} does not divide the {world_size} devices "
             f"(trainer.nnodes * trainer.n_gpus_per_node): each vLLM engine spans tensor_parallel_size devices, so "
             f"choose one of {', '.join(map(str, fits))}."
@@ -47,7 +36,7 @@ def check_tensor_parallel(world_size: int, tensor_parallel_size: int) -> None:
 
 def check_divisibility(config: "PPOConfig") -> None:
     """Batch sizes that must split evenly: rollout batch into mini-batches, mini-batch samples over the devices, a
-    device's share into micro-batches (all counted as in EasyR1: batch sizes in prompts, micro-batches in samples),
+    device's share into micro-batches (batch sizes in prompts, micro-batches in samples),
     for the actor and, with ``algorithm.adv_estimator: gae``, the critic; a generation round's samples
     (``data.mini_rollout_batch_size``) over the devices; and the devices into vLLM engines of
     ``worker.rollout.tensor_parallel_size``."""
@@ -63,10 +52,7 @@ def check_divisibility(config: "PPOConfig") -> None:
             f"data.mini_rollout_batch_size * worker.rollout.n ({mini * config.worker.rollout.n}) samples must split "
             f"evenly over {config.world_size} devices (trainer.nnodes * trainer.n_gpus_per_node)."
         )
-    try:
-        check_tensor_parallel(config.world_size, config.worker.rollout.tensor_parallel_size)
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
+    check_tensor_parallel(config.world_size, config.worker.rollout.tensor_parallel_size)
 
 
 def check_sequence_parallel(config: "PPOConfig") -> None:
@@ -112,29 +98,19 @@ def _check_batch_split(config: "PPOConfig", section: str, global_batch_size: int
         )
 
 
-def check_names(config: "PPOConfig") -> None:
-    """Names that select an implementation must exist (checked before any model is loaded)."""
-    from easyrl.algorithms.advantages import ADV_ESTIMATORS
-    from easyrl.algorithms.kl import KL_ESTIMATORS
-    from easyrl.algorithms.loss_agg import LOSS_AGG_MODES
+def check_combinations(config: "PPOConfig") -> None:
+    """Settings of different sections that only make sense together."""
     from easyrl.algorithms.policy_losses import POLICY_LOSSES
 
-    actor = config.worker.actor
-    check_choice("algorithm.adv_estimator", config.algorithm.adv_estimator, list(ADV_ESTIMATORS))
-    check_choice("algorithm.kl_penalty", config.algorithm.kl_penalty, KL_ESTIMATORS)
-    check_choice("worker.actor.loss_type", actor.loss_type, list(POLICY_LOSSES))
-    check_choice("worker.actor.loss_agg_mode", actor.loss_agg_mode, LOSS_AGG_MODES)
-    check_choice("worker.critic.loss_agg_mode", config.worker.critic.loss_agg_mode, LOSS_AGG_MODES)
-
-
-def check_combinations(config: "PPOConfig") -> None:
-    """Settings that only make sense together."""
-    actor, rollout, algo = config.worker.actor, config.worker.rollout, config.algorithm
-    if algo.use_kl_loss and algo.use_kl_in_reward:
-        raise ConfigError("algorithm.use_kl_loss and algorithm.use_kl_in_reward are both true: choose one.")
-    if rollout.calculate_log_probs is False and actor.tis_cap is not None:
-        raise ConfigError("worker.actor.tis_cap needs worker.rollout.calculate_log_probs=true.")
-    check_rollout_correction(config)
+    actor, algo = config.worker.actor, config.algorithm
+    uses_engine = {"worker.actor.tis_cap": actor.tis_cap is not None,
+                   "worker.actor.rollout_is": actor.rollout_is is not None,
+                   "worker.actor.rollout_rs": actor.rollout_rs is not None,
+                   f"worker.actor.loss_type={actor.loss_type}": POLICY_LOSSES.trait(actor.loss_type,
+                                                                                    "uses_engine_log_probs")}
+    for key, used in uses_engine.items():
+        if used and config.worker.rollout.calculate_log_probs is False:
+            raise ConfigError(f"{key} needs worker.rollout.calculate_log_probs=true (vLLM's sampled-token log-probs).")
     longest = config.data.max_prompt_length + config.data.max_response_length
     for section in ("actor", "critic"):
         role = getattr(config.worker, section)
@@ -154,52 +130,6 @@ def check_combinations(config: "PPOConfig") -> None:
     if config.trainer.critic_warmup > 0 and not algo.needs_critic:
         raise ConfigError(f"trainer.critic_warmup={config.trainer.critic_warmup} needs a critic "
                           "(algorithm.adv_estimator=gae); set it to 0.")
-
-
-def check_rollout_correction(config: "PPOConfig") -> None:
-    """``worker.actor``'s rollout correction and the losses that need a setting of their own (verl 0.9's family)."""
-    from easyrl.algorithms.policy_losses import POLICY_LOSSES
-    from easyrl.algorithms.rollout_correction import ROLLOUT_IS_LEVELS, parse_rs_thresholds
-
-    actor, rollout = config.worker.actor, config.worker.rollout
-    loss, engine_old = actor.loss_type, POLICY_LOSSES.trait(actor.loss_type, "uses_engine_log_probs")
-    uses_engine = {"worker.actor.rollout_is": actor.rollout_is is not None,
-                   "worker.actor.rollout_rs": actor.rollout_rs is not None,
-                   f"worker.actor.loss_type={loss}": engine_old}
-    for key, used in uses_engine.items():
-        if used and rollout.calculate_log_probs is False:
-            raise ConfigError(f"{key} needs worker.rollout.calculate_log_probs=true (vLLM's sampled-token log-probs).")
-    if actor.rollout_is is not None:
-        check_choice("worker.actor.rollout_is", actor.rollout_is, ROLLOUT_IS_LEVELS)
-        if actor.tis_cap is not None:
-            raise ConfigError("worker.actor.tis_cap and worker.actor.rollout_is are both set: tis_cap is token TIS, "
-                              "the same as rollout_is=token with rollout_is_threshold=<cap>; keep one.")
-    lower = actor.rollout_is_threshold_lower
-    if lower is not None and lower > actor.rollout_is_threshold:
-        raise ConfigError(f"worker.actor.rollout_is_threshold_lower={lower} is above rollout_is_threshold="
-                          f"{actor.rollout_is_threshold}: IcePop keeps weights in [lower, upper].")
-    if actor.rollout_rs is not None:
-        if actor.rollout_rs_threshold is None:
-            raise ConfigError("worker.actor.rollout_rs needs worker.actor.rollout_rs_threshold (e.g. \"0.5_2.0\" for "
-                              "a k1 option, \"0.05\" for k2/k3).")
-        try:
-            from easyrl.algorithms.rollout_correction import ROLLOUT_RS_OPTIONS
-
-            options = [o.strip() for o in actor.rollout_rs.split(",") if o.strip()]
-            for option in options:
-                check_choice("worker.actor.rollout_rs", option, ROLLOUT_RS_OPTIONS)
-            parse_rs_thresholds(options, actor.rollout_rs_threshold)
-        except ValueError as e:
-            raise ConfigError(f"worker.actor.rollout_rs_threshold: {e}") from None
-    if engine_old:
-        check_choice("worker.actor.bypass_loss_type", actor.bypass_loss_type, ("ppo_clip", "reinforce"))
-    if POLICY_LOSSES.trait(loss, "needs_dro_beta") and actor.dro_beta is None:
-        raise ConfigError(f"worker.actor.loss_type={loss} needs worker.actor.dro_beta (> 0, the weight of the "
-                          "quadratic log-ratio penalty).")
-    if config.algorithm.estimator("needs_sum_pi_squared"):
-        raise ConfigError(f"algorithm.adv_estimator={config.algorithm.adv_estimator} needs sum_v pi(v)^2 at every "
-                          "response token, which easyrl's actor does not compute yet; choose another estimator (grpo, "
-                          "opo).")
 
 
 def check_greedy_groups(config: "PPOConfig") -> None:
@@ -227,12 +157,10 @@ def check_config(config: "PPOConfig") -> None:
     """
     if not config.worker.actor.model.model_path:
         raise ConfigError("worker.actor.model.model_path is not set: give a hub id or a local model folder.")
-    check_fields(config, type(config))
-    for section in (config.data, config.algorithm, config.worker.rollout, config.worker, config.trainer):
+    for section in (config.data, config.algorithm, config.worker.actor, config.worker.rollout, config.worker,
+                    config.trainer):
         section.check()
-    config.worker.actor.model.lora.check("worker.actor.model.lora")
     check_divisibility(config)
-    check_names(config)
     check_combinations(config)
     check_greedy_groups(config)
     check_multi_turn(config.worker.rollout.multi_turn)

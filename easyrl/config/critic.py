@@ -11,7 +11,7 @@ from easyrl.config.role import ModelConfig, OptimConfig, TrainedRoleConfig
 
 @dataclass
 class CriticConfig(TrainedRoleConfig):
-    """The value model of PPO with GAE (``algorithm.adv_estimator: gae``; EasyR1's ``worker.critic``): the policy's
+    """The value model of PPO with GAE (``algorithm.adv_estimator: gae``): the policy's
     model class with its LM head replaced by a zero-initialised scalar value head, FSDP2-sharded like the actor and
     fed through the same (padding-free) forward."""
 

@@ -48,16 +48,15 @@ class DataConfig:
     max_pixels: Annotated[int, POSITIVE] = 4194304
     filter_overlong_prompts: bool = True
     mini_rollout_batch_size: Optional[Annotated[int, POSITIVE]] = None
-    """Prompts per generation round (EasyR1's key, verl's ``data.gen_batch_size``); None: ``rollout_batch_size``.
-    With ``algorithm.online_filtering`` rounds of this size are generated until ``rollout_batch_size`` groups are
-    kept; without it must be None or equal ``rollout_batch_size``."""
+    """Prompts per generation round; None: ``rollout_batch_size``. With ``algorithm.online_filtering`` rounds of this
+    size are generated until ``rollout_batch_size`` groups are kept; without it they are concatenated."""
     override_chat_template: Optional[str] = None
-    """Path of a Jinja chat template file that replaces the tokenizer's (and processor's) own (EasyR1's key)."""
+    """Path of a Jinja chat template file that replaces the tokenizer's (and processor's) own."""
     video_key: Optional[str] = "videos"
-    """Column holding each row's videos (EasyR1's key): file paths (relative ones under ``image_dir``) or lists of
-    frame images; ``<video>`` in the prompt places them (docs/data.md, Videos). null: no column is read as videos."""
+    """Column holding each row's videos: file paths (relative ones under ``image_dir``) or lists of frame images;
+    ``<video>`` in the prompt places them (docs/data.md, Videos). null: no column is read as videos."""
     video_fps: Annotated[float, POSITIVE] = 2.0
-    """Frames per second sampled from a video file (EasyR1's key; qwen-vl-utils' ``fps``)."""
+    """Frames per second sampled from a video file (qwen-vl-utils' ``fps``)."""
     video_min_frames: VIDEO_FRAMES = 4
     """Frames sampled from a video file at least (qwen-vl-utils' ``min_frames``), at most all it has."""
     video_max_frames: VIDEO_FRAMES = 768

@@ -1,15 +1,18 @@
-"""What the config sections' fields share: ``auto`` marks a key derived from another one; the ranges on a field
-(``n: Annotated[int, POSITIVE]``, ``annotated_types`` constraints, with an optional :class:`Note` for the message) are
-read by pydantic in :func:`check_fields` once the configuration is merged and finalized. OmegaConf checks the types
-and the ``Literal`` choices while it merges (``easyrl.config.malformed.value_error`` words those errors)."""
+"""What the config sections' fields share, and their validation. A field states its own type, range (``n: Annotated[int,
+POSITIVE]``, ``annotated_types`` constraints, with an optional :class:`Note` for the message), ``Literal`` choices or
+registry (:func:`registered`); ``auto`` marks a key derived from another one. :func:`validate` checks a merged layer
+of values against them all at once with pydantic, and words its first error as one line: the key, the value, what is
+allowed (with a "did you mean" for a name) and an example."""
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
+import importlib
 import typing
 from dataclasses import field
-from typing import Annotated, Any, Union
+from typing import Annotated, Any, Callable, Optional, Union
 
 from annotated_types import Ge, Gt, Interval, Predicate
 
@@ -19,6 +22,7 @@ POSITIVE = Gt(0)
 NON_NEGATIVE = Ge(0)
 FRACTION = Interval(gt=0, le=1)
 UNIT = Interval(ge=0, le=1)
+_RANGES = ("greater_than", "greater_than_equal", "less_than", "less_than_equal", "finite_number", "predicate_failed")
 
 
 class Note(str):
@@ -41,46 +45,113 @@ class AllowInf:
         return {**handler(source), "allow_inf_nan": True}
 
 
+def registered(module: str, name: str) -> Any:
+    """A name held by the registry (or tuple) ``name`` of ``module`` (imported when a value is checked)."""
+    from pydantic import AfterValidator
+    from pydantic_core import PydanticCustomError
+
+    def check(value: str) -> str:
+        choices = [str(c) for c in getattr(importlib.import_module(module), name)]
+        if value not in choices:
+            raise PydanticCustomError("choice", "not a registered name", {"choices": choices})
+        return value
+    return AfterValidator(check)
+
+
 def auto(source: str, default: Any = None) -> Any:
     """A field derived from ``source``; users cannot set it (see ``PPOConfig.finalize``)."""
     return field(default=default, metadata={"auto": source})
 
 
-def check_fields(values: Any, cls: type, prefix: str = "") -> None:
-    """Every range on the fields of dataclass ``cls`` (nested ones included), and every float finite (but where
-    :class:`AllowInf`), for ``values``: an instance, or a dict of some of its fields.
+def _fields(cls: type, prefix: str = "") -> list[tuple[str, dataclasses.Field, bool]]:
+    """``(dotted key, field, whether it is a section)`` of every field below dataclass ``cls``, sections first."""
+    found = []
+    for f in dataclasses.fields(cls):
+        sub = f.default_factory() if f.default_factory is not dataclasses.MISSING else None
+        found.append((prefix + f.name, f, dataclasses.is_dataclass(sub)))
+        found += _fields(type(sub), f"{prefix}{f.name}.") if dataclasses.is_dataclass(sub) else []
+    return found
+
+
+def auto_keys(cls: type) -> dict[str, str]:
+    """Dotted names of the auto fields of ``cls`` (recursively) -> the key they are derived from."""
+    return {key: f.metadata["auto"] for key, f, _ in _fields(cls) if "auto" in f.metadata}
+
+
+def valid_keys(cls: type) -> dict[str, bool]:
+    """All dotted keys of ``cls`` -> whether the key holds a free-form dict (its children are not checked)."""
+    return {key: not section and "dict" in str(f.type) for key, f, section in _fields(cls)}
+
+
+def validate(values: Any, cls: type, prefix: str = "", source: Callable[[str], Optional[str]] = lambda _: None) -> Any:
+    """``values`` (a nested dict of some of ``cls``'s fields; the others keep their defaults) as a ``cls`` instance,
+    every type, range and choice checked, every float finite (but where :class:`AllowInf`).
+
+    Args:
+        values: the merged, resolved layers (``OmegaConf.to_container``).
+        cls: a config dataclass.
+        prefix: the dotted key of ``cls`` in the whole config (for the message).
+        source: where a dotted key's value came from (``the command line``, ``file <path>``), for the message.
 
     Raises:
-        ConfigError: the first value out of range, ``<prefix><key> must be <range> (<note>), got <value>.``
+        ConfigError: the first bad value, e.g. ``data.rollout_batch_size must be a positive number, got 0.``,
+            ``algorithm.kl_type='fixd' is not one of: fixed, adaptive. Did you mean: fixed?``, ``Bad value for
+            'data.max_prompt_length' (from the command line): got 'abc'; write an integer, e.g. ...``.
     """
     from pydantic import ValidationError
 
-    if dataclasses.is_dataclass(values):
-        values = dataclasses.asdict(values)
     try:
-        _adapter(cls).validate_python(values)
+        checked = _adapter(cls).validate_python(values)
     except ValidationError as err:
-        error = err.errors()[0]
-        key = prefix + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error["loc"])[1:]
-        raise ConfigError(f"{key} must be {_allowed(_hint(cls, error['loc']))}, got {error['input']!r}.") from None
+        raise ConfigError(_message(err.errors()[0], cls, prefix, source)) from None
+    return cls(**vars(checked))  # the class itself, not _adapter's subclass (which Ray could not unpickle)
 
 
 @functools.cache
 def _adapter(cls: type) -> Any:
     from pydantic import TypeAdapter
 
-    finite = type(cls.__name__, (cls,), {"__pydantic_config__": {"allow_inf_nan": False}})
-    return TypeAdapter(finite)  # ~0.5 s for PPOConfig: built by the first load_config, not on --help
+    # YAML numbers are read into string fields as OmegaConf did ("0.05" for a threshold, "1800" for an env var)
+    checked = type(cls.__name__, (cls,), {"__pydantic_config__": {"allow_inf_nan": False,
+                                                                   "coerce_numbers_to_str": True}})
+    return TypeAdapter(checked)  # ~0.3 s for PPOConfig: built by the first load_config, not on --help
+
+
+def _message(error: dict, cls: type, prefix: str, source: Callable[[str], Optional[str]]) -> str:
+    kind, value, loc = error["type"], error["input"], error["loc"]
+    if kind in ("missing", "too_short", "too_long") and isinstance(loc[-1], int):
+        loc = loc[:-1]  # a list of the wrong length: name the list
+    key = prefix + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc)[1:]
+    hint, where = _hint(cls, loc), source(key.split("[")[0])
+    where = f" (from {where})" if where else ""
+    if kind in ("literal_error", "choice"):
+        choices = error["ctx"]["choices"] if kind == "choice" else [str(c) for c in typing.get_args(_bare(hint))]
+        close = difflib.get_close_matches(str(value), choices, n=1, cutoff=0.6)
+        did_you_mean = f" Did you mean: {close[0]}?" if close else ""
+        return f"{key}={value!r} is not one of: {', '.join(choices)}.{did_you_mean}"
+    if kind in _RANGES:
+        return f"{key} must be {_allowed(hint)}, got {value!r}."
+    example = expected(cls, loc, key)
+    if value is None:
+        return (f"'{key}'{where} has no value (empty or null); write {example}, or leave the key out to keep its "
+                "default.")
+    length = f" (length {len(value)})" if kind in ("missing", "too_short", "too_long") else ""
+    value = list(value) if isinstance(value, tuple) else value
+    return f"Bad value for '{key}'{where}: got {value!r}{length}; write {example}."
 
 
 def _hint(cls: type, loc: tuple) -> Any:
-    """The annotation (``Annotated`` kept) of the field at pydantic's error location ``loc`` below ``cls``."""
+    """The annotation (``Annotated`` kept) of the field at ``loc`` (pydantic's error location) below ``cls``; None
+    where ``loc`` leaves the dataclasses."""
     hint: Any = cls
     for part in loc:
-        hint = _required(hint)
-        hint = typing.get_args(hint)[0] if typing.get_origin(hint) is Annotated else hint
-        hint = typing.get_args(hint)[part] if isinstance(part, int) else \
-            typing.get_type_hints(hint, include_extras=True)[part]
+        hint = _bare(hint)
+        if isinstance(part, int):
+            hint = typing.get_args(hint)[part] if typing.get_origin(hint) is tuple else None
+        elif dataclasses.is_dataclass(hint):
+            hint = typing.get_type_hints(hint, include_extras=True).get(part)
+        else:
+            return None
     return hint
 
 
@@ -88,6 +159,12 @@ def _required(hint: Any) -> Any:
     if typing.get_origin(hint) is Union:
         return next(a for a in typing.get_args(hint) if a is not type(None))
     return hint
+
+
+def _bare(hint: Any) -> Any:
+    """``hint`` without ``Optional`` and ``Annotated``."""
+    hint = _required(hint)
+    return typing.get_args(hint)[0] if typing.get_origin(hint) is Annotated else hint
 
 
 def _allowed(hint: Any) -> str:
@@ -107,3 +184,36 @@ def _allowed(hint: Any) -> str:
     notes = [m for m in metadata if isinstance(m, Note)]
     notes += ["or null"] if hint is not _required(hint) and not any("null" in note for note in notes) else []
     return words + "".join(f" ({note})" for note in notes)
+
+
+def _describe(hint: Any) -> str:
+    """``an integer``, ``a number``, ``true or false``, ``a list``, ... for a type hint."""
+    bare = _bare(hint)
+    origin = typing.get_origin(bare)
+    if origin is tuple:
+        described = f"a list of {len(typing.get_args(bare))} values"
+    elif origin is list or origin is dict:
+        described = "a list" if origin is list else "a mapping"
+    else:
+        described = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(bare, "a value")
+    return described + (" (or null)" if _required(hint) is not hint else "")
+
+
+def _cli_value(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_cli_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_cli_value(v)}" for k, v in value.items()) + "}"
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def expected(cls: type, loc: tuple, key: str) -> str:
+    """``an integer, e.g. data.max_prompt_length=1024 (the default)``: what the field at ``loc`` below ``cls`` (dotted
+    ``key``) holds, its default as the example."""
+    default: Any = cls()
+    for part in loc:
+        default = getattr(default, part, None) if isinstance(part, str) else None
+    described = _describe(_hint(cls, loc))
+    if default is None or default == "":
+        return described
+    return f"{described}, e.g. {key}={_cli_value(default)} (the default)"

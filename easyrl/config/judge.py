@@ -52,17 +52,9 @@ class JudgeConfig:
 
 
 def check_judge(judge: JudgeConfig, tensor_parallel_size: int) -> None:
-    """The judge's values, when it is on (``model_path`` set).
-
-    Args:
-        judge: ``worker.reward.judge``.
-        tensor_parallel_size: ``worker.rollout.tensor_parallel_size``.
-
-    Raises:
-        ConfigError: a parser that is neither a built-in name nor ``file.py:function``, or a
-            tensor-parallel rollout (not supported with a judge yet). (An empty ``json_key`` is refused by
-            ``easyrl.config.malformed`` before.)
-    """
+    """``worker.reward.judge``'s values when it is on (``model_path`` set), with the rollout's
+    ``tensor_parallel_size``. Raises ``ConfigError``: a parser that is neither a built-in name nor
+    ``file.py:function``, no room for a prompt, or a tensor-parallel rollout (not supported with a judge yet)."""
     if judge.model_path is None:
         return
     parser = judge.parser

@@ -3,62 +3,29 @@ unknown and auto keys refused before any merge (``load_config``), and ``to_dict`
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import os
-from typing import Any, Optional
+from typing import Optional
 
 from omegaconf import OmegaConf
 
 from easyrl.config import malformed
-from easyrl.config.aliases import apply_aliases
+from easyrl.config.aliases import MISSING, apply_aliases, get_key, pop_key
 from easyrl.config.checks import check_config
+from easyrl.config.fields import auto_keys, expected, validate, valid_keys
 from easyrl.config.paths import resolve_config_paths
 from easyrl.config.ppo import PPOConfig
 from easyrl.config.traps import warn_config_traps
 from easyrl.errors import ConfigError
 
 
-def auto_keys(cls: type, prefix: str = "") -> dict[str, str]:
-    """Dotted names of the auto fields of ``cls`` (recursively) -> the key they are derived from."""
-    found = {}
-    for f in dataclasses.fields(cls):
-        name = f"{prefix}{f.name}"
-        sub = _field_dataclass(f)
-        if "auto" in f.metadata:
-            found[name] = f.metadata["auto"]
-        elif sub is not None:
-            found.update(auto_keys(sub, name + "."))
-    return found
-
-
-def _field_dataclass(f: dataclasses.Field) -> Optional[type]:
-    if f.default_factory is not dataclasses.MISSING:
-        value = f.default_factory()
-        if dataclasses.is_dataclass(value):
-            return type(value)
-    return None
-
-
-def valid_keys(cls: type, prefix: str = "") -> dict[str, bool]:
-    """All dotted keys of ``cls`` -> whether the key holds a free-form dict (its children are not checked)."""
-    keys = {}
-    for f in dataclasses.fields(cls):
-        name = f"{prefix}{f.name}"
-        sub = _field_dataclass(f)
-        if sub is not None:
-            keys[name] = False
-            keys.update(valid_keys(sub, name + "."))
-        else:
-            keys[name] = "dict" in str(f.type)
-    return keys
-
-
-def _check_keys(user: dict, source: str, valid: dict[str, bool], autos: dict[str, str], defaults: Any,
-                prefix: str = "", unknown: Optional[list[tuple[str, list[str]]]] = None) -> None:
+def _check_keys(user: dict, source: str, valid: dict[str, bool], autos: dict[str, str], prefix: str = "",
+                unknown: Optional[list[tuple[str, list[str]]]] = None) -> None:
     """Refuse the keys of one layer ``user`` (from ``source``) that are unknown (all of them in one error, each with
-    its "did you mean"), derived automatically, a section given a plain value, or a mapping given for a key that holds
-    one value (``data.max_prompt_length={a: 1}``; ``defaults`` gives the example value)."""
+    its "did you mean"), derived automatically, a section given a plain value or none, or a mapping given for a key
+    that holds one value (``data.max_prompt_length={a: 1}``)."""
     found: list[tuple[str, list[str]]] = [] if unknown is None else unknown
     for key, value in user.items():
         name = f"{prefix}{key}"
@@ -74,13 +41,17 @@ def _check_keys(user: dict, source: str, valid: dict[str, bool], autos: dict[str
                 f"'{name}' (from {source}) is derived automatically from {autos[name]}; set that instead."
             )
         is_section = not valid[name] and any(k.startswith(name + ".") for k in valid)
-        if is_section and value is not None and not isinstance(value, dict):
+        if is_section and value is None:
+            how = (f"set its keys one by one ({name}.<key>=value), or remove the word" if source == "the command line"
+                   else "give its keys indented below it, or remove the line")
+            raise ConfigError(f"'{name}' (from {source}) is an empty section: {how}.")
+        if is_section and not isinstance(value, dict):
             raise ConfigError(f"'{name}' (from {source}) is a section: give a mapping of its keys, got {value!r}.")
         if isinstance(value, dict) and not valid[name] and not is_section:
             raise ConfigError(f"'{name}' (from {source}) holds one value, not a section: got the mapping {value!r}; "
-                              f"write {malformed.expected(name, defaults)}.")
+                              f"write {expected(PPOConfig, tuple(name.split('.')), name)}.")
         if isinstance(value, dict) and not valid[name]:
-            _check_keys(value, source, valid, autos, defaults, name + ".", found)
+            _check_keys(value, source, valid, autos, name + ".", found)
     if unknown is None and len(found) == 1:
         name, hint = found[0]
         raise ConfigError(f"Unknown config key '{name}' (from {source})."
@@ -89,24 +60,6 @@ def _check_keys(user: dict, source: str, valid: dict[str, bool], autos: dict[str
         listed = "; ".join(f"'{name}'" + (f" (did you mean: {', '.join(hint)}?)" if hint else "")
                            for name, hint in found)
         raise ConfigError(f"{len(found)} unknown config keys (from {source}): {listed}.")
-
-
-def _has_dotted(tree: dict, key: str) -> bool:
-    node = tree
-    for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return False
-        node = node[part]
-    return True
-
-
-def _pop_dotted(tree: dict, key: str) -> Any:
-    *parents, last = key.split(".")
-    node = tree
-    for part in parents:
-        node = node[part]
-    return node.pop(last)
-
 
 
 def _load_yaml(path: str) -> dict:
@@ -157,7 +110,7 @@ def load_config(argv: list[str]) -> PPOConfig:
             overrides.append(word)
 
     valid, autos = valid_keys(PPOConfig), auto_keys(PPOConfig)
-    merged = defaults = OmegaConf.structured(PPOConfig)
+    merged = OmegaConf.create(dataclasses.asdict(PPOConfig()))  # untyped: pydantic checks the merged values once
     layers = []
     if yaml_path is not None:
         if not os.path.isfile(yaml_path):
@@ -172,35 +125,29 @@ def load_config(argv: list[str]) -> PPOConfig:
             reason = " ".join(str(e).strip().splitlines()[:2]).rstrip(".")
             raise ConfigError(f"Could not parse the command-line word '{word}': {reason}. Write the value as YAML "
                               "(a number, a word, [a,b] or {k: v}), its brackets and quotes closed.") from None
-    cli_conf = OmegaConf.from_dotlist(overrides)
     cli_whole_keys = {word.split("=", 1)[0] for word in overrides}
-    layers.append((OmegaConf.to_container(cli_conf), "the command line", cli_whole_keys))
+    layers.append((OmegaConf.to_container(OmegaConf.from_dotlist(overrides)), "the command line", cli_whole_keys))
 
     free_dicts = [key for key, is_dict in valid.items() if is_dict]
+    sources = []
     for layer, source, whole_keys in layers:
         layer = apply_aliases(layer or {}, source)  # EasyR1's keys -> easyrl's (easyrl/config/aliases.py)
-        _check_keys(layer, source, valid, autos, defaults)
+        _check_keys(layer, source, valid, autos)
+        sources.append((copy.deepcopy(layer), source))
         # A free-form dict given whole by a later layer replaces the earlier one instead of merging into it, so that
         # worker.reward.reward_function_kwargs={} really drops the YAML's kwargs. A YAML gives dicts whole; on the
         # command line only `key={...}` does, while `key.sub=value` merges into the dict.
-        replaced = {key: _pop_dotted(layer, key) for key in free_dicts
-                    if _has_dotted(layer, key) and (whole_keys is None or key in whole_keys)}
-        try:
-            merged = OmegaConf.merge(merged, layer)
-            for key, value in replaced.items():
-                if isinstance(value, dict):
-                    OmegaConf.update(merged, key, value, merge=False)
-                else:
-                    raise ConfigError(f"'{key}' (from {source}) must be a mapping, got {value!r}: write "
-                                      f"{key}={{name: value}}, or {key}={{}} for none.")
-        except ConfigError:
-            raise
-        except Exception as e:  # type mismatch, e.g. a string for an int
-            raise ConfigError(malformed.value_error(e, source, layer, defaults)) from None
+        replaced = {key: pop_key(layer, key) for key in free_dicts
+                    if get_key(layer, key) is not MISSING and (whole_keys is None or key in whole_keys)}
+        merged = OmegaConf.merge(merged, layer)
+        for key, value in replaced.items():
+            OmegaConf.update(merged, key, value, merge=False)
     try:
-        config: PPOConfig = OmegaConf.to_object(merged)
-    except Exception as e:  # a ${...} that cannot be resolved, or resolves to a value of the wrong type
-        raise ConfigError(malformed.resolve_error(e, merged, valid, defaults)) from None
+        values = OmegaConf.to_container(merged, resolve=True)
+    except Exception as e:  # a ${...} that cannot be resolved
+        raise ConfigError(malformed.resolve_error(e, merged, valid)) from None
+    config: PPOConfig = validate(values, PPOConfig, source=lambda key: next(
+        (source for layer, source in reversed(sources) if get_key(layer, key) is not MISSING), None))
     config.finalize()
     check_config(config)
     warn_config_traps(config)

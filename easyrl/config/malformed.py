@@ -1,26 +1,14 @@
-"""One line for each way a command-line word, a YAML file or a value can be malformed, naming the culprit and what to
-write instead (docs/errors.md, "Configuration"). ``easyrl.config.loading`` calls these at its steps:
-
-- :func:`check_words`: the words themselves (``=5`` without a key, ``config=`` empty, given twice, or a folder);
-- :func:`read_error`: a YAML file that cannot be read (not UTF-8, a malformed ``${...}``); :func:`check_top_level`:
-  one that holds a single value;
-- :func:`value_error`: a value OmegaConf refuses (wrong type, empty, a list of the wrong length, not one of a
-  ``Literal``'s choices), with the key's expected type and its default as the example;
-- :func:`resolve_error`: a ``${...}`` interpolation that cannot be resolved (unknown key, unset environment variable,
-  a loop, an unknown resolver).
-
-Duplicate keys on the command line are not an error: the later word wins (OmegaConf's and EasyR1's rule; launch
-scripts append overrides). Duplicate keys inside one YAML file are (PyYAML's "found duplicate key", with its line).
+"""One line for each way a command-line word, a YAML file or an interpolation can be malformed, naming the culprit
+and what to write instead (docs/errors.md, "Malformed words, files and values"); ``easyrl.config.loading`` calls these
+at its steps. A key repeated on the command line is not an error (the later word wins); one repeated inside a YAML
+mapping is (PyYAML's "found duplicate key", with its line).
 """
 
 from __future__ import annotations
 
-import ast
-import dataclasses
 import difflib
 import os
 import re
-import typing
 from typing import Any, Optional
 
 from easyrl.errors import ConfigError
@@ -28,7 +16,6 @@ from easyrl.errors import ConfigError
 _MISSING_KEY = re.compile(r"Interpolation key '([^']+)' not found")
 _MISSING_ENV = re.compile(r"Environment variable '([^']+)' not found")
 _RESOLVER = re.compile(r"Unsupported interpolation type (\S+)")
-_CHOICE = re.compile(r"Invalid value '(.*)', expected one of (\[.*\])")
 
 
 def check_words(argv: list[str]) -> None:
@@ -91,41 +78,9 @@ def check_top_level(path: str) -> None:
                           "it must be a mapping of sections (data:, algorithm:, worker:, trainer:).")
 
 
-def value_error(err: Exception, source: str, layer: Optional[dict], defaults: Any) -> str:
-    """The one line for a value OmegaConf refused while merging ``layer`` into the defaults: the key (found by merging
-    the layer's values one at a time when OmegaConf does not name it), what was wrong and what to write."""
-    from omegaconf import OmegaConf
-
-    key = getattr(err, "full_key", None)
-    message = (getattr(err, "msg", None) or str(err)).strip().splitlines()[0].rstrip(".")
-    if not key and layer:
-        for leaf, value in _leaves(layer):
-            try:
-                OmegaConf.merge(defaults, _nest(leaf, value))
-            except Exception as leaf_err:  # noqa: BLE001 - the first value that fails is the culprit
-                key = leaf
-                message = (getattr(leaf_err, "msg", None) or str(leaf_err)).strip().splitlines()[0].rstrip(".")
-                break
-    if not key:
-        return f"Bad value in {source}: {message} (a section must be a mapping of keys)."
-    if _is_section(key):
-        how = (f"set its keys one by one ({key}.<key>=value), or remove the word" if source == "the command line"
-               else "give its keys indented below it, or remove the line")
-        return f"'{key}' (from {source}) is an empty section: {how}."
-    if m := _CHOICE.match(message):
-        choices = [str(c) for c in ast.literal_eval(m.group(2))]
-        close = difflib.get_close_matches(m.group(1), choices, n=1, cutoff=0.6)
-        return (f"{key}={m.group(1)!r} is not one of: {', '.join(choices)}."
-                + (f" Did you mean: {close[0]}?" if close else ""))
-    if message.startswith("Incompatible value 'None'") or "is not Optional" in message:
-        return (f"'{key}' (from {source}) has no value (empty or null); write {expected(key, defaults)}, or leave "
-                "the key out to keep its default.")
-    return f"Bad value for '{key}' (from {source}): {message}; write {expected(key, defaults)}."
-
-
-def resolve_error(err: Exception, merged: Any, valid: dict[str, bool], defaults: Any) -> str:
-    """The one line for a ``${...}`` that ``OmegaConf.to_object`` could not resolve (or whose resolved value does not
-    fit its key), naming the key, the interpolation and what to write instead."""
+def resolve_error(err: Exception, merged: Any, valid: dict[str, bool]) -> str:
+    """The one line for a ``${...}`` that ``OmegaConf.to_container`` could not resolve, naming the key, the
+    interpolation and what to write instead."""
     from omegaconf import OmegaConf
 
     key = getattr(err, "full_key", None) or "?"
@@ -133,9 +88,7 @@ def resolve_error(err: Exception, merged: Any, valid: dict[str, bool], defaults:
     raw = OmegaConf.to_container(merged, resolve=False)
     for part in key.split("."):
         raw = raw.get(part) if isinstance(raw, dict) else None
-    given = f"'{key}' = {raw!r}" if isinstance(raw, str) and "${" in raw else None
-    if given is None:  # no interpolation here: a plain value (or a resolved one) of the wrong type
-        return value_error(err, "the merged config", None, defaults)
+    given = f"'{key}' = {raw!r}" if isinstance(raw, str) and "${" in raw else f"'{key}'"
     if m := _MISSING_KEY.search(text):
         close = difflib.get_close_matches(m.group(1), list(valid), n=2, cutoff=0.6)
         hint = f" such as ${{{close[0]}}}" if close else ""
@@ -151,83 +104,6 @@ def resolve_error(err: Exception, merged: Any, valid: dict[str, bool], defaults:
                 "write the value itself.")
     first = text.strip().splitlines()[0].rstrip(".")
     return f"{given} cannot be resolved ({first}); write the value itself."
-
-
-# ------------------------------------------------------------------------------------------------------ helpers
-
-
-def _leaves(tree: dict, prefix: str = "") -> list[tuple[str, Any]]:
-    out = []
-    for key, value in tree.items():
-        name = f"{prefix}{key}"
-        out.extend(_leaves(value, name + ".") if isinstance(value, dict) and value else [(name, value)])
-    return out
-
-
-def _nest(key: str, value: Any) -> dict:
-    for part in reversed(key.split(".")):
-        value = {part: value}
-    return value
-
-
-def _field_type(key: str) -> Any:
-    """The annotated type of dotted ``key`` in ``PPOConfig`` (None where the path leaves the dataclasses)."""
-    from easyrl.config.ppo import PPOConfig
-
-    cls: Any = PPOConfig
-    hint: Any = None
-    for part in key.split("."):
-        if not dataclasses.is_dataclass(cls):
-            return None
-        hint = typing.get_type_hints(cls).get(part)
-        cls = hint
-    return hint
-
-
-def _is_section(key: str) -> bool:
-    return dataclasses.is_dataclass(_field_type(key))
-
-
-def _describe(hint: Any) -> str:
-    """``an integer``, ``a number``, ``true or false``, ``a list``, ... for a type hint."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin is typing.Union:
-        inner = [a for a in args if a is not type(None)]
-        return (_describe(inner[0]) if len(inner) == 1 else "a value") + " (or null)"
-    if origin is tuple:
-        return f"a list of {len(args)} values"
-    if origin is list or hint is list:
-        return "a list"
-    if origin is dict or hint is dict:
-        return "a mapping"
-    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(hint, "a value")
-
-
-def _cli_value(value: Any) -> str:
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(_cli_value(v) for v in value) + "]"
-    if isinstance(value, bool):
-        return str(value).lower()
-    if value is None:
-        return "null"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{k}: {_cli_value(v)}" for k, v in value.items()) + "}"
-    return str(value)
-
-
-def expected(key: str, defaults: Any) -> str:
-    """``an integer, e.g. data.max_prompt_length=1024`` (the key's type, its default as the example)."""
-    from omegaconf import OmegaConf
-
-    described = _describe(_field_type(key))
-    try:
-        default = OmegaConf.to_container(OmegaConf.select(defaults, key)) if OmegaConf.is_config(
-            OmegaConf.select(defaults, key)) else OmegaConf.select(defaults, key)
-    except Exception:  # noqa: BLE001 - an auto key or a missing value: no example
-        default = None
-    if default is None or default == "":
-        return described
-    return f"{described}, e.g. {key}={_cli_value(default)} (the default)"
 
 
 def yaml_hint(path: str, line: Optional[int], problem: str, context_line: Optional[int] = None) -> str:

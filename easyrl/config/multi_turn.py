@@ -1,5 +1,5 @@
 """``worker.rollout.multi_turn``: multi-turn rollouts with tools and an environment (``easyrl.agents``,
-docs/agents.md). Names follow verl's ``actor_rollout_ref.rollout.multi_turn.*`` where it has them."""
+docs/agents.md)."""
 
 from __future__ import annotations
 
@@ -32,11 +32,10 @@ class MultiTurnConfig:
     max_user_turns: TURNS = None
     """Environment (user) turns per trajectory at most (null: no limit but the token budget)."""
     max_tool_response_length: Annotated[int, POSITIVE] = 256
-    """Characters of one tool's answer kept (longer ones are cut, verl's ``max_tool_response_length``)."""
+    """Characters of one tool's answer kept (longer ones are cut)."""
     format: str = "hermes"
     """Tool-call parser: ``hermes`` (Qwen2.5/Qwen3/Qwen3-VL ``<tool_call>{json}</tool_call>``) or
-    ``path/to/file.py:function`` taking the assistant text and returning a list of ``{"name", "arguments"}`` dicts
-    (verl's ``multi_turn.format``)."""
+    ``path/to/file.py:function`` taking the assistant text and returning a list of ``{"name", "arguments"}`` dicts."""
     tools: list[str] = field(default_factory=list)
     """``path/to/file.py:function`` per tool; the JSON schema comes from the signature and the Google-style
     docstring (``transformers.utils.get_json_schema``) and goes into the chat template as ``tools=``."""
@@ -69,12 +68,9 @@ def _check_spec(key: str, spec: str) -> None:
 
 
 def check_multi_turn(config: MultiTurnConfig) -> None:
-    """Values of ``worker.rollout.multi_turn`` (only when ``enable``).
-
-    Raises:
-        ConfigError: an unknown ``format``, a malformed or missing ``tools``/``format``/``environment`` file, or
-            neither tools nor an environment.
-    """
+    """Values of ``worker.rollout.multi_turn`` when ``enable``. Raises ``ConfigError``: an unknown ``format``, a
+    malformed or missing ``tools``/``format``/``environment`` file, a tool name twice, or neither tools nor an
+    environment."""
     if not config.enable:
         return
     key = "worker.rollout.multi_turn"

@@ -1,22 +1,12 @@
-"""Relative paths in a config file, found from the file's own folder so that a recipe runs from any folder.
-
-The rule (docs/config.md): a relative path given in the YAML file of ``config=`` is looked up, in order, against
-
-1. the config file's folder,
-2. the current folder (as a path on the command line always is),
-3. the config file's parent folders, nearest first (a recipe under ``examples/configs/`` naming
-   ``examples/data/...`` from the repository root);
-
-and the first place where it exists wins (written as an absolute path). A path found nowhere is left as written
-(a hub id such as ``hiyouga/geometry3k@train`` or ``Qwen/Qwen2.5-7B-Instruct``, or a mistake that the pre-flight
-checks then name). Only input paths are resolved (``INPUT_PATHS``); outputs (``trainer.runs_root``,
-``trainer.save_*``) stay relative to the current folder.
-"""
+"""Relative input paths of a config file, looked up against the file's folder, the current folder, then the file's
+parent folders, nearest first; the first place where one exists wins (docs/config.md, "Relative paths")."""
 
 from __future__ import annotations
 
 import os
 from typing import Any, Optional
+
+from easyrl.config.aliases import get_key, set_key
 
 # keys whose value names an input file or folder (or a list of them); the reward function's and the tools' are
 # ``path.py:function``
@@ -64,13 +54,9 @@ def resolve_config_paths(layer: dict[str, Any], config_file: str, cwd: Optional[
     place (each item of a list, e.g. ``multi_turn.tools``); returns ``layer``."""
     folders = search_folders(config_file, cwd)
     for key in INPUT_PATHS:
-        *parents, last = key.split(".")
-        node = layer
-        for part in parents:
-            node = node.get(part) if isinstance(node, dict) else None
-        value = node.get(last) if isinstance(node, dict) else None
+        value = get_key(layer, key)
         if isinstance(value, str):
-            node[last] = resolve_path(value, folders)
+            set_key(layer, key, resolve_path(value, folders))
         elif isinstance(value, list):
-            node[last] = [resolve_path(item, folders) if isinstance(item, str) else item for item in value]
+            set_key(layer, key, [resolve_path(item, folders) if isinstance(item, str) else item for item in value])
     return layer

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from functools import reduce
 from typing import Optional
 
 from easyrl.config.algorithm import AlgorithmConfig
 from easyrl.config.data import DataConfig
+from easyrl.config.fields import auto_keys
 from easyrl.config.trainer import TrainerConfig
 from easyrl.config.worker import WorkerConfig
 
@@ -23,24 +25,14 @@ class PPOConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
     def finalize(self) -> "PPOConfig":
-        """Fill in the auto keys (values that follow from others); returns ``self``. The values are checked after
-        this by ``load_config`` (``easyrl.config.checks``, ``easyrl.config.traps``)."""
-        actor, rollout, algo = self.worker.actor, self.worker.rollout, self.algorithm
-        rollout.prompt_length = self.data.max_prompt_length
-        rollout.response_length = self.data.max_response_length
-        rollout.trust_remote_code = actor.model.trust_remote_code
-        rollout.min_pixels, rollout.max_pixels = self.data.min_pixels, self.data.max_pixels
-        actor.use_kl_loss = algo.use_kl_loss
-        actor.kl_penalty = algo.kl_penalty
-        actor.kl_coef = algo.kl_coef
-        actor.disable_kl = algo.disable_kl
-        actor.temperature = rollout.temperature
-        self.worker.ref.micro_batch_size_per_device_for_experience = actor.micro_batch_size_per_device_for_experience
-        self.worker.reward.reward_model.param_dtype = actor.fsdp.param_dtype
-        self.worker.teacher.micro_batch_size_per_device_for_experience = (
-            actor.micro_batch_size_per_device_for_experience)
+        """Fill in the auto keys, each from the source its field names (``auto``); returns ``self``. The values are
+        checked after this by ``load_config`` (``easyrl.config.checks``, ``easyrl.config.traps``)."""
+        for key, source in auto_keys(PPOConfig).items():
+            if "/" not in source:  # trainer.run_dir joins two keys: below
+                *section, name = key.split(".")
+                setattr(reduce(getattr, section, self), name, reduce(getattr, source.split("."), self))
         critic_model = self.worker.critic.model
-        critic_model.model_path = critic_model.model_path or actor.model.model_path
+        critic_model.model_path = critic_model.model_path or self.worker.actor.model.model_path
         self.trainer.run_dir = os.path.join(
             self.trainer.runs_root, self.trainer.project_name, self.trainer.experiment_name
         )
@@ -50,7 +42,7 @@ class PPOConfig:
 
     @property
     def on_policy_update(self) -> bool:
-        """Whether the update is provably on-policy, so the old-log-prob pass can be skipped (verl does the same):
+        """Whether the update is provably on-policy, so the old-log-prob pass can be skipped:
         one epoch over one mini-batch (``ppo_epochs == 1``, ``global_batch_size == data.rollout_batch_size``), so
         every forward of the update runs before its only optimizer step and its detached log-probs are the old
         ones; no truncated importance sampling (``tis_cap``, ``rollout_is``, ``rollout_rs``), no in-reward KL and
@@ -64,7 +56,7 @@ class PPOConfig:
     def training_steps(self, n_prompts: int) -> int:
         """The run's number of steps for a training set of ``n_prompts`` prompts: ``trainer.total_epochs`` passes of
         ``n_prompts // data.rollout_batch_size`` steps (a short last batch is dropped), at most
-        ``trainer.max_steps``. With ``data.mini_rollout_batch_size`` EasyR1's count: the prompts an epoch generates
+        ``trainer.max_steps``. With ``data.mini_rollout_batch_size``: the prompts an epoch generates
         (whole generation batches) per rollout batch."""
         generated = n_prompts // self.data.generation_batch_size * self.data.generation_batch_size
         steps = generated // self.data.rollout_batch_size * self.trainer.total_epochs

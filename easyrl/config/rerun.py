@@ -1,12 +1,6 @@
-"""Which config keys change what a run trains, and the differences between a run folder's saved config and a new
-one in those keys: a resumed run must train the same way as the run it continues (``easyrl.trainer.run_folder``
-refuses otherwise, naming the keys).
-
-A key changes training unless it is listed in ``NEUTRAL_KEYS``: logging and names, output paths and resume switches,
-validation and checkpoint frequencies, the run's length (raising ``trainer.max_steps`` or ``trainer.total_epochs``
-is how a finished run trains further), and memory or speed knobs that leave the algorithm as it is (micro-batch
-sizes, offloading, gradient checkpointing, vLLM's memory share). A key added later changes training by default.
-"""
+"""Which config keys change what a run trains (all but ``NEUTRAL_KEYS``; a key added later does by default), and the
+differences in them between a run folder's saved config and a new one: a resumed run must train the same way as the
+run it continues (``easyrl.trainer.run_folder``; docs/config.md, "Running again")."""
 
 from __future__ import annotations
 

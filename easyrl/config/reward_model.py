@@ -1,13 +1,7 @@
-"""``worker.reward.reward_model:``: a discriminative reward model (a Hugging Face sequence-classification checkpoint
+"""``worker.reward.reward_model``: a discriminative reward model (a Hugging Face sequence-classification checkpoint
 with one output, e.g. Skywork-Reward-V2-Qwen3) scoring every (prompt, response) on the workers, mixed with the rule
-reward as a named score (docs/rewards.md).
-
-Names follow verl's ``reward_model.*`` where it has them (``model.path`` -> ``model_path``, ``micro_batch_size_per_gpu``
--> ``micro_batch_size_per_device``, ``max_length``, ``trust_remote_code``, ``fsdp_config.param_offload`` ->
-``offload.offload_params``, ``use_dynamic_bsz`` / ``forward_max_token_len_per_gpu`` -> ``dynamic_batching`` /
-``max_token_len_per_device`` as the actor's). verl's ``enable`` is ``model_path`` being set; its ``input_tokenizer``
-is always the policy's tokenizer here (the responses are decoded with it, then re-encoded with the reward model's).
-"""
+reward as a named score (docs/rewards.md). The responses are decoded with the policy's tokenizer, then re-encoded with
+the reward model's."""
 
 from __future__ import annotations
 
@@ -29,15 +23,14 @@ class RewardModelConfig:
     ``weight x score`` to the sample's reward (``overall``)."""
 
     model_path: Optional[str] = None
-    """A hub id or local folder of the reward model; null: no reward model (verl's ``reward_model.enable: false``)."""
+    """A hub id or local folder of the reward model; null: no reward model."""
     tokenizer_path: Optional[str] = None
     """The reward model's tokenizer (its chat template); null: ``model_path``."""
     weight: float = 1.0
     """The score's weight in the reward: ``overall = rule overall + weight x score``. Without a rule reward
     (``worker.reward.reward_function: null``) the rule's ``overall`` is 0 and the reward model scores alone."""
     micro_batch_size_per_device: Annotated[int, POSITIVE] = 16
-    """Samples per forward on one device (verl's ``micro_batch_size_per_gpu``); with ``dynamic_batching`` the token
-    budget's unit."""
+    """Samples per forward on one device; with ``dynamic_batching`` the token budget's unit."""
     dynamic_batching: bool = True
     """Form micro-batches by a token budget (``max_token_len_per_device``) instead of a fixed sample count."""
     max_token_len_per_device: Optional[Annotated[int, POSITIVE]] = None
@@ -63,13 +56,9 @@ class RewardModelConfig:
 
 
 def check_reward_model(config: Any) -> None:
-    """The reward model's settings of ``config`` (a ``PPOConfig``), checked at load (nothing is read from disk here: the checkpoint is checked by the
-    pre-flight, ``easyrl.trainer.preflight``).
-
-    Raises:
-        ConfigError: naming the key: an empty ``chat_template``, a ReMax run (its greedy baseline is
-            scored by the rule reward only).
-    """
+    """The reward model's settings of a ``PPOConfig`` (its checkpoint is checked by ``easyrl.trainer.preflight``).
+    Raises ``ConfigError`` naming the key: an empty ``chat_template``, or an estimator whose greedy baselines the rule
+    reward alone scores (ReMax)."""
     rm = config.worker.reward.reward_model
     if not rm.enabled:
         return

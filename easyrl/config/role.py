@@ -9,7 +9,7 @@ from typing import Annotated, Literal, Optional
 
 from annotated_types import Interval
 
-from easyrl.config.fields import NON_NEGATIVE, POSITIVE, UNIT
+from easyrl.config.fields import NON_NEGATIVE, POSITIVE, UNIT, registered
 from easyrl.errors import ConfigError
 
 Dtype = Literal["bf16", "fp16", "fp32"]
@@ -18,7 +18,7 @@ BETA = Annotated[float, Interval(ge=0, lt=1)]
 
 @dataclass
 class LoraConfig:
-    """LoRA with peft (``easyrl/models/lora.py``; EasyR1's keys). Only the adapter is trained; the reference policy is
+    """LoRA with peft (``easyrl/models/lora.py``). Only the adapter is trained; the reference policy is
     the base model (the adapter switched off); vLLM receives the merged weights ``W + alpha / rank * B @ A``."""
 
     rank: Annotated[int, NON_NEGATIVE] = 0
@@ -74,10 +74,9 @@ class OptimConfig:
     lr_warmup_ratio: Annotated[float, UNIT] = 0.0
     """Fraction of the run's steps (``PPOConfig.training_steps``) with a linear warm-up; constant afterwards."""
     strategy: Literal["adamw", "adamw_bf16"] = "adamw"
-    """adamw (float32 moments) or adamw_bf16 (bfloat16 moments: 4 bytes per parameter instead of 8; EasyR1's key;
-    ``easyrl.workers.optim``)."""
+    """adamw (float32 moments) or adamw_bf16 (bfloat16 moments: 4 bytes per parameter instead of 8)."""
     lr_warmup_steps: Optional[Annotated[int, NON_NEGATIVE]] = None
-    """Warm-up length in optimizer steps; when set it wins over ``lr_warmup_ratio`` (EasyR1's precedence)."""
+    """Warm-up length in optimizer steps; when set it wins over ``lr_warmup_ratio``."""
     lr_scheduler_type: Literal["constant", "cosine"] = "constant"
     """After the warm-up: constant, or cosine (a half cosine from ``lr`` down to ``min_lr_ratio * lr`` at
     the run's last step); ``easyrl.workers.optim.lr_factor``."""
@@ -96,7 +95,7 @@ class FSDPConfig:
     reshard_after_forward: bool = True
     torch_dtype: Optional[Dtype] = None
     """dtype of a trained role's stored (master) weights, and so of its gradients and AdamW moments: None = fp32;
-    bf16 halves that memory (EasyR1's key, used by its 30B+ recipes with ``optim.strategy: adamw_bf16``)."""
+    bf16 halves that memory (with ``optim.strategy: adamw_bf16`` for 30B+ models)."""
 
 
 @dataclass
@@ -114,8 +113,8 @@ class TrainedOffloadConfig(OffloadConfig):
 
     offload_optimizer: bool = False
     """Without ``offload_params``: keep the optimizer states (AdamW's moments) on the host between updates, moved to
-    the device for each update and checkpoint (EasyR1's key); with ``offload_params`` they are on the host anyway.
-    Ignored on the CPU."""
+    the device for each update and checkpoint; with ``offload_params`` they are on the host anyway. Ignored on the
+    CPU."""
 
 
 @dataclass
@@ -131,10 +130,8 @@ class TrainedRoleConfig:
     micro_batch_size_per_device_for_experience: Annotated[int, POSITIVE] = 16
     """Samples per forward over a rollout batch: the actor's old/ref log-probs, the critic's values."""
     max_grad_norm: Annotated[float, POSITIVE] = 1.0
-    loss_agg_mode: str = "token-mean"
-    """How the per-token loss (the policy loss, the critic's value loss) is aggregated: token-mean, token-sum,
-    seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm (Dr. GRPO's mean over sequences / L, as verl
-    0.7.1-0.9.1), seq-mean-token-sum-norm-drgrpo (the same); see docs/algorithms.md."""
+    loss_agg_mode: Annotated[str, registered("easyrl.algorithms.loss_agg", "LOSS_AGG_MODES")] = "token-mean"
+    """How the per-token loss (the policy loss, the critic's value loss) is aggregated (docs/algorithms.md)."""
     ppo_epochs: Annotated[int, POSITIVE] = 1
     padding_free: bool = True
     """Pack each micro-batch's sequences into one row without padding (per-sequence positions, varlen attention,

@@ -1,10 +1,6 @@
 """``worker.teacher``: the frozen teacher of on-policy distillation (``algorithm.distill_coef``,
-``algorithm.adv_estimator: on_policy_distill``; docs/distillation.md), and the checks of the distillation settings.
-
-The teacher is a second model read from its own checkpoint, sharded with FSDP2 over the workers like the reference
-policy (same ``worker.actor.fsdp`` and batching settings), frozen, offloaded to the host between its passes by
-default. It scores the student's sampled responses: its log-probs of the sampled tokens, ``(bsz, resp_len)``.
-"""
+``algorithm.adv_estimator: on_policy_distill``; docs/distillation.md): a second checkpoint, sharded and offloaded like
+the reference policy, scoring the student's sampled tokens; and the checks of the distillation settings."""
 
 from __future__ import annotations
 
@@ -41,13 +37,9 @@ class TeacherConfig:
 
 
 def check_distillation(config: Any) -> None:
-    """The distillation settings of a finalized ``PPOConfig`` (``easyrl.config.ppo`` imports this module, so the type
-    is not named here): a teacher checkpoint when distillation is on, and
-    one way of mixing (the pure estimator ``on_policy_distill`` or a coefficient on another estimator, not both).
-
-    Raises:
-        ConfigError: naming the key, the value and what to write instead (docs/errors.md, ids T01-T03).
-    """
+    """The distillation settings of a finalized ``PPOConfig``: a teacher checkpoint when distillation is on, and one way
+    of mixing (the pure estimator ``on_policy_distill`` or a coefficient on another estimator, not both). Raises
+    ``ConfigError`` naming the key, the value and what to write instead."""
     algo, teacher = config.algorithm, config.worker.teacher
     pure = algo.estimator("needs_teacher")
     if pure and algo.distill_coef > 0:

@@ -85,8 +85,8 @@ class TrainerConfig:
     val_before_train: bool = True
     val_only: bool = False
     critic_warmup: Annotated[int, NON_NEGATIVE] = 0
-    """With a critic: the actor is updated from step ``critic_warmup`` on (steps count from 1; verl's and EasyR1's test
-    ``critic_warmup <= global_step``), so ``critic_warmup - 1`` steps train only the critic; 0 and 1: none."""
+    """With a critic: the actor is updated from step ``critic_warmup`` on (steps count from 1), so
+    ``critic_warmup - 1`` steps train only the critic; 0 and 1: none."""
     val_generations_to_log: Annotated[int, NON_NEGATIVE] = 0
     """Log the first this many validation samples (prompt, response, ground truth, score) as a table."""
     save_model_path: Optional[str] = None
@@ -94,24 +94,22 @@ class TrainerConfig:
     save_freq: int = 5
     """Save a checkpoint every this many steps (and always after the last step); -1: only after the last step."""
     save_model_only: bool = False
-    """Checkpoints hold the model shards but no optimizer states (EasyR1's key): a third of the size with AdamW; a
-    resume from one restarts AdamW's moments (the LR schedule and counters are kept)."""
+    """Checkpoints hold the model shards but no optimizer states: a third of the size with AdamW; a resume from one
+    restarts AdamW's moments (the LR schedule and counters are kept)."""
     save_limit: int = 3
-    """Keep the newest this many checkpoints, plus the best one (``best_metric``); -1 keeps all. 3 as EasyR1's example
-    config: a source recipe's checkpoint (actor + Adam states) is ~100 GB, keeping all of them ~1.2 TB per run."""
+    """Keep the newest this many checkpoints, plus the best one (``best_metric``); -1 keeps all (a 7B checkpoint with
+    Adam states is ~100 GB)."""
     save_checkpoint_path: Optional[str] = None
     """Folder of the run's ``global_step_N`` checkpoints and ``checkpoint_tracker.json``; default ``run_dir``."""
     load_checkpoint_path: Optional[str] = None
     """A ``global_step_N`` folder to resume from (overrides ``find_last_checkpoint``)."""
     find_last_checkpoint: bool = True
-    """Resume from the last complete checkpoint under ``save_checkpoint_path`` if there is one (EasyR1's switch;
-    ``false`` is ``resume_mode: disable``)."""
+    """Resume from the last complete checkpoint under ``save_checkpoint_path`` if there is one (``false`` is
+    ``resume_mode: disable``)."""
     resume_mode: Literal["auto", "disable", "force", "resume_path"] = "auto"
-    """verl's names: ``auto`` resumes the last checkpoint of the run folder if its saved config trains the same
-    way (a change to the model, data, algorithm, batch sizes, lengths, optimizer or seeds is refused, naming the
-    keys); ``disable`` starts afresh (never in a folder holding another run's checkpoints or metrics); ``force``
-    resumes the last checkpoint even with such changes; ``resume_path`` resumes ``load_checkpoint_path`` (setting
-    ``load_checkpoint_path`` alone does the same). See README "Running again"."""
+    """What a rerun in the same run folder does: resume if its saved config trains the same way (``auto``), start
+    afresh (``disable``), resume whatever changed (``force``), or resume ``load_checkpoint_path`` (``resume_path``);
+    docs/config.md, "Running again"."""
     best_metric: str = "val/reward/overall"
     """The validation metric that ranks checkpoints (the best is never removed by ``save_limit``)."""
     best_metric_mode: Literal["max", "min"] = "max"

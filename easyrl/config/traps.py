@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from easyrl.config.ppo import PPOConfig
 
-__all__ = ["ConfigWarning", "config_trap_messages", "warn_config_traps"]
+__all__ = ["ConfigWarning", "warn_config_traps"]
 
 
 class ConfigWarning(UserWarning):
-    """A setting that differs from its paper's or verl's meaning (see ``config_trap_messages``)."""
+    """A setting that differs from its paper's or verl's meaning (see ``warn_config_traps``)."""
 
 
 def _loss_messages(config: PPOConfig) -> list[str]:
@@ -117,21 +117,10 @@ def _no_effect_messages(config: PPOConfig) -> list[str]:
     return messages
 
 
-def config_trap_messages(config: PPOConfig) -> list[str]:
-    """Every trap the configuration falls into, one message each (empty when none).
-
-    Args:
-        config: a finalized ``PPOConfig``.
-
-    Returns:
-        Messages naming the keys, their values and the paper's or verl's setting.
-    """
-    return _loss_messages(config) + _sampling_messages(config) + _no_effect_messages(config)
-
-
 def warn_config_traps(config: PPOConfig) -> list[str]:
-    """Emit :func:`config_trap_messages` as :class:`ConfigWarning`s; returns them."""
-    messages = config_trap_messages(config)
+    """Warn (:class:`ConfigWarning`) of every trap the finalized ``config`` falls into, one message each naming the
+    keys, their values and the paper's or verl's setting; returns the messages."""
+    messages = _loss_messages(config) + _sampling_messages(config) + _no_effect_messages(config)
     for message in messages:
         warnings.warn(message, ConfigWarning, stacklevel=2)  # the caller's line (load_config's)
     return messages

@@ -11,7 +11,7 @@ from annotated_types import Ge
 
 from easyrl.config.actor import ActorConfig, RefConfig
 from easyrl.config.critic import CriticConfig
-from easyrl.config.fields import FRACTION, NON_NEGATIVE, POSITIVE, Note, auto, check_fields
+from easyrl.config.fields import FRACTION, NON_NEGATIVE, POSITIVE, Note, auto, validate
 from easyrl.config.judge import JudgeConfig
 from easyrl.config.multi_turn import MultiTurnConfig
 from easyrl.config.reward_model import RewardModelConfig
@@ -35,7 +35,7 @@ class RolloutConfig:
     seed: int = 1
     dtype: Dtype = "bf16"
     tensor_parallel_size: Annotated[int, POSITIVE] = 1
-    """Devices per vLLM engine (vLLM's tensor parallelism, verl's name). 1: every device runs its own engine. k > 1:
+    """Devices per vLLM engine (vLLM's tensor parallelism). 1: every device runs its own engine. k > 1:
     groups of k consecutive devices run one engine split over them (vLLM's ``external_launcher`` executor, SPMD), for
     models whose weights do not fit on one device; the batch is split over the ``world / k`` engines. Must divide
     ``trainer.nnodes * trainer.n_gpus_per_node`` (and, to stay within a node, ``trainer.n_gpus_per_node``);
@@ -45,8 +45,8 @@ class RolloutConfig:
     cpu_kvcache_space_gib: Annotated[float, POSITIVE] = 1.0
     """KV cache size on the CPU backend (GiB)."""
     update_weights_bucket_megabytes: Annotated[int, POSITIVE] = 1024
-    """Weight sync: full-tensor MiB (in ``dtype``) gathered per collective and handed to vLLM at once (verl's name);
-    larger = fewer collectives, more transient device memory."""
+    """Weight sync: full-tensor MiB (in ``dtype``) gathered per collective and handed to vLLM at once; larger = fewer
+    collectives, more transient device memory."""
     enforce_eager: bool = False
     enable_chunked_prefill: bool = False
     max_num_batched_tokens: Annotated[int, POSITIVE] = 8192
@@ -78,7 +78,7 @@ class RolloutConfig:
                 raise ConfigError(f"Unknown key 'worker.rollout.val_override_config.{name}'."
                                   + (f" Did you mean: {close[0]}?" if close else "")
                                   + f" Validation can override: {', '.join(VAL_OVERRIDES)}.")
-        check_fields(self.val_override_config, RolloutConfig, "worker.rollout.val_override_config.")
+        validate(self.val_override_config, RolloutConfig, "worker.rollout.val_override_config.")
 
 
 @dataclass
@@ -87,10 +87,9 @@ class RewardConfig:
 
     reward_type: Literal["auto", "batch", "sequential"] = "auto"
     """batch: the function receives all samples; sequential: one sample per call; auto: the reward file's
-    ``REWARD_TYPE`` (as EasyR1 reads it), else batch. verl- and TRL-style functions are called as those libraries
-    call them (``easyrl.rewards.styles``)."""
+    ``REWARD_TYPE``, else batch (other libraries' reward functions: ``easyrl.rewards.styles``)."""
     reward_function: Optional[str] = None
-    """``path/to/file.py:function_name``; ``path/to/file.py`` alone names ``main`` (EasyR1's default)."""
+    """``path/to/file.py:function_name``; ``path/to/file.py`` alone names ``main``."""
     reward_function_kwargs: dict[str, Any] = field(default_factory=dict)
     skip_special_tokens: bool = True
     on_error: Literal["raise", "zero"] = "raise"
@@ -125,12 +124,11 @@ class WorkerConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     nccl_timeout: Annotated[int, POSITIVE] = 1800
-    """Seconds a collective (NCCL, HCCL or gloo) may wait for the other ranks before the run fails (verl's name)."""
+    """Seconds a collective (NCCL, HCCL or gloo) may wait for the other ranks before the run fails."""
     env_vars: dict[str, str] = field(default_factory=dict)
-    """Environment variables of every worker process, on every node (Ray's ``runtime_env.env_vars``, as verl's
-    ``ray_kwargs.ray_init.runtime_env.env_vars``), set before the process starts, so ``LD_PRELOAD`` works, e.g.
-    ``{HCCL_CONNECT_TIMEOUT: "1800", LD_PRELOAD: /usr/lib/aarch64-linux-gnu/libjemalloc.so.2}``. They override
-    easyrl's own worker settings of the same name (docs/multinode.md)."""
+    """Environment variables of every worker process, on every node (Ray's ``runtime_env.env_vars``), set before the
+    process starts, so ``LD_PRELOAD`` works; they override easyrl's own worker settings of the same name
+    (docs/multinode.md)."""
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
     """The frozen teacher of on-policy distillation, built only when ``algorithm.needs_teacher``
     (``easyrl.config.teacher``)."""

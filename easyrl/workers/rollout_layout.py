@@ -37,7 +37,7 @@ class RolloutLayout:
         tensor_parallel_size: ranks per vLLM engine; must divide ``world_size``.
 
     Raises:
-        ValueError: ``tensor_parallel_size`` does not divide ``world_size`` (``check_tensor_parallel``).
+        ConfigError: ``tensor_parallel_size`` does not divide ``world_size`` (``check_tensor_parallel``).
     """
 
     world_size: int
