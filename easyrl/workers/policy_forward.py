@@ -24,9 +24,10 @@ from typing import NamedTuple, Optional
 import torch
 
 from easyrl.algorithms.token_ops import entropy_from_logits, log_probs_from_logits
+from easyrl.models.families import family
 from easyrl.models.fused_head import FusedLogProbHead
 from easyrl.models.packed_attention import PACKED_SDPA
-from easyrl.models.packing import pack_sequences, padded_text_positions
+from easyrl.models.packing import pack_sequences
 from easyrl.models.ulysses import SequenceParallel
 
 __all__ = ["ModelInputs", "PolicyScores", "response_scores", "response_values", "attention_implementation",
@@ -187,7 +188,7 @@ def _padded_outputs(model, inputs: ModelInputs, extra=None):
     if "pixel_values" in kwargs or "pixel_values_videos" in kwargs:
         kwargs["mm_token_type_ids"] = inputs.mm_token_type_ids  # Qwen-VL computes its mRoPE positions from them
     else:
-        kwargs["position_ids"] = padded_text_positions(inputs.attention_mask)  # as vLLM counts them (no padding)
+        kwargs["position_ids"] = family(model.config).positions(inputs.attention_mask)  # as vLLM counts them
     return model(input_ids=inputs.input_ids, attention_mask=inputs.attention_mask, use_cache=False,
                  logits_to_keep=inputs.response_mask.shape[1] + 1, **kwargs)
 
@@ -201,7 +202,8 @@ def _pack(model, inputs: ModelInputs, is_vl: bool):
             inputs.input_ids, inputs.mm_token_type_ids, attention_mask=inputs.attention_mask,
             **{key: multi_modal[key] for key in ROPE_INDEX_KEYS if key in multi_modal},
         )
-    return pack_sequences(inputs.input_ids, inputs.attention_mask, inputs.response_mask, positions, mrope=is_vl)
+    return pack_sequences(inputs.input_ids, inputs.attention_mask, inputs.response_mask, positions, mrope=is_vl,
+                          text_positions=family(model.config).positions(inputs.attention_mask))
 
 
 def _packed_forward(model, packed, multi_modal, sp, scoring=None, extra=None):
