@@ -109,6 +109,14 @@ def test_lora_adapter_or_run_folder_as_model(before_ray, expect_user_error, tmp_
                       "easyrl export")
 
 
+def test_model_family_easyrl_does_not_run(before_ray, expect_user_error, tiny_model_path, tmp_path):  # M22
+    folder = _model_copy(tiny_model_path, tmp_path, "olmo2")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(dict(config, model_type="olmo2")))  # transformers knows it
+    expect_user_error(before_ray(f"worker.actor.model.model_path={folder}"), "model",
+                      "model_type 'olmo2' is not a family easyrl runs", "docs/models.md")
+
+
 def test_chat_template_that_drops_the_content(before_ray, expect_user_error, tmp_path):  # M21
     template = _write(tmp_path / "plain.jinja", "You are a helpful assistant.")
     expect_user_error(before_ray(f"data.override_chat_template={template}"), "config",

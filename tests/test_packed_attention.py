@@ -61,11 +61,21 @@ def test_attention_matches_masked_sdpa_with_gqa_and_gradients():
         torch.testing.assert_close(a, b, atol=ATOL, rtol=0)
 
 
-def test_sliding_window_layers_are_refused():
-    q = torch.randn(1, 4, 10, 16)
-    kv = torch.randn(1, 2, 10, 16)
-    with pytest.raises(NotImplementedError, match="sliding-window .*padding_free=false"):
-        packed_sdpa_attention(_Attention(), q, kv, kv, None, position_ids=_positions((4, 6)), sliding_window=4)
+def test_sliding_window_layers_get_their_band_per_sequence():
+    """A sliding-window layer (Gemma 3's local layers, Mistral) sees the last ``window`` keys of its own sequence,
+    as transformers' masked sdpa with the block-causal mask narrowed to the window."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    lengths, window = (4, 9, 6), 3
+    q = torch.randn(1, 4, sum(lengths), 16, generator=torch.Generator().manual_seed(1))
+    kv = torch.randn(1, 2, sum(lengths), 16, generator=torch.Generator().manual_seed(2))
+    positions = _positions(lengths)
+    band = (positions[0][:, None] - positions[0][None, :]) < window
+    out, _ = packed_sdpa_attention(_Attention(), q, kv, kv, None, position_ids=positions, sliding_window=window)
+    ref, _ = sdpa_attention_forward(_Attention(), q, kv, kv, _block_causal_mask(lengths) & band)
+    full, _ = packed_sdpa_attention(_Attention(), q, kv, kv, None, position_ids=positions)
+    torch.testing.assert_close(out, ref, atol=ATOL, rtol=0)
+    assert (out - full).abs().max() > 1e-2  # the window masks something
 
 
 def _models():

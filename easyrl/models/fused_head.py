@@ -21,6 +21,8 @@ from typing import Iterator, Optional
 import torch
 from torch.autograd.function import once_differentiable
 
+from easyrl.models.families import family
+
 __all__ = ["linear_log_probs", "FusedLogProbHead"]
 
 DEFAULT_CHUNK_TOKENS = 512
@@ -126,7 +128,9 @@ class FusedLogProbHead:
     Outside ``scoring`` the model behaves as before (generation, plain logits).
 
     Args:
-        model: a transformers model with ``get_output_embeddings()`` a bias-free ``nn.Linear``.
+        model: a transformers model with ``get_output_embeddings()`` a bias-free ``nn.Linear``. Where the model scales
+            the head's output (its family's ``logit_scale`` hook, ``easyrl.models.families``: Granite), the scale is
+            applied to the hidden states here, and the scores returned are divided by it, which the model undoes.
         chunk_tokens: see :func:`linear_log_probs`.
 
     Raises:
@@ -138,6 +142,8 @@ class FusedLogProbHead:
         if not isinstance(head, torch.nn.Linear) or head.bias is not None:
             raise ValueError(f"{type(model).__name__}: the output embedding must be a bias-free nn.Linear")
         self.chunk_tokens = chunk_tokens
+        config = getattr(model, "config", None)
+        self.logit_scale = family(config).logit_scale(config)
         self._labels: Optional[torch.Tensor] = None
         self._temperature = 1.0
         self._entropy_grad = True
@@ -168,6 +174,8 @@ class FusedLogProbHead:
         if hidden.shape[0] != 1 or hidden.shape[1] != self._labels.shape[0]:
             raise ValueError(f"FusedLogProbHead: {tuple(hidden.shape[:2])} kept positions for "
                              f"{self._labels.shape[0]} labels; pass logits_to_keep with one index per label")
-        log_probs, entropy = linear_log_probs(hidden[0], module.weight, self._labels, self._temperature,
+        hidden = hidden[0] if self.logit_scale == 1.0 else hidden[0] * self.logit_scale  # (h W^T) s = (h s) W^T
+        log_probs, entropy = linear_log_probs(hidden, module.weight, self._labels, self._temperature,
                                               self.chunk_tokens, self._entropy_grad)
-        return torch.stack([log_probs[None], entropy[None]], dim=-1)  # a new tensor, not a view (FSDP2 hooks it)
+        scores = torch.stack([log_probs[None], entropy[None]], dim=-1)  # a new tensor, not a view (FSDP2 hooks it)
+        return scores if self.logit_scale == 1.0 else scores / self.logit_scale  # the model scales what we return

@@ -100,26 +100,34 @@ def packed_sdpa_attention(
     Returns:
         ``((1, total, heads, head_dim), None)``, as transformers' ``sdpa_attention_forward``.
 
-    Raises:
-        NotImplementedError: a packed row through a sliding-window layer.
+    A sliding-window layer (``sliding_window`` among ``kwargs``: Gemma 3's local layers, Mistral) gets its band mask
+    per sequence (:func:`_window_mask`).
 
     Calls with a mask, without position ids, of more than one row, of a bidirectional module (a vision tower) or with
     a query shorter than the keys (decoding with a cache) go to ``sdpa_attention_forward`` unchanged.
     """
-    lengths = packed_lengths(module, query, key, attention_mask, is_causal, position_ids) or []
-    if len(lengths) > 1 and kwargs.get("sliding_window") is not None:
-        raise NotImplementedError(
-            f"{type(module).__name__} uses sliding-window attention, which the per-sequence CPU attention does not "
-            "implement: set worker.actor.padding_free=false for this model"
-        )
-    if len(lengths) <= 1:
+    lengths = packed_lengths(module, query, key, attention_mask, is_causal, position_ids)
+    if lengths is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
+    window = kwargs.get("sliding_window")
     outputs = [
-        sdpa_attention_forward(module, q, k, v, None, dropout=dropout, scaling=scaling, is_causal=True, **kwargs)[0]
+        sdpa_attention_forward(module, q, k, v, _window_mask(q.shape[2], window, q.device), dropout=dropout,
+                               scaling=scaling, is_causal=True, **kwargs)[0]
         for q, k, v in zip(query.split(lengths, dim=2), key.split(lengths, dim=2), value.split(lengths, dim=2))
     ]
     return torch.cat(outputs, dim=1), None
+
+
+def _window_mask(length: int, window: Optional[int], device: torch.device) -> Optional[torch.Tensor]:
+    """``(1, 1, length, length)`` bool mask of a sliding-window layer: query ``i`` sees keys ``i - window < j <= i``
+    (transformers' ``sliding_window_overlay``, vLLM's window); None where the window covers the whole sequence (plain
+    causal attention, the flash kernel)."""
+    if window is None or length <= window:
+        return None
+    i = torch.arange(length, device=device)
+    distance = i[:, None] - i[None, :]
+    return ((distance >= 0) & (distance < window))[None, None]
 
 
 AttentionInterface.register(PACKED_SDPA, packed_sdpa_attention)

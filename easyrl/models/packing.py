@@ -99,6 +99,7 @@ def pack_sequences(
     response_mask: torch.Tensor,
     positions: Optional[torch.Tensor] = None,
     mrope: bool = False,
+    text_positions: Optional[torch.Tensor] = None,
 ) -> PackedBatch:
     """Pack left-padded prompt + right-padded response rows into one row without padding.
 
@@ -111,6 +112,8 @@ def pack_sequences(
         mrope: the model takes mRoPE positions (Qwen-VL): without ``positions`` (no image in the micro-batch) the
             three rotary rows repeat the text positions. Qwen-VL needs the ``(4, 1, total)`` form even then: from
             2-D position ids it builds no packed mask, and sequences would attend to each other.
+        text_positions: ``(bsz, P + R)`` text positions in the padded layout (the family's ``positions`` hook,
+            ``easyrl.models.families``); None: :func:`padded_text_positions`.
 
     Returns:
         A :class:`PackedBatch` on ``input_ids.device``.
@@ -135,7 +138,9 @@ def pack_sequences(
     seq_lens = valid.sum(-1)
     cu_seqlens = torch.zeros(bsz + 1, dtype=torch.int32, device=input_ids.device)
     cu_seqlens[1:] = seq_lens.cumsum(0)
-    text_positions = padded_text_positions(attention_mask)[valid].unsqueeze(0)
+    if text_positions is None:
+        text_positions = padded_text_positions(attention_mask)
+    text_positions = text_positions[valid].unsqueeze(0)
     if positions is None and mrope:
         position_ids = text_positions.expand(4, -1).unsqueeze(1)
     elif positions is None:

@@ -9,6 +9,7 @@ from typing import Any, Optional
 
 from easyrl.data.prompts import load_format_prompt
 from easyrl.errors import ConfigError, DataError
+from easyrl.models.families import check_supported
 from easyrl.trainer.model_checks import (
     check_head,
     check_lora_targets,
@@ -157,6 +158,7 @@ def prepare(config: Any, train: bool = True) -> Prepared:
     check_head("worker.reward.reward_model.model_path", config.worker.reward.reward_model.model_path, scorer=True)
     tokenizer, hf_config, processor = load_model_parts(config.worker.actor.model, sources_checked=True,
                                                        chat_template=config.data.override_chat_template)
+    check_supported("worker.actor.model.model_path", hf_config)  # a family easyrl runs (docs/models.md)
     check_rollout_split(hf_config, config.worker.rollout.tensor_parallel_size)
     check_sequence_parallel_heads(hf_config, config)
     check_model_fits(config.worker.actor.model, hf_config, tokenizer,

