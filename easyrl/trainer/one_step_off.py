@@ -70,7 +70,8 @@ class OneStepOffTrainer(RayPPOTrainer):
         self.workers = WorkerGroup(cfg, device, worker_cls=worker_cls, training_steps=self.training_steps)
         rollout_cls = getattr(worker_cls, "split_rollout_cls", RolloutWorker)
         self.rollout_workers = WorkerGroup(cfg, device, worker_cls=rollout_cls,
-                                           world_size=cfg.trainer.nnodes * cfg.worker.rollout.n_gpus_per_node)
+                                           world_size=cfg.trainer.nnodes * cfg.worker.rollout.n_gpus_per_node,
+                                           beside=self.workers.world_size)
         self.workers.peers.append(self.rollout_workers)
         for phase, seconds in self.rollout_workers.startup_seconds.items():
             self.workers.startup_seconds[phase] = max(seconds, self.workers.startup_seconds.get(phase, 0.0))

@@ -160,19 +160,22 @@ def method_name(method: Callable[..., Any]) -> str:
 
 
 class WorkerGroup:
-    """Starts ``world_size`` worker actors (``worker_cls``: ``FSDPWorker`` or a subclass), joins them in a process
-    group and builds their models; ``training_steps`` (the run's steps) sets their trained roles' LR schedules.
+    """Starts ``world_size`` worker actors (``worker_cls``: ``FSDPWorker`` or a subclass; default
+    ``config.world_size``), joins them in a process group and builds their models; ``training_steps`` (the run's steps)
+    sets their trained roles' LR schedules. A split placement's rollout engines (``trainer.rollout_mode``) are a second
+    group of ``RolloutWorker``s, ``beside`` the trainer's workers (counted in the resource check), and one of its
+    ``peers`` (shut down with it).
 
     ``startup_seconds``: wall-clock seconds of its start-up phases (``easyrl.trainer.launch.StartupProfile``):
     ``workers`` (placement group, spawn, until every worker answers), ``process_group``, and the slowest rank's
     ``imports`` and model/engine phases (``FSDPWorker.init_models``).
 
     Raises:
-        RuntimeError: the cluster has fewer devices than ``trainer.nnodes * trainer.n_gpus_per_node``.
+        RuntimeError: the cluster has fewer devices than ``world_size + beside``.
     """
 
     def __init__(self, config: PPOConfig, device: str, worker_cls: type = FSDPWorker, training_steps: int = 0,
-                 world_size: Optional[int] = None):
+                 world_size: Optional[int] = None, beside: int = 0):
         began = time.time()
         self.check_collectives = contract_on(config.trainer.check_collectives)
         world_size = world_size or config.world_size  # another size: the split rollout engines (RolloutWorker)
@@ -180,14 +183,17 @@ class WorkerGroup:
         available = ray.cluster_resources()
         # a trained role's offloaded parameters mean a CPU Adam step (the frozen reference has no optimizer)
         offload = config.worker.actor.offload.offload_params or config.worker.critic.offload.offload_params
+        per_node = config.trainer.n_gpus_per_node + (config.worker.rollout.n_gpus_per_node or 0)  # both groups
         threads = worker_cpu_threads(device, offload, int(available.get("CPU", 1) // max(1, config.trainer.nnodes)),
-                                     config.trainer.n_gpus_per_node, config.trainer.cpu_threads_per_worker)
+                                     per_node, config.trainer.cpu_threads_per_worker)
         bundle = _bundle(device, threads)
+        placed = world_size + beside  # ``beside``: another group's workers, placed first
         for key, need in bundle.items():
-            if available.get(key, 0) < need * world_size:
+            if available.get(key, 0) < need * placed:
                 raise RuntimeError(
-                    f"{world_size} workers need {need * world_size:g} {key} but the Ray cluster has "
+                    f"{placed} workers need {need * placed:g} {key} but the Ray cluster has "
                     f"{available.get(key, 0):g}; lower trainer.n_gpus_per_node / trainer.nnodes"
+                    f"{' / worker.rollout.n_gpus_per_node' if beside else ''}"
                     f"{' / trainer.cpu_threads_per_worker' if device == 'cpu' else ''} or add nodes."
                 )
         self.placement_group = placement_group([bundle] * world_size, strategy="PACK")
