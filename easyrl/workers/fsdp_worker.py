@@ -129,8 +129,8 @@ class FSDPWorker:
 
     def init_models(self) -> dict[str, float]:
         """Build the model roles (``easyrl.workers.roles.build_roles``: the FSDP2 actor, the reference policy when a
-        KL term needs one, the critic with GAE) and, colocated, the vLLM engine. Returns the seconds of each start-up phase of this
-        worker (``imports``, one per role, ``vllm_import``, ``engine``)."""
+        KL term needs one, the critic with GAE) and, colocated (``trainer.rollout_mode``), the vLLM engine. Returns the
+        seconds of each start-up phase of this worker (``imports``, one per role, ``vllm_import``, ``engine``)."""
         from torch.distributed.device_mesh import init_device_mesh
 
         from easyrl.models.ulysses import init_sequence_parallel

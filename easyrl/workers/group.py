@@ -295,7 +295,7 @@ class WorkerGroup:
     def shutdown(self, close_timeout_s: float = 30.0) -> None:
         """Let the workers release their shared memory (``FSDPWorker.close``, waiting at most ``close_timeout_s``: a
         worker stuck in a collective is not waited for), then kill them and release their placement group; then the
-        ``peers``'."""
+        same for each of the ``peers``."""
         ray.wait([w.close.remote() for w in self.workers], num_returns=len(self.workers), timeout=close_timeout_s)
         for w in self.workers:
             ray.kill(w)
