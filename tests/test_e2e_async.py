@@ -31,7 +31,8 @@ def _vllm_minus_actor(trainer, features, response: list[int]) -> float:
 def test_one_step_off_trains_one_step_old_samples_and_sends_the_weights(e2e_text_config, trainer_on_ray, tmp_path):
     config = e2e_text_config(tmp_path, "trainer.rollout_mode=one_step_off", "worker.rollout.n_gpus_per_node=1",
                              "trainer.n_gpus_per_node=1", "data.rollout_batch_size=2", "trainer.max_steps=3",
-                             "worker.rollout.update_weights_bucket_megabytes=1")  # several buckets, one per broadcast
+                             "worker.rollout.update_weights_bucket_megabytes=1",  # several buckets, one per broadcast
+                             "algorithm.use_kl_loss=false")  # no reference model: a shorter run
     with trainer_on_ray(config, worker_cls=InspectableWorker) as trainer:
         trainer.fit()
         rows = [json.loads(line) for line in (Path(config.trainer.run_dir) / "metrics.jsonl").read_text().splitlines()]
