@@ -35,7 +35,7 @@ DOCS = ["README.md"] + sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.pat
 
 SECTIONS = ("data", "algorithm", "worker", "trainer")
 METRIC_ROOTS = ("actor", "critic", "reward", "val", "timing_s", "perf", "response_length", "prompt_length",
-                "dynamic_sampling", "rollout")
+                "dynamic_sampling", "rollout", "async")
 PATH_ROOTS = ("easyrl", "examples", "docs", "tests", "bench")
 
 # Deliberate mentions of names that are not easyrl's (other libraries' keys in comparisons and migration notes).

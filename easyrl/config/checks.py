@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from easyrl.config.judge import check_judge
 from easyrl.config.multi_turn import check_multi_turn
 from easyrl.config.reward_model import check_reward_model
+from easyrl.config.split import check_rollout_mode
 from easyrl.config.teacher import check_distillation
 from easyrl.errors import ConfigError
 
@@ -167,3 +168,4 @@ def check_config(config: "PPOConfig") -> None:
     check_judge(config.worker.reward.judge, config.worker.rollout.tensor_parallel_size)
     check_reward_model(config)
     check_distillation(config)
+    check_rollout_mode(config)

@@ -85,10 +85,13 @@ class PPOConfig:
     @property
     def sync_check_threshold(self) -> Optional[float]:
         """``worker.actor.rollout_sync_threshold`` where the weight-sync check applies: vLLM's log-probs are kept and
-        are of the distribution the actor scores (temperature > 0, no top-p/top-k truncation); else None."""
+        are of the distribution the actor scores (temperature > 0, no top-p/top-k truncation) by the weights the actor
+        holds (``trainer.rollout_mode: colocated``; one step off they are a version older); else None."""
         rollout = self.worker.rollout
         untruncated = rollout.temperature > 0 and rollout.top_p == 1.0 and rollout.top_k <= 0
-        return self.worker.actor.rollout_sync_threshold if rollout.calculate_log_probs and untruncated else None
+        same_weights = self.trainer.rollout_mode == "colocated"
+        return (self.worker.actor.rollout_sync_threshold if rollout.calculate_log_probs and untruncated and same_weights
+                else None)
 
     @property
     def world_size(self) -> int:

@@ -16,6 +16,7 @@ from easyrl.config import PPOConfig
 from easyrl.workers.checkpoint import restore, snapshot
 from easyrl.workers.fsdp_model import gather_full
 from easyrl.workers.fsdp_worker import FSDPWorker
+from easyrl.workers.rollout_worker import RolloutWorker
 
 
 class InspectableWorker(FSDPWorker):
@@ -67,7 +68,7 @@ class InspectableWorker(FSDPWorker):
         self._ensure_rollout_weights()
         self.rollout.wake_up()
         scores = self.rollout.score(token_ids, images, videos)
-        self.rollout.sleep()
+        self.sleep_rollout()
         return scores
 
     def break_sync(self, name: str) -> None:
@@ -81,6 +82,16 @@ class InspectableWorker(FSDPWorker):
             return expected, sorted({*loaded, name})
 
         self.rollout.load_weights = skipping
+
+
+class InspectableRolloutWorker(RolloutWorker):
+    """``RolloutWorker`` (split placement, ``trainer.rollout_mode: one_step_off``) with ``rollout_score``: vLLM's
+    log-probs of a fixed sequence, to check that the engine holds the weights the trainer sent."""
+
+    rollout_score = InspectableWorker.rollout_score
+
+
+InspectableWorker.split_rollout_cls = InspectableRolloutWorker  # the engines OneStepOffTrainer starts beside it
 
 
 def actor_log_probs_of(trainer, batch, response: list[int]) -> torch.Tensor:

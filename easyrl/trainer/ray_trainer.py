@@ -110,9 +110,14 @@ class RayPPOTrainer:
     def init_workers(self, device: str, worker_cls: type = FSDPWorker) -> None:
         """Start the Ray workers (process group, FSDP2 actor/ref, vLLM engines; ``worker_cls`` is ``FSDPWorker`` or
         a subclass of it, e.g. ``easyrl.testing.worker.InspectableWorker``) and the parts that call them."""
+        self.workers = WorkerGroup(self.config, device, worker_cls=worker_cls, training_steps=self.training_steps)
+        self._init_parts(self.workers)
+
+    def _init_parts(self, engines: WorkerGroup) -> None:
+        """The parts that call the workers; ``engines``: the group whose vLLM engines generate (``self.workers``,
+        or the rollout engines of a split placement: ``easyrl.trainer.one_step_off``)."""
         cfg = self.config
-        self.workers = WorkerGroup(cfg, device, worker_cls=worker_cls, training_steps=self.training_steps)
-        rollout = make_rollout(cfg, self.workers, self.tokenizer, self.pad_id, self.train_dataset)
+        rollout = make_rollout(cfg, engines, self.tokenizer, self.pad_id, self.train_dataset)
         self.generator = Generator(cfg, rollout, self.scorer, self.pad_id)
         self.model_rewards = ModelRewards.create(cfg, self.scorer, self.workers)
         self.validator = Validator(cfg, self.val_dataset, self.generator, self.scorer, self.tokenizer,
@@ -240,8 +245,7 @@ class RayPPOTrainer:
         timing: dict[str, float] = {}
         metrics: dict[str, float] = {}
         with timer("step", timing):
-            batch, pending, generated, failures = self.generator.make_batch(prompt_stream, self.global_step, timing,
-                                                                            metrics)  # gen, reward
+            batch, pending, generated, failures = self.next_batch(prompt_stream, timing, metrics)  # gen, reward
             order = self._balance(batch, metrics)
             batch = batch.select(order)  # rank r gets the r-th equal share: about as many tokens as the others
             staged = self._stage_multi_modal(batch)  # each share's images reach its worker once, not once per pass
@@ -317,6 +321,12 @@ class RayPPOTrainer:
                                                timing, self.workers.world_size, self.peak_flops, ppo_epochs))
         self.last_batch = batch
         return metrics
+
+    def next_batch(self, prompt_stream: Iterator[dict[str, list]], timing: dict[str, float],
+                   metrics: dict[str, float]) -> tuple[Batch, Any, dict[str, list[float]], int]:
+        """This step's generated and scored batch (``Generator.make_batch``, which says what it returns);
+        ``easyrl.trainer.one_step_off`` generates it during the previous step."""
+        return self.generator.make_batch(prompt_stream, self.global_step, timing, metrics)
 
     def _balance(self, batch: Batch, metrics: dict[str, float]) -> list[int]:
         """The order that gives every worker an equal share of samples with nearly equal token counts

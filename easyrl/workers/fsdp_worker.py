@@ -32,7 +32,7 @@ from easyrl.device import (
 )
 from easyrl.models.hub_snapshot import local_model_path
 from easyrl.quiet import quiet_libraries
-from easyrl.workers import collectives, vllm_compat, weight_sync
+from easyrl.workers import collectives, vllm_compat, weight_sync, weight_transfer
 from easyrl.workers.fsdp_model import TORCH_DTYPES, gather_full_state_dict
 from easyrl.workers.mm_staging import MultiModalStage
 from easyrl.workers.roles import build_roles
@@ -78,6 +78,7 @@ class FSDPWorker:
         self.reward_model = None  # FSDPRewardModel, only with worker.reward.reward_model.model_path
         self.teacher = None  # FSDPPolicy, only for on-policy distillation (algorithm.needs_teacher)
         self.rollout = None
+        self.transfer = None  # split placement: the group to the rollout engines (easyrl.workers.weight_transfer)
         self.judge_engine = None  # the LLM judge's vLLM engine (easyrl.workers.judge.VLLMJudge), built by judge()
         self.rollout_layout: Optional[RolloutLayout] = None  # the vLLM engines over the ranks, set by init_models
         self.weights_dirty = True
@@ -128,12 +129,11 @@ class FSDPWorker:
 
     def init_models(self) -> dict[str, float]:
         """Build the model roles (``easyrl.workers.roles.build_roles``: the FSDP2 actor, the reference policy when a
-        KL term needs one, the critic with GAE) and the vLLM engine. Returns the seconds of each start-up phase of this
-        worker (``imports``, one per role, ``vllm_import``, ``engine``)."""
+        KL term needs one, the critic with GAE) and, colocated (``trainer.rollout_mode``), the vLLM engine. Returns the
+        seconds of each start-up phase of this worker (``imports``, one per role, ``vllm_import``, ``engine``)."""
         from torch.distributed.device_mesh import init_device_mesh
 
         from easyrl.models.ulysses import init_sequence_parallel
-        from easyrl.workers.rollout import VLLMRollout
 
         cfg = self.config.worker
         if self.device != "cpu":
@@ -145,6 +145,16 @@ class FSDPWorker:
         self.actor, self.ref, self.critic = roles.actor, roles.ref, roles.critic
         self.reward_model = roles.reward_model  # None unless worker.reward.reward_model.model_path is set
         self.teacher = roles.teacher
+        if self.config.trainer.rollout_mode == "colocated":  # else the engines are RolloutWorkers of their own
+            self.init_engine()
+        return self.startup_seconds
+
+    def init_engine(self) -> None:
+        """Build this rank's vLLM engine (``easyrl.workers.rollout.VLLMRollout``), timing ``vllm_import`` and
+        ``engine`` into the start-up profile."""
+        from easyrl.workers.rollout import VLLMRollout
+
+        cfg = self.config.worker
         self.rollout_layout = RolloutLayout(self.world_size, cfg.rollout.tensor_parallel_size)
         remove_stale_tp_shm(self.device, self.rollout_layout, self.rank)  # an earlier run's (vLLM-CPU only)
         # one seed per engine: the ranks of a tensor-parallel engine must sample alike
@@ -157,7 +167,6 @@ class FSDPWorker:
         self.rollout = VLLMRollout(cfg.actor.model.model_path, cfg.rollout, self.device, seed=seed)
         self.startup_seconds["engine"] = time.time() - began
         empty_cache(self.device)
-        return self.startup_seconds
 
     def close(self) -> None:
         """Release what would outlive this process when Ray kills it: vLLM's tensor-parallel groups own shared-memory
@@ -214,6 +223,27 @@ class FSDPWorker:
                                  lora_scale=self._lora_scale())
         self.rollout.wake_up(tags=["kv_cache"])
         self.weights_dirty = False
+        return time.perf_counter() - start
+
+    def transfer_plan(self) -> "weight_transfer.Plan":
+        """The buckets in which :meth:`send_weights` sends the actor's weights (``weight_transfer.make_plan``)."""
+        rollout = self.config.worker.rollout
+        return weight_transfer.make_plan(self.actor.model.state_dict(), TORCH_DTYPES[rollout.dtype],
+                                         rollout.update_weights_bucket_megabytes * 2**20)
+
+    def join_transfer(self, address: str, port: int, size: int) -> None:
+        """Rank 0 joins the transfer group to the rollout engines as its rank 0 (``weight_transfer.open_group``); the
+        other ranks only gather."""
+        self.transfer = None if self.rank else weight_transfer.open_group(
+            address, port, 0, size, self.device, self.config.worker.nccl_timeout)
+
+    def send_weights(self, plan: "weight_transfer.Plan") -> float:
+        """Send the actor's weights to the rollout engines (``weight_transfer.send``; every rank gathers, rank 0
+        sends) while they receive them (``RolloutWorker.receive_weights``); returns the seconds taken."""
+        start = time.perf_counter()
+        weight_transfer.send(self.transfer, self.actor.model.state_dict(), plan, self.torch_device,
+                             TORCH_DTYPES[self.config.worker.rollout.dtype])
+        empty_cache(self.device)
         return time.perf_counter() - start
 
     def generate_sequences(self, prompts: Batch, overrides: Optional[dict[str, Any]] = None,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import ray
 from ray.util.placement_group import placement_group, placement_group_table
@@ -160,32 +160,40 @@ def method_name(method: Callable[..., Any]) -> str:
 
 
 class WorkerGroup:
-    """Starts ``world_size`` worker actors (``worker_cls``: ``FSDPWorker`` or a subclass), joins them in a process
-    group and builds their models; ``training_steps`` (the run's steps) sets their trained roles' LR schedules.
+    """Starts ``world_size`` worker actors (``worker_cls``: ``FSDPWorker`` or a subclass; default
+    ``config.world_size``), joins them in a process group and builds their models; ``training_steps`` (the run's steps)
+    sets their trained roles' LR schedules. A split placement's rollout engines (``trainer.rollout_mode``) are a second
+    group of ``RolloutWorker``s, ``beside`` the trainer's workers (counted in the resource check), and one of its
+    ``peers`` (shut down with it).
 
     ``startup_seconds``: wall-clock seconds of its start-up phases (``easyrl.trainer.launch.StartupProfile``):
     ``workers`` (placement group, spawn, until every worker answers), ``process_group``, and the slowest rank's
     ``imports`` and model/engine phases (``FSDPWorker.init_models``).
 
     Raises:
-        RuntimeError: the cluster has fewer devices than ``trainer.nnodes * trainer.n_gpus_per_node``.
+        RuntimeError: the cluster has fewer devices than ``world_size + beside``.
     """
 
-    def __init__(self, config: PPOConfig, device: str, worker_cls: type = FSDPWorker, training_steps: int = 0):
+    def __init__(self, config: PPOConfig, device: str, worker_cls: type = FSDPWorker, training_steps: int = 0,
+                 world_size: Optional[int] = None, beside: int = 0):
         began = time.time()
         self.check_collectives = contract_on(config.trainer.check_collectives)
-        world_size = config.world_size
+        world_size = world_size or config.world_size  # another size: the split rollout engines (RolloutWorker)
+        self.peers: list[WorkerGroup] = []  # groups shut down with this one (the split rollout engines)
         available = ray.cluster_resources()
         # a trained role's offloaded parameters mean a CPU Adam step (the frozen reference has no optimizer)
         offload = config.worker.actor.offload.offload_params or config.worker.critic.offload.offload_params
+        per_node = config.trainer.n_gpus_per_node + (config.worker.rollout.n_gpus_per_node or 0)  # both groups
         threads = worker_cpu_threads(device, offload, int(available.get("CPU", 1) // max(1, config.trainer.nnodes)),
-                                     config.trainer.n_gpus_per_node, config.trainer.cpu_threads_per_worker)
+                                     per_node, config.trainer.cpu_threads_per_worker)
         bundle = _bundle(device, threads)
+        placed = world_size + beside  # ``beside``: another group's workers, placed first
         for key, need in bundle.items():
-            if available.get(key, 0) < need * world_size:
+            if available.get(key, 0) < need * placed:
                 raise RuntimeError(
-                    f"{world_size} workers need {need * world_size:g} {key} but the Ray cluster has "
+                    f"{placed} workers need {need * placed:g} {key} but the Ray cluster has "
                     f"{available.get(key, 0):g}; lower trainer.n_gpus_per_node / trainer.nnodes"
+                    f"{' / worker.rollout.n_gpus_per_node' if beside else ''}"
                     f"{' / trainer.cpu_threads_per_worker' if device == 'cpu' else ''} or add nodes."
                 )
         self.placement_group = placement_group([bundle] * world_size, strategy="PACK")
@@ -235,8 +243,13 @@ class WorkerGroup:
             TypeError: ``method`` is a string (see :func:`method_name`).
             WorkerError: a worker died or raised (see :func:`gather`).
         """
+        return gather(self.submit_all(method, *args, **kwargs), method_name(method))
+
+    def submit_all(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
+        """:meth:`run_all` without waiting: one Ray reference per rank (``gather`` them), so that two groups' calls
+        can run together."""
         name = method_name(method)
-        return gather([self._call(w, name, *args, **kwargs) for w in self.workers], name)
+        return [self._call(w, name, *args, **kwargs) for w in self.workers]
 
     def run_split(self, method: Callable[..., Any], batch: Batch, **kwargs: Any) -> list[Any]:
         """Call ``method`` (e.g. ``FSDPWorker.compute_log_probs``) on every worker with its data-parallel group's
@@ -281,8 +294,11 @@ class WorkerGroup:
 
     def shutdown(self, close_timeout_s: float = 30.0) -> None:
         """Let the workers release their shared memory (``FSDPWorker.close``, waiting at most ``close_timeout_s``: a
-        worker stuck in a collective is not waited for), then kill them and release their placement group."""
+        worker stuck in a collective is not waited for), then kill them and release their placement group; then the
+        same for each of the ``peers``."""
         ray.wait([w.close.remote() for w in self.workers], num_returns=len(self.workers), timeout=close_timeout_s)
         for w in self.workers:
             ray.kill(w)
         ray.util.remove_placement_group(self.placement_group)
+        for peer in self.peers:
+            peer.shutdown(close_timeout_s)

@@ -1,0 +1,68 @@
+"""``trainer.rollout_mode``: what a split-placement mode (rollout engines on devices of their own) needs and what it
+does not run yet, checked before anything starts (docs/async.md)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+from easyrl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from easyrl.config.ppo import PPOConfig
+
+
+def check_rollout_mode(config: "PPOConfig") -> None:
+    """``trainer.rollout_mode: one_step_off`` has rollout devices (``worker.rollout.n_gpus_per_node``, split evenly into
+    engines of ``tensor_parallel_size`` that take a generation round's samples evenly), and none of the features the
+    split placement does not run yet; ``colocated`` has no rollout devices of its own.
+
+    Raises:
+        ConfigError: naming the key and what to set.
+    """
+    mode, rollout, trainer = config.trainer.rollout_mode, config.worker.rollout, config.trainer
+    if mode == "colocated":
+        if rollout.n_gpus_per_node is not None:
+            raise ConfigError(f"worker.rollout.n_gpus_per_node={rollout.n_gpus_per_node} places the rollout engines "
+                              "on devices of their own, which only trainer.rollout_mode=one_step_off does: set it, or "
+                              "worker.rollout.n_gpus_per_node=null (colocated engines share the trainer's devices).")
+        return
+    key = f"trainer.rollout_mode={mode}"
+    if rollout.n_gpus_per_node is None:
+        raise ConfigError(f"{key} runs the rollout engines on devices of their own: set worker.rollout.n_gpus_per_node "
+                          "(e.g. 1; the trainer keeps trainer.n_gpus_per_node).")
+    devices, tp = trainer.nnodes * rollout.n_gpus_per_node, rollout.tensor_parallel_size
+    if rollout.n_gpus_per_node % tp:
+        raise ConfigError(f"worker.rollout.tensor_parallel_size={tp} must divide worker.rollout.n_gpus_per_node="
+                          f"{rollout.n_gpus_per_node} ({key}: the engines span the rollout devices).")
+    samples = config.data.generation_batch_size * rollout.n
+    if samples % (devices // tp):
+        raise ConfigError(f"a generation round's {samples} samples (data.mini_rollout_batch_size or "
+                          f"rollout_batch_size x worker.rollout.n) must split evenly over the {devices // tp} rollout "
+                          f"engines ({key}: trainer.nnodes x worker.rollout.n_gpus_per_node / tensor_parallel_size).")
+    validates = config.data.val_files and (trainer.val_freq > 0 or trainer.val_before_train or trainer.val_only)
+    not_built = {
+        "worker.rollout.multi_turn.enable=true": rollout.multi_turn.enable,
+        "worker.reward.judge.model_path": config.worker.reward.judge.model_path is not None,
+        "worker.reward.reward_model.model_path": config.worker.reward.reward_model.enabled,
+        f"algorithm.adv_estimator={config.algorithm.adv_estimator} (a distillation teacher)":
+            config.algorithm.needs_teacher,
+        "worker.actor.model.lora.rank > 0": config.uses_lora,
+        "validation (trainer.val_freq, val_before_train, val_only with data.val_files)": validates,
+        "trainer.load_checkpoint_path": trainer.load_checkpoint_path is not None,
+    }
+    for what, used in not_built.items():
+        if used:
+            raise ConfigError(f"{key} does not support {what} yet (docs/async.md, 'Not built yet'): turn it off, or "
+                              "use trainer.rollout_mode=colocated.")
+
+
+def check_split_resume(config: "PPOConfig", resume_from: Optional[str]) -> None:
+    """A split-placement run does not resume yet (the batch generated ahead is not in the checkpoint).
+
+    Raises:
+        ConfigError: ``resume_from`` (the checkpoint the run folder would resume) is set, naming it and the keys.
+    """
+    if config.trainer.rollout_mode != "colocated" and resume_from is not None:
+        raise ConfigError(f"trainer.rollout_mode={config.trainer.rollout_mode} does not resume a checkpoint yet "
+                          f"({resume_from}; docs/async.md, 'Not built yet'): set trainer.resume_mode=disable with a new "
+                          "trainer.experiment_name, or resume with trainer.rollout_mode=colocated.")

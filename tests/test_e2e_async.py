@@ -1,0 +1,50 @@
+"""End to end with the rollout on a device of its own (``trainer.rollout_mode: one_step_off``): one trainer worker
+(FSDP2) and one rollout worker (vLLM) on the tiny text model; the engine generates the next batch while the trainer
+trains, and the weights cross between them by the transfer group (``easyrl.workers.weight_transfer``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from easyrl.testing.worker import InspectableRolloutWorker, InspectableWorker, actor_log_probs_of
+from easyrl.trainer.one_step_off import ONE_STEP
+
+pytestmark = pytest.mark.e2e
+
+
+def _vllm_minus_actor(trainer, features, response: list[int]) -> float:
+    """The largest gap between vLLM's and the actor's log-probs of ``response`` after the first prompt."""
+    prompts = trainer.generator.prompt_batch(features, 1, trainer.global_step)
+    batch = trainer.generator.generate(prompts, overrides=None, timing={})  # the layout of a generated batch
+    actor = actor_log_probs_of(trainer, batch, response)
+    prompt_ids = features["prompt_ids"][0]
+    expanded, scores = trainer.rollout_workers.run_all(
+        InspectableRolloutWorker.rollout_score, features["raw_prompt_ids"][0] + response, features["images"][0])[0]
+    assert expanded == prompt_ids + response
+    return (torch.tensor(scores[len(prompt_ids) - 1:]) - actor).abs().max().item()
+
+
+def test_one_step_off_trains_one_step_old_samples_and_sends_the_weights(e2e_text_config, trainer_on_ray, tmp_path):
+    config = e2e_text_config(tmp_path, "trainer.rollout_mode=one_step_off", "worker.rollout.n_gpus_per_node=1",
+                             "trainer.n_gpus_per_node=1", "data.rollout_batch_size=2", "trainer.max_steps=3",
+                             "worker.rollout.update_weights_bucket_megabytes=1",  # several buckets, one per broadcast
+                             "algorithm.use_kl_loss=false")  # no reference model: a shorter run
+    with trainer_on_ray(config, worker_cls=InspectableWorker) as trainer:
+        trainer.fit()
+        rows = [json.loads(line) for line in (Path(config.trainer.run_dir) / "metrics.jsonl").read_text().splitlines()]
+        # the first batch is sampled by the start weights, every later one by the weights one update older
+        assert [row["async/staleness_max"] for row in rows] == [0, 1, ONE_STEP]
+        assert set(trainer.last_batch["version_gap"]) == {1} and set(trainer.last_batch["weight_version"]) == {1}
+        assert (trainer.version, trainer.engine_version) == (3, 1)  # the last step generated nothing ahead
+        assert rows[0]["timing_s/weight_transfer"] > 0 and all(row["async/train_idle_s"] >= 0 for row in rows)
+        assert all(row["async/rollout_idle_s"] >= 0 and row["async/train_tokens_per_s"] > 0 for row in rows[:2])
+        features = next(iter(trainer.train_dataloader))
+        response = trainer.tokenizer.encode(" The answer is \\boxed{80}.", add_special_tokens=False)
+        stale = _vllm_minus_actor(trainer, features, response)  # the engine holds version 1, the actor version 3
+        trainer.sync_rollout()
+        synced = _vllm_minus_actor(trainer, features, response)
+        assert synced < 2e-3 < stale  # the transfer moved version 3

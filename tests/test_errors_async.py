@@ -1,0 +1,44 @@
+"""docs/errors.md, split placement (S..): what ``trainer.rollout_mode: one_step_off`` needs and what it does not run
+yet, each refused in one ``easyrl: config error: ...`` line naming the key, before Ray (``easyrl.config.split``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from easyrl.config import load_config
+
+REPO = Path(__file__).resolve().parents[1]
+BASE = [f"config={REPO / 'examples/configs/cpu_demo.yaml'}", "worker.actor.model.model_path=m", "data.val_files=null"]
+SPLIT = ["trainer.rollout_mode=one_step_off", "worker.rollout.n_gpus_per_node=1"]
+
+CASES = [
+    ("S01", ["trainer.rollout_mode=one_step_off"], ["trainer.rollout_mode=one_step_off",
+                                                    "set worker.rollout.n_gpus_per_node"]),
+    ("S02", ["worker.rollout.n_gpus_per_node=2"], ["worker.rollout.n_gpus_per_node=2",
+                                                   "trainer.rollout_mode=one_step_off"]),
+    ("S03", [*SPLIT, "worker.rollout.n_gpus_per_node=3", "data.rollout_batch_size=2"],
+     ["8 samples", "3 rollout engines"]),
+    ("S04", [*SPLIT, "worker.rollout.multi_turn.enable=true",
+             f"worker.rollout.multi_turn.tools=[{REPO / 'tests/agent_tools/tools.py'}:add]"],
+     ["does not support worker.rollout.multi_turn.enable=true yet"]),
+    ("S05", [*SPLIT, f"data.val_files={REPO / 'examples/data/geometry3k_sample'}", "trainer.val_freq=1"],
+     ["validation (trainer.val_freq", "trainer.rollout_mode=colocated"]),
+    ("S06", [*SPLIT, "worker.actor.model.lora.rank=8"], ["worker.actor.model.lora.rank > 0"]),
+]
+
+
+@pytest.mark.parametrize("cid, overrides, culprits", CASES, ids=[case[0] for case in CASES])
+def test_split_config_error(expect_user_error, cid, overrides, culprits):
+    expect_user_error(lambda: load_config([*BASE, *overrides]), "config", *culprits)
+
+
+def test_split_run_does_not_resume(expect_user_error):  # S07
+    from easyrl.config.split import check_split_resume
+
+    config = load_config([*BASE, *SPLIT])
+    check_split_resume(config, None)  # a fresh run folder starts
+    expect_user_error(lambda: check_split_resume(config, "runs/easyrl/cpu_demo/global_step_2"), "config",
+                      "trainer.rollout_mode=one_step_off does not resume", "global_step_2",
+                      "trainer.resume_mode=disable")
