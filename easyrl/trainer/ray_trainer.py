@@ -87,7 +87,7 @@ class RayPPOTrainer:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.scorer = Scorer(config.worker.reward, tokenizer, reward_fn, val_reward_fn)
         self.val_dataset = val_dataset
-        self.train_dataset = train_dataset  # its processor and pixel bounds serve tool images (multi_turn_images)
+        self.train_dataset = train_dataset  # its processor and pixel bounds serve tool images (multi_turn)
         self.train_dataloader = PromptStream(train_dataset, config.data.generation_batch_size, config.data.shuffle,
                                              config.data.seed, collate_fn)
         self.training_steps = config.training_steps(len(train_dataset))  # the workers' LR schedules get it too
