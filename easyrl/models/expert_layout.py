@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from easyrl.models.families import FAMILIES
+
 # model_type -> names (suffixes) of its fused expert tensors that the released checkpoints store transposed
 TRANSPOSED_FUSED_EXPERTS: dict[str, tuple[str, ...]] = {
     "qwen3_vl_moe": ("mlp.experts.gate_up_proj", "mlp.experts.down_proj"),
@@ -48,17 +50,22 @@ def to_checkpoint_layout(named_tensors: Iterable[tuple[str, torch.Tensor]],
 
     Yields:
         The same pairs, with each fused expert tensor of a ``TRANSPOSED_FUSED_EXPERTS`` model as ``(experts, in,
-        out)`` (contiguous); every other tensor unchanged (the same object).
+        out)`` (contiguous), and each name renamed as the family's ``checkpoint_renames`` say
+        (``easyrl.models.families``: Mixtral's ``mlp`` -> ``block_sparse_moe``); every other tensor unchanged (the
+        same object).
 
     Raises:
         ValueError: a tensor that should be transposed is not 3-D (a renamed or unfused layout: the mapping above no
             longer matches the installed transformers).
     """
+    renames = getattr(FAMILIES.get(model_type), "checkpoint_renames", ())
     for name, tensor in named_tensors:
         if needs_transpose(name, model_type):
             if tensor.dim() != 3:
                 raise ValueError(f"{name}: expected a fused (experts, out, in) tensor, got shape {tuple(tensor.shape)}")
             tensor = tensor.transpose(1, 2).contiguous()
+        for in_memory, released in renames:
+            name = name.replace(in_memory, released)
         yield name, tensor
 
 

@@ -66,6 +66,10 @@ class Family:
     counted), as vLLM numbers the tokens."""
     logit_scale: Callable[[Any], float] = _unscaled
     """Hook: the transformers config -> the factor the model's head multiplies its logits by."""
+    checkpoint_renames: tuple[tuple[str, str], ...] = ()
+    """``(in-memory, released)`` name parts: where transformers renames a module on load (Mixtral's
+    ``block_sparse_moe`` is ``mlp`` in memory), the weight sync hands vLLM the released checkpoints' name
+    (``easyrl.models.expert_layout.to_checkpoint_layout``); vLLM takes the fused experts under it."""
 
 
 _QWEN_VL = dict(vision=True, mrope=True)
@@ -79,6 +83,11 @@ FAMILIES: dict[str, Family] = {
     "phi3": Family("Phi-3 / Phi-4"),
     "glm4": Family("GLM-4"),
     "granite": Family("Granite 3", logit_scale=_granite_logit_scale),
+    # text, mixture of experts
+    "qwen3_moe": Family("Qwen3-MoE", moe=True),
+    "mixtral": Family("Mixtral", moe=True, checkpoint_renames=((".mlp.", ".block_sparse_moe."),)),
+    "olmoe": Family("OLMoE", moe=True),
+    "granitemoe": Family("Granite 3 MoE", moe=True, logit_scale=_granite_logit_scale),
     # vision-language
     "qwen2_vl": Family("Qwen2-VL", **_QWEN_VL),
     "qwen2_5_vl": Family("Qwen2.5-VL", **_QWEN_VL),
