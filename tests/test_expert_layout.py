@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from easyrl.models.expert_layout import TRANSPOSED_FUSED_EXPERTS, needs_transpose, to_checkpoint_layout
+from easyrl.models.expert_layout import needs_transpose, to_checkpoint_layout
+from easyrl.models.families import FAMILIES
 
 GATE_UP = "model.language_model.layers.0.mlp.experts.gate_up_proj"
 DOWN = "model.language_model.layers.0.mlp.experts.down_proj"
@@ -36,13 +37,14 @@ def test_an_unfused_tensor_under_a_fused_name_is_refused():
         list(to_checkpoint_layout([(DOWN, torch.randn(256, 64))], "qwen3_vl_moe"))
 
 
-def test_the_table_agrees_with_transformers_load_conversion():
-    """transformers transposes exactly these tensors when it loads a released checkpoint of the model type (if it
-    stopped, the released layout would equal its in-memory one and the sync must stop transposing)."""
+def test_the_registry_agrees_with_transformers_load_conversion():
+    """transformers transposes exactly a MoE family's ``transposed_experts`` when it loads a released checkpoint of
+    the model type, and nothing for the others (if it stopped, the released layout would equal its in-memory one and
+    the sync must stop transposing; if a family started, the sync would hand vLLM the wrong layout)."""
     from transformers.conversion_mapping import get_checkpoint_conversion_mapping
     from transformers.core_model_loading import Transpose
 
-    for model_type, names in TRANSPOSED_FUSED_EXPERTS.items():
+    for model_type, names in ((t, f.transposed_experts) for t, f in FAMILIES.items() if f.moe):
         transposed = {pattern for conv in get_checkpoint_conversion_mapping(model_type) or []
                       if any(isinstance(op, Transpose) for op in getattr(conv, "operations", []))
                       for pattern in conv.source_patterns}

@@ -28,16 +28,11 @@ import torch
 
 from easyrl.models.families import FAMILIES
 
-# model_type -> names (suffixes) of its fused expert tensors that the released checkpoints store transposed
-TRANSPOSED_FUSED_EXPERTS: dict[str, tuple[str, ...]] = {
-    "qwen3_vl_moe": ("mlp.experts.gate_up_proj", "mlp.experts.down_proj"),
-}
-
 
 def needs_transpose(name: str, model_type: str) -> bool:
     """Whether the Hugging Face tensor ``name`` of a ``model_type`` model is a fused expert tensor that the released
-    checkpoints store transposed (``TRANSPOSED_FUSED_EXPERTS``)."""
-    return name.endswith(TRANSPOSED_FUSED_EXPERTS.get(model_type, ()))
+    checkpoints store transposed (its family's ``transposed_experts``, ``easyrl.models.families``)."""
+    return name.endswith(getattr(FAMILIES.get(model_type), "transposed_experts", ()))
 
 
 def to_checkpoint_layout(named_tensors: Iterable[tuple[str, torch.Tensor]],
@@ -49,7 +44,7 @@ def to_checkpoint_layout(named_tensors: Iterable[tuple[str, torch.Tensor]],
         model_type: ``config.model_type`` of the model (the top level one, e.g. ``qwen3_vl_moe``).
 
     Yields:
-        The same pairs, with each fused expert tensor of a ``TRANSPOSED_FUSED_EXPERTS`` model as ``(experts, in,
+        The same pairs, with each fused expert tensor of a family with ``transposed_experts`` as ``(experts, in,
         out)`` (contiguous), and each name renamed as the family's ``checkpoint_renames`` say
         (``easyrl.models.families``: Mixtral's ``mlp`` -> ``block_sparse_moe``); every other tensor unchanged (the
         same object).
@@ -71,7 +66,7 @@ def to_checkpoint_layout(named_tensors: Iterable[tuple[str, torch.Tensor]],
 
 def save_pretrained_released(model: Any, out: str, **kwargs: Any) -> None:
     """``model.save_pretrained(out, **kwargs)`` with fused experts in the released checkpoints' layout (the layout that
-    vLLM and transformers' own loading expect), for model types in ``TRANSPOSED_FUSED_EXPERTS``; a plain
+    vLLM and transformers' own loading expect), for families with ``transposed_experts``; a plain
     ``save_pretrained`` for every other model.
 
     Args:

@@ -66,6 +66,9 @@ class Family:
     counted), as vLLM numbers the tokens."""
     logit_scale: Callable[[Any], float] = _unscaled
     """Hook: the transformers config -> the factor the model's head multiplies its logits by."""
+    transposed_experts: tuple[str, ...] = ()
+    """Names (suffixes) of the fused expert tensors that the released checkpoints store transposed, ``(experts, in,
+    out)``: the weight sync and the export write them so (``easyrl.models.expert_layout``)."""
     checkpoint_renames: tuple[tuple[str, str], ...] = ()
     """``(in-memory, released)`` name parts: where transformers renames a module on load (Mixtral's
     ``block_sparse_moe`` is ``mlp`` in memory), the weight sync hands vLLM the released checkpoints' name
@@ -92,7 +95,8 @@ FAMILIES: dict[str, Family] = {
     "qwen2_vl": Family("Qwen2-VL", **_QWEN_VL),
     "qwen2_5_vl": Family("Qwen2.5-VL", **_QWEN_VL),
     "qwen3_vl": Family("Qwen3-VL", **_QWEN_VL),
-    "qwen3_vl_moe": Family("Qwen3-VL-MoE", moe=True, **_QWEN_VL),
+    "qwen3_vl_moe": Family("Qwen3-VL-MoE", moe=True, **_QWEN_VL,
+                           transposed_experts=("mlp.experts.gate_up_proj", "mlp.experts.down_proj")),
     "qwen3_5": Family("Qwen3.5", linear_attention=True, **_QWEN_VL),
     "qwen3_5_moe": Family("Qwen3.5-MoE", moe=True, linear_attention=True, **_QWEN_VL),
 }
