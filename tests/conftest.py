@@ -22,20 +22,18 @@ def collective_contract() -> None:
 
 @pytest.fixture(scope="session")
 def tiny_model_path() -> Callable[[str], Path]:
-    """Factory ``tiny_model_path(arch) -> Path`` of a tiny random-weight model (see ``easyrl.testing.tiny``; the other
-    families' ``model_type``: ``easyrl.testing.tiny_families``).
+    """Factory ``tiny_model_path(arch) -> Path`` of a tiny random-weight model (see ``easyrl.testing.tiny``).
 
     Models are built into the shared cache ``$EASYRL_CACHE/tiny_models/<arch>`` (default ``~/.cache/easyrl``), once
     per cache (later sessions reuse them) and at most once per test session.
     """
-    from easyrl.testing.tiny import TINY_ARCHS, build_tiny_model
-    from easyrl.testing.tiny_families import build_tiny_family
+    from easyrl.testing.tiny import build_tiny_model
 
     built: dict[str, Path] = {}
 
     def get(arch: str) -> Path:
         if arch not in built:
-            built[arch] = (build_tiny_model if arch in TINY_ARCHS else build_tiny_family)(arch)
+            built[arch] = build_tiny_model(arch)
         return built[arch]
 
     return get
