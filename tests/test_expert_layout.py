@@ -93,21 +93,22 @@ def test_the_hf_export_of_a_qwen3_vl_moe_actor_is_in_the_released_layout(tiny_mo
 @pytest.mark.parametrize("model_type", ["mixtral"])
 def test_renamed_families_reach_vllm_under_the_released_names(model_type, tmp_path):
     """A family whose modules transformers renames on load (``checkpoint_renames``: Mixtral's ``block_sparse_moe`` is
-    ``mlp`` in memory) hands vLLM the names transformers saves: every tensor's, the fused experts' under the module
-    that holds the saved per-expert tensors."""
+    ``mlp`` in memory) and whose experts vLLM takes one by one (``per_expert_names``) hands vLLM exactly the tensors
+    transformers saves, by name and value."""
     from safetensors import safe_open
 
     from easyrl.models.families import FAMILIES
     from easyrl.testing.tiny_families import TINY_FAMILIES, tiny_family_config
     import transformers
 
-    assert FAMILIES[model_type].checkpoint_renames
+    assert FAMILIES[model_type].checkpoint_renames and FAMILIES[model_type].per_expert_names
     config = tiny_family_config(model_type)
     config.update(dict(vocab_size=512, num_hidden_layers=1))
     model = getattr(transformers, TINY_FAMILIES[model_type].model_class)(config)
     model.save_pretrained(tmp_path)
     with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
-        saved = set(f.keys())
-    for name, _ in to_checkpoint_layout(model.state_dict().items(), model_type):
-        module = name.rsplit(".", 1)[0] + "."
-        assert name in saved or (".experts." in name and any(key.startswith(module) for key in saved)), name
+        saved = {key: f.get_tensor(key) for key in f.keys()}
+    synced = dict(to_checkpoint_layout(model.state_dict().items(), model_type))
+    assert sorted(synced) == sorted(saved)
+    for name, tensor in synced.items():
+        assert torch.equal(tensor, saved[name]), name

@@ -45,7 +45,8 @@ def to_checkpoint_layout(named_tensors: Iterable[tuple[str, torch.Tensor]],
 
     Yields:
         The same pairs, with each fused expert tensor of a family with ``transposed_experts`` as ``(experts, in,
-        out)`` (contiguous), and each name renamed as the family's ``checkpoint_renames`` say
+        out)`` (contiguous), those of a family with ``per_expert_names`` split into one ``(out, in)`` view per expert
+        (``...experts.<e>.<gate|up|down>.weight``), and each name renamed as the family's ``checkpoint_renames`` say
         (``easyrl.models.families``: Mixtral's ``mlp`` -> ``block_sparse_moe``); every other tensor unchanged (the
         same object).
 
@@ -61,7 +62,23 @@ def to_checkpoint_layout(named_tensors: Iterable[tuple[str, torch.Tensor]],
             tensor = tensor.transpose(1, 2).contiguous()
         for in_memory, released in renames:
             name = name.replace(in_memory, released)
+        yield from _per_expert(name, tensor, getattr(FAMILIES.get(model_type), "per_expert_names", ()))
+
+
+def _per_expert(name: str, tensor: torch.Tensor, names: tuple[str, ...]) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, tensor)``, or for a fused ``experts.gate_up_proj`` / ``experts.down_proj`` with ``names`` = (gate, up,
+    down) one tensor per expert: gate_up's first half of rows is the gate (transformers concatenates gate, up)."""
+    fused = next((part for part in ("gate_up_proj", "down_proj") if name.endswith("experts." + part)), None)
+    if not names or fused is None:
         yield name, tensor
+        return
+    prefix, half = name[: -len(fused)], tensor.shape[1] // 2
+    for e, expert in enumerate(tensor):
+        if fused == "down_proj":
+            yield f"{prefix}{e}.{names[2]}.weight", expert
+        else:
+            yield f"{prefix}{e}.{names[0]}.weight", expert[:half]
+            yield f"{prefix}{e}.{names[1]}.weight", expert[half:]
 
 
 def save_pretrained_released(model: Any, out: str, **kwargs: Any) -> None:

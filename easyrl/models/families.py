@@ -72,7 +72,11 @@ class Family:
     checkpoint_renames: tuple[tuple[str, str], ...] = ()
     """``(in-memory, released)`` name parts: where transformers renames a module on load (Mixtral's
     ``block_sparse_moe`` is ``mlp`` in memory), the weight sync hands vLLM the released checkpoints' name
-    (``easyrl.models.expert_layout.to_checkpoint_layout``); vLLM takes the fused experts under it."""
+    (``easyrl.models.expert_layout.to_checkpoint_layout``)."""
+    per_expert_names: tuple[str, ...] = ()
+    """``(gate, up, down)``: vLLM's loader takes this family's experts only one tensor per expert, under these names
+    (Mixtral's ``w1``, ``w3``, ``w2``), so the weight sync splits transformers' fused ones; empty: vLLM takes the
+    fused tensors."""
 
 
 _QWEN_VL = dict(vision=True, mrope=True)
@@ -88,7 +92,8 @@ FAMILIES: dict[str, Family] = {
     "granite": Family("Granite 3", logit_scale=_granite_logit_scale),
     # text, mixture of experts
     "qwen3_moe": Family("Qwen3-MoE", moe=True),
-    "mixtral": Family("Mixtral", moe=True, checkpoint_renames=((".mlp.", ".block_sparse_moe."),)),
+    "mixtral": Family("Mixtral", moe=True, checkpoint_renames=((".mlp.", ".block_sparse_moe."),),
+                      per_expert_names=("w1", "w3", "w2")),
     "olmoe": Family("OLMoE", moe=True),
     "granitemoe": Family("Granite 3 MoE", moe=True, logit_scale=_granite_logit_scale),
     # vision-language
