@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -174,7 +175,10 @@ def family_parity(model_path: str | Path, workdir: str | Path, vllm: bool = True
     Raises:
         RuntimeError: a process group is initialized already (the engine's shutdown would end it).
     """
-    with _one_rank_group(Path(workdir)):
+    from easyrl.workers.vllm_compat import in_process_engine_env
+
+    # the engine in this process (weights handed over as tensors), as the workers set it; environment restored after
+    with mock.patch.dict(os.environ, in_process_engine_env()), _one_rank_group(Path(workdir)):
         return _checks(str(model_path), Path(workdir), vllm)
 
 

@@ -8,6 +8,9 @@ for Qwen3-VL as released, so images are resized to multiples of 28 or 32 pixels)
 the full 151936-row embedding, tokenizer files, a chat template, for VL models the processor files, and a
 ``generation_config.json`` holding only the special token ids (so vLLM applies no sampling defaults from it).
 
+The other families' tiny models (``easyrl.testing.tiny_families.TINY_FAMILIES``, by ``model_type``) are built and
+cached through the same ``build_tiny_model``.
+
 Usage: ``build_tiny_model("qwen2_5_vl")`` or ``python -m easyrl.testing.tiny qwen2_5_vl [--output DIR]``.
 """
 
@@ -315,7 +318,8 @@ def build_tiny_model(arch: str, output_dir: str | Path | None = None, seed: int 
         ValueError: if ``arch`` is unknown.
     """
     if arch not in _ARCHS and arch not in TINY_FAMILIES:
-        raise ValueError(f"unknown tiny model arch {arch!r}; choose one of {', '.join(TINY_ARCHS + tuple(TINY_FAMILIES))}")
+        choices = ", ".join(TINY_ARCHS + tuple(TINY_FAMILIES))
+        raise ValueError(f"unknown tiny model arch {arch!r}; choose one of {choices}")
     final = Path(output_dir) if output_dir is not None else default_tiny_model_dir(arch)
     return build_atomically(final, lambda path: _is_complete(path, arch), lambda tmp: _write(arch, tmp, seed))
 
