@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from easyrl.models.expert_layout import TRANSPOSED_FUSED_EXPERTS, needs_transpose, to_checkpoint_layout
+from easyrl.models.expert_layout import needs_transpose, to_checkpoint_layout
+from easyrl.models.families import FAMILIES
 
 GATE_UP = "model.language_model.layers.0.mlp.experts.gate_up_proj"
 DOWN = "model.language_model.layers.0.mlp.experts.down_proj"
@@ -36,13 +37,14 @@ def test_an_unfused_tensor_under_a_fused_name_is_refused():
         list(to_checkpoint_layout([(DOWN, torch.randn(256, 64))], "qwen3_vl_moe"))
 
 
-def test_the_table_agrees_with_transformers_load_conversion():
-    """transformers transposes exactly these tensors when it loads a released checkpoint of the model type (if it
-    stopped, the released layout would equal its in-memory one and the sync must stop transposing)."""
+def test_the_registry_agrees_with_transformers_load_conversion():
+    """transformers transposes exactly a MoE family's ``transposed_experts`` when it loads a released checkpoint of
+    the model type, and nothing for the others (if it stopped, the released layout would equal its in-memory one and
+    the sync must stop transposing; if a family started, the sync would hand vLLM the wrong layout)."""
     from transformers.conversion_mapping import get_checkpoint_conversion_mapping
     from transformers.core_model_loading import Transpose
 
-    for model_type, names in TRANSPOSED_FUSED_EXPERTS.items():
+    for model_type, names in ((t, f.transposed_experts) for t, f in FAMILIES.items() if f.moe):
         transposed = {pattern for conv in get_checkpoint_conversion_mapping(model_type) or []
                       if any(isinstance(op, Transpose) for op in getattr(conv, "operations", []))
                       for pattern in conv.source_patterns}
@@ -86,3 +88,27 @@ def test_the_hf_export_of_a_qwen3_vl_moe_actor_is_in_the_released_layout(tiny_mo
         assert torch.equal(f.get_tensor(DOWN), state[DOWN].to(torch.bfloat16).transpose(1, 2))
     reloaded = Qwen3VLMoeForConditionalGeneration.from_pretrained(out, dtype=torch.float32).state_dict()
     assert torch.equal(reloaded[GATE_UP], state[GATE_UP].to(torch.bfloat16).float())
+
+
+@pytest.mark.parametrize("model_type", ["mixtral"])
+def test_renamed_families_reach_vllm_under_the_released_names(model_type, tmp_path):
+    """A family whose modules transformers renames on load (``checkpoint_renames``: Mixtral's ``block_sparse_moe`` is
+    ``mlp`` in memory) and whose experts vLLM takes one by one (``per_expert_names``) hands vLLM exactly the tensors
+    transformers saves, by name and value."""
+    from safetensors import safe_open
+
+    from easyrl.models.families import FAMILIES
+    from easyrl.testing.tiny_families import TINY_FAMILIES, tiny_family_config
+    import transformers
+
+    assert FAMILIES[model_type].checkpoint_renames and FAMILIES[model_type].per_expert_names
+    config = tiny_family_config(model_type)
+    config.update(dict(vocab_size=512, num_hidden_layers=1))
+    model = getattr(transformers, TINY_FAMILIES[model_type].model_class)(config)
+    model.save_pretrained(tmp_path)
+    with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
+        saved = {key: f.get_tensor(key) for key in f.keys()}
+    synced = dict(to_checkpoint_layout(model.state_dict().items(), model_type))
+    assert sorted(synced) == sorted(saved)
+    for name, tensor in synced.items():
+        assert torch.equal(tensor, saved[name]), name

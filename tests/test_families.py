@@ -81,3 +81,12 @@ def test_granite_logit_scale_reaches_the_fused_head():
             fused = model(ids, logits_to_keep=torch.arange(11)).logits[0, :, 0]
     assert head.logit_scale == 1 / 8
     torch.testing.assert_close(fused, reference, atol=1e-5, rtol=0)
+
+
+def test_the_moe_trait_is_the_config_s_router():
+    """``moe`` (routed experts) holds exactly for the tiny models whose config has a router that returns its
+    load-balancing loss (``worker.actor.router_aux_loss_coef`` is refused for the others)."""
+    from easyrl.workers.policy import has_router
+
+    for model_type in TINY_FAMILIES:
+        assert FAMILIES[model_type].moe == has_router(tiny_family_config(model_type)), model_type

@@ -26,16 +26,13 @@ from typing import Any
 
 import torch
 
-# model_type -> names (suffixes) of its fused expert tensors that the released checkpoints store transposed
-TRANSPOSED_FUSED_EXPERTS: dict[str, tuple[str, ...]] = {
-    "qwen3_vl_moe": ("mlp.experts.gate_up_proj", "mlp.experts.down_proj"),
-}
+from easyrl.models.families import FAMILIES
 
 
 def needs_transpose(name: str, model_type: str) -> bool:
     """Whether the Hugging Face tensor ``name`` of a ``model_type`` model is a fused expert tensor that the released
-    checkpoints store transposed (``TRANSPOSED_FUSED_EXPERTS``)."""
-    return name.endswith(TRANSPOSED_FUSED_EXPERTS.get(model_type, ()))
+    checkpoints store transposed (its family's ``transposed_experts``, ``easyrl.models.families``)."""
+    return name.endswith(getattr(FAMILIES.get(model_type), "transposed_experts", ()))
 
 
 def to_checkpoint_layout(named_tensors: Iterable[tuple[str, torch.Tensor]],
@@ -47,24 +44,46 @@ def to_checkpoint_layout(named_tensors: Iterable[tuple[str, torch.Tensor]],
         model_type: ``config.model_type`` of the model (the top level one, e.g. ``qwen3_vl_moe``).
 
     Yields:
-        The same pairs, with each fused expert tensor of a ``TRANSPOSED_FUSED_EXPERTS`` model as ``(experts, in,
-        out)`` (contiguous); every other tensor unchanged (the same object).
+        The same pairs, with each fused expert tensor of a family with ``transposed_experts`` as ``(experts, in,
+        out)`` (contiguous), those of a family with ``per_expert_names`` split into one ``(out, in)`` view per expert
+        (``...experts.<e>.<gate|up|down>.weight``), and each name renamed as the family's ``checkpoint_renames`` say
+        (``easyrl.models.families``: Mixtral's ``mlp`` -> ``block_sparse_moe``); every other tensor unchanged (the
+        same object).
 
     Raises:
         ValueError: a tensor that should be transposed is not 3-D (a renamed or unfused layout: the mapping above no
             longer matches the installed transformers).
     """
+    renames = getattr(FAMILIES.get(model_type), "checkpoint_renames", ())
     for name, tensor in named_tensors:
         if needs_transpose(name, model_type):
             if tensor.dim() != 3:
                 raise ValueError(f"{name}: expected a fused (experts, out, in) tensor, got shape {tuple(tensor.shape)}")
             tensor = tensor.transpose(1, 2).contiguous()
+        for in_memory, released in renames:
+            name = name.replace(in_memory, released)
+        yield from _per_expert(name, tensor, getattr(FAMILIES.get(model_type), "per_expert_names", ()))
+
+
+def _per_expert(name: str, tensor: torch.Tensor, names: tuple[str, ...]) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, tensor)``, or for a fused ``experts.gate_up_proj`` / ``experts.down_proj`` with ``names`` = (gate, up,
+    down) one tensor per expert: gate_up's first half of rows is the gate (transformers concatenates gate, up)."""
+    fused = next((part for part in ("gate_up_proj", "down_proj") if name.endswith("experts." + part)), None)
+    if not names or fused is None:
         yield name, tensor
+        return
+    prefix, half = name[: -len(fused)], tensor.shape[1] // 2
+    for e, expert in enumerate(tensor):
+        if fused == "down_proj":
+            yield f"{prefix}{e}.{names[2]}.weight", expert
+        else:
+            yield f"{prefix}{e}.{names[0]}.weight", expert[:half]
+            yield f"{prefix}{e}.{names[1]}.weight", expert[half:]
 
 
 def save_pretrained_released(model: Any, out: str, **kwargs: Any) -> None:
     """``model.save_pretrained(out, **kwargs)`` with fused experts in the released checkpoints' layout (the layout that
-    vLLM and transformers' own loading expect), for model types in ``TRANSPOSED_FUSED_EXPERTS``; a plain
+    vLLM and transformers' own loading expect), for families with ``transposed_experts``; a plain
     ``save_pretrained`` for every other model.
 
     Args:

@@ -66,6 +66,17 @@ class Family:
     counted), as vLLM numbers the tokens."""
     logit_scale: Callable[[Any], float] = _unscaled
     """Hook: the transformers config -> the factor the model's head multiplies its logits by."""
+    transposed_experts: tuple[str, ...] = ()
+    """Names (suffixes) of the fused expert tensors that the released checkpoints store transposed, ``(experts, in,
+    out)``: the weight sync and the export write them so (``easyrl.models.expert_layout``)."""
+    checkpoint_renames: tuple[tuple[str, str], ...] = ()
+    """``(in-memory, released)`` name parts: where transformers renames a module on load (Mixtral's
+    ``block_sparse_moe`` is ``mlp`` in memory), the weight sync hands vLLM the released checkpoints' name
+    (``easyrl.models.expert_layout.to_checkpoint_layout``)."""
+    per_expert_names: tuple[str, ...] = ()
+    """``(gate, up, down)``: vLLM's loader takes this family's experts only one tensor per expert, under these names
+    (Mixtral's ``w1``, ``w3``, ``w2``), so the weight sync splits transformers' fused ones; empty: vLLM takes the
+    fused tensors."""
 
 
 _QWEN_VL = dict(vision=True, mrope=True)
@@ -79,11 +90,18 @@ FAMILIES: dict[str, Family] = {
     "phi3": Family("Phi-3 / Phi-4"),
     "glm4": Family("GLM-4"),
     "granite": Family("Granite 3", logit_scale=_granite_logit_scale),
+    # text, mixture of experts
+    "qwen3_moe": Family("Qwen3-MoE", moe=True),
+    "mixtral": Family("Mixtral", moe=True, checkpoint_renames=((".mlp.", ".block_sparse_moe."),),
+                      per_expert_names=("w1", "w3", "w2")),
+    "olmoe": Family("OLMoE", moe=True),
+    "granitemoe": Family("Granite 3 MoE", moe=True, logit_scale=_granite_logit_scale),
     # vision-language
     "qwen2_vl": Family("Qwen2-VL", **_QWEN_VL),
     "qwen2_5_vl": Family("Qwen2.5-VL", **_QWEN_VL),
     "qwen3_vl": Family("Qwen3-VL", **_QWEN_VL),
-    "qwen3_vl_moe": Family("Qwen3-VL-MoE", moe=True, **_QWEN_VL),
+    "qwen3_vl_moe": Family("Qwen3-VL-MoE", moe=True, **_QWEN_VL,
+                           transposed_experts=("mlp.experts.gate_up_proj", "mlp.experts.down_proj")),
     "qwen3_5": Family("Qwen3.5", linear_attention=True, **_QWEN_VL),
     "qwen3_5_moe": Family("Qwen3.5-MoE", moe=True, linear_attention=True, **_QWEN_VL),
 }

@@ -28,6 +28,7 @@ from easyrl.models.expert_layout import save_pretrained_released
 SMOLLM2_IDS = dict(vocab_size=49152, bos_token_id=1, eos_token_id=2, pad_token_id=2)
 TEXT = dict(SMOLLM2_IDS, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=64, max_position_embeddings=4096, tie_word_embeddings=True)
+MOE = dict(num_experts_per_tok=2)
 SLIDING_WINDOW = 8  # tokens: shorter than the parity sequences, so the window masks something
 
 
@@ -65,6 +66,22 @@ TINY_FAMILIES: dict[str, TinyFamily] = {
     # Granite 3: logits divided by logits_scaling, embedding / residual / attention multipliers (granite-3.x-2b's)
     "granite": TinyFamily("GraniteConfig", "GraniteForCausalLM", dict(
         logits_scaling=8.0, embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.015625)),
+    # mixtures of experts: 4 experts of width 64 (vLLM-CPU's MoE kernel takes multiples of 32), 2 per token, in every
+    # layer; vLLM receives the fused experts as transformers holds them (Mixtral's under their released module name)
+    # Qwen3-MoE (Qwen3-30B-A3B): q/k norms, renormalised top-k
+    "qwen3_moe": TinyFamily("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
+        MOE, num_experts=4, moe_intermediate_size=64, norm_topk_prob=True, tie_word_embeddings=False)),
+    # Mixtral (8x7B): experts under block_sparse_moe in the checkpoints, mlp in memory
+    "mixtral": TinyFamily("MixtralConfig", "MixtralForCausalLM", dict(
+        MOE, num_local_experts=4, intermediate_size=64, tie_word_embeddings=False)),
+    # OLMoE: q/k norms over all heads at once, top-k weights not renormalised; eps 1e-5 as released (vLLM's OLMoE
+    # hard-codes it)
+    "olmoe": TinyFamily("OlmoeConfig", "OlmoeForCausalLM", dict(
+        MOE, num_experts=4, intermediate_size=64, rms_norm_eps=1e-5, tie_word_embeddings=False)),
+    # Granite 3 MoE (granite-3.1-3b-a800m): Granite's multipliers and logit scale, experts as fused input/output linears
+    "granitemoe": TinyFamily("GraniteMoeConfig", "GraniteMoeForCausalLM", dict(
+        MOE, num_local_experts=4, intermediate_size=64, logits_scaling=8.0, embedding_multiplier=12.0,
+        residual_multiplier=0.22, attention_multiplier=0.015625)),
 }
 
 
