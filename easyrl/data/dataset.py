@@ -33,11 +33,16 @@ TOKEN_ALIGNED_KEYS = ("input_ids", "attention_mask", "mm_token_type_ids", "token
 
 def _pixel_bounds(processor: Any, min_pixels: int, max_pixels: int) -> tuple[int, int, int]:
     """``(min_pixels, max_pixels, factor)`` for ``process_image``: the data bounds intersected with the processor's
-    own bounds (so that the processor, and vLLM which uses the same config, never resize again)."""
+    own bounds (so that the processor, and vLLM which uses the same config, never resize again).
+
+    Only a processor that smart-resizes to an area (Qwen-VL's, GLM-4V's: ``size`` holds ``shortest_edge`` and
+    ``longest_edge`` in pixels of area, with a ``merge_size``) has bounds to intersect; the others (tiles, longest
+    edges) resize the given image themselves, the same way for the actor and vLLM."""
     image_processor = getattr(processor, "image_processor", None)
-    if image_processor is None:
+    merge = getattr(image_processor, "merge_size", None)
+    if image_processor is None or not isinstance(merge, int):
         return min_pixels, max_pixels, DEFAULT_FACTOR
-    factor = int(getattr(image_processor, "patch_size", 14)) * int(getattr(image_processor, "merge_size", 2))
+    factor = int(getattr(image_processor, "patch_size", 14)) * merge
     size = getattr(image_processor, "size", None) or {}
     lo = getattr(image_processor, "min_pixels", None) or size.get("shortest_edge")
     hi = getattr(image_processor, "max_pixels", None) or size.get("longest_edge")

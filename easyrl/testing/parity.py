@@ -130,7 +130,7 @@ def _engine(folder: str):
     from easyrl.config.worker import RolloutConfig
     from easyrl.workers import rollout
 
-    config = RolloutConfig(dtype="fp32", enforce_eager=True, prompt_length=32, response_length=32,
+    config = RolloutConfig(dtype="fp32", enforce_eager=True, prompt_length=256, response_length=32,
                            max_num_batched_tokens=256, cpu_kvcache_space_gib=1)
     with mock.patch.object(rollout, "load_format", lambda *args: (None, "parity: read the exported folder")):
         return rollout.VLLMRollout(folder, config, "cpu", seed=0)
@@ -143,18 +143,25 @@ def _vllm_log_probs(engine, data: Batch) -> torch.Tensor:
     for i, (ids, mask) in enumerate(zip(data["input_ids"], data["attention_mask"])):
         tokens = ids[mask.bool()].tolist()
         n = int(data["response_mask"][i].sum())
-        _, log_probs = engine.score(tokens, [])
+        if "raw_prompt_ids" in data.extras:  # images: vLLM expands each placeholder itself, as in a rollout
+            expanded, log_probs = engine.score(data["raw_prompt_ids"][i] + tokens[-n:], data["images"][i])
+            if expanded != tokens:
+                raise AssertionError(f"row {i}: vLLM expanded the image placeholders to other ids than the "
+                                     f"processor's ({len(expanded)} vs {len(tokens)} tokens)")
+        else:
+            _, log_probs = engine.score(tokens, [])
         out[i, :n] = torch.tensor(log_probs[len(tokens) - 1 - n:])
     assert out.shape[1] == width_r
     return out
 
 
-def family_parity(model_path: str | Path, workdir: str | Path) -> Parity:
+def family_parity(model_path: str | Path, workdir: str | Path, images: bool = False) -> Parity:
     """The four checks of one model folder (module docstring), in a one-rank gloo process group of its own.
 
     Args:
-        model_path: a Hugging Face text model folder (e.g. ``easyrl.testing.tiny_families.build_tiny_family``).
+        model_path: a Hugging Face model folder (e.g. ``easyrl.testing.tiny_families.build_tiny_family``).
         workdir: scratch folder (the export is written under it).
+        images: score prompts with an image each (``easyrl.testing.image_batch``; a VL model) instead of text.
 
     Returns:
         :class:`Parity` (``failures()`` lists what is off).
@@ -163,13 +170,14 @@ def family_parity(model_path: str | Path, workdir: str | Path) -> Parity:
         RuntimeError: a process group is initialized already (the engine's shutdown would end it).
     """
     with _one_rank_group(Path(workdir)):
-        return _checks(str(model_path), Path(workdir))
+        return _checks(str(model_path), Path(workdir), images)
 
 
-def _checks(model_path: str, workdir: Path) -> Parity:
+def _checks(model_path: str, workdir: Path, images: bool) -> Parity:
     from easyrl.models.hf_folder import hf_model_class, write_hf_folder
     from easyrl.workers.fsdp_model import gather_full_state_dict
-    from easyrl.workers.policy_forward import ModelInputs, response_scores
+    from easyrl.models.families import family
+    from easyrl.workers.policy_forward import response_scores
     from easyrl.workers.weight_sync import sync_weights
 
     seconds: dict[str, float] = {}
@@ -180,7 +188,12 @@ def _checks(model_path: str, workdir: Path) -> Parity:
         seconds[name] = round(time.perf_counter() - clock, 2)
         clock = time.perf_counter()
 
-    data = text_batch()
+    if images:
+        from easyrl.testing.image_batch import image_batch
+
+        data = image_batch(model_path)
+    else:
+        data = text_batch()
     response_mask = data["response_mask"]
     actor = _policy(model_path, padding_free=True, trainable=True)
     _perturb(actor.model, seed=1)
@@ -195,9 +208,11 @@ def _checks(model_path: str, workdir: Path) -> Parity:
     from transformers import AutoConfig
 
     hf = hf_model_class(AutoConfig.from_pretrained(export)).from_pretrained(export, dtype=torch.float32)
-    with torch.no_grad():
-        inputs = ModelInputs(data["input_ids"], data["attention_mask"], response_mask, {}, None)
-        exported = response_scores(hf.eval(), inputs, 1.0, with_entropy=False, entropy_grad=False).log_probs
+    from easyrl.workers.vl_hooks import VisionHooks
+
+    with torch.no_grad(), VisionHooks(hf, hf.config).model_inputs(data, torch.device("cpu")) as inputs:
+        exported = response_scores(hf.eval(), inputs, 1.0, with_entropy=False, entropy_grad=False,
+                                   is_vl=family(hf.config).mrope).log_probs
     del hf
     lap("export")
 

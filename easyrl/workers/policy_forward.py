@@ -84,7 +84,8 @@ class ModelInputs(NamedTuple):
     """Processor outputs of the micro-batch's images (``pixel_values``, ``image_grid_thw``, ...), merged in sample
     order; ``{}`` for text."""
     mm_token_type_ids: Optional[torch.Tensor]
-    """``(bsz, P + R)`` 1 at image tokens, 2 at video tokens, 0 elsewhere (Qwen-VL mRoPE), or None for text."""
+    """``(bsz, P + R)`` 1 at image tokens, 2 at video tokens, 0 elsewhere (Qwen-VL mRoPE), or None for text and for
+    families with 1-D positions."""
 
 
 class PolicyScores(NamedTuple):
@@ -120,7 +121,7 @@ def response_scores(
         entropy_grad: let gradients flow through the entropy (False when its loss coefficient is 0: the metric is
             still computed, without the vocabulary-wide backward).
         fused_head: given: the padding-free layout with this head on ``model``; None: the padded layout.
-        is_vl: the model takes mRoPE positions (Qwen-VL).
+        is_vl: the model takes mRoPE positions (Qwen-VL; the family's ``mrope``).
         router_aux: ask the model for its router's load-balancing loss (``output_router_logits=True``; transformers'
             ``load_balancing_loss_func`` over every non-padding token, prompt included).
         sp: this rank's sequence-parallel group (padding-free only): the row is split over its ranks
@@ -185,7 +186,7 @@ def _padded_outputs(model, inputs: ModelInputs, extra=None):
     """The model's output, its ``logits`` ``(bsz, R + 1, out)`` at the last ``R + 1`` padded positions: all but the
     last predict the ``R`` response tokens."""
     kwargs = dict(inputs.multi_modal, **(extra or {}))
-    if "pixel_values" in kwargs or "pixel_values_videos" in kwargs:
+    if inputs.mm_token_type_ids is not None:
         kwargs["mm_token_type_ids"] = inputs.mm_token_type_ids  # Qwen-VL computes its mRoPE positions from them
     else:
         kwargs["position_ids"] = family(model.config).positions(inputs.attention_mask)  # as vLLM counts them
@@ -196,7 +197,7 @@ def _padded_outputs(model, inputs: ModelInputs, extra=None):
 def _pack(model, inputs: ModelInputs, is_vl: bool):
     multi_modal = inputs.multi_modal
     positions = None
-    if "pixel_values" in multi_modal or "pixel_values_videos" in multi_modal:
+    if inputs.mm_token_type_ids is not None:
         # 3-D positions per sequence on the padded layout (padding skipped), then packed with the tokens
         positions, _ = model.model.get_rope_index(
             inputs.input_ids, inputs.mm_token_type_ids, attention_mask=inputs.attention_mask,
