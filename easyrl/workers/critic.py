@@ -64,7 +64,7 @@ class FSDPCritic(FSDPTrainable):
         """``(micro_bsz, resp_len)`` float32 values ``V(s_t)``, read where the actor reads token ``t``'s log-prob
         (packed or padded: ``worker.critic.padding_free``)."""
         return self._run_model(micro, lambda model, inputs: response_values(
-            model, inputs, padding_free=self.config.padding_free, is_vl=self.vision.mrope, sp=self.sp))
+            model, inputs, padding_free=self.config.padding_free, sp=self.sp))
 
     def compute_values(self, data: Batch, micro_batch_size: int) -> torch.Tensor:
         """Values of the response positions under the current weights, ``(bsz, resp_len)`` on the host, 0 at

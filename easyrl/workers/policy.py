@@ -51,7 +51,7 @@ class FSDPPolicy(FSDPTrainable):
         ``easyrl.workers.policy_forward``)."""
         return self._run_model(micro, lambda model, inputs: response_scores(
             model, inputs, temperature, with_entropy=with_entropy, entropy_grad=entropy_grad,
-            fused_head=self.fused_head, is_vl=self.vision.mrope, router_aux=router_aux, sp=self.sp))
+            fused_head=self.fused_head, router_aux=router_aux, sp=self.sp))
 
     def compute_log_probs(self, data: Batch, micro_batch_size: int, temperature: float) -> torch.Tensor:
         """Response log-probs under the current weights, ``(bsz, resp_len)`` on the host, 0 at padding."""

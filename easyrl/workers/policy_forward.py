@@ -106,7 +106,6 @@ def response_scores(
     with_entropy: bool,
     entropy_grad: bool,
     fused_head: Optional[FusedLogProbHead] = None,
-    is_vl: bool = False,
     router_aux: bool = False,
     sp: Optional[SequenceParallel] = None,
 ) -> PolicyScores:
@@ -121,7 +120,6 @@ def response_scores(
         entropy_grad: let gradients flow through the entropy (False when its loss coefficient is 0: the metric is
             still computed, without the vocabulary-wide backward).
         fused_head: given: the padding-free layout with this head on ``model``; None: the padded layout.
-        is_vl: the model takes mRoPE positions (Qwen-VL; the family's ``mrope``).
         router_aux: ask the model for its router's load-balancing loss (``output_router_logits=True``; transformers'
             ``load_balancing_loss_func`` over every non-padding token, prompt included).
         sp: this rank's sequence-parallel group (padding-free only): the row is split over its ranks
@@ -136,7 +134,7 @@ def response_scores(
     """
     extra = {"output_router_logits": True} if router_aux else {}
     if fused_head is not None:
-        return _packed(model, inputs, temperature, with_entropy, entropy_grad, fused_head, is_vl, extra, sp)
+        return _packed(model, inputs, temperature, with_entropy, entropy_grad, fused_head, extra, sp)
     output = _padded_outputs(model, inputs, extra)
     logits = output.logits[:, :-1, :]  # position t predicts token t+1: drop the last of the R + 1 kept positions
     responses = inputs.input_ids[:, -inputs.response_mask.shape[1]:]
@@ -161,21 +159,21 @@ def _router_aux_loss(output, router_aux: bool) -> Optional[torch.Tensor]:
 
 
 def response_values(model: torch.nn.Module, inputs: ModelInputs, padding_free: bool,
-                    is_vl: bool = False, sp: Optional[SequenceParallel] = None) -> torch.Tensor:
+                    sp: Optional[SequenceParallel] = None) -> torch.Tensor:
     """A value model's outputs at the positions that predict each response token: ``V(s_t)``, the value of the state
     before response token ``t`` (prompt + ``response[:t]``), read where the actor reads token ``t``'s log-prob.
 
     Args:
         model: a causal LM (or Qwen-VL) whose output embedding is a ``hidden -> 1`` value head
             (``easyrl.workers.critic.attach_value_head``).
-        inputs, is_vl, sp: as :func:`response_scores`.
+        inputs, sp: as :func:`response_scores`.
         padding_free: pack the micro-batch into one row (``worker.critic.padding_free``) or run it padded.
 
     Returns:
         ``(bsz, R)`` float32 values, 0 at response padding; differentiable.
     """
     if padding_free:
-        packed = _pack(model, inputs, is_vl)
+        packed = _pack(model, inputs)
         out, _ = _packed_forward(model, packed, inputs.multi_modal, sp)
         return packed.unpack(out[:, 0].float())
     out = _padded_outputs(model, inputs)
@@ -194,17 +192,17 @@ def _padded_outputs(model, inputs: ModelInputs, extra=None):
                  logits_to_keep=inputs.response_mask.shape[1] + 1, **kwargs)
 
 
-def _pack(model, inputs: ModelInputs, is_vl: bool):
-    multi_modal = inputs.multi_modal
+def _pack(model, inputs: ModelInputs):
+    multi_modal, entry = inputs.multi_modal, family(model.config)
     positions = None
-    if inputs.mm_token_type_ids is not None:
+    if entry.mrope and ("pixel_values" in multi_modal or "pixel_values_videos" in multi_modal):
         # 3-D positions per sequence on the padded layout (padding skipped), then packed with the tokens
         positions, _ = model.model.get_rope_index(
             inputs.input_ids, inputs.mm_token_type_ids, attention_mask=inputs.attention_mask,
             **{key: multi_modal[key] for key in ROPE_INDEX_KEYS if key in multi_modal},
         )
-    return pack_sequences(inputs.input_ids, inputs.attention_mask, inputs.response_mask, positions, mrope=is_vl,
-                          text_positions=family(model.config).positions(inputs.attention_mask))
+    return pack_sequences(inputs.input_ids, inputs.attention_mask, inputs.response_mask, positions, mrope=entry.mrope,
+                          text_positions=entry.positions(inputs.attention_mask))
 
 
 def _packed_forward(model, packed, multi_modal, sp, scoring=None, extra=None):
@@ -221,8 +219,8 @@ def _packed_forward(model, packed, multi_modal, sp, scoring=None, extra=None):
         return (gather(scores) if gather else scores), output
 
 
-def _packed(model, inputs: ModelInputs, temperature, with_entropy, entropy_grad, fused_head, is_vl, extra, sp):
-    packed = _pack(model, inputs, is_vl)
+def _packed(model, inputs: ModelInputs, temperature, with_entropy, entropy_grad, fused_head, extra, sp):
+    packed = _pack(model, inputs)
     scores, output = _packed_forward(
         model, packed, inputs.multi_modal, sp, extra=extra,
         scoring=lambda labels: fused_head.scoring(labels, temperature, entropy_grad=entropy_grad and with_entropy))

@@ -96,10 +96,10 @@ def main() -> None:
     def run(rows: slice, group):
         inputs = ModelInputs(ids[rows], mask[rows], response_mask[rows], mm, None if types is None else types[rows])
         scores = response_scores(model, inputs, 1.0, with_entropy=True, entropy_grad=True, fused_head=head,
-                                 is_vl=is_vl, sp=group)
+                                 sp=group)
         # the trainer's token-mean: the local sum over the global token count (all-reduced) x the data-parallel size
         # the critic's path: the output embedding's first column as a value head (logits, no fused head)
-        values = response_values(model, inputs, padding_free=True, is_vl=is_vl, sp=group)
+        values = response_values(model, inputs, padding_free=True, sp=group)
         tokens = response_mask[rows].sum().reshape(1)
         dist.all_reduce(tokens)
         scale = world / tokens.item()
