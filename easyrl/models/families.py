@@ -127,7 +127,6 @@ FAMILIES: dict[str, Family] = {
     "qwen3_vl_moe": Family("Qwen3-VL-MoE", moe=True, **_QWEN_VL),
     "qwen3_5": Family("Qwen3.5", linear_attention=True, **_QWEN_VL),
     "qwen3_5_moe": Family("Qwen3.5-MoE", moe=True, linear_attention=True, **_QWEN_VL),
-    "glm4v": Family("GLM-4.1V", **_QWEN_VL),
     "internvl": Family("InternVL 3 (transformers format)", vision=True, blank_image=_tile_blank),
     "idefics3": Family("Idefics3", vision=True, blank_image=_idefics3_blank, image_dim=1),
     "mistral3": Family("Mistral 3 (Pixtral vision)", vision=True, blank_image=_pixtral_blank),

@@ -137,7 +137,6 @@ _ARCHS = {
     "internvl": _Arch(_internvl, "InternVLForConditionalGeneration"),
     "idefics3": _Arch(_idefics3, "Idefics3ForConditionalGeneration"),
     "mistral3": _Arch(_mistral3, "Mistral3ForConditionalGeneration"),
-    "glm4v": _Arch(_glm4v, "Glm4vForConditionalGeneration"),
 }
 TINY_VL_ARCHS = tuple(_ARCHS)
 
