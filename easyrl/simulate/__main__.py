@@ -37,7 +37,7 @@ def _refuse_unmodelled_vision(model, model_folder) -> None:
     hf_config = AutoConfig.from_pretrained(model_folder(model.model_path), trust_remote_code=model.trust_remote_code)
     if getattr(hf_config, "vision_config", None) is not None and not modelled_vision(hf_config):
         raise ModelError(f"model_type {hf_config.model_type!r}: easyrl simulate models only the patch-grid vision "
-                         f"towers of the mRoPE families (Qwen-VL, GLM-4.1V), not this one's; see {DOCS}")
+                         f"towers of the mRoPE families (Qwen-VL), not this one's; see {DOCS}")
 
 
 def _simulate(argv: list[str], prog: str) -> int:

@@ -78,9 +78,9 @@ def model_shape(hf_config) -> ModelShape:
 
 
 def modelled_vision(hf_config) -> bool:
-    """Whether the sizing models the config's vision tower: the patch-grid towers of the mRoPE families (Qwen-VL,
-    GLM-4.1V), not the tiles or whole images of the others (InternVL, Idefics3, Pixtral), whose tower is then not
-    counted (``easyrl simulate`` refuses them)."""
+    """Whether the sizing models the config's vision tower: the patch-grid towers of the mRoPE families (Qwen-VL),
+    not the tiles or whole images of the others (InternVL, Idefics3, Pixtral), whose tower is then not counted
+    (``easyrl simulate`` refuses them)."""
     from easyrl.models.families import family
 
     return family(hf_config).mrope
