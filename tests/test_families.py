@@ -13,6 +13,7 @@ import torch
 from easyrl.errors import ModelError
 from easyrl.models.families import FAMILIES, check_supported, family
 from easyrl.testing.tiny_families import TINY_FAMILIES, tiny_family_config
+from easyrl.testing.tiny_vl import TINY_VL_ARCHS
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -37,10 +38,12 @@ def test_models_doc_has_one_row_per_family_with_its_traits():
 
 
 def test_models_doc_claims_only_what_is_tested():
-    """"parity": the family is in tests/test_model_families.py's parametrization (``TINY_FAMILIES``) and back;
+    """"parity": the family is in tests/test_model_families.py's parametrizations (``TINY_FAMILIES``, and
+    ``TINY_VL_ARCHS`` with images) and back;
     "simulate (NAME)": examples/model_configs/NAME/config.json is of that model_type; "step (TEST)": the test exists."""
     for model_type, (_name, _modality, _experts, tested, _limits) in _rows().items():
-        assert ("parity" in tested) == (model_type in TINY_FAMILIES), model_type
+        assert ("parity" in tested) == (model_type in TINY_FAMILIES or model_type in TINY_VL_ARCHS), model_type
+        assert ("with images" in tested) == (model_type in TINY_VL_ARCHS), model_type
         for name in re.findall(r"simulate \(([^)]+)\)", tested):
             config = json.loads((REPO / "examples/model_configs" / name / "config.json").read_text())
             assert config["model_type"] == model_type, (model_type, name)

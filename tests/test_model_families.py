@@ -14,6 +14,7 @@ import dataclasses
 import pytest
 
 from easyrl.testing.tiny_families import TINY_FAMILIES
+from easyrl.testing.tiny_vl import TINY_VL_ARCHS, build_tiny_vl
 
 pytestmark = pytest.mark.e2e
 
@@ -41,3 +42,17 @@ def test_planted_position_mistake_fails_the_parity(tiny_model_path, tmp_path, mo
         entry, positions=lambda mask: entry.positions(mask) * 2))
     failures = " ".join(family_parity(tiny_model_path("llama"), tmp_path, vllm=False).failures())
     assert "packed_vs_padded" in failures and "transformers_export" in failures, failures
+
+
+@pytest.mark.parametrize("arch", TINY_VL_ARCHS)
+def test_vl_family_parity(arch, tmp_path):
+    """A vision-language family beyond Qwen, with an image in every prompt (``easyrl.testing.image_batch``: the run's
+    data path): vLLM, given one placeholder per image as in a rollout, expands it to the processor's ids, and its
+    log-probs equal the actor's (the same four checks)."""
+    from easyrl.models.families import FAMILIES
+    from easyrl.testing.parity import family_parity
+
+    assert FAMILIES[arch].vision
+    parity = family_parity(build_tiny_vl(arch), tmp_path, images=True)
+    print(f"FAMILY {arch} {parity}")
+    assert not parity.failures(), parity

@@ -26,11 +26,14 @@ TOKEN_ALIGNED_KEYS = ("input_ids", "attention_mask", "mm_token_type_ids", "token
 
 
 def _pixel_bounds(processor: Any, min_pixels: int, max_pixels: int) -> tuple[int, int, int]:
-    """``(min_pixels, max_pixels, factor)``: the data bounds intersected with the image processor's own."""
+    """``(min_pixels, max_pixels, factor)``: the data bounds intersected with the image processor's own; only an
+    area-resizing processor (a ``merge_size``: Qwen-VL's) has bounds to intersect, the others (tiles, longest edges)
+    resize the given image themselves, the same way for the actor and vLLM."""
     image_processor = getattr(processor, "image_processor", None)
-    if image_processor is None:
+    merge = getattr(image_processor, "merge_size", None)
+    if image_processor is None or not isinstance(merge, int):
         return min_pixels, max_pixels, DEFAULT_FACTOR
-    factor = int(getattr(image_processor, "patch_size", 14)) * int(getattr(image_processor, "merge_size", 2))
+    factor = int(getattr(image_processor, "patch_size", 14)) * merge
     size = getattr(image_processor, "size", None) or {}
     lo = getattr(image_processor, "min_pixels", None) or size.get("shortest_edge")
     hi = getattr(image_processor, "max_pixels", None) or size.get("longest_edge")

@@ -36,6 +36,40 @@ __all__ = ["Family", "FAMILIES", "family", "check_supported", "DOCS"]
 DOCS = "docs/models.md"
 
 
+def _patch_grid_blank(hf_config: Any) -> dict[str, Any]:
+    """Qwen-VL / GLM-4V: one image of ``merge x merge`` flattened patches and its ``image_grid_thw``."""
+    vision = hf_config.vision_config
+    merge = vision.spatial_merge_size
+    patch_dim = vision.in_channels * vision.temporal_patch_size * vision.patch_size**2
+    return {"pixel_values": torch.zeros(merge * merge, patch_dim), "image_grid_thw": torch.tensor([[1, merge, merge]])}
+
+
+def _feature_choice(hf_config: Any) -> dict[str, Any]:
+    """The vision-feature layer (and selection) the model's forward passes its ``get_image_features``."""
+    keys = ("vision_feature_layer", "vision_feature_select_strategy")
+    return {key: getattr(hf_config, key) for key in keys if getattr(hf_config, key, None) is not None}
+
+
+def _tile_blank(hf_config: Any) -> dict[str, Any]:
+    """InternVL: one tile of the tower's input size (``(1, 3, H, W)``)."""
+    height, width = hf_config.vision_config.image_size
+    return {"pixel_values": torch.ones(1, 3, height, width), **_feature_choice(hf_config)}
+
+
+def _pixtral_blank(hf_config: Any) -> dict[str, Any]:
+    """Mistral 3 (Pixtral tower): one image of ``merge x merge`` patches and its ``image_sizes``."""
+    side = hf_config.vision_config.patch_size * hf_config.spatial_merge_size
+    return {"pixel_values": torch.ones(1, 3, side, side), "image_sizes": torch.tensor([[side, side]]),
+            **_feature_choice(hf_config)}
+
+
+def _idefics3_blank(hf_config: Any) -> dict[str, Any]:
+    """Idefics3: one tile (``(1, 1, 3, S, S)`` with its pixel mask); ones, as an all-zero tile counts as padding."""
+    side = hf_config.vision_config.image_size
+    return {"pixel_values": torch.ones(1, 1, 3, side, side),
+            "pixel_attention_mask": torch.ones(1, 1, side, side, dtype=torch.bool)}
+
+
 def _unscaled(hf_config: Any) -> float:
     return 1.0
 
@@ -77,6 +111,13 @@ class Family:
     """``(gate, up, down)``: vLLM's loader takes this family's experts only one tensor per expert, under these names
     (Mixtral's ``w1``, ``w3``, ``w2``), so the weight sync splits transformers' fused ones; empty: vLLM takes the
     fused tensors."""
+    blank_image: Callable[[Any], dict[str, Any]] = _patch_grid_blank
+    """VL hook: the transformers config -> ``get_image_features`` keyword arguments of one small blank image (the
+    tower passes that keep the ranks' collectives equal, ``easyrl.workers.vl_hooks``)."""
+    image_dim: int = 0
+    """VL: the dimension along which the processor outputs of several samples (``pixel_values``, ...) concatenate
+    (Idefics3's are ``(1, tiles, ...)`` per sample: 1); smaller trailing dimensions are zero-padded to the largest
+    (Pixtral's images keep their own sizes, read back from ``image_sizes``)."""
 
 
 _QWEN_VL = dict(vision=True, mrope=True)
@@ -104,6 +145,9 @@ FAMILIES: dict[str, Family] = {
                            transposed_experts=("mlp.experts.gate_up_proj", "mlp.experts.down_proj")),
     "qwen3_5": Family("Qwen3.5", linear_attention=True, **_QWEN_VL),
     "qwen3_5_moe": Family("Qwen3.5-MoE", moe=True, linear_attention=True, **_QWEN_VL),
+    "internvl": Family("InternVL 3 (transformers format)", vision=True, blank_image=_tile_blank),
+    "idefics3": Family("Idefics3", vision=True, blank_image=_idefics3_blank, image_dim=1),
+    "mistral3": Family("Mistral 3 (Pixtral vision)", vision=True, blank_image=_pixtral_blank),
 }
 
 _GENERIC = Family("unlisted")  # what the forward uses for a model_type the pre-flight did not see (a test's model)

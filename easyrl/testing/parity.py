@@ -132,7 +132,7 @@ def _engine(folder: str):
     from easyrl.config.worker import RolloutConfig
     from easyrl.workers import rollout
 
-    config = RolloutConfig(dtype="fp32", enforce_eager=True, prompt_length=32, response_length=32,
+    config = RolloutConfig(dtype="fp32", enforce_eager=True, prompt_length=256, response_length=32,
                            max_num_batched_tokens=256, cpu_kvcache_space_gib=1)
     with mock.patch.object(rollout, "load_format", lambda *args: (None, "parity: read the exported folder")):
         return rollout.VLLMRollout(folder, config, "cpu", seed=0)
@@ -145,7 +145,13 @@ def _vllm_log_probs(engine, data: Batch) -> torch.Tensor:
     for i, (ids, mask) in enumerate(zip(data["input_ids"], data["attention_mask"])):
         tokens = ids[mask.bool()].tolist()
         n = int(data["response_mask"][i].sum())
-        _, log_probs = engine.score(tokens, [])
+        if "raw_prompt_ids" in data.extras:  # images: vLLM expands each placeholder itself, as in a rollout
+            expanded, log_probs = engine.score(data["raw_prompt_ids"][i] + tokens[-n:], data["images"][i])
+            if expanded != tokens:
+                raise AssertionError(f"row {i}: vLLM expanded the image placeholders to other ids than the "
+                                     f"processor's ({len(expanded)} vs {len(tokens)} tokens)")
+        else:
+            _, log_probs = engine.score(tokens, [])
         out[i, :n] = torch.tensor(log_probs[len(tokens) - 1 - n:])
     assert out.shape[1] == width_r
     return out
@@ -155,19 +161,39 @@ def _transformers_log_probs(model: torch.nn.Module, data: Batch) -> torch.Tensor
     """transformers' own forward of the padded batch (its positions, mask and head; nothing of easyrl's): ``(bsz, R)``
     response log-probs."""
     width_r = data["response_mask"].shape[1]
+    kwargs = _image_inputs(model.config, data)
     with torch.no_grad():
-        logits = model(input_ids=data["input_ids"], attention_mask=data["attention_mask"]).logits
+        logits = model(input_ids=data["input_ids"], attention_mask=data["attention_mask"], **kwargs).logits
     log_probs = torch.log_softmax(logits[:, -width_r - 1:-1].float(), dim=-1)
     return log_probs.gather(-1, data["input_ids"][:, -width_r:, None])[..., 0] * data["response_mask"]
 
 
-def family_parity(model_path: str | Path, workdir: str | Path, vllm: bool = True) -> Parity:
+def _image_inputs(hf_config, data: Batch) -> dict[str, torch.Tensor]:
+    """The batch's processor outputs merged as the model takes them (and, for mRoPE, the image token types); {} for
+    text."""
+    from easyrl.models.families import family
+    from easyrl.workers.vl_hooks import merge_multimodal
+    from easyrl.workers.vl_tokens import mm_token_type_ids, visual_pad_ids
+
+    if not any(data.extras.get("multi_modal_inputs", [])):
+        return {}
+    entry = family(hf_config)
+    kwargs = merge_multimodal(data["multi_modal_inputs"], torch.device("cpu"), entry.image_dim)
+    if entry.mrope:
+        prompt_len = data["input_ids"].shape[1] - data["response_mask"].shape[1]
+        kwargs["mm_token_type_ids"] = mm_token_type_ids(data["input_ids"], prompt_len, visual_pad_ids(hf_config))
+    return kwargs
+
+
+def family_parity(model_path: str | Path, workdir: str | Path, vllm: bool = True, images: bool = False) -> Parity:
     """The four checks of one model folder (module docstring), in a one-rank gloo process group of its own.
 
     Args:
         model_path: a Hugging Face text model folder (e.g. ``easyrl.testing.tiny.build_tiny_model``).
         workdir: scratch folder (the export is written under it).
         vllm: False: the actor and transformers checks only (seconds; the ``vllm_*`` and ``stale`` fields None).
+        images: score prompts with an image each (``easyrl.testing.image_batch``, the run's data path; a VL model)
+            instead of text.
 
     Returns:
         :class:`Parity` (``failures()`` lists what is off).
@@ -179,10 +205,10 @@ def family_parity(model_path: str | Path, workdir: str | Path, vllm: bool = True
 
     # the engine in this process (weights handed over as tensors), as the workers set it; environment restored after
     with mock.patch.dict(os.environ, in_process_engine_env()), _one_rank_group(Path(workdir)):
-        return _checks(str(model_path), Path(workdir), vllm)
+        return _checks(str(model_path), Path(workdir), vllm, images)
 
 
-def _checks(model_path: str, workdir: Path, vllm: bool) -> Parity:
+def _checks(model_path: str, workdir: Path, vllm: bool, images: bool) -> Parity:
     from transformers import AutoConfig
 
     from easyrl.models.hf_folder import hf_model_class, write_hf_folder
@@ -197,7 +223,12 @@ def _checks(model_path: str, workdir: Path, vllm: bool) -> Parity:
         seconds[name] = round(time.perf_counter() - clock, 2)
         clock = time.perf_counter()
 
-    data = text_batch()
+    if images:
+        from easyrl.testing.image_batch import image_batch
+
+        data = image_batch(model_path)
+    else:
+        data = text_batch()
     response_mask = data["response_mask"]
     actor = _policy(model_path, padding_free=True, trainable=True)
     _perturb(actor.model, seed=1)

@@ -84,7 +84,8 @@ class ModelInputs(NamedTuple):
     """Processor outputs of the micro-batch's images (``pixel_values``, ``image_grid_thw``, ...), merged in sample
     order; ``{}`` for text."""
     mm_token_type_ids: Optional[torch.Tensor]
-    """``(bsz, P + R)`` 1 at image tokens, 2 at video tokens, 0 elsewhere (Qwen-VL mRoPE), or None for text."""
+    """``(bsz, P + R)`` 1 at image tokens, 2 at video tokens, 0 elsewhere (Qwen-VL mRoPE), or None for text and for
+    families with 1-D positions."""
 
 
 class PolicyScores(NamedTuple):
@@ -183,7 +184,7 @@ def _padded_outputs(model, inputs: ModelInputs, extra=None):
     """The model's output, its ``logits`` ``(bsz, R + 1, out)`` at the last ``R + 1`` padded positions: all but the
     last predict the ``R`` response tokens."""
     kwargs = dict(inputs.multi_modal, **(extra or {}))
-    if "pixel_values" in kwargs or "pixel_values_videos" in kwargs:
+    if inputs.mm_token_type_ids is not None:
         kwargs["mm_token_type_ids"] = inputs.mm_token_type_ids  # Qwen-VL computes its mRoPE positions from them
     else:
         kwargs["position_ids"] = family(model.config).positions(inputs.attention_mask)  # as vLLM counts them

@@ -1,9 +1,10 @@
-"""The hooks a Qwen-VL policy (or critic) needs in every forward: blank images, so that every rank runs the vision
+"""The hooks a VL policy (or critic) needs in every forward: blank images, so that every rank runs the vision
 tower as many times per micro-batch, and response pad ids hidden from the placeholder check.
 
 ``VisionHooks`` wraps one sharded model: on a VL model it registers a forward hook on the token embedding
-(``blank_image_hook``), replaces the inner model's ``get_placeholder_mask`` (``placeholder_mask``) and its
-``get_rope_index`` (vLLM's positions, ``easyrl.models.mrope.text_after_vision``); on a text model it does nothing.
+(``blank_image_hook``), replaces the inner model's ``get_placeholder_mask`` (``placeholder_mask``, where the family
+has one) and, for mRoPE families, its ``get_rope_index`` (vLLM's positions, ``easyrl.models.mrope.text_after_vision``);
+on a text model it does nothing. What differs by family is read off its registry entry (``easyrl.models.families``).
 ``model_inputs`` arms both hooks for one micro-batch and yields its tensors on the device.
 """
 
@@ -16,6 +17,7 @@ from typing import Any, Iterator, Optional
 import torch
 
 from easyrl.batch import Batch
+from easyrl.models.families import family
 from easyrl.models.mrope import text_after_vision
 from easyrl.workers.policy_forward import ModelInputs
 from easyrl.workers.vl_tokens import mm_token_type_ids, stray_pads, visual_pad_ids
@@ -41,29 +43,34 @@ class VisionHooks:
     def __init__(self, model: torch.nn.Module, hf_config) -> None:
         self.model = model
         self.has_vision = getattr(hf_config, "vision_config", None) is not None
+        self.family = family(hf_config)
+        self.mrope = self.family.mrope
         self.pad_ids = visual_pad_ids(hf_config)
         self.tower_passes = 1  # vision-tower passes per micro-batch on every rank (agreed by FSDPTrainable)
         self.blank_passes = 0
         self.stray_pads: Optional[tuple[torch.Tensor, torch.Tensor]] = None
         if self.has_vision:
             model.get_input_embeddings().register_forward_hook(self.blank_image_hook)
-            self._model_placeholder_mask = model.model.get_placeholder_mask
-            model.model.get_placeholder_mask = self.placeholder_mask
-            model.model.get_rope_index = text_after_vision(model.model.get_rope_index)  # vLLM's positions
+            if hasattr(model.model, "get_placeholder_mask"):  # Idefics3 has none (vLLM forbids its pads anyway)
+                self._model_placeholder_mask = model.model.get_placeholder_mask
+                model.model.get_placeholder_mask = self.placeholder_mask
+            if self.mrope:
+                model.model.get_rope_index = text_after_vision(model.model.get_rope_index)  # vLLM's positions
 
     @contextmanager
     def model_inputs(self, micro: Batch, device: torch.device) -> Iterator[ModelInputs]:
         """One micro-batch's tensors moved to ``device`` (:class:`ModelInputs`: ids, masks, merged multimodal inputs,
-        ``mm_token_type_ids`` when it has images or videos), with the hooks armed for it until the ``with`` block
-        ends: on a VL model ``tower_passes`` minus its modalities (images, videos) blank images, its stray response
-        pads hidden."""
+        ``mm_token_type_ids`` when it has images or videos and the family takes mRoPE positions), with the hooks armed
+        for it until the ``with`` block ends: on a VL model ``tower_passes`` minus its modalities (images, videos)
+        blank images, its stray response pads hidden."""
         input_ids = micro["input_ids"].to(device)
         attention_mask = micro["attention_mask"].to(device)
-        multi_modal = merge_multimodal(micro.extras.get("multi_modal_inputs", []), device)
+        multi_modal = merge_multimodal(micro.extras.get("multi_modal_inputs", []), device, self.family.image_dim)
         prompt_len = input_ids.shape[1] - micro["response_mask"].shape[1]
         visual = "pixel_values" in multi_modal or "pixel_values_videos" in multi_modal
         response_mask = micro["response_mask"].to(device)  # 0 on tool turns: their pads are images
-        types = mm_token_type_ids(input_ids, prompt_len, self.pad_ids, response_mask) if visual else None
+        mrope_types = visual and self.mrope
+        types = mm_token_type_ids(input_ids, prompt_len, self.pad_ids, response_mask) if mrope_types else None
         stray = stray_pads(input_ids, prompt_len, self.pad_ids, response_mask) if self.pad_ids else None
         if stray is not None and stray.any():  # see placeholder_mask
             self.stray_pads = (stray, attention_mask.bool())
@@ -84,8 +91,8 @@ class VisionHooks:
         return max(1, sum(any(key in sample for sample in inputs) for key in MODALITY_KEYS))
 
     def blank_image_hook(self, module: torch.nn.Module, args: Any, embeds: torch.Tensor) -> torch.Tensor:
-        """Forward hook of the token embedding of a VL model: add 0 * the vision tower's output on one blank image of
-        2x2 patches to the embeddings ``(bsz, seq_len, hidden)``, ``blank_passes`` times.
+        """Forward hook of the token embedding of a VL model: add 0 * the vision tower's output on one small blank
+        image (the family's ``blank_image`` hook) to the embeddings ``(bsz, seq_len, hidden)``, ``blank_passes`` times.
 
         FSDP2 gathers (forward) and reduce-scatters (backward) each block's shards collectively, in the order the
         blocks ran in the forward (it also prefetches by that order), so every rank must run the vision tower at the
@@ -100,12 +107,9 @@ class VisionHooks:
         return embeds
 
     def _add_blank_image(self, embeds: torch.Tensor) -> torch.Tensor:
-        vision = self.model.config.vision_config
-        merge = vision.spatial_merge_size
-        patch_dim = vision.in_channels * vision.temporal_patch_size * vision.patch_size**2
-        pixels = torch.zeros(merge * merge, patch_dim, device=embeds.device)
-        grid = torch.tensor([[1, merge, merge]], device=embeds.device)
-        features = [t for t in _tensors_in(self.model.model.visual(pixels, grid_thw=grid)) if t.is_floating_point()]
+        inputs = {key: value.to(embeds.device) if isinstance(value, torch.Tensor) else value
+                  for key, value in self.family.blank_image(self.model.config).items()}
+        features = [t for t in _tensors_in(self.model.model.get_image_features(**inputs)) if t.is_floating_point()]
         return embeds + sum(t.sum() for t in features).to(embeds.dtype) * 0.0
 
     def placeholder_mask(self, input_ids: torch.Tensor, inputs_embeds: torch.Tensor, **features):
@@ -121,14 +125,29 @@ class VisionHooks:
         return self._model_placeholder_mask(input_ids, inputs_embeds, **features)
 
 
-def merge_multimodal(mm_inputs: list[dict[str, torch.Tensor]], device: torch.device) -> dict[str, torch.Tensor]:
-    """Concatenate per-sample processor outputs (``pixel_values`` (patches, dim), ``image_grid_thw`` (images, 3))
-    in sample order, which is the order of the image pad tokens in the batch."""
+def merge_multimodal(mm_inputs: list[dict[str, torch.Tensor]], device: torch.device,
+                     dim: int = 0) -> dict[str, torch.Tensor]:
+    """Concatenate per-sample processor outputs (e.g. Qwen-VL's ``pixel_values`` (patches, dim) and ``image_grid_thw``
+    (images, 3)) along ``dim`` (the family's ``image_dim``) in sample order, which is the order of the image pad
+    tokens in the batch; trailing dimensions smaller than the largest are zero-padded at their end (images of
+    different sizes, as a processor pads a batch of them)."""
     merged: dict[str, list[torch.Tensor]] = defaultdict(list)
     for sample in mm_inputs:
         for key, value in sample.items():
             merged[key].append(value)
-    return {key: torch.cat(values, dim=0).to(device) for key, values in merged.items()}
+    return {key: torch.cat(_pad_trailing(values, dim), dim=dim).to(device) for key, values in merged.items()}
+
+
+def _pad_trailing(values: list[torch.Tensor], dim: int) -> list[torch.Tensor]:
+    """``values`` with every dimension after ``dim`` zero-padded at its end to the largest size among them."""
+    if len(values) < 2 or values[0].dim() <= dim + 1:
+        return values
+    sizes = [max(v.shape[d] for v in values) for d in range(dim + 1, values[0].dim())]
+    padded = []
+    for value in values:
+        pad = [p for d, size in reversed(list(enumerate(sizes, dim + 1))) for p in (0, size - value.shape[d])]
+        padded.append(torch.nn.functional.pad(value, pad) if any(pad) else value)
+    return padded
 
 
 def _tensors_in(value: Any) -> list[torch.Tensor]:
