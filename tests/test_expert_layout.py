@@ -112,3 +112,26 @@ def test_renamed_families_reach_vllm_under_the_released_names(model_type, tmp_pa
     assert sorted(synced) == sorted(saved)
     for name, tensor in synced.items():
         assert torch.equal(tensor, saved[name]), name
+
+
+def test_llava_onevision_tower_is_exported_and_synced_under_the_released_names(tmp_path):
+    """transformers 5.19 holds and saves LLaVA-OneVision's SigLIP tower as ``vision_tower.*``; vLLM 0.32 loads only
+    the released ``vision_tower.vision_model.*``: the export writes those names (and transformers loads them back to
+    the same weights), and the weight sync hands them over."""
+    from safetensors import safe_open
+    from transformers import LlavaOnevisionForConditionalGeneration
+
+    from easyrl.models.hf_folder import write_hf_folder
+    from easyrl.testing.tiny_vl import build_tiny_vl
+
+    base = build_tiny_vl("llava_onevision")
+    state = LlavaOnevisionForConditionalGeneration.from_pretrained(base, dtype=torch.float32).state_dict()
+    out = write_hf_folder(state, [str(base)], str(tmp_path / "export"), dtype=torch.float32)
+    with safe_open(str(tmp_path / "export" / "model.safetensors"), "pt") as f:
+        tower = [key for key in f.keys() if "vision_tower" in key]
+    assert tower and all(".vision_tower.vision_model." in key for key in tower), tower[:3]
+    synced = [name for name, _ in to_checkpoint_layout(state.items(), "llava_onevision") if "vision_tower" in name]
+    assert synced and all(".vision_tower.vision_model." in name for name in synced), synced[:3]
+    reloaded = LlavaOnevisionForConditionalGeneration.from_pretrained(out, dtype=torch.float32).state_dict()
+    assert sorted(reloaded) == sorted(state)
+    assert all(torch.equal(reloaded[name], tensor) for name, tensor in state.items())

@@ -82,9 +82,9 @@ def _per_expert(name: str, tensor: torch.Tensor, names: tuple[str, ...]) -> Iter
 
 
 def save_pretrained_released(model: Any, out: str, **kwargs: Any) -> None:
-    """``model.save_pretrained(out, **kwargs)`` with fused experts in the released checkpoints' layout (the layout that
-    vLLM and transformers' own loading expect), for families with ``transposed_experts``; a plain
-    ``save_pretrained`` for every other model.
+    """``model.save_pretrained(out, **kwargs)`` with fused experts in the released checkpoints' layout and names (the
+    ones that vLLM and transformers' own loading expect), for families with ``transposed_experts`` or
+    ``checkpoint_renames`` (``to_checkpoint_layout``); a plain ``save_pretrained`` for every other model.
 
     Args:
         model: a transformers ``PreTrainedModel`` (weights materialised; tied weights tied).
@@ -93,7 +93,8 @@ def save_pretrained_released(model: Any, out: str, **kwargs: Any) -> None:
     """
     model_type = model.config.model_type
     state = model.state_dict()
-    if not any(needs_transpose(name, model_type) for name in state):
+    renamed = getattr(FAMILIES.get(model_type), "checkpoint_renames", ())
+    if not renamed and not any(needs_transpose(name, model_type) for name in state):
         model.save_pretrained(out, **kwargs)
         return
     # transformers' reverse conversion would keep its in-memory layout (see the module docstring), so it is skipped

@@ -63,6 +63,17 @@ def _pixtral_blank(hf_config: Any) -> dict[str, Any]:
             **_feature_choice(hf_config)}
 
 
+def _anyres_blank(hf_config: Any) -> dict[str, Any]:
+    """LLaVA-OneVision: one image of the tower's input size, as its tiles (``(1, tiles, 3, S, S)``: the base one and
+    the grid's) and its ``image_sizes``."""
+    from transformers.models.llava_onevision.modeling_llava_onevision import image_size_to_num_patches
+
+    side = hf_config.vision_config.image_size
+    tiles = image_size_to_num_patches((side, side), hf_config.image_grid_pinpoints, side)
+    return {"pixel_values": torch.ones(1, tiles, 3, side, side), "image_sizes": torch.tensor([[side, side]]),
+            **_feature_choice(hf_config)}
+
+
 def _idefics3_blank(hf_config: Any) -> dict[str, Any]:
     """Idefics3: one tile (``(1, 1, 3, S, S)`` with its pixel mask); ones, as an all-zero tile counts as padding."""
     side = hf_config.vision_config.image_size
@@ -105,8 +116,9 @@ class Family:
     out)``: the weight sync and the export write them so (``easyrl.models.expert_layout``)."""
     checkpoint_renames: tuple[tuple[str, str], ...] = ()
     """``(in-memory, released)`` name parts: where transformers renames a module on load (Mixtral's
-    ``block_sparse_moe`` is ``mlp`` in memory), the weight sync hands vLLM the released checkpoints' name
-    (``easyrl.models.expert_layout.to_checkpoint_layout``)."""
+    ``block_sparse_moe`` is ``mlp`` in memory; LLaVA-OneVision's SigLIP tower drops ``vision_model``, and saves it so
+    too, which vLLM refuses), the weight sync and the export hand vLLM the released checkpoints' name
+    (``easyrl.models.expert_layout``)."""
     per_expert_names: tuple[str, ...] = ()
     """``(gate, up, down)``: vLLM's loader takes this family's experts only one tensor per expert, under these names
     (Mixtral's ``w1``, ``w3``, ``w2``), so the weight sync splits transformers' fused ones; empty: vLLM takes the
@@ -148,6 +160,8 @@ FAMILIES: dict[str, Family] = {
     "internvl": Family("InternVL 3 (transformers format)", vision=True, blank_image=_tile_blank),
     "idefics3": Family("Idefics3", vision=True, blank_image=_idefics3_blank, image_dim=1),
     "mistral3": Family("Mistral 3 (Pixtral vision)", vision=True, blank_image=_pixtral_blank),
+    "llava_onevision": Family("LLaVA-OneVision", vision=True, blank_image=_anyres_blank,
+                              checkpoint_renames=(("vision_tower.", "vision_tower.vision_model."),)),
 }
 
 _GENERIC = Family("unlisted")  # what the forward uses for a model_type the pre-flight did not see (a test's model)

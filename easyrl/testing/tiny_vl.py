@@ -105,6 +105,25 @@ def _mistral3():
     return config, T.PixtralProcessor(images, tokenizer, patch_size=16, spatial_merge_size=2, chat_template=template)
 
 
+def _llava_onevision():
+    """LLaVA-OneVision (a Qwen2 text model, a SigLIP tower): "anyres" images, a 64x64 base tile plus the tiles of the
+    best-fitting grid (up to 128x128), 16x16 patches (16 tokens per tile), a newline token after each row of the
+    unpadded tiles' features."""
+    import transformers as T
+
+    template = chat_template("<image>")
+    tokenizer = _tokenizer(["<image>", "<video>"], None, template)
+    grid = [[64, 64], [64, 128], [128, 64], [128, 128]]
+    config = T.LlavaOnevisionConfig(text_config=dict(_TEXT_64, model_type="qwen2"),
+                                    vision_config=dict(_VISION, image_size=64, patch_size=16,
+                                                       model_type="siglip_vision_model", vision_use_head=False),
+                                    image_token_index=FIRST_FREE_ID, video_token_index=FIRST_FREE_ID + 1,
+                                    image_grid_pinpoints=grid, tie_word_embeddings=False)
+    images = T.LlavaOnevisionImageProcessor(size={"height": 64, "width": 64}, image_grid_pinpoints=grid)
+    return config, T.LlavaOnevisionProcessor(images, tokenizer, T.LlavaOnevisionVideoProcessor(), num_image_tokens=16,
+                                             vision_feature_select_strategy="full", chat_template=template)
+
+
 def _glm4v():
     """GLM-4.1V (Qwen-VL-like: flattened 14x14 patches merged 2x2, ``image_grid_thw``, 3-D rotary positions on a
     half-rotary head: ``sum(mrope_section) = 64 * 0.5 / 2``)."""
@@ -137,6 +156,7 @@ _ARCHS = {
     "internvl": _Arch(_internvl, "InternVLForConditionalGeneration"),
     "idefics3": _Arch(_idefics3, "Idefics3ForConditionalGeneration"),
     "mistral3": _Arch(_mistral3, "Mistral3ForConditionalGeneration"),
+    "llava_onevision": _Arch(_llava_onevision, "LlavaOnevisionForConditionalGeneration"),
 }
 TINY_VL_ARCHS = tuple(_ARCHS)
 
