@@ -1,16 +1,9 @@
 """Loading and sharding a Hugging Face model with FSDP2 (``fully_shard``): where each tensor lives, in which dtype.
 
-The rules, right by construction on every device (gloo accepts host tensors; NCCL and HCCL take device tensors only):
-
-* every rank builds the model on the meta device (no memory); only rank 0 reads the checkpoint, into host memory;
-* the sharded parameters (and with them gradients and Adam states) live where ``offload_params`` says: on the host
-  with FSDP2's ``CPUOffloadPolicy`` (an accelerator only), else on the compute device;
-* buffers (rotary ``inv_freq``, which checkpoints do not store) always live on the compute device, whatever the
-  offload: the forward uses them there and they are broadcast from rank 0 over the collective backend;
-* every collective runs on device tensors: a host-offloaded shard is copied to the device before a gather
-  (``full_tensor``) or a norm reduction;
-* a frozen copy (the reference policy) is held in the compute dtype (``fsdp.param_dtype``, bf16 by default) and is
-  built by copying the actor's local shards (same mesh, same layout), not by reading the checkpoint a second time.
+Every rank builds the model on the meta device; rank 0 alone reads the checkpoint (host) and broadcasts it. Sharded
+parameters (with gradients and Adam states) live on the host only with ``offload_params`` on an accelerator; buffers
+always on the compute device; every collective runs on device tensors (NCCL/HCCL take no host tensors). The frozen
+reference is held in ``fsdp.param_dtype``, copied from the actor's local shards.
 """
 
 from __future__ import annotations
@@ -60,9 +53,8 @@ def placement(device: str, offload_params: bool) -> Placement:
 
 
 def stored_dtype(fsdp: FSDPConfig, trainable: bool) -> torch.dtype:
-    """The dtype the sharded parameters are held in: a trained role's master weights in ``fsdp.torch_dtype`` (EasyR1's
-    key; None: float32, with float32 gradients and AdamW moments; ``bf16`` halves them), a frozen role's in the compute
-    dtype ``fsdp.param_dtype``."""
+    """The dtype the sharded parameters are held in: a trained role's in ``fsdp.torch_dtype`` (None: float32), a
+    frozen role's in the compute dtype ``fsdp.param_dtype``."""
     if not trainable:
         return TORCH_DTYPES[fsdp.param_dtype]
     torch_dtype = getattr(fsdp, "torch_dtype", None)
@@ -71,9 +63,8 @@ def stored_dtype(fsdp: FSDPConfig, trainable: bool) -> torch.dtype:
 
 def build_empty_model(hf_config, dtype: torch.dtype, trust_remote_code: bool, attn_implementation: str,
                       device: str = "cpu"):
-    """The model's modules on the meta device (no memory), parameters of ``dtype``. On ``npu`` an MoE model's routed
-    experts run transformers' ``eager`` loop: its default ``grouped_mm`` calls ``torch._grouped_mm``, which torch_npu
-    2.10 registers no PrivateUse1 kernel for (docs/ascend.md)."""
+    """The model's modules on the meta device, parameters of ``dtype``. On ``npu`` MoE experts run transformers'
+    ``eager`` loop (torch_npu has no ``torch._grouped_mm`` kernel: docs/ascend.md)."""
     kwargs = dict(dtype=dtype, trust_remote_code=trust_remote_code, attn_implementation=attn_implementation)
     if device == "npu":
         kwargs["experts_implementation"] = "eager"
@@ -82,12 +73,10 @@ def build_empty_model(hf_config, dtype: torch.dtype, trust_remote_code: bool, at
 
 
 def read_checkpoint(model_path: str, hf_config, trust_remote_code: bool, lora: Any = None) -> tuple[dict, dict]:
-    """Rank 0 only: the checkpoint's float32 state dict and the model's buffers (``name -> tensor``), in host memory.
+    """Rank 0 only: the checkpoint's float32 state dict and the model's buffers (``name -> tensor``), on the host.
 
-    ``from_pretrained`` is used (not raw safetensors) so that the names match the model class of this transformers
-    version whatever the checkpoint's naming. With ``lora`` (``worker.actor.model.lora``, rank > 0) the model is
-    wrapped first, so the state dict has peft's names and rank 0's freshly initialised adapter (B = 0), which every
-    rank then receives."""
+    Read through ``from_pretrained`` so that names match this transformers' model class. With ``lora`` the model
+    is wrapped first (peft's names, rank 0's fresh adapter with B = 0)."""
     model = hf_model_class(hf_config).from_pretrained(
         model_path, dtype=torch.float32, trust_remote_code=trust_remote_code, attn_implementation="sdpa"
     )
@@ -201,11 +190,8 @@ def materialize(model: torch.nn.Module, where: Placement) -> None:
 
 
 def broadcast_weights(model: torch.nn.Module, full_state: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor]):
-    """Give every rank its shard of rank 0's checkpoint and rank 0's buffers.
-
-    Parameters go through ``torch.distributed.checkpoint``'s ``set_model_state_dict(broadcast_from_rank0=True)``,
-    which broadcasts tensor by tensor on the process group's device and copies each rank's slice into its shard
-    (host or device). Buffers (on the compute device, see ``materialize``) are broadcast in place.
+    """Give every rank its shard of rank 0's checkpoint (``set_model_state_dict(broadcast_from_rank0=True)``) and
+    broadcast rank 0's buffers in place.
 
     Args:
         full_state: rank 0: the full state dict (host); other ranks: ``{}``.
@@ -267,10 +253,9 @@ def gather_full(tensor: torch.Tensor, device: torch.device, dtype: Optional[torc
 def clip_grad_norm(parameters: Iterable[torch.nn.Parameter], max_norm: float, device: torch.device) -> torch.Tensor:
     """Global L2 norm of the gradients of FSDP2-sharded parameters, clipped to ``max_norm`` in place.
 
-    Each rank sums the squares of its local gradient shards (where they live: host when offloaded), the sum is
-    moved to the compute ``device`` and all-reduced there (NCCL/HCCL take device tensors only); replicated
-    gradients count once. The gradients are scaled by ``min(1, max_norm / (norm + 1e-6))`` unless the norm is not
-    finite (then the caller skips the step). Same result as ``torch.nn.utils.clip_grad_norm_`` on the full model.
+    Local squared sums are all-reduced on ``device`` (replicated gradients count once); gradients are scaled by
+    ``min(1, max_norm / (norm + 1e-6))`` unless the norm is not finite (the caller then skips the step). Same
+    result as ``torch.nn.utils.clip_grad_norm_`` on the full model.
 
     Returns:
         the total norm before clipping, a float32 scalar on ``device``.
@@ -294,10 +279,6 @@ def clip_grad_norm(parameters: Iterable[torch.nn.Parameter], max_norm: float, de
 
 
 def gather_full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The full (unsharded) weights of an FSDP2 model on rank 0's host, ``{}`` on every other rank.
-
-    Every rank must call it (tensors are gathered collectively, one at a time). With ``cpu_offload=True``
-    ``torch.distributed.checkpoint``'s ``get_model_state_dict`` keeps the gathered copy only on rank 0, so the other
-    ranks never hold a full model in host memory.
-    """
+    """The full weights of an FSDP2 model on rank 0's host, ``{}`` elsewhere (collective: every rank calls
+    it; ``cpu_offload=True`` keeps the gathered copy on rank 0 only)."""
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))

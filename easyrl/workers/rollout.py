@@ -1,16 +1,9 @@
 """The rollout engine: one in-process vLLM engine per worker, colocated with the FSDP2 actor.
 
-Life cycle per training step (see ``FSDPWorker.generate_sequences``)::
-
-    wake_up(weights) -> load_weights(actor's full tensors, in place) -> wake_up(kv_cache) -> generate -> sleep
-
-(the weight side is ``easyrl.workers.weight_sync``). On GPUs/NPUs the engine sleeps at level 2 while the actor trains
-and gives its memory back, weights included (the next sync overwrites them all, so no host copy is kept): after a sleep
-``holds_weights`` is False and the worker syncs again before the next use. vLLM's CPU backend has no sleep mode
-(``enable_sleep_mode=True`` fails with "Sleep mode is not supported on current platform"), so on the CPU sleep/wake are
-skipped and the engine stays resident. The engine must run in this process (``vllm_compat.in_process_engine_env``,
-set by the worker before vLLM is imported) so that weights are handed over as tensors, never through disk. Calls whose
-API differs between vLLM lines go through ``easyrl.workers.vllm_compat``.
+Per step: ``wake_up(weights) -> load_weights -> wake_up(kv_cache) -> generate -> sleep`` (weights side:
+``easyrl.workers.weight_sync``). On GPUs/NPUs the engine sleeps at level 2 (weights dropped, ``holds_weights`` False);
+vLLM's CPU backend has no sleep mode, so there the engine stays resident. Version-dependent calls go through
+``easyrl.workers.vllm_compat``.
 """
 
 from __future__ import annotations
@@ -49,25 +42,11 @@ def engine_arguments(model_path: str, config: RolloutConfig, device: str, seed: 
         vision: the model has a vision tower (``hf_config.vision_config``).
 
     Returns:
-        Keyword arguments for ``vllm.LLM``. Beside the sampling/memory settings:
-
-        * ``load_format``: ``easyrl_dummy`` (random parameters, no checkpoint read; persistent buffers kept) where
-          ``easyrl.workers.dummy_load.load_format`` finds the first sync restores everything: every backend on every
-          vLLM line of the range. The first sync always overwrites the weights (``VLLMRollout.holds_weights`` starts
-          False and ``FSDPWorker._ensure_rollout_weights`` syncs before every first use). vLLM's own ``"dummy"``
-          randomised persistent buffers no checkpoint tensor restores (the image normalisation of the VL models'
-          ``FusedMMInputNorm``: a 0.64-nat vLLM/actor gap on the tiny Qwen2.5-VL), see ``easyrl.workers.dummy_load``.
-        * GPU/NPU: ``disable_custom_all_reduce=True``: vLLM's custom all-reduce (CUDA) looks every TP rank's GPU up in
-          the worker's ``CUDA_VISIBLE_DEVICES``, where Ray shows each worker only its own GPU: an IndexError while the
-          engine is built with ``tensor_parallel_size > 1`` (EasyR1 sets the same). The all-reduce then goes over
-          NCCL/HCCL through the process group (on CUDA with TP > 1 the all-reduce + RMSNorm fusion is off too). The CPU
-          backend has no custom all-reduce; its arguments stay as they were (its shared-memory all-reduce is
-          vLLM-CPU's own).
-        * TP > 1: ``tensor_parallel_size`` and the ``external_launcher`` executor (SPMD: one engine per rank of the TP
-          group, each holding 1/tp of every sharded weight, all fed the same requests; vLLM takes the existing
-          torch.distributed world and builds TP groups of consecutive ranks).
-        * GPU/NPU: ``gpu_memory_utilization`` and sleep mode (the CPU backend has neither: it sizes its KV cache from
-          ``VLLM_CPU_KVCACHE_SPACE``, set by ``VLLMRollout``).
+        Keyword arguments for ``vllm.LLM``: ``load_format="easyrl_dummy"`` where ``dummy_load.load_format`` allows
+        it (the first sync overwrites every weight); on GPU/NPU ``disable_custom_all_reduce=True`` (Ray shows each
+        worker one device, so vLLM's custom all-reduce fails with TP > 1), ``gpu_memory_utilization`` and sleep
+        mode; with TP > 1 the ``external_launcher`` executor (one engine per TP group of consecutive ranks). The CPU
+        backend sizes its KV cache from ``VLLM_CPU_KVCACHE_SPACE`` instead. Why each: docs/vllm-versions.md.
     """
     max_model_len = config.prompt_length + config.response_length
     engine_kwargs: dict[str, Any] = dict(
@@ -90,12 +69,9 @@ def engine_arguments(model_path: str, config: RolloutConfig, device: str, seed: 
         engine_kwargs.update(tensor_parallel_size=config.tensor_parallel_size,
                              distributed_executor_backend="external_launcher")
     if vision:
-        # the image size bounds of the data also bound vLLM's start-up profiling (its dummy image would otherwise
-        # be the model's largest, which takes tens of seconds to preprocess on a CPU)
+        # the data's image bounds also bound vLLM's start-up profiling (else its dummy image is the largest)
         engine_kwargs["mm_processor_kwargs"] = {"min_pixels": config.min_pixels, "max_pixels": config.max_pixels}
-        # vLLM keeps every processed image in an LRU cache of up to 4 GiB per engine (mm_processor_cache_gb),
-        # which an RL run, seeing each image once an epoch, fills step after step (EasyR1 #11002's host-memory
-        # growth; bench/soak.py images measures it): keep none, as EasyR1 does (disable_mm_preprocessor_cache)
+        # no processed-image cache: an RL run sees each image once an epoch, the cache only grows host memory
         engine_kwargs["mm_processor_cache_gb"] = 0
     fmt, _reason = load_format(device, vllm_compat.vllm_version())
     if fmt is not None:
@@ -104,10 +80,7 @@ def engine_arguments(model_path: str, config: RolloutConfig, device: str, seed: 
         engine_kwargs.update(gpu_memory_utilization=config.gpu_memory_utilization, enable_sleep_mode=True,
                              disable_custom_all_reduce=True)
     if device == "cuda" and config.tensor_parallel_size > 1:
-        # nor the FlashInfer all-reduce + RMSNorm fusion (vLLM 0.23-0.32 turn it on for TP > 1 on sm90/sm100 with
-        # flashinfer): its workspace, as the symmetric-memory and FlashInfer all-reduces that
-        # group.worker_runtime_env turns off, maps the peers' GPU memory, which a Ray actor seeing one GPU may fail
-        # to map on some ranks only: ranks on different all-reduce paths hang
+        # the all-reduce + RMSNorm fusion maps peers' GPU memory, which a one-GPU Ray actor may fail to do: hang
         engine_kwargs["compilation_config"] = {"pass_config": {"fuse_allreduce_rms": False}}
     return engine_kwargs
 
@@ -118,11 +91,8 @@ _PASSED_TOKENIZER = threading.local()
 def reuse_passed_tokenizer() -> None:
     """Make a processor built with ``tokenizer=`` take that tokenizer instead of loading one of its own (idempotent).
 
-    transformers 5 (checked 5.19) ``ProcessorMixin.from_pretrained(path, tokenizer=t)`` loads a second tokenizer from
-    ``path``, deep-copying ``t`` with its kwargs on the way, and then replaces the loaded one by ``t``: the processor
-    holds ``t`` either way. vLLM (0.32) builds each multimodal processor so, twice per engine start; for Qwen's
-    151k-token vocabulary each such load took 15-20 s of a 95 s engine build on 2 busy cores (bench/README.md,
-    "Start-up"). Here ``t`` is handed over as the loaded tokenizer and kept out of the deep-copied kwargs. A transformers
+    Without this, transformers' ``ProcessorMixin.from_pretrained(path, tokenizer=t)`` loads (and deep-copies) a
+    second tokenizer only to replace it by ``t``: 15-20 s per vLLM engine start for Qwen's vocabulary. A transformers
     without ``ProcessorMixin._load_tokenizer_from_pretrained`` is left as it is."""
     from transformers.processing_utils import ProcessorMixin
 
@@ -171,12 +141,8 @@ class VLLMRollout:
         seed: Sampling seed of this engine (differs per engine so that engines draw different samples, and is the
             same on every rank of one tensor-parallel engine).
 
-    With ``config.tensor_parallel_size`` > 1 the engine is one of ``world / tp`` engines split over consecutive
-    ranks (``easyrl.workers.rollout_layout``) with vLLM's ``external_launcher`` executor: every rank of the group
-    constructs it at the same time (its collectives run over the process group the worker already joined, found
-    through the ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT``/``LOCAL_RANK`` variables set by
-    ``FSDPWorker.init_process_group``), and every call (``load_weights``, ``generate``, ``score``) must be made on
-    all ranks of the group with the same arguments.
+    With ``config.tensor_parallel_size`` > 1 every rank of the TP group (``easyrl.workers.rollout_layout``) builds
+    the engine at once over the worker's process group, and must make every call with the same arguments.
     """
 
     def __init__(self, model_path: str, config: RolloutConfig, device: str, seed: int):
@@ -219,12 +185,10 @@ class VLLMRollout:
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> tuple[list[str], list[str]]:
         """Overwrite the engine's weights in place with Hugging Face-named full tensors (no disk, no re-init).
 
-        Uses vLLM's public ``reload_weights`` worker method (``vllm_compat.reload_weights``: it maps checkpoint
-        names, repacks CPU weights and resets the worker's caches), wrapped by ``weight_sync.reload_and_report``, then
-        drops every cache computed with the old weights (``vllm_compat.reset_caches_after_reload``). The iterator is
-        consumed inside (in-process engine), so it may gather tensors lazily. Fused MoE experts are turned into the layout of the
-        released checkpoints on the way (``easyrl.models.expert_layout``). With tensor parallelism every rank of the
-        engine passes the full tensors and vLLM's weight loaders keep this rank's slice.
+        Through ``vllm_compat.reload_weights`` (wrapped by ``weight_sync.reload_and_report``), then drops every
+        cache computed with the old weights. The iterator is consumed inside, so it may gather lazily; fused MoE
+        experts are put in the checkpoint layout (``easyrl.models.expert_layout``). With TP every rank passes the
+        full tensors and vLLM keeps its slice.
 
         Returns:
             ``(expected, loaded)``: vLLM's parameter names, and those the tensors wrote (``check_all_loaded``).

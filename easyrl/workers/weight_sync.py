@@ -1,32 +1,11 @@
 """The one path from the FSDP2 actor to the colocated vLLM engine.
 
-Every rank gathers the full tensors and hands them to its own engine, with or without rollout tensor parallelism:
-under ``worker.rollout.tensor_parallel_size`` > 1 each rank runs its part of an engine split over its TP group
-(``easyrl.workers.rollout_layout``), and vLLM's weight loaders keep the slice of each full tensor that this TP rank
-holds (column/row splits, vocabulary rows, KV heads), so no TP-specific resharding is needed here.
-
-Sequence (``sync_weights``)::
-
-    wake vLLM's weights -> for each bucket: cast shards to the rollout dtype, all-gather them in ONE collective,
-    hand the full tensors to vLLM, drop them -> check that every vLLM parameter was overwritten (raise otherwise)
-    -> empty_cache -> the caller wakes the KV cache
-
-* Cast before gather: the shards go over the wire (and into memory) in the rollout dtype (bf16), not float32.
-* Buckets of ``worker.rollout.update_weights_bucket_megabytes`` (full-tensor bytes in the rollout dtype): one
-  flat all-gather (``flat_all_gather``) per bucket instead of one per tensor, and at most one bucket of full tensors
-  alive. Host-offloaded shards are moved to the device first (NCCL/HCCL take device tensors only).
-* One ``reload_weights`` call consumes a lazy iterator over all buckets: vLLM's layer-wise reload must see each layer
-  whole in one call (a layer left out of a call is restored from its old weights with a warning, one loaded in part
-  is processed with the part missing), so buckets are not separate calls.
-* vLLM's ``reload_weights`` only *warns* about parameters it did not load and keeps their old values (or, after a
-  level-2 sleep, garbage). ``sync_weights`` records the names vLLM's ``load_weights`` reports and raises naming every
-  vLLM parameter that was not written, so a renamed key stops the run instead of training on stale rollouts.
-
-A tensor written with the wrong values (a transposed layout, a loader changed by an upgrade) passes that check; the
-next step's log-probs do not: ``check_weight_sync`` stops the run before the update when vLLM's sampled-token log-probs
-are far from the actor's (``worker.actor.rollout_sync_threshold``).
-
-Why vLLM's own weight-transfer engines and checksums are not used: docs/vllm-versions.md.
+``sync_weights``: wake vLLM's weights -> per bucket of ``worker.rollout.update_weights_bucket_megabytes``: cast the
+shards to the rollout dtype, one flat all-gather, hand the full tensors over -> raise unless every vLLM parameter
+was written -> ``empty_cache``. With rollout TP every rank passes full tensors and vLLM's loaders keep its slice. One
+``reload_weights`` call consumes the lazy iterator over all buckets (vLLM's layer-wise reload must see each layer
+whole). Wrong values under right names are caught a step later by ``check_weight_sync``. Why vLLM's own
+weight-transfer engines are not used: docs/vllm-versions.md.
 """
 
 from __future__ import annotations
@@ -48,15 +27,14 @@ from easyrl.workers.vllm_cpu_fixes import repack_cpu_embedding_heads, repack_cpu
 
 
 def flat_all_gather(output: torch.Tensor, tensor: torch.Tensor, group=None) -> None:
-    """The flat all-gather of one tensor per rank into ``(world * n,)``: ``all_gather_single`` where torch has it (it
-    deprecates ``all_gather_into_tensor``, which older torch lines have only: docs/vllm-versions.md); looked up at
-    each call, so that the collective contract (``easyrl.workers.collectives``) sees it."""
+    """The flat all-gather of one tensor per rank into ``(world * n,)``: ``all_gather_single`` where torch has
+    it, else ``all_gather_into_tensor``; looked up per call so that ``easyrl.workers.collectives`` sees it."""
     (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(output, tensor, group=group)
 
 
 def sleep_level(device: str) -> Optional[int]:
-    """vLLM sleep level for the engine between rollouts: 2 on GPUs/NPUs (weights and KV cache freed, no pinned host
-    copy of weights that the next sync overwrites anyway), None on the CPU (vLLM's CPU backend has no sleep mode)."""
+    """vLLM sleep level between rollouts: 2 on GPUs/NPUs (weights and KV cache freed), None on the CPU (no sleep
+    mode there)."""
     return None if device == "cpu" else 2
 
 
@@ -126,10 +104,9 @@ def _is_row_sharded(tensor: torch.Tensor) -> bool:
 def gather_bucket(tensors: list[torch.Tensor], device: torch.device, dtype: torch.dtype) -> list[torch.Tensor]:
     """Full tensors of one bucket on ``device`` in ``dtype`` (collective: every rank calls it with the same bucket).
 
-    FSDP2's row-sharded parameters go through one ``flat_all_gather`` (each local shard moved to the device,
-    then cast while packed into the send buffer; on a one-rank mesh the packed buffer is the result, no collective);
-    anything else (replicated, plain) is gathered on its own by ``gather_full``. The returned tensors never share
-    storage with the actor's parameters (vLLM's CPU loaders may repack what they are given in place).
+    Row-sharded FSDP2 parameters go through one ``flat_all_gather`` (cast while packed); anything else through
+    ``gather_full``. The results never share storage with the actor's parameters (vLLM's CPU loaders repack in
+    place).
     """
     out: list[Optional[torch.Tensor]] = [None] * len(tensors)
     sharded = [i for i, t in enumerate(tensors) if _is_row_sharded(t)]
@@ -183,14 +160,11 @@ def check_all_loaded(expected: set[str], loaded: set[str]) -> None:
 
 def reload_and_report(worker: Any, weights_iterator: Iterator[tuple[str, torch.Tensor]],
                       device: str) -> list[list[str]]:
-    """Runs inside vLLM's worker (``vllm_compat.run_on_workers(llm, reload_and_report, ...)``): vLLM's public
-    ``reload_weights`` (``vllm_compat.reload_weights``) with the model's ``load_weights`` wrapped to record the
-    parameter names it reports loaded, then the CPU backend's MoE experts and embedding heads re-packed
-    (``easyrl.workers.vllm_cpu_fixes.repack_cpu_moe_experts`` / ``repack_cpu_embedding_heads``, nothing on other
-    devices).
+    """Runs inside vLLM's worker (via ``vllm_compat.run_on_workers``): ``vllm_compat.reload_weights`` with the
+    model's ``load_weights`` wrapped to record the names it loaded, then the CPU backend's re-packs
+    (``easyrl.workers.vllm_cpu_fixes``).
 
-    ``weights_iterator``: ``(Hugging Face name, full tensor)`` pairs, consumed here. Returns ``[expected names, loaded
-    names]`` as two sorted lists (vLLM's own parameter names).
+    Returns ``[expected names, loaded names]``, two sorted lists of vLLM's parameter names.
     """
     model = vllm_compat.worker_model(worker)
     expected = sorted(name for name, _ in model.named_parameters())
