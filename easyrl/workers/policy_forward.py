@@ -1,19 +1,11 @@
-"""The policy's (and the critic's) forward for one micro-batch: response log-probs (and entropies), or values, from a
-padded micro-batch.
+"""The policy's (and the critic's) forward for one padded micro-batch: response log-probs (and entropies), or
+values.
 
-Two layouts, the same numbers (fp32: max difference 1e-6, see ``tests/test_packing.py``):
-
-* padding-free (``worker.actor.padding_free``, default): the micro-batch is packed into one row without padding
-  (``easyrl.models.packing``), the model scores only the positions that predict a response token
-  (``logits_to_keep`` = their indices), and the lm_head is fused with the log-softmax
-  (``easyrl.models.fused_head``), so no ``(tokens, vocab)`` logits exist at once;
-* padded: the batch as the trainer holds it, with an attention mask; logits of the last ``R + 1`` positions, then
-  the chunked token ops.
-
-The critic (``response_values``) takes the same two paths: its value head's ``(tokens, 1)`` output is read at the
-same positions (those that predict a response token) and scattered back to ``(bsz, R)``.
-
-The trainer keeps padded batches; this module is the one place that knows both layouts.
+Two layouts, the same numbers (fp32: within 1e-6, ``tests/test_packing.py``): padding-free (default) packs the
+micro-batch into one row (``easyrl.models.packing``), scores only the positions that predict a response token and
+fuses the lm_head with the log-softmax (``easyrl.models.fused_head``: no ``(tokens, vocab)`` logits); padded keeps
+the attention mask and takes the logits of the last ``R + 1`` positions. The critic's ``(tokens, 1)`` value head is
+read at the same positions.
 """
 
 from __future__ import annotations
@@ -37,17 +29,10 @@ ROPE_INDEX_KEYS = ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")
 
 
 def attention_implementation(device: str, padding_free: bool, param_dtype: str, flash_available: bool) -> str:
-    """transformers' attention for the policy:
-
-    * ``flash_attention_2`` (the varlen kernel: packed rows without a mask) for padding-free forwards in bf16/fp16 on
-      CUDA when the ``flash_attn`` package is installed, and on Ascend NPUs (transformers'
-      ``integrations/npu_flash_attention`` runs ``torch_npu.npu_fusion_attention``, varlen included);
-    * ``PACKED_SDPA`` (``easyrl.models.packed_attention``: one causal SDPA call per packed sequence) for the other
-      padding-free forwards: the CPU, fp32, CUDA without ``flash_attn``;
-    * ``sdpa`` with the padding mask for padded forwards.
-
-    ``param_dtype`` is ``worker.actor.fsdp.param_dtype`` (flash-attention has no fp32 kernels); ``flash_available``
-    ``transformers.utils.is_flash_attn_2_available()``.
+    """transformers' attention for the policy: ``flash_attention_2`` (varlen) for padding-free bf16/fp16 forwards on
+    NPUs and on CUDA with ``flash_attn`` installed (``flash_available``); ``PACKED_SDPA`` (one causal SDPA call per
+    packed sequence) for other padding-free forwards; ``sdpa`` with the mask for padded ones. ``param_dtype``:
+    ``worker.actor.fsdp.param_dtype`` (no fp32 flash kernels).
     """
     if not padding_free:
         return "sdpa"
@@ -57,12 +42,9 @@ def attention_implementation(device: str, padding_free: bool, param_dtype: str, 
 
 
 def flash_attention_warning(device: str, padding_free: bool, param_dtype: str, flash_available: bool) -> Optional[str]:
-    """The start-up warning for a CUDA run that would use the varlen flash kernel but has no ``flash_attn`` package
-    (``attention_implementation`` then falls back to ``PACKED_SDPA``, one SDPA call per sequence: correct, slower).
-
-    ``flash-attn`` is not in the ``gpu`` extra: the registry has only its source distribution, which compiles against
-    the installed torch and CUDA toolkit (nvcc) and cannot be locked beside the CPU stack. None when nothing is lost
-    (another device, padded or fp32 forwards, flash_attn installed). Arguments as :func:`attention_implementation`.
+    """The start-up warning for a CUDA run that would use the varlen flash kernel without the ``flash_attn``
+    package (not in the ``gpu`` extra: it builds from source against the local CUDA toolkit); None when nothing is
+    lost. Arguments as :func:`attention_implementation`.
     """
     if device != "cuda" or not padding_free or param_dtype not in ("bf16", "fp16") or flash_available:
         return None

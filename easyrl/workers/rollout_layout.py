@@ -1,21 +1,10 @@
 """Which ranks share a vLLM engine under rollout tensor parallelism, and which prompts each engine samples.
 
-With ``worker.rollout.tensor_parallel_size = tp`` the ``world`` FSDP ranks form ``world / tp`` tensor-parallel (TP)
-groups of ``tp`` consecutive ranks: ranks ``[0, tp)``, ``[tp, 2 tp)``, ... Each group runs ONE vLLM engine split over
-its ranks (vLLM's ``external_launcher`` executor: SPMD, every rank of the group runs the same engine code on the same
-requests with the same seed and gets the same tokens). The groups are the rollout's data-parallel (DP) replicas:
-
-* dispatch: the batch is cut into ``world / tp`` equal consecutive shares; DP replica ``d = rank // tp`` samples
-  share ``d``, and every rank of the replica receives that same share;
-* collection: every rank returns the responses of its replica; only the first rank of each group (``rank % tp ==
-  0``) is kept, in replica order, so the responses line up with the prompts of the undivided batch.
-
-Consecutive groups are what vLLM builds itself from the torch.distributed world under ``external_launcher`` (its
-ranks laid out as ``(external DP, DP, PP, PCP, TP)``, TP fastest; ``vllm.distributed.parallel_state.
-initialize_model_parallel``), and with node-contiguous ranks (``easyrl.workers.group``) a group stays within a node
-when ``tp`` divides ``trainer.n_gpus_per_node``, so its all-reduces use NVLink/HCCS rather than the network.
-
-``tp = 1`` is the plain layout: every rank its own engine and its own share.
+With ``worker.rollout.tensor_parallel_size = tp`` the ``world`` ranks form ``world / tp`` groups of ``tp``
+consecutive ranks (as vLLM's ``external_launcher`` builds them: TP fastest), each running ONE engine on the same
+requests (SPMD). Dispatch: the batch is cut into ``world / tp`` equal consecutive shares, replica ``rank // tp``
+samples its share on every rank. Collection: only each group's first rank's result is kept, in replica order. With
+node-contiguous ranks a group stays within a node when ``tp`` divides ``trainer.n_gpus_per_node``.
 """
 
 from __future__ import annotations
@@ -92,10 +81,9 @@ class RolloutLayout:
 
 
 def split_head_counts(hf_config: Any) -> dict[str, int]:
-    """The head counts of a Hugging Face config that vLLM's tensor parallelism splits over the ranks of an engine:
-    the text model's ``num_attention_heads`` and ``num_key_value_heads``, Gated DeltaNet's ``linear_num_key_heads``
-    and ``linear_num_value_heads`` (Qwen3.5, Qwen3-Next), the vision tower's ``num_heads`` (Qwen-VL); those the config
-    has, by dotted name."""
+    """The head counts of a Hugging Face config that vLLM's TP splits, by dotted name: the text model's
+    ``num_attention_heads`` / ``num_key_value_heads``, Gated DeltaNet's ``linear_num_key_heads`` /
+    ``linear_num_value_heads``, the vision tower's ``num_heads``; those the config has."""
     counts: dict[str, int] = {}
     text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
     prefix = "text_config." if text is not hf_config else ""

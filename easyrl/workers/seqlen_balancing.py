@@ -1,15 +1,9 @@
-"""Sequence-length balancing: which rank and which micro-batch each sample goes to.
+"""Sequence-length balancing: which rank and which micro-batch each sample goes to, from token counts alone.
 
-Two decisions, both pure functions of the samples' token counts (``attention_mask.sum(-1)``):
-
-* **across ranks** (:func:`balanced_rank_order`): the trainer permutes the batch so that its equal consecutive
-  shares carry about the same number of tokens. Attention and MLP cost grow with tokens, not samples, so with
-  padding-free forwards the slowest rank sets the pace; equal counts of samples per rank are kept (every FSDP2
-  rank must run the same number of forwards). GRPO groups need not stay together: advantages are computed on the
-  trainer over the whole batch, by group id, before anything is split.
-* **within a rank** (:func:`dynamic_micro_batches`): micro-batches formed by a token budget
-  (``worker.actor.max_token_len_per_device``) instead of a fixed sample count; the ranks agree on the number of
-  micro-batches (the maximum of what each needs) so that their collectives stay in step.
+* :func:`balanced_rank_order`: a batch permutation whose equal consecutive shares carry about equal tokens (equal
+  sample counts kept: every FSDP2 rank runs the same number of forwards);
+* :func:`dynamic_micro_batches`: micro-batches by a token budget (``worker.actor.max_token_len_per_device``), the
+  ranks agreeing on their count so that collectives stay in step.
 
 Both use the largest differencing method of Karmarkar and Karp ("The differencing method of set partitioning",
 1982), generalised to k parts (Michiels, Korst, Aarts, "Multi-way number partitioning", 2003).
@@ -25,20 +19,17 @@ __all__ = ["karmarkar_karp", "balanced_rank_order", "count_micro_batches", "dyna
 
 
 def karmarkar_karp(lengths: Sequence[int], k: int, equal_size: bool = False) -> list[list[int]]:
-    """Partition sample indices into ``k`` parts with nearly equal sums of ``lengths``.
-
-    Each state is a k-tuple of (sum, indices) subsets; the two states with the largest spread (max - min sum) are
-    merged by pairing the heaviest subset of one with the lightest of the other, until one state remains.
+    """Partition sample indices into ``k`` parts with nearly equal sums of ``lengths`` (largest differencing:
+    repeatedly merge the two k-subset states of largest spread, heaviest subset with lightest).
 
     Args:
         lengths: per-sample cost (tokens), ``n`` values >= 0.
         k: number of parts, >= 1.
-        equal_size: every part gets exactly ``n / k`` samples (``n`` must be divisible by ``k``); the initial
-            states are then the sorted samples taken ``k`` at a time, one per subset, which keeps counts equal.
+        equal_size: every part gets exactly ``n / k`` samples (``n`` divisible by ``k``).
 
     Returns:
-        ``k`` lists of indices (each sorted ascending); every index in ``range(n)`` appears exactly once. Without
-        ``equal_size`` no part is empty when ``n >= k``.
+        ``k`` sorted lists of indices, each index of ``range(n)`` once; without ``equal_size`` none empty when
+        ``n >= k``.
 
     Raises:
         ValueError: ``k < 1``, a negative length, or ``equal_size`` with ``n`` not divisible by ``k``.
@@ -100,14 +91,11 @@ def balanced_rank_order(lengths: Sequence[int], world_size: int) -> list[int]:
 
 
 def count_micro_batches(lengths: Sequence[int], max_tokens: int) -> int:
-    """How many micro-batches of at most ``max_tokens`` tokens this rank needs for ``lengths`` (>= 1).
-
-    Starts from the lower bound ``ceil(sum / max_tokens)`` and adds micro-batches until the Karmarkar-Karp
-    partition respects the budget.
+    """How many micro-batches of at most ``max_tokens`` tokens this rank needs for ``lengths`` (>= 1): from
+    ``ceil(sum / max_tokens)`` up until the Karmarkar-Karp partition fits.
 
     Raises:
-        ValueError: a single sample is longer than ``max_tokens`` (raise
-            ``worker.actor.max_token_len_per_device`` to at least the longest prompt + response).
+        ValueError: a single sample is longer than ``max_tokens``.
     """
     if max_tokens < 1:
         raise ValueError(f"max_token_len_per_device must be >= 1, got {max_tokens}")
