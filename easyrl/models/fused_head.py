@@ -1,16 +1,10 @@
 """Log-probs and entropies straight from the last hidden states: the lm_head matmul fused with the log-softmax.
 
-``lm_head(hidden)`` materialises ``(tokens, vocab)`` logits (150k columns for Qwen: 0.6 MB per token in fp32), and
-autograd keeps them until backward. :func:`linear_log_probs` walks the tokens in chunks instead: per chunk it
-computes ``hidden_c @ W^T``, the label log-prob and the entropy, and keeps only ``hidden`` (a reference), one
-logsumexp and one entropy per token. Backward recomputes each chunk's logits and returns ``d hidden`` and ``d W``
-(the same trade as Liger-Kernel's fused linear cross-entropy, written here in plain torch).
-
-:class:`FusedLogProbHead` plugs it into an unmodified Hugging Face model through two public module hooks on its
-output embedding (``lm_head``): a forward pre-hook keeps the hidden states and hands the linear an empty slice, and a
-forward hook replaces the (empty) logits with ``(1, tokens, 2)`` = ``[log-prob, entropy]``. It all happens inside
-the model's own forward, so FSDP2 has the (tied) head weight gathered exactly as for a normal forward, and its
-gradient flows back through the usual reduce-scatter.
+:func:`linear_log_probs` never materialises ``(tokens, vocab)`` logits: per chunk of tokens it computes
+``hidden_c @ W^T``, the label log-prob and the entropy, keeping one logsumexp and one entropy per token; backward
+recomputes each chunk's logits (the trade of Liger-Kernel's fused linear cross-entropy, in plain torch).
+:class:`FusedLogProbHead` plugs it into an unmodified model through hooks on ``lm_head``, inside the model's own
+forward, so FSDP2 gathers the (tied) head weight and reduce-scatters its gradient as usual.
 """
 
 from __future__ import annotations
@@ -125,12 +119,11 @@ class FusedLogProbHead:
             out = model(..., logits_to_keep=indices)  # out.logits: (1, tokens, 2)
         log_probs, entropy = out.logits[0, :, 0], out.logits[0, :, 1]
 
-    Outside ``scoring`` the model behaves as before (generation, plain logits).
+    Outside ``scoring`` the model behaves as before.
 
     Args:
-        model: a transformers model with ``get_output_embeddings()`` a bias-free ``nn.Linear``. Where the model scales
-            the head's output (its family's ``logit_scale`` hook, ``easyrl.models.families``: Granite), the scale is
-            applied to the hidden states here, and the scores returned are divided by it, which the model undoes.
+        model: a transformers model with a bias-free ``nn.Linear`` output embedding. A family ``logit_scale``
+            (Granite) is applied to the hidden states and divided out of the returned scores, which the model undoes.
         chunk_tokens: see :func:`linear_log_probs`.
 
     Raises:

@@ -1,25 +1,14 @@
-"""Padding-free (packed) model inputs: the worker's one translation between the padded batch layout and packed rows.
+"""Padding-free (packed) model inputs: the one translation between the padded batch layout and packed rows.
 
-The trainer keeps padded batches: ``input_ids`` / ``attention_mask`` ``(bsz, P + R)`` with left-padded prompts of
-width ``P`` and right-padded responses of width ``R``. A padded forward spends compute on every padding token, and
-the padding mask keeps flash kernels off. Packing removes the padding: the valid tokens of all rows are laid end to
-end in one row ``(1, total)``, and each sequence gets its own position ids restarting at 0. From such position ids
-transformers infers the sequence boundaries itself when ``attention_mask`` is ``None``:
+Padded batches (``input_ids`` / ``attention_mask`` ``(bsz, P + R)``, left-padded prompts, right-padded responses) are
+packed into one row ``(1, total)`` of valid tokens, position ids restarting at 0 per sequence. With
+``attention_mask=None`` transformers reads the sequence boundaries off those positions: a block-diagonal causal mask
+for SDPA/eager, ``cu_seqlens`` for flash-attention's varlen kernel. Qwen-VL's ``(4, 1, total)`` positions carry the
+text positions in row 0 and the 3-D mRoPE ones (computed per sequence on the padded layout) in rows 1-3.
+``cu_seq_lens_q`` & co. are not passed: Qwen-VL forwards its keyword arguments to the vision tower too.
 
-* SDPA / eager: ``masking_utils.find_packed_sequence_indices`` turns every position that does not continue the
-  previous one (+1) into a sequence start and builds a block-diagonal causal mask;
-* flash-attention-2/3 (CUDA): ``modeling_flash_attention_utils`` derives ``cu_seqlens`` from the same position ids
-  and calls ``flash_attn_varlen_func``, the varlen kernel (no padding, no mask);
-* Qwen-VL (mRoPE): position ids of shape ``(4, 1, total)`` are split into the text positions (row 0, used for the
-  packed mask / varlen boundaries as above) and the 3-D rotary positions (rows 1-3, temporal/height/width), see
-  ``Qwen2VLTextModel.forward``. The 3-D positions are computed per sequence on the padded layout (the model's
-  ``get_rope_index``) and packed with the tokens.
-
-We deliberately do not pass ``cu_seq_lens_q`` and friends as keyword arguments: Qwen-VL forwards its keyword
-arguments to the vision tower too, whose attention has its own ``cu_seqlens``.
-
-The response log-probs come back through ``PackedBatch.logit_indices`` (the packed positions whose next-token
-logits score a response token, for ``logits_to_keep``) and ``PackedBatch.unpack`` (scatter to ``(bsz, R)``).
+Scores come back through ``PackedBatch.logit_indices`` (for ``logits_to_keep``) and ``PackedBatch.unpack``
+(scatter to ``(bsz, R)``).
 """
 
 from __future__ import annotations

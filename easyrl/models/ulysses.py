@@ -1,26 +1,15 @@
 """Ulysses sequence parallelism (Jacobs et al. 2023, "DeepSpeed Ulysses", arXiv:2309.14509) on the packed layout.
 
-The ``ulysses_size`` ranks of a sequence-parallel group get the same micro-batch. Its packed row (``(1, total)``,
-``easyrl.models.packing``) is padded to a multiple of the group size and cut into one contiguous slice per rank:
-every rank embeds, runs the MLPs and the norms of its ``total / sp`` tokens only. Attention needs the whole sequence,
-so around it an all-to-all swaps the split: ``(1, heads, total / sp, d)`` -> ``(1, heads / sp, total, d)`` (each rank
-attends over the full row with its share of the heads), and back after it (section 3.1 of the paper). The
-per-sequence causal attention (``PACKED_SDPA``, or flash-attention's varlen kernel) reads the sequence boundaries off
-the full row's position ids, which this module hands it. The fused head scores on each rank only the response tokens
-of its slice; the ``(response tokens, 2)`` scores are summed over the group (each rank fills its own), so only
-``(bsz, resp_len)`` scalars cross the group, never hidden states or logits.
+The ``ulysses_size`` ranks of a group get the same micro-batch; its packed row ``(1, total)`` is padded to a multiple
+of the group size and cut into one contiguous slice per rank (embeddings, MLPs, norms on ``total / sp`` tokens).
+Around attention an all-to-all swaps ``(1, heads, total / sp, d)`` <-> ``(1, heads / sp, total, d)`` (paper, 3.1),
+with the full row's position ids for the sequence boundaries. Each rank's fused head scores the response tokens of
+its slice; the ``(response tokens, 2)`` scores are summed over the group, whose backward sums the ``sp`` identical
+gradient copies, undoing FSDP2's average over ``dp x sp`` ranks: the result equals a run without it. Positions
+(1-D or mRoPE) are computed on the whole row before it is cut; a VL tower runs on every rank with the same images.
 
-Gradients: every rank of the group computes the same loss from the summed scores. The sum's backward sums the
-group's gradients (``sp`` identical copies), which makes up for FSDP2 averaging the gradients over all
-``dp x sp`` ranks where only ``dp`` data-parallel shares exist: the result equals a run without sequence parallelism.
-
-Positions: computed on the whole packed row before it is cut (plain positions, or Qwen-VL's mRoPE rows), then sliced
-with it. Qwen-VL's vision tower runs on every rank of the group with the same images (the decoder's input embeddings
-are built for the full row and sliced at the decoder's entry), so every collective is issued alike on every rank.
-
-How transformers is told: :func:`attention_name` registers an attention function that wraps the model's own one
-with the two all-to-alls (active only inside :meth:`SequenceParallel.sharded`, and only for causal attention: a
-vision tower's passes through); :meth:`SequenceParallel.attach` hooks the text decoder to slice its inputs.
+:func:`attention_name` registers the wrapped attention (active only inside :meth:`SequenceParallel.sharded`, causal
+only); :meth:`SequenceParallel.attach` hooks the text decoder to slice its inputs.
 """
 
 from __future__ import annotations
@@ -102,7 +91,8 @@ def _attention(inner: str):
         query, key, value = (_AllToAll.apply(t, shard.group, 1, 2) for t in (query, key, value))
         out, weights = function(module, query, key, value, attention_mask, *args,
                                 position_ids=shard.full_positions, **kwargs)
-        return _AllToAll.apply(out, shard.group, 1, 2), weights  # (1, total, heads / sp, d) -> (1, total / sp, heads, d)
+        # (1, total, heads / sp, d) -> (1, total / sp, heads, d)
+        return _AllToAll.apply(out, shard.group, 1, 2), weights
     return attention
 
 

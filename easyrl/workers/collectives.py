@@ -1,17 +1,12 @@
 """The collective contract: every rank must issue the same collectives, in the same order, with the same dtypes and
 shapes, on a device its backend serves; checked call by call, so that a mismatch is an error naming the call instead of
-a hang.
+a hang (how to use it: docs/environment.md).
 
-NCCL and HCCL hang (or corrupt the gathered data) when the ranks of a group issue different collectives; gloo on the
-CPU often lets it pass. With the contract on (``trainer.check_collectives`` or ``EASYRL_CHECK_COLLECTIVES=1``; the test
-suite turns it on), :func:`install` wraps torch.distributed's collectives (``torch.distributed.all_reduce``,
-``all_gather_single``, ``reduce_scatter_single``, ``broadcast``, ``barrier``, ``all_gather_object``, ... which FSDP2
-calls) and the functional ones DTensor calls (``torch.distributed._functional_collectives``). Before a call runs, each
-rank posts ``(op, dtype, shape, device type)`` as call ``#n`` of the group to the process group's store and reads its
-peers' call ``#n``: a difference raises :class:`CollectiveMismatch` on every rank of the group, naming both calls,
-before the real collective can hang. :func:`method_end` posts the end of each worker method as a call, so that a rank
-with one collective more than its peers is caught at the method's end. The store's timeout (``worker.nccl_timeout``)
-bounds the wait for a peer that never arrives. Point-to-point sends and receives are not checked.
+:func:`install` wraps torch.distributed's collectives and DTensor's functional ones: before a call runs, each rank
+posts ``(op, dtype, shape, device type)`` as call ``#n`` of the group to the process group's store and compares its
+peers' call ``#n``; a difference raises :class:`CollectiveMismatch` on every rank. :func:`method_end` posts the end of
+each worker method likewise. The store's timeout (``worker.nccl_timeout``) bounds the wait. Point-to-point is not
+checked.
 """
 
 from __future__ import annotations

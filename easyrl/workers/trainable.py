@@ -92,9 +92,8 @@ class FSDPTrainable:
 
     def _micro_batches(self, data: Batch, micro_batch_size: int) -> list[tuple[list[int], Batch]]:
         """``(indices, micro-batch)`` pairs covering ``data``: fixed ``micro_batch_size`` pieces, or with
-        ``dynamic_batching`` pieces of at most ``max_token_len_per_device`` x ``ulysses_size`` tokens (default
-        ``micro_batch_size`` x the padded sequence length), as many on every rank (a MAX all-reduce, which on a VL model also agrees on the
-        vision-tower passes per micro-batch: ``VisionHooks.tower_passes``)."""
+        ``dynamic_batching`` pieces of at most ``max_token_len_per_device`` x ``ulysses_size`` tokens; as many on
+        every rank (a MAX all-reduce, which also agrees on VL tower passes: ``VisionHooks.tower_passes``)."""
         lengths = data["attention_mask"].sum(-1).tolist()
         sp = self.sp.size if self.sp else 1  # a micro-batch is split over the sequence-parallel group's devices
         budget = (self.config.max_token_len_per_device or 0) * sp or micro_batch_size * data["attention_mask"].shape[1]
@@ -111,8 +110,8 @@ class FSDPTrainable:
     @torch.no_grad()
     def _score_responses(self, data: Batch, micro_batch_size: int,
                          score: Callable[[Batch], torch.Tensor]) -> torch.Tensor:
-        """``score(micro)`` ``(micro_bsz, resp_len)`` of each micro-batch as one ``(bsz, resp_len)`` float32 host tensor,
-        0 at padding."""
+        """``score(micro)`` ``(micro_bsz, resp_len)`` of each micro-batch as one ``(bsz, resp_len)`` float32 host
+        tensor, 0 at padding."""
         self.model.eval()
         out = torch.zeros(data["response_mask"].shape, dtype=torch.float32)
         for indices, micro in self._micro_batches(data, micro_batch_size):
