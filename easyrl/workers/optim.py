@@ -117,9 +117,8 @@ def build_optimizer(params: list[torch.nn.Parameter], optim: OptimConfig) -> tor
 
 
 def offloads_optimizer(device: str, offload_params: bool, offload_optimizer: bool) -> bool:
-    """Whether the optimizer states are moved to the host between updates (``offload.offload_optimizer``
-    apart from ``offload_params``): only on an accelerator, and only when the parameters stay on the device (with
-    ``offload_params`` FSDP2's ``CPUOffloadPolicy`` keeps the states on the host already)."""
+    """Whether the optimizer states are moved to the host between updates: only on an accelerator, and only when
+    the parameters stay on the device (``offload_params`` keeps them on the host already)."""
     return offload_optimizer and not offload_params and device != "cpu"
 
 

@@ -1,11 +1,8 @@
 """The hooks a VL policy (or critic) needs in every forward: blank images, so that every rank runs the vision
 tower as many times per micro-batch, and response pad ids hidden from the placeholder check.
 
-``VisionHooks`` wraps one sharded model: on a VL model it registers a forward hook on the token embedding
-(``blank_image_hook``), replaces the inner model's ``get_placeholder_mask`` (``placeholder_mask``, where the family
-has one) and, for mRoPE families, its ``get_rope_index`` (vLLM's positions, ``easyrl.models.mrope.text_after_vision``);
-on a text model it does nothing. What differs by family is read off its registry entry (``easyrl.models.families``).
-``model_inputs`` arms both hooks for one micro-batch and yields its tensors on the device.
+``VisionHooks`` wraps one sharded model (nothing on a text model); family differences come from its registry entry
+(``easyrl.models.families``). ``model_inputs`` arms the hooks for one micro-batch and yields its device tensors.
 """
 
 from __future__ import annotations
@@ -92,15 +89,11 @@ class VisionHooks:
 
     def blank_image_hook(self, module: torch.nn.Module, args: Any, embeds: torch.Tensor) -> torch.Tensor:
         """Forward hook of the token embedding of a VL model: add 0 * the vision tower's output on one small blank
-        image (the family's ``blank_image`` hook) to the embeddings ``(bsz, seq_len, hidden)``, ``blank_passes`` times.
+        image (the family's ``blank_image``) to the embeddings ``(bsz, seq_len, hidden)``, ``blank_passes`` times.
 
-        FSDP2 gathers (forward) and reduce-scatters (backward) each block's shards collectively, in the order the
-        blocks ran in the forward (it also prefetches by that order), so every rank must run the vision tower at the
-        same point of every micro-batch if any rank does: a micro-batch without images on one rank while another
-        rank's has some would otherwise hang. Qwen-VL runs the tower once for the images and once more for the
-        videos, so a micro-batch with both takes two passes: every other micro-batch then adds blank ones. The model
-        embeds tokens right before it encodes images, so running the tower here, inside the root's forward, reproduces
-        the order of an image batch.
+        FSDP2 gathers and reduce-scatters blocks collectively in forward order, so every rank must run the tower at
+        the same point of every micro-batch if any does (else a hang); images and videos take one pass each. Running
+        it here, right before the model encodes images, reproduces an image batch's order.
         """
         for _ in range(self.blank_passes):
             embeds = self._add_blank_image(embeds)
@@ -113,10 +106,8 @@ class VisionHooks:
         return embeds + sum(t.sum() for t in features).to(embeds.dtype) * 0.0
 
     def placeholder_mask(self, input_ids: torch.Tensor, inputs_embeds: torch.Tensor, **features):
-        """Qwen-VL's ``get_placeholder_mask`` (which marks every image/video pad id as a slot for the vision
-        features and checks the counts), blind to pad ids sampled in a response: those stay the text tokens they are,
-        as in vLLM, and the count check passes (``easyrl.workers.vl_tokens``). Works on the padded ``(bsz, P + R)``
-        and the packed ``(1, tokens)`` layout."""
+        """Qwen-VL's ``get_placeholder_mask``, blind to pad ids sampled in a response: those stay text tokens, as in
+        vLLM, and the count check passes. Works on the padded ``(bsz, P + R)`` and packed ``(1, tokens)`` layouts."""
         if self.stray_pads is not None:
             stray, valid = self.stray_pads
             if stray.shape != input_ids.shape:  # packed: the valid positions, row-major (easyrl.models.packing)

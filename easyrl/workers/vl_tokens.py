@@ -1,15 +1,9 @@
 """Image/video pad tokens of Qwen-VL models: forbidden in sampling, and harmless if a response contains one anyway.
 
-A Qwen-VL prompt holds one ``<|image_pad|>`` (``<|video_pad|>``) per visual patch group; the model replaces exactly
-those embeddings with the vision tower's features and checks that the counts agree. A sampled pad id in a response
-(seen in the wild: R1-V #91, verl #3469) would break that check in the next forward ("Image features and image tokens
-do not match"). So: the rollout forbids these ids (vLLM ``bad_words``), and the actor marks only the prompt's pads as
-visual (``mm_token_type_ids``) and hides a stray response pad from the placeholder check while embedding it as the
-text token it is, which is what vLLM does with a generated token.
-
-vLLM's ``processed_logprobs`` of a sampled token are taken after ``bad_words`` removed the pads from the distribution;
-the actor's include their mass. For a trained VL model that mass in a response is ~0 (for a random tiny model ~2/vocab,
-a log-prob gap of ~1e-5), far below the rollout/training mismatch the TIS correction is about.
+The model replaces exactly the prompt's pad embeddings with vision features and checks the counts; a sampled pad id
+in a response would break that check ("Image features and image tokens do not match"). So the rollout forbids these
+ids (vLLM ``bad_words``), and the actor marks only the prompt's pads as visual and embeds a stray response pad as the
+text token it is, as vLLM does. The pads' probability mass the actor includes and vLLM drops is ~0 for a trained model.
 """
 
 from __future__ import annotations
