@@ -1,6 +1,5 @@
-"""The FSDP2 critic (value model) of PPO with GAE: an ``FSDPTrainable`` built, sharded and fed like the actor (rank-0
-read + broadcast, ``fully_shard``, VL inputs, the packed forward, dynamic micro-batches, the update loop) whose LM head
-is a scalar value head. Saved with the actor in every checkpoint (``easyrl.workers.checkpoint``, folder ``critic/``).
+"""The FSDP2 critic (value model) of PPO with GAE: an ``FSDPTrainable`` built and fed like the actor whose LM head
+is a scalar value head. Saved with the actor in every checkpoint (folder ``critic/``).
 """
 
 from __future__ import annotations

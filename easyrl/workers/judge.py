@@ -1,11 +1,6 @@
-"""The LLM judge's engine: a second in-process vLLM engine on each worker, beside the rollout engine
-(``easyrl.workers.rollout``), that turns judge prompts into verdict texts (``worker.reward.judge``, docs/judge.md).
-
-It is built on first use (the first step's judge phase: on GPUs/NPUs the rollout engine is then asleep and the actor
-idle, so vLLM's start-up profiling finds the memory ``judge.gpu_memory_utilization`` asks for) and stays resident:
-it has no sleep mode, because vLLM's sleep mode acts on every allocation of the process's one ``CuMemAllocator``,
-whichever engine made it (docs/judge.md). The prompt text comes rendered from the trainer (``easyrl.rewards.judge``);
-the judge's own chat template is applied here, with its tokenizer.
+"""The LLM judge's engine: a second in-process vLLM engine on each worker, beside the rollout engine, that turns
+judge prompts (rendered by the trainer) into verdict texts with the judge's own chat template (docs/judge.md). Built
+on first use, then resident: vLLM's sleep mode would act on every engine of the process (one ``CuMemAllocator``).
 """
 
 from __future__ import annotations
@@ -20,12 +15,9 @@ from easyrl.workers.rollout import _DTYPES
 
 
 def judge_engine_arguments(config: JudgeConfig, device: str, seed: int, enforce_eager: bool) -> dict[str, Any]:
-    """The ``vllm.LLM`` arguments of the judge engine (a pure function of ``worker.reward.judge``, the device, the
-    sampling ``seed`` of ``worker.rollout.seed`` and ``worker.rollout.enforce_eager``, shared with the rollout engine):
-    ``judge.dtype`` (``auto``: vLLM's choice), ``max_model_len``, no images or videos (a vision-language judge reads
-    text here), prefix caching (every judge prompt starts with the same template text); on GPUs/NPUs
-    ``gpu_memory_utilization`` and no sleep mode (see the module docstring; the CPU backend sizes its KV cache from
-    ``VLLM_CPU_KVCACHE_SPACE``, set by :class:`VLLMJudge` while it builds the engine).
+    """The ``vllm.LLM`` arguments of the judge engine (a pure function): ``judge.dtype``, ``max_model_len``, no
+    images or videos, prefix caching; on GPUs/NPUs ``gpu_memory_utilization`` and no sleep mode. ``seed`` and
+    ``enforce_eager`` are the rollout's.
     """
     kwargs: dict[str, Any] = dict(
         model=config.model_path,

@@ -1,13 +1,9 @@
 """Multi-modal inputs shipped to a worker once per step, not once per phase.
 
-A VL batch's processor outputs (``multi_modal_inputs``: per sample ``pixel_values`` ``(patches, dim)`` float32,
-``image_grid_thw`` ``(images, 3)``, ...) are by far its largest part. The order of a step's batch is fixed once it is
-balanced, and every phase hands each worker the same consecutive share, so the trainer stages each share's inputs on
-its worker right after balancing (``stage`` in every worker, tagged with one reference per sample: a per-step token
-and the sample's index in the balanced batch). The log-prob, value and update passes then send the share with those
-references instead of the inputs, and the worker puts its staged inputs back (``attach``), refusing a share whose
-references differ (another step, another share, another order) rather than using stale images. ``release`` at the
-end of the step frees them.
+Processor outputs (``multi_modal_inputs``) are a VL batch's largest part. After balancing, the trainer stages each
+share's inputs on its worker (``stage``, tagged with one ``(step token, index)`` reference per sample); the later
+passes send the references instead, and ``attach`` puts the staged inputs back, refusing a share whose references
+differ rather than using stale images. ``release`` frees them at the end of the step.
 """
 
 from __future__ import annotations

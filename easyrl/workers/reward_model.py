@@ -1,13 +1,8 @@
-"""The FSDP2 reward model: a frozen Hugging Face sequence classifier (``AutoModelForSequenceClassification`` with one
-output, e.g. Skywork-Reward-V2) scoring (prompt, response) inputs that the driver templated and encoded with the
-reward model's own tokenizer (``easyrl.rewards.reward_model_inputs``).
+"""The FSDP2 reward model: a frozen Hugging Face sequence classifier with one output (e.g. Skywork-Reward-V2)
+scoring (prompt, response) inputs the driver encoded with its own tokenizer (``easyrl.rewards.reward_model_inputs``).
 
-Built like the reference policy (``easyrl.workers.fsdp_model``): rank 0 reads the checkpoint in float32, every rank
-builds the model on the meta device, ``fully_shard`` per transformer block, parameters held in
-``worker.reward.reward_model.param_dtype`` (the actor's compute dtype) and on the host with ``offload.offload_params``,
-then rank 0's weights are broadcast. The score of an input is the model's own output (``logits[:, 0]``: the score head
-at the rightmost token that is not the padding id, as transformers pools), so it equals a direct ``transformers``
-call on the same text.
+Built like the reference policy (``easyrl.workers.fsdp_model``), held in ``param_dtype``. The score is the model's
+``logits[:, 0]`` (pooled at the rightmost non-padding token, as transformers does).
 """
 
 from __future__ import annotations
@@ -73,9 +68,7 @@ class FSDPRewardModel:
 
     def _micro_batches(self, data: Batch) -> list[list[int]]:
         """Index lists covering ``data``: ``micro_batch_size_per_device`` samples each, or with ``dynamic_batching``
-        at most ``max_token_len_per_device`` tokens each (default ``micro_batch_size_per_device`` x the longest
-        input; a longer input is a micro-batch of its own), as many on every rank (a MAX all-reduce: FSDP2's
-        gathers are collective)."""
+        at most ``max_token_len_per_device`` tokens each; as many on every rank (a MAX all-reduce)."""
         cfg, n = self.config, len(data)
         if not cfg.dynamic_batching:
             count = -(-n // cfg.micro_batch_size_per_device)

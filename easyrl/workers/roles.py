@@ -1,25 +1,17 @@
 """The model roles of one worker, built in one place (:func:`build_roles`, called by ``FSDPWorker.init_models``).
 
-A role is a Hugging Face model sharded with FSDP2 over all workers (every rank holds a shard of each), with a forward
-and, when trainable, an update:
+Each role is a Hugging Face model sharded with FSDP2 over all workers:
 
-* ``actor``: the policy being trained (``FSDPPolicy``, float32 master weights, AdamW); always built (frozen, without
-  an optimizer and without the other roles, under ``trainer.val_only``: ``easyrl eval`` only generates).
-* ``ref``: the reference policy of the KL terms (``FSDPPolicy``, frozen, held in the compute dtype), built by copying
-  the actor's shards rather than reading the checkpoint again; only when a KL term uses it
-  (``algorithm.needs_reference``) and the actor has no LoRA adapter: with LoRA the reference is the actor with its
-  adapter switched off (``easyrl.models.lora.adapter_disabled``), no second model.
-* ``critic``: the value model of PPO with GAE (``FSDPCritic``: the policy's backbone with a scalar value head,
-  trainable); only for ``algorithm.adv_estimator: gae``.
-* ``reward_model``: a discriminative reward model (``FSDPRewardModel``: a sequence classifier with one output, frozen,
-  held in the compute dtype, offloadable) read from its own checkpoint; only when
-  ``worker.reward.reward_model.model_path`` is set.
-* ``teacher``: the on-policy distillation teacher (``FSDPPolicy``, frozen, held in the compute dtype, sharded and
-  batched as the actor is), read from its own checkpoint ``worker.teacher.model.model_path``; only when
-  ``algorithm.needs_teacher``.
+* ``actor``: the trained policy (``FSDPPolicy``); always built (frozen, alone, under ``trainer.val_only``).
+* ``ref``: the frozen reference of the KL terms, copied from the actor's shards; only when
+  ``algorithm.needs_reference`` and without LoRA (then the actor with its adapter off is the reference).
+* ``critic``: the value model (``FSDPCritic``); only for ``algorithm.adv_estimator: gae``.
+* ``reward_model``: a frozen sequence classifier (``FSDPRewardModel``); only with
+  ``worker.reward.reward_model.model_path``.
+* ``teacher``: the frozen distillation teacher (``FSDPPolicy``); only when ``algorithm.needs_teacher``.
 
-Roles are built in this order on every rank together (loading and sharding are collective), so a role may start from
-one built before it (``init_from``, as the reference copies the actor). Adding one: docs/architecture.md.
+Roles are built in this order on every rank together (collective), so a role may start from an earlier one
+(``init_from``). Adding one: docs/architecture.md.
 """
 
 from __future__ import annotations

@@ -1,23 +1,11 @@
 """The weights from the trainer's FSDP2 ranks to rollout engines on devices of their own (``trainer.rollout_mode:
-one_step_off``): the split-placement counterpart of ``easyrl.workers.weight_sync``, which hands them to an engine in
-the same process.
+one_step_off``): the split-placement counterpart of ``easyrl.workers.weight_sync``.
 
-Sequence (``FSDPWorker.send_weights`` on every trainer rank, ``RolloutWorker.receive_weights`` on every rollout rank,
-called together by the trainer between two generations)::
-
-    trainer ranks: for each bucket of the plan: all-gather the full tensors (weight_sync.gather_bucket, over the
-    trainer's process group) -> rank 0 broadcasts them as one flat buffer over the transfer group
-    rollout ranks: for each bucket: receive the flat buffer -> hand its tensors to vLLM (one reload_weights call over
-    all buckets) -> check every vLLM parameter was written (weight_sync.check_all_loaded)
-
-* The transfer group joins the trainer's rank 0 (rank 0) and every rollout rank (``1 + rank``): gloo on the CPU, NCCL
-  on CUDA devices, HCCL on Ascend NPUs, over device tensors. It is made from a store of its own and kept out of
-  torch.distributed's registry (each side already has its own default process group), so the collective contract
-  (``easyrl.workers.collectives``), which compares the ranks of each registered group at every worker method's end, does
-  not see it: its two sides run different methods. Its order is the same on every rank by construction: both sides
-  walk the one ``plan`` (bucket by bucket, names and shapes) the trainer's rank 0 made and the driver hands to both.
-* Buckets as the colocated sync's (``worker.rollout.update_weights_bucket_megabytes`` of full tensors in the rollout
-  dtype): one broadcast per bucket, at most one bucket of full tensors alive on each side.
+Per bucket of the one ``plan`` (made by the trainer's rank 0, handed to both sides): the trainer ranks all-gather the
+full tensors and rank 0 broadcasts them as one flat buffer; the rollout ranks receive it and hand the tensors to vLLM
+(one ``reload_weights`` over all buckets), then check every parameter was written. The transfer group (trainer rank 0
+as rank 0, rollout rank ``r`` as ``1 + r``; gloo / NCCL / HCCL) has its own store and stays out of torch.distributed's
+registry, so the collective contract does not compare its two sides' different methods.
 """
 
 from __future__ import annotations
