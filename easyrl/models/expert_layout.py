@@ -1,22 +1,10 @@
 """Fused MoE expert tensors between transformers' in-memory layout and the released checkpoints' (which vLLM loads).
 
-transformers 5.x holds a model's routed experts as two fused tensors per layer in ``F.linear``'s layout,
-``mlp.experts.gate_up_proj`` ``(experts, 2 * moe_intermediate, hidden)`` and ``mlp.experts.down_proj`` ``(experts,
-hidden, moe_intermediate)``. The released Qwen3-VL-MoE checkpoints (Qwen3-VL-30B-A3B, -235B-A22B) store them
-transposed, ``(experts, hidden, 2 * moe_intermediate)`` and ``(experts, moe_intermediate, hidden)``:
-
-* transformers 5.19 transposes on load (``conversion_mapping``: ``Transpose(1, 2, check_dims=True)`` for
-  ``qwen3_vl_moe``) but does NOT transpose back on ``save_pretrained``: its reverse op compares with the in-memory
-  shape and, finding it equal, keeps the in-memory layout;
-* vLLM 0.32 loads only the released layout (``Qwen3VLMoeDecoderLayer``: ``is_fused_checkpoint_transposed=True``);
-  given transformers' layout it fails in ``fused_moe`` ``_load_w2`` ("The size of tensor a (128) must match the size
-  of tensor b (256)"), or, when ``2 * moe_intermediate == hidden`` makes ``gate_up_proj`` square, silently loads it
-  transposed.
-
-So the weight sync hands vLLM the actor's experts in the released layout (``to_checkpoint_layout``), and the tiny
-builder and the Hugging Face export save that layout too (``save_pretrained_released``). Model types with fused
-experts stored in transformers' own layout (``qwen3_5_moe``, and the ``qwen2_moe`` family whose checkpoints hold one
-tensor per expert) pass unchanged.
+transformers holds routed experts fused in ``F.linear``'s layout, ``gate_up_proj`` ``(experts, 2 * moe_intermediate,
+hidden)`` and ``down_proj`` ``(experts, hidden, moe_intermediate)``; some released checkpoints (Qwen3-VL-MoE) store
+them transposed, and vLLM loads only that layout. The weight sync (``to_checkpoint_layout``) and the export
+(``save_pretrained_released``) write the released layout and names, per the family's registry entry; other families
+pass unchanged. Why (transformers' save, vLLM's loader): docs/models.md, "Layout notes".
 """
 
 from __future__ import annotations
@@ -41,18 +29,15 @@ def to_checkpoint_layout(named_tensors: Iterable[tuple[str, torch.Tensor]],
 
     Args:
         named_tensors: ``(HF name, tensor)`` pairs; fused expert tensors are 3-D ``(experts, out, in)``.
-        model_type: ``config.model_type`` of the model (the top level one, e.g. ``qwen3_vl_moe``).
+        model_type: the top-level ``config.model_type`` (e.g. ``qwen3_vl_moe``).
 
     Yields:
-        The same pairs, with each fused expert tensor of a family with ``transposed_experts`` as ``(experts, in,
-        out)`` (contiguous), those of a family with ``per_expert_names`` split into one ``(out, in)`` view per expert
-        (``...experts.<e>.<gate|up|down>.weight``), and each name renamed as the family's ``checkpoint_renames`` say
-        (``easyrl.models.families``: Mixtral's ``mlp`` -> ``block_sparse_moe``); every other tensor unchanged (the
-        same object).
+        The same pairs: fused experts of a ``transposed_experts`` family as contiguous ``(experts, in, out)``, those
+        of a ``per_expert_names`` family as one ``(out, in)`` view per expert, names changed per
+        ``checkpoint_renames`` (``easyrl.models.families``); every other tensor unchanged (the same object).
 
     Raises:
-        ValueError: a tensor that should be transposed is not 3-D (a renamed or unfused layout: the mapping above no
-            longer matches the installed transformers).
+        ValueError: a tensor that should be transposed is not 3-D (the installed transformers' layout changed).
     """
     renames = getattr(FAMILIES.get(model_type), "checkpoint_renames", ())
     for name, tensor in named_tensors:
@@ -82,9 +67,8 @@ def _per_expert(name: str, tensor: torch.Tensor, names: tuple[str, ...]) -> Iter
 
 
 def save_pretrained_released(model: Any, out: str, **kwargs: Any) -> None:
-    """``model.save_pretrained(out, **kwargs)`` with fused experts in the released checkpoints' layout and names (the
-    ones that vLLM and transformers' own loading expect), for families with ``transposed_experts`` or
-    ``checkpoint_renames`` (``to_checkpoint_layout``); a plain ``save_pretrained`` for every other model.
+    """``model.save_pretrained(out, **kwargs)`` with fused experts in the released checkpoints' layout and names
+    (``to_checkpoint_layout``) where the family needs it; a plain ``save_pretrained`` otherwise.
 
     Args:
         model: a transformers ``PreTrainedModel`` (weights materialised; tied weights tied).

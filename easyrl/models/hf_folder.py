@@ -1,11 +1,6 @@
 """Hugging Face model folders from full weights: the model class for a config, the folder's small files, and the
-atomic write of a whole folder (:func:`write_hf_folder`).
-
-Used by the workers (``FSDPWorker.save_hf`` at the end of a run, the checkpoint's ``actor/huggingface`` files) and by
-the ``python -m easyrl.export`` command (a folder from a checkpoint). A folder holds sharded ``*.safetensors`` in the
-base model's dtype (its config's ``dtype`` / ``torch_dtype``; the training master copy is float32), ``config.json``,
-the tokenizer/processor files and the base model's ``generation_config.json`` byte for byte. It is written under a
-temporary name and renamed when complete, so an interrupted write never leaves a folder that looks whole.
+atomic write of a whole folder (:func:`write_hf_folder`: sharded safetensors in the base model's dtype, config,
+tokenizer/processor and generation config copied byte for byte; written under a temporary name, then renamed).
 """
 
 from __future__ import annotations

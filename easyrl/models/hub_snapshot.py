@@ -1,11 +1,8 @@
 """Model folder or hub id: where a worker reads the model from, downloaded before any collective waits on it.
 
-Every worker resolves a hub id (``Qwen/Qwen2.5-VL-7B-Instruct``) to this node's snapshot folder
-(:func:`local_model_path` with ``huggingface_hub.snapshot_download``) BEFORE the process group exists
-(``FSDPWorker.fetch_model_files``, called by ``WorkerGroup`` ahead of ``init_process_group``), and builds everything
-from that folder, so a long download never runs into the process group's timeout (``worker.nccl_timeout``). On one
-node the workers share the hub cache and huggingface_hub's per-file locks (one downloads each file, the others wait);
-on several nodes each node downloads its own copy (no shared file system needed).
+Every worker resolves a hub id to this node's snapshot folder (:func:`local_model_path`) BEFORE the process group
+exists, so a long download never hits ``worker.nccl_timeout``. Workers of one node share the hub cache and its file
+locks; each node downloads its own copy.
 """
 
 from __future__ import annotations

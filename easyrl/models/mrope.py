@@ -1,13 +1,9 @@
 """Qwen-VL mRoPE positions after a video, as vLLM (and Qwen's reference code) count them.
 
-Qwen2-VL / Qwen2.5-VL give a vision segment 3-D positions ``(t * interval, h, w) + start`` and the text after it
-continues at ``max(all positions so far) + 1`` (Qwen's reference ``get_rope_index`` and vLLM's
-``get_mrope_input_positions``). transformers 5.x continues at ``start + max(h, w)`` instead, which is the same for an
-image (``t = 0``) and for Qwen3-VL (each video frame is its own segment, between timestamps), but lower for a
-Qwen2/2.5-VL video whose temporal extent ``(T - 1) * interval`` reaches past its spatial one: then the actor's
-positions of every later token differ from vLLM's, and so do its log-probs (tests/test_e2e_video.py: a gap of 5e-3
-with 8 frames at 4 fps on the tiny Qwen2.5-VL, 2e-6 with this correction). :func:`text_after_vision` wraps a model's
-``get_rope_index`` to follow the reference.
+Qwen2/2.5-VL's text after a vision segment continues at ``max(all positions so far) + 1`` (Qwen's reference
+``get_rope_index``, vLLM's ``get_mrope_input_positions``); transformers continues at ``start + max(h, w)``, lower for
+a video whose temporal extent ``(T - 1) * interval`` exceeds its spatial one, which shifts every later position and
+log-prob (docs/models.md, "Layout notes"). :func:`text_after_vision` wraps ``get_rope_index`` to follow the reference.
 """
 
 from __future__ import annotations

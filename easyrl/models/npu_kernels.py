@@ -1,19 +1,10 @@
 """Ascend NPU fused kernels for the Qwen family's RMSNorm, rotary embedding and SwiGLU MLP (``torch_npu``).
 
-One switch: ``worker.actor.model.npu_fused_kernels`` (only takes effect with ``trainer.device=npu``). It replaces, on
-the actor and reference models:
-
-* every ``*RMSNorm`` module's forward by ``torch_npu.npu_rms_norm(x, weight, epsilon)`` (one kernel instead of
-  pow/mean/rsqrt/mul);
-* every ``*MLP`` with ``gate_proj``/``up_proj``/``down_proj`` and SiLU: ``down(npu_swiglu(cat(gate(x), up(x))))``
-  (``npu_swiglu`` computes ``silu(a) * b`` of the two halves);
-* the text rotary ``apply_rotary_pos_emb(q, k, cos, sin)`` of the model's modeling module by
-  ``npu_rotary_mul(x, cos, sin)`` (``x * cos + rotate_half(x) * sin``), on the first ``cos.shape[-1]`` channels of
-  each head where the rotary is partial (Qwen3.5, Qwen3-Next), the rest passed through; Qwen-VL's multimodal
-  (mRoPE) and vision rotaries keep transformers' code.
-
-Same arithmetic as transformers' modules (checked on the CPU against reference implementations of the three ops in
-``tests/test_npu_kernels.py``); not yet run on an NPU.
+With ``worker.actor.model.npu_fused_kernels`` (``trainer.device=npu`` only), on the actor and reference: every
+``*RMSNorm`` forward becomes ``npu_rms_norm``; every SiLU ``*MLP`` with ``gate_proj``/``up_proj``/``down_proj``
+becomes ``down(npu_swiglu(cat(gate(x), up(x))))``; the text ``apply_rotary_pos_emb`` becomes ``npu_rotary_mul`` (on
+the rotary channels only where the rotary is partial; mRoPE and vision rotaries unchanged). Same arithmetic as
+transformers' modules (``tests/test_npu_kernels.py``, on the CPU); not yet run on an NPU.
 """
 
 from __future__ import annotations

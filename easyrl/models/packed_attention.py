@@ -1,25 +1,12 @@
 """Attention over a packed row one sequence at a time: the padding-free layout's attention where no varlen kernel
 exists (the CPU).
 
-A packed row ``(1, total)`` holds many sequences end to end (``easyrl.models.packing``). transformers' ``sdpa`` runs
-it as ONE ``total x total`` attention with a block-diagonal causal mask: its cost grows with ``total ** 2`` although
-only the diagonal blocks (``sum(len_i ** 2)``) are needed (32 sequences of ~70 tokens: 32x the needed work), the
-mask keeps SDPA's flash kernel off, and the masked kernel keeps ``(heads, total, total)`` attention weights per layer
-for the backward (the bulk of a CPU worker's RAM during the update). flash-attention's varlen kernel (CUDA, Ascend)
-skips the masked blocks; :data:`PACKED_SDPA` does the same in plain torch: one SDPA call per sequence with
-``is_causal=True`` and no mask, which on the CPU runs torch's flash-attention kernel (it keeps only a log-sum-exp per
-row for the backward).
-
-How transformers is told: :data:`PACKED_SDPA` is registered with ``AttentionInterface`` (the attention function) and
-``AttentionMaskInterface`` (the mask function). Build the model with ``attn_implementation=PACKED_SDPA``
-(``easyrl.workers.policy_forward.attention_implementation`` chooses it for padding-free CPU forwards). Then
-
-* packed rows (``attention_mask=None``, positions restarting at each sequence): the mask function returns no mask,
-  and the attention splits the row where the text position ids do not continue by +1 (transformers' own rule,
-  ``masking_utils.find_packed_sequence_indices``; every decoder layer passes its text position ids to its attention,
-  Qwen-VL's row 0 of the mRoPE positions included);
-* anything else (a padding mask, a vision tower's bidirectional attention, decoding with a cache): transformers'
-  ``sdpa`` mask and attention, unchanged.
+transformers' ``sdpa`` runs a packed row ``(1, total)`` as ONE ``total x total`` masked attention: ``total ** 2`` work
+where ``sum(len_i ** 2)`` is needed, no flash kernel, ``(heads, total, total)`` weights kept for the backward.
+:data:`PACKED_SDPA` (registered with ``AttentionInterface`` and ``AttentionMaskInterface``; chosen by
+``easyrl.workers.policy_forward.attention_implementation``) runs one causal SDPA call per sequence, no mask, splitting
+the row where the text position ids do not continue by +1 (transformers' own rule). Anything else (a padding mask, a
+bidirectional vision tower, decoding with a cache) goes to transformers' ``sdpa`` unchanged.
 """
 
 from __future__ import annotations
@@ -100,11 +87,9 @@ def packed_sdpa_attention(
     Returns:
         ``((1, total, heads, head_dim), None)``, as transformers' ``sdpa_attention_forward``.
 
-    A sliding-window layer (``sliding_window`` among ``kwargs``: Gemma 3's local layers, Mistral) gets its band mask
-    per sequence (:func:`_window_mask`).
-
-    Calls with a mask, without position ids, of more than one row, of a bidirectional module (a vision tower) or with
-    a query shorter than the keys (decoding with a cache) go to ``sdpa_attention_forward`` unchanged.
+    A sliding-window layer (``sliding_window`` in ``kwargs``) gets its band mask per sequence. Calls with a mask,
+    without position ids, of several rows, of a bidirectional module or with a cache go to
+    ``sdpa_attention_forward`` unchanged.
     """
     lengths = packed_lengths(module, query, key, attention_mask, is_causal, position_ids)
     if lengths is None:

@@ -1,30 +1,13 @@
 """Linear-attention layers over a packed row one sequence at a time: real sequence boundaries for Gated DeltaNet.
 
-Qwen3.5 / Qwen3.5-MoE (and Qwen3-Next) interleave full-attention layers with Gated-DeltaNet layers
-(``Qwen3_5GatedDeltaNet``, the decoder layer's ``linear_attn``): a causal depthwise convolution then a recurrent
-state carried from token to token. In a packed row (``easyrl.models.packing``: many sequences end to end, positions
-restarting at 0) the full-attention layers find the boundaries in the position ids, but the Gated-DeltaNet layer
-never sees them: transformers 5.19 hands it only ``cu_seq_lens_q`` (which easyrl does not pass, see
-``easyrl.models.packing``), and its PyTorch fallbacks (``torch_chunk_gated_delta_rule``, ``causal_conv1d_fn``, the
-CPU path and any host without ``flash-linear-attention`` / ``causal-conv1d``) ignore it even then. The convolution
-and the recurrent state would run from one sequence into the next: every sequence after the first is scored with
-its predecessors' state (#20; tiny Qwen3.5 in fp32: log-prob error 0.4).
-
-:func:`split_linear_attention_at_sequences` fixes it by construction: a forward pre-hook on every decoder layer with
-a ``linear_attn`` reads the layer's text position ids (the same rule as the full-attention layers:
-``easyrl.models.packed_attention.sequence_lengths``) and the layer's ``linear_attn`` then runs once per sequence, each
-from a zero state, and concatenates the outputs: the padded batch's numbers (a left-padded row's zeroed padding
-leaves the state at zero, so it is the same computation), on every backend. Under gradient checkpointing the
-recomputation calls the layer again with the same position ids, so the split is the same.
-
-Where flash-linear-attention and causal-conv1d are installed (:func:`varlen_kernels`), transformers runs their kernels,
-which take the boundaries: the packed row then goes through in one call, with ``cu_seq_lens_q`` (handed to
-``chunk_gated_delta_rule`` as ``cu_seqlens``) and ``seq_idx`` (``causal_conv1d_fn``'s sequence index per token)
-instead of one call per sequence (checked on the CPU with stand-ins that honour the boundaries as the kernels
-document; the kernels themselves need a GPU and have not run here).
-
-Calls that are not a packed row pass through unchanged: a padded batch (``attention_mask`` given or more than one
-row), one sequence, a cache (generation).
+In Qwen3.5 / Qwen3-Next the Gated-DeltaNet layers (``linear_attn``: causal convolution, recurrent state) do not see
+a packed row's boundaries (transformers' torch fallbacks ignore them), so the state would run from one sequence into
+the next (docs/models.md, "Layout notes"). :func:`split_linear_attention_at_sequences` hooks each such decoder layer
+to run ``linear_attn`` once per sequence (boundaries from the text position ids, as
+``easyrl.models.packed_attention.sequence_lengths``), each from a zero state: the padded batch's numbers, also under
+gradient checkpointing. Where flash-linear-attention and causal-conv1d are installed (:func:`varlen_kernels`), the
+row goes through in one call with ``cu_seq_lens_q`` / ``seq_idx`` instead (checked with stand-ins on the CPU only).
+Padded batches, single sequences and cached generation pass through unchanged.
 """
 
 from __future__ import annotations
