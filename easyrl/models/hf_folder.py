@@ -93,16 +93,13 @@ def _replace_dir(tmp: str, out: str) -> None:
 
 def write_hf_folder(state: dict[str, torch.Tensor], sources: list[str], out: str,
                     dtype: Optional[torch.dtype] = None, trust_remote_code: bool = False) -> str:
-    """Write a Hugging Face model folder from full weights, atomically.
+    """Write a Hugging Face model folder from full weights, atomically (``out`` replaced once the new one is whole).
 
     Args:
-        state: full tensors by Hugging Face name (e.g. ``easyrl.workers.fsdp_model.gather_full_state_dict`` on
-            rank 0).
-        sources: folders or hub ids holding the base model's config, generation config and tokenizer/processor
-            files (the first that has a file wins), e.g. ``[model_path, tokenizer_path]``.
-        out: the folder to write (replaced if it exists, only once the new one is complete).
-        dtype: weight dtype; None: the base config's (:func:`config_dtype`).
-        trust_remote_code: for the model class of the config.
+        state: full tensors by Hugging Face name (e.g. ``fsdp_model.gather_full_state_dict`` on rank 0).
+        sources: folders or hub ids with the base model's config, generation config and tokenizer files (the first
+            that has a file wins), e.g. ``[model_path, tokenizer_path]``.
+        out: the folder to write; dtype: weight dtype (None: :func:`config_dtype`); trust_remote_code: for the class.
 
     Returns:
         ``out``.

@@ -1,13 +1,9 @@
-"""LoRA on the actor with peft (``worker.actor.model.lora``).
+"""LoRA on the actor with peft (``worker.actor.model.lora``; Hu et al. 2021, "LoRA", Eq. 3:
+``h = W x + (alpha / rank) B A x``, ``B`` starting at 0).
 
-* ``apply_lora`` wraps the Hugging Face model in place with peft's ``get_peft_model`` before it is sharded: peft swaps
-  each targeted ``nn.Linear`` for a LoRA layer holding the frozen original (``<module>.base_layer``) and two trainable
-  matrices ``lora_A`` ``(rank, in)`` and ``lora_B`` ``(out, rank)`` (Hu et al. 2021, "LoRA", Eq. 3:
-  ``h = W x + (alpha / rank) B A x``, ``B`` starts at 0). Everything else is frozen, so only adapter parameters get
-  gradients and enter the optimizer; FSDP2 then shards the adapter like any parameter of its block.
-* The reference policy is the same model with the adapter switched off (``disable_adapter``): no second model.
-* ``merge_lora_stream`` turns the actor's names and tensors into the plain model's (``W + scale * B @ A``), for vLLM
-  and for the exported merged model (why merged rather than a vLLM LoRA adapter: docs/lora.md).
+``apply_lora`` inserts peft's LoRA layers (``lora_A`` ``(rank, in)``, ``lora_B`` ``(out, rank)``) before sharding and
+freezes everything else; the reference policy is the same model with the adapter off; ``merge_lora_stream`` gives
+the plain model's ``W + scale * B @ A`` for vLLM and the export (why merged: docs/lora.md).
 """
 
 from __future__ import annotations

@@ -16,15 +16,14 @@ __all__ = ["FSDPCritic", "attach_value_head"]
 
 
 def attach_value_head(model: torch.nn.Module) -> str:
-    """Replace the causal LM's output embedding (``lm_head``, hidden -> vocab) by a value head (hidden -> 1, with bias)
-    whose weight and bias are zero, so every initial value is 0, in place. The head is created on the device of the
-    old one (the meta device on ranks that receive their weights by broadcast); the word embeddings are untied from it.
+    """Replace the causal LM's output embedding (``lm_head``, hidden -> vocab) in place by a zero value head
+    (hidden -> 1, with bias: every initial value is 0) on the old head's device; the word embeddings are untied.
 
     Returns:
         The head's module name (``lm_head``), under which its ``weight`` and ``bias`` appear in the state dict.
 
     Raises:
-        ValueError: if the model has no output embedding (``get_output_embeddings()`` is None).
+        ValueError: if the model has no output embedding.
     """
     head = model.get_output_embeddings()
     if head is None:

@@ -102,21 +102,16 @@ def load_sharded_model(
     """Build one role's FSDP2-sharded model on every rank (collective: all ranks call it together).
 
     Args:
-        model_path: Hugging Face folder or hub id (read on rank 0 only, and only when ``init_from`` is None).
-        hf_config: its ``AutoConfig``.
-        config: ``worker.actor`` settings (model, fsdp).
-        mesh: 1-D data-parallel device mesh.
-        device: ``cuda``, ``npu`` or ``cpu``.
-        trainable: True: float32 master parameters (compute in ``fsdp.param_dtype``), gradient checkpointing and
-            the vision-tower freeze as configured, and with ``model.lora.rank > 0`` peft's LoRA layers inserted
-            before sharding (only they stay trainable; see ``easyrl.models.lora``). False: frozen, parameters held
-            in ``fsdp.param_dtype``.
+        model_path: Hugging Face folder (read on rank 0 only, and only when ``init_from`` is None).
+        hf_config: its ``AutoConfig``; config: ``worker.actor``-style settings (model, fsdp).
+        mesh: 1-D data-parallel device mesh; device: ``cuda``, ``npu`` or ``cpu``.
+        trainable: True: float32 master parameters, gradient checkpointing, vision-tower freeze and LoRA layers as
+            configured; False: frozen, held in ``fsdp.param_dtype``.
         offload: this role's offload settings (see ``placement``).
-        init_from: an already built sharded model of the same checkpoint (the actor) to copy the shards from.
-        attn_implementation: transformers' attention implementation (the actor chooses it per device:
-            ``easyrl.workers.policy_forward.attention_implementation``).
-        adapt: ``adapt(meta_model, full_state)`` changes the freshly built model before sharding (on every rank) and
-            rank 0's checkpoint state dict to match it (``{}`` elsewhere), e.g. the critic's value head.
+        init_from: an already built sharded model of the same checkpoint to copy the shards from.
+        attn_implementation: transformers' attention (``policy_forward.attention_implementation``).
+        adapt: ``adapt(meta_model, full_state)`` changes the model before sharding and rank 0's state dict to match
+            (``{}`` elsewhere), e.g. the critic's value head.
 
     Returns:
         The sharded model, parameters placed per ``placement(device, offload.offload_params)``.

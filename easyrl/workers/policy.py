@@ -63,19 +63,16 @@ class FSDPPolicy(FSDPTrainable):
         """``ppo_epochs`` passes of clipped policy-gradient updates over this worker's share of the rollout batch.
 
         Args:
-            data: this worker's samples with ``old_log_probs``, ``advantages``, ``response_mask`` (and
-                ``ref_log_probs`` when the KL loss is on, ``rollout_log_probs`` when ``tis_cap`` is set). Without
-                ``old_log_probs`` the step must be on-policy (one epoch, one mini-batch): every forward then runs
-                before the only optimizer step, so the detached current log-probs are the old ones (as in verl);
-                they are kept in ``self.on_policy_log_probs`` ``(bsz, resp_len)``.
-            mini_batch_size: samples of this worker per optimizer step (``global_batch_size * n / world_size``).
-            micro_batch_size: samples per forward/backward (or the token budget's unit with dynamic batching).
+            data: samples with ``old_log_probs``, ``advantages``, ``response_mask`` (``ref_log_probs`` with the KL
+                loss, ``rollout_log_probs`` with ``tis_cap``). Without ``old_log_probs`` the step must be on-policy
+                (one epoch, one mini-batch): the detached current log-probs are the old ones, kept in
+                ``self.on_policy_log_probs`` ``(bsz, resp_len)``.
+            mini_batch_size: samples of this worker per optimizer step; micro_batch_size: per forward/backward.
             sync_threshold: ``PPOConfig.sync_check_threshold``; on an on-policy step with ``rollout_log_probs`` the
-                weight-sync check runs on the update's own log-probs before its optimizer step (collective: the
-                largest of the ranks' ``log_prob_diff_median``), as the trainer's runs after an old-log-prob pass.
+                weight-sync check runs before the optimizer step (collective: the ranks' largest median).
 
         Returns:
-            metric name -> values (one per micro-batch or per optimizer step); the trainer averages them.
+            metric name -> values (per micro-batch or per optimizer step); the trainer averages them.
 
         Raises:
             ValueError: ``old_log_probs`` is missing but the update takes several optimizer steps.

@@ -91,21 +91,16 @@ def response_scores(
     router_aux: bool = False,
     sp: Optional[SequenceParallel] = None,
 ) -> PolicyScores:
-    """Log-probs (and entropies, and an MoE router's load-balancing loss) of the response tokens of one padded
-    micro-batch.
+    """Log-probs (and entropies, and an MoE router's load-balancing loss) of one micro-batch's response tokens.
 
     Args:
-        model: a transformers causal LM or Qwen-VL model (FSDP2-sharded or not), SDPA/eager/flash attention.
-        inputs: the micro-batch (:class:`ModelInputs`).
-        temperature: the sampling temperature (logits are divided by it).
-        with_entropy: also return the entropies (else None).
-        entropy_grad: let gradients flow through the entropy (False when its loss coefficient is 0: the metric is
-            still computed, without the vocabulary-wide backward).
+        model: a transformers causal LM or VL model (FSDP2-sharded or not).
+        inputs: the micro-batch (:class:`ModelInputs`); temperature: the logits are divided by it.
+        with_entropy: also return the entropies; entropy_grad: let gradients flow through them.
         fused_head: given: the padding-free layout with this head on ``model``; None: the padded layout.
-        router_aux: ask the model for its router's load-balancing loss (``output_router_logits=True``; transformers'
-            ``load_balancing_loss_func`` over every non-padding token, prompt included).
-        sp: this rank's sequence-parallel group (padding-free only): the row is split over its ranks
-            (``easyrl.models.ulysses``); None: the whole row here.
+        router_aux: ask for the router's load-balancing loss (``output_router_logits=True``, over every
+            non-padding token).
+        sp: this rank's sequence-parallel group (padding-free only, ``easyrl.models.ulysses``); None: whole row.
 
     Returns:
         :class:`PolicyScores`; ``entropy`` None unless ``with_entropy``, ``router_aux_loss`` None unless
@@ -142,14 +137,12 @@ def _router_aux_loss(output, router_aux: bool) -> Optional[torch.Tensor]:
 
 def response_values(model: torch.nn.Module, inputs: ModelInputs, padding_free: bool,
                     sp: Optional[SequenceParallel] = None) -> torch.Tensor:
-    """A value model's outputs at the positions that predict each response token: ``V(s_t)``, the value of the state
-    before response token ``t`` (prompt + ``response[:t]``), read where the actor reads token ``t``'s log-prob.
+    """A value model's ``V(s_t)`` (the state before response token ``t``), read where the actor reads token
+    ``t``'s log-prob.
 
     Args:
-        model: a causal LM (or Qwen-VL) whose output embedding is a ``hidden -> 1`` value head
-            (``easyrl.workers.critic.attach_value_head``).
-        inputs, sp: as :func:`response_scores`.
-        padding_free: pack the micro-batch into one row (``worker.critic.padding_free``) or run it padded.
+        model: a causal LM whose output embedding is a ``hidden -> 1`` value head (``critic.attach_value_head``).
+        inputs, sp: as :func:`response_scores`; padding_free: packed (one row) or padded.
 
     Returns:
         ``(bsz, R)`` float32 values, 0 at response padding; differentiable.

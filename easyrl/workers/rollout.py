@@ -35,18 +35,13 @@ def engine_arguments(model_path: str, config: RolloutConfig, device: str, seed: 
     """The ``vllm.LLM`` arguments of the colocated engine (a pure function of the settings).
 
     Args:
-        model_path: Hugging Face model folder (the actor's).
-        config: ``worker.rollout``.
-        device: ``cuda``, ``npu`` or ``cpu``.
-        seed: the engine's sampling seed.
-        vision: the model has a vision tower (``hf_config.vision_config``).
+        model_path: the actor's Hugging Face folder; config: ``worker.rollout``; device: ``cuda``, ``npu`` or ``cpu``.
+        seed: the engine's sampling seed; vision: the model has a vision tower.
 
     Returns:
         Keyword arguments for ``vllm.LLM``: ``load_format="easyrl_dummy"`` where ``dummy_load.load_format`` allows
-        it (the first sync overwrites every weight); on GPU/NPU ``disable_custom_all_reduce=True`` (Ray shows each
-        worker one device, so vLLM's custom all-reduce fails with TP > 1), ``gpu_memory_utilization`` and sleep
-        mode; with TP > 1 the ``external_launcher`` executor (one engine per TP group of consecutive ranks). The CPU
-        backend sizes its KV cache from ``VLLM_CPU_KVCACHE_SPACE`` instead. Why each: docs/vllm-versions.md.
+        it; on GPU/NPU ``disable_custom_all_reduce=True`` (Ray shows each worker one device), ``gpu_memory_utilization``
+        and sleep mode; with TP > 1 the ``external_launcher`` executor. Why each: docs/vllm-versions.md.
     """
     max_model_len = config.prompt_length + config.response_length
     engine_kwargs: dict[str, Any] = dict(
@@ -228,17 +223,12 @@ class VLLMRollout:
         """Sample one response per request.
 
         Args:
-            raw_prompt_ids: per request, the chat-templated prompt tokens with one ``<|image_pad|>`` per image
-                (vLLM expands it from the image).
-            images: per request, its PIL images (``[]`` for text-only requests).
-            overrides: sampling settings that replace ``worker.rollout``'s (``temperature``, ``top_p``, ``top_k``),
-                e.g. the validation settings.
-            seeds: per request, its own sampling seed (``easyrl.trainer.seeding``), so that a request draws the
-                same tokens whatever else the engine ran before; None: the engine's seed.
-            max_tokens: per request, its token budget (a multi-turn rollout's remaining response tokens); None:
-                ``worker.rollout.response_length`` each.
-            videos: per request, its videos (``easyrl.data.videos.Video``, one ``<|video_pad|>`` each in the
-                prompt), or None for none.
+            raw_prompt_ids: per request, the chat-templated prompt tokens, one ``<|image_pad|>`` per image.
+            images: per request, its PIL images (``[]`` for text).
+            overrides: ``temperature`` / ``top_p`` / ``top_k`` replacing ``worker.rollout``'s (e.g. validation).
+            seeds: per request, its sampling seed (``easyrl.trainer.seeding``); None: the engine's seed.
+            max_tokens: per request, its token budget; None: ``worker.rollout.response_length`` each.
+            videos: per request, its videos (``easyrl.data.videos.Video``, one ``<|video_pad|>`` each), or None.
 
         Returns:
             ``RolloutOutput`` with ``worker.rollout.response_length`` tokens per response at most.
@@ -266,17 +256,15 @@ class VLLMRollout:
 
     def score(self, token_ids: list[int], images: list[Any],
               videos: Optional[list[Any]] = None) -> tuple[list[int], list[float]]:
-        """Teacher-forced log-probs of a fixed sequence under the engine's current weights.
+        """Teacher-forced log-probs of a fixed sequence under the engine's weights (the rollout/training parity check).
 
         Args:
-            token_ids: prompt + continuation, with ONE ``<|image_pad|>`` per image (as ``raw_prompt_ids``).
-            images: the PIL images of the sequence (``[]`` for text).
-            videos: its videos (``easyrl.data.videos.Video``, one ``<|video_pad|>`` each), or None.
+            token_ids: prompt + continuation, ONE ``<|image_pad|>`` per image; images: its PIL images;
+                videos: its videos, or None.
 
         Returns:
-            ``(expanded_ids, log_probs)``: the token ids as the engine saw them (image pads expanded), and the log-prob
-            of each of ``expanded_ids[1:]`` given the tokens before it, shape ``(len(expanded_ids) - 1,)``. Used to
-            check that the engine holds exactly the actor's weights (rollout/training mismatch).
+            ``(expanded_ids, log_probs)``: the ids as the engine saw them (pads expanded) and the log-prob of each of
+            ``expanded_ids[1:]``, shape ``(len(expanded_ids) - 1,)``.
         """
         from vllm import SamplingParams
 

@@ -42,15 +42,12 @@ class FSDPTrainable:
     """A sharded model with, when trainable, an optimizer and its LR schedule; micro-batching and the update loop.
 
     Args:
-        model_path: Hugging Face model folder or hub id.
-        config: ``worker.actor`` (also the reference's and the teacher's) or ``worker.critic``.
-        mesh, device, torch_device: the 1-D data-parallel mesh over all workers; ``cuda``, ``npu`` or ``cpu``; this
-            rank's compute device.
+        model_path: Hugging Face model folder; config: ``worker.actor`` (also ref/teacher) or ``worker.critic``.
+        mesh, device, torch_device: the 1-D data-parallel mesh; ``cuda``, ``npu`` or ``cpu``; this rank's device.
         trainable: build the optimizer (``config.optim``) and its LR schedule.
-        offload: parameter offload settings (a ``TrainedOffloadConfig``, with ``offload_optimizer``, when trainable).
-        training_steps: the run's steps (``PPOConfig.training_steps``), the LR schedule's length.
-        init_from: a model of the same checkpoint whose shards to copy (the reference from the actor: no second
-            checkpoint read); None reads ``model_path`` on rank 0 and broadcasts it.
+        offload: parameter offload settings (with ``offload_optimizer`` when trainable).
+        training_steps: the run's steps, the LR schedule's length.
+        init_from: a model of the same checkpoint whose shards to copy (no second read); None: rank 0 reads.
     """
 
     def __init__(self, model_path: str, config: TrainedRoleConfig, mesh: DeviceMesh, device: str,
@@ -121,15 +118,14 @@ class FSDPTrainable:
     def run_epochs(self, data: Batch, mini_batch_size: int, micro_batch_size: int,
                    backward_micro: Callable[[torch.Tensor, Batch, dict, dict], None],
                    role: str, before_step: Optional[Callable[[], None]] = None) -> dict[str, list[float]]:
-        """``ppo_epochs`` reshuffled passes over ``data`` (the actor's and the critic's update loop): per mini-batch,
-        the global token/sequence counts (all-reduced), ``backward_micro(indices, micro, agg_kwargs, step_metrics)``
-        per micro-batch (``indices``: the micro-batch's rows in ``data``), ``before_step()`` (if given; it may raise to
-        stop before any weight moves), gradient clipping to ``max_grad_norm`` and one optimizer step (skipped on a
-        non-finite norm); then one LR-schedule step.
+        """``ppo_epochs`` reshuffled passes over ``data``: per mini-batch, the global token/sequence counts
+        (all-reduced), ``backward_micro(indices, micro, agg_kwargs, step_metrics)`` per micro-batch,
+        ``before_step()`` (may raise before any weight moves), clipping to ``max_grad_norm`` and one optimizer step
+        (skipped on a non-finite norm); then one LR-schedule step.
 
         Returns:
-            metric name -> values: what ``backward_micro`` added per optimizer step, ``<role>/grad_norm`` per step,
-            ``<role>/skipped_steps`` and ``<role>/lr`` (the learning rate these steps used).
+            metric name -> values: ``backward_micro``'s per step, ``<role>/grad_norm``, ``<role>/skipped_steps``,
+            ``<role>/lr``.
         """
         cfg = self.config
         self.model.train()

@@ -188,14 +188,13 @@ def reload_and_report(worker: Any, weights_iterator: Iterator[tuple[str, torch.T
 
 def sync_weights(state: dict[str, torch.Tensor], rollout: Any, device: str, torch_device: torch.device,
                  dtype: torch.dtype, bucket_bytes: int, lora_scale: Optional[float] = None) -> None:
-    """Overwrite the engine's weights with the actor's (collective: every rank calls it), then free the gather
-    memory. The caller wakes the KV cache afterwards (so that it is allocated after ``empty_cache``).
+    """Overwrite the engine's weights with the actor's (collective), then free the gather memory; the caller wakes
+    the KV cache afterwards.
 
     Args:
-        state: the FSDP2-sharded actor's ``state_dict()`` (Hugging Face names, DTensor shards).
+        state: the sharded actor's ``state_dict()`` (Hugging Face names, DTensor shards).
         bucket_bytes: full-tensor bytes per gather bucket.
-        lora_scale: with a LoRA actor, ``alpha / rank``: each bucket's adapted weights reach vLLM merged,
-            ``W + scale * B @ A`` under the plain model's names (``easyrl.models.lora.merge_lora_stream``).
+        lora_scale: with a LoRA actor, ``alpha / rank``: vLLM gets ``W + scale * B @ A`` under the plain names.
 
     Raises:
         RuntimeError: vLLM holds parameters that the actor's weights did not overwrite (``check_all_loaded``).
@@ -224,10 +223,8 @@ def check_weight_sync(median_diff: float, threshold: Optional[float]) -> None:
     """Stop the run when vLLM's sampled-token log-probs are too far from the actor's (a broken weight sync).
 
     Args:
-        median_diff: the step's ``rollout/log_prob_diff_median`` (nats,
-            ``easyrl.algorithms.rollout_correction.log_prob_diff_median``).
-        threshold: ``PPOConfig.sync_check_threshold`` (None: no check); docs/metrics.md gives the gaps measured on
-            correct syncs and why a correct bf16 sync stays far below the default.
+        median_diff: the step's ``rollout/log_prob_diff_median`` (nats).
+        threshold: ``PPOConfig.sync_check_threshold`` (None: no check; measured gaps: docs/metrics.md).
 
     Raises:
         WeightSyncError: ``median_diff > threshold`` (or NaN), naming the metric, the bound, the key and the causes.
