@@ -84,13 +84,11 @@ def linear_log_probs(
     """Label log-probs and entropies of ``softmax(hidden @ weight^T / temperature)`` without full logits.
 
     Args:
-        hidden: ``(tokens, hidden_size)`` last hidden states (any float dtype, may require grad).
-        weight: ``(vocab, hidden_size)`` output embedding (``lm_head.weight``, no bias), same dtype as ``hidden``.
-        labels: ``(tokens,)`` int64 token ids in ``[0, vocab)``.
-        temperature: sampling temperature (> 0) the logits are divided by.
+        hidden: ``(tokens, hidden_size)`` last hidden states.
+        weight: ``(vocab, hidden_size)`` bias-free output embedding, same dtype as ``hidden``.
+        labels: ``(tokens,)`` int64 token ids in ``[0, vocab)``; temperature: > 0, divides the logits.
         chunk_tokens: tokens per chunk (peak temporary: ``chunk_tokens x vocab`` float32).
-        entropy_grad: False: the entropy is returned detached, so no gradient flows through it even if it is
-            used in a loss with coefficient 0 (its backward would cost another vocabulary-wide pass).
+        entropy_grad: False: the entropy is returned detached (no vocabulary-wide backward for it).
 
     Returns:
         ``(log_probs, entropy)``, each ``(tokens,)`` float32 (nats).

@@ -40,16 +40,14 @@ def peft_config(lora: Any) -> Any:
 
 
 def apply_lora(model: torch.nn.Module, lora: Any, model_path: Optional[str] = None) -> Any:
-    """Insert LoRA layers into ``model`` in place (works on the meta device) and freeze everything but them.
+    """Insert LoRA layers into ``model`` in place (also on the meta device) and freeze everything but them.
 
     Args:
-        model: a Hugging Face model (its module names are kept: ``self.model`` stays this object).
-        lora: ``worker.actor.model.lora`` with ``rank > 0``.
-        model_path: recorded in the adapter's config (``base_model_name_or_path``).
+        model: a Hugging Face model (its module names are kept); lora: ``worker.actor.model.lora``, ``rank > 0``.
+        model_path: recorded as the adapter's ``base_model_name_or_path``.
 
     Returns:
-        the ``peft.PeftModel`` wrapper (for ``disable_adapter`` and ``save_pretrained``); ``wrapper.base_model.model``
-        is ``model``.
+        the ``peft.PeftModel`` wrapper; ``wrapper.base_model.model`` is ``model``.
 
     Raises:
         ModelError: no module of the model matches ``target_modules`` (names the key and the value).
@@ -100,13 +98,10 @@ def is_adapter_key(name: str) -> bool:
 
 def merge_lora_stream(named: Iterable[tuple[str, torch.Tensor]], scale: float,
                       dtype: Optional[torch.dtype] = None) -> Iterator[tuple[str, torch.Tensor]]:
-    """The plain model's ``(name, tensor)`` pairs from a LoRA model's, lazily: ``X.base_layer.weight`` ``(out, in)``
-    with ``X.lora_A.default.weight`` ``(rank, in)`` and ``X.lora_B.default.weight`` ``(out, rank)`` becomes
-    ``X.weight = W + scale * B @ A`` (computed in float32, returned in ``dtype`` or W's dtype),
-    ``X.base_layer.bias`` becomes ``X.bias``; other names pass through unchanged, in order.
-
-    A module's three tensors may arrive in any order and in different buckets; the base weight is held until its two
-    matrices have arrived (peft registers them right after it, so at most one module is held at a time).
+    """The plain model's ``(name, tensor)`` pairs from a LoRA model's, lazily: ``X.base_layer.weight`` ``(out, in)``,
+    ``X.lora_A.default.weight`` ``(rank, in)`` and ``X.lora_B.default.weight`` ``(out, rank)`` become
+    ``X.weight = W + scale * B @ A`` (float32, returned in ``dtype`` or W's); ``X.base_layer.bias`` becomes ``X.bias``;
+    other names pass unchanged, in order. A module's three tensors may arrive in any order and bucket.
 
     Raises:
         ValueError: a LoRA matrix without its base weight, or a base weight left without its matrices at the end.

@@ -22,11 +22,8 @@ __all__ = ["PackedBatch", "pack_sequences", "padded_text_positions"]
 
 
 def padded_text_positions(attention_mask: torch.Tensor) -> torch.Tensor:
-    """``(bsz, L)`` positions counting only real tokens (0 at left padding), as vLLM sees them (it sees no padding).
-
-    Args:
-        attention_mask: ``(bsz, L)`` ``{0, 1}``.
-    """
+    """``(bsz, L)`` positions counting only real tokens of ``attention_mask`` ``(bsz, L)`` (0 at left padding), as
+    vLLM sees them."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
@@ -36,13 +33,9 @@ class PackedBatch:
 
     Attributes:
         input_ids: ``(1, total)`` the valid tokens, row after row.
-        position_ids: ``(1, total)`` per-sequence positions (0, 1, ...) or, for mRoPE, ``(4, 1, total)``: the text
-            positions then the three rotary rows.
-        cu_seqlens: ``(bsz + 1,)`` int32 offsets of each sequence in the packed row (as flash-attention's varlen
-            kernels take them).
-        max_seqlen: the longest sequence (tokens).
-        logit_indices: ``(num_response_tokens,)`` packed positions whose next-token logits score a response token
-            (pass as the model's ``logits_to_keep``).
+        position_ids: ``(1, total)`` per-sequence positions, or mRoPE's ``(4, 1, total)`` (text row, 3 rotary rows).
+        cu_seqlens: ``(bsz + 1,)`` int32 sequence offsets (flash-attention varlen style); max_seqlen: the longest.
+        logit_indices: ``(num_response_tokens,)`` packed positions scoring a response token (``logits_to_keep``).
         labels: ``(num_response_tokens,)`` the response tokens scored at ``logit_indices``.
         rows, cols: ``(num_response_tokens,)`` where each scored token sits in the padded ``(bsz, R)`` layout.
         response_shape: ``(bsz, R)``.
@@ -64,13 +57,8 @@ class PackedBatch:
         return int(self.input_ids.shape[-1])
 
     def unpack(self, values: torch.Tensor) -> torch.Tensor:
-        """Scatter per-response-token values back to the padded layout.
-
-        Args:
-            values: ``(num_response_tokens,)`` (or ``(1, num_response_tokens)``), e.g. log-probs at ``logit_indices``.
-
-        Returns:
-            ``(bsz, R)`` of ``values.dtype`` with 0 at padding; differentiable w.r.t. ``values``.
+        """Scatter ``values`` ``(num_response_tokens,)`` (or ``(1, n)``) back to the padded layout: ``(bsz, R)``
+        of ``values.dtype``, 0 at padding, differentiable.
 
         Raises:
             ValueError: if the number of values is not the number of response tokens.
@@ -93,23 +81,19 @@ def pack_sequences(
     """Pack left-padded prompt + right-padded response rows into one row without padding.
 
     Args:
-        input_ids: ``(bsz, P + R)`` token ids.
-        attention_mask: ``(bsz, P + R)`` ``{0, 1}``, 1 at real tokens (its last ``R`` columns are ``response_mask``).
+        input_ids: ``(bsz, P + R)``; attention_mask: ``(bsz, P + R)`` 1 at real tokens.
         response_mask: ``(bsz, R)`` ``{0, 1}``, the response tokens to score (a prefix of each row).
-        positions: rotary positions in the padded layout: ``None`` for plain 1-D positions, or ``(3, bsz, P + R)``
-            Qwen-VL mRoPE positions (``get_rope_index`` with the same ``attention_mask``).
-        mrope: the model takes mRoPE positions (Qwen-VL): without ``positions`` (no image in the micro-batch) the
-            three rotary rows repeat the text positions. Qwen-VL needs the ``(4, 1, total)`` form even then: from
-            2-D position ids it builds no packed mask, and sequences would attend to each other.
-        text_positions: ``(bsz, P + R)`` text positions in the padded layout (the family's ``positions`` hook,
-            ``easyrl.models.families``); None: :func:`padded_text_positions`.
+        positions: ``None`` for 1-D positions, or ``(3, bsz, P + R)`` Qwen-VL mRoPE positions (``get_rope_index``).
+        mrope: the model takes mRoPE positions: without ``positions`` the three rotary rows repeat the text
+            positions (Qwen-VL builds no packed mask from 2-D position ids, so the ``(4, 1, total)`` form is needed).
+        text_positions: ``(bsz, P + R)`` text positions (the family's ``positions`` hook); None:
+            :func:`padded_text_positions`.
 
     Returns:
         A :class:`PackedBatch` on ``input_ids.device``.
 
     Raises:
-        ValueError: on mismatched shapes, a response token outside ``attention_mask``, or a row whose first response
-            token has no preceding token (an empty prompt) to be scored from.
+        ValueError: mismatched shapes, a response token outside ``attention_mask``, or an empty prompt.
     """
     if input_ids.dim() != 2 or attention_mask.shape != input_ids.shape:
         raise ValueError(f"input_ids {tuple(input_ids.shape)} and attention_mask {tuple(attention_mask.shape)} "

@@ -1,9 +1,6 @@
-"""One rank's part of a checkpoint: the FSDP2 actor's (and with GAE the critic's) model and optimizer shards through
-``torch.distributed.checkpoint`` (DCP), and the rank's own state (LR schedulers, update counters, RNG states).
-
-Every rank calls :func:`save_actor` / :func:`load_actor` together (DCP coordinates over the default process group;
-each rank writes and reads only its shards, and a checkpoint loads onto any number of ranks). The folder layout is
-described in ``easyrl.trainer.checkpoint``.
+"""One rank's part of a checkpoint: the FSDP2 actor's (and critic's) model and optimizer shards through
+``torch.distributed.checkpoint`` (DCP; loads onto any number of ranks), and the rank's own state (LR schedules,
+counters, RNG states). Every rank calls together. Folder layout: ``easyrl.trainer.checkpoint``.
 """
 
 from __future__ import annotations
@@ -86,10 +83,8 @@ def _require(path: str, rank: int, needed: list[str], what: str) -> None:
 
 
 def save_actor(policy, path: str, rank: int, model_only: bool = False) -> None:
-    """Write the actor's shards to ``<path>/actor`` and this rank's extra state to ``<path>/extra_state_rank_R.pt``.
-
-    ``path`` is on a file system every rank sees. ``model_only`` (``trainer.save_model_only``): no optimizer states (a
-    resume starts a fresh AdamW; the LR schedule, counters and RNG states are still saved).
+    """Write the actor's shards to ``<path>/actor`` (a file system every rank sees) and this rank's extra state to
+    ``<path>/extra_state_rank_R.pt``; ``model_only``: no optimizer states.
     """
     _save_shards(policy, os.path.join(path, ACTOR_DIR), model_only)
     extra = {**_training_state(policy), "rng": get_rng_state()}
@@ -141,10 +136,8 @@ def load_critic(critic, path: str, rank: int) -> None:
 
 
 def snapshot(model) -> dict[str, Any]:
-    """An in-memory copy of a trained model's state on this rank (``FSDPPolicy`` or ``FSDPCritic``): its parameter
-    and optimizer shards (``torch.distributed.checkpoint``'s sharded state dicts, cloned), LR schedule and counters
-    (``num_updates`` seeds the mini-batch shuffle). :func:`restore` returns to it, e.g. to compare two updates from
-    the same start."""
+    """An in-memory copy of a trained model's state on this rank: cloned sharded model and optimizer state dicts,
+    LR schedule and counters. :func:`restore` returns to it."""
     model_state, optim_state = get_state_dict(model.model, model.optimizer)
     return {"model": _clone_tree(model_state), "optim": _clone_tree(optim_state), **_training_state(model)}
 
@@ -168,10 +161,9 @@ def _clone_tree(value: Any) -> Any:
 
 
 def save_hf_metadata(model_path: str, tokenizer_path: str, path: str, lora: Any = None) -> None:
-    """Copy the base model's small Hugging Face files (config, generation config, tokenizer/processor; no weights)
-    byte for byte to ``<path>/actor/huggingface``, so that ``easyrl.export`` needs nothing but the checkpoint; with
-    ``lora`` (``worker.actor.model.lora``) also peft's ``adapter_config.json`` (export merges the adapter with it).
-    Call it on one rank."""
+    """Copy the base model's small Hugging Face files (config, generation config, tokenizer; no weights) to
+    ``<path>/actor/huggingface`` so ``easyrl.export`` needs only the checkpoint; with ``lora`` also peft's
+    ``adapter_config.json``. Call it on one rank."""
     out = os.path.join(path, ACTOR_DIR, HF_DIR)
     copy_hf_files(dict.fromkeys((model_path, tokenizer_path)), out)
     if lora is not None:

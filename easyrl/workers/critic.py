@@ -70,15 +70,12 @@ class FSDPCritic(FSDPTrainable):
         return self._score_responses(data, micro_batch_size, self._values)
 
     def update_critic(self, data: Batch, mini_batch_size: int, micro_batch_size: int) -> dict[str, list[float]]:
-        """``ppo_epochs`` passes of clipped value-loss updates over this worker's share of the rollout batch.
-
-        Args:
-            data: this worker's samples with ``values`` (before the update), ``returns`` and ``response_mask``.
-            mini_batch_size, micro_batch_size: as :meth:`~easyrl.workers.policy.FSDPPolicy.update_policy`.
+        """``ppo_epochs`` passes of clipped value-loss updates over this worker's share (``values``, ``returns``,
+        ``response_mask``); sizes as :meth:`~easyrl.workers.policy.FSDPPolicy.update_policy`.
 
         Returns:
-            ``critic/vf_loss``, ``critic/vf_clipfrac``, ``critic/vpred_mean``, ``critic/grad_norm``, ``critic/lr``,
-            ``critic/skipped_steps``: metric name -> values; the trainer averages them.
+            metric name -> values (``critic/vf_loss``, ``vf_clipfrac``, ``vpred_mean``, ``grad_norm``, ``lr``,
+            ``skipped_steps``); the trainer averages them.
         """
         return self.run_epochs(data, mini_batch_size, micro_batch_size, self._backward_micro_value, role="critic")
 

@@ -26,13 +26,9 @@ CPU_SHOWN = frozenset({(0, 32)})
 def load_format(device: str, vllm_version: Optional[tuple[int, int]]) -> tuple[Optional[str], str]:
     """The colocated engine's ``load_format`` and the reason for it (a pure function).
 
-    Args:
-        device: ``cuda``, ``npu`` or ``cpu``: the engine's backend.
-        vllm_version: ``(major, minor)`` of the installed vLLM (``vllm_compat.vllm_version()``), None if unknown.
-
-    Returns:
-        ``(DUMMY_LOAD_FORMAT, reason)`` where the first sync provably restores everything the engine computes with,
-        else ``(None, reason)``: vLLM's default, the checkpoint read from disk.
+    ``device``: the engine's backend; ``vllm_version``: ``(major, minor)`` or None. Returns
+    ``(DUMMY_LOAD_FORMAT, reason)`` where the first sync provably restores everything, else ``(None, reason)``
+    (the checkpoint read from disk).
     """
     if vllm_version is None or vllm_version[:2] not in READ:
         return None, (f"vLLM {vllm_version} is not among the lines read ({', '.join(map(str, sorted(READ)))}): its "

@@ -379,10 +379,8 @@ class FSDPWorker:
         self.weights_dirty = True
 
     def judge(self, share: Batch) -> list[Optional[str]]:
-        """The LLM judge's verdict texts of this worker's share of judge prompts (``share["judge_prompt"]``, rendered
-        by the trainer: ``easyrl.trainer.model_rewards``), in order; None for a prompt too long for the judge's context.
-        The judge's vLLM engine (``easyrl.workers.judge.VLLMJudge``) is built on the first call and sleeps between
-        calls on GPUs/NPUs."""
+        """The judge's verdict texts of this worker's share of ``share["judge_prompt"]``, in order; None for a prompt
+        too long for its context. The judge engine is built on the first call."""
         from easyrl.workers.judge import VLLMJudge
 
         cfg = self.config.worker

@@ -1,7 +1,5 @@
-"""A trained role's optimizer and learning-rate schedule (``worker.actor.optim``, ``worker.critic.optim``): AdamW
-with float32 or bfloat16 moments (``strategy``), a constant or cosine schedule after a linear warm-up counted in steps
-or as a fraction (``lr_scheduler_type``, ``lr_warmup_steps``, ``lr_warmup_ratio``, ``min_lr_ratio``), and
-optimizer-state offload apart from parameter offload (``offload.offload_optimizer``).
+"""A trained role's optimizer and LR schedule (``worker.actor.optim``, ``worker.critic.optim``): AdamW with float32
+or bfloat16 moments, constant or cosine after a linear warm-up, and optimizer-state offload.
 """
 
 from __future__ import annotations
@@ -30,12 +28,11 @@ def warmup_steps(optim: OptimConfig, training_steps: int) -> int:
 
 def lr_factor(step: int, warmup: int, training_steps: int, kind: str = "constant",
               min_lr_ratio: float | None = None) -> float:
-    """The factor on ``optim.lr`` for the update at ``step`` (0-based: the scheduler's count of ``step()`` calls).
+    """The factor on ``optim.lr`` for the update at ``step`` (0-based count of scheduler steps).
 
-    Warm-up (``step < warmup``): ``(step + 1) / warmup``, so the first update already moves (full LR reached at step
-    ``warmup - 1``). After it, ``constant``: 1; ``cosine`` (a half cosine):
-    ``max(m, m + (1 - m) * (1 + cos(pi * p)) / 2)`` with ``p = (step - warmup) / max(1, training_steps - warmup)``
-    and ``m = min_lr_ratio`` (None: 0), so it falls from 1 to ``m`` over the remaining steps.
+    Warm-up (``step < warmup``): ``(step + 1) / warmup``. Then ``constant``: 1; ``cosine``:
+    ``max(m, m + (1 - m) * (1 + cos(pi * p)) / 2)``, ``p = (step - warmup) / max(1, training_steps - warmup)``,
+    ``m = min_lr_ratio`` (None: 0).
 
     Raises:
         ValueError: an unknown ``kind`` or a ``min_lr_ratio`` outside [0, 1].

@@ -23,12 +23,9 @@ class FSDPRewardModel:
     """A sharded, frozen reward model: :meth:`compute_scores` on a worker's share of the batch.
 
     Args:
-        config: ``worker.reward.reward_model``.
-        mesh: the 1-D data-parallel device mesh over all workers.
-        device: ``cuda``, ``npu`` or ``cpu``.
-        torch_device: this rank's compute device.
-        pad_id: the id the driver pads the inputs with (the reward model tokenizer's); used as the model's
-            ``pad_token_id`` when its config has none.
+        config: ``worker.reward.reward_model``; mesh: the 1-D data-parallel mesh.
+        device: ``cuda``, ``npu`` or ``cpu``; torch_device: this rank's compute device.
+        pad_id: the driver's padding id, the model's ``pad_token_id`` when its config has none.
 
     Raises:
         ModelError: the checkpoint is not a sequence classifier with one output (``num_labels != 1``).

@@ -48,11 +48,8 @@ class Roles:
 
 def build_roles(config: PPOConfig, mesh: DeviceMesh, device: str, torch_device: torch.device,
                 training_steps: int = 0, seconds: Optional[dict[str, float]] = None) -> Roles:
-    """Build the roles this run needs (see the module docstring), on every rank together; ``seconds`` (when given)
-    receives each built role's build time, by role name.
-
-    ``mesh`` is the 1-D data-parallel mesh over all workers; ``training_steps`` (``PPOConfig.training_steps``) the
-    trained roles' LR schedule's length. Returns the actor, and the reference and critic when needed.
+    """Build the roles this run needs on every rank together (``mesh``: the 1-D data-parallel mesh;
+    ``training_steps``: the LR schedules' length); ``seconds`` receives each role's build time by name.
     """
     from easyrl.workers.critic import FSDPCritic
     from easyrl.workers.policy import FSDPPolicy

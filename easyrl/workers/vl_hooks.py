@@ -28,12 +28,11 @@ class VisionHooks:
     """The VL hooks of one (sharded) Hugging Face model, installed at construction.
 
     Args:
-        model: the causal LM (``model.model`` is the inner model with ``visual``, ``get_placeholder_mask`` and
-            ``get_rope_index`` on a Qwen-VL model).
+        model: the causal LM (``model.model``: the inner model with ``visual`` etc. on a VL model).
         hf_config: its transformers config (a VL model has a ``vision_config``).
 
     Attributes:
-        has_vision: the model has a vision tower (else every hook is a no-op and nothing is installed).
+        has_vision: the model has a vision tower (else nothing is installed).
         pad_ids: ``{token id: mm type}`` of the image/video pad tokens (``easyrl.workers.vl_tokens``).
     """
 
@@ -56,10 +55,8 @@ class VisionHooks:
 
     @contextmanager
     def model_inputs(self, micro: Batch, device: torch.device) -> Iterator[ModelInputs]:
-        """One micro-batch's tensors moved to ``device`` (:class:`ModelInputs`: ids, masks, merged multimodal inputs,
-        ``mm_token_type_ids`` when it has images or videos and the family takes mRoPE positions), with the hooks armed
-        for it until the ``with`` block ends: on a VL model ``tower_passes`` minus its modalities (images, videos)
-        blank images, its stray response pads hidden."""
+        """One micro-batch's tensors on ``device`` (:class:`ModelInputs`), with the hooks armed until the block ends:
+        ``tower_passes`` minus its modalities blank images, its stray response pads hidden."""
         input_ids = micro["input_ids"].to(device)
         attention_mask = micro["attention_mask"].to(device)
         multi_modal = merge_multimodal(micro.extras.get("multi_modal_inputs", []), device, self.family.image_dim)
@@ -118,10 +115,8 @@ class VisionHooks:
 
 def merge_multimodal(mm_inputs: list[dict[str, torch.Tensor]], device: torch.device,
                      dim: int = 0) -> dict[str, torch.Tensor]:
-    """Concatenate per-sample processor outputs (e.g. Qwen-VL's ``pixel_values`` (patches, dim) and ``image_grid_thw``
-    (images, 3)) along ``dim`` (the family's ``image_dim``) in sample order, which is the order of the image pad
-    tokens in the batch; trailing dimensions smaller than the largest are zero-padded at their end (images of
-    different sizes, as a processor pads a batch of them)."""
+    """Concatenate per-sample processor outputs (e.g. ``pixel_values`` ``(patches, dim)``, ``image_grid_thw``
+    ``(images, 3)``) along ``dim`` in sample order (the pad tokens' order), zero-padding smaller trailing dimensions."""
     merged: dict[str, list[torch.Tensor]] = defaultdict(list)
     for sample in mm_inputs:
         for key, value in sample.items():
