@@ -32,18 +32,9 @@ def varlen_kernels() -> bool:
 
 
 def split_linear_attention_at_sequences(model: torch.nn.Module) -> int:
-    """Make every linear-attention mixer of ``model`` run a packed row one sequence at a time.
-
-    Call once on the model before sharding (the hooks sit on the decoder layers and their ``linear_attn`` modules,
-    which FSDP2 keeps).
-
-    Args:
-        model: a transformers model; decoder layers with a ``linear_attn`` submodule (Qwen3.5, Qwen3.5-MoE,
-            Qwen3-Next) are changed, other models are left alone.
-
-    Returns:
-        The number of linear-attention layers changed (0 for a model without them).
-    """
+    """Make every linear-attention mixer of ``model`` run a packed row one sequence at a time; call once before
+    sharding. Decoder layers with a ``linear_attn`` (Qwen3.5, Qwen3-Next) are changed, other models left alone.
+    Returns the number of layers changed."""
     count = 0
     for layer in model.modules():
         mixer = getattr(layer, "linear_attn", None)

@@ -159,9 +159,8 @@ class SequenceParallel:
             keep: ``(n,)`` packed positions to score (``PackedBatch.logit_indices``); labels: ``(n,)`` their tokens.
 
         Yields:
-            ``(inputs, labels, gather)``: the model's ``input_ids`` / ``position_ids`` (the whole padded row: the
-            decoder slices it) / ``logits_to_keep`` (this rank's kept positions, local), this rank's labels, and
-            ``gather(scores)`` turning this rank's ``(n_local, c)`` scores into all ``(n, c)``.
+            ``(inputs, labels, gather)``: the model kwargs (whole padded row, the decoder slices it; this rank's
+            local ``logits_to_keep``), this rank's labels, and ``gather`` turning its ``(n_local, c)`` into ``(n, c)``.
         """
         global _ACTIVE
         total = input_ids.shape[-1]

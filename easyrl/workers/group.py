@@ -123,11 +123,10 @@ def gather(refs: list[Any], method: str = "call") -> list[Any]:
 
 
 def method_name(method: Callable[..., Any]) -> str:
-    """The name under which a Ray actor handle exposes ``method``, an unbound worker method such as
-    ``FSDPWorker.save_checkpoint``.
+    """The name under which a Ray actor handle exposes ``method`` (e.g. ``FSDPWorker.save_checkpoint``).
 
     Raises:
-        TypeError: ``method`` is a string (name the method itself: ``FSDPWorker.save_checkpoint``), or not a function.
+        TypeError: ``method`` is a string (name the method itself), or not a function.
     """
     if isinstance(method, str):
         raise TypeError(f"name the worker method itself (e.g. FSDPWorker.{method}), not the string {method!r}")

@@ -116,11 +116,8 @@ def reuse_passed_tokenizer() -> None:
 
 @dataclass
 class RolloutOutput:
-    """Generated samples, one entry per request, in request order.
-
-    ``response_ids[i]``: the sampled tokens of sample i (EOS included when generation stopped on it).
-    ``response_log_probs[i]``: vLLM's log-prob of each sampled token (same length), or None if not asked for.
-    """
+    """Generated samples, in request order: ``response_ids[i]`` the sampled tokens (EOS included when generation
+    stopped on it), ``response_log_probs[i]`` vLLM's log-prob of each (or None if not asked for)."""
 
     response_ids: list[list[int]]
     response_log_probs: Optional[list[list[float]]]

@@ -43,10 +43,8 @@ def forbidden_words(hf_config, tokenizer) -> list[str]:
 
 def mm_token_type_ids(input_ids: torch.Tensor, prompt_len: int, pad_ids: dict[int, int],
                       response_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``(bsz, seq_len)`` int64: the pad type (1 image, 2 video) at the prompt's pad tokens, 0 elsewhere, including
-    every response position (what the Qwen-VL processor returns for the prompt, extended by text positions), but
-    the pads of tool turns (``response_mask`` 0: images a tool returned in a multi-turn rollout,
-    ``easyrl.agents.tool_images``).
+    """``(bsz, seq_len)`` int64: the pad type (1 image, 2 video) at the prompt's pad tokens and at those of tool
+    turns (``response_mask`` 0: images a tool returned), 0 elsewhere, as the Qwen-VL processor marks them.
 
     Args:
         input_ids: ``(bsz, seq_len)``, the (left-padded) prompt in the first ``prompt_len`` columns, then the response.

@@ -31,20 +31,14 @@ def vllm_version() -> Optional[tuple[int, int]]:
 
 
 def in_process_engine_env() -> dict[str, str]:
-    """Environment variables that make ``vllm.LLM`` run its engine core in the calling process (weights handed over
-    as tensors); set before vLLM is imported.
-
-    vLLM 0.23, 0.32 and 0.33: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``.
-    """
+    """Environment variables that run ``vllm.LLM``'s engine core in the calling process (weights handed over as
+    tensors); set before vLLM is imported. vLLM 0.23, 0.32 and 0.33: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``."""
     return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 
 def sampled_logprobs_kwargs() -> dict[str, Any]:
-    """``vllm.LLM`` arguments under which a sampled token's log-prob is the one of the distribution sampled from
-    (after temperature, top-k, top-p), as the actor recomputes it.
-
-    vLLM 0.23, 0.32 and 0.33: ``logprobs_mode="processed_logprobs"``.
-    """
+    """``vllm.LLM`` arguments under which a sampled token's log-prob is that of the distribution sampled from
+    (after temperature, top-k, top-p). vLLM 0.23, 0.32 and 0.33: ``logprobs_mode="processed_logprobs"``."""
     return {"logprobs_mode": "processed_logprobs"}
 
 
@@ -53,11 +47,9 @@ IN_PROCESS_TRANSFER = "easyrl_in_process"  # the weight-transfer backend registe
 
 def weight_transfer_kwargs() -> dict[str, Any]:
     """``vllm.LLM`` arguments that let :func:`reload_weights` use vLLM's native weight-update calls where the
-    worker has no ``reload_weights``; call it before ``LLM(...)`` in the engine's process.
-
-    vLLM 0.23: registers :func:`in_process_transfer_engine` and returns ``weight_transfer_config={"backend":
-    "easyrl_in_process"}`` (vllm-ascend 0.23's ``NPUWorker`` needs it). vLLM 0.32 on: nothing.
-    """
+    worker has no ``reload_weights``; call before ``LLM(...)``. vLLM 0.23: registers
+    :func:`in_process_transfer_engine`, returns ``weight_transfer_config={"backend": "easyrl_in_process"}``
+    (vllm-ascend 0.23 needs it). vLLM 0.32 on: nothing."""
     if vllm_version() is None or vllm_version() >= (0, 24):
         return {}
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
@@ -104,19 +96,14 @@ def in_process_transfer_engine() -> type:
 
 
 def run_on_workers(llm: Any, fn: Callable[..., Any], **kwargs: Any) -> list[Any]:
-    """``fn(worker, **kwargs)`` inside each of the engine's workers (one for an in-process engine), results in worker
-    order.
-
-    vLLM 0.23, 0.32 and 0.33: ``LLM.collective_rpc(fn, kwargs=kwargs)``.
-    """
+    """``fn(worker, **kwargs)`` inside each of the engine's workers, results in worker order. vLLM 0.23, 0.32 and
+    0.33: ``LLM.collective_rpc(fn, kwargs=kwargs)``."""
     return llm.collective_rpc(fn, kwargs=kwargs)
 
 
 def worker_model(worker: Any) -> torch.nn.Module:
-    """The model a vLLM worker runs (called inside the worker, e.g. by :func:`run_on_workers`).
-
-    vLLM 0.23, 0.32 and 0.33 (and vllm-ascend 0.23's ``NPUWorker``): ``worker.model_runner.get_model()``.
-    """
+    """The model a vLLM worker runs (called inside the worker). vLLM 0.23, 0.32 and 0.33 (and vllm-ascend 0.23):
+    ``worker.model_runner.get_model()``."""
     return worker.model_runner.get_model()
 
 
@@ -147,29 +134,23 @@ def reload_weights(worker: Any, weights: Iterator[tuple[str, torch.Tensor]]) -> 
 
 
 def reset_caches_after_reload(llm: Any) -> None:
-    """Drop every cache computed with the old weights, after :func:`reload_weights`: the engine's encoder cache
-    (else "Encoder cache miss" on the next image prompt), the multi-modal and the prefix caches.
-
-    vLLM 0.23, 0.32 and 0.33: ``llm_engine.reset_encoder_cache()``, ``reset_mm_cache()``, ``reset_prefix_cache()``.
-    """
+    """Drop every cache computed with the old weights after :func:`reload_weights` (else "Encoder cache miss" on
+    the next image prompt). vLLM 0.23, 0.32 and 0.33: ``llm_engine.reset_encoder_cache()``, ``reset_mm_cache()``,
+    ``reset_prefix_cache()``."""
     llm.llm_engine.reset_encoder_cache()
     llm.reset_mm_cache()
     llm.reset_prefix_cache()
 
 
 def sleep(llm: Any, level: int) -> None:
-    """Free the engine's device memory: level 1 the KV cache, level 2 the weights too.
-
-    vLLM 0.23, 0.32 and 0.33: ``LLM.sleep(level=level)`` (needs ``enable_sleep_mode``; not on the CPU backend).
-    """
+    """Free the engine's device memory: level 1 the KV cache, level 2 the weights too. vLLM 0.23, 0.32 and 0.33:
+    ``LLM.sleep(level=level)`` (needs ``enable_sleep_mode``; not on the CPU backend)."""
     llm.sleep(level=level)
 
 
 def wake_up(llm: Any, tags: Optional[list[str]]) -> None:
-    """Re-allocate what :func:`sleep` freed: ``tags`` among ``weights`` and ``kv_cache``, None for all.
-
-    vLLM 0.23, 0.32 and 0.33: ``LLM.wake_up(tags=tags)``; on 0.23 then :func:`untranspose_moe_weights` per worker.
-    """
+    """Re-allocate what :func:`sleep` freed: ``tags`` among ``weights`` and ``kv_cache``, None for all. vLLM 0.23,
+    0.32 and 0.33: ``LLM.wake_up(tags=tags)``; on 0.23 then :func:`untranspose_moe_weights` per worker."""
     llm.wake_up(tags=tags)
     if (tags is None or "weights" in tags) and (vllm_version() or (0, 24)) < (0, 24):
         run_on_workers(llm, _untranspose_worker_moe_weights)
@@ -177,11 +158,8 @@ def wake_up(llm: Any, tags: Optional[list[str]]) -> None:
 
 def untranspose_moe_weights(model: torch.nn.Module) -> list[str]:
     """Re-register each fused-MoE ``w13_weight`` / ``w2_weight`` that is a transposed view of contiguous storage
-    as that storage, in place; returns the names changed.
-
-    vllm-ascend 0.23: ``NPUWorker.wake_up`` leaves such views, (E, 2I, H) and (E, H, I), which the next reload fills
-    wrongly (docs/vllm-versions.md).
-    """
+    as that storage, in place; returns the names changed. vllm-ascend 0.23's ``NPUWorker.wake_up`` leaves such
+    views, which the next reload fills wrongly (docs/vllm-versions.md)."""
     names = [name for name, p in model.named_parameters() if name.endswith(("w13_weight", "w2_weight"))
              and p.dim() == 3 and not p.is_contiguous() and p.transpose(1, 2).is_contiguous()]
     for name in names:
@@ -196,10 +174,8 @@ def _untranspose_worker_moe_weights(worker: Any) -> list[str]:
 
 
 def destroy_model_parallel() -> None:
-    """Tear down this process's engine TP groups (their owners unlink their shared-memory segments).
-
-    vLLM 0.23, 0.32 and 0.33: ``vllm.distributed.parallel_state.destroy_model_parallel()``.
-    """
+    """Tear down this process's engine TP groups (their owners unlink their shared-memory segments). vLLM 0.23,
+    0.32 and 0.33: ``vllm.distributed.parallel_state.destroy_model_parallel()``."""
     from vllm.distributed.parallel_state import destroy_model_parallel as destroy
 
     destroy()
