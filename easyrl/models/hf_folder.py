@@ -31,12 +31,10 @@ def hf_model_class(hf_config) -> type:
 
 
 def config_dtype(config: dict) -> torch.dtype:
-    """The dtype a model folder's ``config.json`` declares (``dtype``, or the older ``torch_dtype``; float32 if
-    neither, or for ``auto``).
+    """The dtype a folder's ``config.json`` declares (``dtype`` or ``torch_dtype``; float32 if neither or ``auto``).
 
     Raises:
-        ValueError: a dtype name this export does not write.
-    """
+        ValueError: a dtype name this export does not write."""
     name = config.get("dtype") or config.get("torch_dtype") or "float32"
     name = str(name).replace("torch.", "")
     if name == "auto":

@@ -108,12 +108,11 @@ def attention_name(inner: str) -> str:
 
 
 def check_heads(hf_config: Any, size: int, key: str = "worker.actor.ulysses_size") -> None:
-    """Raise unless the text model's query and key/value heads both divide by ``size`` and it has no linear-attention
-    layers (a Gated DeltaNet scan runs along the whole sequence on one rank).
+    """Raise unless the text model's query and key/value heads divide by ``size`` and it has no linear-attention
+    layers (a Gated DeltaNet scan runs along the whole sequence).
 
     Raises:
-        ValueError: naming ``key``, the head counts and the sizes that would fit.
-    """
+        ValueError: naming ``key``, the head counts and the sizes that would fit."""
     if size <= 1:
         return
     text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
@@ -128,11 +127,8 @@ def check_heads(hf_config: Any, size: int, key: str = "worker.actor.ulysses_size
 
 
 class SequenceParallel:
-    """This rank's sequence-parallel group: ranks ``[g * size, (g + 1) * size)`` of the process group.
-
-    Args:
-        group: the torch.distributed group of this rank's ``size`` ranks.
-    """
+    """This rank's sequence-parallel group (``group``: its torch.distributed group), ranks
+    ``[g * size, (g + 1) * size)``."""
 
     def __init__(self, group: Any):
         self.group = group

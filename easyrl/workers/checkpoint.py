@@ -95,9 +95,7 @@ def load_actor(policy, path: str, rank: int) -> None:
     """Restore what :func:`save_actor` wrote (model and optimizer resharded to this run's ranks).
 
     Raises:
-        FileNotFoundError: the checkpoint has no shards or no extra state for this rank (e.g. saved with fewer
-            ranks; the model and optimizer reshard, but the per-rank RNG states do not).
-    """
+        FileNotFoundError: no shards or no extra state for this rank (per-rank RNG states do not reshard)."""
     actor_dir = os.path.join(path, ACTOR_DIR)
     extra_path = os.path.join(path, extra_state_file(rank))
     _require(path, rank, [os.path.join(actor_dir, ".metadata"), extra_path],
@@ -124,9 +122,7 @@ def load_critic(critic, path: str, rank: int) -> None:
     """Restore what :func:`save_critic` wrote.
 
     Raises:
-        FileNotFoundError: the checkpoint holds no critic (it was saved by a run without
-            ``algorithm.adv_estimator=gae``) or none for this rank.
-    """
+        FileNotFoundError: the checkpoint holds no critic (a run without ``gae``) or none for this rank."""
     folder = os.path.join(path, CRITIC_DIR)
     _require(path, rank, [os.path.join(folder, ".metadata"), os.path.join(path, critic_state_file(rank))],
              "this run trains a critic (algorithm.adv_estimator=gae): resume from a checkpoint of a run with a "

@@ -28,11 +28,8 @@ TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.flo
 
 @dataclass(frozen=True)
 class Placement:
-    """Where the tensors of one sharded model live.
-
-    ``params``: device of the sharded parameters, their gradients and optimizer states (``cpu`` when offloaded).
-    ``buffers``: device of the buffers (always the compute device). ``offload``: use FSDP2's ``CPUOffloadPolicy``.
-    """
+    """Where the tensors of one sharded model live: ``params`` (with gradients and optimizer states; ``cpu`` when
+    offloaded), ``buffers`` (always the compute device), ``offload`` (use FSDP2's ``CPUOffloadPolicy``)."""
 
     params: str
     buffers: str
@@ -40,12 +37,11 @@ class Placement:
 
 
 def placement(device: str, offload_params: bool) -> Placement:
-    """Where a sharded model's tensors live: parameters on the host only when offloading (``offload_params``) from an
-    accelerator (on the CPU host = device); buffers always on ``device``.
+    """Where a sharded model's tensors live: parameters on the host only when offloading from an accelerator;
+    buffers always on ``device``.
 
     Raises:
-        ValueError: an unknown device kind.
-    """
+        ValueError: an unknown device kind."""
     if device not in ("cuda", "npu", "cpu"):
         raise ValueError(f"Unknown device kind '{device}' (expected cuda, npu or cpu).")
     offload = offload_params and device != "cpu"
@@ -151,12 +147,11 @@ def load_sharded_model(
 
 
 def shard_model(model: torch.nn.Module, mesh: DeviceMesh, fsdp: FSDPConfig, where: Placement) -> torch.nn.Module:
-    """Apply FSDP2 ``fully_shard`` to each transformer block (the classes in ``model._no_split_modules``), then to
-    the whole model, in place. Compute runs in ``fsdp.param_dtype``, gradients are reduced in ``fsdp.reduce_dtype``.
+    """Apply FSDP2 ``fully_shard`` to each block (``model._no_split_modules``), then to the whole model, in place;
+    compute in ``fsdp.param_dtype``, gradients reduced in ``fsdp.reduce_dtype``.
 
     Raises:
-        ValueError: the model declares no transformer block classes.
-    """
+        ValueError: the model declares no transformer block classes."""
     mp_policy = MixedPrecisionPolicy(
         param_dtype=TORCH_DTYPES[fsdp.param_dtype], reduce_dtype=TORCH_DTYPES[fsdp.reduce_dtype]
     )
@@ -211,12 +206,11 @@ def _restore_original_inv_freq(model: torch.nn.Module) -> None:
 
 @torch.no_grad()
 def copy_shards(src: torch.nn.Module, dst: torch.nn.Module) -> None:
-    """Fill ``dst``'s local shards and buffers from ``src`` (same architecture, same mesh: FSDP2 shards both alike),
-    casting to ``dst``'s dtypes; no communication. Used to build the reference policy from the actor.
+    """Fill ``dst``'s local shards and buffers from ``src`` (same architecture and mesh), cast to ``dst``'s dtypes;
+    no communication (the reference from the actor).
 
     Raises:
-        ValueError: the two models' parameter names or local shard shapes differ.
-    """
+        ValueError: the two models' parameter names or local shard shapes differ."""
     src_params, dst_params = dict(src.named_parameters()), dict(dst.named_parameters())
     if src_params.keys() != dst_params.keys():
         differ = sorted(src_params.keys() ^ dst_params.keys())[:5]

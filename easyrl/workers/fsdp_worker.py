@@ -177,8 +177,7 @@ class FSDPWorker:
         """Pre-flight memory estimate (``easyrl.sizing.estimate``) before anything is loaded.
 
         Raises:
-            ConfigError: the run cannot fit, with the numbers and the setting to change.
-        """
+            ConfigError: the run cannot fit, with the numbers and the setting to change."""
         from easyrl.device import device_memory_gib
         from easyrl.sizing.estimate import check_memory, estimate_run
 
@@ -204,8 +203,8 @@ class FSDPWorker:
         return 0.0
 
     def sync_weights(self) -> float:
-        """Load the current actor weights into vLLM in place (``weight_sync.sync_weights``), then wake the KV cache.
-        Returns the time taken (seconds).
+        """Load the actor's weights into vLLM in place (``weight_sync.sync_weights``), wake the KV cache; returns the
+        seconds taken.
 
         Raises:
             RuntimeError: a vLLM parameter was not overwritten (the message names it).

@@ -100,12 +100,11 @@ class WorkerError(RuntimeError):
 
 
 def gather(refs: list[Any], method: str = "call") -> list[Any]:
-    """``ray.get`` of one call per rank (``refs``, rank order) that fails as soon as ANY rank fails (a plain
-    ``ray.get`` would wait on rank 0, blocked in a collective with the dead rank). Returns results in rank order.
+    """``ray.get`` of one call per rank (``refs``, rank order) failing as soon as ANY rank fails (a plain
+    ``ray.get`` would wait on rank 0, blocked in a collective with the dead rank); results in rank order.
 
     Raises:
-        WorkerError: naming the first rank seen to fail (``died`` True for a dead process).
-    """
+        WorkerError: naming the first rank seen to fail (``died`` True for a dead process)."""
     rank_of = {ref: rank for rank, ref in enumerate(refs)}
     results: list[Any] = [None] * len(refs)
     pending = list(refs)

@@ -60,11 +60,10 @@ def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim: OptimConfig,
 
 
 class BF16AdamW(torch.optim.Optimizer):
-    """AdamW (Loshchilov & Hutter 2019, arXiv:1711.05101, Algorithm 2) whose two moments are stored in bfloat16
-    (``optim.strategy: adamw_bf16``): 4 bytes per parameter instead of 8. Each step computes in float32:
+    """AdamW (Loshchilov & Hutter 2019, arXiv:1711.05101, Algorithm 2) with both moments stored in bfloat16
+    (``optim.strategy: adamw_bf16``, 4 bytes per parameter instead of 8), computed in float32 each step:
     ``p <- p (1 - lr wd)``; ``m <- b1 m + (1 - b1) g``; ``v <- b2 v + (1 - b2) g^2``;
-    ``p <- p - lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)``; then stores ``m`` and ``v`` back in bfloat16.
-    Works on plain tensors and FSDP2's DTensor shards (element-wise only)."""
+    ``p <- p - lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)``. Element-wise: works on DTensor shards."""
 
     def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 1e-2):
@@ -98,12 +97,10 @@ class BF16AdamW(torch.optim.Optimizer):
 
 
 def build_optimizer(params: list[torch.nn.Parameter], optim: OptimConfig) -> torch.optim.Optimizer:
-    """The optimizer ``optim.strategy`` names over ``params``: ``adamw`` (torch's AdamW; moments in the parameters'
-    dtype) or ``adamw_bf16`` (:class:`BF16AdamW`).
+    """The optimizer ``optim.strategy`` names over ``params``: ``adamw`` (torch's) or ``adamw_bf16``.
 
     Raises:
-        ValueError: an unknown strategy.
-    """
+        ValueError: an unknown strategy."""
     strategy = optim.strategy
     kwargs = dict(lr=optim.lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay)
     if strategy == "adamw":

@@ -26,12 +26,11 @@ __all__ = ["FSDPPolicy", "has_router"]
 
 
 class FSDPPolicy(FSDPTrainable):
-    """A sharded policy that computes response log-probs and (when trainable) runs policy-gradient updates; arguments
-    as :class:`~easyrl.workers.trainable.FSDPTrainable`'s (``config``: ``worker.actor``).
+    """A sharded policy: response log-probs and (when trainable) policy-gradient updates; arguments as
+    :class:`~easyrl.workers.trainable.FSDPTrainable`'s.
 
     Raises:
-        ConfigError: ``worker.actor.router_aux_loss_coef`` > 0 for a model without a router (before it is loaded).
-    """
+        ConfigError: ``worker.actor.router_aux_loss_coef`` > 0 for a model without a router (before it is loaded)."""
 
     def __init__(self, model_path: str, config: ActorConfig, *args: Any, **kwargs: Any):
         if config.router_aux_loss_coef > 0:

@@ -25,8 +25,7 @@ class RolloutWorker(FSDPWorker):
         """The weights are received, not synced here (0 s).
 
         Raises:
-            RuntimeError: nothing was received yet (the engine holds its start-up dummy weights).
-        """
+            RuntimeError: nothing was received yet (the engine holds its start-up dummy weights)."""
         if not self.rollout.holds_weights:
             raise RuntimeError("the rollout engine has not received the trainer's weights yet (receive_weights)")
         return 0.0
@@ -40,12 +39,11 @@ class RolloutWorker(FSDPWorker):
                                                    self.config.worker.nccl_timeout)
 
     def receive_weights(self, plan: weight_transfer.Plan) -> float:
-        """Load the trainer's weights, sent by ``FSDPWorker.send_weights`` bucket by bucket along ``plan``, into the
-        engine in place; returns the seconds taken.
+        """Load the trainer's weights (sent by ``FSDPWorker.send_weights`` along ``plan``) into the engine in place;
+        returns the seconds taken.
 
         Raises:
-            RuntimeError: a vLLM parameter was not written (``weight_sync.check_all_loaded`` names it).
-        """
+            RuntimeError: a vLLM parameter was not written (``weight_sync.check_all_loaded`` names it)."""
         start = time.perf_counter()
         self.rollout.wake_up()
         dtype = TORCH_DTYPES[self.config.worker.rollout.dtype]

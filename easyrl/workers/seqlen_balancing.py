@@ -91,12 +91,11 @@ def balanced_rank_order(lengths: Sequence[int], world_size: int) -> list[int]:
 
 
 def count_micro_batches(lengths: Sequence[int], max_tokens: int) -> int:
-    """How many micro-batches of at most ``max_tokens`` tokens this rank needs for ``lengths`` (>= 1): from
+    """How many micro-batches of at most ``max_tokens`` tokens ``lengths`` needs (>= 1): from
     ``ceil(sum / max_tokens)`` up until the Karmarkar-Karp partition fits.
 
     Raises:
-        ValueError: a single sample is longer than ``max_tokens``.
-    """
+        ValueError: a single sample is longer than ``max_tokens``."""
     if max_tokens < 1:
         raise ValueError(f"max_token_len_per_device must be >= 1, got {max_tokens}")
     longest = max(lengths, default=0)

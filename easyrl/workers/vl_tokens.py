@@ -24,12 +24,10 @@ def visual_pad_ids(hf_config) -> dict[int, int]:
 
 
 def forbidden_words(hf_config, tokenizer) -> list[str]:
-    """The pad tokens as strings for vLLM's ``SamplingParams(bad_words=...)`` (which takes text, not ids).
+    """The pad tokens as strings for vLLM's ``SamplingParams(bad_words=...)`` (text, not ids).
 
     Raises:
-        ValueError: a pad token's text does not encode back to exactly its own id with this tokenizer (then vLLM
-            would forbid the wrong tokens); the message names the token and the ids it encodes to.
-    """
+        ValueError: a pad token's text does not encode back to exactly its own id (names the token and ids)."""
     words = []
     for token_id in visual_pad_ids(hf_config):
         word = tokenizer.convert_ids_to_tokens(token_id)

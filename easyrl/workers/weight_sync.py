@@ -102,12 +102,9 @@ def _is_row_sharded(tensor: torch.Tensor) -> bool:
 
 
 def gather_bucket(tensors: list[torch.Tensor], device: torch.device, dtype: torch.dtype) -> list[torch.Tensor]:
-    """Full tensors of one bucket on ``device`` in ``dtype`` (collective: every rank calls it with the same bucket).
-
-    Row-sharded FSDP2 parameters go through one ``flat_all_gather`` (cast while packed); anything else through
-    ``gather_full``. The results never share storage with the actor's parameters (vLLM's CPU loaders repack in
-    place).
-    """
+    """Full tensors of one bucket on ``device`` in ``dtype`` (collective: every rank, same bucket): row-sharded
+    FSDP2 parameters through one ``flat_all_gather``, the rest through ``gather_full``; never sharing storage with
+    the actor's parameters (vLLM's CPU loaders repack in place)."""
     out: list[Optional[torch.Tensor]] = [None] * len(tensors)
     sharded = [i for i, t in enumerate(tensors) if _is_row_sharded(t)]
     if sharded:
@@ -145,9 +142,7 @@ def check_all_loaded(expected: set[str], loaded: set[str]) -> None:
     """Raise unless every vLLM parameter name in ``expected`` is in ``loaded``.
 
     Raises:
-        RuntimeError: naming (up to 20 of) the parameters vLLM holds that the actor's weights did not write, and what
-            usually causes it.
-    """
+        RuntimeError: naming (up to 20 of) the unwritten parameters and the usual causes."""
     missing = sorted(expected - loaded)
     if missing:
         shown = ", ".join(missing[:20]) + (f" ... (+{len(missing) - 20} more)" if len(missing) > 20 else "")
@@ -160,12 +155,8 @@ def check_all_loaded(expected: set[str], loaded: set[str]) -> None:
 
 def reload_and_report(worker: Any, weights_iterator: Iterator[tuple[str, torch.Tensor]],
                       device: str) -> list[list[str]]:
-    """Runs inside vLLM's worker (via ``vllm_compat.run_on_workers``): ``vllm_compat.reload_weights`` with the
-    model's ``load_weights`` wrapped to record the names it loaded, then the CPU backend's re-packs
-    (``easyrl.workers.vllm_cpu_fixes``).
-
-    Returns ``[expected names, loaded names]``, two sorted lists of vLLM's parameter names.
-    """
+    """Inside vLLM's worker: ``vllm_compat.reload_weights`` recording the names ``load_weights`` loaded, then the
+    CPU backend's re-packs (``easyrl.workers.vllm_cpu_fixes``). Returns ``[expected, loaded]`` sorted vLLM names."""
     model = vllm_compat.worker_model(worker)
     expected = sorted(name for name, _ in model.named_parameters())
     loaded: set[str] = set()
