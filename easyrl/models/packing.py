@@ -1,14 +1,10 @@
 """Padding-free (packed) model inputs: the one translation between the padded batch layout and packed rows.
 
-Padded batches (``input_ids`` / ``attention_mask`` ``(bsz, P + R)``, left-padded prompts, right-padded responses) are
-packed into one row ``(1, total)`` of valid tokens, position ids restarting at 0 per sequence. With
-``attention_mask=None`` transformers reads the sequence boundaries off those positions: a block-diagonal causal mask
-for SDPA/eager, ``cu_seqlens`` for flash-attention's varlen kernel. Qwen-VL's ``(4, 1, total)`` positions carry the
-text positions in row 0 and the 3-D mRoPE ones (computed per sequence on the padded layout) in rows 1-3.
-``cu_seq_lens_q`` & co. are not passed: Qwen-VL forwards its keyword arguments to the vision tower too.
-
-Scores come back through ``PackedBatch.logit_indices`` (for ``logits_to_keep``) and ``PackedBatch.unpack``
-(scatter to ``(bsz, R)``).
+Padded batches (``(bsz, P + R)``: left-padded prompts, right-padded responses) become one row ``(1, total)`` of valid
+tokens, positions restarting at 0 per sequence, from which transformers reads the boundaries when
+``attention_mask=None`` (a block-diagonal mask for SDPA/eager, ``cu_seqlens`` for flash varlen). Qwen-VL's
+``(4, 1, total)`` positions hold the text row, then the 3-D mRoPE rows. ``cu_seq_lens_q`` & co. are not passed:
+Qwen-VL would forward them to its vision tower. Scores return via ``logit_indices`` and ``PackedBatch.unpack``.
 """
 
 from __future__ import annotations

@@ -1,14 +1,12 @@
 """Ulysses sequence parallelism (Jacobs et al. 2023, "DeepSpeed Ulysses", arXiv:2309.14509) on the packed layout.
 
-The ``ulysses_size`` ranks of a group get the same micro-batch; its packed row ``(1, total)`` is padded to a multiple
-of the group size and cut into one contiguous slice per rank (embeddings, MLPs, norms on ``total / sp`` tokens).
-Around attention an all-to-all swaps ``(1, heads, total / sp, d)`` <-> ``(1, heads / sp, total, d)`` (paper, 3.1),
-with the full row's position ids for the sequence boundaries. Each rank's fused head scores the response tokens of
-its slice; the ``(response tokens, 2)`` scores are summed over the group, whose backward sums the ``sp`` identical
-gradient copies, undoing FSDP2's average over ``dp x sp`` ranks: the result equals a run without it. Positions
-(1-D or mRoPE) are computed on the whole row before it is cut; a VL tower runs on every rank with the same images.
+A group's ``ulysses_size`` ranks share a micro-batch; its packed row is padded to a multiple of the group size and cut
+into one slice per rank. Around attention an all-to-all swaps ``(1, heads, total / sp, d)`` <-> ``(1, heads / sp,
+total, d)`` (paper, 3.1). Each rank scores its slice's response tokens; summing the scores over the group (whose
+backward sums the ``sp`` gradient copies, undoing FSDP2's average over ``dp x sp`` ranks) equals a run without it.
+Positions are computed on the whole row; a VL tower runs on every rank with the same images.
 
-:func:`attention_name` registers the wrapped attention (active only inside :meth:`SequenceParallel.sharded`, causal
+:func:`attention_name` registers the wrapped attention (active inside :meth:`SequenceParallel.sharded`, causal
 only); :meth:`SequenceParallel.attach` hooks the text decoder to slice its inputs.
 """
 

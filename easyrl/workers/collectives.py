@@ -1,12 +1,10 @@
-"""The collective contract: every rank must issue the same collectives, in the same order, with the same dtypes and
-shapes, on a device its backend serves; checked call by call, so that a mismatch is an error naming the call instead of
-a hang (how to use it: docs/environment.md).
+"""The collective contract: every rank issues the same collectives, in the same order, with the same dtypes and
+shapes, on a device its backend serves; a mismatch is an error naming the call instead of a hang (docs/environment.md).
 
-:func:`install` wraps torch.distributed's collectives and DTensor's functional ones: before a call runs, each rank
-posts ``(op, dtype, shape, device type)`` as call ``#n`` of the group to the process group's store and compares its
-peers' call ``#n``; a difference raises :class:`CollectiveMismatch` on every rank. :func:`method_end` posts the end of
-each worker method likewise. The store's timeout (``worker.nccl_timeout``) bounds the wait. Point-to-point is not
-checked.
+:func:`install` wraps torch.distributed's and DTensor's collectives: before each call, every rank posts ``(op, dtype,
+shape, device type)`` as call ``#n`` of the group to the store and compares its peers' ``#n``, raising
+:class:`CollectiveMismatch` on a difference; :func:`method_end` posts each worker method's end likewise. The wait is
+bounded by ``worker.nccl_timeout``. Point-to-point is not checked.
 """
 
 from __future__ import annotations

@@ -1,17 +1,15 @@
-"""The model roles of one worker, built in one place (:func:`build_roles`, called by ``FSDPWorker.init_models``).
-
-Each role is a Hugging Face model sharded with FSDP2 over all workers:
+"""The model roles of one worker (:func:`build_roles`, called by ``FSDPWorker.init_models``), each a Hugging Face
+model sharded with FSDP2 over all workers:
 
 * ``actor``: the trained policy (``FSDPPolicy``); always built (frozen, alone, under ``trainer.val_only``).
-* ``ref``: the frozen reference of the KL terms, copied from the actor's shards; only when
-  ``algorithm.needs_reference`` and without LoRA (then the actor with its adapter off is the reference).
+* ``ref``: the frozen KL reference, copied from the actor's shards; only with ``algorithm.needs_reference`` and
+  without LoRA (then the actor with its adapter off is the reference).
 * ``critic``: the value model (``FSDPCritic``); only for ``algorithm.adv_estimator: gae``.
-* ``reward_model``: a frozen sequence classifier (``FSDPRewardModel``); only with
-  ``worker.reward.reward_model.model_path``.
+* ``reward_model``: a frozen ``FSDPRewardModel``; only with ``worker.reward.reward_model.model_path``.
 * ``teacher``: the frozen distillation teacher (``FSDPPolicy``); only when ``algorithm.needs_teacher``.
 
-Roles are built in this order on every rank together (collective), so a role may start from an earlier one
-(``init_from``). Adding one: docs/architecture.md.
+Built in this order on every rank together, so a role may start from an earlier one (``init_from``). Adding one:
+docs/architecture.md.
 """
 
 from __future__ import annotations

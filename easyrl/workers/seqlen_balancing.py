@@ -1,9 +1,6 @@
-"""Sequence-length balancing: which rank and which micro-batch each sample goes to, from token counts alone.
-
-* :func:`balanced_rank_order`: a batch permutation whose equal consecutive shares carry about equal tokens (equal
-  sample counts kept: every FSDP2 rank runs the same number of forwards);
-* :func:`dynamic_micro_batches`: micro-batches by a token budget (``worker.actor.max_token_len_per_device``), the
-  ranks agreeing on their count so that collectives stay in step.
+"""Sequence-length balancing from token counts alone: :func:`balanced_rank_order` permutes a batch so its equal
+consecutive shares carry about equal tokens (equal sample counts kept); :func:`dynamic_micro_batches` forms
+micro-batches by a token budget (``worker.actor.max_token_len_per_device``), as many on every rank.
 
 Both use the largest differencing method of Karmarkar and Karp ("The differencing method of set partitioning",
 1982), generalised to k parts (Michiels, Korst, Aarts, "Multi-way number partitioning", 2003).
