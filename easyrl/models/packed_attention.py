@@ -1,12 +1,10 @@
-"""Attention over a packed row one sequence at a time: the padding-free layout's attention where no varlen kernel
-exists (the CPU).
+"""Attention over a packed row one sequence at a time, where no varlen kernel exists (the CPU).
 
-transformers' ``sdpa`` runs a packed row ``(1, total)`` as ONE ``total x total`` masked attention: ``total ** 2`` work
-where ``sum(len_i ** 2)`` is needed, no flash kernel, ``(heads, total, total)`` weights kept for the backward.
-:data:`PACKED_SDPA` (registered with ``AttentionInterface`` and ``AttentionMaskInterface``; chosen by
-``easyrl.workers.policy_forward.attention_implementation``) runs one causal SDPA call per sequence, no mask, splitting
-the row where the text position ids do not continue by +1 (transformers' own rule). Anything else (a padding mask, a
-bidirectional vision tower, decoding with a cache) goes to transformers' ``sdpa`` unchanged.
+transformers' ``sdpa`` runs a packed row ``(1, total)`` as ONE masked ``total x total`` attention (``total ** 2`` work
+for ``sum(len_i ** 2)`` needed, no flash kernel, ``(heads, total, total)`` weights kept). :data:`PACKED_SDPA`
+(registered with ``AttentionInterface`` / ``AttentionMaskInterface``) runs one causal, unmasked SDPA call per sequence,
+splitting where the text positions do not continue by +1 (transformers' rule). Masked, bidirectional or cached calls
+go to ``sdpa`` unchanged.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
-"""The policy's (and the critic's) forward for one padded micro-batch: response log-probs (and entropies), or
-values.
+"""The policy's (and the critic's) forward for one padded micro-batch: response log-probs (and entropies), or values.
 
 Two layouts, the same numbers (fp32: within 1e-6, ``tests/test_packing.py``): padding-free (default) packs the
-micro-batch into one row (``easyrl.models.packing``), scores only the positions that predict a response token and
-fuses the lm_head with the log-softmax (``easyrl.models.fused_head``: no ``(tokens, vocab)`` logits); padded keeps
-the attention mask and takes the logits of the last ``R + 1`` positions. The critic's ``(tokens, 1)`` value head is
-read at the same positions.
+micro-batch into one row (``easyrl.models.packing``) and fuses the lm_head with the log-softmax at the positions that
+predict a response token (``easyrl.models.fused_head``); padded keeps the mask and takes the last ``R + 1`` logits.
+The critic's ``(tokens, 1)`` value head is read at the same positions.
 """
 
 from __future__ import annotations

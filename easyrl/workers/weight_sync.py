@@ -1,11 +1,10 @@
 """The one path from the FSDP2 actor to the colocated vLLM engine.
 
-``sync_weights``: wake vLLM's weights -> per bucket of ``worker.rollout.update_weights_bucket_megabytes``: cast the
-shards to the rollout dtype, one flat all-gather, hand the full tensors over -> raise unless every vLLM parameter
-was written -> ``empty_cache``. With rollout TP every rank passes full tensors and vLLM's loaders keep its slice. One
-``reload_weights`` call consumes the lazy iterator over all buckets (vLLM's layer-wise reload must see each layer
-whole). Wrong values under right names are caught a step later by ``check_weight_sync``. Why vLLM's own
-weight-transfer engines are not used: docs/vllm-versions.md.
+``sync_weights``: wake vLLM's weights; per bucket (``worker.rollout.update_weights_bucket_megabytes``) cast the shards
+to the rollout dtype, one flat all-gather, hand the full tensors over (one ``reload_weights`` call over all buckets:
+vLLM's layer-wise reload must see each layer whole); raise unless every vLLM parameter was written. With rollout TP
+vLLM's loaders keep each rank's slice. Wrong values under right names are caught by ``check_weight_sync``. Why not
+vLLM's own weight-transfer engines: docs/vllm-versions.md.
 """
 
 from __future__ import annotations

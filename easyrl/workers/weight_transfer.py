@@ -1,11 +1,10 @@
 """The weights from the trainer's FSDP2 ranks to rollout engines on devices of their own (``trainer.rollout_mode:
 one_step_off``): the split-placement counterpart of ``easyrl.workers.weight_sync``.
 
-Per bucket of the one ``plan`` (made by the trainer's rank 0, handed to both sides): the trainer ranks all-gather the
-full tensors and rank 0 broadcasts them as one flat buffer; the rollout ranks receive it and hand the tensors to vLLM
-(one ``reload_weights`` over all buckets), then check every parameter was written. The transfer group (trainer rank 0
-as rank 0, rollout rank ``r`` as ``1 + r``; gloo / NCCL / HCCL) has its own store and stays out of torch.distributed's
-registry, so the collective contract does not compare its two sides' different methods.
+Per bucket of one ``plan`` (made by trainer rank 0, handed to both sides) the trainer ranks all-gather the full tensors
+and rank 0 broadcasts them as one flat buffer; the rollout ranks hand them to vLLM (one ``reload_weights``) and check
+every parameter was written. The transfer group (trainer rank 0, then rollout rank ``r`` as ``1 + r``) has its own
+store, outside torch.distributed's registry, so the collective contract does not compare its two sides.
 """
 
 from __future__ import annotations
