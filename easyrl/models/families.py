@@ -1,12 +1,8 @@
 """The model families easyrl runs: one registry (:data:`FAMILIES`), keyed by transformers' ``model_type``.
 
-Every family runs the same generic path; what code branches on is a trait of its :class:`Family` entry (``vision``,
-``moe``, ``mrope``, ``linear_attention``, ``sliding_window``, ...) or a small hook on it (``positions``: text
-positions as vLLM counts them; ``logit_scale``: the head's logit factor, which the fused head must apply too). Tied
-embeddings are read from each checkpoint's ``tie_word_embeddings``, not from here.
-
-A ``model_type`` missing here is refused before Ray (:func:`check_supported`). Adding a family: an entry here, a tiny
-model (``easyrl.testing.tiny_families``), its parity test (``tests/test_model_families.py``), a row of docs/models.md.
+Every family runs the same generic path; code branches on an entry's traits (``vision``, ``moe``, ``mrope``, ...) or
+small hooks (``positions``: text positions as vLLM counts them; ``logit_scale``: the head's logit factor). A type
+missing here is refused before Ray (:func:`check_supported`); adding one: docs/models.md, "Adding a family".
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """``load_format`` of the colocated vLLM engine: random weights instead of the checkpoint, where the first sync provably
-restores everything the engine computes with (docs/vllm-versions.md, "Start-up weights").
-
-The engine never generates before a sync, which writes every vLLM parameter or stops the run. What it does not write:
-persistent buffers computed at construction, which vLLM's ``DummyModelLoader`` randomises (``easyrl_dummy`` puts them
-back: :func:`register_dummy_loader`), and on the CPU a tied ``lm_head``'s packed copy
-(``vllm_cpu_fixes.repack_cpu_embedding_heads``).
+restores everything the engine computes with (docs/vllm-versions.md, "Start-up weights"): the sync writes every
+parameter; ``easyrl_dummy`` (:func:`register_dummy_loader`) restores the persistent buffers vLLM's dummy loader
+randomises; on the CPU ``vllm_cpu_fixes.repack_cpu_embedding_heads`` re-packs a tied ``lm_head``.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
-"""Workarounds of vLLM's CPU backend bugs (API differences live in ``easyrl.workers.vllm_compat``); each is a
-no-op off the CPU, so callers carry no device test. Why each exists: docs/vllm-versions.md, "CPU backend fixes".
-
-1. ``repack_cpu_moe_experts`` / 2. ``repack_cpu_embedding_heads``: re-pack what an in-place reload leaves unpacked
-   (run inside vLLM's worker by ``weight_sync.reload_and_report``);
-3. ``remove_stale_tp_shm``: TP shared-memory segments left by a killed run (before the engine starts and on close).
+"""Workarounds of vLLM's CPU backend bugs (API differences: ``easyrl.workers.vllm_compat``), each a no-op off the
+CPU; why each exists: docs/vllm-versions.md, "CPU backend fixes". ``repack_cpu_moe_experts`` and
+``repack_cpu_embedding_heads`` run inside vLLM's worker after a reload (``weight_sync.reload_and_report``);
+``remove_stale_tp_shm`` before the engine starts and on close.
 """
 
 from __future__ import annotations
