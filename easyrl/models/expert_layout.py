@@ -14,13 +14,18 @@ from typing import Any
 
 import torch
 
-from easyrl.models.families import FAMILIES
+from easyrl.models.families import FAMILIES, Family
+
+
+def _entry(model_type: str) -> Family:
+    """The registry entry of ``model_type``; an unlisted one has no layout difference (a default entry)."""
+    return FAMILIES.get(model_type) or Family(model_type)
 
 
 def needs_transpose(name: str, model_type: str) -> bool:
     """Whether the Hugging Face tensor ``name`` of a ``model_type`` model is a fused expert tensor that the released
     checkpoints store transposed (its family's ``transposed_experts``, ``easyrl.models.families``)."""
-    return name.endswith(getattr(FAMILIES.get(model_type), "transposed_experts", ()))
+    return name.endswith(_entry(model_type).transposed_experts)
 
 
 def to_checkpoint_layout(named_tensors: Iterable[tuple[str, torch.Tensor]],
@@ -39,15 +44,15 @@ def to_checkpoint_layout(named_tensors: Iterable[tuple[str, torch.Tensor]],
     Raises:
         ValueError: a tensor that should be transposed is not 3-D (the installed transformers' layout changed).
     """
-    renames = getattr(FAMILIES.get(model_type), "checkpoint_renames", ())
+    entry = _entry(model_type)
     for name, tensor in named_tensors:
         if needs_transpose(name, model_type):
             if tensor.dim() != 3:
                 raise ValueError(f"{name}: expected a fused (experts, out, in) tensor, got shape {tuple(tensor.shape)}")
             tensor = tensor.transpose(1, 2).contiguous()
-        for in_memory, released in renames:
+        for in_memory, released in entry.checkpoint_renames:
             name = name.replace(in_memory, released)
-        yield from _per_expert(name, tensor, getattr(FAMILIES.get(model_type), "per_expert_names", ()))
+        yield from _per_expert(name, tensor, entry.per_expert_names)
 
 
 def _per_expert(name: str, tensor: torch.Tensor, names: tuple[str, ...]) -> Iterator[tuple[str, torch.Tensor]]:
@@ -77,8 +82,7 @@ def save_pretrained_released(model: Any, out: str, **kwargs: Any) -> None:
     """
     model_type = model.config.model_type
     state = model.state_dict()
-    renamed = getattr(FAMILIES.get(model_type), "checkpoint_renames", ())
-    if not renamed and not any(needs_transpose(name, model_type) for name in state):
+    if not _entry(model_type).checkpoint_renames and not any(needs_transpose(name, model_type) for name in state):
         model.save_pretrained(out, **kwargs)
         return
     # transformers' reverse conversion would keep its in-memory layout (see the module docstring), so it is skipped
