@@ -10,6 +10,7 @@ from easyrl.algorithms.advantages import (
     AdvantageInputs,
     broadcast_to_tokens,
     group_statistics,
+    group_sum,
     sample_scores,
 )
 from easyrl.algorithms.masked_ops import masked_whiten
@@ -17,13 +18,6 @@ from easyrl.algorithms.masked_ops import masked_whiten
 __all__ = ["gdpo_advantage", "gpg_advantage", "opo_advantage", "optimal_token_baseline_advantage"]
 
 OTB_EPSILON = 1e-8  # added to the optimal token baseline's denominator
-
-
-def _group_sum(values: torch.Tensor, group_id: torch.Tensor) -> torch.Tensor:
-    """Per-group sums of ``values`` (``(bsz, ...)``), gathered back to each sample: ``(bsz, ...)``."""
-    n_groups = int(group_id.max()) + 1 if group_id.numel() else 0
-    sums = torch.zeros((n_groups, *values.shape[1:]), dtype=values.dtype, device=values.device)
-    return sums.index_add_(0, group_id, values)[group_id]
 
 
 @ADV_ESTIMATORS.register("opo", group=True)
@@ -34,7 +28,7 @@ def opo_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     scores = sample_scores(inputs)
     lengths = inputs.response_mask.sum(dim=-1).to(scores.dtype)
     group_id, count, _, _ = group_statistics(scores, inputs.index)
-    baseline = _group_sum(lengths * scores, group_id) / _group_sum(lengths, group_id).clamp(min=1)
+    baseline = group_sum(lengths * scores, group_id) / group_sum(lengths, group_id).clamp(min=1)
     adv = broadcast_to_tokens(scores - torch.where(count > 1, baseline, 0.0), inputs.response_mask)
     return adv, adv
 
@@ -82,7 +76,7 @@ def _zero_tail(lengths: torch.Tensor, group_id: torch.Tensor, count: torch.Tenso
     longest = torch.zeros(n_groups, dtype=lengths.dtype, device=lengths.device).scatter_reduce(
         0, group_id, lengths, reduce="amax", include_self=False)[group_id]
     is_longest = lengths == longest
-    n_longest = _group_sum(is_longest.to(lengths.dtype), group_id)
+    n_longest = group_sum(is_longest.to(lengths.dtype), group_id)
     others = torch.where(is_longest, torch.full_like(lengths, -1), lengths)
     second = torch.full((n_groups,), -1, dtype=lengths.dtype, device=lengths.device).scatter_reduce(
         0, group_id, others, reduce="amax")[group_id]
@@ -110,7 +104,7 @@ def optimal_token_baseline_advantage(inputs: AdvantageInputs) -> tuple[torch.Ten
         score_norm = score_norm * inputs.rollout_is_weights.square()
     path = (score_norm * mask).cumsum(-1)
     group_id, count, _, _ = group_statistics(sample_scores(inputs), inputs.index)
-    baseline = _group_sum(returns * path * mask, group_id) / (_group_sum(path * mask, group_id) + OTB_EPSILON)
+    baseline = group_sum(returns * path * mask, group_id) / (group_sum(path * mask, group_id) + OTB_EPSILON)
     baseline = torch.where((count > 1).unsqueeze(-1), baseline, 0.0)
     # where each response ends (past its last trained token): its length for one turn, not the token count of a
     # multi-turn response, whose tool turns are 0s inside the mask

@@ -21,7 +21,7 @@ from easyrl.algorithms.masked_ops import masked_whiten
 from easyrl.algorithms.registry import Registry
 
 __all__ = ["ADV_ESTIMATORS", "AdvantageInputs", "broadcast_to_tokens", "compute_advantage", "group_statistics",
-           "sample_scores"]
+           "group_sum", "sample_scores"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -111,6 +111,13 @@ def sample_scores(inputs: AdvantageInputs) -> torch.Tensor:
     return (inputs.token_level_rewards * inputs.response_mask).sum(dim=-1)
 
 
+def group_sum(values: torch.Tensor, group_id: torch.Tensor) -> torch.Tensor:
+    """Per-group sums of ``values`` ``(bsz, ...)`` (``group_id`` ``(bsz,)``), gathered back to each sample."""
+    n_groups = int(group_id.max()) + 1 if group_id.numel() else 0
+    sums = torch.zeros((n_groups, *values.shape[1:]), dtype=values.dtype, device=values.device)
+    return sums.index_add_(0, group_id, values)[group_id]
+
+
 def group_statistics(
     scores: torch.Tensor, index: np.ndarray
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -118,18 +125,11 @@ def group_statistics(
     ``(bsz,)``: ``group_id`` int64 in ``[0, n_groups)``, ``std`` unbiased; a group of one has mean 0 and std 1."""
     _, inverse = np.unique(np.asarray(index), return_inverse=True)
     group_id = torch.as_tensor(inverse.reshape(-1), dtype=torch.long, device=scores.device)
-    n_groups = int(group_id.max()) + 1 if group_id.numel() else 0
-    counts = torch.zeros(n_groups, dtype=scores.dtype, device=scores.device).index_add_(
-        0, group_id, torch.ones_like(scores)
-    )
-    sums = torch.zeros_like(counts).index_add_(0, group_id, scores)
-    group_mean = sums / counts
-    sq_dev = torch.zeros_like(counts).index_add_(0, group_id, (scores - group_mean[group_id]) ** 2)
-    group_std = torch.sqrt(sq_dev / (counts - 1).clamp(min=1))
-    single = counts == 1
-    group_mean = torch.where(single, torch.zeros_like(group_mean), group_mean)
-    group_std = torch.where(single, torch.ones_like(group_std), group_std)
-    return group_id, counts[group_id], group_mean[group_id], group_std[group_id]
+    count = group_sum(torch.ones_like(scores), group_id)
+    mean = group_sum(scores, group_id) / count
+    std = torch.sqrt(group_sum((scores - mean) ** 2, group_id) / (count - 1).clamp(min=1))
+    single = count == 1
+    return group_id, count, torch.where(single, 0.0, mean), torch.where(single, 1.0, std)
 
 
 def broadcast_to_tokens(per_sample: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
@@ -162,10 +162,7 @@ def rloo_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]
     over the ``k`` samples of the group; baseline 0 for a group of one."""
     scores = sample_scores(inputs)
     group_id, count, _, _ = group_statistics(scores, inputs.index)
-    group_sum = torch.zeros(int(group_id.max()) + 1, dtype=scores.dtype, device=scores.device).index_add_(
-        0, group_id, scores
-    )[group_id]
-    leave_one_out = (group_sum - scores) / (count - 1).clamp(min=1)
+    leave_one_out = (group_sum(scores, group_id) - scores) / (count - 1).clamp(min=1)
     adv = broadcast_to_tokens(scores - leave_one_out, inputs.response_mask)
     return adv, adv
 

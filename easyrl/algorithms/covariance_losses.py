@@ -11,6 +11,7 @@ from easyrl.algorithms.policy_losses import (
     POLICY_LOSSES,
     PolicyLossInputs,
     PolicyLossSettings,
+    clipped_surrogate,
     finish_policy_loss,
 )
 
@@ -29,21 +30,18 @@ def clip_cov_policy_loss(
         raise ValueError(f"clip_cov_ratio must be > 0, got {settings.clip_cov_ratio}")
     advantages, log_prob, mask = inputs.advantages, inputs.log_prob, inputs.response_mask
     valid = mask.bool()
-    ratio = torch.exp(log_prob - inputs.old_log_prob)
-    loss_unclipped = -advantages * ratio
-    loss_clipped = -advantages * torch.clamp(ratio, 1.0 - settings.clip_ratio_low, 1.0 + settings.clip_ratio_high)
+    pg_losses, clipped = clipped_surrogate(advantages, torch.exp(log_prob - inputs.old_log_prob), settings)
     with torch.no_grad():
         cov = (advantages - masked_mean(advantages, mask)) * (log_prob - masked_mean(log_prob, mask))
         in_band = (cov > settings.clip_cov_lb) & (cov < settings.clip_cov_ub)
-        eligible = valid & ~(loss_clipped > loss_unclipped) & in_band
+        eligible = valid & ~clipped & in_band
         candidates = torch.nonzero(eligible)  # (n, 2), row-major
         n_detach = max(int(settings.clip_cov_ratio * int(valid.sum())), 1)
         keep = torch.ones_like(advantages)
         if len(candidates) > 0:
             chosen = candidates[torch.randperm(len(candidates))[:n_detach]]
             keep[chosen[:, 0], chosen[:, 1]] = 0
-    pg_losses = torch.maximum(loss_unclipped, loss_clipped) * keep
-    return finish_policy_loss(pg_losses, inputs, settings, clipped=keep == 0)
+    return finish_policy_loss(pg_losses * keep, inputs, settings, clipped=keep == 0)
 
 
 @POLICY_LOSSES.register("kl_cov")

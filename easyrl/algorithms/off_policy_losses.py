@@ -17,7 +17,7 @@ from easyrl.algorithms.policy_losses import (
     importance_ratio,
     vanilla_policy_loss,
 )
-from easyrl.algorithms.rollout_correction import compute_rollout_correction_weights, compute_rollout_rejection_mask
+from easyrl.algorithms.rollout_correction import correct_rollout
 
 __all__ = ["bypass_mode_policy_loss", "dppo_kl_policy_loss", "dppo_tv_policy_loss", "dro_policy_loss",
            "geo_mean_policy_loss", "gpg_policy_loss"]
@@ -125,15 +125,11 @@ def bypass_mode_policy_loss(
     ValueError for another ``bypass_loss_type`` or from the corrections."""
     if settings.bypass_loss_type not in ("ppo_clip", "reinforce"):
         raise ValueError(f"bypass_loss_type must be ppo_clip or reinforce, got {settings.bypass_loss_type!r}")
-    log_ratio = (inputs.log_prob - inputs.old_log_prob).detach()
-    mask, weights, extra = inputs.response_mask, None, {}
-    if settings.rollout_is is not None:
-        weights, extra = compute_rollout_correction_weights(
-            log_ratio, mask, settings.rollout_is, settings.rollout_is_threshold, settings.rollout_is_threshold_lower)
-    if settings.rollout_rs is not None:
-        mask, rs_metrics = compute_rollout_rejection_mask(log_ratio, mask, settings.rollout_rs,
-                                                          settings.rollout_rs_threshold)
-        extra.update(rs_metrics)
+    weights, mask, extra = correct_rollout(
+        inputs.log_prob.detach(), inputs.old_log_prob, inputs.response_mask, rollout_is=settings.rollout_is,
+        rollout_is_threshold=settings.rollout_is_threshold,
+        rollout_is_threshold_lower=settings.rollout_is_threshold_lower, rollout_rs=settings.rollout_rs,
+        rollout_rs_threshold=settings.rollout_rs_threshold)
     if settings.bypass_loss_type == "ppo_clip":
         pg_loss, metrics = vanilla_policy_loss(
             dataclasses.replace(inputs, response_mask=mask, rollout_is_weights=None), settings)
@@ -141,6 +137,6 @@ def bypass_mode_policy_loss(
         pg_losses = -inputs.advantages * inputs.log_prob * (1.0 if weights is None else weights)
         pg_loss = agg_loss(pg_losses, mask, settings.loss_agg_mode, **(inputs.agg_kwargs or {}))
         metrics = {"pg_clipfrac": 0.0, "pg_clipfrac_lower": 0.0,
-                   "ppo_kl": float(masked_mean(-log_ratio, mask))}
+                   "ppo_kl": float(masked_mean(inputs.old_log_prob - inputs.log_prob.detach(), mask))}
     return pg_loss, {**metrics, **extra}
 

@@ -21,8 +21,8 @@ from easyrl.algorithms.loss_agg import agg_loss
 from easyrl.algorithms.masked_ops import masked_mean
 from easyrl.algorithms.registry import Registry
 
-__all__ = ["LOG_RATIO_CLAMP", "POLICY_LOSSES", "PolicyLossInputs", "PolicyLossSettings", "finish_policy_loss",
-           "importance_ratio", "sapo_gate"]
+__all__ = ["LOG_RATIO_CLAMP", "POLICY_LOSSES", "PolicyLossInputs", "PolicyLossSettings", "clipped_surrogate",
+           "finish_policy_loss", "importance_ratio", "sapo_gate"]
 
 LOG_RATIO_CLAMP = 20.0  # |log pi/pi_old| above this is clamped before exp (exp(20) ~ 4.9e8)
 
@@ -108,6 +108,15 @@ def importance_ratio(inputs: PolicyLossInputs) -> torch.Tensor:
     return torch.exp(torch.clamp(inputs.log_prob - inputs.old_log_prob, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
 
 
+def clipped_surrogate(advantages: torch.Tensor, ratio: torch.Tensor,
+                      settings: PolicyLossSettings) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's ``max(-A r, -A clip(r, 1 - clip_ratio_low, 1 + clip_ratio_high))`` and where the clipped term is larger
+    (bool), both ``(bsz, resp_len)``."""
+    loss_unclipped = -advantages * ratio
+    loss_clipped = -advantages * torch.clamp(ratio, 1.0 - settings.clip_ratio_low, 1.0 + settings.clip_ratio_high)
+    return torch.maximum(loss_unclipped, loss_clipped), loss_clipped > loss_unclipped
+
+
 def finish_policy_loss(
     pg_losses: torch.Tensor,
     inputs: PolicyLossInputs,
@@ -142,15 +151,12 @@ def vanilla_policy_loss(
     if settings.clip_ratio_dual <= 1.0:
         raise ValueError(f"clip_ratio_dual must be > 1 (dual-clip PPO), got {settings.clip_ratio_dual}")
     advantages = inputs.advantages
-    ratio = importance_ratio(inputs)
-    loss_unclipped = -advantages * ratio
-    loss_clipped = -advantages * torch.clamp(ratio, 1.0 - settings.clip_ratio_low, 1.0 + settings.clip_ratio_high)
-    clip_loss = torch.maximum(loss_unclipped, loss_clipped)
+    clip_loss, clipped = clipped_surrogate(advantages, importance_ratio(inputs), settings)
     dual_bound = -advantages * settings.clip_ratio_dual
     negative = advantages < 0
     pg_losses = torch.where(negative, torch.minimum(clip_loss, dual_bound), clip_loss)
-    return finish_policy_loss(pg_losses, inputs, settings, clipped=loss_clipped > loss_unclipped,
-                   dual_clipped=negative & (clip_loss > dual_bound))
+    return finish_policy_loss(pg_losses, inputs, settings, clipped=clipped,
+                              dual_clipped=negative & (clip_loss > dual_bound))
 
 
 @POLICY_LOSSES.register("gspo", paper_check=_gspo_paper)
@@ -160,16 +166,12 @@ def gspo_policy_loss(
     """GSPO-token (Zheng et al. 2025, arXiv:2507.18071): ``s_i = exp(mean_t(logp_it - logp_old_it))`` (log clamped
     to [-20, 20]), ``s_it = sg[s_i] * exp(logp_it - sg[logp_it])`` (value ``s_i``, gradient ``s_i grad logp_it``),
     ``l = max(-A s_it, -A clip(s_it, 1 - low, 1 + high))``; no dual clip."""
-    log_prob, advantages = inputs.log_prob, inputs.advantages
+    log_prob = inputs.log_prob
     seq_log_ratio = masked_mean(log_prob - inputs.old_log_prob, inputs.response_mask, dim=-1).detach()  # (bsz,)
     seq_log_ratio = torch.clamp(seq_log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     token_ratio = torch.exp(seq_log_ratio.unsqueeze(-1) + log_prob - log_prob.detach())
-    loss_unclipped = -advantages * token_ratio
-    loss_clipped = -advantages * torch.clamp(
-        token_ratio, 1.0 - settings.clip_ratio_low, 1.0 + settings.clip_ratio_high
-    )
-    pg_losses = torch.maximum(loss_unclipped, loss_clipped)
-    return finish_policy_loss(pg_losses, inputs, settings, clipped=loss_clipped > loss_unclipped)
+    pg_losses, clipped = clipped_surrogate(inputs.advantages, token_ratio, settings)
+    return finish_policy_loss(pg_losses, inputs, settings, clipped=clipped)
 
 
 @POLICY_LOSSES.register("cispo", paper_check=_cispo_paper)
