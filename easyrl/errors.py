@@ -7,10 +7,12 @@ commands print ``easyrl: <kind> error: <message>`` on stderr and exit with statu
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import os
 import sys
+from types import ModuleType
 from typing import Callable, Optional
-
 
 
 class UserError(ValueError):
@@ -70,6 +72,24 @@ def check_signature(fn: Callable, key: str, spec: str, called_as: str) -> None:
                           f"{called_as} ({err}); give it exactly one required argument.") from None
     except ValueError:  # a builtin without a signature: called as is
         pass
+
+
+def import_user_file(path: str) -> Optional[ModuleType]:
+    """The module of the user's Python file ``path`` (a reward function, tool, parser, environment), imported once per
+    process under a name from its absolute path (two ``math.py`` files neither clash nor shadow the stdlib); None when
+    it cannot be imported as Python. Raises what the file's code raises (and forgets the failed import)."""
+    name = "easyrl_user_" + hashlib.sha1(os.path.abspath(path).encode()).hexdigest()[:12]
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            return None
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        try:
+            spec.loader.exec_module(sys.modules[name])
+        except BaseException:
+            del sys.modules[name]
+            raise
+    return sys.modules[name]
 
 
 def user_error_of(err: BaseException) -> Optional[UserError]:

@@ -7,16 +7,14 @@ A reward input is ``{"response": str, "response_length": int, "ground_truth": st
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import math
 import numbers
 import os
-import sys
 from typing import Any, Callable
 
 import torch
 
+from easyrl.errors import import_user_file
 from easyrl.rewards.styles import call_trl, call_verl, detect_style
 
 REWARD_TYPES = ("batch", "sequential")
@@ -29,11 +27,6 @@ def split_spec(spec: str) -> tuple[str, str]:
     return path, name
 
 
-def _module_name(path: str) -> str:
-    """A module name per file, so two ``math.py`` files neither clash nor shadow the stdlib."""
-    return "easyrl_reward_" + hashlib.sha1(os.path.abspath(path).encode()).hexdigest()[:12]
-
-
 def load_function(spec: str) -> tuple[Callable, str, str]:
     """``(fn, path, fn_name)`` of a spec, the file imported once per process. ValueError for an empty part,
     FileNotFoundError for a missing file, AttributeError when it has no callable ``fn_name`` (naming both)."""
@@ -42,19 +35,9 @@ def load_function(spec: str) -> tuple[Callable, str, str]:
         raise ValueError(f"worker.reward.reward_function {spec!r} must be 'path/to/file.py:function_name'")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"reward function file {path!r} does not exist (worker.reward.reward_function)")
-    module_name = _module_name(path)
-    module = sys.modules.get(module_name)
+    module = import_user_file(path)
     if module is None:
-        module_spec = importlib.util.spec_from_file_location(module_name, path)
-        if module_spec is None or module_spec.loader is None:
-            raise ValueError(f"cannot import reward function file {path!r}: is it a .py file?")
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[module_name] = module  # one import per file and process
-        try:
-            module_spec.loader.exec_module(module)
-        except BaseException:
-            del sys.modules[module_name]
-            raise
+        raise ValueError(f"cannot import reward function file {path!r}: is it a .py file?")
     fn = getattr(module, name, None)
     if not callable(fn):
         available = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
@@ -76,7 +59,7 @@ class RewardFunction:
         self.spec = spec
         self.fn, self.path, self.name = load_function(spec)
         self.kwargs = dict(kwargs or {})
-        module = sys.modules.get(_module_name(self.path))
+        module = import_user_file(self.path)
         self.style = detect_style(self.fn, getattr(module, "REWARD_STYLE", None))
         if self.style != "easyrl":
             reward_type = "sequential" if self.style == "verl" else "batch"
