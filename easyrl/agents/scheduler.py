@@ -41,7 +41,7 @@ def run_turns(loop: Any, trajectories: list, generate: Callable, patience: float
         still = []
         for traj, futures in waiting:
             if all(f.done for f in futures):
-                loop._follow_up([traj], [f.result for f in futures])
+                loop._follow_up(traj, [f.result for f in futures])
                 if _open(traj):
                     ready.append(traj)
             else:
@@ -62,7 +62,7 @@ def run_turns(loop: Any, trajectories: list, generate: Callable, patience: float
                 if calls and loop.executor is not None:
                     waiting.append((traj, loop.executor.submit(calls)))
                     continue
-                loop._follow_up([traj], [])  # no calls (environment or final answer), or calls without tools
+                loop._follow_up(traj, [])  # no calls (environment or final answer), or calls without tools
                 if _open(traj):
                     ready.append(traj)
             ended = clock()

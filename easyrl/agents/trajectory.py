@@ -103,51 +103,40 @@ class TurnLoop:
         if not ids or (self.max_assistant_turns is not None and traj.assistant_turns >= self.max_assistant_turns):
             traj.done = True
 
-    def _follow_up(self, trajectories: list[Trajectory], results: Optional[list] = None) -> None:
-        """Parse each last assistant turn, run the calls (or take ``results`` in call order), then append each one's
-        tool or environment turn, or end it."""
-        calls = {id(t): self.parser(t.messages[-1]["content"]) for t in trajectories}
-        flat = [call for t in trajectories for call in calls[id(t)]]
-        if results is not None:
-            results = iter(results)
-        elif flat and self.executor is not None:
-            results = iter(self.executor.run(flat))
-        else:
-            results = iter([])
-        for traj in trajectories:
-            mine = calls[id(traj)]
-            new_images = 0
-            if mine:
-                messages = []
-                for call in mine:
-                    result = next(results, None)
-                    content = result.content if result is not None else "Error: no tools are configured"
-                    status = result.status if result is not None else "error"
-                    traj.tool_calls.append({**call, "result": content, "status": status})
-                    traj.tool_errors += status == "error"
-                    traj.tool_timeouts += status == "timeout"
-                    images = result.images if result is not None else []
-                    check_images_allowed(self.images, call.get("name"), len(images))
-                    if images:
-                        before = len(traj.images)
-                        messages.append(self.images.attach(traj, content, images))
-                        new_images += len(traj.images) - before
-                    else:
-                        messages.append({"role": "tool", "content": content})
-            elif self.environment is not None and (self.max_user_turns is None
-                                                   or traj.user_turns < self.max_user_turns):
-                message = next_message(self.environment, traj.messages)
-                if message is None:
-                    traj.done = True
-                    continue
-                traj.user_turns += 1
-                messages = [message]
-            else:
+    def _follow_up(self, traj: Trajectory, results: list) -> None:
+        """Append the tool turn answering the last assistant turn's calls (``results`` in call order; a call without
+        one is answered with an error), else the environment's turn, or end ``traj``."""
+        calls, new_images = self.parser(traj.messages[-1]["content"]), 0
+        if calls:
+            messages, results = [], iter(results)
+            for call in calls:
+                result = next(results, None)
+                content = result.content if result is not None else "Error: no tools are configured"
+                status = result.status if result is not None else "error"
+                traj.tool_calls.append({**call, "result": content, "status": status})
+                traj.tool_errors += status == "error"
+                traj.tool_timeouts += status == "timeout"
+                images = result.images if result is not None else []
+                check_images_allowed(self.images, call.get("name"), len(images))
+                if images:
+                    before = len(traj.images)
+                    messages.append(self.images.attach(traj, content, images))
+                    new_images += len(traj.images) - before
+                else:
+                    messages.append({"role": "tool", "content": content})
+        elif self.environment is not None and (self.max_user_turns is None or traj.user_turns < self.max_user_turns):
+            message = next_message(self.environment, traj.messages)
+            if message is None:
                 traj.done = True
-                continue
-            traj.messages.extend(messages)
-            # the turn's end-of-turn token (a turn cut by max_turn_tokens ends on an ordinary one: none)
-            last = traj.response_ids[-1]
-            end_text = self.tokenizer.decode([last]) if last in self._special_ids else ""
-            ids = turn_ids(self.tokenizer, messages, end_text)
-            traj.add(self.images.expand(traj, ids, new_images) if new_images else ids, trained=False)
+                return
+            traj.user_turns += 1
+            messages = [message]
+        else:
+            traj.done = True
+            return
+        traj.messages.extend(messages)
+        # the turn's end-of-turn token (a turn cut by max_turn_tokens ends on an ordinary one: none)
+        last = traj.response_ids[-1]
+        end_text = self.tokenizer.decode([last]) if last in self._special_ids else ""
+        ids = turn_ids(self.tokenizer, messages, end_text)
+        traj.add(self.images.expand(traj, ids, new_images) if new_images else ids, trained=False)
