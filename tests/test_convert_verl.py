@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 from transformers import AutoProcessor, AutoTokenizer
 
-from easyrl.data import RLDataset
+from easyrl.data.dataset import RLDataset
 from easyrl.data.convert_verl import convert, main
 from easyrl.errors import DataError
 

@@ -11,12 +11,9 @@ import pytest
 from PIL import Image
 from transformers import AutoProcessor, AutoTokenizer
 
-from easyrl.data import (
-    RLDataset,
-    collate_fn,
-    load_format_prompt,
-    load_intergps_geometry3k,
-)
+from easyrl.data.dataset import RLDataset, collate_fn
+from easyrl.data.intergps import load_intergps_geometry3k
+from easyrl.data.prompts import load_format_prompt
 from easyrl.errors import ConfigError, DataError
 
 REPO = Path(__file__).resolve().parents[1]

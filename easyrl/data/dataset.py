@@ -126,28 +126,16 @@ class RLDataset(torch.utils.data.Dataset):
 
     # -- row preparation ----------------------------------------------------------------------------------------
 
-    def _row_images(self, row: dict) -> list:
-        """The row's raw images (before loading), with relative paths resolved against ``image_dir``."""
-        if not self.has_images or self.processor is None:
+    def _row_media(self, row: dict, kind: str) -> list:
+        """The row's raw images or videos (``kind``; a video is a path or a frame list) before loading, relative paths
+        resolved against ``image_dir``."""
+        value = row[getattr(self, f"{kind}_key")] if getattr(self, f"has_{kind}s") else None
+        if self.processor is None or value is None or (isinstance(value, (str, list, tuple)) and not value):
             return []
-        value = row[self.image_key]
-        if value is None:
-            return []
-        images = list(value) if isinstance(value, (list, tuple)) else [value]
+        items = list(value) if isinstance(value, (list, tuple)) else [value]  # one path or image: one item
         if self.image_dir is not None:
-            images = [self._resolve(image) for image in images]
-        return images
-
-    def _row_videos(self, row: dict) -> list:
-        """The row's raw videos (paths or frame lists), relative paths resolved against ``image_dir``."""
-        if not self.has_videos or self.processor is None or not row[self.video_key]:
-            return []
-        value = row[self.video_key]
-        videos = [value] if isinstance(value, (str, os.PathLike)) else list(value)  # one path: one video
-        if self.image_dir is not None:
-            videos = [[self._resolve(f) for f in v] if isinstance(v, (list, tuple)) else self._resolve(v)
-                      for v in videos]
-        return videos
+            items = [[self._resolve(f) for f in v] if isinstance(v, (list, tuple)) else self._resolve(v) for v in items]
+        return items
 
     def _resolve(self, image: Any) -> Any:
         if isinstance(image, str) and not os.path.isabs(image):
@@ -212,7 +200,7 @@ class RLDataset(torch.utils.data.Dataset):
             try:
                 if is_missing_answer(row[self.answer_key]):
                     raise DataError(self._empty_answer())
-                images, videos = self._row_images(row), self._row_videos(row)
+                images, videos = self._row_media(row, "image"), self._row_media(row, "video")
                 length = len(self._encode(self._prompt_text(row, len(images), len(videos))))
                 for image in images:
                     w, h = target_size(*_image_size(image), self.min_pixels, self.max_pixels, self.factor)
@@ -258,9 +246,10 @@ class RLDataset(torch.utils.data.Dataset):
             raise DataError(f"row {self.row_ids[index]} of {self.data_path!r}: {err}") from err
 
     def _build(self, row: dict) -> dict[str, Any]:
-        images = [process_image(img, self.min_pixels, self.max_pixels, self.factor) for img in self._row_images(row)]
+        images = [process_image(image, self.min_pixels, self.max_pixels, self.factor)
+                  for image in self._row_media(row, "image")]
         videos = [process_video(video, self.video_limits, self.min_pixels, self.max_pixels, self.factor,
-                                self.processor) for video in self._row_videos(row)]
+                                self.processor) for video in self._row_media(row, "video")]
         text = self._prompt_text(row, len(images), len(videos))
         raw_prompt_ids = self._encode(text)
         answer = row[self.answer_key]

@@ -80,7 +80,9 @@ def describe(video: Any) -> str:
     return f"a list of {len(video)} frames"
 
 
-def _open(path: str):
+def _open(path: str, first_frame: bool = False) -> tuple[Any, int, float, Any]:
+    """``(capture, total frames, source fps, first frame or None)`` of a video file, the capture released with
+    ``first_frame`` (frames then read through :func:`_grab`). ValueError for a missing or undecodable file."""
     import cv2
 
     if not os.path.isfile(path):
@@ -88,7 +90,21 @@ def _open(path: str):
     capture = cv2.VideoCapture(path)
     if not capture.isOpened():
         raise ValueError(f"cannot read video file {path!r}: not a video OpenCV/FFmpeg can decode")
-    return capture
+    total, source_fps = int(capture.get(cv2.CAP_PROP_FRAME_COUNT)), capture.get(cv2.CAP_PROP_FPS)
+    if not first_frame:
+        return capture, total, source_fps, None
+    ok, first = capture.read()
+    capture.release()
+    if not ok:
+        raise ValueError(f"cannot read video file {path!r}: its first frame does not decode")
+    return capture, total, source_fps, first
+
+
+def _count(path: str, total: int, source_fps: float, limits: FrameLimits) -> int:
+    try:
+        return frame_count(total, source_fps, limits)
+    except ValueError as err:
+        raise ValueError(f"video file {path!r}: {err}") from None
 
 
 def probe(video: Any, limits: FrameLimits) -> tuple[int, int, int]:
@@ -99,22 +115,8 @@ def probe(video: Any, limits: FrameLimits) -> tuple[int, int, int]:
         TypeError: neither a path nor a list of frames.
     """
     if isinstance(video, (str, os.PathLike)):
-        import cv2
-
-        path = os.fspath(video)
-        capture = _open(path)
-        try:
-            total, source_fps = int(capture.get(cv2.CAP_PROP_FRAME_COUNT)), capture.get(cv2.CAP_PROP_FPS)
-            ok, first = capture.read()
-        finally:
-            capture.release()
-        if not ok:
-            raise ValueError(f"cannot read video file {path!r}: its first frame does not decode")
-        try:
-            count = frame_count(total, source_fps, limits)
-        except ValueError as err:
-            raise ValueError(f"video file {path!r}: {err}") from None
-        return count, first.shape[1], first.shape[0]
+        _, total, source_fps, first = _open(os.fspath(video), first_frame=True)
+        return _count(os.fspath(video), total, source_fps, limits), first.shape[1], first.shape[0]
     sizes = {_frame(frame, i).size for i, frame in enumerate(_frame_list(video))}  # all decoded, as images are
     if len(sizes) > 1:
         raise ValueError(f"the frames of a video have different sizes {sorted(sizes)}")
@@ -148,7 +150,7 @@ def _grab(path: str, wanted: list[int]) -> tuple[list[np.ndarray], int]:
     """The RGB frames at the sorted indices ``wanted`` (only those decoded) and how many frames were grabbed."""
     import cv2
 
-    capture = _open(path)
+    capture = _open(path)[0]
     frames, position = [], 0
     try:
         while position <= wanted[-1] and capture.grab():
@@ -165,16 +167,10 @@ def _grab(path: str, wanted: list[int]) -> tuple[list[np.ndarray], int]:
 
 def _decode_file(path: str, limits: FrameLimits) -> tuple[list[np.ndarray], dict[str, Any]]:
     """The sampled RGB frames of a file and its metadata, resampled once if the header overstated the frame count."""
-    import cv2
-
-    capture = _open(path)
-    total, source_fps = int(capture.get(cv2.CAP_PROP_FRAME_COUNT)), capture.get(cv2.CAP_PROP_FPS)
+    capture, total, source_fps, _ = _open(path)
     capture.release()
     for _ in range(2):
-        try:
-            wanted = frame_indices(total, frame_count(total, source_fps, limits))
-        except ValueError as err:
-            raise ValueError(f"video file {path!r}: {err}") from None
+        wanted = frame_indices(total, _count(path, total, source_fps, limits))
         frames, grabbed = _grab(path, wanted)
         if grabbed > wanted[-1]:
             break

@@ -44,28 +44,26 @@ def config_dtype(config: dict) -> torch.dtype:
     return DTYPES[name]
 
 
-def local_file(source: str, name: str) -> Optional[str]:
-    """Path of file ``name`` of a model folder or hub id (through transformers' cache), or None if it has none."""
-    if os.path.isdir(source):
-        candidate = os.path.join(source, name)
-        return candidate if os.path.isfile(candidate) else None
+def first_file(sources: Iterable[str], name: str) -> Optional[str]:
+    """Path of file ``name`` in the first of ``sources`` (model folders or hub ids, through transformers' cache) that
+    has it, or None."""
     from transformers.utils import cached_file
 
-    return cached_file(source, name, _raise_exceptions_for_missing_entries=False)
+    for source in sources:
+        path = (os.path.join(source, name) if os.path.isdir(source)
+                else cached_file(source, name, _raise_exceptions_for_missing_entries=False))
+        if path is not None and os.path.isfile(path):
+            return path
+    return None
 
 
 def copy_hf_files(sources: Iterable[str], out: str, names: Iterable[str] = HF_FILES) -> None:
-    """Copy files ``names`` byte for byte into ``out`` from the first of ``sources`` (folders or hub ids) that has
-    each; files already in ``out`` are kept."""
+    """Copy files ``names`` byte for byte into ``out`` from the first of ``sources`` that has each (:func:`first_file`);
+    files already in ``out`` are kept."""
     os.makedirs(out, exist_ok=True)
     for name in names:
-        if os.path.exists(os.path.join(out, name)):
-            continue
-        for source in sources:
-            path = local_file(source, name)
-            if path is not None:
-                shutil.copyfile(path, os.path.join(out, name))
-                break
+        if not os.path.exists(os.path.join(out, name)) and (path := first_file(sources, name)) is not None:
+            shutil.copyfile(path, os.path.join(out, name))
 
 
 def open_to_umask(folder: str) -> None:
@@ -110,7 +108,7 @@ def write_hf_folder(state: dict[str, torch.Tensor], sources: list[str], out: str
 
     from easyrl.models.expert_layout import save_pretrained_released
 
-    config_path = next((p for p in (local_file(s, "config.json") for s in sources) if p), None)
+    config_path = first_file(sources, "config.json")
     if config_path is None:
         raise FileNotFoundError(f"none of {sources} has a config.json")
     with open(config_path, encoding="utf-8") as f:
@@ -125,7 +123,7 @@ def write_hf_folder(state: dict[str, torch.Tensor], sources: list[str], out: str
     tmp = os.path.join(parent, f".{os.path.basename(os.path.abspath(out))}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     save_pretrained_released(model, tmp, max_shard_size=MAX_SHARD_SIZE)  # MoE experts as the released checkpoints
-    generation = next((p for p in (local_file(s, "generation_config.json") for s in sources) if p), None)
+    generation = first_file(sources, "generation_config.json")
     if generation is not None:  # the base's, unchanged (save_pretrained writes one derived from the model config)
         shutil.copyfile(generation, os.path.join(tmp, "generation_config.json"))
     copy_hf_files(sources, tmp, TOKENIZER_FILES)
