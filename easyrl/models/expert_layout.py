@@ -23,27 +23,18 @@ def _entry(model_type: str) -> Family:
 
 
 def needs_transpose(name: str, model_type: str) -> bool:
-    """Whether the Hugging Face tensor ``name`` of a ``model_type`` model is a fused expert tensor that the released
-    checkpoints store transposed (its family's ``transposed_experts``, ``easyrl.models.families``)."""
+    """Whether the Hugging Face tensor ``name`` is a fused expert tensor that ``model_type``'s released checkpoints
+    store transposed (its family's ``transposed_experts``)."""
     return name.endswith(_entry(model_type).transposed_experts)
 
 
 def to_checkpoint_layout(named_tensors: Iterable[tuple[str, torch.Tensor]],
                          model_type: str) -> Iterator[tuple[str, torch.Tensor]]:
-    """transformers' in-memory layout -> the released checkpoints' (the one vLLM loads), lazily, tensor by tensor.
-
-    Args:
-        named_tensors: ``(HF name, tensor)`` pairs; fused expert tensors are 3-D ``(experts, out, in)``.
-        model_type: the top-level ``config.model_type`` (e.g. ``qwen3_vl_moe``).
-
-    Yields:
-        The same pairs: fused experts of a ``transposed_experts`` family as contiguous ``(experts, in, out)``, those
-        of a ``per_expert_names`` family as one ``(out, in)`` view per expert, names changed per
-        ``checkpoint_renames`` (``easyrl.models.families``); every other tensor unchanged (the same object).
-
-    Raises:
-        ValueError: a tensor that should be transposed is not 3-D (the installed transformers' layout changed).
-    """
+    """``(HF name, tensor)`` pairs (fused experts 3-D ``(experts, out, in)``) of a top-level ``config.model_type``
+    in the released checkpoints' layout (the one vLLM loads), lazily: fused experts of a ``transposed_experts`` family
+    as contiguous ``(experts, in, out)``, those of a ``per_expert_names`` family as one ``(out, in)`` view per expert,
+    names changed per ``checkpoint_renames``; every other tensor unchanged (the same object). ValueError: a tensor to
+    transpose is not 3-D (the installed transformers' layout changed)."""
     entry = _entry(model_type)
     for name, tensor in named_tensors:
         if needs_transpose(name, model_type):
@@ -72,14 +63,8 @@ def _per_expert(name: str, tensor: torch.Tensor, names: tuple[str, ...]) -> Iter
 
 
 def save_pretrained_released(model: Any, out: str, **kwargs: Any) -> None:
-    """``model.save_pretrained(out, **kwargs)`` with fused experts in the released checkpoints' layout and names
-    (``to_checkpoint_layout``) where the family needs it; a plain ``save_pretrained`` otherwise.
-
-    Args:
-        model: a transformers ``PreTrainedModel`` (weights materialised; tied weights tied).
-        out: the folder to write.
-        kwargs: passed on to ``save_pretrained`` (e.g. ``max_shard_size``).
-    """
+    """``model.save_pretrained(out, **kwargs)`` (a transformers model, weights materialised and tied) with fused experts
+    in the released checkpoints' layout and names (:func:`to_checkpoint_layout`) where the family needs it."""
     model_type = model.config.model_type
     state = model.state_dict()
     if not _entry(model_type).checkpoint_renames and not any(needs_transpose(name, model_type) for name in state):

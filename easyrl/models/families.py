@@ -65,10 +65,6 @@ def _idefics3_blank(hf_config: Any) -> dict[str, Any]:
             "pixel_attention_mask": torch.ones(1, 1, side, side, dtype=torch.bool)}
 
 
-def _unscaled(hf_config: Any) -> float:
-    return 1.0
-
-
 def _granite_logit_scale(hf_config: Any) -> float:
     """Granite's ``logits = lm_head(hidden) / logits_scaling`` (``GraniteForCausalLM.forward``)."""
     return 1.0 / getattr(hf_config.get_text_config(), "logits_scaling", 1.0)
@@ -93,27 +89,23 @@ class Family:
     positions: Callable[[torch.Tensor], torch.Tensor] = padded_text_positions
     """Hook: ``(bsz, L)`` attention mask -> ``(bsz, L)`` text positions (0 at the first real token, no padding
     counted), as vLLM numbers the tokens."""
-    logit_scale: Callable[[Any], float] = _unscaled
+    logit_scale: Callable[[Any], float] = lambda hf_config: 1.0
     """Hook: the transformers config -> the factor the model's head multiplies its logits by."""
     transposed_experts: tuple[str, ...] = ()
-    """Names (suffixes) of the fused expert tensors that the released checkpoints store transposed, ``(experts, in,
-    out)``: the weight sync and the export write them so (``easyrl.models.expert_layout``)."""
+    """Name suffixes of the fused expert tensors the released checkpoints store transposed, ``(experts, in, out)``,
+    as the weight sync and the export write them (``easyrl.models.expert_layout``, as the two fields below)."""
     checkpoint_renames: tuple[tuple[str, str], ...] = ()
-    """``(in-memory, released)`` name parts: where transformers renames a module on load (Mixtral's
-    ``block_sparse_moe`` is ``mlp`` in memory; LLaVA-OneVision's SigLIP tower drops ``vision_model``, and saves it so
-    too, which vLLM refuses), the weight sync and the export hand vLLM the released checkpoints' name
-    (``easyrl.models.expert_layout``)."""
+    """``(in-memory, released)`` name parts where transformers renames a module on load (Mixtral's ``block_sparse_moe``
+    is ``mlp``; LLaVA-OneVision's SigLIP tower drops ``vision_model``, and saves so, which vLLM refuses)."""
     per_expert_names: tuple[str, ...] = ()
-    """``(gate, up, down)``: vLLM's loader takes this family's experts only one tensor per expert, under these names
-    (Mixtral's ``w1``, ``w3``, ``w2``), so the weight sync splits transformers' fused ones; empty: vLLM takes the
-    fused tensors."""
+    """``(gate, up, down)``: vLLM takes this family's experts one tensor per expert under these names (Mixtral's
+    ``w1``, ``w3``, ``w2``), split from transformers' fused ones; empty: vLLM takes the fused tensors."""
     blank_image: Callable[[Any], dict[str, Any]] = _patch_grid_blank
     """VL hook: the transformers config -> ``get_image_features`` keyword arguments of one small blank image (the
     tower passes that keep the ranks' collectives equal, ``easyrl.workers.vl_hooks``)."""
     image_dim: int = 0
-    """VL: the dimension along which the processor outputs of several samples (``pixel_values``, ...) concatenate
-    (Idefics3's are ``(1, tiles, ...)`` per sample: 1); smaller trailing dimensions are zero-padded to the largest
-    (Pixtral's images keep their own sizes, read back from ``image_sizes``)."""
+    """VL: the dimension along which several samples' processor outputs (``pixel_values``, ...) concatenate
+    (Idefics3's ``(1, tiles, ...)``: 1); smaller trailing dimensions are zero-padded (Pixtral's ``image_sizes``)."""
 
 
 _QWEN_VL = dict(vision=True, mrope=True)

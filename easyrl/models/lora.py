@@ -29,35 +29,27 @@ def target_modules(spec: str) -> Any:
     return spec if spec == "all-linear" else [part.strip() for part in spec.split(",") if part.strip()]
 
 
-def peft_config(lora: Any) -> Any:
+def peft_config(lora: Any, model_path: Optional[str] = None) -> Any:
     """A ``peft.LoraConfig`` from ``worker.actor.model.lora`` (``rank``, ``alpha``, ``target_modules``,
-    ``exclude_modules``: a regular expression matched against full module names); dropout 0 (the log-probs of the
-    update must equal the ones computed for the same weights), no bias training."""
+    ``exclude_modules``: a regular expression matched against full module names) on the base ``model_path``; dropout 0
+    (the log-probs of the update must equal the ones computed for the same weights), no bias training."""
     from peft import LoraConfig
 
     return LoraConfig(r=lora.rank, lora_alpha=lora.alpha, target_modules=target_modules(lora.target_modules),
-                      exclude_modules=lora.exclude_modules or None, lora_dropout=0.0, bias="none")
+                      exclude_modules=lora.exclude_modules or None, lora_dropout=0.0, bias="none",
+                      base_model_name_or_path=model_path)
 
 
 def apply_lora(model: torch.nn.Module, lora: Any, model_path: Optional[str] = None) -> Any:
-    """Insert LoRA layers into ``model`` in place (also on the meta device) and freeze everything but them.
-
-    Args:
-        model: a Hugging Face model (its module names are kept); lora: ``worker.actor.model.lora``, ``rank > 0``.
-        model_path: recorded as the adapter's ``base_model_name_or_path``.
-
-    Returns:
-        the ``peft.PeftModel`` wrapper; ``wrapper.base_model.model`` is ``model``.
-
-    Raises:
-        ModelError: no module of the model matches ``target_modules`` (names the key and the value).
-    """
+    """Insert LoRA layers (``worker.actor.model.lora``, ``rank > 0``) into the Hugging Face ``model`` in place (also on
+    the meta device; module names kept) and freeze everything but them; ``model_path`` is recorded as the adapter's
+    base. Returns the ``peft.PeftModel`` wrapper (``wrapper.base_model.model`` is ``model``). ModelError: no module
+    matches ``target_modules`` (naming the key and the value)."""
     from peft import get_peft_model
 
     from easyrl.errors import ModelError
 
-    config = peft_config(lora)
-    config.base_model_name_or_path = model_path
+    config = peft_config(lora, model_path)
     with warnings.catch_warnings():  # the default exclude pattern (the vision tower) matches nothing on text models
         warnings.filterwarnings("ignore", message=".*no modules were excluded.*")
         try:
@@ -121,38 +113,24 @@ def merge_lora_stream(named: Iterable[tuple[str, torch.Tensor]], scale: float,
         parts[lora["part"] if lora else "W"] = tensor
         if len(parts) == 3:
             del pending[module]
-            yield f"{module}.weight", merge_weight(parts["W"], parts["lora_A"], parts["lora_B"], scale, dtype)
+            weight, lora_a, lora_b = parts["W"], parts["lora_A"], parts["lora_B"]  # W + scale * B @ A in float32
+            merged = weight.float() + scale * (lora_b.float() @ lora_a.float())
+            yield f"{module}.weight", merged.to(dtype or weight.dtype)
     if pending:
         incomplete = {module: sorted(parts) for module, parts in pending.items()}
         raise ValueError(f"LoRA modules without a base weight or a matrix: {incomplete}")
 
 
-def merge_weight(weight: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, scale: float,
-                 dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-    """``W + scale * B @ A`` in float32, cast to ``dtype`` (default: W's). ``W`` ``(out, in)``, ``A`` ``(rank, in)``,
-    ``B`` ``(out, rank)``."""
-    merged = weight.float() + scale * (lora_b.float() @ lora_a.float())
-    return merged.to(dtype or weight.dtype)
-
-
 def save_adapter(state: dict[str, torch.Tensor], lora: Any, model_path: str, out: str) -> str:
-    """Write the adapter in peft's format into folder ``out``: ``adapter_config.json`` and
-    ``adapter_model.safetensors`` (names ``base_model.model.<module>.lora_A.weight``), loadable with
-    ``peft.PeftModel.from_pretrained(base_model, out)``.
-
-    Args:
-        state: the actor's full state dict (peft names; only the adapter matrices are written).
-        lora: ``worker.actor.model.lora``.
-        model_path: the base model (recorded as ``base_model_name_or_path``).
-    """
+    """Write the adapter matrices of ``state`` (the actor's full state dict, peft names) in peft's format into folder
+    ``out``: ``adapter_config.json`` (``lora``: ``worker.actor.model.lora``, on the base ``model_path``) and
+    ``adapter_model.safetensors``, loadable with ``peft.PeftModel.from_pretrained(base_model, out)``."""
     from safetensors.torch import save_file
 
     from easyrl.models.hf_folder import open_to_umask
 
     os.makedirs(out, exist_ok=True)
-    config = peft_config(lora)
-    config.base_model_name_or_path = model_path
-    config.save_pretrained(out)
+    peft_config(lora, model_path).save_pretrained(out)
     tensors = {f"base_model.model.{name.replace(f'.{ADAPTER_NAME}.', '.')}": t.contiguous()
                for name, t in state.items() if is_adapter_key(name)}
     save_file(tensors, os.path.join(out, "adapter_model.safetensors"), metadata={"format": "pt"})

@@ -23,15 +23,8 @@ PACKED_SDPA = "easyrl_packed_sdpa"
 
 
 def sequence_lengths(position_ids: torch.Tensor) -> list[int]:
-    """Lengths of the sequences packed in one row, read off their position ids.
-
-    Args:
-        position_ids: ``(1, total)`` or ``(total,)`` positions; a position that is not the previous one + 1 starts a
-            sequence (as ``masking_utils.find_packed_sequence_indices`` decides).
-
-    Returns:
-        The length (tokens) of each sequence in order; they sum to ``total``.
-    """
+    """The length of each sequence packed in ``position_ids`` ``(1, total)`` or ``(total,)``, in order (summing to
+    ``total``): a position that is not the previous one + 1 starts a sequence (transformers' rule)."""
     pos = position_ids.reshape(-1)
     starts = torch.ones_like(pos, dtype=torch.bool)
     starts[1:] = pos[1:] != pos[:-1] + 1
@@ -73,22 +66,11 @@ def packed_sdpa_attention(
     position_ids: Optional[torch.Tensor] = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    """transformers' attention-function signature, causal within each sequence of one packed row and nothing across.
-
-    Args:
-        module: the attention module (its ``is_causal`` and ``num_key_value_groups`` are read).
-        query: ``(1, heads, total, head_dim)``.
-        key, value: ``(1, kv_heads, total, head_dim)``.
-        attention_mask: must be None for the per-sequence path (a mask means a padded batch).
-        position_ids: ``(1, total)`` text positions restarting at 0 at each sequence.
-
-    Returns:
-        ``((1, total, heads, head_dim), None)``, as transformers' ``sdpa_attention_forward``.
-
-    A sliding-window layer (``sliding_window`` in ``kwargs``) gets its band mask per sequence. Calls with a mask,
-    without position ids, of several rows, of a bidirectional module or with a cache go to
-    ``sdpa_attention_forward`` unchanged.
-    """
+    """transformers' attention-function signature, causal within each sequence of one packed row and nothing across:
+    ``query`` ``(1, heads, total, head_dim)``, ``key``/``value`` ``(1, kv_heads, total, head_dim)``, ``position_ids``
+    ``(1, total)`` restarting at 0 at each sequence -> ``((1, total, heads, head_dim), None)``. A sliding-window layer
+    (``sliding_window`` in ``kwargs``) gets its band mask per sequence. Calls with a mask (a padded batch), without
+    position ids, of several rows, of a bidirectional module or with a cache go to ``sdpa_attention_forward``."""
     lengths = packed_lengths(module, query, key, attention_mask, is_causal, position_ids)
     if lengths is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,

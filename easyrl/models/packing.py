@@ -53,12 +53,8 @@ class PackedBatch:
         return int(self.input_ids.shape[-1])
 
     def unpack(self, values: torch.Tensor) -> torch.Tensor:
-        """Scatter ``values`` ``(num_response_tokens,)`` (or ``(1, n)``) back to the padded layout: ``(bsz, R)``
-        of ``values.dtype``, 0 at padding, differentiable.
-
-        Raises:
-            ValueError: if the number of values is not the number of response tokens.
-        """
+        """Scatter ``values`` ``(num_response_tokens,)`` (or ``(1, n)``) back to the padded layout: ``(bsz, R)`` of
+        ``values.dtype``, 0 at padding, differentiable. ValueError for another number of values."""
         values = values.reshape(-1)
         if values.shape[0] != self.labels.shape[0]:
             raise ValueError(f"unpack got {values.shape[0]} values for {self.labels.shape[0]} response tokens")
@@ -74,22 +70,14 @@ def pack_sequences(
     mrope: bool = False,
     text_positions: Optional[torch.Tensor] = None,
 ) -> PackedBatch:
-    """Pack left-padded prompt + right-padded response rows into one row without padding.
+    """Pack left-padded prompt + right-padded response rows, ``input_ids`` and ``attention_mask`` (1 at real tokens)
+    ``(bsz, P + R)``, into one :class:`PackedBatch` row without padding (on ``input_ids.device``).
 
-    Args:
-        input_ids: ``(bsz, P + R)``; attention_mask: ``(bsz, P + R)`` 1 at real tokens.
-        response_mask: ``(bsz, R)`` ``{0, 1}``, the response tokens to score (a prefix of each row).
-        positions: ``None`` for 1-D positions, or ``(3, bsz, P + R)`` Qwen-VL mRoPE positions (``get_rope_index``).
-        mrope: the model takes mRoPE positions: without ``positions`` the three rotary rows repeat the text
-            positions (Qwen-VL builds no packed mask from 2-D position ids, so the ``(4, 1, total)`` form is needed).
-        text_positions: ``(bsz, P + R)`` text positions (the family's ``positions`` hook); None:
-            :func:`padded_text_positions`.
-
-    Returns:
-        A :class:`PackedBatch` on ``input_ids.device``.
-
-    Raises:
-        ValueError: mismatched shapes, a response token outside ``attention_mask``, or an empty prompt.
+    ``response_mask`` ``(bsz, R)`` marks the response tokens to score (a prefix of each row); ``positions``: None for
+    1-D positions, or Qwen-VL's ``(3, bsz, P + R)`` mRoPE positions; ``mrope`` without ``positions``: the three
+    rotary rows repeat the text positions (Qwen-VL builds no packed mask from 2-D position ids);
+    ``text_positions`` ``(bsz, P + R)``: the family's ``positions`` hook (None: :func:`padded_text_positions`).
+    ValueError: mismatched shapes, a response token outside ``attention_mask``, or an empty prompt.
     """
     if input_ids.dim() != 2 or attention_mask.shape != input_ids.shape:
         raise ValueError(f"input_ids {tuple(input_ids.shape)} and attention_mask {tuple(attention_mask.shape)} "
