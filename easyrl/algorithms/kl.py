@@ -7,21 +7,12 @@ variance), ``k3 = exp(x) - x - 1`` (unbiased, low variance, >= 0).
 
 from __future__ import annotations
 
-from typing import Protocol
-
 import numpy as np
 import torch
 
 from easyrl.algorithms.masked_ops import masked_mean
 
-__all__ = [
-    "KL_ESTIMATORS",
-    "kl_penalty",
-    "FixedKLController",
-    "AdaptiveKLController",
-    "make_kl_controller",
-    "apply_kl_penalty",
-]
+__all__ = ["KL_ESTIMATORS", "KLController", "apply_kl_penalty", "kl_penalty", "make_kl_controller"]
 
 _BASE_ESTIMATORS = ("kl", "abs", "mse", "low_var_kl", "k1", "k2", "k3")
 KL_ESTIMATORS = _BASE_ESTIMATORS + tuple(f"{name}+" for name in _BASE_ESTIMATORS)
@@ -53,52 +44,31 @@ def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, estimator: st
     raise ValueError(f"unknown KL estimator {estimator!r}; valid names: {list(KL_ESTIMATORS)}")
 
 
-class KLController(Protocol):
-    """What :func:`apply_kl_penalty` needs from a controller."""
+class KLController:
+    """The KL coefficient ``beta`` (``value``): constant, or with ``target_kl`` the proportional controller (Ziegler et
+    al. 2019, arXiv:1909.08593, Sec. 2.2) ``beta <- beta * (1 + clip(KL / target_kl - 1, -0.2, 0.2) * n_steps /
+    horizon)``, ``target_kl`` in nats per token and ``horizon`` in samples, both > 0 (else ValueError)."""
 
-    value: float
-
-    def update(self, current_kl: float, n_steps: int) -> None: ...
-
-
-class FixedKLController:
-    """A constant KL coefficient ``beta`` (``value``)."""
-
-    def __init__(self, kl_coef: float):
+    def __init__(self, kl_coef: float, target_kl: float | None = None, horizon: float = 1.0):
+        if target_kl is not None and not (target_kl > 0 and horizon > 0):
+            raise ValueError(f"adaptive KL controller: target_kl and horizon must be > 0, got {target_kl}, {horizon}")
         self.value = float(kl_coef)
-
-    def update(self, current_kl: float, n_steps: int) -> None:
-        """Does nothing (the coefficient is fixed)."""
-
-
-class AdaptiveKLController:
-    """Proportional KL controller (Ziegler et al. 2019, arXiv:1909.08593, Sec. 2.2):
-    ``beta <- beta * (1 + clip(KL / target_kl - 1, -0.2, 0.2) * n_steps / horizon)``, ``target_kl`` in nats per token
-    and ``horizon`` in samples, both > 0 (else ValueError)."""
-
-    def __init__(self, init_kl_coef: float, target_kl: float, horizon: float):
-        if target_kl <= 0:
-            raise ValueError(f"AdaptiveKLController: target_kl must be > 0, got {target_kl}")
-        if horizon <= 0:
-            raise ValueError(f"AdaptiveKLController: horizon must be > 0, got {horizon}")
-        self.value = float(init_kl_coef)
-        self.target = float(target_kl)
+        self.target = None if target_kl is None else float(target_kl)
         self.horizon = float(horizon)
 
     def update(self, current_kl: float, n_steps: int) -> None:
-        """Steer ``value`` by the last batch's KL and its number of samples."""
-        error = float(np.clip(current_kl / self.target - 1.0, -0.2, 0.2))
-        self.value *= 1.0 + error * n_steps / self.horizon
+        """Steer an adaptive ``value`` by the last batch's KL and its number of samples."""
+        if self.target is not None:
+            error = float(np.clip(current_kl / self.target - 1.0, -0.2, 0.2))
+            self.value *= 1.0 + error * n_steps / self.horizon
 
 
 def make_kl_controller(kl_type: str, kl_coef: float, kl_target: float, kl_horizon: float) -> KLController:
     """The controller for ``algorithm.kl_type`` ``"fixed"`` or ``"adaptive"`` (``kl_target``, ``kl_horizon`` used by
     the latter); ValueError for another type or a non-positive adaptive target / horizon."""
-    if kl_type == "fixed":
-        return FixedKLController(kl_coef)
-    if kl_type == "adaptive":
-        return AdaptiveKLController(kl_coef, kl_target, kl_horizon)
-    raise ValueError(f"unknown algorithm.kl_type {kl_type!r}; valid: fixed, adaptive")
+    if kl_type not in ("fixed", "adaptive"):
+        raise ValueError(f"unknown algorithm.kl_type {kl_type!r}; valid: fixed, adaptive")
+    return KLController(kl_coef, kl_target, kl_horizon) if kl_type == "adaptive" else KLController(kl_coef)
 
 
 @torch.no_grad()

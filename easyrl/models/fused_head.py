@@ -81,21 +81,11 @@ def linear_log_probs(
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     entropy_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Label log-probs and entropies of ``softmax(hidden @ weight^T / temperature)`` without full logits.
-
-    Args:
-        hidden: ``(tokens, hidden_size)`` last hidden states.
-        weight: ``(vocab, hidden_size)`` bias-free output embedding, same dtype as ``hidden``.
-        labels: ``(tokens,)`` int64 token ids in ``[0, vocab)``; temperature: > 0, divides the logits.
-        chunk_tokens: tokens per chunk (peak temporary: ``chunk_tokens x vocab`` float32).
-        entropy_grad: False: the entropy is returned detached (no vocabulary-wide backward for it).
-
-    Returns:
-        ``(log_probs, entropy)``, each ``(tokens,)`` float32 (nats).
-
-    Raises:
-        ValueError: on mismatched shapes, ``temperature <= 0`` or ``chunk_tokens < 1``.
-    """
+    """``(log_probs, entropy)`` of the ``labels`` ``(tokens,)`` under ``softmax(hidden @ weight^T / temperature)``,
+    each ``(tokens,)`` float32 (nats), without full logits: ``hidden`` ``(tokens, hidden_size)``, ``weight``
+    ``(vocab, hidden_size)`` (bias-free, ``hidden``'s dtype); peak temporary ``chunk_tokens x vocab`` float32;
+    ``entropy_grad`` False returns the entropy detached. ValueError on mismatched shapes, ``temperature <= 0`` or
+    ``chunk_tokens < 1``."""
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
         raise ValueError(f"hidden {tuple(hidden.shape)} and weight {tuple(weight.shape)} must be (tokens, hidden) "
                          "and (vocab, hidden)")
@@ -117,15 +107,9 @@ class FusedLogProbHead:
             out = model(..., logits_to_keep=indices)  # out.logits: (1, tokens, 2)
         log_probs, entropy = out.logits[0, :, 0], out.logits[0, :, 1]
 
-    Outside ``scoring`` the model behaves as before.
-
-    Args:
-        model: a transformers model with a bias-free ``nn.Linear`` output embedding. A family ``logit_scale``
-            (Granite) is applied to the hidden states and divided out of the returned scores, which the model undoes.
-        chunk_tokens: see :func:`linear_log_probs`.
-
-    Raises:
-        ValueError: the model has no bias-free linear output embedding.
+    Outside ``scoring`` the model behaves as before. A family ``logit_scale`` (Granite) is applied to the hidden states
+    and divided out of the returned scores, which the model undoes. ValueError: ``model``'s output embedding is not a
+    bias-free ``nn.Linear``.
     """
 
     def __init__(self, model: torch.nn.Module, chunk_tokens: int = DEFAULT_CHUNK_TOKENS):

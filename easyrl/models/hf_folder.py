@@ -31,10 +31,8 @@ def hf_model_class(hf_config) -> type:
 
 
 def config_dtype(config: dict) -> torch.dtype:
-    """The dtype a folder's ``config.json`` declares (``dtype`` or ``torch_dtype``; float32 if neither or ``auto``).
-
-    Raises:
-        ValueError: a dtype name this export does not write."""
+    """The dtype a folder's ``config.json`` declares (``dtype`` or ``torch_dtype``; float32 if neither or ``auto``);
+    ValueError for a dtype name this export does not write."""
     name = config.get("dtype") or config.get("torch_dtype") or "float32"
     name = str(name).replace("torch.", "")
     if name == "auto":
@@ -89,21 +87,11 @@ def _replace_dir(tmp: str, out: str) -> None:
 
 def write_hf_folder(state: dict[str, torch.Tensor], sources: list[str], out: str,
                     dtype: Optional[torch.dtype] = None, trust_remote_code: bool = False) -> str:
-    """Write a Hugging Face model folder from full weights, atomically (``out`` replaced once the new one is whole).
-
-    Args:
-        state: full tensors by Hugging Face name (e.g. ``fsdp_model.gather_full_state_dict`` on rank 0).
-        sources: folders or hub ids with the base model's config, generation config and tokenizer files (the first
-            that has a file wins), e.g. ``[model_path, tokenizer_path]``.
-        out: the folder to write; dtype: weight dtype (None: :func:`config_dtype`); trust_remote_code: for the class.
-
-    Returns:
-        ``out``.
-
-    Raises:
-        FileNotFoundError: none of ``sources`` has a ``config.json``.
-        KeyError / RuntimeError: ``state`` does not match the config's model (missing or unexpected names).
-    """
+    """Write ``out``, a Hugging Face model folder of ``state`` (full tensors by Hugging Face name) in ``dtype`` (None:
+    :func:`config_dtype`), atomically (replaced once the new one is whole); the config, generation config and
+    tokenizer files come from the first of ``sources`` that has each (:func:`first_file`). Returns ``out``.
+    FileNotFoundError: no ``config.json`` in ``sources``; KeyError / RuntimeError: ``state`` does not match the
+    config's model."""
     from transformers import AutoConfig
 
     from easyrl.models.expert_layout import save_pretrained_released

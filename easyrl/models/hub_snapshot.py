@@ -31,15 +31,8 @@ def snapshot_download(repo_id: str) -> str:
 
 
 def local_model_path(path: Optional[str], download: Optional[Callable[[str], str]] = None) -> Optional[str]:
-    """The local folder to read a model (or tokenizer) from.
-
-    Args:
-        path: a local folder, a hub id ``org/name``, or None (an unset optional path).
-        download: ``hub id -> local folder``; None: :func:`snapshot_download`.
-
-    Returns:
-        ``path`` itself when it is None or local (:func:`looks_local`; ``~`` expanded), else ``download(path)``.
-    """
+    """The local folder to read a model (or tokenizer) ``path`` from: ``path`` itself when it is None (unset) or local
+    (:func:`looks_local`; ``~`` expanded), else ``download(path)`` (``hub id -> folder``, :func:`snapshot_download`)."""
     if path is None:
         return None
     if looks_local(path):

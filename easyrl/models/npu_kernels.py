@@ -18,15 +18,8 @@ import torch
 
 
 def apply_npu_fused_kernels(model: torch.nn.Module, npu: Optional[Any] = None) -> dict[str, int]:
-    """Swap in the fused kernels, in place, before ``fully_shard``.
-
-    Args:
-        model: a transformers Qwen2/2.5/3 or Qwen-VL model.
-        npu: the ``torch_npu`` module (imported when None).
-
-    Returns:
-        how many modules/functions were replaced per kind (``rms_norm``, ``swiglu``, ``rotary``).
-    """
+    """Swap the fused kernels of ``npu`` (``torch_npu``, imported when None) into a transformers Qwen2/2.5/3 or
+    Qwen-VL ``model``, in place, before ``fully_shard``; returns how many modules/functions were replaced per kind."""
     npu = npu if npu is not None else importlib.import_module("torch_npu")
     counts = {"rms_norm": 0, "swiglu": 0, "rotary": 0}
     for module in model.modules():

@@ -106,11 +106,8 @@ def attention_name(inner: str) -> str:
 
 
 def check_heads(hf_config: Any, size: int, key: str = "worker.actor.ulysses_size") -> None:
-    """Raise unless the text model's query and key/value heads divide by ``size`` and it has no linear-attention
-    layers (a Gated DeltaNet scan runs along the whole sequence).
-
-    Raises:
-        ValueError: naming ``key``, the head counts and the sizes that would fit."""
+    """ValueError (naming ``key``, the head counts and the sizes that would fit) unless the text model's query and
+    key/value heads divide by ``size`` and it has no linear-attention layers (their scan runs along the sequence)."""
     if size <= 1:
         return
     text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
@@ -146,16 +143,11 @@ class SequenceParallel:
     @contextmanager
     def sharded(self, input_ids: torch.Tensor, position_ids: torch.Tensor, keep: torch.Tensor,
                 labels: torch.Tensor) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor, "Gather"]]:
-        """The model inputs of one packed row, padded to a multiple of the group size, with this rank's kept positions.
-
-        Args:
-            input_ids: ``(1, total)``; position_ids: ``(1, total)`` or mRoPE's ``(4, 1, total)``.
-            keep: ``(n,)`` packed positions to score (``PackedBatch.logit_indices``); labels: ``(n,)`` their tokens.
-
-        Yields:
-            ``(inputs, labels, gather)``: the model kwargs (whole padded row, the decoder slices it; this rank's
-            local ``logits_to_keep``), this rank's labels, and ``gather`` turning its ``(n_local, c)`` into ``(n, c)``.
-        """
+        """Yields ``(inputs, labels, gather)`` for one packed row (``input_ids`` ``(1, total)``, ``position_ids``
+        ``(1, total)`` or mRoPE's ``(4, 1, total)``, ``keep`` ``(n,)`` the packed positions to score and ``labels``
+        their tokens): the model kwargs (the whole row padded to a multiple of the group size, which the decoder
+        slices; this rank's local ``logits_to_keep``), this rank's labels, and ``gather`` turning its ``(n_local, c)``
+        scores into ``(n, c)``."""
         global _ACTIVE
         total = input_ids.shape[-1]
         pad = -total % self.size
