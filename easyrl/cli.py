@@ -8,12 +8,13 @@
     easyrl --version
 
 Each command's ``--help`` names itself; bare ``easyrl`` prints the help. A new command is one entry of ``COMMANDS``
-and one branch of :func:`main`.
+and ``MODULES``.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from typing import Optional
 
@@ -26,6 +27,10 @@ COMMANDS: dict[str, str] = {
     "simulate": "memory and device placement of one step on simulated devices: easyrl simulate config=FILE.yaml "
                 "[--device h100|h200|a100-40|a100-80|910b] [--json]",
 }
+
+# name -> the module whose main(argv, prog=...) runs it
+MODULES = {"train": "easyrl.trainer.__main__", "eval": "easyrl.eval", "export": "easyrl.export", "plot": "easyrl.plot",
+           "simulate": "easyrl.simulate.__main__"}
 
 
 def version() -> str:
@@ -54,26 +59,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     """Dispatch to a command; returns its exit status (bare ``easyrl``: the help, status 0)."""
     argv = sys.argv[1:] if argv is None else argv
     command, rest = (argv[0], argv[1:]) if argv else (None, [])
-    if command == "train":
-        from easyrl.trainer.__main__ import main as train
-
-        return train(rest, prog="easyrl train")
-    if command == "eval":
-        from easyrl.eval import main as evaluate
-
-        return evaluate(rest, prog="easyrl eval")
-    if command == "export":
-        from easyrl.export import main as export
-
-        return export(rest, prog="easyrl export")
-    if command == "plot":
-        from easyrl.plot import main as plot
-
-        return plot(rest, prog="easyrl plot", description=COMMANDS["plot"])
-    if command == "simulate":
-        from easyrl.simulate.__main__ import main as simulate
-
-        return simulate(rest, prog="easyrl simulate")
+    if command in MODULES:
+        extra = {"description": COMMANDS["plot"]} if command == "plot" else {}
+        return importlib.import_module(MODULES[command]).main(rest, prog=f"easyrl {command}", **extra)
     if command is None:
         parser().print_help()
         return 0
