@@ -21,16 +21,11 @@ REWARD_TYPES = ("batch", "sequential")
 DEFAULT_FUNCTION = "main"  # when the spec names no function
 
 
-def split_spec(spec: str) -> tuple[str, str]:
-    """``(path, fn_name)`` of ``path/to/file.py:fn_name``; a spec without ``:`` names ``main``."""
-    path, _, name = spec.rpartition(":") if ":" in spec else (spec, "", DEFAULT_FUNCTION)
-    return path, name
-
-
 def load_function(spec: str) -> tuple[Callable, str, str]:
-    """``(fn, path, fn_name)`` of a spec, the file imported once per process. ValueError for an empty part,
-    FileNotFoundError for a missing file, AttributeError when it has no callable ``fn_name`` (naming both)."""
-    path, name = split_spec(spec)
+    """``(fn, path, fn_name)`` of a spec ``path/to/file.py:fn_name`` (without ``:``, ``fn_name`` is ``main``), the file
+    imported once per process. ValueError for an empty part, FileNotFoundError for a missing file, AttributeError when
+    it has no callable ``fn_name`` (naming both)."""
+    path, _, name = spec.rpartition(":") if ":" in spec else (spec, "", DEFAULT_FUNCTION)
     if not path or not name:
         raise ValueError(f"worker.reward.reward_function {spec!r} must be 'path/to/file.py:function_name'")
     if not os.path.isfile(path):

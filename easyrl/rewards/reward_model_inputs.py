@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 import torch
 
-__all__ = ["RewardModelInputs", "conversation", "encode_conversations", "load_tokenizer", "padding_id"]
+__all__ = ["RewardModelInputs", "encode_conversations", "load_tokenizer", "padding_id"]
 
 
 def load_tokenizer(config: Any) -> Any:
@@ -26,11 +26,6 @@ def padding_id(tokenizer: Any) -> int:
     if pad_id is None:
         raise ValueError("the reward model's tokenizer has neither a pad nor an eos token to pad with")
     return int(pad_id)
-
-
-def conversation(prompt: str, response: str) -> list[dict[str, str]]:
-    """The chat a reward model scores: the prompt as the user's turn, the response as the assistant's."""
-    return [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}]
 
 
 @dataclass
@@ -53,7 +48,8 @@ def encode_conversations(tokenizer: Any, prompts: list[str], responses: list[str
         raise ValueError("the reward model's tokenizer has no chat template: set worker.reward.reward_model."
                          "chat_template to the template it was trained with")
     pad_id = padding_id(tokenizer)
-    texts = [tokenizer.apply_chat_template(conversation(p, r), chat_template=chat_template, tokenize=False)
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}, {"role": "assistant", "content": r}],
+                                           chat_template=chat_template, tokenize=False)
              for p, r in zip(prompts, responses)]
     ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
     truncated = 0

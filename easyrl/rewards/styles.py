@@ -47,19 +47,15 @@ def _accepted(fn: Callable, arguments: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in arguments.items() if key in names}
 
 
-def _verl_arguments(reward_input: dict[str, Any]) -> dict[str, Any]:
-    columns = reward_input.get("columns") or {}
-    ground_truth = reward_input["ground_truth"]
-    reward_model = columns.get("reward_model")
-    if isinstance(reward_model, dict) and "ground_truth" in reward_model:
-        ground_truth = reward_model["ground_truth"]
-    return {"data_source": columns.get("data_source", ""), "solution_str": reward_input["response"],
-            "ground_truth": ground_truth, "extra_info": columns.get("extra_info") or {}}
-
-
 def call_verl(fn: Callable, reward_input: dict[str, Any], kwargs: dict[str, Any]) -> dict[str, float]:
     """One sample scored as verl does; ``overall`` is ``score``. ValueError for a dict without ``score``."""
-    result = fn(**_accepted(fn, _verl_arguments(reward_input)), **kwargs)
+    columns = reward_input.get("columns") or {}
+    reward_model = columns.get("reward_model")
+    has_truth = isinstance(reward_model, dict) and "ground_truth" in reward_model
+    arguments = {"data_source": columns.get("data_source", ""), "solution_str": reward_input["response"],
+                 "ground_truth": reward_model["ground_truth"] if has_truth else reward_input["ground_truth"],
+                 "extra_info": columns.get("extra_info") or {}}
+    result = fn(**_accepted(fn, arguments), **kwargs)
     if not isinstance(result, dict):
         return {"overall": result}
     if "score" not in result:
@@ -71,25 +67,18 @@ def call_verl(fn: Callable, reward_input: dict[str, Any], kwargs: dict[str, Any]
     return scores
 
 
-def _trl_arguments(reward_inputs: list[dict[str, Any]]) -> dict[str, Any]:
-    rows = [reward_input.get("columns") or {} for reward_input in reward_inputs]
-    prompts = [row.get("prompt") for row in rows]
-    completions = [
-        [{"role": "assistant", "content": x["response"]}] if _is_conversation(prompt) else x["response"]
-        for x, prompt in zip(reward_inputs, prompts)
-    ]
-    columns = {key: [row.get(key) for row in rows] for key in (rows[0] if rows else {}) if key != "prompt"}
-    return {"prompts": prompts, "completions": completions, **columns}
-
-
 def _is_conversation(prompt: Any) -> bool:
     return isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m for m in prompt) and bool(prompt)
 
 
 def call_trl(fn: Callable, reward_inputs: list[dict[str, Any]], kwargs: dict[str, Any]) -> list[dict[str, float]]:
     """A batch scored as TRL does, one ``{"overall"}`` per input; ValueError unless one value per input comes back."""
-    arguments = {**_trl_arguments(reward_inputs), **kwargs}
-    values = fn(**_accepted(fn, arguments))
+    rows = [reward_input.get("columns") or {} for reward_input in reward_inputs]
+    prompts = [row.get("prompt") for row in rows]
+    completions = [[{"role": "assistant", "content": x["response"]}] if _is_conversation(prompt) else x["response"]
+                   for x, prompt in zip(reward_inputs, prompts)]
+    columns = {key: [row.get(key) for row in rows] for key in (rows[0] if rows else {}) if key != "prompt"}
+    values = fn(**_accepted(fn, {"prompts": prompts, "completions": completions, **columns, **kwargs}))
     if not isinstance(values, (list, tuple)) or len(values) != len(reward_inputs):
         shown = f"{len(values)} values" if isinstance(values, (list, tuple)) else f"a {type(values).__name__}"
         raise ValueError(f"a TRL-style reward function returned {shown} for {len(reward_inputs)} completions; it "
