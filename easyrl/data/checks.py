@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import Any, Iterable
+from typing import Any
 
 import datasets
 
@@ -27,13 +27,6 @@ def data_files_under(path: str) -> list[str]:
     for root, _, names in os.walk(path):
         found += [os.path.join(root, n) for n in names if os.path.splitext(n)[1].lower() in DATA_EXTENSIONS]
     return sorted(found)
-
-
-def check_not_empty(files: Iterable[str]) -> None:
-    """Raise ``DataError`` for the first data file with no bytes at all."""
-    for file in files:
-        if os.path.getsize(file) == 0:
-            raise DataError(f"data file {file!r} is empty; fill it or point the data path elsewhere")
 
 
 def bad_json_line(path: str) -> tuple[int, str] | None:
@@ -103,18 +96,6 @@ def read_error(source: str, files: list[str], err: BaseException) -> DataError:
     return DataError(f"cannot read data {source!r}: {type(cause).__name__}: {reason}")
 
 
-def image_like_columns(dataset: datasets.Dataset) -> list[str]:
-    """Columns that look like images: an ``Image`` feature (or a list of them), or a usual image column name."""
-    found = []
-    for name, feature in dataset.features.items():
-        inner = getattr(feature, "feature", None)
-        if isinstance(feature, datasets.Image) or isinstance(inner, datasets.Image) or (
-            isinstance(feature, list) and feature and isinstance(feature[0], datasets.Image)
-        ) or name.lower() in IMAGE_COLUMN_NAMES:
-            found.append(name)
-    return found
-
-
 def check_columns(dataset: datasets.Dataset, source: str, prompt_key: str, answer_key: str) -> None:
     """DataError unless the prompt and answer columns exist (naming the column, source, columns and config key)."""
     columns = dataset.column_names
@@ -126,10 +107,14 @@ def check_columns(dataset: datasets.Dataset, source: str, prompt_key: str, answe
 
 def check_image_column(dataset: datasets.Dataset, image_key: str | None, prompt_key: str, source: str,
                        text_only: bool) -> None:
-    """DataError when ``image_key`` is not a column but another column looks like images (naming both); a warning
-    when a text-only model gets images (they are dropped)."""
+    """DataError when ``image_key`` is not a column but another column looks like images (an ``Image`` feature or a
+    list of them, or a usual image column name; naming both); a warning when a text-only model gets images (they are
+    dropped)."""
     columns = dataset.column_names
-    candidates = [c for c in image_like_columns(dataset) if c != prompt_key]
+    candidates = [name for name, feature in dataset.features.items() if name != prompt_key and (
+        isinstance(feature, datasets.Image) or isinstance(getattr(feature, "feature", None), datasets.Image)
+        or (isinstance(feature, list) and feature and isinstance(feature[0], datasets.Image))
+        or name.lower() in IMAGE_COLUMN_NAMES)]
     if image_key is not None and image_key not in columns and candidates:
         raise DataError(
             f"data.image_key={image_key!r} is not a column of {source!r}, but column {candidates[0]!r} looks like "

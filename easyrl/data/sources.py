@@ -9,7 +9,7 @@ from typing import Any
 
 import datasets
 
-from easyrl.data.checks import NO_ROWS_HINT, check_not_empty, data_files_under, read_error
+from easyrl.data.checks import NO_ROWS_HINT, data_files_under, read_error
 from easyrl.data.intergps import intergps_problem_dirs, load_intergps_geometry3k
 from easyrl.errors import DataError
 
@@ -73,7 +73,9 @@ def load_split(builder: str, source: str, split: str | None, **kwargs: Any) -> d
     files = data_files_under(kwargs.get("data_files") or builder)
     if not files:
         raise DataError(f"no .parquet/.json/.jsonl data files found in {source!r}")
-    check_not_empty(files)
+    for file in files:
+        if os.path.getsize(file) == 0:
+            raise DataError(f"data file {file!r} is empty; fill it or point the data path elsewhere")
     try:
         loaded = datasets.load_dataset(builder, **kwargs)
     except (datasets.exceptions.DataFilesNotFoundError, datasets.data_files.EmptyDatasetError) as err:
