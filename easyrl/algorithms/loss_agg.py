@@ -52,10 +52,8 @@ def agg_loss(
     ``sum_i (sum_t m l) / S``; ``seq-mean-token-mean`` ``sum_i (sum_t m l / n_i) / S`` (GRPO, arXiv:2402.03300,
     Eq. 3); ``token-sum`` ``sum_it m l``; ``seq-mean-token-sum-norm`` (= ``-drgrpo``) ``sum_i (sum_t m l / L) / S``
     with ``L = norm_length`` or ``loss_mat.shape[-1]`` (Dr. GRPO, arXiv:2503.20783, Sec. 3.1; pass the max
-    response length when micro-batches are padded differently).
-
-    Raises:
-        ValueError: for an unknown mode (listing the valid ones) or mismatched shapes.
+    response length when micro-batches are padded differently). ValueError for an unknown mode (listing the valid
+    ones) or mismatched shapes.
     """
     if loss_mat.shape != loss_mask.shape or loss_mat.dim() != 2:
         raise ValueError(

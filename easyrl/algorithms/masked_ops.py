@@ -24,11 +24,7 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | tuple[int, 
 
 def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
     """``(values - mean) / sqrt(var + eps)`` with the mean and unbiased variance of the valid entries; entries outside
-    the mask are transformed too (multiply by the mask to zero them).
-
-    Raises:
-        ValueError: when fewer than 2 entries are valid (the variance is undefined; use a larger batch).
-    """
+    the mask are transformed too (multiply by the mask to zero them). ValueError for fewer than 2 valid entries."""
     n = int(mask.bool().sum())
     if n < 2:
         raise ValueError(f"masked_whiten needs at least 2 valid entries, the mask has {n}; use a larger batch")

@@ -23,11 +23,8 @@ def target_size(
 ) -> tuple[int, int]:
     """``(width, height)`` in pixels that :func:`process_image` gives a ``width x height`` image: scaled (aspect kept)
     into ``[min_pixels, max_pixels]``, each side rounded to a multiple of ``factor`` (down if that overshoots, up if it
-    undershoots).
-
-    Raises:
-        ValueError: unless ``factor**2 <= min_pixels <= max_pixels``; for an empty side or an aspect ratio above 200.
-    """
+    undershoots). ValueError unless ``factor**2 <= min_pixels <= max_pixels``; for an empty side or an aspect ratio
+    above 200."""
     if not factor * factor <= min_pixels <= max_pixels:
         raise ValueError(
             f"need {factor}*{factor} <= min_pixels <= max_pixels, got min_pixels={min_pixels}, max_pixels={max_pixels} "

@@ -109,11 +109,8 @@ def _count(path: str, total: int, source_fps: float, limits: FrameLimits) -> int
 
 def probe(video: Any, limits: FrameLimits) -> tuple[int, int, int]:
     """``(frames sampled, width, height)`` from a file's header and first frame, or every image of a frame list.
-
-    Raises:
-        ValueError: a missing or undecodable file or frame, or fewer than 2 frames (naming the video).
-        TypeError: neither a path nor a list of frames.
-    """
+    ValueError for a missing or undecodable file or frame, or fewer than 2 frames (naming the video); TypeError for
+    neither a path nor a list of frames."""
     if isinstance(video, (str, os.PathLike)):
         _, total, source_fps, first = _open(os.fspath(video), first_frame=True)
         return _count(os.fspath(video), total, source_fps, limits), first.shape[1], first.shape[0]

@@ -150,10 +150,7 @@ def family(hf_config: Any) -> Family:
 
 
 def check_supported(key: str, hf_config: Any) -> None:
-    """Refuse a model whose family is not in :data:`FAMILIES`.
-
-    Raises:
-        ModelError: naming ``key``, the ``model_type`` and docs/models.md."""
+    """ModelError (naming ``key``, the ``model_type`` and docs/models.md) for a family not in :data:`FAMILIES`."""
     model_type = getattr(hf_config, "model_type", None)
     if model_type not in FAMILIES:
         raise ModelError(f"{key}: model_type {model_type!r} is not a family easyrl runs (tested: "

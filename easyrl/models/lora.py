@@ -93,11 +93,8 @@ def merge_lora_stream(named: Iterable[tuple[str, torch.Tensor]], scale: float,
     """The plain model's ``(name, tensor)`` pairs from a LoRA model's, lazily: ``X.base_layer.weight`` ``(out, in)``,
     ``X.lora_A.default.weight`` ``(rank, in)`` and ``X.lora_B.default.weight`` ``(out, rank)`` become
     ``X.weight = W + scale * B @ A`` (float32, returned in ``dtype`` or W's); ``X.base_layer.bias`` becomes ``X.bias``;
-    other names pass unchanged, in order. A module's three tensors may arrive in any order and bucket.
-
-    Raises:
-        ValueError: a LoRA matrix without its base weight, or a base weight left without its matrices at the end.
-    """
+    other names pass unchanged, in order. A module's three tensors may arrive in any order and bucket. ValueError: a
+    LoRA matrix without its base weight, or a base weight left without its matrices at the end."""
     pending: dict[str, dict[str, torch.Tensor]] = {}
     for name, tensor in named:
         lora = _LORA_KEY.match(name)
