@@ -9,31 +9,18 @@ with the actor's; each generate call collapses every run back to one pad (a samp
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 from PIL import Image
 
-from easyrl.errors import ConfigError
-
-__all__ = ["split_images", "has_images", "tool_message", "ToolImages", "collapse_pads", "expand_pads",
-           "check_images_allowed", "TEXT_ONLY_ERROR"]
-
-TEXT_ONLY_ERROR = ("the tool {name!r} returned {count} image(s), but the model is text-only (it has no image "
-                   "processor): tools may return images only for Qwen-VL models (Qwen2.5-VL, Qwen3-VL); return text "
-                   "from the tool (a path or a caption) or train a VL model.")
-"""docs/errors.md A09."""
-
-
-def has_images(value: Any) -> bool:
-    """Whether a tool's return value carries images (see the module docstring)."""
-    return isinstance(value, Image.Image) or (
-        isinstance(value, dict) and "image" in value and set(value) <= {"text", "image"})
+__all__ = ["split_images", "ToolImages", "collapse_pads", "expand_pads"]
 
 
 def split_images(value: Any) -> tuple[Any, list[Image.Image]]:
     """``(text part, images)`` of a tool's return value (``(value, [])`` without images), pixels loaded. TypeError
     for a non-``PIL.Image``, OSError for unreadable pixels: the executor returns either as the tool's error."""
-    if not has_images(value):
+    if not (isinstance(value, Image.Image) or (isinstance(value, dict) and "image" in value
+                                                and set(value) <= {"text", "image"})):
         return value, []
     images = [value] if isinstance(value, Image.Image) else value["image"]
     images = list(images) if isinstance(images, (list, tuple)) else [images]
@@ -44,16 +31,6 @@ def split_images(value: Any) -> tuple[Any, list[Image.Image]]:
         image.load()
     text = "" if isinstance(value, Image.Image) else value.get("text") or ""
     return text, images
-
-
-def tool_message(text: str, n_images: int) -> dict[str, Any]:
-    """The tool message: plain text, or ``n_images`` image items then the text (if any) as content items."""
-    if not n_images:
-        return {"role": "tool", "content": text}
-    content: list[dict[str, Any]] = [{"type": "image"} for _ in range(n_images)]
-    if text:
-        content.append({"type": "text", "text": text})
-    return {"role": "tool", "content": content}
 
 
 def collapse_pads(ids: list[int], pad_id: int) -> list[int]:
@@ -84,7 +61,8 @@ class ToolImages:
         self.limit = limit
 
     def attach(self, traj: Any, text: str, images: list[Image.Image]) -> dict[str, Any]:
-        """The tool message of ``text`` and ``images``; those under the limit are prepared and added to ``traj``."""
+        """The tool message of ``text`` and ``images`` (plain text, or image items then the text as content items);
+        those under the limit are prepared and added to ``traj``."""
         room = max(0, self.limit - traj.prompt_images - len(traj.images))
         kept, dropped = images[:room], len(images) - room
         for image in kept:
@@ -96,7 +74,8 @@ class ToolImages:
             traj.tool_images_dropped += dropped
             text = (f"{text}\n" if text else "") + (f"[{dropped} image(s) not shown: at most {self.limit} images per "
                                                     "conversation (worker.rollout.limit_images)]")
-        return tool_message(text, len(kept))
+        content = [{"type": "image"} for _ in kept] + ([{"type": "text", "text": text}] if text else [])
+        return {"role": "tool", "content": content if kept else text}
 
     def expand(self, traj: Any, ids: list[int], new_images: int) -> list[int]:
         """The tool turn ``ids`` with the last ``new_images`` pads expanded; a turn over the budget is cut before the
@@ -121,9 +100,3 @@ class ToolImages:
 
 def _run_starts(ids: list[int], pad_id: int) -> list[int]:
     return [i for i, token in enumerate(ids) if token == pad_id and (i == 0 or ids[i - 1] != pad_id)]
-
-
-def check_images_allowed(images: Optional["ToolImages"], name: str, count: int) -> None:
-    """Raise A09 when a tool returned ``count`` images for a text-only model (``images`` is None)."""
-    if count and images is None:
-        raise ConfigError(TEXT_ONLY_ERROR.format(name=name, count=count))

@@ -14,7 +14,8 @@ from easyrl.agents.chat import turn_ids
 from easyrl.agents.environment import next_message
 from easyrl.agents.executor import ToolExecutor
 from easyrl.agents.parsers import Parser
-from easyrl.agents.tool_images import ToolImages, check_images_allowed
+from easyrl.agents.tool_images import ToolImages
+from easyrl.errors import ConfigError
 
 __all__ = ["Trajectory", "TurnLoop", "Generate"]
 
@@ -117,7 +118,11 @@ class TurnLoop:
                 traj.tool_errors += status == "error"
                 traj.tool_timeouts += status == "timeout"
                 images = result.images if result is not None else []
-                check_images_allowed(self.images, call.get("name"), len(images))
+                if images and self.images is None:  # docs/errors.md A09
+                    raise ConfigError(f"the tool {call.get('name')!r} returned {len(images)} image(s), but the model "
+                                      "is text-only (it has no image processor): tools may return images only for "
+                                      "Qwen-VL models (Qwen2.5-VL, Qwen3-VL); return text from the tool (a path or a "
+                                      "caption) or train a VL model.")
                 if images:
                     before = len(traj.images)
                     messages.append(self.images.attach(traj, content, images))
