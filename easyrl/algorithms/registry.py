@@ -20,7 +20,7 @@ F = TypeVar("F", bound=Callable)
 
 
 class Registry(Generic[F]):
-    """Functions by name, in registration order (``in``, ``list()``, ``len()`` as for a dict's keys); ``kind`` names
+    """Functions by name, in registration order (``in``, ``list()`` as for a dict's keys); ``kind`` names
     an entry in errors, ``**defaults`` are the traits an entry may declare and their default values."""
 
     def __init__(self, kind: str, **defaults: Any):
@@ -66,9 +66,3 @@ class Registry(Generic[F]):
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._entries)
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def __repr__(self) -> str:
-        return f"Registry({self.kind!r}, {self.names()})"

@@ -9,32 +9,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, Optional
+from typing import Optional
 
 from easyrl.errors import DataError, run_cli
 
 VERL_COLUMNS = ("prompt", "reward_model")
-
-
-def convert_row(row: dict[str, Any], index: int) -> tuple[dict[str, Any], Optional[str]]:
-    """One verl row -> ``({"problem", "answer"}, system message or None)``; DataError naming the row unless the prompt
-    is ``[system,] user`` messages and ``reward_model`` has a ``ground_truth``."""
-    messages = row["prompt"]
-    if isinstance(messages, str):  # some verl datasets store the chat as a JSON string
-        messages = json.loads(messages)
-    if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
-        raise DataError(f"row {index}: column 'prompt' must be a list of {{'role', 'content'}} messages, got "
-                        f"{type(messages).__name__}")
-    roles = [m["role"] for m in messages]
-    if roles not in (["user"], ["system", "user"]):
-        raise DataError(f"row {index}: the prompt's roles are {roles}; only a single-turn prompt ([system,] user) can "
-                        "be converted")
-    ground_truth = (row["reward_model"] or {}).get("ground_truth")
-    if ground_truth is None:
-        raise DataError(f"row {index}: column 'reward_model' has no 'ground_truth'")
-    answer = ground_truth if isinstance(ground_truth, str) else json.dumps(ground_truth)
-    system = messages[0]["content"] if roles[0] == "system" else None
-    return {"problem": messages[-1]["content"], "answer": answer}, system
 
 
 def convert(src: str, dst: str) -> Optional[str]:
@@ -51,11 +30,23 @@ def convert(src: str, dst: str) -> Optional[str]:
         raise DataError(f"{src!r} has no column(s) {missing} of verl's format; its columns are {rows.column_names}")
     systems: set[Optional[str]] = set()
     converted: dict[str, list] = {"problem": [], "answer": []}
-    for index, row in enumerate(rows.select_columns(list(VERL_COLUMNS))):
-        out, system = convert_row(row, index)
-        systems.add(system)
-        for key, value in out.items():
-            converted[key].append(value)
+    for index, row in enumerate(rows.select_columns(list(VERL_COLUMNS))):  # a single-turn [system,] user prompt
+        messages = row["prompt"]
+        if isinstance(messages, str):  # some verl datasets store the chat as a JSON string
+            messages = json.loads(messages)
+        if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
+            raise DataError(f"row {index}: column 'prompt' must be a list of {{'role', 'content'}} messages, got "
+                            f"{type(messages).__name__}")
+        roles = [m["role"] for m in messages]
+        if roles not in (["user"], ["system", "user"]):
+            raise DataError(f"row {index}: the prompt's roles are {roles}; only a single-turn prompt ([system,] user) "
+                            "can be converted")
+        ground_truth = (row["reward_model"] or {}).get("ground_truth")
+        if ground_truth is None:
+            raise DataError(f"row {index}: column 'reward_model' has no 'ground_truth'")
+        systems.add(messages[0]["content"] if roles[0] == "system" else None)
+        converted["problem"].append(messages[-1]["content"])
+        converted["answer"].append(ground_truth if isinstance(ground_truth, str) else json.dumps(ground_truth))
     if len(systems) > 1:
         raise DataError(f"{src!r}: the rows have {len(systems)} different system messages; data.system_prompt is one "
                         "text for all rows (convert the groups separately)")

@@ -42,12 +42,7 @@ def intergps_problem_dirs(root: str) -> list[str]:
                 for inner in os.listdir(sub)
                 if os.path.isfile(os.path.join(sub, inner, "data.json"))
             )
-
-    def key(path: str) -> tuple[int, str]:
-        base = os.path.basename(path)
-        return (int(base), path) if base.isdigit() else (1 << 62, path)
-
-    return sorted(found, key=key)
+    return sorted(found, key=lambda p: (int(os.path.basename(p)), p) if os.path.basename(p).isdigit() else (1 << 62, p))
 
 
 def convert_intergps_problem(problem_dir: str) -> tuple[str, dict[str, Any]]:

@@ -58,14 +58,8 @@ class FormatPrompt:
 
 
 def load_format_prompt(path: str | None) -> Callable[[str], str]:
-    """The template at ``path`` as ``content -> user message`` (the identity for None)."""
-    if path is None:
-        return _identity
-    return FormatPrompt(path)
-
-
-def _identity(content: str) -> str:
-    return content
+    """The template at ``path`` as ``content -> user message`` (the identity, ``str``, for None)."""
+    return str if path is None else FormatPrompt(path)
 
 
 def user_content(text: str, n_images: int, n_videos: int, column: Callable[[str], str]) -> list[dict[str, Any]]:
