@@ -56,12 +56,16 @@ def test_frame_indices_spread_first_to_last_and_one_frame_is_refused():
         frame_count(1, 30.0, FrameLimits())
 
 
+def _sampled_fps(video):
+    return len(video.metadata["frames_indices"]) / video.metadata["total_num_frames"] * video.metadata["fps"]
+
+
 def test_mp4_is_sampled_at_video_fps_and_resized_to_factor_multiples(tmp_path):
     path = write_mp4(tmp_path / "a.mp4", frames=16, fps=8.0)
     video = process_video(str(path), FrameLimits(2.0, 4, 768), 3136, 12544, factor=28)
     assert video.frames.shape == (4, 56, 84, 3) and video.frames.dtype == np.uint8
     assert video.metadata["frames_indices"] == [0, 5, 10, 15] and video.metadata["fps"] == 8.0
-    assert video.sampled_fps == 2.0  # Qwen2.5-VL's second_per_grid_ts = 2 / 2.0
+    assert _sampled_fps(video) == 2.0  # Qwen2.5-VL's second_per_grid_ts = 2 / 2.0
     means = video.frames.reshape(4, -1).mean(-1)
     assert np.allclose(means, [0, 80, 160, 240], atol=8)  # the frames at those indices (16 apart), in order
     frames, metadata = video.vllm_item()
@@ -76,7 +80,7 @@ def test_frame_list_is_a_video_at_video_fps(tmp_path):
     video = process_video(paths, FrameLimits(3.0, 4, 768), 3136, 12544, factor=28)
     assert video.frames.shape == (6, 56, 56, 3)  # 5 frames, the last repeated to an even count
     assert video.frames[:, 0, 0, 0].tolist() == [0, 40, 80, 120, 160, 160]
-    assert video.sampled_fps == 3.0
+    assert _sampled_fps(video) == 3.0
     thinned = process_video(paths, FrameLimits(3.0, 4, 2), 3136, 12544, factor=28)
     assert thinned.frames[:, 0, 0, 0].tolist() == [0, 160]  # max_frames: first and last
     # the scan's token count (without the processor) agrees: 3 pairs, 1 pair, of 2 x 2 tokens

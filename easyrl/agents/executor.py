@@ -67,14 +67,6 @@ class ToolExecutor:
         self._running: dict[ToolFuture, tuple[Any, float]] = {}
         self._hung = 0
 
-    def _ensure_pool(self):
-        if self._pool is None:
-            self._pool = multiprocessing.get_context("spawn").Pool(self.workers)
-            # wait until every process has started (spawn re-imports easyrl: seconds on a loaded host), so the start
-            # does not count against a call's timeout
-            self._pool.map(_started, range(self.workers), chunksize=1)
-        return self._pool
-
     def run(self, calls: list[dict[str, Any]]) -> list[ToolResult]:
         """One result per call, in order (``submit`` then ``wait`` until all are answered)."""
         futures = self.submit(calls)
@@ -127,8 +119,12 @@ class ToolExecutor:
             self._retire_pool()  # kills the hung processes; the queued calls get a fresh pool
         while self._queue and len(self._running) + self._hung < self.workers:
             future = self._queue.pop(0)
-            pool = self._ensure_pool()
-            handle = pool.apply_async(_run, (self.specs[future.call["name"]], future.call["arguments"]))
+            if self._pool is None:
+                self._pool = multiprocessing.get_context("spawn").Pool(self.workers)
+                # wait until every process has started (spawn re-imports easyrl: seconds on a loaded host), so the
+                # start does not count against a call's timeout
+                self._pool.map(_started, range(self.workers), chunksize=1)
+            handle = self._pool.apply_async(_run, (self.specs[future.call["name"]], future.call["arguments"]))
             self._running[future] = (handle, time.monotonic() + self.timeout_s)
 
     def _retire_pool(self) -> None:

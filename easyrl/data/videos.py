@@ -28,16 +28,10 @@ BACKEND = "opencv"
 class Video:
     """One sampled, resized video: ``frames`` ``(T, H, W, 3)`` uint8 RGB (``T`` even, sides multiples of ``factor``),
     ``metadata`` transformers' ``VideoMetadata`` fields (source ``fps``, ``total_num_frames``, ``frames_indices``,
-    ``duration`` in s, ``width``/``height``, ``video_backend``), ``source`` for messages."""
+    ``duration`` in s, ``width``/``height``, ``video_backend``)."""
 
     frames: np.ndarray
     metadata: dict[str, Any]
-    source: str
-
-    @property
-    def sampled_fps(self) -> float:
-        """Frames per second of the sampled frames."""
-        return len(self.metadata["frames_indices"]) / self.metadata["total_num_frames"] * self.metadata["fps"]
 
     def vllm_item(self) -> tuple[np.ndarray, dict[str, Any]]:
         """``(frames, metadata)`` as vLLM's Qwen-VL processors take a video, frame sampling off."""
@@ -71,13 +65,6 @@ def frame_count(total: int, source_fps: float, limits: FrameLimits) -> int:
 def frame_indices(total: int, count: int) -> list[int]:
     """``count`` indices spread evenly over ``range(total)``, first and last included (``linspace(...).round()``)."""
     return [int(i) for i in np.linspace(0, total - 1, count).round().astype(int)]
-
-
-def describe(video: Any) -> str:
-    """How a video is named in messages: its path, or ``a list of N frames``."""
-    if isinstance(video, (str, os.PathLike)):
-        return f"video file {os.fspath(video)!r}"
-    return f"a list of {len(video)} frames"
 
 
 def _open(path: str, first_frame: bool = False) -> tuple[Any, int, float, Any]:
@@ -211,7 +198,7 @@ def process_video(video: Any, limits: FrameLimits, min_pixels: int, max_pixels: 
 
         frames = [np.asarray(Image.fromarray(f).resize((new_w, new_h), Image.Resampling.BICUBIC)) for f in frames]
     metadata.update(width=new_w, height=new_h)
-    return Video(np.stack(frames), metadata, describe(video))
+    return Video(np.stack(frames), metadata)
 
 
 def probe_tokens(video: Any, limits: FrameLimits, min_pixels: int, max_pixels: int, factor: int = DEFAULT_FACTOR,

@@ -22,11 +22,9 @@ __all__ = ["linear_log_probs", "FusedLogProbHead"]
 DEFAULT_CHUNK_TOKENS = 512
 
 
-def _chunk_stats(hidden_c, weight, labels_c, temperature):
+def _chunk_log_probs(hidden_c, weight, temperature):
     logits = (hidden_c @ weight.t()).float().div_(temperature)
-    logsumexp = torch.logsumexp(logits, dim=-1)
-    logp = logits.sub_(logsumexp.unsqueeze(-1))  # in place: logits -> log-probs
-    return logp, logsumexp
+    return logits.sub_(torch.logsumexp(logits, dim=-1, keepdim=True))  # in place: logits -> log-probs
 
 
 class _LinearLogProb(torch.autograd.Function):
@@ -36,7 +34,7 @@ class _LinearLogProb(torch.autograd.Function):
         log_probs = torch.empty(n, dtype=torch.float32, device=hidden.device)
         entropy = torch.empty(n, dtype=torch.float32, device=hidden.device)
         for s in range(0, n, chunk):
-            logp, _ = _chunk_stats(hidden[s:s + chunk], weight, labels[s:s + chunk], temperature)
+            logp = _chunk_log_probs(hidden[s:s + chunk], weight, temperature)
             log_probs[s:s + chunk] = logp.gather(-1, labels[s:s + chunk, None]).squeeze(-1)
             entropy[s:s + chunk] = -(logp.exp() * logp).sum(-1)
         ctx.save_for_backward(hidden, weight, labels, entropy)
@@ -53,7 +51,7 @@ class _LinearLogProb(torch.autograd.Function):
             if ctx.needs_input_grad[1] else None
         for s in range(0, hidden.shape[0], chunk):
             h = hidden[s:s + chunk]
-            logp, _ = _chunk_stats(h, weight, labels[s:s + chunk], temperature)
+            logp = _chunk_log_probs(h, weight, temperature)
             p = logp.exp()
             # d logp_y / dz = onehot(y) - p;  dH / dz = -p (logp + H)
             g = torch.zeros_like(p)
