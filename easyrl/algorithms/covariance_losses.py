@@ -9,6 +9,7 @@ import torch
 from easyrl.algorithms.masked_ops import masked_mean
 from easyrl.algorithms.policy_losses import (
     POLICY_LOSSES,
+    LossOut,
     PolicyLossInputs,
     PolicyLossSettings,
     clipped_surrogate,
@@ -19,9 +20,7 @@ __all__ = ["clip_cov_policy_loss", "kl_cov_policy_loss"]
 
 
 @POLICY_LOSSES.register("clip_cov")
-def clip_cov_policy_loss(
-    inputs: PolicyLossInputs, settings: PolicyLossSettings
-) -> tuple[torch.Tensor, dict[str, float]]:
+def clip_cov_policy_loss(inputs: PolicyLossInputs, settings: PolicyLossSettings) -> LossOut:
     """Clip-Cov: PPO's clipped surrogate ``max(-A r, -A clip(r, 1 - low, 1 + high))`` (``r`` not clamped, no dual
     clip), with loss 0 on ``max(1, int(clip_cov_ratio * T))`` tokens drawn by ``torch.randperm`` among the unclipped
     valid ones with ``clip_cov_lb < cov < clip_cov_ub``; ``pg_clipfrac`` is their fraction.
@@ -45,9 +44,7 @@ def clip_cov_policy_loss(
 
 
 @POLICY_LOSSES.register("kl_cov")
-def kl_cov_policy_loss(
-    inputs: PolicyLossInputs, settings: PolicyLossSettings
-) -> tuple[torch.Tensor, dict[str, float]]:
+def kl_cov_policy_loss(inputs: PolicyLossInputs, settings: PolicyLossSettings) -> LossOut:
     """KL-Cov: the unclipped ``-A r`` plus ``ppo_kl_coef * |logp - logp_old|`` on the
     ``max(1, int(kl_cov_ratio * T))`` valid tokens of largest covariance; clip fractions 0, ``ppo_kl`` the masked
     mean of ``|logp - logp_old|``. ValueError if ``kl_cov_ratio <= 0`` or the mode is unknown."""

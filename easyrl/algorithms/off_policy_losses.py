@@ -11,6 +11,7 @@ from easyrl.algorithms.loss_agg import agg_loss
 from easyrl.algorithms.masked_ops import masked_mean, masked_sum
 from easyrl.algorithms.policy_losses import (
     POLICY_LOSSES,
+    LossOut,
     PolicyLossInputs,
     PolicyLossSettings,
     finish_policy_loss,
@@ -24,13 +25,13 @@ __all__ = ["bypass_mode_policy_loss", "dppo_kl_policy_loss", "dppo_tv_policy_los
 
 
 @POLICY_LOSSES.register("gpg")
-def gpg_policy_loss(inputs: PolicyLossInputs, settings: PolicyLossSettings) -> tuple[torch.Tensor, dict[str, float]]:
+def gpg_policy_loss(inputs: PolicyLossInputs, settings: PolicyLossSettings) -> LossOut:
     """GPG (Chu et al. 2025, arXiv:2504.02546): REINFORCE, ``l_t = -A_t * logp_t``, no ratio, no clip."""
     return finish_policy_loss(-inputs.advantages * inputs.log_prob, inputs, settings)
 
 
 @POLICY_LOSSES.register("dro", needs_dro_beta=True)
-def dro_policy_loss(inputs: PolicyLossInputs, settings: PolicyLossSettings) -> tuple[torch.Tensor, dict[str, float]]:
+def dro_policy_loss(inputs: PolicyLossInputs, settings: PolicyLossSettings) -> LossOut:
     """DRO's policy term (Richemond et al. 2024, arXiv:2405.19107):
     ``l_t = -(A_t * logp_t - dro_beta / 2 * (logp_t - logp_old_t)^2)``. ValueError unless ``dro_beta > 0``."""
     if settings.dro_beta is None or settings.dro_beta <= 0:
@@ -41,9 +42,7 @@ def dro_policy_loss(inputs: PolicyLossInputs, settings: PolicyLossSettings) -> t
 
 
 @POLICY_LOSSES.register("geo_mean")
-def geo_mean_policy_loss(
-    inputs: PolicyLossInputs, settings: PolicyLossSettings
-) -> tuple[torch.Tensor, dict[str, float]]:
+def geo_mean_policy_loss(inputs: PolicyLossInputs, settings: PolicyLossSettings) -> LossOut:
     """GMPO (Zhao et al. 2025, arXiv:2507.20673): with ``d_t = logp_t - logp_old_t``, ``s = sign(A_t)`` and
     ``c_t = s * min(s d_t, s clip(d_t, -clip_ratio_low, clip_ratio_high))``, per sequence
     ``l_i = -mean_t(A_it) * exp(mean_t(c_it))`` (times ``exp(mean_t log(w_it + 1e-10))`` with IS weights), averaged
@@ -86,9 +85,7 @@ def _dppo_loss(inputs: PolicyLossInputs, settings: PolicyLossSettings, inside: t
 
 
 @POLICY_LOSSES.register("dppo_tv")
-def dppo_tv_policy_loss(
-    inputs: PolicyLossInputs, settings: PolicyLossSettings
-) -> tuple[torch.Tensor, dict[str, float]]:
+def dppo_tv_policy_loss(inputs: PolicyLossInputs, settings: PolicyLossSettings) -> LossOut:
     """DPPO-Binary-TV (arXiv:2602.04879): a token is trained while ``p_t - p_old_t <= clip_ratio_high`` (``A_t > 0``)
     or ``>= -clip_ratio_low`` (else); the thresholds are probability differences here."""
     delta = torch.exp(inputs.log_prob) - torch.exp(inputs.old_log_prob)
@@ -97,9 +94,7 @@ def dppo_tv_policy_loss(
 
 
 @POLICY_LOSSES.register("dppo_kl")
-def dppo_kl_policy_loss(
-    inputs: PolicyLossInputs, settings: PolicyLossSettings
-) -> tuple[torch.Tensor, dict[str, float]]:
+def dppo_kl_policy_loss(inputs: PolicyLossInputs, settings: PolicyLossSettings) -> LossOut:
     """DPPO-Binary-KL (arXiv:2602.04879): as ``dppo_tv`` with the binary KL
     ``D_t = p_old log(p_old / p) + (1 - p_old) log((1 - p_old + 1e-8) / (1 - p + 1e-8))``; inside while
     ``D_t <= clip_ratio_high`` or ``p_t <= p_old_t`` (``A_t > 0``), else ``D_t <= clip_ratio_low`` or
@@ -114,9 +109,7 @@ def dppo_kl_policy_loss(
 
 
 @POLICY_LOSSES.register("bypass_mode", uses_engine_log_probs=True)
-def bypass_mode_policy_loss(
-    inputs: PolicyLossInputs, settings: PolicyLossSettings
-) -> tuple[torch.Tensor, dict[str, float]]:
+def bypass_mode_policy_loss(inputs: PolicyLossInputs, settings: PolicyLossSettings) -> LossOut:
     """Bypass mode (Yao et al. 2025, fengyao.notion.site/off-policy-rl; Liu et al. 2025, richardli.xyz/rl-collapse):
     ``inputs.old_log_prob`` holds the rollout engine's log-probs, so the old-log-prob forward is skipped. The IS
     weights ``w`` (``rollout_is*``) and rejection mask (``rollout_rs*``) are computed here from

@@ -21,7 +21,7 @@ from easyrl.algorithms.loss_agg import agg_loss
 from easyrl.algorithms.masked_ops import masked_mean
 from easyrl.algorithms.registry import Registry
 
-__all__ = ["LOG_RATIO_CLAMP", "POLICY_LOSSES", "PolicyLossInputs", "PolicyLossSettings", "clipped_surrogate",
+__all__ = ["LOG_RATIO_CLAMP", "LossOut", "POLICY_LOSSES", "PolicyLossInputs", "PolicyLossSettings", "clipped_surrogate",
            "finish_policy_loss", "importance_ratio", "sapo_gate"]
 
 LOG_RATIO_CLAMP = 20.0  # |log pi/pi_old| above this is clamped before exp (exp(20) ~ 4.9e8)
@@ -70,7 +70,8 @@ class PolicyLossSettings:
         return cls(**{f.name: getattr(config, f.name) for f in fields(cls)})
 
 
-PolicyLoss = Callable[[PolicyLossInputs, PolicyLossSettings], tuple[torch.Tensor, dict[str, float]]]
+LossOut = tuple[torch.Tensor, dict[str, float]]  # (0-dim loss, metrics)
+PolicyLoss = Callable[[PolicyLossInputs, PolicyLossSettings], LossOut]
 
 POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss", uses_engine_log_probs=False, needs_dro_beta=False,
                                                 paper_check=None)
@@ -123,7 +124,7 @@ def finish_policy_loss(
     settings: PolicyLossSettings,
     clipped: torch.Tensor | None = None,
     dual_clipped: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> LossOut:
     """Weight ``pg_losses`` ``(bsz, resp_len)`` by the detached IS weights, aggregate, and measure ``pg_clipfrac`` /
     ``pg_clipfrac_lower`` (masked means of the bool ``clipped`` / ``dual_clipped``, 0 when None) and ``ppo_kl``.
     ValueError for an unknown ``loss_agg_mode``."""
@@ -141,9 +142,7 @@ def finish_policy_loss(
 
 
 @POLICY_LOSSES.register("vanilla")
-def vanilla_policy_loss(
-    inputs: PolicyLossInputs, settings: PolicyLossSettings
-) -> tuple[torch.Tensor, dict[str, float]]:
+def vanilla_policy_loss(inputs: PolicyLossInputs, settings: PolicyLossSettings) -> LossOut:
     """PPO's clipped surrogate (Schulman et al. 2017, arXiv:1707.06347, Eq. 7) with the decoupled range
     ``[1 - clip_ratio_low, 1 + clip_ratio_high]`` (DAPO, arXiv:2503.14476, Sec. 3.1) and the dual clip (Ye et al.
     2020, arXiv:1912.09729, Eq. 5): ``l = max(-A r, -A clip(r))``, for ``A < 0`` at most ``-A c``
@@ -160,9 +159,7 @@ def vanilla_policy_loss(
 
 
 @POLICY_LOSSES.register("gspo", paper_check=_gspo_paper)
-def gspo_policy_loss(
-    inputs: PolicyLossInputs, settings: PolicyLossSettings
-) -> tuple[torch.Tensor, dict[str, float]]:
+def gspo_policy_loss(inputs: PolicyLossInputs, settings: PolicyLossSettings) -> LossOut:
     """GSPO-token (Zheng et al. 2025, arXiv:2507.18071): ``s_i = exp(mean_t(logp_it - logp_old_it))`` (log clamped
     to [-20, 20]), ``s_it = sg[s_i] * exp(logp_it - sg[logp_it])`` (value ``s_i``, gradient ``s_i grad logp_it``),
     ``l = max(-A s_it, -A clip(s_it, 1 - low, 1 + high))``; no dual clip."""
@@ -175,9 +172,7 @@ def gspo_policy_loss(
 
 
 @POLICY_LOSSES.register("cispo", paper_check=_cispo_paper)
-def cispo_policy_loss(
-    inputs: PolicyLossInputs, settings: PolicyLossSettings
-) -> tuple[torch.Tensor, dict[str, float]]:
+def cispo_policy_loss(inputs: PolicyLossInputs, settings: PolicyLossSettings) -> LossOut:
     """CISPO (MiniMax-M1, arXiv:2506.13585, Eq. 4-5): ``l_t = -sg(clip(r_t, 1 - low, 1 + high)) * A_t * logp_t``, the
     IS weight clipped and detached but no token's gradient dropped; ``pg_clipfrac``: share of clipped weights."""
     ratio = importance_ratio(inputs).detach()
@@ -193,9 +188,7 @@ def sapo_gate(ratio: torch.Tensor, tau: torch.Tensor | float) -> torch.Tensor:
 
 
 @POLICY_LOSSES.register("sapo", paper_check=_sapo_paper)
-def sapo_policy_loss(
-    inputs: PolicyLossInputs, settings: PolicyLossSettings
-) -> tuple[torch.Tensor, dict[str, float]]:
+def sapo_policy_loss(inputs: PolicyLossInputs, settings: PolicyLossSettings) -> LossOut:
     """SAPO (Gao et al. 2025, arXiv:2511.20347): ``l_t = -A_t * f(r_t; tau_t)`` with :func:`sapo_gate`,
     ``tau_t = tau_positive`` where ``A_t > 0`` else ``tau_negative``; no hard clip.
     ValueError for a non-positive temperature or an unknown mode."""
