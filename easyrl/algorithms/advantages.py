@@ -118,9 +118,8 @@ def group_sum(values: torch.Tensor, group_id: torch.Tensor) -> torch.Tensor:
     return sums.index_add_(0, group_id, values)[group_id]
 
 
-def group_statistics(
-    scores: torch.Tensor, index: np.ndarray
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def group_statistics(scores: torch.Tensor, index: np.ndarray
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(group_id, count, mean, std)`` of each sample's group, all ``(bsz,)``, from ``scores`` and ``index``
     ``(bsz,)``: ``group_id`` int64 in ``[0, n_groups)``, ``std`` unbiased; a group of one has mean 0 and std 1."""
     _, inverse = np.unique(np.asarray(index), return_inverse=True)

@@ -40,16 +40,9 @@ def gae_advantage(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     return advantages, returns
 
 
-def compute_value_loss(
-    vpreds: torch.Tensor,
-    returns: torch.Tensor,
-    values: torch.Tensor,
-    response_mask: torch.Tensor,
-    *,
-    cliprange_value: float,
-    loss_agg_mode: str,
-    agg_kwargs: dict | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
+def compute_value_loss(vpreds: torch.Tensor, returns: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor,
+                       *, cliprange_value: float, loss_agg_mode: str, agg_kwargs: dict | None = None
+                       ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO's clipped value loss (Schulman et al. 2017, arXiv:1707.06347; baselines' ppo2),
     ``l_t = 0.5 * max((V_t - R_t)^2, (clip(V_t, V_old_t - c, V_old_t + c) - R_t)^2)`` aggregated by
     :func:`~easyrl.algorithms.loss_agg.agg_loss`. ``vpreds`` (trained), ``returns`` (targets) and ``values`` (before

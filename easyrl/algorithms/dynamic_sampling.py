@@ -9,13 +9,8 @@ import torch
 __all__ = ["select_groups"]
 
 
-def select_groups(
-    values: np.ndarray | torch.Tensor,
-    index: np.ndarray,
-    *,
-    filter_low: float | None = None,
-    filter_high: float | None = None,
-) -> np.ndarray:
+def select_groups(values: np.ndarray | torch.Tensor, index: np.ndarray, *, filter_low: float | None = None,
+                  filter_high: float | None = None) -> np.ndarray:
     """``(bsz,)`` bool: keep the samples whose group's ``values`` (score or accuracy, ``(bsz,)``, grouped by ``index``)
     are not all equal and whose group mean lies in ``[filter_low, filter_high]`` (None: unbounded).
     ValueError on mismatched or non-1-D inputs or ``filter_low > filter_high``."""

@@ -72,14 +72,9 @@ def make_kl_controller(kl_type: str, kl_coef: float, kl_target: float, kl_horizo
 
 
 @torch.no_grad()
-def apply_kl_penalty(
-    token_level_scores: torch.Tensor,
-    old_log_prob: torch.Tensor,
-    ref_log_prob: torch.Tensor,
-    response_mask: torch.Tensor,
-    kl_ctrl: KLController,
-    estimator: str,
-) -> tuple[torch.Tensor, dict[str, float]]:
+def apply_kl_penalty(token_level_scores: torch.Tensor, old_log_prob: torch.Tensor, ref_log_prob: torch.Tensor,
+                     response_mask: torch.Tensor, kl_ctrl: KLController, estimator: str
+                     ) -> tuple[torch.Tensor, dict[str, float]]:
     """KL in reward (Ziegler et al. 2019, arXiv:1909.08593, Eq. 2): ``r_t = score_t - beta * kl_t`` on valid tokens,
     ``beta = kl_ctrl.value``; all tensors ``(bsz, resp_len)``. Then ``kl_ctrl`` is updated with the batch KL (mean
     over sequences of the token-mean) and ``n_steps = bsz``. Returns the rewards and

@@ -34,16 +34,9 @@ def _denominator(global_count, local_count: torch.Tensor, like: torch.Tensor) ->
     return torch.as_tensor(count, dtype=like.dtype, device=like.device).clamp(min=1)
 
 
-def agg_loss(
-    loss_mat: torch.Tensor,
-    loss_mask: torch.Tensor,
-    loss_agg_mode: str,
-    *,
-    global_num_tokens: int | torch.Tensor | None = None,
-    global_num_seqs: int | torch.Tensor | None = None,
-    dp_size: int = 1,
-    norm_length: int | None = None,
-) -> torch.Tensor:
+def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str, *,
+             global_num_tokens: int | torch.Tensor | None = None, global_num_seqs: int | torch.Tensor | None = None,
+             dp_size: int = 1, norm_length: int | None = None) -> torch.Tensor:
     """The 0-dim loss of ``loss_mat`` ``(bsz, resp_len)`` under ``loss_mask`` (same shape), times ``dp_size``.
 
     ``n_i = sum_t m_it``; ``T`` valid tokens and ``S`` sequences with ``n_i > 0`` (the global counts when given, else

@@ -118,13 +118,8 @@ def clipped_surrogate(advantages: torch.Tensor, ratio: torch.Tensor,
     return torch.maximum(loss_unclipped, loss_clipped), loss_clipped > loss_unclipped
 
 
-def finish_policy_loss(
-    pg_losses: torch.Tensor,
-    inputs: PolicyLossInputs,
-    settings: PolicyLossSettings,
-    clipped: torch.Tensor | None = None,
-    dual_clipped: torch.Tensor | None = None,
-) -> LossOut:
+def finish_policy_loss(pg_losses: torch.Tensor, inputs: PolicyLossInputs, settings: PolicyLossSettings,
+                       clipped: torch.Tensor | None = None, dual_clipped: torch.Tensor | None = None) -> LossOut:
     """Weight ``pg_losses`` ``(bsz, resp_len)`` by the detached IS weights, aggregate, and measure ``pg_clipfrac`` /
     ``pg_clipfrac_lower`` (masked means of the bool ``clipped`` / ``dual_clipped``, 0 when None) and ``ppo_kl``.
     ValueError for an unknown ``loss_agg_mode``."""

@@ -16,12 +16,8 @@ __all__ = ["ROLLOUT_IS_LEVELS", "ROLLOUT_RS_OPTIONS", "compute_rollout_correctio
 
 
 @torch.no_grad()
-def compute_tis_weights(
-    old_log_prob: torch.Tensor,
-    rollout_log_probs: torch.Tensor,
-    response_mask: torch.Tensor,
-    cap: float,
-) -> tuple[torch.Tensor, dict[str, float]]:
+def compute_tis_weights(old_log_prob: torch.Tensor, rollout_log_probs: torch.Tensor, response_mask: torch.Tensor,
+                        cap: float) -> tuple[torch.Tensor, dict[str, float]]:
     """Truncated IS (Yao et al. 2025, fengyao.notion.site/off-policy-rl): ``w = min(pi_old / pi_rollout, cap)``, 0
     outside the mask. Metrics: ``rollout/tis_weight_mean``, ``rollout/tis_clip_frac`` (share of raw weights above
     ``cap``), ``rollout/probs_diff_mean`` / ``_max`` (``|p_rollout - p_old|``), ``rollout/log_ppl_diff`` (mean over
@@ -61,13 +57,9 @@ ROLLOUT_RS_OPTIONS = ("token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum
 
 
 @torch.no_grad()
-def compute_rollout_correction_weights(
-    log_ratio: torch.Tensor,
-    response_mask: torch.Tensor,
-    rollout_is: str = "token",
-    threshold: float = 2.0,
-    threshold_lower: float | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
+def compute_rollout_correction_weights(log_ratio: torch.Tensor, response_mask: torch.Tensor, rollout_is: str = "token",
+                                       threshold: float = 2.0, threshold_lower: float | None = None
+                                       ) -> tuple[torch.Tensor, dict[str, float]]:
     """IS weights ``pi_old / pi_rollout``, 0 outside the mask: ``rho_t = exp(x_t)`` (``"token"``, Yao et al. 2025) or
     ``rho_i = exp(sum_t m_it x_it)`` on every token (``"sequence"``; Liu et al. 2025, richardli.xyz/rl-collapse,
     Sec. 4); then TIS ``min(rho, threshold)``, or with ``threshold_lower`` IcePop (arXiv:2510.18855): ``rho`` inside
@@ -122,12 +114,8 @@ def parse_rs_thresholds(options: list[str], spec: str | float) -> dict[str, tupl
 
 
 @torch.no_grad()
-def compute_rollout_rejection_mask(
-    log_ratio: torch.Tensor,
-    response_mask: torch.Tensor,
-    rollout_rs: str,
-    rollout_rs_threshold: str | float,
-) -> tuple[torch.Tensor, dict[str, float]]:
+def compute_rollout_rejection_mask(log_ratio: torch.Tensor, response_mask: torch.Tensor, rollout_rs: str,
+                                   rollout_rs_threshold: str | float) -> tuple[torch.Tensor, dict[str, float]]:
     """Rejection sampling (Liu et al. 2025, richardli.xyz/rl-collapse, Sec. 4, masked IS): each comma-separated
     option ``<level>_<k>`` of :data:`ROLLOUT_RS_OPTIONS` compares Schulman's ``k1 = -x``, ``k2 = x^2 / 2`` or
     ``k3 = exp(x) - 1 - x`` per token or the sequence's sum / mean / max to its bounds (:func:`parse_rs_thresholds`;
@@ -164,18 +152,11 @@ def compute_rollout_rejection_mask(
 
 
 @torch.no_grad()
-def correct_rollout(
-    old_log_prob: torch.Tensor,
-    rollout_log_probs: torch.Tensor,
-    response_mask: torch.Tensor,
-    *,
-    tis_cap: float | None = None,
-    rollout_is: str | None = None,
-    rollout_is_threshold: float = 2.0,
-    rollout_is_threshold_lower: float | None = None,
-    rollout_rs: str | None = None,
-    rollout_rs_threshold: str | float | None = None,
-) -> tuple[torch.Tensor | None, torch.Tensor, dict[str, float]]:
+def correct_rollout(old_log_prob: torch.Tensor, rollout_log_probs: torch.Tensor, response_mask: torch.Tensor, *,
+                    tis_cap: float | None = None, rollout_is: str | None = None, rollout_is_threshold: float = 2.0,
+                    rollout_is_threshold_lower: float | None = None, rollout_rs: str | None = None,
+                    rollout_rs_threshold: str | float | None = None
+                    ) -> tuple[torch.Tensor | None, torch.Tensor, dict[str, float]]:
     """One micro-batch's correction: TIS when ``tis_cap`` is set, else ``rollout_is`` weights; then the
     ``rollout_rs`` mask. Returns ``(weights or None, mask, metrics)``."""
     weights, metrics, mask = None, {}, response_mask

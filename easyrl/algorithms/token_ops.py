@@ -33,9 +33,8 @@ def _blocks(x: torch.Tensor, chunk_rows: int, offset: int = 0) -> Iterator[tuple
         yield offset + start, offset + start + block.shape[0], block
 
 
-def _chunked_backward(
-    ctx, grad_out: torch.Tensor, chunk_grad: Callable[[torch.Tensor, slice, torch.Tensor], torch.Tensor]
-) -> torch.Tensor:
+def _chunked_backward(ctx, grad_out: torch.Tensor,
+                      chunk_grad: Callable[[torch.Tensor, slice, torch.Tensor], torch.Tensor]) -> torch.Tensor:
     """The gradient w.r.t. the saved logits, in their dtype, chunk by chunk: ``chunk_grad(z, rows, g)`` gets the
     chunk's float32 ``logits / T``, its row slice and the ``(rows, 1)`` incoming gradient divided by ``T``."""
     logits = ctx.saved_tensors[0]
@@ -104,9 +103,8 @@ def _check_logits(logits: torch.Tensor, chunk_rows: int, temperature: float) -> 
         raise ValueError(f"temperature must be > 0, got {temperature}")
 
 
-def log_probs_from_logits(
-    logits: torch.Tensor, labels: torch.Tensor, chunk_rows: int = DEFAULT_CHUNK_ROWS, temperature: float = 1.0
-) -> torch.Tensor:
+def log_probs_from_logits(logits: torch.Tensor, labels: torch.Tensor, chunk_rows: int = DEFAULT_CHUNK_ROWS,
+                          temperature: float = 1.0) -> torch.Tensor:
     """``log_softmax(logits.float() / temperature, -1).gather(-1, labels)`` (nats): ``(bsz, L)`` float32 for
     ``(bsz, L, vocab)`` logits (any leading dims) and ``(bsz, L)`` labels; the gradient in the logits' dtype.
     ValueError for mismatched shapes, a label outside ``[0, vocab)``, ``chunk_rows < 1`` or ``temperature <= 0``."""
@@ -120,9 +118,8 @@ def log_probs_from_logits(
     return _LabelLogProb.apply(logits, labels.long(), chunk_rows, float(temperature))
 
 
-def entropy_from_logits(
-    logits: torch.Tensor, chunk_rows: int = DEFAULT_CHUNK_ROWS, temperature: float = 1.0
-) -> torch.Tensor:
+def entropy_from_logits(logits: torch.Tensor, chunk_rows: int = DEFAULT_CHUNK_ROWS, temperature: float = 1.0
+                        ) -> torch.Tensor:
     """``H = -sum_v p_v log p_v`` (nats) of ``softmax(logits / temperature)``, ``(bsz, L)`` float32; ValueError for
     fewer than 2 dims, ``chunk_rows < 1`` or ``temperature <= 0``."""
     _check_logits(logits, chunk_rows, temperature)

@@ -76,27 +76,12 @@ class RLDataset(torch.utils.data.Dataset):
         ConfigError: pixel bounds that do not overlap the processor's.
     """
 
-    def __init__(
-        self,
-        data_path: str,
-        tokenizer: Any,
-        processor: Any = None,
-        *,
-        prompt_key: str = "problem",
-        answer_key: str = "answer",
-        image_key: str | None = "images",
-        image_dir: str | None = None,
-        max_prompt_length: int = 1024,
-        format_prompt: str | None = None,
-        min_pixels: int = 262144,
-        max_pixels: int = 4194304,
-        filter_overlong_prompts: bool = True,
-        system_prompt: str | None = None,
-        video_key: str | None = None,
-        video_limits: FrameLimits = FrameLimits(),
-        tools: list[dict] | None = None,
-        rows: datasets.Dataset | None = None,
-    ):
+    def __init__(self, data_path: str, tokenizer: Any, processor: Any = None, *, prompt_key: str = "problem",
+                 answer_key: str = "answer", image_key: str | None = "images", image_dir: str | None = None,
+                 max_prompt_length: int = 1024, format_prompt: str | None = None, min_pixels: int = 262144,
+                 max_pixels: int = 4194304, filter_overlong_prompts: bool = True, system_prompt: str | None = None,
+                 video_key: str | None = None, video_limits: FrameLimits = FrameLimits(),
+                 tools: list[dict] | None = None, rows: datasets.Dataset | None = None):
         self.data_path = data_path
         self.tokenizer = tokenizer
         self.processor = processor

@@ -18,9 +18,8 @@ DEFAULT_FACTOR = 28  # Qwen2/2.5-VL: patch 14 x spatial merge 2
 MAX_ASPECT_RATIO = 200  # the Qwen-VL processors refuse more elongated images
 
 
-def target_size(
-    width: int, height: int, min_pixels: int, max_pixels: int, factor: int = DEFAULT_FACTOR
-) -> tuple[int, int]:
+def target_size(width: int, height: int, min_pixels: int, max_pixels: int, factor: int = DEFAULT_FACTOR
+                ) -> tuple[int, int]:
     """``(width, height)`` in pixels that :func:`process_image` gives a ``width x height`` image: scaled (aspect kept)
     into ``[min_pixels, max_pixels]``, each side rounded to a multiple of ``factor`` (down if that overshoots, up if it
     undershoots). ValueError unless ``factor**2 <= min_pixels <= max_pixels``; for an empty side or an aspect ratio

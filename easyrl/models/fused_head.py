@@ -71,14 +71,9 @@ class _LinearLogProb(torch.autograd.Function):
         return grad_hidden, grad_weight, None, None, None
 
 
-def linear_log_probs(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    labels: torch.Tensor,
-    temperature: float = 1.0,
-    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
-    entropy_grad: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def linear_log_probs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0,
+                     chunk_tokens: int = DEFAULT_CHUNK_TOKENS, entropy_grad: bool = True
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(log_probs, entropy)`` of the ``labels`` ``(tokens,)`` under ``softmax(hidden @ weight^T / temperature)``,
     each ``(tokens,)`` float32 (nats), without full logits: ``hidden`` ``(tokens, hidden_size)``, ``weight``
     ``(vocab, hidden_size)`` (bias-free, ``hidden``'s dtype); peak temporary ``chunk_tokens x vocab`` float32;

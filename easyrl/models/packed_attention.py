@@ -54,18 +54,10 @@ def packed_sdpa_mask(*args, **kwargs) -> Optional[torch.Tensor]:
     return sdpa_mask(*args, **kwargs)
 
 
-def packed_sdpa_attention(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: Optional[torch.Tensor],
-    dropout: float = 0.0,
-    scaling: Optional[float] = None,
-    is_causal: Optional[bool] = None,
-    position_ids: Optional[torch.Tensor] = None,
-    **kwargs,
-) -> tuple[torch.Tensor, None]:
+def packed_sdpa_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                          attention_mask: Optional[torch.Tensor], dropout: float = 0.0, scaling: Optional[float] = None,
+                          is_causal: Optional[bool] = None, position_ids: Optional[torch.Tensor] = None, **kwargs
+                          ) -> tuple[torch.Tensor, None]:
     """transformers' attention-function signature, causal within each sequence of one packed row and nothing across:
     ``query`` ``(1, heads, total, head_dim)``, ``key``/``value`` ``(1, kv_heads, total, head_dim)``, ``position_ids``
     ``(1, total)`` restarting at 0 at each sequence -> ``((1, total, heads, head_dim), None)``. A sliding-window layer

@@ -62,14 +62,9 @@ class PackedBatch:
         return out.index_put((self.rows, self.cols), values)
 
 
-def pack_sequences(
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    response_mask: torch.Tensor,
-    positions: Optional[torch.Tensor] = None,
-    mrope: bool = False,
-    text_positions: Optional[torch.Tensor] = None,
-) -> PackedBatch:
+def pack_sequences(input_ids: torch.Tensor, attention_mask: torch.Tensor, response_mask: torch.Tensor,
+                   positions: Optional[torch.Tensor] = None, mrope: bool = False,
+                   text_positions: Optional[torch.Tensor] = None) -> PackedBatch:
     """Pack left-padded prompt + right-padded response rows, ``input_ids`` and ``attention_mask`` (1 at real tokens)
     ``(bsz, P + R)``, into one :class:`PackedBatch` row without padding (on ``input_ids.device``).
 
