@@ -20,10 +20,6 @@ class Tool:
     fn: Callable
     schema: dict[str, Any]
 
-    @property
-    def name(self) -> str:
-        return self.schema["function"]["name"]
-
 
 def load_tools(specs: list[str], key: str = "worker.rollout.multi_turn.tools") -> dict[str, Tool]:
     """``{name: Tool}`` in order, each schema from ``transformers.utils.get_json_schema`` (type hints and a

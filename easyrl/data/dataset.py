@@ -130,10 +130,6 @@ class RLDataset(torch.utils.data.Dataset):
             return {"bytes": None, "path": path if os.path.isabs(path) else os.path.join(self.image_dir, path)}
         return image
 
-    def _empty_answer(self) -> str:
-        return (f"column {self.answer_key!r} (data.answer_key) is empty: write the reference answer the reward "
-                "compares against (a non-blank string or number) in that row, or remove the row")
-
     def _missing_column(self, kind: str) -> str:
         """How a row's ``kind`` (image/video) column is named in a placeholder-count error."""
         key = getattr(self, f"{kind}_key")
@@ -164,9 +160,6 @@ class RLDataset(torch.utils.data.Dataset):
             **({"tools": self.tools} if self.tools else {}),
         )
 
-    def _encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False)
-
     def _scan_rows(self, filter_overlong: bool) -> None:
         """Check every row once (prompt, answer, placeholders, media decode) and count its prompt tokens without the
         processor; with ``filter_overlong`` drop the rows above ``max_prompt_length``. DataError for the first bad row
@@ -184,9 +177,12 @@ class RLDataset(torch.utils.data.Dataset):
         for index, row in enumerate(view):
             try:
                 if is_missing_answer(row[self.answer_key]):
-                    raise DataError(self._empty_answer())
+                    raise DataError(f"column {self.answer_key!r} (data.answer_key) is empty: write the reference "
+                                    "answer the reward compares against (a non-blank string or number) in that row, "
+                                    "or remove the row")
                 images, videos = self._row_media(row, "image"), self._row_media(row, "video")
-                length = len(self._encode(self._prompt_text(row, len(images), len(videos))))
+                text = self._prompt_text(row, len(images), len(videos))
+                length = len(self.tokenizer.encode(text, add_special_tokens=False))
                 for image in images:
                     w, h = target_size(*_image_size(image), self.min_pixels, self.max_pixels, self.factor)
                     length += w * h // (self.factor * self.factor) - 1
@@ -236,10 +232,7 @@ class RLDataset(torch.utils.data.Dataset):
         videos = [process_video(video, self.video_limits, self.min_pixels, self.max_pixels, self.factor,
                                 self.processor) for video in self._row_media(row, "video")]
         text = self._prompt_text(row, len(images), len(videos))
-        raw_prompt_ids = self._encode(text)
-        answer = row[self.answer_key]
-        if is_missing_answer(answer):
-            raise DataError(self._empty_answer())
+        raw_prompt_ids = self.tokenizer.encode(text, add_special_tokens=False)
         multi_modal_inputs: dict[str, torch.Tensor] = {}
         if images or videos:
             kwargs: dict[str, Any] = {"images": images} if images else {}
@@ -258,7 +251,7 @@ class RLDataset(torch.utils.data.Dataset):
             "images": images,
             "videos": videos,
             "multi_modal_inputs": multi_modal_inputs,
-            "ground_truth": str(answer),
+            "ground_truth": str(row[self.answer_key]),  # checked at construction (_scan_rows)
             "columns": self.reward_columns(row),
         }
 
