@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from easyrl.rewards import RewardFunction
+from easyrl.rewards.function import RewardFunction
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "examples" / "data_preprocess" / "digit_addition.py"

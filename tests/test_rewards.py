@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from easyrl.rewards import RewardFunction, scores_to_token_rewards
+from easyrl.rewards.function import RewardFunction, scores_to_token_rewards
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "reward_function"
 
