@@ -163,7 +163,7 @@ def test_waking_the_weights_on_the_0_23_line_undoes_the_npu_moe_transpose(monkey
         def wake_up(self, tags):
             self.calls.append(("wake_up", tags))
 
-        def collective_rpc(self, fn, kwargs):
+        def collective_rpc(self, fn, kwargs=None):
             self.calls.append(fn)
 
     monkeypatch.setattr(vllm_compat, "vllm_version", lambda: version)

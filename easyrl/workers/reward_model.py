@@ -13,7 +13,7 @@ import torch.distributed as dist
 from easyrl.batch import Batch
 from easyrl.config import FSDPConfig, RewardModelConfig
 from easyrl.errors import ModelError
-from easyrl.workers.fsdp_model import TORCH_DTYPES, broadcast_weights, materialize, placement, shard_model
+from easyrl.workers.fsdp_model import TORCH_DTYPES, broadcast_weights, shard_model
 from easyrl.workers.seqlen_balancing import count_micro_batches, dynamic_micro_batches
 
 __all__ = ["FSDPRewardModel"]
@@ -55,9 +55,8 @@ class FSDPRewardModel:
             model = AutoModelForSequenceClassification.from_config(
                 hf_config, dtype=TORCH_DTYPES[config.param_dtype], trust_remote_code=trust, attn_implementation="sdpa")
         model.requires_grad_(False)
-        where = placement(device, config.offload.offload_params)
-        shard_model(model, mesh, FSDPConfig(param_dtype=config.param_dtype, reduce_dtype="fp32"), where)
-        materialize(model, where)
+        shard_model(model, mesh, FSDPConfig(param_dtype=config.param_dtype, reduce_dtype="fp32"), device,
+                    config.offload.offload_params)
         broadcast_weights(model, full_state, buffers)
         model.eval()
         self.model = model

@@ -57,7 +57,7 @@ def engine_arguments(model_path: str, config: RolloutConfig, device: str, seed: 
         disable_log_stats=True,
         use_tqdm_on_load=verbose(),  # no checkpoint-loading bar per engine (easyrl.quiet; EASYRL_VERBOSE=1 shows it)
         enable_prefix_caching=True,
-        **vllm_compat.sampled_logprobs_kwargs(),  # log-probs of the distribution sampled from
+        logprobs_mode="processed_logprobs",  # log-probs of the distribution sampled from (after top-k/p)
         **vllm_compat.weight_transfer_kwargs(),  # vLLM 0.23: the native weight-update calls' in-process backend
     )
     if config.tensor_parallel_size > 1:
@@ -164,7 +164,7 @@ class VLLMRollout:
     def sleep(self) -> None:
         """Free the engine's device memory (weights and KV cache) while the actor trains. No-op on the CPU."""
         if self.sleep_level is not None and not self.is_asleep:
-            vllm_compat.sleep(self.llm, self.sleep_level)
+            self.llm.sleep(level=self.sleep_level)
             self.is_asleep = True
             self.holds_weights = self.holds_weights and self.sleep_level < 2  # level 2 drops the weights
 
@@ -186,10 +186,13 @@ class VLLMRollout:
             ``(expected, loaded)``: vLLM's parameter names, and those the tensors wrote (``check_all_loaded``).
         """
         weights = to_checkpoint_layout(named_tensors, self.model_type)
-        (expected, loaded), = vllm_compat.run_on_workers(self.llm, reload_and_report, weights_iterator=weights,
-                                                         device=self.device)
+        (expected, loaded), = self.llm.collective_rpc(reload_and_report,
+                                                      kwargs=dict(weights_iterator=weights, device=self.device))
         self.holds_weights = True
-        vllm_compat.reset_caches_after_reload(self.llm)  # every cache computed with the old weights is stale
+        # every cache computed with the old weights is stale (else "Encoder cache miss" on the next image prompt)
+        self.llm.llm_engine.reset_encoder_cache()
+        self.llm.reset_mm_cache()
+        self.llm.reset_prefix_cache()
         return expected, loaded
 
     def _sampling_params(self, overrides: Optional[dict[str, Any]], logprobs: bool, max_tokens: int,
@@ -230,9 +233,7 @@ class VLLMRollout:
         Returns:
             ``RolloutOutput`` with ``worker.rollout.response_length`` tokens per response at most.
         """
-        requests = []
-        for ids, imgs, vids in zip(raw_prompt_ids, images, videos or [[]] * len(raw_prompt_ids)):
-            requests.append(_request(ids, imgs, vids))
+        requests = [_request(*item) for item in zip(raw_prompt_ids, images, videos or [[]] * len(raw_prompt_ids))]
         want_logprobs = self.config.calculate_log_probs
         if seeds is None and max_tokens is None:
             params = self._sampling_params(overrides, want_logprobs, self.config.response_length)

@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator, Optional
 
 import torch
+from torch.utils._pytree import tree_leaves
 
 from easyrl.batch import Batch
 from easyrl.models.families import family
@@ -93,14 +94,12 @@ class VisionHooks:
         it here, right before the model encodes images, reproduces an image batch's order.
         """
         for _ in range(self.blank_passes):
-            embeds = self._add_blank_image(embeds)
+            inputs = {key: value.to(embeds.device) if isinstance(value, torch.Tensor) else value
+                      for key, value in self.family.blank_image(self.model.config).items()}
+            features = [t for t in tree_leaves(self.model.model.get_image_features(**inputs))
+                        if isinstance(t, torch.Tensor) and t.is_floating_point()]
+            embeds = embeds + sum(t.sum() for t in features).to(embeds.dtype) * 0.0
         return embeds
-
-    def _add_blank_image(self, embeds: torch.Tensor) -> torch.Tensor:
-        inputs = {key: value.to(embeds.device) if isinstance(value, torch.Tensor) else value
-                  for key, value in self.family.blank_image(self.model.config).items()}
-        features = [t for t in _tensors_in(self.model.model.get_image_features(**inputs)) if t.is_floating_point()]
-        return embeds + sum(t.sum() for t in features).to(embeds.dtype) * 0.0
 
     def placeholder_mask(self, input_ids: torch.Tensor, inputs_embeds: torch.Tensor, **features):
         """Qwen-VL's ``get_placeholder_mask``, blind to pad ids sampled in a response: those stay text tokens, as in
@@ -135,13 +134,3 @@ def _pad_trailing(values: list[torch.Tensor], dim: int) -> list[torch.Tensor]:
         padded.append(torch.nn.functional.pad(value, pad) if any(pad) else value)
     return padded
 
-
-def _tensors_in(value: Any) -> list[torch.Tensor]:
-    """Every tensor in a (nested) model output, tuple, list or dict."""
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors_in(v)]
-    if isinstance(value, (tuple, list)):
-        return [t for v in value for t in _tensors_in(v)]
-    return []

@@ -96,16 +96,13 @@ def unpack_gathered(gathered: torch.Tensor, full_shapes: list[torch.Size], world
     return tensors
 
 
-def _is_row_sharded(tensor: torch.Tensor) -> bool:
-    return isinstance(tensor, DTensor) and tensor.device_mesh.ndim == 1 and tuple(tensor.placements) == (Shard(0),)
-
-
 def gather_bucket(tensors: list[torch.Tensor], device: torch.device, dtype: torch.dtype) -> list[torch.Tensor]:
     """Full tensors of one bucket on ``device`` in ``dtype`` (collective: every rank, same bucket): row-sharded
     FSDP2 parameters through one ``flat_all_gather``, the rest through ``gather_full``; never sharing storage with
     the actor's parameters (vLLM's CPU loaders repack in place)."""
     out: list[Optional[torch.Tensor]] = [None] * len(tensors)
-    sharded = [i for i, t in enumerate(tensors) if _is_row_sharded(t)]
+    sharded = [i for i, t in enumerate(tensors)
+               if isinstance(t, DTensor) and t.device_mesh.ndim == 1 and tuple(t.placements) == (Shard(0),)]
     if sharded:
         world = tensors[sharded[0]].device_mesh.size()
         group = tensors[sharded[0]].device_mesh.get_group()
@@ -156,7 +153,7 @@ def reload_and_report(worker: Any, weights_iterator: Iterator[tuple[str, torch.T
                       device: str) -> list[list[str]]:
     """Inside vLLM's worker: ``vllm_compat.reload_weights`` recording the names ``load_weights`` loaded, then the
     CPU backend's re-packs (``easyrl.workers.vllm_cpu_fixes``). Returns ``[expected, loaded]`` sorted vLLM names."""
-    model = vllm_compat.worker_model(worker)
+    model = worker.model_runner.get_model()
     expected = sorted(name for name, _ in model.named_parameters())
     loaded: set[str] = set()
     load = model.load_weights
