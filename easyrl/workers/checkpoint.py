@@ -16,7 +16,6 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_state_dict,
 )
-from torch.utils._pytree import tree_map_only
 
 from easyrl.models.hf_folder import copy_hf_files
 from easyrl.rng import get_rng_state, set_rng_state
@@ -108,25 +107,6 @@ def load_role(model, path: str, rank: int, role: str = ACTOR_DIR) -> None:
     _load_training_state(model, extra)
     if role == ACTOR_DIR:
         set_rng_state(extra["rng"])
-
-
-def snapshot(model) -> dict[str, Any]:
-    """An in-memory copy of a trained model's state on this rank: cloned sharded model and optimizer state dicts,
-    LR schedule and counters. :func:`restore` returns to it."""
-    model_state, optim_state = get_state_dict(model.model, model.optimizer)
-    return {"model": _clone_tree(model_state), "optim": _clone_tree(optim_state), **_training_state(model)}
-
-
-def restore(model, state: dict[str, Any]) -> None:
-    """Return to a :func:`snapshot` (every rank restores its own, together: the optimizer state load is collective)."""
-    set_state_dict(model.model, model.optimizer, model_state_dict=_clone_tree(state["model"]),
-                   optim_state_dict=_clone_tree(state["optim"]))
-    _load_training_state(model, state)
-
-
-def _clone_tree(value: Any) -> Any:
-    """A copy of a (nested) state dict in which every tensor is cloned (DTensors stay sharded)."""
-    return tree_map_only(torch.Tensor, lambda tensor: tensor.detach().clone(), value)
 
 
 def save_hf_metadata(model_path: str, tokenizer_path: str, path: str, lora: Any = None) -> None:

@@ -62,7 +62,7 @@ class FSDPWorker:
         # start-up profile (easyrl.trainer.launch.StartupProfile): process start to here is spawn and imports
         self.startup_seconds = {"imports": time.time() - psutil.Process().create_time()}
         # vLLM must run in this process so weights can be handed over as tensors; set before vLLM is imported.
-        os.environ.update(vllm_compat.in_process_engine_env())
+        os.environ.update(vllm_compat.IN_PROCESS_ENGINE_ENV)
         quiet_libraries()  # library messages that do not matter to a user (easyrl.quiet; EASYRL_VERBOSE=1: all)
         self.config = config
         self.rank = rank
@@ -93,12 +93,10 @@ class FSDPWorker:
         (``easyrl.models.hub_snapshot``). Called BEFORE the process group exists, so a download waits under no
         collective timeout."""
         worker = self.config.worker
-        for model in (worker.actor.model, worker.critic.model, worker.teacher.model):
+        reward_model = [worker.reward.reward_model] if worker.reward.reward_model.enabled else []
+        for model in (worker.actor.model, worker.critic.model, worker.teacher.model, *reward_model):
             model.model_path = local_model_path(model.model_path)
             model.tokenizer_path = local_model_path(model.tokenizer_path)
-        if worker.reward.reward_model.enabled:  # the reward model's checkpoint and tokenizer likewise
-            rm = worker.reward.reward_model
-            rm.model_path, rm.tokenizer_path = local_model_path(rm.model_path), local_model_path(rm.tokenizer_path)
 
     def init_process_group(self, master_addr: str, master_port: int) -> None:
         """Join the workers' torch.distributed group (gloo / NCCL / HCCL) at rank 0's address."""
@@ -135,9 +133,8 @@ class FSDPWorker:
         init_sequence_parallel(cfg.actor.ulysses_size)  # the roles split packed rows over these groups
         roles = build_roles(self.config, mesh, self.device, self.torch_device, self.training_steps,
                             seconds=self.startup_seconds)
-        self.actor, self.ref, self.critic = roles.actor, roles.ref, roles.critic
-        self.reward_model = roles.reward_model  # None unless worker.reward.reward_model.model_path is set
-        self.teacher = roles.teacher
+        self.actor, self.ref, self.critic, self.reward_model, self.teacher = (
+            roles.actor, roles.ref, roles.critic, roles.reward_model, roles.teacher)
         if self.config.trainer.rollout_mode == "colocated":  # else the engines are RolloutWorkers of their own
             self.init_engine()
         return self.startup_seconds
@@ -258,12 +255,11 @@ class FSDPWorker:
         seeds = prompts["rollout_seed"] if "rollout_seed" in prompts else None
         videos = prompts["videos"] if "videos" in prompts else None
         max_tokens = prompts["max_tokens"] if "max_tokens" in prompts else None
-        output = self.rollout.generate(prompts["raw_prompt_ids"], prompts["images"], overrides, seeds=seeds,
-                                       max_tokens=max_tokens, videos=videos)
+        response_ids, response_log_probs = self.rollout.generate(
+            prompts["raw_prompt_ids"], prompts["images"], overrides, seeds=seeds, max_tokens=max_tokens, videos=videos)
         if not keep_awake:
             self.sleep_rollout()
-        return {"response_ids": output.response_ids, "response_log_probs": output.response_log_probs,
-                "timing_s/reshard": reshard}
+        return {"response_ids": response_ids, "response_log_probs": response_log_probs, "timing_s/reshard": reshard}
 
     def sleep_rollout(self) -> None:
         """Put the engine to sleep and free the cache (after ``generate_sequences(..., keep_awake=True)``)."""

@@ -43,7 +43,6 @@ class VLLMJudge:
         from vllm import LLM
 
         self.config = config
-        self.device = device
         kwargs = judge_engine_arguments(config, device, seed, enforce_eager)
         previous = os.environ.get("VLLM_CPU_KVCACHE_SPACE")
         if device == "cpu":  # read when the engine is built; the rollout engine's value is put back afterwards

@@ -30,12 +30,9 @@ def vllm_version() -> Optional[tuple[int, int]]:
     return None
 
 
-def in_process_engine_env() -> dict[str, str]:
-    """Environment variables that run ``vllm.LLM``'s engine core in the calling process (weights handed over as
-    tensors); set before vLLM is imported. vLLM 0.23, 0.32 and 0.33: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``."""
-    return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-
-
+# run vllm.LLM's engine core in the calling process (weights handed over as tensors); set before vLLM is imported.
+# vLLM 0.23, 0.32 and 0.33 alike.
+IN_PROCESS_ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 IN_PROCESS_TRANSFER = "easyrl_in_process"  # the weight-transfer backend registered by ``weight_transfer_kwargs``
 
 
