@@ -32,7 +32,7 @@ from easyrl.quiet import quiet_libraries
 from easyrl.workers import collectives, vllm_compat, weight_sync, weight_transfer
 from easyrl.workers.fsdp_model import TORCH_DTYPES, gather_full_state_dict
 from easyrl.workers.mm_staging import MultiModalStage
-from easyrl.workers.roles import build_roles
+from easyrl.workers.roles import build_roles, timed
 from easyrl.workers.rollout_layout import RolloutLayout
 from easyrl.workers.vllm_cpu_fixes import remove_stale_tp_shm
 
@@ -149,13 +149,10 @@ class FSDPWorker:
         remove_stale_tp_shm(self.device, self.rollout_layout, self.rank)  # an earlier run's (vLLM-CPU only)
         # one seed per engine: the ranks of a tensor-parallel engine must sample alike
         seed = cfg.rollout.seed + self.rollout_layout.dp_rank(self.rank)
-        began = time.time()
-        import vllm  # noqa: F401  (timed apart from the engine)
-
-        self.startup_seconds["vllm_import"] = time.time() - began
-        began = time.time()
-        self.rollout = VLLMRollout(cfg.actor.model.model_path, cfg.rollout, self.device, seed=seed)
-        self.startup_seconds["engine"] = time.time() - began
+        with timed(self.startup_seconds, "vllm_import"):  # apart from the engine
+            import vllm  # noqa: F401
+        with timed(self.startup_seconds, "engine"):
+            self.rollout = VLLMRollout(cfg.actor.model.model_path, cfg.rollout, self.device, seed=seed)
         empty_cache(self.device)
 
     def close(self) -> None:

@@ -49,14 +49,14 @@ def plan_buckets(sizes: list[tuple[str, int]], bucket_bytes: int) -> list[list[s
         raise ValueError(f"bucket size must be positive, got {bucket_bytes} bytes "
                          "(worker.rollout.update_weights_bucket_megabytes).")
     buckets: list[list[str]] = []
-    used = bucket_bytes  # forces a new bucket for the first tensor
+    used = 0
     for name, nbytes in sizes:
-        if used + nbytes > bucket_bytes and (not buckets or buckets[-1]):
+        if not buckets or used + nbytes > bucket_bytes:
             buckets.append([])
             used = 0
         buckets[-1].append(name)
         used += nbytes
-    return [b for b in buckets if b]
+    return buckets
 
 
 def _rows_per_rank(rows: int, world: int) -> int:
