@@ -60,9 +60,8 @@ def read_checkpoint(model_path: str, hf_config, trust_remote_code: bool, lora: A
 
     Read through ``from_pretrained`` so that names match this transformers' model class. With ``lora`` the model
     is wrapped first (peft's names, rank 0's fresh adapter with B = 0)."""
-    model = hf_model_class(hf_config).from_pretrained(
-        model_path, dtype=torch.float32, trust_remote_code=trust_remote_code, attn_implementation="sdpa"
-    )
+    model = hf_model_class(hf_config).from_pretrained(model_path, dtype=torch.float32,
+                                                      trust_remote_code=trust_remote_code, attn_implementation="sdpa")
     if lora is not None:
         from easyrl.models.lora import apply_lora
 
@@ -70,18 +69,10 @@ def read_checkpoint(model_path: str, hf_config, trust_remote_code: bool, lora: A
     return model.state_dict(), {name: buf.detach().clone() for name, buf in model.named_buffers()}
 
 
-def load_sharded_model(
-    model_path: str,
-    hf_config,
-    config: ActorConfig,
-    mesh: DeviceMesh,
-    device: str,
-    trainable: bool,
-    offload: OffloadConfig,
-    init_from: Optional[torch.nn.Module] = None,
-    attn_implementation: str = "sdpa",
-    adapt: Optional[Callable[[torch.nn.Module, dict], None]] = None,
-) -> torch.nn.Module:
+def load_sharded_model(model_path: str, hf_config, config: ActorConfig, mesh: DeviceMesh, device: str, trainable: bool,
+                       offload: OffloadConfig, init_from: Optional[torch.nn.Module] = None,
+                       attn_implementation: str = "sdpa",
+                       adapt: Optional[Callable[[torch.nn.Module, dict], None]] = None) -> torch.nn.Module:
     """Build one role's FSDP2-sharded model on every rank (collective: all ranks call it together).
 
     Args:
@@ -140,9 +131,8 @@ def shard_model(model: torch.nn.Module, mesh: DeviceMesh, fsdp: FSDPConfig, devi
     Raises:
         ValueError: an unknown device kind, or the model declares no transformer block classes."""
     params = param_device(device, offload_params)
-    mp_policy = MixedPrecisionPolicy(
-        param_dtype=TORCH_DTYPES[fsdp.param_dtype], reduce_dtype=TORCH_DTYPES[fsdp.reduce_dtype]
-    )
+    mp_policy = MixedPrecisionPolicy(param_dtype=TORCH_DTYPES[fsdp.param_dtype],
+                                     reduce_dtype=TORCH_DTYPES[fsdp.reduce_dtype])
     kwargs: dict[str, Any] = dict(mesh=mesh, mp_policy=mp_policy, reshard_after_forward=fsdp.reshard_after_forward)
     if params != device:
         kwargs["offload_policy"] = CPUOffloadPolicy()

@@ -19,14 +19,7 @@ import torch
 
 from easyrl.batch import Batch
 from easyrl.config import PPOConfig
-from easyrl.device import (
-    collective_backend,
-    device_name,
-    empty_cache,
-    memory_metrics,
-    set_device,
-    torch_device,
-)
+from easyrl.device import collective_backend, device_name, empty_cache, memory_metrics, set_device, torch_device
 from easyrl.models.hub_snapshot import local_model_path
 from easyrl.quiet import quiet_libraries
 from easyrl.workers import collectives, vllm_compat, weight_sync, weight_transfer

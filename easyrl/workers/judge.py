@@ -20,17 +20,10 @@ def judge_engine_arguments(config: JudgeConfig, device: str, seed: int, enforce_
     ``enforce_eager`` are the rollout's.
     """
     kwargs: dict[str, Any] = dict(
-        model=config.model_path,
-        dtype=_DTYPES.get(config.dtype, config.dtype),
-        seed=seed,
-        max_model_len=config.max_model_len,
-        max_num_batched_tokens=max(8192, config.max_model_len),
-        enforce_eager=enforce_eager,
-        limit_mm_per_prompt={"image": 0, "video": 0},
-        disable_log_stats=True,
-        use_tqdm_on_load=verbose(),
-        enable_prefix_caching=True,
-    )
+        model=config.model_path, dtype=_DTYPES.get(config.dtype, config.dtype), seed=seed,
+        max_model_len=config.max_model_len, max_num_batched_tokens=max(8192, config.max_model_len),
+        enforce_eager=enforce_eager, limit_mm_per_prompt={"image": 0, "video": 0}, disable_log_stats=True,
+        use_tqdm_on_load=verbose(), enable_prefix_caching=True)
     if device != "cpu":
         kwargs.update(gpu_memory_utilization=config.gpu_memory_utilization, disable_custom_all_reduce=True)
     return kwargs

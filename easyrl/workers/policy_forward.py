@@ -79,16 +79,9 @@ class PolicyScores(NamedTuple):
     """0-dim load-balancing loss of an MoE router over the micro-batch's tokens, or None when not asked for."""
 
 
-def response_scores(
-    model: torch.nn.Module,
-    inputs: ModelInputs,
-    temperature: float,
-    with_entropy: bool,
-    entropy_grad: bool,
-    fused_head: Optional[FusedLogProbHead] = None,
-    router_aux: bool = False,
-    sp: Optional[SequenceParallel] = None,
-) -> PolicyScores:
+def response_scores(model: torch.nn.Module, inputs: ModelInputs, temperature: float, with_entropy: bool,
+                    entropy_grad: bool, fused_head: Optional[FusedLogProbHead] = None, router_aux: bool = False,
+                    sp: Optional[SequenceParallel] = None) -> PolicyScores:
     """Log-probs (and entropies, and an MoE router's load-balancing loss) of one micro-batch's response tokens.
 
     Args:

@@ -67,9 +67,8 @@ class FSDPRewardModel:
         at most ``max_token_len_per_device`` tokens each; as many on every rank (a MAX all-reduce)."""
         cfg, n = self.config, len(data)
         if not cfg.dynamic_batching:
-            count = -(-n // cfg.micro_batch_size_per_device)
-            return [list(range(i * cfg.micro_batch_size_per_device, min((i + 1) * cfg.micro_batch_size_per_device, n)))
-                    for i in range(count)]
+            size = cfg.micro_batch_size_per_device
+            return [list(range(start, min(start + size, n))) for start in range(0, n, size)]
         lengths = data["attention_mask"].sum(-1).tolist()
         longest = data["attention_mask"].shape[1]
         budget = max(cfg.max_token_len_per_device or cfg.micro_batch_size_per_device * longest, max(lengths))

@@ -184,15 +184,10 @@ class VLLMRollout:
         self.llm.reset_prefix_cache()
         return expected, loaded
 
-    def generate(
-        self,
-        raw_prompt_ids: list[list[int]],
-        images: list[list[Any]],
-        overrides: Optional[dict[str, Any]] = None,
-        seeds: Optional[list[int]] = None,
-        max_tokens: Optional[list[int]] = None,
-        videos: Optional[list[list[Any]]] = None,
-    ) -> tuple[list[list[int]], Optional[list[list[float]]]]:
+    def generate(self, raw_prompt_ids: list[list[int]], images: list[list[Any]],
+                 overrides: Optional[dict[str, Any]] = None, seeds: Optional[list[int]] = None,
+                 max_tokens: Optional[list[int]] = None, videos: Optional[list[list[Any]]] = None,
+                 ) -> tuple[list[list[int]], Optional[list[list[float]]]]:
         """Sample one response per request.
 
         Args:
