@@ -57,16 +57,10 @@ class FSDPWorker:
         # vLLM must run in this process so weights can be handed over as tensors; set before vLLM is imported.
         os.environ.update(vllm_compat.IN_PROCESS_ENGINE_ENV)
         quiet_libraries()  # library messages that do not matter to a user (easyrl.quiet; EASYRL_VERBOSE=1: all)
-        self.config = config
-        self.rank = rank
-        self.world_size = world_size
-        self.device = device
+        self.config, self.rank, self.world_size, self.device = config, rank, world_size, device
         self.training_steps = training_steps
-        self.actor = None  # the model roles (easyrl.workers.roles), built by init_models
-        self.ref = None  # None without KL, and under LoRA (the actor with its adapter off)
-        self.critic = None  # FSDPCritic, only for algorithm.adv_estimator: gae
-        self.reward_model = None  # FSDPRewardModel, only with worker.reward.reward_model.model_path
-        self.teacher = None  # FSDPPolicy, only for on-policy distillation (algorithm.needs_teacher)
+        # the model roles (easyrl.workers.roles.Roles: a role the run does not need stays None), built by init_models
+        self.actor = self.ref = self.critic = self.reward_model = self.teacher = None
         self.rollout = None
         self.transfer = None  # split placement: the group to the rollout engines (easyrl.workers.weight_transfer)
         self.judge_engine = None  # the LLM judge's vLLM engine (easyrl.workers.judge.VLLMJudge), built by judge()

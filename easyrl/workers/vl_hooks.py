@@ -41,7 +41,6 @@ class VisionHooks:
         self.model = model
         self.has_vision = getattr(hf_config, "vision_config", None) is not None
         self.family = family(hf_config)
-        self.mrope = self.family.mrope
         self.pad_ids = visual_pad_ids(hf_config)
         self.tower_passes = 1  # vision-tower passes per micro-batch on every rank (agreed by FSDPTrainable)
         self.blank_passes = 0
@@ -51,7 +50,7 @@ class VisionHooks:
             if hasattr(model.model, "get_placeholder_mask"):  # Idefics3 has none (vLLM forbids its pads anyway)
                 self._model_placeholder_mask = model.model.get_placeholder_mask
                 model.model.get_placeholder_mask = self.placeholder_mask
-            if self.mrope:
+            if self.family.mrope:
                 model.model.get_rope_index = text_after_vision(model.model.get_rope_index)  # vLLM's positions
 
     @contextmanager
@@ -62,10 +61,9 @@ class VisionHooks:
         attention_mask = micro["attention_mask"].to(device)
         multi_modal = merge_multimodal(micro.extras.get("multi_modal_inputs", []), device, self.family.image_dim)
         prompt_len = input_ids.shape[1] - micro["response_mask"].shape[1]
-        visual = "pixel_values" in multi_modal or "pixel_values_videos" in multi_modal
+        mrope = self.family.mrope and any(key in multi_modal for key in MODALITY_KEYS)  # types only with images
         response_mask = micro["response_mask"].to(device)  # 0 on tool turns: their pads are images
-        mrope_types = visual and self.mrope
-        types = mm_token_type_ids(input_ids, prompt_len, self.pad_ids, response_mask) if mrope_types else None
+        types = mm_token_type_ids(input_ids, prompt_len, self.pad_ids, response_mask) if mrope else None
         stray = stray_pads(input_ids, prompt_len, self.pad_ids, response_mask) if self.pad_ids else None
         if stray is not None and stray.any():  # see placeholder_mask
             self.stray_pads = (stray, attention_mask.bool())

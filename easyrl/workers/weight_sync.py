@@ -71,8 +71,6 @@ def pack_shards(shards: list[torch.Tensor], full_shapes: list[torch.Size], world
     Every rank's buffer has the same length, so ``flat_all_gather`` of it gives ``(world * len,)``.
     """
     sizes = [_rows_per_rank(shape[0], world) * math.prod(shape[1:]) for shape in full_shapes]
-    if not shards:
-        return torch.empty(0)
     packed = torch.empty(sum(sizes), dtype=dtype or shards[0].dtype, device=shards[0].device)
     offset = 0
     for shard, size in zip(shards, sizes):
