@@ -454,10 +454,10 @@ class GpuCheck:
         self.result["head"] = report
 
     def dcp(self, folder: Path) -> None:
-        """``save_actor``, every model and AdamW shard zeroed, ``load_actor``: each tensor's fingerprint as before."""
+        """``save_role``, every model and AdamW shard zeroed, ``load_role``: each tensor's fingerprint as before."""
         import torch
 
-        from easyrl.workers.checkpoint import load_actor, save_actor
+        from easyrl.workers.checkpoint import load_role, save_role
 
         tensors = self.state_tensors()
         need, free = sum(t.numel() * t.element_size() for t in tensors.values()), shutil.disk_usage(folder.parent).free
@@ -466,7 +466,7 @@ class GpuCheck:
                                "give --scratch a folder with room")
         before = self.fingerprints()
         began = time.perf_counter()
-        save_actor(self.actor, str(folder), 0)
+        save_role(self.actor, str(folder), 0)
         saved = time.perf_counter() - began
         size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
         with torch.no_grad():
@@ -474,7 +474,7 @@ class GpuCheck:
                 tensor.zero_()
         zeroed = self.fingerprints()
         began = time.perf_counter()
-        load_actor(self.actor, str(folder), 0)
+        load_role(self.actor, str(folder), 0)
         loaded = time.perf_counter() - began
         after = self.fingerprints()
         shutil.rmtree(folder)

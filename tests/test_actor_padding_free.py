@@ -347,9 +347,9 @@ def test_sharded_critic_starts_at_zero_and_packed_matches_padded(process_group, 
 
 
 def test_critic_checkpoint_round_trip(process_group, tiny_model_path, tmp_path):
-    """save_critic / load_critic restore the critic's weights, optimizer state and schedule; a checkpoint without a
+    """save_role / load_role of the critic restore the critic's weights, optimizer state and schedule; a checkpoint without a
     critic is refused with the reason."""
-    from easyrl.workers.checkpoint import load_critic, save_critic
+    from easyrl.workers.checkpoint import CRITIC_DIR, load_role, save_role
 
     path = tiny_model_path("qwen2_5")
     data = _text_batch()
@@ -358,13 +358,13 @@ def test_critic_checkpoint_round_trip(process_group, tiny_model_path, tmp_path):
     batch["values"] = critic.compute_values(data, 2)
     batch["returns"] = data["response_mask"].float()
     critic.update_critic(batch, mini_batch_size=len(batch), micro_batch_size=2)
-    save_critic(critic, str(tmp_path), rank=0)
+    save_role(critic, str(tmp_path), 0, CRITIC_DIR)
     saved = critic.compute_values(data, 2)
     assert saved.abs().sum() > 0  # the update moved the zero head
     critic.update_critic(batch, mini_batch_size=len(batch), micro_batch_size=2)
     assert not torch.allclose(critic.compute_values(data, 2), saved)
-    load_critic(critic, str(tmp_path), rank=0)
+    load_role(critic, str(tmp_path), 0, CRITIC_DIR)
     torch.testing.assert_close(critic.compute_values(data, 2), saved)
     assert critic.num_updates == 1 and critic.lr_scheduler.last_epoch == 1
     with pytest.raises(FileNotFoundError, match="adv_estimator=gae"):
-        load_critic(critic, str(tmp_path / "none"), rank=0)
+        load_role(critic, str(tmp_path / "none"), 0, CRITIC_DIR)

@@ -18,20 +18,17 @@ MEAN, STD = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.2757
 @pytest.mark.parametrize("device", ["cuda", "npu"])
 @pytest.mark.parametrize("version", [(0, 23), (0, 32), (0, 33)])
 def test_dummy_on_the_checked_lines(device, version):
-    fmt, reason = load_format(device, version)
-    assert fmt == DUMMY_LOAD_FORMAT and str(version) in reason
+    assert load_format(device, version) == DUMMY_LOAD_FORMAT
 
 
 @pytest.mark.parametrize("version, shown", [((0, 32), True), ((0, 23), False), ((0, 33), False)])
 def test_cpu_dummy_only_where_the_end_to_end_parity_ran(version, shown):
-    fmt, reason = load_format("cpu", version)
-    assert fmt == (DUMMY_LOAD_FORMAT if shown else None) and "repack_cpu_embedding_heads" in reason
+    assert load_format("cpu", version) == (DUMMY_LOAD_FORMAT if shown else None)
 
 
 @pytest.mark.parametrize("version", [None, (0, 22), (0, 24), (0, 31), (0, 34), (1, 0)])  # (0, 24)-(0, 31): not read
 def test_disk_outside_the_checked_lines(version):
-    fmt, reason = load_format("cuda", version)
-    assert fmt is None and "reads the checkpoint" in reason
+    assert load_format("cuda", version) is None
 
 
 def test_keep_persistent_buffers_restores_every_persistent_buffer():  # vLLM 0.33 randomises int8/uint8 ones too

@@ -14,29 +14,24 @@ import torch.multiprocessing as mp
 from easyrl.config import ActorConfig, OffloadConfig
 from easyrl.workers import fsdp_model
 from easyrl.workers.fsdp_model import (
-    Placement,
     clip_grad_norm,
     gather_full,
     load_sharded_model,
-    placement,
+    param_device,
 )
 
 
 @pytest.mark.parametrize("device, offload, expected", [
-    ("cuda", True, Placement(params="cpu", buffers="cuda", offload=True)),
-    ("cuda", False, Placement(params="cuda", buffers="cuda", offload=False)),
-    ("npu", True, Placement(params="cpu", buffers="npu", offload=True)),
-    ("npu", False, Placement(params="npu", buffers="npu", offload=False)),
-    ("cpu", True, Placement(params="cpu", buffers="cpu", offload=False)),
-    ("cpu", False, Placement(params="cpu", buffers="cpu", offload=False)),
+    ("cuda", True, "cpu"), ("cuda", False, "cuda"), ("npu", True, "cpu"), ("npu", False, "npu"),
+    ("cpu", True, "cpu"), ("cpu", False, "cpu"),
 ])
-def test_placement_buffers_always_on_the_compute_device(device, offload, expected):
-    assert placement(device, offload) == expected
+def test_parameters_on_the_host_only_when_offloading_from_an_accelerator(device, offload, expected):
+    assert param_device(device, offload) == expected
 
 
 def test_placement_rejects_unknown_device():
     with pytest.raises(ValueError, match="tpu"):
-        placement("tpu", False)
+        param_device("tpu", False)
 
 
 def _actor_config(model_path, param_dtype: str) -> ActorConfig:

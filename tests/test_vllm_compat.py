@@ -90,7 +90,7 @@ def test_the_in_process_backend_exists_only_on_the_0_23_line():
 def test_the_colocated_engine_runs_in_process_and_without_fractal_nz():
     # (vllm-ascend 0.23 refuses wake_up and start_weight_update while VLLM_ASCEND_ENABLE_NZ is on, its default: NPU
     # workers get VLLM_ASCEND_ENABLE_NZ=0 from easyrl.workers.group.worker_runtime_env, tests/test_worker_setup.py)
-    assert vllm_compat.in_process_engine_env() == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    assert vllm_compat.IN_PROCESS_ENGINE_ENV == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 
 def _reload_after_npu_wake_up(untranspose: bool) -> dict:
@@ -163,7 +163,7 @@ def test_waking_the_weights_on_the_0_23_line_undoes_the_npu_moe_transpose(monkey
         def wake_up(self, tags):
             self.calls.append(("wake_up", tags))
 
-        def collective_rpc(self, fn, kwargs):
+        def collective_rpc(self, fn, kwargs=None):
             self.calls.append(fn)
 
     monkeypatch.setattr(vllm_compat, "vllm_version", lambda: version)

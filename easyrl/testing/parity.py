@@ -134,8 +134,31 @@ def _engine(folder: str):
 
     config = RolloutConfig(dtype="fp32", enforce_eager=True, prompt_length=256, response_length=32,
                            max_num_batched_tokens=256, cpu_kvcache_space_gib=1)
-    with mock.patch.object(rollout, "load_format", lambda *args: (None, "parity: read the exported folder")):
+    with mock.patch.object(rollout, "load_format", lambda *args: None):  # read the exported folder
         return rollout.VLLMRollout(folder, config, "cpu", seed=0)
+
+
+def vllm_score(engine, token_ids: list[int], images: list,
+               videos: Optional[list] = None) -> tuple[list[int], list[float]]:
+    """Teacher-forced log-probs of a fixed sequence under a ``VLLMRollout`` engine's weights (the rollout/training
+    parity check).
+
+    Args:
+        token_ids: prompt + continuation, ONE ``<|image_pad|>`` per image; images: its PIL images;
+            videos: its videos, or None.
+
+    Returns:
+        ``(expanded_ids, log_probs)``: the ids as the engine saw them (pads expanded) and the log-prob of each of
+        ``expanded_ids[1:]``, shape ``(len(expanded_ids) - 1,)``.
+    """
+    from vllm import SamplingParams
+
+    from easyrl.workers.rollout import _request
+
+    params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0, detokenize=False)
+    out = engine.llm.generate([_request(token_ids, images, videos)], sampling_params=params, use_tqdm=False)[0]
+    expanded = list(out.prompt_token_ids)
+    return expanded, [step[tok].logprob for step, tok in zip(out.prompt_logprobs[1:], expanded[1:])]
 
 
 def _vllm_log_probs(engine, data: Batch) -> torch.Tensor:
@@ -146,12 +169,12 @@ def _vllm_log_probs(engine, data: Batch) -> torch.Tensor:
         tokens = ids[mask.bool()].tolist()
         n = int(data["response_mask"][i].sum())
         if "raw_prompt_ids" in data.extras:  # images: vLLM expands each placeholder itself, as in a rollout
-            expanded, log_probs = engine.score(data["raw_prompt_ids"][i] + tokens[-n:], data["images"][i])
+            expanded, log_probs = vllm_score(engine, data["raw_prompt_ids"][i] + tokens[-n:], data["images"][i])
             if expanded != tokens:
                 raise AssertionError(f"row {i}: vLLM expanded the image placeholders to other ids than the "
                                      f"processor's ({len(expanded)} vs {len(tokens)} tokens)")
         else:
-            _, log_probs = engine.score(tokens, [])
+            _, log_probs = vllm_score(engine, tokens, [])
         out[i, :n] = torch.tensor(log_probs[len(tokens) - 1 - n:])
     assert out.shape[1] == width_r
     return out
@@ -201,10 +224,10 @@ def family_parity(model_path: str | Path, workdir: str | Path, vllm: bool = True
     Raises:
         RuntimeError: a process group is initialized already (the engine's shutdown would end it).
     """
-    from easyrl.workers.vllm_compat import in_process_engine_env
+    from easyrl.workers.vllm_compat import IN_PROCESS_ENGINE_ENV
 
     # the engine in this process (weights handed over as tensors), as the workers set it; environment restored after
-    with mock.patch.dict(os.environ, in_process_engine_env()), _one_rank_group(Path(workdir)):
+    with mock.patch.dict(os.environ, IN_PROCESS_ENGINE_ENV), _one_rank_group(Path(workdir)):
         return _checks(str(model_path), Path(workdir), vllm, images)
 
 

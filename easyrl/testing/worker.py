@@ -12,8 +12,12 @@ from typing import Any, Optional
 
 import torch
 
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.utils._pytree import tree_map_only
+
 from easyrl.config import PPOConfig
-from easyrl.workers.checkpoint import restore, snapshot
+from easyrl.testing.parity import vllm_score
+from easyrl.workers.checkpoint import _load_training_state, _training_state
 from easyrl.workers.fsdp_model import gather_full
 from easyrl.workers.fsdp_worker import FSDPWorker
 from easyrl.workers.rollout_worker import RolloutWorker
@@ -43,13 +47,19 @@ class InspectableWorker(FSDPWorker):
         return {name: tensor.detach().cpu().clone() for name, tensor in self._actor_weights()}
 
     def snapshot_actor(self) -> None:
-        """Keep an in-memory copy of the actor's training state on this worker (``easyrl.workers.checkpoint.snapshot``:
-        weights, optimizer, LR schedule, update counter)."""
-        self._actor_snapshot = snapshot(self.actor)
+        """Keep an in-memory copy of the actor's training state on this worker: cloned sharded model and optimizer
+        state dicts (DTensors stay sharded), LR schedule and counters."""
+        model_state, optim_state = get_state_dict(self.actor.model, self.actor.optimizer)
+        self._actor_snapshot = {"model": _clone_tree(model_state), "optim": _clone_tree(optim_state),
+                                **_training_state(self.actor)}
 
     def restore_actor(self) -> None:
-        """Return the actor to the last ``snapshot_actor`` (all workers together); the rollout weights go stale."""
-        restore(self.actor, self._actor_snapshot)
+        """Return the actor to the last ``snapshot_actor`` (all workers together: the optimizer state load is
+        collective); the rollout weights go stale."""
+        state = self._actor_snapshot
+        set_state_dict(self.actor.model, self.actor.optimizer, model_state_dict=_clone_tree(state["model"]),
+                       optim_state_dict=_clone_tree(state["optim"]))
+        _load_training_state(self.actor, state)
         self.weights_dirty = True
 
     def update_config(self, config: PPOConfig) -> None:
@@ -64,10 +74,10 @@ class InspectableWorker(FSDPWorker):
 
     def rollout_score(self, token_ids: list[int], images: list[Any],
                       videos: Optional[list[Any]] = None) -> tuple[list[int], list[float]]:
-        """vLLM's log-probs of ``token_ids[1:]`` (weights synced first if stale); see ``VLLMRollout.score``."""
+        """vLLM's log-probs of ``token_ids[1:]`` (weights synced first if stale); see ``parity.vllm_score``."""
         self._ensure_rollout_weights()
         self.rollout.wake_up()
-        scores = self.rollout.score(token_ids, images, videos)
+        scores = vllm_score(self.rollout, token_ids, images, videos)
         self.sleep_rollout()
         return scores
 
@@ -105,3 +115,7 @@ def actor_log_probs_of(trainer, batch, response: list[int]) -> torch.Tensor:
     batch["attention_mask"] = torch.cat([batch["prompt_mask"], batch["response_mask"]], dim=1)
     return torch.cat(trainer.workers.run_split(FSDPWorker.compute_log_probs, batch))[0, : len(response)]
 
+
+def _clone_tree(value: Any) -> Any:
+    """A copy of a (nested) state dict in which every tensor is cloned (DTensors stay sharded)."""
+    return tree_map_only(torch.Tensor, lambda tensor: tensor.detach().clone(), value)

@@ -10,12 +10,8 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import (
-    get_model_state_dict,
-    get_state_dict,
-    set_model_state_dict,
-    set_state_dict,
-)
+from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict, set_model_state_dict,
+                                                     set_state_dict)
 
 from easyrl.models.hf_folder import copy_hf_files
 from easyrl.rng import get_rng_state, set_rng_state
@@ -23,11 +19,18 @@ from easyrl.rng import get_rng_state, set_rng_state
 ACTOR_DIR = "actor"
 CRITIC_DIR = "critic"
 HF_DIR = "huggingface"  # inside ACTOR_DIR: config, generation config, tokenizer/processor (no weights)
+MISSING_HINT = {  # what a checkpoint that lacks a role's files for this rank means
+    ACTOR_DIR: "was it written by a run with as many ranks as this one (trainer.nnodes * trainer.n_gpus_per_node)?",
+    CRITIC_DIR: "this run trains a critic (algorithm.adv_estimator=gae): resume from a checkpoint of a run with a "
+                "critic and as many ranks, or start a new run (another trainer.experiment_name).",
+}
 
 
-def extra_state_file(rank: int) -> str:
-    """``extra_state_rank_<rank>.pt``."""
-    return f"extra_state_rank_{rank}.pt"
+def extra_state_file(rank: int, role: str = ACTOR_DIR) -> str:
+    """The rank's own state of ``role`` that DCP does not hold: ``extra_state_rank_<rank>.pt`` (the actor's, with
+    the rank's RNG states) or ``critic/extra_state_rank_<rank>.pt``."""
+    name = f"extra_state_rank_{rank}.pt"
+    return name if role == ACTOR_DIR else os.path.join(role, name)
 
 
 def _training_state(model) -> dict[str, Any]:
@@ -76,84 +79,30 @@ def holds_optimizer(folder: str) -> bool:
     return any(key.startswith("optimizer") for key in metadata.state_dict_metadata)
 
 
-def _require(path: str, rank: int, needed: list[str], what: str) -> None:
-    for item in needed:
+def save_role(model, path: str, rank: int, role: str = ACTOR_DIR, model_only: bool = False) -> None:
+    """Write a trained role's shards (``role``: ``actor`` or ``critic``, the critic's with its value head) to
+    ``<path>/<role>`` (a file system every rank sees) and this rank's :func:`extra_state_file` (LR schedule,
+    counters; the actor's also the RNG states); ``model_only``: no optimizer states. Every rank calls it."""
+    _save_shards(model, os.path.join(path, role), model_only)
+    extra = {**_training_state(model), **({"rng": get_rng_state()} if role == ACTOR_DIR else {})}
+    torch.save(extra, os.path.join(path, extra_state_file(rank, role)))
+
+
+def load_role(model, path: str, rank: int, role: str = ACTOR_DIR) -> None:
+    """Restore what :func:`save_role` wrote (model and optimizer resharded to this run's ranks).
+
+    Raises:
+        FileNotFoundError: no shards or no extra state of ``role`` for this rank (per-rank RNG states do not
+            reshard; a run without ``gae`` has no critic)."""
+    folder, extra_path = os.path.join(path, role), os.path.join(path, extra_state_file(rank, role))
+    for item in (os.path.join(folder, ".metadata"), extra_path):
         if not os.path.exists(item):
-            raise FileNotFoundError(f"rank {rank}: checkpoint {path} lacks {item}; {what}")
-
-
-def save_actor(policy, path: str, rank: int, model_only: bool = False) -> None:
-    """Write the actor's shards to ``<path>/actor`` (a file system every rank sees) and this rank's extra state to
-    ``<path>/extra_state_rank_R.pt``; ``model_only``: no optimizer states.
-    """
-    _save_shards(policy, os.path.join(path, ACTOR_DIR), model_only)
-    extra = {**_training_state(policy), "rng": get_rng_state()}
-    torch.save(extra, os.path.join(path, extra_state_file(rank)))
-
-
-def load_actor(policy, path: str, rank: int) -> None:
-    """Restore what :func:`save_actor` wrote (model and optimizer resharded to this run's ranks).
-
-    Raises:
-        FileNotFoundError: no shards or no extra state for this rank (per-rank RNG states do not reshard)."""
-    actor_dir = os.path.join(path, ACTOR_DIR)
-    extra_path = os.path.join(path, extra_state_file(rank))
-    _require(path, rank, [os.path.join(actor_dir, ".metadata"), extra_path],
-             "was it written by a run with as many ranks as this one (trainer.nnodes * trainer.n_gpus_per_node)?")
-    _load_shards(policy, actor_dir)
+            raise FileNotFoundError(f"rank {rank}: checkpoint {path} lacks {item}; {MISSING_HINT[role]}")
+    _load_shards(model, folder)
     extra: dict[str, Any] = torch.load(extra_path, weights_only=False)
-    _load_training_state(policy, extra)
-    set_rng_state(extra["rng"])
-
-
-def critic_state_file(rank: int) -> str:
-    """``critic/extra_state_rank_<rank>.pt``: the critic's LR schedule and counters on that rank."""
-    return os.path.join(CRITIC_DIR, f"extra_state_rank_{rank}.pt")
-
-
-def save_critic(critic, path: str, rank: int, model_only: bool = False) -> None:
-    """Write the critic's shards (model with its value head, optimizer) to ``<path>/critic`` and this rank's LR
-    schedule and counters to ``<path>/critic/extra_state_rank_R.pt``. Every rank calls it."""
-    _save_shards(critic, os.path.join(path, CRITIC_DIR), model_only)
-    torch.save(_training_state(critic), os.path.join(path, critic_state_file(rank)))
-
-
-def load_critic(critic, path: str, rank: int) -> None:
-    """Restore what :func:`save_critic` wrote.
-
-    Raises:
-        FileNotFoundError: the checkpoint holds no critic (a run without ``gae``) or none for this rank."""
-    folder = os.path.join(path, CRITIC_DIR)
-    _require(path, rank, [os.path.join(folder, ".metadata"), os.path.join(path, critic_state_file(rank))],
-             "this run trains a critic (algorithm.adv_estimator=gae): resume from a checkpoint of a run with a "
-             "critic and as many ranks, or start a new run (another trainer.experiment_name).")
-    _load_shards(critic, folder)
-    _load_training_state(critic, torch.load(os.path.join(path, critic_state_file(rank)), weights_only=False))
-
-
-def snapshot(model) -> dict[str, Any]:
-    """An in-memory copy of a trained model's state on this rank: cloned sharded model and optimizer state dicts,
-    LR schedule and counters. :func:`restore` returns to it."""
-    model_state, optim_state = get_state_dict(model.model, model.optimizer)
-    return {"model": _clone_tree(model_state), "optim": _clone_tree(optim_state), **_training_state(model)}
-
-
-def restore(model, state: dict[str, Any]) -> None:
-    """Return to a :func:`snapshot` (every rank restores its own, together: the optimizer state load is collective)."""
-    set_state_dict(model.model, model.optimizer, model_state_dict=_clone_tree(state["model"]),
-                   optim_state_dict=_clone_tree(state["optim"]))
-    _load_training_state(model, state)
-
-
-def _clone_tree(value: Any) -> Any:
-    """A copy of a (nested) state dict in which every tensor is cloned (DTensors stay sharded)."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().clone()
-    if isinstance(value, dict):
-        return {key: _clone_tree(v) for key, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_clone_tree(v) for v in value)
-    return value
+    _load_training_state(model, extra)
+    if role == ACTOR_DIR:
+        set_rng_state(extra["rng"])
 
 
 def save_hf_metadata(model_path: str, tokenizer_path: str, path: str, lora: Any = None) -> None:

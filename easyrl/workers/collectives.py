@@ -17,6 +17,7 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
+from torch.utils._pytree import tree_leaves
 
 __all__ = ["ENV", "CollectiveMismatch", "checked_call", "contract_on", "install", "method_end"]
 
@@ -92,7 +93,8 @@ class _Contract:
         def checked(*args: Any, **kwargs: Any) -> Any:
             if getattr(self.local, "depth", 0) == 0:
                 bound = dict(zip(parameters, args), **kwargs)
-                pg = _funcol_group(bound["group"]) if funcol_op else bound.get("group") or dist.group.WORLD
+                pg = (dist.distributed_c10d._resolve_process_group(funcol._resolve_group_name(bound["group"]))
+                      if funcol_op else bound.get("group") or dist.group.WORLD)
                 self.check(pg, _describe(label, pg, bound))
             self.local.depth = getattr(self.local, "depth", 0) + 1
             try:
@@ -105,24 +107,12 @@ class _Contract:
         setattr(module, op, checked)
 
 
-def _funcol_group(group: Any) -> Any:
-    return dist.distributed_c10d._resolve_process_group(funcol._resolve_group_name(group))
-
-
-def _tensors(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensors(v)]
-    return []
-
-
 def _describe(op: str, pg: Any, bound: dict[str, Any]) -> str:
     """``op(dtype[shape] device, ...)`` of one call; raises :class:`CollectiveMismatch` for a tensor on a device the
     group's backend does not serve (a host tensor on an NCCL/HCCL group)."""
     if op in OBJECT_OPS:
         return f"{op}()"
-    tensors = [t for value in bound.values() for t in _tensors(value)]
+    tensors = [t for t in tree_leaves(list(bound.values())) if isinstance(t, torch.Tensor)]
     served = {device.type for device in pg._device_types}
     for t in tensors:
         if served and t.device.type not in served:

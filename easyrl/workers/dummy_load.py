@@ -20,27 +20,14 @@ READ = frozenset({(0, 23), (0, 32), (0, 33)})
 CPU_SHOWN = frozenset({(0, 32)})
 
 
-def load_format(device: str, vllm_version: Optional[tuple[int, int]]) -> tuple[Optional[str], str]:
-    """The colocated engine's ``load_format`` and the reason for it (a pure function).
-
-    ``device``: the engine's backend; ``vllm_version``: ``(major, minor)`` or None. Returns
-    ``(DUMMY_LOAD_FORMAT, reason)`` where the first sync provably restores everything, else ``(None, reason)``
-    (the checkpoint read from disk).
-    """
-    if vllm_version is None or vllm_version[:2] not in READ:
-        return None, (f"vLLM {vllm_version} is not among the lines read ({', '.join(map(str, sorted(READ)))}): its "
-                      "dummy loader and in-place reload were not read, so the engine reads the checkpoint")
-    if device == "cpu" and vllm_version[:2] not in CPU_SHOWN:
-        return None, (f"vLLM-CPU {vllm_version}: both known causes are fixed (persistent buffers kept, packed "
-                      "embedding heads re-packed after every sync: vllm_cpu_fixes.repack_cpu_embedding_heads), but the "
-                      "vLLM/actor parity with easyrl_dummy was not yet run end to end on the CPU, so the engine reads "
-                      "the checkpoint")
-    if device == "cpu":
-        return DUMMY_LOAD_FORMAT, (f"vLLM-CPU {vllm_version}: parameters overwritten by the sync (check_all_loaded), "
-                                   "persistent buffers kept from construction, packed embedding heads re-packed "
-                                   "after every sync (vllm_cpu_fixes.repack_cpu_embedding_heads)")
-    return DUMMY_LOAD_FORMAT, (f"vLLM {vllm_version} on {device}: parameters overwritten by the sync "
-                               "(check_all_loaded), persistent buffers kept from construction")
+def load_format(device: str, vllm_version: Optional[tuple[int, int]]) -> Optional[str]:
+    """The colocated engine's ``load_format`` (a pure function of the engine's backend ``device`` and vLLM's
+    ``(major, minor)``, or None): :data:`DUMMY_LOAD_FORMAT` where the first sync provably restores everything
+    (parameters overwritten by the sync, ``check_all_loaded``; persistent buffers kept from construction; on the CPU
+    packed embedding heads re-packed after every sync, ``vllm_cpu_fixes.repack_cpu_embedding_heads``): a line of
+    :data:`READ`, on the CPU one of :data:`CPU_SHOWN`. Else None: the engine reads the checkpoint."""
+    shown = CPU_SHOWN if device == "cpu" else READ
+    return DUMMY_LOAD_FORMAT if vllm_version is not None and vllm_version[:2] in shown else None
 
 
 def keep_persistent_buffers(model: torch.nn.Module) -> Callable[[], int]:

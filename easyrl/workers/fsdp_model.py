@@ -8,7 +8,6 @@ reference is held in ``fsdp.param_dtype``, copied from the actor's local shards.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional
 
 import torch
@@ -26,26 +25,15 @@ from easyrl.models.packed_linear_attention import split_linear_attention_at_sequ
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
-@dataclass(frozen=True)
-class Placement:
-    """Where the tensors of one sharded model live: ``params`` (with gradients and optimizer states; ``cpu`` when
-    offloaded), ``buffers`` (always the compute device), ``offload`` (use FSDP2's ``CPUOffloadPolicy``)."""
-
-    params: str
-    buffers: str
-    offload: bool
-
-
-def placement(device: str, offload_params: bool) -> Placement:
-    """Where a sharded model's tensors live: parameters on the host only when offloading from an accelerator;
-    buffers always on ``device``.
+def param_device(device: str, offload_params: bool) -> str:
+    """Where a sharded model's parameters (with their gradients and optimizer states) live: on the host only when
+    offloading from an accelerator, else on ``device``; buffers are always on ``device``.
 
     Raises:
         ValueError: an unknown device kind."""
     if device not in ("cuda", "npu", "cpu"):
         raise ValueError(f"Unknown device kind '{device}' (expected cuda, npu or cpu).")
-    offload = offload_params and device != "cpu"
-    return Placement(params="cpu" if offload else device, buffers=device, offload=offload)
+    return "cpu" if offload_params and device != "cpu" else device
 
 
 def stored_dtype(fsdp: FSDPConfig, trainable: bool) -> torch.dtype:
@@ -53,8 +41,7 @@ def stored_dtype(fsdp: FSDPConfig, trainable: bool) -> torch.dtype:
     frozen role's in the compute dtype ``fsdp.param_dtype``."""
     if not trainable:
         return TORCH_DTYPES[fsdp.param_dtype]
-    torch_dtype = getattr(fsdp, "torch_dtype", None)
-    return TORCH_DTYPES[torch_dtype] if torch_dtype is not None else torch.float32
+    return TORCH_DTYPES[fsdp.torch_dtype] if fsdp.torch_dtype is not None else torch.float32
 
 
 def build_empty_model(hf_config, dtype: torch.dtype, trust_remote_code: bool, attn_implementation: str,
@@ -73,9 +60,8 @@ def read_checkpoint(model_path: str, hf_config, trust_remote_code: bool, lora: A
 
     Read through ``from_pretrained`` so that names match this transformers' model class. With ``lora`` the model
     is wrapped first (peft's names, rank 0's fresh adapter with B = 0)."""
-    model = hf_model_class(hf_config).from_pretrained(
-        model_path, dtype=torch.float32, trust_remote_code=trust_remote_code, attn_implementation="sdpa"
-    )
+    model = hf_model_class(hf_config).from_pretrained(model_path, dtype=torch.float32,
+                                                      trust_remote_code=trust_remote_code, attn_implementation="sdpa")
     if lora is not None:
         from easyrl.models.lora import apply_lora
 
@@ -83,18 +69,10 @@ def read_checkpoint(model_path: str, hf_config, trust_remote_code: bool, lora: A
     return model.state_dict(), {name: buf.detach().clone() for name, buf in model.named_buffers()}
 
 
-def load_sharded_model(
-    model_path: str,
-    hf_config,
-    config: ActorConfig,
-    mesh: DeviceMesh,
-    device: str,
-    trainable: bool,
-    offload: OffloadConfig,
-    init_from: Optional[torch.nn.Module] = None,
-    attn_implementation: str = "sdpa",
-    adapt: Optional[Callable[[torch.nn.Module, dict], None]] = None,
-) -> torch.nn.Module:
+def load_sharded_model(model_path: str, hf_config, config: ActorConfig, mesh: DeviceMesh, device: str, trainable: bool,
+                       offload: OffloadConfig, init_from: Optional[torch.nn.Module] = None,
+                       attn_implementation: str = "sdpa",
+                       adapt: Optional[Callable[[torch.nn.Module, dict], None]] = None) -> torch.nn.Module:
     """Build one role's FSDP2-sharded model on every rank (collective: all ranks call it together).
 
     Args:
@@ -103,14 +81,14 @@ def load_sharded_model(
         mesh: 1-D data-parallel device mesh; device: ``cuda``, ``npu`` or ``cpu``.
         trainable: True: float32 master parameters, gradient checkpointing, vision-tower freeze and LoRA layers as
             configured; False: frozen, held in ``fsdp.param_dtype``.
-        offload: this role's offload settings (see ``placement``).
+        offload: this role's offload settings (see ``param_device``).
         init_from: an already built sharded model of the same checkpoint to copy the shards from.
         attn_implementation: transformers' attention (``policy_forward.attention_implementation``).
         adapt: ``adapt(meta_model, full_state)`` changes the model before sharding and rank 0's state dict to match
             (``{}`` elsewhere), e.g. the critic's value head.
 
     Returns:
-        The sharded model, parameters placed per ``placement(device, offload.offload_params)``.
+        The sharded model, parameters on ``param_device(device, offload.offload_params)``.
     """
     dtype = stored_dtype(config.fsdp, trainable)
     trust = config.model.trust_remote_code
@@ -136,9 +114,7 @@ def load_sharded_model(
         from easyrl.models.lora import apply_lora
 
         apply_lora(model, lora, model_path)  # in place: peft's wrapper is not kept (see easyrl.models.lora)
-    where = placement(device, offload.offload_params)
-    shard_model(model, mesh, config.fsdp, where)
-    materialize(model, where)
+    shard_model(model, mesh, config.fsdp, device, offload.offload_params)
     if init_from is not None:
         copy_shards(init_from, model)
     else:
@@ -146,17 +122,19 @@ def load_sharded_model(
     return model
 
 
-def shard_model(model: torch.nn.Module, mesh: DeviceMesh, fsdp: FSDPConfig, where: Placement) -> torch.nn.Module:
-    """Apply FSDP2 ``fully_shard`` to each block (``model._no_split_modules``), then to the whole model, in place;
-    compute in ``fsdp.param_dtype``, gradients reduced in ``fsdp.reduce_dtype``.
+def shard_model(model: torch.nn.Module, mesh: DeviceMesh, fsdp: FSDPConfig, device: str, offload_params: bool) -> None:
+    """Apply FSDP2 ``fully_shard`` to each block (``model._no_split_modules``), then to the whole model, in place
+    (compute in ``fsdp.param_dtype``, gradients reduced in ``fsdp.reduce_dtype``), and allocate the meta-device
+    model: parameters on :func:`param_device`, buffers on ``device`` (uninitialised memory; fill it with
+    ``broadcast_weights`` or ``copy_shards``).
 
     Raises:
-        ValueError: the model declares no transformer block classes."""
-    mp_policy = MixedPrecisionPolicy(
-        param_dtype=TORCH_DTYPES[fsdp.param_dtype], reduce_dtype=TORCH_DTYPES[fsdp.reduce_dtype]
-    )
+        ValueError: an unknown device kind, or the model declares no transformer block classes."""
+    params = param_device(device, offload_params)
+    mp_policy = MixedPrecisionPolicy(param_dtype=TORCH_DTYPES[fsdp.param_dtype],
+                                     reduce_dtype=TORCH_DTYPES[fsdp.reduce_dtype])
     kwargs: dict[str, Any] = dict(mesh=mesh, mp_policy=mp_policy, reshard_after_forward=fsdp.reshard_after_forward)
-    if where.offload:
+    if params != device:
         kwargs["offload_policy"] = CPUOffloadPolicy()
     block_names = set(getattr(model, "_no_split_modules", None) or [])
     blocks = [m for m in model.modules() if type(m).__name__ in block_names]
@@ -165,14 +143,8 @@ def shard_model(model: torch.nn.Module, mesh: DeviceMesh, fsdp: FSDPConfig, wher
     for block in blocks:
         fully_shard(block, **kwargs)
     fully_shard(model, **kwargs)
-    return model
-
-
-def materialize(model: torch.nn.Module, where: Placement) -> None:
-    """Allocate a meta-device sharded model: parameters on ``where.params``, buffers on ``where.buffers``
-    (uninitialised memory; fill it with ``broadcast_weights`` or ``copy_shards``)."""
-    model.to_empty(device=where.params)  # FSDP2 re-registers (and pins, when offloading) the local shards
-    buffer_device = torch_device(where.buffers)
+    model.to_empty(device=params)  # FSDP2 re-registers (and pins, when offloading) the local shards
+    buffer_device = torch_device(device)
     for module in model.modules():
         for name, buffer in list(module.named_buffers(recurse=False)):
             if buffer is not None and buffer.device != buffer_device:

@@ -19,20 +19,13 @@ import torch
 
 from easyrl.batch import Batch
 from easyrl.config import PPOConfig
-from easyrl.device import (
-    collective_backend,
-    device_name,
-    empty_cache,
-    memory_metrics,
-    set_device,
-    torch_device,
-)
+from easyrl.device import collective_backend, device_name, empty_cache, memory_metrics, set_device, torch_device
 from easyrl.models.hub_snapshot import local_model_path
 from easyrl.quiet import quiet_libraries
 from easyrl.workers import collectives, vllm_compat, weight_sync, weight_transfer
 from easyrl.workers.fsdp_model import TORCH_DTYPES, gather_full_state_dict
 from easyrl.workers.mm_staging import MultiModalStage
-from easyrl.workers.roles import build_roles
+from easyrl.workers.roles import build_roles, timed
 from easyrl.workers.rollout_layout import RolloutLayout
 from easyrl.workers.vllm_cpu_fixes import remove_stale_tp_shm
 
@@ -62,18 +55,12 @@ class FSDPWorker:
         # start-up profile (easyrl.trainer.launch.StartupProfile): process start to here is spawn and imports
         self.startup_seconds = {"imports": time.time() - psutil.Process().create_time()}
         # vLLM must run in this process so weights can be handed over as tensors; set before vLLM is imported.
-        os.environ.update(vllm_compat.in_process_engine_env())
+        os.environ.update(vllm_compat.IN_PROCESS_ENGINE_ENV)
         quiet_libraries()  # library messages that do not matter to a user (easyrl.quiet; EASYRL_VERBOSE=1: all)
-        self.config = config
-        self.rank = rank
-        self.world_size = world_size
-        self.device = device
+        self.config, self.rank, self.world_size, self.device = config, rank, world_size, device
         self.training_steps = training_steps
-        self.actor = None  # the model roles (easyrl.workers.roles), built by init_models
-        self.ref = None  # None without KL, and under LoRA (the actor with its adapter off)
-        self.critic = None  # FSDPCritic, only for algorithm.adv_estimator: gae
-        self.reward_model = None  # FSDPRewardModel, only with worker.reward.reward_model.model_path
-        self.teacher = None  # FSDPPolicy, only for on-policy distillation (algorithm.needs_teacher)
+        # the model roles (easyrl.workers.roles.Roles: a role the run does not need stays None), built by init_models
+        self.actor = self.ref = self.critic = self.reward_model = self.teacher = None
         self.rollout = None
         self.transfer = None  # split placement: the group to the rollout engines (easyrl.workers.weight_transfer)
         self.judge_engine = None  # the LLM judge's vLLM engine (easyrl.workers.judge.VLLMJudge), built by judge()
@@ -93,12 +80,10 @@ class FSDPWorker:
         (``easyrl.models.hub_snapshot``). Called BEFORE the process group exists, so a download waits under no
         collective timeout."""
         worker = self.config.worker
-        for model in (worker.actor.model, worker.critic.model, worker.teacher.model):
+        reward_model = [worker.reward.reward_model] if worker.reward.reward_model.enabled else []
+        for model in (worker.actor.model, worker.critic.model, worker.teacher.model, *reward_model):
             model.model_path = local_model_path(model.model_path)
             model.tokenizer_path = local_model_path(model.tokenizer_path)
-        if worker.reward.reward_model.enabled:  # the reward model's checkpoint and tokenizer likewise
-            rm = worker.reward.reward_model
-            rm.model_path, rm.tokenizer_path = local_model_path(rm.model_path), local_model_path(rm.tokenizer_path)
 
     def init_process_group(self, master_addr: str, master_port: int) -> None:
         """Join the workers' torch.distributed group (gloo / NCCL / HCCL) at rank 0's address."""
@@ -135,9 +120,8 @@ class FSDPWorker:
         init_sequence_parallel(cfg.actor.ulysses_size)  # the roles split packed rows over these groups
         roles = build_roles(self.config, mesh, self.device, self.torch_device, self.training_steps,
                             seconds=self.startup_seconds)
-        self.actor, self.ref, self.critic = roles.actor, roles.ref, roles.critic
-        self.reward_model = roles.reward_model  # None unless worker.reward.reward_model.model_path is set
-        self.teacher = roles.teacher
+        self.actor, self.ref, self.critic, self.reward_model, self.teacher = (
+            roles.actor, roles.ref, roles.critic, roles.reward_model, roles.teacher)
         if self.config.trainer.rollout_mode == "colocated":  # else the engines are RolloutWorkers of their own
             self.init_engine()
         return self.startup_seconds
@@ -152,13 +136,10 @@ class FSDPWorker:
         remove_stale_tp_shm(self.device, self.rollout_layout, self.rank)  # an earlier run's (vLLM-CPU only)
         # one seed per engine: the ranks of a tensor-parallel engine must sample alike
         seed = cfg.rollout.seed + self.rollout_layout.dp_rank(self.rank)
-        began = time.time()
-        import vllm  # noqa: F401  (timed apart from the engine)
-
-        self.startup_seconds["vllm_import"] = time.time() - began
-        began = time.time()
-        self.rollout = VLLMRollout(cfg.actor.model.model_path, cfg.rollout, self.device, seed=seed)
-        self.startup_seconds["engine"] = time.time() - began
+        with timed(self.startup_seconds, "vllm_import"):  # apart from the engine
+            import vllm  # noqa: F401
+        with timed(self.startup_seconds, "engine"):
+            self.rollout = VLLMRollout(cfg.actor.model.model_path, cfg.rollout, self.device, seed=seed)
         empty_cache(self.device)
 
     def close(self) -> None:
@@ -170,7 +151,9 @@ class FSDPWorker:
 
         self.rollout = None
         gc.collect()
-        vllm_compat.destroy_model_parallel()  # drops the TP group's broadcast ring: its owner unlinks the segment
+        from vllm.distributed.parallel_state import destroy_model_parallel
+
+        destroy_model_parallel()  # drops the TP group's broadcast ring: its owner unlinks the segment
         remove_stale_tp_shm(self.device, self.rollout_layout, self.rank)  # vLLM-CPU's all-reduce segments
 
     def check_memory(self) -> None:
@@ -256,12 +239,11 @@ class FSDPWorker:
         seeds = prompts["rollout_seed"] if "rollout_seed" in prompts else None
         videos = prompts["videos"] if "videos" in prompts else None
         max_tokens = prompts["max_tokens"] if "max_tokens" in prompts else None
-        output = self.rollout.generate(prompts["raw_prompt_ids"], prompts["images"], overrides, seeds=seeds,
-                                       max_tokens=max_tokens, videos=videos)
+        response_ids, response_log_probs = self.rollout.generate(
+            prompts["raw_prompt_ids"], prompts["images"], overrides, seeds=seeds, max_tokens=max_tokens, videos=videos)
         if not keep_awake:
             self.sleep_rollout()
-        return {"response_ids": output.response_ids, "response_log_probs": output.response_log_probs,
-                "timing_s/reshard": reshard}
+        return {"response_ids": response_ids, "response_log_probs": response_log_probs, "timing_s/reshard": reshard}
 
     def sleep_rollout(self) -> None:
         """Put the engine to sleep and free the cache (after ``generate_sequences(..., keep_awake=True)``)."""
@@ -355,12 +337,12 @@ class FSDPWorker:
         """Write this rank's part of a checkpoint into ``path`` (see ``easyrl.workers.checkpoint``): the actor and,
         with GAE, the critic; rank 0 also copies the base model's config and tokenizer files. Every rank must call
         it."""
-        from easyrl.workers.checkpoint import save_actor, save_critic, save_hf_metadata
+        from easyrl.workers.checkpoint import CRITIC_DIR, save_hf_metadata, save_role
 
         model_only = self.config.trainer.save_model_only
-        save_actor(self.actor, path, self.rank, model_only=model_only)
+        save_role(self.actor, path, self.rank, model_only=model_only)
         if self.critic is not None:
-            save_critic(self.critic, path, self.rank, model_only=model_only)
+            save_role(self.critic, path, self.rank, CRITIC_DIR, model_only=model_only)
         if self.rank == 0:
             model_cfg = self.config.worker.actor.model
             save_hf_metadata(model_cfg.model_path, model_cfg.tokenizer_path or model_cfg.model_path, path,
@@ -370,11 +352,11 @@ class FSDPWorker:
         """Restore the actor (and the critic), optimizers, LR schedules, counters and this rank's RNG states from
         ``path``; the rollout engine receives the restored weights before the next generation. Every rank must call
         it."""
-        from easyrl.workers.checkpoint import load_actor, load_critic
+        from easyrl.workers.checkpoint import CRITIC_DIR, load_role
 
-        load_actor(self.actor, path, self.rank)
+        load_role(self.actor, path, self.rank)
         if self.critic is not None:
-            load_critic(self.critic, path, self.rank)
+            load_role(self.critic, path, self.rank, CRITIC_DIR)
         self.weights_dirty = True
 
     def judge(self, share: Batch) -> list[Optional[str]]:

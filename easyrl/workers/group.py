@@ -22,7 +22,7 @@ from easyrl.quiet import worker_env
 from easyrl.workers.collectives import ENV, contract_on
 from easyrl.workers.fsdp_worker import FSDPWorker
 from easyrl.workers.rollout_layout import RolloutLayout
-from easyrl.workers.vllm_compat import in_process_engine_env
+from easyrl.workers.vllm_compat import IN_PROCESS_ENGINE_ENV
 
 
 def worker_cpu_threads(device: str, offload: bool, cpus_per_node: int, workers_per_node: int,
@@ -39,18 +39,14 @@ def worker_cpu_threads(device: str, offload: bool, cpus_per_node: int, workers_p
 
 
 def _actor_resources(device: str, cpu_threads: int) -> dict:
-    res = ray_actor_resources(device)
-    res["num_cpus"] = cpu_threads  # worker_cpu_threads: Ray reserves them and sets OMP_NUM_THREADS to match
-    return res
+    # cpu_threads (worker_cpu_threads): Ray reserves them and sets OMP_NUM_THREADS to match
+    return {**ray_actor_resources(device), "num_cpus": cpu_threads}
 
 
 def _bundle(device: str, cpu_threads: int) -> dict[str, float]:
     res = _actor_resources(device, cpu_threads)
-    bundle = {"CPU": float(res.get("num_cpus", 1))}
-    if "num_gpus" in res:
-        bundle["GPU"] = float(res["num_gpus"])
-    bundle.update({k: float(v) for k, v in res.get("resources", {}).items()})
-    return bundle
+    return {"CPU": float(res["num_cpus"]), **({"GPU": float(res["num_gpus"])} if "num_gpus" in res else {}),
+            **{k: float(v) for k, v in res.get("resources", {}).items()}}
 
 
 def node_contiguous_bundles(bundle_nodes: dict[int, str]) -> list[int]:
@@ -68,7 +64,7 @@ def worker_runtime_env(device: str, cpu_threads: int, user: dict[str, str]) -> d
     """The environment variables of each worker process (Ray ``runtime_env.env_vars``): easyrl's (in-process vLLM,
     quiet logs, the thread count of :func:`worker_cpu_threads`, on CUDA vLLM's IPC all-reduces off, on NPUs
     vllm-ascend's NZ weight mode off), then ``worker.env_vars`` (``user``), which win."""
-    env = {**in_process_engine_env(), "TOKENIZERS_PARALLELISM": "false",
+    env = {**IN_PROCESS_ENGINE_ENV, "TOKENIZERS_PARALLELISM": "false",
            # vLLM at WARNING, no worker progress bars (see easyrl.quiet; EASYRL_VERBOSE=1 for the full logs)
            **worker_env()}
     # the worker sets torch's intra-op pool from OMP_NUM_THREADS (FSDPWorker.init_process_group)

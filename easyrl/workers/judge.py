@@ -20,28 +20,13 @@ def judge_engine_arguments(config: JudgeConfig, device: str, seed: int, enforce_
     ``enforce_eager`` are the rollout's.
     """
     kwargs: dict[str, Any] = dict(
-        model=config.model_path,
-        dtype=_DTYPES.get(config.dtype, config.dtype),
-        seed=seed,
-        max_model_len=config.max_model_len,
-        max_num_batched_tokens=max(8192, config.max_model_len),
-        enforce_eager=enforce_eager,
-        limit_mm_per_prompt={"image": 0, "video": 0},
-        disable_log_stats=True,
-        use_tqdm_on_load=verbose(),
-        enable_prefix_caching=True,
-    )
+        model=config.model_path, dtype=_DTYPES.get(config.dtype, config.dtype), seed=seed,
+        max_model_len=config.max_model_len, max_num_batched_tokens=max(8192, config.max_model_len),
+        enforce_eager=enforce_eager, limit_mm_per_prompt={"image": 0, "video": 0}, disable_log_stats=True,
+        use_tqdm_on_load=verbose(), enable_prefix_caching=True)
     if device != "cpu":
         kwargs.update(gpu_memory_utilization=config.gpu_memory_utilization, disable_custom_all_reduce=True)
     return kwargs
-
-
-def chat_prompt_ids(tokenizer: Any, message: str) -> list[int]:
-    """The judge model's chat-templated token ids of one user ``message`` (generation prompt appended; the template's
-    own special tokens only, none added by the tokenizer)."""
-    text = tokenizer.apply_chat_template([{"role": "user", "content": message}], tokenize=False,
-                                         add_generation_prompt=True)
-    return tokenizer.encode(text, add_special_tokens=False)
 
 
 class VLLMJudge:
@@ -51,7 +36,6 @@ class VLLMJudge:
         from vllm import LLM
 
         self.config = config
-        self.device = device
         kwargs = judge_engine_arguments(config, device, seed, enforce_eager)
         previous = os.environ.get("VLLM_CPU_KVCACHE_SPACE")
         if device == "cpu":  # read when the engine is built; the rollout engine's value is put back afterwards
@@ -76,7 +60,10 @@ class VLLMJudge:
 
         cfg = self.config
         tokenizer = self.llm.get_tokenizer()
-        ids = [chat_prompt_ids(tokenizer, message) for message in messages]
+        # each message chat-templated alone, generation prompt appended; the template's own special tokens only
+        ids = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": message}], tokenize=False,
+                                                              add_generation_prompt=True), add_special_tokens=False)
+               for message in messages]
         fits = [i for i, prompt in enumerate(ids) if len(prompt) + cfg.max_tokens <= cfg.max_model_len]
         params = SamplingParams(temperature=cfg.temperature, max_tokens=cfg.max_tokens)
         outputs = self.llm.generate([{"prompt_token_ids": ids[i]} for i in fits], sampling_params=params,

@@ -79,7 +79,17 @@ class MultiModalStage:
                                "staged on this worker: stage_multi_modal must run after balancing and before the "
                                "passes of the step (and release_multi_modal only after them).")
         if sent != self.references:
-            raise RuntimeError(_mismatch(sent, self.references))
+            tokens = sorted({token for token, _ in sent})
+            staged_token = self.references[0][0] if self.references else None
+            if staged_token not in tokens:
+                what = f"another step's (staged token {staged_token}, the share's {tokens})"
+            elif len(sent) != len(self.references):
+                what = f"for {len(self.references)} samples but the share has {len(sent)}"
+            else:
+                what = "for other samples of this step (another share, or another order)"
+            raise RuntimeError(f"The multi-modal inputs staged on this worker are {what}: refusing to use stale "
+                               "images. A share must go to the worker it was staged on, in the order it was staged, "
+                               "within the same step.")
         extras = {key: value for key, value in share.extras.items() if key != STAGE_KEY}
         extras["multi_modal_inputs"] = self.inputs
         return Batch(share.tensors, extras)
@@ -90,16 +100,3 @@ class MultiModalStage:
         self.references, self.inputs, self.bytes_received = None, None, 0
         return received
 
-
-def _mismatch(sent: list[tuple[str, int]], staged: list[tuple[str, int]]) -> str:
-    """The error message for a share whose references ``sent`` differ from the ``staged`` ones."""
-    tokens = sorted({token for token, _ in sent})
-    staged_token = staged[0][0] if staged else None
-    if staged_token not in tokens:
-        what = f"another step's (staged token {staged_token}, the share's {tokens})"
-    elif len(sent) != len(staged):
-        what = f"for {len(staged)} samples but the share has {len(sent)}"
-    else:
-        what = "for other samples of this step (another share, or another order)"
-    return (f"The multi-modal inputs staged on this worker are {what}: refusing to use stale images. A share must "
-            "go to the worker it was staged on, in the order it was staged, within the same step.")

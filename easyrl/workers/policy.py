@@ -105,9 +105,9 @@ class FSDPPolicy(FSDPTrainable):
         """Loss of one micro-batch (scaled for global normalisation) and its backward pass; adds to ``step_metrics``
         the micro-batch's share of each loss (they sum to the mini-batch value) and the share-weighted ratios.
         Returns the micro-batch's detached log-probs ``(micro_bsz, resp_len)``."""
-        cfg = self.config
-        dev = self.torch_device
+        cfg, dev = self.config, self.torch_device
         mask = micro["response_mask"].to(dev)
+        share = token_share(mask, agg_kwargs)  # token means of the micro-batch are weighted by it
         advantages = micro["advantages"].to(dev)
         log_probs, entropy, router_aux_loss = self._forward(
             micro, cfg.temperature, with_entropy=True, entropy_grad=cfg.entropy_coeff != 0,
@@ -123,8 +123,8 @@ class FSDPPolicy(FSDPTrainable):
                 rollout_is=cfg.rollout_is, rollout_is_threshold=cfg.rollout_is_threshold,
                 rollout_is_threshold_lower=cfg.rollout_is_threshold_lower, rollout_rs=cfg.rollout_rs,
                 rollout_rs_threshold=cfg.rollout_rs_threshold)
-            for key, value in corr_metrics.items():  # token means: weight by token share
-                step_metrics[key] += value * token_share(mask, agg_kwargs)
+            for key, value in corr_metrics.items():
+                step_metrics[key] += value * share
         pg_loss, pg_metrics = policy_loss_fn(
             PolicyLossInputs(old_log_probs, log_probs, advantages, loss_mask, rollout_is_weights=tis_weights,
                              agg_kwargs=agg_kwargs), PolicyLossSettings.of(cfg))
@@ -139,13 +139,12 @@ class FSDPPolicy(FSDPTrainable):
         if router_aux_loss is not None:
             # a micro-batch mean over its tokens, weighted by the micro-batch's share of the mini-batch's response
             # tokens (x dp_size, as agg_loss): a token-weighted mean over the mini-batch, whatever the split
-            weighted = router_aux_loss * token_share(mask, agg_kwargs)
+            weighted = router_aux_loss * share
             loss = loss + cfg.router_aux_loss_coef * weighted
             step_metrics["actor/router_aux_loss"] += weighted.item()
         loss.backward()
         step_metrics["actor/pg_loss"] += pg_loss.item()
         step_metrics["actor/entropy"] += entropy_loss.item()
-        share = token_share(mask, agg_kwargs)
         for key, value in pg_metrics.items():  # bypass_mode's rollout_corr/* keep their prefix
             step_metrics[key if "/" in key else f"actor/{key}"] += float(value) * share
         return log_probs.detach()

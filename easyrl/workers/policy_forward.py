@@ -79,16 +79,9 @@ class PolicyScores(NamedTuple):
     """0-dim load-balancing loss of an MoE router over the micro-batch's tokens, or None when not asked for."""
 
 
-def response_scores(
-    model: torch.nn.Module,
-    inputs: ModelInputs,
-    temperature: float,
-    with_entropy: bool,
-    entropy_grad: bool,
-    fused_head: Optional[FusedLogProbHead] = None,
-    router_aux: bool = False,
-    sp: Optional[SequenceParallel] = None,
-) -> PolicyScores:
+def response_scores(model: torch.nn.Module, inputs: ModelInputs, temperature: float, with_entropy: bool,
+                    entropy_grad: bool, fused_head: Optional[FusedLogProbHead] = None, router_aux: bool = False,
+                    sp: Optional[SequenceParallel] = None) -> PolicyScores:
     """Log-probs (and entropies, and an MoE router's load-balancing loss) of one micro-batch's response tokens.
 
     Args:
@@ -108,29 +101,31 @@ def response_scores(
         ValueError: ``router_aux`` and the model returned no ``aux_loss`` (not an MoE model).
     """
     extra = {"output_router_logits": True} if router_aux else {}
-    if fused_head is not None:
-        return _packed(model, inputs, temperature, with_entropy, entropy_grad, fused_head, extra, sp)
-    output = _padded_outputs(model, inputs, extra)
-    logits = output.logits[:, :-1, :]  # position t predicts token t+1: drop the last of the R + 1 kept positions
-    responses = inputs.input_ids[:, -inputs.response_mask.shape[1]:]
-    log_probs = log_probs_from_logits(logits, responses, temperature=temperature) * inputs.response_mask
     entropy = None
-    if with_entropy:
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            entropy = entropy_from_logits(logits, temperature=temperature)
-    return PolicyScores(log_probs, entropy, _router_aux_loss(output, router_aux))
-
-
-def _router_aux_loss(output, router_aux: bool) -> Optional[torch.Tensor]:
-    if not router_aux:
-        return None
+    if fused_head is not None:
+        packed = _pack(model, inputs)
+        scores, output = _packed_forward(
+            model, packed, inputs.multi_modal, sp, extra=extra,
+            scoring=lambda labels: fused_head.scoring(labels, temperature, entropy_grad=entropy_grad and with_entropy))
+        log_probs = packed.unpack(scores[:, 0])
+        if with_entropy:
+            entropy = packed.unpack(scores[:, 1])
+            entropy = entropy if entropy_grad else entropy.detach()  # its column was built detached already
+    else:
+        output = _padded_outputs(model, inputs, extra)
+        logits = output.logits[:, :-1, :]  # position t predicts token t+1: drop the last of the R + 1 kept positions
+        responses = inputs.input_ids[:, -inputs.response_mask.shape[1]:]
+        log_probs = log_probs_from_logits(logits, responses, temperature=temperature) * inputs.response_mask
+        if with_entropy:
+            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+                entropy = entropy_from_logits(logits, temperature=temperature)
     aux = getattr(output, "aux_loss", None)
-    if not isinstance(aux, torch.Tensor):
+    if router_aux and not isinstance(aux, torch.Tensor):
         raise ValueError(
             f"worker.actor.router_aux_loss_coef > 0 but {type(output).__name__} carries no router aux_loss: the model "
             "is not a mixture of experts (set worker.actor.router_aux_loss_coef=0)"
         )
-    return aux.float()
+    return PolicyScores(log_probs, entropy, aux.float() if router_aux else None)
 
 
 def response_values(model: torch.nn.Module, inputs: ModelInputs, padding_free: bool,
@@ -191,15 +186,3 @@ def _packed_forward(model, packed, multi_modal, sp, scoring=None, extra=None):
         scores = output.logits[0]
         return (gather(scores) if gather else scores), output
 
-
-def _packed(model, inputs: ModelInputs, temperature, with_entropy, entropy_grad, fused_head, extra, sp):
-    packed = _pack(model, inputs)
-    scores, output = _packed_forward(
-        model, packed, inputs.multi_modal, sp, extra=extra,
-        scoring=lambda labels: fused_head.scoring(labels, temperature, entropy_grad=entropy_grad and with_entropy))
-    log_probs = packed.unpack(scores[:, 0])
-    entropy = None
-    if with_entropy:
-        entropy = packed.unpack(scores[:, 1])
-        entropy = entropy if entropy_grad else entropy.detach()  # its column was built detached already
-    return PolicyScores(log_probs, entropy, _router_aux_loss(output, bool(extra)))

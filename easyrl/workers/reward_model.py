@@ -13,7 +13,7 @@ import torch.distributed as dist
 from easyrl.batch import Batch
 from easyrl.config import FSDPConfig, RewardModelConfig
 from easyrl.errors import ModelError
-from easyrl.workers.fsdp_model import TORCH_DTYPES, broadcast_weights, materialize, placement, shard_model
+from easyrl.workers.fsdp_model import TORCH_DTYPES, broadcast_weights, shard_model
 from easyrl.workers.seqlen_balancing import count_micro_batches, dynamic_micro_batches
 
 __all__ = ["FSDPRewardModel"]
@@ -55,9 +55,8 @@ class FSDPRewardModel:
             model = AutoModelForSequenceClassification.from_config(
                 hf_config, dtype=TORCH_DTYPES[config.param_dtype], trust_remote_code=trust, attn_implementation="sdpa")
         model.requires_grad_(False)
-        where = placement(device, config.offload.offload_params)
-        shard_model(model, mesh, FSDPConfig(param_dtype=config.param_dtype, reduce_dtype="fp32"), where)
-        materialize(model, where)
+        shard_model(model, mesh, FSDPConfig(param_dtype=config.param_dtype, reduce_dtype="fp32"), device,
+                    config.offload.offload_params)
         broadcast_weights(model, full_state, buffers)
         model.eval()
         self.model = model
@@ -68,9 +67,8 @@ class FSDPRewardModel:
         at most ``max_token_len_per_device`` tokens each; as many on every rank (a MAX all-reduce)."""
         cfg, n = self.config, len(data)
         if not cfg.dynamic_batching:
-            count = -(-n // cfg.micro_batch_size_per_device)
-            return [list(range(i * cfg.micro_batch_size_per_device, min((i + 1) * cfg.micro_batch_size_per_device, n)))
-                    for i in range(count)]
+            size = cfg.micro_batch_size_per_device
+            return [list(range(start, min(start + size, n))) for start in range(0, n, size)]
         lengths = data["attention_mask"].sum(-1).tolist()
         longest = data["attention_mask"].shape[1]
         budget = max(cfg.max_token_len_per_device or cfg.micro_batch_size_per_device * longest, max(lengths))

@@ -56,48 +56,38 @@ def build_roles(config: PPOConfig, mesh: DeviceMesh, device: str, torch_device: 
     model_path = cfg.actor.model.model_path
     seconds = {} if seconds is None else seconds
     trainable = not config.trainer.val_only  # easyrl eval: the policy generates only (its weights reach vLLM)
-    with _timed(seconds, "actor"):
+    with timed(seconds, "actor"):
         actor = FSDPPolicy(model_path, cfg.actor, mesh, device, torch_device, trainable=trainable,
                            offload=cfg.actor.offload, training_steps=training_steps)
-    ref = critic = teacher = None
+    ref = critic = teacher = reward_model = None
     if trainable and config.builds_reference:
-        with _timed(seconds, "ref"):  # same checkpoint: copy the actor's shards (cast to the compute dtype)
+        with timed(seconds, "ref"):  # same checkpoint: copy the actor's shards (cast to the compute dtype)
             ref = FSDPPolicy(model_path, cfg.actor, mesh, device, torch_device, trainable=False,
                              offload=cfg.ref.offload, init_from=actor)
     if trainable and config.algorithm.needs_critic:
-        with _timed(seconds, "critic"):
+        with timed(seconds, "critic"):
             critic = FSDPCritic(cfg.critic.model.model_path, cfg.critic, mesh, device, torch_device,
                                  training_steps)
-    with _timed(seconds, "reward_model"):
-        reward_model = build_reward_model(config, mesh, device, torch_device)
-    if reward_model is None:
-        seconds.pop("reward_model")
+    if cfg.reward.reward_model.enabled:  # its own checkpoint and tokenizer; for easyrl eval too (validation scores)
+        from easyrl.rewards.reward_model_inputs import load_tokenizer, padding_id
+        from easyrl.workers.reward_model import FSDPRewardModel
+
+        with timed(seconds, "reward_model"):
+            reward_model = FSDPRewardModel(cfg.reward.reward_model, mesh, device, torch_device,
+                                           padding_id(load_tokenizer(cfg.reward.reward_model)))
     if trainable and config.algorithm.needs_teacher:  # its own checkpoint; the actor's sharding, never its LoRA
-        with _timed(seconds, "teacher"):
+        with timed(seconds, "teacher"):
             teacher = FSDPPolicy(cfg.teacher.model.model_path, teacher_role_config(config), mesh, device,
                                  torch_device, trainable=False, offload=cfg.teacher.offload)
     return Roles(actor=actor, ref=ref, critic=critic, reward_model=reward_model, teacher=teacher)
 
 
 @contextmanager
-def _timed(seconds: dict[str, float], role: str) -> Iterator[None]:
+def timed(seconds: dict[str, float], phase: str) -> Iterator[None]:
+    """Record the block's wall-clock seconds in ``seconds[phase]`` (the start-up profile)."""
     began = time.time()
     yield
-    seconds[role] = time.time() - began
-
-
-def build_reward_model(config: PPOConfig, mesh: DeviceMesh, device: str,
-                       torch_device: torch.device) -> Optional[FSDPRewardModel]:
-    """The frozen reward model of ``worker.reward.reward_model`` (its own checkpoint and tokenizer:
-    ``easyrl.workers.reward_model``), or None when its ``model_path`` is null; built for training and for
-    ``easyrl eval`` alike (validation scores with it too)."""
-    settings = config.worker.reward.reward_model
-    if not settings.enabled:
-        return None
-    from easyrl.rewards.reward_model_inputs import load_tokenizer, padding_id
-    from easyrl.workers.reward_model import FSDPRewardModel
-
-    return FSDPRewardModel(settings, mesh, device, torch_device, padding_id(load_tokenizer(settings)))
+    seconds[phase] = time.time() - began
 
 
 def teacher_role_config(config: PPOConfig):

@@ -13,7 +13,6 @@ import math
 import os
 import threading
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
@@ -57,7 +56,7 @@ def engine_arguments(model_path: str, config: RolloutConfig, device: str, seed: 
         disable_log_stats=True,
         use_tqdm_on_load=verbose(),  # no checkpoint-loading bar per engine (easyrl.quiet; EASYRL_VERBOSE=1 shows it)
         enable_prefix_caching=True,
-        **vllm_compat.sampled_logprobs_kwargs(),  # log-probs of the distribution sampled from
+        logprobs_mode="processed_logprobs",  # log-probs of the distribution sampled from (after top-k/p)
         **vllm_compat.weight_transfer_kwargs(),  # vLLM 0.23: the native weight-update calls' in-process backend
     )
     if config.tensor_parallel_size > 1:
@@ -68,8 +67,7 @@ def engine_arguments(model_path: str, config: RolloutConfig, device: str, seed: 
         engine_kwargs["mm_processor_kwargs"] = {"min_pixels": config.min_pixels, "max_pixels": config.max_pixels}
         # no processed-image cache: an RL run sees each image once an epoch, the cache only grows host memory
         engine_kwargs["mm_processor_cache_gb"] = 0
-    fmt, _reason = load_format(device, vllm_compat.vllm_version())
-    if fmt is not None:
+    if (fmt := load_format(device, vllm_compat.vllm_version())) is not None:
         engine_kwargs["load_format"] = fmt
     if device != "cpu":
         engine_kwargs.update(gpu_memory_utilization=config.gpu_memory_utilization, enable_sleep_mode=True,
@@ -114,15 +112,6 @@ def reuse_passed_tokenizer() -> None:
     ProcessorMixin.from_pretrained = classmethod(from_pretrained_reusing)
 
 
-@dataclass
-class RolloutOutput:
-    """Generated samples, in request order: ``response_ids[i]`` the sampled tokens (EOS included when generation
-    stopped on it), ``response_log_probs[i]`` vLLM's log-prob of each (or None if not asked for)."""
-
-    response_ids: list[list[int]]
-    response_log_probs: Optional[list[list[float]]]
-
-
 class VLLMRollout:
     """A vLLM ``LLM`` engine for sampling rollouts with the current actor weights.
 
@@ -164,7 +153,7 @@ class VLLMRollout:
     def sleep(self) -> None:
         """Free the engine's device memory (weights and KV cache) while the actor trains. No-op on the CPU."""
         if self.sleep_level is not None and not self.is_asleep:
-            vllm_compat.sleep(self.llm, self.sleep_level)
+            self.llm.sleep(level=self.sleep_level)
             self.is_asleep = True
             self.holds_weights = self.holds_weights and self.sleep_level < 2  # level 2 drops the weights
 
@@ -186,37 +175,19 @@ class VLLMRollout:
             ``(expected, loaded)``: vLLM's parameter names, and those the tensors wrote (``check_all_loaded``).
         """
         weights = to_checkpoint_layout(named_tensors, self.model_type)
-        (expected, loaded), = vllm_compat.run_on_workers(self.llm, reload_and_report, weights_iterator=weights,
-                                                         device=self.device)
+        (expected, loaded), = self.llm.collective_rpc(reload_and_report,
+                                                      kwargs=dict(weights_iterator=weights, device=self.device))
         self.holds_weights = True
-        vllm_compat.reset_caches_after_reload(self.llm)  # every cache computed with the old weights is stale
+        # every cache computed with the old weights is stale (else "Encoder cache miss" on the next image prompt)
+        self.llm.llm_engine.reset_encoder_cache()
+        self.llm.reset_mm_cache()
+        self.llm.reset_prefix_cache()
         return expected, loaded
 
-    def _sampling_params(self, overrides: Optional[dict[str, Any]], logprobs: bool, max_tokens: int,
-                         seed: Optional[int] = None):
-        from vllm import SamplingParams
-
-        settings = dict(temperature=self.config.temperature, top_p=self.config.top_p, top_k=self.config.top_k)
-        settings.update({k: v for k, v in (overrides or {}).items() if k in settings})
-        return SamplingParams(
-            n=1,
-            max_tokens=max_tokens,
-            logprobs=0 if logprobs else None,
-            detokenize=False,
-            bad_words=self.bad_words or None,
-            seed=seed,
-            **settings,
-        )
-
-    def generate(
-        self,
-        raw_prompt_ids: list[list[int]],
-        images: list[list[Any]],
-        overrides: Optional[dict[str, Any]] = None,
-        seeds: Optional[list[int]] = None,
-        max_tokens: Optional[list[int]] = None,
-        videos: Optional[list[list[Any]]] = None,
-    ) -> RolloutOutput:
+    def generate(self, raw_prompt_ids: list[list[int]], images: list[list[Any]],
+                 overrides: Optional[dict[str, Any]] = None, seeds: Optional[list[int]] = None,
+                 max_tokens: Optional[list[int]] = None, videos: Optional[list[list[Any]]] = None,
+                 ) -> tuple[list[list[int]], Optional[list[list[float]]]]:
         """Sample one response per request.
 
         Args:
@@ -228,48 +199,27 @@ class VLLMRollout:
             videos: per request, its videos (``easyrl.data.videos.Video``, one ``<|video_pad|>`` each), or None.
 
         Returns:
-            ``RolloutOutput`` with ``worker.rollout.response_length`` tokens per response at most.
-        """
-        requests = []
-        for ids, imgs, vids in zip(raw_prompt_ids, images, videos or [[]] * len(raw_prompt_ids)):
-            requests.append(_request(ids, imgs, vids))
-        want_logprobs = self.config.calculate_log_probs
-        if seeds is None and max_tokens is None:
-            params = self._sampling_params(overrides, want_logprobs, self.config.response_length)
-        else:
-            seeds = seeds if seeds is not None else [None] * len(requests)
-            budgets = max_tokens if max_tokens is not None else [self.config.response_length] * len(requests)
-            params = [self._sampling_params(overrides, want_logprobs, budget, seed)
-                      for seed, budget in zip(seeds, budgets)]
-        outputs = self.llm.generate(requests, sampling_params=params, use_tqdm=not self.config.disable_tqdm)
-        response_ids, response_log_probs = [], [] if want_logprobs else None
-        for out in outputs:
-            completion = out.outputs[0]
-            ids = list(completion.token_ids)
-            response_ids.append(ids)
-            if want_logprobs:
-                response_log_probs.append([step[tok].logprob for step, tok in zip(completion.logprobs, ids)])
-        return RolloutOutput(response_ids=response_ids, response_log_probs=response_log_probs)
-
-    def score(self, token_ids: list[int], images: list[Any],
-              videos: Optional[list[Any]] = None) -> tuple[list[int], list[float]]:
-        """Teacher-forced log-probs of a fixed sequence under the engine's weights (the rollout/training parity check).
-
-        Args:
-            token_ids: prompt + continuation, ONE ``<|image_pad|>`` per image; images: its PIL images;
-                videos: its videos, or None.
-
-        Returns:
-            ``(expanded_ids, log_probs)``: the ids as the engine saw them (pads expanded) and the log-prob of each of
-            ``expanded_ids[1:]``, shape ``(len(expanded_ids) - 1,)``.
+            ``(response_ids, response_log_probs)`` in request order: the sampled tokens (EOS included when generation
+            stopped on it; ``worker.rollout.response_length`` at most), and vLLM's log-prob of each (None unless
+            ``worker.rollout.calculate_log_probs``).
         """
         from vllm import SamplingParams
 
-        request = _request(token_ids, images, videos)
-        params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0, detokenize=False)
-        out = self.llm.generate([request], sampling_params=params, use_tqdm=False)[0]
-        expanded = list(out.prompt_token_ids)
-        return expanded, [step[tok].logprob for step, tok in zip(out.prompt_logprobs[1:], expanded[1:])]
+        n = len(raw_prompt_ids)
+        requests = [_request(*item) for item in zip(raw_prompt_ids, images, videos or [[]] * n)]
+        want_logprobs = self.config.calculate_log_probs
+        settings = dict(temperature=self.config.temperature, top_p=self.config.top_p, top_k=self.config.top_k)
+        settings.update({k: v for k, v in (overrides or {}).items() if k in settings})
+        params = [SamplingParams(n=1, max_tokens=budget, logprobs=0 if want_logprobs else None, detokenize=False,
+                                 bad_words=self.bad_words or None, seed=seed, **settings)
+                  for seed, budget in zip(seeds if seeds is not None else [None] * n,
+                                          max_tokens if max_tokens is not None else [self.config.response_length] * n)]
+        outputs = self.llm.generate(requests, sampling_params=params, use_tqdm=not self.config.disable_tqdm)
+        response_ids = [list(out.outputs[0].token_ids) for out in outputs]
+        if not want_logprobs:
+            return response_ids, None
+        return response_ids, [[step[tok].logprob for step, tok in zip(out.outputs[0].logprobs, ids)]
+                              for out, ids in zip(outputs, response_ids)]
 
 
 def _request(token_ids: list[int], images: list[Any], videos: Optional[list[Any]]) -> dict[str, Any]:

@@ -61,19 +61,11 @@ def karmarkar_karp(lengths: Sequence[int], k: int, equal_size: bool = False) -> 
         _, _, b = heapq.heappop(heap)  # both sorted by sum ascending: pair a's lightest with b's heaviest
         push([(a[i][0] + b[k - 1 - i][0], a[i][1] + b[k - 1 - i][1]) for i in range(k)])
     parts = [sorted(indices) for _, indices in heap[0][2]]
-    if not equal_size:
-        _fill_empty(parts)
-    return parts
-
-
-def _fill_empty(parts: list[list[int]]) -> None:
-    """Move single samples from the most populated parts into empty ones (when there are enough samples)."""
-    for part in parts:
-        if not part:
-            donor = max(parts, key=len)
-            if len(donor) < 2:
-                return
+    for part in parts if not equal_size else []:  # an empty part takes one sample of the most populated one
+        donor = max(parts, key=len)
+        if not part and len(donor) >= 2:
             part.append(donor.pop())
+    return parts
 
 
 def balanced_rank_order(lengths: Sequence[int], world_size: int) -> list[int]:

@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator, Optional
 
 import torch
+from torch.utils._pytree import tree_leaves
 
 from easyrl.batch import Batch
 from easyrl.models.families import family
@@ -40,7 +41,6 @@ class VisionHooks:
         self.model = model
         self.has_vision = getattr(hf_config, "vision_config", None) is not None
         self.family = family(hf_config)
-        self.mrope = self.family.mrope
         self.pad_ids = visual_pad_ids(hf_config)
         self.tower_passes = 1  # vision-tower passes per micro-batch on every rank (agreed by FSDPTrainable)
         self.blank_passes = 0
@@ -50,7 +50,7 @@ class VisionHooks:
             if hasattr(model.model, "get_placeholder_mask"):  # Idefics3 has none (vLLM forbids its pads anyway)
                 self._model_placeholder_mask = model.model.get_placeholder_mask
                 model.model.get_placeholder_mask = self.placeholder_mask
-            if self.mrope:
+            if self.family.mrope:
                 model.model.get_rope_index = text_after_vision(model.model.get_rope_index)  # vLLM's positions
 
     @contextmanager
@@ -61,10 +61,9 @@ class VisionHooks:
         attention_mask = micro["attention_mask"].to(device)
         multi_modal = merge_multimodal(micro.extras.get("multi_modal_inputs", []), device, self.family.image_dim)
         prompt_len = input_ids.shape[1] - micro["response_mask"].shape[1]
-        visual = "pixel_values" in multi_modal or "pixel_values_videos" in multi_modal
+        mrope = self.family.mrope and any(key in multi_modal for key in MODALITY_KEYS)  # types only with images
         response_mask = micro["response_mask"].to(device)  # 0 on tool turns: their pads are images
-        mrope_types = visual and self.mrope
-        types = mm_token_type_ids(input_ids, prompt_len, self.pad_ids, response_mask) if mrope_types else None
+        types = mm_token_type_ids(input_ids, prompt_len, self.pad_ids, response_mask) if mrope else None
         stray = stray_pads(input_ids, prompt_len, self.pad_ids, response_mask) if self.pad_ids else None
         if stray is not None and stray.any():  # see placeholder_mask
             self.stray_pads = (stray, attention_mask.bool())
@@ -93,14 +92,12 @@ class VisionHooks:
         it here, right before the model encodes images, reproduces an image batch's order.
         """
         for _ in range(self.blank_passes):
-            embeds = self._add_blank_image(embeds)
+            inputs = {key: value.to(embeds.device) if isinstance(value, torch.Tensor) else value
+                      for key, value in self.family.blank_image(self.model.config).items()}
+            features = [t for t in tree_leaves(self.model.model.get_image_features(**inputs))
+                        if isinstance(t, torch.Tensor) and t.is_floating_point()]
+            embeds = embeds + sum(t.sum() for t in features).to(embeds.dtype) * 0.0
         return embeds
-
-    def _add_blank_image(self, embeds: torch.Tensor) -> torch.Tensor:
-        inputs = {key: value.to(embeds.device) if isinstance(value, torch.Tensor) else value
-                  for key, value in self.family.blank_image(self.model.config).items()}
-        features = [t for t in _tensors_in(self.model.model.get_image_features(**inputs)) if t.is_floating_point()]
-        return embeds + sum(t.sum() for t in features).to(embeds.dtype) * 0.0
 
     def placeholder_mask(self, input_ids: torch.Tensor, inputs_embeds: torch.Tensor, **features):
         """Qwen-VL's ``get_placeholder_mask``, blind to pad ids sampled in a response: those stay text tokens, as in
@@ -135,13 +132,3 @@ def _pad_trailing(values: list[torch.Tensor], dim: int) -> list[torch.Tensor]:
         padded.append(torch.nn.functional.pad(value, pad) if any(pad) else value)
     return padded
 
-
-def _tensors_in(value: Any) -> list[torch.Tensor]:
-    """Every tensor in a (nested) model output, tuple, list or dict."""
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors_in(v)]
-    if isinstance(value, (tuple, list)):
-        return [t for v in value for t in _tensors_in(v)]
-    return []

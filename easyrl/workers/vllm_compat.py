@@ -30,18 +30,9 @@ def vllm_version() -> Optional[tuple[int, int]]:
     return None
 
 
-def in_process_engine_env() -> dict[str, str]:
-    """Environment variables that run ``vllm.LLM``'s engine core in the calling process (weights handed over as
-    tensors); set before vLLM is imported. vLLM 0.23, 0.32 and 0.33: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``."""
-    return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-
-
-def sampled_logprobs_kwargs() -> dict[str, Any]:
-    """``vllm.LLM`` arguments under which a sampled token's log-prob is that of the distribution sampled from
-    (after temperature, top-k, top-p). vLLM 0.23, 0.32 and 0.33: ``logprobs_mode="processed_logprobs"``."""
-    return {"logprobs_mode": "processed_logprobs"}
-
-
+# run vllm.LLM's engine core in the calling process (weights handed over as tensors); set before vLLM is imported.
+# vLLM 0.23, 0.32 and 0.33 alike.
+IN_PROCESS_ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 IN_PROCESS_TRANSFER = "easyrl_in_process"  # the weight-transfer backend registered by ``weight_transfer_kwargs``
 
 
@@ -95,18 +86,6 @@ def in_process_transfer_engine() -> type:
     return InProcessWeightTransferEngine
 
 
-def run_on_workers(llm: Any, fn: Callable[..., Any], **kwargs: Any) -> list[Any]:
-    """``fn(worker, **kwargs)`` inside each of the engine's workers, results in worker order. vLLM 0.23, 0.32 and
-    0.33: ``LLM.collective_rpc(fn, kwargs=kwargs)``."""
-    return llm.collective_rpc(fn, kwargs=kwargs)
-
-
-def worker_model(worker: Any) -> torch.nn.Module:
-    """The model a vLLM worker runs (called inside the worker). vLLM 0.23, 0.32 and 0.33 (and vllm-ascend 0.23):
-    ``worker.model_runner.get_model()``."""
-    return worker.model_runner.get_model()
-
-
 def reload_weights(worker: Any, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
     """Overwrite the worker's model weights in place from ``(Hugging Face name, full tensor)`` pairs (inside the
     worker), through vLLM's layer-wise reload; parameters left out keep their old values.
@@ -133,27 +112,12 @@ def reload_weights(worker: Any, weights: Iterator[tuple[str, torch.Tensor]]) -> 
     worker.finish_weight_update()
 
 
-def reset_caches_after_reload(llm: Any) -> None:
-    """Drop every cache computed with the old weights after :func:`reload_weights` (else "Encoder cache miss" on
-    the next image prompt). vLLM 0.23, 0.32 and 0.33: ``llm_engine.reset_encoder_cache()``, ``reset_mm_cache()``,
-    ``reset_prefix_cache()``."""
-    llm.llm_engine.reset_encoder_cache()
-    llm.reset_mm_cache()
-    llm.reset_prefix_cache()
-
-
-def sleep(llm: Any, level: int) -> None:
-    """Free the engine's device memory: level 1 the KV cache, level 2 the weights too. vLLM 0.23, 0.32 and 0.33:
-    ``LLM.sleep(level=level)`` (needs ``enable_sleep_mode``; not on the CPU backend)."""
-    llm.sleep(level=level)
-
-
 def wake_up(llm: Any, tags: Optional[list[str]]) -> None:
-    """Re-allocate what :func:`sleep` freed: ``tags`` among ``weights`` and ``kv_cache``, None for all. vLLM 0.23,
+    """Re-allocate what ``LLM.sleep`` freed: ``tags`` among ``weights`` and ``kv_cache``, None for all. vLLM 0.23,
     0.32 and 0.33: ``LLM.wake_up(tags=tags)``; on 0.23 then :func:`untranspose_moe_weights` per worker."""
     llm.wake_up(tags=tags)
     if (tags is None or "weights" in tags) and (vllm_version() or (0, 24)) < (0, 24):
-        run_on_workers(llm, _untranspose_worker_moe_weights)
+        llm.collective_rpc(_untranspose_worker_moe_weights)
 
 
 def untranspose_moe_weights(model: torch.nn.Module) -> list[str]:
@@ -170,12 +134,4 @@ def untranspose_moe_weights(model: torch.nn.Module) -> list[str]:
 
 
 def _untranspose_worker_moe_weights(worker: Any) -> list[str]:
-    return untranspose_moe_weights(worker_model(worker))
-
-
-def destroy_model_parallel() -> None:
-    """Tear down this process's engine TP groups (their owners unlink their shared-memory segments). vLLM 0.23,
-    0.32 and 0.33: ``vllm.distributed.parallel_state.destroy_model_parallel()``."""
-    from vllm.distributed.parallel_state import destroy_model_parallel as destroy
-
-    destroy()
+    return untranspose_moe_weights(worker.model_runner.get_model())

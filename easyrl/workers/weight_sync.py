@@ -49,14 +49,14 @@ def plan_buckets(sizes: list[tuple[str, int]], bucket_bytes: int) -> list[list[s
         raise ValueError(f"bucket size must be positive, got {bucket_bytes} bytes "
                          "(worker.rollout.update_weights_bucket_megabytes).")
     buckets: list[list[str]] = []
-    used = bucket_bytes  # forces a new bucket for the first tensor
+    used = 0
     for name, nbytes in sizes:
-        if used + nbytes > bucket_bytes and (not buckets or buckets[-1]):
+        if not buckets or used + nbytes > bucket_bytes:
             buckets.append([])
             used = 0
         buckets[-1].append(name)
         used += nbytes
-    return [b for b in buckets if b]
+    return buckets
 
 
 def _rows_per_rank(rows: int, world: int) -> int:
@@ -71,8 +71,6 @@ def pack_shards(shards: list[torch.Tensor], full_shapes: list[torch.Size], world
     Every rank's buffer has the same length, so ``flat_all_gather`` of it gives ``(world * len,)``.
     """
     sizes = [_rows_per_rank(shape[0], world) * math.prod(shape[1:]) for shape in full_shapes]
-    if not shards:
-        return torch.empty(0)
     packed = torch.empty(sum(sizes), dtype=dtype or shards[0].dtype, device=shards[0].device)
     offset = 0
     for shard, size in zip(shards, sizes):
@@ -96,16 +94,13 @@ def unpack_gathered(gathered: torch.Tensor, full_shapes: list[torch.Size], world
     return tensors
 
 
-def _is_row_sharded(tensor: torch.Tensor) -> bool:
-    return isinstance(tensor, DTensor) and tensor.device_mesh.ndim == 1 and tuple(tensor.placements) == (Shard(0),)
-
-
 def gather_bucket(tensors: list[torch.Tensor], device: torch.device, dtype: torch.dtype) -> list[torch.Tensor]:
     """Full tensors of one bucket on ``device`` in ``dtype`` (collective: every rank, same bucket): row-sharded
     FSDP2 parameters through one ``flat_all_gather``, the rest through ``gather_full``; never sharing storage with
     the actor's parameters (vLLM's CPU loaders repack in place)."""
     out: list[Optional[torch.Tensor]] = [None] * len(tensors)
-    sharded = [i for i, t in enumerate(tensors) if _is_row_sharded(t)]
+    sharded = [i for i, t in enumerate(tensors)
+               if isinstance(t, DTensor) and t.device_mesh.ndim == 1 and tuple(t.placements) == (Shard(0),)]
     if sharded:
         world = tensors[sharded[0]].device_mesh.size()
         group = tensors[sharded[0]].device_mesh.get_group()
@@ -156,7 +151,7 @@ def reload_and_report(worker: Any, weights_iterator: Iterator[tuple[str, torch.T
                       device: str) -> list[list[str]]:
     """Inside vLLM's worker: ``vllm_compat.reload_weights`` recording the names ``load_weights`` loaded, then the
     CPU backend's re-packs (``easyrl.workers.vllm_cpu_fixes``). Returns ``[expected, loaded]`` sorted vLLM names."""
-    model = vllm_compat.worker_model(worker)
+    model = worker.model_runner.get_model()
     expected = sorted(name for name, _ in model.named_parameters())
     loaded: set[str] = set()
     load = model.load_weights

@@ -1,6 +1,6 @@
 """Two gloo ranks with an FSDP2-sharded Qwen2 (``torchrun --nproc_per_node 2 fsdp_ranks.py MODEL_DIR OUT_DIR``):
-saves a checkpoint with ``easyrl.workers.checkpoint.save_actor``, loads it into a differently initialised copy with
-``load_actor``, and gathers the full weights with ``easyrl.workers.fsdp_model.gather_full_state_dict``. Each rank
+saves a checkpoint with ``easyrl.workers.checkpoint.save_role``, loads it into a differently initialised copy with
+``load_role``, and gathers the full weights with ``easyrl.workers.fsdp_model.gather_full_state_dict``. Each rank
 writes ``OUT_DIR/rank_R.json`` with what it saw; rank 0 also saves the full weights it gathered to
 ``OUT_DIR/full.pt``."""
 
@@ -34,7 +34,7 @@ def build(model_dir: str, seed: int):
 
 def main() -> None:
     from easyrl.workers.fsdp_model import gather_full_state_dict
-    from easyrl.workers.checkpoint import load_actor, save_actor, save_hf_metadata
+    from easyrl.workers.checkpoint import load_role, save_hf_metadata, save_role
 
     model_dir, out = sys.argv[1], sys.argv[2]
     dist.init_process_group("gloo")
@@ -46,13 +46,13 @@ def main() -> None:
     policy.lr_scheduler.step()
     policy.num_updates, policy.consecutive_skips = 7, 1
     ckpt = os.path.join(out, "global_step_1")
-    save_actor(policy, ckpt, rank)
+    save_role(policy, ckpt, rank)
     if rank == 0:
         save_hf_metadata(model_dir, model_dir, ckpt)
     dist.barrier()
     saved = gather_full_state_dict(policy.model)
     fresh = build(model_dir, seed=1)
-    load_actor(fresh, ckpt, rank)
+    load_role(fresh, ckpt, rank)
     loaded = gather_full_state_dict(fresh.model)
     optim_equal = all(
         torch.equal(a["exp_avg"].to_local(), b["exp_avg"].to_local())
