@@ -39,12 +39,12 @@ def test_one_step_off_trains_one_step_old_samples_and_sends_the_weights(e2e_text
         # the first batch is sampled by the start weights, every later one by the weights one update older
         assert [row["async/staleness_max"] for row in rows] == [0, 1, ONE_STEP]
         assert set(trainer.last_batch["version_gap"]) == {1} and set(trainer.last_batch["weight_version"]) == {1}
-        assert (trainer.version, trainer.engine_version) == (3, 1)  # the last step generated nothing ahead
+        assert (trainer.version, trainer.engine_version) == (3, 2)  # sent at step 3 (the trainer's first thing)
         assert rows[0]["timing_s/weight_transfer"] > 0 and all(row["async/train_idle_s"] >= 0 for row in rows)
         assert all(row["async/rollout_idle_s"] >= 0 and row["async/train_tokens_per_s"] > 0 for row in rows[:2])
         features = next(iter(trainer.train_dataloader))
         response = trainer.tokenizer.encode(" The answer is \\boxed{80}.", add_special_tokens=False)
-        stale = _vllm_minus_actor(trainer, features, response)  # the engine holds version 1, the actor version 3
+        stale = _vllm_minus_actor(trainer, features, response)  # the engine holds version 2, the actor version 3
         trainer.sync_rollout()
         synced = _vllm_minus_actor(trainer, features, response)
         assert synced < 2e-3 < stale  # the transfer moved version 3

@@ -178,9 +178,8 @@ class AsyncRolloutTrainer(RayPPOTrainer):
 
     # ------------------------------------------------------------------------------------------ the trainer
     def _transfer(self) -> float:
-        """Send new weights at the next chunk boundary (no chunk starts meanwhile) unless no chunk is to come;
-        returns the seconds taken."""
-        if self.engine_version == self.version or (self._producer and self._next_step() > self.training_steps):
+        """Send new weights at the next chunk boundary (no chunk starts meanwhile); returns the seconds taken."""
+        if self.engine_version == self.version:
             return 0.0
         with self._cond:
             self._cond.wait_for(lambda: not self._busy)
