@@ -67,12 +67,14 @@ def _trainer(monkeypatch, *overrides: str) -> AsyncRolloutTrainer:
         self.config, self.global_step, self.training_steps = config, 0, 6
         self.generator, self.train_dataloader = FakeGenerator(), Prompts(config.data.generation_batch_size)
 
-    monkeypatch.setattr(RayPPOTrainer, "__init__", init)
+    def state(self):
+        return {"global_step": self.global_step, "prompt_stream": self.train_dataloader.state_dict()}
+
     def load(self, state):
         self.global_step, self.train_dataloader.next = state["global_step"], state["prompt_stream"]["next"]
 
-    monkeypatch.setattr(RayPPOTrainer, "state_dict", lambda self: {"global_step": self.global_step,
-                                                                    "prompt_stream": self.train_dataloader.state_dict()})
+    monkeypatch.setattr(RayPPOTrainer, "__init__", init)
+    monkeypatch.setattr(RayPPOTrainer, "state_dict", state)
     monkeypatch.setattr(RayPPOTrainer, "load_state_dict", load)
     trainer = AsyncRolloutTrainer(config)
     monkeypatch.setattr(trainer, "sync_rollout", lambda: setattr(trainer, "engine_version", trainer.version) or 0.0)

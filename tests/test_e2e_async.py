@@ -52,9 +52,9 @@ def test_one_step_off_trains_one_step_old_samples_and_sends_the_weights(e2e_text
 
 def test_async_bounds_the_staleness_and_resumes_at_the_trained_prompts(e2e_text_config, trainer_on_ray, tmp_path):
     config = e2e_text_config(tmp_path, "trainer.rollout_mode=async", "trainer.max_staleness=2",
-                             "worker.rollout.n_gpus_per_node=1", "trainer.n_gpus_per_node=1", "data.rollout_batch_size=2",
-                             "data.mini_rollout_batch_size=1", "trainer.max_steps=3", "trainer.save_freq=2",
-                             "algorithm.use_kl_loss=false")
+                             "worker.rollout.n_gpus_per_node=1", "trainer.n_gpus_per_node=1",
+                             "data.rollout_batch_size=2", "data.mini_rollout_batch_size=1", "trainer.max_steps=3",
+                             "trainer.save_freq=2", "algorithm.use_kl_loss=false")
     with trainer_on_ray(config, worker_cls=InspectableWorker) as trainer:
         trained, train_step = [], trainer.train_step
 

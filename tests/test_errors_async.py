@@ -1,5 +1,6 @@
-"""docs/errors.md, split placement (S..): what ``trainer.rollout_mode: one_step_off`` / ``async`` needs and what it does not run
-yet, each refused in one ``easyrl: config error: ...`` line naming the key, before Ray (``easyrl.config.split``)."""
+"""docs/errors.md, split placement (S..): what ``trainer.rollout_mode: one_step_off`` / ``async`` needs and what it
+does not run yet, each refused in one ``easyrl: config error: ...`` line naming the key, before Ray
+(``easyrl.config.split``)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ CASES = [
      ["validation (trainer.val_freq", "trainer.rollout_mode=colocated"]),
     ("S06", [*SPLIT, "worker.actor.model.lora.rank=8"], ["worker.actor.model.lora.rank > 0"]),
     ("S07", ["trainer.rollout_mode=async", "worker.rollout.n_gpus_per_node=1", "data.rollout_batch_size=4",
-             "data.mini_rollout_batch_size=3"], ["data.mini_rollout_batch_size=3 must divide", "trainer.rollout_mode=async"]),
+             "data.mini_rollout_batch_size=3"],
+     ["data.mini_rollout_batch_size=3 must divide", "trainer.rollout_mode=async"]),
 ]
 
 

@@ -12,9 +12,9 @@ if TYPE_CHECKING:
 
 
 def check_rollout_mode(config: "PPOConfig") -> None:
-    """``trainer.rollout_mode: one_step_off`` or ``async`` has rollout devices (``worker.rollout.n_gpus_per_node``, split evenly into
-    engines of ``tensor_parallel_size`` that take a generation round's samples evenly; ``async``: rounds that fill a
-    batch), and none of the features the
+    """A split ``trainer.rollout_mode`` (``one_step_off``, ``async``) has rollout devices
+    (``worker.rollout.n_gpus_per_node``, split evenly into engines of ``tensor_parallel_size`` that take a generation
+    round's samples evenly; ``async``: rounds that fill a batch), and none of the features the
     split placement does not run yet; ``colocated`` has no rollout devices of its own.
 
     Raises:
@@ -24,8 +24,9 @@ def check_rollout_mode(config: "PPOConfig") -> None:
     if mode == "colocated":
         if rollout.n_gpus_per_node is not None:
             raise ConfigError(f"worker.rollout.n_gpus_per_node={rollout.n_gpus_per_node} places the rollout engines "
-                              "on devices of their own, which only trainer.rollout_mode=one_step_off or async does: set it, or "
-                              "worker.rollout.n_gpus_per_node=null (colocated engines share the trainer's devices).")
+                              "on devices of their own, which only trainer.rollout_mode=one_step_off or async does: "
+                              "set it, or worker.rollout.n_gpus_per_node=null (colocated engines share the trainer's "
+                              "devices).")
         return
     key = f"trainer.rollout_mode={mode}"
     if rollout.n_gpus_per_node is None:
