@@ -24,7 +24,7 @@ def test_the_modes_use_equal_total_cores_on_the_same_workload():
     assert ((split.trainer.n_gpus_per_node + split.worker.rollout.n_gpus_per_node)
             * split.trainer.cpu_threads_per_worker) == 2
     for cfg in (colocated, split):
-        assert (cfg.data.max_response_length, cfg.algorithm.use_kl_loss, cfg.trainer.max_steps) == (256, False, 5)
+        assert (cfg.data.max_response_length, cfg.algorithm.use_kl_loss, cfg.trainer.max_steps) == (128, False, 5)
         assert cfg.on_policy_update and not cfg.trainer.val_before_train
     assert split.trainer.run_dir == "/tmp/x/a/one_step_off"
     with pytest.raises(ValueError, match="one of colocated"):
