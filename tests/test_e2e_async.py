@@ -1,6 +1,6 @@
-"""End to end with the rollout on a device of its own (``trainer.rollout_mode: one_step_off``): one trainer worker
-(FSDP2) and one rollout worker (vLLM) on the tiny text model; the engine generates the next batch while the trainer
-trains, and the weights cross between them by the transfer group (``easyrl.workers.weight_transfer``)."""
+"""End to end with the rollout on a device of its own (``trainer.rollout_mode: one_step_off`` and ``async``): one
+trainer worker (FSDP2) and one rollout worker (vLLM) on the tiny text model; the engine generates ahead while the
+trainer trains, and the weights cross between them by the transfer group (``easyrl.workers.weight_transfer``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from easyrl.testing.worker import InspectableRolloutWorker, InspectableWorker, actor_log_probs_of
-from easyrl.trainer.one_step_off import ONE_STEP
+from easyrl.trainer.async_rollout import ONE_STEP
 
 pytestmark = pytest.mark.e2e
 
@@ -39,12 +39,43 @@ def test_one_step_off_trains_one_step_old_samples_and_sends_the_weights(e2e_text
         # the first batch is sampled by the start weights, every later one by the weights one update older
         assert [row["async/staleness_max"] for row in rows] == [0, 1, ONE_STEP]
         assert set(trainer.last_batch["version_gap"]) == {1} and set(trainer.last_batch["weight_version"]) == {1}
-        assert (trainer.version, trainer.engine_version) == (3, 1)  # the last step generated nothing ahead
+        assert (trainer.version, trainer.engine_version) == (3, 2)  # sent at step 3 (the trainer's first thing)
         assert rows[0]["timing_s/weight_transfer"] > 0 and all(row["async/train_idle_s"] >= 0 for row in rows)
         assert all(row["async/rollout_idle_s"] >= 0 and row["async/train_tokens_per_s"] > 0 for row in rows[:2])
         features = next(iter(trainer.train_dataloader))
         response = trainer.tokenizer.encode(" The answer is \\boxed{80}.", add_special_tokens=False)
-        stale = _vllm_minus_actor(trainer, features, response)  # the engine holds version 1, the actor version 3
+        stale = _vllm_minus_actor(trainer, features, response)  # the engine holds version 2, the actor version 3
         trainer.sync_rollout()
         synced = _vllm_minus_actor(trainer, features, response)
         assert synced < 2e-3 < stale  # the transfer moved version 3
+
+
+def test_async_bounds_the_staleness_and_resumes_at_the_trained_prompts(e2e_text_config, trainer_on_ray, tmp_path):
+    config = e2e_text_config(tmp_path, "trainer.rollout_mode=async", "trainer.max_staleness=2",
+                             "worker.rollout.n_gpus_per_node=1", "trainer.n_gpus_per_node=1",
+                             "data.rollout_batch_size=2", "data.mini_rollout_batch_size=1", "trainer.max_steps=3",
+                             "trainer.save_freq=2", "algorithm.use_kl_loss=false")
+    with trainer_on_ray(config, worker_cls=InspectableWorker) as trainer:
+        trained, train_step = [], trainer.train_step
+
+        def recording(stream):  # each trained step's prompts, in generation order
+            metrics = train_step(stream)
+            trained.append([tuple(p) for p in trainer.last_batch["raw_prompt_ids"][::config.worker.rollout.n]])
+            return metrics
+
+        trainer.train_step = recording
+        trainer.fit()
+        rows = [json.loads(line) for line in (Path(config.trainer.run_dir) / "metrics.jsonl").read_text().splitlines()]
+        assert all(row["async/staleness_max"] <= 2 and row["async/dropped_groups"] == 0 for row in rows)
+        assert rows[0]["async/staleness_max"] == 0 and max(row["async/staleness_max"] for row in rows) > 0
+        assert [sum(row[f"async/staleness_gap_{g}"] for g in range(3)) for row in rows] == [8] * 3
+        features = next(iter(trainer.train_dataloader))
+        response = trainer.tokenizer.encode(" The answer is \\boxed{80}.", add_special_tokens=False)
+        trainer.sync_rollout()
+        assert _vllm_minus_actor(trainer, features, response) < 2e-3  # the transfer moved the trained weights
+        # resume step 2's checkpoint (saved while step 3's chunks were generated ahead): step 3 trains the same prompts
+        assert len({p for step in trained for p in step}) == 6
+        trainer.load_checkpoint(str(Path(trainer.last_checkpoint).parent / "global_step_2"))
+        trainer.global_step += 1
+        trainer.train_step(trainer.prompt_stream())
+        assert trained[3] == trained[2] and trainer.version == 3

@@ -1,5 +1,6 @@
-"""docs/errors.md, split placement (S..): what ``trainer.rollout_mode: one_step_off`` needs and what it does not run
-yet, each refused in one ``easyrl: config error: ...`` line naming the key, before Ray (``easyrl.config.split``)."""
+"""docs/errors.md, split placement (S..): what ``trainer.rollout_mode: one_step_off`` / ``async`` needs and what it
+does not run yet, each refused in one ``easyrl: config error: ...`` line naming the key, before Ray
+(``easyrl.config.split``)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,9 @@ CASES = [
     ("S05", [*SPLIT, f"data.val_files={REPO / 'examples/data/geometry3k_sample'}", "trainer.val_freq=1"],
      ["validation (trainer.val_freq", "trainer.rollout_mode=colocated"]),
     ("S06", [*SPLIT, "worker.actor.model.lora.rank=8"], ["worker.actor.model.lora.rank > 0"]),
+    ("S07", ["trainer.rollout_mode=async", "worker.rollout.n_gpus_per_node=1", "data.rollout_batch_size=4",
+             "data.mini_rollout_batch_size=3"],
+     ["data.mini_rollout_batch_size=3 must divide", "trainer.rollout_mode=async"]),
 ]
 
 
@@ -33,12 +37,3 @@ CASES = [
 def test_split_config_error(expect_user_error, cid, overrides, culprits):
     expect_user_error(lambda: load_config([*BASE, *overrides]), "config", *culprits)
 
-
-def test_split_run_does_not_resume(expect_user_error):  # S07
-    from easyrl.config.split import check_split_resume
-
-    config = load_config([*BASE, *SPLIT])
-    check_split_resume(config, None)  # a fresh run folder starts
-    expect_user_error(lambda: check_split_resume(config, "runs/easyrl/cpu_demo/global_step_2"), "config",
-                      "trainer.rollout_mode=one_step_off does not resume", "global_step_2",
-                      "trainer.resume_mode=disable")

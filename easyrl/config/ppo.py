@@ -86,7 +86,7 @@ class PPOConfig:
     def sync_check_threshold(self) -> Optional[float]:
         """``worker.actor.rollout_sync_threshold`` where the weight-sync check applies: vLLM's log-probs are kept and
         are of the distribution the actor scores (temperature > 0, no top-p/top-k truncation) by the weights the actor
-        holds (``trainer.rollout_mode: colocated``; one step off they are a version older); else None."""
+        holds (``trainer.rollout_mode: colocated``; split they are older); else None."""
         rollout = self.worker.rollout
         untruncated = rollout.temperature > 0 and rollout.top_p == 1.0 and rollout.top_k <= 0
         same_weights = self.trainer.rollout_mode == "colocated"

@@ -3,7 +3,7 @@ does not run yet, checked before anything starts (docs/async.md)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from easyrl.errors import ConfigError
 
@@ -12,8 +12,9 @@ if TYPE_CHECKING:
 
 
 def check_rollout_mode(config: "PPOConfig") -> None:
-    """``trainer.rollout_mode: one_step_off`` has rollout devices (``worker.rollout.n_gpus_per_node``, split evenly into
-    engines of ``tensor_parallel_size`` that take a generation round's samples evenly), and none of the features the
+    """A split ``trainer.rollout_mode`` (``one_step_off``, ``async``) has rollout devices
+    (``worker.rollout.n_gpus_per_node``, split evenly into engines of ``tensor_parallel_size`` that take a generation
+    round's samples evenly; ``async``: rounds that fill a batch), and none of the features the
     split placement does not run yet; ``colocated`` has no rollout devices of its own.
 
     Raises:
@@ -23,8 +24,9 @@ def check_rollout_mode(config: "PPOConfig") -> None:
     if mode == "colocated":
         if rollout.n_gpus_per_node is not None:
             raise ConfigError(f"worker.rollout.n_gpus_per_node={rollout.n_gpus_per_node} places the rollout engines "
-                              "on devices of their own, which only trainer.rollout_mode=one_step_off does: set it, or "
-                              "worker.rollout.n_gpus_per_node=null (colocated engines share the trainer's devices).")
+                              "on devices of their own, which only trainer.rollout_mode=one_step_off or async does: "
+                              "set it, or worker.rollout.n_gpus_per_node=null (colocated engines share the trainer's "
+                              "devices).")
         return
     key = f"trainer.rollout_mode={mode}"
     if rollout.n_gpus_per_node is None:
@@ -39,6 +41,10 @@ def check_rollout_mode(config: "PPOConfig") -> None:
         raise ConfigError(f"a generation round's {samples} samples (data.mini_rollout_batch_size or "
                           f"rollout_batch_size x worker.rollout.n) must split evenly over the {devices // tp} rollout "
                           f"engines ({key}: trainer.nnodes x worker.rollout.n_gpus_per_node / tensor_parallel_size).")
+    if mode == "async" and config.data.rollout_batch_size % config.data.generation_batch_size:
+        raise ConfigError(f"data.mini_rollout_batch_size={config.data.mini_rollout_batch_size} must divide "
+                          f"data.rollout_batch_size={config.data.rollout_batch_size} ({key}: a step trains whole "
+                          "generation rounds, each tagged with the weights that sampled it).")
     validates = config.data.val_files and (trainer.val_freq > 0 or trainer.val_before_train or trainer.val_only)
     not_built = {
         "worker.rollout.multi_turn.enable=true": rollout.multi_turn.enable,
@@ -48,21 +54,9 @@ def check_rollout_mode(config: "PPOConfig") -> None:
             config.algorithm.needs_teacher,
         "worker.actor.model.lora.rank > 0": config.uses_lora,
         "validation (trainer.val_freq, val_before_train, val_only with data.val_files)": validates,
-        "trainer.load_checkpoint_path": trainer.load_checkpoint_path is not None,
     }
     for what, used in not_built.items():
         if used:
             raise ConfigError(f"{key} does not support {what} yet (docs/async.md, 'Not built yet'): turn it off, or "
                               "use trainer.rollout_mode=colocated.")
 
-
-def check_split_resume(config: "PPOConfig", resume_from: Optional[str]) -> None:
-    """A split-placement run does not resume yet (the batch generated ahead is not in the checkpoint).
-
-    Raises:
-        ConfigError: ``resume_from`` (the checkpoint the run folder would resume) is set, naming it and the keys.
-    """
-    if config.trainer.rollout_mode != "colocated" and resume_from is not None:
-        raise ConfigError(f"trainer.rollout_mode={config.trainer.rollout_mode} does not resume a checkpoint yet "
-                          f"({resume_from}; docs/async.md, 'Not built yet'): set trainer.resume_mode=disable with a new "
-                          "trainer.experiment_name, or resume with trainer.rollout_mode=colocated.")

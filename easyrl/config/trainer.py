@@ -125,11 +125,15 @@ class TrainerConfig:
     """wandb only: tags of the run (None: ``WANDB_TAGS``, or none)."""
     balance_batch: bool = True
     """Reorder each step's batch so that every worker's share holds about as many tokens (Karmarkar-Karp)."""
-    rollout_mode: Literal["colocated", "one_step_off"] = "colocated"
+    rollout_mode: Literal["colocated", "one_step_off", "async"] = "colocated"
     """``colocated``: every worker trains and generates on its device, in turn (one synchronous step). ``one_step_off``:
     the rollout engines run on devices of their own (``worker.rollout.n_gpus_per_node``) and generate step t+1's batch
-    while the trainer trains on step t's, so every sample but the first batch's is one weight version old
-    (``easyrl.trainer.one_step_off``, docs/async.md; what it refuses: ``easyrl.config.split``)."""
+    while the trainer trains on step t's, so every sample but the first batch's is one weight version old. ``async``:
+    they generate chunks of ``data.mini_rollout_batch_size`` prompt groups up to ``max_staleness`` versions ahead
+    (``easyrl.trainer.async_rollout``, docs/async.md; what they refuse: ``easyrl.config.split``)."""
+    max_staleness: Annotated[int, POSITIVE] = 1
+    """``rollout_mode: async`` only: the largest version gap (training steps between the weights that sampled a group
+    and those it trains) of a trained sample (AReaL's max staleness, NeMo-RL's ``max_trajectory_age_steps``)."""
     check_collectives: bool = False
     """Check that every rank issues the same collectives (op, dtype, shape, group, device type), call by call, and
     fail naming the first that differs instead of hanging in NCCL/HCCL: for debugging a hang (each collective then

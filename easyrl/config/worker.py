@@ -48,8 +48,9 @@ class RolloutConfig:
     """Weight sync: full-tensor MiB (in ``dtype``) gathered per collective and handed to vLLM at once; larger = fewer
     collectives, more transient device memory."""
     n_gpus_per_node: Optional[Annotated[int, POSITIVE]] = None
-    """``trainer.rollout_mode: one_step_off`` only: devices per node of the rollout engines, apart from the trainer's
-    ``trainer.n_gpus_per_node`` (verl's ``actor_rollout_ref.rollout.n_gpus_per_node``); null: colocated."""
+    """``trainer.rollout_mode: one_step_off`` or ``async`` only: devices per node of the rollout engines, apart from
+    the trainer's ``trainer.n_gpus_per_node`` (verl's ``actor_rollout_ref.rollout.n_gpus_per_node``); null:
+    colocated."""
     enforce_eager: bool = False
     enable_chunked_prefill: bool = False
     max_num_batched_tokens: Annotated[int, POSITIVE] = 8192

@@ -85,13 +85,13 @@ class InspectableWorker(FSDPWorker):
 
 
 class InspectableRolloutWorker(RolloutWorker):
-    """``RolloutWorker`` (split placement, ``trainer.rollout_mode: one_step_off``) with ``rollout_score``: vLLM's
+    """``RolloutWorker`` (split placement, ``trainer.rollout_mode: one_step_off`` or ``async``) with ``rollout_score``: vLLM's
     log-probs of a fixed sequence, to check that the engine holds the weights the trainer sent."""
 
     rollout_score = InspectableWorker.rollout_score
 
 
-InspectableWorker.split_rollout_cls = InspectableRolloutWorker  # the engines OneStepOffTrainer starts beside it
+InspectableWorker.split_rollout_cls = InspectableRolloutWorker  # the engines AsyncRolloutTrainer starts beside it
 
 
 def actor_log_probs_of(trainer, batch, response: list[int]) -> torch.Tensor:

@@ -26,7 +26,6 @@ def build_trainer(config: PPOConfig, worker_cls: Optional[type] = None, startup=
         UserError: any pre-flight check (docs/errors.md), before Ray starts.
         RunFinished: the run folder's checkpoint is at the run's last step.
     """
-    from easyrl.config.split import check_split_resume
     from easyrl.trainer.dashboards import check_logger_credentials
     from easyrl.trainer.launch import StartupProfile, quiet_datasets, start_ray
     from easyrl.trainer.preflight import prepare
@@ -42,16 +41,15 @@ def build_trainer(config: PPOConfig, worker_cls: Optional[type] = None, startup=
     ready = prepare(config)
     check_finished(config.trainer, resume_from, config.training_steps(len(ready.train_dataset)))
     check_resumable(config)  # a truncated or mismatched checkpoint to resume, before anything starts
-    check_split_resume(config, resume_from)
     startup.add("preflight", time.time() - began)
-    from easyrl.trainer.one_step_off import OneStepOffTrainer
+    from easyrl.trainer.async_rollout import AsyncRolloutTrainer
     from easyrl.trainer.ray_trainer import RayPPOTrainer  # after the checks, which need none of this
     from easyrl.workers.fsdp_worker import FSDPWorker
 
     began = time.time()
     device = start_ray(config)
     startup.add("ray", time.time() - began)
-    trainer_cls = RayPPOTrainer if config.trainer.rollout_mode == "colocated" else OneStepOffTrainer
+    trainer_cls = RayPPOTrainer if config.trainer.rollout_mode == "colocated" else AsyncRolloutTrainer
     trainer = trainer_cls(config, ready.tokenizer, ready.train_dataset, ready.val_dataset, ready.reward_fn)
     trainer.init_workers(device, worker_cls or FSDPWorker)
     for phase, seconds in trainer.workers.startup_seconds.items():

@@ -64,9 +64,10 @@ class Generator:
         return self.generate(padded, overrides=overrides, timing={}).select(list(range(real)))
 
     def make_batch(self, prompt_stream: Iterator[dict[str, list]], step: int, timing: dict[str, float],
-                   metrics: dict[str, float]) -> tuple[Batch, Optional[ray.ObjectRef], dict[str, list[float]], int]:
-        """Generate and score ``data.rollout_batch_size`` groups of ``n`` samples for step ``step``, in rounds of
-        ``data.mini_rollout_batch_size`` prompts. Returns ``(batch, pending, scores, failures)``: ``pending`` the
+                   metrics: dict[str, float], groups: Optional[int] = None,
+                   first_round: int = 0) -> tuple[Batch, Optional[ray.ObjectRef], dict[str, list[float]], int]:
+        """Generate and score ``groups`` (default ``data.rollout_batch_size``) groups of ``n`` samples for step
+        ``step``, in rounds of ``data.mini_rollout_batch_size`` prompts numbered from ``first_round`` (the seeds'). Returns ``(batch, pending, scores, failures)``: ``pending`` the
         reward actor's scores still computing (``Scorer.wait``) or None, ``scores`` every generated sample's named
         scores when scored here (dropped groups included), ``failures`` the samples the reward function failed on.
 
@@ -79,7 +80,7 @@ class Generator:
             ValueError: ``algorithm.filter_key`` is not a score of the reward function.
         """
         cfg, algo = self.config, self.config.algorithm
-        n, wanted = cfg.worker.rollout.n, cfg.data.rollout_batch_size
+        n, wanted = cfg.worker.rollout.n, groups or cfg.data.rollout_batch_size
         one_round = not algo.online_filtering and cfg.data.generation_batch_size == wanted  # else: rounds are kept
         kept: list[Batch] = []
         num_kept, rounds, dropped, failures = 0, 0, 0, 0
@@ -92,7 +93,7 @@ class Generator:
                     f"rounds (algorithm.max_try_make_batch): the rewards barely vary. Widen algorithm.filter_low/"
                     f"filter_high, raise max_try_make_batch, or turn algorithm.online_filtering off."
                 )
-            prompts = self.prompt_batch(next(prompt_stream), n, step, round_=rounds - 1)
+            prompts = self.prompt_batch(next(prompt_stream), n, step, round_=first_round + rounds - 1)
             with timer("gen", timing):
                 batch = self.generate(prompts, overrides=None, timing=timing)
             pending = None

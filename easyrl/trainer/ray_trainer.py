@@ -115,7 +115,7 @@ class RayPPOTrainer:
 
     def _init_parts(self, engines: WorkerGroup) -> None:
         """The parts that call the workers; ``engines``: the group whose vLLM engines generate (``self.workers``,
-        or the rollout engines of a split placement: ``easyrl.trainer.one_step_off``)."""
+        or the rollout engines of a split placement: ``easyrl.trainer.async_rollout``)."""
         cfg = self.config
         rollout = make_rollout(cfg, engines, self.tokenizer, self.pad_id, self.train_dataset)
         self.generator = Generator(cfg, rollout, self.scorer, self.pad_id)
@@ -325,7 +325,7 @@ class RayPPOTrainer:
     def next_batch(self, prompt_stream: Iterator[dict[str, list]], timing: dict[str, float],
                    metrics: dict[str, float]) -> tuple[Batch, Any, dict[str, list[float]], int]:
         """This step's generated and scored batch (``Generator.make_batch``, which says what it returns);
-        ``easyrl.trainer.one_step_off`` generates it during the previous step."""
+        ``easyrl.trainer.async_rollout`` generates it ahead."""
         return self.generator.make_batch(prompt_stream, self.global_step, timing, metrics)
 
     def _balance(self, batch: Batch, metrics: dict[str, float]) -> list[int]:

@@ -1,6 +1,6 @@
-"""A rank of the rollout engines alone, on a device of its own (``trainer.rollout_mode: one_step_off``): the vLLM
-engine of an ``FSDPWorker`` without its model roles, which receives the trainer's weights over the transfer group
-(``easyrl.workers.weight_transfer``) instead of from an actor in its process."""
+"""A rank of the rollout engines alone, on a device of its own (``trainer.rollout_mode: one_step_off`` or ``async``):
+the vLLM engine of an ``FSDPWorker`` without its model roles, which receives the trainer's weights over the transfer
+group (``easyrl.workers.weight_transfer``) instead of from an actor in its process."""
 
 from __future__ import annotations
 

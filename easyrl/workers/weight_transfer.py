@@ -1,5 +1,5 @@
 """The weights from the trainer's FSDP2 ranks to rollout engines on devices of their own (``trainer.rollout_mode:
-one_step_off``): the split-placement counterpart of ``easyrl.workers.weight_sync``.
+one_step_off`` or ``async``): the split-placement counterpart of ``easyrl.workers.weight_sync``.
 
 Per bucket of one ``plan`` (made by trainer rank 0, handed to both sides) the trainer ranks all-gather the full tensors
 and rank 0 broadcasts them as one flat buffer; the rollout ranks hand them to vLLM (one ``reload_weights``) and check

@@ -1,0 +1,136 @@
+"""``easyrl.trainer.async_rollout`` without Ray: the staleness rule, the step a chunk trains, and the producer thread
+against a fake generator (the prompts trained in order, none repeated or skipped, every gap within the bound, the
+checkpoint's prompt position that of the last trained batch)."""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from easyrl.batch import Batch
+from easyrl.config import load_config
+from easyrl.trainer import async_rollout
+from easyrl.trainer.async_rollout import AsyncRolloutTrainer, Chunk, chunk_step, within_staleness
+from easyrl.trainer.ray_trainer import RayPPOTrainer
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_within_staleness_admits_gaps_up_to_the_bound_and_refuses_newer_samples():
+    assert [within_staleness(5, v, 2) for v in (5, 4, 3, 2)] == [True, True, True, False]
+    with pytest.raises(RuntimeError, match="weight version 6 would train the older version 5"):
+        within_staleness(5, 6, 2)
+
+
+def test_chunk_step_counts_chunks_into_batches_from_the_start_step():
+    assert [chunk_step(made, 1, 2, 0) for made in range(6)] == [1, 1, 2, 2, 3, 3]
+    assert [chunk_step(made, 4, 4, 7) for made in range(3)] == [8, 9, 10]
+
+
+class Prompts:
+    """A prompt stream of consecutive ints, ``size`` a batch; its state is the next int."""
+
+    def __init__(self, size: int):
+        self.next, self.size = 0, size
+
+    def __iter__(self):
+        while True:
+            self.next += self.size
+            yield {"prompt": list(range(self.next - self.size, self.next))}
+
+    def state_dict(self):
+        return {"next": self.next}
+
+
+class FakeGenerator:
+    """``make_batch`` of one sample per prompt (``prompt``: the int), taking a random few milliseconds."""
+
+    def make_batch(self, stream, step, timing, metrics, groups, first_round):
+        prompts = next(stream)["prompt"]
+        assert len(prompts) == groups
+        time.sleep(random.uniform(0, 0.01))
+        timing["gen"] = 0.01
+        return Batch(TensorDict({"x": torch.zeros(groups, 1)}, batch_size=[groups]), {"prompt": prompts}), None, {}, 0
+
+
+def _trainer(monkeypatch, *overrides: str) -> AsyncRolloutTrainer:
+    config = load_config([f"config={REPO / 'examples/configs/cpu_demo.yaml'}", "worker.actor.model.model_path=m",
+                          "data.val_files=null", "worker.rollout.n_gpus_per_node=1",
+                          "data.rollout_batch_size=2", *overrides])
+
+    def init(self, config):
+        self.config, self.global_step, self.training_steps = config, 0, 6
+        self.generator, self.train_dataloader = FakeGenerator(), Prompts(config.data.generation_batch_size)
+
+    def state(self):
+        return {"global_step": self.global_step, "prompt_stream": self.train_dataloader.state_dict()}
+
+    def load(self, state):
+        self.global_step, self.train_dataloader.next = state["global_step"], state["prompt_stream"]["next"]
+
+    monkeypatch.setattr(RayPPOTrainer, "__init__", init)
+    monkeypatch.setattr(RayPPOTrainer, "state_dict", state)
+    monkeypatch.setattr(RayPPOTrainer, "load_state_dict", load)
+    trainer = AsyncRolloutTrainer(config)
+    monkeypatch.setattr(trainer, "sync_rollout", lambda: setattr(trainer, "engine_version", trainer.version) or 0.0)
+    return trainer
+
+
+def _train(trainer: AsyncRolloutTrainer, steps: int, states: list) -> list[tuple[list[int], list[int], dict]]:
+    """``steps`` steps of (the step's prompts, their version gaps, its metrics), training a random few ms each; the
+    state to checkpoint after each step is appended to ``states``."""
+    stream, done = iter(trainer.train_dataloader), []
+    for _ in range(steps):
+        trainer.global_step += 1
+        metrics: dict[str, float] = {}
+        batch, _, _, _ = trainer.next_batch(stream, {}, metrics)
+        time.sleep(random.uniform(0, 0.02))
+        trainer.version += 1
+        done.append((batch["prompt"], batch["version_gap"], metrics))
+        states.append(trainer.state_dict())
+    return done
+
+
+@pytest.mark.parametrize("mode", [["trainer.rollout_mode=async", "trainer.max_staleness=2",
+                                   "data.mini_rollout_batch_size=1"], ["trainer.rollout_mode=one_step_off"]])
+def test_the_producer_keeps_the_order_and_the_bound_and_the_checkpoint_keeps_the_trained_position(monkeypatch, mode):
+    trainer = _trainer(monkeypatch, *mode)
+    try:
+        states = []
+        steps = _train(trainer, 4, states)
+        assert [p for prompts, _, _ in steps for p in prompts] == list(range(8))  # none repeated or skipped
+        assert all(0 <= gap <= trainer.max_staleness for _, gaps, _ in steps for gap in gaps)
+        assert steps[0][1] == [0, 0] and sum(m["async/staleness_gap_0"] for _, _, m in steps) <= 8
+        assert [state["prompt_stream"] for state in states] == [{"next": 2 * k} for k in (1, 2, 3, 4)]  # trained
+        trainer.load_state_dict(states[1])  # resume step 2's checkpoint: steps 3 and 4 train the same prompts again
+        assert (trainer.version, trainer.engine_version, len(trainer._queue)) == (2, None, 0)
+        assert [prompts for prompts, _, _ in _train(trainer, 2, [])] == [steps[2][0], steps[3][0]]
+    finally:
+        trainer._stop_producer()
+
+
+def test_a_group_past_the_bound_is_dropped_counted_and_replaced(monkeypatch):
+    trainer = _trainer(monkeypatch, "trainer.rollout_mode=async", "data.mini_rollout_batch_size=1")
+    trainer.load_state_dict({"global_step": 3, "prompt_stream": {"next": 0}})
+    stale = Batch(TensorDict({"x": torch.zeros(1, 1)}, batch_size=[1]), {"prompt": [-1]})
+    trainer._queue.append(Chunk((stale, {}, 0), 1, {"next": 0}, {}, {}))  # version 1 for the trainer's 3: gap 2
+    trainer._made = 1
+    try:
+        (prompts, gaps, metrics), = _train(trainer, 1, [])
+        assert prompts == [0, 1] and gaps == [0, 0] and metrics["async/dropped_groups"] == 1
+    finally:
+        trainer._stop_producer()
+
+
+def test_the_first_step_waits_for_its_chunks_and_a_failed_producer_raises_in_the_trainer(monkeypatch):
+    trainer = _trainer(monkeypatch, "trainer.rollout_mode=one_step_off")
+    monkeypatch.setattr(FakeGenerator, "make_batch", lambda *args, **kwargs: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        _train(trainer, 1, [])
+    trainer._stop_producer()
+    assert async_rollout.ONE_STEP == trainer.max_staleness == 1
