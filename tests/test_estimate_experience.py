@@ -56,7 +56,7 @@ def test_estimate_follows_the_simulated_experience_forwards(tmp_path):
     for name, phase in simulated.items():
         column = float(report.experience_column(phase, estimate))
         assert column == pytest.approx(phase.peak_gib, rel=TOLERANCE), (name, estimate.experience[name], phase)
-    lines = report.table(sim, estimate, None, "h100", config.world_size).splitlines()
+    lines = report.table(sim, estimate, {"trainer": None}, "h100", config.world_size).splitlines()
     assert "experience forward: reference forward" in "\n".join(lines)
     assert lines[-2].startswith("not seen: the other ranks (rank 0 runs alone")  # what it cannot see, beside the verdict
 

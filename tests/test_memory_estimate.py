@@ -209,3 +209,32 @@ def test_ulysses_splits_the_activations_so_32k_responses_fit():
     with pytest.raises(ConfigError, match="The training phase needs .*worker.actor.ulysses_size"):
         check_memory(estimates[1])
     check_memory(estimates[4])
+
+
+SPLIT = ("trainer.rollout_mode=one_step_off", "worker.rollout.n_gpus_per_node=2", "data.val_files=null")
+
+
+def test_split_placement_counts_each_side_alone():
+    """7B on 8 + 2 devices of 24 GiB, gpu_memory_utilization 0.7: colocated, the engine's 16.8 GiB claim beside the
+    actor's float32 shard and AdamW states (9.8 GiB) is over; split (the engines on devices of their own), the
+    trainer's side holds no engine and the rollout side no optimizer, and both fit."""
+    colocated = estimate_memory(7_000_000_000, 152_064, _config("worker.rollout.gpu_memory_utilization=0.7"),
+                                capacity_gib=24.0)
+    with pytest.raises(ConfigError, match="The rollout phase needs"):
+        check_memory(colocated)
+    split = estimate_memory(7_000_000_000, 152_064, _config("worker.rollout.gpu_memory_utilization=0.7", *SPLIT),
+                            capacity_gib=24.0)
+    assert split.rollout_devices == 2 and colocated.rollout_devices == 0
+    trainer, rollout = split.phases("trainer"), split.phases("rollout")
+    assert all("vLLM (gpu_memory_utilization)" not in items for items in trainer.values()), trainer
+    assert rollout == {"The rollout phase": {"vLLM (gpu_memory_utilization)": pytest.approx(0.7 * 24.0)}}
+    assert split.rollout_gib == pytest.approx(colocated.rollout_gib - 12 * 7e9 / 8 / GIB)  # no params, no AdamW
+    assert split.training == colocated.training and "The rollout phase" in colocated.phases("trainer")
+    check_memory(split)  # the trainer's side
+    check_memory(split, "rollout")
+    # the rollout side alone answers for the engine: 32B bf16 weights do not fit in one device's claim
+    big = estimate_memory(32_000_000_000, 152_064, _config("worker.actor.offload.offload_params=true", *SPLIT),
+                          capacity_gib=80.0)
+    check_memory(big)
+    with pytest.raises(ConfigError, match=r"worker.rollout.tensor_parallel_size \(now 1\)"):
+        check_memory(big, "rollout")

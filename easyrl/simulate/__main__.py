@@ -49,7 +49,7 @@ def _simulate(argv: list[str], prog: str) -> int:
     args, overrides = parser.parse_known_args(argv)  # --help exits above: nothing heavy is imported before
     from easyrl.config import load_config
     from easyrl.errors import ConfigError
-    from easyrl.simulate import extra_roles, report
+    from easyrl.simulate import report
     from easyrl.simulate.fake_device import DeviceCheckError
     from easyrl.simulate.phases import model_folder, simulate
     from easyrl.sizing.estimate import check_memory, estimate_run
@@ -59,25 +59,26 @@ def _simulate(argv: list[str], prog: str) -> int:
     name = args.device or DEFAULT_DEVICE.get(config.trainer.device, "h100")
     spec = DEVICES[name]
     estimate = estimate_run(config, spec.memory_gib, model_folder)
-    judge = extra_roles.judge_engine(config, spec.memory_gib, model_folder)
-    try:
-        check_memory(estimate)
-        estimate_error = None
-    except ConfigError as exc:  # every phase that does not fit, named (vLLM's weights vs its claim: the rollout's)
-        estimate_error = ("rollout phase: " if str(exc).startswith("vLLM") else "") + str(exc)
-    estimate_error = estimate_error or report.judge_problem(judge)
+    problems = {}
+    for side in ("trainer", "rollout") if estimate.rollout_devices else ("trainer",):
+        try:
+            check_memory(estimate, side)
+            problems[side] = None
+        except ConfigError as exc:  # every phase that does not fit, named (vLLM's weights vs its claim: the rollout's)
+            problems[side] = ("rollout phase: " if str(exc).startswith("vLLM") else "") + str(exc)
     sim = None
-    if not args.estimate_only and estimate_error is None:
+    if not args.estimate_only and problems["trainer"] is None:  # the simulation runs the trainer's phases
         try:
             sim = simulate(config, spec, log=(lambda _: None) if args.json else print)
         except DeviceCheckError as exc:
             print(f"easyrl: device error: {exc}", file=sys.stderr)
             return 1
-    problem = report.verdict(sim, estimate, estimate_error)
+    problems["trainer"] = report.verdict(sim, estimate, problems["trainer"])
     if args.json:
-        print(json.dumps(report.as_dict(sim, estimate, problem, name, config.world_size) | {"judge": judge}, indent=2))
+        print(json.dumps(report.as_dict(sim, estimate, problems, name, config.world_size), indent=2))
     else:
-        print(report.table(sim, estimate, problem, name, config.world_size, judge))
+        print(report.table(sim, estimate, problems, name, config.world_size))
+    problem = report.overall(problems)
     return 0 if problem is None else 1
 
 

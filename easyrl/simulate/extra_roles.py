@@ -1,5 +1,5 @@
 """The roles beside the actor, reference and critic (docs/simulate.md, "The roles beside the actor"): the reward
-model's and the distillation teacher's load and forward, and the LLM judge's vLLM engine, held beside every phase."""
+model's and the distillation teacher's load and forward (the LLM judge's vLLM engine: ``Simulation.beside``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from unittest import mock
 import torch
 
 from easyrl.config import PPOConfig
-from easyrl.simulate.fake_device import GIB, fake_state
+from easyrl.simulate.fake_device import fake_state
 from easyrl.sizing.anatomy import meta_model
 
 
@@ -61,20 +61,3 @@ def teacher_phases(config: PPOConfig, mesh, kind: str, device: torch.device, pha
                                                        trainable=False, offload=cfg.teacher.offload))
     phase("teacher forward", lambda: teacher.compute_log_probs(
         batch, cfg.teacher.micro_batch_size_per_device_for_experience, cfg.actor.temperature))
-
-
-def judge_engine(config: PPOConfig, capacity_gib: float, folder: Callable[[str], str]) -> dict[str, float]:
-    """The judge's vLLM engine (empty without one): ``claim_gib`` (its share of the device, resident beside every
-    phase) and ``weights_gib`` (its parameters in ``worker.rollout.dtype``, one engine per device)."""
-    judge = config.worker.reward.judge
-    if judge.model_path is None:
-        return {}
-    from transformers import AutoConfig
-
-    from easyrl.sizing.anatomy import DTYPE_BYTES, count_parameters
-
-    hf_config = AutoConfig.from_pretrained(folder(judge.model_path))
-    params, _ = count_parameters(hf_config)
-    return {"claim_gib": judge.gpu_memory_utilization * capacity_gib,
-            "weights_gib": params * DTYPE_BYTES[config.worker.rollout.dtype] / GIB}
-

@@ -58,13 +58,12 @@ def forward_start(model: RoleModel, tokens: int, compute_bytes: int, vision: flo
 def estimate_experience(estimate: "MemoryEstimate", config: PPOConfig, actor: RoleModel,
                         teacher: RoleModel | None = None,
                         reward_model: RoleModel | None = None) -> dict[str, dict[str, float]]:
-    """Each experience forward's items (phase name -> GiB), also stored in ``estimate.experience``: the rollout
-    phase's resident items less vLLM's claim, plus the larger of :func:`experience_forward` (with the vision tower's)
-    and :func:`forward_start` at its token budget. ``teacher`` / ``reward_model``: None without one."""
+    """Each experience forward's items (phase name -> GiB), also stored in ``estimate.experience``: what the
+    trainer's devices hold between phases (``estimate.resident``) plus the larger of :func:`experience_forward`
+    (with the vision tower's) and :func:`forward_start` at its token budget. ``teacher`` / ``reward_model``: None without one."""
     worker, data = config.worker, config.data
     length = data.max_prompt_length + data.max_response_length
     cb = DTYPE_BYTES[worker.actor.fsdp.param_dtype]
-    resident = {name: gib for name, gib in estimate.rollout.items() if name != "vLLM (gpu_memory_utilization)"}
     actor_tokens = config.token_budget(worker.actor.micro_batch_size_per_device_for_experience)
     runs = [("old log-probs (forward)", actor, actor_tokens, cb)]  # (phase, model, tokens, compute bytes)
     if config.builds_reference:
@@ -87,7 +86,7 @@ def estimate_experience(estimate: "MemoryEstimate", config: PPOConfig, actor: Ro
         start = forward_start(model, tokens, nbytes, tower)
         if sum(start.values()) > sum(items.values()):  # a large root group at a small token budget
             items = start
-        estimate.experience[phase] = resident | {f"{phase}: {item}": gib for item, gib in items.items()}
+        estimate.experience[phase] = estimate.resident | {f"{phase}: {item}": gib for item, gib in items.items()}
     return estimate.experience
 
 

@@ -173,20 +173,16 @@ class FSDPWorker:
         vllm_compat.destroy_model_parallel()  # drops the TP group's broadcast ring: its owner unlinks the segment
         remove_stale_tp_shm(self.device, self.rollout_layout, self.rank)  # vLLM-CPU's all-reduce segments
 
-    def check_memory(self) -> None:
-        """Pre-flight memory estimate (``easyrl.sizing.estimate``) before anything is loaded.
+    def check_memory(self, side: str = "trainer") -> None:
+        """Pre-flight memory estimate of this worker's ``side`` (``easyrl.sizing.estimate.preflight``) before anything
+        is loaded.
 
         Raises:
             ConfigError: the run cannot fit, with the numbers and the setting to change."""
         from easyrl.device import device_memory_gib
-        from easyrl.sizing.estimate import check_memory, estimate_run
+        from easyrl.sizing.estimate import preflight
 
-        estimate = estimate_run(self.config, device_memory_gib(self.device))
-        if self.rank == 0:
-            logger.info("memory per device (GiB of %.1f): rollout %.1f, training %.1f; host per node (offloaded) "
-                        "%.1f", estimate.capacity_gib, estimate.rollout_gib, estimate.training_gib,
-                        sum(estimate.host.values()))
-        check_memory(estimate)
+        preflight(self.config, device_memory_gib(self.device), side, log=self.rank == 0)
 
     def _lora_scale(self) -> Optional[float]:
         """``alpha / rank`` of the actor's LoRA adapter, None without one."""
