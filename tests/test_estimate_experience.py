@@ -14,7 +14,7 @@ from easyrl.config import load_config
 from easyrl.errors import ConfigError
 from easyrl.simulate import report
 from easyrl.simulate.phases import simulate
-from easyrl.sizing.anatomy import count_parameters, model_shape
+from easyrl.sizing.anatomy import model_anatomy, model_shape
 from easyrl.sizing.devices import DEVICES
 from easyrl.sizing.estimate import EXPERIENCE_SETTINGS, check_memory, estimate_memory
 from easyrl.sizing.experience import RoleModel, estimate_experience, experience_models
@@ -38,7 +38,7 @@ def _estimate(path: str, *overrides: str, capacity: float = DEVICES["h100"].memo
 
     config = load_config([f"config={ROOT / 'config.yaml'}", f"worker.actor.model.model_path={path}", *overrides])
     hf_config = AutoConfig.from_pretrained(path)
-    num_params, vocab = count_parameters(hf_config)
+    num_params, vocab = model_anatomy(hf_config)[:2]
     estimate = estimate_memory(num_params, vocab, config, capacity, model_shape(hf_config))
     estimate_experience(estimate, config, RoleModel(num_params, vocab, model_shape(hf_config)))
     return config, estimate
@@ -93,13 +93,13 @@ def test_the_reward_model_forward_names_its_own_settings(tmp_path):
           "worker.reward.reward_model.max_length=8192", "worker.reward.reward_model.offload.offload_params=false")
     config, estimate = _estimate(path, *rm)
     hf_config = AutoConfig.from_pretrained(path)
-    estimate_experience(estimate, config, RoleModel(*count_parameters(hf_config), model_shape(hf_config)),
+    estimate_experience(estimate, config, RoleModel(*model_anatomy(hf_config)),
                         **experience_models(config))
     needed = sum(estimate.experience["reward model forward"].values())
     assert needed > estimate.capacity_gib > sum(estimate.experience["old log-probs (forward)"].values())
     with pytest.raises(ConfigError, match=r"'reward model forward'.*worker\.reward\.reward_model\.micro_batch"):
         check_memory(estimate)
-    sim = Simulation(DEVICES["h100"], config.world_size, [PhaseResult("reward model forward", needed, 1.0, 1.0)])
+    sim = Simulation([PhaseResult("reward model forward", needed, 1.0, 1.0)])
     problem = report.verdict(sim, estimate, None)
     assert "'reward model forward'" in problem and "worker.reward.reward_model.micro_batch_size_per_device" in problem
 

@@ -14,7 +14,7 @@ import pytest
 
 from easyrl.config import load_config
 from easyrl.simulate.phases import simulate_updates
-from easyrl.sizing.anatomy import count_parameters, model_shape
+from easyrl.sizing.anatomy import model_anatomy, model_shape
 from easyrl.sizing.devices import DEVICES
 from easyrl.sizing.estimate import estimate_memory
 
@@ -43,7 +43,7 @@ def test_estimate_follows_the_simulated_update(tmp_path, layers, widths, overrid
     path = _model(tmp_path / "model", layers, **widths)
     config = load_config([f"config={ROOT / 'config.yaml'}", f"worker.actor.model.model_path={path}", *overrides])
     hf_config = AutoConfig.from_pretrained(path)
-    num_params, vocab = count_parameters(hf_config)
+    num_params, vocab = model_anatomy(hf_config)[:2]
     estimate = estimate_memory(num_params, vocab, config, DEVICES["h100"].memory_gib, model_shape(hf_config))
     simulated = simulate_updates(config, DEVICES["h100"], log=lambda _: None)[0].peak_gib
     assert estimate.training_gib == pytest.approx(simulated, rel=TOLERANCE), (estimate.training, simulated)
@@ -65,7 +65,7 @@ def test_ppo_simulates_the_critic_update_beside_the_actor(tmp_path):
                           "algorithm.adv_estimator=gae", "algorithm.gamma=1.0", "algorithm.lam=1.0",
                           "worker.rollout.n=1"])
     hf_config = AutoConfig.from_pretrained(path)
-    num_params, vocab = count_parameters(hf_config)
+    num_params, vocab = model_anatomy(hf_config)[:2]
     estimate = estimate_memory(num_params, vocab, config, DEVICES["h100"].memory_gib, model_shape(hf_config))
     phases = {p.name: p.peak_gib for p in simulate_updates(config, DEVICES["h100"], log=lambda _: None)}
     assert list(phases) == ["actor update (fwd+bwd+AdamW)", "critic update (fwd+bwd+AdamW)"]
@@ -86,7 +86,7 @@ def test_padded_path_simulates_and_the_estimate_bounds_it(tmp_path):
     config = load_config([f"config={ROOT / 'config.yaml'}", f"worker.actor.model.model_path={path}",
                           "worker.actor.padding_free=false", "worker.actor.micro_batch_size_per_device_for_update=2"])
     hf_config = AutoConfig.from_pretrained(path)
-    num_params, vocab = count_parameters(hf_config)
+    num_params, vocab = model_anatomy(hf_config)[:2]
     estimate = estimate_memory(num_params, vocab, config, DEVICES["h100"].memory_gib, model_shape(hf_config))
     simulated = simulate_updates(config, DEVICES["h100"], log=lambda _: None)[0].peak_gib
     assert simulated <= estimate.training_gib <= 1.35 * simulated
@@ -112,6 +112,6 @@ def test_moe_routing_and_gated_deltanet_state_are_estimated(model, simulated):
                           "worker.actor.offload.offload_params=true",
                           "worker.actor.micro_batch_size_per_device_for_update=1"])
     hf_config = AutoConfig.from_pretrained(model_folder(model))
-    num_params, vocab = count_parameters(hf_config)
+    num_params, vocab = model_anatomy(hf_config)[:2]
     estimate = estimate_memory(num_params, vocab, config, DEVICES["h100"].memory_gib, model_shape(hf_config))
     assert estimate.training_gib == pytest.approx(simulated, rel=0.05), estimate.training

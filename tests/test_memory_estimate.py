@@ -8,7 +8,7 @@ import pytest
 
 from easyrl.config import load_config
 from easyrl.errors import ConfigError
-from easyrl.sizing.anatomy import GIB, ModelShape, count_parameters, model_shape
+from easyrl.sizing.anatomy import GIB, ModelShape, model_anatomy, model_shape
 from easyrl.sizing.estimate import check_memory, estimate_memory
 
 DEFAULT = f"config={Path(__file__).resolve().parents[1] / 'config.yaml'}"
@@ -177,7 +177,7 @@ def test_parameters_counted_on_the_meta_device(tiny_model_path):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     path = tiny_model_path("qwen2_5")
-    num, vocab = count_parameters(AutoConfig.from_pretrained(path))
+    num, vocab = model_anatomy(AutoConfig.from_pretrained(path))[:2]
     assert num == sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(path).parameters())
     assert vocab == AutoConfig.from_pretrained(path).vocab_size
 

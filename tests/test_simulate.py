@@ -90,7 +90,7 @@ def test_every_phase_runs_on_a_small_model_and_the_shards_match_a_hand_count(tmp
 
     from easyrl.config import load_config
     from easyrl.simulate.phases import simulate
-    from easyrl.sizing.anatomy import GIB, count_parameters
+    from easyrl.sizing.anatomy import GIB, model_anatomy
 
     path = _small_model(tmp_path / "model")
     config = load_config(["config=" + str(ROOT / "config.yaml"), f"worker.actor.model.model_path={path}",
@@ -100,7 +100,7 @@ def test_every_phase_runs_on_a_small_model_and_the_shards_match_a_hand_count(tmp
     assert list(phases) == ["load actor", "load reference", "old log-probs (forward)", "reference forward",
                             "weight sync gather", "checkpoint state dict", "export gather",
                             "actor update (fwd+bwd+AdamW)"]
-    params = count_parameters(AutoConfig.from_pretrained(path))[0]
+    params = model_anatomy(AutoConfig.from_pretrained(path))[0]
     # after loading, rank 0 holds its float32 shard (the reference is offloaded to the host by config.yaml)
     assert phases["load actor"].resident_gib == pytest.approx(4 * params / 8 / GIB, rel=0.01)
     assert phases["load reference"].resident_gib == pytest.approx(phases["load actor"].resident_gib, rel=0.01)
@@ -155,7 +155,7 @@ def test_the_judge_engine_is_held_beside_every_phase():
     from easyrl.sizing.estimate import JUDGE, MemoryEstimate, check_memory
 
     estimate = MemoryEstimate(capacity_gib=79.2, vllm_weights_gib=1.0, tensor_parallel_size=1, vllm_claim_gib=40.0)
-    sim = Simulation(DEVICES["h100"], 8, [PhaseResult("actor update (fwd+bwd+AdamW)", 60.0, 0.0, 1.0)])
+    sim = Simulation([PhaseResult("actor update (fwd+bwd+AdamW)", 60.0, 0.0, 1.0)])
     assert report.verdict(sim, estimate, None) is None
     sim.beside[JUDGE] = 19.8
     assert "actor update" in report.verdict(sim, estimate, None) and "judge vLLM" in report.verdict(sim, estimate,
@@ -202,7 +202,7 @@ def test_the_verdict_names_every_phase_that_does_not_fit_with_advice_for_it():
                                                            "reference": 0.0},
                               training={"actor params": 30.0, "actor Adam states": 60.0,
                                         "activations (layers in backward)": 3.0}, host={"reference": 14.0})
-    sim = Simulation(DEVICES["h100"], 8, [PhaseResult("load actor", 85.0, 30.0, 1.0), PhaseResult(
+    sim = Simulation([PhaseResult("load actor", 85.0, 30.0, 1.0), PhaseResult(
         "actor update (fwd+bwd+AdamW)", 93.0, float("nan"), 1.0), PhaseResult("export gather", 50.0, 30.0, 1.0)])
     problem = report.verdict(sim, estimate, None)
     assert "'load actor'" in problem and "'actor update (fwd+bwd+AdamW)'" in problem and "export" not in problem

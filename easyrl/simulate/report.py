@@ -22,12 +22,8 @@ def verdict(sim: Optional[Simulation], estimate: MemoryEstimate, estimate_error:
         if peak + beside <= estimate.capacity_gib:
             continue
         later = " (with the actor's AdamW states of a later step)" if phase.name in estimate.experience else ""
-        if phase.name in estimate.experience:
-            items = estimate.experience[phase.name]
-        elif "update" in phase.name:
-            items = estimate.training
-        else:  # what stays resident beside the sleeping engine
-            items = estimate.resident
+        # the estimate's items for the phase: an experience forward's, the update's, or what stays resident
+        items = estimate.experience.get(phase.name, estimate.training if "update" in phase.name else estimate.resident)
         items = items | sim.beside
         problems.append(f"phase '{phase.name}' peaks at {peak:.1f} GiB{held} on a {estimate.capacity_gib:.1f} GiB "
                         f"device{later}: {advice(items, peak + beside - estimate.capacity_gib)}")
@@ -113,7 +109,5 @@ def table(sim: Optional[Simulation], estimate: MemoryEstimate, problems: dict[st
 
 def experience_column(phase: PhaseResult, estimate: MemoryEstimate) -> str:
     """The estimate beside a simulated experience forward, less the actor's AdamW states; empty for other phases."""
-    items = estimate.experience.get(phase.name)
-    if items is None:
-        return ""
-    return f" {sum(items.values()) - items.get('actor Adam states', 0.0):8.1f}"
+    items = estimate.experience.get(phase.name, {})
+    return f" {sum(items.values()) - items.get('actor Adam states', 0.0):8.1f}" if items else ""

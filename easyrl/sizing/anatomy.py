@@ -131,11 +131,6 @@ def vocab_size(hf_config) -> int:
     return int(getattr(getattr(hf_config, "text_config", hf_config), "vocab_size", None) or hf_config.vocab_size)
 
 
-def count_parameters(hf_config, trust_remote_code: bool = False) -> tuple[int, int]:
-    """``(parameters, vocab size)`` of the model, counted on the meta device (no memory, no checkpoint read)."""
-    return model_anatomy(hf_config, trust_remote_code)[:2]
-
-
 def model_anatomy(hf_config, trust_remote_code: bool = False) -> tuple[int, int, ModelShape]:
     """``(parameters, vocab size, shape)`` from one meta-device build: :func:`model_shape` with every matmul weight
     counted as text, per-patch or per-merged-token (``merger``), and the attention width ``heads x head_dim``."""
