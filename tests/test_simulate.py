@@ -168,7 +168,7 @@ def test_the_judge_engine_is_held_beside_every_phase():
 
 
 def test_lora_simulates(tmp_path):
-    """peft wraps the meta model with fake tensors switched off (``phases.lora_outside_fake_mode``): on fake tensors
+    """peft wraps the meta model with fake tensors switched off (``phases.simulated_rank``): on fake tensors
     its ``Module.to`` swap refused them ("Couldn't swap Linear.weight"), and the LoRA recipe was an expected failure."""
     from easyrl.config import load_config
     from easyrl.simulate.phases import simulate

@@ -27,7 +27,7 @@ def _overrides(path: str) -> list[str]:
         return module.script_overrides(f.read(), path)
 
 
-CASES = SCRIPTS  # LoRA included: peft wraps the meta model outside the fake mode (phases.lora_outside_fake_mode)
+CASES = SCRIPTS  # LoRA included: peft wraps the meta model outside the fake mode (phases.simulated_rank)
 
 
 # the phases of the roles a recipe adds beside the actor (easyrl.simulate.phases), by recipe

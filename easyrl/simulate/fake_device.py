@@ -6,11 +6,12 @@ the innermost easyrl call. How and why: docs/simulate.md, "What makes a CPU act 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 import traceback
 import weakref
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 from unittest import mock
 
 import torch
@@ -299,20 +300,9 @@ def fake_state(model: torch.nn.Module) -> tuple[dict, dict]:
     return state, {name: torch.empty(b.shape, dtype=b.dtype) for name, b in model.named_buffers()}
 
 
-class _Stream:
-    """Stand-in for ``torch.cuda.Stream`` / ``Event``: every method is a no-op (one simulated stream)."""
-
-    def __init__(self, *args, **kwargs):
-        self.device = torch.device("cuda", 0)
-
-    def __getattr__(self, name):
-        return lambda *args, **kwargs: None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
+def _stream(*args, **kwargs) -> mock.MagicMock:
+    """Stand-in for a ``torch.cuda.Stream`` / ``Event``: every method is a no-op (one simulated stream)."""
+    return mock.MagicMock(device=torch.device("cuda", 0))
 
 
 @contextlib.contextmanager
@@ -323,8 +313,8 @@ def accelerator_standins(spec: DeviceSpec, fused_attention: bool = True) -> Iter
     cuda = torch.cuda
     props = mock.Mock(total_memory=int(spec.memory_gib * GIB), name=spec.name)
     patches = dict(current_device=lambda: 0, device_count=lambda: 1, set_device=lambda *a, **k: None,
-                   Stream=_Stream, Event=_Stream, current_stream=lambda *a, **k: _Stream(),
-                   default_stream=lambda *a, **k: _Stream(), stream=lambda *a, **k: contextlib.nullcontext(),
+                   Stream=_stream, Event=_stream, current_stream=_stream, default_stream=_stream,
+                   stream=lambda *a, **k: contextlib.nullcontext(),
                    synchronize=lambda *a, **k: None, empty_cache=lambda: None,
                    get_device_properties=lambda *a, **k: props, get_device_name=lambda *a, **k: spec.name,
                    get_device_capability=lambda *a, **k: (9, 0),
@@ -341,18 +331,26 @@ def accelerator_standins(spec: DeviceSpec, fused_attention: bool = True) -> Iter
         yield
 
 
+def outside_fake_mode(function: Callable) -> Callable:
+    """``function`` run with fake tensors switched off (for small index tensors a fake one cannot answer, and for
+    peft's ``apply_lora``)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    @functools.wraps(function)
+    def real(*args, **kwargs):
+        with unset_fake_temporarily():
+            return function(*args, **kwargs)
+
+    return real
+
+
 def _patch_shard_offsets(stack: contextlib.ExitStack) -> None:
     """DTensor's shard offsets (``int()`` of small index tensors, which a fake tensor cannot answer) on real
     tensors, wherever imported."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
     from torch.distributed.tensor import _utils
 
     original = _utils.compute_local_shape_and_global_offset
-
-    def real_offsets(*args, **kwargs):
-        with unset_fake_temporarily():
-            return original(*args, **kwargs)
-
+    real_offsets = outside_fake_mode(original)
     for name, module in list(sys.modules.items()):
         if name.startswith("torch.distributed") and getattr(module, "compute_local_shape_and_global_offset",
                                                             None) is original:

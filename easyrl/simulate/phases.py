@@ -31,6 +31,7 @@ from easyrl.simulate.fake_device import (
     fake_state,
     fake_tensors,
     fake_world,
+    outside_fake_mode,
 )
 from easyrl.sizing.anatomy import VisionShape, meta_model, vision_shape
 from easyrl.sizing.estimate import JUDGE
@@ -59,22 +60,6 @@ class Simulation:
     """GiB held beside every phase by what is not simulated but stays resident (the LLM judge's vLLM engine)."""
 
 
-def lora_outside_fake_mode():
-    """``easyrl.models.lora.apply_lora`` with fake tensors off: peft's ``Module.to`` refuses the weakref
-    ``FakeTensorMode`` keeps on its tensors (docs/simulate.md); FSDP2 makes the adapter fake later."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-    from easyrl.models import lora as lora_module
-
-    original = lora_module.apply_lora
-
-    def apply_lora(model, lora, model_path):
-        with unset_fake_temporarily():
-            return original(model, lora, model_path)
-
-    return mock.patch.object(lora_module, "apply_lora", apply_lora)
-
-
 @contextlib.contextmanager
 def simulated_rank(spec: DeviceSpec, world_size: int, kind: str) -> Iterator[tuple]:
     """Rank 0 of ``world_size`` on fake ``kind`` tensors for ``spec`` devices, with every stand-in; yields ``(1-D
@@ -82,10 +67,12 @@ def simulated_rank(spec: DeviceSpec, world_size: int, kind: str) -> Iterator[tup
     from torch.distributed.device_mesh import init_device_mesh
 
     import easyrl.workers.fsdp_model as fsdp_model
+    from easyrl.models import lora
 
+    # peft's Module.to refuses the weakref FakeTensorMode keeps on its tensors: FSDP2 makes the adapter fake later
     with fake_world(0, world_size, kind), accelerator_standins(spec), \
-            mock.patch.object(fsdp_model, "read_checkpoint", fake_checkpoint_reader), lora_outside_fake_mode(), \
-            simulated_vl():
+            mock.patch.object(fsdp_model, "read_checkpoint", fake_checkpoint_reader), \
+            mock.patch.object(lora, "apply_lora", outside_fake_mode(lora.apply_lora)), simulated_vl():
         mesh = init_device_mesh(kind, (world_size,), mesh_dim_names=("dp",))
         with fake_tensors(kind) as mode:
             yield mesh, mode

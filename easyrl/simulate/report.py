@@ -57,11 +57,7 @@ def as_dict(sim: Optional[Simulation], estimate: MemoryEstimate, problems: dict[
         if JUDGE in estimate.training else {}
     problem = overall(problems)
     return {"device": device, "capacity_gib": estimate.capacity_gib, "world_size": world,
-            "estimate": {"rollout": estimate.rollout, "training": estimate.training,
-                         "experience": estimate.experience,
-                         "rollout_gib": estimate.rollout_gib, "training_gib": estimate.training_gib,
-                         "vllm_weights_gib": estimate.vllm_weights_gib, "host": estimate.host,
-                         "tensor_parallel_size": estimate.tensor_parallel_size},
+            "estimate": vars(estimate) | {"rollout_gib": estimate.rollout_gib, "training_gib": estimate.training_gib},
             "simulated": [vars(p) for p in sim.phases] if sim is not None else None,
             "beside": sim.beside if sim is not None else {}, "judge": judge,
             "sides": sides(sim, estimate, problems, world), "fits": problem is None, "problem": problem}
