@@ -8,11 +8,10 @@ budget batch holds one image per prompt for a VL model ("Images"). Rank 0 reads 
 from __future__ import annotations
 
 import contextlib
-import copy
 import math
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 from typing import Callable, Iterator, Optional
 from unittest import mock
@@ -160,46 +159,18 @@ def add_images(input_ids: torch.Tensor, prompt_length: int, grid: ImageGrid) -> 
              "image_grid_thw": torch.tensor([grid.grid_thw])} for _ in range(input_ids.shape[0])]
 
 
-def reward_model_phases(config: PPOConfig, mesh, kind: str, device: torch.device, phase: Callable, batch) -> None:
-    """``load reward model`` and ``reward model forward`` (``compute_scores`` of ``batch``, its micro-batch of host
-    rows made before the fake mode)."""
-    from transformers import AutoModelForSequenceClassification
-
-    from easyrl.workers.reward_model import FSDPRewardModel
-
-    rm = copy.copy(config.worker.reward.reward_model)  # model_path: the folder holding its config.json
-    rm.model_path = model_folder(rm.model_path)
-
-    def loaded(path, **kwargs):  # from_pretrained's model on rank 0: a fake state dict and buffers
-        state, buffers = fake_state(meta_model(kwargs["config"], classifier=True))
-        return SimpleNamespace(state_dict=lambda: state, named_buffers=lambda: iter(buffers.items()))
-
-    with mock.patch.object(AutoModelForSequenceClassification, "from_pretrained", staticmethod(loaded)):
-        model = phase("load reward model", lambda: FSDPRewardModel(rm, mesh, kind, device, pad_id=0))
-    phase("reward model forward", lambda: model.compute_scores(batch))
-
-
-def teacher_phases(config: PPOConfig, mesh, kind: str, device: torch.device, phase: Callable, batch) -> None:
-    """``load teacher`` and ``teacher forward`` (its log-probs of ``batch``)."""
-    from easyrl.workers.policy import FSDPPolicy
-    from easyrl.workers.roles import teacher_role_config
-
-    cfg = config.worker
-    teacher = phase("load teacher", lambda: FSDPPolicy(model_folder(cfg.teacher.model.model_path),
-                                                       teacher_role_config(config), mesh, kind, device,
-                                                       trainable=False, offload=cfg.teacher.offload))
-    phase("teacher forward", lambda: teacher.compute_log_probs(
-        batch, cfg.teacher.micro_batch_size_per_device_for_experience, cfg.actor.temperature))
-
-
 def simulate(config: PPOConfig, spec: DeviceSpec, log: Callable[[str], None] = print,
              update: bool = True) -> Simulation:
     """Run the phases as rank 0 of ``config.world_size`` on fake ``spec`` devices (``update``: the updates too);
     ``DeviceCheckError`` when a host tensor reaches a device op or a collective."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
+    from transformers import AutoModelForSequenceClassification
+
     import easyrl.workers.fsdp_model as fsdp_model
     from easyrl.workers.policy import FSDPPolicy
+    from easyrl.workers.reward_model import FSDPRewardModel
+    from easyrl.workers.roles import teacher_role_config
     from easyrl.workers.weight_sync import iter_full_weights
 
     cfg, rm = config.worker, config.worker.reward.reward_model
@@ -227,17 +198,27 @@ def simulate(config: PPOConfig, spec: DeviceSpec, log: Callable[[str], None] = p
 
         actor = phase("load actor", lambda: FSDPPolicy(path, cfg.actor, mesh, kind, device, trainable=True,
                                                        offload=cfg.actor.offload))
-        ref = None
-        if config.builds_reference:
-            ref = phase("load reference", lambda: FSDPPolicy(path, cfg.actor, mesh, kind, device, trainable=False,
-                                                             offload=cfg.ref.offload, init_from=actor))
+        ref = phase("load reference", lambda: FSDPPolicy(path, cfg.actor, mesh, kind, device, trainable=False,
+                                                         offload=cfg.ref.offload, init_from=actor)) \
+            if config.builds_reference else None
         phase("old log-probs (forward)", lambda: actor.compute_log_probs(batch, micro, cfg.actor.temperature))
         if ref is not None:
             phase("reference forward", lambda: ref.compute_log_probs(batch, micro, cfg.actor.temperature))
         if config.algorithm.needs_teacher:
-            teacher_phases(config, mesh, kind, device, phase, teacher_batch)
+            teacher = phase("load teacher", lambda: FSDPPolicy(model_folder(cfg.teacher.model.model_path),
+                                                               teacher_role_config(config), mesh, kind, device,
+                                                               trainable=False, offload=cfg.teacher.offload))
+            phase("teacher forward", lambda: teacher.compute_log_probs(
+                teacher_batch, cfg.teacher.micro_batch_size_per_device_for_experience, cfg.actor.temperature))
         if rm.enabled:
-            reward_model_phases(config, mesh, kind, device, phase, rm_batch)
+            def loaded(path, **kwargs):  # from_pretrained's model on rank 0: a fake state dict and buffers
+                state, buffers = fake_state(meta_model(kwargs["config"], classifier=True))
+                return SimpleNamespace(state_dict=lambda: state, named_buffers=lambda: iter(buffers.items()))
+
+            rm_cfg = replace(rm, model_path=model_folder(rm.model_path))  # the folder holding its config.json
+            with mock.patch.object(AutoModelForSequenceClassification, "from_pretrained", loaded):
+                scorer = phase("load reward model", lambda: FSDPRewardModel(rm_cfg, mesh, kind, device, pad_id=0))
+            phase("reward model forward", lambda: scorer.compute_scores(rm_batch))
         dtype = fsdp_model.TORCH_DTYPES[cfg.rollout.dtype]
         bucket = cfg.rollout.update_weights_bucket_megabytes * 2**20
         phase("weight sync gather", lambda: [None for _ in iter_full_weights(actor.model.state_dict(), device,
