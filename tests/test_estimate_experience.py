@@ -58,7 +58,7 @@ def test_estimate_follows_the_simulated_experience_forwards(tmp_path):
         assert column == pytest.approx(phase.peak_gib, rel=TOLERANCE), (name, estimate.experience[name], phase)
     lines = report.table(sim, estimate, {"trainer": None}, "h100", config.world_size).splitlines()
     assert "experience forward: reference forward" in "\n".join(lines)
-    assert lines[-2].startswith("not seen: the other ranks (rank 0 runs alone")  # what it cannot see, beside the verdict
+    assert lines[-2].startswith("not seen: the other ranks (rank 0 runs alone")  # what it cannot see, by the verdict
 
 
 def test_an_experience_forward_that_cannot_fit_names_its_phase_and_setting(tmp_path):
@@ -109,8 +109,9 @@ def test_the_forward_start_holds_a_large_root_group_twice():
     ``easyrl simulate`` peaks at 10.95 GiB before the first vision block, not in a decoder layer: FSDP2 keeps the
     root group's all-gather output (4.83 GiB: the 248320 x 5120 embedding and LM head) beside its unsharded
     parameters until the next group's copy-out, with the tower's pixels and position-embedding interpolation (1.13).
-    The estimate was 8.9 (a decoder layer's peak: -18%); ``easyrl.sizing.experience.forward_start`` counts 10.76. The 7B
-    recipe (config.yaml) still peaks inside a layer (17.0 vs 17.1 simulated: tests/test_simulate_images.py)."""
+    The estimate was 8.9 (a decoder layer's peak: -18%); ``easyrl.sizing.experience.forward_peak``'s start counts
+    10.76. The 7B recipe (config.yaml) still peaks inside a layer (17.0 vs 17.1 simulated:
+    tests/test_simulate_images.py)."""
     from transformers import AutoConfig
 
     from easyrl.simulate.phases import model_folder

@@ -37,13 +37,13 @@ def _simulate(argv: list[str], prog: str) -> int:
     from easyrl.simulate import report
     from easyrl.simulate.fake_device import DeviceCheckError
     from easyrl.simulate.phases import model_folder, simulate
-    from easyrl.sizing.anatomy import modelled_vision
+    from easyrl.sizing.anatomy import vision_shape
     from easyrl.sizing.estimate import check_memory, estimate_run
 
     config = load_config(overrides)
     model = config.worker.actor.model
     hf_config = AutoConfig.from_pretrained(model_folder(model.model_path), trust_remote_code=model.trust_remote_code)
-    if getattr(hf_config, "vision_config", None) is not None and not modelled_vision(hf_config):
+    if getattr(hf_config, "vision_config", None) is not None and vision_shape(hf_config) is None:  # not modelled
         raise ModelError(f"model_type {hf_config.model_type!r}: easyrl simulate models only the patch-grid vision "
                          f"towers of the mRoPE families (Qwen-VL), not this one's; see {DOCS}")
     name = args.device or DEFAULT_DEVICE.get(config.trainer.device, "h100")

@@ -16,8 +16,15 @@ from unittest import mock
 
 import torch
 import torch.distributed as dist
+from torch._subclasses.fake_tensor import (
+    FakeTensor,
+    FakeTensorDeviceMismatchError,
+    FakeTensorMode,
+    unset_fake_temporarily,
+)
+from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_leaves, tree_map
 
 from easyrl.sizing.anatomy import GIB
 from easyrl.sizing.devices import DeviceSpec
@@ -57,9 +64,6 @@ class SimulatedDevice(TorchDispatchMode):
 
     def _track(self, tensor: torch.Tensor) -> None:
         """Count ``tensor``'s storage until it is freed (a DTensor: its local tensor; only fake tensors count)."""
-        from torch._subclasses.fake_tensor import FakeTensor
-        from torch.distributed.tensor import DTensor
-
         if isinstance(tensor, DTensor):  # made inside DTensor's dispatch, below this mode: count its local tensor
             tensor = tensor._local_tensor
         if type(tensor) is not FakeTensor or tensor.device.type != self.device_type:
@@ -86,8 +90,6 @@ class SimulatedDevice(TorchDispatchMode):
 
     # dispatch -----------------------------------------------------------------------------------------------
     def _real(self, tensor: torch.Tensor) -> Optional[torch.Tensor]:
-        from torch._subclasses.fake_tensor import FakeTensor
-
         if not isinstance(tensor, FakeTensor):
             return tensor if type(tensor) is torch.Tensor and tensor.device.type == "cpu" else None
         ref, real = self.shadows.get(id(tensor), (None, None))
@@ -156,9 +158,6 @@ class SimulatedDevice(TorchDispatchMode):
         return out
 
     def _run_real(self, func, args, kwargs, inputs, reals):
-        from torch._subclasses.fake_tensor import unset_fake_temporarily
-        from torch.utils._pytree import tree_map
-
         swap = {id(t): r for t, r in zip(inputs, reals)}
         back = {id(r): t for t, r in zip(inputs, reals)}
         target = kwargs.get("device") if func is torch.ops.aten._to_copy.default else None
@@ -185,8 +184,6 @@ class SimulatedDevice(TorchDispatchMode):
         return tree_map(place, out)
 
     def _shadow_factory(self, func, args, kwargs, out) -> None:
-        from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
-
         if not isinstance(out, FakeTensor) or out.numel() > SHADOW_LIMIT or out.device.type not in self.kinds \
                 or out.is_floating_point() or out.is_complex():
             return  # weights, activations and their buffers: never data (and a host copy would cost real memory)
@@ -204,17 +201,14 @@ def _tensors(value) -> list[torch.Tensor]:
 def culprit(exc: BaseException) -> str:
     """``file:line in function: source`` of ``exc``'s innermost easyrl frame outside ``easyrl/simulate`` (else
     outside torch; ``?`` without one)."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     here = os.path.dirname(os.path.abspath(__file__))
-    frames = [f for f in frames if not f.filename.startswith(here)]
+    root = os.path.dirname(here)
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(here)]
     ours = [f for f in frames if f.filename.startswith(root)]
-    outside = [f for f in frames if os.sep + "torch" + os.sep not in f.filename]
-    frame = (ours or outside or frames or [None])[-1]
+    frame = (ours or [f for f in frames if os.sep + "torch" + os.sep not in f.filename] or frames or [None])[-1]
     if frame is None:
         return "?"
-    inside = frame.filename.startswith(root)
-    where = os.path.relpath(frame.filename, os.path.dirname(root)) if inside else frame.filename
+    where = os.path.relpath(frame.filename, os.path.dirname(root)) if ours else frame.filename
     return f"{where}:{frame.lineno} in {frame.name}: {(frame.line or '').strip()}"
 
 
@@ -222,8 +216,6 @@ def culprit(exc: BaseException) -> str:
 def device_check(phase: str) -> Iterator[None]:
     """A host/device mix or a host tensor in a collective becomes a :class:`DeviceCheckError` naming ``phase`` and
     the easyrl call."""
-    from torch._subclasses.fake_tensor import FakeTensorDeviceMismatchError
-
     try:
         yield
     except (FakeTensorDeviceMismatchError, HostTensorInCollective) as exc:
@@ -242,10 +234,8 @@ def fake_world(rank: int, world_size: int, device_type: str = "cuda") -> Iterato
     dist.init_process_group(f"{device_type}:fake", store=FakeStore(), rank=rank, world_size=world_size)
     # object collectives (broadcast_object_list, ...) pick their tensors' device from the backend: NCCL's is the
     # accelerator, the fake backend's the host (which the collective check would refuse)
-    from torch.distributed import distributed_c10d
-
     try:
-        with mock.patch.object(distributed_c10d, "_get_object_coll_device", lambda group=None: device_type):
+        with mock.patch.object(dist.distributed_c10d, "_get_object_coll_device", lambda group=None: device_type):
             yield
     finally:
         dist.destroy_process_group()
@@ -254,8 +244,6 @@ def fake_world(rank: int, world_size: int, device_type: str = "cuda") -> Iterato
 @contextlib.contextmanager
 def fake_tensors(device_type: Optional[str]) -> Iterator["SimulatedDevice"]:
     """``FakeTensorMode`` (earlier host tensors accepted as inputs) under a :class:`SimulatedDevice`."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     with FakeTensorMode(allow_non_fake_inputs=True):
         mode = SimulatedDevice(device_type or "cpu")
         original_resize = torch.UntypedStorage.resize_
@@ -334,8 +322,6 @@ def accelerator_standins(spec: DeviceSpec, fused_attention: bool = True) -> Iter
 def outside_fake_mode(function: Callable) -> Callable:
     """``function`` run with fake tensors switched off (for small index tensors a fake one cannot answer, and for
     peft's ``apply_lora``)."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
     @functools.wraps(function)
     def real(*args, **kwargs):
         with unset_fake_temporarily():

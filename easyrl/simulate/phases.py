@@ -17,6 +17,7 @@ from typing import Callable, Iterator, Optional
 from unittest import mock
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from easyrl.config import PPOConfig
 from easyrl.errors import ModelError
@@ -232,8 +233,6 @@ def simulate(config: PPOConfig, spec: DeviceSpec, log: Callable[[str], None] = p
 
 def _state_bytes(policy) -> int:
     """Bytes of this rank's trainable parameter shards, their float32 gradient shards and AdamW states."""
-    from torch.distributed.tensor import DTensor
-
     def nbytes(t, element_size=None):
         t = t.to_local() if isinstance(t, DTensor) else t
         return t.numel() * (element_size or t.element_size())

@@ -84,8 +84,8 @@ def table(sim: Optional[Simulation], estimate: MemoryEstimate, problems: dict[st
         lines.append(f"{name:34} {estimate.rollout.get(name, 0.0):7.1f} {estimate.training.get(name, 0.0):7.1f}")
     lines.append(f"{'total':34} {estimate.rollout_gib:7.1f} {estimate.training_gib:7.1f}")
     for name, items in estimate.experience.items():  # easyrl.sizing.experience.estimate_experience
-        lines.append(f"experience forward: {name} {sum(items.values()):.1f} GiB (no engine awake; the actor's AdamW states "
-                     f"{items.get('actor Adam states', 0.0):.1f} of it)")
+        lines.append(f"experience forward: {name} {sum(items.values()):.1f} GiB (no engine awake; the actor's AdamW "
+                     f"states {items.get('actor Adam states', 0.0):.1f} of it)")
     lines.append(f"vLLM weights under TP {estimate.tensor_parallel_size}: {estimate.vllm_weights_gib:.1f} GiB of a "
                  f"{estimate.vllm_claim_gib:.1f} GiB gpu_memory_utilization claim")
     if estimate.host:
