@@ -54,7 +54,7 @@ def test_ppo_simulates_the_critic_update_beside_the_actor(tmp_path):
     holds the critic's resident parameter and AdamW shards, and the critic's update is a phase of its own. The
     estimate adds the critic's gradients too (freed before the actor's update) and counts its LM head (replaced by a
     one-column value head): an upper bound, here +17% over the actor's update (+13% before the backward-prefetched
-    layer, sizing.estimate.prefetched_layer, which a 2-layer model's peak does not hold: docs/simulate.md)."""
+    layer, in sizing.estimate.update_activations, which a 2-layer model's peak does not hold: docs/simulate.md)."""
     from transformers import AutoConfig
 
     from easyrl.simulate.phases import simulate_updates
@@ -101,7 +101,7 @@ RECIPE_UPDATES = [("Qwen/Qwen3-VL-30B-A3B-Instruct", 9.8), ("Qwen/Qwen3.5-27B", 
 def test_moe_routing_and_gated_deltanet_state_are_estimated(model, simulated):
     """The routed token copies of a mixture of experts and Gated DeltaNet's float32 chunked state (measured on one
     layer each: sizing.estimate.update_activations) and the decoder layer FSDP2 gathers ahead in backward
-    (sizing.estimate.prefetched_layer: one 623M-parameter MoE layer in bf16, 1.2 GiB, found in a snapshot of the
+    (in sizing.estimate.update_activations: one 623M-parameter MoE layer in bf16, 1.2 GiB, found in a snapshot of the
     simulated peak) bring both offloaded recipes within 5% of their simulated updates (they were -16% and -17% with
     the dense layer's formula, -13% and -8% without the prefetched layer)."""
     from transformers import AutoConfig
