@@ -238,3 +238,19 @@ def test_split_placement_counts_each_side_alone():
     check_memory(big)
     with pytest.raises(ConfigError, match=r"worker.rollout.tensor_parallel_size \(now 1\)"):
         check_memory(big, "rollout")
+
+
+def test_the_preflight_checks_its_workers_side(tiny_model_path):
+    """A RolloutWorker's pre-flight checks the engine alone, an FSDPWorker's the training state: on one trainer
+    device of 4 bytes per parameter the engine (2 bytes) fits in its 0.9 claim, AdamW training (16 bytes) does not."""
+    from transformers import AutoConfig
+
+    from easyrl.sizing.estimate import preflight
+
+    path = tiny_model_path("qwen2_5")
+    config = _config(f"worker.actor.model.model_path={path}", "trainer.n_gpus_per_node=1",
+                     "worker.rollout.gpu_memory_utilization=0.9", *SPLIT)
+    capacity = 4 * model_anatomy(AutoConfig.from_pretrained(path))[0] / GIB
+    preflight(config, capacity, "rollout")
+    with pytest.raises(ConfigError, match="The training phase needs"):
+        preflight(config, capacity, "trainer")
