@@ -9,7 +9,6 @@ in collectives over a torch.distributed group (gloo / NCCL / HCCL). Test-only me
 from __future__ import annotations
 
 import datetime
-import logging
 import os
 import socket
 import time
@@ -35,8 +34,6 @@ from easyrl.workers.mm_staging import MultiModalStage
 from easyrl.workers.roles import build_roles
 from easyrl.workers.rollout_layout import RolloutLayout
 from easyrl.workers.vllm_cpu_fixes import remove_stale_tp_shm
-
-logger = logging.getLogger("easyrl.worker")
 
 
 def free_port() -> int:
