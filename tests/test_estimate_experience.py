@@ -14,7 +14,7 @@ from easyrl.config import load_config
 from easyrl.errors import ConfigError
 from easyrl.simulate import report
 from easyrl.simulate.phases import simulate
-from easyrl.sizing.anatomy import count_parameters, model_shape
+from easyrl.sizing.anatomy import model_anatomy, model_shape
 from easyrl.sizing.devices import DEVICES
 from easyrl.sizing.estimate import EXPERIENCE_SETTINGS, check_memory, estimate_memory
 from easyrl.sizing.experience import RoleModel, estimate_experience, experience_models
@@ -38,7 +38,7 @@ def _estimate(path: str, *overrides: str, capacity: float = DEVICES["h100"].memo
 
     config = load_config([f"config={ROOT / 'config.yaml'}", f"worker.actor.model.model_path={path}", *overrides])
     hf_config = AutoConfig.from_pretrained(path)
-    num_params, vocab = count_parameters(hf_config)
+    num_params, vocab = model_anatomy(hf_config)[:2]
     estimate = estimate_memory(num_params, vocab, config, capacity, model_shape(hf_config))
     estimate_experience(estimate, config, RoleModel(num_params, vocab, model_shape(hf_config)))
     return config, estimate
@@ -56,9 +56,9 @@ def test_estimate_follows_the_simulated_experience_forwards(tmp_path):
     for name, phase in simulated.items():
         column = float(report.experience_column(phase, estimate))
         assert column == pytest.approx(phase.peak_gib, rel=TOLERANCE), (name, estimate.experience[name], phase)
-    lines = report.table(sim, estimate, None, "h100", config.world_size).splitlines()
+    lines = report.table(sim, estimate, {"trainer": None}, "h100", config.world_size).splitlines()
     assert "experience forward: reference forward" in "\n".join(lines)
-    assert lines[-2].startswith("not seen: the other ranks (rank 0 runs alone")  # what it cannot see, beside the verdict
+    assert lines[-2].startswith("not seen: the other ranks (rank 0 runs alone")  # what it cannot see, by the verdict
 
 
 def test_an_experience_forward_that_cannot_fit_names_its_phase_and_setting(tmp_path):
@@ -93,13 +93,13 @@ def test_the_reward_model_forward_names_its_own_settings(tmp_path):
           "worker.reward.reward_model.max_length=8192", "worker.reward.reward_model.offload.offload_params=false")
     config, estimate = _estimate(path, *rm)
     hf_config = AutoConfig.from_pretrained(path)
-    estimate_experience(estimate, config, RoleModel(*count_parameters(hf_config), model_shape(hf_config)),
+    estimate_experience(estimate, config, RoleModel(*model_anatomy(hf_config)),
                         **experience_models(config))
     needed = sum(estimate.experience["reward model forward"].values())
     assert needed > estimate.capacity_gib > sum(estimate.experience["old log-probs (forward)"].values())
     with pytest.raises(ConfigError, match=r"'reward model forward'.*worker\.reward\.reward_model\.micro_batch"):
         check_memory(estimate)
-    sim = Simulation(DEVICES["h100"], config.world_size, [PhaseResult("reward model forward", needed, 1.0, 1.0)])
+    sim = Simulation([PhaseResult("reward model forward", needed, 1.0, 1.0)])
     problem = report.verdict(sim, estimate, None)
     assert "'reward model forward'" in problem and "worker.reward.reward_model.micro_batch_size_per_device" in problem
 
@@ -109,8 +109,9 @@ def test_the_forward_start_holds_a_large_root_group_twice():
     ``easyrl simulate`` peaks at 10.95 GiB before the first vision block, not in a decoder layer: FSDP2 keeps the
     root group's all-gather output (4.83 GiB: the 248320 x 5120 embedding and LM head) beside its unsharded
     parameters until the next group's copy-out, with the tower's pixels and position-embedding interpolation (1.13).
-    The estimate was 8.9 (a decoder layer's peak: -18%); ``easyrl.sizing.experience.forward_start`` counts 10.76. The 7B
-    recipe (config.yaml) still peaks inside a layer (17.0 vs 17.1 simulated: tests/test_simulate_images.py)."""
+    The estimate was 8.9 (a decoder layer's peak: -18%); ``easyrl.sizing.experience.forward_peak``'s start counts
+    10.76. The 7B recipe (config.yaml) still peaks inside a layer (17.0 vs 17.1 simulated:
+    tests/test_simulate_images.py)."""
     from transformers import AutoConfig
 
     from easyrl.simulate.phases import model_folder

@@ -14,7 +14,7 @@ import pytest
 
 from easyrl.config import load_config
 from easyrl.simulate.phases import simulate_updates
-from easyrl.sizing.anatomy import count_parameters, model_shape
+from easyrl.sizing.anatomy import model_anatomy, model_shape
 from easyrl.sizing.devices import DEVICES
 from easyrl.sizing.estimate import estimate_memory
 
@@ -43,7 +43,7 @@ def test_estimate_follows_the_simulated_update(tmp_path, layers, widths, overrid
     path = _model(tmp_path / "model", layers, **widths)
     config = load_config([f"config={ROOT / 'config.yaml'}", f"worker.actor.model.model_path={path}", *overrides])
     hf_config = AutoConfig.from_pretrained(path)
-    num_params, vocab = count_parameters(hf_config)
+    num_params, vocab = model_anatomy(hf_config)[:2]
     estimate = estimate_memory(num_params, vocab, config, DEVICES["h100"].memory_gib, model_shape(hf_config))
     simulated = simulate_updates(config, DEVICES["h100"], log=lambda _: None)[0].peak_gib
     assert estimate.training_gib == pytest.approx(simulated, rel=TOLERANCE), (estimate.training, simulated)
@@ -54,7 +54,7 @@ def test_ppo_simulates_the_critic_update_beside_the_actor(tmp_path):
     holds the critic's resident parameter and AdamW shards, and the critic's update is a phase of its own. The
     estimate adds the critic's gradients too (freed before the actor's update) and counts its LM head (replaced by a
     one-column value head): an upper bound, here +17% over the actor's update (+13% before the backward-prefetched
-    layer, sizing.estimate.prefetched_layer, which a 2-layer model's peak does not hold: docs/simulate.md)."""
+    layer, in sizing.estimate.update_activations, which a 2-layer model's peak does not hold: docs/simulate.md)."""
     from transformers import AutoConfig
 
     from easyrl.simulate.phases import simulate_updates
@@ -65,7 +65,7 @@ def test_ppo_simulates_the_critic_update_beside_the_actor(tmp_path):
                           "algorithm.adv_estimator=gae", "algorithm.gamma=1.0", "algorithm.lam=1.0",
                           "worker.rollout.n=1"])
     hf_config = AutoConfig.from_pretrained(path)
-    num_params, vocab = count_parameters(hf_config)
+    num_params, vocab = model_anatomy(hf_config)[:2]
     estimate = estimate_memory(num_params, vocab, config, DEVICES["h100"].memory_gib, model_shape(hf_config))
     phases = {p.name: p.peak_gib for p in simulate_updates(config, DEVICES["h100"], log=lambda _: None)}
     assert list(phases) == ["actor update (fwd+bwd+AdamW)", "critic update (fwd+bwd+AdamW)"]
@@ -86,7 +86,7 @@ def test_padded_path_simulates_and_the_estimate_bounds_it(tmp_path):
     config = load_config([f"config={ROOT / 'config.yaml'}", f"worker.actor.model.model_path={path}",
                           "worker.actor.padding_free=false", "worker.actor.micro_batch_size_per_device_for_update=2"])
     hf_config = AutoConfig.from_pretrained(path)
-    num_params, vocab = count_parameters(hf_config)
+    num_params, vocab = model_anatomy(hf_config)[:2]
     estimate = estimate_memory(num_params, vocab, config, DEVICES["h100"].memory_gib, model_shape(hf_config))
     simulated = simulate_updates(config, DEVICES["h100"], log=lambda _: None)[0].peak_gib
     assert simulated <= estimate.training_gib <= 1.35 * simulated
@@ -101,7 +101,7 @@ RECIPE_UPDATES = [("Qwen/Qwen3-VL-30B-A3B-Instruct", 9.8), ("Qwen/Qwen3.5-27B", 
 def test_moe_routing_and_gated_deltanet_state_are_estimated(model, simulated):
     """The routed token copies of a mixture of experts and Gated DeltaNet's float32 chunked state (measured on one
     layer each: sizing.estimate.update_activations) and the decoder layer FSDP2 gathers ahead in backward
-    (sizing.estimate.prefetched_layer: one 623M-parameter MoE layer in bf16, 1.2 GiB, found in a snapshot of the
+    (in sizing.estimate.update_activations: one 623M-parameter MoE layer in bf16, 1.2 GiB, found in a snapshot of the
     simulated peak) bring both offloaded recipes within 5% of their simulated updates (they were -16% and -17% with
     the dense layer's formula, -13% and -8% without the prefetched layer)."""
     from transformers import AutoConfig
@@ -112,6 +112,6 @@ def test_moe_routing_and_gated_deltanet_state_are_estimated(model, simulated):
                           "worker.actor.offload.offload_params=true",
                           "worker.actor.micro_batch_size_per_device_for_update=1"])
     hf_config = AutoConfig.from_pretrained(model_folder(model))
-    num_params, vocab = count_parameters(hf_config)
+    num_params, vocab = model_anatomy(hf_config)[:2]
     estimate = estimate_memory(num_params, vocab, config, DEVICES["h100"].memory_gib, model_shape(hf_config))
     assert estimate.training_gib == pytest.approx(simulated, rel=0.05), estimate.training

@@ -8,7 +8,7 @@ import pytest
 
 from easyrl.config import load_config
 from easyrl.errors import ConfigError
-from easyrl.sizing.anatomy import GIB, ModelShape, count_parameters, model_shape
+from easyrl.sizing.anatomy import GIB, ModelShape, model_anatomy, model_shape
 from easyrl.sizing.estimate import check_memory, estimate_memory
 
 DEFAULT = f"config={Path(__file__).resolve().parents[1] / 'config.yaml'}"
@@ -177,7 +177,7 @@ def test_parameters_counted_on_the_meta_device(tiny_model_path):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     path = tiny_model_path("qwen2_5")
-    num, vocab = count_parameters(AutoConfig.from_pretrained(path))
+    num, vocab = model_anatomy(AutoConfig.from_pretrained(path))[:2]
     assert num == sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(path).parameters())
     assert vocab == AutoConfig.from_pretrained(path).vocab_size
 
@@ -209,3 +209,48 @@ def test_ulysses_splits_the_activations_so_32k_responses_fit():
     with pytest.raises(ConfigError, match="The training phase needs .*worker.actor.ulysses_size"):
         check_memory(estimates[1])
     check_memory(estimates[4])
+
+
+SPLIT = ("trainer.rollout_mode=one_step_off", "worker.rollout.n_gpus_per_node=2", "data.val_files=null")
+
+
+def test_split_placement_counts_each_side_alone():
+    """7B on 8 + 2 devices of 24 GiB, gpu_memory_utilization 0.7: colocated, the engine's 16.8 GiB claim beside the
+    actor's float32 shard and AdamW states (9.8 GiB) is over; split (the engines on devices of their own), the
+    trainer's side holds no engine and the rollout side no optimizer, and both fit."""
+    colocated = estimate_memory(7_000_000_000, 152_064, _config("worker.rollout.gpu_memory_utilization=0.7"),
+                                capacity_gib=24.0)
+    with pytest.raises(ConfigError, match="The rollout phase needs"):
+        check_memory(colocated)
+    split = estimate_memory(7_000_000_000, 152_064, _config("worker.rollout.gpu_memory_utilization=0.7", *SPLIT),
+                            capacity_gib=24.0)
+    assert split.rollout_devices == 2 and colocated.rollout_devices == 0
+    trainer, rollout = split.phases("trainer"), split.phases("rollout")
+    assert all("vLLM (gpu_memory_utilization)" not in items for items in trainer.values()), trainer
+    assert rollout == {"The rollout phase": {"vLLM (gpu_memory_utilization)": pytest.approx(0.7 * 24.0)}}
+    assert split.rollout_gib == pytest.approx(colocated.rollout_gib - 12 * 7e9 / 8 / GIB)  # no params, no AdamW
+    assert split.training == colocated.training and "The rollout phase" in colocated.phases("trainer")
+    check_memory(split)  # the trainer's side
+    check_memory(split, "rollout")
+    # the rollout side alone answers for the engine: 32B bf16 weights do not fit in one device's claim
+    big = estimate_memory(32_000_000_000, 152_064, _config("worker.actor.offload.offload_params=true", *SPLIT),
+                          capacity_gib=80.0)
+    check_memory(big)
+    with pytest.raises(ConfigError, match=r"worker.rollout.tensor_parallel_size \(now 1\)"):
+        check_memory(big, "rollout")
+
+
+def test_the_preflight_checks_its_workers_side(tiny_model_path):
+    """A RolloutWorker's pre-flight checks the engine alone, an FSDPWorker's the training state: on one trainer
+    device of 4 bytes per parameter the engine (2 bytes) fits in its 0.9 claim, AdamW training (16 bytes) does not."""
+    from transformers import AutoConfig
+
+    from easyrl.sizing.estimate import preflight
+
+    path = tiny_model_path("qwen2_5")
+    config = _config(f"worker.actor.model.model_path={path}", "trainer.n_gpus_per_node=1",
+                     "worker.rollout.gpu_memory_utilization=0.9", *SPLIT)
+    capacity = 4 * model_anatomy(AutoConfig.from_pretrained(path))[0] / GIB
+    preflight(config, capacity, "rollout")
+    with pytest.raises(ConfigError, match="The training phase needs"):
+        preflight(config, capacity, "trainer")

@@ -90,7 +90,7 @@ def test_every_phase_runs_on_a_small_model_and_the_shards_match_a_hand_count(tmp
 
     from easyrl.config import load_config
     from easyrl.simulate.phases import simulate
-    from easyrl.sizing.anatomy import GIB, count_parameters
+    from easyrl.sizing.anatomy import GIB, model_anatomy
 
     path = _small_model(tmp_path / "model")
     config = load_config(["config=" + str(ROOT / "config.yaml"), f"worker.actor.model.model_path={path}",
@@ -100,7 +100,7 @@ def test_every_phase_runs_on_a_small_model_and_the_shards_match_a_hand_count(tmp
     assert list(phases) == ["load actor", "load reference", "old log-probs (forward)", "reference forward",
                             "weight sync gather", "checkpoint state dict", "export gather",
                             "actor update (fwd+bwd+AdamW)"]
-    params = count_parameters(AutoConfig.from_pretrained(path))[0]
+    params = model_anatomy(AutoConfig.from_pretrained(path))[0]
     # after loading, rank 0 holds its float32 shard (the reference is offloaded to the host by config.yaml)
     assert phases["load actor"].resident_gib == pytest.approx(4 * params / 8 / GIB, rel=0.01)
     assert phases["load reference"].resident_gib == pytest.approx(phases["load actor"].resident_gib, rel=0.01)
@@ -148,24 +148,27 @@ def test_teacher_and_reward_model_are_simulated_with_their_worker_code(tmp_path)
 
 def test_the_judge_engine_is_held_beside_every_phase():
     """The judge's vLLM engine has no sleep mode: a phase that fits alone but not beside the judge's claim fails,
-    and judge weights larger than its claim fail before any phase."""
+    and judge weights larger than its claim fail before any phase (the estimate's check, as in the pre-flight)."""
+    from easyrl.errors import ConfigError
     from easyrl.simulate import report
     from easyrl.simulate.phases import PhaseResult, Simulation
-    from easyrl.sizing.estimate import MemoryEstimate
+    from easyrl.sizing.estimate import JUDGE, MemoryEstimate, check_memory
 
     estimate = MemoryEstimate(capacity_gib=79.2, vllm_weights_gib=1.0, tensor_parallel_size=1, vllm_claim_gib=40.0)
-    sim = Simulation(DEVICES["h100"], 8, [PhaseResult("actor update (fwd+bwd+AdamW)", 60.0, 0.0, 1.0)])
+    sim = Simulation([PhaseResult("actor update (fwd+bwd+AdamW)", 60.0, 0.0, 1.0)])
     assert report.verdict(sim, estimate, None) is None
-    sim.beside["judge vLLM (worker.reward.judge.gpu_memory_utilization)"] = 19.8
+    sim.beside[JUDGE] = 19.8
     assert "actor update" in report.verdict(sim, estimate, None) and "judge vLLM" in report.verdict(sim, estimate,
                                                                                                     None)
-    assert "worker.reward.judge.gpu_memory_utilization" in report.judge_problem({"weights_gib": 15.2,
-                                                                                 "claim_gib": 7.9})
-    assert report.judge_problem({"weights_gib": 14.2, "claim_gib": 19.8}) is None
+    judged = MemoryEstimate(79.2, 1.0, 1, 40.0, rollout={JUDGE: 7.9}, training={JUDGE: 7.9}, judge_weights_gib=15.2)
+    with pytest.raises(ConfigError, match="judge's vLLM weights .*worker.reward.judge.gpu_memory_utilization"):
+        check_memory(judged)
+    judged.judge_weights_gib = 7.0
+    check_memory(judged)
 
 
 def test_lora_simulates(tmp_path):
-    """peft wraps the meta model with fake tensors switched off (``phases.lora_outside_fake_mode``): on fake tensors
+    """peft wraps the meta model with fake tensors switched off (``phases.simulated_rank``): on fake tensors
     its ``Module.to`` swap refused them ("Couldn't swap Linear.weight"), and the LoRA recipe was an expected failure."""
     from easyrl.config import load_config
     from easyrl.simulate.phases import simulate
@@ -199,13 +202,14 @@ def test_the_verdict_names_every_phase_that_does_not_fit_with_advice_for_it():
                                                            "reference": 0.0},
                               training={"actor params": 30.0, "actor Adam states": 60.0,
                                         "activations (layers in backward)": 3.0}, host={"reference": 14.0})
-    sim = Simulation(DEVICES["h100"], 8, [PhaseResult("load actor", 85.0, 30.0, 1.0), PhaseResult(
+    sim = Simulation([PhaseResult("load actor", 85.0, 30.0, 1.0), PhaseResult(
         "actor update (fwd+bwd+AdamW)", 93.0, float("nan"), 1.0), PhaseResult("export gather", 50.0, 30.0, 1.0)])
     problem = report.verdict(sim, estimate, None)
     assert "'load actor'" in problem and "'actor update (fwd+bwd+AdamW)'" in problem and "export" not in problem
     assert "worker.actor.offload.offload_params=true" in problem
     assert "micro_batch" not in problem and "worker.ref" not in problem
-    assert "host memory per node for the offloaded states: 14.0 GiB" in report.table(sim, estimate, problem, "h100", 8)
+    table = report.table(sim, estimate, {"trainer": problem}, "h100", 8)
+    assert "host memory per node for the offloaded states: 14.0 GiB" in table
 
 
 def test_the_docs_list_the_command():
@@ -213,3 +217,18 @@ def test_the_docs_list_the_command():
     commands = (ROOT / "README.md").read_text().split("## Commands", 1)[1].split("```")[1]
     assert all(f"easyrl {name} " in commands for name in COMMANDS), commands
     assert "once the console script wires" not in (ROOT / "docs" / "simulate.md").read_text()
+
+
+def test_a_split_config_reports_each_side_with_its_own_peak_and_verdict(tmp_path, capsys):
+    """``trainer.rollout_mode=one_step_off`` with 2 rollout devices (the estimate only: the simulation runs the
+    trainer's phases, as in tests above): the trainer's 8 devices hold no engine, the rollout devices its claim."""
+    path = _small_model(tmp_path / "model")
+    argv = ["config=" + str(ROOT / "config.yaml"), f"worker.actor.model.model_path={path}", "data.val_files=null",
+            "trainer.rollout_mode=one_step_off", "worker.rollout.n_gpus_per_node=2", "--estimate-only"]
+    assert main(argv + ["--json"]) == 0
+    sides = json.loads(capsys.readouterr().out)["sides"]
+    assert sides["rollout"] == {"devices": 2, "fits": True, "problem": None, "peak_gib": pytest.approx(0.6 * 79.2)}
+    assert sides["trainer"]["devices"] == 8 and sides["trainer"]["fits"] and sides["trainer"]["peak_gib"] < 1.0
+    assert main(argv + ["worker.rollout.gpu_memory_utilization=0.2"]) == 0
+    table = capsys.readouterr().out
+    assert "trainer devices (8): peak 0." in table and "rollout devices (2): peak 15.8 GiB: fits" in table, table

@@ -1,6 +1,6 @@
 """``easyrl simulate`` on a vision-language model: the budget micro-batch carries one image per prompt as the trainer
-sends it (``easyrl.simulate.images``), cut as the Qwen-VL processor cuts it, and the estimate counts the vision tower
-(``easyrl.sizing.vision.vision_activations``)."""
+sends it (``easyrl.simulate.phases.vision_grid``), cut as the Qwen-VL processor cuts it, and the estimate counts the
+vision tower (``easyrl.sizing.vision.vision_activations``)."""
 
 from __future__ import annotations
 

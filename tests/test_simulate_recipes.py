@@ -27,10 +27,10 @@ def _overrides(path: str) -> list[str]:
         return module.script_overrides(f.read(), path)
 
 
-CASES = SCRIPTS  # LoRA included: peft wraps the meta model outside the fake mode (phases.lora_outside_fake_mode)
+CASES = SCRIPTS  # LoRA included: peft wraps the meta model outside the fake mode (phases.simulated_rank)
 
 
-# the phases of the roles a recipe adds beside the actor (easyrl.simulate.extra_roles), by recipe
+# the phases of the roles a recipe adds beside the actor (easyrl.simulate.phases), by recipe
 ROLE_PHASES = {"qwen2_5_7b_math12k_grpo_reward_model.sh": ["load reward model", "reward model forward"],
                "qwen3_8b_to_1_7b_math12k_distill.sh": ["load teacher", "teacher forward"]}
 HELD_BESIDE = {"qwen2_5_vl_7b_geo3k_judge.sh": "judge vLLM (worker.reward.judge.gpu_memory_utilization)"}

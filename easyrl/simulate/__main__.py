@@ -22,24 +22,6 @@ def main(argv: Optional[list[str]] = None, prog: str = "python -m easyrl.simulat
     return run_cli(lambda: _simulate(argv, prog))
 
 
-def _refuse_unmodelled_vision(model, model_folder) -> None:
-    """Refuse a VL model whose vision tower the sizing does not model (``easyrl.sizing.anatomy.modelled_vision``).
-
-    Raises:
-        ModelError: naming the ``model_type`` and docs/models.md.
-    """
-    from transformers import AutoConfig
-
-    from easyrl.errors import ModelError
-    from easyrl.models.families import DOCS
-    from easyrl.sizing.anatomy import modelled_vision
-
-    hf_config = AutoConfig.from_pretrained(model_folder(model.model_path), trust_remote_code=model.trust_remote_code)
-    if getattr(hf_config, "vision_config", None) is not None and not modelled_vision(hf_config):
-        raise ModelError(f"model_type {hf_config.model_type!r}: easyrl simulate models only the patch-grid vision "
-                         f"towers of the mRoPE families (Qwen-VL), not this one's; see {DOCS}")
-
-
 def _simulate(argv: list[str], prog: str) -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.replace("``", ""))
     parser.add_argument("--device", choices=SIMULATED, default=None,
@@ -47,37 +29,46 @@ def _simulate(argv: list[str], prog: str) -> int:
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--estimate-only", action="store_true", help="only the pre-flight estimate (no simulation)")
     args, overrides = parser.parse_known_args(argv)  # --help exits above: nothing heavy is imported before
+    from transformers import AutoConfig
+
     from easyrl.config import load_config
-    from easyrl.errors import ConfigError
-    from easyrl.simulate import extra_roles, report
+    from easyrl.errors import ConfigError, ModelError
+    from easyrl.models.families import DOCS
+    from easyrl.simulate import report
     from easyrl.simulate.fake_device import DeviceCheckError
     from easyrl.simulate.phases import model_folder, simulate
+    from easyrl.sizing.anatomy import vision_shape
     from easyrl.sizing.estimate import check_memory, estimate_run
 
     config = load_config(overrides)
-    _refuse_unmodelled_vision(config.worker.actor.model, model_folder)
+    model = config.worker.actor.model
+    hf_config = AutoConfig.from_pretrained(model_folder(model.model_path), trust_remote_code=model.trust_remote_code)
+    if getattr(hf_config, "vision_config", None) is not None and vision_shape(hf_config) is None:  # not modelled
+        raise ModelError(f"model_type {hf_config.model_type!r}: easyrl simulate models only the patch-grid vision "
+                         f"towers of the mRoPE families (Qwen-VL), not this one's; see {DOCS}")
     name = args.device or DEFAULT_DEVICE.get(config.trainer.device, "h100")
     spec = DEVICES[name]
     estimate = estimate_run(config, spec.memory_gib, model_folder)
-    judge = extra_roles.judge_engine(config, spec.memory_gib, model_folder)
-    try:
-        check_memory(estimate)
-        estimate_error = None
-    except ConfigError as exc:  # every phase that does not fit, named (vLLM's weights vs its claim: the rollout's)
-        estimate_error = ("rollout phase: " if str(exc).startswith("vLLM") else "") + str(exc)
-    estimate_error = estimate_error or report.judge_problem(judge)
+    problems = {}
+    for side in ("trainer", "rollout") if estimate.rollout_devices else ("trainer",):
+        try:
+            check_memory(estimate, side)
+            problems[side] = None
+        except ConfigError as exc:  # every phase that does not fit, named (vLLM's weights vs its claim: the rollout's)
+            problems[side] = ("rollout phase: " if str(exc).startswith("vLLM") else "") + str(exc)
     sim = None
-    if not args.estimate_only and estimate_error is None:
+    if not args.estimate_only and problems["trainer"] is None:  # the simulation runs the trainer's phases
         try:
             sim = simulate(config, spec, log=(lambda _: None) if args.json else print)
         except DeviceCheckError as exc:
             print(f"easyrl: device error: {exc}", file=sys.stderr)
             return 1
-    problem = report.verdict(sim, estimate, estimate_error)
+    problems["trainer"] = report.verdict(sim, estimate, problems["trainer"])
     if args.json:
-        print(json.dumps(report.as_dict(sim, estimate, problem, name, config.world_size) | {"judge": judge}, indent=2))
+        print(json.dumps(report.as_dict(sim, estimate, problems, name, config.world_size), indent=2))
     else:
-        print(report.table(sim, estimate, problem, name, config.world_size, judge))
+        print(report.table(sim, estimate, problems, name, config.world_size))
+    problem = report.overall(problems)
     return 0 if problem is None else 1
 
 

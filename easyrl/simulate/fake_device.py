@@ -6,17 +6,25 @@ the innermost easyrl call. How and why: docs/simulate.md, "What makes a CPU act 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 import traceback
 import weakref
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 from unittest import mock
 
 import torch
 import torch.distributed as dist
+from torch._subclasses.fake_tensor import (
+    FakeTensor,
+    FakeTensorDeviceMismatchError,
+    FakeTensorMode,
+    unset_fake_temporarily,
+)
+from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_leaves, tree_map
 
 from easyrl.sizing.anatomy import GIB
 from easyrl.sizing.devices import DeviceSpec
@@ -56,9 +64,6 @@ class SimulatedDevice(TorchDispatchMode):
 
     def _track(self, tensor: torch.Tensor) -> None:
         """Count ``tensor``'s storage until it is freed (a DTensor: its local tensor; only fake tensors count)."""
-        from torch._subclasses.fake_tensor import FakeTensor
-        from torch.distributed.tensor import DTensor
-
         if isinstance(tensor, DTensor):  # made inside DTensor's dispatch, below this mode: count its local tensor
             tensor = tensor._local_tensor
         if type(tensor) is not FakeTensor or tensor.device.type != self.device_type:
@@ -85,8 +90,6 @@ class SimulatedDevice(TorchDispatchMode):
 
     # dispatch -----------------------------------------------------------------------------------------------
     def _real(self, tensor: torch.Tensor) -> Optional[torch.Tensor]:
-        from torch._subclasses.fake_tensor import FakeTensor
-
         if not isinstance(tensor, FakeTensor):
             return tensor if type(tensor) is torch.Tensor and tensor.device.type == "cpu" else None
         ref, real = self.shadows.get(id(tensor), (None, None))
@@ -155,9 +158,6 @@ class SimulatedDevice(TorchDispatchMode):
         return out
 
     def _run_real(self, func, args, kwargs, inputs, reals):
-        from torch._subclasses.fake_tensor import unset_fake_temporarily
-        from torch.utils._pytree import tree_map
-
         swap = {id(t): r for t, r in zip(inputs, reals)}
         back = {id(r): t for t, r in zip(inputs, reals)}
         target = kwargs.get("device") if func is torch.ops.aten._to_copy.default else None
@@ -184,8 +184,6 @@ class SimulatedDevice(TorchDispatchMode):
         return tree_map(place, out)
 
     def _shadow_factory(self, func, args, kwargs, out) -> None:
-        from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
-
         if not isinstance(out, FakeTensor) or out.numel() > SHADOW_LIMIT or out.device.type not in self.kinds \
                 or out.is_floating_point() or out.is_complex():
             return  # weights, activations and their buffers: never data (and a host copy would cost real memory)
@@ -203,17 +201,14 @@ def _tensors(value) -> list[torch.Tensor]:
 def culprit(exc: BaseException) -> str:
     """``file:line in function: source`` of ``exc``'s innermost easyrl frame outside ``easyrl/simulate`` (else
     outside torch; ``?`` without one)."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     here = os.path.dirname(os.path.abspath(__file__))
-    frames = [f for f in frames if not f.filename.startswith(here)]
+    root = os.path.dirname(here)
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(here)]
     ours = [f for f in frames if f.filename.startswith(root)]
-    outside = [f for f in frames if os.sep + "torch" + os.sep not in f.filename]
-    frame = (ours or outside or frames or [None])[-1]
+    frame = (ours or [f for f in frames if os.sep + "torch" + os.sep not in f.filename] or frames or [None])[-1]
     if frame is None:
         return "?"
-    inside = frame.filename.startswith(root)
-    where = os.path.relpath(frame.filename, os.path.dirname(root)) if inside else frame.filename
+    where = os.path.relpath(frame.filename, os.path.dirname(root)) if ours else frame.filename
     return f"{where}:{frame.lineno} in {frame.name}: {(frame.line or '').strip()}"
 
 
@@ -221,8 +216,6 @@ def culprit(exc: BaseException) -> str:
 def device_check(phase: str) -> Iterator[None]:
     """A host/device mix or a host tensor in a collective becomes a :class:`DeviceCheckError` naming ``phase`` and
     the easyrl call."""
-    from torch._subclasses.fake_tensor import FakeTensorDeviceMismatchError
-
     try:
         yield
     except (FakeTensorDeviceMismatchError, HostTensorInCollective) as exc:
@@ -241,10 +234,8 @@ def fake_world(rank: int, world_size: int, device_type: str = "cuda") -> Iterato
     dist.init_process_group(f"{device_type}:fake", store=FakeStore(), rank=rank, world_size=world_size)
     # object collectives (broadcast_object_list, ...) pick their tensors' device from the backend: NCCL's is the
     # accelerator, the fake backend's the host (which the collective check would refuse)
-    from torch.distributed import distributed_c10d
-
     try:
-        with mock.patch.object(distributed_c10d, "_get_object_coll_device", lambda group=None: device_type):
+        with mock.patch.object(dist.distributed_c10d, "_get_object_coll_device", lambda group=None: device_type):
             yield
     finally:
         dist.destroy_process_group()
@@ -253,8 +244,6 @@ def fake_world(rank: int, world_size: int, device_type: str = "cuda") -> Iterato
 @contextlib.contextmanager
 def fake_tensors(device_type: Optional[str]) -> Iterator["SimulatedDevice"]:
     """``FakeTensorMode`` (earlier host tensors accepted as inputs) under a :class:`SimulatedDevice`."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     with FakeTensorMode(allow_non_fake_inputs=True):
         mode = SimulatedDevice(device_type or "cpu")
         original_resize = torch.UntypedStorage.resize_
@@ -299,20 +288,9 @@ def fake_state(model: torch.nn.Module) -> tuple[dict, dict]:
     return state, {name: torch.empty(b.shape, dtype=b.dtype) for name, b in model.named_buffers()}
 
 
-class _Stream:
-    """Stand-in for ``torch.cuda.Stream`` / ``Event``: every method is a no-op (one simulated stream)."""
-
-    def __init__(self, *args, **kwargs):
-        self.device = torch.device("cuda", 0)
-
-    def __getattr__(self, name):
-        return lambda *args, **kwargs: None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
+def _stream(*args, **kwargs) -> mock.MagicMock:
+    """Stand-in for a ``torch.cuda.Stream`` / ``Event``: every method is a no-op (one simulated stream)."""
+    return mock.MagicMock(device=torch.device("cuda", 0))
 
 
 @contextlib.contextmanager
@@ -323,8 +301,8 @@ def accelerator_standins(spec: DeviceSpec, fused_attention: bool = True) -> Iter
     cuda = torch.cuda
     props = mock.Mock(total_memory=int(spec.memory_gib * GIB), name=spec.name)
     patches = dict(current_device=lambda: 0, device_count=lambda: 1, set_device=lambda *a, **k: None,
-                   Stream=_Stream, Event=_Stream, current_stream=lambda *a, **k: _Stream(),
-                   default_stream=lambda *a, **k: _Stream(), stream=lambda *a, **k: contextlib.nullcontext(),
+                   Stream=_stream, Event=_stream, current_stream=_stream, default_stream=_stream,
+                   stream=lambda *a, **k: contextlib.nullcontext(),
                    synchronize=lambda *a, **k: None, empty_cache=lambda: None,
                    get_device_properties=lambda *a, **k: props, get_device_name=lambda *a, **k: spec.name,
                    get_device_capability=lambda *a, **k: (9, 0),
@@ -341,18 +319,24 @@ def accelerator_standins(spec: DeviceSpec, fused_attention: bool = True) -> Iter
         yield
 
 
+def outside_fake_mode(function: Callable) -> Callable:
+    """``function`` run with fake tensors switched off (for small index tensors a fake one cannot answer, and for
+    peft's ``apply_lora``)."""
+    @functools.wraps(function)
+    def real(*args, **kwargs):
+        with unset_fake_temporarily():
+            return function(*args, **kwargs)
+
+    return real
+
+
 def _patch_shard_offsets(stack: contextlib.ExitStack) -> None:
     """DTensor's shard offsets (``int()`` of small index tensors, which a fake tensor cannot answer) on real
     tensors, wherever imported."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
     from torch.distributed.tensor import _utils
 
     original = _utils.compute_local_shape_and_global_offset
-
-    def real_offsets(*args, **kwargs):
-        with unset_fake_temporarily():
-            return original(*args, **kwargs)
-
+    real_offsets = outside_fake_mode(original)
     for name, module in list(sys.modules.items()):
         if name.startswith("torch.distributed") and getattr(module, "compute_local_shape_and_global_offset",
                                                             None) is original:

@@ -1,33 +1,41 @@
 """The phases of one training step run with easyrl's own worker code as rank 0 of the config's world on simulated
 devices (``easyrl.simulate.fake_device``), each recording the device's peak memory: load and shard, the experience
-forwards at the config's token budget, the weight-sync gather, the checkpoint state dict, the export gather and the
-updates. Rank 0 reads the checkpoint (faked: ``fake_checkpoint_reader``) and holds the largest ``Shard(0)`` pieces."""
+forwards at the config's token budget (the reward model's and the distillation teacher's too; docs/simulate.md, "The
+roles beside the actor"), the weight-sync gather, the checkpoint state dict, the export gather and the updates; the
+budget batch holds one image per prompt for a VL model ("Images"). Rank 0 reads the checkpoint (faked:
+``fake_checkpoint_reader``) and holds the largest ``Shard(0)`` pieces."""
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from types import SimpleNamespace
 from typing import Callable, Iterator, Optional
 from unittest import mock
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from easyrl.config import PPOConfig
 from easyrl.errors import ModelError
+from easyrl.simulate.attention import simulated_vl
 from easyrl.simulate.fake_device import (
     GIB,
     DeviceSpec,
     accelerator_standins,
     device_check,
     fake_checkpoint_reader,
+    fake_state,
     fake_tensors,
     fake_world,
+    outside_fake_mode,
 )
-from easyrl.simulate.images import ImageGrid, add_images, image_grid
-from easyrl.simulate.vl_model import simulated_vl
+from easyrl.sizing.anatomy import VisionShape, meta_model, vision_shape
 from easyrl.sizing.estimate import JUDGE
+from easyrl.sizing.vision import prompt_image_grid
 
 MODEL_CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                              "examples", "model_configs")
@@ -47,27 +55,9 @@ class PhaseResult:
 class Simulation:
     """What one simulated rank measured."""
 
-    device: DeviceSpec
-    world_size: int
     phases: list[PhaseResult] = field(default_factory=list)
     beside: dict[str, float] = field(default_factory=dict)
     """GiB held beside every phase by what is not simulated but stays resident (the LLM judge's vLLM engine)."""
-
-
-def lora_outside_fake_mode():
-    """``easyrl.models.lora.apply_lora`` with fake tensors off: peft's ``Module.to`` refuses the weakref
-    ``FakeTensorMode`` keeps on its tensors (docs/simulate.md); FSDP2 makes the adapter fake later."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-    from easyrl.models import lora as lora_module
-
-    original = lora_module.apply_lora
-
-    def apply_lora(model, lora, model_path):
-        with unset_fake_temporarily():
-            return original(model, lora, model_path)
-
-    return mock.patch.object(lora_module, "apply_lora", apply_lora)
 
 
 @contextlib.contextmanager
@@ -77,10 +67,12 @@ def simulated_rank(spec: DeviceSpec, world_size: int, kind: str) -> Iterator[tup
     from torch.distributed.device_mesh import init_device_mesh
 
     import easyrl.workers.fsdp_model as fsdp_model
+    from easyrl.models import lora
 
+    # peft's Module.to refuses the weakref FakeTensorMode keeps on its tensors: FSDP2 makes the adapter fake later
     with fake_world(0, world_size, kind), accelerator_standins(spec), \
-            mock.patch.object(fsdp_model, "read_checkpoint", fake_checkpoint_reader), lora_outside_fake_mode(), \
-            simulated_vl():
+            mock.patch.object(fsdp_model, "read_checkpoint", fake_checkpoint_reader), \
+            mock.patch.object(lora, "apply_lora", outside_fake_mode(lora.apply_lora)), simulated_vl():
         mesh = init_device_mesh(kind, (world_size,), mesh_dim_names=("dp",))
         with fake_tensors(kind) as mode:
             yield mesh, mode
@@ -98,16 +90,16 @@ def model_folder(model_path: str) -> str:
                      f"holding one (no weights needed), or add {shipped}/config.json")
 
 
-def budget_batch(config: PPOConfig, tokens: int, grid: Optional[ImageGrid] = None):
-    """Full-length host rows (prompt + response) filling ``tokens``, as the trainer sends them; with ``grid`` (a VL
-    model) one image per prompt (``easyrl.simulate.images.add_images``)."""
+def budget_batch(config: PPOConfig, tokens: int, grid: Optional[ImageGrid] = None, length: int = 0):
+    """Full-length host rows (prompt + response, or ``length`` tokens) filling ``tokens``, as the trainer sends them;
+    with ``grid`` (a VL model) one image per prompt (:func:`add_images`)."""
     from tensordict import TensorDict
 
     from easyrl.batch import Batch
 
     prompt, response = config.data.max_prompt_length, config.data.max_response_length
-    bsz = max(1, tokens // (prompt + response))
-    length = prompt + response
+    length = length or prompt + response
+    bsz = max(1, tokens // length)
     tensors = {"input_ids": torch.randint(0, 1000, (bsz, length)),
                "attention_mask": torch.ones(bsz, length, dtype=torch.long),
                "response_mask": torch.ones(bsz, response, dtype=torch.long),  # integers, as the trainer sends it
@@ -118,12 +110,54 @@ def budget_batch(config: PPOConfig, tokens: int, grid: Optional[ImageGrid] = Non
     return Batch(TensorDict(tensors, batch_size=[bsz]), extras)
 
 
+@dataclass(frozen=True)
+class ImageGrid:
+    """One image as the Qwen-VL processor cuts it: ``grid_thw`` ``(temporal, height, width)`` in patches (a row of
+    ``image_grid_thw``), the tower's widths and the ids of the tokens around and in the image."""
+
+    grid_thw: tuple[int, int, int]
+    vision: VisionShape
+    image_token_id: int
+    vision_start_token_id: int
+    vision_end_token_id: int
+
+    @property
+    def patches(self) -> int:
+        """Rows of ``pixel_values`` for this image."""
+        return math.prod(self.grid_thw)
+
+    @property
+    def tokens(self) -> int:
+        """Image pad tokens in the prompt for this image (``merge_size^2`` patches each)."""
+        return self.patches // self.vision.merge_size ** 2
+
+
 def vision_grid(config: PPOConfig, model_path: str, trust_remote_code: bool = False) -> Optional[ImageGrid]:
-    """The image each prompt of the budget batch holds for the model at ``model_path`` (None: a text model)."""
+    """The image each prompt of the budget batch holds for the model at ``model_path``, the largest ``config`` admits
+    (``easyrl.sizing.vision.prompt_image_grid``); None for a text model or no room (a text-only batch)."""
     from transformers import AutoConfig
 
-    return image_grid(AutoConfig.from_pretrained(model_folder(model_path), trust_remote_code=trust_remote_code),
-                      config)
+    hf_config = AutoConfig.from_pretrained(model_folder(model_path), trust_remote_code=trust_remote_code)
+    vision = vision_shape(hf_config)
+    grid = prompt_image_grid(config, vision) if vision is not None else None
+    if grid is None:
+        return None
+    text = getattr(hf_config, "text_config", None) or hf_config
+    ids = [next(v for v in (getattr(hf_config, key, None), getattr(text, key, None)) if v is not None)
+           for key in ("image_token_id", "vision_start_token_id", "vision_end_token_id")]
+    return ImageGrid(grid, vision, *map(int, ids))
+
+
+def add_images(input_ids: torch.Tensor, prompt_length: int, grid: ImageGrid) -> list[dict[str, torch.Tensor]]:
+    """Put one image's tokens (vision start, ``grid.tokens`` pads, vision end) in each prompt of ``input_ids``
+    ``(bsz, prompt_length + response)``, in place; returns per sample ``pixel_values`` ``(grid.patches,
+    patch_dim)`` float32 and ``image_grid_thw`` ``(1, 3)`` int64, host tensors."""
+    start = (prompt_length - grid.tokens - 2) // 2  # text before and after the image
+    input_ids[:, start] = grid.vision_start_token_id
+    input_ids[:, start + 1:start + 1 + grid.tokens] = grid.image_token_id
+    input_ids[:, start + 1 + grid.tokens] = grid.vision_end_token_id
+    return [{"pixel_values": torch.zeros(grid.patches, grid.vision.patch_dim),
+             "image_grid_thw": torch.tensor([grid.grid_thw])} for _ in range(input_ids.shape[0])]
 
 
 def simulate(config: PPOConfig, spec: DeviceSpec, log: Callable[[str], None] = print,
@@ -132,27 +166,28 @@ def simulate(config: PPOConfig, spec: DeviceSpec, log: Callable[[str], None] = p
     ``DeviceCheckError`` when a host tensor reaches a device op or a collective."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
+    from transformers import AutoModelForSequenceClassification
+
     import easyrl.workers.fsdp_model as fsdp_model
-    from easyrl.simulate import extra_roles
     from easyrl.workers.policy import FSDPPolicy
+    from easyrl.workers.reward_model import FSDPRewardModel
+    from easyrl.workers.roles import teacher_role_config
     from easyrl.workers.weight_sync import iter_full_weights
 
-    cfg = config.worker
+    cfg, rm = config.worker, config.worker.reward.reward_model
     kind = "cuda"  # Ascend is simulated on fake cuda tensors: torch_npu's device type needs its driver to register
     device = torch.device(kind, 0)
-    world = config.world_size
-    sim = Simulation(spec, world)
+    sim = Simulation()
     path = model_folder(cfg.actor.model.model_path)
     micro = cfg.actor.micro_batch_size_per_device_for_experience
     grid = vision_grid(config, cfg.actor.model.model_path, cfg.actor.model.trust_remote_code)
     batch = budget_batch(config, config.token_budget(micro), grid)  # real host tensors, as the trainer sends them
-    teacher_micro = cfg.teacher.micro_batch_size_per_device_for_experience
-    teacher_batch = budget_batch(config, config.token_budget(teacher_micro)) if config.algorithm.needs_teacher \
-        else None
-    rm_batch = extra_roles.reward_model_batch(config) if cfg.reward.reward_model.enabled else None
+    teacher_batch = budget_batch(config, config.token_budget(cfg.teacher.micro_batch_size_per_device_for_experience))
+    rm_length = rm.max_length or config.data.max_prompt_length + config.data.max_response_length
+    rm_batch = budget_batch(config, rm.micro_batch_size_per_device * rm_length, length=rm_length)
     if cfg.reward.judge.model_path is not None:  # its engine stays resident: no sleep mode (easyrl.workers.judge)
         sim.beside[JUDGE] = cfg.reward.judge.gpu_memory_utilization * spec.memory_gib
-    with simulated_rank(spec, world, kind) as (mesh, mode):
+    with simulated_rank(spec, config.world_size, kind) as (mesh, mode):
         def phase(name: str, run: Callable[[], object]) -> object:
             start = time.perf_counter()
             mode.reset_peak()
@@ -164,17 +199,27 @@ def simulate(config: PPOConfig, spec: DeviceSpec, log: Callable[[str], None] = p
 
         actor = phase("load actor", lambda: FSDPPolicy(path, cfg.actor, mesh, kind, device, trainable=True,
                                                        offload=cfg.actor.offload))
-        ref = None
-        if config.builds_reference:
-            ref = phase("load reference", lambda: FSDPPolicy(path, cfg.actor, mesh, kind, device, trainable=False,
-                                                             offload=cfg.ref.offload, init_from=actor))
+        ref = phase("load reference", lambda: FSDPPolicy(path, cfg.actor, mesh, kind, device, trainable=False,
+                                                         offload=cfg.ref.offload, init_from=actor)) \
+            if config.builds_reference else None
         phase("old log-probs (forward)", lambda: actor.compute_log_probs(batch, micro, cfg.actor.temperature))
         if ref is not None:
             phase("reference forward", lambda: ref.compute_log_probs(batch, micro, cfg.actor.temperature))
-        if teacher_batch is not None:
-            extra_roles.teacher_phases(config, mesh, kind, device, phase, model_folder, teacher_batch)
-        if rm_batch is not None:
-            extra_roles.reward_model_phases(config, mesh, kind, device, phase, model_folder, rm_batch)
+        if config.algorithm.needs_teacher:
+            teacher = phase("load teacher", lambda: FSDPPolicy(model_folder(cfg.teacher.model.model_path),
+                                                               teacher_role_config(config), mesh, kind, device,
+                                                               trainable=False, offload=cfg.teacher.offload))
+            phase("teacher forward", lambda: teacher.compute_log_probs(
+                teacher_batch, cfg.teacher.micro_batch_size_per_device_for_experience, cfg.actor.temperature))
+        if rm.enabled:
+            def loaded(path, **kwargs):  # from_pretrained's model on rank 0: a fake state dict and buffers
+                state, buffers = fake_state(meta_model(kwargs["config"], classifier=True))
+                return SimpleNamespace(state_dict=lambda: state, named_buffers=lambda: iter(buffers.items()))
+
+            rm_cfg = replace(rm, model_path=model_folder(rm.model_path))  # the folder holding its config.json
+            with mock.patch.object(AutoModelForSequenceClassification, "from_pretrained", loaded):
+                scorer = phase("load reward model", lambda: FSDPRewardModel(rm_cfg, mesh, kind, device, pad_id=0))
+            phase("reward model forward", lambda: scorer.compute_scores(rm_batch))
         dtype = fsdp_model.TORCH_DTYPES[cfg.rollout.dtype]
         bucket = cfg.rollout.update_weights_bucket_megabytes * 2**20
         phase("weight sync gather", lambda: [None for _ in iter_full_weights(actor.model.state_dict(), device,
@@ -188,8 +233,6 @@ def simulate(config: PPOConfig, spec: DeviceSpec, log: Callable[[str], None] = p
 
 def _state_bytes(policy) -> int:
     """Bytes of this rank's trainable parameter shards, their float32 gradient shards and AdamW states."""
-    from torch.distributed.tensor import DTensor
-
     def nbytes(t, element_size=None):
         t = t.to_local() if isinstance(t, DTensor) else t
         return t.numel() * (element_size or t.element_size())
@@ -211,11 +254,10 @@ def simulate_updates(config: PPOConfig, spec: DeviceSpec,
     from easyrl.workers.critic import FSDPCritic
     from easyrl.workers.policy import FSDPPolicy
 
-    cfg = config.worker
-    results = []
-    roles = [("actor", cfg.actor)] + [("critic", cfg.critic)] * config.algorithm.needs_critic
-    batches = {}  # real host tensors, as the trainer sends them (made before the fake mode)
-    for name, role in roles:
+    cfg, cpu = config.worker, torch.device("cpu")
+    roles = {"actor": cfg.actor} | ({"critic": cfg.critic} if config.algorithm.needs_critic else {})
+    batches = {}  # real host tensors, as the trainer sends them (made before the fake mode): a first, a later step's
+    for name, role in roles.items():
         micro = role.micro_batch_size_per_device_for_update
         mini = role.global_batch_size * cfg.rollout.n // config.world_size  # samples per optimizer step
         path = role.model.model_path or cfg.actor.model.model_path  # the critic's null: the actor's checkpoint
@@ -223,24 +265,24 @@ def simulate_updates(config: PPOConfig, spec: DeviceSpec,
         batch = budget_batch(config, config.token_budget(micro, role), grid)
         batches[name] = (micro, batch, budget_batch(config, 2 * config.token_budget(micro, role), grid)
                          if mini > micro else batch)
+    results = []
     with simulated_rank(spec, config.world_size, "cpu") as (mesh, mode):
         start = time.perf_counter()
-        models = [("actor", cfg.actor, FSDPPolicy(model_folder(cfg.actor.model.model_path), cfg.actor, mesh, "cpu",
-                                                  torch.device("cpu"), trainable=True, offload=cfg.actor.offload))]
+        models = {"actor": FSDPPolicy(model_folder(cfg.actor.model.model_path), cfg.actor, mesh, "cpu", cpu,
+                                      trainable=True, offload=cfg.actor.offload)}
         if config.algorithm.needs_critic:
-            models.append(("critic", cfg.critic, FSDPCritic(model_folder(cfg.critic.model.model_path), cfg.critic,
-                                                            mesh, "cpu", torch.device("cpu"))))
+            models["critic"] = FSDPCritic(model_folder(cfg.critic.model.model_path), cfg.critic, mesh, "cpu", cpu)
         with device_check("update"):
-            for name, _, model in models:  # the first steps create the AdamW states of every model
+            for name, model in models.items():  # the first steps create the AdamW states of every model
                 micro, batch, _ = batches[name]
                 getattr(model, UPDATES[name])(batch, len(batch), micro)
-        for name, _, model in models:
+        offloaded = sum(_state_bytes(model) for name, model in models.items() if roles[name].offload.offload_params)
+        for name, model in models.items():
             micro, _, accumulated = batches[name]
             mode.reset_peak()
             with device_check(f"{name} update"):  # a later step: every model's AdamW states are resident
                 getattr(model, UPDATES[name])(accumulated, len(accumulated), micro)
-            peak = mode.peak - sum(_state_bytes(m) for _, r, m in models if r.offload.offload_params)
-            results.append(PhaseResult(f"{name} update (fwd+bwd+AdamW)", peak / GIB, float("nan"),
+            results.append(PhaseResult(f"{name} update (fwd+bwd+AdamW)", (mode.peak - offloaded) / GIB, float("nan"),
                                        time.perf_counter() - start))
             log(f"  {results[-1].name}: peak {results[-1].peak_gib:.1f} GiB ({results[-1].seconds:.0f} s)")
             start = time.perf_counter()

@@ -74,21 +74,16 @@ def model_shape(hf_config) -> ModelShape:
                       vision_shape(hf_config))
 
 
-def modelled_vision(hf_config) -> bool:
-    """Whether the sizing models the config's vision tower: the patch-grid towers of the mRoPE families (Qwen-VL),
-    not the tiles or whole images of the others (InternVL, Idefics3, Pixtral), whose tower is then not counted
-    (``easyrl simulate`` refuses them)."""
+def vision_shape(hf_config) -> "VisionShape | None":
+    """:class:`VisionShape` of a Qwen-VL ``vision_config``; None without one, or for one the sizing does not model:
+    only the patch-grid towers of the mRoPE families (Qwen-VL) are, not the tiles or whole images of the others
+    (InternVL, Idefics3, Pixtral), whose tower is then not counted (``easyrl simulate`` refuses them). The
+    processor's patch widths are the vision config's. Qwen2-VL names the tower's width ``embed_dim`` (its
+    ``hidden_size`` is the merger's output)."""
     from easyrl.models.families import family
 
-    return family(hf_config).mrope
-
-
-def vision_shape(hf_config) -> "VisionShape | None":
-    """:class:`VisionShape` of a Qwen-VL ``vision_config`` (None without one, or one the sizing does not model:
-    :func:`modelled_vision`); the processor's patch widths are the vision config's. Qwen2-VL names the tower's width
-    ``embed_dim`` (its ``hidden_size`` is the merger's output)."""
     vision = getattr(hf_config, "vision_config", None)
-    if vision is None or not modelled_vision(hf_config):
+    if vision is None or not family(hf_config).mrope:
         return None
     patch, temporal = int(vision.patch_size), int(getattr(vision, "temporal_patch_size", 2))
     channels = int(getattr(vision, "in_channels", None) or getattr(vision, "in_chans", 3))
@@ -129,11 +124,6 @@ def meta_model(hf_config, trust_remote_code: bool = False, classifier: bool = Fa
 def vocab_size(hf_config) -> int:
     """Rows of the model's embedding (its ``text_config``'s for VL models)."""
     return int(getattr(getattr(hf_config, "text_config", hf_config), "vocab_size", None) or hf_config.vocab_size)
-
-
-def count_parameters(hf_config, trust_remote_code: bool = False) -> tuple[int, int]:
-    """``(parameters, vocab size)`` of the model, counted on the meta device (no memory, no checkpoint read)."""
-    return model_anatomy(hf_config, trust_remote_code)[:2]
 
 
 def model_anatomy(hf_config, trust_remote_code: bool = False) -> tuple[int, int, ModelShape]:

@@ -4,6 +4,7 @@ context, NCCL buffers and fragmentation are not counted)."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -13,13 +14,18 @@ from easyrl.sizing.anatomy import DTYPE_BYTES, GIB, ModelShape, model_anatomy, s
 from easyrl.sizing.experience import RoleModel, estimate_experience, experience_models
 from easyrl.sizing.vision import vision_activations
 
+logger = logging.getLogger("easyrl.worker")
+
+VLLM = "vLLM (gpu_memory_utilization)"
 JUDGE = "judge vLLM (worker.reward.judge.gpu_memory_utilization)"
 """The item of the LLM judge's engine, resident beside every phase (no sleep mode)."""
 
 
 @dataclass
 class MemoryEstimate:
-    """GiB per device, item by item, for the two phases of a step, and the device's capacity."""
+    """GiB per device, item by item, for the phases of a step, and the device's capacity. ``rollout_devices`` > 0
+    (``trainer.rollout_mode`` other than ``colocated``): the engines run on that many devices of their own, so the
+    rollout phase is theirs (the engine alone) and the training and experience phases the trainer's (no engine)."""
 
     capacity_gib: float
     vllm_weights_gib: float
@@ -27,10 +33,15 @@ class MemoryEstimate:
     vllm_claim_gib: float
     rollout: dict[str, float] = field(default_factory=dict)
     training: dict[str, float] = field(default_factory=dict)
+    resident: dict[str, float] = field(default_factory=dict)
+    """What the trainer's devices hold between phases (colocated: beside the engine, in the rollout phase)."""
     experience: dict[str, dict[str, float]] = field(default_factory=dict)
     """Each experience forward's items (phase name -> GiB), ``estimate_experience``."""
     host: dict[str, float] = field(default_factory=dict)
     """Host memory per node (GiB) for the offloaded shards and AdamW states."""
+    rollout_devices: int = 0
+    judge_weights_gib: float = 0.0
+    """The LLM judge's engine weights in ``worker.rollout.dtype`` (one engine per device; 0: no judge)."""
 
     @property
     def rollout_gib(self) -> float:
@@ -40,10 +51,20 @@ class MemoryEstimate:
     def training_gib(self) -> float:
         return sum(self.training.values())
 
+    def phases(self, side: str = "trainer") -> dict[str, dict[str, float]]:
+        """The phases (name -> items) on the devices of ``side``: ``rollout`` (the engines) or ``trainer``; every
+        phase when colocated (one set of devices)."""
+        rollout = {"The rollout phase": self.rollout}
+        if self.rollout_devices and side == "rollout":
+            return rollout
+        trainer = {"The training phase": self.training}
+        trainer |= {f"The experience phase '{phase}'": items for phase, items in self.experience.items()}
+        return trainer if self.rollout_devices else rollout | trainer
+
 
 def estimate_memory(num_params: int, vocab_size: int, config: PPOConfig, capacity_gib: float,
-                    shape: ModelShape | None = None, reward_model_params: int = 0,
-                    teacher_params: int = 0) -> MemoryEstimate:
+                    shape: ModelShape | None = None, reward_model_params: int = 0, teacher_params: int = 0,
+                    judge_params: int = 0) -> MemoryEstimate:
     """The per-device estimate for ``config`` (docs/simulate.md, "What the estimate counts").
 
     Args:
@@ -51,60 +72,55 @@ def estimate_memory(num_params: int, vocab_size: int, config: PPOConfig, capacit
         vocab_size: rows of the output layer (logits width).
         capacity_gib: total memory of one device, GiB.
         shape: the model's widths; None leaves the update's activations out (a lower bound).
-        reward_model_params, teacher_params: parameters of the reward model and the distillation teacher (0: none).
+        reward_model_params, teacher_params, judge_params: parameters of the reward model, the distillation teacher
+            and the LLM judge (0: none).
     """
-    worker = config.worker
-    world = config.world_size
+    worker, actor, world = config.worker, config.worker.actor, config.world_size
     shard = num_params / world
-    compute_bytes = DTYPE_BYTES[worker.actor.fsdp.param_dtype]
-    actor_on_device = not worker.actor.offload.offload_params
+    compute_bytes = DTYPE_BYTES[actor.fsdp.param_dtype]
+    actor_on_device = not actor.offload.offload_params
     lora = config.uses_lora  # frozen base: no grads/Adam for it, and the reference is the base itself
     ref_on_device = config.builds_reference and not worker.ref.offload.offload_params
-    actor = worker.actor  # stored weights in fsdp.torch_dtype (fp32 by default); adamw_bf16 moments take 2 bytes each
+    # stored weights in fsdp.torch_dtype (fp32 by default); adamw_bf16 moments take 2 bytes each
     param_bytes = DTYPE_BYTES[actor.fsdp.torch_dtype] if actor.fsdp.torch_dtype else 4
     moment_bytes = 2 if actor.optim.strategy == "adamw_bf16" else param_bytes
     params = param_bytes * shard / GIB if actor_on_device else 0.0
     adam = 2 * moment_bytes * shard / GIB if actor_on_device and not lora else 0.0
     adam_in_rollout = 0.0 if actor.offload.offload_optimizer else adam  # offload_optimizer: on the host until update
-    grads = 0.0 if lora else params
     ref_gib = compute_bytes * shard / GIB
     reference = ref_gib if ref_on_device else 0.0
     claim = worker.rollout.gpu_memory_utilization * capacity_gib
-    micro = worker.actor.micro_batch_size_per_device_for_update
-    logits = 0.0 if actor.padding_free else \
-        2 * micro * (config.data.max_response_length + 1) * vocab_size * compute_bytes / GIB
+    logits = 0.0 if actor.padding_free else 2 * actor.micro_batch_size_per_device_for_update * \
+        (config.data.max_response_length + 1) * vocab_size * compute_bytes / GIB
     update = update_activations(num_params, vocab_size, config, shape) if shape is not None else {}
-    if shape is not None:
-        update["prefetched layer (FSDP2 backward)"] = prefetched_layer(num_params, vocab_size, shape, compute_bytes)
-    update |= vision_activations(config, shape.vision) if shape is not None and shape.vision is not None else {}
     # PPO with GAE: the critic is a second trained copy (fp32 params, grads, Adam), without the vocabulary-wide logits
     critic_on_device = config.algorithm.needs_critic and not worker.critic.offload.offload_params
     critic = 12 * shard / GIB if critic_on_device else 0.0
-    critic_grads = 4 * shard / GIB if critic_on_device else 0.0
     rm = worker.reward.reward_model  # frozen, in the compute dtype, resident unless offloaded
     rm_gib = DTYPE_BYTES[rm.param_dtype] * reward_model_params / world / GIB
     teacher_on_device = config.algorithm.needs_teacher and not worker.teacher.offload.offload_params
     teacher_gib = compute_bytes * teacher_params / world / GIB
-    teacher = teacher_gib if teacher_on_device else 0.0
-    teacher_items = {"teacher": teacher} if config.algorithm.needs_teacher else {}  # an item only where one is built
+    beside = {"teacher": teacher_gib if teacher_on_device else 0.0} if config.algorithm.needs_teacher else {}
+    if worker.reward.judge.model_path is not None:  # the LLM judge's engine stays resident (no sleep mode)
+        beside[JUDGE] = worker.reward.judge.gpu_memory_utilization * capacity_gib
+    if reward_model_params:
+        beside["reward model"] = 0.0 if rm.offload.offload_params else rm_gib
+    resident = {"actor params": params, "actor Adam states": adam_in_rollout, "reference": reference,
+                "critic params + Adam states": critic} | beside
+    split = config.trainer.rollout_mode != "colocated"  # the engines on devices of their own: nothing beside them
     estimate = MemoryEstimate(
         capacity_gib=capacity_gib,
         vllm_weights_gib=num_params * DTYPE_BYTES[worker.rollout.dtype] / GIB / worker.rollout.tensor_parallel_size,
         tensor_parallel_size=worker.rollout.tensor_parallel_size,
         vllm_claim_gib=claim,
-        rollout={"vLLM (gpu_memory_utilization)": claim, "actor params": params, "actor Adam states": adam_in_rollout,
-                 "reference": reference, "critic params + Adam states": critic} | teacher_items,
-        training={"actor params": params, "actor grads": grads, "actor Adam states": adam, "reference": reference,
-                  "logits (one micro-batch)": logits, "critic params + grads + Adam states": critic + critic_grads,
-                  **update} | teacher_items,
+        rollout={VLLM: claim} | ({} if split else resident),
+        training={"actor params": params, "actor grads": 0.0 if lora else params, "actor Adam states": adam,
+                  "reference": reference, "logits (one micro-batch)": logits,
+                  "critic params + grads + Adam states": critic * 16 / 12, **update} | beside,
+        resident=resident,
+        rollout_devices=config.trainer.nnodes * worker.rollout.n_gpus_per_node if split else 0,
+        judge_weights_gib=judge_params * DTYPE_BYTES[worker.rollout.dtype] / GIB,
     )
-    judge = worker.reward.judge
-    if judge.model_path is not None:  # the LLM judge's engine stays resident (easyrl.workers.judge: no sleep mode)
-        for phase in (estimate.rollout, estimate.training):
-            phase[JUDGE] = judge.gpu_memory_utilization * capacity_gib
-    if reward_model_params:
-        estimate.rollout["reward model"] = estimate.training["reward model"] = 0.0 if rm.offload.offload_params \
-            else rm_gib
     actor_bytes = param_bytes * (1 if lora else 2) + (0 if lora else 2 * moment_bytes)  # params, grads, AdamW
     host = {"actor params + grads + Adam states": 0.0 if actor_on_device else actor_bytes * shard / GIB,
             "actor Adam states (offload_optimizer)": adam - adam_in_rollout,
@@ -127,6 +143,9 @@ def estimate_run(config: PPOConfig, capacity_gib: float, folder: Callable[[str],
     actor = RoleModel(*model_anatomy(hf_config, model.trust_remote_code))
     roles = experience_models(config, folder)
     params = {f"{name}_params": role.params for name, role in roles.items() if role is not None}
+    judge = config.worker.reward.judge.model_path
+    if judge is not None:  # its engine's weights, checked against its claim
+        params["judge_params"] = model_anatomy(AutoConfig.from_pretrained(folder(judge)))[0]
     estimate = estimate_memory(actor.params, actor.vocab_size, config, capacity_gib, actor.shape, **params)
     estimate_experience(estimate, config, actor, **roles)
     return estimate
@@ -154,10 +173,12 @@ def update_activations(num_params: int, vocab_size: int, config: PPOConfig, shap
     # + the LM head's unsharded gradient; with LoRA the base is frozen: its weights are gathered, no gradients
     grads = 0 if config.uses_lora else layer_params * (cb + 4) + vocab_size * shape.hidden_size * cb
     unsharded = embeddings * cb + layer_params * cb + grads
+    vision = vision_activations(config, shape.vision) if shape.vision is not None else {}
     return {"activations (checkpointed inputs)":
             shape.num_layers * tokens * shape.hidden_size * cb / GIB if checkpointing else 0.0,
             "activations (layers in backward)": ((1 if checkpointing else shape.num_layers) * kept + transient) / GIB,
-            "unsharded weights + grads (FSDP2)": unsharded / GIB}
+            "unsharded weights + grads (FSDP2)": unsharded / GIB,
+            "prefetched layer (FSDP2 backward)": layer_params * cb / GIB} | vision
 
 
 BUDGET = " (or worker.actor.max_token_len_per_device with dynamic_batching)"
@@ -169,11 +190,6 @@ EXPERIENCE_SETTINGS = {
                             "max_length",
 }
 """The setting that sizes each experience forward's micro-batch (``easyrl simulate``'s phase names)."""
-
-
-def prefetched_layer(num_params: int, vocab_size: int, shape: ModelShape, compute_bytes: int) -> float:
-    """GiB of the decoder layer FSDP2 prefetches in backward (one layer in the compute dtype)."""
-    return split_parameters(num_params, vocab_size, shape)[1] * compute_bytes / GIB
 
 
 MORE_DEVICES = "more devices (trainer.n_gpus_per_node / trainer.nnodes: smaller shards)"
@@ -212,8 +228,9 @@ def advice(items: dict[str, float], excess_gib: float) -> str:
     return "; ".join(steps + [MORE_DEVICES] * devices)
 
 
-def check_memory(estimate: MemoryEstimate) -> None:
-    """Stop a run that cannot fit, naming every phase that does not with its numbers and :func:`advice`.
+def check_memory(estimate: MemoryEstimate, side: str = "trainer") -> None:
+    """Stop a run that cannot fit on the devices of ``side`` (``MemoryEstimate.phases``), naming every phase that
+    does not with its numbers and :func:`advice`.
 
     Raises:
         ConfigError: vLLM's weights do not fit in its claim (no room for a KV cache), or a phase needs more than the
@@ -222,7 +239,8 @@ def check_memory(estimate: MemoryEstimate) -> None:
     e = estimate
     cap = e.capacity_gib
     problems = []
-    if e.vllm_weights_gib >= e.vllm_claim_gib:
+    phases = e.phases(side)
+    if "The rollout phase" in phases and e.vllm_weights_gib >= e.vllm_claim_gib:
         problems.append(
             f"vLLM's weights ({e.vllm_weights_gib:.1f} GiB in worker.rollout.dtype) do not fit in its share of the "
             f"device, worker.rollout.gpu_memory_utilization x {cap:.1f} GiB = {e.vllm_claim_gib:.1f} GiB, leaving no "
@@ -230,8 +248,12 @@ def check_memory(estimate: MemoryEstimate) -> None:
             f"{e.tensor_parallel_size}) to split each engine's weights over more devices, raise "
             "worker.rollout.gpu_memory_utilization (offloading what the rollout phase holds beside it), or use "
             "devices with more memory.")
-    phases = {"The rollout phase": e.rollout, "The training phase": e.training}
-    phases |= {f"The experience phase '{phase}'": items for phase, items in e.experience.items()}
+    if e.judge_weights_gib and "The training phase" in phases and e.judge_weights_gib >= e.training[JUDGE]:
+        problems.append(
+            f"The judge's vLLM weights ({e.judge_weights_gib:.1f} GiB in worker.rollout.dtype) do not fit in its "
+            f"share, worker.reward.judge.gpu_memory_utilization x the device = {e.training[JUDGE]:.1f} GiB, leaving "
+            "no KV cache: raise worker.reward.judge.gpu_memory_utilization (and lower "
+            "worker.rollout.gpu_memory_utilization), or choose a smaller judge model.")
     for phase, items in phases.items():  # experience forwards: vLLM asleep, one micro-batch's forward
         need = sum(items.values())
         if need > cap:
@@ -240,3 +262,17 @@ def check_memory(estimate: MemoryEstimate) -> None:
                             f"GiB): {advice(items, need - cap)}.")
     if problems:
         raise ConfigError(" ".join(problems))
+
+
+def preflight(config: PPOConfig, capacity_gib: float, side: str = "trainer", log: bool = True) -> None:
+    """A worker's pre-flight before anything is loaded: :func:`estimate_run` on its device, logged (``log``), and
+    :func:`check_memory` of its ``side`` (``trainer``: the FSDP2 roles, with the engine when colocated; ``rollout``:
+    a ``RolloutWorker``'s engine alone).
+
+    Raises:
+        ConfigError: the run cannot fit, with the numbers and the setting to change."""
+    estimate = estimate_run(config, capacity_gib)
+    if log:
+        logger.info("memory per device (GiB of %.1f): rollout %.1f, training %.1f; host per node (offloaded) %.1f",
+                    capacity_gib, estimate.rollout_gib, estimate.training_gib, sum(estimate.host.values()))
+    check_memory(estimate, side)

@@ -30,41 +30,39 @@ class RoleModel:
     lm_head: bool = True
 
 
-def experience_forward(model: RoleModel, tokens: int, compute_bytes: int) -> dict[str, float]:
-    """GiB one experience forward of ``model`` over ``tokens`` adds to what stays resident: FSDP2's gathered root
-    group and two decoder layers, and one layer's activations without autograd at their peak in its MLP (``3 x
-    intermediate``, or MoE's routed copies ``4 x top_k x hidden``, beside ``4 x hidden``; docs/simulate.md)."""
+def forward_peak(config: PPOConfig, model: RoleModel, tokens: int, compute_bytes: int,
+                 images: bool) -> dict[str, float]:
+    """GiB one experience forward of ``model`` over ``tokens`` adds to what stays resident (docs/simulate.md): the
+    larger of its peak in a decoder layer (FSDP2's gathered root group and two decoder layers, one layer's activations
+    without autograd at their peak in its MLP, ``3 x intermediate`` or MoE's routed copies ``4 x top_k x hidden``,
+    beside ``4 x hidden``; with ``images`` ``vision.vision_forward``) and what it holds before its first block, above
+    that for a large vocabulary (the root group twice, unsharded and the all-gather output FSDP2 keeps until the next
+    group's, the input embeddings, and the first decoder layer twice or ``vision.vision_start``)."""
     shape = model.shape
-    embeddings, layer = split_parameters(model.params, model.vocab_size, shape, model.lm_head)
+    root, layer = (n * compute_bytes / GIB for n in split_parameters(model.params, model.vocab_size, shape,
+                                                                      model.lm_head))
     mlp = max(3 * shape.intermediate_size, 4 * shape.routed_width)
-    return {"gathered weights (FSDP2)": (embeddings + 2 * layer) * compute_bytes / GIB,
+    peak = {"gathered weights (FSDP2)": root + 2 * layer,
             "activations (one layer, no grad)": tokens * (mlp + 4 * shape.hidden_size) * compute_bytes / GIB}
-
-
-def forward_start(model: RoleModel, tokens: int, compute_bytes: int, vision: float | None = None) -> dict[str, float]:
-    """GiB one experience forward holds before its first block: the root group twice (unsharded, and the all-gather
-    output FSDP2 keeps until the next group's), the input embeddings, and the first decoder layer twice or
-    ``vision`` (bytes, ``vision.vision_start``); above :func:`experience_forward`'s for a large vocabulary."""
-    shape = model.shape
-    embeddings, layer = split_parameters(model.params, model.vocab_size, shape, model.lm_head)
-    first = 2 * layer * compute_bytes if vision is None else vision
-    name = "vision tower before its first block" if vision is not None else "first decoder layer (gathered, copied out)"
-    return {"gathered root group (FSDP2)": embeddings * compute_bytes / GIB,
-            "root all-gather output (FSDP2 keeps it until the next group's)": embeddings * compute_bytes / GIB,
-            "input embeddings": tokens * shape.hidden_size * compute_bytes / GIB,
-            name: first / GIB}
+    first = {"first decoder layer (gathered, copied out)": 2 * layer}
+    if images:
+        peak |= vision_forward(config, shape.vision, tokens, shape.hidden_size)
+        first = {"vision tower before its first block": vision_start(config, shape.vision, tokens) / GIB}
+    start = {"gathered root group (FSDP2)": root,
+             "root all-gather output (FSDP2 keeps it until the next group's)": root,
+             "input embeddings": tokens * shape.hidden_size * compute_bytes / GIB} | first
+    return start if sum(start.values()) > sum(peak.values()) else peak
 
 
 def estimate_experience(estimate: "MemoryEstimate", config: PPOConfig, actor: RoleModel,
                         teacher: RoleModel | None = None,
                         reward_model: RoleModel | None = None) -> dict[str, dict[str, float]]:
-    """Each experience forward's items (phase name -> GiB), also stored in ``estimate.experience``: the rollout
-    phase's resident items less vLLM's claim, plus the larger of :func:`experience_forward` (with the vision tower's)
-    and :func:`forward_start` at its token budget. ``teacher`` / ``reward_model``: None without one."""
+    """Each experience forward's items (phase name -> GiB), also stored in ``estimate.experience``: what the
+    trainer's devices hold between phases (``estimate.resident``) plus :func:`forward_peak` at its token budget.
+    ``teacher`` / ``reward_model``: None without one."""
     worker, data = config.worker, config.data
     length = data.max_prompt_length + data.max_response_length
     cb = DTYPE_BYTES[worker.actor.fsdp.param_dtype]
-    resident = {name: gib for name, gib in estimate.rollout.items() if name != "vLLM (gpu_memory_utilization)"}
     actor_tokens = config.token_budget(worker.actor.micro_batch_size_per_device_for_experience)
     runs = [("old log-probs (forward)", actor, actor_tokens, cb)]  # (phase, model, tokens, compute bytes)
     if config.builds_reference:
@@ -79,15 +77,9 @@ def estimate_experience(estimate: "MemoryEstimate", config: PPOConfig, actor: Ro
         runs.append(("reward model forward", reward_model, tokens, DTYPE_BYTES[rm.param_dtype]))
     estimate.experience = {}
     for phase, model, tokens, nbytes in runs:
-        items = experience_forward(model, tokens, nbytes)
         images = model.shape.vision is not None and phase != "reward model forward"  # the reward model scores text
-        if images:
-            items |= vision_forward(config, model.shape.vision, tokens, model.shape.hidden_size)
-        tower = vision_start(config, model.shape.vision, tokens) if images else None
-        start = forward_start(model, tokens, nbytes, tower)
-        if sum(start.values()) > sum(items.values()):  # a large root group at a small token budget
-            items = start
-        estimate.experience[phase] = resident | {f"{phase}: {item}": gib for item, gib in items.items()}
+        items = forward_peak(config, model, tokens, nbytes, images)
+        estimate.experience[phase] = estimate.resident | {f"{phase}: {item}": gib for item, gib in items.items()}
     return estimate.experience
 
 

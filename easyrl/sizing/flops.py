@@ -29,13 +29,6 @@ def forward_flops(shape: ModelShape, seq_lens: list[int], image_patches: list[in
     return flops
 
 
-def mfu(flops: float, seconds: float, world_size: int, peak: Optional[float]) -> Optional[float]:
-    """``flops / (seconds * world_size * peak)``, the fraction of the devices' peak used; None without a peak."""
-    if peak is None or seconds <= 0:
-        return None
-    return flops / (seconds * world_size * peak)
-
-
 def compute_mfu_metrics(shape: ModelShape, attention_mask: torch.Tensor, multi_modal_inputs: list[dict],
                         timing: dict[str, float], world_size: int, peak: Optional[float],
                         ppo_epochs: int) -> dict[str, float]:
@@ -47,9 +40,7 @@ def compute_mfu_metrics(shape: ModelShape, attention_mask: torch.Tensor, multi_m
     patches = [int(row.prod()) for inputs in multi_modal_inputs for key in ("image_grid_thw", "video_grid_thw")
                if key in (inputs or {}) for row in inputs[key]]  # t * h * w of every image
     forward = forward_flops(shape, attention_mask.sum(-1).tolist(), patches)
-    metrics = {}
-    for name, flops, phase in (("actor", 3.0 * ppo_epochs * forward, "update_actor"), ("rollout", forward, "gen")):
-        value = mfu(flops, timing.get(phase, 0.0), world_size, peak)
-        if value is not None:
-            metrics[f"perf/mfu/{name}"] = value
-    return metrics
+    phases = (("actor", 3.0 * ppo_epochs * forward, "update_actor"), ("rollout", forward, "gen"))
+    # the fraction of the devices' peak used: flops / (seconds x world_size x peak)
+    return {f"perf/mfu/{name}": flops / (timing[phase] * world_size * peak) for name, flops, phase in phases
+            if timing.get(phase, 0.0) > 0}

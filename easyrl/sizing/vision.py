@@ -30,13 +30,17 @@ def prompt_image_grid(config: PPOConfig, vision: VisionShape) -> "tuple[int, int
     return 1, height // vision.patch_size, width // vision.patch_size
 
 
-def prompt_patches(config: PPOConfig, vision: VisionShape, tokens: int) -> int:
-    """Patches ``P`` of a micro-batch of ``tokens``: one image of :func:`prompt_image_grid` per prompt of
-    ``max_prompt_length + max_response_length`` tokens (at least one prompt); 0 without room for an image."""
+def _image_bytes(config: PPOConfig, vision: VisionShape, tokens: int) -> tuple[int, int, int, int]:
+    """``(P, compute bytes, pixels, image tokens)`` of a micro-batch of ``tokens``: ``P`` patches, one image of
+    :func:`prompt_image_grid` per prompt of ``max_prompt_length + max_response_length`` tokens (at least one prompt;
+    0 without room for an image); bytes of the pixels (float32 + compute copy) and of the mergers' image tokens
+    (``P / merge^2 x out_hidden_size``, each merger's)."""
     grid = prompt_image_grid(config, vision)
-    if grid is None:
-        return 0
-    return max(1, tokens // (config.data.max_prompt_length + config.data.max_response_length)) * math.prod(grid)
+    prompts = max(1, tokens // (config.data.max_prompt_length + config.data.max_response_length))
+    patches = prompts * math.prod(grid) if grid is not None else 0
+    cb = DTYPE_BYTES[config.worker.actor.fsdp.param_dtype]
+    return (patches, cb, patches * vision.patch_dim * (4 + cb),
+            patches // vision.merge_size ** 2 * vision.out_hidden_size * cb * vision.mergers)
 
 
 def vision_activations(config: PPOConfig, vision: VisionShape) -> dict[str, float]:
@@ -44,15 +48,12 @@ def vision_activations(config: PPOConfig, vision: VisionShape) -> dict[str, floa
     (float32 + compute copy), each block's input (checkpointing) or what it keeps for backward, the mergers' inputs
     and output tokens; a frozen tower only its output (with LoRA as much as a trained one: peft hooks it)."""
     actor = config.worker.actor
-    cb = DTYPE_BYTES[actor.fsdp.param_dtype]
-    patches = prompt_patches(config, vision, config.token_budget(actor.micro_batch_size_per_device_for_update))
+    patches, cb, pixels, output = _image_bytes(config, vision, config.token_budget(
+        actor.micro_batch_size_per_device_for_update))
     if not patches:
         return {}
-    frozen = actor.model.freeze_vision_tower and not config.uses_lora
-    output = patches // vision.merge_size ** 2 * vision.out_hidden_size * cb * vision.mergers
-    if frozen:
+    if actor.model.freeze_vision_tower and not config.uses_lora:
         return {"vision tower (update micro-batch)": output / GIB}
-    pixels = patches * vision.patch_dim * (4 + cb)
     mlp = (4 if vision.gated else 2) * vision.intermediate_size
     if actor.fsdp.enable_gradient_checkpointing:
         blocks = vision.depth * patches * vision.hidden_size * cb
@@ -65,19 +66,15 @@ def vision_activations(config: PPOConfig, vision: VisionShape) -> dict[str, floa
 def vision_forward(config: PPOConfig, vision: VisionShape, tokens: int, text_hidden: int) -> dict[str, float]:
     """GiB images add to an experience forward of ``tokens`` at its peak: the pixels (float32 + compute copy), the
     mergers' image tokens (``P / merge^2 x out_hidden_size``) and the input embeddings (``tokens x hidden``)."""
-    patches = prompt_patches(config, vision, tokens)
+    patches, cb, pixels, image_tokens = _image_bytes(config, vision, tokens)
     if not patches:
         return {}
-    cb = DTYPE_BYTES[config.worker.actor.fsdp.param_dtype]
-    pixels = patches * vision.patch_dim * (4 + cb)
-    image_tokens = patches // vision.merge_size ** 2 * vision.out_hidden_size * cb * vision.mergers
     return {"vision (pixels, image tokens)": (pixels + image_tokens + tokens * text_hidden * cb) / GIB}
 
 
 def vision_start(config: PPOConfig, vision: VisionShape, tokens: int) -> float:
     """Bytes the vision tower holds before its first block for ``tokens``: the pixels, the patch embedding's output
     (``P x hidden``) and a learned position embedding's interpolation (``P x 4 x hidden``, float32 weights)."""
-    patches = prompt_patches(config, vision, tokens)
-    cb = DTYPE_BYTES[config.worker.actor.fsdp.param_dtype]
+    patches, cb, pixels, _ = _image_bytes(config, vision, tokens)
     interpolation = patches * 4 * vision.hidden_size * (cb + 4) if vision.position_embedding else 0
-    return patches * vision.patch_dim * (4 + cb) + patches * vision.hidden_size * cb + interpolation
+    return pixels + patches * vision.hidden_size * cb + interpolation

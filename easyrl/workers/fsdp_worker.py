@@ -9,7 +9,6 @@ in collectives over a torch.distributed group (gloo / NCCL / HCCL). Test-only me
 from __future__ import annotations
 
 import datetime
-import logging
 import os
 import socket
 import time
@@ -28,8 +27,6 @@ from easyrl.workers.mm_staging import MultiModalStage
 from easyrl.workers.roles import build_roles, timed
 from easyrl.workers.rollout_layout import RolloutLayout
 from easyrl.workers.vllm_cpu_fixes import remove_stale_tp_shm
-
-logger = logging.getLogger("easyrl.worker")
 
 
 def free_port() -> int:
@@ -156,20 +153,16 @@ class FSDPWorker:
         destroy_model_parallel()  # drops the TP group's broadcast ring: its owner unlinks the segment
         remove_stale_tp_shm(self.device, self.rollout_layout, self.rank)  # vLLM-CPU's all-reduce segments
 
-    def check_memory(self) -> None:
-        """Pre-flight memory estimate (``easyrl.sizing.estimate``) before anything is loaded.
+    def check_memory(self, side: str = "trainer") -> None:
+        """Pre-flight memory estimate of this worker's ``side`` (``easyrl.sizing.estimate.preflight``) before anything
+        is loaded.
 
         Raises:
             ConfigError: the run cannot fit, with the numbers and the setting to change."""
         from easyrl.device import device_memory_gib
-        from easyrl.sizing.estimate import check_memory, estimate_run
+        from easyrl.sizing.estimate import preflight
 
-        estimate = estimate_run(self.config, device_memory_gib(self.device))
-        if self.rank == 0:
-            logger.info("memory per device (GiB of %.1f): rollout %.1f, training %.1f; host per node (offloaded) "
-                        "%.1f", estimate.capacity_gib, estimate.rollout_gib, estimate.training_gib,
-                        sum(estimate.host.values()))
-        check_memory(estimate)
+        preflight(self.config, device_memory_gib(self.device), side, log=self.rank == 0)
 
     def _lora_scale(self) -> Optional[float]:
         """``alpha / rank`` of the actor's LoRA adapter, None without one."""

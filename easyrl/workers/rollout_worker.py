@@ -17,7 +17,10 @@ class RolloutWorker(FSDPWorker):
     and whose weights arrive by :meth:`receive_weights`; the trainer's methods (log-probs, updates) are not used."""
 
     def init_models(self) -> dict[str, float]:
-        """Build the vLLM engine only; returns the start-up seconds (``imports``, ``vllm_import``, ``engine``)."""
+        """Build the vLLM engine only (after the engine's memory pre-flight); returns the start-up seconds
+        (``imports``, ``vllm_import``, ``engine``)."""
+        if self.device != "cpu":
+            self.check_memory("rollout")
         self.init_engine()
         return self.startup_seconds
 
