@@ -130,11 +130,15 @@ def generation_rows(tokenizer, batch: Batch, count: int) -> list[dict]:
 MAX_REDUCED_PREFIXES = ("perf/max_memory_", "perf/cpu_memory_")
 
 
-def reduce_metrics(metrics: dict[str, Iterable[float]]) -> dict[str, float]:
-    """Mean of each metric's values (e.g. over micro-batches and workers); the maximum for the memory peaks
-    (keys starting with ``MAX_REDUCED_PREFIXES``)."""
-    return {key: float(np.max(list(values)) if key.startswith(MAX_REDUCED_PREFIXES) else np.mean(list(values)))
-            for key, values in metrics.items()}
+def reduce_metrics(*metrics: dict[str, Iterable[float]]) -> dict[str, float]:
+    """Mean of each metric's values in all of ``metrics`` (e.g. one dict per worker, a list of micro-batch values
+    per key); the maximum for the memory peaks (keys starting with ``MAX_REDUCED_PREFIXES``)."""
+    merged: dict[str, list[float]] = defaultdict(list)
+    for each in metrics:
+        for key, values in each.items():
+            merged[key].extend(values)
+    return {key: float(np.max(values) if key.startswith(MAX_REDUCED_PREFIXES) else np.mean(values))
+            for key, values in merged.items()}
 
 
 # Metrics measured from the machine (the clock, the allocator, the process's memory) rather than computed from the

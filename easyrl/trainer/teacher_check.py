@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from easyrl.errors import ConfigError, ModelError
+from easyrl.errors import ConfigError
+from easyrl.trainer.model_checks import load_part
 
 PROBE_MESSAGES = [{"role": "system", "content": "You are a helpful assistant."},
                   {"role": "user", "content": "What is 3 + 4?"}]
@@ -19,16 +20,12 @@ def check_teacher(config: Any, student_tokenizer: Any) -> Any:
         ModelError: the teacher's tokenizer cannot be loaded.
         ConfigError: the vocabularies, special tokens or chat templates differ (naming both paths).
     """
-    teacher = config.worker.teacher.model
-    teacher_tok_path = teacher.tokenizer_path or teacher.model_path
     from transformers import AutoTokenizer
 
-    try:
-        teacher_tok = AutoTokenizer.from_pretrained(teacher_tok_path, trust_remote_code=teacher.trust_remote_code)
-    except Exception as err:
-        reason = " ".join(str(err).split())[:300]
-        raise ModelError(f"cannot load the tokenizer of worker.teacher.model.model_path={teacher_tok_path!r}: "
-                         f"{type(err).__name__}: {reason}") from None
+    teacher = config.worker.teacher.model
+    teacher_tok_path = teacher.tokenizer_path or teacher.model_path
+    teacher_tok = load_part("worker.teacher.model.model_path", teacher_tok_path, "tokenizer",
+                            AutoTokenizer.from_pretrained, teacher.trust_remote_code)
     actor = config.worker.actor.model
     student_path = actor.tokenizer_path or actor.model_path
     both = f"the teacher {teacher_tok_path!r} (worker.teacher.model) and the student {student_path!r} " \
