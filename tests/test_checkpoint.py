@@ -229,7 +229,7 @@ def test_checkpointer_writes_a_manifest_and_refuses_a_mismatch_before_the_worker
     from types import SimpleNamespace
 
     from easyrl.trainer.checkpoint import Checkpointer
-    from easyrl.trainer.checkpoint_manifest import MANIFEST
+    from easyrl.trainer.checkpoint import MANIFEST
 
     class Workers:
         calls: list[str] = []

@@ -15,7 +15,7 @@ from easyrl.errors import ConfigError
 @dataclass
 class TeacherModelConfig:
     """The teacher's checkpoint. Its tokenizer must be the student's (same ids for the same tokens, same special
-    tokens and chat template): checked before the workers start (``easyrl.trainer.teacher_check``)."""
+    tokens and chat template): checked before the workers start (``easyrl.trainer.model_checks``)."""
 
     model_path: Optional[str] = None
     """A hub id or local folder in Hugging Face format (a causal LM), e.g. Qwen/Qwen3-8B for a Qwen3-1.7B student."""

@@ -10,12 +10,11 @@ from typing import Annotated, Any, Literal, Optional
 from annotated_types import Ge
 
 from easyrl.config.actor import ActorConfig, RefConfig
-from easyrl.config.critic import CriticConfig
 from easyrl.config.fields import FRACTION, NON_NEGATIVE, POSITIVE, Note, auto, validate
 from easyrl.config.judge import JudgeConfig
 from easyrl.config.multi_turn import MultiTurnConfig
 from easyrl.config.reward_model import RewardModelConfig
-from easyrl.config.role import Dtype
+from easyrl.config.role import CriticConfig, Dtype
 from easyrl.config.teacher import TeacherConfig
 from easyrl.errors import ConfigError
 

@@ -27,7 +27,7 @@ def build_trainer(config: PPOConfig, worker_cls: Optional[type] = None, startup=
         RunFinished: the run folder's checkpoint is at the run's last step.
     """
     from easyrl.config.split import check_split_resume
-    from easyrl.trainer.dashboards import check_logger_credentials
+    from easyrl.trainer.loggers import check_logger_credentials
     from easyrl.trainer.launch import StartupProfile, quiet_datasets, start_ray
     from easyrl.trainer.preflight import prepare
     from easyrl.trainer.run_folder import check_finished, check_resumable, check_run_folder

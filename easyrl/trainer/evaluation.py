@@ -22,14 +22,12 @@ def evaluate(config: PPOConfig, step: int = 0, worker_cls: Optional[type] = None
     ``(metrics, folder)``; raises ``UserError`` from the pre-flight, before Ray starts."""
     from omegaconf import OmegaConf
 
-    from easyrl.trainer.dashboards import check_logger_credentials
     from easyrl.trainer.generation import Generator
     from easyrl.trainer.launch import quiet_datasets, start_ray
-    from easyrl.trainer.loggers import Tracker
-    from easyrl.trainer.model_rewards import ModelRewards
+    from easyrl.trainer.loggers import Tracker, check_logger_credentials
     from easyrl.trainer.multi_turn import make_rollout
     from easyrl.trainer.preflight import prepare
-    from easyrl.trainer.scoring import Scorer
+    from easyrl.trainer.scoring import ModelRewards, Scorer
     from easyrl.trainer.validation import Validator
     from easyrl.workers.fsdp_worker import FSDPWorker
     from easyrl.workers.group import WorkerGroup

@@ -90,20 +90,6 @@ def frac_reward_zero_std(scores: Sequence[float], uids: Sequence[str]) -> float:
     return constant / len(groups)
 
 
-def constant_rewards_began(frac: float, previous: Optional[float]) -> bool:
-    """Whether to warn: every group is constant now (``frac`` = 1) and was not at the previous step (``previous``;
-    None before the first)."""
-    return frac == 1.0 and previous != 1.0
-
-
-def constant_reward_warning(step: int, num_groups: int, scores: Sequence[float]) -> str:
-    """The warning printed when ``frac_reward_zero_std`` becomes 1."""
-    values = ", ".join(f"{s:g}" for s in sorted(set(scores))[:5])
-    return (f"step {step}: every one of the {num_groups} groups has equal rewards (scores {values}): all advantages "
-            f"are 0, so only the KL term moves the policy. Check that responses can earn a reward (e.g. the model "
-            f"never answers in the rewarded format; see reward/* in metrics.jsonl). Not repeated while it lasts.")
-
-
 def generation_rows(tokenizer, batch: Batch, count: int) -> list[dict]:
     """The first ``count`` samples of a scored batch as ``{"prompt", "response", "ground_truth", "score"}`` (and
     ``judge_verdict`` when judged), decoded without special tokens; tokens outside ``response_mask`` (tool turns)
@@ -147,11 +133,6 @@ MEASURED_PREFIXES = (
     "timing_s/", "perf/time_per_step", "perf/throughput", "perf/rollout_tokens_per_s", "perf/update_tokens_per_s",
     "perf/mfu/", "perf/max_memory_", "perf/cpu_memory_",
 )
-
-
-def is_measured(key: str) -> bool:
-    """Whether metric ``key`` is a wall-clock or memory measurement (:data:`MEASURED_PREFIXES`)."""
-    return key.startswith(MEASURED_PREFIXES)
 
 
 @contextmanager

@@ -8,7 +8,7 @@ with GAE) and a vLLM engine each. On-policy distillation adds the teacher's log-
 
 The trainer is composed of parts, each owning its state: a ``Generator`` (``generation``: prompt batches, dynamic
 sampling, ReMax baselines) over a ``Rollout`` (``rollout``: prompts -> trajectories on the workers' engines), a
-``Scorer`` (``scoring``: the reward function, its guards and error count), ``ModelRewards`` (``model_rewards``: the
+``Scorer`` (``scoring``: the reward function, its guards and error count), ``ModelRewards`` (``scoring`` too: the
 LLM judge and the reward model, after the reward function), a ``Validator`` (``validation``) and a
 ``Checkpointer`` (``checkpoint``: save/resume); ``rollout`` also holds the padded layout, ``metrics`` the metric names
 and timers. The step below calls them in the order of the algorithm.
@@ -37,27 +37,23 @@ from easyrl.rng import get_rng_state, set_rng_state
 from easyrl.sizing.anatomy import ModelShape, model_anatomy
 from easyrl.sizing.devices import peak_flops
 from easyrl.sizing.flops import compute_mfu_metrics
-from easyrl.trainer.checkpoint import Checkpointer
-from easyrl.trainer.checkpoint_manifest import run_identity
+from easyrl.trainer.checkpoint import Checkpointer, run_identity
 from easyrl.trainer.generation import Generator
 from easyrl.trainer.launch import StartupProfile
 from easyrl.trainer.loggers import Tracker
 from easyrl.trainer.metrics import (
     compute_data_metrics,
     compute_throughput_metrics,
-    constant_reward_warning,
-    constant_rewards_began,
     frac_reward_zero_std,
     reduce_metrics,
     reward_metrics,
     rollout_mismatch_metrics,
     timer,
 )
-from easyrl.trainer.model_rewards import ModelRewards
 from easyrl.trainer.multi_turn import make_rollout, multi_turn_metrics
 from easyrl.trainer.rollout import for_workers
 from easyrl.trainer.run_folder import checkpoint_to_resume
-from easyrl.trainer.scoring import Scorer
+from easyrl.trainer.scoring import ModelRewards, Scorer
 from easyrl.trainer.signals import GracefulStop
 from easyrl.trainer.validation import Validator
 from easyrl.workers.fsdp_worker import FSDPWorker
@@ -348,8 +344,12 @@ class RayPPOTrainer:
         run of such steps), unless the advantage does not use the reward (pure distillation)."""
         scores = batch["token_level_scores"].sum(-1).tolist()
         frac = frac_reward_zero_std(scores, batch["uid"])
-        if self.config.algorithm.estimator("uses_reward") and constant_rewards_began(frac, self._last_frac_zero_std):
-            logger.warning(constant_reward_warning(self.global_step, len(set(batch["uid"])), scores))
+        if self.config.algorithm.estimator("uses_reward") and frac == 1.0 and self._last_frac_zero_std != 1.0:
+            values = ", ".join(f"{s:g}" for s in sorted(set(scores))[:5])
+            logger.warning(f"step {self.global_step}: every one of the {len(set(batch['uid']))} groups has equal "
+                           f"rewards (scores {values}): all advantages are 0, so only the KL term moves the policy. "
+                           "Check that responses can earn a reward (e.g. the model never answers in the rewarded "
+                           "format; see reward/* in metrics.jsonl). Not repeated while it lasts.")
         self._last_frac_zero_std = frac
         return frac
 
