@@ -201,7 +201,7 @@ def test_nonfinite_gradient_norm_skips_then_stops():
 
 TWO_SIGNALS = textwrap.dedent("""
     import os, signal, sys, time
-    from easyrl.trainer.signals import GracefulStop
+    from easyrl.trainer.launch import GracefulStop
 
     with GracefulStop() as stop:
         os.kill(os.getpid(), signal.SIGTERM)

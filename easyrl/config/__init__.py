@@ -9,18 +9,16 @@ others and cannot be set. Modules of the package import each other directly, nev
 
 from __future__ import annotations
 
-from easyrl.config.actor import ActorConfig, RefConfig
+from easyrl.config.actor import ActorConfig, RefConfig, TeacherConfig, TeacherModelConfig
 from easyrl.config.algorithm import AlgorithmConfig
 from easyrl.config.data import DataConfig
 from easyrl.config.fields import auto, auto_keys, valid_keys
 from easyrl.config.loading import load_config, to_dict
 from easyrl.config.ppo import PPOConfig
-from easyrl.config.reward_model import RewardModelConfig
 from easyrl.config.role import (CriticConfig, FSDPConfig, LoraConfig, ModelConfig, OffloadConfig, OptimConfig,
                                 TrainedRoleConfig)
-from easyrl.config.teacher import TeacherConfig, TeacherModelConfig
 from easyrl.config.trainer import TrainerConfig
-from easyrl.config.worker import RewardConfig, RolloutConfig, WorkerConfig
+from easyrl.config.worker import RewardConfig, RewardModelConfig, RolloutConfig, WorkerConfig
 from easyrl.errors import ConfigError
 
 __all__ = [

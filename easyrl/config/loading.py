@@ -1,8 +1,10 @@
 """Building a ``PPOConfig`` from command-line words: defaults <- YAML (``config=``) <- dotted overrides, with
-unknown and auto keys refused before any merge (``load_config``), and ``to_dict``; and one line for each way a
-command-line word, a YAML file or an interpolation can be malformed, naming the culprit and what to write instead
-(docs/errors.md, "Malformed words, files and values"). A key repeated on the command line is not an error (the later
-word wins); one repeated inside a YAML mapping is (PyYAML's "found duplicate key", with its line)."""
+unknown and auto keys refused before any merge (``load_config``), and ``to_dict``. A config file's relative input
+paths are looked up against the file's folder, the current folder, then the file's parent folders, nearest first; the
+first place where one exists wins (docs/config.md, "Relative paths"). Each way a command-line word, a YAML file or an
+interpolation can be malformed has one line naming the culprit and what to write instead (docs/errors.md, "Malformed
+words, files and values"). A key repeated on the command line is not an error (the later word wins); one repeated
+inside a YAML mapping is (PyYAML's "found duplicate key", with its line)."""
 
 from __future__ import annotations
 
@@ -15,12 +17,10 @@ from typing import Any, Optional
 
 from omegaconf import OmegaConf
 
-from easyrl.config.aliases import MISSING, apply_aliases, get_key, pop_key
-from easyrl.config.checks import check_config
+from easyrl.config.aliases import MISSING, apply_aliases, get_key, pop_key, set_key
+from easyrl.config.checks import check_config, warn_config_traps
 from easyrl.config.fields import auto_keys, expected, valid_keys, validate
-from easyrl.config.paths import resolve_config_paths
 from easyrl.config.ppo import PPOConfig
-from easyrl.config.traps import warn_config_traps
 from easyrl.errors import ConfigError
 
 
@@ -95,22 +95,14 @@ def load_config(argv: list[str]) -> PPOConfig:
 
     Returns:
         A finalized ``PPOConfig`` (auto keys filled in, every value checked); settings that run but differ from their
-        paper's meaning are warned of (``easyrl.config.traps.ConfigWarning``).
+        paper's meaning are warned of (``easyrl.config.checks.ConfigWarning``).
 
     Raises:
         ConfigError: unknown or auto key, malformed override, missing or malformed YAML file (not a mapping), value
             of the wrong type or out of range (``easyrl.config.checks``).
     """
-    check_words(argv)
-    yaml_path = None
-    overrides = []
-    for word in argv:
-        if "=" not in word:
-            raise ConfigError(f"Command-line argument '{word}' is not of the form key=value (see --help).")
-        if word.startswith("config="):
-            yaml_path = word.split("=", 1)[1]
-        else:
-            overrides.append(word)
+    yaml_path = check_words(argv)
+    overrides = [word for word in argv if not word.startswith("config=")]
 
     valid, autos = valid_keys(PPOConfig), auto_keys(PPOConfig)
     merged = OmegaConf.create(dataclasses.asdict(PPOConfig()))  # untyped: pydantic checks the merged values once
@@ -167,9 +159,10 @@ _MISSING_ENV = re.compile(r"Environment variable '([^']+)' not found")
 _RESOLVER = re.compile(r"Unsupported interpolation type (\S+)")
 
 
-def check_words(argv: list[str]) -> None:
-    """Refuse command-line words that cannot mean anything: ``=value`` without a key, an empty ``config=``, ``config=``
-    given twice (the first file would be ignored) or naming a folder.
+def check_words(argv: list[str]) -> Optional[str]:
+    """Refuse command-line words that cannot mean anything: no ``key=value``, ``=value`` without a key, an empty
+    ``config=``, ``config=`` given twice (the first file would be ignored) or naming a folder; returns the ``config=``
+    file (None: none).
 
     Raises:
         ConfigError: naming the word and what to write instead.
@@ -179,6 +172,8 @@ def check_words(argv: list[str]) -> None:
         if word.startswith("="):
             raise ConfigError(f"Command-line word '{word}' has no key before '=': write key=value, e.g. "
                               f"data.max_prompt_length{word}.")
+        if "=" not in word:
+            raise ConfigError(f"Command-line argument '{word}' is not of the form key=value (see --help).")
     if len(configs) > 1:
         raise ConfigError(f"config= is given {len(configs)} times ({', '.join(repr(c) for c in configs)}); easyrl "
                           "reads one YAML file: merge them into one, or give the later file's settings as key=value "
@@ -191,6 +186,7 @@ def check_words(argv: list[str]) -> None:
         example = os.path.join(configs[0], found[0]) if found else os.path.join(configs[0], "<file>.yaml")
         raise ConfigError(f"Config file '{configs[0]}' (from config=) is a folder: give one YAML file, e.g. "
                           f"config={example}.")
+    return configs[0] if configs else None
 
 
 def read_error(err: Exception, path: str) -> str:
@@ -274,3 +270,57 @@ def yaml_hint(path: str, line: Optional[int], problem: str, context_line: Option
                     "quote the value if the bracket is part of a string")
     return ("write 'key: value' pairs indented with spaces, one per line, and quote a value that holds ': ', ' #', "
             "'[' or '{' (e.g. key: \"a: b\")")
+
+
+# keys whose value names an input file or folder (or a list of them); the reward function's and the tools' are
+# ``path.py:function``
+INPUT_PATHS: tuple[str, ...] = (
+    "data.train_files", "data.val_files", "data.image_dir", "data.format_prompt",
+    "worker.actor.model.model_path", "worker.actor.model.tokenizer_path",
+    "worker.critic.model.model_path", "worker.critic.model.tokenizer_path",
+    "worker.reward.reward_function", "trainer.load_checkpoint_path",
+    "worker.reward.judge.model_path", "worker.reward.judge.prompt_template", "worker.reward.judge.parser",
+    "worker.reward.reward_model.model_path", "worker.reward.reward_model.tokenizer_path",
+    "worker.reward.reward_model.chat_template", "worker.rollout.multi_turn.tools",
+    "worker.rollout.multi_turn.format", "worker.rollout.multi_turn.environment",
+)
+
+
+def search_folders(config_file: str, cwd: Optional[str] = None) -> list[str]:
+    """Where a relative path of ``config_file`` is looked up, in order (see the module docstring)."""
+    here = os.path.dirname(os.path.abspath(config_file))
+    folders = [here, os.path.abspath(cwd or os.getcwd())]
+    parent = os.path.dirname(here)
+    while parent != here:
+        folders.append(parent)
+        here, parent = parent, os.path.dirname(parent)
+    return list(dict.fromkeys(folders))
+
+
+def resolve_path(value: str, folders: list[str]) -> str:
+    """``value`` as an absolute path under the first of ``folders`` where it exists; unchanged when it is absolute,
+    starts with ``~``, or exists nowhere. A ``file.py:function`` value is resolved by its file part."""
+    path, suffix = value, ""
+    if ".py:" in value:  # worker.reward.reward_function: path.py:function
+        path, function = value.rsplit(":", 1)
+        suffix = ":" + function
+    if os.path.isabs(path) or path.startswith("~") or not path:
+        return value
+    for folder in folders:
+        candidate = os.path.join(folder, path)
+        if os.path.exists(candidate):
+            return os.path.normpath(candidate) + suffix
+    return value
+
+
+def resolve_config_paths(layer: dict[str, Any], config_file: str, cwd: Optional[str] = None) -> dict[str, Any]:
+    """Resolve the relative input paths (``INPUT_PATHS``) of the YAML layer ``layer`` read from ``config_file``, in
+    place (each item of a list, e.g. ``multi_turn.tools``); returns ``layer``."""
+    folders = search_folders(config_file, cwd)
+    for key in INPUT_PATHS:
+        value = get_key(layer, key)
+        if isinstance(value, str):
+            set_key(layer, key, resolve_path(value, folders))
+        elif isinstance(value, list):
+            set_key(layer, key, [resolve_path(item, folders) if isinstance(item, str) else item for item in value])
+    return layer

@@ -1,8 +1,11 @@
 """Checkpoint folders of a run under ``trainer.save_checkpoint_path``: names, the tracker, atomic commits (written as
 ``.global_step_N.tmp``, renamed when complete, then named by the tracker), retention; ``manifest.json``, written last
 into each checkpoint (this run's identity: ranks, optimizer, LoRA rank, critic, the model's shape; every file's
-size) and checked at resume before any worker loads (:func:`check_checkpoint`); and :class:`Checkpointer`, the
-trainer's part that saves and restores the whole training state. Layout and guarantees: docs/checkpoints.md."""
+size) and checked at resume before any worker loads (:func:`check_checkpoint`); :class:`Checkpointer`, the
+trainer's part that saves and restores the whole training state; and a Hugging Face folder from a checkpoint, on one
+process without Ray (``easyrl export``, ``easyrl eval`` of a checkpoint: :func:`export_checkpoint`, a LoRA actor
+merged, written by ``easyrl.models.hf_folder.write_hf_folder`` in the base model's dtype, complete or not at all).
+Layout and guarantees: docs/checkpoints.md."""
 
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from typing import Any, Optional
 import torch
 
 from easyrl.errors import RunStateError
+from easyrl.models.hf_folder import write_hf_folder
 
 logger = logging.getLogger("easyrl.checkpoint")
 
@@ -283,3 +287,61 @@ def check_checkpoint(folder: str, identity: dict[str, Any]) -> None:
             f"checkpoint {folder} ({path}) does not fit this run: {'; '.join(different)}. Resume it with the settings "
             "it was saved with, or start a new run: another trainer.experiment_name (or trainer.save_checkpoint_path)."
         )
+
+
+def load_checkpoint_weights(actor_dir: str) -> dict[str, torch.Tensor]:
+    """The actor's full float32 weights from the DCP shards in ``actor_dir`` (no process group, no optimizer)."""
+    import torch.distributed.checkpoint as dcp
+
+    metadata = dcp.FileSystemReader(actor_dir).read_metadata()
+    state = {}
+    for key, meta in metadata.state_dict_metadata.items():
+        if key.startswith("model.") and hasattr(meta, "size"):
+            state[key[len("model."):]] = torch.empty(tuple(meta.size), dtype=meta.properties.dtype)
+    dcp.load({"model": state}, checkpoint_id=actor_dir, no_dist=True)
+    return state
+
+
+def resolve_checkpoint(path: str) -> str:
+    """The ``global_step_N`` folder of ``path`` (itself, its ``actor`` folder, or a run's checkpoint folder: its
+    last); ``FileNotFoundError`` when there is none."""
+    path = os.path.abspath(path)
+    if os.path.basename(path) == "actor":
+        path = os.path.dirname(path)
+    if os.path.isfile(os.path.join(path, "actor", ".metadata")):
+        return path
+    last = find_last_checkpoint(path) if os.path.isdir(path) else None
+    if last is None:
+        raise FileNotFoundError(f"{path} is not a checkpoint (no actor/.metadata) nor a checkpoint folder with a "
+                                f"checkpoint_tracker.json")
+    return last
+
+
+def export_checkpoint(checkpoint: str, out: str, dtype: Optional[torch.dtype] = None) -> str:
+    """Write the Hugging Face folder ``out`` (must not exist; returned) from ``checkpoint``: a ``global_step_N``
+    folder, its ``actor`` folder, or a run's checkpoint folder (its last one); ``dtype`` None keeps the base model's.
+
+    Raises:
+        FileNotFoundError: nothing that looks like a checkpoint at ``checkpoint``.
+    """
+    step_dir = resolve_checkpoint(checkpoint)
+    actor_dir = os.path.join(step_dir, "actor")
+    state = load_checkpoint_weights(actor_dir)
+    hf_dir = os.path.join(actor_dir, "huggingface")
+    state = merge_lora_checkpoint(state, hf_dir)
+    return write_hf_folder(state, [hf_dir], out, dtype)
+
+
+def merge_lora_checkpoint(state: dict[str, torch.Tensor], hf_dir: str) -> dict[str, torch.Tensor]:
+    """A LoRA actor's weights merged (``W + lora_alpha / r * B @ A``, scale from ``hf_dir``'s
+    ``adapter_config.json``, else ``FileNotFoundError``); ``state`` itself without an adapter."""
+    from easyrl.models.lora import is_adapter_key, merge_lora_stream
+
+    if not any(is_adapter_key(name) for name in state):
+        return state
+    path = os.path.join(hf_dir, "adapter_config.json")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"the checkpoint holds a LoRA adapter but {path} is missing (its scale is needed)")
+    with open(path, encoding="utf-8") as f:
+        adapter = json.load(f)
+    return dict(merge_lora_stream(state.items(), adapter["lora_alpha"] / adapter["r"]))

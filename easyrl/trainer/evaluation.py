@@ -96,8 +96,7 @@ def evaluate_model(config: PPOConfig, model: Optional[str] = None,
         ModelError: ``model`` does not exist, or is a checkpoint that cannot be exported.
         UserError: a pre-flight error of :func:`evaluate`.
     """
-    from easyrl.trainer.checkpoint import Checkpointer
-    from easyrl.trainer.hf_export import export_checkpoint, resolve_checkpoint
+    from easyrl.trainer.checkpoint import Checkpointer, export_checkpoint, resolve_checkpoint
 
     model = model or config.trainer.load_checkpoint_path
     named = model or config.worker.actor.model.model_path  # as the user named it, for the summary line

@@ -39,7 +39,7 @@ from easyrl.sizing.devices import peak_flops
 from easyrl.sizing.flops import compute_mfu_metrics
 from easyrl.trainer.checkpoint import Checkpointer, run_identity
 from easyrl.trainer.generation import Generator
-from easyrl.trainer.launch import StartupProfile
+from easyrl.trainer.launch import GracefulStop, StartupProfile
 from easyrl.trainer.loggers import Tracker
 from easyrl.trainer.metrics import (
     compute_data_metrics,
@@ -54,7 +54,6 @@ from easyrl.trainer.multi_turn import make_rollout, multi_turn_metrics
 from easyrl.trainer.rollout import for_workers
 from easyrl.trainer.run_folder import checkpoint_to_resume
 from easyrl.trainer.scoring import ModelRewards, Scorer
-from easyrl.trainer.signals import GracefulStop
 from easyrl.trainer.validation import Validator
 from easyrl.workers.fsdp_worker import FSDPWorker
 from easyrl.workers.group import WorkerError, WorkerGroup

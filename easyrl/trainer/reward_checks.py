@@ -148,7 +148,7 @@ def check_reward_model(rm: Any) -> None:
     """
     if not rm.enabled:
         return
-    from easyrl.config.reward_model import read_chat_template
+    from easyrl.config.worker import read_chat_template
     from easyrl.rewards.reward_model_inputs import encode_conversations, load_tokenizer
 
     key = "worker.reward.reward_model.model_path"

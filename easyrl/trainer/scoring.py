@@ -18,7 +18,7 @@ from tensordict import TensorDict
 
 from easyrl.batch import Batch
 from easyrl.config import RewardModelConfig
-from easyrl.config.reward_model import read_chat_template
+from easyrl.config.worker import read_chat_template
 from easyrl.rewards.function import RewardFunction, scores_to_token_rewards
 from easyrl.rewards.guard import GuardedReward
 from easyrl.rewards.judge import Judge, load_judge
