@@ -16,9 +16,8 @@ from typing import TYPE_CHECKING
 
 from easyrl.config.actor import check_distillation
 from easyrl.config.judge import check_judge
-from easyrl.config.multi_turn import check_multi_turn
 from easyrl.config.split import check_rollout_mode
-from easyrl.config.worker import check_reward_model
+from easyrl.config.worker import check_multi_turn, check_reward_model
 from easyrl.errors import ConfigError
 
 if TYPE_CHECKING:

@@ -24,6 +24,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 from omegaconf import OmegaConf
+from transformers import AutoConfig
 
 from easyrl.algorithms.advantages import AdvantageInputs, compute_advantage
 from easyrl.algorithms.distillation import add_distillation, reverse_kl_metrics, token_reverse_kl
@@ -117,13 +118,8 @@ class RayPPOTrainer:
         self.validator = Validator(cfg, self.val_dataset, self.generator, self.scorer, self.tokenizer,
                                    self.model_rewards)
         self.checkpointer = Checkpointer(cfg.trainer, self.workers, run_identity(cfg))
-        self._init_perf()
-
-    def _init_perf(self) -> None:
-        """The model's shape for the FLOPs formula and the devices' peak FLOP/s (None on the CPU: no MFU)."""
-        from transformers import AutoConfig
-
-        model = self.config.worker.actor.model
+        # perf/mfu/*: the model's shape for the FLOPs formula and the devices' peak FLOP/s (None on the CPU: no MFU)
+        model = cfg.worker.actor.model
         hf_config = AutoConfig.from_pretrained(model.model_path, trust_remote_code=model.trust_remote_code)
         try:
             self.model_shape = model_anatomy(hf_config, model.trust_remote_code)[2]
