@@ -189,6 +189,7 @@ def test_reward_metrics_over_every_generated_sample_else_the_batch():
     metrics = reward_metrics(batch, {"overall": [1.0, 0.0, 0.0, 0.0]}, failures=2)
     assert metrics == {"reward/overall": 0.25, "reward/judge": 0.5, "reward/errors": 2.0}
     assert reward_metrics(batch, {}, failures=0)["reward/overall"] == 0.5
+    assert reward_metrics(batch, {}, 0, frac_zero_std=1.0)["reward/frac_reward_zero_std"] == 1.0  # the step's too
 
 
 def test_startup_profile_is_reported_once_with_the_first_step(caplog):

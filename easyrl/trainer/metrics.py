@@ -65,13 +65,18 @@ def compute_throughput_metrics(batch: Batch, step_seconds: float, world_size: in
     return metrics
 
 
-def reward_metrics(batch: Batch, generated: dict[str, list[float]], failures: int) -> dict[str, float]:
-    """``reward/<name>``: the mean of each named score (``score/<name>`` of ``batch``), over every ``generated``
-    sample where the generator kept them (dynamic sampling: dropped groups included), else over ``batch``;
-    ``reward/errors``: ``failures``, the samples the reward function failed on."""
+def reward_metrics(batch: Batch, generated: dict[str, list[float]], failures: int,
+                   frac_zero_std: Optional[float] = None) -> dict[str, float]:
+    """Every ``reward/*`` metric: ``reward/<name>``, the mean of each named score (``score/<name>`` of ``batch``), over
+    every ``generated`` sample where the generator kept them (dynamic sampling: dropped groups included), else over
+    ``batch``; ``reward/errors``: ``failures``, the samples the reward function failed on; and, when given,
+    ``reward/frac_reward_zero_std`` (:func:`frac_reward_zero_std` of the batch)."""
     names = [key.removeprefix("score/") for key in batch.extras if key.startswith("score/")]
     metrics = {f"reward/{name}": float(np.mean(generated.get(name) or batch[f"score/{name}"])) for name in names}
-    return {**metrics, "reward/errors": float(failures)}
+    metrics["reward/errors"] = float(failures)
+    if frac_zero_std is not None:
+        metrics["reward/frac_reward_zero_std"] = frac_zero_std
+    return metrics
 
 
 def frac_reward_zero_std(scores: Sequence[float], uids: Sequence[str]) -> float:

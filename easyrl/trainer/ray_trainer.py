@@ -257,8 +257,7 @@ class RayPPOTrainer:
                 with timer("reward", timing):
                     failures += self.scorer.wait(batch, pending, order)
             self.model_rewards.run(batch, timing, metrics)  # the judge's and reward model's scores, into overall
-            metrics.update(reward_metrics(batch, generated, failures))
-            metrics["reward/frac_reward_zero_std"] = self._check_reward_variance(batch)
+            metrics.update(reward_metrics(batch, generated, failures, self._check_reward_variance(batch)))
             if cfg.algorithm.needs_critic:
                 forward("values", FSDPWorker.compute_values, "values")
             with timer("adv", timing):
