@@ -52,7 +52,7 @@ def held_out_reverse_kl(trainer, step: int, n: int, samples: Optional[list] = No
 
     from easyrl.algorithms.distillation import reverse_kl_metrics, token_reverse_kl
     from easyrl.data.dataset import collate_fn
-    from easyrl.trainer.batch_layout import for_workers
+    from easyrl.trainer.rollout import for_workers
     from easyrl.workers.fsdp_worker import FSDPWorker
 
     dataset = trainer.val_dataset

@@ -1,5 +1,5 @@
 """``easyrl export CHECKPOINT OUT`` (also ``python -m easyrl.export``): a Hugging Face folder from a checkpoint, by
-``easyrl.trainer.hf_export``."""
+``easyrl.trainer.checkpoint``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Optional
 
 from easyrl.errors import RunStateError, UserError, run_cli
 from easyrl.models.hf_folder import DTYPES
-from easyrl.trainer.hf_export import export_checkpoint
+from easyrl.trainer.checkpoint import export_checkpoint
 
 logger = logging.getLogger("easyrl.export")
 

@@ -13,7 +13,7 @@ from tensordict import TensorDict
 from easyrl.agents import scheduler
 from easyrl.batch import Batch
 from easyrl.config import load_config
-from easyrl.config.multi_turn import MultiTurnConfig
+from easyrl.config.worker import MultiTurnConfig
 from tests.test_agents_rollout import HERE, ScriptedWorkers
 
 

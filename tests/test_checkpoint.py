@@ -201,7 +201,7 @@ def test_nonfinite_gradient_norm_skips_then_stops():
 
 TWO_SIGNALS = textwrap.dedent("""
     import os, signal, sys, time
-    from easyrl.trainer.signals import GracefulStop
+    from easyrl.trainer.launch import GracefulStop
 
     with GracefulStop() as stop:
         os.kill(os.getpid(), signal.SIGTERM)
@@ -229,7 +229,7 @@ def test_checkpointer_writes_a_manifest_and_refuses_a_mismatch_before_the_worker
     from types import SimpleNamespace
 
     from easyrl.trainer.checkpoint import Checkpointer
-    from easyrl.trainer.checkpoint_manifest import MANIFEST
+    from easyrl.trainer.checkpoint import MANIFEST
 
     class Workers:
         calls: list[str] = []

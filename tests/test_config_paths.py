@@ -1,5 +1,5 @@
 """Relative paths in a config file resolve against the file's folder (then the current folder, then the file's
-parent folders), so a recipe runs from any folder (``easyrl.config.paths``, docs/config.md)."""
+parent folders), so a recipe runs from any folder (``easyrl.config.loading``, docs/config.md)."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from easyrl.config import load_config
-from easyrl.config.traps import ConfigWarning
+from easyrl.config.checks import ConfigWarning
 
 REPO = Path(__file__).resolve().parents[1]
 BASE = [f"config={REPO / 'config.yaml'}"]

@@ -181,7 +181,7 @@ def replay(trainer):
     compared update against update. Returns ``(batch, start weights)``."""
     import torch
 
-    from easyrl.trainer.batch_layout import for_workers
+    from easyrl.trainer.rollout import for_workers
 
     _steps(trainer, 1)
     batch = for_workers(trainer.last_batch)

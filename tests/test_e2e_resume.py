@@ -50,9 +50,9 @@ def _rows(run_dir: Path) -> dict[int, dict]:
 
 def _comparable(row: dict) -> dict:
     """The row without the wall-clock and memory measurements (the only metrics a resume may change)."""
-    from easyrl.trainer.metrics import is_measured
+    from easyrl.trainer.metrics import MEASURED_PREFIXES
 
-    return {k: v for k, v in row.items() if not is_measured(k)}
+    return {k: v for k, v in row.items() if not k.startswith(MEASURED_PREFIXES)}
 
 
 def _tracker_step(root: Path) -> int:

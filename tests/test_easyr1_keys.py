@@ -157,7 +157,7 @@ def test_gspo_token_is_gspo():
     from pathlib import Path
 
     from easyrl.config import load_config
-    from easyrl.config.traps import ConfigWarning
+    from easyrl.config.checks import ConfigWarning
 
     assert POLICY_LOSSES.get("gspo_token") is POLICY_LOSSES.get("gspo")
     demo = f"config={Path(__file__).resolve().parents[1] / 'examples/configs/cpu_demo.yaml'}"

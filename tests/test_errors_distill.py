@@ -1,6 +1,6 @@
 """docs/errors.md, on-policy distillation entries (T..): a bad distillation setting or a teacher whose tokenizer does
 not read the student's token ids is refused with one ``easyrl: <kind> error:`` line before Ray or any worker starts
-(``load_config``, then ``easyrl.trainer.preflight.prepare`` / ``easyrl.trainer.teacher_check``)."""
+(``load_config``, then ``easyrl.trainer.preflight.prepare`` / ``easyrl.trainer.model_checks``)."""
 
 from __future__ import annotations
 

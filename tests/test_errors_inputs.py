@@ -255,7 +255,7 @@ NO_EFFECT = [
 @pytest.mark.parametrize("cid, words, said", NO_EFFECT, ids=[case[0] for case in NO_EFFECT])
 def test_settings_without_effect_are_warned_of_at_load(e2e_args, tmp_path, cid, words, said):
     from easyrl.config import load_config
-    from easyrl.config.traps import ConfigWarning
+    from easyrl.config.checks import ConfigWarning
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

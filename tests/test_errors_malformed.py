@@ -102,7 +102,7 @@ def test_greedy_sampling_without_groups_is_allowed():
 
 def test_greedy_sampling_with_n_copies_warns_where_it_still_learns():  # W10
     """Without a group baseline (gae, reinforce_plus_plus) greedy ``n > 1`` trains, on copies: a warning."""
-    from easyrl.config.traps import ConfigWarning
+    from easyrl.config.checks import ConfigWarning
 
     with pytest.warns(ConfigWarning) as caught:
         load_config(BASE + ["worker.rollout.temperature=0", "algorithm.adv_estimator=reinforce_plus_plus"])

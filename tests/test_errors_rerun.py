@@ -124,7 +124,7 @@ def test_resume_path_without_load_checkpoint_path(tmp_path, expect_user_error): 
 
 
 def test_wandb_online_without_login(tmp_path, monkeypatch, expect_user_error):  # C66
-    from easyrl.trainer.dashboards import check_logger_credentials
+    from easyrl.trainer.loggers import check_logger_credentials
 
     for name in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_DISABLED", "WANDB_BASE_URL"):
         monkeypatch.delenv(name, raising=False)

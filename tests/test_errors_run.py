@@ -58,7 +58,7 @@ IDENTITY = {"world_size": 2, "optimizer": "AdamW", "actor_lora_rank": 0, "critic
 def _full_checkpoint(identity: dict):
     """A writer of a checkpoint with the files a real one has (DCP metadata and a shard, each rank's extra state, the
     driver's state) and its manifest, written last as ``Checkpointer.save`` does."""
-    from easyrl.trainer.checkpoint_manifest import write_manifest
+    from easyrl.trainer.checkpoint import write_manifest
 
     def write(tmp: str) -> None:
         Path(tmp, "actor").mkdir()
@@ -73,7 +73,7 @@ def _full_checkpoint(identity: dict):
 
 
 def _resume(folder: Path, identity: dict):
-    from easyrl.trainer.checkpoint_manifest import check_checkpoint
+    from easyrl.trainer.checkpoint import check_checkpoint
     from easyrl.trainer.run_folder import checkpoint_to_resume
 
     return lambda: check_checkpoint(checkpoint_to_resume(_trainer(folder)), identity)
@@ -135,7 +135,7 @@ def test_disk_full_during_a_save_keeps_the_previous_checkpoint(tmp_path, expect_
 
 def test_a_real_config_refuses_a_checkpoint_of_other_ranks(tmp_path, e2e_text_config, expect_user_error):  # K16
     """``check_resumable`` (called before Ray starts) with the identity of a real config and model folder."""
-    from easyrl.trainer.checkpoint_manifest import run_identity
+    from easyrl.trainer.checkpoint import run_identity
     from easyrl.trainer.run_folder import check_resumable
 
     config = e2e_text_config(tmp_path)

@@ -99,7 +99,7 @@ def test_judge_engine_arguments_claim_a_share_on_accelerators_without_sleep_mode
 def test_judge_scores_are_weighted_into_overall_on_the_last_token():
     from tensordict import TensorDict
 
-    from easyrl.trainer.model_rewards import add_model_scores
+    from easyrl.trainer.scoring import add_model_scores
 
     mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
     scores = torch.tensor([[0.0, 0.5, 0.0], [0.0, 0.0, 1.0]])

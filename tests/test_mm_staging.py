@@ -7,7 +7,7 @@ import torch
 from tensordict import TensorDict
 
 from easyrl.batch import Batch
-from easyrl.trainer.batch_layout import for_workers
+from easyrl.trainer.rollout import for_workers
 from easyrl.workers.mm_staging import (
     STAGE_KEY,
     MultiModalStage,

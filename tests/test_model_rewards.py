@@ -1,4 +1,4 @@
-"""The model reward phases (easyrl/trainer/model_rewards.py) in training and validation: a batch whose length is not a
+"""The model reward phases (easyrl/trainer/scoring.py) in training and validation: a batch whose length is not a
 multiple of the world size (a validation set's last batch) reaches the workers padded to equal shares, and validation
 reports the reward model's score and an ``overall`` with its weighted share, as training does. The worker calls are
 stood in by a phase that records what it got (the real ones run in tests/test_e2e_reward_model.py)."""
@@ -12,8 +12,7 @@ import torch
 from tensordict import TensorDict
 
 from easyrl.batch import Batch
-from easyrl.trainer.model_rewards import ModelRewards, add_model_scores
-from easyrl.trainer.scoring import Scorer
+from easyrl.trainer.scoring import ModelRewards, Scorer, add_model_scores
 from easyrl.trainer.validation import Validator
 
 WEIGHT = 0.5

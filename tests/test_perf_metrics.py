@@ -16,7 +16,7 @@ from easyrl.device import memory_metrics
 from easyrl.sizing.anatomy import ModelShape, VisionShape, model_anatomy
 from easyrl.sizing.devices import peak_flops
 from easyrl.sizing.flops import compute_mfu_metrics, forward_flops
-from easyrl.trainer.metrics import compute_throughput_metrics, frac_reward_zero_std, is_measured, reduce_metrics
+from easyrl.trainer.metrics import MEASURED_PREFIXES, compute_throughput_metrics, frac_reward_zero_std, reduce_metrics
 
 
 def _tiny_qwen2_5_vl_config():
@@ -99,11 +99,11 @@ def test_measured_metrics_are_exactly_the_clock_and_memory_ones():
                                       1e12, 1)
     measured = {*throughput, *mfu_metrics, "perf/cpu_memory_used_gb", "perf/max_memory_allocated_gb",
                 "perf/max_memory_reserved_gb", "timing_s/gen", "timing_s/step"} - {"perf/total_num_tokens"}
-    assert len(mfu_metrics) == 2 and all(is_measured(key) for key in measured), measured
+    assert len(mfu_metrics) == 2 and all(key.startswith(MEASURED_PREFIXES) for key in measured), measured
     computed = ("perf/total_num_tokens", "perf/padding_fraction", "perf/max_rank_tokens_ratio", "actor/pg_loss",
                 "actor/kl_loss", "critic/score/mean", "reward/overall", "reward/frac_reward_zero_std",
                 "response_length/mean", "val/reward/overall", "actor/grad_norm", "rollout/log_prob_diff_max")
-    assert not [key for key in computed if is_measured(key)]
+    assert not [key for key in computed if key.startswith(MEASURED_PREFIXES)]
 
 
 def test_memory_metrics_and_their_reduction():
@@ -189,6 +189,7 @@ def test_reward_metrics_over_every_generated_sample_else_the_batch():
     metrics = reward_metrics(batch, {"overall": [1.0, 0.0, 0.0, 0.0]}, failures=2)
     assert metrics == {"reward/overall": 0.25, "reward/judge": 0.5, "reward/errors": 2.0}
     assert reward_metrics(batch, {}, failures=0)["reward/overall"] == 0.5
+    assert reward_metrics(batch, {}, 0, frac_zero_std=1.0)["reward/frac_reward_zero_std"] == 1.0  # the step's too
 
 
 def test_startup_profile_is_reported_once_with_the_first_step(caplog):

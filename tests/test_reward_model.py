@@ -64,7 +64,7 @@ def test_a_chat_template_override_and_max_length_keep_the_end(rm_tokenizer):
 def test_mixing_adds_the_weighted_score_on_the_last_response_token():
     from tensordict import TensorDict
 
-    from easyrl.trainer.model_rewards import add_model_scores
+    from easyrl.trainer.scoring import add_model_scores
 
     mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
     rule = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 0.0]])

@@ -45,7 +45,7 @@ def test_balance_gives_equal_token_shares_and_is_undone_by_argsort():
 
 
 def test_worker_batches_leave_driver_only_extras_behind():
-    from easyrl.trainer.batch_layout import for_workers
+    from easyrl.trainer.rollout import for_workers
 
     batch = _batch([3, 4])
     batch["images"] = [["a PIL image"], []]
@@ -55,7 +55,7 @@ def test_worker_batches_leave_driver_only_extras_behind():
 
 
 def test_generation_gets_the_images_but_not_the_processor_outputs():
-    from easyrl.trainer.batch_layout import for_rollout
+    from easyrl.trainer.rollout import for_rollout
 
     batch = _batch([3, 4])
     batch["images"] = [["a PIL image"], []]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from easyrl.trainer.dashboards import WANDB_ID_FILE, WandbLogger
+from easyrl.trainer.loggers import WANDB_ID_FILE, WandbLogger
 
 
 @pytest.fixture

@@ -9,44 +9,21 @@ others and cannot be set. Modules of the package import each other directly, nev
 
 from __future__ import annotations
 
-from easyrl.config.actor import ActorConfig, RefConfig
+from easyrl.config.actor import ActorConfig, RefConfig, TeacherConfig, TeacherModelConfig
 from easyrl.config.algorithm import AlgorithmConfig
-from easyrl.config.critic import CriticConfig
 from easyrl.config.data import DataConfig
 from easyrl.config.fields import auto, auto_keys, valid_keys
 from easyrl.config.loading import load_config, to_dict
 from easyrl.config.ppo import PPOConfig
-from easyrl.config.reward_model import RewardModelConfig
-from easyrl.config.role import FSDPConfig, LoraConfig, ModelConfig, OffloadConfig, OptimConfig, TrainedRoleConfig
-from easyrl.config.teacher import TeacherConfig, TeacherModelConfig
+from easyrl.config.role import (CriticConfig, FSDPConfig, LoraConfig, ModelConfig, OffloadConfig, OptimConfig,
+                                TrainedRoleConfig)
 from easyrl.config.trainer import TrainerConfig
-from easyrl.config.worker import RewardConfig, RolloutConfig, WorkerConfig
+from easyrl.config.worker import RewardConfig, RewardModelConfig, RolloutConfig, WorkerConfig
 from easyrl.errors import ConfigError
 
 __all__ = [
-    "ActorConfig",
-    "AlgorithmConfig",
-    "ConfigError",
-    "CriticConfig",
-    "DataConfig",
-    "FSDPConfig",
-    "LoraConfig",
-    "ModelConfig",
-    "OffloadConfig",
-    "OptimConfig",
-    "PPOConfig",
-    "RefConfig",
-    "RewardConfig",
-    "RewardModelConfig",
-    "RolloutConfig",
-    "TeacherConfig",
-    "TeacherModelConfig",
-    "TrainedRoleConfig",
-    "TrainerConfig",
-    "WorkerConfig",
-    "auto",
-    "auto_keys",
-    "load_config",
-    "to_dict",
-    "valid_keys",
+    "ActorConfig", "AlgorithmConfig", "ConfigError", "CriticConfig", "DataConfig", "FSDPConfig", "LoraConfig",
+    "ModelConfig", "OffloadConfig", "OptimConfig", "PPOConfig", "RefConfig", "RewardConfig", "RewardModelConfig",
+    "RolloutConfig", "TeacherConfig", "TeacherModelConfig", "TrainedRoleConfig", "TrainerConfig", "WorkerConfig",
+    "auto", "auto_keys", "load_config", "to_dict", "valid_keys",
 ]

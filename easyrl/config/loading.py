@@ -1,5 +1,10 @@
 """Building a ``PPOConfig`` from command-line words: defaults <- YAML (``config=``) <- dotted overrides, with
-unknown and auto keys refused before any merge (``load_config``), and ``to_dict``."""
+unknown and auto keys refused before any merge (``load_config``), and ``to_dict``. A config file's relative input
+paths are looked up against the file's folder, the current folder, then the file's parent folders, nearest first; the
+first place where one exists wins (docs/config.md, "Relative paths"). Each way a command-line word, a YAML file or an
+interpolation can be malformed has one line naming the culprit and what to write instead (docs/errors.md, "Malformed
+words, files and values"). A key repeated on the command line is not an error (the later word wins); one repeated
+inside a YAML mapping is (PyYAML's "found duplicate key", with its line)."""
 
 from __future__ import annotations
 
@@ -7,17 +12,15 @@ import copy
 import dataclasses
 import difflib
 import os
-from typing import Optional
+import re
+from typing import Any, Optional
 
 from omegaconf import OmegaConf
 
-from easyrl.config import malformed
-from easyrl.config.aliases import MISSING, apply_aliases, get_key, pop_key
-from easyrl.config.checks import check_config
-from easyrl.config.fields import auto_keys, expected, validate, valid_keys
-from easyrl.config.paths import resolve_config_paths
+from easyrl.config.aliases import MISSING, apply_aliases, get_key, pop_key, set_key
+from easyrl.config.checks import check_config, warn_config_traps
+from easyrl.config.fields import auto_keys, expected, valid_keys, validate
 from easyrl.config.ppo import PPOConfig
-from easyrl.config.traps import warn_config_traps
 from easyrl.errors import ConfigError
 
 
@@ -75,12 +78,12 @@ def _load_yaml(path: str) -> dict:
         context_line = context.line + 1 if context is not None else None
         if context is not None and getattr(err, "context", None) and context.line != getattr(mark, "line", None):
             problem += f" ({err.context} that starts at line {context.line + 1})"
-        hint = malformed.yaml_hint(path, mark.line + 1 if mark is not None else None, problem, context_line)
+        hint = yaml_hint(path, mark.line + 1 if mark is not None else None, problem, context_line)
         raise ConfigError(f"Config file '{path}' (from config=) is not valid YAML:{where}: {problem}: {hint}.") \
             from None
     except Exception as err:  # omegaconf's own errors (e.g. a malformed ${...}), a file that is not UTF-8
-        raise ConfigError(malformed.read_error(err, path)) from None
-    malformed.check_top_level(path)
+        raise ConfigError(read_error(err, path)) from None
+    check_top_level(path)
     return OmegaConf.to_container(conf) or {}
 
 
@@ -92,22 +95,14 @@ def load_config(argv: list[str]) -> PPOConfig:
 
     Returns:
         A finalized ``PPOConfig`` (auto keys filled in, every value checked); settings that run but differ from their
-        paper's meaning are warned of (``easyrl.config.traps.ConfigWarning``).
+        paper's meaning are warned of (``easyrl.config.checks.ConfigWarning``).
 
     Raises:
         ConfigError: unknown or auto key, malformed override, missing or malformed YAML file (not a mapping), value
             of the wrong type or out of range (``easyrl.config.checks``).
     """
-    malformed.check_words(argv)
-    yaml_path = None
-    overrides = []
-    for word in argv:
-        if "=" not in word:
-            raise ConfigError(f"Command-line argument '{word}' is not of the form key=value (see --help).")
-        if word.startswith("config="):
-            yaml_path = word.split("=", 1)[1]
-        else:
-            overrides.append(word)
+    yaml_path = check_words(argv)
+    overrides = [word for word in argv if not word.startswith("config=")]
 
     valid, autos = valid_keys(PPOConfig), auto_keys(PPOConfig)
     merged = OmegaConf.create(dataclasses.asdict(PPOConfig()))  # untyped: pydantic checks the merged values once
@@ -145,7 +140,7 @@ def load_config(argv: list[str]) -> PPOConfig:
     try:
         values = OmegaConf.to_container(merged, resolve=True)
     except Exception as e:  # a ${...} that cannot be resolved
-        raise ConfigError(malformed.resolve_error(e, merged, valid)) from None
+        raise ConfigError(resolve_error(e, merged, valid)) from None
     config: PPOConfig = validate(values, PPOConfig, source=lambda key: next(
         (source for layer, source in reversed(sources) if get_key(layer, key) is not MISSING), None))
     config.finalize()
@@ -157,3 +152,175 @@ def load_config(argv: list[str]) -> PPOConfig:
 def to_dict(config: PPOConfig) -> dict:
     """The configuration as a plain nested dict (for logging and saving)."""
     return dataclasses.asdict(config)
+
+
+_MISSING_KEY = re.compile(r"Interpolation key '([^']+)' not found")
+_MISSING_ENV = re.compile(r"Environment variable '([^']+)' not found")
+_RESOLVER = re.compile(r"Unsupported interpolation type (\S+)")
+
+
+def check_words(argv: list[str]) -> Optional[str]:
+    """Refuse command-line words that cannot mean anything: no ``key=value``, ``=value`` without a key, an empty
+    ``config=``, ``config=`` given twice (the first file would be ignored) or naming a folder; returns the ``config=``
+    file (None: none).
+
+    Raises:
+        ConfigError: naming the word and what to write instead.
+    """
+    configs = [word.split("=", 1)[1] for word in argv if word.startswith("config=")]
+    for word in argv:
+        if word.startswith("="):
+            raise ConfigError(f"Command-line word '{word}' has no key before '=': write key=value, e.g. "
+                              f"data.max_prompt_length{word}.")
+        if "=" not in word:
+            raise ConfigError(f"Command-line argument '{word}' is not of the form key=value (see --help).")
+    if len(configs) > 1:
+        raise ConfigError(f"config= is given {len(configs)} times ({', '.join(repr(c) for c in configs)}); easyrl "
+                          "reads one YAML file: merge them into one, or give the later file's settings as key=value "
+                          "words after config=.")
+    if configs and not configs[0].strip():
+        raise ConfigError("config= is empty: give the path of a YAML file, e.g. config=examples/configs/cpu_demo.yaml,"
+                          " or leave the word out to start from the defaults.")
+    if configs and os.path.isdir(configs[0]):
+        found = sorted(name for name in os.listdir(configs[0]) if name.endswith((".yaml", ".yml")))
+        example = os.path.join(configs[0], found[0]) if found else os.path.join(configs[0], "<file>.yaml")
+        raise ConfigError(f"Config file '{configs[0]}' (from config=) is a folder: give one YAML file, e.g. "
+                          f"config={example}.")
+    return configs[0] if configs else None
+
+
+def read_error(err: Exception, path: str) -> str:
+    """The one line for a YAML file that PyYAML parsed but OmegaConf or the decoder could not read."""
+    if isinstance(err, UnicodeDecodeError):
+        with open(path, "rb") as f:
+            head = f.read(err.start)
+        line = head.count(b"\n") + 1
+        column = err.start - (head.rfind(b"\n") + 1) + 1
+        return (f"Config file '{path}' (from config=) is not UTF-8 text: byte 0x{err.object[err.start]:02x} at line "
+                f"{line}, column {column}; save the file as UTF-8.")
+    key = getattr(err, "full_key", None)
+    first = (getattr(err, "msg", None) or str(err)).strip().splitlines()[0]
+    if key and "GrammarParse" in type(err).__name__:
+        return (f"Config file '{path}' (from config=): '{key}' holds a malformed ${{...}} interpolation ({first}); "
+                f"write ${{section.key}} with its closing brace, or quote the value if the '$' is meant literally.")
+    return f"Config file '{path}' (from config=) cannot be read: {first}"
+
+
+def check_top_level(path: str) -> None:
+    """Refuse a YAML file (already parsed once by OmegaConf) whose top level is a single value: OmegaConf reads the
+    word ``cpu_demo`` as the key ``cpu_demo:``, which would be reported as an unknown key.
+
+    Raises:
+        ConfigError: naming the file and the type found.
+    """
+    import yaml
+
+    with open(path, encoding="utf-8") as f:
+        top = yaml.safe_load(f)
+    if top is not None and not isinstance(top, dict):
+        shown = "" if isinstance(top, list) else f" ({top!r})"
+        raise ConfigError(f"Config file '{path}' (from config=) holds a {type(top).__name__} at the top level{shown}; "
+                          "it must be a mapping of sections (data:, algorithm:, worker:, trainer:).")
+
+
+def resolve_error(err: Exception, merged: Any, valid: dict[str, bool]) -> str:
+    """The one line for a ``${...}`` that ``OmegaConf.to_container`` could not resolve, naming the key, the
+    interpolation and what to write instead."""
+    from omegaconf import OmegaConf
+
+    key = getattr(err, "full_key", None) or "?"
+    text = str(getattr(err, "msg", None) or err)
+    raw = OmegaConf.to_container(merged, resolve=False)
+    for part in key.split("."):
+        raw = raw.get(part) if isinstance(raw, dict) else None
+    given = f"'{key}' = {raw!r}" if isinstance(raw, str) and "${" in raw else f"'{key}'"
+    if m := _MISSING_KEY.search(text):
+        close = difflib.get_close_matches(m.group(1), list(valid), n=2, cutoff=0.6)
+        hint = f" such as ${{{close[0]}}}" if close else ""
+        return (f"{given}: ${{{m.group(1)}}} names no config key; write the value itself, or refer to an existing "
+                f"key{hint}.")
+    if m := _MISSING_ENV.search(text):
+        return (f"{given}: the environment variable {m.group(1)} is not set; export it, give a default "
+                f"(${{oc.env:{m.group(1)},<default>}}), or write the value itself.")
+    if "Recursive interpolation" in text:
+        return f"{given} refers back to itself through other interpolations; write a value in one of them."
+    if m := _RESOLVER.search(text):
+        return (f"{given}: unknown resolver {m.group(1)}; easyrl resolves ${{section.key}} and ${{oc.env:NAME}}, or "
+                "write the value itself.")
+    first = text.strip().splitlines()[0].rstrip(".")
+    return f"{given} cannot be resolved ({first}); write the value itself."
+
+
+def yaml_hint(path: str, line: Optional[int], problem: str, context_line: Optional[int] = None) -> str:
+    """What to write instead, for a YAML syntax error at 1-based ``line`` of ``path`` (``problem``: PyYAML's words;
+    ``context_line``: where the construct it could not finish starts)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except (OSError, UnicodeDecodeError):
+        lines = []
+    tabs = [i + 1 for i, text in enumerate(lines) if "\t" in text[:len(text) - len(text.lstrip())]]
+    if tabs and (line in tabs or "cannot start any token" in problem):
+        where = ", ".join(str(n) for n in tabs[:5])
+        return f"YAML indents with spaces, not tabs: replace the tab(s) at the start of line(s) {where} with spaces"
+    for opening, closing in (("[", "]"), ("{", "}")):
+        if f"'{closing}'" in problem:
+            start = f" opened on line {context_line}" if context_line else ""
+            return (f"close the '{opening}'{start} with '{closing}' (items separated by ', '), or "
+                    "quote the value if the bracket is part of a string")
+    return ("write 'key: value' pairs indented with spaces, one per line, and quote a value that holds ': ', ' #', "
+            "'[' or '{' (e.g. key: \"a: b\")")
+
+
+# keys whose value names an input file or folder (or a list of them); the reward function's and the tools' are
+# ``path.py:function``
+INPUT_PATHS: tuple[str, ...] = (
+    "data.train_files", "data.val_files", "data.image_dir", "data.format_prompt",
+    "worker.actor.model.model_path", "worker.actor.model.tokenizer_path",
+    "worker.critic.model.model_path", "worker.critic.model.tokenizer_path",
+    "worker.reward.reward_function", "trainer.load_checkpoint_path",
+    "worker.reward.judge.model_path", "worker.reward.judge.prompt_template", "worker.reward.judge.parser",
+    "worker.reward.reward_model.model_path", "worker.reward.reward_model.tokenizer_path",
+    "worker.reward.reward_model.chat_template", "worker.rollout.multi_turn.tools",
+    "worker.rollout.multi_turn.format", "worker.rollout.multi_turn.environment",
+)
+
+
+def search_folders(config_file: str, cwd: Optional[str] = None) -> list[str]:
+    """Where a relative path of ``config_file`` is looked up, in order (see the module docstring)."""
+    here = os.path.dirname(os.path.abspath(config_file))
+    folders = [here, os.path.abspath(cwd or os.getcwd())]
+    parent = os.path.dirname(here)
+    while parent != here:
+        folders.append(parent)
+        here, parent = parent, os.path.dirname(parent)
+    return list(dict.fromkeys(folders))
+
+
+def resolve_path(value: str, folders: list[str]) -> str:
+    """``value`` as an absolute path under the first of ``folders`` where it exists; unchanged when it is absolute,
+    starts with ``~``, or exists nowhere. A ``file.py:function`` value is resolved by its file part."""
+    path, suffix = value, ""
+    if ".py:" in value:  # worker.reward.reward_function: path.py:function
+        path, function = value.rsplit(":", 1)
+        suffix = ":" + function
+    if os.path.isabs(path) or path.startswith("~") or not path:
+        return value
+    for folder in folders:
+        candidate = os.path.join(folder, path)
+        if os.path.exists(candidate):
+            return os.path.normpath(candidate) + suffix
+    return value
+
+
+def resolve_config_paths(layer: dict[str, Any], config_file: str, cwd: Optional[str] = None) -> dict[str, Any]:
+    """Resolve the relative input paths (``INPUT_PATHS``) of the YAML layer ``layer`` read from ``config_file``, in
+    place (each item of a list, e.g. ``multi_turn.tools``); returns ``layer``."""
+    folders = search_folders(config_file, cwd)
+    for key in INPUT_PATHS:
+        value = get_key(layer, key)
+        if isinstance(value, str):
+            set_key(layer, key, resolve_path(value, folders))
+        elif isinstance(value, list):
+            set_key(layer, key, [resolve_path(item, folders) if isinstance(item, str) else item for item in value])
+    return layer

@@ -1,5 +1,5 @@
 """``PPOConfig``: the root of the configuration; ``finalize`` fills in the auto keys (``load_config`` then checks every
-value, ``easyrl.config.checks``, and warns of traps, ``easyrl.config.traps``)."""
+value and warns of traps, ``easyrl.config.checks``)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ class PPOConfig:
 
     def finalize(self) -> "PPOConfig":
         """Fill in the auto keys, each from the source its field names (``auto``); returns ``self``. The values are
-        checked after this by ``load_config`` (``easyrl.config.checks``, ``easyrl.config.traps``)."""
+        checked after this by ``load_config`` (``easyrl.config.checks``)."""
         for key, source in auto_keys(PPOConfig).items():
             if "/" not in source:  # trainer.run_dir joins two keys: below
                 *section, name = key.split(".")

@@ -1,26 +1,103 @@
-"""``worker:``: the rollout engine (vLLM), the reward function, and the section that holds every worker part."""
+"""``worker:``: the rollout engine (vLLM) and its multi-turn rollouts with tools and an environment
+(``easyrl.agents``, docs/agents.md), the reward function and the reward model (a Hugging Face sequence-classification
+checkpoint with one output, e.g. Skywork-Reward-V2-Qwen3, scoring every (prompt, response) on the workers, mixed with
+the rule reward as a named score, docs/rewards.md; the responses are decoded with the policy's tokenizer, then
+re-encoded with the reward model's), and the section that holds every worker part."""
 
 from __future__ import annotations
 
 import difflib
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Optional
 
 from annotated_types import Ge
 
-from easyrl.config.actor import ActorConfig, RefConfig
-from easyrl.config.critic import CriticConfig
-from easyrl.config.fields import FRACTION, NON_NEGATIVE, POSITIVE, Note, auto, validate
+from easyrl.config.actor import ActorConfig, RefConfig, TeacherConfig
+from easyrl.config.fields import FRACTION, NON_NEGATIVE, POSITIVE, AllowInf, Note, auto, validate
 from easyrl.config.judge import JudgeConfig
-from easyrl.config.multi_turn import MultiTurnConfig
-from easyrl.config.reward_model import RewardModelConfig
-from easyrl.config.role import Dtype
-from easyrl.config.teacher import TeacherConfig
+from easyrl.config.role import CriticConfig, Dtype, OffloadConfig
 from easyrl.errors import ConfigError
 
 VAL_OVERRIDES = ("n", "temperature", "top_p", "top_k")
 """The sampling settings ``worker.rollout.val_override_config`` may replace during validation (workers/rollout.py)."""
+BUILTIN_FORMATS = ("hermes",)
+"""Tool-call parsers shipped with easyrl (``easyrl.agents.parsers``)."""
+TURNS = Optional[Annotated[int, Ge(1), Note("null: no limit")]]
+
+
+@dataclass
+class MultiTurnConfig:
+    """Each trajectory alternates assistant turns and tool (or environment) turns until a final answer,
+    ``max_assistant_turns`` or ``data.max_response_length`` tokens."""
+
+    enable: bool = False
+    """Use the multi-turn rollout (``easyrl.trainer.multi_turn.MultiTurnRollout``) instead of one response per
+    prompt."""
+    max_assistant_turns: TURNS = None
+    """Assistant turns per trajectory at most (null: only the token budget limits them)."""
+    max_user_turns: TURNS = None
+    """Environment (user) turns per trajectory at most (null: no limit but the token budget)."""
+    max_tool_response_length: Annotated[int, POSITIVE] = 256
+    """Characters of one tool's answer kept (longer ones are cut)."""
+    format: str = "hermes"
+    """Tool-call parser: ``hermes`` (Qwen2.5/Qwen3/Qwen3-VL ``<tool_call>{json}</tool_call>``) or
+    ``path/to/file.py:function`` taking the assistant text and returning a list of ``{"name", "arguments"}`` dicts."""
+    tools: list[str] = field(default_factory=list)
+    """``path/to/file.py:function`` per tool; the JSON schema comes from the signature and the Google-style
+    docstring (``transformers.utils.get_json_schema``) and goes into the chat template as ``tools=``."""
+    tool_timeout_s: Annotated[float, POSITIVE] = 30.0
+    """Seconds one tool call may take; beyond, the call's process is killed and the model reads a timeout."""
+    num_tool_workers: Annotated[int, POSITIVE] = 4
+    """Processes that run tool calls in parallel."""
+    max_turn_tokens: TURNS = None
+    """Tokens one assistant turn may generate at most (null: the rest of ``data.max_response_length``); a turn cut
+    by it is parsed for tool calls like any other."""
+    environment: Optional[str] = None
+    """``path/to/file.py:function``, called as ``fn(messages)`` after an assistant turn without a tool call:
+    returns the next user/environment message (a string, or a ``{"role", "content"}`` dict) or None (done)."""
+    patience: Annotated[float, AllowInf(), NON_NEGATIVE, Note("inf: every round waits for every tool call")] = 0.25
+    """How long the driver waits for late tool calls before the next assistant round starts without them, in units
+    of the last round's generation time (50 ms at least; ``easyrl.agents.scheduler``): waiting idles the engines, a
+    round without the late ones costs them a later round. ``inf``: every round waits for its slowest tool call (the
+    round barrier); 0: a round starts as soon as one trajectory is ready."""
+
+
+def _check_spec(key: str, spec: str) -> None:
+    """A ``path/to/file.py:function`` spec whose file exists."""
+    if not isinstance(spec, str) or ":" not in spec or not spec.rsplit(":", 1)[1].isidentifier():
+        raise ConfigError(f"{key}={spec!r} is not of the form path/to/file.py:function; write e.g. "
+                          f"{key}=examples/agents/tools.py:calculator.")
+    path = spec.rsplit(":", 1)[0]
+    if not os.path.isfile(path):
+        raise ConfigError(f"{key}={spec!r}: no file {path!r} (relative paths start at the working directory "
+                          f"{os.getcwd()!r}).")
+
+
+def check_multi_turn(config: MultiTurnConfig) -> None:
+    """Values of ``worker.rollout.multi_turn`` when ``enable``. Raises ``ConfigError``: an unknown ``format``, a
+    malformed or missing ``tools``/``format``/``environment`` file, a tool name twice, or neither tools nor an
+    environment."""
+    if not config.enable:
+        return
+    key = "worker.rollout.multi_turn"
+    if config.format not in BUILTIN_FORMATS:
+        if ":" not in config.format:
+            raise ConfigError(f"{key}.format={config.format!r} is not one of: {', '.join(BUILTIN_FORMATS)}, "
+                              "nor a parser path/to/file.py:function.")
+        _check_spec(f"{key}.format", config.format)
+    for i, spec in enumerate(config.tools):
+        _check_spec(f"{key}.tools[{i}]", spec)
+    names = [spec.rsplit(":", 1)[1] for spec in config.tools]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{key}.tools names the function(s) {sorted({n for n in names if names.count(n) > 1})} "
+                          "more than once: every tool needs its own function name.")
+    if config.environment is not None:
+        _check_spec(f"{key}.environment", config.environment)
+    if not config.tools and config.environment is None:
+        raise ConfigError(f"{key}.enable=true with neither {key}.tools nor {key}.environment: give at least one "
+                          f"tool (path/to/file.py:function) or an environment, or set {key}.enable=false.")
 
 
 @dataclass
@@ -86,6 +163,71 @@ class RolloutConfig:
 
 
 @dataclass
+class RewardModelConfig:
+    """A frozen sequence-classification model (``AutoModelForSequenceClassification``, ``num_labels: 1``), FSDP2-sharded
+    over the workers like the reference policy; its score of each sample is ``score/reward_model`` and adds
+    ``weight x score`` to the sample's reward (``overall``)."""
+
+    model_path: Optional[str] = None
+    """A hub id or local folder of the reward model; null: no reward model."""
+    tokenizer_path: Optional[str] = None
+    """The reward model's tokenizer (its chat template); null: ``model_path``."""
+    weight: float = 1.0
+    """The score's weight in the reward: ``overall = rule overall + weight x score``. Without a rule reward
+    (``worker.reward.reward_function: null``) the rule's ``overall`` is 0 and the reward model scores alone."""
+    micro_batch_size_per_device: Annotated[int, POSITIVE] = 16
+    """Samples per forward on one device; with ``dynamic_batching`` the token budget's unit."""
+    dynamic_batching: bool = True
+    """Form micro-batches by a token budget (``max_token_len_per_device``) instead of a fixed sample count."""
+    max_token_len_per_device: Optional[Annotated[int, POSITIVE]] = None
+    """Tokens per micro-batch with ``dynamic_batching``; null: ``micro_batch_size_per_device`` x the step's longest
+    reward-model input."""
+    max_length: Optional[Annotated[int, POSITIVE]] = None
+    """Tokens of one reward-model input (chat-templated prompt + response) at most; a longer input keeps its last
+    ``max_length`` tokens (the end of the response, where the model reads its score) and is counted in
+    ``reward_model/truncated``. null: no limit."""
+    chat_template: Optional[str] = None
+    """A Jinja chat template (or a file holding one) replacing the reward model tokenizer's own; it is applied to
+    ``[{role: user, content: prompt}, {role: assistant, content: response}]``. null: the tokenizer's template."""
+    trust_remote_code: bool = False
+    offload: OffloadConfig = field(default_factory=lambda: OffloadConfig(offload_params=True))
+    """Keep the parameters on the host between uses (as ``worker.ref.offload``); ignored on the CPU."""
+    param_dtype: str = auto("worker.actor.fsdp.param_dtype", "bf16")
+    """The dtype the reward model is held and run in: the actor's compute dtype (as the reference's)."""
+
+    @property
+    def enabled(self) -> bool:
+        """Whether a reward model scores the responses (``model_path`` is set)."""
+        return bool(self.model_path)
+
+
+def check_reward_model(config: Any) -> None:
+    """The reward model's settings of a ``PPOConfig`` (its checkpoint is checked by ``easyrl.trainer.preflight``).
+    Raises ``ConfigError`` naming the key: an empty ``chat_template``, or an estimator whose greedy baselines the rule
+    reward alone scores (ReMax)."""
+    rm = config.worker.reward.reward_model
+    if not rm.enabled:
+        return
+    key = "worker.reward.reward_model"
+    if rm.chat_template is not None and not rm.chat_template.strip():
+        raise ConfigError(f"{key}.chat_template is empty: give a Jinja template or a file holding one, or null for the "
+                          "reward model tokenizer's own.")
+    if config.algorithm.estimator("needs_reward_baselines"):
+        raise ConfigError(f"{key}.model_path is set with algorithm.adv_estimator={config.algorithm.adv_estimator}: "
+                          "its greedy baseline is scored by the rule reward only; use grpo (or another estimator) "
+                          "with a reward model.")
+
+
+def read_chat_template(value: Optional[str]) -> Optional[str]:
+    """``worker.reward.reward_model.chat_template`` as a Jinja string: the file's text when it names a file, else
+    the value itself (None stays None)."""
+    if value is not None and os.path.isfile(os.path.expanduser(value)):
+        with open(os.path.expanduser(value), encoding="utf-8") as f:
+            return f.read()
+    return value
+
+
+@dataclass
 class RewardConfig:
     """The reward function: a Python file and function, called on the trainer process."""
 
@@ -108,7 +250,7 @@ class RewardConfig:
     ``overall`` with ``judge.weight`` (``easyrl.config.judge``, docs/judge.md); off while ``judge.model_path`` is
     null."""
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
-    """A discriminative reward model scoring on the workers (``easyrl.config.reward_model``; off by default)."""
+    """A discriminative reward model scoring on the workers (``RewardModelConfig``; off by default)."""
 
 
 WORKER_OWNED_ENV = dict.fromkeys(("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"),
@@ -135,7 +277,7 @@ class WorkerConfig:
     (docs/multinode.md)."""
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
     """The frozen teacher of on-policy distillation, built only when ``algorithm.needs_teacher``
-    (``easyrl.config.teacher``)."""
+    (``easyrl.config.actor``)."""
 
     def check(self) -> None:
         """Every ``env_vars`` name is an environment variable name (letters, digits, ``_``; not starting with a

@@ -26,7 +26,7 @@ def build_trainer(config: PPOConfig, worker_cls: Optional[type] = None, startup=
         UserError: any pre-flight check (docs/errors.md), before Ray starts.
         RunFinished: the run folder's checkpoint is at the run's last step.
     """
-    from easyrl.trainer.dashboards import check_logger_credentials
+    from easyrl.trainer.loggers import check_logger_credentials
     from easyrl.trainer.launch import StartupProfile, quiet_datasets, start_ray
     from easyrl.trainer.preflight import prepare
     from easyrl.trainer.run_folder import check_finished, check_resumable, check_run_folder

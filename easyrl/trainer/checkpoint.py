@@ -1,6 +1,11 @@
 """Checkpoint folders of a run under ``trainer.save_checkpoint_path``: names, the tracker, atomic commits (written as
-``.global_step_N.tmp``, renamed when complete, then named by the tracker), retention, and :class:`Checkpointer`, the
-trainer's part that saves and restores the whole training state. Layout and guarantees: docs/checkpoints.md."""
+``.global_step_N.tmp``, renamed when complete, then named by the tracker), retention; ``manifest.json``, written last
+into each checkpoint (this run's identity: ranks, optimizer, LoRA rank, critic, the model's shape; every file's
+size) and checked at resume before any worker loads (:func:`check_checkpoint`); :class:`Checkpointer`, the
+trainer's part that saves and restores the whole training state; and a Hugging Face folder from a checkpoint, on one
+process without Ray (``easyrl export``, ``easyrl eval`` of a checkpoint: :func:`export_checkpoint`, a LoRA actor
+merged, written by ``easyrl.models.hf_folder.write_hf_folder`` in the base model's dtype, complete or not at all).
+Layout and guarantees: docs/checkpoints.md."""
 
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ from typing import Any, Optional
 import torch
 
 from easyrl.errors import RunStateError
-from easyrl.trainer.checkpoint_manifest import check_checkpoint, write_manifest
+from easyrl.models.hf_folder import write_hf_folder
 
 logger = logging.getLogger("easyrl.checkpoint")
 
@@ -147,7 +152,7 @@ def _os_error_in(err: Optional[BaseException], depth: int = 0) -> Optional[OSErr
 
 class Checkpointer:
     """Saves and restores every worker's shards and the driver's state (``trainer_state.pt``); owns ``last``, this
-    run's newest checkpoint. ``config``: the ``trainer`` section; ``identity``: ``checkpoint_manifest.run_identity``
+    run's newest checkpoint. ``config``: the ``trainer`` section; ``identity``: ``run_identity``
     (None: no manifest written or checked)."""
 
     def __init__(self, config, workers, identity: Optional[dict[str, Any]] = None):
@@ -191,3 +196,152 @@ class Checkpointer:
         self.workers.run_all(FSDPWorker.load_checkpoint, path)
         self.last = path
         return torch.load(os.path.join(path, TRAINER_STATE), weights_only=False)
+
+
+MANIFEST = "manifest.json"
+OPTIMIZER = "AdamW"  # the one easyrl builds (workers/policy.py, workers/critic.py)
+MODEL_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+              "intermediate_size", "vocab_size")
+_SETTINGS = {  # manifest key -> how the message names it
+    "world_size": "ranks (trainer.nnodes * trainer.n_gpus_per_node)",
+    "optimizer": "optimizer",
+    "actor_lora_rank": "worker.actor.model.lora.rank (which parameters the optimizer holds)",
+    "critic": "a critic (algorithm.adv_estimator=gae)",
+}
+
+
+def model_fingerprint(hf_config: dict[str, Any]) -> dict[str, Any]:
+    """The :data:`MODEL_KEYS` entries of a ``config.json`` dict (its ``text_config`` fills what the top lacks)."""
+    text = hf_config.get("text_config") or {}
+    found = {key: hf_config.get(key, text.get(key)) for key in MODEL_KEYS}
+    return {key: value for key, value in found.items() if value is not None}
+
+
+def run_identity(config) -> dict[str, Any]:
+    """This run's ranks, optimizer, LoRA rank, critic and model fingerprint (``worker.actor.model.model_path``)."""
+    from transformers import AutoConfig
+
+    model = config.worker.actor.model
+    hf_config = AutoConfig.from_pretrained(model.model_path, trust_remote_code=model.trust_remote_code).to_dict()
+    return {"world_size": config.world_size, "optimizer": OPTIMIZER, "actor_lora_rank": model.lora.rank,
+            "critic": config.algorithm.needs_critic, "model": model_fingerprint(hf_config)}
+
+
+def write_manifest(folder: str, identity: dict[str, Any]) -> None:
+    """Write ``<folder>/manifest.json``: ``identity`` and the size of every file written so far (call it last)."""
+    sizes = {os.path.relpath(os.path.join(root, name), folder): os.path.getsize(os.path.join(root, name))
+             for root, _, names in os.walk(folder) for name in names}
+    sizes.pop(MANIFEST, None)
+    with open(os.path.join(folder, MANIFEST), "w", encoding="utf-8") as f:
+        json.dump({**identity, "files": dict(sorted(sizes.items()))}, f, indent=1)
+
+
+def mismatches(saved: dict[str, Any], expected: dict[str, Any]) -> list[str]:
+    """One phrase per difference between the manifest ``saved`` and ``expected`` (``run_identity``); keys missing on
+    either side are not compared."""
+    found = []
+    for key, label in _SETTINGS.items():
+        if key in saved and key in expected and saved[key] != expected[key]:
+            found.append(f"saved with {label} = {saved[key]}, this run has {expected[key]}")
+    model_saved, model_now = saved.get("model", {}), expected.get("model", {})
+    for key in MODEL_KEYS:
+        if key in model_saved and key in model_now and model_saved[key] != model_now[key]:
+            found.append(f"saved from a model with {key}={model_saved[key]}, this run's model "
+                         f"(worker.actor.model.model_path) has {key}={model_now[key]}")
+    return found
+
+
+def check_checkpoint(folder: str, identity: dict[str, Any]) -> None:
+    """Refuse checkpoint ``folder`` with a missing or truncated file, or written by a run that does not fit
+    ``identity`` (:func:`run_identity`): ``RunStateError`` naming the files or the mismatch."""
+    path = os.path.join(folder, MANIFEST)
+    saved: dict[str, Any] = {}
+    if not os.path.isfile(path):  # written without a manifest: the files every rank reads, sizes unknown
+        ranks = range(identity.get("world_size", 1))
+        needed = [os.path.join("actor", ".metadata"), "trainer_state.pt", *(f"extra_state_rank_{r}.pt" for r in ranks)]
+        if identity.get("critic"):
+            needed += [os.path.join("critic", ".metadata"),
+                       *(os.path.join("critic", f"extra_state_rank_{r}.pt") for r in ranks)]
+        files = dict.fromkeys(needed)
+    else:
+        try:
+            with open(path, encoding="utf-8") as f:
+                saved = json.load(f)
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise RunStateError(f"{path} is not valid JSON ({err}): the checkpoint {folder} is damaged. Resume from "
+                                "another one (trainer.load_checkpoint_path=<folder>/global_step_M).") from None
+        files = saved.get("files", {})
+    damaged = []
+    for rel, size in files.items():
+        file = os.path.join(folder, rel)
+        if not os.path.isfile(file):
+            damaged.append(f"{file} is missing")
+        elif size is not None and os.path.getsize(file) != size:
+            damaged.append(f"{file} holds {os.path.getsize(file)} of its {size} bytes")
+    if damaged:
+        raise RunStateError(f"checkpoint {folder} is incomplete: {'; '.join(damaged)}. Restore the files, or resume "
+                            "from an earlier checkpoint (trainer.load_checkpoint_path=<folder>/global_step_M).")
+    different = mismatches(saved, identity)
+    if different:
+        raise RunStateError(
+            f"checkpoint {folder} ({path}) does not fit this run: {'; '.join(different)}. Resume it with the settings "
+            "it was saved with, or start a new run: another trainer.experiment_name (or trainer.save_checkpoint_path)."
+        )
+
+
+def load_checkpoint_weights(actor_dir: str) -> dict[str, torch.Tensor]:
+    """The actor's full float32 weights from the DCP shards in ``actor_dir`` (no process group, no optimizer)."""
+    import torch.distributed.checkpoint as dcp
+
+    metadata = dcp.FileSystemReader(actor_dir).read_metadata()
+    state = {}
+    for key, meta in metadata.state_dict_metadata.items():
+        if key.startswith("model.") and hasattr(meta, "size"):
+            state[key[len("model."):]] = torch.empty(tuple(meta.size), dtype=meta.properties.dtype)
+    dcp.load({"model": state}, checkpoint_id=actor_dir, no_dist=True)
+    return state
+
+
+def resolve_checkpoint(path: str) -> str:
+    """The ``global_step_N`` folder of ``path`` (itself, its ``actor`` folder, or a run's checkpoint folder: its
+    last); ``FileNotFoundError`` when there is none."""
+    path = os.path.abspath(path)
+    if os.path.basename(path) == "actor":
+        path = os.path.dirname(path)
+    if os.path.isfile(os.path.join(path, "actor", ".metadata")):
+        return path
+    last = find_last_checkpoint(path) if os.path.isdir(path) else None
+    if last is None:
+        raise FileNotFoundError(f"{path} is not a checkpoint (no actor/.metadata) nor a checkpoint folder with a "
+                                f"checkpoint_tracker.json")
+    return last
+
+
+def export_checkpoint(checkpoint: str, out: str, dtype: Optional[torch.dtype] = None) -> str:
+    """Write the Hugging Face folder ``out`` (must not exist; returned) from ``checkpoint``: a ``global_step_N``
+    folder, its ``actor`` folder, or a run's checkpoint folder (its last one); ``dtype`` None keeps the base model's.
+
+    Raises:
+        FileNotFoundError: nothing that looks like a checkpoint at ``checkpoint``.
+    """
+    step_dir = resolve_checkpoint(checkpoint)
+    actor_dir = os.path.join(step_dir, "actor")
+    state = load_checkpoint_weights(actor_dir)
+    hf_dir = os.path.join(actor_dir, "huggingface")
+    state = merge_lora_checkpoint(state, hf_dir)
+    return write_hf_folder(state, [hf_dir], out, dtype)
+
+
+def merge_lora_checkpoint(state: dict[str, torch.Tensor], hf_dir: str) -> dict[str, torch.Tensor]:
+    """A LoRA actor's weights merged (``W + lora_alpha / r * B @ A``, scale from ``hf_dir``'s
+    ``adapter_config.json``, else ``FileNotFoundError``); ``state`` itself without an adapter."""
+    from easyrl.models.lora import is_adapter_key, merge_lora_stream
+
+    if not any(is_adapter_key(name) for name in state):
+        return state
+    path = os.path.join(hf_dir, "adapter_config.json")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"the checkpoint holds a LoRA adapter but {path} is missing (its scale is needed)")
+    with open(path, encoding="utf-8") as f:
+        adapter = json.load(f)
+    return dict(merge_lora_stream(state.items(), adapter["lora_alpha"] / adapter["r"]))

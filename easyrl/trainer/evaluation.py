@@ -22,14 +22,12 @@ def evaluate(config: PPOConfig, step: int = 0, worker_cls: Optional[type] = None
     ``(metrics, folder)``; raises ``UserError`` from the pre-flight, before Ray starts."""
     from omegaconf import OmegaConf
 
-    from easyrl.trainer.dashboards import check_logger_credentials
     from easyrl.trainer.generation import Generator
     from easyrl.trainer.launch import quiet_datasets, start_ray
-    from easyrl.trainer.loggers import Tracker
-    from easyrl.trainer.model_rewards import ModelRewards
+    from easyrl.trainer.loggers import Tracker, check_logger_credentials
     from easyrl.trainer.multi_turn import make_rollout
     from easyrl.trainer.preflight import prepare
-    from easyrl.trainer.scoring import Scorer
+    from easyrl.trainer.scoring import ModelRewards, Scorer
     from easyrl.trainer.validation import Validator
     from easyrl.workers.fsdp_worker import FSDPWorker
     from easyrl.workers.group import WorkerGroup
@@ -98,8 +96,7 @@ def evaluate_model(config: PPOConfig, model: Optional[str] = None,
         ModelError: ``model`` does not exist, or is a checkpoint that cannot be exported.
         UserError: a pre-flight error of :func:`evaluate`.
     """
-    from easyrl.trainer.checkpoint import Checkpointer
-    from easyrl.trainer.hf_export import export_checkpoint, resolve_checkpoint
+    from easyrl.trainer.checkpoint import Checkpointer, export_checkpoint, resolve_checkpoint
 
     model = model or config.trainer.load_checkpoint_path
     named = model or config.worker.actor.model.model_path  # as the user named it, for the summary line

@@ -15,9 +15,8 @@ from tensordict import TensorDict
 
 from easyrl.algorithms.dynamic_sampling import select_groups
 from easyrl.batch import Batch
-from easyrl.trainer.batch_layout import left_pad
 from easyrl.trainer.metrics import timer
-from easyrl.trainer.rollout import Rollout
+from easyrl.trainer.rollout import Rollout, left_pad
 from easyrl.trainer.scoring import Scorer
 from easyrl.trainer.seeding import batch_seeds
 

@@ -1,14 +1,22 @@
-"""Start-up on the driver, for training and ``easyrl eval``: Ray (after every pre-flight check) and the profile."""
+"""Start-up and stop on the driver, for training and ``easyrl eval``: Ray (after every pre-flight check), the start-up
+profile, and stopping a run cleanly on SIGTERM / SIGINT (a scheduler's preemption, Ctrl-C): the first signal only sets
+a flag, the trainer finishes the step it is in, saves a checkpoint and returns (the command then exits with
+``128 + signal``, e.g. 143 for SIGTERM, so schedulers see it did not finish); a second signal exits at once with the
+same status, without saving."""
 
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import threading
 import time
 from typing import Optional
 
 from easyrl.quiet import verbose
 
 logger = logging.getLogger("easyrl")
+_stop_logger = logging.getLogger("easyrl.trainer")
 
 # the phases of the console line, in the order they happen (a phase the run does not have is left out)
 STARTUP_PHASES = ("launch", "preflight", "ray", "workers", "imports", "process_group", "actor", "ref", "critic",
@@ -75,3 +83,40 @@ def start_ray(config) -> str:
     if device == "auto":
         device = detect_device(ray.cluster_resources())
     return device
+
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class GracefulStop:
+    """Installs the handlers inside (main thread only) and restores the previous ones; ``signum``: the first signal
+    received, or None."""
+
+    def __init__(self):
+        self.signum: Optional[int] = None
+        self._previous: dict[int, object] = {}
+
+    @property
+    def requested(self) -> bool:
+        """Whether a stop was asked for."""
+        return self.signum is not None
+
+    def _handle(self, signum: int, frame) -> None:
+        name = signal.Signals(signum).name
+        if self.signum is not None:
+            _stop_logger.error("second %s: exiting now without saving", name)
+            os._exit(128 + signum)
+        self.signum = signum
+        _stop_logger.warning("%s received: finishing this step, saving a checkpoint, then stopping (send it again to "
+                       "exit at once)", name)
+
+    def __enter__(self) -> "GracefulStop":
+        if threading.current_thread() is threading.main_thread():
+            for sig in SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()

@@ -65,13 +65,18 @@ def compute_throughput_metrics(batch: Batch, step_seconds: float, world_size: in
     return metrics
 
 
-def reward_metrics(batch: Batch, generated: dict[str, list[float]], failures: int) -> dict[str, float]:
-    """``reward/<name>``: the mean of each named score (``score/<name>`` of ``batch``), over every ``generated``
-    sample where the generator kept them (dynamic sampling: dropped groups included), else over ``batch``;
-    ``reward/errors``: ``failures``, the samples the reward function failed on."""
+def reward_metrics(batch: Batch, generated: dict[str, list[float]], failures: int,
+                   frac_zero_std: Optional[float] = None) -> dict[str, float]:
+    """Every ``reward/*`` metric: ``reward/<name>``, the mean of each named score (``score/<name>`` of ``batch``), over
+    every ``generated`` sample where the generator kept them (dynamic sampling: dropped groups included), else over
+    ``batch``; ``reward/errors``: ``failures``, the samples the reward function failed on; and, when given,
+    ``reward/frac_reward_zero_std`` (:func:`frac_reward_zero_std` of the batch)."""
     names = [key.removeprefix("score/") for key in batch.extras if key.startswith("score/")]
     metrics = {f"reward/{name}": float(np.mean(generated.get(name) or batch[f"score/{name}"])) for name in names}
-    return {**metrics, "reward/errors": float(failures)}
+    metrics["reward/errors"] = float(failures)
+    if frac_zero_std is not None:
+        metrics["reward/frac_reward_zero_std"] = frac_zero_std
+    return metrics
 
 
 def frac_reward_zero_std(scores: Sequence[float], uids: Sequence[str]) -> float:
@@ -88,20 +93,6 @@ def frac_reward_zero_std(scores: Sequence[float], uids: Sequence[str]) -> float:
         groups[uid].append(float(score))
     constant = sum(max(values) == min(values) for values in groups.values())
     return constant / len(groups)
-
-
-def constant_rewards_began(frac: float, previous: Optional[float]) -> bool:
-    """Whether to warn: every group is constant now (``frac`` = 1) and was not at the previous step (``previous``;
-    None before the first)."""
-    return frac == 1.0 and previous != 1.0
-
-
-def constant_reward_warning(step: int, num_groups: int, scores: Sequence[float]) -> str:
-    """The warning printed when ``frac_reward_zero_std`` becomes 1."""
-    values = ", ".join(f"{s:g}" for s in sorted(set(scores))[:5])
-    return (f"step {step}: every one of the {num_groups} groups has equal rewards (scores {values}): all advantages "
-            f"are 0, so only the KL term moves the policy. Check that responses can earn a reward (e.g. the model "
-            f"never answers in the rewarded format; see reward/* in metrics.jsonl). Not repeated while it lasts.")
 
 
 def generation_rows(tokenizer, batch: Batch, count: int) -> list[dict]:
@@ -130,11 +121,15 @@ def generation_rows(tokenizer, batch: Batch, count: int) -> list[dict]:
 MAX_REDUCED_PREFIXES = ("perf/max_memory_", "perf/cpu_memory_")
 
 
-def reduce_metrics(metrics: dict[str, Iterable[float]]) -> dict[str, float]:
-    """Mean of each metric's values (e.g. over micro-batches and workers); the maximum for the memory peaks
-    (keys starting with ``MAX_REDUCED_PREFIXES``)."""
-    return {key: float(np.max(list(values)) if key.startswith(MAX_REDUCED_PREFIXES) else np.mean(list(values)))
-            for key, values in metrics.items()}
+def reduce_metrics(*metrics: dict[str, Iterable[float]]) -> dict[str, float]:
+    """Mean of each metric's values in all of ``metrics`` (e.g. one dict per worker, a list of micro-batch values
+    per key); the maximum for the memory peaks (keys starting with ``MAX_REDUCED_PREFIXES``)."""
+    merged: dict[str, list[float]] = defaultdict(list)
+    for each in metrics:
+        for key, values in each.items():
+            merged[key].extend(values)
+    return {key: float(np.max(values) if key.startswith(MAX_REDUCED_PREFIXES) else np.mean(values))
+            for key, values in merged.items()}
 
 
 # Metrics measured from the machine (the clock, the allocator, the process's memory) rather than computed from the
@@ -143,11 +138,6 @@ MEASURED_PREFIXES = (
     "timing_s/", "perf/time_per_step", "perf/throughput", "perf/rollout_tokens_per_s", "perf/update_tokens_per_s",
     "perf/mfu/", "perf/max_memory_", "perf/cpu_memory_",
 )
-
-
-def is_measured(key: str) -> bool:
-    """Whether metric ``key`` is a wall-clock or memory measurement (:data:`MEASURED_PREFIXES`)."""
-    return key.startswith(MEASURED_PREFIXES)
 
 
 @contextmanager

@@ -1,5 +1,7 @@
 """Pre-flight checks of every model a run reads, before Ray starts: its folder or hub id, weight-file headers,
-config, tokenizer, processor and chat template. Each failure names the config key (docs/errors.md, M rows)."""
+config, tokenizer, processor and chat template; for on-policy distillation, the teacher's tokenizer against the
+student's (same vocabulary, special tokens and chat template rendering). Each failure names the config key
+(docs/errors.md, M and T rows)."""
 
 from __future__ import annotations
 
@@ -13,10 +15,8 @@ from easyrl.models.hub_snapshot import looks_local
 
 logger = logging.getLogger("easyrl")
 
-HUB_TIMEOUT_S = 10.0
 
-
-def check_model_source(key: str, path: str, timeout_s: float = HUB_TIMEOUT_S) -> None:
+def check_model_source(key: str, path: str, timeout_s: float = 10.0) -> None:
     """A local model folder must exist and hold ``config.json``; a hub id must be cached or known to the hub, asked
     once with a ``timeout_s`` second timeout (never under ``HF_HUB_OFFLINE=1``).
 
@@ -318,3 +318,69 @@ def check_head(key: str, path: Optional[str], scorer: bool) -> None:
         raise ModelError(f"{key}={path!r} is a {heads[0]}, a reward model's head (one score per sequence), not a "
                          "language model that predicts tokens: give an instruct model (...ForCausalLM), or use this "
                          "one as worker.reward.reward_model.model_path")
+
+
+PROBE_MESSAGES = [{"role": "system", "content": "You are a helpful assistant."},
+                  {"role": "user", "content": "What is 3 + 4?"}]
+SPECIAL_TOKENS = ("eos_token", "pad_token", "bos_token")
+
+
+def check_teacher(config: Any, student_tokenizer: Any) -> Any:
+    """Check ``worker.teacher`` against the student's tokenizer; returns the teacher's tokenizer.
+
+    Raises:
+        ModelError: the teacher's tokenizer cannot be loaded.
+        ConfigError: the vocabularies, special tokens or chat templates differ (naming both paths).
+    """
+    from transformers import AutoTokenizer
+
+    teacher = config.worker.teacher.model
+    teacher_tok_path = teacher.tokenizer_path or teacher.model_path
+    teacher_tok = load_part("worker.teacher.model.model_path", teacher_tok_path, "tokenizer",
+                            AutoTokenizer.from_pretrained, teacher.trust_remote_code)
+    actor = config.worker.actor.model
+    student_path = actor.tokenizer_path or actor.model_path
+    both = f"the teacher {teacher_tok_path!r} (worker.teacher.model) and the student {student_path!r} " \
+           "(worker.actor.model)"
+    difference = vocabulary_difference(student_tokenizer, teacher_tok)
+    if difference:
+        raise ConfigError(f"{both} have different vocabularies ({difference}); on-policy distillation scores the "
+                          "student's token ids with the teacher, so both need the same tokenizer: choose a teacher "
+                          "of the student's model family.")
+    for name in SPECIAL_TOKENS:
+        mine, theirs = getattr(student_tokenizer, name, None), getattr(teacher_tok, name, None)
+        if mine != theirs:
+            raise ConfigError(f"{both} have different special tokens: {name} is {theirs!r} for the teacher and "
+                              f"{mine!r} for the student; choose a teacher of the student's model family.")
+    if config.data.override_chat_template is None:  # an override is the student's: the teacher sees its prompt ids
+        mine, theirs = _render(student_tokenizer), _render(teacher_tok)
+        if mine != theirs:
+            raise ConfigError(f"{both} have different chat templates: a system + user prompt renders as "
+                              f"{theirs!r} for the teacher and {mine!r} for the student; choose a teacher of the "
+                              "student's model family, or set data.override_chat_template to the template both "
+                              "were trained with.")
+    return teacher_tok
+
+
+def vocabulary_difference(student: Any, teacher: Any) -> str:
+    """What differs between two tokenizers' vocabularies (token -> id, added tokens included), or ``""``."""
+    mine, theirs = student.get_vocab(), teacher.get_vocab()
+    if mine == theirs:
+        return ""
+    parts = [f"{len(mine)} tokens for the student, {len(theirs)} for the teacher"] if len(mine) != len(theirs) else []
+    for token, index in sorted(mine.items(), key=lambda item: item[1]):
+        if theirs.get(token) != index:
+            where = f"id {theirs[token]}" if token in theirs else "absent"
+            parts.append(f"{token!r} is id {index} for the student and {where} for the teacher")
+            break
+    else:
+        extra = next(token for token in theirs if token not in mine)
+        parts.append(f"the teacher has {extra!r} (id {theirs[extra]}), which the student lacks")
+    return "; ".join(parts)
+
+
+def _render(tokenizer: Any) -> str:
+    """:data:`PROBE_MESSAGES` through the tokenizer's chat template, or a note that it has none."""
+    if not getattr(tokenizer, "chat_template", None):
+        return "<no chat template>"
+    return tokenizer.apply_chat_template(PROBE_MESSAGES, tokenize=False, add_generation_prompt=True)

@@ -22,8 +22,7 @@ from easyrl.agents.tools import load_tools
 from easyrl.agents.trajectory import Trajectory, TurnLoop
 from easyrl.batch import Batch
 from easyrl.data.images import process_image
-from easyrl.trainer.batch_layout import right_pad
-from easyrl.trainer.rollout import SingleTurnRollout
+from easyrl.trainer.rollout import SingleTurnRollout, trajectory_batch
 from easyrl.workers.fsdp_worker import FSDPWorker
 
 __all__ = ["MultiTurnRollout", "VLToolImages", "make_rollout", "multi_turn_metrics", "tool_images_for"]
@@ -133,15 +132,9 @@ class MultiTurnRollout:
                 prompts, trajectories, active, round_, overrides, reshard), self.patience)
         finally:
             self.workers.run_all(FSDPWorker.sleep_rollout)
-        R = self.response_length
-        responses, valid = right_pad([t.response_ids for t in trajectories], R, self.pad_id, torch.long)
-        batch = Batch(prompts.tensors.clone(), dict(prompts.extras))
-        batch["responses"] = responses
-        batch["response_mask"] = right_pad([t.response_mask for t in trajectories], R, 0, torch.long)[0]
-        batch["input_ids"] = torch.cat([prompts["prompts"], responses], dim=1)
-        batch["attention_mask"] = torch.cat([prompts["prompt_mask"], valid], dim=1)
-        if self.calculate_log_probs:
-            batch["rollout_log_probs"] = right_pad([t.log_probs for t in trajectories], R, 0.0, torch.float32)[0]
+        log_probs = [t.log_probs for t in trajectories] if self.calculate_log_probs else None
+        batch = trajectory_batch(prompts, [t.response_ids for t in trajectories], self.response_length, self.pad_id,
+                                 log_probs, [t.response_mask for t in trajectories])
         batch["messages"] = [t.messages for t in trajectories]
         batch["tool_calls"] = [t.tool_calls for t in trajectories]
         batch["multi_turn_stats"] = [t.stats() for t in trajectories]

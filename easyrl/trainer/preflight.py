@@ -15,6 +15,7 @@ from easyrl.trainer.model_checks import (
     check_lora_targets,
     check_model_fits,
     check_model_sources,
+    check_teacher,
     load_model_parts,
     read_chat_template,
     weight_headers,
@@ -165,8 +166,6 @@ def prepare(config: Any, train: bool = True) -> Prepared:
                      config.data.max_prompt_length + config.data.max_response_length)
     warn_template_without_tools(tokenizer, config)
     if config.algorithm.needs_teacher:  # on-policy distillation: the teacher must read the student's token ids
-        from easyrl.trainer.teacher_check import check_teacher
-
         check_teacher(config, tokenizer)
     sets = {key: load_dataset_for(key, path, config, tokenizer, processor, rows[key]) for key, path in keys if path}
     train_set, val = sets.get("data.train_files"), sets.get("data.val_files")

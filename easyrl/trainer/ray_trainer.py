@@ -8,9 +8,9 @@ with GAE) and a vLLM engine each. On-policy distillation adds the teacher's log-
 
 The trainer is composed of parts, each owning its state: a ``Generator`` (``generation``: prompt batches, dynamic
 sampling, ReMax baselines) over a ``Rollout`` (``rollout``: prompts -> trajectories on the workers' engines), a
-``Scorer`` (``scoring``: the reward function, its guards and error count), ``ModelRewards`` (``model_rewards``: the
+``Scorer`` (``scoring``: the reward function, its guards and error count), ``ModelRewards`` (``scoring`` too: the
 LLM judge and the reward model, after the reward function), a ``Validator`` (``validation``) and a
-``Checkpointer`` (``checkpoint``: save/resume); ``batch_layout`` holds the padded layout, ``metrics`` the metric names
+``Checkpointer`` (``checkpoint``: save/resume); ``rollout`` also holds the padded layout, ``metrics`` the metric names
 and timers. The step below calls them in the order of the algorithm.
 """
 
@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import logging
 import os
-from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any, Optional
 
 import numpy as np
 import torch
 from omegaconf import OmegaConf
+from transformers import AutoConfig
 
 from easyrl.algorithms.advantages import AdvantageInputs, compute_advantage
 from easyrl.algorithms.distillation import add_distillation, reverse_kl_metrics, token_reverse_kl
@@ -38,28 +38,23 @@ from easyrl.rng import get_rng_state, set_rng_state
 from easyrl.sizing.anatomy import ModelShape, model_anatomy
 from easyrl.sizing.devices import peak_flops
 from easyrl.sizing.flops import compute_mfu_metrics
-from easyrl.trainer.batch_layout import for_workers
-from easyrl.trainer.checkpoint import Checkpointer
-from easyrl.trainer.checkpoint_manifest import run_identity
+from easyrl.trainer.checkpoint import Checkpointer, run_identity
 from easyrl.trainer.generation import Generator
-from easyrl.trainer.launch import StartupProfile
+from easyrl.trainer.launch import GracefulStop, StartupProfile
 from easyrl.trainer.loggers import Tracker
 from easyrl.trainer.metrics import (
     compute_data_metrics,
     compute_throughput_metrics,
-    constant_reward_warning,
-    constant_rewards_began,
     frac_reward_zero_std,
     reduce_metrics,
     reward_metrics,
     rollout_mismatch_metrics,
     timer,
 )
-from easyrl.trainer.model_rewards import ModelRewards
 from easyrl.trainer.multi_turn import make_rollout, multi_turn_metrics
+from easyrl.trainer.rollout import for_workers
 from easyrl.trainer.run_folder import checkpoint_to_resume
-from easyrl.trainer.scoring import Scorer
-from easyrl.trainer.signals import GracefulStop
+from easyrl.trainer.scoring import ModelRewards, Scorer
 from easyrl.trainer.validation import Validator
 from easyrl.workers.fsdp_worker import FSDPWorker
 from easyrl.workers.group import WorkerError, WorkerGroup
@@ -123,13 +118,8 @@ class RayPPOTrainer:
         self.validator = Validator(cfg, self.val_dataset, self.generator, self.scorer, self.tokenizer,
                                    self.model_rewards)
         self.checkpointer = Checkpointer(cfg.trainer, self.workers, run_identity(cfg))
-        self._init_perf()
-
-    def _init_perf(self) -> None:
-        """The model's shape for the FLOPs formula and the devices' peak FLOP/s (None on the CPU: no MFU)."""
-        from transformers import AutoConfig
-
-        model = self.config.worker.actor.model
+        # perf/mfu/*: the model's shape for the FLOPs formula and the devices' peak FLOP/s (None on the CPU: no MFU)
+        model = cfg.worker.actor.model
         hf_config = AutoConfig.from_pretrained(model.model_path, trust_remote_code=model.trust_remote_code)
         try:
             self.model_shape = model_anatomy(hf_config, model.trust_remote_code)[2]
@@ -249,32 +239,27 @@ class RayPPOTrainer:
             order = self._balance(batch, metrics)
             batch = batch.select(order)  # rank r gets the r-th equal share: about as many tokens as the others
             staged = self._stage_multi_modal(batch)  # each share's images reach its worker once, not once per pass
+
+            def forward(phase: str, method, key: str) -> None:  # one pass over the workers' shares, timed
+                with timer(phase, timing):
+                    batch[key] = torch.cat(self.workers.run_split(method, for_workers(batch, staged)), dim=0)
             on_policy = cfg.on_policy_update
             if not on_policy:
-                with timer("old_log_prob", timing):
-                    old = self.workers.run_split(FSDPWorker.compute_log_probs, for_workers(batch, staged))
-                    batch["old_log_probs"] = torch.cat(old, dim=0)
+                forward("old_log_prob", FSDPWorker.compute_log_probs, "old_log_probs")
                 if "rollout_log_probs" in batch:
                     metrics.update(rollout_mismatch_metrics(batch))
                     check_weight_sync(metrics["rollout/log_prob_diff_median"], cfg.sync_check_threshold)
             if cfg.algorithm.needs_reference:  # a KL term (loss or in-reward) reads the reference's log-probs
-                with timer("ref", timing):
-                    ref = self.workers.run_split(FSDPWorker.compute_ref_log_probs, for_workers(batch, staged))
-                    batch["ref_log_probs"] = torch.cat(ref, dim=0)
+                forward("ref", FSDPWorker.compute_ref_log_probs, "ref_log_probs")
             if cfg.algorithm.needs_teacher:  # on-policy distillation: the teacher scores the student's samples
-                with timer("teacher", timing):
-                    teacher = self.workers.run_split(FSDPWorker.compute_teacher_log_probs, for_workers(batch, staged))
-                    batch["teacher_log_probs"] = torch.cat(teacher, dim=0)
+                forward("teacher", FSDPWorker.compute_teacher_log_probs, "teacher_log_probs")
             if pending is not None:  # scored in the reward actor while the log-prob passes ran
                 with timer("reward", timing):
                     failures += self.scorer.wait(batch, pending, order)
             self.model_rewards.run(batch, timing, metrics)  # the judge's and reward model's scores, into overall
-            metrics.update(reward_metrics(batch, generated, failures))
-            metrics["reward/frac_reward_zero_std"] = self._check_reward_variance(batch)
+            metrics.update(reward_metrics(batch, generated, failures, self._check_reward_variance(batch)))
             if cfg.algorithm.needs_critic:
-                with timer("values", timing):
-                    values = self.workers.run_split(FSDPWorker.compute_values, for_workers(batch, staged))
-                    batch["values"] = torch.cat(values, dim=0)
+                forward("values", FSDPWorker.compute_values, "values")
             with timer("adv", timing):
                 if cfg.algorithm.use_kl_in_reward and not cfg.algorithm.disable_kl:
                     batch["token_level_rewards"], kl_metrics = apply_kl_penalty(
@@ -287,24 +272,18 @@ class RayPPOTrainer:
                 self._compute_advantage(batch)
                 if cfg.algorithm.needs_teacher:
                     metrics.update(self._distill(batch))
-            worker_metrics = []
+            critic_metrics, actor_metrics = [], []
             if cfg.algorithm.needs_critic:
                 with timer("update_critic", timing):
-                    worker_metrics += self.workers.run_split(FSDPWorker.update_critic, for_workers(batch, staged))
-            actor_metrics = []
+                    critic_metrics = self.workers.run_split(FSDPWorker.update_critic, for_workers(batch, staged))
             if self.actor_updates_this_step():
                 with timer("update_actor", timing):
                     actor_metrics = self.workers.run_split(FSDPWorker.update_actor, for_workers(batch, staged))
-            worker_metrics += actor_metrics
             if on_policy and actor_metrics:  # the update's own (pre-step) log-probs (sync checked before the step)
                 batch["old_log_probs"] = torch.cat([m.pop("old_log_probs") for m in actor_metrics], dim=0)
                 if "rollout_log_probs" in batch:
                     metrics.update(rollout_mismatch_metrics(batch))
-            merged = defaultdict(list)
-            for per_worker in worker_metrics:
-                for key, values in per_worker.items():
-                    merged[key].extend(values)
-            metrics.update(reduce_metrics(merged))
+            metrics.update(reduce_metrics(*critic_metrics, *actor_metrics))
             if has_multi_modal(batch):  # the staged inputs are freed; what the workers received, once per step
                 received = self.workers.run_all(FSDPWorker.release_multi_modal)
                 metrics["perf/multi_modal_bytes_to_workers"] = float(sum(received))
@@ -359,8 +338,12 @@ class RayPPOTrainer:
         run of such steps), unless the advantage does not use the reward (pure distillation)."""
         scores = batch["token_level_scores"].sum(-1).tolist()
         frac = frac_reward_zero_std(scores, batch["uid"])
-        if self.config.algorithm.estimator("uses_reward") and constant_rewards_began(frac, self._last_frac_zero_std):
-            logger.warning(constant_reward_warning(self.global_step, len(set(batch["uid"])), scores))
+        if self.config.algorithm.estimator("uses_reward") and frac == 1.0 and self._last_frac_zero_std != 1.0:
+            values = ", ".join(f"{s:g}" for s in sorted(set(scores))[:5])
+            logger.warning(f"step {self.global_step}: every one of the {len(set(batch['uid']))} groups has equal "
+                           f"rewards (scores {values}): all advantages are 0, so only the KL term moves the policy. "
+                           "Check that responses can earn a reward (e.g. the model never answers in the rewarded "
+                           "format; see reward/* in metrics.jsonl). Not repeated while it lasts.")
         self._last_frac_zero_std = frac
         return frac
 

@@ -9,7 +9,7 @@ import inspect
 import logging
 import os
 import traceback
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from easyrl.errors import ConfigError, ModelError, RewardError, UserError
 from easyrl.rewards.judge import load_judge
@@ -46,34 +46,9 @@ def load_reward(reward_cfg: Any):
         raise RewardError(
             f"{key}={spec!r}: importing {path}{where} failed: {type(err).__name__}: {err}"
         ) from None
-    if reward_fn.style == "easyrl":
-        check_reward_kwargs(reward_fn.fn, reward_fn.kwargs, reward_fn.where)
-    else:
-        check_styled_reward_kwargs(reward_fn)
+    check_reward_kwargs(reward_fn)
     logger.info("%s: %s-style, reward_type=%s", reward_fn.where, reward_fn.style, reward_fn.reward_type)
     return reward_fn
-
-
-def check_styled_reward_kwargs(reward_fn: Any) -> None:
-    """A verl- or TRL-style function (``easyrl.rewards.styles``) binds to the arguments its library passes (those it
-    takes) plus ``worker.reward.reward_function_kwargs``; else ``RewardError`` naming signature and style."""
-    from easyrl.rewards.styles import VERL_ARGS
-
-    fn, kwargs = reward_fn.fn, reward_fn.kwargs
-    signature = inspect.signature(fn)
-    params = signature.parameters.values()
-    passed = VERL_ARGS if reward_fn.style == "verl" else ("prompts", "completions")
-    if not any(p.kind == p.VAR_KEYWORD for p in params):
-        passed = [name for name in passed if name in signature.parameters]
-    try:
-        signature.bind(**{name: None for name in passed}, **kwargs)
-    except TypeError as err:
-        library = "verl's compute_score(data_source, solution_str, ground_truth, extra_info)" \
-            if reward_fn.style == "verl" else "TRL's fn(prompts=..., completions=..., **dataset_columns)"
-        raise RewardError(
-            f"{reward_fn.where} with signature {fn.__name__}{signature} is called as {library} with "
-            f"worker.reward.reward_function_kwargs={kwargs}, which does not bind: {err}"
-        ) from None
 
 
 def _line_in(err: BaseException, path: str) -> Optional[int]:
@@ -83,16 +58,30 @@ def _line_in(err: BaseException, path: str) -> Optional[int]:
     return frames[-1].lineno if frames else None
 
 
-def check_reward_kwargs(fn: Callable, kwargs: dict, where: str) -> None:
-    """``fn(reward_input(s), **kwargs)`` binds; else ``RewardError`` naming the key of
-    ``worker.reward.reward_function_kwargs``, the function and its signature."""
+def check_reward_kwargs(reward_fn: Any) -> None:
+    """The function binds to what it is called with plus ``worker.reward.reward_function_kwargs``: an easyrl-style
+    ``fn(reward_input(s), **kwargs)``, or a verl- or TRL-style function (``easyrl.rewards.styles``) the arguments its
+    library passes (those it takes). Else ``RewardError`` naming the key, the function, its signature (and style)."""
+    from easyrl.rewards.styles import VERL_ARGS
+
+    fn, kwargs = reward_fn.fn, reward_fn.kwargs
     signature = inspect.signature(fn)
     params = list(signature.parameters.values())
-    shown = f"{where} with signature {fn.__name__}{signature}"
+    shown = f"{reward_fn.where} with signature {fn.__name__}{signature}"
+    takes_any = any(p.kind == p.VAR_KEYWORD for p in params)
+    if reward_fn.style != "easyrl":
+        passed = VERL_ARGS if reward_fn.style == "verl" else ("prompts", "completions")
+        try:
+            signature.bind(**{name: None for name in passed if takes_any or name in signature.parameters}, **kwargs)
+        except TypeError as err:
+            library = "verl's compute_score(data_source, solution_str, ground_truth, extra_info)" \
+                if reward_fn.style == "verl" else "TRL's fn(prompts=..., completions=..., **dataset_columns)"
+            raise RewardError(f"{shown} is called as {library} with worker.reward.reward_function_kwargs={kwargs}, "
+                              f"which does not bind: {err}") from None
+        return
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
     if not positional:
         raise RewardError(f"{shown} takes no positional argument for the reward input(s)")
-    takes_any = any(p.kind == p.VAR_KEYWORD for p in params)
     names = [p.name for p in params[1:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     for name in kwargs:
         if not takes_any and name not in names:
@@ -148,7 +137,7 @@ def check_reward_model(rm: Any) -> None:
     """
     if not rm.enabled:
         return
-    from easyrl.config.reward_model import read_chat_template
+    from easyrl.config.worker import read_chat_template
     from easyrl.rewards.reward_model_inputs import encode_conversations, load_tokenizer
 
     key = "worker.reward.reward_model.model_path"

@@ -1,8 +1,11 @@
-"""The rollout: what turns a batch of prompts into a batch of trajectories; the trainer does not know which kind.
+"""The trainer's padded batch layout, and the rollout: what turns a batch of prompts into a batch of trajectories (the
+trainer does not know which kind).
 
-A trajectory batch adds to the prompt batch (``prompts`` ``(bsz, P)`` left-padded, its ``prompt_mask``, the extras):
+A prompt batch holds ``prompts`` ``(bsz, P)`` left-padded (``P``: ``data.max_prompt_length``), its ``prompt_mask``
+and the extras; a trajectory batch adds:
 
-* ``responses`` ``(bsz, R)``: the generated tokens, right-padded to ``data.max_response_length`` (``R``);
+* ``responses`` ``(bsz, R)``: the generated tokens, right-padded to ``data.max_response_length`` (``R``), so every
+  response starts at column ``P`` of ``input_ids``;
 * ``response_mask`` ``(bsz, R)``: 1 on the tokens the policy is trained on (every generated token in a single turn;
   a multi-turn rollout puts 0 on tool and environment tokens), 0 on padding;
 * ``input_ids`` / ``attention_mask`` ``(bsz, P + R)``: prompt and response side by side;
@@ -17,10 +20,73 @@ from typing import Any, Optional, Protocol
 import torch
 
 from easyrl.batch import Batch
-from easyrl.trainer.batch_layout import for_rollout, right_pad
 from easyrl.workers.fsdp_worker import FSDPWorker
+from easyrl.workers.mm_staging import STAGE_KEY
 
-__all__ = ["Rollout", "SingleTurnRollout"]
+__all__ = ["Rollout", "SingleTurnRollout", "for_rollout", "for_workers", "left_pad", "right_pad", "trajectory_batch"]
+
+
+def left_pad(rows: list[list[int]], length: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token rows right-aligned in ``(len(rows), length)`` long tensors: ``(ids, mask)``, padding ``pad_id`` / 0 on
+    the left.
+
+    Raises:
+        ValueError: a row is longer than ``length`` (``data.max_prompt_length``).
+    """
+    ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), length), dtype=torch.long)
+    for i, row in enumerate(rows):
+        if len(row) > length:
+            raise ValueError(f"A prompt of {len(row)} tokens exceeds data.max_prompt_length={length}.")
+        if row:
+            ids[i, length - len(row):] = torch.tensor(row)
+            mask[i, length - len(row):] = 1
+    return ids, mask
+
+
+def right_pad(rows: list[list[Any]], length: int, pad_value: Any,
+              dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows left-aligned in ``(len(rows), length)``: ``(values of dtype, long mask)``, ``pad_value`` / 0 on the right;
+    rows longer than ``length`` are cut."""
+    values = torch.full((len(rows), length), pad_value, dtype=dtype)
+    mask = torch.zeros((len(rows), length), dtype=torch.long)
+    for i, row in enumerate(rows):
+        row = row[:length]
+        if row:
+            values[i, : len(row)] = torch.tensor(row, dtype=dtype)
+            mask[i, : len(row)] = 1
+    return values, mask
+
+
+def trajectory_batch(prompts: Batch, response_ids: list[list[int]], length: int, pad_id: int,
+                     log_probs: Optional[list[list[float]]] = None,
+                     response_mask: Optional[list[list[int]]] = None) -> Batch:
+    """The trajectory batch of ``prompts`` (a copy) with one response per row, laid out as the module docstring says;
+    ``response_mask`` None: every generated token is trained on."""
+    responses, valid = right_pad(response_ids, length, pad_id, torch.long)
+    batch = Batch(prompts.tensors.clone(), dict(prompts.extras))
+    batch["responses"] = responses
+    batch["response_mask"] = valid if response_mask is None else right_pad(response_mask, length, 0, torch.long)[0]
+    batch["input_ids"] = torch.cat([prompts["prompts"], responses], dim=1)
+    batch["attention_mask"] = torch.cat([prompts["prompt_mask"], valid], dim=1)
+    if log_probs is not None:
+        batch["rollout_log_probs"] = right_pad(log_probs, length, 0.0, torch.float32)[0]
+    return batch
+
+
+def for_workers(batch: Batch, staged: Optional[list[tuple[str, int]]] = None) -> Batch:
+    """The tensors and processor outputs (no copy), the log-prob and update passes' share; with ``staged`` (one
+    reference per sample, ``easyrl.workers.mm_staging``) the references replace the processor outputs."""
+    if staged is not None:
+        return Batch(batch.tensors, {STAGE_KEY: staged})
+    extras = {key: batch.extras[key] for key in ("multi_modal_inputs",) if key in batch.extras}
+    return Batch(batch.tensors, extras)
+
+
+def for_rollout(prompts: Batch) -> Batch:
+    """A prompt batch less ``multi_modal_inputs`` (vLLM takes the images) and ``columns`` (no copy)."""
+    return Batch(prompts.tensors, {key: value for key, value in prompts.extras.items()
+                                   if key not in ("multi_modal_inputs", "columns")})
 
 
 class Rollout(Protocol):
@@ -57,14 +123,9 @@ class SingleTurnRollout:
         """See :meth:`Rollout.generate`."""
         # one result per engine; vLLM takes the images, not the processor outputs
         outputs = self.workers.run_rollout(FSDPWorker.generate_sequences, for_rollout(prompts), overrides=overrides)
-        response_ids = [ids for out in outputs for ids in out["response_ids"]]
-        responses, response_mask = right_pad(response_ids, self.response_length, self.pad_id, torch.long)
-        batch = Batch(prompts.tensors.clone(), dict(prompts.extras))
-        batch["responses"] = responses
-        batch["response_mask"] = response_mask
-        batch["input_ids"] = torch.cat([prompts["prompts"], responses], dim=1)
-        batch["attention_mask"] = torch.cat([prompts["prompt_mask"], response_mask], dim=1)
+        log_probs = None
         if outputs[0]["response_log_probs"] is not None:
             log_probs = [lp for out in outputs for lp in out["response_log_probs"]]
-            batch["rollout_log_probs"] = right_pad(log_probs, self.response_length, 0.0, torch.float32)[0]
+        batch = trajectory_batch(prompts, [ids for out in outputs for ids in out["response_ids"]],
+                                 self.response_length, self.pad_id, log_probs)
         return batch, max(out["timing_s/reshard"] for out in outputs)

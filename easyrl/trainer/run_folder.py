@@ -12,8 +12,8 @@ from typing import Any, Optional
 from easyrl.config import PPOConfig, valid_keys
 from easyrl.config.rerun import training_changes
 from easyrl.errors import RunStateError
-from easyrl.trainer.checkpoint import TRAINER_STATE, Checkpointer, find_last_checkpoint, read_tracker
-from easyrl.trainer.checkpoint_manifest import check_checkpoint, run_identity
+from easyrl.trainer.checkpoint import (TRAINER_STATE, Checkpointer, check_checkpoint, find_last_checkpoint,
+                                       read_tracker, run_identity)
 
 logger = logging.getLogger("easyrl.checkpoint")
 

@@ -13,9 +13,8 @@ from easyrl.batch import Batch
 from easyrl.data.dataset import collate_fn
 from easyrl.trainer.generation import Generator
 from easyrl.trainer.metrics import generation_rows, timer
-from easyrl.trainer.model_rewards import ModelRewards
 from easyrl.trainer.multi_turn import multi_turn_metrics
-from easyrl.trainer.scoring import Scorer
+from easyrl.trainer.scoring import ModelRewards, Scorer
 
 __all__ = ["Validator"]
 
