@@ -12,9 +12,9 @@ GRPO steps (float32) on 2 CPU workers serve most checks (start-up is the expensi
 - the run with an engine per rank trains with Ulysses sequence parallelism over both workers
   (``worker.actor.ulysses_size=2``: one data-parallel group, each packed row split over both ranks; the rollout does
   not see it): the actor's log-probs through the all-to-alls equal vLLM's own, and the update moves the weights;
-- that run goes through ``fit()`` with validation: its metrics, start-up profile and Hugging Face export.
-
-A planted broken weight sync has a trainer of its own (one worker)."""
+- that run goes through ``fit()`` with validation: its metrics, start-up profile and Hugging Face export; before it,
+  a planted broken weight sync stops its first step before the update (then the sync is repaired and the stream
+  rewound, so that ``fit()`` starts as if nothing had run)."""
 
 from __future__ import annotations
 
@@ -35,10 +35,37 @@ LOGPROB_TOL = 1e-4  # float32 on both sides; measured 1.9e-6 with TP 2 and 1 (as
 TP_SHM = ("-[0-1]-cpushm_0", "-[0-1]-cpushm_1")  # the CPU TP all-reduce buffers of a 2-rank group
 
 
+def _broken_first_step(trainer, train_step, key: str) -> tuple:
+    """Step 1 with the Hugging Face tensor ``key`` left out of every weight sync (``InspectableWorker.break_sync``):
+    ``(the exception it raised or None, actor weights before, after)``; then the sync is repaired, the prompt stream
+    rewound and the step counter reset."""
+    import ray
+
+    position = trainer.train_dataloader.state_dict()
+    trainer.workers.run_all(InspectableWorker.break_sync, key)
+    before = trainer.workers.run_all(InspectableWorker.actor_state_dict)[0]
+    trainer.global_step = 1
+    try:
+        train_step(trainer.prompt_stream())
+        error = None
+    except Exception as e:  # the test names what it expects
+        error = e
+    after = trainer.workers.run_all(InspectableWorker.actor_state_dict)[0]
+
+    def repair(worker) -> None:  # nested: Ray pickles it by value
+        vars(worker.rollout).pop("load_weights")  # break_sync's wrapper: the rollout's own method again
+
+    ray.get([w.__ray_call__.remote(repair) for w in trainer.workers.workers])
+    trainer.train_dataloader.load_state_dict(position)
+    trainer.global_step = 0
+    return error, before, after
+
+
 def _run(e2e_text_config, local_ray, runs_root, tp: int, *overrides: str, fit: bool = False) -> dict:
-    """Two steps with ``tensor_parallel_size=tp``, through ``trainer.fit()`` (``fit``) or two bare steps; the engines'
-    TP groups, each step's metrics and batch, the actor's weights before and after step 1, the ``(world, dp)`` sizes,
-    the run folder and the /dev/shm entries left after shutdown."""
+    """Two steps with ``tensor_parallel_size=tp``, through ``trainer.fit()`` after a broken first step
+    (``_broken_first_step``; ``fit``) or two bare steps; the engines' TP groups, each step's metrics and batch, the
+    actor's weights before and after step 1, the ``(world, dp)`` sizes, the run folder, the /dev/shm entries left
+    after shutdown and (``fit``) the broken step's outcome."""
     import ray
 
     from easyrl.trainer.__main__ import build_trainer
@@ -66,11 +93,13 @@ def _run(e2e_text_config, local_ray, runs_root, tp: int, *overrides: str, fit: b
         return steps[-1]
 
     trainer.train_step = recording_step
+    broken = None
     try:
         groups = ray.get([worker.__ray_call__.remote(lambda w: w.rollout.llm.collective_rpc(tp_group_ranks)[0])
                           for worker in trainer.workers.workers])
         sizes = (trainer.workers.world_size, trainer.workers.dp_size)
         if fit:
+            broken = _broken_first_step(trainer, train_step, "model.layers.0.input_layernorm.weight")
             trainer.fit()
         else:
             stream = trainer.prompt_stream()
@@ -81,7 +110,8 @@ def _run(e2e_text_config, local_ray, runs_root, tp: int, *overrides: str, fit: b
         trainer.workers.shutdown()
     # (FSDPWorker.close releases the TP group's shared memory, not left in /dev/shm by the killed workers)
     return {"groups": groups, "steps": steps, "batches": batches, "weights": weights, "sizes": sizes,
-            "run_dir": Path(config.trainer.run_dir), "shm_left": set(os.listdir("/dev/shm")) - shm_before}
+            "run_dir": Path(config.trainer.run_dir), "shm_left": set(os.listdir("/dev/shm")) - shm_before,
+            "broken": broken}
 
 
 @pytest.fixture(scope="module")
@@ -158,20 +188,15 @@ def test_text_model_trains_validates_and_exports(tp1_ulysses):
     assert AutoTokenizer.from_pretrained(exported).eos_token == "<|im_end|>"
 
 
-def test_a_broken_weight_sync_stops_the_first_step_before_the_update(e2e_text_config, trainer_on_ray, tmp_path):
+def test_a_broken_weight_sync_stops_the_first_step_before_the_update(tp1_ulysses):
     """One tensor skipped by the sync keeps vLLM's start-up dummy values (~0): the sync check (on by default) stops
     step 1 after the old-log-prob pass, before the update, with the metric, the bound and the key in the message."""
     from easyrl.errors import user_error_of
     from easyrl.workers.weight_sync import WeightSyncError
 
-    config = e2e_text_config(tmp_path, "trainer.max_steps=1", "trainer.n_gpus_per_node=1")  # one engine: cheaper
-    with trainer_on_ray(config, worker_cls=InspectableWorker) as trainer:
-        trainer.workers.run_all(InspectableWorker.break_sync, "model.layers.0.input_layernorm.weight")
-        before = trainer.workers.run_all(InspectableWorker.actor_state_dict)[0]
-        with pytest.raises(Exception) as failure:
-            trainer.fit()
-        after = trainer.workers.run_all(InspectableWorker.actor_state_dict)[0]
-    error = user_error_of(failure.value)
-    assert isinstance(error, WeightSyncError), failure.value
+    failure, before, after = tp1_ulysses["broken"]
+    assert failure is not None, "the broken sync went unnoticed"
+    error = user_error_of(failure)
+    assert isinstance(error, WeightSyncError), failure
     assert "rollout/log_prob_diff_median" in str(error) and "worker.actor.rollout_sync_threshold = 0.1" in str(error)
     assert all(torch.equal(before[key], after[key]) for key in before)  # no update ran
