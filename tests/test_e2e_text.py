@@ -64,8 +64,8 @@ def _broken_first_step(trainer, train_step, key: str) -> tuple:
 def _run(e2e_text_config, local_ray, runs_root, tp: int, *overrides: str, fit: bool = False) -> dict:
     """Two steps with ``tensor_parallel_size=tp``, through ``trainer.fit()`` after a broken first step
     (``_broken_first_step``; ``fit``) or two bare steps; the engines' TP groups, each step's metrics and batch, the
-    actor's weights before and after step 1, the ``(world, dp)`` sizes, the run folder, the /dev/shm entries left
-    after shutdown and (``fit``) the broken step's outcome."""
+    ``(world, dp)`` sizes, the run folder, the /dev/shm entries left after shutdown and (``fit``) the broken step's
+    outcome and the actor's weights before and after step 1."""
     import ray
 
     from easyrl.trainer.__main__ import build_trainer
@@ -84,11 +84,11 @@ def _run(e2e_text_config, local_ray, runs_root, tp: int, *overrides: str, fit: b
     train_step = trainer.train_step
 
     def recording_step(stream):  # fit() calls trainer.train_step: every step's metrics and batch, weights of step 1
-        if not steps:
+        if fit and not steps:
             weights.append(trainer.workers.run_all(InspectableWorker.actor_state_dict)[0])
         steps.append(train_step(stream))
         batches.append(trainer.last_batch)
-        if len(steps) == 1:
+        if fit and len(steps) == 1:
             weights.append(trainer.workers.run_all(InspectableWorker.actor_state_dict)[0])
         return steps[-1]
 
