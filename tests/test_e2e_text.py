@@ -54,6 +54,7 @@ def _broken_first_step(trainer, train_step, key: str) -> tuple:
 
     def repair(worker) -> None:  # nested: Ray pickles it by value
         vars(worker.rollout).pop("load_weights")  # break_sync's wrapper: the rollout's own method again
+        worker.weights_dirty = True  # the weights did not change, but vLLM's must be written again
 
     ray.get([w.__ray_call__.remote(repair) for w in trainer.workers.workers])
     trainer.train_dataloader.load_state_dict(position)
