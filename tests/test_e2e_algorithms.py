@@ -1,7 +1,9 @@
 """Every advantage estimator (GAE with a critic included), policy loss and aggregation mode, and DAPO dynamic sampling,
 through the real loop: 2 Ray workers (FSDP2 over gloo + vLLM each) and the tiny text Qwen2.5. One trainer serves all
 cases (start-up is the expensive part on a CPU): it is built with GAE so that the workers hold a critic too; the
-estimator is the trainer's setting, the loss settings are pushed to the workers.
+estimator is the trainer's setting, the loss settings are pushed to the workers. A step costs seconds, so an estimator
+is checked on a step that another test takes anyway where that test's assertions do not depend on it
+(``HOSTED_ESTIMATORS``); the others take a step of their own.
 
 Each setting is checked by an assertion that fails if a worker ignored it: the actor updates are replayed from one
 snapshot (same weights, optimizer state and mini-batch shuffle) on one batch, so that settings are compared update
@@ -26,7 +28,13 @@ REPO = Path(__file__).resolve().parents[1]
 FP32_LOGPROB_TOL = 1e-4
 ESTIMATORS = ["grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "grpo_passk", "opo",
               "gpg", "gdpo"]
-# "gae" (needs the critic) has its own test below
+# "gae" (needs the critic) has its own test below; these run the step of the test named (_check_estimator_step)
+HOSTED_ESTIMATORS = {"grpo": "replay", "reinforce_plus_plus": "kl_in_reward_steps (step 1)",
+                     "reinforce_plus_plus_baseline": "kl_in_reward_steps (step 2)",
+                     "gpg": "test_disable_kl_skips_the_reference_forward",
+                     "rloo": "test_truncated_importance_sampling_at_temperature_0_7",
+                     "opo": "test_dynamic_sampling_drops_constant_groups_and_refills"}
+OWN_STEP_ESTIMATORS = [e for e in ESTIMATORS if e not in HOSTED_ESTIMATORS]  # remax, grpo_passk, gdpo
 AGG_MODES = ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm",
              "seq-mean-token-sum-norm-drgrpo"]
 # the first four agree on policy; the others change even the first (on-policy) mini-batch's update (clip_cov/kl_cov
@@ -64,9 +72,14 @@ def trainer(e2e_config, local_ray, tmp_path_factory):
     trainer.workers.shutdown()
 
 
-def _steps(trainer, count=2):
+def _steps(trainer, count=2, estimator="grpo"):
+    """``count`` steps with ``estimator`` (then back to grpo); their metrics."""
     stream = trainer.prompt_stream()
-    return [trainer.train_step(stream) for _ in range(count)]
+    trainer.config.algorithm.adv_estimator = estimator
+    try:
+        return [trainer.train_step(stream) for _ in range(count)]
+    finally:
+        trainer.config.algorithm.adv_estimator = "grpo"
 
 
 def _assert_finite(metrics):
@@ -74,19 +87,19 @@ def _assert_finite(metrics):
     assert not bad, bad
 
 
-@pytest.mark.parametrize("estimator", ESTIMATORS)
-def test_each_advantage_estimator_one_step(trainer, estimator):
-    trainer.config.algorithm.adv_estimator = estimator
-    try:
-        metrics = _steps(trainer, 1)[0]
-    finally:
-        trainer.config.algorithm.adv_estimator = "grpo"
+def _check_estimator_step(metrics, batch, estimator):
+    """A step with ``estimator`` (not GAE) trained on advantages that vary and ran no critic."""
     _assert_finite(metrics)
-    assert metrics["critic/advantages/max"] > metrics["critic/advantages/min"]
+    assert metrics["critic/advantages/max"] > metrics["critic/advantages/min"], estimator
     assert "critic/vf_loss" not in metrics and "timing_s/values" not in metrics  # no critic without GAE
     if estimator == "remax":
         assert "timing_s/gen_baseline" in metrics
-        assert "reward_baselines" in trainer.last_batch
+        assert "reward_baselines" in batch
+
+
+@pytest.mark.parametrize("estimator", OWN_STEP_ESTIMATORS)
+def test_each_advantage_estimator_one_step(trainer, estimator):
+    _check_estimator_step(_steps(trainer, 1, estimator)[0], trainer.last_batch, estimator)
 
 
 def _zero_value_returns(batch, decay):
@@ -178,16 +191,21 @@ def replay(trainer):
     """One step, then a snapshot of the actor and that step's batch with its old log-probs recomputed from the
     snapshot's weights: every update below (``_update``) starts from the same weights, optimizer state and
     mini-batch shuffle and uses the same batch (2 mini-batches of 8 samples, 4 per worker), so that settings are
-    compared update against update. Returns ``(batch, start weights)``."""
+    compared update against update. Returns ``(batch, start weights, the step's metrics)``."""
     import torch
 
     from easyrl.trainer.rollout import for_workers
 
-    _steps(trainer, 1)
+    metrics = _steps(trainer, 1)[0]
     batch = for_workers(trainer.last_batch)
     batch["old_log_probs"] = torch.cat(trainer.workers.run_split(FSDPWorker.compute_log_probs, batch), dim=0)
     trainer.workers.run_all(InspectableWorker.snapshot_actor)
-    return batch, trainer.workers.run_all(InspectableWorker.actor_state_dict)[0]
+    return batch, trainer.workers.run_all(InspectableWorker.actor_state_dict)[0], metrics
+
+
+def test_the_replayed_step_is_a_grpo_step(replay):
+    batch, _, metrics = replay
+    _check_estimator_step(metrics, batch, "grpo")
 
 
 def _update(trainer, batch, **actor_settings):
@@ -213,7 +231,7 @@ def _max_diff(a, b):
 @pytest.fixture(scope="module")
 def loss_type_runs(trainer, replay):
     """The update of every loss type from the snapshot (rank 0's per-mini-batch metrics)."""
-    batch, _ = replay
+    batch, *_ = replay
     runs = {loss: _update(trainer, batch, loss_type=loss, **TIGHT) for loss in LOSS_TYPES}
     # bypass_mode takes vLLM's log-probs as the old ones: here the recomputed old log-probs stand for them
     bypass_batch = batch.select(list(range(len(batch))))
@@ -245,9 +263,11 @@ def test_loss_types_differ_off_policy(loss_type_runs):
         assert second[loss] != pytest.approx(second["vanilla"], rel=1e-6), (loss, second)
 
 
-def test_aggregation_modes_scale_the_update_as_defined(trainer, replay):
-    batch, _ = replay
-    runs = {agg: _update(trainer, batch, loss_agg_mode=agg, **TIGHT) for agg in AGG_MODES}
+def test_aggregation_modes_scale_the_update_as_defined(trainer, replay, loss_type_runs):
+    batch, *_ = replay
+    # token-mean with TIGHT is the vanilla loss type's update (the defaults): not repeated
+    runs = {agg: loss_type_runs["vanilla"] if agg == "token-mean" else
+            _update(trainer, batch, loss_agg_mode=agg, **TIGHT) for agg in AGG_MODES}
     norm = {agg: run["actor/grad_norm"][0] for agg, run in runs.items()}  # first mini-batch, before clipping
     # seq-mean-token-sum-norm is Dr. GRPO's mean (verl 0.7.1-0.9.1); token-sum is S = 8 sequences times
     # seq-mean-token-sum
@@ -265,16 +285,16 @@ def test_aggregation_modes_scale_the_update_as_defined(trainer, replay):
         assert norm["seq-mean-token-sum"] != pytest.approx(norm["token-mean"], rel=1e-3)
 
 
-def test_entropy_bonus_enters_the_update(trainer, replay):
-    batch, _ = replay
-    base = _update(trainer, batch, **TIGHT)
+def test_entropy_bonus_enters_the_update(trainer, replay, loss_type_runs):
+    batch, *_ = replay
+    base = loss_type_runs["vanilla"]  # the defaults with TIGHT
     entropy = _update(trainer, batch, entropy_coeff=0.1, **TIGHT)
     assert entropy["actor/grad_norm"][0] != pytest.approx(base["actor/grad_norm"][0], rel=1e-4)
 
 
 def test_micro_batch_1_and_2_give_the_same_new_weights(trainer, replay):
     """Micro-batches of 1 or 2 samples accumulate to the same update (global token normalisation)."""
-    batch, start = replay
+    batch, start, _ = replay
     _update(trainer, batch)  # micro-batch 2 (the fixture's)
     micro_2 = trainer.workers.run_all(InspectableWorker.actor_state_dict)[0]
     _update(trainer, batch, micro_batch_size_per_device_for_update=1)
@@ -285,7 +305,7 @@ def test_micro_batch_1_and_2_give_the_same_new_weights(trainer, replay):
 
 def test_second_ppo_epoch_is_off_policy(trainer, replay):
     """ppo_epochs = 2 over one mini-batch: epoch 1 on policy, epoch 2 off policy (ratio moved, clipping acts)."""
-    batch, _ = replay
+    batch, *_ = replay
     epochs = _update(trainer, batch, ppo_epochs=2, global_batch_size=trainer.config.data.rollout_batch_size, **TIGHT)
     assert len(epochs["actor/ppo_kl"]) == 2
     assert abs(epochs["actor/ppo_kl"][0]) < 1e-4 and epochs["actor/pg_clipfrac"][0] == 0.0
@@ -294,8 +314,9 @@ def test_second_ppo_epoch_is_off_policy(trainer, replay):
 
 @pytest.fixture(scope="module")
 def kl_in_reward_steps(trainer):
-    """Two steps with the KL in the reward and the adaptive controller (horizon 10 samples, so that it moves):
-    ``(metrics, token_level_rewards, token_level_scores, KL(old, ref) per token, batch size)`` per step."""
+    """Two steps with the KL in the reward and the adaptive controller (horizon 10 samples, so that it moves), with
+    the estimators REINFORCE++ and REINFORCE++ with baseline (``HOSTED_ESTIMATORS``): ``(metrics, token_level_rewards,
+    token_level_scores, KL(old, ref) per token, batch size, estimator, batch)`` per step."""
     from easyrl.algorithms.kl import kl_penalty, make_kl_controller
 
     algo, actor = trainer.config.algorithm, trainer.config.worker.actor
@@ -306,12 +327,15 @@ def kl_in_reward_steps(trainer):
     stream = trainer.prompt_stream()
     try:
         steps = []
-        for _ in range(2):
+        for estimator in ("reinforce_plus_plus", "reinforce_plus_plus_baseline"):
+            algo.adv_estimator = estimator
             metrics = trainer.train_step(stream)
             batch = trainer.last_batch
             kl = kl_penalty(batch["old_log_probs"], batch["ref_log_probs"], algo.kl_penalty) * batch["response_mask"]
-            steps.append((metrics, batch["token_level_rewards"], batch["token_level_scores"], kl, len(batch)))
+            steps.append((metrics, batch["token_level_rewards"], batch["token_level_scores"], kl, len(batch),
+                          estimator, batch))
     finally:
+        algo.adv_estimator = "grpo"
         algo.use_kl_loss, algo.use_kl_in_reward, algo.kl_type, algo.kl_horizon = True, False, "fixed", 10000.0
         actor.use_kl_loss = True
         trainer.kl_ctrl = make_kl_controller(algo.kl_type, algo.kl_coef, algo.kl_target, algo.kl_horizon)
@@ -323,8 +347,8 @@ def test_kl_in_reward_rewards_are_scores_minus_beta_kl(kl_in_reward_steps):
     """Token rewards are scores - beta * KL(old, ref) per token, with the beta the step reports."""
     import torch
 
-    for metrics, rewards, scores, kl, _ in kl_in_reward_steps:
-        _assert_finite(metrics)
+    for metrics, rewards, scores, kl, _, estimator, batch in kl_in_reward_steps:
+        _check_estimator_step(metrics, batch, estimator)  # finite metrics included
         assert "actor/kl_loss" not in metrics
         assert kl.abs().max() > 0  # the actor has moved from the reference: the penalty is not trivially 0
         torch.testing.assert_close(rewards, scores - metrics["actor/reward_kl_penalty_coeff"] * kl)
@@ -332,7 +356,7 @@ def test_kl_in_reward_rewards_are_scores_minus_beta_kl(kl_in_reward_steps):
 
 def test_kl_in_reward_coefficient_follows_the_adaptive_controller(kl_in_reward_steps, trainer):
     """beta after step 1 = beta * (1 + clip(KL / target - 1, -0.2, 0.2) * batch size / horizon) (Ziegler et al.)."""
-    (first, *_, size), (second, *_) = kl_in_reward_steps
+    (first, _, _, _, size, *_), (second, *_) = kl_in_reward_steps
     error = min(max(first["actor/reward_kl_penalty"] / trainer.config.algorithm.kl_target - 1, -0.2), 0.2)
     expected = first["actor/reward_kl_penalty_coeff"] * (1 + error * size / 10.0)
     assert second["actor/reward_kl_penalty_coeff"] == pytest.approx(expected, rel=1e-6)
@@ -340,17 +364,18 @@ def test_kl_in_reward_coefficient_follows_the_adaptive_controller(kl_in_reward_s
 
 
 def test_disable_kl_skips_the_reference_forward(trainer):
+    """With GPG's advantages (a KL-free method; ``HOSTED_ESTIMATORS``)."""
     algo = trainer.config.algorithm
     algo.disable_kl = True
     trainer.config.worker.actor.disable_kl = True
     trainer.workers.run_all(InspectableWorker.update_config, trainer.config)
     try:
-        metrics = _steps(trainer, 1)[0]
+        metrics = _steps(trainer, 1, "gpg")[0]
     finally:
         algo.disable_kl = False
         trainer.config.worker.actor.disable_kl = False
         trainer.workers.run_all(InspectableWorker.update_config, trainer.config)
-    _assert_finite(metrics)
+    _check_estimator_step(metrics, trainer.last_batch, "gpg")  # finite metrics included
     assert "timing_s/ref" not in metrics and "actor/kl_loss" not in metrics
     assert "ref_log_probs" not in trainer.last_batch
 
@@ -358,18 +383,19 @@ def test_disable_kl_skips_the_reference_forward(trainer):
 def test_truncated_importance_sampling_at_temperature_0_7(trainer):
     """vLLM's sampled-token log-probs travel with the batch at temperature 0.7: they equal the actor's log-probs of
     softmax(logits / 0.7) within the fp32 tolerance (an actor ignoring the temperature would be off by far more), so
-    the TIS weights exp(old - rollout), capped, are 1 up to kernel noise."""
+    the TIS weights exp(old - rollout), capped, are 1 up to kernel noise. With RLOO's advantages
+    (``HOSTED_ESTIMATORS``)."""
     rollout, actor = trainer.config.worker.rollout, trainer.config.worker.actor
     rollout.calculate_log_probs, actor.tis_cap = True, 2.0
     rollout.temperature = actor.temperature = 0.7
     trainer.workers.run_all(InspectableWorker.update_config, trainer.config)
     try:
-        metrics = _steps(trainer, 1)[0]
+        metrics = _steps(trainer, 1, "rloo")[0]
     finally:
         rollout.calculate_log_probs, actor.tis_cap = False, None
         rollout.temperature = actor.temperature = 1.0
         trainer.workers.run_all(InspectableWorker.update_config, trainer.config)
-    _assert_finite(metrics)
+    _check_estimator_step(metrics, trainer.last_batch, "rloo")  # finite metrics included
     assert metrics["rollout/log_prob_diff_max"] < FP32_LOGPROB_TOL, metrics["rollout/log_prob_diff_max"]
     assert metrics["rollout/tis_weight_mean"] == pytest.approx(1.0, abs=FP32_LOGPROB_TOL)
     assert "rollout_log_probs" in trainer.last_batch
@@ -401,7 +427,7 @@ def test_dynamic_sampling_gives_up_after_max_try_make_batch(trainer):
 
 def test_dynamic_sampling_drops_constant_groups_and_refills(trainer):
     """Half of the problems get a constant reward: their groups are dropped and more prompts are generated until
-    the batch holds rollout_batch_size groups that all vary."""
+    the batch holds rollout_batch_size groups that all vary. With OPO's advantages (``HOSTED_ESTIMATORS``)."""
     from easyrl.rewards.function import RewardFunction
 
     algo = trainer.config.algorithm
@@ -416,11 +442,12 @@ def test_dynamic_sampling_drops_constant_groups_and_refills(trainer):
     saved_guard = _swap_reward(trainer, recording_reward)
     algo.online_filtering, algo.filter_low, algo.filter_high = True, None, None
     try:
-        metrics = _steps(trainer, 1)[0]
+        metrics = _steps(trainer, 1, "opo")[0]
     finally:
         trainer.scorer.guard = saved_guard
         algo.online_filtering, algo.filter_low, algo.filter_high = False, 0.01, 0.99
     batch = trainer.last_batch
+    _check_estimator_step(metrics, batch, "opo")
     n, groups = trainer.config.worker.rollout.n, trainer.config.data.rollout_batch_size
     assert len(batch) == n * groups
     assert metrics["dynamic_sampling/groups_dropped"] >= 1

@@ -35,7 +35,8 @@ def vl_trainer(local_ray, e2e_config, tmp_path_factory):
 
     local_ray()
     config = e2e_config("qwen2_5_vl", tmp_path_factory.mktemp("vl") / "runs", "trainer.max_steps=2",
-                        "trainer.val_freq=-1", "worker.rollout.calculate_log_probs=true")
+                        "trainer.val_freq=-1", "worker.rollout.calculate_log_probs=true",
+                        "data.max_response_length=16")  # the demo's 48 tokens: 3x the decoding, nothing more to see
     trainer = build_trainer(config, worker_cls=InspectableWorker)
     yield trainer
     trainer.workers.shutdown()

@@ -12,7 +12,8 @@ checkpoint every step, validation every 2 steps:
 - run D, the same command: resumes and finishes (its progress bar starts at the resumed step). Every step logged
   after a resume equals run A's, except the metrics measured from the machine (the clock and memory:
   ``easyrl.trainer.metrics.MEASURED_PREFIXES``, e.g. ``timing_s/*``, ``perf/throughput``, ``perf/mfu/*``,
-  ``perf/cpu_memory_used_gb``).
+  ``perf/cpu_memory_used_gb``). Run D is a fixture of its own (``finished``): ``make test-compat`` checks the resume
+  on vLLM 0.23 with runs A to C (``test_killed_and_stopped_run_resumes_exactly``), one trainer start-up fewer.
 
 Then a checkpoint of run A is exported with ``python -m easyrl.export`` and loaded in transformers and in vLLM.
 """
@@ -115,7 +116,7 @@ def _fixed_batch(trainer, response: list[int]):
 
 @pytest.fixture(scope="module")
 def runs(e2e_args, local_ray, tmp_path_factory):
-    """Run A in this process, then B, C, D as commands; returns what the tests compare."""
+    """Run A in this process, then B and C as commands; returns what the tests compare."""
     import ray
 
     from easyrl.config import load_config
@@ -147,35 +148,55 @@ def runs(e2e_args, local_ray, tmp_path_factory):
 
     args = e2e_args("qwen2_5", root / "b", *OVERRIDES)
     b_dir = root / "b" / "easyrl" / "cpu_demo"
-    out["b_dir"] = b_dir
+    out["b_dir"], out["args"] = b_dir, args
     _run_until(args, b_dir, 2, signal.SIGKILL, group=True, log=root / "b.log")
     out["killed_at"] = _tracker_step(b_dir)
     out["c_exit"], out["c_log"] = _run_until(args, b_dir, out["killed_at"] + 1, signal.SIGTERM, group=False,
                                              log=root / "c.log")
     out["stopped_at"] = _tracker_step(b_dir)
-    done = subprocess.run([sys.executable, "-m", "easyrl.trainer", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=400)
-    assert done.returncode == 0, done.stderr[-3000:]
-    out["d_console"] = done.stderr
     return out
 
 
+@pytest.fixture(scope="module")
+def finished(runs) -> str:
+    """Run D: the command once more, which resumes from run C's checkpoint and finishes; its console."""
+    done = subprocess.run([sys.executable, "-m", "easyrl.trainer", *runs["args"]], cwd=REPO, capture_output=True,
+                          text=True, timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stderr
+
+
+def _logged_steps(run_dir: Path) -> list[int]:
+    return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
 def test_killed_and_stopped_run_resumes_exactly(runs):
-    a, b = _rows(runs["a_dir"]), _rows(runs["b_dir"])
-    assert sorted(a) == [1, 2, 3, 4, 5] and sorted(b) == [1, 2, 3, 4, 5]
-    assert 2 <= runs["killed_at"] < 5 and runs["killed_at"] < runs["stopped_at"] < 5
+    """Runs B and C: every step up to the one C stopped after equals run A's."""
+    a, b, stopped = _rows(runs["a_dir"]), _rows(runs["b_dir"]), runs["stopped_at"]
+    assert sorted(a) == [1, 2, 3, 4, 5] and set(range(1, stopped + 1)) <= set(b)
+    assert 2 <= runs["killed_at"] < 5 and runs["killed_at"] < stopped < 5
     assert runs["c_exit"] == 128 + signal.SIGTERM, runs["c_log"][-3000:]
-    for step in range(1, 6):
+    for step in range(1, stopped + 1):
         assert _comparable(b[step]) == _comparable(a[step]), step
         assert b[step]["timing_s/step"] > 0
     assert "val/reward/overall" in a[4] and a[3]["critic/advantages/max"] > 0  # the comparison covers real training
     assert len(_comparable(a[5])) > 40 and "perf/total_num_tokens" in _comparable(a[5])
-    # the resumed run's progress bar starts at the step it resumed from, and its summary lines follow
-    stopped = runs["stopped_at"]
-    assert f"| {stopped}/5 [" in runs["d_console"] and "| 0/5 [" not in runs["d_console"], runs["d_console"][-3000:]
-    assert f"step {stopped + 1}/5 | reward" in runs["d_console"] and "step 5/5 | reward" in runs["d_console"]
     # resumes appended: the killed run's rows are still there
-    steps = [json.loads(line)["step"] for line in (runs["b_dir"] / "metrics.jsonl").read_text().splitlines()]
+    steps = _logged_steps(runs["b_dir"])
+    assert steps[:runs["killed_at"]] == list(range(1, runs["killed_at"] + 1)) and len(steps) >= stopped
+
+
+def test_the_stopped_run_finishes_like_the_uninterrupted_one(runs, finished):
+    """Run D: the steps after C's stop equal run A's too; its progress bar starts at the step it resumed from, and
+    its summary lines follow."""
+    a, b, stopped = _rows(runs["a_dir"]), _rows(runs["b_dir"]), runs["stopped_at"]
+    assert sorted(b) == [1, 2, 3, 4, 5]
+    for step in range(stopped + 1, 6):
+        assert _comparable(b[step]) == _comparable(a[step]), step
+        assert b[step]["timing_s/step"] > 0
+    assert f"| {stopped}/5 [" in finished and "| 0/5 [" not in finished, finished[-3000:]
+    assert f"step {stopped + 1}/5 | reward" in finished and "step 5/5 | reward" in finished
+    steps = _logged_steps(runs["b_dir"])
     assert steps[:runs["killed_at"]] == list(range(1, runs["killed_at"] + 1)) and len(steps) >= 5
 
 
