@@ -27,10 +27,7 @@ TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.flo
 
 def param_device(device: str, offload_params: bool) -> str:
     """Where a sharded model's parameters (with their gradients and optimizer states) live: on the host only when
-    offloading from an accelerator, else on ``device``; buffers are always on ``device``.
-
-    Raises:
-        ValueError: an unknown device kind."""
+    offloading from an accelerator, else on ``device``. Raises ``ValueError`` for an unknown device kind."""
     if device not in ("cuda", "npu", "cpu"):
         raise ValueError(f"Unknown device kind '{device}' (expected cuda, npu or cpu).")
     return "cpu" if offload_params and device != "cpu" else device
@@ -56,10 +53,9 @@ def build_empty_model(hf_config, dtype: torch.dtype, trust_remote_code: bool, at
 
 
 def read_checkpoint(model_path: str, hf_config, trust_remote_code: bool, lora: Any = None) -> tuple[dict, dict]:
-    """Rank 0 only: the checkpoint's float32 state dict and the model's buffers (``name -> tensor``), on the host.
-
-    Read through ``from_pretrained`` so that names match this transformers' model class. With ``lora`` the model
-    is wrapped first (peft's names, rank 0's fresh adapter with B = 0)."""
+    """Rank 0 only: the checkpoint's float32 state dict and the model's buffers (``name -> tensor``), on the host,
+    read through ``from_pretrained`` so that names match this transformers' model class. With ``lora`` the model is
+    wrapped first (peft's names, rank 0's fresh adapter with B = 0)."""
     model = hf_model_class(hf_config).from_pretrained(model_path, dtype=torch.float32,
                                                       trust_remote_code=trust_remote_code, attn_implementation="sdpa")
     if lora is not None:
@@ -73,23 +69,11 @@ def load_sharded_model(model_path: str, hf_config, config: ActorConfig, mesh: De
                        offload: OffloadConfig, init_from: Optional[torch.nn.Module] = None,
                        attn_implementation: str = "sdpa",
                        adapt: Optional[Callable[[torch.nn.Module, dict], None]] = None) -> torch.nn.Module:
-    """Build one role's FSDP2-sharded model on every rank (collective: all ranks call it together).
-
-    Args:
-        model_path: Hugging Face folder (read on rank 0 only, and only when ``init_from`` is None).
-        hf_config: its ``AutoConfig``; config: ``worker.actor``-style settings (model, fsdp).
-        mesh: 1-D data-parallel device mesh; device: ``cuda``, ``npu`` or ``cpu``.
-        trainable: True: float32 master parameters, gradient checkpointing, vision-tower freeze and LoRA layers as
-            configured; False: frozen, held in ``fsdp.param_dtype``.
-        offload: this role's offload settings (see ``param_device``).
-        init_from: an already built sharded model of the same checkpoint to copy the shards from.
-        attn_implementation: transformers' attention (``policy_forward.attention_implementation``).
-        adapt: ``adapt(meta_model, full_state)`` changes the model before sharding and rank 0's state dict to match
-            (``{}`` elsewhere), e.g. the critic's value head.
-
-    Returns:
-        The sharded model, parameters on ``param_device(device, offload.offload_params)``.
-    """
+    """Build one role's FSDP2-sharded model on every rank (collective). ``model_path`` is read on rank 0 only, unless
+    the shards are copied from ``init_from`` (a sharded model of the same checkpoint). ``trainable``: float32 master
+    parameters, gradient checkpointing, vision-tower freeze and LoRA as configured; else frozen in
+    ``fsdp.param_dtype``. ``adapt(meta_model, full_state)`` changes the model before sharding and rank 0's state dict
+    to match (``{}`` elsewhere), e.g. the critic's value head."""
     dtype = stored_dtype(config.fsdp, trainable)
     trust = config.model.trust_remote_code
     lora = config.model.lora if trainable and config.model.lora.rank > 0 else None
@@ -124,12 +108,9 @@ def load_sharded_model(model_path: str, hf_config, config: ActorConfig, mesh: De
 
 def shard_model(model: torch.nn.Module, mesh: DeviceMesh, fsdp: FSDPConfig, device: str, offload_params: bool) -> None:
     """Apply FSDP2 ``fully_shard`` to each block (``model._no_split_modules``), then to the whole model, in place
-    (compute in ``fsdp.param_dtype``, gradients reduced in ``fsdp.reduce_dtype``), and allocate the meta-device
-    model: parameters on :func:`param_device`, buffers on ``device`` (uninitialised memory; fill it with
-    ``broadcast_weights`` or ``copy_shards``).
-
-    Raises:
-        ValueError: an unknown device kind, or the model declares no transformer block classes."""
+    (compute in ``fsdp.param_dtype``, gradients reduced in ``fsdp.reduce_dtype``), and allocate the meta-device model
+    uninitialised: parameters on :func:`param_device`, buffers on ``device``. Raises ``ValueError`` for an unknown
+    device kind or a model that declares no transformer block classes."""
     params = param_device(device, offload_params)
     mp_policy = MixedPrecisionPolicy(param_dtype=TORCH_DTYPES[fsdp.param_dtype],
                                      reduce_dtype=TORCH_DTYPES[fsdp.reduce_dtype])
@@ -152,13 +133,8 @@ def shard_model(model: torch.nn.Module, mesh: DeviceMesh, fsdp: FSDPConfig, devi
 
 
 def broadcast_weights(model: torch.nn.Module, full_state: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor]):
-    """Give every rank its shard of rank 0's checkpoint (``set_model_state_dict(broadcast_from_rank0=True)``) and
-    broadcast rank 0's buffers in place.
-
-    Args:
-        full_state: rank 0: the full state dict (host); other ranks: ``{}``.
-        buffers: rank 0: the model's buffers by name (host); other ranks: ``{}``.
-    """
+    """Give every rank its shard of rank 0's checkpoint and broadcast rank 0's buffers in place; ``full_state`` and
+    ``buffers`` are ``{}`` on the other ranks."""
     set_model_state_dict(model, full_state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
     for name, buffer in model.named_buffers():
         if name in buffers:
@@ -179,10 +155,7 @@ def _restore_original_inv_freq(model: torch.nn.Module) -> None:
 @torch.no_grad()
 def copy_shards(src: torch.nn.Module, dst: torch.nn.Module) -> None:
     """Fill ``dst``'s local shards and buffers from ``src`` (same architecture and mesh), cast to ``dst``'s dtypes;
-    no communication (the reference from the actor).
-
-    Raises:
-        ValueError: the two models' parameter names or local shard shapes differ."""
+    no communication. Raises ``ValueError`` when parameter names or local shard shapes differ."""
     src_params, dst_params = dict(src.named_parameters()), dict(dst.named_parameters())
     if src_params.keys() != dst_params.keys():
         differ = sorted(src_params.keys() ^ dst_params.keys())[:5]
@@ -212,15 +185,10 @@ def gather_full(tensor: torch.Tensor, device: torch.device, dtype: Optional[torc
 
 @torch.no_grad()
 def clip_grad_norm(parameters: Iterable[torch.nn.Parameter], max_norm: float, device: torch.device) -> torch.Tensor:
-    """Global L2 norm of the gradients of FSDP2-sharded parameters, clipped to ``max_norm`` in place.
-
-    Local squared sums are all-reduced on ``device`` (replicated gradients count once); gradients are scaled by
-    ``min(1, max_norm / (norm + 1e-6))`` unless the norm is not finite (the caller then skips the step). Same
-    result as ``torch.nn.utils.clip_grad_norm_`` on the full model.
-
-    Returns:
-        the total norm before clipping, a float32 scalar on ``device``.
-    """
+    """Global L2 norm of the gradients of FSDP2-sharded parameters (before clipping, float32 scalar on ``device``),
+    clipped to ``max_norm`` in place as ``torch.nn.utils.clip_grad_norm_`` would on the full model. Local squared
+    sums are all-reduced (replicated gradients count once); gradients are scaled by ``min(1, max_norm / (norm +
+    1e-6))`` unless the norm is not finite (the caller then skips the step)."""
     grads = [p.grad for p in parameters if p.grad is not None]
     world = dist.get_world_size() if dist.is_initialized() else 1
     local_sq = torch.zeros((), dtype=torch.float32, device=device)
@@ -240,6 +208,5 @@ def clip_grad_norm(parameters: Iterable[torch.nn.Parameter], max_norm: float, de
 
 
 def gather_full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The full weights of an FSDP2 model on rank 0's host, ``{}`` elsewhere (collective: every rank calls
-    it; ``cpu_offload=True`` keeps the gathered copy on rank 0 only)."""
+    """The full weights of an FSDP2 model on rank 0's host, ``{}`` elsewhere (collective)."""
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))

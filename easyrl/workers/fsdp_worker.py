@@ -1,9 +1,6 @@
-"""One worker per device rank (a Ray actor): its FSDP2 model roles (``easyrl.workers.roles``) and a colocated
-vLLM engine (``easyrl.workers.rollout``) fed the actor's weights in place (``easyrl.workers.weight_sync``).
-
-The trainer calls every worker through ``easyrl.workers.group.WorkerGroup`` with its share of the batch; workers meet
-in collectives over a torch.distributed group (gloo / NCCL / HCCL). Test-only methods live in
-``easyrl.testing.worker.InspectableWorker``.
+"""One worker per device rank (a Ray actor): its FSDP2 model roles (``easyrl.workers.roles``) and a colocated vLLM
+engine (``easyrl.workers.rollout``) fed the actor's weights in place (``easyrl.workers.weight_sync``). The trainer
+calls it through ``easyrl.workers.group.WorkerGroup``; test-only methods are in ``easyrl.testing.worker``.
 """
 
 from __future__ import annotations
@@ -37,14 +34,8 @@ def free_port() -> int:
 
 
 class FSDPWorker:
-    """Holds the model roles (actor, reference, critic) and the rollout engine of one rank.
-
-    Args:
-        config: the finalized run configuration.
-        rank, world_size: this worker's place in the process group.
-        device: ``cuda``, ``npu`` or ``cpu``.
-        training_steps: the run's steps (``PPOConfig.training_steps``), the trained roles' LR schedule's length.
-    """
+    """The model roles (actor, reference, critic) and the rollout engine of one rank; ``training_steps`` is the
+    length of the trained roles' LR schedule."""
 
     def __init__(self, config: PPOConfig, rank: int, world_size: int, device: str, training_steps: int = 0):
         import psutil
@@ -56,7 +47,6 @@ class FSDPWorker:
         quiet_libraries()  # library messages that do not matter to a user (easyrl.quiet; EASYRL_VERBOSE=1: all)
         self.config, self.rank, self.world_size, self.device = config, rank, world_size, device
         self.training_steps = training_steps
-        # the model roles (easyrl.workers.roles.Roles: a role the run does not need stays None), built by init_models
         self.actor = self.ref = self.critic = self.reward_model = self.teacher = None
         self.rollout = None
         self.transfer = None  # split placement: the group to the rollout engines (easyrl.workers.weight_transfer)
@@ -73,9 +63,8 @@ class FSDPWorker:
         return ray.util.get_node_ip_address(), free_port()
 
     def fetch_model_files(self) -> None:
-        """Point this worker's model paths at local folders, downloading hub ids into this node's cache
-        (``easyrl.models.hub_snapshot``). Called BEFORE the process group exists, so a download waits under no
-        collective timeout."""
+        """Point the model paths at local folders, downloading hub ids into this node's cache; called before the
+        process group exists, so a download waits under no collective timeout."""
         worker = self.config.worker
         reward_model = [worker.reward.reward_model] if worker.reward.reward_model.enabled else []
         for model in (worker.actor.model, worker.critic.model, worker.teacher.model, *reward_model):
@@ -103,9 +92,8 @@ class FSDPWorker:
         return collectives.checked_call(self, method, *args, **kwargs)
 
     def init_models(self) -> dict[str, float]:
-        """Build the model roles (``easyrl.workers.roles.build_roles``: the FSDP2 actor, the reference policy when a
-        KL term needs one, the critic with GAE) and, colocated (``trainer.rollout_mode``), the vLLM engine. Returns the
-        seconds of each start-up phase of this worker (``imports``, one per role, ``vllm_import``, ``engine``)."""
+        """Build the model roles (``build_roles``) and, colocated, the vLLM engine. Returns the seconds of each
+        start-up phase (``imports``, one per role, ``vllm_import``, ``engine``)."""
         from torch.distributed.device_mesh import init_device_mesh
 
         from easyrl.models.ulysses import init_sequence_parallel
@@ -124,8 +112,7 @@ class FSDPWorker:
         return self.startup_seconds
 
     def init_engine(self) -> None:
-        """Build this rank's vLLM engine (``easyrl.workers.rollout.VLLMRollout``), timing ``vllm_import`` and
-        ``engine`` into the start-up profile."""
+        """Build this rank's vLLM engine (``VLLMRollout``), timing ``vllm_import`` and ``engine``."""
         from easyrl.workers.rollout import VLLMRollout
 
         cfg = self.config.worker
@@ -154,11 +141,8 @@ class FSDPWorker:
         remove_stale_tp_shm(self.device, self.rollout_layout, self.rank)  # vLLM-CPU's all-reduce segments
 
     def check_memory(self, side: str = "trainer") -> None:
-        """Pre-flight memory estimate of this worker's ``side`` (``easyrl.sizing.estimate.preflight``) before anything
-        is loaded.
-
-        Raises:
-            ConfigError: the run cannot fit, with the numbers and the setting to change."""
+        """Pre-flight memory estimate of this worker's ``side`` before anything is loaded; raises ``ConfigError``
+        when the run cannot fit (with the numbers and the setting to change)."""
         from easyrl.device import device_memory_gib
         from easyrl.sizing.estimate import preflight
 
@@ -171,20 +155,15 @@ class FSDPWorker:
         return lora_scale(self.config.worker.actor.model.lora) if self.config.uses_lora else None
 
     def _ensure_rollout_weights(self) -> float:
-        """Sync the actor's weights into vLLM if they changed since the last sync or the engine dropped them (level-2
-        sleep); returns the seconds spent (0 if nothing to do). Every rank decides alike (same updates, same
-        sleeps), so the collective gathers stay in step."""
+        """Sync the actor's weights into vLLM if they changed or the engine dropped them (level-2 sleep); returns the
+        seconds spent. Every rank decides alike, so the collective gathers stay in step."""
         if self.weights_dirty or not self.rollout.holds_weights:
             return self.sync_weights()
         return 0.0
 
     def sync_weights(self) -> float:
-        """Load the actor's weights into vLLM in place (``weight_sync.sync_weights``), wake the KV cache; returns the
-        seconds taken.
-
-        Raises:
-            RuntimeError: a vLLM parameter was not overwritten (the message names it).
-        """
+        """Load the actor's weights into vLLM in place and wake the KV cache; returns the seconds taken. Raises
+        ``RuntimeError`` naming a vLLM parameter that was not overwritten."""
         rollout = self.config.worker.rollout
         start = time.perf_counter()
         weight_sync.sync_weights(self.actor.model.state_dict(), self.rollout, self.device, self.torch_device,
@@ -217,15 +196,10 @@ class FSDPWorker:
 
     def generate_sequences(self, prompts: Batch, overrides: Optional[dict[str, Any]] = None,
                            keep_awake: bool = False) -> dict[str, Any]:
-        """Sample one response per prompt (the trainer has already repeated each prompt ``n`` times). A prompt batch
-        with ``max_tokens`` (one per sample) caps each response at its own length (a multi-turn rollout's remaining
-        budget). ``keep_awake``: the engine does not sleep afterwards (the turns of a multi-turn rollout; it then
-        keeps its weights, so later turns sync nothing: ``_ensure_rollout_weights``); ``sleep_rollout`` ends it.
-
-        Returns:
-            ``{"response_ids": list[list[int]], "response_log_probs": list[list[float]] | None,
-            "timing_s/reshard": seconds spent syncing weights}``.
-        """
+        """Sample one response per prompt (already repeated ``n`` times); a per-sample ``max_tokens`` caps each
+        response (a multi-turn rollout's remaining budget). ``keep_awake``: the engine stays awake with its weights
+        for the next turn until ``sleep_rollout``. Returns ``{"response_ids": list[list[int]],
+        "response_log_probs": list[list[float]] | None, "timing_s/reshard": seconds spent syncing weights}``."""
         self.mm_stage.count(prompts)  # processor outputs sent along, if any (the trainer sends none: vLLM takes images)
         reshard = self._ensure_rollout_weights()
         self.rollout.wake_up()
@@ -306,10 +280,8 @@ class FSDPWorker:
         return metrics
 
     def save_hf(self, path: str) -> Optional[str]:
-        """Export the actor in Hugging Face format (``easyrl.models.hf_folder.write_hf_folder``). With LoRA: the
-        merged model in ``path`` and the peft adapter in ``path/lora_adapter``. Collective (gathered onto rank 0,
-        which writes); returns the folder on rank 0, None elsewhere.
-        """
+        """Export the actor in Hugging Face format; with LoRA the merged model in ``path`` and the peft adapter in
+        ``path/lora_adapter``. Collective (rank 0 writes); returns the folder on rank 0, None elsewhere."""
         from easyrl.models.hf_folder import write_hf_folder
 
         state = gather_full_state_dict(self.actor.model)
@@ -327,9 +299,8 @@ class FSDPWorker:
         return path
 
     def save_checkpoint(self, path: str) -> None:
-        """Write this rank's part of a checkpoint into ``path`` (see ``easyrl.workers.checkpoint``): the actor and,
-        with GAE, the critic; rank 0 also copies the base model's config and tokenizer files. Every rank must call
-        it."""
+        """Write this rank's part of a checkpoint (the actor and, with GAE, the critic) into ``path``; rank 0 also
+        copies the base model's config and tokenizer files. Every rank must call it."""
         from easyrl.workers.checkpoint import CRITIC_DIR, save_hf_metadata, save_role
 
         model_only = self.config.trainer.save_model_only
@@ -343,8 +314,7 @@ class FSDPWorker:
 
     def load_checkpoint(self, path: str) -> None:
         """Restore the actor (and the critic), optimizers, LR schedules, counters and this rank's RNG states from
-        ``path``; the rollout engine receives the restored weights before the next generation. Every rank must call
-        it."""
+        ``path``; the engine gets the weights before the next generation. Every rank must call it."""
         from easyrl.workers.checkpoint import CRITIC_DIR, load_role
 
         load_role(self.actor, path, self.rank)

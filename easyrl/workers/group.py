@@ -1,8 +1,9 @@
 """The workers as plain Ray actors, one per device rank, placed by one placement group (one bundle per rank).
 
 The trainer calls ``run_all`` (same arguments), ``run_split`` (an equal share of a batch each) or ``run_rollout`` (an
-equal share per vLLM engine: ``easyrl.workers.rollout_layout``), naming the method by reference
-(``run_split(FSDPWorker.compute_log_probs, batch)``); results come back in rank (or engine) order.
+equal share per vLLM engine), naming the method by reference (``run_split(FSDPWorker.compute_log_probs, batch)``);
+results come back in rank (or engine) order. Each raises ``TypeError`` for a method named by a string and
+``WorkerError`` when a worker died or raised (:func:`gather`).
 """
 
 from __future__ import annotations
@@ -27,10 +28,9 @@ from easyrl.workers.vllm_compat import IN_PROCESS_ENGINE_ENV
 
 def worker_cpu_threads(device: str, offload: bool, cpus_per_node: int, workers_per_node: int,
                        cpu_threads_per_worker: int = 1) -> int:
-    """Host CPU threads (and Ray CPUs) of one worker process: on the CPU ``cpu_threads_per_worker``; on GPU/NPU
-    with a trained role's parameters offloaded (``offload``: Adam steps on the host) an equal share of the node's
-    ``cpus_per_node`` minus one over ``workers_per_node``; else 1. At least 1.
-    """
+    """Host CPU threads (and Ray CPUs) of one worker process: on the CPU ``cpu_threads_per_worker``; on GPU/NPU with
+    a trained role's parameters offloaded (Adam steps on the host) ``(cpus_per_node - 1) // workers_per_node``;
+    else 1."""
     if device == "cpu":
         return max(1, cpu_threads_per_worker)
     if not offload:
@@ -50,10 +50,8 @@ def _bundle(device: str, cpu_threads: int) -> dict[str, float]:
 
 
 def node_contiguous_bundles(bundle_nodes: dict[int, str]) -> list[int]:
-    """Bundle index for each rank so that every node's ranks are consecutive (a ``PACK`` group may order
-    bundles across nodes in any order). ``bundle_nodes``: bundle index -> node id; returns ``order[rank]`` = bundle
-    index, nodes ordered by their first bundle (bundle 0's node holds rank 0).
-    """
+    """Bundle index for each rank so that every node's ranks are consecutive (a ``PACK`` group may order bundles
+    across nodes in any order). ``bundle_nodes``: bundle index -> node id; nodes ordered by their first bundle."""
     first_bundle: dict[str, int] = {}
     for index in sorted(bundle_nodes):
         first_bundle.setdefault(bundle_nodes[index], index)
@@ -65,13 +63,10 @@ def worker_runtime_env(device: str, cpu_threads: int, user: dict[str, str]) -> d
     quiet logs, the thread count of :func:`worker_cpu_threads`, on CUDA vLLM's IPC all-reduces off, on NPUs
     vllm-ascend's NZ weight mode off), then ``worker.env_vars`` (``user``), which win."""
     env = {**IN_PROCESS_ENGINE_ENV, "TOKENIZERS_PARALLELISM": "false",
-           # vLLM at WARNING, no worker progress bars (see easyrl.quiet; EASYRL_VERBOSE=1 for the full logs)
-           **worker_env()}
-    # the worker sets torch's intra-op pool from OMP_NUM_THREADS (FSDPWorker.init_process_group)
+           **worker_env()}  # vLLM at WARNING, no worker progress bars (easyrl.quiet)
     env["OMP_NUM_THREADS"] = str(cpu_threads)
     if device == "cpu":
-        # each worker's vLLM CPU engine uses its own threads (trainer.cpu_threads_per_worker) instead of binding to
-        # all cores
+        # each worker's vLLM CPU engine uses its own threads (trainer.cpu_threads_per_worker), not all cores
         env["VLLM_CPU_OMP_THREADS_BIND"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     if device == "cuda":
         # these all-reduces map peer GPUs' memory, which a one-GPU Ray actor may fail to do: hang (use NCCL)
@@ -96,11 +91,8 @@ class WorkerError(RuntimeError):
 
 
 def gather(refs: list[Any], method: str = "call") -> list[Any]:
-    """``ray.get`` of one call per rank (``refs``, rank order) failing as soon as ANY rank fails (a plain
-    ``ray.get`` would wait on rank 0, blocked in a collective with the dead rank); results in rank order.
-
-    Raises:
-        WorkerError: naming the first rank seen to fail (``died`` True for a dead process)."""
+    """``ray.get`` of one call per rank (``refs``, rank order) failing as soon as ANY rank fails (a plain ``ray.get``
+    would wait on rank 0, blocked in a collective with the dead rank). Raises ``WorkerError`` naming that rank."""
     rank_of = {ref: rank for rank, ref in enumerate(refs)}
     results: list[Any] = [None] * len(refs)
     pending = list(refs)
@@ -118,11 +110,8 @@ def gather(refs: list[Any], method: str = "call") -> list[Any]:
 
 
 def method_name(method: Callable[..., Any]) -> str:
-    """The name under which a Ray actor handle exposes ``method`` (e.g. ``FSDPWorker.save_checkpoint``).
-
-    Raises:
-        TypeError: ``method`` is a string (name the method itself), or not a function.
-    """
+    """The name under which a Ray actor handle exposes ``method``; raises ``TypeError`` for a string or a
+    non-function."""
     if isinstance(method, str):
         raise TypeError(f"name the worker method itself (e.g. FSDPWorker.{method}), not the string {method!r}")
     name = getattr(method, "__name__", None)
@@ -135,10 +124,7 @@ class WorkerGroup:
     """Starts ``world_size`` worker actors (``worker_cls``; default ``config.world_size``), joins them in a process
     group and builds their models. A split placement's rollout engines are a second group placed ``beside`` these
     and one of their ``peers``. ``startup_seconds``: ``workers``, ``process_group`` and the slowest rank's phases.
-
-    Raises:
-        RuntimeError: the cluster has fewer devices than ``world_size + beside``.
-    """
+    Raises ``RuntimeError`` when the cluster has fewer devices than ``world_size + beside``."""
 
     def __init__(self, config: PPOConfig, device: str, worker_cls: type = FSDPWorker, training_steps: int = 0,
                  world_size: Optional[int] = None, beside: int = 0):
@@ -180,8 +166,7 @@ class WorkerGroup:
         self.startup_seconds = {"workers": time.time() - began}
         began = time.time()
         self.rollout_layout = RolloutLayout(world_size, config.worker.rollout.tensor_parallel_size)
-        # the sequence-parallel groups (worker.actor.ulysses_size consecutive ranks) share one data-parallel share,
-        # laid out as the rollout's tensor-parallel groups are (easyrl.models.ulysses)
+        # a sequence-parallel group (ulysses_size consecutive ranks) shares one data-parallel share, laid out as TP is
         self.data_layout = RolloutLayout(world_size, config.worker.actor.ulysses_size)
         self.run_all(FSDPWorker.fetch_model_files)  # a hub id downloaded per node, before any collective timeout
         self.run_all(FSDPWorker.init_process_group, master_addr, master_port)
@@ -202,13 +187,7 @@ class WorkerGroup:
         return len(self.workers)
 
     def run_all(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
-        """Call ``method`` (e.g. ``FSDPWorker.save_checkpoint``) on every worker with the same arguments; results in
-        rank order.
-
-        Raises:
-            TypeError: ``method`` is a string (see :func:`method_name`).
-            WorkerError: a worker died or raised (see :func:`gather`).
-        """
+        """Call ``method`` on every worker with the same arguments; results in rank order."""
         return gather(self.submit_all(method, *args, **kwargs), method_name(method))
 
     def submit_all(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
@@ -218,14 +197,8 @@ class WorkerGroup:
         return [self._call(w, name, *args, **kwargs) for w in self.workers]
 
     def run_split(self, method: Callable[..., Any], batch: Batch, **kwargs: Any) -> list[Any]:
-        """Call ``method`` (e.g. ``FSDPWorker.compute_log_probs``) on every worker with its data-parallel group's
-        equal consecutive share of ``batch`` (every rank of a sequence-parallel group gets the same share); results
-        once per group (its first rank's), in order (``dp_size`` of them).
-
-        Raises:
-            TypeError: ``method`` is a string (see :func:`method_name`).
-            WorkerError: a worker died or raised (see :func:`gather`).
-        """
+        """Call ``method`` on every worker with its data-parallel group's equal consecutive share of ``batch`` (every
+        rank of a sequence-parallel group gets the same share); results once per group, in order (``dp_size``)."""
         return self._run_grouped(method, batch, self.data_layout, **kwargs)
 
     @property
@@ -239,15 +212,8 @@ class WorkerGroup:
         return self.rollout_layout.dp_size
 
     def run_rollout(self, method: Callable[..., Any], batch: Batch, **kwargs: Any) -> list[Any]:
-        """Call ``method`` (e.g. ``FSDPWorker.generate_sequences``) on every worker with its engine's equal consecutive
-        share of ``batch`` (every rank of a tensor-parallel engine gets the same share, stored once in Ray's object
-        store); results once per engine, in engine order, so that they line up with ``batch``
-        (``RolloutLayout.dispatch`` / ``collect``).
-
-        Raises:
-            TypeError: ``method`` is a string (see :func:`method_name`).
-            WorkerError: a worker died or raised (see :func:`gather`).
-        """
+        """Call ``method`` on every worker with its engine's equal consecutive share of ``batch`` (the ranks of a
+        tensor-parallel engine get the same share); results once per engine, in order, lining up with ``batch``."""
         return self._run_grouped(method, batch, self.rollout_layout, **kwargs)
 
     def _run_grouped(self, method: Callable[..., Any], batch: Batch, layout: RolloutLayout, **kwargs: Any) -> list[Any]:
@@ -259,9 +225,8 @@ class WorkerGroup:
         return layout.collect(gather(refs, name))
 
     def shutdown(self, close_timeout_s: float = 30.0) -> None:
-        """Let the workers release their shared memory (``FSDPWorker.close``, waiting at most ``close_timeout_s``: a
-        worker stuck in a collective is not waited for), then kill them and release their placement group; then the
-        same for each of the ``peers``."""
+        """Let the workers release their shared memory (``FSDPWorker.close``, at most ``close_timeout_s`` seconds),
+        then kill them and release their placement group; then the same for each of the ``peers``."""
         ray.wait([w.close.remote() for w in self.workers], num_returns=len(self.workers), timeout=close_timeout_s)
         for w in self.workers:
             ray.kill(w)

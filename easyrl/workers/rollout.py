@@ -1,9 +1,7 @@
 """The rollout engine: one in-process vLLM engine per worker, colocated with the FSDP2 actor.
 
-Per step: ``wake_up(weights) -> load_weights -> wake_up(kv_cache) -> generate -> sleep`` (weights side:
-``easyrl.workers.weight_sync``). On GPUs/NPUs the engine sleeps at level 2 (weights dropped, ``holds_weights`` False);
-vLLM's CPU backend has no sleep mode, so there the engine stays resident. Version-dependent calls go through
-``easyrl.workers.vllm_compat``.
+Per step: ``wake_up(weights) -> load_weights -> wake_up(kv_cache) -> generate -> sleep``. On GPUs/NPUs the engine
+sleeps at level 2 (weights dropped); vLLM's CPU backend has no sleep mode, so there the engine stays resident.
 """
 
 from __future__ import annotations
@@ -31,17 +29,10 @@ _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
 def engine_arguments(model_path: str, config: RolloutConfig, device: str, seed: int, vision: bool) -> dict[str, Any]:
-    """The ``vllm.LLM`` arguments of the colocated engine (a pure function of the settings).
-
-    Args:
-        model_path: the actor's Hugging Face folder; config: ``worker.rollout``; device: ``cuda``, ``npu`` or ``cpu``.
-        seed: the engine's sampling seed; vision: the model has a vision tower.
-
-    Returns:
-        Keyword arguments for ``vllm.LLM``: ``load_format="easyrl_dummy"`` where ``dummy_load.load_format`` allows
-        it; on GPU/NPU ``disable_custom_all_reduce=True`` (Ray shows each worker one device), ``gpu_memory_utilization``
-        and sleep mode; with TP > 1 the ``external_launcher`` executor. Why each: docs/vllm-versions.md.
-    """
+    """The ``vllm.LLM`` keyword arguments of the colocated engine (a pure function of the settings):
+    ``load_format="easyrl_dummy"`` where ``dummy_load.load_format`` allows it; on GPU/NPU
+    ``disable_custom_all_reduce=True`` (Ray shows each worker one device), ``gpu_memory_utilization`` and sleep mode;
+    with TP > 1 the ``external_launcher`` executor. Why each: docs/vllm-versions.md."""
     max_model_len = config.prompt_length + config.response_length
     engine_kwargs: dict[str, Any] = dict(
         model=model_path,
@@ -83,10 +74,8 @@ _PASSED_TOKENIZER = threading.local()
 
 def reuse_passed_tokenizer() -> None:
     """Make a processor built with ``tokenizer=`` take that tokenizer instead of loading one of its own (idempotent).
-
-    Without this, transformers' ``ProcessorMixin.from_pretrained(path, tokenizer=t)`` loads (and deep-copies) a
-    second tokenizer only to replace it by ``t``: 15-20 s per vLLM engine start for Qwen's vocabulary. A transformers
-    without ``ProcessorMixin._load_tokenizer_from_pretrained`` is left as it is."""
+    Without this, ``ProcessorMixin.from_pretrained(path, tokenizer=t)`` loads (and deep-copies) a second tokenizer
+    only to replace it by ``t``: 15-20 s per vLLM engine start for Qwen's vocabulary."""
     from transformers.processing_utils import ProcessorMixin
 
     load = getattr(ProcessorMixin, "_load_tokenizer_from_pretrained", None)
@@ -113,18 +102,9 @@ def reuse_passed_tokenizer() -> None:
 
 
 class VLLMRollout:
-    """A vLLM ``LLM`` engine for sampling rollouts with the current actor weights.
-
-    Args:
-        model_path: Hugging Face model folder (the same one the actor was loaded from).
-        config: ``worker.rollout`` settings (sampling, memory, lengths).
-        device: ``cuda``, ``npu`` or ``cpu``.
-        seed: Sampling seed of this engine (differs per engine so that engines draw different samples, and is the
-            same on every rank of one tensor-parallel engine).
-
-    With ``config.tensor_parallel_size`` > 1 every rank of the TP group (``easyrl.workers.rollout_layout``) builds
-    the engine at once over the worker's process group, and must make every call with the same arguments.
-    """
+    """A vLLM ``LLM`` engine for sampling rollouts with the current actor weights. ``seed`` differs per engine and is
+    the same on every rank of one tensor-parallel engine. With TP > 1 every rank of the TP group builds the engine at
+    once over the worker's process group, and must make every call with the same arguments."""
 
     def __init__(self, model_path: str, config: RolloutConfig, device: str, seed: int):
         from transformers import AutoConfig
@@ -164,16 +144,10 @@ class VLLMRollout:
             self.is_asleep = tags is not None and "kv_cache" not in tags
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> tuple[list[str], list[str]]:
-        """Overwrite the engine's weights in place with Hugging Face-named full tensors (no disk, no re-init).
-
-        Through ``vllm_compat.reload_weights`` (wrapped by ``weight_sync.reload_and_report``), then drops every
-        cache computed with the old weights. The iterator is consumed inside, so it may gather lazily; fused MoE
-        experts are put in the checkpoint layout (``easyrl.models.expert_layout``). With TP every rank passes the
-        full tensors and vLLM keeps its slice.
-
-        Returns:
-            ``(expected, loaded)``: vLLM's parameter names, and those the tensors wrote (``check_all_loaded``).
-        """
+        """Overwrite the engine's weights in place with Hugging Face-named full tensors (no disk, no re-init), then
+        drop every cache computed with the old weights. The iterator is consumed inside, so it may gather lazily;
+        with TP every rank passes the full tensors and vLLM keeps its slice. Returns ``(expected, loaded)``: vLLM's
+        parameter names, and those the tensors wrote."""
         weights = to_checkpoint_layout(named_tensors, self.model_type)
         (expected, loaded), = self.llm.collective_rpc(reload_and_report,
                                                       kwargs=dict(weights_iterator=weights, device=self.device))
@@ -188,21 +162,11 @@ class VLLMRollout:
                  overrides: Optional[dict[str, Any]] = None, seeds: Optional[list[int]] = None,
                  max_tokens: Optional[list[int]] = None, videos: Optional[list[list[Any]]] = None,
                  ) -> tuple[list[list[int]], Optional[list[list[float]]]]:
-        """Sample one response per request.
-
-        Args:
-            raw_prompt_ids: per request, the chat-templated prompt tokens, one ``<|image_pad|>`` per image.
-            images: per request, its PIL images (``[]`` for text).
-            overrides: ``temperature`` / ``top_p`` / ``top_k`` replacing ``worker.rollout``'s (e.g. validation).
-            seeds: per request, its sampling seed (``easyrl.trainer.seeding``); None: the engine's seed.
-            max_tokens: per request, its token budget; None: ``worker.rollout.response_length`` each.
-            videos: per request, its videos (``easyrl.data.videos.Video``, one ``<|video_pad|>`` each), or None.
-
-        Returns:
-            ``(response_ids, response_log_probs)`` in request order: the sampled tokens (EOS included when generation
-            stopped on it; ``worker.rollout.response_length`` at most), and vLLM's log-prob of each (None unless
-            ``worker.rollout.calculate_log_probs``).
-        """
+        """Sample one response per request: ``raw_prompt_ids`` are chat-templated (one ``<|image_pad|>`` per image,
+        one ``<|video_pad|>`` per video); ``overrides`` replace ``temperature`` / ``top_p`` / ``top_k``; ``seeds`` and
+        ``max_tokens`` (tokens) are per request (None: the engine's seed, ``response_length``). Returns
+        ``(response_ids, response_log_probs)`` in request order: the sampled tokens (EOS included when generation
+        stopped on it) and vLLM's log-prob of each (None unless ``calculate_log_probs``)."""
         from vllm import SamplingParams
 
         n = len(raw_prompt_ids)
