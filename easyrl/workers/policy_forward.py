@@ -28,10 +28,8 @@ ROPE_INDEX_KEYS = ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")
 
 def attention_implementation(device: str, padding_free: bool, param_dtype: str, flash_available: bool) -> str:
     """transformers' attention for the policy: ``flash_attention_2`` (varlen) for padding-free bf16/fp16 forwards on
-    NPUs and on CUDA with ``flash_attn`` installed (``flash_available``); ``PACKED_SDPA`` (one causal SDPA call per
-    packed sequence) for other padding-free forwards; ``sdpa`` with the mask for padded ones. ``param_dtype``:
-    ``worker.actor.fsdp.param_dtype`` (no fp32 flash kernels).
-    """
+    NPUs and on CUDA with ``flash_attn`` installed; ``PACKED_SDPA`` (one causal SDPA call per packed sequence) for
+    other padding-free forwards; ``sdpa`` with the mask for padded ones."""
     if not padding_free:
         return "sdpa"
     if param_dtype in ("bf16", "fp16") and (device == "npu" or (device == "cuda" and flash_available)):
@@ -40,10 +38,8 @@ def attention_implementation(device: str, padding_free: bool, param_dtype: str, 
 
 
 def flash_attention_warning(device: str, padding_free: bool, param_dtype: str, flash_available: bool) -> Optional[str]:
-    """The start-up warning for a CUDA run that would use the varlen flash kernel without the ``flash_attn``
-    package (not in the ``gpu`` extra: it builds from source against the local CUDA toolkit); None when nothing is
-    lost. Arguments as :func:`attention_implementation`.
-    """
+    """The start-up warning for a CUDA run that would use the varlen flash kernel without the ``flash_attn`` package
+    (not in the ``gpu`` extra: it builds from source against the local CUDA toolkit); None when nothing is lost."""
     if device != "cuda" or not padding_free or param_dtype not in ("bf16", "fp16") or flash_available:
         return None
     return ("flash_attn is not installed: padding-free forwards on CUDA fall back to one SDPA call per "
@@ -82,24 +78,10 @@ class PolicyScores(NamedTuple):
 def response_scores(model: torch.nn.Module, inputs: ModelInputs, temperature: float, with_entropy: bool,
                     entropy_grad: bool, fused_head: Optional[FusedLogProbHead] = None, router_aux: bool = False,
                     sp: Optional[SequenceParallel] = None) -> PolicyScores:
-    """Log-probs (and entropies, and an MoE router's load-balancing loss) of one micro-batch's response tokens.
-
-    Args:
-        model: a transformers causal LM or VL model (FSDP2-sharded or not).
-        inputs: the micro-batch (:class:`ModelInputs`); temperature: the logits are divided by it.
-        with_entropy: also return the entropies; entropy_grad: let gradients flow through them.
-        fused_head: given: the padding-free layout with this head on ``model``; None: the padded layout.
-        router_aux: ask for the router's load-balancing loss (``output_router_logits=True``, over every
-            non-padding token).
-        sp: this rank's sequence-parallel group (padding-free only, ``easyrl.models.ulysses``); None: whole row.
-
-    Returns:
-        :class:`PolicyScores`; ``entropy`` None unless ``with_entropy``, ``router_aux_loss`` None unless
-        ``router_aux``.
-
-    Raises:
-        ValueError: ``router_aux`` and the model returned no ``aux_loss`` (not an MoE model).
-    """
+    """Log-probs (and entropies, and an MoE router's load-balancing loss) of one micro-batch's response tokens, the
+    logits divided by ``temperature``. ``fused_head`` given: the padding-free layout with this head on ``model`` (and
+    ``sp``, this rank's sequence-parallel group); None: the padded layout. Raises ``ValueError`` when ``router_aux``
+    and the model returned no ``aux_loss`` (not an MoE model)."""
     extra = {"output_router_logits": True} if router_aux else {}
     entropy = None
     if fused_head is not None:
@@ -130,16 +112,9 @@ def response_scores(model: torch.nn.Module, inputs: ModelInputs, temperature: fl
 
 def response_values(model: torch.nn.Module, inputs: ModelInputs, padding_free: bool,
                     sp: Optional[SequenceParallel] = None) -> torch.Tensor:
-    """A value model's ``V(s_t)`` (the state before response token ``t``), read where the actor reads token
-    ``t``'s log-prob.
-
-    Args:
-        model: a causal LM whose output embedding is a ``hidden -> 1`` value head (``critic.attach_value_head``).
-        inputs, sp: as :func:`response_scores`; padding_free: packed (one row) or padded.
-
-    Returns:
-        ``(bsz, R)`` float32 values, 0 at response padding; differentiable.
-    """
+    """A value model's ``V(s_t)`` (the state before response token ``t``), read where the actor reads token ``t``'s
+    log-prob: ``(bsz, R)`` float32, 0 at response padding, differentiable. ``model``'s output embedding is a
+    ``hidden -> 1`` value head (``critic.attach_value_head``)."""
     if padding_free:
         packed = _pack(model, inputs)
         out, _ = _packed_forward(model, packed, inputs.multi_modal, sp)

@@ -19,15 +19,8 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class RolloutLayout:
-    """The rollout's TP groups over ``world_size`` ranks (see the module docstring).
-
-    Args:
-        world_size: the number of FSDP ranks (devices).
-        tensor_parallel_size: ranks per vLLM engine; must divide ``world_size``.
-
-    Raises:
-        ConfigError: ``tensor_parallel_size`` does not divide ``world_size`` (``check_tensor_parallel``).
-    """
+    """The rollout's TP groups over ``world_size`` ranks; raises ``ConfigError`` unless ``tensor_parallel_size``
+    divides ``world_size``."""
 
     world_size: int
     tensor_parallel_size: int = 1
@@ -54,27 +47,15 @@ class RolloutLayout:
         return [list(range(d * tp, (d + 1) * tp)) for d in range(self.dp_size)]
 
     def dispatch(self, shares: Sequence[T]) -> list[T]:
-        """Per rank, the share its replica samples: ``shares[dp_rank(rank)]`` for every rank, in rank order.
-
-        Args:
-            shares: one per replica (``dp_size`` of them), e.g. ``batch.chunk(dp_size)``.
-
-        Raises:
-            ValueError: ``len(shares) != dp_size``.
-        """
+        """Per rank, in rank order, the share its replica samples (``shares``: one per replica, ``dp_size`` of them,
+        else ``ValueError``)."""
         if len(shares) != self.dp_size:
             raise ValueError(f"{len(shares)} shares for {self.dp_size} rollout replicas")
         return [shares[self.dp_rank(rank)] for rank in range(self.world_size)]
 
     def collect(self, per_rank: Sequence[T]) -> list[T]:
-        """Each replica's result once, in replica order: the result of the first rank of every group.
-
-        Args:
-            per_rank: one result per rank, in rank order (``world_size`` of them).
-
-        Raises:
-            ValueError: ``len(per_rank) != world_size``.
-        """
+        """Each replica's result once, in replica order: the first rank's of every group (``per_rank``: one per rank,
+        ``world_size`` of them, else ``ValueError``)."""
         if len(per_rank) != self.world_size:
             raise ValueError(f"{len(per_rank)} results for {self.world_size} ranks")
         return [per_rank[group[0]] for group in self.groups()]
@@ -97,14 +78,9 @@ def split_head_counts(hf_config: Any) -> dict[str, int]:
 
 
 def check_heads_split(hf_config: Any, tensor_parallel_size: int) -> None:
-    """Raise unless vLLM can split the model's heads over ``tensor_parallel_size`` ranks: every head count of
-    ``split_head_counts`` divisible by it, except the KV heads, which vLLM replicates when there are fewer of them
-    than ranks (then the ranks must be a multiple of them).
-
-    Raises:
-        ValueError: naming the config field, its count and the sizes that would work (vLLM itself would say so only
-            after every worker has loaded the model).
-    """
+    """Raise ``ValueError`` unless vLLM can split the model's heads over ``tensor_parallel_size`` ranks: every head
+    count divisible by it, except the KV heads, which vLLM replicates when there are fewer of them than ranks (then
+    the ranks must be a multiple of them). vLLM itself would say so only after every worker has loaded the model."""
     tp = tensor_parallel_size
     for name, count in split_head_counts(hf_config).items():
         kv = name.endswith("num_key_value_heads")

@@ -16,21 +16,10 @@ __all__ = ["karmarkar_karp", "balanced_rank_order", "count_micro_batches", "dyna
 
 
 def karmarkar_karp(lengths: Sequence[int], k: int, equal_size: bool = False) -> list[list[int]]:
-    """Partition sample indices into ``k`` parts with nearly equal sums of ``lengths`` (largest differencing:
-    repeatedly merge the two k-subset states of largest spread, heaviest subset with lightest).
-
-    Args:
-        lengths: per-sample cost (tokens), ``n`` values >= 0.
-        k: number of parts, >= 1.
-        equal_size: every part gets exactly ``n / k`` samples (``n`` divisible by ``k``).
-
-    Returns:
-        ``k`` sorted lists of indices, each index of ``range(n)`` once; without ``equal_size`` none empty when
-        ``n >= k``.
-
-    Raises:
-        ValueError: ``k < 1``, a negative length, or ``equal_size`` with ``n`` not divisible by ``k``.
-    """
+    """Partition sample indices into ``k`` sorted parts with nearly equal sums of ``lengths`` (tokens; largest
+    differencing: repeatedly merge the two k-subset states of largest spread, heaviest subset with lightest). With
+    ``equal_size`` every part gets exactly ``n / k`` samples; else none is empty when ``n >= k``. Raises
+    ``ValueError`` for ``k < 1``, a negative length, or ``equal_size`` with ``n`` not divisible by ``k``."""
     n = len(lengths)
     if k < 1:
         raise ValueError(f"karmarkar_karp: k must be >= 1, got {k}")
@@ -70,21 +59,14 @@ def karmarkar_karp(lengths: Sequence[int], k: int, equal_size: bool = False) -> 
 
 def balanced_rank_order(lengths: Sequence[int], world_size: int) -> list[int]:
     """A permutation of the batch whose ``world_size`` equal consecutive shares have nearly equal token sums:
-    ``batch.select(order).chunk(world_size)[r]`` is rank ``r``'s share. ``lengths``: ``(bsz,)`` tokens per sample
-    (prompt + response, no padding).
-
-    Raises:
-        ValueError: ``bsz`` not divisible by ``world_size``.
-    """
+    ``batch.select(order).chunk(world_size)[r]`` is rank ``r``'s share. ``lengths``: ``(bsz,)`` tokens per sample.
+    Raises ``ValueError`` when ``bsz`` is not divisible by ``world_size``."""
     return [i for part in karmarkar_karp(lengths, world_size, equal_size=True) for i in part]
 
 
 def count_micro_batches(lengths: Sequence[int], max_tokens: int) -> int:
-    """How many micro-batches of at most ``max_tokens`` tokens ``lengths`` needs (>= 1): from
-    ``ceil(sum / max_tokens)`` up until the Karmarkar-Karp partition fits.
-
-    Raises:
-        ValueError: a single sample is longer than ``max_tokens``."""
+    """How many micro-batches of at most ``max_tokens`` tokens ``lengths`` needs: from ``ceil(sum / max_tokens)`` up
+    until the Karmarkar-Karp partition fits. Raises ``ValueError`` for a sample longer than ``max_tokens``."""
     if max_tokens < 1:
         raise ValueError(f"max_token_len_per_device must be >= 1, got {max_tokens}")
     longest = max(lengths, default=0)
@@ -103,13 +85,8 @@ def count_micro_batches(lengths: Sequence[int], max_tokens: int) -> int:
 
 
 def dynamic_micro_batches(lengths: Sequence[int], num_micro_batches: int) -> list[list[int]]:
-    """Split a rank's samples (``lengths``: ``(bsz,)`` tokens each) into ``num_micro_batches`` (usually the maximum
-    over ranks of :func:`count_micro_batches`) non-empty lists of indices of nearly equal token sums, every index
-    exactly once, heaviest first.
-
-    Raises:
-        ValueError: ``num_micro_batches`` is not in ``[1, bsz]``.
-    """
+    """Split a rank's samples (``lengths``: ``(bsz,)`` tokens each) into ``num_micro_batches`` non-empty lists of
+    indices of nearly equal token sums, heaviest first. Raises ``ValueError`` outside ``[1, bsz]``."""
     if not 1 <= num_micro_batches <= max(1, len(lengths)):
         raise ValueError(f"num_micro_batches={num_micro_batches} must lie in [1, {len(lengths)}] (the samples)")
     parts = karmarkar_karp(lengths, num_micro_batches)

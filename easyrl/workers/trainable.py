@@ -39,16 +39,8 @@ def _warn_once(message: Optional[str]) -> None:
 
 
 class FSDPTrainable:
-    """A sharded model with, when trainable, an optimizer and its LR schedule; micro-batching and the update loop.
-
-    Args:
-        model_path: Hugging Face model folder; config: ``worker.actor`` (also ref/teacher) or ``worker.critic``.
-        mesh, device, torch_device: the 1-D data-parallel mesh; ``cuda``, ``npu`` or ``cpu``; this rank's device.
-        trainable: build the optimizer (``config.optim``) and its LR schedule.
-        offload: parameter offload settings (with ``offload_optimizer`` when trainable).
-        training_steps: the run's steps, the LR schedule's length.
-        init_from: a model of the same checkpoint whose shards to copy (no second read); None: rank 0 reads.
-    """
+    """A sharded model with, when trainable, an optimizer and its LR schedule (``training_steps`` long);
+    micro-batching and the update loop. ``init_from``: a model of the same checkpoint whose shards to copy."""
 
     def __init__(self, model_path: str, config: TrainedRoleConfig, mesh: DeviceMesh, device: str,
                  torch_device: torch.device, trainable: bool, offload: OffloadConfig, training_steps: int = 0,
@@ -119,14 +111,10 @@ class FSDPTrainable:
                    backward_micro: Callable[[torch.Tensor, Batch, dict, dict], None],
                    role: str, before_step: Optional[Callable[[], None]] = None) -> dict[str, list[float]]:
         """``ppo_epochs`` reshuffled passes over ``data``: per mini-batch, the global token/sequence counts
-        (all-reduced), ``backward_micro(indices, micro, agg_kwargs, step_metrics)`` per micro-batch,
-        ``before_step()`` (may raise before any weight moves), clipping to ``max_grad_norm`` and one optimizer step
-        (skipped on a non-finite norm); then one LR-schedule step.
-
-        Returns:
-            metric name -> values: ``backward_micro``'s per step, ``<role>/grad_norm``, ``<role>/skipped_steps``,
-            ``<role>/lr``.
-        """
+        (all-reduced), ``backward_micro(indices, micro, agg_kwargs, step_metrics)`` per micro-batch, ``before_step()``
+        (may raise before any weight moves), clipping to ``max_grad_norm`` and one optimizer step (skipped on a
+        non-finite norm); then one LR-schedule step. Returns metric name -> values (``backward_micro``'s per step,
+        ``<role>/grad_norm``, ``<role>/skipped_steps``, ``<role>/lr``)."""
         cfg = self.config
         self.model.train()
         metrics: dict[str, list[float]] = defaultdict(list)
@@ -169,8 +157,7 @@ class FSDPTrainable:
         return dict(metrics)
 
     def optimizer_to(self, device: torch.device | str) -> None:
-        """With ``offload.offload_optimizer`` (see ``easyrl.workers.optim.offloads_optimizer``): move the optimizer
-        states to ``device`` (the compute device for an update or a checkpoint, ``cpu`` after it); else nothing."""
+        """With an offloaded optimizer, move its states to ``device`` (compute device or ``cpu``); else nothing."""
         if self.offload_optimizer:
             move_optimizer_state(self.optimizer, device)
 
@@ -180,13 +167,9 @@ class NonFiniteGradientError(RuntimeError):
 
 
 def skip_nonfinite_step(grad_norm: float, consecutive: int, limit: int, role: str = "actor") -> bool:
-    """Whether to skip the optimizer step for the mini-batch's global gradient norm (before clipping): it is NaN or
-    infinite. ``consecutive``: steps skipped in a row before this one; ``limit``:
-    ``worker.<role>.max_consecutive_skips`` (the run stops when this many steps in a row are skipped; ``<= 0``: never).
-
-    Raises:
-        NonFiniteGradientError: this would be the ``limit``-th skip in a row.
-    """
+    """Whether to skip the optimizer step: the global gradient norm (before clipping) is NaN or infinite.
+    ``consecutive``: steps skipped in a row before this one. Raises ``NonFiniteGradientError`` when this would be the
+    ``limit``-th skip in a row (``worker.<role>.max_consecutive_skips``; ``<= 0``: never)."""
     if math.isfinite(grad_norm):
         return False
     if 0 < limit <= consecutive + 1:

@@ -2,11 +2,9 @@
 
 ``sync_weights``: wake vLLM's weights; per bucket (``worker.rollout.update_weights_bucket_megabytes``) cast the shards
 to the rollout dtype, one flat all-gather, hand the full tensors over (one ``reload_weights`` call over all buckets:
-vLLM's layer-wise reload must see each layer whole); raise unless every vLLM parameter was written. With rollout TP
-vLLM's loaders keep each rank's slice. Wrong values under right names are caught by ``check_weight_sync``. Why not
-vLLM's own weight-transfer engines: docs/vllm-versions.md.
+vLLM's layer-wise reload must see each layer whole); raise unless every vLLM parameter was written. Wrong values under
+right names are caught by ``check_weight_sync``. Why not vLLM's own weight-transfer engines: docs/vllm-versions.md.
 """
-
 from __future__ import annotations
 
 import math
@@ -32,19 +30,14 @@ def flat_all_gather(output: torch.Tensor, tensor: torch.Tensor, group=None) -> N
 
 
 def sleep_level(device: str) -> Optional[int]:
-    """vLLM sleep level between rollouts: 2 on GPUs/NPUs (weights and KV cache freed), None on the CPU (no sleep
-    mode there)."""
+    """vLLM sleep level between rollouts: 2 on GPUs/NPUs (weights and KV cache freed), None on the CPU."""
     return None if device == "cpu" else 2
 
 
 def plan_buckets(sizes: list[tuple[str, int]], bucket_bytes: int) -> list[list[str]]:
     """Group tensors, in order, into buckets of at most ``bucket_bytes`` (a larger tensor gets a bucket of its own).
-    ``sizes``: ``(name, bytes of the full tensor in the rollout dtype)`` in state-dict order; returns consecutive
-    lists of names covering them in order.
-
-    Raises:
-        ValueError: ``bucket_bytes`` is not positive.
-    """
+    ``sizes``: ``(name, bytes of the full tensor in the rollout dtype)``. Raises ``ValueError`` for ``bucket_bytes``
+    <= 0."""
     if bucket_bytes <= 0:
         raise ValueError(f"bucket size must be positive, got {bucket_bytes} bytes "
                          "(worker.rollout.update_weights_bucket_megabytes).")
@@ -66,10 +59,8 @@ def _rows_per_rank(rows: int, world: int) -> int:
 
 def pack_shards(shards: list[torch.Tensor], full_shapes: list[torch.Size], world: int,
                 dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-    """This rank's ``Shard(0)`` pieces, each zero-padded to the per-rank row count, flattened into one 1-D buffer
-    (each shard copied once, cast to ``dtype`` on the way; default: the first shard's dtype).
-    Every rank's buffer has the same length, so ``flat_all_gather`` of it gives ``(world * len,)``.
-    """
+    """This rank's ``Shard(0)`` pieces, each zero-padded to the per-rank row count, flattened into one 1-D buffer cast
+    to ``dtype``; every rank's buffer has the same length, so ``flat_all_gather`` of it gives ``(world * len,)``."""
     sizes = [_rows_per_rank(shape[0], world) * math.prod(shape[1:]) for shape in full_shapes]
     packed = torch.empty(sum(sizes), dtype=dtype or shards[0].dtype, device=shards[0].device)
     offset = 0
@@ -133,10 +124,7 @@ def iter_full_weights(state: dict[str, torch.Tensor], device: torch.device, dtyp
 
 
 def check_all_loaded(expected: set[str], loaded: set[str]) -> None:
-    """Raise unless every vLLM parameter name in ``expected`` is in ``loaded``.
-
-    Raises:
-        RuntimeError: naming (up to 20 of) the unwritten parameters and the usual causes."""
+    """Raise ``RuntimeError`` naming (up to 20 of) the vLLM parameters in ``expected`` missing from ``loaded``."""
     missing = sorted(expected - loaded)
     if missing:
         shown = ", ".join(missing[:20]) + (f" ... (+{len(missing) - 20} more)" if len(missing) > 20 else "")
@@ -173,17 +161,9 @@ def reload_and_report(worker: Any, weights_iterator: Iterator[tuple[str, torch.T
 
 def sync_weights(state: dict[str, torch.Tensor], rollout: Any, device: str, torch_device: torch.device,
                  dtype: torch.dtype, bucket_bytes: int, lora_scale: Optional[float] = None) -> None:
-    """Overwrite the engine's weights with the actor's (collective), then free the gather memory; the caller wakes
-    the KV cache afterwards.
-
-    Args:
-        state: the sharded actor's ``state_dict()`` (Hugging Face names, DTensor shards).
-        bucket_bytes: full-tensor bytes per gather bucket.
-        lora_scale: with a LoRA actor, ``alpha / rank``: vLLM gets ``W + scale * B @ A`` under the plain names.
-
-    Raises:
-        RuntimeError: vLLM holds parameters that the actor's weights did not overwrite (``check_all_loaded``).
-    """
+    """Overwrite the engine's weights with the actor's sharded ``state`` (collective), then free the gather memory;
+    the caller wakes the KV cache. With ``lora_scale`` (``alpha / rank``) vLLM gets ``W + scale * B @ A`` under the
+    plain names. Raises ``RuntimeError`` when a vLLM parameter was not overwritten."""
     rollout.wake_up(tags=["weights"])
     weights = iter_full_weights(state, torch_device, dtype, bucket_bytes)
     if lora_scale is not None:
@@ -205,15 +185,8 @@ class WeightSyncError(UserError):
 
 
 def check_weight_sync(median_diff: float, threshold: Optional[float]) -> None:
-    """Stop the run when vLLM's sampled-token log-probs are too far from the actor's (a broken weight sync).
-
-    Args:
-        median_diff: the step's ``rollout/log_prob_diff_median`` (nats).
-        threshold: ``PPOConfig.sync_check_threshold`` (None: no check; measured gaps: docs/metrics.md).
-
-    Raises:
-        WeightSyncError: ``median_diff > threshold`` (or NaN), naming the metric, the bound, the key and the causes.
-    """
+    """Raise ``WeightSyncError`` when the step's ``rollout/log_prob_diff_median`` (nats) exceeds ``threshold``
+    (``PPOConfig.sync_check_threshold``; None: no check): vLLM sampled from other weights than the actor's."""
     if threshold is None or median_diff <= threshold:
         return
     raise WeightSyncError(
