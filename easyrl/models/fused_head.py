@@ -91,19 +91,11 @@ def linear_log_probs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.T
 
 
 class FusedLogProbHead:
-    """Makes a causal LM's forward return ``[log-prob, entropy]`` per kept position instead of logits.
-
-    Usage::
-
-        head = FusedLogProbHead(model)              # once: registers the hooks (inactive)
-        with head.scoring(labels, temperature):     # labels: (tokens,), one per kept position
-            out = model(..., logits_to_keep=indices)  # out.logits: (1, tokens, 2)
-        log_probs, entropy = out.logits[0, :, 0], out.logits[0, :, 1]
-
-    Outside ``scoring`` the model behaves as before. A family ``logit_scale`` (Granite) is applied to the hidden states
-    and divided out of the returned scores, which the model undoes. ValueError: ``model``'s output embedding is not a
-    bias-free ``nn.Linear``.
-    """
+    """Makes a causal LM's forward return ``[log-prob, entropy]`` per kept position instead of logits: inside
+    ``head.scoring(labels, temperature)`` (``labels`` ``(tokens,)``), ``model(..., logits_to_keep=indices).logits`` is
+    ``(1, tokens, 2)``; outside it the model behaves as before. A family ``logit_scale`` (Granite) is applied to the
+    hidden states and divided out of the returned scores, which the model undoes. ValueError: ``model``'s output
+    embedding is not a bias-free ``nn.Linear``."""
 
     def __init__(self, model: torch.nn.Module, chunk_tokens: int = DEFAULT_CHUNK_TOKENS):
         head = model.get_output_embeddings()

@@ -1,9 +1,6 @@
 """LoRA on the actor with peft (``worker.actor.model.lora``; Hu et al. 2021, "LoRA", Eq. 3:
-``h = W x + (alpha / rank) B A x``, ``B`` starting at 0).
-
-``apply_lora`` inserts peft's LoRA layers (``lora_A`` ``(rank, in)``, ``lora_B`` ``(out, rank)``) before sharding and
-freezes everything else; the reference policy is the same model with the adapter off; ``merge_lora_stream`` gives
-the plain model's ``W + scale * B @ A`` for vLLM and the export (why merged: docs/lora.md).
+``h = W x + (alpha / rank) B A x``, ``B`` starting at 0). The reference policy is the same model with the adapter off;
+vLLM and the export get the merged ``W + scale * B @ A`` (why merged: docs/lora.md).
 """
 
 from __future__ import annotations
@@ -63,9 +60,8 @@ def apply_lora(model: torch.nn.Module, lora: Any, model_path: Optional[str] = No
 
 @contextmanager
 def adapter_disabled(model: torch.nn.Module) -> Iterator[None]:
-    """Run ``model`` (with LoRA layers from ``apply_lora``) as the base model: every peft tuner layer's adapter is
-    switched off (``BaseTunerLayer.enable_adapters(False)``, what ``PeftModel.disable_adapter`` does) and back on at
-    exit. This is the reference policy of a LoRA run."""
+    """Run ``model`` (with LoRA layers from ``apply_lora``) as the base model, the reference policy of a LoRA run:
+    every peft tuner layer's adapter is switched off and back on at exit."""
     from peft.tuners.tuners_utils import BaseTunerLayer
 
     layers = [m for m in model.modules() if isinstance(m, BaseTunerLayer)]

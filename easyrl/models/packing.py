@@ -28,12 +28,10 @@ class PackedBatch:
     """One packed row holding the valid tokens of ``bsz`` padded sequences.
 
     Attributes:
-        input_ids: ``(1, total)`` the valid tokens, row after row.
-        position_ids: ``(1, total)`` per-sequence positions, or mRoPE's ``(4, 1, total)`` (text row, 3 rotary rows).
+        input_ids: ``(1, total)``; position_ids: ``(1, total)`` or mRoPE's ``(4, 1, total)`` (text row, 3 rotary rows).
         cu_seqlens: ``(bsz + 1,)`` int32 sequence offsets (flash-attention varlen style); max_seqlen: the longest.
-        logit_indices: ``(num_response_tokens,)`` packed positions scoring a response token (``logits_to_keep``).
-        labels: ``(num_response_tokens,)`` the response tokens scored at ``logit_indices``.
-        rows, cols: ``(num_response_tokens,)`` where each scored token sits in the padded ``(bsz, R)`` layout.
+        logit_indices, labels, rows, cols: ``(num_response_tokens,)`` packed positions scoring a response token
+            (``logits_to_keep``), the tokens scored there, and where each sits in the padded ``(bsz, R)`` layout.
         response_shape: ``(bsz, R)``.
     """
 
@@ -67,7 +65,6 @@ def pack_sequences(input_ids: torch.Tensor, attention_mask: torch.Tensor, respon
                    text_positions: Optional[torch.Tensor] = None) -> PackedBatch:
     """Pack left-padded prompt + right-padded response rows, ``input_ids`` and ``attention_mask`` (1 at real tokens)
     ``(bsz, P + R)``, into one :class:`PackedBatch` row without padding (on ``input_ids.device``).
-
     ``response_mask`` ``(bsz, R)`` marks the response tokens to score (a prefix of each row); ``positions``: None for
     1-D positions, or Qwen-VL's ``(3, bsz, P + R)`` mRoPE positions; ``mrope`` without ``positions``: the three
     rotary rows repeat the text positions (Qwen-VL builds no packed mask from 2-D position ids);

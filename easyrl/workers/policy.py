@@ -26,11 +26,8 @@ __all__ = ["FSDPPolicy", "has_router"]
 
 
 class FSDPPolicy(FSDPTrainable):
-    """A sharded policy: response log-probs and (when trainable) policy-gradient updates; arguments as
-    :class:`~easyrl.workers.trainable.FSDPTrainable`'s.
-
-    Raises:
-        ConfigError: ``worker.actor.router_aux_loss_coef`` > 0 for a model without a router (before it is loaded)."""
+    """A sharded policy: response log-probs and (when trainable) policy-gradient updates. Raises ``ConfigError``
+    for ``worker.actor.router_aux_loss_coef`` > 0 on a model without a router (before it is loaded)."""
 
     def __init__(self, model_path: str, config: ActorConfig, *args: Any, **kwargs: Any):
         if config.router_aux_loss_coef > 0:
@@ -59,24 +56,13 @@ class FSDPPolicy(FSDPTrainable):
 
     def update_policy(self, data: Batch, mini_batch_size: int, micro_batch_size: int,
                       sync_threshold: Optional[float] = None) -> dict[str, list[float]]:
-        """``ppo_epochs`` passes of clipped policy-gradient updates over this worker's share of the rollout batch.
-
-        Args:
-            data: samples with ``old_log_probs``, ``advantages``, ``response_mask`` (``ref_log_probs`` with the KL
-                loss, ``rollout_log_probs`` with ``tis_cap``). Without ``old_log_probs`` the step must be on-policy
-                (one epoch, one mini-batch): the detached current log-probs are the old ones, kept in
-                ``self.on_policy_log_probs`` ``(bsz, resp_len)``.
-            mini_batch_size: samples of this worker per optimizer step; micro_batch_size: per forward/backward.
-            sync_threshold: ``PPOConfig.sync_check_threshold``; on an on-policy step with ``rollout_log_probs`` the
-                weight-sync check runs before the optimizer step (collective: the ranks' largest median).
-
-        Returns:
-            metric name -> values (per micro-batch or per optimizer step); the trainer averages them.
-
-        Raises:
-            ValueError: ``old_log_probs`` is missing but the update takes several optimizer steps.
-            WeightSyncError: the on-policy weight-sync check failed (no weight was changed).
-        """
+        """``ppo_epochs`` passes of clipped policy-gradient updates over this worker's share of the rollout batch
+        (``old_log_probs``, ``advantages``, ``response_mask``; ``ref_log_probs`` with the KL loss,
+        ``rollout_log_probs`` with ``tis_cap``). Without ``old_log_probs`` the step must be on-policy (one epoch, one
+        mini-batch, else ``ValueError``): the detached current log-probs are the old ones, kept in
+        ``self.on_policy_log_probs`` ``(bsz, resp_len)``, and with ``rollout_log_probs`` the weight-sync check
+        (``sync_threshold``) runs before the optimizer step, raising ``WeightSyncError`` before any weight changes.
+        Returns metric name -> values (per micro-batch or per optimizer step)."""
         cfg = self.config
         policy_loss_fn = POLICY_LOSSES.get(cfg.loss_type)
         on_policy = "old_log_probs" not in data

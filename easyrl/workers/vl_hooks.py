@@ -26,16 +26,8 @@ MODALITY_KEYS = ("pixel_values", "pixel_values_videos")  # one vision-tower pass
 
 
 class VisionHooks:
-    """The VL hooks of one (sharded) Hugging Face model, installed at construction.
-
-    Args:
-        model: the causal LM (``model.model``: the inner model with ``visual`` etc. on a VL model).
-        hf_config: its transformers config (a VL model has a ``vision_config``).
-
-    Attributes:
-        has_vision: the model has a vision tower (else nothing is installed).
-        pad_ids: ``{token id: mm type}`` of the image/video pad tokens (``easyrl.workers.vl_tokens``).
-    """
+    """The VL hooks of one (sharded) Hugging Face model, installed at construction (none without a vision tower:
+    ``has_vision``); ``pad_ids``: ``{token id: mm type}`` of the image/video pad tokens."""
 
     def __init__(self, model: torch.nn.Module, hf_config) -> None:
         self.model = model
@@ -86,11 +78,9 @@ class VisionHooks:
     def blank_image_hook(self, module: torch.nn.Module, args: Any, embeds: torch.Tensor) -> torch.Tensor:
         """Forward hook of the token embedding of a VL model: add 0 * the vision tower's output on one small blank
         image (the family's ``blank_image``) to the embeddings ``(bsz, seq_len, hidden)``, ``blank_passes`` times.
-
         FSDP2 gathers and reduce-scatters blocks collectively in forward order, so every rank must run the tower at
         the same point of every micro-batch if any does (else a hang); images and videos take one pass each. Running
-        it here, right before the model encodes images, reproduces an image batch's order.
-        """
+        it here, right before the model encodes images, reproduces an image batch's order."""
         for _ in range(self.blank_passes):
             inputs = {key: value.to(embeds.device) if isinstance(value, torch.Tensor) else value
                       for key, value in self.family.blank_image(self.model.config).items()}
