@@ -89,11 +89,9 @@ def save_role(model, path: str, rank: int, role: str = ACTOR_DIR, model_only: bo
 
 
 def load_role(model, path: str, rank: int, role: str = ACTOR_DIR) -> None:
-    """Restore what :func:`save_role` wrote (model and optimizer resharded to this run's ranks).
-
-    Raises:
-        FileNotFoundError: no shards or no extra state of ``role`` for this rank (per-rank RNG states do not
-            reshard; a run without ``gae`` has no critic)."""
+    """Restore what :func:`save_role` wrote (model and optimizer resharded to this run's ranks). Raises
+    ``FileNotFoundError`` without shards or extra state of ``role`` for this rank (per-rank RNG states do not
+    reshard; a run without ``gae`` has no critic)."""
     folder, extra_path = os.path.join(path, role), os.path.join(path, extra_state_file(rank, role))
     for item in (os.path.join(folder, ".metadata"), extra_path):
         if not os.path.exists(item):

@@ -18,13 +18,8 @@ __all__ = ["FSDPCritic", "attach_value_head"]
 def attach_value_head(model: torch.nn.Module) -> str:
     """Replace the causal LM's output embedding (``lm_head``, hidden -> vocab) in place by a zero value head
     (hidden -> 1, with bias: every initial value is 0) on the old head's device; the word embeddings are untied.
-
-    Returns:
-        The head's module name (``lm_head``), under which its ``weight`` and ``bias`` appear in the state dict.
-
-    Raises:
-        ValueError: if the model has no output embedding.
-    """
+    Returns the head's module name (its ``weight`` and ``bias`` in the state dict); ``ValueError`` without an output
+    embedding."""
     head = model.get_output_embeddings()
     if head is None:
         raise ValueError(f"{type(model).__name__} has no output embedding (lm_head) to replace by a value head")
@@ -71,12 +66,8 @@ class FSDPCritic(FSDPTrainable):
 
     def update_critic(self, data: Batch, mini_batch_size: int, micro_batch_size: int) -> dict[str, list[float]]:
         """``ppo_epochs`` passes of clipped value-loss updates over this worker's share (``values``, ``returns``,
-        ``response_mask``); sizes as :meth:`~easyrl.workers.policy.FSDPPolicy.update_policy`.
-
-        Returns:
-            metric name -> values (``critic/vf_loss``, ``vf_clipfrac``, ``vpred_mean``, ``grad_norm``, ``lr``,
-            ``skipped_steps``); the trainer averages them.
-        """
+        ``response_mask``); sizes as :meth:`~easyrl.workers.policy.FSDPPolicy.update_policy`. Returns metric name ->
+        values (``critic/vf_loss``, ``vf_clipfrac``, ``vpred_mean``, ``grad_norm``, ``lr``, ``skipped_steps``)."""
         return self.run_epochs(data, mini_batch_size, micro_batch_size, self._backward_micro_value, role="critic")
 
     def _backward_micro_value(self, indices: torch.Tensor, micro: Batch, agg_kwargs: dict,

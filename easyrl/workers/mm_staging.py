@@ -65,11 +65,9 @@ class MultiModalStage:
         self.bytes_received += multi_modal_nbytes(data.extras.get("multi_modal_inputs", []))
 
     def attach(self, share: Batch) -> Batch:
-        """``share`` with its multi-modal inputs: the staged ones when it carries ``STAGE_KEY`` references (equal to the
-        staged ones, in order), else ``share`` as it came.
-
-        Raises:
-            RuntimeError: references but nothing staged, or references of another step, count or order."""
+        """``share`` with its multi-modal inputs: the staged ones when it carries ``STAGE_KEY`` references, else
+        ``share`` as it came. Raises ``RuntimeError`` for references but nothing staged, or references of another
+        step, count or order."""
         if STAGE_KEY not in share.extras:
             self.count(share)
             return share

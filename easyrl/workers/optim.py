@@ -28,15 +28,10 @@ def warmup_steps(optim: OptimConfig, training_steps: int) -> int:
 
 def lr_factor(step: int, warmup: int, training_steps: int, kind: str = "constant",
               min_lr_ratio: float | None = None) -> float:
-    """The factor on ``optim.lr`` for the update at ``step`` (0-based count of scheduler steps).
-
-    Warm-up (``step < warmup``): ``(step + 1) / warmup``. Then ``constant``: 1; ``cosine``:
-    ``max(m, m + (1 - m) * (1 + cos(pi * p)) / 2)``, ``p = (step - warmup) / max(1, training_steps - warmup)``,
-    ``m = min_lr_ratio`` (None: 0).
-
-    Raises:
-        ValueError: an unknown ``kind`` or a ``min_lr_ratio`` outside [0, 1].
-    """
+    """The factor on ``optim.lr`` for the update at ``step`` (0-based count of scheduler steps). Warm-up (``step <
+    warmup``): ``(step + 1) / warmup``. Then ``constant``: 1; ``cosine``: ``max(m, m + (1 - m) * (1 + cos(pi * p)) /
+    2)``, ``p = (step - warmup) / max(1, training_steps - warmup)``, ``m = min_lr_ratio`` (None: 0). Raises
+    ``ValueError`` for an unknown ``kind`` or a ``min_lr_ratio`` outside [0, 1]."""
     if kind not in LR_SCHEDULERS:
         raise ValueError(f"lr_scheduler_type must be one of {LR_SCHEDULERS}, got {kind!r}")
     floor = 0.0 if min_lr_ratio is None else float(min_lr_ratio)
@@ -97,10 +92,8 @@ class BF16AdamW(torch.optim.Optimizer):
 
 
 def build_optimizer(params: list[torch.nn.Parameter], optim: OptimConfig) -> torch.optim.Optimizer:
-    """The optimizer ``optim.strategy`` names over ``params``: ``adamw`` (torch's) or ``adamw_bf16``.
-
-    Raises:
-        ValueError: an unknown strategy."""
+    """The optimizer ``optim.strategy`` names over ``params``: ``adamw`` (torch's) or ``adamw_bf16``; else
+    ``ValueError``."""
     strategy = optim.strategy
     kwargs = dict(lr=optim.lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay)
     if strategy == "adamw":

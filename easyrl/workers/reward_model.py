@@ -20,16 +20,9 @@ __all__ = ["FSDPRewardModel"]
 
 
 class FSDPRewardModel:
-    """A sharded, frozen reward model: :meth:`compute_scores` on a worker's share of the batch.
-
-    Args:
-        config: ``worker.reward.reward_model``; mesh: the 1-D data-parallel mesh.
-        device: ``cuda``, ``npu`` or ``cpu``; torch_device: this rank's compute device.
-        pad_id: the driver's padding id, the model's ``pad_token_id`` when its config has none.
-
-    Raises:
-        ModelError: the checkpoint is not a sequence classifier with one output (``num_labels != 1``).
-    """
+    """A sharded, frozen reward model: :meth:`compute_scores` on a worker's share of the batch. ``pad_id``: the
+    driver's padding id, the model's ``pad_token_id`` when its config has none. Raises ``ModelError`` unless the
+    checkpoint is a sequence classifier with one output."""
 
     def __init__(self, config: RewardModelConfig, mesh, device: str, torch_device: torch.device, pad_id: int):
         from transformers import AutoConfig, AutoModelForSequenceClassification
@@ -78,14 +71,8 @@ class FSDPRewardModel:
 
     @torch.no_grad()
     def compute_scores(self, data: Batch) -> torch.Tensor:
-        """The reward model's score of every input.
-
-        Args:
-            data: ``input_ids`` and ``attention_mask``, ``(bsz, seq_len)``, right-padded.
-
-        Returns:
-            ``(bsz,)`` float32 scores on the host.
-        """
+        """The reward model's ``(bsz,)`` float32 scores on the host of right-padded ``input_ids`` and
+        ``attention_mask``, ``(bsz, seq_len)``."""
         out = torch.zeros(len(data), dtype=torch.float32)
         for indices in self._micro_batches(data):
             micro = data.select(indices)

@@ -88,16 +88,10 @@ def in_process_transfer_engine() -> type:
 
 def reload_weights(worker: Any, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
     """Overwrite the worker's model weights in place from ``(Hugging Face name, full tensor)`` pairs (inside the
-    worker), through vLLM's layer-wise reload; parameters left out keep their old values.
-
-    vLLM 0.23, 0.32 and 0.33 GPU/CPU workers: ``reload_weights(weights_iterator=...)``. vllm-ascend 0.23 (no
-    ``reload_weights``): ``start_weight_update(is_checkpoint_format=True)``, ``update_weights`` through
-    :func:`weight_transfer_kwargs`' backend, ``finish_weight_update()``.
-
-    Raises:
-        RuntimeError: the worker has neither API (another vLLM line, or an engine built without
-            :func:`weight_transfer_kwargs`).
-    """
+    worker), through vLLM's layer-wise reload; parameters left out keep their old values. vLLM 0.23, 0.32 and 0.33
+    GPU/CPU workers: ``reload_weights(weights_iterator=...)``. vllm-ascend 0.23 (no ``reload_weights``):
+    ``start_weight_update(is_checkpoint_format=True)``, ``update_weights`` through :func:`weight_transfer_kwargs`'
+    backend, ``finish_weight_update()``. Raises ``RuntimeError`` when the worker has neither API."""
     if hasattr(worker, "reload_weights"):
         worker.reload_weights(weights_iterator=weights)
         return
