@@ -142,15 +142,10 @@ class RayPPOTrainer:
     def fit(self) -> None:
         """Train until ``training_steps``; validate, checkpoint and export the actor as configured.
 
-        Resumes from ``trainer.load_checkpoint_path``, or else (``trainer.find_last_checkpoint``) from the last
-        complete checkpoint under ``trainer.save_checkpoint_path``. A checkpoint is saved every ``save_freq`` steps,
-        after the last step, and when SIGTERM/SIGINT asks the run to stop (``stop_signal`` then names it and fit
-        returns after that save, without exporting).
-
-        Raises:
-            RunStateError: the run folder holds another run's metrics or checkpoints, and this run does not resume.
-            RuntimeError: a worker died or failed (names its rank and the last good checkpoint to resume from).
-        """
+        Resumes as ``checkpoint_to_resume`` says. A checkpoint is saved every ``save_freq`` steps, after the last
+        step, and when SIGTERM/SIGINT asks the run to stop (``stop_signal`` then names it and fit returns after that
+        save, without exporting). Raises ``RunStateError`` (another run's folder, not resuming) or ``RuntimeError``
+        (a worker died or failed; names its rank and the last good checkpoint)."""
         cfg = self.config
         resume_from = checkpoint_to_resume(cfg.trainer)
         start_step = 0 if resume_from is None else Checkpointer.step_of(resume_from)
