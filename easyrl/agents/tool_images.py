@@ -1,10 +1,9 @@
 """Images returned by tools, for Qwen-VL models (docs/agents.md, "Tool images").
 
-A tool returns ``{"text": str, "image": image or [images]}`` or a bare ``PIL.Image`` (loaded in the tool's process).
-The tool message holds content items, images first, rendered as one ``<|image_pad|>`` per image. The trajectory
-keeps the pads expanded (``n`` per image, as the processor gives them), so its tokens, mask and log-probs line up
-with the actor's; each generate call collapses every run back to one pad (a sampled pad never appears: vLLM's
-``bad_words``).
+A tool returns ``{"text": str, "image": image or [images]}`` or a bare ``PIL.Image`` (loaded in the tool's process). The
+tool message holds content items, images first, rendered as one ``<|image_pad|>`` per image. The trajectory keeps the
+pads expanded (``n`` per image, as the processor gives them), so its tokens, mask and log-probs line up with the
+actor's; each generate call collapses every run back to one pad (a sampled pad never appears: vLLM's ``bad_words``).
 """
 
 from __future__ import annotations

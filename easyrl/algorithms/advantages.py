@@ -26,7 +26,8 @@ __all__ = ["ADV_ESTIMATORS", "AdvantageInputs", "broadcast_to_tokens", "compute_
 
 @dataclass(frozen=True, eq=False)
 class AdvantageInputs:
-    """What an advantage estimator reads (each reads only its fields); shapes are checked at construction.
+    """What an advantage estimator reads (each reads only its fields); ``ValueError`` at construction for a field of
+    another shape.
 
     Attributes:
         token_level_rewards: ``(bsz, resp_len)``; a sample's *score* is the sum over its valid tokens.
@@ -37,13 +38,8 @@ class AdvantageInputs:
         reward_baselines: ``(bsz,)`` reward of the greedy rollout of each prompt (``remax``).
         values: ``(bsz, resp_len)`` critic values ``V(s_t)`` (``gae``).
         reward_components, reward_weights: ``(bsz, K)`` reward components and their ``K`` weights (``gdpo``).
-        old_log_probs, sum_pi_squared, rollout_is_weights: ``(bsz, resp_len)`` sampled-token log-probs,
-            ``sum_v pi(v)^2`` and IS weights (``optimal_token_baseline``; ``old_log_probs`` also the student's in
-            ``on_policy_distill``); teacher_log_probs: the teacher's, ``(bsz, resp_len)``.
-
-    Raises:
-        ValueError: a ``(bsz, resp_len)`` field of another shape, ``index`` not ``(bsz,)``, ``reward_baselines``
-            not ``(bsz,)`` or ``reward_components`` not ``(bsz, K)``.
+        old_log_probs, sum_pi_squared, rollout_is_weights, teacher_log_probs: ``(bsz, resp_len)`` sampled-token
+            log-probs, ``sum_v pi(v)^2``, IS weights (``optimal_token_baseline``), the teacher's log-probs.
     """
 
     token_level_rewards: torch.Tensor

@@ -20,13 +20,11 @@ KL_ESTIMATORS = _BASE_ESTIMATORS + tuple(f"{name}+" for name in _BASE_ESTIMATORS
 
 def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, estimator: str) -> torch.Tensor:
     """Per-token estimate of KL(pi || pi_ref), ``(bsz, resp_len)``, unmasked, from the policy's and the reference's
-    log-probs (nats) of the sampled tokens, both ``(bsz, resp_len)``.
-
-    ``kl``/``k1``: ``logp - ref``; ``abs``: ``|logp - ref|``; ``mse``/``k2``: ``0.5 (logp - ref)^2``;
-    ``low_var_kl``/``k3``: ``exp(ref - logp) - (ref - logp) - 1``, ``ref - logp`` clamped to [-20, 20] and the result
-    to [-10, 10]. A trailing ``+`` (``"k3+"``) keeps the value but takes k2's gradient (straight-through), an unbiased
-    estimate of grad KL(pi || pi_ref). ValueError for an unknown estimator, listing the valid names.
-    """
+    log-probs (nats) of the sampled tokens, both ``(bsz, resp_len)``. ``kl``/``k1``: ``logp - ref``; ``abs``:
+    ``|logp - ref|``; ``mse``/``k2``: ``0.5 (logp - ref)^2``; ``low_var_kl``/``k3``: ``exp(ref - logp) - (ref - logp)
+    - 1``, ``ref - logp`` clamped to [-20, 20] and the result to [-10, 10]. A trailing ``+`` (``"k3+"``) keeps the
+    value but takes k2's gradient (straight-through), an unbiased estimate of grad KL(pi || pi_ref). ValueError for an
+    unknown estimator, listing the valid names."""
     if estimator.endswith("+") and estimator[:-1] in _BASE_ESTIMATORS:
         value = kl_penalty(log_prob, ref_log_prob, estimator[:-1]).detach()
         k2 = 0.5 * (log_prob - ref_log_prob).square()
@@ -77,9 +75,8 @@ def apply_kl_penalty(token_level_scores: torch.Tensor, old_log_prob: torch.Tenso
                      ) -> tuple[torch.Tensor, dict[str, float]]:
     """KL in reward (Ziegler et al. 2019, arXiv:1909.08593, Eq. 2): ``r_t = score_t - beta * kl_t`` on valid tokens,
     ``beta = kl_ctrl.value``; all tensors ``(bsz, resp_len)``. Then ``kl_ctrl`` is updated with the batch KL (mean
-    over sequences of the token-mean) and ``n_steps = bsz``. Returns the rewards and
-    ``actor/reward_kl_penalty``, ``actor/reward_kl_penalty_coeff`` (the beta used). ValueError for an unknown
-    estimator."""
+    over sequences of the token-mean) and ``n_steps = bsz``. Returns the rewards and ``actor/reward_kl_penalty``,
+    ``actor/reward_kl_penalty_coeff`` (the beta used). ValueError for an unknown estimator."""
     mask = response_mask.to(token_level_scores.dtype)
     kld = kl_penalty(old_log_prob, ref_log_prob, estimator) * mask
     beta = kl_ctrl.value

@@ -32,8 +32,8 @@ def gpg_policy_loss(inputs: PolicyLossInputs, settings: PolicyLossSettings) -> L
 
 @POLICY_LOSSES.register("dro", needs_dro_beta=True)
 def dro_policy_loss(inputs: PolicyLossInputs, settings: PolicyLossSettings) -> LossOut:
-    """DRO's policy term (Richemond et al. 2024, arXiv:2405.19107):
-    ``l_t = -(A_t * logp_t - dro_beta / 2 * (logp_t - logp_old_t)^2)``. ValueError unless ``dro_beta > 0``."""
+    """DRO's policy term (Richemond et al. 2024, arXiv:2405.19107): ``l_t = -(A_t * logp_t - dro_beta / 2 * (logp_t -
+    logp_old_t)^2)``. ValueError unless ``dro_beta > 0``."""
     if settings.dro_beta is None or settings.dro_beta <= 0:
         raise ValueError(f"loss_type dro needs worker.actor.dro_beta > 0, got {settings.dro_beta}")
     log_ratio = inputs.log_prob - inputs.old_log_prob
@@ -95,10 +95,9 @@ def dppo_tv_policy_loss(inputs: PolicyLossInputs, settings: PolicyLossSettings) 
 
 @POLICY_LOSSES.register("dppo_kl")
 def dppo_kl_policy_loss(inputs: PolicyLossInputs, settings: PolicyLossSettings) -> LossOut:
-    """DPPO-Binary-KL (arXiv:2602.04879): as ``dppo_tv`` with the binary KL
-    ``D_t = p_old log(p_old / p) + (1 - p_old) log((1 - p_old + 1e-8) / (1 - p + 1e-8))``; inside while
-    ``D_t <= clip_ratio_high`` or ``p_t <= p_old_t`` (``A_t > 0``), else ``D_t <= clip_ratio_low`` or
-    ``p_t >= p_old_t``."""
+    """DPPO-Binary-KL (arXiv:2602.04879): as ``dppo_tv`` with the binary KL ``D_t = p_old log(p_old / p) + (1 - p_old)
+    log((1 - p_old + 1e-8) / (1 - p + 1e-8))``; inside while ``D_t <= clip_ratio_high`` or ``p_t <= p_old_t``
+    (``A_t > 0``), else ``D_t <= clip_ratio_low`` or ``p_t >= p_old_t``."""
     log_prob, old_log_prob = inputs.log_prob, inputs.old_log_prob
     prob, old_prob = torch.exp(log_prob), torch.exp(old_log_prob)
     binary_kl = old_prob * (old_log_prob - log_prob) + (1 - old_prob) * torch.log(

@@ -164,13 +164,8 @@ ALIASES["worker.ref.fsdp.enable_full_shard"] = drop("the reference is fully shar
 
 
 def apply_aliases(layer: dict, source: str) -> dict:
-    """A copy of one config layer (a YAML file's or the command line's nested mapping) with EasyR1's keys mapped
-    (see ``ALIASES``), each logged once.
-
-    Raises:
-        ConfigError: an EasyR1 value easyrl cannot honour (``worker.critic.ulysses_size > 1``, ...), saying what to
-            write instead.
-    """
+    """A copy of one config layer (a YAML file's or the command line's nested mapping) with EasyR1's keys mapped (see
+    ``ALIASES``), each logged once; ``ConfigError`` for a value easyrl cannot honour, saying what to write instead."""
     tree = copy.deepcopy(layer)
     for key, rule in ALIASES.items():
         value = get_key(tree, key)

@@ -1,12 +1,10 @@
-"""Checks of a finalized configuration's values that span sections, before anything is loaded or started. A value's
-type, range or choice is on its field (checked while loading, so that a zero never reaches a division), a section's
-own rules in its ``check`` method. Each failure raises :class:`easyrl.errors.ConfigError` naming the key, the value
-and what to set.
+"""Checks of a finalized configuration's values that span sections, before anything is loaded. A value's type, range
+or choice is on its field, a section's own rules in its ``check`` method. Each failure raises ``ConfigError`` naming
+the key, the value and what to set.
 
-Settings that run, but silently differ from what a paper or a verl recipe means, or have no effect in the chosen mode,
-are warned of instead (:func:`warn_config_traps`, as :class:`ConfigWarning`, a ``UserWarning``, before any model is
-loaded): each trap is a pure function of the finalized config returning messages that name the keys and the
-reference setting. None of them is an error: the setting may be intended.
+Settings that run but differ from what a paper means, or have no effect in the chosen mode, are warned of instead
+(:func:`warn_config_traps`, :class:`ConfigWarning`): each trap is a pure function of the config returning messages
+that name the keys and the reference setting.
 """
 
 from __future__ import annotations
@@ -25,12 +23,8 @@ if TYPE_CHECKING:
 
 
 def check_tensor_parallel(world_size: int, tensor_parallel_size: int) -> None:
-    """Raise unless ``tensor_parallel_size`` (>= 1) divides ``world_size`` (the rollout's vLLM engines each span
-    ``tensor_parallel_size`` devices; see ``easyrl.workers.rollout_layout``).
-
-    Raises:
-        ConfigError: naming ``worker.rollout.tensor_parallel_size``, the device count and the sizes that would fit.
-    """
+    """``ConfigError`` (naming the key, the device count and the sizes that would fit) unless
+    ``tensor_parallel_size`` (>= 1) divides ``world_size``: each vLLM engine spans that many devices."""
     if tensor_parallel_size < 1 or world_size % tensor_parallel_size != 0:
         fits = [d for d in range(1, world_size + 1) if world_size % d == 0]
         raise ConfigError(
@@ -42,10 +36,8 @@ def check_tensor_parallel(world_size: int, tensor_parallel_size: int) -> None:
 
 def check_divisibility(config: PPOConfig) -> None:
     """Batch sizes that must split evenly: rollout batch into mini-batches, mini-batch samples over the devices, a
-    device's share into micro-batches (batch sizes in prompts, micro-batches in samples),
-    for the actor and, with ``algorithm.adv_estimator: gae``, the critic; a generation round's samples
-    (``data.mini_rollout_batch_size``) over the devices; and the devices into vLLM engines of
-    ``worker.rollout.tensor_parallel_size``."""
+    device's share into micro-batches (batch sizes in prompts, micro-batches in samples), for the actor and the
+    critic; a generation round's samples over the devices; and the devices into vLLM engines."""
     check_sequence_parallel(config)
     sections = [("worker.actor", config.worker.actor)]
     if config.algorithm.needs_critic:
@@ -141,9 +133,8 @@ def check_combinations(config: PPOConfig) -> None:
 def check_greedy_groups(config: PPOConfig) -> None:
     """Greedy sampling (``worker.rollout.temperature=0`` or ``top_k=1``) with ``n > 1`` and a group-relative
     estimator (its ``group`` trait): the ``n`` samples of a prompt are identical, every advantage is 0 and the policy
-    never moves (only the KL term acts), so the run would spend its compute for nothing. An error, not a warning:
-    nothing sensible goes on. With ``gae`` or ``reinforce_plus_plus`` (no group baseline) it only duplicates work:
-    :func:`warn_config_traps`."""
+    never moves (only the KL term acts). Without a group baseline it only duplicates work: :func:`warn_config_traps`.
+    """
     rollout, estimator = config.worker.rollout, config.algorithm.adv_estimator
     greedy = "temperature=0" if rollout.temperature == 0 else "top_k=1" if rollout.top_k == 1 else None
     if greedy and rollout.n > 1 and config.algorithm.estimator("group"):
@@ -156,11 +147,7 @@ def check_greedy_groups(config: PPOConfig) -> None:
 
 
 def check_config(config: PPOConfig) -> None:
-    """All value checks of a merged configuration, in the order of the module docstring.
-
-    Raises:
-        ConfigError: the first failing check, naming the key(s), the value and the allowed range or choices.
-    """
+    """All value checks of a merged configuration; ``ConfigError`` for the first failing one."""
     if not config.worker.actor.model.model_path:
         raise ConfigError("worker.actor.model.model_path is not set: give a hub id or a local model folder.")
     for section in (config.data, config.algorithm, config.worker.actor, config.worker.rollout, config.worker,
@@ -278,7 +265,7 @@ def _no_effect_messages(config: PPOConfig) -> list[str]:
 
 def warn_config_traps(config: PPOConfig) -> list[str]:
     """Warn (:class:`ConfigWarning`) of every trap the finalized ``config`` falls into, one message each naming the
-    keys, their values and the paper's or verl's setting; returns the messages."""
+    keys, their values and the paper's setting; returns the messages."""
     messages = _loss_messages(config) + _sampling_messages(config) + _no_effect_messages(config)
     for message in messages:
         warnings.warn(message, ConfigWarning, stacklevel=2)  # the caller's line (load_config's)

@@ -85,18 +85,9 @@ def valid_keys(cls: type) -> dict[str, bool]:
 
 def validate(values: Any, cls: type, prefix: str = "", source: Callable[[str], Optional[str]] = lambda _: None) -> Any:
     """``values`` (a nested dict of some of ``cls``'s fields; the others keep their defaults) as a ``cls`` instance,
-    every type, range and choice checked, every float finite (but where :class:`AllowInf`).
-
-    Args:
-        values: the merged, resolved layers (``OmegaConf.to_container``).
-        cls: a config dataclass.
-        prefix: the dotted key of ``cls`` in the whole config (for the message).
-        source: where a dotted key's value came from (``the command line``, ``file <path>``), for the message.
-
-    Raises:
-        ConfigError: the first bad value, e.g. ``data.rollout_batch_size must be a positive number, got 0.``,
-            ``algorithm.kl_type='fixd' is not one of: fixed, adaptive. Did you mean: fixed?``, ``Bad value for
-            'data.max_prompt_length' (from the command line): got 'abc'; write an integer, e.g. ...``.
+    every type, range and choice checked, every float finite (but where :class:`AllowInf`); ``prefix`` is the dotted
+    key of ``cls``, ``source`` where the values came from (both for the message). Raises ``ConfigError`` for the first
+    bad value, e.g. ``algorithm.kl_type='fixd' is not one of: fixed, adaptive. Did you mean: fixed?``.
     """
     from pydantic import ValidationError
 

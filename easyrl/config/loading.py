@@ -1,10 +1,9 @@
-"""Building a ``PPOConfig`` from command-line words: defaults <- YAML (``config=``) <- dotted overrides, with
-unknown and auto keys refused before any merge (``load_config``), and ``to_dict``. A config file's relative input
-paths are looked up against the file's folder, the current folder, then the file's parent folders, nearest first; the
-first place where one exists wins (docs/config.md, "Relative paths"). Each way a command-line word, a YAML file or an
-interpolation can be malformed has one line naming the culprit and what to write instead (docs/errors.md, "Malformed
-words, files and values"). A key repeated on the command line is not an error (the later word wins); one repeated
-inside a YAML mapping is (PyYAML's "found duplicate key", with its line)."""
+"""Building a ``PPOConfig`` from command-line words: defaults <- YAML (``config=``) <- dotted overrides, unknown and
+auto keys refused before any merge (``load_config``), and ``to_dict``. A config file's relative input paths are looked
+up in the file's folder, the current folder, then the file's parent folders (docs/config.md, "Relative paths"). Each
+malformed word, YAML file or interpolation gets one line naming the culprit and what to write instead (docs/errors.md,
+"Malformed words, files and values"). A key repeated on the command line: the later word wins; inside a YAML mapping:
+PyYAML's "found duplicate key"."""
 
 from __future__ import annotations
 
@@ -88,19 +87,10 @@ def _load_yaml(path: str) -> dict:
 
 
 def load_config(argv: list[str]) -> PPOConfig:
-    """Build the run configuration from command-line words.
-
-    Args:
-        argv: ``["config=path.yaml", "a.b=1", ...]``; ``config=`` is optional and may appear once.
-
-    Returns:
-        A finalized ``PPOConfig`` (auto keys filled in, every value checked); settings that run but differ from their
-        paper's meaning are warned of (``easyrl.config.checks.ConfigWarning``).
-
-    Raises:
-        ConfigError: unknown or auto key, malformed override, missing or malformed YAML file (not a mapping), value
-            of the wrong type or out of range (``easyrl.config.checks``).
-    """
+    """A finalized ``PPOConfig`` (auto keys filled in, every value checked) from ``argv`` (``["config=path.yaml",
+    "a.b=1", ...]``, ``config=`` optional and at most once); settings that differ from their paper's meaning are
+    warned of (``ConfigWarning``). Raises ``ConfigError``: unknown or auto key, malformed override, missing or
+    malformed YAML file, value of the wrong type or out of range."""
     yaml_path = check_words(argv)
     overrides = [word for word in argv if not word.startswith("config=")]
 
@@ -161,12 +151,8 @@ _RESOLVER = re.compile(r"Unsupported interpolation type (\S+)")
 
 def check_words(argv: list[str]) -> Optional[str]:
     """Refuse command-line words that cannot mean anything: no ``key=value``, ``=value`` without a key, an empty
-    ``config=``, ``config=`` given twice (the first file would be ignored) or naming a folder; returns the ``config=``
-    file (None: none).
-
-    Raises:
-        ConfigError: naming the word and what to write instead.
-    """
+    ``config=``, ``config=`` given twice or naming a folder (``ConfigError`` naming the word and what to write
+    instead); returns the ``config=`` file (None: none)."""
     configs = [word.split("=", 1)[1] for word in argv if word.startswith("config=")]
     for word in argv:
         if word.startswith("="):
@@ -207,12 +193,8 @@ def read_error(err: Exception, path: str) -> str:
 
 
 def check_top_level(path: str) -> None:
-    """Refuse a YAML file (already parsed once by OmegaConf) whose top level is a single value: OmegaConf reads the
-    word ``cpu_demo`` as the key ``cpu_demo:``, which would be reported as an unknown key.
-
-    Raises:
-        ConfigError: naming the file and the type found.
-    """
+    """Refuse (``ConfigError`` naming the file and the type found) a YAML file whose top level is a single value:
+    OmegaConf reads the word ``cpu_demo`` as the key ``cpu_demo:``, which would be reported as an unknown key."""
     import yaml
 
     with open(path, encoding="utf-8") as f:

@@ -25,8 +25,7 @@ class PPOConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
     def finalize(self) -> "PPOConfig":
-        """Fill in the auto keys, each from the source its field names (``auto``); returns ``self``. The values are
-        checked after this by ``load_config`` (``easyrl.config.checks``)."""
+        """Fill in the auto keys, each from the source its field names (``auto``); returns ``self``."""
         for key, source in auto_keys(PPOConfig).items():
             if "/" not in source:  # trainer.run_dir joins two keys: below
                 *section, name = key.split(".")
@@ -42,12 +41,10 @@ class PPOConfig:
 
     @property
     def on_policy_update(self) -> bool:
-        """Whether the update is provably on-policy, so the old-log-prob pass can be skipped:
-        one epoch over one mini-batch (``ppo_epochs == 1``, ``global_batch_size == data.rollout_batch_size``), so
-        every forward of the update runs before its only optimizer step and its detached log-probs are the old
-        ones; no truncated importance sampling (``tis_cap``, ``rollout_is``, ``rollout_rs``), no in-reward KL and
-        no distillation (``algorithm.needs_teacher``: the reverse KL is in the advantage), which need old log-probs
-        before the update."""
+        """Whether the update is provably on-policy, so the old-log-prob pass can be skipped: one epoch over one
+        mini-batch (every forward runs before the only optimizer step, its detached log-probs are the old ones), and
+        no importance sampling correction, in-reward KL or distillation, which need old log-probs before the update.
+        """
         actor, algo = self.worker.actor, self.algorithm
         return (actor.ppo_epochs == 1 and actor.global_batch_size == self.data.rollout_batch_size
                 and actor.tis_cap is None and actor.rollout_is is None and actor.rollout_rs is None

@@ -51,18 +51,9 @@ def flatten(tree: dict[str, Any], whole: frozenset[str] = frozenset(), prefix: s
 
 def training_changes(old: dict[str, Any], new: dict[str, Any],
                      free_dicts: tuple[str, ...] = ()) -> list[tuple[str, Any, Any]]:
-    """The keys that change training (:func:`alters_training`) whose value differs between two configs.
-
-    Args:
-        old: the saved config of a run folder, as a nested dict (``config.yaml``).
-        new: the config of the run about to start, as a nested dict (``easyrl.config.to_dict``).
-        free_dicts: dotted keys holding free-form dicts (e.g. ``worker.reward.reward_function_kwargs``), compared
-            whole.
-
-    Returns:
-        ``[(dotted key, old value, new value)]`` in ``new``'s key order. A key only one of the two has (a config
-        saved by an older easyrl) is not compared.
-    """
+    """``[(dotted key, old value, new value)]`` of the keys that change training (:func:`alters_training`) and differ
+    between the saved nested config ``old`` and ``new``, in ``new``'s key order; ``free_dicts`` (dotted keys of
+    free-form dicts) are compared whole, a key only one of the two has is not compared."""
     whole = frozenset(free_dicts)
     flat_old, flat_new = flatten(old, whole), flatten(new, whole)
     return [(key, flat_old[key], value) for key, value in flat_new.items()

@@ -13,13 +13,9 @@ if TYPE_CHECKING:
 
 def check_rollout_mode(config: "PPOConfig") -> None:
     """A split ``trainer.rollout_mode`` (``one_step_off``, ``async``) has rollout devices
-    (``worker.rollout.n_gpus_per_node``, split evenly into engines of ``tensor_parallel_size`` that take a generation
-    round's samples evenly; ``async``: rounds that fill a batch), and none of the features the
-    split placement does not run yet; ``colocated`` has no rollout devices of its own.
-
-    Raises:
-        ConfigError: naming the key and what to set.
-    """
+    (``worker.rollout.n_gpus_per_node``, split evenly into engines that take a generation round's samples evenly;
+    ``async``: rounds that fill a batch), and none of the features the split placement does not run yet;
+    ``colocated`` has no rollout devices of its own. ``ConfigError`` naming the key and what to set."""
     mode, rollout, trainer = config.trainer.rollout_mode, config.worker.rollout, config.trainer
     if mode == "colocated":
         if rollout.n_gpus_per_node is not None:

@@ -20,11 +20,8 @@ BACKENDS: dict[str, tuple[Optional[str], Optional[str]]] = {
 
 
 def check_backends(names: list[str]) -> None:
-    """Every name is a known backend whose library is installed (checked without importing it).
-
-    Raises:
-        ConfigError: an unknown name (the valid ones are listed) or a missing library, with a one-line install hint.
-    """
+    """Every name is a known backend whose library is installed (checked without importing it); else
+    ``ConfigError`` listing the valid names, or with a one-line install hint."""
     for name in names:
         if name not in BACKENDS:
             raise ConfigError(f"trainer.logger: unknown backend '{name}'; choose from {', '.join(BACKENDS)}.")

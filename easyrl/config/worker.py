@@ -1,8 +1,6 @@
-"""``worker:``: the rollout engine (vLLM) and its multi-turn rollouts with tools and an environment
-(``easyrl.agents``, docs/agents.md), the reward function and the reward model (a Hugging Face sequence-classification
-checkpoint with one output, e.g. Skywork-Reward-V2-Qwen3, scoring every (prompt, response) on the workers, mixed with
-the rule reward as a named score, docs/rewards.md; the responses are decoded with the policy's tokenizer, then
-re-encoded with the reward model's), and the section that holds every worker part."""
+"""``worker:``: the rollout engine (vLLM) and its multi-turn rollouts (docs/agents.md), the reward function and the
+reward model (docs/rewards.md; responses decoded with the policy's tokenizer, re-encoded with the reward model's),
+and the section that holds every worker part."""
 
 from __future__ import annotations
 

@@ -65,15 +65,11 @@ class RLDataset(torch.utils.data.Dataset):
     The ``prompt_key`` text, rendered by the ``format_prompt`` template, is the user message (after
     ``system_prompt``); its ``<image>``/``<video>`` placeholders place the media (none: media first); the chat template
     is applied with ``add_generation_prompt=True``. A text-only model (``processor=None``) drops the media. Keyword
-    arguments are the ``data.*`` keys of the same names; relative media paths resolve against ``image_dir``;
-    ``max_prompt_length`` counts image and video tokens; ``filter_overlong_prompts`` drops longer rows at construction
-    (else none is dropped or truncated); ``tools`` are JSON schemas for the chat template; ``rows`` replaces loading
-    ``data_path``.
-
-    Raises (construction):
-        FileNotFoundError: missing data file / folder / template.
-        DataError: a missing column (naming it, the source, the columns and the config key) or a malformed row.
-        ConfigError: pixel bounds that do not overlap the processor's.
+    arguments are the ``data.*`` keys of the same names; ``max_prompt_length`` counts image and video tokens;
+    ``filter_overlong_prompts`` drops longer rows at construction (else none is dropped or truncated); ``tools`` are
+    JSON schemas for the chat template; ``rows`` replaces loading ``data_path``. Construction raises
+    ``FileNotFoundError`` (data file, folder, template), ``DataError`` (a missing column, naming it, the source and the
+    config key; a malformed row) or ``ConfigError`` (pixel bounds that do not overlap the processor's).
     """
 
     def __init__(self, data_path: str, tokenizer: Any, processor: Any = None, *, prompt_key: str = "problem",

@@ -32,15 +32,10 @@ def fused_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn
                dropout_p: float = 0.0, is_causal: bool = False, scale: Optional[float] = None,
                enable_gqa: bool = False) -> torch.Tensor:
     """``scaled_dot_product_attention`` as CUDA runs it: flash without a mask in bf16/fp16 (head dim <= 256), else
-    memory-efficient with the mask as a bias, the math path where CUDA takes it too.
-
-    Args:
-        query: ``(batch, heads, Sq, head_dim)``; key, value: ``(batch, kv_heads, Sk, head_dim)``.
-        attn_mask: None, or boolean (True = attend) / additive, broadcastable to ``(batch, heads, Sq, Sk)``.
-
-    Returns:
-        ``(batch, heads, Sq, head_dim)`` in the query's dtype.
-    """
+    memory-efficient with the mask as a bias, the math path where CUDA takes it too. ``query``: ``(batch, heads, Sq,
+    head_dim)``; ``key``, ``value``: ``(batch, kv_heads, Sk, head_dim)``; ``attn_mask``: None, boolean (True =
+    attend) or additive, broadcastable to ``(batch, heads, Sq, Sk)``. Returns ``(batch, heads, Sq, head_dim)`` in the
+    query's dtype."""
     flash = attn_mask is None and query.dtype in (torch.bfloat16, torch.float16) and query.shape[-1] <= 256
     gqa = enable_gqa and key.shape[-3] != query.shape[-3]  # only the flash kernel takes grouped-query heads
     if query.dtype == torch.float64 or query.shape[-1] % 8 or query.dim() != 4 or (gqa and not flash):
@@ -64,18 +59,9 @@ def simulated_varlen_attention(module: torch.nn.Module, query: torch.Tensor, key
                                scaling: Optional[float] = None, is_causal: Optional[bool] = None,
                                position_ids: Optional[torch.Tensor] = None, **kwargs) -> tuple[torch.Tensor, None]:
     """transformers' attention function: the varlen flash kernel over one packed row, its sequences read off the
-    position ids (``easyrl.models.packed_attention``).
-
-    Args:
-        query: ``(1, heads, total, head_dim)``; key, value: ``(1, kv_heads, total, head_dim)`` (the kernel takes
-            grouped-query heads as they are).
-        position_ids: ``(1, total)`` text positions restarting at 0 at each sequence.
-
-    Returns:
-        ``((1, total, heads, head_dim), None)``.
-
-    Other calls (a mask, several rows, a vision tower, decoding) go to ``sdpa_attention_forward``.
-    """
+    position ids ``(1, total)`` (restarting at 0 at each sequence). ``query``: ``(1, heads, total, head_dim)``;
+    ``key``, ``value``: ``(1, kv_heads, total, head_dim)``; returns ``((1, total, heads, head_dim), None)``. Other
+    calls (a mask, several rows, a vision tower, decoding) go to ``sdpa_attention_forward``."""
     lengths = packed_lengths(module, query, key, attention_mask, is_causal, position_ids)
     if lengths is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
@@ -89,16 +75,9 @@ def varlen_flash(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu
                  cu_seqlens_k: torch.Tensor, max_q: int, max_k: int, dropout: float, causal: bool,
                  scale: Optional[float], window: Optional[int] = None) -> torch.Tensor:
     """``aten._flash_attention_forward`` (fake kernels for it and its backward) over the pieces of one row that
-    ``cu_seqlens_q/k`` (``(pieces + 1,)`` int32 boundaries) mark.
-
-    Args:
-        query: ``(1, heads, total, head_dim)``; key, value: ``(1, kv_heads, total, head_dim)``.
-        window: a causal sliding window (tokens), or None.
-
-    Returns:
-        ``(1, total, heads, head_dim)``: the output; the kernel's float32 log-sum-exp ``(heads, total)`` stays for
-        the backward.
-    """
+    ``cu_seqlens_q/k`` (``(pieces + 1,)`` int32 boundaries) mark; ``query`` ``(1, heads, total, head_dim)``, ``key``,
+    ``value`` ``(1, kv_heads, total, head_dim)``, ``window`` a causal sliding window (tokens) or None. Returns
+    ``(1, total, heads, head_dim)``; the float32 log-sum-exp ``(heads, total)`` stays for the backward."""
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
     out = torch.ops.aten._flash_attention_forward(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, dropout, causal, False, scale=scale,
@@ -164,13 +143,8 @@ def _token_masks(model: torch.nn.Module):
 def deepstack_by_positions(self, hidden_states: torch.Tensor, visual_pos_masks: torch.Tensor,
                            visual_embeds: torch.Tensor) -> torch.Tensor:
     """Qwen3-VL's ``_deepstack_process`` indexing by the image tokens' positions (fake tensors cannot size a
-    boolean mask).
-
-    Args:
-        hidden_states: ``(bsz, tokens, hidden)``.
-        visual_pos_masks: ``(bsz, tokens)`` bool, True at image/video tokens.
-        visual_embeds: ``(visual tokens, hidden)``, in the mask's row-major order.
-    """
+    boolean mask): ``hidden_states`` ``(bsz, tokens, hidden)``, ``visual_pos_masks`` ``(bsz, tokens)`` bool (True at
+    image/video tokens), ``visual_embeds`` ``(visual tokens, hidden)`` in the mask's row-major order."""
     rows, cols = visual_pos_masks.to(hidden_states.device).nonzero(as_tuple=True)
     visual_embeds = visual_embeds.to(hidden_states.device, hidden_states.dtype)
     hidden_states = hidden_states.clone()

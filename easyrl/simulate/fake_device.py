@@ -31,8 +31,7 @@ from easyrl.sizing.devices import DeviceSpec
 
 
 class DeviceCheckError(RuntimeError):
-    """A step would fail on the real device: a host tensor reached a device op or a collective. The message names
-    the easyrl call where it happened."""
+    """A host tensor reached a device op or a collective (names the easyrl call): the real device would fail."""
 
 
 class HostTensorInCollective(RuntimeError):

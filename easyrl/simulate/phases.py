@@ -1,9 +1,8 @@
 """The phases of one training step run with easyrl's own worker code as rank 0 of the config's world on simulated
-devices (``easyrl.simulate.fake_device``), each recording the device's peak memory: load and shard, the experience
-forwards at the config's token budget (the reward model's and the distillation teacher's too; docs/simulate.md, "The
-roles beside the actor"), the weight-sync gather, the checkpoint state dict, the export gather and the updates; the
-budget batch holds one image per prompt for a VL model ("Images"). Rank 0 reads the checkpoint (faked:
-``fake_checkpoint_reader``) and holds the largest ``Shard(0)`` pieces."""
+devices, each recording the device's peak memory: load and shard, the experience forwards at the config's token budget
+(reward model and teacher too), the weight-sync gather, the checkpoint state dict, the export gather and the updates;
+a VL model's budget batch holds one image per prompt (docs/simulate.md). Rank 0 reads the (faked) checkpoint and holds
+the largest ``Shard(0)`` pieces."""
 
 from __future__ import annotations
 

@@ -65,16 +65,9 @@ class MemoryEstimate:
 def estimate_memory(num_params: int, vocab_size: int, config: PPOConfig, capacity_gib: float,
                     shape: ModelShape | None = None, reward_model_params: int = 0, teacher_params: int = 0,
                     judge_params: int = 0) -> MemoryEstimate:
-    """The per-device estimate for ``config`` (docs/simulate.md, "What the estimate counts").
-
-    Args:
-        num_params: parameters of the model (embeddings counted once when tied).
-        vocab_size: rows of the output layer (logits width).
-        capacity_gib: total memory of one device, GiB.
-        shape: the model's widths; None leaves the update's activations out (a lower bound).
-        reward_model_params, teacher_params, judge_params: parameters of the reward model, the distillation teacher
-            and the LLM judge (0: none).
-    """
+    """The per-device estimate for ``config``. ``num_params`` counts tied embeddings once; ``vocab_size`` is the
+    logits width; ``capacity_gib`` one device's memory (GiB); ``shape`` None leaves the update's activations out (a
+    lower bound); ``reward_model_params``, ``teacher_params``, ``judge_params``: 0 for none."""
     worker, actor, world = config.worker, config.worker.actor, config.world_size
     shard = num_params / world
     compute_bytes = DTYPE_BYTES[actor.fsdp.param_dtype]
@@ -230,12 +223,8 @@ def advice(items: dict[str, float], excess_gib: float) -> str:
 
 def check_memory(estimate: MemoryEstimate, side: str = "trainer") -> None:
     """Stop a run that cannot fit on the devices of ``side`` (``MemoryEstimate.phases``), naming every phase that
-    does not with its numbers and :func:`advice`.
-
-    Raises:
-        ConfigError: vLLM's weights do not fit in its claim (no room for a KV cache), or a phase needs more than the
-            device has.
-    """
+    does not with its numbers and :func:`advice`. Raises ``ConfigError``: vLLM's weights do not fit in its claim (no
+    room for a KV cache), or a phase needs more than the device has."""
     e = estimate
     cap = e.capacity_gib
     problems = []
@@ -267,10 +256,7 @@ def check_memory(estimate: MemoryEstimate, side: str = "trainer") -> None:
 def preflight(config: PPOConfig, capacity_gib: float, side: str = "trainer", log: bool = True) -> None:
     """A worker's pre-flight before anything is loaded: :func:`estimate_run` on its device, logged (``log``), and
     :func:`check_memory` of its ``side`` (``trainer``: the FSDP2 roles, with the engine when colocated; ``rollout``:
-    a ``RolloutWorker``'s engine alone).
-
-    Raises:
-        ConfigError: the run cannot fit, with the numbers and the setting to change."""
+    a ``RolloutWorker``'s engine alone); ``ConfigError`` with the numbers and the setting to change."""
     estimate = estimate_run(config, capacity_gib)
     if log:
         logger.info("memory per device (GiB of %.1f): rollout %.1f, training %.1f; host per node (offloaded) %.1f",

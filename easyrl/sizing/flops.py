@@ -14,13 +14,8 @@ from easyrl.sizing.anatomy import ModelShape
 
 def forward_flops(shape: ModelShape, seq_lens: list[int], image_patches: list[int]) -> float:
     """Forward FLOPs of a batch: ``2 N s + 4 L H Q s^2`` summed over sequences, plus the vision tower over every image
-    (``2 N_patch p + 2 N_merge p / m + 4 L_v H_v Q_v p^2``).
-
-    Args:
-        shape: the model's ``ModelShape`` with its weight counts (``easyrl.sizing.anatomy.model_anatomy``).
-        seq_lens: tokens of each sequence (prompt + response, image placeholder tokens included).
-        image_patches: patches of each image (``t * h * w`` of its ``image_grid_thw``), over the whole batch.
-    """
+    (``2 N_patch p + 2 N_merge p / m + 4 L_v H_v Q_v p^2``). ``seq_lens``: tokens of each sequence (prompt + response,
+    image tokens included); ``image_patches``: patches of each image (``t * h * w`` of its ``image_grid_thw``)."""
     flops = sum(2.0 * shape.text_weights * s + 4.0 * shape.num_layers * shape.attn_width * s * s for s in seq_lens)
     vision = shape.vision
     for p in image_patches:

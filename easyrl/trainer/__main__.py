@@ -21,11 +21,7 @@ logger = logging.getLogger("easyrl")
 def build_trainer(config: PPOConfig, worker_cls: Optional[type] = None, startup=None):
     """A ``RayPPOTrainer`` ready to ``fit()``: the pre-flight checks, then Ray and the workers (``worker_cls``: None
     for ``FSDPWorker``, or a subclass), each phase timed into ``startup`` (a ``StartupProfile``; None: a new one).
-
-    Raises:
-        UserError: any pre-flight check (docs/errors.md), before Ray starts.
-        RunFinished: the run folder's checkpoint is at the run's last step.
-    """
+    Raises a pre-flight ``UserError`` before Ray starts, ``RunFinished`` when the checkpoint is at the last step."""
     from easyrl.trainer.loggers import check_logger_credentials
     from easyrl.trainer.launch import StartupProfile, quiet_datasets, start_ray
     from easyrl.trainer.preflight import prepare

@@ -1,20 +1,17 @@
 """``trainer.rollout_mode: one_step_off`` and ``async``: the rollout engines run on devices of their own
-(``RolloutWorker``s, ``worker.rollout.n_gpus_per_node``) and keep generating while the trainer's workers (FSDP2 only)
-train (docs/async.md).
+(``RolloutWorker``s, ``worker.rollout.n_gpus_per_node``) and keep generating while the trainer's workers train
+(docs/async.md).
 
 A producer thread generates *chunks* (one ``Generator.make_batch`` call each: ``data.mini_rollout_batch_size`` prompt
-groups in ``async``, the step's ``data.rollout_batch_size`` one step off), tags each with the weight version the
-engines hold when it starts, and queues it; each step takes chunks until its batch is full. The staleness is bounded
-as in AReaL (Fu et al. 2025, arXiv:2505.24298, sec. 4.2) and verl's fully async recipe: a chunk starts only if the
-step that will train it is at most ``max_staleness`` versions (``trainer.max_staleness``; one step off: 1) past the
-engines' weights, so the queue holds at most ``max_staleness + 1`` batches. Each step first sends the trainer's new
-weights to the engines at the next chunk boundary (in-flight requests finish on the old weights and are tagged so:
-no partial rollouts). ``one_step_off`` is the case of one batch-sized chunk ahead: step 1 trains version-0 samples,
-every later step samples one version old.
+groups in ``async``, ``data.rollout_batch_size`` one step off), tags each with the engines' weight version and queues
+it; each step takes chunks until its batch is full. Staleness is bounded as in AReaL (Fu et al. 2025,
+arXiv:2505.24298, sec. 4.2): a chunk starts only if the step that will train it is at most ``trainer.max_staleness``
+versions (one step off: 1) past the engines' weights, so the queue holds at most ``max_staleness + 1`` batches. Each
+step first sends the new weights at the next chunk boundary (in-flight requests finish on the old weights and are
+tagged so: no partial rollouts).
 
-The behaviour log-probs are vLLM's (``rollout_log_probs``); the importance-sampling corrections (``worker.actor.
-rollout_is`` / ``tis_cap`` / ``rollout_rs``) apply to them unchanged, and the weight-sync check is off
-(``PPOConfig.sync_check_threshold``: vLLM's log-probs are of older weights).
+The behaviour log-probs are vLLM's (``rollout_log_probs``); the importance-sampling corrections apply to them
+unchanged, and the weight-sync check is off (vLLM's log-probs are of older weights).
 """
 
 from __future__ import annotations
@@ -37,11 +34,8 @@ ONE_STEP = 1
 
 
 def within_staleness(version: int, weight_version: int, max_staleness: int) -> bool:
-    """Whether samples of ``weight_version`` may train the weights of ``version`` (both counted in training steps):
-    their gap ``version - weight_version`` is at most ``max_staleness``.
-
-    Raises:
-        RuntimeError: a negative gap (samples of weights newer than the trainer's: a bug)."""
+    """Whether samples of ``weight_version`` may train the weights of ``version`` (both in training steps): their
+    gap ``version - weight_version`` is at most ``max_staleness``. Raises ``RuntimeError`` on a negative gap (a bug)."""
     if version < weight_version:
         raise RuntimeError(f"samples of weight version {weight_version} would train the older version {version}")
     return version - weight_version <= max_staleness
@@ -69,15 +63,12 @@ class Chunk:
 class AsyncRolloutTrainer(RayPPOTrainer):
     """``RayPPOTrainer`` with the rollout on devices of its own, generating ahead of the training (module docstring).
 
-    ``version``: the steps the trainer's weights have trained; ``engine_version``: the version the engines hold (None
-    before the first transfer); ``trained_position``: the prompt stream's state after the last batch taken for
-    training, which the checkpoint saves (the chunks generated ahead are generated again after a resume). Metrics
-    beside the colocated ones: ``async/staleness_mean`` and ``_max`` (version gap of the step's samples),
-    ``async/staleness_gap_<g>`` (samples of gap ``g``, 0 to ``max_staleness``), ``async/dropped_groups`` (groups
-    past ``max_staleness``, not trained), ``async/train_idle_s`` (the trainer waited for a chunk boundary or for
-    chunks), ``async/rollout_idle_s`` (the engines neither generated nor received weights since the last step),
-    ``timing_s/weight_transfer``, ``async/train_tokens_per_s`` (the step's tokens over the trainer's busy seconds;
-    the engines' rate is ``perf/rollout_tokens_per_s``, over the taken chunks' generation seconds).
+    ``version``: the steps the trainer's weights have trained; ``engine_version``: the engines' (None before the
+    first transfer); ``trained_position``: the prompt stream's state after the last batch taken, which the checkpoint
+    saves. Metrics: ``async/staleness_mean`` and ``_max`` (version gap of the step's samples),
+    ``async/staleness_gap_<g>`` (samples of gap ``g``), ``async/dropped_groups`` (past ``max_staleness``),
+    ``async/train_idle_s`` (trainer waited), ``async/rollout_idle_s`` (engines idle since the last step),
+    ``timing_s/weight_transfer``, ``async/train_tokens_per_s`` (the step's tokens over the trainer's busy seconds).
     """
 
     def __init__(self, *args: Any, **kwargs: Any):
@@ -100,9 +91,8 @@ class AsyncRolloutTrainer(RayPPOTrainer):
         self._rollout_idle = self._transferred = 0.0  # seconds, since the last step; of all transfers
 
     def init_workers(self, device: str, worker_cls: type = FSDPWorker) -> None:
-        """Start the trainer's workers (``worker_cls``, without engines), then the rollout engines (``RolloutWorker``,
-        or ``worker_cls.split_rollout_cls`` where a test's worker names one), each in a placement group of its own,
-        and join them by the transfer group (``easyrl.workers.weight_transfer``)."""
+        """Start the trainer's workers (without engines), then the rollout engines (``RolloutWorker`` or
+        ``worker_cls.split_rollout_cls``), each in a placement group of its own, joined by the transfer group."""
         cfg = self.config
         self.workers = WorkerGroup(cfg, device, worker_cls=worker_cls, training_steps=self.training_steps)
         rollout_cls = getattr(worker_cls, "split_rollout_cls", RolloutWorker)
@@ -120,8 +110,7 @@ class AsyncRolloutTrainer(RayPPOTrainer):
         self.plan = self.workers.run_all(FSDPWorker.transfer_plan)[0]
 
     def sync_rollout(self) -> float:
-        """Send the trainer's weights to the engines (both groups at once; call it between two chunks); returns
-        the seconds taken."""
+        """Send the trainer's weights to the engines (between two chunks); returns the seconds taken."""
         refs = (self.workers.submit_all(FSDPWorker.send_weights, self.plan)
                 + self.rollout_workers.submit_all(RolloutWorker.receive_weights, self.plan))
         seconds = max(gather(refs, "send_weights/receive_weights"))
@@ -250,8 +239,7 @@ class AsyncRolloutTrainer(RayPPOTrainer):
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """``RayPPOTrainer.load_state_dict``; the chunks generated ahead are forgotten and will be generated again,
-        and the engines get the loaded weights before the next chunk."""
+        """``RayPPOTrainer.load_state_dict``; chunks generated ahead are dropped, the engines get the loaded weights."""
         self._stop_producer()
         super().load_state_dict(state)
         self.version, self.engine_version, self.trained_position = self.global_step, None, state["prompt_stream"]

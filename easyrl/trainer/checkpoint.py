@@ -1,11 +1,8 @@
-"""Checkpoint folders of a run under ``trainer.save_checkpoint_path``: names, the tracker, atomic commits (written as
-``.global_step_N.tmp``, renamed when complete, then named by the tracker), retention; ``manifest.json``, written last
-into each checkpoint (this run's identity: ranks, optimizer, LoRA rank, critic, the model's shape; every file's
-size) and checked at resume before any worker loads (:func:`check_checkpoint`); :class:`Checkpointer`, the
-trainer's part that saves and restores the whole training state; and a Hugging Face folder from a checkpoint, on one
-process without Ray (``easyrl export``, ``easyrl eval`` of a checkpoint: :func:`export_checkpoint`, a LoRA actor
-merged, written by ``easyrl.models.hf_folder.write_hf_folder`` in the base model's dtype, complete or not at all).
-Layout and guarantees: docs/checkpoints.md."""
+"""Checkpoint folders under ``trainer.save_checkpoint_path``: names, the tracker, atomic commits (written as
+``.global_step_N.tmp``, renamed when complete), retention; ``manifest.json`` (the run's identity and every file's
+size), written last and checked at resume before any worker loads; :class:`Checkpointer`, the trainer's part that
+saves and restores the training state; and :func:`export_checkpoint`, a Hugging Face folder from a checkpoint without
+Ray (LoRA merged, the base model's dtype, complete or not at all). Layout and guarantees: docs/checkpoints.md."""
 
 from __future__ import annotations
 
@@ -36,11 +33,8 @@ def step_dir_name(step: int) -> str:
 
 
 def read_tracker(root: str) -> dict[str, Any]:
-    """The tracker of checkpoint folder ``root`` (``{}`` when there is none).
-
-    Raises:
-        RunStateError: the tracker exists but is not a JSON object, or is not a file (names it).
-    """
+    """The tracker of checkpoint folder ``root`` (``{}`` when there is none); ``RunStateError`` (naming it) when it
+    is not a file or not a JSON object."""
     path = os.path.join(root, TRACKER)
     if not os.path.exists(path):
         return {}
@@ -88,11 +82,8 @@ def commit_checkpoint(root: str, step: int, write: Callable[[str], None], metric
                       metric_name: Optional[str] = None, mode: str = "max", save_limit: int = -1) -> str:
     """Write checkpoint ``step`` into ``root`` atomically (``write(tmp_dir)`` fills the empty ``tmp_dir``), record it
     in the tracker (best by ``metric`` of ``metric_name`` under ``mode`` ``max``/``min``; None: not ranked), then
-    apply ``save_limit``. Returns ``<root>/global_step_<step>``.
-
-    Raises:
-        RunStateError: writing failed with an ``OSError`` (full disk, quota, read-only; also in a worker): the
-            temporary folder is removed and the message names the last good checkpoint.
+    apply ``save_limit``. Returns ``<root>/global_step_<step>``. Raises ``RunStateError`` when writing fails with an
+    ``OSError`` (also in a worker): the temporary folder is removed and the message names the last good checkpoint.
     """
     os.makedirs(root, exist_ok=True)
     final = os.path.join(root, step_dir_name(step))
@@ -318,12 +309,8 @@ def resolve_checkpoint(path: str) -> str:
 
 
 def export_checkpoint(checkpoint: str, out: str, dtype: Optional[torch.dtype] = None) -> str:
-    """Write the Hugging Face folder ``out`` (must not exist; returned) from ``checkpoint``: a ``global_step_N``
-    folder, its ``actor`` folder, or a run's checkpoint folder (its last one); ``dtype`` None keeps the base model's.
-
-    Raises:
-        FileNotFoundError: nothing that looks like a checkpoint at ``checkpoint``.
-    """
+    """Write the Hugging Face folder ``out`` (must not exist; returned) from ``checkpoint`` (as
+    :func:`resolve_checkpoint`, ``FileNotFoundError`` when none); ``dtype`` None keeps the base model's."""
     step_dir = resolve_checkpoint(checkpoint)
     actor_dir = os.path.join(step_dir, "actor")
     state = load_checkpoint_weights(actor_dir)

@@ -90,12 +90,8 @@ def evaluate_model(config: PPOConfig, model: Optional[str] = None,
                    worker_cls: Optional[type] = None) -> dict[str, float]:
     """Validate ``model`` (a Hugging Face folder, or a checkpoint exported to a temporary one; None:
     ``trainer.load_checkpoint_path``, else ``worker.actor.model.model_path``), print the ``val/*`` metrics in one
-    line and return them.
-
-    Raises:
-        ModelError: ``model`` does not exist, or is a checkpoint that cannot be exported.
-        UserError: a pre-flight error of :func:`evaluate`.
-    """
+    line and return them. Raises ``ModelError`` (``model`` missing, or a checkpoint that cannot be exported) or a
+    pre-flight ``UserError``."""
     from easyrl.trainer.checkpoint import Checkpointer, export_checkpoint, resolve_checkpoint
 
     model = model or config.trainer.load_checkpoint_path

@@ -66,17 +66,15 @@ class Generator:
                    metrics: dict[str, float], groups: Optional[int] = None,
                    first_round: int = 0) -> tuple[Batch, Optional[ray.ObjectRef], dict[str, list[float]], int]:
         """Generate and score ``groups`` (default ``data.rollout_batch_size``) groups of ``n`` samples for step
-        ``step``, in rounds of ``data.mini_rollout_batch_size`` prompts numbered from ``first_round`` (the seeds'). Returns ``(batch, pending, scores, failures)``: ``pending`` the
-        reward actor's scores still computing (``Scorer.wait``) or None, ``scores`` every generated sample's named
-        scores when scored here (dropped groups included), ``failures`` the samples the reward function failed on.
+        ``step``, in rounds of ``data.mini_rollout_batch_size`` prompts numbered from ``first_round`` (the seeds').
+        Returns ``(batch, pending, scores, failures)``: ``pending`` the reward actor's scores still computing or None,
+        ``scores`` every generated sample's named scores when scored here (dropped groups included), ``failures`` the
+        samples the reward function failed on.
 
         With ``algorithm.online_filtering`` (DAPO dynamic sampling, Yu et al. 2025 sec. 3.2) groups whose
         ``filter_key`` scores are all equal or whose mean is outside [filter_low, filter_high] are dropped until
-        enough are kept (``max_try_make_batch`` rounds at most); metrics ``dynamic_sampling/*``.
-
-        Raises:
-            RuntimeError: ``max_try_make_batch`` rounds did not yield enough groups.
-            ValueError: ``algorithm.filter_key`` is not a score of the reward function.
+        enough are kept; metrics ``dynamic_sampling/*``. Raises ``RuntimeError`` when ``max_try_make_batch`` rounds
+        did not yield enough groups, ``ValueError`` when ``filter_key`` is not a score of the reward function.
         """
         cfg, algo = self.config, self.config.algorithm
         n, wanted = cfg.worker.rollout.n, groups or cfg.data.rollout_batch_size

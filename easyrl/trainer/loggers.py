@@ -121,12 +121,8 @@ class JsonlLogger:
 
 class Tracker:
     """Fans metrics out to the backends named in ``trainer.logger``, writing under ``run_dir``; ``config`` (a dict)
-    goes to the dashboards, ``total_steps`` and ``initial_step`` size the console's bar.
-
-    Raises:
-        ConfigError: an unknown backend or a missing library.
-        RunStateError: a new run in a folder with another run's metrics.
-    """
+    goes to the dashboards, ``total_steps`` and ``initial_step`` size the console's bar. Raises ``ConfigError`` (an
+    unknown backend, a missing library) or ``RunStateError`` (a new run in a folder with another run's metrics)."""
 
     def __init__(self, backends: list[str], run_dir: str, project: str, experiment: str, config: dict[str, Any],
                  total_steps: Optional[int] = None, initial_step: int = 0, resume: bool = False):

@@ -81,11 +81,7 @@ def reward_metrics(batch: Batch, generated: dict[str, list[float]], failures: in
 
 def frac_reward_zero_std(scores: Sequence[float], uids: Sequence[str]) -> float:
     """Fraction of groups (samples sharing a ``uid``; ``scores``, ``uids``: ``(bsz,)``) whose scores are all equal:
-    their group-normalised advantage is 0.
-
-    Raises:
-        ValueError: ``scores`` and ``uids`` differ in length, or are empty.
-    """
+    their group-normalised advantage is 0. ``ValueError`` when they differ in length or are empty."""
     if len(scores) != len(uids) or len(scores) == 0:
         raise ValueError(f"frac_reward_zero_std needs one uid per score; got {len(scores)} scores, {len(uids)} uids.")
     groups: dict[str, list[float]] = defaultdict(list)

@@ -1,7 +1,6 @@
-"""Pre-flight checks of every model a run reads, before Ray starts: its folder or hub id, weight-file headers,
-config, tokenizer, processor and chat template; for on-policy distillation, the teacher's tokenizer against the
-student's (same vocabulary, special tokens and chat template rendering). Each failure names the config key
-(docs/errors.md, M and T rows)."""
+"""Pre-flight checks of every model a run reads, before Ray starts: folder or hub id, weight-file headers, config,
+tokenizer, processor, chat template, and the teacher's tokenizer against the student's. Each failure names the config
+key (docs/errors.md, M and T rows)."""
 
 from __future__ import annotations
 
@@ -18,12 +17,8 @@ logger = logging.getLogger("easyrl")
 
 def check_model_source(key: str, path: str, timeout_s: float = 10.0) -> None:
     """A local model folder must exist and hold ``config.json``; a hub id must be cached or known to the hub, asked
-    once with a ``timeout_s`` second timeout (never under ``HF_HUB_OFFLINE=1``).
-
-    Raises:
-        ModelError: naming ``key`` and ``path``: a missing folder, a file, no ``config.json``, a hub id not cached
-            and unreachable, or unknown to the hub.
-    """
+    once with a ``timeout_s`` second timeout (never under ``HF_HUB_OFFLINE=1``). Raises ``ModelError`` naming ``key``
+    and ``path``: a missing folder, a file, no ``config.json``, a hub id not cached and unreachable, or unknown."""
     if looks_local(path):
         folder = os.path.expanduser(path)
         if not os.path.exists(folder):
@@ -84,13 +79,8 @@ def check_model_sources(model_cfg: Any, prefix: str = "worker.actor.model") -> N
 def load_model_parts(model_cfg: Any, sources_checked: bool = False,
                      chat_template: Optional[str] = None) -> tuple[Any, Any, Any]:
     """``(tokenizer, hf_config, processor or None)`` of ``worker.actor.model``, after :func:`check_model_sources`
-    (unless ``sources_checked``); ``chat_template`` (``data.override_chat_template``, a Jinja file) replaces their
-    chat template.
-
-    Raises:
-        ModelError: naming the key whose folder cannot be loaded, or a tokenizer without a chat template.
-        ConfigError: the ``data.override_chat_template`` file cannot be read.
-    """
+    (unless ``sources_checked``); ``chat_template`` (a Jinja file) replaces their chat template. Raises
+    ``ModelError`` (a folder that cannot be loaded, no chat template) or ``ConfigError`` (an unreadable template)."""
     if not sources_checked:
         check_model_sources(model_cfg)
     model_key = "worker.actor.model.model_path"
@@ -132,13 +122,9 @@ def read_chat_template(path: str) -> str:
 
 
 def check_chat_template(tokenizer: Any, processor: Any, where: str) -> None:
-    """The processor's or the tokenizer's chat template (which builds the prompts) exists and shows a message's
-    content.
-
-    Raises:
-        ModelError: neither has one (``where`` names the key and path).
-        ConfigError: the template fails to render a user message, or drops its content.
-    """
+    """The processor's or the tokenizer's chat template exists and shows a message's content. Raises ``ModelError``
+    when neither has one (``where`` names the key and path), ``ConfigError`` when it fails to render a user message or
+    drops its content."""
     if not getattr(tokenizer, "chat_template", None) and not getattr(processor, "chat_template", None):
         raise ModelError(
             f"the tokenizer of {where} has no chat template, which builds the prompts; use an instruct/chat model, "
@@ -191,12 +177,8 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 
 def weight_headers(key: str, path: str) -> Optional[dict[str, list[int]]]:
     """``{tensor name: shape}`` of the local model folder ``path`` (config key ``key``) from its ``*.safetensors``
-    headers alone; None for a hub id or other formats (``.bin``, ``.gguf``).
-
-    Raises:
-        ModelError: no weight files, a safetensors file cut short or with an unreadable header, or a shard that
-            ``model.safetensors.index.json`` names missing (each names the file).
-    """
+    headers alone; None for a hub id or other formats. Raises ``ModelError`` (naming the file): no weight files, a
+    file cut short or with an unreadable header, or a shard named by the index missing."""
     import json
     import struct
 
@@ -241,12 +223,8 @@ def weight_headers(key: str, path: str) -> Optional[dict[str, list[int]]]:
 
 
 def check_model_fits(model_cfg: Any, hf_config: Any, tokenizer: Any, context: int) -> None:
-    """The tokenizer's ids fit the embedding and ``context`` (prompt + response length) the model's positions.
-
-    Raises:
-        ModelError: a tokenizer larger than the embedding (``vocab_size``).
-        ConfigError: a context beyond ``max_position_embeddings``.
-    """
+    """The tokenizer's ids fit the embedding and ``context`` (prompt + response tokens) the model's positions. Raises
+    ``ModelError`` (tokenizer larger than ``vocab_size``), ``ConfigError`` (beyond ``max_position_embeddings``)."""
     key = "worker.actor.model.model_path"
     text = hf_config.get_text_config()
     vocab = getattr(text, "vocab_size", None)
@@ -263,12 +241,8 @@ def check_model_fits(model_cfg: Any, hf_config: Any, tokenizer: Any, context: in
 
 
 def check_lora_targets(model_cfg: Any) -> None:
-    """Every name of ``worker.actor.model.lora.target_modules`` is a module of the model (read from its weight
-    headers; peft refuses only targets of which none match).
-
-    Raises:
-        ConfigError: naming the unknown targets and the model's layers with 2-D weights.
-    """
+    """Every name of ``worker.actor.model.lora.target_modules`` is a module of the model (from its weight headers).
+    Raises ``ConfigError`` naming the unknown targets and the model's layers with 2-D weights."""
     lora = model_cfg.lora
     if lora.rank > 0 and lora.target_modules.strip() != "all-linear":
         shapes = weight_headers("worker.actor.model.model_path", model_cfg.model_path) or {}
@@ -288,12 +262,9 @@ SCORE_HEADS = ("ForSequenceClassification", "ForTokenClassification", "ForReward
 
 
 def check_head(key: str, path: Optional[str], scorer: bool) -> None:
-    """The model at ``path`` (config key ``key``) has its role's head, read from ``architectures`` in a local or
-    cached ``config.json``: a reward model (``scorer``) is a sequence classifier, a judge or teacher a language model.
-
-    Raises:
-        ModelError: naming the key, the architecture and the role the model would fit.
-    """
+    """The model at ``path`` (config key ``key``) has its role's head, read from ``architectures`` in its
+    ``config.json``: a reward model (``scorer``) is a sequence classifier, a judge or teacher a language model. Raises
+    ``ModelError`` naming the key, the architecture and the role the model would fit."""
     import json
 
     if not path:
@@ -326,12 +297,8 @@ SPECIAL_TOKENS = ("eos_token", "pad_token", "bos_token")
 
 
 def check_teacher(config: Any, student_tokenizer: Any) -> Any:
-    """Check ``worker.teacher`` against the student's tokenizer; returns the teacher's tokenizer.
-
-    Raises:
-        ModelError: the teacher's tokenizer cannot be loaded.
-        ConfigError: the vocabularies, special tokens or chat templates differ (naming both paths).
-    """
+    """Check ``worker.teacher`` against the student's tokenizer; returns the teacher's tokenizer. Raises ``ModelError``
+    (it cannot be loaded) or ``ConfigError`` (vocabularies, special tokens or chat templates differ)."""
     from transformers import AutoTokenizer
 
     teacher = config.worker.teacher.model

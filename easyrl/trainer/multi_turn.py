@@ -1,10 +1,8 @@
-"""The multi-turn rollout (``worker.rollout.multi_turn.enable``; how it schedules, tokenizes and lays out a
-trajectory: docs/agents.md): the driver runs the turns (``easyrl.agents.trajectory.TurnLoop``), each round sending
-every ready trajectory to the workers' engines, which stay awake between rounds. Beyond the trajectory layout of
-``easyrl.trainer.rollout`` (``response_mask`` 0 on tool and environment tokens) the batch holds ``messages``,
-``tool_calls``, ``multi_turn_stats`` and, for a VL model, ``tool_images``: each resized exactly as a prompt image,
-its processor outputs appended to the prompt's ``multi_modal_inputs`` in the order of the image pads (docs/agents.md,
-"Tool images"; the turn-level part: ``easyrl.agents.tool_images``)."""
+"""The multi-turn rollout (``worker.rollout.multi_turn.enable``; docs/agents.md): the driver runs the turns
+(``easyrl.agents.trajectory.TurnLoop``), each round sending every ready trajectory to the workers' engines, which stay
+awake between rounds. Beyond the layout of ``easyrl.trainer.rollout`` the batch holds ``messages``, ``tool_calls``,
+``multi_turn_stats`` and, for a VL model, ``tool_images``: each resized as a prompt image, its processor outputs
+appended to the prompt's ``multi_modal_inputs`` in the order of the image pads."""
 
 from __future__ import annotations
 

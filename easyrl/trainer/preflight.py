@@ -123,11 +123,7 @@ def prepare(config: Any, train: bool = True) -> Prepared:
     """All pre-flight checks of a finalized ``PPOConfig``, cheap ones first (driver, paths, headers, data columns,
     templates, tool and reward files: no model loaded), then the model config and tokenizer against the settings, the
     datasets, and the reward function on one sample. ``train`` False (``easyrl eval``): no training set is loaded
-    and the reward is tried on a validation sample.
-
-    Raises:
-        UserError: ``ModelError``, ``DataError``, ``RewardError`` or ``ConfigError``; see ``docs/errors.md``.
-    """
+    and the reward is tried on a validation sample. Raises a ``UserError`` (docs/errors.md)."""
     if train and not config.data.train_files:
         raise ConfigError("data.train_files is not set: training needs a training set (only `easyrl eval` runs "
                           "without one).")

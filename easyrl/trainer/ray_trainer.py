@@ -1,17 +1,13 @@
 """``RayPPOTrainer``: the training loop, read top to bottom as the algorithm.
 
 Each step: generate -> reward -> old log-prob -> ref log-prob -> values (with a critic) -> advantage -> update critic
--> update actor, every phase timed (``timing_s/<phase>``). The trainer process (the Ray driver) holds the batch and the
-reward function; the workers (one Ray actor per device) hold the FSDP2 actor, the reference policy, the critic (PPO
-with GAE) and a vLLM engine each. On-policy distillation adds the teacher's log-prob pass after the reference's
-(``timing_s/teacher``) and its reverse KL to the advantage (``easyrl.algorithms.distillation``).
+-> update actor, every phase timed (``timing_s/<phase>``). The driver holds the batch and the reward function; the
+workers (one Ray actor per device) hold the FSDP2 actor, the reference, the critic and a vLLM engine each.
+On-policy distillation adds the teacher's log-prob pass (``timing_s/teacher``) and its reverse KL to the advantage.
 
-The trainer is composed of parts, each owning its state: a ``Generator`` (``generation``: prompt batches, dynamic
-sampling, ReMax baselines) over a ``Rollout`` (``rollout``: prompts -> trajectories on the workers' engines), a
-``Scorer`` (``scoring``: the reward function, its guards and error count), ``ModelRewards`` (``scoring`` too: the
-LLM judge and the reward model, after the reward function), a ``Validator`` (``validation``) and a
-``Checkpointer`` (``checkpoint``: save/resume); ``rollout`` also holds the padded layout, ``metrics`` the metric names
-and timers. The step below calls them in the order of the algorithm.
+Parts, each owning its state: ``Generator`` (``generation``) over a ``Rollout`` (``rollout``: prompts ->
+trajectories; also the padded layout), ``Scorer`` and ``ModelRewards`` (``scoring``), ``Validator`` (``validation``)
+and ``Checkpointer`` (``checkpoint``); ``metrics`` holds the metric names and timers.
 """
 
 from __future__ import annotations
@@ -66,14 +62,8 @@ logger = logging.getLogger("easyrl.trainer")
 
 
 class RayPPOTrainer:
-    """Runs GRPO-style RL: see the module docstring for the phases and parts.
-
-    Args:
-        config: finalized configuration.
-        tokenizer: the actor's tokenizer (pad id, decoding responses for the reward).
-        train_dataset, val_dataset: ``RLDataset``s.
-        reward_fn, val_reward_fn: ``RewardFunction``s (may be the same object).
-    """
+    """Runs GRPO-style RL (phases and parts: the module docstring); ``reward_fn`` and ``val_reward_fn`` may be the
+    same object."""
 
     def __init__(self, config: PPOConfig, tokenizer, train_dataset, val_dataset, reward_fn: RewardFunction,
                  val_reward_fn: Optional[RewardFunction] = None):
@@ -103,8 +93,7 @@ class RayPPOTrainer:
         self.startup: Optional[StartupProfile] = None  # reported in the first step's metrics (build_trainer sets it)
 
     def init_workers(self, device: str, worker_cls: type = FSDPWorker) -> None:
-        """Start the Ray workers (process group, FSDP2 actor/ref, vLLM engines; ``worker_cls`` is ``FSDPWorker`` or
-        a subclass of it, e.g. ``easyrl.testing.worker.InspectableWorker``) and the parts that call them."""
+        """Start the Ray workers (``worker_cls``: ``FSDPWorker`` or a subclass) and the parts that call them."""
         self.workers = WorkerGroup(self.config, device, worker_cls=worker_cls, training_steps=self.training_steps)
         self._init_parts(self.workers)
 
@@ -141,10 +130,8 @@ class RayPPOTrainer:
         batch["returns"] = returns
 
     def _distill(self, batch: Batch) -> dict[str, float]:
-        """On-policy distillation (``easyrl.algorithms.distillation``): ``distill/reverse_kl``, the mean per-token
-        ``log pi_student - log pi_teacher`` over the response tokens; with ``algorithm.distill_coef > 0`` that
-        reverse KL times the coefficient is subtracted from the advantages (``adv_estimator: on_policy_distill``
-        already made them of it)."""
+        """``distill/reverse_kl``: mean per-token ``log pi_student - log pi_teacher`` over the response; with
+        ``algorithm.distill_coef > 0`` that times the coefficient is subtracted from the advantages."""
         algo = self.config.algorithm
         reverse_kl = token_reverse_kl(batch["old_log_probs"], batch["teacher_log_probs"], batch["response_mask"])
         if algo.distill_coef > 0:
@@ -155,15 +142,10 @@ class RayPPOTrainer:
     def fit(self) -> None:
         """Train until ``training_steps``; validate, checkpoint and export the actor as configured.
 
-        Resumes from ``trainer.load_checkpoint_path``, or else (``trainer.find_last_checkpoint``) from the last
-        complete checkpoint under ``trainer.save_checkpoint_path``. A checkpoint is saved every ``save_freq`` steps,
-        after the last step, and when SIGTERM/SIGINT asks the run to stop (``stop_signal`` then names it and fit
-        returns after that save, without exporting).
-
-        Raises:
-            RunStateError: the run folder holds another run's metrics or checkpoints, and this run does not resume.
-            RuntimeError: a worker died or failed (names its rank and the last good checkpoint to resume from).
-        """
+        Resumes as ``checkpoint_to_resume`` says. A checkpoint is saved every ``save_freq`` steps, after the last
+        step, and when SIGTERM/SIGINT asks the run to stop (``stop_signal`` then names it and fit returns after that
+        save, without exporting). Raises ``RunStateError`` (another run's folder, not resuming) or ``RuntimeError``
+        (a worker died or failed; names its rank and the last good checkpoint)."""
         cfg = self.config
         resume_from = checkpoint_to_resume(cfg.trainer)
         start_step = 0 if resume_from is None else Checkpointer.step_of(resume_from)
@@ -324,9 +306,8 @@ class RayPPOTrainer:
         return order
 
     def _stage_multi_modal(self, batch: Batch) -> Optional[list[tuple[str, int]]]:
-        """Ship each worker its share of the balanced ``batch``'s ``multi_modal_inputs`` once for the step
-        (``FSDPWorker.stage_multi_modal``); returns the per-sample references the passes send instead, or None for a
-        batch without images (nothing staged)."""
+        """Ship each worker its share of the balanced ``batch``'s ``multi_modal_inputs`` once for the step; returns
+        the per-sample references the passes send instead, or None for a batch without images."""
         if not has_multi_modal(batch):
             return None
         references = stage_references(len(batch))
@@ -349,8 +330,7 @@ class RayPPOTrainer:
 
     def actor_updates_this_step(self) -> bool:
         """Whether this step (1-based ``global_step``) updates the actor: always without a critic; with one from step
-        ``trainer.critic_warmup`` on (verl's and EasyR1's test ``critic_warmup <= global_step``: ``critic_warmup: 3``
-        gives 2 critic-only steps, 0 and 1 none)."""
+        ``trainer.critic_warmup`` on (``critic_warmup: 3`` gives 2 critic-only steps, 0 and 1 none)."""
         return not self.config.algorithm.needs_critic or self.config.trainer.critic_warmup <= self.global_step
 
     def save_model(self) -> str:

@@ -19,12 +19,9 @@ logger = logging.getLogger("easyrl")
 
 
 def load_reward(reward_cfg: Any):
-    """The ``RewardFunction`` of ``worker.reward``, imported, its keyword arguments bound to its signature.
-
-    Raises:
-        RewardError: no function configured, a malformed spec, a missing file or function, a failing import (names
-            the line), keyword arguments the function does not take or required ones not given.
-    """
+    """The ``RewardFunction`` of ``worker.reward``, imported, its keyword arguments bound to its signature. Raises
+    ``RewardError``: no function configured, a malformed spec, a missing file or function, a failing import (names the
+    line), keyword arguments the function does not take or required ones not given."""
     from easyrl.rewards.function import RewardFunction
 
     key = "worker.reward.reward_function"
@@ -128,13 +125,9 @@ def check_filter_key(config: Any, score_names: list[str], where: str) -> None:
 
 def check_reward_model(rm: Any) -> None:
     """``worker.reward.reward_model`` (when enabled): a sequence classifier with one output, a tokenizer, a chat
-    template that renders a (prompt, response) pair.
-
-    Raises:
-        ModelError: a missing model, a config or tokenizer that cannot be loaded, ``num_labels`` other than 1, no
-            chat template.
-        ConfigError: ``chat_template`` fails to render; ``max_length`` beyond the model's positions.
-    """
+    template that renders a (prompt, response) pair. Raises ``ModelError`` (a missing model, a config or tokenizer
+    that cannot be loaded, ``num_labels`` other than 1, no chat template) or ``ConfigError`` (``chat_template`` fails
+    to render; ``max_length`` beyond the model's positions)."""
     if not rm.enabled:
         return
     from easyrl.config.worker import read_chat_template

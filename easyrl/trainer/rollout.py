@@ -1,8 +1,7 @@
-"""The trainer's padded batch layout, and the rollout: what turns a batch of prompts into a batch of trajectories (the
-trainer does not know which kind).
+"""The trainer's padded batch layout, and the rollout: prompts -> trajectories (the trainer does not know which kind).
 
-A prompt batch holds ``prompts`` ``(bsz, P)`` left-padded (``P``: ``data.max_prompt_length``), its ``prompt_mask``
-and the extras; a trajectory batch adds:
+A prompt batch holds ``prompts`` ``(bsz, P)`` left-padded (``P``: ``data.max_prompt_length``), its ``prompt_mask`` and
+the extras; a trajectory batch adds:
 
 * ``responses`` ``(bsz, R)``: the generated tokens, right-padded to ``data.max_response_length`` (``R``), so every
   response starts at column ``P`` of ``input_ids``;
@@ -28,11 +27,7 @@ __all__ = ["Rollout", "SingleTurnRollout", "for_rollout", "for_workers", "left_p
 
 def left_pad(rows: list[list[int]], length: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Token rows right-aligned in ``(len(rows), length)`` long tensors: ``(ids, mask)``, padding ``pad_id`` / 0 on
-    the left.
-
-    Raises:
-        ValueError: a row is longer than ``length`` (``data.max_prompt_length``).
-    """
+    the left; ``ValueError`` for a row longer than ``length``."""
     ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
     mask = torch.zeros((len(rows), length), dtype=torch.long)
     for i, row in enumerate(rows):
@@ -97,12 +92,8 @@ class Rollout(Protocol):
 
     def generate(self, prompts: Batch, overrides: Optional[dict[str, Any]]) -> tuple[Batch, float]:
         """The trajectory batch of ``prompts`` (one trajectory per row), and the seconds spent bringing the
-        engines' weights up to date before generating (``timing_s/reshard``).
-
-        Args:
-            prompts: a prompt batch (``Generator.prompt_batch``), ``len(prompts)`` a multiple of ``engines``.
-            overrides: sampling settings replacing ``worker.rollout``'s (validation, greedy baselines), or None.
-        """
+        engines' weights up to date (``timing_s/reshard``); ``len(prompts)`` a multiple of ``engines``,
+        ``overrides`` sampling settings replacing ``worker.rollout``'s, or None."""
         ...
 
 

@@ -26,7 +26,7 @@ class RunFinished(Exception):
 
 
 def resume_mode(trainer) -> str:
-    """``trainer.resume_mode`` with EasyR1's switches mapped onto it: ``auto`` with ``load_checkpoint_path`` set is
+    """``trainer.resume_mode`` with the older switches mapped onto it: ``auto`` with ``load_checkpoint_path`` set is
     ``resume_path``, ``auto`` with ``find_last_checkpoint: false`` is ``disable``."""
     mode = getattr(trainer, "resume_mode", "auto")
     if mode == "auto" and trainer.load_checkpoint_path is not None:
@@ -48,12 +48,8 @@ def refuse_existing_metrics(path: str) -> None:
 
 def checkpoint_to_resume(trainer) -> Optional[str]:
     """The checkpoint a run resumes from: ``trainer.load_checkpoint_path`` (``resume_path``), else the last one
-    under ``trainer.save_checkpoint_path`` (``auto``, ``force``), else None (a new run).
-
-    Raises:
-        RunStateError: ``load_checkpoint_path`` is incomplete; or, not resuming, the folder holds another run's
-            checkpoints.
-    """
+    under ``trainer.save_checkpoint_path`` (``auto``, ``force``), else None (a new run). ``RunStateError`` when
+    ``load_checkpoint_path`` is incomplete, or, not resuming, the folder holds another run's checkpoints."""
     root = trainer.save_checkpoint_path
     mode = resume_mode(trainer)
     if mode == "resume_path":
@@ -104,11 +100,7 @@ def check_run_folder(trainer, new_config: Optional[dict[str, Any]] = None,
                      training_steps: Optional[int] = None) -> Optional[str]:
     """The checkpoint the run resumes from (None: a new run), after the refusals above; ``new_config`` (None: not
     compared) is compared in ``resume_mode=auto``, ``training_steps`` (None: not checked) finds a finished run.
-
-    Raises:
-        RunStateError: as the functions above.
-        RunFinished: as :func:`check_finished`.
-    """
+    Raises ``RunStateError`` as the functions above, ``RunFinished`` as :func:`check_finished`."""
     resume_from = checkpoint_to_resume(trainer)
     if resume_from is None:
         if "jsonl" in trainer.logger:

@@ -1,7 +1,6 @@
-"""The trainer's reward phase, in training and validation alike: the guarded reward function scores the decoded
-responses, here or in the reward actor while the log-prob passes run, into ``token_level_scores`` (last response
-token) and ``score/<name>``; then the phases that run models on the workers (``ModelRewards``): the LLM judge
-(``worker.reward.judge``, docs/judge.md), then the reward model (``worker.reward.reward_model``, docs/rewards.md),
+"""The trainer's reward phase, in training and validation: the guarded reward function scores the decoded responses
+(here or in the reward actor while the log-prob passes run) into ``token_level_scores`` (last response token) and
+``score/<name>``; then ``ModelRewards`` runs the LLM judge (docs/judge.md) and the reward model (docs/rewards.md),
 each adding its named score and its weighted share of ``overall``::
 
     overall = reward function's overall + judge.weight x score/judge + reward_model.weight x score/reward_model
@@ -81,11 +80,8 @@ class Scorer:
 
     def score(self, batch: Batch, step: int, validation: bool = False) -> tuple[dict[str, list[float]], int]:
         """Score every response here and now (see :meth:`set_scores`) through the training (or validation) guard;
-        returns the named scores and the number of samples the function failed on.
-
-        Raises:
-            RewardSampleError: the function failed on a sample and ``on_error`` is ``raise``.
-        """
+        returns the named scores and the number of samples the function failed on. Raises ``RewardSampleError``
+        when it failed on a sample and ``on_error`` is ``raise``."""
         guard = self.val_guard if validation else self.guard
         scores, failures = guard(self.reward_inputs(batch), step)
         self.set_scores(batch, scores)
@@ -200,11 +196,8 @@ class ModelRewards:
 
     @classmethod
     def create(cls, config: Any, scorer: Scorer, workers: Any) -> "ModelRewards":
-        """The phases ``config.worker.reward`` asks for, calling ``workers`` (a ``WorkerGroup``).
-
-        Raises:
-            ConfigError: a bad judge prompt template or parser (``easyrl.rewards.judge``).
-        """
+        """The phases ``config.worker.reward`` asks for, calling ``workers``; ``ConfigError`` for a bad judge prompt
+        template or parser."""
         reward = config.worker.reward
         judge = load_judge(reward.judge)  # None while worker.reward.judge.model_path is null
         judging = JudgePhase(judge, scorer, workers) if judge is not None else None

@@ -14,11 +14,8 @@ PHASES = ("train", "val", "baseline")
 
 def sample_seed(seed: int, step: int, index: int, round_: int = 0, phase: str = "train") -> int:
     """A 31-bit seed for one request, a hash of ``(seed, phase, step, round_, index)``: ``index`` the sample's place
-    in the step's batch, ``round_`` the generation round or validation batch, ``phase`` one of :data:`PHASES`.
-
-    Raises:
-        ValueError: an unknown phase.
-    """
+    in the step's batch, ``round_`` the generation round or validation batch, ``phase`` one of :data:`PHASES`
+    (else ValueError)."""
     if phase not in PHASES:
         raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
     key = f"{seed}/{phase}/{step}/{round_}/{index}".encode()
