@@ -30,6 +30,7 @@ CASES = [
     ("S07", ["trainer.rollout_mode=async", "worker.rollout.n_gpus_per_node=1", "data.rollout_batch_size=4",
              "data.mini_rollout_batch_size=3"],
      ["data.mini_rollout_batch_size=3 must divide", "trainer.rollout_mode=async"]),
+    ("S08", [*SPLIT, "trainer.max_staleness=3"], ["trainer.max_staleness=3", "trainer.rollout_mode=async"]),
 ]
 
 

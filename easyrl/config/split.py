@@ -17,6 +17,11 @@ def check_rollout_mode(config: "PPOConfig") -> None:
     ``async``: rounds that fill a batch), and none of the features the split placement does not run yet;
     ``colocated`` has no rollout devices of its own. ``ConfigError`` naming the key and what to set."""
     mode, rollout, trainer = config.trainer.rollout_mode, config.worker.rollout, config.trainer
+    if mode != "async" and trainer.max_staleness != 1:
+        raise ConfigError(f"trainer.max_staleness={trainer.max_staleness} bounds the version gap of trainer.rollout_mode"
+                          f"=async only (rollout_mode={mode} trains samples at most "
+                          f"{'0' if mode == 'colocated' else '1'} version old): set trainer.rollout_mode=async, or "
+                          "drop trainer.max_staleness.")
     if mode == "colocated":
         if rollout.n_gpus_per_node is not None:
             raise ConfigError(f"worker.rollout.n_gpus_per_node={rollout.n_gpus_per_node} places the rollout engines "
