@@ -18,8 +18,8 @@ def check_rollout_mode(config: "PPOConfig") -> None:
     ``colocated`` has no rollout devices of its own. ``ConfigError`` naming the key and what to set."""
     mode, rollout, trainer = config.trainer.rollout_mode, config.worker.rollout, config.trainer
     if mode != "async" and trainer.max_staleness != 1:
-        raise ConfigError(f"trainer.max_staleness={trainer.max_staleness} bounds the version gap of trainer.rollout_mode"
-                          f"=async only (rollout_mode={mode} trains samples at most "
+        raise ConfigError(f"trainer.max_staleness={trainer.max_staleness} bounds the version gap of "
+                          f"trainer.rollout_mode=async only (rollout_mode={mode} trains samples at most "
                           f"{'0' if mode == 'colocated' else '1'} version old): set trainer.rollout_mode=async, or "
                           "drop trainer.max_staleness.")
     if mode == "colocated":

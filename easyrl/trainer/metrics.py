@@ -18,7 +18,8 @@ from easyrl.batch import Batch
 
 def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
     values = values.float()
-    return {f"{prefix}/mean": values.mean().item(), f"{prefix}/max": values.max().item(), f"{prefix}/min": values.min().item()}
+    return {f"{prefix}/mean": values.mean().item(), f"{prefix}/max": values.max().item(),
+            f"{prefix}/min": values.min().item()}
 
 
 def compute_data_metrics(batch: Batch, max_prompt_length: int, max_response_length: int) -> dict[str, float]:
