@@ -7,8 +7,7 @@
     easyrl simulate config=FILE.yaml [--device D] one step's memory on simulated devices (python -m easyrl.simulate)
     easyrl --version
 
-Each command's ``--help`` names itself; bare ``easyrl`` prints the help. A new command is one entry of ``COMMANDS``
-and ``MODULES``.
+Each command's ``--help`` names itself; bare ``easyrl`` prints the help. A new command is one entry of ``COMMANDS``.
 """
 
 from __future__ import annotations
@@ -18,19 +17,16 @@ import importlib
 import sys
 from typing import Optional
 
-# name -> one-line help; the order of `easyrl --help`
-COMMANDS: dict[str, str] = {
-    "train": "train a policy: easyrl train config=FILE.yaml KEY=VALUE ... (same as python -m easyrl.trainer)",
-    "eval": "validation only: easyrl eval config=FILE.yaml [model=HF_FOLDER|CHECKPOINT] KEY=VALUE ...",
-    "export": "a Hugging Face folder from a checkpoint: easyrl export CHECKPOINT OUT",
-    "plot": "plot runs' metrics.jsonl to a PNG and an HTML page: easyrl plot RUN_DIR ...",
-    "simulate": "memory and device placement of one step on simulated devices: easyrl simulate config=FILE.yaml "
-                "[--device h100|h200|a100-40|a100-80|910b] [--json]",
+# name -> (the module whose main(argv, prog=...) runs it, its one-line help); the order of `easyrl --help`
+COMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("easyrl.trainer.__main__",
+              "train a policy: easyrl train config=FILE.yaml KEY=VALUE ... (same as python -m easyrl.trainer)"),
+    "eval": ("easyrl.eval", "validation only: easyrl eval config=FILE.yaml [model=HF_FOLDER|CHECKPOINT] KEY=VALUE ..."),
+    "export": ("easyrl.export", "a Hugging Face folder from a checkpoint: easyrl export CHECKPOINT OUT"),
+    "plot": ("easyrl.plot", "plot runs' metrics.jsonl to a PNG and an HTML page: easyrl plot RUN_DIR ..."),
+    "simulate": ("easyrl.simulate.__main__", "memory and device placement of one step on simulated devices: easyrl "
+                 "simulate config=FILE.yaml [--device h100|h200|a100-40|a100-80|910b] [--json]"),
 }
-
-# name -> the module whose main(argv, prog=...) runs it
-MODULES = {"train": "easyrl.trainer.__main__", "eval": "easyrl.eval", "export": "easyrl.export", "plot": "easyrl.plot",
-           "simulate": "easyrl.simulate.__main__"}
 
 
 def version() -> str:
@@ -50,7 +46,7 @@ def parser() -> argparse.ArgumentParser:
                                   "(GRPO and its relatives) on Ray + vLLM + FSDP2. `easyrl COMMAND --help` for more.")
     top.add_argument("--version", action="version", version=f"easyrl {version()}")
     commands = top.add_subparsers(dest="command", metavar="COMMAND")
-    for name, help_line in COMMANDS.items():
+    for name, (_, help_line) in COMMANDS.items():
         commands.add_parser(name, help=help_line, add_help=False)
     return top
 
@@ -59,9 +55,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     """Dispatch to a command; returns its exit status (bare ``easyrl``: the help, status 0)."""
     argv = sys.argv[1:] if argv is None else argv
     command, rest = (argv[0], argv[1:]) if argv else (None, [])
-    if command in MODULES:
-        extra = {"description": COMMANDS["plot"]} if command == "plot" else {}
-        return importlib.import_module(MODULES[command]).main(rest, prog=f"easyrl {command}", **extra)
+    if command in COMMANDS:
+        module, help_line = COMMANDS[command]
+        extra = {"description": help_line} if command == "plot" else {}
+        return importlib.import_module(module).main(rest, prog=f"easyrl {command}", **extra)
     if command is None:
         parser().print_help()
         return 0
