@@ -14,12 +14,14 @@ from collections.abc import Iterable
 from typing import Any, Optional
 
 import torch
+from tqdm import tqdm
 
 from easyrl.config import RolloutConfig
 from easyrl.models.expert_layout import to_checkpoint_layout
 from easyrl.quiet import verbose
 from easyrl.workers import vllm_compat
 from easyrl.workers.dummy_load import DUMMY_LOAD_FORMAT, load_format, register_dummy_loader
+from easyrl.workers.request_engine import RequestEngine
 from easyrl.workers.vl_tokens import forbidden_words
 from easyrl.workers.weight_sync import reload_and_report, sleep_level
 
@@ -124,6 +126,7 @@ class VLLMRollout:
             register_dummy_loader()  # in this process, before the engine is built
         reuse_passed_tokenizer()
         self.llm = LLM(**engine_kwargs)
+        self.engine = RequestEngine(self.llm)  # request by request (continuous batching)
         # a sampled image/video pad id in a response would break the actor's next forward: never sample one
         self.bad_words = forbidden_words(hf_config, self.llm.get_tokenizer())
         self.is_asleep = False
@@ -143,11 +146,13 @@ class VLLMRollout:
             vllm_compat.wake_up(self.llm, tags)
             self.is_asleep = tags is not None and "kv_cache" not in tags
 
-    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> tuple[list[str], list[str]]:
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]],
+                     version: Optional[int] = None) -> tuple[list[str], list[str]]:
         """Overwrite the engine's weights in place with Hugging Face-named full tensors (no disk, no re-init), then
-        drop every cache computed with the old weights. The iterator is consumed inside, so it may gather lazily;
-        with TP every rank passes the full tensors and vLLM keeps its slice. Returns ``(expected, loaded)``: vLLM's
-        parameter names, and those the tensors wrote."""
+        drop every cache computed with the old weights, the KV cache of requests in flight included
+        (``RequestEngine.reload``: their later tokens are tagged ``version``; None keeps the engine's). The iterator
+        is consumed inside, so it may gather lazily; with TP every rank passes the full tensors and vLLM keeps its
+        slice. Returns ``(expected, loaded)``: vLLM's parameter names, and those the tensors wrote."""
         weights = to_checkpoint_layout(named_tensors, self.model_type)
         (expected, loaded), = self.llm.collective_rpc(reload_and_report,
                                                       kwargs=dict(weights_iterator=weights, device=self.device))
@@ -155,35 +160,47 @@ class VLLMRollout:
         # every cache computed with the old weights is stale (else "Encoder cache miss" on the next image prompt)
         self.llm.llm_engine.reset_encoder_cache()
         self.llm.reset_mm_cache()
-        self.llm.reset_prefix_cache()
+        self.engine.reload(self.engine.version if version is None else version)
         return expected, loaded
+
+    def requests(self, raw_prompt_ids: list[list[int]], images: list[list[Any]],
+                 overrides: Optional[dict[str, Any]] = None, seeds: Optional[list[int]] = None,
+                 max_tokens: Optional[list[int]] = None, videos: Optional[list[list[Any]]] = None,
+                 ) -> list[tuple[dict[str, Any], Any]]:
+        """One ``(prompt, SamplingParams)`` per request: ``raw_prompt_ids`` are chat-templated (one
+        ``<|image_pad|>`` per image, one ``<|video_pad|>`` per video); ``overrides`` replace ``temperature`` /
+        ``top_p`` / ``top_k``; ``seeds`` and ``max_tokens`` (tokens) are per request (None: the engine's seed,
+        ``response_length``)."""
+        from vllm import SamplingParams
+
+        n = len(raw_prompt_ids)
+        prompts = [_request(*item) for item in zip(raw_prompt_ids, images, videos or [[]] * n)]
+        settings = dict(temperature=self.config.temperature, top_p=self.config.top_p, top_k=self.config.top_k)
+        settings.update({k: v for k, v in (overrides or {}).items() if k in settings})
+        logprobs = 0 if self.config.calculate_log_probs else None
+        params = [SamplingParams(n=1, max_tokens=budget, logprobs=logprobs, detokenize=False,
+                                 bad_words=self.bad_words or None, seed=seed, **settings)
+                  for seed, budget in zip(seeds if seeds is not None else [None] * n,
+                                          max_tokens if max_tokens is not None else [self.config.response_length] * n)]
+        return list(zip(prompts, params))
 
     def generate(self, raw_prompt_ids: list[list[int]], images: list[list[Any]],
                  overrides: Optional[dict[str, Any]] = None, seeds: Optional[list[int]] = None,
                  max_tokens: Optional[list[int]] = None, videos: Optional[list[list[Any]]] = None,
                  ) -> tuple[list[list[int]], Optional[list[list[float]]]]:
-        """Sample one response per request: ``raw_prompt_ids`` are chat-templated (one ``<|image_pad|>`` per image,
-        one ``<|video_pad|>`` per video); ``overrides`` replace ``temperature`` / ``top_p`` / ``top_k``; ``seeds`` and
-        ``max_tokens`` (tokens) are per request (None: the engine's seed, ``response_length``). Returns
-        ``(response_ids, response_log_probs)`` in request order: the sampled tokens (EOS included when generation
-        stopped on it) and vLLM's log-prob of each (None unless ``calculate_log_probs``)."""
-        from vllm import SamplingParams
-
-        n = len(raw_prompt_ids)
-        requests = [_request(*item) for item in zip(raw_prompt_ids, images, videos or [[]] * n)]
-        want_logprobs = self.config.calculate_log_probs
-        settings = dict(temperature=self.config.temperature, top_p=self.config.top_p, top_k=self.config.top_k)
-        settings.update({k: v for k, v in (overrides or {}).items() if k in settings})
-        params = [SamplingParams(n=1, max_tokens=budget, logprobs=0 if want_logprobs else None, detokenize=False,
-                                 bad_words=self.bad_words or None, seed=seed, **settings)
-                  for seed, budget in zip(seeds if seeds is not None else [None] * n,
-                                          max_tokens if max_tokens is not None else [self.config.response_length] * n)]
-        outputs = self.llm.generate(requests, sampling_params=params, use_tqdm=not self.config.disable_tqdm)
-        response_ids = [list(out.outputs[0].token_ids) for out in outputs]
-        if not want_logprobs:
+        """Sample one response per request (arguments: :meth:`requests`), all admitted at once to the request-level
+        engine and collected as they finish. Returns ``(response_ids, response_log_probs)`` in request order: the
+        sampled tokens (EOS included when generation stopped on it) and vLLM's log-prob of each (None unless
+        ``calculate_log_probs``)."""
+        requests = self.requests(raw_prompt_ids, images, overrides, seeds, max_tokens, videos)
+        for i, (prompt, params) in enumerate(requests):
+            self.engine.add(i, prompt, params)
+        progress = None if self.config.disable_tqdm else tqdm(total=len(requests), desc="Processed prompts")
+        done = sorted(self.engine.run(slots=len(requests), progress=progress), key=lambda sample: sample.key)
+        response_ids = [sample.token_ids for sample in done]
+        if not self.config.calculate_log_probs:
             return response_ids, None
-        return response_ids, [[step[tok].logprob for step, tok in zip(out.outputs[0].logprobs, ids)]
-                              for out, ids in zip(outputs, response_ids)]
+        return response_ids, [sample.log_probs for sample in done]
 
 
 def _request(token_ids: list[int], images: list[Any], videos: Optional[list[Any]]) -> dict[str, Any]:
