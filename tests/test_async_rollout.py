@@ -108,7 +108,7 @@ def test_the_producer_keeps_the_order_and_the_bound_and_the_checkpoint_keeps_the
         assert steps[0][1] == [0, 0] and sum(m["async/staleness_gap_0"] for _, _, m in steps) <= 8
         assert [state["prompt_stream"] for state in states] == [{"next": 2 * k} for k in (1, 2, 3, 4)]  # trained
         trainer.load_state_dict(states[1])  # resume step 2's checkpoint: steps 3 and 4 train the same prompts again
-        assert (trainer.version, trainer.engine_version, len(trainer._queue)) == (2, None, 0)
+        assert (trainer.version, trainer.engine_version, len(trainer._done)) == (2, None, 0)
         assert [prompts for prompts, _, _ in _train(trainer, 2, [])] == [steps[2][0], steps[3][0]]
     finally:
         trainer._stop_producer()
@@ -118,8 +118,8 @@ def test_a_group_past_the_bound_is_dropped_counted_and_replaced(monkeypatch):
     trainer = _trainer(monkeypatch, "trainer.rollout_mode=async", "data.mini_rollout_batch_size=1")
     trainer.load_state_dict({"global_step": 3, "prompt_stream": {"next": 0}})
     stale = Batch(TensorDict({"x": torch.zeros(1, 1)}, batch_size=[1]), {"prompt": [-1]})
-    trainer._queue.append(Chunk((stale, {}, 0), 1, {"next": 0}, {}, {}))  # version 1 for the trainer's 3: gap 2
-    trainer._made = 1
+    trainer._done[0] = Chunk((stale, {}, 0), 1, (-1, {"next": 0}), {}, {})  # version 1 for the trainer's 3: gap 2
+    trainer._made = trainer._started = 1
     try:
         (prompts, gaps, metrics), = _train(trainer, 1, [])
         assert prompts == [0, 1] and gaps == [0, 0] and metrics["async/dropped_groups"] == 1

@@ -83,6 +83,7 @@ class MultiTurnRollout:
                              mt.max_assistant_turns, mt.max_user_turns, mt.max_turn_tokens, images=images)
         self.images = images
         self.patience = mt.patience  # easyrl.agents.scheduler; inf: every round waits for its slowest tool
+        self._slots = [0, 0]  # decode slots held, offered since the last slot_occupancy()
 
     @property
     def engines(self) -> int:
@@ -113,6 +114,8 @@ class MultiTurnRollout:
         outputs = self.workers.run_rollout(FSDPWorker.generate_sequences, share, overrides=overrides,
                                            keep_awake=True)
         reshard[0] += max(out["timing_s/reshard"] for out in outputs)
+        for out in outputs:
+            self._slots = [self._slots[0] + out["busy"], self._slots[1] + out["offered"]]
         ids = [row for out in outputs for row in out["response_ids"]][: len(active)]
         if outputs[0]["response_log_probs"] is None:
             return [(row, None) for row in ids]
@@ -142,6 +145,11 @@ class MultiTurnRollout:
             batch["multi_modal_inputs"] = [self.images.actor_inputs(inputs, t.images)
                                            for inputs, t in zip(prompt_inputs, trajectories)]
         return batch, reshard[0]
+
+    def slot_occupancy(self) -> Optional[float]:
+        """See ``Rollout.slot_occupancy`` (each round's turns count as one generation call)."""
+        (busy, offered), self._slots = self._slots, [0, 0]
+        return busy / offered if offered else None
 
     def close(self) -> None:
         """Stop the tool processes."""

@@ -48,7 +48,7 @@ from easyrl.trainer.metrics import (
     timer,
 )
 from easyrl.trainer.multi_turn import make_rollout, multi_turn_metrics
-from easyrl.trainer.rollout import for_workers
+from easyrl.trainer.rollout import Rollout, for_workers
 from easyrl.trainer.run_folder import checkpoint_to_resume
 from easyrl.trainer.scoring import ModelRewards, Scorer
 from easyrl.trainer.validation import Validator
@@ -97,11 +97,12 @@ class RayPPOTrainer:
         self.workers = WorkerGroup(self.config, device, worker_cls=worker_cls, training_steps=self.training_steps)
         self._init_parts(self.workers)
 
-    def _init_parts(self, engines: WorkerGroup) -> None:
+    def _init_parts(self, engines: WorkerGroup, rollout: Optional[Rollout] = None) -> None:
         """The parts that call the workers; ``engines``: the group whose vLLM engines generate (``self.workers``,
-        or the rollout engines of a split placement: ``easyrl.trainer.async_rollout``)."""
+        or the rollout engines of a split placement: ``easyrl.trainer.async_rollout``), through ``rollout`` (None:
+        the configured one of ``make_rollout``)."""
         cfg = self.config
-        rollout = make_rollout(cfg, engines, self.tokenizer, self.pad_id, self.train_dataset)
+        rollout = rollout or make_rollout(cfg, engines, self.tokenizer, self.pad_id, self.train_dataset)
         self.generator = Generator(cfg, rollout, self.scorer, self.pad_id)
         self.model_rewards = ModelRewards.create(cfg, self.scorer, self.workers)
         self.validator = Validator(cfg, self.val_dataset, self.generator, self.scorer, self.tokenizer,
@@ -218,6 +219,9 @@ class RayPPOTrainer:
         metrics: dict[str, float] = {}
         with timer("step", timing):
             batch, pending, generated, failures = self.next_batch(prompt_stream, timing, metrics)  # gen, reward
+            occupancy = self.generator.rollout.slot_occupancy()
+            if occupancy is not None:  # the share of the engines' decode slots that held a sequence
+                metrics["rollout/slot_occupancy"] = occupancy
             order = self._balance(batch, metrics)
             batch = batch.select(order)  # rank r gets the r-th equal share: about as many tokens as the others
             staged = self._stage_multi_modal(batch)  # each share's images reach its worker once, not once per pass

@@ -96,6 +96,11 @@ class Rollout(Protocol):
         ``overrides`` sampling settings replacing ``worker.rollout``'s, or None."""
         ...
 
+    def slot_occupancy(self) -> Optional[float]:
+        """The share of the engines' decode slots (a generation call's samples per engine) that held a sequence over
+        the engine steps since the last call (``rollout/slot_occupancy``); None when not measured."""
+        ...
+
 
 class SingleTurnRollout:
     """One response per prompt from the ``workers``' vLLM engines, right-padded to ``response_length``."""
@@ -104,6 +109,7 @@ class SingleTurnRollout:
         self.workers = workers
         self.response_length = response_length
         self.pad_id = pad_id
+        self._slots = [0, 0]  # decode slots held, offered since the last slot_occupancy()
 
     @property
     def engines(self) -> int:
@@ -119,4 +125,11 @@ class SingleTurnRollout:
             log_probs = [lp for out in outputs for lp in out["response_log_probs"]]
         batch = trajectory_batch(prompts, [ids for out in outputs for ids in out["response_ids"]],
                                  self.response_length, self.pad_id, log_probs)
+        for out in outputs:
+            self._slots = [self._slots[0] + out["busy"], self._slots[1] + out["offered"]]
         return batch, max(out["timing_s/reshard"] for out in outputs)
+
+    def slot_occupancy(self) -> Optional[float]:
+        """See :meth:`Rollout.slot_occupancy`."""
+        (busy, offered), self._slots = self._slots, [0, 0]
+        return busy / offered if offered else None

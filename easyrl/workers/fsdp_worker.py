@@ -199,18 +199,52 @@ class FSDPWorker:
         """Sample one response per prompt (already repeated ``n`` times); a per-sample ``max_tokens`` caps each
         response (a multi-turn rollout's remaining budget). ``keep_awake``: the engine stays awake with its weights
         for the next turn until ``sleep_rollout``. Returns ``{"response_ids": list[list[int]],
-        "response_log_probs": list[list[float]] | None, "timing_s/reshard": seconds spent syncing weights}``."""
+        "response_log_probs": list[list[float]] | None, "timing_s/reshard": seconds spent syncing weights, "busy",
+        "offered": the engine's decode slots held and offered over its steps}``."""
         self.mm_stage.count(prompts)  # processor outputs sent along, if any (the trainer sends none: vLLM takes images)
         reshard = self._ensure_rollout_weights()
         self.rollout.wake_up()
         seeds = prompts["rollout_seed"] if "rollout_seed" in prompts else None
         videos = prompts["videos"] if "videos" in prompts else None
         max_tokens = prompts["max_tokens"] if "max_tokens" in prompts else None
+        engine = self.rollout.engine
+        busy, offered = engine.busy_steps, engine.slot_steps
         response_ids, response_log_probs = self.rollout.generate(
             prompts["raw_prompt_ids"], prompts["images"], overrides, seeds=seeds, max_tokens=max_tokens, videos=videos)
         if not keep_awake:
             self.sleep_rollout()
-        return {"response_ids": response_ids, "response_log_probs": response_log_probs, "timing_s/reshard": reshard}
+        return {"response_ids": response_ids, "response_log_probs": response_log_probs, "timing_s/reshard": reshard,
+                "busy": engine.busy_steps - busy, "offered": engine.slot_steps - offered}
+
+    def advance(self, keys: list[Any], prompts: Optional[Batch], overrides: Optional[dict[str, Any]] = None,
+                slots: int = 0, max_steps: int = 16) -> dict[str, Any]:
+        """Drive the engine request by request (``easyrl.trainer.request_stream``): admit ``prompts`` (one sample
+        per row, fields as ``generate_sequences``'; None: none) under ``keys``, then run engine steps until a request
+        finishes or ``max_steps`` steps ran (every rank of a tensor-parallel engine makes the same calls, so all stop
+        alike). Returns ``{"finished": [(key, token_ids, log_probs | None, versions)], "busy": ..., "offered": ...}``:
+        the requests done, and the decode slots held and offered (``slots`` per step) over the steps run."""
+        engine = self.rollout.engine
+        if prompts is not None and len(keys):
+            self._ensure_rollout_weights()
+            self.rollout.wake_up()
+            requests = self.rollout.requests(
+                prompts["raw_prompt_ids"], prompts["images"], overrides,
+                seeds=prompts["rollout_seed"] if "rollout_seed" in prompts else None,
+                max_tokens=prompts["max_tokens"] if "max_tokens" in prompts else None,
+                videos=prompts["videos"] if "videos" in prompts else None)
+            for key, (prompt, params) in zip(keys, requests):
+                engine.add(key, prompt, params)
+        busy, offered, done = engine.busy_steps, engine.slot_steps, []
+        for _ in range(max_steps):
+            if not engine.in_flight or done:
+                break
+            done = engine.step(slots)
+        return {"finished": [(s.key, s.token_ids, s.log_probs, s.versions) for s in done],
+                "busy": engine.busy_steps - busy, "offered": engine.slot_steps - offered}
+
+    def abort_requests(self) -> int:
+        """Drop every request in flight on the engine (a stopped stream); returns how many."""
+        return self.rollout.engine.abort()
 
     def sleep_rollout(self) -> None:
         """Put the engine to sleep and free the cache (after ``generate_sequences(..., keep_awake=True)``)."""

@@ -216,6 +216,12 @@ class WorkerGroup:
         tensor-parallel engine get the same share); results once per engine, in order, lining up with ``batch``."""
         return self._run_grouped(method, batch, self.rollout_layout, **kwargs)
 
+    def submit_engine(self, engine: int, method: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
+        """Call ``method`` on every rank of vLLM engine ``engine`` (its tensor-parallel group) with the same arguments,
+        without waiting: one Ray reference per rank, the engine's first rank first."""
+        name = method_name(method)
+        return [self._call(self.workers[rank], name, *args, **kwargs) for rank in self.rollout_layout.groups()[engine]]
+
     def _run_grouped(self, method: Callable[..., Any], batch: Batch, layout: RolloutLayout, **kwargs: Any) -> list[Any]:
         name = method_name(method)
         shares = batch.chunk(layout.dp_size)

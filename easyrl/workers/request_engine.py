@@ -43,7 +43,6 @@ class RequestEngine:
         self.llm = llm
         self.version = version
         self._live: dict[str, Finished] = {}
-        self._keys: dict[str, Hashable] = {}
         self._counter = 0
         self.slot_steps = 0
         self.busy_steps = 0
@@ -64,7 +63,6 @@ class RequestEngine:
         self._counter += 1
         self.llm.llm_engine.add_request(request_id, prompt, params)
         self._live[request_id] = Finished(key, log_probs=[] if params.logprobs is not None else None)
-        self._keys[request_id] = key
 
     def step(self, slots: int = 0) -> list[Finished]:
         """One engine step; returns the requests that finished in it, in no set order. ``slots``: the decode slots
@@ -84,7 +82,6 @@ class RequestEngine:
                                                                                   sample.token_ids))
             if output.finished:
                 done.append(self._live.pop(output.request_id))
-                del self._keys[output.request_id]
         return done
 
     def run(self, slots: int = 0, progress: Any = None) -> list[Finished]:
@@ -99,6 +96,14 @@ class RequestEngine:
         if progress is not None:
             progress.close()
         return done
+
+    def abort(self) -> int:
+        """Drop every request in flight (their tokens are lost); returns how many."""
+        ids = list(self._live)
+        if ids:
+            self.llm.llm_engine.abort_request(ids)
+        self._live.clear()
+        return len(ids)
 
     def reload(self, version: int) -> None:
         """After the engine's weights were replaced in place (requests still in flight): later tokens are of

@@ -41,8 +41,9 @@ class RolloutWorker(FSDPWorker):
         self.transfer = weight_transfer.open_group(address, port, 1 + self.rank, size, self.device,
                                                    self.config.worker.nccl_timeout)
 
-    def receive_weights(self, plan: weight_transfer.Plan) -> float:
-        """Load the trainer's weights (sent by ``FSDPWorker.send_weights`` along ``plan``) into the engine in place;
+    def receive_weights(self, plan: weight_transfer.Plan, version: int) -> float:
+        """Load the trainer's weights (sent by ``FSDPWorker.send_weights`` along ``plan``) into the engine in place,
+        requests in flight kept (their later tokens are of ``version``: a partial rollout, ``RequestEngine.reload``);
         returns the seconds taken.
 
         Raises:
@@ -51,6 +52,6 @@ class RolloutWorker(FSDPWorker):
         self.rollout.wake_up()
         dtype = TORCH_DTYPES[self.config.worker.rollout.dtype]
         expected, loaded = self.rollout.load_weights(weight_transfer.receive(self.transfer, plan, self.torch_device,
-                                                                             dtype))
+                                                                             dtype), version=version)
         check_all_loaded(set(expected), set(loaded))
         return time.perf_counter() - start
