@@ -5,6 +5,8 @@ trainer trains, and the weights cross between them by the transfer group (``easy
 from __future__ import annotations
 
 import json
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,33 @@ def _vllm_minus_actor(trainer, features, response: list[int]) -> float:
         InspectableRolloutWorker.rollout_score, features["raw_prompt_ids"][0] + response, features["images"][0])[0]
     assert expanded == prompt_ids + response
     return (torch.tensor(scores[len(prompt_ids) - 1:]) - actor).abs().max().item()
+
+
+def _check_a_partial_rollout(trainer, features) -> None:
+    """Send weights while a group generates (the engine holds step 3's, the trainer step 2's after a resume): the
+    requests stay in flight, their later tokens are tagged with the new version, and each of those has the log-prob
+    that the engine now gives it."""
+    prompts = trainer.generator.prompt_batch(features, 4, trainer.global_step)
+    generated = {}
+    thread = threading.Thread(target=lambda: generated.update(batch=trainer.streaming.generate(prompts, None)[0]))
+    thread.start()
+    while trainer.streaming.stream.in_flight() == 0:
+        time.sleep(0.01)
+    trainer.sync_rollout()  # waits for the engine call in flight (at most 16 decode steps), keeps the requests
+    thread.join()
+    batch = generated["batch"]
+    versions, mask = batch["token_versions"], batch["response_mask"].bool()
+    spans = [i for i in range(len(batch)) if set(versions[i][mask[i]].tolist()) == {3, 2}]
+    assert spans, versions  # a response holds tokens of both weight versions
+    i = spans[0]
+    response = batch["responses"][i][mask[i]].tolist()
+    prompt_ids = features["prompt_ids"][0]
+    expanded, scores = trainer.rollout_workers.run_all(
+        InspectableRolloutWorker.rollout_score, features["raw_prompt_ids"][0] + response, features["images"][0])[0]
+    assert expanded == prompt_ids + response
+    now = torch.tensor(scores[len(prompt_ids) - 1:])
+    sampled, new = batch["rollout_log_probs"][i][mask[i]], versions[i][mask[i]] == 2
+    assert (sampled[new] - now[new]).abs().max() < 2e-3 < (sampled[~new] - now[~new]).abs().max()
 
 
 def test_one_step_off_trains_one_step_old_samples_and_sends_the_weights(e2e_text_config, trainer_on_ray, tmp_path):
@@ -54,7 +83,8 @@ def test_async_bounds_the_staleness_and_resumes_at_the_trained_prompts(e2e_text_
     config = e2e_text_config(tmp_path, "trainer.rollout_mode=async", "trainer.max_staleness=2",
                              "worker.rollout.n_gpus_per_node=1", "trainer.n_gpus_per_node=1",
                              "data.rollout_batch_size=2", "data.mini_rollout_batch_size=1", "trainer.max_steps=3",
-                             "trainer.save_freq=2", "algorithm.use_kl_loss=false")
+                             "trainer.save_freq=2", "algorithm.use_kl_loss=false",
+                             "data.max_response_length=64")  # room for a response to outlast a weight transfer
     with trainer_on_ray(config, worker_cls=InspectableWorker) as trainer:
         trained, train_step = [], trainer.train_step
 
@@ -69,6 +99,11 @@ def test_async_bounds_the_staleness_and_resumes_at_the_trained_prompts(e2e_text_
         assert all(row["async/staleness_max"] <= 2 and row["async/dropped_groups"] == 0 for row in rows)
         assert rows[0]["async/staleness_max"] == 0 and max(row["async/staleness_max"] for row in rows) > 0
         assert [sum(row[f"async/staleness_gap_{g}"] for g in range(3)) for row in rows] == [8] * 3
+        # each response token is tagged with the weights that sampled it, the sample with the oldest of them
+        assert 0 < rows[0]["rollout/slot_occupancy"] <= 1
+        versions, mask = trainer.last_batch["token_versions"], trainer.last_batch["response_mask"].bool()
+        assert ((versions >= 0) == mask).all() and (versions[:, 1:] >= versions[:, :-1]).logical_or(~mask[:, 1:]).all()
+        assert [min(v[m].tolist()) for v, m in zip(versions, mask)] == trainer.last_batch["weight_version"]
         features = next(iter(trainer.train_dataloader))
         response = trainer.tokenizer.encode(" The answer is \\boxed{80}.", add_special_tokens=False)
         trainer.sync_rollout()
@@ -76,6 +111,7 @@ def test_async_bounds_the_staleness_and_resumes_at_the_trained_prompts(e2e_text_
         # resume step 2's checkpoint (saved while step 3's chunks were generated ahead): step 3 trains the same prompts
         assert len({p for step in trained for p in step}) == 6
         trainer.load_checkpoint(str(Path(trainer.last_checkpoint).parent / "global_step_2"))
+        _check_a_partial_rollout(trainer, features)
         trainer.global_step += 1
         trainer.train_step(trainer.prompt_stream())
         assert trained[3] == trained[2] and trainer.version == 3
