@@ -15,7 +15,7 @@ import torch
 from easyrl.errors import ModelError
 from easyrl.models.packing import padded_text_positions
 
-__all__ = ["Family", "FAMILIES", "family", "check_supported", "DOCS"]
+__all__ = ["Family", "FAMILIES", "family", "check_supported", "attends_in_windows", "DOCS"]
 
 DOCS = "docs/models.md"
 
@@ -85,7 +85,8 @@ class Family:
     linear_attention: bool = False
     """Has linear-attention (Gated DeltaNet) layers."""
     sliding_window: bool = False
-    """Has sliding-window attention layers (as its released configs set them)."""
+    """Has sliding-window attention layers (as its released configs set them); what a forward does is decided by the
+    checkpoint's own config (:func:`attends_in_windows`)."""
     positions: Callable[[torch.Tensor], torch.Tensor] = padded_text_positions
     """Hook: ``(bsz, L)`` attention mask -> ``(bsz, L)`` text positions (0 at the first real token, no padding
     counted), as vLLM numbers the tokens."""
@@ -147,6 +148,17 @@ def family(hf_config: Any) -> Family:
     """The registry entry of a transformers config (its top-level ``model_type``); the generic text entry for a
     type not listed (only the pre-flight refuses those: :func:`check_supported`)."""
     return FAMILIES.get(getattr(hf_config, "model_type", None), _GENERIC)
+
+
+def attends_in_windows(hf_config: Any) -> bool:
+    """Whether some attention layer of the (text) model restricts its keys to a sliding window, as transformers 5.19
+    reads the config: a non-null ``sliding_window`` (Mistral, Phi-3, Mixtral, Qwen3-MoE apply it to every layer; Qwen2
+    and Qwen3 null it unless ``use_sliding_window``), or ``layer_types`` naming ``sliding_attention`` (Gemma 3). A
+    config with a window on no layer (Qwen2 with ``max_window_layers`` = all layers) counts as windowed too: the
+    answer errs towards the kernels that apply windows."""
+    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    return getattr(text, "sliding_window", None) is not None or "sliding_attention" in (
+        getattr(text, "layer_types", None) or ())
 
 
 def check_supported(key: str, hf_config: Any) -> None:
