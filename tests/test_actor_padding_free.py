@@ -260,13 +260,55 @@ def test_attention_implementation_choice():
     from easyrl.models.packed_attention import PACKED_SDPA
     from easyrl.workers.policy_forward import attention_implementation
 
-    assert attention_implementation("cuda", True, "bf16", True) == "flash_attention_2"
-    assert attention_implementation("cuda", True, "fp32", True) == PACKED_SDPA  # flash-attention has no fp32 kernels
-    assert attention_implementation("cuda", False, "bf16", True) == "sdpa"  # padded batches keep their mask
-    assert attention_implementation("cuda", True, "bf16", False) == PACKED_SDPA
-    assert attention_implementation("npu", True, "bf16", False) == "flash_attention_2"  # npu_fusion_attention
-    assert attention_implementation("npu", True, "fp32", False) == PACKED_SDPA
-    assert attention_implementation("cpu", True, "bf16", True) == PACKED_SDPA
+    def choice(device, padding_free, dtype, flash, windowed=False):
+        return attention_implementation(device, padding_free, dtype, flash, windowed)
+
+    assert choice("cuda", True, "bf16", True) == "flash_attention_2"
+    assert choice("cuda", True, "fp32", True) == PACKED_SDPA  # flash-attention has no fp32 kernels
+    assert choice("cuda", False, "bf16", True) == "sdpa"  # padded batches keep their mask
+    assert choice("cuda", True, "bf16", False) == PACKED_SDPA
+    assert choice("npu", True, "bf16", False) == "flash_attention_2"  # npu_fusion_attention
+    assert choice("npu", True, "fp32", False) == PACKED_SDPA
+    assert choice("cpu", True, "bf16", True) == PACKED_SDPA
+    assert choice("cuda", True, "bf16", True, windowed=True) == "flash_attention_2"  # flash-attn takes window_size
+
+
+@pytest.mark.parametrize("model_type, windowed", [("gemma3_text", True), ("mistral", True), ("qwen3", False),
+                                                   ("llama", False), ("phi3", False), ("glm4", False)])
+def test_npu_sliding_window_families_take_the_packed_sdpa(model_type, windowed):
+    """transformers' NPU flash_attn_varlen_func has no window_size: the flash path would drop Gemma 3's and Mistral's
+    windows (device review 2026-12-02, S1-N1), so on NPUs their configs take the per-sequence SDPA with its band."""
+    from easyrl.models.families import FAMILIES, attends_in_windows
+    from easyrl.models.packed_attention import PACKED_SDPA
+    from easyrl.testing.tiny_families import tiny_family_config
+    from easyrl.workers.policy_forward import attention_implementation
+
+    config = tiny_family_config(model_type)
+    assert attends_in_windows(config) == windowed == FAMILIES[model_type].sliding_window
+    expected = PACKED_SDPA if windowed else "flash_attention_2"
+    assert attention_implementation("npu", True, "bf16", False, attends_in_windows(config)) == expected
+
+
+def test_windows_as_transformers_reads_the_configs():
+    """Qwen2/Qwen3 keep their 4096 window only with use_sliding_window; a Phi-3 config with a window (Phi-3-mini's
+    2047) counts; a Qwen-VL config is read through its text config. Of the released configs in
+    examples/model_configs only Gemma 3's windows (Mistral v0.3, Mixtral, Qwen: sliding_window null)."""
+    from transformers import Phi3Config, Qwen2_5_VLConfig, Qwen2Config
+
+    from easyrl.models.families import attends_in_windows
+
+    assert not attends_in_windows(Qwen2Config())
+    assert attends_in_windows(Qwen2Config(use_sliding_window=True, max_window_layers=0))
+    assert attends_in_windows(Phi3Config(sliding_window=2047))
+    assert not attends_in_windows(Qwen2_5_VLConfig())
+    assert attends_in_windows(Qwen2_5_VLConfig(text_config=dict(use_sliding_window=True, max_window_layers=0)))
+    from pathlib import Path
+
+    from transformers import AutoConfig
+
+    folders = sorted(p.parent for p in (Path(__file__).parents[1] / "examples/model_configs").glob("*/config.json"))
+    windowed = {f.name for f in folders if attends_in_windows(AutoConfig.from_pretrained(f))}
+    assert len(folders) > 20 and windowed == {"gemma-3-1b-it"}
 
 
 def test_flash_attention_warning_only_where_the_varlen_kernel_is_lost():  # W02

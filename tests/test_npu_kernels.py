@@ -62,3 +62,46 @@ def test_npu_moe_experts_run_the_eager_loop(tiny_model_path):
     logits = [AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32, **kw)(input_ids=ids).logits
               for kw in ({}, {"experts_implementation": "eager"})]
     torch.testing.assert_close(logits[1], logits[0], rtol=1e-5, atol=1e-5)
+
+
+def test_the_halves_rotary_trait_is_the_modeling_module_s_rotate_half():
+    """``halves_rotary`` (the fused rotary's allow-list) holds exactly for the families whose modeling module's
+    ``rotate_half`` rotates the two halves (transformers as installed); GLM-4's rotates interleaved pairs, and the VL
+    families without a rotary of their own (their text model is a family of its own) are not listed."""
+    import importlib
+
+    from easyrl.models.families import FAMILIES
+    from easyrl.models.npu_kernels import fused_rotary_modules
+
+    x = torch.randn(3, 8)
+    halves = {}
+    for module_name in {f"transformers.models.{p}.modeling_{p}" for p in ("glm4", "internvl", "llama")} | \
+            fused_rotary_modules():
+        modeling = importlib.import_module(module_name)
+        rotate = getattr(modeling, "rotate_half", None)
+        halves[module_name] = rotate is not None and hasattr(modeling, "apply_rotary_pos_emb") and \
+            torch.equal(rotate(x), _rotate_half(x))
+    assert {name for name, yes in halves.items() if yes} == fused_rotary_modules()
+    assert not FAMILIES["glm4"].halves_rotary and "transformers.models.gemma3.modeling_gemma3" in fused_rotary_modules()
+    assert len(fused_rotary_modules()) == sum(entry.halves_rotary for entry in FAMILIES.values()) == 17
+
+
+def test_glm4_keeps_its_interleaved_rotary():
+    """GLM-4's ``rotate_half`` pairs channels ``0::2`` / ``1::2`` (device review 2026-12-02, S2-N4): the fused rotary
+    (the halves form) is not swapped in, and the patched model computes the same logits."""
+    from transformers import Glm4ForCausalLM
+
+    from easyrl.testing.tiny_families import tiny_family_config
+
+    config = tiny_family_config("glm4")
+    config.update(dict(vocab_size=512, num_hidden_layers=1))
+    torch.manual_seed(0)
+    model = Glm4ForCausalLM(config).eval()
+    modeling = sys.modules[type(model).__module__]
+    ids = torch.randint(0, 512, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        before = model(input_ids=ids).logits
+        counts = apply_npu_fused_kernels(model, npu=FAKE_NPU)
+        after = model(input_ids=ids).logits
+    torch.testing.assert_close(after, before, rtol=1e-5, atol=1e-5)
+    assert counts["rotary"] == 0 and modeling.apply_rotary_pos_emb.__module__ == modeling.__name__

@@ -111,3 +111,22 @@ def test_only_this_ranks_leftover_tp_shm_segment_is_removed(tmp_path):
     assert remove_stale_tp_shm("cpu", RolloutLayout(4, 1), 1, shm_dir=str(tmp_path)) == []  # no TP: no segments
     assert remove_stale_tp_shm("cpu", RolloutLayout(4, 2), 1, shm_dir=str(tmp_path)) == ["-tp:0-[0-1]-cpushm_1"]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(set(names) - {"-tp:0-[0-1]-cpushm_1"})
+
+
+def test_split_rollout_engines_lay_out_no_sequence_parallel_groups():
+    """``worker.actor.ulysses_size=2``, 2 trainer devices, 1 rollout device (device review 2026-12-02, S2-N3): the
+    trainer's group shares its batch per sequence-parallel pair; the rollout engines' group, which runs no training
+    pass, one share per rank (its layout over ulysses_size raised ConfigError after the trainer had loaded)."""
+    from easyrl.errors import ConfigError
+    from easyrl.testing.worker import InspectableRolloutWorker
+    from easyrl.workers.fsdp_worker import FSDPWorker
+    from easyrl.workers.group import data_layout
+    from easyrl.workers.rollout_worker import RolloutWorker
+
+    trainer = data_layout(world_size=2, ulysses_size=2, trains=FSDPWorker.trains)
+    assert (trainer.dp_size, trainer.groups()) == (1, [[0, 1]])
+    for worker_cls in (RolloutWorker, InspectableRolloutWorker):
+        rollout = data_layout(world_size=1, ulysses_size=2, trains=worker_cls.trains)
+        assert (rollout.dp_size, rollout.groups()) == (1, [[0]])
+    with pytest.raises(ConfigError):  # the layout a training group of one device would need
+        data_layout(world_size=1, ulysses_size=2, trains=True)

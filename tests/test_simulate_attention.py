@@ -36,7 +36,7 @@ def _qkv(rows: int, device: str, grad: bool = False):
 def _packed_attention(device: str, grad: bool = False):
     """The actor's padding-free attention, as the worker picks it (``FSDPPolicy`` asks ``attention_implementation``
     with ``is_flash_attn_2_available()``), over one packed row of two 2048-token sequences."""
-    name = trainable.attention_implementation(device, True, "bf16", trainable.is_flash_attn_2_available())
+    name = trainable.attention_implementation(device, True, "bf16", trainable.is_flash_attn_2_available(), False)
     q, k, v = _qkv(1, device, grad)
     positions = torch.cat([torch.arange(S // 2), torch.arange(S // 2)]).unsqueeze(0).to(device)
     return name, (q, k, v), lambda: AttentionInterface()[name](_module(), q, k, v, None, position_ids=positions,
@@ -64,11 +64,12 @@ def test_the_actor_picks_the_varlen_kernel_of_the_simulated_device(device):
     """Inside the simulated device the actor's choice is the H100's with flash_attn installed, also on the update
     phase's CPU world; fp32 keeps the per-sequence SDPA, padded batches SDPA (as on the device)."""
     with accelerator_standins(DEVICES["h100"]):
-        assert trainable.attention_implementation(device, True, "bf16", False) == SIMULATED_VARLEN
-        assert trainable.attention_implementation(device, True, "fp32", False) == PACKED_SDPA
-        assert trainable.attention_implementation(device, False, "bf16", False) == "sdpa"
+        assert trainable.attention_implementation(device, True, "bf16", False, False) == SIMULATED_VARLEN
+        assert trainable.attention_implementation(device, True, "fp32", False, False) == PACKED_SDPA
+        assert trainable.attention_implementation(device, False, "bf16", False, False) == "sdpa"
     with accelerator_standins(DEVICES["910b"]):
-        assert trainable.attention_implementation(device, True, "bf16", False) == SIMULATED_VARLEN
+        assert trainable.attention_implementation(device, True, "bf16", False, False) == SIMULATED_VARLEN
+        assert trainable.attention_implementation(device, True, "bf16", False, True) == PACKED_SDPA  # no window_size
 
 
 def test_packed_attention_holds_output_and_log_sum_exp_not_weights():

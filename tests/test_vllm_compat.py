@@ -9,6 +9,8 @@ without an accelerator; the stand-in worker below has the NPU worker's three met
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 
@@ -154,18 +156,55 @@ def test_moe_weights_transposed_by_the_npu_wake_up_reload_in_their_loaded_layout
                      "changed_again": []}
 
 
-@pytest.mark.parametrize("version, tags, untransposed", [((0, 23), ["weights"], True), ((0, 23), None, True),
-                                                         ((0, 23), ["kv_cache"], False), ((0, 32), ["weights"], False)])
-def test_waking_the_weights_on_the_0_23_line_undoes_the_npu_moe_transpose(monkeypatch, version, tags, untransposed):
-    class LLM:
-        calls = []
+def _moe_layer(experts: int = 2, hidden: int = 8, inter: int = 3) -> torch.nn.Module:
+    layer = torch.nn.Module()
+    layer.w13_weight = torch.nn.Parameter(torch.zeros(experts, hidden, 2 * inter), requires_grad=False)
+    layer.w2_weight = torch.nn.Parameter(torch.zeros(experts, inter, hidden), requires_grad=False)
+    return layer
 
-        def wake_up(self, tags):
-            self.calls.append(("wake_up", tags))
 
-        def collective_rpc(self, fn, kwargs=None):
-            self.calls.append(fn)
+class _AscendLikeLLM:
+    """An engine of one worker whose ``wake_up`` with the weights re-registers ``transposes`` (names of its model's
+    parameters) as transposed views, as vllm-ascend 0.23.0.post1's ``NPUWorker.wake_up`` does (worker.py:253-270)."""
 
+    def __init__(self, model: torch.nn.Module, transposes: tuple[str, ...]):
+        self.model, self.transposes, self.calls = model, transposes, []
+        self.worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(get_model=lambda: model))
+
+    def wake_up(self, tags):
+        self.calls.append(("wake_up", tags))
+        if tags is None or "weights" in tags:
+            for name in self.transposes:
+                parent, _, leaf = name.rpartition(".")
+                module = self.model.get_submodule(parent)
+                setattr(module, leaf, torch.nn.Parameter(getattr(module, leaf).transpose(1, 2), requires_grad=False))
+
+    def collective_rpc(self, fn, kwargs=None):
+        self.calls.append(fn.__name__)
+        return [fn(self.worker, **(kwargs or {}))]
+
+
+@pytest.mark.parametrize("version", [(0, 23), (0, 26), (0, 32)])
+@pytest.mark.parametrize("tags, woken", [(["weights"], True), (None, True), (["kv_cache"], False)])
+def test_waking_the_weights_undoes_the_transposes_of_wake_up_whatever_the_version(monkeypatch, version, tags, woken):
+    """By behaviour (device review 2026-12-02, S3-N7: vllm-ascend's release candidates past 0.23 still transpose): the
+    views this ``wake_up`` made are re-registered as their storage on any vLLM line; a view from before the call (a
+    kernel's own layout) is kept; waking only the KV cache touches no weight."""
     monkeypatch.setattr(vllm_compat, "vllm_version", lambda: version)
-    vllm_compat.wake_up(llm := LLM(), tags)
-    assert llm.calls == [("wake_up", tags)] + ([vllm_compat._untranspose_worker_moe_weights] if untransposed else [])
+    model = torch.nn.Sequential(_moe_layer(), _moe_layer())
+    model[1].w2_weight = torch.nn.Parameter(model[1].w2_weight.transpose(1, 2), requires_grad=False)  # the kernel's
+    llm = _AscendLikeLLM(model, transposes=("0.w13_weight", "0.w2_weight"))
+    vllm_compat.wake_up(llm, tags)
+    assert vllm_compat.moe_weight_views(model) == ["1.w2_weight"]
+    assert model[0].w13_weight.shape == (2, 8, 6) and model[0].w13_weight.is_contiguous()
+    rpcs = ["_worker_moe_views", ("wake_up", tags), "_untranspose_worker_moe_weights"] if woken else [("wake_up", tags)]
+    assert llm.calls == rpcs
+
+
+def test_the_moe_view_check_finds_nothing_on_an_engine_that_keeps_its_layout():
+    """vLLM on CUDA/CPU and vllm-ascend main (#13012): ``wake_up`` keeps the parameters, nothing is re-registered."""
+    model = torch.nn.Sequential(_moe_layer())
+    llm = _AscendLikeLLM(model, transposes=())
+    before = {name: p for name, p in model.named_parameters()}
+    vllm_compat.wake_up(llm, ["weights"])
+    assert {name: p for name, p in model.named_parameters()} == before

@@ -134,8 +134,9 @@ class TrainerConfig:
     check_collectives: bool = False
     """Check that every rank issues the same collectives (op, dtype, shape, group, device type), call by call, and
     fail naming the first that differs instead of hanging in NCCL/HCCL: for debugging a hang (each collective then
-    waits for its peers through the process group's store). ``EASYRL_CHECK_COLLECTIVES=1`` turns it on too; the test
-    suite runs with it on (``easyrl.workers.collectives``)."""
+    waits for its peers through the process group's store: meant for worlds of at most about 8 ranks,
+    docs/environment.md). ``EASYRL_CHECK_COLLECTIVES=1`` turns it on too; the test suite runs with it on
+    (``easyrl.workers.collectives``)."""
 
     def check(self) -> None:
         """The loggers named exist and are installed (``check_backends``); ``resume_mode: resume_path`` has its

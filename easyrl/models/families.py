@@ -15,7 +15,7 @@ import torch
 from easyrl.errors import ModelError
 from easyrl.models.packing import padded_text_positions
 
-__all__ = ["Family", "FAMILIES", "family", "check_supported", "DOCS"]
+__all__ = ["Family", "FAMILIES", "family", "check_supported", "attends_in_windows", "DOCS"]
 
 DOCS = "docs/models.md"
 
@@ -85,7 +85,14 @@ class Family:
     linear_attention: bool = False
     """Has linear-attention (Gated DeltaNet) layers."""
     sliding_window: bool = False
-    """Has sliding-window attention layers (as its released configs set them)."""
+    """Has sliding-window attention layers (as its released configs set them); what a forward does is decided by the
+    checkpoint's own config (:func:`attends_in_windows`)."""
+    halves_rotary: bool = False
+    """Its modeling module's ``apply_rotary_pos_emb`` is ``x * cos + rotate_half(x) * sin`` (on the first
+    ``cos.shape[-1]`` channels) with ``rotate_half`` over the two halves, as transformers 5.19 writes it: what
+    torch_npu's ``npu_rotary_mul`` computes, so ``npu_fused_kernels`` may swap it in (``easyrl.models.npu_kernels``).
+    GLM-4 rotates interleaved pairs; the VL families whose module has no rotary leave it to their text model's
+    family (InternVL's Qwen2, Mistral 3's Mistral)."""
     positions: Callable[[torch.Tensor], torch.Tensor] = padded_text_positions
     """Hook: ``(bsz, L)`` attention mask -> ``(bsz, L)`` text positions (0 at the first real token, no padding
     counted), as vLLM numbers the tokens."""
@@ -108,23 +115,23 @@ class Family:
     (Idefics3's ``(1, tiles, ...)``: 1); smaller trailing dimensions are zero-padded (Pixtral's ``image_sizes``)."""
 
 
-_QWEN_VL = dict(vision=True, mrope=True)
+_QWEN_VL = dict(vision=True, mrope=True, halves_rotary=True)
 FAMILIES: dict[str, Family] = {
     # text, dense
-    "qwen2": Family("Qwen2 / Qwen2.5"),
-    "qwen3": Family("Qwen3"),
-    "llama": Family("Llama 3 / SmolLM2"),
-    "gemma3_text": Family("Gemma 3 (text)", sliding_window=True),
-    "mistral": Family("Mistral", sliding_window=True),
-    "phi3": Family("Phi-3 / Phi-4"),
+    "qwen2": Family("Qwen2 / Qwen2.5", halves_rotary=True),
+    "qwen3": Family("Qwen3", halves_rotary=True),
+    "llama": Family("Llama 3 / SmolLM2", halves_rotary=True),
+    "gemma3_text": Family("Gemma 3 (text)", halves_rotary=True, sliding_window=True),
+    "mistral": Family("Mistral", halves_rotary=True, sliding_window=True),
+    "phi3": Family("Phi-3 / Phi-4", halves_rotary=True),
     "glm4": Family("GLM-4"),
-    "granite": Family("Granite 3", logit_scale=_granite_logit_scale),
+    "granite": Family("Granite 3", halves_rotary=True, logit_scale=_granite_logit_scale),
     # text, mixture of experts
-    "qwen3_moe": Family("Qwen3-MoE", moe=True),
-    "mixtral": Family("Mixtral", moe=True, checkpoint_renames=((".mlp.", ".block_sparse_moe."),),
+    "qwen3_moe": Family("Qwen3-MoE", moe=True, halves_rotary=True),
+    "mixtral": Family("Mixtral", moe=True, halves_rotary=True, checkpoint_renames=((".mlp.", ".block_sparse_moe."),),
                       per_expert_names=("w1", "w3", "w2")),
-    "olmoe": Family("OLMoE", moe=True),
-    "granitemoe": Family("Granite 3 MoE", moe=True, logit_scale=_granite_logit_scale),
+    "olmoe": Family("OLMoE", moe=True, halves_rotary=True),
+    "granitemoe": Family("Granite 3 MoE", moe=True, halves_rotary=True, logit_scale=_granite_logit_scale),
     # vision-language
     "qwen2_vl": Family("Qwen2-VL", **_QWEN_VL),
     "qwen2_5_vl": Family("Qwen2.5-VL", **_QWEN_VL),
@@ -147,6 +154,17 @@ def family(hf_config: Any) -> Family:
     """The registry entry of a transformers config (its top-level ``model_type``); the generic text entry for a
     type not listed (only the pre-flight refuses those: :func:`check_supported`)."""
     return FAMILIES.get(getattr(hf_config, "model_type", None), _GENERIC)
+
+
+def attends_in_windows(hf_config: Any) -> bool:
+    """Whether some attention layer of the (text) model restricts its keys to a sliding window, as transformers 5.19
+    reads the config: a non-null ``sliding_window`` (Mistral, Phi-3, Mixtral, Qwen3-MoE apply it to every layer; Qwen2
+    and Qwen3 null it unless ``use_sliding_window``), or ``layer_types`` naming ``sliding_attention`` (Gemma 3). A
+    config with a window on no layer (Qwen2 with ``max_window_layers`` = all layers) counts as windowed too: the
+    answer errs towards the kernels that apply windows."""
+    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    return getattr(text, "sliding_window", None) is not None or "sliding_attention" in (
+        getattr(text, "layer_types", None) or ())
 
 
 def check_supported(key: str, hf_config: Any) -> None:

@@ -37,6 +37,9 @@ class FSDPWorker:
     """The model roles (actor, reference, critic) and the rollout engine of one rank; ``training_steps`` is the
     length of the trained roles' LR schedule."""
 
+    trains = True
+    """Runs the model roles' passes (``WorkerGroup.run_split``, sequence-parallel groups of ``ulysses_size``)."""
+
     def __init__(self, config: PPOConfig, rank: int, world_size: int, device: str, training_steps: int = 0):
         import psutil
 

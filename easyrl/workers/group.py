@@ -120,6 +120,16 @@ def method_name(method: Callable[..., Any]) -> str:
     return name
 
 
+def data_layout(world_size: int, ulysses_size: int, trains: bool) -> RolloutLayout:
+    """The shares of ``WorkerGroup.run_split`` over ``world_size`` ranks: a sequence-parallel group (``ulysses_size``
+    consecutive ranks) shares one data-parallel share, laid out as TP is; a group that runs no training passes
+    (``trains`` False: the split rollout engines) has no sequence-parallel groups, one share per rank.
+
+    Raises:
+        ConfigError: ``trains`` and ``ulysses_size`` does not divide ``world_size``."""
+    return RolloutLayout(world_size, ulysses_size if trains else 1)
+
+
 class WorkerGroup:
     """Starts ``world_size`` worker actors (``worker_cls``; default ``config.world_size``), joins them in a process
     group and builds their models. A split placement's rollout engines are a second group placed ``beside`` these
@@ -166,8 +176,7 @@ class WorkerGroup:
         self.startup_seconds = {"workers": time.time() - began}
         began = time.time()
         self.rollout_layout = RolloutLayout(world_size, config.worker.rollout.tensor_parallel_size)
-        # a sequence-parallel group (ulysses_size consecutive ranks) shares one data-parallel share, laid out as TP is
-        self.data_layout = RolloutLayout(world_size, config.worker.actor.ulysses_size)
+        self.data_layout = data_layout(world_size, config.worker.actor.ulysses_size, worker_cls.trains)
         self.run_all(FSDPWorker.fetch_model_files)  # a hub id downloaded per node, before any collective timeout
         self.run_all(FSDPWorker.init_process_group, master_addr, master_port)
         self.startup_seconds["process_group"] = time.time() - began

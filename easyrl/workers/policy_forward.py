@@ -26,13 +26,20 @@ __all__ = ["ModelInputs", "PolicyScores", "response_scores", "response_values", 
 ROPE_INDEX_KEYS = ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")
 
 
-def attention_implementation(device: str, padding_free: bool, param_dtype: str, flash_available: bool) -> str:
+def attention_implementation(device: str, padding_free: bool, param_dtype: str, flash_available: bool,
+                             windowed: bool) -> str:
     """transformers' attention for the policy: ``flash_attention_2`` (varlen) for padding-free bf16/fp16 forwards on
-    NPUs and on CUDA with ``flash_attn`` installed; ``PACKED_SDPA`` (one causal SDPA call per packed sequence) for
-    other padding-free forwards; ``sdpa`` with the mask for padded ones."""
+    NPUs and on CUDA with ``flash_attn`` installed; ``PACKED_SDPA`` (one causal SDPA call per packed sequence, its
+    sliding window applied) for other padding-free forwards; ``sdpa`` with the mask for padded ones.
+
+    ``windowed``: the model has sliding-window layers (``families.attends_in_windows`` of its config). On NPUs those
+    take ``PACKED_SDPA``: transformers' NPU ``flash_attn_varlen_func`` has no ``window_size`` parameter, so the flash
+    path would attend over the whole sequence (transformers 5.5.4 and 5.19, ``integrations/npu_flash_attention.py``);
+    CUDA's flash-attn takes the window."""
     if not padding_free:
         return "sdpa"
-    if param_dtype in ("bf16", "fp16") and (device == "npu" or (device == "cuda" and flash_available)):
+    varlen = (device == "npu" and not windowed) or (device == "cuda" and flash_available)
+    if param_dtype in ("bf16", "fp16") and varlen:
         return "flash_attention_2"
     return PACKED_SDPA
 

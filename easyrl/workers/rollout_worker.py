@@ -16,6 +16,8 @@ class RolloutWorker(FSDPWorker):
     """``FSDPWorker``'s rollout methods (``generate_sequences``) over an engine that keeps its device (it never sleeps)
     and whose weights arrive by :meth:`receive_weights`; the trainer's methods (log-probs, updates) are not used."""
 
+    trains = False  # no model roles: its WorkerGroup lays out no sequence-parallel groups (group.data_layout)
+
     def init_models(self) -> dict[str, float]:
         """Build the vLLM engine only (after the engine's memory pre-flight); returns the start-up seconds
         (``imports``, ``vllm_import``, ``engine``)."""

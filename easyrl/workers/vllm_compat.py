@@ -7,7 +7,7 @@ workarounds live in ``easyrl.workers.vllm_cpu_fixes``. vLLM is never imported at
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from importlib import metadata
 from typing import Any, Callable, Optional
 
@@ -107,19 +107,32 @@ def reload_weights(worker: Any, weights: Iterator[tuple[str, torch.Tensor]]) -> 
 
 
 def wake_up(llm: Any, tags: Optional[list[str]]) -> None:
-    """Re-allocate what ``LLM.sleep`` freed: ``tags`` among ``weights`` and ``kv_cache``, None for all. vLLM 0.23,
-    0.32 and 0.33: ``LLM.wake_up(tags=tags)``; on 0.23 then :func:`untranspose_moe_weights` per worker."""
+    """Re-allocate what ``LLM.sleep`` freed: ``tags`` among ``weights`` and ``kv_cache``, None for all
+    (``LLM.wake_up(tags=tags)``, vLLM 0.23, 0.32 and 0.33). Where the weights woke, each worker then re-registers the
+    fused-MoE weights that this ``wake_up`` turned into transposed views as their storage
+    (:func:`untranspose_moe_weights`): by behaviour, not by version, as vllm-ascend 0.23.0.post1 and its release
+    candidates up to at least ``releases/v0.26.0rc`` transpose them (docs/vllm-versions.md). Views from before the
+    call (a kernel's own layout) are left as they are; elsewhere the check finds nothing (two ``collective_rpc``
+    calls over the parameters' metadata)."""
+    weights = tags is None or "weights" in tags
+    before = sorted(set().union(*llm.collective_rpc(_worker_moe_views))) if weights else []
     llm.wake_up(tags=tags)
-    if (tags is None or "weights" in tags) and (vllm_version() or (0, 24)) < (0, 24):
-        llm.collective_rpc(_untranspose_worker_moe_weights)
+    if weights:
+        llm.collective_rpc(_untranspose_worker_moe_weights, kwargs={"keep": before})
 
 
-def untranspose_moe_weights(model: torch.nn.Module) -> list[str]:
-    """Re-register each fused-MoE ``w13_weight`` / ``w2_weight`` that is a transposed view of contiguous storage
-    as that storage, in place; returns the names changed. vllm-ascend 0.23's ``NPUWorker.wake_up`` leaves such
-    views, which the next reload fills wrongly (docs/vllm-versions.md)."""
-    names = [name for name, p in model.named_parameters() if name.endswith(("w13_weight", "w2_weight"))
-             and p.dim() == 3 and not p.is_contiguous() and p.transpose(1, 2).is_contiguous()]
+def moe_weight_views(model: torch.nn.Module) -> list[str]:
+    """Names of the fused-MoE ``w13_weight`` / ``w2_weight`` parameters (3-D) that are transposed views of
+    contiguous storage (their last two dimensions swapped)."""
+    return [name for name, p in model.named_parameters() if name.endswith(("w13_weight", "w2_weight"))
+            and p.dim() == 3 and not p.is_contiguous() and p.transpose(1, 2).is_contiguous()]
+
+
+def untranspose_moe_weights(model: torch.nn.Module, keep: Collection[str] = ()) -> list[str]:
+    """Re-register each of :func:`moe_weight_views` not in ``keep`` as its storage, in place; returns the names
+    changed. vllm-ascend 0.23's ``NPUWorker.wake_up`` leaves such views, which the next reload fills wrongly
+    (docs/vllm-versions.md)."""
+    names = [name for name in moe_weight_views(model) if name not in keep]
     for name in names:
         parent, _, leaf = name.rpartition(".")
         module = model.get_submodule(parent)
@@ -127,5 +140,9 @@ def untranspose_moe_weights(model: torch.nn.Module) -> list[str]:
     return names
 
 
-def _untranspose_worker_moe_weights(worker: Any) -> list[str]:
-    return untranspose_moe_weights(worker.model_runner.get_model())
+def _worker_moe_views(worker: Any) -> list[str]:
+    return moe_weight_views(worker.model_runner.get_model())
+
+
+def _untranspose_worker_moe_weights(worker: Any, keep: Collection[str] = ()) -> list[str]:
+    return untranspose_moe_weights(worker.model_runner.get_model(), keep)

@@ -5,12 +5,20 @@ Per bucket of one ``plan`` (made by trainer rank 0, handed to both sides) the tr
 and rank 0 broadcasts them as one flat buffer; the rollout ranks hand them to vLLM (one ``reload_weights``) and check
 every parameter was written. The transfer group (trainer rank 0, then rollout rank ``r`` as ``1 + r``) has its own
 store, outside torch.distributed's registry, so the collective contract does not compare its two sides.
+
+On NPUs the group is a sub-group by torch_npu's rules (:func:`hccl_options`): with empty ``global_ranks_in_group``
+torch_npu makes a group the process's global one, and with ``RANK_TABLE_FILE`` set it builds such a group's
+communicator from the cluster's rank table (torch_npu 2.10.0.post4, ``ProcessGroupHCCL.cpp``: the constructor's
+``global_ = this``, ``createHCCLCommEx``), the wrong members for a group outside the trainer's world.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Iterator
+import os
+import re
+from collections.abc import Iterator, Mapping
 from datetime import timedelta
 from typing import Any, Optional
 
@@ -26,7 +34,11 @@ Plan = list[list[tuple[str, list[int]]]]
 def open_group(address: str, port: int, rank: int, size: int, device: str, timeout_s: int) -> Any:
     """This process's member of the transfer group (``size`` ranks; rank 0, the trainer's rank 0, hosts its store at
     ``address:port``); every member calls it at the same time. ``device``: ``cpu`` (gloo), ``cuda`` (NCCL) or ``npu``
-    (HCCL, through torch_npu); ``timeout_s``: ``worker.nccl_timeout``."""
+    (HCCL, through torch_npu: a sub-group by :func:`hccl_options`, its communicator built by a one-element broadcast
+    here with ``RANK_TABLE_FILE`` unset); ``timeout_s``: ``worker.nccl_timeout``.
+
+    Raises:
+        RuntimeError: on ``npu``, as :func:`hccl_options`."""
     timeout = timedelta(seconds=timeout_s)
     store = dist.PrefixStore("easyrl_transfer/", dist.TCPStore(address, port, size, rank == 0, timeout=timeout))
     if device == "cpu":
@@ -35,11 +47,56 @@ def open_group(address: str, port: int, rank: int, size: int, device: str, timeo
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout
         return dist.ProcessGroupNCCL(store, rank, size, options)
-    from torch_npu._C._distributed_c10d import ProcessGroupHCCL  # untested here: no NPU on the CI machine
+    from torch_npu._C._distributed_c10d import ProcessGroupHCCL  # not run here: no NPU on the CI machine
 
     options = ProcessGroupHCCL.Options()
-    options._timeout = timeout
-    return ProcessGroupHCCL(store, rank, size, options)
+    for field, value in hccl_options(size, port, timeout, os.environ).items():
+        setattr(options, field, value)
+    group = ProcessGroupHCCL(store, rank, size, options)
+    with _unset(RANK_TABLE_ENV):  # HCCL builds the communicator at the first collective: now, from root info
+        _broadcast(group, torch.zeros(1, device="npu"))
+    return group
+
+
+RANK_TABLE_ENV = "RANK_TABLE_FILE"
+"""torch_npu builds a group's communicator from this rank table when it is set and readable; unset while the
+transfer group's is built."""
+
+
+def hccl_options(size: int, port: int, timeout: timedelta, environ: Mapping[str, str]) -> dict[str, Any]:
+    """The fields to set on torch_npu's ``ProcessGroupHCCL.Options`` for a transfer group of ``size`` ranks whose
+    store listens on ``port``: those torch_npu's own ``_new_process_group_hccl_helper`` sets
+    (``torch_npu/_init/registry/distributed.py``), ``is_high_priority_stream`` False, ``_timeout``,
+    ``global_ranks_in_group`` (non-empty, the group's own ranks ``0 .. size - 1``: it has no world of its own, and an
+    empty list would make it the process's global group) and ``group_id`` (the same on every member, one per port:
+    torch_npu names the group and hashes sub-communicator ids from it).
+
+    Raises:
+        RuntimeError: ``ROOTINFO_SUBCOMM_ENABLE`` is on in ``environ`` (torch_npu would derive this group's
+            communicator from the process's global group, of which the rollout ranks are no members)."""
+    if _env_flag(environ.get("ROOTINFO_SUBCOMM_ENABLE")):
+        raise RuntimeError("ROOTINFO_SUBCOMM_ENABLE is on: torch_npu would derive the trainer-to-rollout transfer "
+                           "group's HCCL communicator from this process's global group, whose ranks are not the "
+                           "group's; unset it (or set 0) in worker.env_vars for the split rollout modes.")
+    return {"is_high_priority_stream": False, "_timeout": timeout, "global_ranks_in_group": list(range(size)),
+            "group_id": f"easyrl_transfer_{port}"}
+
+
+def _env_flag(value: Optional[str]) -> bool:
+    """torch_npu's reading of a 0/1 variable (``OptionsManager::GetBoolTypeOption``: strtol, non-zero is on)."""
+    number = re.match(r"\s*[+-]?\d+", value or "")
+    return bool(number and int(number.group()))
+
+
+@contextlib.contextmanager
+def _unset(name: str) -> Iterator[None]:
+    """Inside: environment variable ``name`` absent from this process (restored after)."""
+    saved = os.environ.pop(name, None)
+    try:
+        yield
+    finally:
+        if saved is not None:
+            os.environ[name] = saved
 
 
 def make_plan(state: dict[str, torch.Tensor], dtype: torch.dtype, bucket_bytes: int) -> Plan:
