@@ -11,8 +11,9 @@ integer (``examples/configs/smollm2_learn.yaml``), 4 prompts x 4 samples a step,
 no KL loss (no reference model), no validation. The untrained model's natural answer lengths are the long tail:
 most responses are a sentence (median ~22 tokens), a few ramble to the cap (probed with vLLM, 64 samples up to 256
 tokens: 12% reached 128 tokens, 9% 256). Nothing sets the lengths: the tail is the model's own, and it shrinks as
-GRPO learns to answer shortly (the learning curve beside the speed says how much). ``async`` generates in chunks of
-2 prompt groups (``data.mini_rollout_batch_size``); the trained batch is the same in every mode.
+GRPO learns to answer shortly (the learning curve beside the speed says how much). ``async`` starts a chunk of one
+prompt group (``data.mini_rollout_batch_size``) whenever a decode slot is free, its engine driven request by request
+with the weights sent in flight; the trained batch is the same in every mode.
 
 Equal total cores (this machine's 2): ``colocated`` runs 1 worker x 2 threads (the learning config's layout, 9%
 faster than 2 x 1 in ``bench/scaling.py``, and half the RAM), the split modes 1 trainer worker (FSDP2) + 1 rollout
@@ -23,7 +24,9 @@ Per mode (steady state = the steps after the first, which holds the engines' fir
 overlap): s/step, tokens/s (prompt + response tokens trained per second; steady and whole-run = all tokens over all
 step seconds), each side's tokens/s (rollout: response tokens per generation second; train: tokens per busy
 training second), each side's idle share of the run (colocated: the trainer side idles while generating and the
-engine side while training), the tail share of generation (``1 - mean / max`` response length: decode slots a
+engine side while training), the engines' decode-slot occupancy (``rollout/slot_occupancy``: the share of a step's
+worth of decode slots, ``rollout_batch_size x n`` per engine, that held a sequence over the engine's steps), the
+tail share of generation (``1 - mean / max`` response length: decode slots a
 batch leaves empty while its longest responses finish), the time the overlap could at best save
 (``min(gen, train) / (gen + train)`` of the colocated step) and reward and response length per step. Ratios are
 against ``colocated``. :func:`model_speedups` is the analytic model of bench/README.md. A run folder is never
@@ -54,7 +57,7 @@ SPLIT = ("trainer.n_gpus_per_node=1", "worker.rollout.n_gpus_per_node=1", "train
 MODES = {
     "colocated": ("trainer.rollout_mode=colocated", "trainer.n_gpus_per_node=1", "trainer.cpu_threads_per_worker=2"),
     "one_step_off": ("trainer.rollout_mode=one_step_off", *SPLIT),
-    "async": ("trainer.rollout_mode=async", "trainer.max_staleness=2", "data.mini_rollout_batch_size=2", *SPLIT),
+    "async": ("trainer.rollout_mode=async", "trainer.max_staleness=2", "data.mini_rollout_batch_size=1", *SPLIT),
 }
 BASELINE = "colocated"
 RUN_FILE = "run.json"
@@ -85,6 +88,7 @@ def summarize(rows: list[dict]) -> dict:
     steps), ``rollout_tokens_per_s`` / ``train_tokens_per_s`` (steady medians), ``gen_s`` / ``train_s`` (steady
     medians of a step's generation and busy training seconds), ``train_idle`` / ``rollout_idle`` (idle seconds of
     each side over all step seconds), ``tail_idle`` (median of ``1 - response_length/mean / max``),
+    ``slot_occupancy`` (steady median of ``rollout/slot_occupancy``; nan where never reported),
     ``overlap_bound`` (``min(gen, train) / (gen + train)``), ``transfer_s`` (median weight sync/transfer seconds),
     ``staleness_max``, and per step ``reward`` and ``response_length``.
 
@@ -122,6 +126,8 @@ def summarize(rows: list[dict]) -> dict:
         "gen_s": gen, "train_s": train, "overlap_bound": _share(min(gen, train), gen + train),
         "train_idle": _share(train_idle, total_s), "rollout_idle": _share(rollout_idle, total_s),
         "tail_idle": statistics.median(1 - row["response_length/mean"] / row["response_length/max"] for row in rows),
+        "slot_occupancy": statistics.median([row["rollout/slot_occupancy"] for row in steady
+                                             if "rollout/slot_occupancy" in row] or [float("nan")]),
         "transfer_s": statistics.median(row.get("timing_s/weight_transfer", row.get("timing_s/reshard", 0.0))
                                         for row in steady),
         "staleness_max": max(row.get("async/staleness_max", 0.0) for row in rows),
@@ -166,15 +172,16 @@ def model_speedups(gen_share: float, tail: float, devices: int) -> dict[str, flo
 def table(summary: dict[str, dict]) -> str:
     """The Markdown tables of :func:`summarize`'s figures and :func:`ratios` (``colocated`` first where present)."""
     lines = ["| mode | s/step | tokens/s | ratio | whole-run tokens/s | ratio | rollout tokens/s | train tokens/s "
-             "| gen s | train s | trainer idle | engines idle | tail of gen | overlap bound | staleness max | wall s "
-             "| load |", "| --- " * 17 + "|"]
+             "| gen s | train s | trainer idle | engines idle | slot occupancy | tail of gen | overlap bound "
+             "| staleness max | wall s | load |", "| --- " * 18 + "|"]
     rel = ratios(summary) if BASELINE in summary else {}
     for mode, s in summary.items():
         r = rel.get(mode, {})
         lines.append(f"| {mode} | {s['median_step_s']:.1f} | {s['tokens_per_s']:.0f} | {r.get('tokens_per_s', 0):.2f}"
                      f" | {s['run_tokens_per_s']:.0f} | {r.get('run_tokens_per_s', 0):.2f}"
                      f" | {s['rollout_tokens_per_s']:.0f} | {s['train_tokens_per_s']:.0f} | {s['gen_s']:.1f}"
-                     f" | {s['train_s']:.1f} | {s['train_idle']:.0%} | {s['rollout_idle']:.0%} | {s['tail_idle']:.0%}"
+                     f" | {s['train_s']:.1f} | {s['train_idle']:.0%} | {s['rollout_idle']:.0%}"
+                     f" | {s.get('slot_occupancy', float('nan')):.0%} | {s['tail_idle']:.0%}"
                      f" | {s['overlap_bound']:.0%} | {s['staleness_max']:.0f} | {s.get('wall_s', float('nan')):.0f}"
                      f" | {s.get('load_start', float('nan')):.1f}-{s.get('load_end', float('nan')):.1f} |")
     steps = max(s["steps"] for s in summary.values())

@@ -134,3 +134,45 @@ def test_the_first_step_waits_for_its_chunks_and_a_failed_producer_raises_in_the
         _train(trainer, 1, [])
     trainer._stop_producer()
     assert async_rollout.ONE_STEP == trainer.max_staleness == 1
+
+
+def test_a_sample_s_version_is_its_oldest_token_s_and_partial_samples_are_counted():
+    from easyrl.trainer.async_rollout import sample_versions, token_version_metrics
+
+    versions = torch.tensor([[2, 2, 3, -1], [3, 3, 3, 3], [-1, -1, -1, -1]])
+    batch = Batch(TensorDict({"token_versions": versions}, batch_size=[3]), {})
+    assert sample_versions(batch, started=1) == [2, 3, 1]  # no token: the chunk's start version
+    assert sample_versions(Batch(TensorDict({}, batch_size=[2]), {}), started=4) == [4, 4]
+    metrics = token_version_metrics(batch, version=3, max_staleness=2)
+    assert metrics == {"async/token_gap_0": 5.0, "async/token_gap_1": 2.0, "async/token_gap_2": 0.0,
+                       "async/partial_samples": 1.0}
+
+
+def test_covered_seconds_counts_overlapping_chunks_once():
+    from easyrl.trainer.async_rollout import covered_seconds
+
+    assert covered_seconds([(0.0, 2.0), (1.0, 3.0), (5.0, 6.0), (5.5, 5.8)]) == 4.0
+    assert covered_seconds([]) == 0.0
+
+
+def test_groups_are_runs_of_equal_uids_and_draws_are_numbered_per_thread():
+    import threading
+
+    from easyrl.trainer.async_rollout import Draws
+    from easyrl.trainer.request_stream import group_rows
+
+    assert group_rows(["a", "a", "b", "b", "a"]) == [[0, 1], [2, 3], [4]]
+    prompts = Prompts(1)
+    draws = Draws(iter(prompts), prompts.state_dict)
+    seen = []
+
+    def draw():
+        next(draws)
+        seen.append(draws.last())
+
+    threads = [threading.Thread(target=draw) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(seen, key=lambda d: d[0]) == [(k, {"next": k + 1}) for k in range(8)]
