@@ -29,6 +29,9 @@ NOISE: tuple[tuple[str, str, str], ...] = (
     ("vllm.model_executor.models.utils", r"Attempted to load weight \S+ with dtype torch\.float32 into parameter with "
      r"dtype torch\.(bfloat16|float16)", "one line per weight of a float32 checkpoint served in the engine's 16-bit "
      "dtype (worker.reward.judge.dtype, worker.rollout.dtype), the cast those keys ask for"),
+    ("vllm.v1.engine.input_processor", r"Passing raw prompts to InputProcessor is deprecated",
+     "easyrl's request-level engine passes {prompt_token_ids, multi_modal_data} to LLMEngine.add_request, the one "
+     "form vLLM 0.23 and 0.32 both take (easyrl.workers.request_engine)"),
     ("torch.utils.cpp_extension", r"No CUDA runtime is found", "torch's note on a CPU-only host"),
     ("vllm.envs", r"Unknown vLLM environment variable detected: VLLM_ASCEND_ENABLE_NZ",
      "vLLM 0.23 without vllm-ascend does not know the NZ switch that easyrl sets for NPUs (vllm_compat)"),

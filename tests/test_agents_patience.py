@@ -1,5 +1,5 @@
-"""``worker.rollout.multi_turn.patience`` (docs/agents.md "Scheduling"): its default is the scheduler's ``PATIENCE``,
-``inf`` is accepted (the round barrier), and the configured value is what ``run_turns`` gets (its check: errors.md
+"""``worker.rollout.multi_turn.patience`` (docs/agents.md "Scheduling"): its default is null (each trajectory by
+request, no rounds), a number the rounds' patience (the scheduler's ``PATIENCE`` is 0.25), ``inf`` is accepted (the round barrier), and the configured value is what ``run_turns`` gets (its check: errors.md
 A11, tests/test_errors_agents.py)."""
 
 from __future__ import annotations
@@ -17,20 +17,19 @@ from easyrl.config.worker import MultiTurnConfig
 from tests.test_agents_rollout import HERE, ScriptedWorkers
 
 
-def test_the_config_default_is_the_schedulers():
-    assert MultiTurnConfig().patience == scheduler.PATIENCE == 0.25
+def test_the_config_default_is_by_request_and_a_number_is_the_rounds_patience():
+    assert MultiTurnConfig().patience is None and scheduler.PATIENCE == 0.25  # null: run_requests (no rounds)
 
 
-@pytest.mark.parametrize("word, expected", [(None, 0.25), ("0", 0.0), ("1.5", 1.5), ("inf", math.inf)])
+@pytest.mark.parametrize("word, expected", [("0.25", 0.25), ("0", 0.0), ("1.5", 1.5), ("inf", math.inf)])
 def test_the_configured_patience_reaches_run_turns(e2e_args, tiny_model_path, tmp_path, monkeypatch, word, expected):
     from transformers import AutoTokenizer
 
     from easyrl.trainer.multi_turn import MultiTurnRollout
 
     words = ["worker.rollout.multi_turn.enable=true", f"worker.rollout.multi_turn.tools=[{HERE / 'tools.py'}:echo]",
-             "worker.rollout.multi_turn.max_assistant_turns=1", "data.max_response_length=32"]
-    if word is not None:
-        words.append(f"worker.rollout.multi_turn.patience={word}")
+             "worker.rollout.multi_turn.max_assistant_turns=1", "data.max_response_length=32",
+             f"worker.rollout.multi_turn.patience={word}"]
     config = load_config(e2e_args("qwen2_5", tmp_path, *words))
     assert config.worker.rollout.multi_turn.patience == expected
     seen = []

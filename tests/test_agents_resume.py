@@ -37,7 +37,7 @@ class SeededWorkers:
         self.requests += [(tuple(ids), seed, budget) for ids, seed, budget in zip(
             batch["raw_prompt_ids"], batch["rollout_seed"], batch["max_tokens"]) if budget > 1]  # not the padding
         return [{"response_ids": [self._ids(s, m) for s, m in zip(share["rollout_seed"], share["max_tokens"])],
-                 "response_log_probs": None, "timing_s/reshard": 0.0}
+                 "response_log_probs": None, "timing_s/reshard": 0.0, "busy": 0, "offered": 0}
                 for share in batch.chunk(self.rollout_dp_size)]
 
     def run_all(self, method):
@@ -81,6 +81,7 @@ def test_a_resumed_multi_turn_run_makes_the_same_requests_and_trajectories(tiny_
     config.data.max_prompt_length, config.data.max_response_length = 4, 96
     mt = config.worker.rollout.multi_turn
     mt.enable, mt.tools, mt.max_assistant_turns, mt.num_tool_workers = True, [f"{HERE / 'tools.py'}:echo"], 3, 1
+    mt.patience = 0.25  # rounds: the scripted workers answer generate_sequences (by request: the e2e multi-turn test)
 
     uninterrupted = _steps(config, tokenizer, _stream(), [1, 2, 3, 4])
     first = _stream()

@@ -31,7 +31,7 @@ class ScriptedWorkers:
         self.rounds.append(batch)
         return [{"response_ids": [self.ids[:m] for m in share["max_tokens"]],
                  "response_log_probs": [[-1.0] * len(self.ids[:m]) for m in share["max_tokens"]],
-                 "timing_s/reshard": 0.5 if len(self.rounds) == 1 else 0.0}
+                 "timing_s/reshard": 0.5 if len(self.rounds) == 1 else 0.0, "busy": 0, "offered": 0}
                 for share in batch.chunk(self.rollout_dp_size)]
 
     def run_all(self, method):

@@ -8,7 +8,7 @@ import pytest
 
 from easyrl.agents.executor import ToolResult
 from easyrl.agents.parsers import hermes
-from easyrl.agents.scheduler import run_turns, start_round
+from easyrl.agents.scheduler import run_requests, run_turns, start_round
 from easyrl.agents.trajectory import Trajectory, TurnLoop
 
 ROUND_S_PER_TRAJ = 0.1  # the fake engine's seconds per trajectory in a round
@@ -44,6 +44,9 @@ class FakeExecutor:
 
     def submit(self, calls):
         return [FakeFuture(self.clock, call) for call in calls]
+
+    def poll(self):
+        pass
 
     def wait(self, futures, until):
         due = min(f.due for f in futures if not f.done)
@@ -115,3 +118,38 @@ def test_a_round_waits_briefly_for_tools_that_are_almost_done(tokenizer):
     # with a patience longer than the 2 s tool, the scheduler is the barrier again
     _, rounds, _ = _run(tokenizer, patience=100.0)
     assert rounds == [[0, 1, 2]] * 3
+
+
+class FakeRequests:
+    """A scripted request-level engine on the fake clock: a submitted turn is generated ``ROUND_S_PER_TRAJ`` seconds
+    later (one at a time, in submission order), as ``_engine`` would write it."""
+
+    def __init__(self, tokenizer, clock, executor):
+        self.generate, self.clock, self.executor = _engine(tokenizer, clock, []), clock, executor
+        self.queue, self.done, self.order = [], {}, []
+
+    def submit(self, traj):
+        self.queue.append(traj)
+        return traj.prompt_ids[0], traj.assistant_turns  # the handle: which trajectory's which turn
+
+    def collect(self, handles, timeout):
+        traj = self.queue.pop(0)
+        self.order.append(traj.prompt_ids[0])
+        (out,) = self.generate([traj], 0)
+        return {(traj.prompt_ids[0], traj.assistant_turns): out}
+
+
+def test_by_request_a_slow_tool_holds_up_only_its_own_trajectory(tokenizer):
+    clock = Clock()
+    executor = FakeExecutor(clock)
+    loop = TurnLoop(tokenizer, hermes, executor)
+    engine = FakeRequests(tokenizer, clock, executor)
+    trajectories = [Trajectory([p], 300) for p in range(3)]
+    run_requests(loop, trajectories, engine.submit, engine.collect)
+    # 1 and 2 run all their turns while 0's 2 s tool runs; 0's next turn goes as soon as it answers
+    assert engine.order == [0, 1, 2, 1, 2, 1, 2, 0, 0]
+    assert clock.t == pytest.approx(0.1 + 2.0 + 0.1 + 0.01 + 0.1)  # 0: a turn, its tool, its own turns only
+    barrier, _, _ = _run(tokenizer, patience=float("inf"))
+    for traj, ref in zip(trajectories, barrier):  # the same trajectories as the round barrier's
+        assert traj.done and (traj.response_ids, traj.response_mask, traj.tool_calls) == (
+            ref.response_ids, ref.response_mask, ref.tool_calls)

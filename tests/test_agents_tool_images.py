@@ -178,7 +178,7 @@ class _Engines:
     def run_rollout(self, method, batch, **kwargs):
         self.rounds.append(batch)
         return [{"response_ids": [self.ids] * len(share), "response_log_probs": [[-1.0] * len(self.ids)] * len(share),
-                 "timing_s/reshard": 0.0} for share in batch.chunk(self.rollout_dp_size)]
+                 "timing_s/reshard": 0.0, "busy": 0, "offered": 0} for share in batch.chunk(self.rollout_dp_size)]
 
     def run_all(self, method):
         pass

@@ -98,6 +98,10 @@ class ToolExecutor:
             time.sleep(_POLL_S)
             self._pump()
 
+    def poll(self) -> None:
+        """Collect the answers given so far (and start queued calls) without waiting."""
+        self._pump()
+
     def _pump(self) -> None:
         """Collect answers and timeouts, retire a pool whose only busy processes hang, start queued calls."""
         now = time.monotonic()

@@ -55,11 +55,14 @@ class MultiTurnConfig:
     environment: Optional[str] = None
     """``path/to/file.py:function``, called as ``fn(messages)`` after an assistant turn without a tool call:
     returns the next user/environment message (a string, or a ``{"role", "content"}`` dict) or None (done)."""
-    patience: Annotated[float, AllowInf(), NON_NEGATIVE, Note("inf: every round waits for every tool call")] = 0.25
-    """How long the driver waits for late tool calls before the next assistant round starts without them, in units
-    of the last round's generation time (50 ms at least; ``easyrl.agents.scheduler``): waiting idles the engines, a
-    round without the late ones costs them a later round. ``inf``: every round waits for its slowest tool call (the
-    round barrier); 0: a round starts as soon as one trajectory is ready."""
+    patience: Optional[Annotated[float, AllowInf(), NON_NEGATIVE,
+                                 Note("inf: every round waits for every tool call")]] = None
+    """null (default): no rounds; each trajectory's next turn goes to the engines as soon as its tools answered
+    (request by request, ``easyrl.agents.scheduler.run_requests``). A number: assistant turns in rounds, and how long
+    the driver waits for late tool calls before the next round starts without them, in units of the last round's
+    generation time (50 ms at least): waiting idles the engines, a round without the late ones costs them a later
+    round. ``inf``: every round waits for its slowest tool call (the round barrier); 0: a round starts as soon as one
+    trajectory is ready."""
 
 
 def _check_spec(key: str, spec: str) -> None:

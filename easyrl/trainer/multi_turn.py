@@ -17,9 +17,11 @@ from easyrl.agents.executor import ToolExecutor
 from easyrl.agents.parsers import load_parser
 from easyrl.agents.tool_images import ToolImages, collapse_pads
 from easyrl.agents.tools import load_tools
+from easyrl.agents import scheduler
 from easyrl.agents.trajectory import Trajectory, TurnLoop
 from easyrl.batch import Batch
 from easyrl.data.images import process_image
+from easyrl.trainer.request_stream import RequestStream
 from easyrl.trainer.rollout import SingleTurnRollout, trajectory_batch
 from easyrl.workers.fsdp_worker import FSDPWorker
 
@@ -83,12 +85,34 @@ class MultiTurnRollout:
                              mt.max_assistant_turns, mt.max_user_turns, mt.max_turn_tokens, images=images)
         self.images = images
         self.patience = mt.patience  # easyrl.agents.scheduler; inf: every round waits for its slowest tool
-        self._slots = [0, 0]  # decode slots held, offered since the last slot_occupancy()
+        self._slots = [0, 0]  # decode slots held, offered since the last slot_occupancy() (rounds)
+        self._stream: Optional[RequestStream] = None  # by request: the engines' stream, made when first needed
 
     @property
     def engines(self) -> int:
         """Number of vLLM engines."""
         return self.workers.rollout_dp_size
+
+    def _turn_batch(self, prompts: Batch, trajectories: list[Trajectory], rows: list[int],
+                    budgets: list[int]) -> Batch:
+        """The next assistant turn of ``trajectories[i]`` for each ``i`` in ``rows`` (repeats allowed), as the
+        engines take it: the prompt and the trajectory so far (one pad per tool image), its images, ``budgets``
+        tokens at most, the turn's seed."""
+        share = Batch(prompts.tensors[torch.tensor(rows)], {})
+        share["uid"] = [str(i) for i in rows]  # a request stream places each trajectory on its own
+        share["raw_prompt_ids"] = [trajectories[i].prompt_ids + (  # one pad per tool image, as the engine takes it
+            collapse_pads(trajectories[i].response_ids, self.images.pad_id) if trajectories[i].images
+            else trajectories[i].response_ids) for i in rows]
+        share["images"] = [(prompts["images"][i] if "images" in prompts else []) + trajectories[i].images
+                           for i in rows]
+        if "videos" in prompts:
+            share["videos"] = [prompts["videos"][i] for i in rows]
+        share["max_tokens"] = budgets
+        if "rollout_seed" in prompts:
+            # the turn's number, not the round's: a turn samples the same whichever round it rides in
+            share["rollout_seed"] = [(prompts["rollout_seed"][i] + _SEED_STRIDE * trajectories[i].assistant_turns)
+                                     % 2**31 for i in rows]
+        return share
 
     def _generate_round(self, prompts: Batch, trajectories: list[Trajectory], active: list[Trajectory],
                         round_: int, overrides: Optional[dict[str, Any]], reshard: list[float]):
@@ -98,19 +122,8 @@ class MultiTurnRollout:
         rows = [index[id(t)] for t in active]
         pad = (-len(rows)) % self.engines
         rows_padded = rows + [rows[i % len(rows)] for i in range(pad)]
-        share = Batch(prompts.tensors[torch.tensor(rows_padded)], {})
-        share["raw_prompt_ids"] = [trajectories[i].prompt_ids + (  # one pad per tool image, as the engine takes it
-            collapse_pads(trajectories[i].response_ids, self.images.pad_id) if trajectories[i].images
-            else trajectories[i].response_ids) for i in rows_padded]
-        share["images"] = [(prompts["images"][i] if "images" in prompts else []) + trajectories[i].images
-                           for i in rows_padded]
-        if "videos" in prompts:
-            share["videos"] = [prompts["videos"][i] for i in rows_padded]
-        share["max_tokens"] = [self.loop.turn_budget(t) for t in active] + [1] * pad
-        if "rollout_seed" in prompts:
-            # the turn's number, not the round's: a turn samples the same whichever round it rides in
-            share["rollout_seed"] = [(prompts["rollout_seed"][i] + _SEED_STRIDE * trajectories[i].assistant_turns)
-                                     % 2**31 for i in rows_padded]
+        share = self._turn_batch(prompts, trajectories, rows_padded,
+                                 [self.loop.turn_budget(t) for t in active] + [1] * pad)
         outputs = self.workers.run_rollout(FSDPWorker.generate_sequences, share, overrides=overrides,
                                            keep_awake=True)
         reshard[0] += max(out["timing_s/reshard"] for out in outputs)
@@ -129,8 +142,12 @@ class MultiTurnRollout:
             traj.prompt_images = len(images)
         reshard = [0.0]
         try:
-            self.loop.run(trajectories, lambda active, round_: self._generate_round(
-                prompts, trajectories, active, round_, overrides, reshard), self.patience)
+            if self.patience is None:  # each trajectory on its own, request by request
+                reshard[0] = max(self.workers.run_all(FSDPWorker.wake_rollout))
+                self._run_by_request(prompts, trajectories, overrides)
+            else:
+                self.loop.run(trajectories, lambda active, round_: self._generate_round(
+                    prompts, trajectories, active, round_, overrides, reshard), self.patience)
         finally:
             self.workers.run_all(FSDPWorker.sleep_rollout)
         log_probs = [t.log_probs for t in trajectories] if self.calculate_log_probs else None
@@ -146,15 +163,42 @@ class MultiTurnRollout:
                                            for inputs, t in zip(prompt_inputs, trajectories)]
         return batch, reshard[0]
 
+    def _run_by_request(self, prompts: Batch, trajectories: list[Trajectory],
+                        overrides: Optional[dict[str, Any]]) -> None:
+        """``scheduler.run_requests`` over the engines' request stream (one submission per assistant turn; the
+        decode slots counted: the trajectories per engine)."""
+        if self._stream is None:
+            self._stream = RequestStream(self.workers, slots=1)
+        stream = self._stream
+        stream.slots = max(1, -(-len(trajectories) // self.engines))
+        index = {id(t): i for i, t in enumerate(trajectories)}
+
+        def submit(traj: Trajectory) -> int:
+            i = index[id(traj)]
+            return stream.submit(self._turn_batch(prompts, trajectories, [i], [self.loop.turn_budget(traj)]),
+                                 overrides)
+
+        def collect(handles: list[int], timeout: Optional[float]) -> dict[int, tuple[list[int], Any]]:
+            return {sid: (ids, log_probs if self.calculate_log_probs else None)
+                    for sid, [(ids, log_probs, _)] in stream.collect(handles, timeout).items()}
+
+        scheduler.run_requests(self.loop, trajectories, submit, collect)
+
     def slot_occupancy(self) -> Optional[float]:
-        """See ``Rollout.slot_occupancy`` (each round's turns count as one generation call)."""
+        """See ``Rollout.slot_occupancy`` (rounds: each round's turns count as one generation call)."""
         (busy, offered), self._slots = self._slots, [0, 0]
+        if self._stream is not None:
+            measured = self._stream.take_slot_counts()
+            busy, offered = busy + measured[0], offered + measured[1]
         return busy / offered if offered else None
 
     def close(self) -> None:
-        """Stop the tool processes."""
+        """Stop the tool processes and the request stream."""
         if self.executor is not None:
             self.executor.close()
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
 
 
 def make_rollout(config, workers, tokenizer, pad_id: int, dataset=None):

@@ -100,6 +100,21 @@ class RequestStream:
             raise sub.error
         return [sub.done[i] for i in range(sub.rows)]
 
+    def collect(self, sids: list[int], timeout: Optional[float]) -> dict[int, list[Sample]]:
+        """The samples of each submission among ``sids`` that finished (those are then forgotten), waiting up to
+        ``timeout`` seconds (None: without limit) for at least one. Raises as :meth:`wait`."""
+        with self._cond:
+            def finished() -> list[int]:
+                return [sid for sid in sids if self._submissions[sid].error is not None
+                        or len(self._submissions[sid].done) == self._submissions[sid].rows]
+
+            self._cond.wait_for(lambda: finished(), timeout)
+            done = {sid: self._submissions.pop(sid) for sid in finished()}
+        for sub in done.values():
+            if sub.error is not None:
+                raise sub.error
+        return {sid: [sub.done[i] for i in range(sub.rows)] for sid, sub in done.items()}
+
     @contextmanager
     def paused(self) -> Iterator[None]:
         """No engine call runs inside (it waits for those in flight, at most ``max_steps`` steps each); the admitted
@@ -137,10 +152,15 @@ class RequestStream:
             self._idle, self._idle_since = 0.0, now if self._idle_since is not None else None
         return idle
 
+    def take_slot_counts(self) -> tuple[int, int]:
+        """The engines' decode slots ``(held, offered)`` summed over their steps since the last call."""
+        with self._cond:
+            counts, self._busy, self._offered = (self._busy, self._offered), 0, 0
+        return counts
+
     def slot_occupancy(self) -> Optional[float]:
         """The share of the engines' decode slots that held a request since the last call (None: no step ran)."""
-        with self._cond:
-            busy, offered, self._busy, self._offered = self._busy, self._offered, 0, 0
+        busy, offered = self.take_slot_counts()
         return busy / offered if offered else None
 
     def close(self) -> None:

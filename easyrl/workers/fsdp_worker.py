@@ -228,8 +228,9 @@ class FSDPWorker:
         the requests done, and the decode slots held and offered (``slots`` per step) over the steps run."""
         engine = self.rollout.engine
         if prompts is not None and len(keys):
-            self._ensure_rollout_weights()
-            self.rollout.wake_up()
+            if not self.rollout.holds_weights or (self.actor is not None and self.weights_dirty):
+                raise RuntimeError("the engine's weights are not the actor's: call wake_rollout on every rank before "
+                                   "advance (the sync is a collective)")
             requests = self.rollout.requests(
                 prompts["raw_prompt_ids"], prompts["images"], overrides,
                 seeds=prompts["rollout_seed"] if "rollout_seed" in prompts else None,
@@ -244,6 +245,13 @@ class FSDPWorker:
             done = engine.step(slots)
         return {"finished": [(s.key, s.token_ids, s.log_probs, s.versions) for s in done],
                 "busy": engine.busy_steps - busy, "offered": engine.slot_steps - offered}
+
+    def wake_rollout(self) -> float:
+        """Bring the engine's weights up to date (a collective: every rank at once) and wake it, before ``advance``
+        calls; returns the seconds spent syncing. ``sleep_rollout`` puts it back to sleep."""
+        reshard = self._ensure_rollout_weights()
+        self.rollout.wake_up()
+        return reshard
 
     def abort_requests(self) -> int:
         """Drop every request in flight on the engine (a stopped stream); returns how many."""
