@@ -12,6 +12,16 @@ prefills included for the multi-turn one). Two cases, one trainer: the tool (``l
 call in a rollout sleeps) answers at once, then one call per rollout (one trajectory's) sleeps ``--slow-tool-s``.
 
     python bench/multi_turn_speed.py [--turns 3] [--turn-tokens 32] [--repeats 3] [--slow-tool-s 2] [key=value ...]
+
+``--workload varied`` (issue #46): trajectories that differ in turn count and tool latency, each turn's text deciding
+(``tests/agent_tools/parser.py:varied``: a third of the turns answer and end the trajectory, up to ``--turns``
+turns, default 6 here) and each tool call sleeping 0-2 s by its text (``tools.py:nap``), one tool process per sample.
+The multi-turn rollout three ways on the same prompts and seeds: by request (``patience: null``, the default: each
+trajectory's next turn goes to the engine as soon as its tool answers), in rounds with the scheduler (``patience:
+0.25``, the default before) and with the round barrier (``inf``); trajectories per second of ``Rollout.generate``,
+and the ratios against the rounds.
+
+    python bench/multi_turn_speed.py --workload varied [--repeats 3] [key=value ...]
 """
 
 from __future__ import annotations
@@ -27,12 +37,15 @@ REPO = Path(__file__).resolve().parents[1]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--turns", type=int, default=3)
+    parser.add_argument("--workload", choices=("lagging", "varied"), default="lagging")
+    parser.add_argument("--turns", type=int, default=None, help="assistant turns (default 3; varied: at most, 6)")
     parser.add_argument("--turn-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--slow-tool-s", type=float, default=2.0)
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
+    varied = args.workload == "varied"
+    args.turns = args.turns or (6 if varied else 3)
 
     import os
 
@@ -55,28 +68,35 @@ def main() -> None:
         f"worker.reward.reward_function={tools / 'reward.py'}:compute_score", "worker.reward.reward_function_kwargs={}",
         f"trainer.runs_root={tempfile.mkdtemp()}", "worker.rollout.limit_images=0",
         f"data.max_response_length={budget + 40 * (args.turns - 1)}",  # the tool turns' tokens fit too
-        "worker.rollout.multi_turn.enable=true", f"worker.rollout.multi_turn.tools=[{tools / 'tools.py'}:lagging]",
-        f"worker.rollout.multi_turn.format={tools / 'parser.py'}:lagging_only",
+        "worker.rollout.multi_turn.enable=true",
+        f"worker.rollout.multi_turn.tools=[{tools / 'tools.py'}:{'nap' if varied else 'lagging'}]",
+        f"worker.rollout.multi_turn.format={tools / 'parser.py'}:{'varied' if varied else 'lagging_only'}",
         f"worker.rollout.multi_turn.max_assistant_turns={args.turns}",
         f"worker.rollout.multi_turn.max_turn_tokens={args.turn_tokens}",
+        *((f"worker.rollout.multi_turn.num_tool_workers={4 * 4}",) if varied else ()),  # one per sample (cpu_demo)
         *args.overrides,
     ])
     ray.init(num_cpus=2, include_dashboard=False)
+    trainer = None
     try:
         trainer = build_trainer(config)
         multi = trainer.generator.rollout
+        if varied:
+            _varied(multi, trainer.generator.prompt_batch(next(trainer.prompt_stream()), config.worker.rollout.n, 1),
+                    args.repeats)
+            return
         single = SingleTurnRollout(trainer.workers, config.data.max_response_length, trainer.pad_id)
         prompts = trainer.generator.prompt_batch(next(trainer.prompt_stream()), config.worker.rollout.n, step=1)
         flat = prompts.select(list(range(len(prompts))))
         flat["max_tokens"] = [budget] * len(flat)
-        modes = (("single-turn", single, flat, None), ("multi-turn", multi, prompts, multi.patience),
+        modes = (("single-turn", single, flat, "-"), ("multi-turn", multi, prompts, multi.patience),
                  ("multi-turn, round barrier", multi, prompts, float("inf")))
         for slow in (False, True):
             rates: dict[str, list[float]] = {name: [] for name, *_ in modes}
             seconds: dict[str, list[float]] = {name: [] for name, *_ in modes}
             for repeat in range(args.repeats + 1):
                 for name, rollout, batch, patience in modes:
-                    if patience is not None:
+                    if patience != "-":  # a multi-turn mode: its scheduling (None: by request)
                         multi.patience = patience
                     if slow:  # one slow call per rollout
                         (markers / "lagging").unlink(missing_ok=True)
@@ -97,9 +117,40 @@ def main() -> None:
                 print(f"| {name} | {value:.0f} | {statistics.median(seconds[name]):.2f} |")
             print(f"multi / single = {medians['multi-turn'] / medians['single-turn']:.2f}, round barrier / single = "
                   f"{medians['multi-turn, round barrier'] / medians['single-turn']:.2f}", flush=True)
-        trainer.workers.shutdown()
     finally:
+        if trainer is not None:
+            trainer.workers.shutdown()
         ray.shutdown()
+
+
+VARIED_MODES = (("by request", None), ("rounds (patience 0.25)", 0.25), ("round barrier", float("inf")))
+
+
+def _varied(multi, prompts, repeats: int) -> None:
+    """The varied workload (module docstring): each of ``VARIED_MODES`` in turn, ``repeats`` times after a warm-up;
+    prints trajectories/s, generated tokens/s, the turns and the ratios against the rounds."""
+    rates: dict[str, list[float]] = {name: [] for name, _ in VARIED_MODES}
+    tokens: dict[str, list[float]] = {name: [] for name, _ in VARIED_MODES}
+    turns = {}
+    for repeat in range(repeats + 1):
+        for name, patience in VARIED_MODES:
+            multi.patience = patience
+            start = time.perf_counter()
+            out, _ = multi.generate(prompts, None)
+            took = time.perf_counter() - start
+            turns[name] = sorted(s["assistant_turns"] for s in out["multi_turn_stats"])
+            if repeat:  # the first of each is warm-up
+                rates[name].append(len(prompts) / took)
+                tokens[name].append(float(out["response_mask"].sum()) / took)
+    medians = {name: statistics.median(values) for name, values in rates.items()}
+    print(f"\nvaried workload: {len(prompts)} trajectories, assistant turns {turns['by request']}, tools sleeping "
+          "0-2 s")
+    print(f"| rollout | trajectories/s | generated tokens/s | ratio to rounds (median of {repeats}) |\n"
+          "| --- | --- | --- | --- |")
+    base = medians["rounds (patience 0.25)"]
+    for name, value in medians.items():
+        print(f"| {name} | {value:.3f} | {statistics.median(tokens[name]):.0f} | {value / base:.2f} |")
+    assert len({tuple(t) for t in turns.values()}) == 1, f"the modes ran different trajectories: {turns}"
 
 
 if __name__ == "__main__":

@@ -227,9 +227,12 @@ class WorkerGroup:
 
     def submit_engine(self, engine: int, method: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
         """Call ``method`` on every rank of vLLM engine ``engine`` (its tensor-parallel group) with the same arguments,
-        without waiting: one Ray reference per rank, the engine's first rank first."""
+        without waiting: one Ray reference per rank, the engine's first rank first. Not through the collective
+        contract, whose end-of-method check waits for every rank of the world: an engine's call runs on its own
+        ranks only (vLLM's collectives within it are still checked, on the engine's own groups)."""
         name = method_name(method)
-        return [self._call(self.workers[rank], name, *args, **kwargs) for rank in self.rollout_layout.groups()[engine]]
+        return [getattr(self.workers[rank], name).remote(*args, **kwargs)
+                for rank in self.rollout_layout.groups()[engine]]
 
     def _run_grouped(self, method: Callable[..., Any], batch: Batch, layout: RolloutLayout, **kwargs: Any) -> list[Any]:
         name = method_name(method)

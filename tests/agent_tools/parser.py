@@ -22,3 +22,12 @@ def lagging_only(text: str) -> list[dict]:
 def paint_every_turn(text: str) -> list[dict]:
     """Each assistant turn calls ``paint`` (tests/agent_tools/image_tools.py) with the turn's first characters."""
     return [{"name": "paint", "arguments": {"text": text[:8]}}]
+
+
+def varied(text: str) -> list[dict]:
+    """A turn count that varies by trajectory: a turn calls ``nap`` unless the crc32 of its text is 0 mod 3 (then
+    the trajectory answers and ends), so trajectories run 1 to ``max_assistant_turns`` turns (bench/multi_turn_speed.py,
+    the varied workload)."""
+    import zlib
+
+    return [] if zlib.crc32(text.encode()) % 3 == 0 else [{"name": "nap", "arguments": {"text": text[:8]}}]

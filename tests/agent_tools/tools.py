@@ -77,3 +77,16 @@ def lagging(text: str) -> str:
     if _first_call("lagging"):
         time.sleep(float(os.environ.get("EASYRL_TEST_TOOL_SLEEP_S", "2")))
     return f"echo: {text}"
+
+
+def nap(text: str) -> str:
+    """``echo`` that sleeps 0 to 2 s, by the crc32 of ``text`` (a tool latency that varies by call:
+    bench/multi_turn_speed.py, the varied workload).
+
+    Args:
+        text: what to repeat.
+    """
+    import zlib
+
+    time.sleep(zlib.crc32(text.encode()) % 21 / 10)
+    return f"echo: {text}"
