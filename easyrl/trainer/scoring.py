@@ -9,6 +9,7 @@ each adding its named score and its weighted share of ``overall``::
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any, Optional, Union
 
 import ray
@@ -44,6 +45,7 @@ class Scorer:
         self.val_guard = self.guard if val_reward_fn is None or val_reward_fn is reward_fn else GuardedReward(
             val_reward_fn, config.on_error, config.timeout_s)
         self._remote: Optional[ray.actor.ActorHandle] = None  # the reward actor, started on first use
+        self._lock = threading.Lock()  # split placement: chunks score from threads of their own, one at a time
 
     @property
     def can_score_async(self) -> bool:
@@ -83,7 +85,8 @@ class Scorer:
         returns the named scores and the number of samples the function failed on. Raises ``RewardSampleError``
         when it failed on a sample and ``on_error`` is ``raise``."""
         guard = self.val_guard if validation else self.guard
-        scores, failures = guard(self.reward_inputs(batch), step)
+        with self._lock:
+            scores, failures = guard(self.reward_inputs(batch), step)
         self.set_scores(batch, scores)
         return scores, len(failures)
 
