@@ -152,11 +152,12 @@ def floor(config, repeats: int) -> dict[str, float]:
     import contextlib
 
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from trl_grpo import load_prompts
     from vllm import LLM, SamplingParams
 
     from easyrl.workers.fsdp_model import TORCH_DTYPES
+    from easyrl.models.families import attends_in_windows
     from easyrl.workers.policy_forward import attention_implementation
 
     data, rollout, actor = config.data, config.worker.rollout, config.worker.actor
@@ -182,7 +183,8 @@ def floor(config, repeats: int) -> dict[str, float]:
     input_ids = torch.tensor([[t for s in sequences for t in s]])
     position_ids = torch.tensor([[p for s in sequences for p in range(len(s))]])
     # fp32 weights; the actor's attention (per-sequence on the CPU) and compute dtype (autocast = FSDP2's bf16 copies)
-    attn = attention_implementation("cpu", actor.padding_free, actor.fsdp.param_dtype, flash_available=False)
+    attn = attention_implementation("cpu", actor.padding_free, actor.fsdp.param_dtype, flash_available=False,
+                                    windowed=attends_in_windows(AutoConfig.from_pretrained(model_path)))
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, attn_implementation=attn)
     compute = TORCH_DTYPES[actor.fsdp.param_dtype]
     autocast = (lambda: torch.autocast("cpu", dtype=compute)) if compute != torch.float32 else contextlib.nullcontext
