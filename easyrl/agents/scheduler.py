@@ -34,6 +34,34 @@ def _open(traj: Any) -> bool:
     return not traj.done and traj.remaining > 0
 
 
+def _after_turn(loop: Any, traj: Any, ready: list, waiting: list) -> None:
+    """After ``traj``'s assistant turn: its tool calls go to the pool (``waiting``), else its follow-up turn is added
+    now (environment, final answer, calls without tools) and an open ``traj`` is ``ready`` again."""
+    if traj.done:
+        return
+    calls = loop.parser(traj.messages[-1]["content"])
+    if calls and loop.executor is not None:
+        waiting.append((traj, loop.executor.submit(calls)))
+        return
+    loop._follow_up(traj, [])
+    if _open(traj):
+        ready.append(traj)
+
+
+def _answered(loop: Any, waiting: list, ready: list) -> list:
+    """Follow up every trajectory of ``waiting`` whose tool calls are all answered (the open ones become ``ready``);
+    returns those still waiting."""
+    still = []
+    for traj, futures in waiting:
+        if all(f.done for f in futures):
+            loop._follow_up(traj, [f.result for f in futures])
+            if _open(traj):
+                ready.append(traj)
+        else:
+            still.append((traj, futures))
+    return still
+
+
 def run_turns(loop: Any, trajectories: list, generate: Callable, patience: float = PATIENCE,
               clock: Callable[[], float] = time.monotonic) -> list:
     """Run ``trajectories`` (prompt order, updated in place and returned) to their end with ``loop`` (a
@@ -43,15 +71,7 @@ def run_turns(loop: Any, trajectories: list, generate: Callable, patience: float
     waiting: list[tuple[Any, list]] = []  # (trajectory, its tool futures)
     round_, round_s, ended = 0, 0.0, clock()
     while ready or waiting:
-        still = []
-        for traj, futures in waiting:
-            if all(f.done for f in futures):
-                loop._follow_up(traj, [f.result for f in futures])
-                if _open(traj):
-                    ready.append(traj)
-            else:
-                still.append((traj, futures))
-        waiting = still
+        waiting = _answered(loop, waiting, ready)
         patience_s = max(MIN_WAIT_S, patience * round_s)
         if start_round(len(ready), len(waiting), clock() - ended, patience_s):
             batch, ready = sorted(ready, key=lambda t: order[id(t)]), []
@@ -61,15 +81,7 @@ def run_turns(loop: Any, trajectories: list, generate: Callable, patience: float
             for traj, (ids, log_probs) in zip(batch, outputs):
                 loop._assistant_turn(traj, ids, log_probs)
             for traj in batch:
-                if traj.done:
-                    continue
-                calls = loop.parser(traj.messages[-1]["content"])
-                if calls and loop.executor is not None:
-                    waiting.append((traj, loop.executor.submit(calls)))
-                    continue
-                loop._follow_up(traj, [])  # no calls (environment or final answer), or calls without tools
-                if _open(traj):
-                    ready.append(traj)
+                _after_turn(loop, traj, ready, waiting)
             ended = clock()
         elif waiting:
             until = ended + patience_s if ready else float("inf")
@@ -95,26 +107,10 @@ def run_requests(loop: Any, trajectories: list, submit: Callable[[Any], Any],
         for handle, (ids, log_probs) in finished.items():
             traj = generating.pop(handle)
             loop._assistant_turn(traj, ids, log_probs)
-            if traj.done:
-                continue
-            calls = loop.parser(traj.messages[-1]["content"])
-            if calls and loop.executor is not None:
-                waiting.append((traj, loop.executor.submit(calls)))
-                continue
-            loop._follow_up(traj, [])  # no calls (environment or final answer), or calls without tools
-            if _open(traj):
-                ready.append(traj)
+            _after_turn(loop, traj, ready, waiting)
         if waiting and not generating and not ready:  # only tools run: wait for one more answer
             loop.executor.wait([f for _, futures in waiting for f in futures], float("inf"))
         elif waiting:
             loop.executor.poll()  # collect the answers so far
-        still = []
-        for traj, futures in waiting:
-            if all(f.done for f in futures):
-                loop._follow_up(traj, [f.result for f in futures])
-                if _open(traj):
-                    ready.append(traj)
-            else:
-                still.append((traj, futures))
-        waiting = still
+        waiting = _answered(loop, waiting, ready)
     return trajectories

@@ -90,19 +90,13 @@ class RequestStream:
         return sid
 
     def wait(self, sid: int) -> list[Sample]:
-        """The samples of submission ``sid`` in row order, once all finished. Raises the engines' error, or
-        ``CancelledError`` when the stream was closed first."""
-        with self._cond:
-            sub = self._submissions[sid]
-            self._cond.wait_for(lambda: len(sub.done) == sub.rows or sub.error is not None)
-            del self._submissions[sid]
-        if sub.error is not None:
-            raise sub.error
-        return [sub.done[i] for i in range(sub.rows)]
+        """The samples of submission ``sid`` in row order, once all finished (:meth:`collect` of it alone)."""
+        return self.collect([sid], None)[sid]
 
     def collect(self, sids: list[int], timeout: Optional[float]) -> dict[int, list[Sample]]:
         """The samples of each submission among ``sids`` that finished (those are then forgotten), waiting up to
-        ``timeout`` seconds (None: without limit) for at least one. Raises as :meth:`wait`."""
+        ``timeout`` seconds (None: without limit) for at least one. Raises the engines' error, or ``CancelledError``
+        when the stream was closed first."""
         with self._cond:
             def finished() -> list[int]:
                 return [sid for sid in sids if self._submissions[sid].error is not None
