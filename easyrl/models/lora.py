@@ -84,6 +84,21 @@ def is_adapter_key(name: str) -> bool:
     return _LORA_KEY.match(name) is not None
 
 
+def merge_sources(names: Iterable[str]) -> dict[str, list[str]]:
+    """Which of a LoRA model's state-dict ``names`` :func:`merge_lora_stream` turns into each plain name, in order of
+    first appearance: ``X.weight`` from ``X.base_layer.weight``, ``X.lora_A.default.weight`` and
+    ``X.lora_B.default.weight``; ``X.bias`` from ``X.base_layer.bias``; any other name from itself. Names only (the
+    merge itself is ``merge_lora_stream``'s); raises nothing (an incomplete module is ``merge_lora_stream``'s
+    ValueError)."""
+    sources: dict[str, list[str]] = {}
+    for name in names:
+        lora, base = _LORA_KEY.match(name), _BASE_KEY.match(name)
+        plain = (f"{base['module']}.{base['leaf']}" if base is not None
+                 else f"{lora['module']}.weight" if lora is not None else name)
+        sources.setdefault(plain, []).append(name)
+    return sources
+
+
 def merge_lora_stream(named: Iterable[tuple[str, torch.Tensor]], scale: float,
                       dtype: Optional[torch.dtype] = None) -> Iterator[tuple[str, torch.Tensor]]:
     """The plain model's ``(name, tensor)`` pairs from a LoRA model's, lazily: ``X.base_layer.weight`` ``(out, in)``,

@@ -177,10 +177,12 @@ class FSDPWorker:
         return time.perf_counter() - start
 
     def transfer_plan(self) -> "weight_transfer.Plan":
-        """The buckets in which :meth:`send_weights` sends the actor's weights (``weight_transfer.make_plan``)."""
+        """The buckets in which :meth:`send_weights` sends the actor's weights (``weight_transfer.make_plan``; with
+        LoRA the merged model's names and shapes)."""
         rollout = self.config.worker.rollout
         return weight_transfer.make_plan(self.actor.model.state_dict(), TORCH_DTYPES[rollout.dtype],
-                                         rollout.update_weights_bucket_megabytes * 2**20)
+                                         rollout.update_weights_bucket_megabytes * 2**20,
+                                         lora_scale=self._lora_scale())
 
     def join_transfer(self, address: str, port: int, size: int) -> None:
         """Rank 0 joins the transfer group to the rollout engines as its rank 0 (``weight_transfer.open_group``); the
@@ -190,10 +192,11 @@ class FSDPWorker:
 
     def send_weights(self, plan: "weight_transfer.Plan") -> float:
         """Send the actor's weights to the rollout engines (``weight_transfer.send``; every rank gathers, rank 0
-        sends) while they receive them (``RolloutWorker.receive_weights``); returns the seconds taken."""
+        sends; with LoRA the merged ``W + scale * B @ A``) while they receive them (``RolloutWorker.receive_weights``);
+        returns the seconds taken."""
         start = time.perf_counter()
         weight_transfer.send(self.transfer, self.actor.model.state_dict(), plan, self.torch_device,
-                             TORCH_DTYPES[self.config.worker.rollout.dtype])
+                             TORCH_DTYPES[self.config.worker.rollout.dtype], lora_scale=self._lora_scale())
         empty_cache(self.device)
         return time.perf_counter() - start
 

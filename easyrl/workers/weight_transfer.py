@@ -4,7 +4,9 @@ one_step_off`` or ``async``): the split-placement counterpart of ``easyrl.worker
 Per bucket of one ``plan`` (made by trainer rank 0, handed to both sides) the trainer ranks all-gather the full tensors
 and rank 0 broadcasts them as one flat buffer; the rollout ranks hand them to vLLM (one ``reload_weights``) and check
 every parameter was written. The transfer group (trainer rank 0, then rollout rank ``r`` as ``1 + r``) has its own
-store, outside torch.distributed's registry, so the collective contract does not compare its two sides.
+store, outside torch.distributed's registry, so the collective contract does not compare its two sides. With a LoRA
+adapter on the actor the plan's names and shapes are the merged model's and rank 0 sends ``W + scale * B @ A``, merged
+per bucket by the colocated sync's ``easyrl.models.lora.merge_lora_stream``.
 
 On NPUs the group is a sub-group by torch_npu's rules (:func:`hccl_options`): with empty ``global_ranks_in_group``
 torch_npu makes a group the process's global one, and with ``RANK_TABLE_FILE`` set it builds such a group's
@@ -99,12 +101,36 @@ def _unset(name: str) -> Iterator[None]:
             os.environ[name] = saved
 
 
-def make_plan(state: dict[str, torch.Tensor], dtype: torch.dtype, bucket_bytes: int) -> Plan:
-    """The buckets of the actor's ``state`` (its ``state_dict()``: HF names, full shapes) as the colocated sync makes
-    them (``weight_sync.plan_buckets`` over the full-tensor bytes in ``dtype``)."""
+def make_plan(state: dict[str, torch.Tensor], dtype: torch.dtype, bucket_bytes: int,
+              lora_scale: Optional[float] = None) -> Plan:
+    """The buckets of the actor's ``state`` (its ``state_dict()``: full shapes) as the colocated sync makes them
+    (``weight_sync.plan_buckets`` over the bytes in ``dtype`` of the full tensors each bucket gathers). With
+    ``lora_scale`` (a peft LoRA adapter on the actor) the names and shapes are the merged model's, those of
+    ``easyrl.models.lora.merge_lora_stream`` (run here on meta tensors: no memory), in its order, and a module's base
+    weight and matrices always share a bucket.
+
+    Raises:
+        ValueError: ``bucket_bytes`` <= 0; with ``lora_scale``, a LoRA module without its base weight or matrices."""
     itemsize = torch.empty((), dtype=dtype).element_size()
-    buckets = plan_buckets([(name, t.numel() * itemsize) for name, t in state.items()], bucket_bytes)
-    return [[(name, list(state[name].shape)) for name in names] for names in buckets]
+    if lora_scale is None:
+        shapes = {name: list(t.shape) for name, t in state.items()}
+    else:
+        from easyrl.models.lora import merge_lora_stream
+
+        meta = ((name, torch.empty(t.shape, dtype=dtype, device="meta")) for name, t in state.items())
+        shapes = {name: list(t.shape) for name, t in merge_lora_stream(meta, lora_scale)}
+    sources = _sources(state, lora_scale)
+    sizes = [(name, sum(state[s].numel() for s in sources[name]) * itemsize) for name in shapes]
+    return [[(name, shapes[name]) for name in names] for names in plan_buckets(sizes, bucket_bytes)]
+
+
+def _sources(state: dict[str, torch.Tensor], lora_scale: Optional[float]) -> dict[str, list[str]]:
+    """The names of ``state`` each plan name is made from (itself without LoRA; ``lora.merge_sources`` with)."""
+    if lora_scale is None:
+        return {name: [name] for name in state}
+    from easyrl.models.lora import merge_sources
+
+    return merge_sources(state)
 
 
 def _broadcast(group: Any, flat: torch.Tensor) -> None:
@@ -114,14 +140,46 @@ def _broadcast(group: Any, flat: torch.Tensor) -> None:
 
 
 def send(group: Optional[Any], state: dict[str, torch.Tensor], plan: Plan, device: torch.device,
-         dtype: torch.dtype) -> None:
-    """Every trainer rank: gather each bucket of ``plan`` from ``state`` (collective over the trainer's ranks); the
-    trainer's rank 0 (``group`` its transfer group; None on the other ranks) broadcasts it flat to the rollout ranks."""
+         dtype: torch.dtype, lora_scale: Optional[float] = None) -> None:
+    """Every trainer rank: gather each bucket of ``plan`` (from :func:`make_plan` with the same ``lora_scale``) from
+    ``state`` (collective over the trainer's ranks); the trainer's rank 0 (``group`` its transfer group; None on the
+    other ranks) broadcasts it as one flat ``dtype`` buffer, the plan's tensors in its order. With ``lora_scale``
+    (``alpha / rank``) a module's base weight and matrices are merged into ``W + scale * B @ A`` after the gather
+    (``easyrl.models.lora.merge_lora_stream``, as the colocated sync); held at once: one bucket's gathered tensors,
+    its flat buffer and one merge's float32 temporaries.
+
+    Raises:
+        ValueError: with ``lora_scale``, a LoRA module without its base weight or matrices.
+        RuntimeError: ``state`` does not give the bucket's plan names and sizes (a plan of another model or mode)."""
+    sources = _sources(state, lora_scale)
     for bucket in plan:
-        fulls = gather_bucket([state[name] for name, _ in bucket], device, dtype)
+        unknown = [name for name, _ in bucket if name not in sources]
+        if unknown:
+            raise RuntimeError(f"weight transfer: the plan's {unknown[:5]} are not made from the actor's state (a plan "
+                               "of another model or LoRA setting)")
+        names = [source for name, _ in bucket for source in sources[name]]
+        fulls: Iterator[tuple[str, torch.Tensor]] = zip(names, gather_bucket([state[n] for n in names], device, dtype))
+        if lora_scale is not None:
+            from easyrl.models.lora import merge_lora_stream
+
+            fulls = merge_lora_stream(fulls, lora_scale)
+        slots, offset = {}, 0
+        for name, shape in bucket:
+            slots[name] = (offset, math.prod(shape))
+            offset += math.prod(shape)
+        flat = torch.empty(offset, dtype=dtype, device=device)
+        for name, tensor in fulls:
+            start, numel = slots.pop(name, (0, None))
+            if numel != tensor.numel():
+                raise RuntimeError(f"weight transfer: {name} {list(tensor.shape)} is not in the plan's bucket "
+                                   "(the plan was made from another state or LoRA setting)")
+            flat[start: start + numel].copy_(tensor.reshape(-1))
+            del tensor
+        if slots:
+            raise RuntimeError(f"weight transfer: the state gave none of the plan's {sorted(slots)}")
         if group is not None:
-            _broadcast(group, torch.cat([t.reshape(-1) for t in fulls]))
-        del fulls
+            _broadcast(group, flat)
+        del fulls, flat
 
 
 def receive(group: Any, plan: Plan, device: torch.device, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
