@@ -15,8 +15,7 @@ from tensordict import TensorDict
 from easyrl.batch import Batch
 from easyrl.config import load_config
 from easyrl.trainer import async_rollout
-from easyrl.trainer.async_rollout import AsyncRolloutTrainer, Chunk, chunk_step, within_staleness
-from easyrl.trainer.ray_trainer import RayPPOTrainer
+from easyrl.trainer.async_rollout import AheadBatches, Chunk, chunk_step, within_staleness
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -58,39 +57,51 @@ class FakeGenerator:
         return Batch(TensorDict({"x": torch.zeros(groups, 1)}, batch_size=[groups]), {"prompt": prompts}), None, {}, 0
 
 
-def _trainer(monkeypatch, *overrides: str) -> AsyncRolloutTrainer:
-    config = load_config([f"config={REPO / 'examples/configs/cpu_demo.yaml'}", "worker.actor.model.model_path=m",
-                          "data.val_files=null", "worker.rollout.n_gpus_per_node=1",
-                          "data.rollout_batch_size=2", *overrides])
+class Engines:
+    """``AheadEngines`` without Ray: no stream to wait on, a weight transfer that takes no time."""
 
-    def init(self, config):
-        self.config, self.global_step, self.training_steps = config, 0, 6
-        self.generator, self.train_dataloader = FakeGenerator(), Prompts(config.data.generation_batch_size)
+    stream = None
 
-    def state(self):
-        return {"global_step": self.global_step, "prompt_stream": self.train_dataloader.state_dict()}
+    def close_stream(self):
+        pass
 
-    def load(self, state):
+    def send_weights(self, version):
+        return 0.0
+
+
+class Trainer:
+    """The trainer's side of ``AheadBatches``: its step counter and prompt stream, checkpointed as the trainer does
+    (``RayPPOTrainer.state_dict``)."""
+
+    def __init__(self, config):
+        self.global_step, self.train_dataloader = 0, Prompts(config.data.generation_batch_size)
+        self.batches = AheadBatches(config, FakeGenerator(), None, Engines(), self.train_dataloader.state_dict, 6)
+
+    def state_dict(self):
+        return {"global_step": self.global_step,
+                "prompt_stream": self.batches.prompt_position() or self.train_dataloader.state_dict()}
+
+    def load_state_dict(self, state):
+        self.batches.restart(state["global_step"], state["prompt_stream"])
         self.global_step, self.train_dataloader.next = state["global_step"], state["prompt_stream"]["next"]
 
-    monkeypatch.setattr(RayPPOTrainer, "__init__", init)
-    monkeypatch.setattr(RayPPOTrainer, "state_dict", state)
-    monkeypatch.setattr(RayPPOTrainer, "load_state_dict", load)
-    trainer = AsyncRolloutTrainer(config)
-    monkeypatch.setattr(trainer, "sync_rollout", lambda: setattr(trainer, "engine_version", trainer.version) or 0.0)
-    return trainer
+
+def _trainer(*overrides: str) -> Trainer:
+    return Trainer(load_config([f"config={REPO / 'examples/configs/cpu_demo.yaml'}", "worker.actor.model.model_path=m",
+                                "data.val_files=null", "worker.rollout.n_gpus_per_node=1",
+                                "data.rollout_batch_size=2", *overrides]))
 
 
-def _train(trainer: AsyncRolloutTrainer, steps: int, states: list) -> list[tuple[list[int], list[int], dict]]:
+def _train(trainer: Trainer, steps: int, states: list) -> list[tuple[list[int], list[int], dict]]:
     """``steps`` steps of (the step's prompts, their version gaps, its metrics), training a random few ms each; the
     state to checkpoint after each step is appended to ``states``."""
     stream, done = iter(trainer.train_dataloader), []
     for _ in range(steps):
         trainer.global_step += 1
         metrics: dict[str, float] = {}
-        batch, _, _, _ = trainer.next_batch(stream, {}, metrics)
+        batch, _, _, _ = trainer.batches.next_batch(stream, trainer.global_step, {}, metrics)
         time.sleep(random.uniform(0, 0.02))
-        trainer.version += 1
+        trainer.batches.version += 1
         done.append((batch["prompt"], batch["version_gap"], metrics))
         states.append(trainer.state_dict())
     return done
@@ -98,42 +109,44 @@ def _train(trainer: AsyncRolloutTrainer, steps: int, states: list) -> list[tuple
 
 @pytest.mark.parametrize("mode", [["trainer.rollout_mode=async", "trainer.max_staleness=2",
                                    "data.mini_rollout_batch_size=1"], ["trainer.rollout_mode=one_step_off"]])
-def test_the_producer_keeps_the_order_and_the_bound_and_the_checkpoint_keeps_the_trained_position(monkeypatch, mode):
-    trainer = _trainer(monkeypatch, *mode)
+def test_the_producer_keeps_the_order_and_the_bound_and_the_checkpoint_keeps_the_trained_position(mode):
+    trainer = _trainer(*mode)
+    batches = trainer.batches
     try:
         states = []
         steps = _train(trainer, 4, states)
         assert [p for prompts, _, _ in steps for p in prompts] == list(range(8))  # none repeated or skipped
-        assert all(0 <= gap <= trainer.max_staleness for _, gaps, _ in steps for gap in gaps)
+        assert all(0 <= gap <= batches.max_staleness for _, gaps, _ in steps for gap in gaps)
         assert steps[0][1] == [0, 0] and sum(m["async/staleness_gap_0"] for _, _, m in steps) <= 8
         assert [state["prompt_stream"] for state in states] == [{"next": 2 * k} for k in (1, 2, 3, 4)]  # trained
         trainer.load_state_dict(states[1])  # resume step 2's checkpoint: steps 3 and 4 train the same prompts again
-        assert (trainer.version, trainer.engine_version, len(trainer._done)) == (2, None, 0)
+        assert (batches.version, batches.engine_version, len(batches._done)) == (2, None, 0)
         assert [prompts for prompts, _, _ in _train(trainer, 2, [])] == [steps[2][0], steps[3][0]]
     finally:
-        trainer._stop_producer()
+        batches.close()
 
 
-def test_a_group_past_the_bound_is_dropped_counted_and_replaced(monkeypatch):
-    trainer = _trainer(monkeypatch, "trainer.rollout_mode=async", "data.mini_rollout_batch_size=1")
+def test_a_group_past_the_bound_is_dropped_counted_and_replaced():
+    trainer = _trainer("trainer.rollout_mode=async", "data.mini_rollout_batch_size=1")
     trainer.load_state_dict({"global_step": 3, "prompt_stream": {"next": 0}})
     stale = Batch(TensorDict({"x": torch.zeros(1, 1)}, batch_size=[1]), {"prompt": [-1]})
-    trainer._done[0] = Chunk((stale, {}, 0), 1, (-1, {"next": 0}), {}, {})  # version 1 for the trainer's 3: gap 2
-    trainer._made = trainer._started = 1
+    batches = trainer.batches
+    batches._done[0] = Chunk((stale, {}, 0), 1, (-1, {"next": 0}), {}, {})  # version 1 for the trainer's 3: gap 2
+    batches._made = batches._started = 1
     try:
         (prompts, gaps, metrics), = _train(trainer, 1, [])
         assert prompts == [0, 1] and gaps == [0, 0] and metrics["async/dropped_groups"] == 1
     finally:
-        trainer._stop_producer()
+        batches.close()
 
 
 def test_the_first_step_waits_for_its_chunks_and_a_failed_producer_raises_in_the_trainer(monkeypatch):
-    trainer = _trainer(monkeypatch, "trainer.rollout_mode=one_step_off")
+    trainer = _trainer("trainer.rollout_mode=one_step_off")
     monkeypatch.setattr(FakeGenerator, "make_batch", lambda *args, **kwargs: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         _train(trainer, 1, [])
-    trainer._stop_producer()
-    assert async_rollout.ONE_STEP == trainer.max_staleness == 1
+    trainer.batches.close()
+    assert async_rollout.ONE_STEP == trainer.batches.max_staleness == 1
 
 
 def test_a_sample_s_version_is_its_oldest_token_s_and_partial_samples_are_counted():

@@ -1,6 +1,5 @@
-"""docs/errors.md, split placement (S..): what ``trainer.rollout_mode: one_step_off`` / ``async`` needs and what it
-does not run yet, each refused in one ``easyrl: config error: ...`` line naming the key, before Ray
-(``easyrl.config.split``)."""
+"""docs/errors.md, split placement (S..): what ``trainer.rollout_mode: one_step_off`` / ``async`` needs, each refused in
+one ``easyrl: config error: ...`` line naming the key, before Ray (``easyrl.config.placement``)."""
 
 from __future__ import annotations
 
@@ -19,14 +18,9 @@ CASES = [
                                                     "set worker.rollout.n_gpus_per_node"]),
     ("S02", ["worker.rollout.n_gpus_per_node=2"], ["worker.rollout.n_gpus_per_node=2",
                                                    "trainer.rollout_mode=one_step_off"]),
-    ("S03", [*SPLIT, "worker.rollout.n_gpus_per_node=3", "data.rollout_batch_size=2"],
-     ["8 samples", "3 rollout engines"]),
-    ("S04", [*SPLIT, "worker.rollout.multi_turn.enable=true",
+    ("S04", [*SPLIT, "worker.rollout.multi_turn.enable=true", "worker.rollout.multi_turn.patience=2",
              f"worker.rollout.multi_turn.tools=[{REPO / 'tests/agent_tools/tools.py'}:add]"],
-     ["does not support worker.rollout.multi_turn.enable=true yet"]),
-    ("S05", [*SPLIT, f"data.val_files={REPO / 'examples/data/geometry3k_sample'}", "trainer.val_freq=1"],
-     ["validation (trainer.val_freq", "trainer.rollout_mode=colocated"]),
-    ("S06", [*SPLIT, "worker.actor.model.lora.rank=8"], ["worker.actor.model.lora.rank > 0"]),
+     ["worker.rollout.multi_turn.patience=2", "set worker.rollout.multi_turn.patience=null"]),
     ("S07", ["trainer.rollout_mode=async", "worker.rollout.n_gpus_per_node=1", "data.rollout_batch_size=4",
              "data.mini_rollout_batch_size=3"],
      ["data.mini_rollout_batch_size=3 must divide", "trainer.rollout_mode=async"]),

@@ -118,15 +118,12 @@ def test_split_rollout_engines_lay_out_no_sequence_parallel_groups():
     trainer's group shares its batch per sequence-parallel pair; the rollout engines' group, which runs no training
     pass, one share per rank (its layout over ulysses_size raised ConfigError after the trainer had loaded)."""
     from easyrl.errors import ConfigError
-    from easyrl.testing.worker import InspectableRolloutWorker
-    from easyrl.workers.fsdp_worker import FSDPWorker
+    from easyrl.workers.fsdp_worker import Parts
     from easyrl.workers.group import data_layout
-    from easyrl.workers.rollout_worker import RolloutWorker
 
-    trainer = data_layout(world_size=2, ulysses_size=2, trains=FSDPWorker.trains)
+    trainer = data_layout(world_size=2, ulysses_size=2, models=Parts(engine=False).models)
     assert (trainer.dp_size, trainer.groups()) == (1, [[0, 1]])
-    for worker_cls in (RolloutWorker, InspectableRolloutWorker):
-        rollout = data_layout(world_size=1, ulysses_size=2, trains=worker_cls.trains)
-        assert (rollout.dp_size, rollout.groups()) == (1, [[0]])
+    rollout = data_layout(world_size=1, ulysses_size=2, models=Parts(models=False).models)
+    assert (rollout.dp_size, rollout.groups()) == (1, [[0]])
     with pytest.raises(ConfigError):  # the layout a training group of one device would need
-        data_layout(world_size=1, ulysses_size=2, trains=True)
+        data_layout(world_size=1, ulysses_size=2, models=True)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from easyrl.config.actor import check_distillation
 from easyrl.config.judge import check_judge
-from easyrl.config.split import check_rollout_mode
+from easyrl.config.placement import check_rollout_mode
 from easyrl.config.worker import check_multi_turn, check_reward_model
 from easyrl.errors import ConfigError
 

@@ -11,6 +11,7 @@ from typing import Optional
 from easyrl.config.algorithm import AlgorithmConfig
 from easyrl.config.data import DataConfig
 from easyrl.config.fields import auto_keys
+from easyrl.config.placement import Placement, placement_of
 from easyrl.config.trainer import TrainerConfig
 from easyrl.config.worker import WorkerConfig
 
@@ -68,6 +69,12 @@ class PPOConfig:
         return role.max_token_len_per_device or -(-micro * longest // self.worker.actor.ulysses_size)
 
     @property
+    def placement(self) -> Placement:
+        """Where the rollout engines run and how far ahead they generate (``trainer.rollout_mode``,
+        ``easyrl.config.placement``)."""
+        return placement_of(self)
+
+    @property
     def uses_lora(self) -> bool:
         """Whether the actor carries a LoRA adapter (``worker.actor.model.lora.rank > 0``); the reference policy is then
         the actor with its adapter switched off, not a second model."""
@@ -86,7 +93,7 @@ class PPOConfig:
         holds (``trainer.rollout_mode: colocated``; split they are older); else None."""
         rollout = self.worker.rollout
         untruncated = rollout.temperature > 0 and rollout.top_p == 1.0 and rollout.top_k <= 0
-        same_weights = self.trainer.rollout_mode == "colocated"
+        same_weights = not self.placement.split
         return (self.worker.actor.rollout_sync_threshold if rollout.calculate_log_probs and untruncated and same_weights
                 else None)
 

@@ -127,7 +127,7 @@ class TrainerConfig:
     the rollout engines run on devices of their own (``worker.rollout.n_gpus_per_node``) and generate step t+1's batch
     while the trainer trains on step t's, so every sample but the first batch's is one weight version old. ``async``:
     they generate chunks of ``data.mini_rollout_batch_size`` prompt groups up to ``max_staleness`` versions ahead
-    (``easyrl.trainer.async_rollout``, docs/async.md; what they refuse: ``easyrl.config.split``)."""
+    (``easyrl.trainer.async_rollout``, docs/async.md; what they need: ``easyrl.config.placement``)."""
     max_staleness: Annotated[int, POSITIVE] = 1
     """``rollout_mode: async`` only: the largest version gap (training steps between the weights that sampled a group
     and those it trains) of a trained sample (AReaL's max staleness, NeMo-RL's ``max_trajectory_age_steps``)."""

@@ -100,7 +100,7 @@ def estimate_memory(num_params: int, vocab_size: int, config: PPOConfig, capacit
         beside["reward model"] = 0.0 if rm.offload.offload_params else rm_gib
     resident = {"actor params": params, "actor Adam states": adam_in_rollout, "reference": reference,
                 "critic params + Adam states": critic} | beside
-    split = config.trainer.rollout_mode != "colocated"  # the engines on devices of their own: nothing beside them
+    split = config.placement.split  # the engines on devices of their own: nothing beside them
     estimate = MemoryEstimate(
         capacity_gib=capacity_gib,
         vllm_weights_gib=num_params * DTYPE_BYTES[worker.rollout.dtype] / GIB / worker.rollout.tensor_parallel_size,
@@ -111,7 +111,7 @@ def estimate_memory(num_params: int, vocab_size: int, config: PPOConfig, capacit
                   "reference": reference, "logits (one micro-batch)": logits,
                   "critic params + grads + Adam states": critic * 16 / 12, **update} | beside,
         resident=resident,
-        rollout_devices=config.trainer.nnodes * worker.rollout.n_gpus_per_node if split else 0,
+        rollout_devices=config.placement.engine_devices,
         judge_weights_gib=judge_params * DTYPE_BYTES[worker.rollout.dtype] / GIB,
     )
     actor_bytes = param_bytes * (1 if lora else 2) + (0 if lora else 2 * moment_bytes)  # params, grads, AdamW
@@ -256,7 +256,7 @@ def check_memory(estimate: MemoryEstimate, side: str = "trainer") -> None:
 def preflight(config: PPOConfig, capacity_gib: float, side: str = "trainer", log: bool = True) -> None:
     """A worker's pre-flight before anything is loaded: :func:`estimate_run` on its device, logged (``log``), and
     :func:`check_memory` of its ``side`` (``trainer``: the FSDP2 roles, with the engine when colocated; ``rollout``:
-    a ``RolloutWorker``'s engine alone); ``ConfigError`` with the numbers and the setting to change."""
+    a split placement's engine alone); ``ConfigError`` with the numbers and the setting to change."""
     estimate = estimate_run(config, capacity_gib)
     if log:
         logger.info("memory per device (GiB of %.1f): rollout %.1f, training %.1f; host per node (offloaded) %.1f",

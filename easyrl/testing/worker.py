@@ -20,7 +20,6 @@ from easyrl.testing.parity import vllm_score
 from easyrl.workers.checkpoint import _load_training_state, _training_state
 from easyrl.workers.fsdp_model import gather_full
 from easyrl.workers.fsdp_worker import FSDPWorker
-from easyrl.workers.rollout_worker import RolloutWorker
 
 
 class InspectableWorker(FSDPWorker):
@@ -92,16 +91,6 @@ class InspectableWorker(FSDPWorker):
             return expected, sorted({*loaded, name})
 
         self.rollout.load_weights = skipping
-
-
-class InspectableRolloutWorker(RolloutWorker):
-    """``RolloutWorker`` (split placement, ``trainer.rollout_mode: one_step_off`` or ``async``) with ``rollout_score``: vLLM's
-    log-probs of a fixed sequence, to check that the engine holds the weights the trainer sent."""
-
-    rollout_score = InspectableWorker.rollout_score
-
-
-InspectableWorker.split_rollout_cls = InspectableRolloutWorker  # the engines AsyncRolloutTrainer starts beside it
 
 
 def actor_log_probs_of(trainer, batch, response: list[int]) -> torch.Tensor:

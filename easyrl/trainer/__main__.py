@@ -38,15 +38,13 @@ def build_trainer(config: PPOConfig, worker_cls: Optional[type] = None, startup=
     check_finished(config.trainer, resume_from, config.training_steps(len(ready.train_dataset)))
     check_resumable(config)  # a truncated or mismatched checkpoint to resume, before anything starts
     startup.add("preflight", time.time() - began)
-    from easyrl.trainer.async_rollout import AsyncRolloutTrainer
     from easyrl.trainer.ray_trainer import RayPPOTrainer  # after the checks, which need none of this
     from easyrl.workers.fsdp_worker import FSDPWorker
 
     began = time.time()
     device = start_ray(config)
     startup.add("ray", time.time() - began)
-    trainer_cls = RayPPOTrainer if config.trainer.rollout_mode == "colocated" else AsyncRolloutTrainer
-    trainer = trainer_cls(config, ready.tokenizer, ready.train_dataset, ready.val_dataset, ready.reward_fn)
+    trainer = RayPPOTrainer(config, ready.tokenizer, ready.train_dataset, ready.val_dataset, ready.reward_fn)
     trainer.init_workers(device, worker_cls or FSDPWorker)
     for phase, seconds in trainer.workers.startup_seconds.items():
         startup.add(phase, seconds)

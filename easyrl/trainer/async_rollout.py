@@ -1,5 +1,5 @@
-"""``trainer.rollout_mode: one_step_off`` and ``async``: the rollout engines run on devices of their own
-(``RolloutWorker``s, ``worker.rollout.n_gpus_per_node``) and keep generating while the trainer's workers train
+"""The batch source of the split placement (``trainer.rollout_mode: one_step_off`` and ``async``): the rollout engines
+run on devices of their own (``easyrl.trainer.placement.Split``) and keep generating while the trainer's workers train
 (docs/async.md).
 
 The engines are driven request by request (``easyrl.trainer.request_stream``). A dispatcher thread starts *chunks*
@@ -25,16 +25,14 @@ from collections import defaultdict
 from collections.abc import Iterator
 from concurrent.futures import CancelledError
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Protocol
 
 import torch
 
 from easyrl.batch import Batch
-from easyrl.trainer.ray_trainer import RayPPOTrainer
-from easyrl.trainer.request_stream import RequestStream, StreamingRollout
-from easyrl.workers.fsdp_worker import FSDPWorker
-from easyrl.workers.group import WorkerGroup, gather
-from easyrl.workers.rollout_worker import RolloutWorker
+from easyrl.config import PPOConfig
+from easyrl.trainer.generation import Generator
+from easyrl.trainer.scoring import Scorer
 
 ONE_STEP = 1
 """``one_step_off``'s maximum staleness: the largest version gap of a trained sample."""
@@ -127,8 +125,27 @@ def token_version_metrics(batch: Batch, version: int, max_staleness: int) -> dic
     return metrics
 
 
-class AsyncRolloutTrainer(RayPPOTrainer):
-    """``RayPPOTrainer`` with the rollout on devices of its own, generating ahead of the training (module docstring).
+class AheadEngines(Protocol):
+    """What :class:`AheadBatches` needs of the engines (``easyrl.trainer.placement.Split``)."""
+
+    stream: Any
+    """The ``RequestStream`` the chunks generate through, opened when first read (None: none to wait on, e.g.
+    without Ray)."""
+
+    def close_stream(self) -> None:
+        """Close the open stream: its requests are dropped, its waiting submissions cancelled."""
+        ...
+
+    def send_weights(self, version: int) -> float:
+        """Send the trainer's weights, ``version`` steps trained, to the engines, requests in flight kept; returns the
+        seconds taken."""
+        ...
+
+
+class AheadBatches:
+    """The batch source that generates ahead of the training (module docstring): ``config``'s placement bounds the
+    staleness and sizes the chunks; ``generator`` makes and ``scorer`` scores them through the ``engines``;
+    ``position`` returns the prompt stream's state (a ``state_dict``); ``training_steps`` the run's length.
 
     ``version``: the steps the trainer's weights have trained; ``engine_version``: the engines' (None before the
     first transfer); ``trained_position``: the prompt stream's state after the latest prompt drawn by a trained
@@ -136,21 +153,19 @@ class AsyncRolloutTrainer(RayPPOTrainer):
     samples, from their oldest token), ``async/staleness_gap_<g>`` (samples of gap ``g``), ``async/token_gap_<g>``
     (response tokens of gap ``g``), ``async/partial_samples`` (samples whose tokens span several versions),
     ``async/dropped_groups`` (past ``max_staleness``), ``async/train_idle_s`` (trainer waited),
-    ``async/rollout_idle_s`` (engines without a request since the last step), ``rollout/slot_occupancy``,
-    ``timing_s/weight_transfer``, ``async/train_tokens_per_s`` (the step's tokens over the trainer's busy seconds).
+    ``async/rollout_idle_s`` (engines without a request since the last step), ``timing_s/weight_transfer``,
+    ``async/train_tokens_per_s`` (the step's tokens over the trainer's busy seconds).
     """
 
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        data, one_step = self.config.data, self.config.trainer.rollout_mode == "one_step_off"
-        self.max_staleness = ONE_STEP if one_step else self.config.trainer.max_staleness
-        self.chunk_groups = data.rollout_batch_size if one_step else data.generation_batch_size
-        self.rollout_workers: Optional[WorkerGroup] = None
-        self.streaming: Optional[StreamingRollout] = None  # the engines' request stream, set with the workers
+    def __init__(self, config: PPOConfig, generator: Generator, scorer: Scorer, engines: AheadEngines,
+                 position: Callable[[], Any], training_steps: int):
+        self.config, self.generator, self.scorer, self.engines = config, generator, scorer, engines
+        self.position, self.training_steps = position, training_steps
+        self.max_staleness = config.placement.max_staleness
+        self.chunk_groups = config.placement.chunk_groups
         self.version = 0
         self.engine_version: Optional[int] = None
         self.trained_position: Optional[dict[str, Any]] = None
-        self.plan = None  # the transfer's buckets (easyrl.workers.weight_transfer.Plan)
         self._cond = threading.Condition()  # guards the fields below
         self._done: dict[int, Chunk] = {}  # finished chunks by start order
         self._producer: Optional[threading.Thread] = None
@@ -160,41 +175,6 @@ class AsyncRolloutTrainer(RayPPOTrainer):
         self._stop = False
         self._failure: Optional[BaseException] = None
         self._trained_draw = -1
-        self._transferred = 0.0  # seconds, of all transfers
-
-    def init_workers(self, device: str, worker_cls: type = FSDPWorker) -> None:
-        """Start the trainer's workers (without engines), then the rollout engines (``RolloutWorker`` or
-        ``worker_cls.split_rollout_cls``), each in a placement group of its own, joined by the transfer group; the
-        generator samples through their request stream."""
-        cfg = self.config
-        self.workers = WorkerGroup(cfg, device, worker_cls=worker_cls, training_steps=self.training_steps)
-        rollout_cls = getattr(worker_cls, "split_rollout_cls", RolloutWorker)
-        self.rollout_workers = WorkerGroup(cfg, device, worker_cls=rollout_cls,
-                                           world_size=cfg.trainer.nnodes * cfg.worker.rollout.n_gpus_per_node,
-                                           beside=self.workers.world_size)
-        self.workers.peers.append(self.rollout_workers)
-        for phase, seconds in self.rollout_workers.startup_seconds.items():
-            self.workers.startup_seconds[phase] = max(seconds, self.workers.startup_seconds.get(phase, 0.0))
-        # each engine's decode slots: a batch's samples spread over the engines, as a colocated step has them
-        slots = max(1, cfg.data.rollout_batch_size * cfg.worker.rollout.n // self.rollout_workers.rollout_dp_size)
-        self.streaming = StreamingRollout(lambda: RequestStream(self.rollout_workers, slots),
-                                          cfg.data.max_response_length, self.pad_id)
-        self._init_parts(self.rollout_workers, rollout=self.streaming)
-        address, port = self.workers.run_all(FSDPWorker.address)[0]
-        size = 1 + self.rollout_workers.world_size
-        gather(self.workers.submit_all(FSDPWorker.join_transfer, address, port, size)
-               + self.rollout_workers.submit_all(RolloutWorker.join_transfer, address, port, size), "join_transfer")
-        self.plan = self.workers.run_all(FSDPWorker.transfer_plan)[0]
-
-    def sync_rollout(self) -> float:
-        """Send the trainer's weights to the engines, their requests in flight paused and kept (they continue on the
-        new weights); returns the seconds taken."""
-        with self.streaming.paused():
-            refs = (self.workers.submit_all(FSDPWorker.send_weights, self.plan)
-                    + self.rollout_workers.submit_all(RolloutWorker.receive_weights, self.plan, self.version))
-            seconds = max(gather(refs, "send_weights/receive_weights"))
-            self.engine_version = self.version
-        return seconds
 
     # ----------------------------------------------------------------------------------------- the producer
     def _next_step(self) -> int:
@@ -209,10 +189,10 @@ class AsyncRolloutTrainer(RayPPOTrainer):
         """The dispatcher thread: a chunk (thread) whenever an engine slot is free and the staleness bound allows,
         each started once the one before it has admitted its first requests, until asked to stop."""
         per_step = self.config.data.rollout_batch_size // self.chunk_groups
-        stream = self.streaming.stream if self.streaming is not None else None
+        stream = self.engines.stream
         while True:
             if stream is not None:
-                stream.wait_below(stream.slots * self.rollout_workers.rollout_dp_size)
+                stream.wait_below(stream.slots * stream.workers.rollout_dp_size)
             with self._cond:
                 self._cond.wait_for(self._may_start)
                 if self._stop or self._failure is not None:
@@ -249,14 +229,13 @@ class AsyncRolloutTrainer(RayPPOTrainer):
                 self._failure = self._failure or err
                 self._cond.notify_all()
 
-    def _stop_producer(self) -> None:
+    def close(self) -> None:
         """Stop the producer, drop the requests in flight and forget the chunks generated ahead."""
         if self._producer is not None:
             with self._cond:
                 self._stop = True
                 self._cond.notify_all()
-            if self.streaming is not None:
-                self.streaming.close()  # the chunks waiting for their samples are cancelled
+            self.engines.close_stream()  # the chunks waiting for their samples are cancelled
             self._producer.join()
             for thread in self._chunks:
                 thread.join()
@@ -266,26 +245,27 @@ class AsyncRolloutTrainer(RayPPOTrainer):
         self._done.clear()
 
     # ------------------------------------------------------------------------------------------ the trainer
-    def _transfer(self) -> float:
-        """Send new weights now (requests in flight kept); returns the seconds taken."""
+    def update_engines(self) -> float:
+        """Send the trainer's weights now unless the engines hold them (requests in flight kept); returns the
+        seconds taken."""
         if self.engine_version == self.version:
             return 0.0
-        seconds = self.sync_rollout()
+        seconds = self.engines.send_weights(self.version)
         with self._cond:
-            self._transferred += seconds
+            self.engine_version = self.version
             self._cond.notify_all()
         return seconds
 
-    def next_batch(self, prompt_stream: Iterator[dict[str, list]], timing: dict[str, float],
+    def next_batch(self, prompt_stream: Iterator[dict[str, list]], step: int, timing: dict[str, float],
                    metrics: dict[str, float]) -> tuple[Batch, Any, dict[str, list[float]], int]:
-        """This step's batch, from the chunks generated ahead in the order they started (dropping those past
-        ``max_staleness``), tagged per sample with ``weight_version`` and ``version_gap``; sends the weights first
-        (see the module docstring)."""
+        """Step ``step``'s batch (``Generator.make_batch``'s return), from the chunks generated ahead in the order
+        they started (dropping those past ``max_staleness``), tagged per sample with ``weight_version`` and
+        ``version_gap``; sends the weights first (see the module docstring)."""
         waited = time.perf_counter()
-        timing["weight_transfer"] = self._transfer()
+        timing["weight_transfer"] = self.update_engines()
         if self._producer is None:
-            self._start_step = self.global_step - 1
-            draws = Draws(prompt_stream, self.train_dataloader.state_dict)
+            self._start_step = step - 1
+            draws = Draws(prompt_stream, self.position)
             self._producer = threading.Thread(target=self._produce, args=(draws,), name="easyrl-rollout", daemon=True)
             self._producer.start()
         chunks, dropped = [], 0
@@ -303,8 +283,8 @@ class AsyncRolloutTrainer(RayPPOTrainer):
                     dropped, self._made = dropped + self.chunk_groups, self._made - 1
                     self._cond.notify_all()
         metrics["async/train_idle_s"] = time.perf_counter() - waited - timing["weight_transfer"]
-        if self.streaming is not None:
-            metrics["async/rollout_idle_s"] = self.streaming.stream.take_idle_seconds()
+        if self.engines.stream is not None:
+            metrics["async/rollout_idle_s"] = self.engines.stream.take_idle_seconds()
         count, position = max(chunk.draw for chunk in chunks)
         if count > self._trained_draw:
             self._trained_draw, self.trained_position = count, position
@@ -324,30 +304,19 @@ class AsyncRolloutTrainer(RayPPOTrainer):
         metrics["async/dropped_groups"] = float(dropped)
         return batch, None, generated, sum(chunk.made[2] for chunk in chunks)
 
-    def train_step(self, prompt_stream: Iterator[dict[str, list]]) -> dict[str, float]:
-        """The colocated step over :meth:`next_batch`'s batch; the trainer's weights are then one version newer."""
-        metrics = super().train_step(prompt_stream)
+    def step_done(self, metrics: dict[str, float]) -> None:
+        """After a step that trained :meth:`next_batch`'s batch: the trainer's weights are one version newer; adds
+        ``async/train_tokens_per_s``."""
         self.version += 1
         busy = metrics["timing_s/step"] - metrics["async/train_idle_s"] - metrics["timing_s/weight_transfer"]
         metrics["async/train_tokens_per_s"] = metrics["perf/total_num_tokens"] / max(busy, 1e-9)
-        return metrics
 
-    def fit(self) -> None:
-        """``RayPPOTrainer.fit``, then the producer stops (its chunks ahead are dropped)."""
-        try:
-            super().fit()
-        finally:
-            self._stop_producer()
+    def prompt_position(self) -> Optional[dict[str, Any]]:
+        """The prompt stream's state after the last trained batch, for the checkpoint (None before the first)."""
+        return self.trained_position
 
-    def state_dict(self) -> dict[str, Any]:
-        """``RayPPOTrainer.state_dict`` at the prompt position of the last trained batch (``trained_position``)."""
-        state = super().state_dict()
-        if self.trained_position is not None:
-            state["prompt_stream"] = self.trained_position
-        return state
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """``RayPPOTrainer.load_state_dict``; chunks generated ahead are dropped, the engines get the loaded weights."""
-        self._stop_producer()
-        super().load_state_dict(state)
-        self.version, self.engine_version, self.trained_position = self.global_step, None, state["prompt_stream"]
+    def restart(self, global_step: int, prompt_position: Any) -> None:
+        """For a resume at ``global_step`` (the prompt stream at ``prompt_position``): the chunks generated ahead are
+        dropped, the engines get the loaded weights before the next batch. Call before the prompt stream is moved."""
+        self.close()
+        self.version, self.engine_version, self.trained_position = global_step, None, prompt_position

@@ -6,6 +6,7 @@ appended to the prompt's ``multi_modal_inputs`` in the order of the image pads."
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Optional
 
 import numpy as np
@@ -22,10 +23,11 @@ from easyrl.agents.trajectory import Trajectory, TurnLoop
 from easyrl.batch import Batch
 from easyrl.data.images import process_image
 from easyrl.trainer.request_stream import RequestStream
-from easyrl.trainer.rollout import SingleTurnRollout, trajectory_batch
+from easyrl.trainer.rollout import SingleTurnRollout, right_pad, trajectory_batch
 from easyrl.workers.fsdp_worker import FSDPWorker
 
-__all__ = ["MultiTurnRollout", "VLToolImages", "make_rollout", "multi_turn_metrics", "tool_images_for"]
+__all__ = ["MultiTurnRollout", "VLToolImages", "make_rollout", "multi_turn_metrics", "token_versions",
+           "tool_images_for"]
 
 _SEED_STRIDE = 1_000_003  # per turn, so that a sample's turns draw from different streams
 
@@ -70,9 +72,13 @@ def tool_images_for(dataset: Any, limit: int) -> Optional[VLToolImages]:
 
 class MultiTurnRollout:
     """A ``Rollout`` of multi-turn trajectories; ``tokenizer``'s chat template renders the tool turns, ``images``: a VL
-    model's tool images (None: text-only). ``ConfigError`` for a tool, parser or environment that cannot be loaded."""
+    model's tool images (None: text-only). ``stream``: the request stream the turns go to, shared with other callers
+    (split engines, which keep their device and receive their weights); None: one of its own over the ``workers``'
+    colocated engines, woken (weights synced) before each rollout and put back to sleep after it. ``ConfigError``
+    for a tool, parser or environment that cannot be loaded."""
 
-    def __init__(self, workers, config, tokenizer, pad_id: int, images=None):
+    def __init__(self, workers, config, tokenizer, pad_id: int, images=None,
+                 stream: Optional[Callable[[], RequestStream]] = None):
         mt = config.worker.rollout.multi_turn
         self.workers = workers
         self.response_length = config.data.max_response_length
@@ -86,12 +92,13 @@ class MultiTurnRollout:
         self.images = images
         self.patience = mt.patience  # easyrl.agents.scheduler; inf: every round waits for its slowest tool
         self._slots = [0, 0]  # decode slots held, offered since the last slot_occupancy() (rounds)
-        self._stream: Optional[RequestStream] = None  # by request: the engines' stream, made when first needed
+        self._shared = stream
+        self._stream: Optional[RequestStream] = None  # by request, colocated: the engines' stream, made when needed
 
     @property
     def engines(self) -> int:
-        """Number of vLLM engines."""
-        return self.workers.rollout_dp_size
+        """Number of vLLM engines (1 on a shared stream: it spreads any number of trajectories itself)."""
+        return 1 if self._shared is not None else self.workers.rollout_dp_size
 
     def _turn_batch(self, prompts: Batch, trajectories: list[Trajectory], rows: list[int],
                     budgets: list[int]) -> Batch:
@@ -141,21 +148,29 @@ class MultiTurnRollout:
         for traj, images in zip(trajectories, prompts["images"] if "images" in prompts else []):
             traj.prompt_images = len(images)
         reshard = [0.0]
-        try:
-            if self.patience is None:  # each trajectory on its own, request by request
-                reshard[0] = max(self.workers.run_all(FSDPWorker.wake_rollout))
-                self._run_by_request(prompts, trajectories, overrides)
-            else:
-                self.loop.run(trajectories, lambda active, round_: self._generate_round(
-                    prompts, trajectories, active, round_, overrides, reshard), self.patience)
-        finally:
-            self.workers.run_all(FSDPWorker.sleep_rollout)
+        versions: Optional[list[list[int]]] = None
+        if self._shared is not None:  # split engines: nothing to wake or put to sleep; weights change in flight
+            versions = self._run_by_request(prompts, trajectories, overrides)
+        else:
+            try:
+                if self.patience is None:  # each trajectory on its own, request by request
+                    reshard[0] = max(self.workers.run_all(FSDPWorker.wake_rollout))
+                    self._run_by_request(prompts, trajectories, overrides)
+                else:
+                    self.loop.run(trajectories, lambda active, round_: self._generate_round(
+                        prompts, trajectories, active, round_, overrides, reshard), self.patience)
+            finally:
+                self.workers.run_all(FSDPWorker.sleep_rollout)
         log_probs = [t.log_probs for t in trajectories] if self.calculate_log_probs else None
         batch = trajectory_batch(prompts, [t.response_ids for t in trajectories], self.response_length, self.pad_id,
                                  log_probs, [t.response_mask for t in trajectories])
         batch["messages"] = [t.messages for t in trajectories]
         batch["tool_calls"] = [t.tool_calls for t in trajectories]
         batch["multi_turn_stats"] = [t.stats() for t in trajectories]
+        if versions is not None:  # each trained token's weight version, -1 on tool and environment tokens
+            batch["token_versions"] = right_pad([token_versions(t.response_mask, v) for t, v in
+                                                 zip(trajectories, versions)], self.response_length, -1,
+                                                torch.long)[0]
         if self.images is not None:  # a VL model: the keys are there whether or not a tool returned images (Batch.cat)
             batch["tool_images"] = [t.images for t in trajectories]  # as the engine got them, after the prompt's
             prompt_inputs = prompts["multi_modal_inputs"] if "multi_modal_inputs" in prompts else [{}] * len(prompts)
@@ -164,31 +179,44 @@ class MultiTurnRollout:
         return batch, reshard[0]
 
     def _run_by_request(self, prompts: Batch, trajectories: list[Trajectory],
-                        overrides: Optional[dict[str, Any]]) -> None:
+                        overrides: Optional[dict[str, Any]]) -> list[list[int]]:
         """``scheduler.run_requests`` over the engines' request stream (one submission per assistant turn; the
-        decode slots counted: the trajectories per engine)."""
-        if self._stream is None:
-            self._stream = RequestStream(self.workers, slots=1)
-        stream = self._stream
-        stream.slots = max(1, -(-len(trajectories) // self.engines))
+        decode slots counted on a stream of its own: the trajectories per engine). Returns each trajectory's
+        assistant tokens' weight versions, in order."""
+        if self._shared is not None:
+            stream = self._shared()
+        else:
+            if self._stream is None:
+                self._stream = RequestStream(self.workers, slots=1)
+            stream = self._stream
+            stream.slots = max(1, -(-len(trajectories) // self.engines))
         index = {id(t): i for i, t in enumerate(trajectories)}
+        owner: dict[int, int] = {}  # submission -> trajectory
+        versions: list[list[int]] = [[] for _ in trajectories]
 
         def submit(traj: Trajectory) -> int:
             i = index[id(traj)]
-            return stream.submit(self._turn_batch(prompts, trajectories, [i], [self.loop.turn_budget(traj)]),
-                                 overrides)
+            sid = stream.submit(self._turn_batch(prompts, trajectories, [i], [self.loop.turn_budget(traj)]),
+                                overrides)
+            owner[sid] = i
+            return sid
 
         def collect(handles: list[int], timeout: Optional[float]) -> dict[int, tuple[list[int], Any]]:
+            done = stream.collect(handles, timeout)
+            for sid, [(_, _, turn_versions)] in done.items():
+                versions[owner.pop(sid)] += turn_versions
             return {sid: (ids, log_probs if self.calculate_log_probs else None)
-                    for sid, [(ids, log_probs, _)] in stream.collect(handles, timeout).items()}
+                    for sid, [(ids, log_probs, _)] in done.items()}
 
         scheduler.run_requests(self.loop, trajectories, submit, collect)
+        return versions
 
     def slot_occupancy(self) -> Optional[float]:
         """See ``Rollout.slot_occupancy`` (rounds: each round's turns count as one generation call)."""
         (busy, offered), self._slots = self._slots, [0, 0]
-        if self._stream is not None:
-            measured = self._stream.take_slot_counts()
+        stream = self._shared() if self._shared is not None else self._stream
+        if stream is not None:
+            measured = stream.take_slot_counts()
             busy, offered = busy + measured[0], offered + measured[1]
         return busy / offered if offered else None
 
@@ -201,12 +229,20 @@ class MultiTurnRollout:
             self._stream = None
 
 
-def make_rollout(config, workers, tokenizer, pad_id: int, dataset=None):
-    """``MultiTurnRollout`` with ``worker.rollout.multi_turn.enable`` (tool images by ``dataset``'s VL processor),
-    else ``SingleTurnRollout``."""
+def token_versions(response_mask: list[int], versions: list[int]) -> list[int]:
+    """The weight version of each response token: the trained ones' (mask 1) from ``versions`` in order (the
+    assistant turns' tokens, of which the budget may have cut the last), -1 on the others."""
+    trained = iter(versions)
+    return [next(trained, -1) if kept else -1 for kept in response_mask]
+
+
+def make_rollout(config, workers, tokenizer, pad_id: int, dataset=None,
+                 stream: Optional[Callable[[], RequestStream]] = None):
+    """``MultiTurnRollout`` with ``worker.rollout.multi_turn.enable`` (tool images by ``dataset``'s VL processor;
+    ``stream``: see ``MultiTurnRollout``), else ``SingleTurnRollout``."""
     if config.worker.rollout.multi_turn.enable:
         images = tool_images_for(dataset, config.worker.rollout.limit_images)
-        return MultiTurnRollout(workers, config, tokenizer, pad_id, images)
+        return MultiTurnRollout(workers, config, tokenizer, pad_id, images, stream)
     return SingleTurnRollout(workers, config.data.max_response_length, pad_id)
 
 

@@ -5,9 +5,11 @@ Each step: generate -> reward -> old log-prob -> ref log-prob -> values (with a 
 workers (one Ray actor per device) hold the FSDP2 actor, the reference, the critic and a vLLM engine each.
 On-policy distillation adds the teacher's log-prob pass (``timing_s/teacher``) and its reverse KL to the advantage.
 
-Parts, each owning its state: ``Generator`` (``generation``) over a ``Rollout`` (``rollout``: prompts ->
-trajectories; also the padded layout), ``Scorer`` and ``ModelRewards`` (``scoring``), ``Validator`` (``validation``)
-and ``Checkpointer`` (``checkpoint``); ``metrics`` holds the metric names and timers.
+Parts, each owning its state: the placement (``placement``: ``Colocated`` or ``Split``, which starts the worker
+groups), the batch source it chooses (``batch_source``: generated when the step starts, or ahead:
+``async_rollout``), ``Generator`` (``generation``) over a ``Rollout`` (``rollout``: prompts -> trajectories; also the
+padded layout), ``Scorer`` and ``ModelRewards`` (``scoring``), ``Validator`` (``validation``) and ``Checkpointer``
+(``checkpoint``); ``metrics`` holds the metric names and timers.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import numpy as np
 import torch
@@ -47,8 +49,10 @@ from easyrl.trainer.metrics import (
     rollout_mismatch_metrics,
     timer,
 )
-from easyrl.trainer.multi_turn import make_rollout, multi_turn_metrics
-from easyrl.trainer.rollout import Rollout, for_workers
+from easyrl.trainer.batch_source import BatchSource
+from easyrl.trainer.multi_turn import multi_turn_metrics
+from easyrl.trainer.placement import Colocated, Split, start_placement
+from easyrl.trainer.rollout import for_workers
 from easyrl.trainer.run_folder import checkpoint_to_resume
 from easyrl.trainer.scoring import ModelRewards, Scorer
 from easyrl.trainer.validation import Validator
@@ -79,7 +83,9 @@ class RayPPOTrainer:
         algo = config.algorithm
         self.kl_ctrl = make_kl_controller(algo.kl_type, algo.kl_coef, algo.kl_target, algo.kl_horizon)
         # the parts that need the workers are made with them (init_workers)
-        self.workers: Optional[WorkerGroup] = None
+        self.placement: Optional[Union[Colocated, Split]] = None  # where the engines run; holds the worker groups
+        self.workers: Optional[WorkerGroup] = None  # the trainer's workers (the model roles)
+        self.batches: Optional[BatchSource] = None  # where a step's batch comes from, chosen with the placement
         self.generator: Optional[Generator] = None
         self.validator: Optional[Validator] = None
         self.checkpointer: Optional[Checkpointer] = None
@@ -93,17 +99,15 @@ class RayPPOTrainer:
         self.startup: Optional[StartupProfile] = None  # reported in the first step's metrics (build_trainer sets it)
 
     def init_workers(self, device: str, worker_cls: type = FSDPWorker) -> None:
-        """Start the Ray workers (``worker_cls``: ``FSDPWorker`` or a subclass) and the parts that call them."""
-        self.workers = WorkerGroup(self.config, device, worker_cls=worker_cls, training_steps=self.training_steps)
-        self._init_parts(self.workers)
-
-    def _init_parts(self, engines: WorkerGroup, rollout: Optional[Rollout] = None) -> None:
-        """The parts that call the workers; ``engines``: the group whose vLLM engines generate (``self.workers``,
-        or the rollout engines of a split placement: ``easyrl.trainer.async_rollout``), through ``rollout`` (None:
-        the configured one of ``make_rollout``)."""
+        """Start the Ray workers (``worker_cls``: ``FSDPWorker`` or a subclass) where ``config.placement`` puts them
+        (``easyrl.trainer.placement``), and the parts that call them."""
         cfg = self.config
-        rollout = rollout or make_rollout(cfg, engines, self.tokenizer, self.pad_id, self.train_dataset)
-        self.generator = Generator(cfg, rollout, self.scorer, self.pad_id)
+        self.placement = start_placement(cfg, device, worker_cls, self.training_steps, self.pad_id)
+        self.workers = self.placement.workers
+        self.generator = Generator(cfg, self.placement.rollout(self.tokenizer, self.train_dataset), self.scorer,
+                                   self.pad_id)
+        self.batches = self.placement.batches(self.generator, self.scorer, self.train_dataloader.state_dict,
+                                              self.training_steps)
         self.model_rewards = ModelRewards.create(cfg, self.scorer, self.workers)
         self.validator = Validator(cfg, self.val_dataset, self.generator, self.scorer, self.tokenizer,
                                    self.model_rewards)
@@ -167,6 +171,8 @@ class RayPPOTrainer:
                 f", and starting the same command again resumes from it."
             ) from err
         finally:
+            if self.batches is not None:  # generating ahead: stopped, what it made ahead dropped
+                self.batches.close()
             tracker.close()
             self.scorer.close()
 
@@ -174,6 +180,7 @@ class RayPPOTrainer:
         cfg = self.config
         if self.val_dataset is not None and self.global_step == 0 and (cfg.trainer.val_before_train
                                                                        or cfg.trainer.val_only):
+            self.batches.update_engines()
             val_metrics = self.validator.run(self.global_step)
             if self.startup is not None:
                 self.startup.add("validation", val_metrics["timing_s/validation"])
@@ -192,6 +199,7 @@ class RayPPOTrainer:
                 metrics.update(self.startup.report(metrics))  # after the first step only
             generations = None
             if self.validator.due(self.global_step, self.training_steps):
+                self.batches.update_engines()  # split: the engines get the weights this step trained
                 metrics.update(self.validator.run(self.global_step))
                 generations = self.validator.generations
             tracker.log(metrics, step=self.global_step, generations=generations)
@@ -218,7 +226,8 @@ class RayPPOTrainer:
         timing: dict[str, float] = {}
         metrics: dict[str, float] = {}
         with timer("step", timing):
-            batch, pending, generated, failures = self.next_batch(prompt_stream, timing, metrics)  # gen, reward
+            batch, pending, generated, failures = self.batches.next_batch(prompt_stream, self.global_step, timing,
+                                                                          metrics)  # gen, reward
             occupancy = self.generator.rollout.slot_occupancy()
             if occupancy is not None:  # the share of the engines' decode slots that held a sequence
                 metrics["rollout/slot_occupancy"] = occupancy
@@ -284,14 +293,9 @@ class RayPPOTrainer:
         if self.model_shape is not None:
             metrics.update(compute_mfu_metrics(self.model_shape, batch["attention_mask"], batch["multi_modal_inputs"],
                                                timing, self.workers.world_size, self.peak_flops, ppo_epochs))
+        self.batches.step_done(metrics)
         self.last_batch = batch
         return metrics
-
-    def next_batch(self, prompt_stream: Iterator[dict[str, list]], timing: dict[str, float],
-                   metrics: dict[str, float]) -> tuple[Batch, Any, dict[str, list[float]], int]:
-        """This step's generated and scored batch (``Generator.make_batch``, which says what it returns);
-        ``easyrl.trainer.async_rollout`` generates it ahead."""
-        return self.generator.make_batch(prompt_stream, self.global_step, timing, metrics)
 
     def _balance(self, batch: Batch, metrics: dict[str, float]) -> list[int]:
         """The order that gives every worker an equal share of samples with nearly equal token counts
@@ -362,12 +366,17 @@ class RayPPOTrainer:
         logger.info("resumed from %s at step %d", path, self.global_step)
 
     def state_dict(self) -> dict[str, Any]:
-        """This process's part of the training state: step, prompt-stream position, KL coefficient, RNG states."""
-        return {"global_step": self.global_step, "prompt_stream": self.train_dataloader.state_dict(),
+        """This process's part of the training state: step, prompt-stream position (after the last trained batch:
+        ``BatchSource.prompt_position``), KL coefficient, RNG states."""
+        position = self.batches.prompt_position() if self.batches is not None else None
+        return {"global_step": self.global_step, "prompt_stream": position or self.train_dataloader.state_dict(),
                 "kl_coef": self.kl_ctrl.value, "rng": get_rng_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned (before iterating over the prompts)."""
+        """Restore what :meth:`state_dict` returned (before iterating over the prompts); what the batch source made
+        ahead is dropped."""
+        if self.batches is not None:
+            self.batches.restart(state["global_step"], state["prompt_stream"])
         self.global_step = state["global_step"]
         self.train_dataloader.load_state_dict(state["prompt_stream"])
         self.kl_ctrl.value = state["kl_coef"]

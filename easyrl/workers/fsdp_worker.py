@@ -1,6 +1,8 @@
-"""One worker per device rank (a Ray actor): its FSDP2 model roles (``easyrl.workers.roles``) and a colocated vLLM
-engine (``easyrl.workers.rollout``) fed the actor's weights in place (``easyrl.workers.weight_sync``). The trainer
-calls it through ``easyrl.workers.group.WorkerGroup``; test-only methods are in ``easyrl.testing.worker``.
+"""One worker per device rank (a Ray actor): what its group holds (``Parts``): the FSDP2 model roles
+(``easyrl.workers.roles``) and/or a vLLM engine (``easyrl.workers.rollout``), fed the actor's weights in place when both
+share the rank (``easyrl.workers.weight_sync``), else over the transfer group from the trainer's ranks
+(``easyrl.workers.weight_transfer``). The trainer calls it through ``easyrl.workers.group.WorkerGroup``; test-only
+methods are in ``easyrl.testing.worker``.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ import datetime
 import os
 import socket
 import time
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
@@ -33,14 +36,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@dataclass(frozen=True)
+class Parts:
+    """What every worker of a group holds: ``models``: the FSDP2 model roles, whose passes it runs
+    (``WorkerGroup.run_split``, sequence-parallel groups of ``ulysses_size``); ``engine``: a vLLM engine. Both: the
+    colocated placement (the engine sleeps while the models train, its weights synced in place); one of them: a side
+    of the split placement (the engine keeps its device and receives its weights, ``receive_weights``)."""
+
+    models: bool = True
+    engine: bool = True
+
+
 class FSDPWorker:
-    """The model roles (actor, reference, critic) and the rollout engine of one rank; ``training_steps`` is the
-    length of the trained roles' LR schedule."""
+    """The ``parts`` of one rank: the model roles (actor, reference, critic, teacher, reward model) and/or the rollout
+    engine; ``training_steps`` is the length of the trained roles' LR schedule."""
 
-    trains = True
-    """Runs the model roles' passes (``WorkerGroup.run_split``, sequence-parallel groups of ``ulysses_size``)."""
-
-    def __init__(self, config: PPOConfig, rank: int, world_size: int, device: str, training_steps: int = 0):
+    def __init__(self, config: PPOConfig, rank: int, world_size: int, device: str, training_steps: int = 0,
+                 parts: Parts = Parts()):
         import psutil
 
         # start-up profile (easyrl.trainer.launch.StartupProfile): process start to here is spawn and imports
@@ -50,6 +62,7 @@ class FSDPWorker:
         quiet_libraries()  # library messages that do not matter to a user (easyrl.quiet; EASYRL_VERBOSE=1: all)
         self.config, self.rank, self.world_size, self.device = config, rank, world_size, device
         self.training_steps = training_steps
+        self.parts = parts
         self.actor = self.ref = self.critic = self.reward_model = self.teacher = None
         self.rollout = None
         self.transfer = None  # split placement: the group to the rollout engines (easyrl.workers.weight_transfer)
@@ -95,24 +108,29 @@ class FSDPWorker:
         return collectives.checked_call(self, method, *args, **kwargs)
 
     def init_models(self) -> dict[str, float]:
-        """Build the model roles (``build_roles``) and, colocated, the vLLM engine. Returns the seconds of each
-        start-up phase (``imports``, one per role, ``vllm_import``, ``engine``)."""
+        """Build the model roles (``build_roles``) and the vLLM engine, as ``parts`` says, each after its memory
+        pre-flight. Returns the seconds of each start-up phase (``imports``, one per role, ``vllm_import``,
+        ``engine``)."""
+        if self.device != "cpu":
+            self.check_memory("trainer" if self.parts.models else "rollout")
+        if self.parts.models:
+            self._init_roles()
+        if self.parts.engine:
+            self.init_engine()
+        return self.startup_seconds
+
+    def _init_roles(self) -> None:
         from torch.distributed.device_mesh import init_device_mesh
 
         from easyrl.models.ulysses import init_sequence_parallel
 
         cfg = self.config.worker
-        if self.device != "cpu":
-            self.check_memory()
         mesh = init_device_mesh(self.device, (self.world_size,), mesh_dim_names=("dp",))
         init_sequence_parallel(cfg.actor.ulysses_size)  # the roles split packed rows over these groups
         roles = build_roles(self.config, mesh, self.device, self.torch_device, self.training_steps,
                             seconds=self.startup_seconds)
         self.actor, self.ref, self.critic, self.reward_model, self.teacher = (
             roles.actor, roles.ref, roles.critic, roles.reward_model, roles.teacher)
-        if self.config.trainer.rollout_mode == "colocated":  # else the engines are RolloutWorkers of their own
-            self.init_engine()
-        return self.startup_seconds
 
     def init_engine(self) -> None:
         """Build this rank's vLLM engine (``VLLMRollout``), timing ``vllm_import`` and ``engine``."""
@@ -159,7 +177,16 @@ class FSDPWorker:
 
     def _ensure_rollout_weights(self) -> float:
         """Sync the actor's weights into vLLM if they changed or the engine dropped them (level-2 sleep); returns the
-        seconds spent. Every rank decides alike, so the collective gathers stay in step."""
+        seconds spent. Every rank decides alike, so the collective gathers stay in step. An engine without the
+        actor beside it receives its weights (0 s here).
+
+        Raises:
+            RuntimeError: an engine without the actor that has not received the trainer's weights yet (it holds its
+                start-up dummy weights)."""
+        if not self.parts.models:
+            if not self.rollout.holds_weights:
+                raise RuntimeError("the rollout engine has not received the trainer's weights yet (receive_weights)")
+            return 0.0
         if self.weights_dirty or not self.rollout.holds_weights:
             return self.sync_weights()
         return 0.0
@@ -185,19 +212,38 @@ class FSDPWorker:
                                          lora_scale=self._lora_scale())
 
     def join_transfer(self, address: str, port: int, size: int) -> None:
-        """Rank 0 joins the transfer group to the rollout engines as its rank 0 (``weight_transfer.open_group``); the
-        other ranks only gather."""
-        self.transfer = None if self.rank else weight_transfer.open_group(
-            address, port, 0, size, self.device, self.config.worker.nccl_timeout)
+        """Join the transfer group between the trainer's ranks and the rollout engines (``weight_transfer.open_group``
+        at rank 0's ``address``:``port``, ``size`` ranks): the trainer's rank 0 as its rank 0 (the other trainer ranks
+        only gather), engine rank ``r`` as its rank ``1 + r``."""
+        if self.parts.models and self.rank:
+            self.transfer = None
+            return
+        self.transfer = weight_transfer.open_group(address, port, 0 if self.parts.models else 1 + self.rank, size,
+                                                   self.device, self.config.worker.nccl_timeout)
 
     def send_weights(self, plan: "weight_transfer.Plan") -> float:
         """Send the actor's weights to the rollout engines (``weight_transfer.send``; every rank gathers, rank 0
-        sends; with LoRA the merged ``W + scale * B @ A``) while they receive them (``RolloutWorker.receive_weights``);
+        sends; with LoRA the merged ``W + scale * B @ A``) while they receive them (:meth:`receive_weights`);
         returns the seconds taken."""
         start = time.perf_counter()
         weight_transfer.send(self.transfer, self.actor.model.state_dict(), plan, self.torch_device,
                              TORCH_DTYPES[self.config.worker.rollout.dtype], lora_scale=self._lora_scale())
         empty_cache(self.device)
+        return time.perf_counter() - start
+
+    def receive_weights(self, plan: "weight_transfer.Plan", version: int) -> float:
+        """Load the trainer's weights (sent by :meth:`send_weights` along ``plan``) into this engine in place, its
+        requests in flight kept (their later tokens are of ``version``: a partial rollout, ``RequestEngine.reload``);
+        returns the seconds taken.
+
+        Raises:
+            RuntimeError: a vLLM parameter was not written (``weight_sync.check_all_loaded`` names it)."""
+        start = time.perf_counter()
+        self.rollout.wake_up()
+        dtype = TORCH_DTYPES[self.config.worker.rollout.dtype]
+        expected, loaded = self.rollout.load_weights(weight_transfer.receive(self.transfer, plan, self.torch_device,
+                                                                             dtype), version=version)
+        weight_sync.check_all_loaded(set(expected), set(loaded))
         return time.perf_counter() - start
 
     def generate_sequences(self, prompts: Batch, overrides: Optional[dict[str, Any]] = None,
@@ -261,7 +307,10 @@ class FSDPWorker:
         return self.rollout.engine.abort()
 
     def sleep_rollout(self) -> None:
-        """Put the engine to sleep and free the cache (after ``generate_sequences(..., keep_awake=True)``)."""
+        """Put the engine to sleep and free the cache (after ``generate_sequences(..., keep_awake=True)``); an engine
+        without the models beside it keeps its device (no-op)."""
+        if not self.parts.models:
+            return
         self.rollout.sleep()
         empty_cache(self.device)
 

@@ -21,7 +21,7 @@ from easyrl.config import PPOConfig
 from easyrl.device import ray_actor_resources
 from easyrl.quiet import worker_env
 from easyrl.workers.collectives import ENV, contract_on
-from easyrl.workers.fsdp_worker import FSDPWorker
+from easyrl.workers.fsdp_worker import FSDPWorker, Parts
 from easyrl.workers.rollout_layout import RolloutLayout
 from easyrl.workers.vllm_compat import IN_PROCESS_ENGINE_ENV
 
@@ -120,27 +120,27 @@ def method_name(method: Callable[..., Any]) -> str:
     return name
 
 
-def data_layout(world_size: int, ulysses_size: int, trains: bool) -> RolloutLayout:
+def data_layout(world_size: int, ulysses_size: int, models: bool) -> RolloutLayout:
     """The shares of ``WorkerGroup.run_split`` over ``world_size`` ranks: a sequence-parallel group (``ulysses_size``
-    consecutive ranks) shares one data-parallel share, laid out as TP is; a group that runs no training passes
-    (``trains`` False: the split rollout engines) has no sequence-parallel groups, one share per rank.
+    consecutive ranks) shares one data-parallel share, laid out as TP is; a group without the model roles
+    (``models`` False: the split rollout engines, ``Parts``) has no sequence-parallel groups, one share per rank.
 
     Raises:
-        ConfigError: ``trains`` and ``ulysses_size`` does not divide ``world_size``."""
-    return RolloutLayout(world_size, ulysses_size if trains else 1)
+        ConfigError: ``models`` and ``ulysses_size`` does not divide ``world_size``."""
+    return RolloutLayout(world_size, ulysses_size if models else 1)
 
 
 class WorkerGroup:
-    """Starts ``world_size`` worker actors (``worker_cls``; default ``config.world_size``), joins them in a process
-    group and builds their models. A split placement's rollout engines are a second group placed ``beside`` these
-    and one of their ``peers``. ``startup_seconds``: ``workers``, ``process_group`` and the slowest rank's phases.
+    """Starts ``world_size`` worker actors (``worker_cls``; default ``config.world_size``), each holding ``parts``,
+    joins them in a process group and builds their models. A split placement's rollout engines are a second group
+    (``Parts(models=False)``) placed ``beside`` these and one of their ``peers``. ``startup_seconds``: ``workers``, ``process_group`` and the slowest rank's phases.
     Raises ``RuntimeError`` when the cluster has fewer devices than ``world_size + beside``."""
 
     def __init__(self, config: PPOConfig, device: str, worker_cls: type = FSDPWorker, training_steps: int = 0,
-                 world_size: Optional[int] = None, beside: int = 0):
+                 world_size: Optional[int] = None, beside: int = 0, parts: Parts = Parts()):
         began = time.time()
         self.check_collectives = contract_on(config.trainer.check_collectives)
-        world_size = world_size or config.world_size  # another size: the split rollout engines (RolloutWorker)
+        world_size = world_size or config.world_size  # another size: the split rollout engines
         self.peers: list[WorkerGroup] = []  # groups shut down with this one (the split rollout engines)
         available = ray.cluster_resources()
         # a trained role's offloaded parameters mean a CPU Adam step (the frozen reference has no optimizer)
@@ -169,14 +169,14 @@ class WorkerGroup:
                     self.placement_group, placement_group_bundle_index=bundles[rank]),
                 runtime_env={"env_vars": worker_runtime_env(device, threads, dict(config.worker.env_vars))},
                 **res,
-            ).remote(config, rank, world_size, device, training_steps)
+            ).remote(config, rank, world_size, device, training_steps, parts)
             for rank in range(world_size)
         ]
         master_addr, master_port = self.run_all(FSDPWorker.address)[0]
         self.startup_seconds = {"workers": time.time() - began}
         began = time.time()
         self.rollout_layout = RolloutLayout(world_size, config.worker.rollout.tensor_parallel_size)
-        self.data_layout = data_layout(world_size, config.worker.actor.ulysses_size, worker_cls.trains)
+        self.data_layout = data_layout(world_size, config.worker.actor.ulysses_size, parts.models)
         self.run_all(FSDPWorker.fetch_model_files)  # a hub id downloaded per node, before any collective timeout
         self.run_all(FSDPWorker.init_process_group, master_addr, master_port)
         self.startup_seconds["process_group"] = time.time() - began
