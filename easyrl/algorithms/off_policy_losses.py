@@ -110,11 +110,12 @@ def dppo_kl_policy_loss(inputs: PolicyLossInputs, settings: PolicyLossSettings) 
 @POLICY_LOSSES.register("bypass_mode", uses_engine_log_probs=True)
 def bypass_mode_policy_loss(inputs: PolicyLossInputs, settings: PolicyLossSettings) -> LossOut:
     """Bypass mode (Yao et al. 2025, fengyao.notion.site/off-policy-rl; Liu et al. 2025, richardli.xyz/rl-collapse):
-    ``inputs.old_log_prob`` holds the rollout engine's log-probs, so the old-log-prob forward is skipped. The IS
-    weights ``w`` (``rollout_is*``) and rejection mask (``rollout_rs*``) are computed here from
-    ``logp - logp_rollout``; ``ppo_clip``: ``vanilla`` on the kept tokens (no ``w``); ``reinforce``:
-    ``l_t = -A_t * logp_t * w_t``. ``inputs.rollout_is_weights`` is ignored; metrics add ``rollout_corr/*``.
-    ValueError for another ``bypass_loss_type`` or from the corrections."""
+    ``inputs.old_log_prob`` holds the rollout engine's log-probs (the trainer's old-log-prob pass is skipped with
+    ``algorithm.bypass_mode``; without it the pass still runs, for the ``rollout/*`` metrics and the weight-sync
+    check, unless the update is on-policy). The IS weights ``w`` (``rollout_is*``) and rejection mask
+    (``rollout_rs*``) are computed here from ``logp - logp_rollout``; ``ppo_clip``: ``vanilla`` on the kept tokens
+    (no ``w``); ``reinforce``: ``l_t = -A_t * logp_t * w_t``. ``inputs.rollout_is_weights`` is ignored; metrics
+    add ``rollout_corr/*``. ValueError for another ``bypass_loss_type`` or from the corrections."""
     if settings.bypass_loss_type not in ("ppo_clip", "reinforce"):
         raise ValueError(f"bypass_loss_type must be ppo_clip or reinforce, got {settings.bypass_loss_type!r}")
     weights, mask, extra = correct_rollout(

@@ -1,4 +1,5 @@
-"""``algorithm:``: the RL algorithm (advantage estimator, KL regularisation, dynamic sampling)."""
+"""``algorithm:``: the RL algorithm (advantage estimator, KL regularisation, dynamic sampling, the rollout-correction
+bypass mode), and the checks of the bypass mode against the other sections."""
 
 from __future__ import annotations
 
@@ -43,6 +44,14 @@ class AlgorithmConfig:
     filter_high: Annotated[float, UNIT] = 0.99
     max_try_make_batch: Annotated[int, POSITIVE_OR_OFF] = 20
     """Generation rounds per step at most when filtering; then the step fails with a clear error (-1: no limit)."""
+    bypass_mode: bool = False
+    """verl's rollout-correction bypass mode (``algorithm.rollout_correction.bypass_mode`` there): vLLM's sampled-token
+    log-probs (``rollout_log_probs``) are the old policy's, ``old_log_probs = rollout_log_probs``, and the trainer's
+    old-log-prob pass (``timing_s/old_log_prob``) does not run; nor do the ``rollout/*`` mismatch metrics and the
+    weight-sync check, which compare the two. Needs ``worker.rollout.calculate_log_probs`` and vLLM sampling the
+    distribution the actor scores (top_p 1, top_k off, temperature > 0). Colocated it equals the recompute up to
+    numerics; split or async the old policy becomes the (older) behaviour policy (docs/algorithms.md, "Bypass
+    mode")."""
     distill_coef: Annotated[float, NON_NEGATIVE, Note("0 turns distillation off")] = 0.0
     """On-policy distillation mixed with RL (docs/distillation.md): the per-token reverse
     KL to the teacher (``worker.teacher``), ``log pi_student(y_t) - log pi_teacher(y_t)``, times this coefficient is
@@ -83,3 +92,41 @@ class AlgorithmConfig:
     def needs_critic(self) -> bool:
         """Whether the estimator needs a learned value model (``gae``); otherwise no critic is built or run."""
         return self.estimator("needs_critic")
+
+
+def check_bypass_mode(config: Any) -> None:
+    """``algorithm.bypass_mode`` of a finalized ``PPOConfig`` where it can apply and is right: vLLM's log-probs are
+    kept (``worker.rollout.calculate_log_probs``), they are of the distribution the actor scores (no
+    ``PPOConfig.sampling_mismatches``: with top-p/top-k truncation or another temperature the ratio's denominator
+    would be another distribution's), and no decoupled correction (``worker.actor.tis_cap``, ``rollout_is``,
+    ``rollout_rs``) is left that would compare the old log-probs with themselves (weights 1, nothing rejected) unless
+    ``worker.actor.loss_type: bypass_mode`` computes it against the current policy inside the loss. Raises
+    ``ConfigError`` naming the key and what to set. Source: verl 0.9.1's rollout correction (its guide
+    docs/algo/rollout_corr.md, "Bypass mode"; verl itself checks none of these but the log-probs' presence)."""
+    if not config.algorithm.bypass_mode:
+        return
+    key = "algorithm.bypass_mode=true"
+    if not config.worker.rollout.calculate_log_probs:
+        raise ConfigError(f"{key} takes vLLM's sampled-token log-probs as the old policy's, but "
+                          "worker.rollout.calculate_log_probs=false does not keep them: set "
+                          "worker.rollout.calculate_log_probs=true, or algorithm.bypass_mode=false (the actor "
+                          "recomputes the old log-probs).")
+    mismatches = config.sampling_mismatches
+    if mismatches:
+        raise ConfigError(f"{key} needs vLLM's log-probs of the distribution the actor scores, but "
+                          f"with {'; '.join(mismatches)} they are another distribution's, and every ratio pi_theta / "
+                          "pi_old would be biased: set worker.rollout.top_p=1.0, top_k=-1 and a temperature > 0, or "
+                          "algorithm.bypass_mode=false (the actor recomputes the old log-probs).")
+    actor = config.worker.actor
+    from easyrl.algorithms.policy_losses import POLICY_LOSSES
+
+    if POLICY_LOSSES.trait(actor.loss_type, "uses_engine_log_probs"):
+        return  # the loss computes rollout_is / rollout_rs against the current policy (verl's bypass losses)
+    corrections = [name for name, value in (("tis_cap", actor.tis_cap), ("rollout_is", actor.rollout_is),
+                                            ("rollout_rs", actor.rollout_rs)) if value is not None]
+    if corrections:
+        names = ", ".join(f"worker.actor.{name}" for name in corrections)
+        raise ConfigError(f"{key} makes vLLM's log-probs the old ones, so {names} would compare them with themselves "
+                          "(every weight 1, nothing rejected): set worker.actor.loss_type=bypass_mode to apply them "
+                          "against the current policy inside the loss (verl's bypass mode), or "
+                          "algorithm.bypass_mode=false to correct pi_old against pi_rollout (decoupled mode).")

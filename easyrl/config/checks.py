@@ -13,6 +13,7 @@ import warnings
 from typing import TYPE_CHECKING
 
 from easyrl.config.actor import check_distillation
+from easyrl.config.algorithm import check_bypass_mode
 from easyrl.config.judge import check_judge
 from easyrl.config.placement import check_rollout_mode
 from easyrl.config.worker import check_multi_turn, check_reward_model
@@ -160,6 +161,7 @@ def check_config(config: PPOConfig) -> None:
     check_judge(config.worker.reward.judge, config.worker.rollout.tensor_parallel_size)
     check_reward_model(config)
     check_distillation(config)
+    check_bypass_mode(config)
     check_rollout_mode(config)
 
 
@@ -255,6 +257,12 @@ def _no_effect_messages(config: PPOConfig) -> list[str]:
         if str(name) != str(name).upper():
             messages.append(f"worker.env_vars has {name!r}: environment variable names are case-sensitive, and the "
                             f"usual ones are upper case; if {str(name).upper()} is meant, write it so.")
+    if config.algorithm.bypass_mode and config.on_policy_update and config.trainer.rollout_mode == "colocated":
+        messages.append("algorithm.bypass_mode=true saves no pass here: the update is on-policy (worker.actor."
+                        "ppo_epochs=1, worker.actor.global_batch_size = data.rollout_batch_size), so no old-log-prob "
+                        "pass runs anyway. It only makes vLLM's log-probs the ratio's denominator instead of the "
+                        "update's own and turns off the weight-sync check (worker.actor.rollout_sync_threshold) and "
+                        "the rollout/* metrics. Drop it unless that is meant.")
     tp, per_node = rollout.tensor_parallel_size, config.trainer.n_gpus_per_node
     if config.trainer.nnodes > 1 and per_node % tp != 0:
         messages.append(f"worker.rollout.tensor_parallel_size={tp} does not divide trainer.n_gpus_per_node="

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from functools import reduce
-from typing import Optional
+from typing import Literal, Optional
 
 from easyrl.config.algorithm import AlgorithmConfig
 from easyrl.config.data import DataConfig
@@ -87,15 +87,44 @@ class PPOConfig:
         return self.algorithm.needs_reference and not self.uses_lora
 
     @property
+    def old_log_probs_source(self) -> Literal["rollout", "update", "recompute"]:
+        """Where a step's old log-probs ``(bsz, resp_len)`` come from: ``"rollout"`` with ``algorithm.bypass_mode``
+        (vLLM's sampled-token log-probs, ``rollout_log_probs``; it wins over the on-policy shortcut, whose ratio
+        would be against the actor's own log-probs), ``"update"`` when :attr:`on_policy_update` (the update's own
+        detached log-probs), else ``"recompute"`` (the trainer's old-log-prob pass over the actor)."""
+        if self.algorithm.bypass_mode:
+            return "rollout"
+        return "update" if self.on_policy_update else "recompute"
+
+    @property
+    def sampling_mismatches(self) -> list[str]:
+        """The rollout's sampling settings under which vLLM's log-probs are not of the distribution the actor scores
+        (``key=value (why)``, one each; empty when they are): top-p or top-k truncation (vLLM reports the truncated
+        distribution's log-probs, the actor the full one's), greedy decoding (temperature 0), or an actor temperature
+        other than the rollout's."""
+        rollout, actor = self.worker.rollout, self.worker.actor
+        found = []
+        if rollout.top_p < 1.0:
+            found.append(f"worker.rollout.top_p={rollout.top_p} (nucleus truncation)")
+        if rollout.top_k > 0:
+            found.append(f"worker.rollout.top_k={rollout.top_k} (top-k truncation)")
+        if rollout.temperature == 0:
+            found.append("worker.rollout.temperature=0 (greedy: no sampling distribution)")
+        elif actor.temperature != rollout.temperature:
+            found.append(f"worker.actor.temperature={actor.temperature} (the rollout samples at "
+                         f"worker.rollout.temperature={rollout.temperature})")
+        return found
+
+    @property
     def sync_check_threshold(self) -> Optional[float]:
         """``worker.actor.rollout_sync_threshold`` where the weight-sync check applies: vLLM's log-probs are kept and
-        are of the distribution the actor scores (temperature > 0, no top-p/top-k truncation) by the weights the actor
-        holds (``trainer.rollout_mode: colocated``; split they are older); else None."""
+        are of the distribution the actor scores (no :attr:`sampling_mismatches`) by the weights the actor holds
+        (``trainer.rollout_mode: colocated``; split they are older), and the actor computes log-probs to compare them
+        with (not ``algorithm.bypass_mode``); else None."""
         rollout = self.worker.rollout
-        untruncated = rollout.temperature > 0 and rollout.top_p == 1.0 and rollout.top_k <= 0
         same_weights = not self.placement.split
-        return (self.worker.actor.rollout_sync_threshold if rollout.calculate_log_probs and untruncated and same_weights
-                else None)
+        compared = rollout.calculate_log_probs and not self.sampling_mismatches and not self.algorithm.bypass_mode
+        return self.worker.actor.rollout_sync_threshold if compared and same_weights else None
 
     @property
     def world_size(self) -> int:

@@ -238,8 +238,11 @@ class RayPPOTrainer:
             def forward(phase: str, method, key: str) -> None:  # one pass over the workers' shares, timed
                 with timer(phase, timing):
                     batch[key] = torch.cat(self.workers.run_split(method, for_workers(batch, staged)), dim=0)
-            on_policy = cfg.on_policy_update
-            if not on_policy:
+            source = cfg.old_log_probs_source  # recompute, update (on-policy) or rollout (algorithm.bypass_mode)
+            on_policy = source == "update"
+            if source == "rollout":  # vLLM's log-probs are the old policy's: nothing to compare them with
+                batch["old_log_probs"] = batch["rollout_log_probs"]
+            elif source == "recompute":
                 forward("old_log_prob", FSDPWorker.compute_log_probs, "old_log_probs")
                 if "rollout_log_probs" in batch:
                     metrics.update(rollout_mismatch_metrics(batch))
