@@ -189,3 +189,25 @@ def test_groups_are_runs_of_equal_uids_and_draws_are_numbered_per_thread():
     for thread in threads:
         thread.join()
     assert sorted(seen, key=lambda d: d[0]) == [(k, {"next": k + 1}) for k in range(8)]
+
+
+def test_the_mode_picks_the_placement_once():
+    from easyrl.config.placement import Placement
+
+    def placement(*overrides):
+        return load_config([f"config={REPO / 'examples/configs/cpu_demo.yaml'}", "worker.actor.model.model_path=m",
+                            "data.val_files=null", "data.rollout_batch_size=4", *overrides]).placement
+
+    split = ["worker.rollout.n_gpus_per_node=2", "trainer.nnodes=1"]
+    assert placement() == Placement(split=False, max_staleness=0, chunk_groups=4, engine_devices=0)
+    assert placement("trainer.rollout_mode=one_step_off", *split) == Placement(True, 1, 4, 2)
+    assert placement("trainer.rollout_mode=async", "trainer.max_staleness=3", "data.mini_rollout_batch_size=2",
+                     *split) == Placement(True, 3, 2, 2)
+
+
+def test_a_multi_turn_sample_s_token_versions_are_its_assistant_tokens_and_minus_one_elsewhere():
+    from easyrl.trainer.multi_turn import token_versions
+
+    # two assistant turns (versions 3, then 4 after a transfer) around a tool turn; the budget cut the last turn
+    assert token_versions([1, 1, 0, 0, 1, 1], [3, 3, 4, 4, 4]) == [3, 3, -1, -1, 4, 4]
+    assert token_versions([0, 1], [5, 5, 5]) == [-1, 5]

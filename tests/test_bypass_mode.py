@@ -152,7 +152,7 @@ def _step(*overrides):
     scores[::2, -1] = 1.0  # one sample of each group is right: non-zero advantages
     batch["token_level_scores"] = scores
     trainer.workers = _Workers(batch["rollout_log_probs"] - 0.5)  # the actor's log-probs: far from vLLM's
-    trainer.next_batch = lambda *args: (batch, None, {}, 0)
+    trainer.batches = SimpleNamespace(next_batch=lambda *args: (batch, None, {}, 0), step_done=lambda metrics: None)
     trainer.generator = SimpleNamespace(rollout=SimpleNamespace(slot_occupancy=lambda: None))
     trainer.model_rewards = SimpleNamespace(run=lambda *args: None)
     return trainer.train_step(iter(())), trainer.workers, batch["rollout_log_probs"]

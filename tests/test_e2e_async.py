@@ -43,9 +43,11 @@ def _check_a_partial_rollout(trainer, features) -> None:
     prompts = trainer.generator.prompt_batch(features, 4, trainer.global_step)
     generated = {}
     streaming = trainer.placement.streaming  # single-turn requests on the stream the trainer's rollout shares
+    stream = streaming.stream  # opened here (if an earlier call did not), before the generating thread uses it
+    returned = stream.returned  # the engine calls so far (the stream is idle: none in flight)
     thread = threading.Thread(target=lambda: generated.update(batch=streaming.generate(prompts, None)[0]))
     thread.start()
-    while streaming.stream.in_flight() == 0:
+    while stream.returned == returned:  # the engine sampled a first few tokens (one call: at most 16 steps)
         time.sleep(0.01)
     trainer.batches.update_engines()  # waits for the engine call in flight (at most 16 decode steps), keeps the requests
     thread.join()

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from enum import Enum
 from functools import reduce
-from typing import Literal, Optional
+from typing import Optional
 
 from easyrl.config.algorithm import AlgorithmConfig
 from easyrl.config.data import DataConfig
@@ -14,6 +15,14 @@ from easyrl.config.fields import auto_keys
 from easyrl.config.placement import Placement, placement_of
 from easyrl.config.trainer import TrainerConfig
 from easyrl.config.worker import WorkerConfig
+
+
+class OldLogProbs(str, Enum):
+    """Where a step's old log-probs come from (``PPOConfig.old_log_probs_source``)."""
+
+    ROLLOUT = "rollout"
+    UPDATE = "update"
+    RECOMPUTE = "recompute"
 
 
 @dataclass
@@ -87,14 +96,14 @@ class PPOConfig:
         return self.algorithm.needs_reference and not self.uses_lora
 
     @property
-    def old_log_probs_source(self) -> Literal["rollout", "update", "recompute"]:
+    def old_log_probs_source(self) -> OldLogProbs:
         """Where a step's old log-probs ``(bsz, resp_len)`` come from: ``"rollout"`` with ``algorithm.bypass_mode``
         (vLLM's sampled-token log-probs, ``rollout_log_probs``; it wins over the on-policy shortcut, whose ratio
         would be against the actor's own log-probs), ``"update"`` when :attr:`on_policy_update` (the update's own
         detached log-probs), else ``"recompute"`` (the trainer's old-log-prob pass over the actor)."""
         if self.algorithm.bypass_mode:
-            return "rollout"
-        return "update" if self.on_policy_update else "recompute"
+            return OldLogProbs.ROLLOUT
+        return OldLogProbs.UPDATE if self.on_policy_update else OldLogProbs.RECOMPUTE
 
     @property
     def sampling_mismatches(self) -> list[str]:

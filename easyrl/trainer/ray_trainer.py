@@ -29,6 +29,7 @@ from easyrl.algorithms.distillation import add_distillation, reverse_kl_metrics,
 from easyrl.algorithms.kl import apply_kl_penalty, make_kl_controller
 from easyrl.batch import Batch
 from easyrl.config import PPOConfig, to_dict
+from easyrl.config.ppo import OldLogProbs
 from easyrl.data.dataset import collate_fn
 from easyrl.data.loader import PromptStream
 from easyrl.rewards.function import RewardFunction
@@ -239,10 +240,10 @@ class RayPPOTrainer:
                 with timer(phase, timing):
                     batch[key] = torch.cat(self.workers.run_split(method, for_workers(batch, staged)), dim=0)
             source = cfg.old_log_probs_source  # recompute, update (on-policy) or rollout (algorithm.bypass_mode)
-            on_policy = source == "update"
-            if source == "rollout":  # vLLM's log-probs are the old policy's: nothing to compare them with
+            on_policy = source is OldLogProbs.UPDATE
+            if source is OldLogProbs.ROLLOUT:  # vLLM's log-probs are the old policy's: nothing to compare them with
                 batch["old_log_probs"] = batch["rollout_log_probs"]
-            elif source == "recompute":
+            elif source is OldLogProbs.RECOMPUTE:
                 forward("old_log_prob", FSDPWorker.compute_log_probs, "old_log_probs")
                 if "rollout_log_probs" in batch:
                     metrics.update(rollout_mismatch_metrics(batch))

@@ -64,6 +64,7 @@ class RequestStream:
         self._paused = self._stopped = False
         self._busy = self._offered = 0
         self.submissions = 0  # submit calls so far
+        self.returned = 0  # engine calls returned so far
         self._idle, self._idle_since = 0.0, time.perf_counter()  # seconds without a sample admitted
         self._failure: Optional[BaseException] = None
         self._thread = threading.Thread(target=self._loop, name="easyrl-requests", daemon=True)
@@ -220,6 +221,7 @@ class RequestStream:
     def _finish(self, engine: int, result: dict[str, Any]) -> None:
         with self._cond:
             del self._calls[engine]
+            self.returned += 1
             for (sid, row), token_ids, log_probs, versions in result["finished"]:
                 self._submissions[sid].done[row] = (token_ids, log_probs, versions)
                 self._live[engine] -= 1
