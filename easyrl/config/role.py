@@ -10,7 +10,7 @@ from typing import Annotated, Literal, Optional
 
 from annotated_types import Interval
 
-from easyrl.config.fields import NON_NEGATIVE, POSITIVE, UNIT, registered
+from easyrl.config.fields import NON_NEGATIVE, POSITIVE, UNIT, input_path, registered
 from easyrl.errors import ConfigError
 
 Dtype = Literal["bf16", "fp16", "fp32"]
@@ -53,9 +53,9 @@ class LoraConfig:
 class ModelConfig:
     """The policy checkpoint (actor, reference and rollout all start from it)."""
 
-    model_path: Optional[str] = None
+    model_path: Optional[str] = input_path()
     """A hub id or local folder in Hugging Face format."""
-    tokenizer_path: Optional[str] = None
+    tokenizer_path: Optional[str] = input_path()
     """Defaults to ``model_path``."""
     trust_remote_code: bool = False
     freeze_vision_tower: bool = False
