@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Annotated, Literal, Optional
 
 from easyrl.config.fields import FRACTION, NON_NEGATIVE, POSITIVE, input_path
+from easyrl.config.role import Dtype
 from easyrl.errors import ConfigError
 
 JUDGE_PARSERS = ("number", "json")
@@ -43,7 +44,7 @@ class JudgeConfig:
     the rollout engine's ``worker.rollout.gpu_memory_utilization`` (``easyrl.workers.judge``); ignored on the CPU."""
     cpu_kvcache_space_gib: Annotated[float, POSITIVE] = 1.0
     """The judge engine's KV cache on the CPU backend (GiB)."""
-    dtype: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
+    dtype: Literal["auto", Dtype] = "auto"
     """The dtype the judge engine runs in: ``bf16``, ``fp16``, ``fp32``, or ``auto`` (vLLM's choice from the
     checkpoint: a float32 one runs in bfloat16, slow on a CPU without bf16 instructions; ``fp32`` there)."""
     max_model_len: Annotated[int, POSITIVE] = 4096
