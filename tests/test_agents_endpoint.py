@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from easyrl.agents.endpoint.records import RequestRecord, Segment, assemble_segments
+from easyrl.agents.segments import RequestRecord, Segment, assemble_segments
 
 # ------------------------------------------------------------------------------------------ segment assembly
 
@@ -47,7 +47,8 @@ def test_extension_continues_the_segment_with_masked_gap():
 
 def test_retokenization_break_starts_a_new_segment():
     # the agent's framework re-rendered the sampled [3, 4] as [3, 8]: request 1 cannot continue segment 0
-    records = [rec([1, 2], [3, 4], index=0), rec([1, 2, 3, 8, 9], [5], index=1), rec([1, 2, 3, 8, 9, 5, 6], [7], index=2)]
+    records = [rec([1, 2], [3, 4], index=0), rec([1, 2, 3, 8, 9], [5], index=1),
+               rec([1, 2, 3, 8, 9, 5, 6], [7], index=2)]
     first, second = assemble_segments(records)
     assert first.requests == [0] and first.response_ids == [3, 4]
     assert second.prompt_ids == [1, 2, 3, 8, 9] and second.requests == [1, 2]
@@ -108,7 +109,7 @@ class FakeStream:
 def test_stream_sample_submits_token_prompts():
     from types import SimpleNamespace
 
-    from easyrl.agents.endpoint.stream import stream_sample
+    from easyrl.trainer.agent_endpoint.stream import stream_sample
     from easyrl.batch import Batch
     from easyrl.trainer.request_stream import token_prompt
     from easyrl.trainer.rollout import for_rollout
@@ -187,7 +188,7 @@ def tokenizer(tiny_path):
 def endpoint(tiny_path, tokenizer):
     """One endpoint for the module. Each session's ``data["replies"]``: the texts its requests sample, in order
     (``"<eos>"`` appended as <|im_end|>, ``"!raise"`` to fail); log-prob of the i-th token: -0.01 * (i + 1)."""
-    from easyrl.agents.endpoint import AgentEndpoint
+    from easyrl.trainer.agent_endpoint import AgentEndpoint
 
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     pool = concurrent.futures.ThreadPoolExecutor(4)

@@ -40,9 +40,10 @@ def group_rows(uids: list[str]) -> list[list[int]]:
 
 def token_prompt(prompt_ids: list[int], max_tokens: int, uid: str, seed: Optional[int] = None) -> Batch:
     """A one-row prompt batch for :meth:`RequestStream.submit` from a prompt already rendered to token ids (text
-    only; the agent endpoint's requests, ``easyrl.agents.endpoint``): ``raw_prompt_ids``, no images, ``max_tokens``
-    response tokens at most, ``uid``, and ``rollout_seed`` when ``seed`` is given. It holds no tensors, so one
-    engine call should not mix it with rows of ``Generator.prompt_batch`` (``Batch.cat`` needs the same keys)."""
+    only; the agent endpoint's requests, ``easyrl.trainer.agent_endpoint``): ``raw_prompt_ids``, no images,
+    ``max_tokens`` response tokens at most, ``uid``, and ``rollout_seed`` when ``seed`` is given. It holds no
+    tensors, so one engine call should not mix it with rows of ``Generator.prompt_batch`` (``Batch.cat`` needs the
+    same keys)."""
     extras: dict[str, list[Any]] = {"uid": [uid], "raw_prompt_ids": [list(prompt_ids)], "images": [[]],
                                     "max_tokens": [int(max_tokens)]}
     if seed is not None:

@@ -149,7 +149,7 @@ def _untranspose_worker_moe_weights(worker: Any, keep: Collection[str] = ()) -> 
 
 
 def openai_serving_api() -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any], Callable[..., Any]]:
-    """vLLM's OpenAI server pieces, for an app built without ``vllm serve`` (``easyrl.agents.endpoint``):
+    """vLLM's OpenAI server pieces, for an app built without ``vllm serve`` (``easyrl.trainer.agent_endpoint``):
     ``(make_arg_parser, validate_parsed_serve_args, build_app, init_app_state)``, called alike on every line
     (``build_app(args, supported_tasks)``, ``await init_app_state(engine_client, app.state, args, supported_tasks)``).
     vLLM 0.23: ``vllm.entrypoints.openai.cli_args`` and ``vllm.entrypoints.openai.api_server``. vLLM 0.32 on:

@@ -1,6 +1,6 @@
 """What the agent endpoint records of a session, and how a session's requests become trajectory segments.
 
-Pure Python, no vLLM: the endpoint (``easyrl.agents.endpoint.server``) fills :class:`RequestRecord` s straight from
+Pure Python, no vLLM: the endpoint (``easyrl.trainer.agent_endpoint``) fills :class:`RequestRecord` s straight from
 what the engine sampled and vLLM's renderer rendered; :func:`assemble_segments` turns a session's records into the
 sequences the trainer trains (docs/agents.md, "Bring your agent").
 """

@@ -28,7 +28,7 @@ from vllm.v1.engine.exceptions import EngineGenerateError
 from vllm.v1.engine.input_processor import InputProcessor
 from vllm.v1.engine.output_processor import OutputProcessor
 
-from easyrl.agents.endpoint.records import RequestRecord
+from easyrl.agents.segments import RequestRecord
 
 __all__ = ["SampleEngineClient", "Sample", "SampleResult", "CURRENT_SESSION", "CURRENT_ROUTE"]
 
@@ -53,7 +53,8 @@ _FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": Fi
 
 class SampleEngineClient(EngineClient):
     """vLLM's ``EngineClient`` over ``sample`` (:data:`Sample`), for a ``vllm_config`` built without an engine
-    (``easyrl.agents.endpoint.server``). Each finished request is handed to ``record(session, RequestRecord)``.
+    (``easyrl.trainer.agent_endpoint.server``). Each finished request is handed to
+    ``record(session, RequestRecord)``.
 
     Counters (read from any thread): ``requests`` served, ``aborted`` (the client went away first),
     ``failed`` (``sample`` raised), ``refused`` (a request the endpoint cannot serve: n > 1, prompt log-probs,
@@ -151,9 +152,11 @@ class SampleEngineClient(EngineClient):
                                           new_logprobs=_logprobs(token, log_probs, served, params),
                                           finish_reason=finish, stop_reason=stop_reason)
                 served += token is not None
+                done = False
                 for last in self.output_processor.process_outputs([output]).request_outputs:
+                    done = done or last.finished
                     yield last
-                if not self.output_processor.has_request(rid):  # finished: on its last token, or a stop string
+                if done:  # on its last token, or at a stop string (vLLM's detokenizer)
                     break
             finished = True
             self.requests += 1

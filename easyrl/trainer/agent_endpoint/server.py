@@ -1,11 +1,11 @@
 """The agent endpoint: vLLM's own OpenAI-compatible app (its FastAPI routes, chat templates, tool-call and reasoning
-parsers) over a ``sample`` callable instead of an engine (``easyrl.agents.endpoint.engine``), served by uvicorn in a
-background thread of the calling process, with per-session attribution and token-exact capture.
+parsers) over a ``sample`` callable instead of an engine (``easyrl.trainer.agent_endpoint.engine``), served by
+uvicorn in a background thread of the calling process, with per-session attribution and token-exact capture.
 
 Each agent session gets its own ``base_url`` (``http://host:port/sessions/<id>/v1``; the session id also works as the
 API key on the plain ``http://host:port/v1``); every request it makes is recorded (:class:`Session.records`) with
 the prompt ids as vLLM's renderer rendered them and the ids and log-probs the engine sampled, and
-:meth:`Session.segments` assembles them into trajectory segments (``easyrl.agents.endpoint.records``).
+:meth:`Session.segments` assembles them into trajectory segments (``easyrl.agents.segments``).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 from urllib.parse import unquote
 
-from easyrl.agents.endpoint.engine import CURRENT_ROUTE, CURRENT_SESSION, Sample
-from easyrl.agents.endpoint.records import RequestRecord, Segment, assemble_segments
+from easyrl.agents.segments import RequestRecord, Segment, assemble_segments
+from easyrl.trainer.agent_endpoint.engine import CURRENT_ROUTE, CURRENT_SESSION, Sample
 
 __all__ = ["AgentEndpoint", "Session"]
 
@@ -49,13 +49,13 @@ class Session:
         return self.id
 
     def segments(self) -> list[Segment]:
-        """:func:`easyrl.agents.endpoint.records.assemble_segments` of :attr:`records`."""
+        """:func:`easyrl.agents.segments.assemble_segments` of :attr:`records`."""
         return assemble_segments(list(self.records))
 
 
 class AgentEndpoint:
     """vLLM's OpenAI server for ``model`` (a Hugging Face folder or name: its config, tokenizer and chat template;
-    no weights are loaded) whose generation is ``sample`` (``easyrl.agents.endpoint.engine.Sample``).
+    no weights are loaded) whose generation is ``sample`` (``easyrl.trainer.agent_endpoint.engine.Sample``).
 
     ``served_model_name``: the model name clients send (default ``model``); ``tool_call_parser`` /
     ``reasoning_parser``: vLLM's parser names (e.g. ``"hermes"`` for Qwen2.5, ``"deepseek_r1"``), the tool parser
@@ -123,7 +123,7 @@ class AgentEndpoint:
         args = make_arg_parser(FlexibleArgumentParser()).parse_args(self.argv)
         validate_args(args)
         vllm_config = _frontend_config(args)
-        from easyrl.agents.endpoint.engine import SampleEngineClient
+        from easyrl.trainer.agent_endpoint.engine import SampleEngineClient
 
         self.engine = SampleEngineClient(vllm_config, self.sample, self._record)
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
