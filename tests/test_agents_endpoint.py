@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
+import threading
+import time
 
 import pytest
 
@@ -191,7 +193,7 @@ def endpoint(tiny_path, tokenizer):
     from easyrl.trainer.agent_endpoint import AgentEndpoint
 
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    pool = concurrent.futures.ThreadPoolExecutor(4)
+    pool = concurrent.futures.ThreadPoolExecutor(16)
     seen = []
 
     def sample(session, prompt_ids, params):
@@ -203,8 +205,10 @@ def endpoint(tiny_path, tokenizer):
         ids = tokenizer.encode(reply.replace("<eos>", ""), add_special_tokens=False)
         ids += [eos] * reply.endswith("<eos>")
         result = (ids, [-0.01 * (i + 1) for i in range(len(ids))], None)
+        if session.data.get("gate") is not None:  # held until the test opens the gate
+            return pool.submit(lambda: session.data["gate"].wait(30) and result)
         if session.data.get("future"):
-            return pool.submit(lambda: result)
+            return pool.submit(lambda: time.sleep(session.data.get("delay", 0.0)) or result)
         if session.data.get("coroutine"):
             async def later():
                 await asyncio.sleep(0)
@@ -379,3 +383,54 @@ def test_bad_requests_get_openai_errors_and_are_counted(endpoint):
     after = endpoint.counts()
     assert after["failed"] - before["failed"] == 1 and after["refused"] - before["refused"] >= 2
     assert after["http_errors"] - before["http_errors"] == 7
+
+
+def test_concurrent_sessions_are_attributed_apart(endpoint, tokenizer):
+    sessions = [endpoint.open_session(data={"replies": [f"first {i}<eos>", f"second {i}<eos>"], "future": True,
+                                            "delay": 0.05 * (i % 3)}) for i in range(8)]
+
+    def run(i):
+        client = client_of(sessions[i])
+        messages = [{"role": "user", "content": f"agent {i}"}]
+        for _ in range(2):
+            reply = client.chat.completions.create(model=MODEL, messages=messages)
+            messages += [reply.choices[0].message.model_dump(exclude_none=True),
+                         {"role": "user", "content": "again"}]
+        return messages
+
+    with concurrent.futures.ThreadPoolExecutor(8) as threads:
+        conversations = list(threads.map(run, range(8)))
+    for i, (session, messages) in enumerate(zip(sessions, conversations)):
+        endpoint.close_session(session)
+        assert [m["content"] for m in messages if m["role"] == "assistant"] == [f"first {i}", f"second {i}"]
+        assert f"agent {i}" in tokenizer.decode(session.records[0].prompt_ids)
+        [segment] = session.segments()
+        assert segment.requests == [0, 1]
+
+
+def test_a_client_that_leaves_or_a_closed_session_records_nothing(endpoint):
+    import httpx
+
+    before = endpoint.counts()
+    gate = threading.Event()
+    session = endpoint.open_session(data={"replies": ["late<eos>"], "gate": gate})
+    with pytest.raises(httpx.TimeoutException):  # the agent's own timeout: it hangs up while the engine samples
+        httpx.post(f"{session.base_url}/chat/completions", timeout=1.0,
+                   json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+    deadline = time.time() + 30
+    while endpoint.counts()["aborted"] == before["aborted"] and time.time() < deadline:
+        time.sleep(0.05)
+    gate.set()
+    assert endpoint.counts()["aborted"] == before["aborted"] + 1 and session.records == []
+    # a request in flight when its session closes is served but not recorded
+    gate = threading.Event()
+    session = endpoint.open_session(data={"replies": ["late<eos>"], "gate": gate})
+    with concurrent.futures.ThreadPoolExecutor(1) as threads:
+        pending = threads.submit(client_of(session).chat.completions.create, model=MODEL,
+                                 messages=[{"role": "user", "content": "hi"}])
+        while not session.data.get("turn"):
+            time.sleep(0.02)
+        endpoint.close_session(session)
+        gate.set()
+        assert pending.result(30).choices[0].message.content == "late"
+    assert session.records == []
