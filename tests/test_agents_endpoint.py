@@ -352,6 +352,22 @@ def test_completions_models_stop_strings_and_the_api_key(endpoint, tokenizer):
     endpoint.close_session(session)
 
 
+def test_anthropic_messages_and_responses_routes(endpoint, tokenizer):
+    anthropic = pytest.importorskip("anthropic")
+
+    session = endpoint.open_session(data={"replies": ["Hi from Claude.<eos>", "Hi again.<eos>"]})
+    reply = anthropic.Anthropic(base_url=session.root_url, api_key="unused", max_retries=0).messages.create(
+        model=MODEL, max_tokens=32, messages=[{"role": "user", "content": "hello"}])
+    assert reply.content[0].text == "Hi from Claude." and reply.stop_reason == "end_turn"
+    reply = client_of(session).responses.create(model=MODEL, input="hello", max_output_tokens=32)
+    assert reply.output_text == "Hi again."
+    endpoint.close_session(session)
+    assert [r.route for r in session.records] == ["/v1/messages", "/v1/responses"]
+    assert "hello" in tokenizer.decode(session.records[0].prompt_ids)
+    with pytest.raises(ValueError, match="letters, digits"):
+        endpoint.open_session("a/b")
+
+
 def test_bad_requests_get_openai_errors_and_are_counted(endpoint):
     import httpx
     import openai

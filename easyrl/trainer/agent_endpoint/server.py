@@ -14,6 +14,7 @@ import asyncio
 import collections
 import itertools
 import json
+import re
 import socket
 import threading
 import uuid
@@ -27,21 +28,28 @@ from easyrl.trainer.agent_endpoint.engine import CURRENT_ROUTE, CURRENT_SESSION,
 __all__ = ["AgentEndpoint", "Session"]
 
 _PREFIX = "/sessions/"
+_SESSION_ID = re.compile(r"[A-Za-z0-9._~-]+")
 
 
 @dataclass
 class Session:
     """One agent session (one trajectory's requests): ``id``; ``data``, what the caller attached (e.g. the task row,
-    read by ``sample``); ``base_url`` / ``api_key`` for the agent's OpenAI client; ``records``, its served requests in
-    order of arrival; ``errors``, its HTTP answers of status 400 and above (``errors_by_status`` by status)."""
+    read by ``sample``); ``root_url`` (``http://host:port/sessions/<id>``: the Anthropic SDK's ``base_url``),
+    ``base_url`` / ``api_key`` for the agent's OpenAI client; ``records``, its served requests in order of arrival;
+    ``errors``, its HTTP answers of status 400 and above (``errors_by_status`` by status)."""
 
     id: str
-    base_url: str
+    root_url: str
     data: Any = None
     records: list[RequestRecord] = field(default_factory=list)
     errors: int = 0
     errors_by_status: collections.Counter = field(default_factory=collections.Counter)
     closed: bool = False
+
+    @property
+    def base_url(self) -> str:
+        """``root_url + "/v1"``: the OpenAI SDK's ``base_url``."""
+        return self.root_url + "/v1"
 
     @property
     def api_key(self) -> str:
@@ -62,7 +70,9 @@ class AgentEndpoint:
     enabling ``tool_choice="auto"``; ``chat_template``: a template file or string replacing the tokenizer's;
     ``max_model_len``: the context (prompt + response tokens) the engine serves (default the model's);
     ``server_args``: further ``vllm serve`` arguments (e.g. ``["--default-chat-template-kwargs",
-    '{"enable_thinking": false}']``). Binds ``host`` on ``port`` (0: a free one) at :meth:`start`.
+    '{"enable_thinking": false}']``). Binds ``host`` on ``port`` (0: a free one) at :meth:`start`; URLs name
+    ``advertise`` (default ``host``, or this machine's host name when ``host`` is ``0.0.0.0``: for agents on other
+    machines or in containers).
 
     Routes: vLLM's (``/v1/chat/completions`` with tools and streaming, ``/v1/completions``, ``/v1/models``,
     ``/v1/messages`` (Anthropic), ``/v1/responses``, ``/tokenize``, ...), under each session's prefix too. Requests
@@ -73,11 +83,12 @@ class AgentEndpoint:
                  tool_call_parser: Optional[str] = None, reasoning_parser: Optional[str] = None,
                  chat_template: Optional[str] = None, max_model_len: Optional[int] = None,
                  trust_remote_code: bool = False, server_args: tuple[str, ...] = (),
-                 host: str = "127.0.0.1", port: int = 0):
+                 host: str = "127.0.0.1", port: int = 0, advertise: Optional[str] = None):
         self.model = model
         self.sample = sample
         self.served_model_name = served_model_name or model
         self.host, self.port = host, port
+        self.advertise = advertise or (socket.gethostname() if host in ("0.0.0.0", "") else host)
         argv = ["--model", model, "--served-model-name", self.served_model_name, "--disable-log-stats",
                 "--disable-uvicorn-access-log"]
         if tool_call_parser:
@@ -139,7 +150,7 @@ class AgentEndpoint:
             app = build_app(args, ("generate",))
             await init_app_state(self.engine, app.state, args, ("generate",))
             config = uvicorn.Config(_SessionRouter(app, self), lifespan="off", log_level="warning",
-                                    access_log=False)
+                                    access_log=False, timeout_graceful_shutdown=2)
             server = uvicorn.Server(config)
             app.state.server = server  # vLLM's engine-error handler reads it
             self._server = server
@@ -152,9 +163,8 @@ class AgentEndpoint:
         def run() -> None:
             try:
                 asyncio.run(serve())
-            except BaseException as err:  # reported by start, or after it to the log by the thread
+            except BaseException as err:  # raised by start when it happens before the server is up
                 failure.append(err)
-                raise
             finally:
                 ready.set()
                 sock.close()
@@ -166,7 +176,7 @@ class AgentEndpoint:
             if failure:
                 raise failure[0]
             raise RuntimeError(f"the agent endpoint did not start within {timeout:.0f} s")
-        self._url = f"http://{self.host}:{port}"
+        self._url = f"http://{self.advertise}:{port}"
         return self._url
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -180,14 +190,15 @@ class AgentEndpoint:
     # ----------------------------------------------------------------------------------------------- sessions
     def open_session(self, session_id: Optional[str] = None, data: Any = None) -> Session:
         """A new session (``session_id``, or a fresh one) for one agent run; ``data`` is handed to ``sample`` with
-        it. Raises ``ValueError`` for an id already open or holding ``/``, ``RuntimeError`` before :meth:`start`."""
+        it. Raises ``ValueError`` for an id already open or not made of letters, digits and ``._~-`` (it goes into
+        URLs), ``RuntimeError`` before :meth:`start`."""
         sid = session_id or f"s{next(self._ids)}-{uuid.uuid4().hex[:8]}"
-        if "/" in sid or not sid:
-            raise ValueError(f"a session id cannot be empty or hold '/': {sid!r}")
+        if not _SESSION_ID.fullmatch(sid):
+            raise ValueError(f"a session id is made of letters, digits and ._~- only: {sid!r}")
         with self._lock:
             if sid in self._sessions:
                 raise ValueError(f"session {sid!r} is already open")
-            session = Session(sid, f"{self.url}{_PREFIX}{sid}/v1", data)
+            session = Session(sid, f"{self.url}{_PREFIX}{sid}", data)
             self._sessions[sid] = session
         return session
 
