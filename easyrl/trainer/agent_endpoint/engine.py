@@ -175,6 +175,8 @@ class SampleEngineClient(EngineClient):
         problem = None
         if session is None:
             problem = "no open agent session: call the endpoint through a session's base_url"
+        elif getattr(session, "closed", False):
+            problem = f"agent session {session.id!r} is closed"
         elif not isinstance(prompt, dict) or prompt.get("type", "token") != "token":
             problem = "the agent endpoint serves text prompts only (token ids; no images, embeddings or streams)"
         elif params.n != 1:
