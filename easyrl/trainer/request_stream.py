@@ -20,13 +20,14 @@ from typing import Any, ContextManager, Optional
 
 import ray
 import torch
+from tensordict import TensorDict
 
 from easyrl.batch import Batch
 from easyrl.trainer.rollout import for_rollout, right_pad, trajectory_batch
 from easyrl.workers.fsdp_worker import FSDPWorker
 from easyrl.workers.group import WorkerError, WorkerGroup
 
-__all__ = ["RequestStream", "StreamingRollout", "group_rows"]
+__all__ = ["RequestStream", "StreamingRollout", "group_rows", "token_prompt"]
 
 Sample = tuple[list[int], Optional[list[float]], list[int]]
 """A finished sample: ``(token_ids, log_probs | None, versions)`` (``RequestEngine``'s ``Finished``)."""
@@ -35,6 +36,19 @@ Sample = tuple[list[int], Optional[list[float]], list[int]]
 def group_rows(uids: list[str]) -> list[list[int]]:
     """The row indices of each run of equal consecutive ``uids`` (a prompt's group of ``n`` samples), in order."""
     return [[i for i, _ in rows] for _, rows in itertools.groupby(enumerate(uids), key=lambda item: item[1])]
+
+
+def token_prompt(prompt_ids: list[int], max_tokens: int, uid: str, seed: Optional[int] = None) -> Batch:
+    """A one-row prompt batch for :meth:`RequestStream.submit` from a prompt already rendered to token ids (text
+    only; the agent endpoint's requests, ``easyrl.trainer.agent_endpoint``): ``raw_prompt_ids``, no images,
+    ``max_tokens`` response tokens at most, ``uid``, and ``rollout_seed`` when ``seed`` is given. It holds no
+    tensors, so one engine call should not mix it with rows of ``Generator.prompt_batch`` (``Batch.cat`` needs the
+    same keys)."""
+    extras: dict[str, list[Any]] = {"uid": [uid], "raw_prompt_ids": [list(prompt_ids)], "images": [[]],
+                                    "max_tokens": [int(max_tokens)]}
+    if seed is not None:
+        extras["rollout_seed"] = [int(seed) % 2**31]
+    return Batch(TensorDict({}, batch_size=[1]), extras)
 
 
 @dataclass

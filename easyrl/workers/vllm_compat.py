@@ -146,3 +146,21 @@ def _worker_moe_views(worker: Any) -> list[str]:
 
 def _untranspose_worker_moe_weights(worker: Any, keep: Collection[str] = ()) -> list[str]:
     return untranspose_moe_weights(worker.model_runner.get_model(), keep)
+
+
+def openai_serving_api() -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any], Callable[..., Any]]:
+    """vLLM's OpenAI server pieces, for an app built without ``vllm serve`` (``easyrl.trainer.agent_endpoint``):
+    ``(make_arg_parser, validate_parsed_serve_args, build_app, init_app_state)``, called alike on every line
+    (``build_app(args, supported_tasks)``, ``await init_app_state(engine_client, app.state, args, supported_tasks)``).
+    vLLM 0.23: ``vllm.entrypoints.openai.cli_args`` and ``vllm.entrypoints.openai.api_server``. vLLM 0.32 on:
+    ``vllm.entrypoints.launchers`` (``cli_args``, ``app``, ``api_server.app_state``; the old module is a deprecated
+    re-export that warns on import)."""
+    version = vllm_version()
+    if version is not None and version < (0, 32):
+        from vllm.entrypoints.openai.api_server import build_app, init_app_state
+        from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_serve_args
+    else:
+        from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+        from vllm.entrypoints.launchers.app import build_app
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+    return make_arg_parser, validate_parsed_serve_args, build_app, init_app_state
