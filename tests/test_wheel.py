@@ -137,7 +137,8 @@ def test_a_config_loads_from_the_wheel_with_its_data(installed):
         "print(json.dumps({'package': easyrl.__file__, 'model_path': config.worker.actor.model.model_path,\n"
         "                  'template': str(DEFAULT_TEMPLATE), 'judge': JudgePrompt(None).path,\n"
         "                  'model_folder': model_folder(config.worker.actor.model.model_path)}))\n")
-    out = json.loads(_run([installed["python"], "-c", script], installed["user"], installed["env"]).stdout.splitlines()[-1])
+    proc = _run([installed["python"], "-c", script], installed["user"], installed["env"])
+    out = json.loads(proc.stdout.splitlines()[-1])
     site = str(installed["site"])
     assert out["package"] == os.path.join(site, "easyrl", "__init__.py")
     assert out["model_path"] == "Qwen/Qwen2.5-VL-7B-Instruct"
