@@ -1,6 +1,6 @@
-"""The docs site (mkdocs.yml, docs/) builds strictly (its own ``strict: true``) with no network: a broken link or
-anchor, an absolute link, or a page left out of the navigation fails the build; every page of docs/ becomes a page of
-the site."""
+"""README.md is a front door (at most 12 KB, the two commands), and the docs site (mkdocs.yml, docs/) builds strictly
+(its own ``strict: true``) with no network: a broken link or anchor, an absolute link, or a page left out of the
+navigation fails the build; every page of docs/ becomes a page of the site."""
 
 from __future__ import annotations
 
@@ -55,3 +55,12 @@ def test_a_broken_link_or_a_page_outside_the_navigation_fails_the_build(tmp_path
     assert proc.returncode != 0
     for name in ("no-such-page.md", "#no-such-anchor", "orphan.md"):
         assert any(name in warning for warning in warnings(proc.stderr)), proc.stderr
+
+
+def test_the_readme_is_a_front_door():
+    """README.md stays at most 12 KB and keeps the two commands (.ci/run runs `make test`); the rest is in docs/."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    assert len(text.encode()) <= 12 * 1024
+    quick_start = text.split("```bash\n", 1)[1].split("```", 1)[0].splitlines()
+    assert [line.split()[:2] for line in quick_start if line.startswith("make demo ") or line.startswith("make test ")] \
+        == [["make", "demo"], ["make", "test"]]
