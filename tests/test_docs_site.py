@@ -62,5 +62,5 @@ def test_the_readme_is_a_front_door():
     text = (REPO / "README.md").read_text(encoding="utf-8")
     assert len(text.encode()) <= 12 * 1024
     quick_start = text.split("```bash\n", 1)[1].split("```", 1)[0].splitlines()
-    assert [line.split()[:2] for line in quick_start if line.startswith("make demo ") or line.startswith("make test ")] \
-        == [["make", "demo"], ["make", "test"]]
+    commands = [line.split()[:2] for line in quick_start if line.startswith(("make demo ", "make test "))]
+    assert commands == [["make", "demo"], ["make", "test"]]
