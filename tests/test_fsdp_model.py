@@ -29,6 +29,21 @@ def test_parameters_on_the_host_only_when_offloading_from_an_accelerator(device,
     assert param_device(device, offload) == expected
 
 
+def test_one_dtype_table_names_torch_s_dtypes_and_their_sizes():
+    """``easyrl.config.role.DTYPES`` is the one table; the torch dtypes, the sizing's bytes and the config's choices are
+    read from it, and its byte counts are torch's."""
+    from typing import get_args, get_type_hints
+
+    from easyrl.config.judge import JudgeConfig
+    from easyrl.config.role import DTYPES, Dtype
+    from easyrl.sizing.anatomy import DTYPE_BYTES
+
+    assert get_args(Dtype) == tuple(DTYPES) == ("bf16", "fp16", "fp32")
+    assert get_args(get_type_hints(JudgeConfig)["dtype"]) == ("auto", *DTYPES)
+    assert {name: dtype.itemsize for name, dtype in fsdp_model.TORCH_DTYPES.items()} == DTYPE_BYTES == {
+        "bf16": 2, "fp16": 2, "fp32": 4}
+
+
 def test_placement_rejects_unknown_device():
     with pytest.raises(ValueError, match="tpu"):
         param_device("tpu", False)

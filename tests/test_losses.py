@@ -1,5 +1,6 @@
 """Loss aggregation (incl. global normalisation), policy losses and TIS weights against hand-computed values."""
 
+import dataclasses
 import math
 import random
 
@@ -9,6 +10,7 @@ import torch
 from easyrl.algorithms.loss_agg import LOSS_AGG_MODES, agg_loss, mask_counts
 from easyrl.algorithms.policy_losses import POLICY_LOSSES, PolicyLossInputs, PolicyLossSettings
 from easyrl.algorithms.rollout_correction import compute_tis_weights
+from easyrl.config import ActorConfig
 
 D = torch.float64
 NAN = float("nan")
@@ -131,9 +133,17 @@ CLIP = dict(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_dual=3.0)  # cl
 
 
 def _policy_loss(name, old, log_prob, adv, mask, *, rollout_is_weights=None, agg_kwargs=None, **settings):
-    """``(pg_loss, metrics)`` of the loss ``name``; ``settings``: the fields of PolicyLossSettings."""
+    """``(pg_loss, metrics)`` of the loss ``name``; ``settings``: ``worker.actor`` fields (the others: defaults)."""
     inputs = PolicyLossInputs(old, log_prob, adv, mask, rollout_is_weights=rollout_is_weights, agg_kwargs=agg_kwargs)
-    return POLICY_LOSSES.get(name)(inputs, PolicyLossSettings(**settings))
+    return POLICY_LOSSES.get(name)(inputs, PolicyLossSettings.of(ActorConfig(**settings)))
+
+
+def test_the_loss_settings_are_worker_actor_fields_whose_only_defaults_are_the_config_s():
+    actor = {f.name: f for f in dataclasses.fields(ActorConfig)}
+    for f in dataclasses.fields(PolicyLossSettings):
+        assert f.name in actor, f.name
+        assert (f.default, f.default_factory) == (dataclasses.MISSING, dataclasses.MISSING), f.name
+    assert PolicyLossSettings.of(ActorConfig(tau_negative=2.0)).tau_negative == 2.0
 
 
 def _policy_batch():

@@ -232,3 +232,22 @@ def test_a_split_config_reports_each_side_with_its_own_peak_and_verdict(tmp_path
     assert main(argv + ["worker.rollout.gpu_memory_utilization=0.2"]) == 0
     table = capsys.readouterr().out
     assert "trainer devices (8): peak 0." in table and "rollout devices (2): peak 15.8 GiB: fits" in table, table
+
+
+def test_the_simulated_update_accumulates_over_the_worker_s_mini_batch_with_ulysses(tmp_path):
+    """With ``ulysses_size=2`` on 4 devices the worker's mini-batch is ``global_batch_size * n / dp_size`` = 4 * 2 / 2
+    = 4 samples per rank (``PPOConfig.mini_batch_samples``, what ``FSDPWorker.update_actor`` passes), two micro-batches
+    of 2: the simulated later step takes two micro-batches' tokens, not the world size's one."""
+    from easyrl.config import load_config
+    from easyrl.simulate.phases import update_batches
+
+    path = _small_model(tmp_path / "model")
+    config = load_config(["config=" + str(ROOT / "config.yaml"), f"worker.actor.model.model_path={path}",
+                          "data.max_prompt_length=64", "data.max_response_length=64", "trainer.n_gpus_per_node=4",
+                          "worker.actor.ulysses_size=2", "data.rollout_batch_size=4", "worker.actor.global_batch_size=4",
+                          "worker.rollout.n=2", "worker.actor.micro_batch_size_per_device_for_update=2"])
+    assert (config.dp_size, config.mini_batch_samples("actor")) == (2, 4)
+    micro, first, later = update_batches(config)["actor"]
+    assert micro == 2
+    tokens = [int(b["attention_mask"].sum()) for b in (first, later)]
+    assert tokens == [config.token_budget(2), 2 * config.token_budget(2)]

@@ -25,6 +25,7 @@ from easyrl.algorithms.rollout_correction import (
     compute_rollout_correction_weights,
     compute_rollout_rejection_mask,
 )
+from easyrl.config import ActorConfig
 
 VERL_DIR = Path(__file__).resolve().parents[1] / ".cache" / "verl"
 if VERL_DIR.is_dir() and str(VERL_DIR) not in sys.path:
@@ -222,9 +223,10 @@ BYPASS = [dict(bypass_loss_type="ppo_clip", rollout_is="token", rollout_rs="toke
 
 def _settings(mode: str, **extra) -> tuple[PolicyLossSettings, FSDPActorConfig]:
     # clip_cov: a wide covariance band and ratio so that several tokens are detached; kl_cov: several penalised
-    ours = PolicyLossSettings(loss_agg_mode=mode, clip_ratio_low=0.15, clip_ratio_high=0.25, clip_ratio_dual=3.0,
-                              tau_positive=1.0, tau_negative=1.05, clip_cov_ratio=0.1, clip_cov_lb=-2.0,
-                              clip_cov_ub=2.0, kl_cov_ratio=0.1, ppo_kl_coef=0.3, dro_beta=0.7, **extra)
+    ours = PolicyLossSettings.of(ActorConfig(
+        loss_agg_mode=mode, clip_ratio_low=0.15, clip_ratio_high=0.25, clip_ratio_dual=3.0, tau_positive=1.0,
+        tau_negative=1.05, clip_cov_ratio=0.1, clip_cov_lb=-2.0, clip_cov_ub=2.0, kl_cov_ratio=0.1, ppo_kl_coef=0.3,
+        dro_beta=0.7, **extra))
     theirs = FSDPActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, clip_ratio_low=0.15,
                              clip_ratio_high=0.25, clip_ratio_c=3.0, tau_pos=1.0, tau_neg=1.05)
     policy_loss = theirs.policy_loss

@@ -43,30 +43,31 @@ class PolicyLossInputs:
 
 @dataclass(frozen=True)
 class PolicyLossSettings:
-    """The ``worker.actor`` settings a policy loss reads; each is documented on its config field."""
+    """The ``worker.actor`` settings a policy loss reads, built by :meth:`of`; each is documented, with its default
+    (the only one), on the config field of the same name (``easyrl.config.actor.ActorConfig``)."""
 
     loss_agg_mode: str
     clip_ratio_low: float
     clip_ratio_high: float
     clip_ratio_dual: float
-    tau_positive: float = 1.0
-    tau_negative: float = 1.05
-    clip_cov_ratio: float = 2e-4
-    clip_cov_lb: float = 1.0
-    clip_cov_ub: float = 5.0
-    kl_cov_ratio: float = 2e-4
-    ppo_kl_coef: float = 0.1
-    dro_beta: float | None = None
-    bypass_loss_type: str = "ppo_clip"
-    rollout_is: str | None = None
-    rollout_is_threshold: float = 2.0
-    rollout_is_threshold_lower: float | None = None
-    rollout_rs: str | None = None
-    rollout_rs_threshold: str | float | None = None
+    tau_positive: float
+    tau_negative: float
+    clip_cov_ratio: float
+    clip_cov_lb: float
+    clip_cov_ub: float
+    kl_cov_ratio: float
+    ppo_kl_coef: float
+    dro_beta: float | None
+    bypass_loss_type: str
+    rollout_is: str | None
+    rollout_is_threshold: float
+    rollout_is_threshold_lower: float | None
+    rollout_rs: str | None
+    rollout_rs_threshold: str | float | None
 
     @classmethod
     def of(cls, config: Any) -> PolicyLossSettings:
-        """The settings read from ``config`` (``worker.actor``) by field name."""
+        """The settings read from ``config`` (``worker.actor``, an ``ActorConfig``) by field name."""
         return cls(**{f.name: getattr(config, f.name) for f in fields(cls)})
 
 

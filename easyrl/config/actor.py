@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal, Optional
 
 from annotated_types import Gt
 
-from easyrl.config.fields import NON_NEGATIVE, POSITIVE, UNIT, auto, registered
+from easyrl.config.fields import NON_NEGATIVE, POSITIVE, UNIT, auto, input_path, registered
 from easyrl.config.role import OffloadConfig, TrainedRoleConfig
 from easyrl.errors import ConfigError
 
@@ -135,9 +135,9 @@ class TeacherModelConfig:
     """The teacher's checkpoint. Its tokenizer must be the student's (same ids for the same tokens, same special
     tokens and chat template): checked before the workers start (``easyrl.trainer.model_checks``)."""
 
-    model_path: Optional[str] = None
+    model_path: Optional[str] = input_path()
     """A hub id or local folder in Hugging Face format (a causal LM), e.g. Qwen/Qwen3-8B for a Qwen3-1.7B student."""
-    tokenizer_path: Optional[str] = None
+    tokenizer_path: Optional[str] = input_path()
     """Defaults to ``model_path``; only read for the compatibility check."""
     trust_remote_code: bool = False
 

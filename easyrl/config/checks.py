@@ -40,11 +40,8 @@ def check_divisibility(config: PPOConfig) -> None:
     device's share into micro-batches (batch sizes in prompts, micro-batches in samples), for the actor and the
     critic; a generation round's samples over the devices; and the devices into vLLM engines."""
     check_sequence_parallel(config)
-    sections = [("worker.actor", config.worker.actor)]
-    if config.algorithm.needs_critic:
-        sections.append(("worker.critic", config.worker.critic))
-    for section, cfg in sections:
-        _check_batch_split(config, section, cfg.global_batch_size, cfg.micro_batch_size_per_device_for_update)
+    for role in ["actor"] + (["critic"] if config.algorithm.needs_critic else []):
+        _check_batch_split(config, role)
     mini = config.data.mini_rollout_batch_size
     if mini is not None and mini * config.worker.rollout.n % config.world_size != 0:
         raise ConfigError(
@@ -75,7 +72,9 @@ def check_sequence_parallel(config: PPOConfig) -> None:
                           "0 or 1.")
 
 
-def _check_batch_split(config: PPOConfig, section: str, global_batch_size: int, micro_batch_size: int) -> None:
+def _check_batch_split(config: PPOConfig, role: str) -> None:
+    section, cfg = f"worker.{role}", getattr(config.worker, role)
+    global_batch_size, micro_batch_size = cfg.global_batch_size, cfg.micro_batch_size_per_device_for_update
     if config.data.rollout_batch_size % global_batch_size != 0:
         raise ConfigError(
             f"data.rollout_batch_size ({config.data.rollout_batch_size}) must be a multiple of "
@@ -89,7 +88,7 @@ def _check_batch_split(config: PPOConfig, section: str, global_batch_size: int, 
             f"{section}.global_batch_size * worker.rollout.n ({samples_per_minibatch}) samples must split "
             f"evenly over {over}."
         )
-    per_device = samples_per_minibatch // config.dp_size
+    per_device = config.mini_batch_samples(role)
     if per_device % micro_batch_size != 0:
         raise ConfigError(
             f"{per_device} samples per device per mini-batch are not a multiple of "

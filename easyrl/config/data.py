@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 from annotated_types import Ge
 
-from easyrl.config.fields import POSITIVE, POSITIVE_OR_OFF, Note
+from easyrl.config.fields import POSITIVE, POSITIVE_OR_OFF, Note, input_path
 from easyrl.errors import ConfigError
 
 VIDEO_FRAMES = Annotated[int, Ge(2), Note("Qwen-VL encodes a video's frames in pairs")]
@@ -18,16 +18,16 @@ VIDEO_FRAMES = Annotated[int, Ge(2), Note("Qwen-VL encodes a video's frames in p
 class DataConfig:
     """Where the prompts come from and how they are turned into model inputs."""
 
-    train_files: Optional[str] = "hiyouga/geometry3k@train"
+    train_files: Optional[str] = input_path("hiyouga/geometry3k@train")
     """A hub id ``name@split``, a local parquet/json/jsonl file or folder, or a raw InterGPS geometry3k folder
     (null only for ``easyrl eval``, which needs no training data)."""
-    val_files: Optional[str] = "hiyouga/geometry3k@test"
+    val_files: Optional[str] = input_path("hiyouga/geometry3k@test")
     """Same forms as ``train_files``; null = no validation."""
     prompt_key: str = "problem"
     answer_key: str = "answer"
     image_key: Optional[str] = "images"
     """Column holding the images; null = text-only (no column is read as images)."""
-    image_dir: Optional[str] = None
+    image_dir: Optional[str] = input_path()
     """Folder that relative image paths in the data are resolved against."""
     max_prompt_length: Annotated[int, POSITIVE] = 1024
     """Tokens, image tokens included; longer prompts are filtered out (``filter_overlong_prompts``)."""
@@ -37,7 +37,7 @@ class DataConfig:
     """Prompts per training step (each sampled ``worker.rollout.n`` times)."""
     val_batch_size: Annotated[int, POSITIVE_OR_OFF] = -1
     """Prompts per validation batch; -1 = the whole validation set at once."""
-    format_prompt: Optional[str] = None
+    format_prompt: Optional[str] = input_path()
     """Path of a Jinja2 template that receives ``content`` (the problem) and renders the user message."""
     system_prompt: Optional[str] = None
     """Text of a system message put before every prompt's user message (training and validation); null = none (the
@@ -50,7 +50,7 @@ class DataConfig:
     mini_rollout_batch_size: Optional[Annotated[int, POSITIVE]] = None
     """Prompts per generation round; None: ``rollout_batch_size``. With ``algorithm.online_filtering`` rounds of this
     size are generated until ``rollout_batch_size`` groups are kept; without it they are concatenated."""
-    override_chat_template: Optional[str] = None
+    override_chat_template: Optional[str] = input_path()
     """Path of a Jinja chat template file that replaces the tokenizer's (and processor's) own."""
     video_key: Optional[str] = "videos"
     """Column holding each row's videos: file paths (relative ones under ``image_dir``) or lists of frame images;

@@ -1,8 +1,8 @@
 """What the config sections' fields share, and their validation. A field states its own type, range (``n: Annotated[int,
 POSITIVE]``, ``annotated_types`` constraints, with an optional :class:`Note` for the message), ``Literal`` choices or
-registry (:func:`registered`); ``auto`` marks a key derived from another one. :func:`validate` checks a merged layer
-of values against them all at once with pydantic, and words its first error as one line: the key, the value, what is
-allowed (with a "did you mean" for a name) and an example."""
+registry (:func:`registered`); ``auto`` marks a key derived from another one, :func:`input_path` a key that names an
+input file. :func:`validate` checks a merged layer of values against them all at once with pydantic, and words its
+first error as one line: the key, the value, what is allowed (with a "did you mean" for a name) and an example."""
 
 from __future__ import annotations
 
@@ -61,6 +61,19 @@ def registered(module: str, name: str) -> Any:
 def auto(source: str, default: Any = None) -> Any:
     """A field derived from ``source``; users cannot set it (see ``PPOConfig.finalize``)."""
     return field(default=default, metadata={"auto": source})
+
+
+def input_path(default: Any = None, *, default_factory: Any = dataclasses.MISSING) -> Any:
+    """A field that names an input file or folder (a list of them; a ``file.py:function`` by its file part): a
+    relative value written in a config file is looked up from the file's folder (``easyrl.config.loading``)."""
+    if default_factory is not dataclasses.MISSING:
+        return field(default_factory=default_factory, metadata={"input_path": True})
+    return field(default=default, metadata={"input_path": True})
+
+
+def input_path_keys(cls: type) -> tuple[str, ...]:
+    """Dotted names of the :func:`input_path` fields of ``cls`` (recursively), in field order."""
+    return tuple(key for key, f, _ in _fields(cls) if f.metadata.get("input_path"))
 
 
 def _fields(cls: type, prefix: str = "") -> list[tuple[str, dataclasses.Field, bool]]:

@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Literal, Optional
 
-from easyrl.config.fields import FRACTION, NON_NEGATIVE, POSITIVE
+from easyrl.config.fields import FRACTION, NON_NEGATIVE, POSITIVE, input_path
+from easyrl.config.role import Dtype
 from easyrl.errors import ConfigError
 
 JUDGE_PARSERS = ("number", "json")
@@ -18,13 +19,13 @@ class JudgeConfig:
     """An LLM judge: a Jinja prompt per sample, one greedy vLLM generation per prompt on the workers, a parser that
     turns the verdict text into a score. Off while ``model_path`` is null."""
 
-    model_path: Optional[str] = None
+    model_path: Optional[str] = input_path()
     """Hugging Face folder or hub id of the judge model (an instruct model with a chat template); null: no judge."""
-    prompt_template: Optional[str] = None
+    prompt_template: Optional[str] = input_path()
     """Jinja2 file rendered per sample with ``problem`` (the dataset's ``data.prompt_key`` column), ``response`` (the
     decoded response) and ``ground_truth`` (the ``data.answer_key`` column); its text is the judge's user message
     (the judge's chat template is applied). null: ``easyrl/rewards/judge.jinja`` (shipped in the package)."""
-    parser: str = "number"
+    parser: str = input_path("number")
     """How a verdict becomes a score: ``number`` (the last number in the text), ``json`` (the last JSON object in the
     text, its ``json_key``), or ``path/to/file.py:function`` (``function(verdict: str) -> float | None``; None or an
     exception: unparseable)."""
@@ -43,7 +44,7 @@ class JudgeConfig:
     the rollout engine's ``worker.rollout.gpu_memory_utilization`` (``easyrl.workers.judge``); ignored on the CPU."""
     cpu_kvcache_space_gib: Annotated[float, POSITIVE] = 1.0
     """The judge engine's KV cache on the CPU backend (GiB)."""
-    dtype: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
+    dtype: Literal["auto", Dtype] = "auto"
     """The dtype the judge engine runs in: ``bf16``, ``fp16``, ``fp32``, or ``auto`` (vLLM's choice from the
     checkpoint: a float32 one runs in bfloat16, slow on a CPU without bf16 instructions; ``fp32`` there)."""
     max_model_len: Annotated[int, POSITIVE] = 4096

@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from easyrl.config.aliases import MISSING, apply_aliases, get_key, pop_key, set_key
 from easyrl.config.checks import check_config, warn_config_traps
-from easyrl.config.fields import auto_keys, expected, valid_keys, validate
+from easyrl.config.fields import auto_keys, expected, input_path_keys, valid_keys, validate
 from easyrl.config.ppo import PPOConfig
 from easyrl.errors import ConfigError
 
@@ -254,20 +254,6 @@ def yaml_hint(path: str, line: Optional[int], problem: str, context_line: Option
             "'[' or '{' (e.g. key: \"a: b\")")
 
 
-# keys whose value names an input file or folder (or a list of them); the reward function's and the tools' are
-# ``path.py:function``
-INPUT_PATHS: tuple[str, ...] = (
-    "data.train_files", "data.val_files", "data.image_dir", "data.format_prompt",
-    "worker.actor.model.model_path", "worker.actor.model.tokenizer_path",
-    "worker.critic.model.model_path", "worker.critic.model.tokenizer_path",
-    "worker.reward.reward_function", "trainer.load_checkpoint_path",
-    "worker.reward.judge.model_path", "worker.reward.judge.prompt_template", "worker.reward.judge.parser",
-    "worker.reward.reward_model.model_path", "worker.reward.reward_model.tokenizer_path",
-    "worker.reward.reward_model.chat_template", "worker.rollout.multi_turn.tools",
-    "worker.rollout.multi_turn.format", "worker.rollout.multi_turn.environment",
-)
-
-
 def search_folders(config_file: str, cwd: Optional[str] = None) -> list[str]:
     """Where a relative path of ``config_file`` is looked up, in order (see the module docstring)."""
     here = os.path.dirname(os.path.abspath(config_file))
@@ -296,10 +282,11 @@ def resolve_path(value: str, folders: list[str]) -> str:
 
 
 def resolve_config_paths(layer: dict[str, Any], config_file: str, cwd: Optional[str] = None) -> dict[str, Any]:
-    """Resolve the relative input paths (``INPUT_PATHS``) of the YAML layer ``layer`` read from ``config_file``, in
-    place (each item of a list, e.g. ``multi_turn.tools``); returns ``layer``."""
+    """Resolve the relative input paths (the keys of the fields marked :func:`~easyrl.config.fields.input_path`, every
+    role's model and tokenizer among them) of the YAML layer ``layer`` read from ``config_file``, in place (each item
+    of a list, e.g. ``multi_turn.tools``); returns ``layer``."""
     folders = search_folders(config_file, cwd)
-    for key in INPUT_PATHS:
+    for key in input_path_keys(PPOConfig):
         value = get_key(layer, key)
         if isinstance(value, str):
             set_key(layer, key, resolve_path(value, folders))

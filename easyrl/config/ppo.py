@@ -77,6 +77,12 @@ class PPOConfig:
         longest = self.data.max_prompt_length + self.data.max_response_length
         return role.max_token_len_per_device or -(-micro * longest // self.worker.actor.ulysses_size)
 
+    def mini_batch_samples(self, role: str = "actor") -> int:
+        """Samples one data-parallel group takes per optimizer step of ``role`` (``"actor"`` or ``"critic"``):
+        ``worker.<role>.global_batch_size * worker.rollout.n`` over the :attr:`dp_size` groups (the devices of a
+        sequence-parallel group share their samples)."""
+        return getattr(self.worker, role).global_batch_size * self.worker.rollout.n // self.dp_size
+
     @property
     def placement(self) -> Placement:
         """Where the rollout engines run and how far ahead they generate (``trainer.rollout_mode``,

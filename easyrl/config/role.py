@@ -6,14 +6,28 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Annotated, Literal, Optional
+from typing import Annotated, Literal, NamedTuple, Optional
 
 from annotated_types import Interval
 
-from easyrl.config.fields import NON_NEGATIVE, POSITIVE, UNIT, registered
+from easyrl.config.fields import NON_NEGATIVE, POSITIVE, UNIT, input_path, registered
 from easyrl.errors import ConfigError
 
-Dtype = Literal["bf16", "fp16", "fp32"]
+
+
+class DtypeSpec(NamedTuple):
+    """What a dtype the config names is."""
+
+    torch_name: str
+    """torch's and vLLM's name (``torch.bfloat16``, ``vllm.LLM(dtype="bfloat16")``)."""
+    bytes: int
+    """Bytes per element."""
+
+
+DTYPES = {"bf16": DtypeSpec("bfloat16", 2), "fp16": DtypeSpec("float16", 2), "fp32": DtypeSpec("float32", 4)}
+"""The dtypes a config may name -> what each is: the one table (``easyrl.workers.fsdp_model.TORCH_DTYPES`` and
+``easyrl.sizing.anatomy.DTYPE_BYTES`` are views of it)."""
+Dtype = Literal[tuple(DTYPES)]  # type: ignore[valid-type]  # the keys of DTYPES
 BETA = Annotated[float, Interval(ge=0, lt=1)]
 
 
@@ -53,9 +67,9 @@ class LoraConfig:
 class ModelConfig:
     """The policy checkpoint (actor, reference and rollout all start from it)."""
 
-    model_path: Optional[str] = None
+    model_path: Optional[str] = input_path()
     """A hub id or local folder in Hugging Face format."""
-    tokenizer_path: Optional[str] = None
+    tokenizer_path: Optional[str] = input_path()
     """Defaults to ``model_path``."""
     trust_remote_code: bool = False
     freeze_vision_tower: bool = False

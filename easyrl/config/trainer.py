@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Annotated, Literal, Optional
 
-from easyrl.config.fields import NON_NEGATIVE, POSITIVE, POSITIVE_OR_OFF, auto
+from easyrl.config.fields import NON_NEGATIVE, POSITIVE, POSITIVE_OR_OFF, auto, input_path
 from easyrl.errors import ConfigError
 
 # backend -> (module it imports, the extra that installs it; None: a core dependency)
@@ -98,7 +98,7 @@ class TrainerConfig:
     Adam states is ~100 GB)."""
     save_checkpoint_path: Optional[str] = None
     """Folder of the run's ``global_step_N`` checkpoints and ``checkpoint_tracker.json``; default ``run_dir``."""
-    load_checkpoint_path: Optional[str] = None
+    load_checkpoint_path: Optional[str] = input_path()
     """A ``global_step_N`` folder to resume from (overrides ``find_last_checkpoint``)."""
     find_last_checkpoint: bool = True
     """Resume from the last complete checkpoint under ``save_checkpoint_path`` if there is one (``false`` is

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, Optional
 from annotated_types import Ge
 
 from easyrl.config.actor import ActorConfig, RefConfig, TeacherConfig
-from easyrl.config.fields import FRACTION, NON_NEGATIVE, POSITIVE, AllowInf, Note, auto, validate
+from easyrl.config.fields import FRACTION, NON_NEGATIVE, POSITIVE, AllowInf, Note, auto, input_path, validate
 from easyrl.config.judge import JudgeConfig
 from easyrl.config.role import CriticConfig, Dtype, OffloadConfig
 from easyrl.errors import ConfigError
@@ -39,10 +39,10 @@ class MultiTurnConfig:
     """Environment (user) turns per trajectory at most (null: no limit but the token budget)."""
     max_tool_response_length: Annotated[int, POSITIVE] = 256
     """Characters of one tool's answer kept (longer ones are cut)."""
-    format: str = "hermes"
+    format: str = input_path("hermes")
     """Tool-call parser: ``hermes`` (Qwen2.5/Qwen3/Qwen3-VL ``<tool_call>{json}</tool_call>``) or
     ``path/to/file.py:function`` taking the assistant text and returning a list of ``{"name", "arguments"}`` dicts."""
-    tools: list[str] = field(default_factory=list)
+    tools: list[str] = input_path(default_factory=list)
     """``path/to/file.py:function`` per tool; the JSON schema comes from the signature and the Google-style
     docstring (``transformers.utils.get_json_schema``) and goes into the chat template as ``tools=``."""
     tool_timeout_s: Annotated[float, POSITIVE] = 30.0
@@ -52,7 +52,7 @@ class MultiTurnConfig:
     max_turn_tokens: TURNS = None
     """Tokens one assistant turn may generate at most (null: the rest of ``data.max_response_length``); a turn cut
     by it is parsed for tool calls like any other."""
-    environment: Optional[str] = None
+    environment: Optional[str] = input_path()
     """``path/to/file.py:function``, called as ``fn(messages)`` after an assistant turn without a tool call:
     returns the next user/environment message (a string, or a ``{"role", "content"}`` dict) or None (done)."""
     patience: Optional[Annotated[float, AllowInf(), NON_NEGATIVE,
@@ -169,9 +169,9 @@ class RewardModelConfig:
     over the workers like the reference policy; its score of each sample is ``score/reward_model`` and adds
     ``weight x score`` to the sample's reward (``overall``)."""
 
-    model_path: Optional[str] = None
+    model_path: Optional[str] = input_path()
     """A hub id or local folder of the reward model; null: no reward model."""
-    tokenizer_path: Optional[str] = None
+    tokenizer_path: Optional[str] = input_path()
     """The reward model's tokenizer (its chat template); null: ``model_path``."""
     weight: float = 1.0
     """The score's weight in the reward: ``overall = rule overall + weight x score``. Without a rule reward
@@ -187,7 +187,7 @@ class RewardModelConfig:
     """Tokens of one reward-model input (chat-templated prompt + response) at most; a longer input keeps its last
     ``max_length`` tokens (the end of the response, where the model reads its score) and is counted in
     ``reward_model/truncated``. null: no limit."""
-    chat_template: Optional[str] = None
+    chat_template: Optional[str] = input_path()
     """A Jinja chat template (or a file holding one) replacing the reward model tokenizer's own; it is applied to
     ``[{role: user, content: prompt}, {role: assistant, content: response}]``. null: the tokenizer's template."""
     trust_remote_code: bool = False
@@ -235,7 +235,7 @@ class RewardConfig:
     reward_type: Literal["auto", "batch", "sequential"] = "auto"
     """batch: the function receives all samples; sequential: one sample per call; auto: the reward file's
     ``REWARD_TYPE``, else batch (other libraries' reward functions: ``easyrl.rewards.styles``)."""
-    reward_function: Optional[str] = None
+    reward_function: Optional[str] = input_path()
     """``path/to/file.py:function_name``; ``path/to/file.py`` alone names ``main``."""
     reward_function_kwargs: dict[str, Any] = field(default_factory=dict)
     skip_special_tokens: bool = True

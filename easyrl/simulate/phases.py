@@ -244,6 +244,24 @@ def _state_bytes(policy) -> int:
 UPDATES = {"actor": "update_policy", "critic": "update_critic"}  # the update method of each trained model
 
 
+def update_batches(config: PPOConfig) -> dict[str, tuple]:
+    """``{"actor": (micro, first, later), "critic": ...}`` (the critic with one): the micro-batch size of each trained
+    model's update, and the host rows a first and a later optimizer step of one rank take, as the trainer sends them.
+    A first step holds one micro-batch's token budget; a later one two when the rank's mini-batch
+    (``PPOConfig.mini_batch_samples``, the worker's) holds more than one micro-batch, so that gradients accumulate."""
+    cfg = config.worker
+    roles = {"actor": cfg.actor} | ({"critic": cfg.critic} if config.algorithm.needs_critic else {})
+    batches = {}
+    for name, role in roles.items():
+        micro = role.micro_batch_size_per_device_for_update
+        path = role.model.model_path or cfg.actor.model.model_path  # the critic's null: the actor's checkpoint
+        grid = vision_grid(config, path, role.model.trust_remote_code)
+        batch = budget_batch(config, config.token_budget(micro, role), grid)
+        batches[name] = (micro, batch, budget_batch(config, 2 * config.token_budget(micro, role), grid)
+                         if config.mini_batch_samples(name) > micro else batch)
+    return batches
+
+
 def simulate_updates(config: PPOConfig, spec: DeviceSpec,
                      log: Callable[[str], None] = print) -> list[PhaseResult]:
     """The actor's update (and the critic's, with one) at the update token budget on fake CPU tensors (autograd
@@ -253,16 +271,7 @@ def simulate_updates(config: PPOConfig, spec: DeviceSpec,
     from easyrl.workers.policy import FSDPPolicy
 
     cfg, cpu = config.worker, torch.device("cpu")
-    roles = {"actor": cfg.actor} | ({"critic": cfg.critic} if config.algorithm.needs_critic else {})
-    batches = {}  # real host tensors, as the trainer sends them (made before the fake mode): a first, a later step's
-    for name, role in roles.items():
-        micro = role.micro_batch_size_per_device_for_update
-        mini = role.global_batch_size * cfg.rollout.n // config.world_size  # samples per optimizer step
-        path = role.model.model_path or cfg.actor.model.model_path  # the critic's null: the actor's checkpoint
-        grid = vision_grid(config, path, role.model.trust_remote_code)
-        batch = budget_batch(config, config.token_budget(micro, role), grid)
-        batches[name] = (micro, batch, budget_batch(config, 2 * config.token_budget(micro, role), grid)
-                         if mini > micro else batch)
+    batches = update_batches(config)  # real host tensors (made before the fake mode)
     results = []
     with simulated_rank(spec, config.world_size, "cpu") as (mesh, mode):
         start = time.perf_counter()
@@ -274,7 +283,7 @@ def simulate_updates(config: PPOConfig, spec: DeviceSpec,
             for name, model in models.items():  # the first steps create the AdamW states of every model
                 micro, batch, _ = batches[name]
                 getattr(model, UPDATES[name])(batch, len(batch), micro)
-        offloaded = sum(_state_bytes(model) for name, model in models.items() if roles[name].offload.offload_params)
+        offloaded = sum(_state_bytes(model) for name, model in models.items() if getattr(cfg, name).offload.offload_params)
         for name, model in models.items():
             micro, _, accumulated = batches[name]
             mode.reset_peak()

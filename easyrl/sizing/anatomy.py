@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from easyrl.config.role import DTYPES
+
 GIB = 2**30
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+DTYPE_BYTES = {name: spec.bytes for name, spec in DTYPES.items()}
 
 
 @dataclass(frozen=True)

@@ -18,11 +18,12 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully
 from torch.distributed.tensor import DTensor, Replicate
 
 from easyrl.config import ActorConfig, FSDPConfig, OffloadConfig
+from easyrl.config.role import DTYPES
 from easyrl.device import torch_device
 from easyrl.models.hf_folder import hf_model_class
 from easyrl.models.packed_linear_attention import split_linear_attention_at_sequences
 
-TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+TORCH_DTYPES = {name: getattr(torch, spec.torch_name) for name, spec in DTYPES.items()}
 
 
 def param_device(device: str, offload_params: bool) -> str:

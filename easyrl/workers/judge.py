@@ -10,8 +10,8 @@ import os
 from typing import Any, Optional
 
 from easyrl.config.judge import JudgeConfig
+from easyrl.config.role import DTYPES
 from easyrl.quiet import verbose
-from easyrl.workers.rollout import _DTYPES
 
 
 def judge_engine_arguments(config: JudgeConfig, device: str, seed: int, enforce_eager: bool) -> dict[str, Any]:
@@ -19,8 +19,9 @@ def judge_engine_arguments(config: JudgeConfig, device: str, seed: int, enforce_
     images or videos, prefix caching; on GPUs/NPUs ``gpu_memory_utilization`` and no sleep mode. ``seed`` and
     ``enforce_eager`` are the rollout's.
     """
+    dtype = DTYPES[config.dtype].torch_name if config.dtype in DTYPES else config.dtype  # "auto": vLLM's choice
     kwargs: dict[str, Any] = dict(
-        model=config.model_path, dtype=_DTYPES.get(config.dtype, config.dtype), seed=seed,
+        model=config.model_path, dtype=dtype, seed=seed,
         max_model_len=config.max_model_len, max_num_batched_tokens=max(8192, config.max_model_len),
         enforce_eager=enforce_eager, limit_mm_per_prompt={"image": 0, "video": 0}, disable_log_stats=True,
         use_tqdm_on_load=verbose(), enable_prefix_caching=True)

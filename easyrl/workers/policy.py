@@ -4,7 +4,7 @@ and policy-gradient updates. The trainable actor, and frozen, the reference poli
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -12,7 +12,7 @@ from transformers import AutoConfig
 
 from easyrl.algorithms.kl import kl_penalty
 from easyrl.algorithms.loss_agg import agg_loss
-from easyrl.algorithms.policy_losses import POLICY_LOSSES, PolicyLossInputs, PolicyLossSettings
+from easyrl.algorithms.policy_losses import POLICY_LOSSES, LossOut, PolicyLossInputs, PolicyLossSettings
 from easyrl.algorithms.rollout_correction import correct_rollout, log_prob_diff_median
 from easyrl.batch import Batch
 from easyrl.config import ActorConfig
@@ -64,7 +64,7 @@ class FSDPPolicy(FSDPTrainable):
         (``sync_threshold``) runs before the optimizer step, raising ``WeightSyncError`` before any weight changes.
         Returns metric name -> values (per micro-batch or per optimizer step)."""
         cfg = self.config
-        policy_loss_fn = POLICY_LOSSES.get(cfg.loss_type)
+        loss_fn, settings = POLICY_LOSSES.get(cfg.loss_type), PolicyLossSettings.of(cfg)
         on_policy = "old_log_probs" not in data
         if on_policy and (cfg.ppo_epochs != 1 or mini_batch_size < len(data)):
             raise ValueError("old_log_probs are needed: this update takes several optimizer steps (ppo_epochs="
@@ -72,7 +72,7 @@ class FSDPPolicy(FSDPTrainable):
         self.on_policy_log_probs = torch.zeros(data["response_mask"].shape) if on_policy else None
 
         def backward_micro(indices: torch.Tensor, micro: Batch, agg_kwargs: dict, step_metrics: dict) -> None:
-            log_probs = self._backward_micro(micro, policy_loss_fn, agg_kwargs, step_metrics)
+            log_probs = self._backward_micro(micro, lambda inputs: loss_fn(inputs, settings), agg_kwargs, step_metrics)
             if on_policy:
                 self.on_policy_log_probs[indices] = log_probs.float().cpu()
 
@@ -86,7 +86,7 @@ class FSDPPolicy(FSDPTrainable):
         return self.run_epochs(data, mini_batch_size, micro_batch_size, backward_micro, role="actor",
                                before_step=check_sync if checks else None)
 
-    def _backward_micro(self, micro: Batch, policy_loss_fn, agg_kwargs: dict,
+    def _backward_micro(self, micro: Batch, policy_loss: Callable[[PolicyLossInputs], LossOut], agg_kwargs: dict,
                         step_metrics: dict[str, float]) -> torch.Tensor:
         """Loss of one micro-batch (scaled for global normalisation) and its backward pass; adds to ``step_metrics``
         the micro-batch's share of each loss (they sum to the mini-batch value) and the share-weighted ratios.
@@ -111,9 +111,9 @@ class FSDPPolicy(FSDPTrainable):
                 rollout_rs_threshold=cfg.rollout_rs_threshold)
             for key, value in corr_metrics.items():
                 step_metrics[key] += value * share
-        pg_loss, pg_metrics = policy_loss_fn(
+        pg_loss, pg_metrics = policy_loss(
             PolicyLossInputs(old_log_probs, log_probs, advantages, loss_mask, rollout_is_weights=tis_weights,
-                             agg_kwargs=agg_kwargs), PolicyLossSettings.of(cfg))
+                             agg_kwargs=agg_kwargs))
         entropy_loss = agg_loss(entropy, mask, cfg.loss_agg_mode, **agg_kwargs)
         loss = pg_loss - cfg.entropy_coeff * entropy_loss
         if cfg.use_kl_loss and not cfg.disable_kl:

@@ -17,6 +17,7 @@ import torch
 from tqdm import tqdm
 
 from easyrl.config import RolloutConfig
+from easyrl.config.role import DTYPES
 from easyrl.models.expert_layout import to_checkpoint_layout
 from easyrl.quiet import verbose
 from easyrl.workers import vllm_compat
@@ -27,8 +28,6 @@ from easyrl.workers.weight_sync import reload_and_report, sleep_level
 
 logger = logging.getLogger("easyrl.rollout")
 
-_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-
 
 def engine_arguments(model_path: str, config: RolloutConfig, device: str, seed: int, vision: bool) -> dict[str, Any]:
     """The ``vllm.LLM`` keyword arguments of the colocated engine (a pure function of the settings):
@@ -38,7 +37,7 @@ def engine_arguments(model_path: str, config: RolloutConfig, device: str, seed: 
     max_model_len = config.prompt_length + config.response_length
     engine_kwargs: dict[str, Any] = dict(
         model=model_path,
-        dtype=_DTYPES.get(config.dtype, config.dtype),
+        dtype=DTYPES[config.dtype].torch_name,
         seed=seed,
         max_model_len=max_model_len,
         max_num_batched_tokens=max(config.max_num_batched_tokens, max_model_len),
