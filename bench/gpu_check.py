@@ -1,6 +1,6 @@
 """`make gpu-check`: easyrl's actor half on one accelerator at world size 1, measured beside `easyrl simulate` and the
 pre-flight estimate (issue #36). No vLLM, no Ray: `FSDPPolicy` and what it calls, on the 3B geo3k recipe
-(config.yaml + Qwen2.5-VL-3B-Instruct from examples/model_configs, random weights, one image per prompt at the
+(config.yaml + Qwen2.5-VL-3B-Instruct from easyrl/model_configs, random weights, one image per prompt at the
 largest size a prompt holds, the recipe's token budgets).
 
 Why the 3B: at world size 1 the 7B's fp32 weights, gradients and AdamW states take 124 GiB (the estimate); offloaded,
@@ -129,7 +129,7 @@ def recipe_config(model_path: str, tiny: bool, device: str, *extra: str):
 def config_dir(tiny: bool, scratch: Path) -> str:
     """A folder holding the model's config.json: the shipped 3B's, or the tiny Qwen2.5-VL's written to ``scratch``."""
     if not tiny:
-        return str(REPO / "examples" / "model_configs" / MODEL.split("/")[-1])
+        return str(REPO / "easyrl" / "model_configs" / MODEL.split("/")[-1])
     from easyrl.testing.tiny import tiny_config
 
     folder = scratch / "tiny_config"

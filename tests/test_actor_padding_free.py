@@ -292,7 +292,7 @@ def test_npu_sliding_window_families_take_the_packed_sdpa(model_type, windowed):
 def test_windows_as_transformers_reads_the_configs():
     """Qwen2/Qwen3 keep their 4096 window only with use_sliding_window; a Phi-3 config with a window (Phi-3-mini's
     2047) counts; a Qwen-VL config is read through its text config. Of the released configs in
-    examples/model_configs only Gemma 3's windows (Mistral v0.3, Mixtral, Qwen: sliding_window null)."""
+    easyrl/model_configs only Gemma 3's windows (Mistral v0.3, Mixtral, Qwen: sliding_window null)."""
     from transformers import Phi3Config, Qwen2_5_VLConfig, Qwen2Config
 
     from easyrl.models.families import attends_in_windows
@@ -306,7 +306,7 @@ def test_windows_as_transformers_reads_the_configs():
 
     from transformers import AutoConfig
 
-    folders = sorted(p.parent for p in (Path(__file__).parents[1] / "examples/model_configs").glob("*/config.json"))
+    folders = sorted(p.parent for p in (Path(__file__).parents[1] / "easyrl/model_configs").glob("*/config.json"))
     windowed = {f.name for f in folders if attends_in_windows(AutoConfig.from_pretrained(f))}
     assert len(folders) > 20 and windowed == {"gemma-3-1b-it"}
 

@@ -73,7 +73,7 @@ def test_one_step_off_trains_one_step_old_samples_judged_and_sends_the_weights(e
                              "worker.rollout.update_weights_bucket_megabytes=1",  # several buckets, one per broadcast
                              "algorithm.use_kl_loss=false",  # no reference model: a shorter run
                              f"worker.reward.judge.model_path={smollm2_path()}",  # on the trainer's worker
-                             f"worker.reward.judge.prompt_template={REPO / 'examples/judge/judge.jinja'}",
+                             f"worker.reward.judge.prompt_template={REPO / 'easyrl/rewards/judge.jinja'}",
                              "worker.reward.judge.max_tokens=8", "worker.reward.judge.max_model_len=1024")
     with trainer_on_ray(config, worker_cls=InspectableWorker) as trainer:
         trainer.fit()

@@ -1,7 +1,7 @@
 """End to end with an LLM judge (``worker.reward.judge``, issue #23): one GRPO step of the tiny text policy in which
 SmolLM2-135M-Instruct, served by a second vLLM engine on each worker, judges every response; its parsed scores must
 equal a direct vLLM call (same engine settings, greedy) on the same prompts, and verdicts the parser cannot read are
-counted and scored ``unparseable_score`` without stopping the run. The judge prompt is ``examples/judge/judge.jinja``
+counted and scored ``unparseable_score`` without stopping the run. The judge prompt is ``easyrl/rewards/judge.jinja``
 plus, for problems longer than 40 characters, a filler that overflows the judge's context
 (``tests/reward_functions/judge_overflow.jinja``): those verdicts are unparseable whatever the model says, beside
 SmolLM2's own verdicts without a number."""

@@ -49,7 +49,7 @@ def test_judge_model_folder_that_does_not_exist(expect_user_error, tmp_path):  #
 def test_judge_template_that_does_not_exist(expect_user_error, tmp_path):  # J07
     judge = _judge(tmp_path, prompt_template=str(tmp_path / "nope.jinja"))
     expect_user_error(lambda: check_judge_files(judge), "config", f"{KEY}.prompt_template", "nope.jinja",
-                      "examples/judge/judge.jinja")
+                      "easyrl/rewards/judge.jinja")
 
 
 def test_judge_template_with_a_syntax_error_names_the_line(expect_user_error, tmp_path):  # J08

@@ -168,8 +168,9 @@ def test_val_only_routes_the_training_command_to_eval(tmp_path, capsys):
 
 
 def test_eval_with_model_needs_no_model_path_in_the_config(tmp_path, monkeypatch):
-    """The README's example, ``easyrl eval config=examples/configs/cpu_demo.yaml model=FOLDER``: the demo config has
-    no ``model_path``, so ``model=`` applies before the config's checks (it once exited 2, "model_path is not set")."""
+    """The example of docs/commands.md, ``easyrl eval config=examples/configs/cpu_demo.yaml model=FOLDER``: the demo
+    config has no ``model_path``, so ``model=`` applies before the config's checks (it once exited 2, "model_path is
+    not set")."""
     from easyrl.trainer import evaluation
 
     seen = {}

@@ -25,8 +25,8 @@ SHORT_ROWS = ("data.max_prompt_length=512", "data.max_response_length=512")  # 1
 
 
 def _model(folder: Path, layers: int = 2) -> str:
-    """Qwen2.5-7B-Instruct's config.json (examples/model_configs) with ``layers`` layers."""
-    config = json.loads((ROOT / "examples" / "model_configs" / "Qwen2.5-7B-Instruct" / "config.json").read_text())
+    """Qwen2.5-7B-Instruct's config.json (easyrl/model_configs) with ``layers`` layers."""
+    config = json.loads((ROOT / "easyrl" / "model_configs" / "Qwen2.5-7B-Instruct" / "config.json").read_text())
     config.update(num_hidden_layers=layers, layer_types=config["layer_types"][:layers])
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(config))

@@ -23,8 +23,8 @@ TOLERANCE = 0.10
 
 
 def _model(folder: Path, layers: int, **widths) -> str:
-    """Qwen2.5-7B-Instruct's config.json (examples/model_configs) with ``layers`` layers and ``widths`` changed."""
-    config = json.loads((ROOT / "examples" / "model_configs" / "Qwen2.5-7B-Instruct" / "config.json").read_text())
+    """Qwen2.5-7B-Instruct's config.json (easyrl/model_configs) with ``layers`` layers and ``widths`` changed."""
+    config = json.loads((ROOT / "easyrl" / "model_configs" / "Qwen2.5-7B-Instruct" / "config.json").read_text())
     config.update(num_hidden_layers=layers, layer_types=config["layer_types"][:layers], **widths)
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(config))

@@ -1,5 +1,5 @@
 """The model-family registry (``easyrl.models.families``): its hooks, the refusal of other families, and docs/models.md
-checked against it, the parity tests and examples/model_configs (the table cannot drift)."""
+checked against it, the parity tests and easyrl/model_configs (the table cannot drift)."""
 
 from __future__ import annotations
 
@@ -40,12 +40,12 @@ def test_models_doc_has_one_row_per_family_with_its_traits():
 def test_models_doc_claims_only_what_is_tested():
     """"parity": the family is in tests/test_model_families.py's parametrizations (``TINY_FAMILIES``, and
     ``TINY_VL_ARCHS`` with images) and back;
-    "simulate (NAME)": examples/model_configs/NAME/config.json is of that model_type; "step (TEST)": the test exists."""
+    "simulate (NAME)": easyrl/model_configs/NAME/config.json is of that model_type; "step (TEST)": the test exists."""
     for model_type, (_name, _modality, _experts, tested, _limits) in _rows().items():
         assert ("parity" in tested) == (model_type in TINY_FAMILIES or model_type in TINY_VL_ARCHS), model_type
         assert ("with images" in tested) == (model_type in TINY_VL_ARCHS), model_type
         for name in re.findall(r"simulate \(([^)]+)\)", tested):
-            config = json.loads((REPO / "examples/model_configs" / name / "config.json").read_text())
+            config = json.loads((REPO / "easyrl/model_configs" / name / "config.json").read_text())
             assert config["model_type"] == model_type, (model_type, name)
         for test in re.findall(r"step \(`([^`]+)`\)", tested):
             assert (REPO / test).is_file(), test

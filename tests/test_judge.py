@@ -61,7 +61,7 @@ def test_parser_from_a_file_and_by_name(tmp_path):
 
 def test_the_default_template_renders_problem_response_and_ground_truth():
     prompt = JudgePrompt(None)
-    assert Path(prompt.path) == DEFAULT_TEMPLATE == REPO / "examples/judge/judge.jinja"
+    assert Path(prompt.path) == DEFAULT_TEMPLATE == REPO / "easyrl/rewards/judge.jinja"
     text = prompt.render("What is 2+2?", "  It is 5.  ", "4")
     assert "What is 2+2?" in text and "It is 5." in text and "Reference answer: 4" in text
 

@@ -71,7 +71,7 @@ def _text(folder) -> ModelShape:
 
 
 def test_model_shape_reads_text_config_and_experts():
-    root = Path(__file__).resolve().parents[1] / "examples" / "model_configs"
+    root = Path(__file__).resolve().parents[1] / "easyrl" / "model_configs"
     assert _text(root / "Qwen2.5-VL-3B-Instruct") == ModelShape(2048, 36, 11008, True)
     # a mixture of experts: 8 experts of width 768 per token, each token's hidden state routed to 8 of them
     assert _text(root / "Qwen3-VL-30B-A3B-Instruct") == ModelShape(

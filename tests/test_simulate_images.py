@@ -11,8 +11,8 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-VL_7B = ROOT / "examples" / "model_configs" / "Qwen2.5-VL-7B-Instruct"
-VL_8B = ROOT / "examples" / "model_configs" / "Qwen3-VL-8B-Instruct"
+VL_7B = ROOT / "easyrl" / "model_configs" / "Qwen2.5-VL-7B-Instruct"
+VL_8B = ROOT / "easyrl" / "model_configs" / "Qwen3-VL-8B-Instruct"
 
 
 def _config(*overrides: str):

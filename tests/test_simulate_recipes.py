@@ -1,5 +1,5 @@
 """``easyrl simulate`` on every launch script in examples/ (their overrides on config.yaml, the recipes' models from
-examples/model_configs): each fits its documented devices and passes the device checks. Minutes per recipe on two
+easyrl/model_configs): each fits its documented devices and passes the device checks. Minutes per recipe on two
 cores, so under the ``slow`` marker (``make test-slow``); the default suite simulates a small model
 (tests/test_simulate.py)."""
 

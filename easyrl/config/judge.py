@@ -24,7 +24,7 @@ class JudgeConfig:
     prompt_template: Optional[str] = input_path()
     """Jinja2 file rendered per sample with ``problem`` (the dataset's ``data.prompt_key`` column), ``response`` (the
     decoded response) and ``ground_truth`` (the ``data.answer_key`` column); its text is the judge's user message
-    (the judge's chat template is applied). null: ``examples/judge/judge.jinja`` of the easyrl repository."""
+    (the judge's chat template is applied). null: ``easyrl/rewards/judge.jinja`` (shipped in the package)."""
     parser: str = input_path("number")
     """How a verdict becomes a score: ``number`` (the last number in the text), ``json`` (the last JSON object in the
     text, its ``json_key``), or ``path/to/file.py:function`` (``function(verdict: str) -> float | None``; None or an

@@ -16,7 +16,7 @@ import jinja2
 from easyrl.errors import ConfigError, check_signature
 from easyrl.rewards.function import load_function
 
-DEFAULT_TEMPLATE = Path(__file__).resolve().parents[2] / "examples" / "judge" / "judge.jinja"
+DEFAULT_TEMPLATE = Path(__file__).resolve().parent / "judge.jinja"
 """The template used when ``worker.reward.judge.prompt_template`` is null."""
 
 TEMPLATE_VARIABLES = ("problem", "response", "ground_truth")
@@ -92,7 +92,7 @@ class JudgePrompt:
         key = "worker.reward.judge.prompt_template"
         if not os.path.isfile(self.path):
             raise ConfigError(f"{key}={self.path!r} does not exist: give a Jinja file using {{{{ problem }}}}, "
-                              f"{{{{ response }}}} and {{{{ ground_truth }}}} (e.g. examples/judge/judge.jinja).")
+                              f"{{{{ response }}}} and {{{{ ground_truth }}}} (e.g. easyrl/rewards/judge.jinja).")
         with open(self.path, encoding="utf-8") as f:
             self.source = f.read()
         env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=False)

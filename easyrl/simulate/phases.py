@@ -36,8 +36,7 @@ from easyrl.sizing.anatomy import VisionShape, meta_model, vision_shape
 from easyrl.sizing.estimate import JUDGE
 from easyrl.sizing.vision import prompt_image_grid
 
-MODEL_CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                             "examples", "model_configs")
+MODEL_CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "model_configs")
 
 
 @dataclass
@@ -78,7 +77,7 @@ def simulated_rank(spec: DeviceSpec, world_size: int, kind: str) -> Iterator[tup
 
 
 def model_folder(model_path: str) -> str:
-    """``model_path`` when it holds a ``config.json``, else the shipped ``examples/model_configs/<name>``;
+    """``model_path`` when it holds a ``config.json``, else the shipped ``easyrl/model_configs/<name>``;
     ``ModelError`` when neither exists."""
     if os.path.isfile(os.path.join(model_path, "config.json")):
         return model_path
