@@ -102,6 +102,30 @@ def check_multi_turn(config: MultiTurnConfig) -> None:
 
 
 @dataclass
+class AgentConfig:
+    """A black-box agent trained through an OpenAI-compatible endpoint on the rollout engines (docs/agents.md, "Bring
+    your agent"): each sample is one agent session, its trajectory the tokens the engines sampled for its requests."""
+
+    entry_point: Optional[str] = input_path()
+    """``path/to/file.py:function``, called once per sample as ``fn(task=..., base_url=..., api_key=..., model=...)``
+    in a thread of its own: ``task`` the data row's columns (the prompt under ``prompt``, the answer under
+    ``ground_truth``), the other three for an ``openai.OpenAI(base_url=..., api_key=...)`` client and its ``model=``.
+    What it returns reaches the reward function as ``agent_result``. null: no agent."""
+    timeout_s: Annotated[float, POSITIVE] = 300.0
+    """Seconds one agent session may take; a later one is counted (``agent/timeouts``) and trains nothing."""
+    max_sessions: Annotated[int, POSITIVE] = 64
+    """Agent sessions run at once at most (threads on the driver)."""
+    tool_call_parser: Optional[str] = "hermes"
+    """vLLM's tool-call parser for the endpoint's chat completions (``vllm serve --tool-call-parser``; ``hermes`` for
+    Qwen2.5/Qwen3); null: tool calls are not parsed (the agent reads the text)."""
+
+    @property
+    def enabled(self) -> bool:
+        """Whether an agent is configured."""
+        return self.entry_point is not None
+
+
+@dataclass
 class RolloutConfig:
     """The colocated vLLM engine: sampling settings, memory, validation overrides."""
 
@@ -148,6 +172,8 @@ class RolloutConfig:
     max_pixels: int = auto("data.max_pixels", 4194304)
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     """Multi-turn rollouts with tools and an environment (docs/agents.md)."""
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    """A black-box agent served through an OpenAI-compatible endpoint (docs/agents.md, "Bring your agent")."""
     limit_videos: int = 0
     """Videos per prompt at most (vLLM's ``limit_mm_per_prompt``); raised at start-up to the most a row of the data
     has (a log line says so), so 0 is right for image and text data (vLLM then profiles no video)."""

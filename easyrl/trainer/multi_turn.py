@@ -238,8 +238,13 @@ def token_versions(response_mask: list[int], versions: list[int]) -> list[int]:
 
 def make_rollout(config, workers, tokenizer, pad_id: int, dataset=None,
                  stream: Optional[Callable[[], RequestStream]] = None):
-    """``MultiTurnRollout`` with ``worker.rollout.multi_turn.enable`` (tool images by ``dataset``'s VL processor;
-    ``stream``: see ``MultiTurnRollout``), else ``SingleTurnRollout``."""
+    """``AgentRollout`` with ``worker.rollout.agent.entry_point``, ``MultiTurnRollout`` with
+    ``worker.rollout.multi_turn.enable`` (tool images by ``dataset``'s VL processor), else ``SingleTurnRollout``;
+    ``stream``: the request stream they share (see ``MultiTurnRollout``)."""
+    if config.worker.rollout.agent.enabled:
+        from easyrl.trainer.agent_rollout import AgentRollout  # vLLM's serving layer: imported only for an agent
+
+        return AgentRollout(workers, config, tokenizer, pad_id, stream)
     if config.worker.rollout.multi_turn.enable:
         images = tool_images_for(dataset, config.worker.rollout.limit_images)
         return MultiTurnRollout(workers, config, tokenizer, pad_id, images, stream)

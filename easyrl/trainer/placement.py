@@ -76,11 +76,12 @@ class Split:
         self.streaming.close()
 
     def rollout(self, tokenizer: Any, dataset: Any) -> Rollout:
-        """The configured rollout on the shared stream: ``StreamingRollout``, or a ``MultiTurnRollout`` whose turns
-        it submits."""
-        return make_rollout(self.config, self.engines, tokenizer, self.pad_id, dataset,
-                            stream=lambda: self.stream) if self.config.worker.rollout.multi_turn.enable \
-            else self.streaming
+        """The configured rollout on the shared stream: ``StreamingRollout``, or a ``MultiTurnRollout`` or
+        ``AgentRollout`` whose turns or requests it submits."""
+        rollout = self.config.worker.rollout
+        if rollout.multi_turn.enable or rollout.agent.enabled:
+            return make_rollout(self.config, self.engines, tokenizer, self.pad_id, dataset, stream=lambda: self.stream)
+        return self.streaming
 
     def batches(self, generator: Generator, scorer: Scorer, position: Callable[[], Any],
                 training_steps: int) -> BatchSource:

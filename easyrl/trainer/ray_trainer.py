@@ -50,6 +50,7 @@ from easyrl.trainer.metrics import (
     rollout_mismatch_metrics,
     timer,
 )
+from easyrl.trainer.agent_rollout import agent_metrics
 from easyrl.trainer.batch_source import BatchSource
 from easyrl.trainer.multi_turn import multi_turn_metrics
 from easyrl.trainer.placement import Colocated, Split, start_placement
@@ -289,6 +290,7 @@ class RayPPOTrainer:
             batch = batch.select(np.argsort(order).tolist())  # back to the group order of generation
         metrics.update(compute_data_metrics(batch, cfg.data.max_prompt_length, cfg.data.max_response_length))
         metrics.update(multi_turn_metrics(batch))
+        metrics.update(agent_metrics(batch))
         if "reshard" in timing:  # the weight sync is reported apart from the generation that waited for it
             timing["gen"] = max(timing["gen"] - timing["reshard"], 0.0)
         metrics.update({f"timing_s/{name}": seconds for name, seconds in timing.items()})

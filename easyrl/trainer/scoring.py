@@ -55,7 +55,7 @@ class Scorer:
 
     def reward_inputs(self, batch: Batch) -> list[dict[str, Any]]:
         """The reward inputs: decoded response, its length in tokens, ground truth, the row's ``columns`` (and a
-        multi-turn rollout's ``messages`` and ``tool_calls``)."""
+        multi-turn rollout's ``messages`` and ``tool_calls``, an agent rollout's ``agent_result``)."""
         lengths = batch["response_mask"].sum(-1).tolist()
         # every token after the prompt (a multi-turn response holds tool turns, outside response_mask)
         ends = batch["attention_mask"][:, -batch["responses"].shape[1]:].sum(-1).tolist()
@@ -66,7 +66,7 @@ class Scorer:
         columns = batch["columns"] if "columns" in batch else [{}] * len(texts)
         inputs = [{"response": text, "response_length": int(n), "ground_truth": gt, "columns": row}
                   for text, n, gt, row in zip(texts, lengths, batch["ground_truth"], columns)]
-        for key in ("messages", "tool_calls"):  # multi-turn rollouts (easyrl.trainer.multi_turn, docs/agents.md)
+        for key in ("messages", "tool_calls", "agent_result"):  # multi-turn and agent rollouts (docs/agents.md)
             if key in batch:
                 for reward_input, value in zip(inputs, batch[key]):
                     reward_input[key] = value

@@ -13,7 +13,8 @@ SAMPLING_FIELDS = ("temperature", "top_p", "top_k")
 
 
 def stream_sample(stream: Callable[[], Any], response_length: int, *, follow_sampling: bool = False,
-                  executor: Optional[concurrent.futures.Executor] = None) -> Callable[..., Any]:
+                  executor: Optional[concurrent.futures.Executor] = None,
+                  overrides_of: Optional[Callable[[Any], Optional[dict[str, Any]]]] = None) -> Callable[..., Any]:
     """A ``sample`` for ``AgentEndpoint`` over the request stream ``stream()`` returns (called per request, so a
     stream re-made after ``close`` is picked up): submits ``token_prompt(prompt ids, budget, uid=session.id,
     seed=params.seed)`` and waits for it in ``executor`` (default: a thread pool of 256), returning a
@@ -21,8 +22,8 @@ def stream_sample(stream: Callable[[], Any], response_length: int, *, follow_sam
 
     ``budget``: the request's ``max_tokens`` (vLLM's serving layer sets it, within the context) cut to
     ``response_length`` tokens. The engine samples with the trainer's ``worker.rollout`` settings (the policy being
-    trained); ``follow_sampling`` passes the request's ``temperature`` / ``top_p`` / ``top_k`` instead as the stream's
-    overrides. Stop strings, stop token ids and the agent's ``max_tokens`` are applied by the endpoint to what comes
+    trained) or those ``overrides_of(session)`` returns (e.g. validation's); ``follow_sampling`` passes the request's
+    ``temperature`` / ``top_p`` / ``top_k`` instead as the stream's overrides. Stop strings, stop token ids and the agent's ``max_tokens`` are applied by the endpoint to what comes
     back (``SampleEngineClient.generate``). The future raises what ``RequestStream.wait`` raises (the engines' error,
     ``CancelledError`` when the stream was closed)."""
     pool = executor or concurrent.futures.ThreadPoolExecutor(max_workers=256, thread_name_prefix="easyrl-agent")
@@ -32,7 +33,10 @@ def stream_sample(stream: Callable[[], Any], response_length: int, *, follow_sam
 
         budget = min(params.max_tokens or response_length, response_length)
         prompt = token_prompt(prompt_ids, budget, uid=session.id, seed=params.seed)
-        overrides = {name: getattr(params, name) for name in SAMPLING_FIELDS} if follow_sampling else None
+        if follow_sampling:
+            overrides = {name: getattr(params, name) for name in SAMPLING_FIELDS}
+        else:
+            overrides = overrides_of(session) if overrides_of is not None else None
 
         def run() -> tuple:
             requests = stream()
