@@ -109,7 +109,8 @@ def test_multi_modal_inputs_are_written_once_and_referenced(tmp_path):
     assert back[0]["pixel_values"] is back[1]["pixel_values"]  # shared again, as the prompt's copies were
     assert back[2] == {} and back[3] == {}
     # a sample of the group whose tensor differs (a multi-turn tool image) gets its own
-    batch.extras["multi_modal_inputs"][1] = {"pixel_values": torch.ones(6, 4), "image_grid_thw": torch.tensor([[1, 2, 3]])}
+    batch.extras["multi_modal_inputs"][1] = {"pixel_values": torch.ones(6, 4),
+                                             "image_grid_thw": torch.tensor([[1, 2, 3]])}
     write_step(str(tmp_path), 2, batch)
     assert sorted(load_file(multi_modal_file(str(tmp_path), 2))) == [
         "0/image_grid_thw", "0/pixel_values", "1/pixel_values"]
