@@ -189,3 +189,31 @@ def test_a_missing_folder_or_step_is_named(tmp_path):
     write_step(str(tmp_path), 2, _batch())
     with pytest.raises(RunStateError, match=r"has no step 7 \(step_000007.parquet\); it holds steps 1-2"):
         read_step(str(tmp_path), 7)
+
+
+# -- easyrl rollouts -----------------------------------------------------------------------------------------------
+
+
+def test_easyrl_rollouts_prints_a_steps_samples(tmp_path, capsys, tiny_model_path):
+    from easyrl.cli import main
+
+    batch = _batch()
+    batch["advantages"] = torch.full((BSZ, RESPONSE), 0.5)
+    colocated = _batch(1)
+    del colocated.extras["weight_version"]
+    write_step(str(tmp_path), 1, colocated, {"reward/overall": 0.5})
+    write_step(str(tmp_path), 2, batch, {"reward/overall": 0.25, "actor/pg_loss": -0.125})
+    assert main(["rollouts", str(tmp_path), "--no-text"]) == 0  # the last step
+    head, columns, *rows = capsys.readouterr().out.splitlines()
+    assert head == f"{tmp_path}: steps 1-2; step 2: 4 samples, reward/overall 0.25, actor/pg_loss -0.125"
+    assert columns.split() == ["index", "uid", "prompt", "response", "reward", "advantage", "version"]
+    assert [row.split() for row in rows] == [
+        ["0", "g0", "2", "3", "1", "0.5", "3"], ["1", "g0", "3", "5", "0", "0.5", "3"],
+        ["2", "g1", "1", "1", "0", "0.5", "2"], ["3", "g1", "3", "2", "0", "0.5", "2"]]
+    
+    assert main(["rollouts", str(tmp_path), "--step", "1", "--rows", "1", "--width", "12",
+                 "--tokenizer", str(tiny_model_path("qwen2_5"))]) == 0
+    head, columns, *rows = capsys.readouterr().out.splitlines()
+    assert columns.split()[-1] == "text" and len(rows) == 1
+    assert rows[0].split()[6] == "0"  # a colocated step 1: the weights after 0 steps, the file's derived column
+    assert len(rows[0]) - len(columns.rsplit("text", 1)[0]) <= 12  # the decoded response, cut to --width
