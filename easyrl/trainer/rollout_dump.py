@@ -429,7 +429,8 @@ def check_replay(config, start_step: int, training_steps: int) -> None:
         raise RunStateError(
             f"{key} holds steps {describe_steps(held)}, but this run would replay steps {describe_steps(wanted)} "
             f"(from {'its checkpoint at step ' + str(start_step) if start_step else 'the model, step 0'} to step "
-            f"{training_steps}): steps {describe_steps(missing)} are not in the dump. To replay, {hint}.")
+            f"{training_steps}): {'step' if len(missing) == 1 else 'steps'} {describe_steps(missing)} "
+            f"{'is' if len(missing) == 1 else 'are'} not in the dump. To replay, {hint}.")
     here = os.path.abspath(config.trainer.save_checkpoint_path)
     if here == saved.get("checkpoint_dir"):
         raise RunStateError(
