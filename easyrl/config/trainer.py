@@ -113,8 +113,8 @@ class TrainerConfig:
     log-probs and advantages), for ``easyrl rollouts`` and a replay (``load_rollout_data_dir``); e.g.
     ``<run_dir>/rollouts``. Format: docs/replay.md."""
     rollout_data_limit: Annotated[int, POSITIVE_OR_OFF] = -1
-    """Keep the newest this many steps in ``rollout_data_dir``; -1 keeps all (a step of ``bsz`` samples takes about
-    ``bsz x (prompt + response length) x 30`` bytes before compression)."""
+    """Keep the newest this many steps in ``rollout_data_dir``; -1 keeps all (on disk a step takes about 22 bytes per
+    prompt or response token it holds, padding aside: 64 samples of 2.7k tokens are 4 MB; docs/replay.md)."""
     load_rollout_data_dir: Optional[str] = None
     """Replay a dump: train from the batches an earlier run wrote to its ``rollout_data_dir`` instead of generating
     (slime's ``--load-debug-rollout-data``): no rollout engine is built, step N trains the dumped step N (scored; the
