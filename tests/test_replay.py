@@ -185,3 +185,34 @@ def test_a_dumped_step_replays_to_the_same_update(tmp_path, overrides, passes):
     assert source.prompt_position() == {"epoch": 0, "loader": {"yielded": 8}}  # a replay's checkpoint continues there
     source.restart(2, None)
     assert source.prompt_position() is None
+
+
+def test_the_trainer_holds_the_dump_writer_of_its_config(tmp_path, tiny_model_path, monkeypatch):
+    """``init_workers`` with a stand-in placement: ``trainer.rollout_data_dir`` gives a writer whose manifest names
+    the run and whose position is the prompt stream's; none without the key."""
+    import json
+
+    import easyrl.trainer.ray_trainer as ray_trainer
+    from easyrl.trainer.placement import NoRollout
+
+    def trainer_of(*overrides):
+        trainer = ray_trainer.RayPPOTrainer.__new__(ray_trainer.RayPPOTrainer)
+        trainer.config = _config(f"worker.actor.model.model_path={tiny_model_path('qwen2_5')}",
+                                 f"trainer.runs_root={tmp_path}", *overrides)
+        trainer.tokenizer = trainer.train_dataset = trainer.val_dataset = trainer.scorer = None
+        trainer.pad_id, trainer.training_steps = 0, 2
+        trainer.train_dataloader = SimpleNamespace(state_dict=lambda: {"epoch": 7})
+        workers = SimpleNamespace(world_size=2, run_all=lambda method: ["cpu"])
+        monkeypatch.setattr(ray_trainer, "start_placement", lambda *args: SimpleNamespace(
+            workers=workers, rollout=lambda tokenizer, dataset: NoRollout(),
+            batches=lambda *args: SimpleNamespace(prompt_position=lambda: None)))
+        trainer.init_workers("cpu")
+        return trainer
+
+    assert trainer_of().rollout_dump is None
+    folder = tmp_path / "rollouts"
+    dump = trainer_of(f"trainer.rollout_data_dir={folder}").rollout_dump
+    assert dump.folder == str(folder) and dump.limit == -1 and dump.position() == {"epoch": 7}
+    manifest = json.loads((folder / "dump.json").read_text())
+    assert manifest["run_dir"] == str(tmp_path / "easyrl" / "cpu_demo") and manifest["training_steps"] == 2
+    assert manifest["samples"]["worker.rollout.n"] == 2 and manifest["identity"]["model"]["model_type"] == "qwen2"

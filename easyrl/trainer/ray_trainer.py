@@ -118,7 +118,8 @@ class RayPPOTrainer:
         self.validator = Validator(cfg, self.val_dataset, self.generator, self.scorer, self.tokenizer,
                                    self.model_rewards)
         self.checkpointer = Checkpointer(cfg.trainer, self.workers, run_identity(cfg))
-        self.rollout_dump = RolloutDump.create(cfg, self.training_steps, lambda: self.state_dict()["prompt_stream"])
+        self.rollout_dump = RolloutDump.create(  # the prompt stream's position a checkpoint would save
+            cfg, self.training_steps, lambda: self.batches.prompt_position() or self.train_dataloader.state_dict())
         # perf/mfu/*: the model's shape for the FLOPs formula and the devices' peak FLOP/s (None on the CPU: no MFU)
         model = cfg.worker.actor.model
         hf_config = AutoConfig.from_pretrained(model.model_path, trust_remote_code=model.trust_remote_code)
