@@ -216,3 +216,12 @@ def test_the_trainer_holds_the_dump_writer_of_its_config(tmp_path, tiny_model_pa
     manifest = json.loads((folder / "dump.json").read_text())
     assert manifest["run_dir"] == str(tmp_path / "easyrl" / "cpu_demo") and manifest["training_steps"] == 2
     assert manifest["samples"]["worker.rollout.n"] == 2 and manifest["identity"]["model"]["model_type"] == "qwen2"
+
+
+def test_a_relative_dump_in_a_config_file_is_found_next_to_it(tmp_path, monkeypatch):
+    (tmp_path / "dump").mkdir()
+    (tmp_path / "replay.yaml").write_text("trainer:\n  load_rollout_data_dir: dump\n")
+    monkeypatch.chdir(REPO)  # another folder than the file's
+    config = load_config([f"config={tmp_path / 'replay.yaml'}", "worker.actor.model.model_path=m",
+                          "data.val_files=null"])
+    assert config.trainer.load_rollout_data_dir == str(tmp_path / "dump")

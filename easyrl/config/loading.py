@@ -260,7 +260,7 @@ INPUT_PATHS: tuple[str, ...] = (
     "data.train_files", "data.val_files", "data.image_dir", "data.format_prompt",
     "worker.actor.model.model_path", "worker.actor.model.tokenizer_path",
     "worker.critic.model.model_path", "worker.critic.model.tokenizer_path",
-    "worker.reward.reward_function", "trainer.load_checkpoint_path",
+    "worker.reward.reward_function", "trainer.load_checkpoint_path", "trainer.load_rollout_data_dir",
     "worker.reward.judge.model_path", "worker.reward.judge.prompt_template", "worker.reward.judge.parser",
     "worker.reward.reward_model.model_path", "worker.reward.reward_model.tokenizer_path",
     "worker.reward.reward_model.chat_template", "worker.rollout.multi_turn.tools",
