@@ -175,6 +175,16 @@ def test_the_writer_records_the_prompt_position_and_times_itself(tmp_path):
     assert metrics["timing_s/rollout_dump"] >= 0
 
 
+def test_numpy_and_tensor_numbers_are_written_as_numbers(tmp_path):
+    import numpy as np
+
+    batch = _batch()
+    batch["rollout_seed"] = [np.int64(i) for i in range(BSZ)]  # not plain: JSON numbers
+    write_step(str(tmp_path), 1, batch, {"actor/lr": np.float32(0.5), "actor/n": torch.tensor(2.0), "bad": object()})
+    assert read_step(str(tmp_path), 1)["rollout_seed"] == [0, 1, 2, 3]
+    assert step_info(str(tmp_path), 1)["metrics"] == {"actor/lr": 0.5, "actor/n": 2.0}  # a value JSON lacks: left out
+
+
 def test_describe_steps():
     assert describe_steps([]) == "none"
     assert describe_steps([1, 2, 3, 5, 7, 8]) == "1-3, 5, 7-8"

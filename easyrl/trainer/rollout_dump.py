@@ -140,10 +140,17 @@ def _native(values: list[Any]) -> Optional[Any]:
     return array if same else None
 
 
+def _plain(value: Any) -> Any:
+    """``json.dumps``' fallback: numpy scalars and arrays, tensors as Python numbers and lists; else ``TypeError``."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON-able")
+
+
 def _json(values: list[Any]) -> Optional[list[str]]:
     """Each value as a JSON string, or None when one is not JSON-able."""
     try:
-        return [json.dumps(v) for v in values]
+        return [json.dumps(v, default=_plain) for v in values]
     except (TypeError, ValueError):
         return None
 
@@ -227,9 +234,10 @@ def write_step(folder: str, step: int, batch: Batch, metrics: Optional[dict[str,
         else:
             dropped[name] = f"not JSON-able ({type(next(v for v in values if v is not None)).__name__})"
     meta = {"format": FORMAT, "version": VERSION, "step": step, "samples": n, "tensors": tensors, "extras": extras,
-            "dropped": dropped, "multi_modal_file": mm_name, "metrics": metrics or {},
+            "dropped": dropped, "multi_modal_file": mm_name,
+            "metrics": {k: v for k, v in (metrics or {}).items() if _jsonable(v) is not None},
             "prompt_position": _jsonable(prompt_position)}
-    table = pa.table(columns).replace_schema_metadata({METADATA_KEY: json.dumps(meta).encode()})
+    table = pa.table(columns).replace_schema_metadata({METADATA_KEY: json.dumps(meta, default=_plain).encode()})
     path = step_file(folder, step)
     pq.write_table(table, path + ".tmp", compression="zstd")
     os.replace(path + ".tmp", path)
@@ -237,9 +245,9 @@ def write_step(folder: str, step: int, batch: Batch, metrics: Optional[dict[str,
 
 
 def _jsonable(value: Any) -> Any:
-    """``value`` when it survives JSON, else None."""
+    """``value`` when JSON can hold it (numpy and tensor numbers included, :func:`_plain`), else None."""
     try:
-        json.dumps(value)
+        json.dumps(value, default=_plain)
         return value
     except (TypeError, ValueError):
         return None
