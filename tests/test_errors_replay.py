@@ -105,9 +105,15 @@ def test_a_replay_of_steps_the_dump_lacks(expect_user_error, words, dump):  # P0
                                           1, 3), "run", "would replay steps 2-3", "step 3 is not")
 
 
-def test_a_replay_into_the_dumped_runs_checkpoints(expect_user_error, words, dump):  # P05
+def test_a_replay_into_the_dumped_runs_folder(expect_user_error, words, dump, tmp_path):  # P05
     expect_user_error(lambda: check_dumps(_config(words(f"trainer.load_rollout_data_dir={dump}")), 0, 2), "run",
-                      "where this replay would save its own (over the dumped run's)", "trainer.experiment_name")
+                      "where this replay would write its own metrics, checkpoints and export over the dumped run's",
+                      "trainer.experiment_name")
+    elsewhere = f"trainer.save_checkpoint_path={tmp_path / 'checkpoints'}"  # the run folder is still the dumped one's
+    expect_user_error(lambda: check_dumps(_config(words(f"trainer.load_rollout_data_dir={dump}", elsewhere)), 0, 2),
+                      "run", f"was dumped by the run in {os.path.dirname(dump)}")
+    into = f"trainer.save_checkpoint_path={os.path.dirname(dump)}"  # a run folder of its own, the dumped checkpoints
+    expect_user_error(_replay(words, dump, into), "run", "over the dumped run's")
 
 
 def test_a_dump_into_another_runs_dump(expect_user_error, words, dump):  # P08

@@ -439,12 +439,12 @@ def check_replay(config, start_step: int, training_steps: int) -> None:
             f"(from {'its checkpoint at step ' + str(start_step) if start_step else 'the model, step 0'} to step "
             f"{training_steps}): {'step' if len(missing) == 1 else 'steps'} {describe_steps(missing)} "
             f"{'is' if len(missing) == 1 else 'are'} not in the dump. To replay, {hint}.")
-    here = os.path.abspath(config.trainer.save_checkpoint_path)
-    if here == saved.get("checkpoint_dir"):
+    if (os.path.abspath(config.trainer.run_dir) == saved.get("run_dir")
+            or os.path.abspath(config.trainer.save_checkpoint_path) == saved.get("checkpoint_dir")):
         raise RunStateError(
-            f"{key} was dumped by the run whose checkpoints are in {here}, where this replay would save its own "
-            "(over the dumped run's): give the replay its own trainer.experiment_name (or "
-            "trainer.save_checkpoint_path).")
+            f"{key} was dumped by the run in {saved.get('run_dir')} (checkpoints in {saved.get('checkpoint_dir')}), "
+            "where this replay would write its own metrics, checkpoints and export over the dumped run's: give the "
+            "replay its own trainer.experiment_name (and trainer.save_checkpoint_path, if set).")
     free_dicts = tuple(k for k, is_dict in valid_keys(PPOConfig).items() if is_dict)
     changes = training_changes(saved.get("config", {}), json.loads(json.dumps(to_dict(config), default=str)),
                                free_dicts)
