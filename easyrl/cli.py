@@ -5,6 +5,7 @@
     easyrl export CHECKPOINT OUT                  a Hugging Face folder from a checkpoint (python -m easyrl.export)
     easyrl plot RUN_DIR ...                       plot runs' metrics.jsonl (python -m easyrl.plot)
     easyrl simulate config=FILE.yaml [--device D] one step's memory on simulated devices (python -m easyrl.simulate)
+    easyrl rollouts FOLDER [--step N]             a table of a rollout dump's step (python -m easyrl.rollouts)
     easyrl --version
 
 Each command's ``--help`` names itself; bare ``easyrl`` prints the help. A new command is one entry of ``COMMANDS``.
@@ -26,6 +27,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plot": ("easyrl.plot", "plot runs' metrics.jsonl to a PNG and an HTML page: easyrl plot RUN_DIR ..."),
     "simulate": ("easyrl.simulate.__main__", "memory and device placement of one step on simulated devices: easyrl "
                  "simulate config=FILE.yaml [--device h100|h200|a100-40|a100-80|910b] [--json]"),
+    "rollouts": ("easyrl.rollouts", "a table of one step's samples of a rollout dump (trainer.rollout_data_dir): "
+                 "easyrl rollouts FOLDER [--step N]"),
 }
 
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from easyrl.config.actor import check_distillation
 from easyrl.config.algorithm import check_bypass_mode
 from easyrl.config.judge import check_judge
-from easyrl.config.placement import check_rollout_mode
+from easyrl.config.placement import check_replay, check_rollout_mode
 from easyrl.config.worker import check_multi_turn, check_reward_model
 from easyrl.errors import ConfigError
 
@@ -162,6 +162,7 @@ def check_config(config: PPOConfig) -> None:
     check_distillation(config)
     check_bypass_mode(config)
     check_rollout_mode(config)
+    check_replay(config)
 
 
 class ConfigWarning(UserWarning):

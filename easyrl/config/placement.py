@@ -1,6 +1,7 @@
 """``trainer.rollout_mode``: where the rollout engines run and how far ahead of the training they generate
-(``Placement``, decided once here; the trainer holds the parts it chooses), and what a split placement (rollout engines
-on devices of their own) needs, checked before anything starts (docs/async.md)."""
+(``Placement``, decided once here; the trainer holds the parts it chooses), whether there are engines at all (a replay
+of a rollout dump, ``trainer.load_rollout_data_dir``, has none: docs/replay.md), and what a split placement (rollout
+engines on devices of their own) and a replay need, checked before anything starts (docs/async.md)."""
 
 from __future__ import annotations
 
@@ -24,12 +25,20 @@ class Placement:
     """The prompt groups of one generation call ahead: ``data.rollout_batch_size`` one step off (a whole batch),
     ``data.generation_batch_size`` async (``data.mini_rollout_batch_size`` when set)."""
     engine_devices: int
-    """The split engines' devices, ``trainer.nnodes x worker.rollout.n_gpus_per_node`` (0 colocated)."""
+    """The split engines' devices, ``trainer.nnodes x worker.rollout.n_gpus_per_node`` (0 colocated or replayed)."""
+    engines: bool = True
+    """Rollout engines are built. False for a replay (``trainer.load_rollout_data_dir``): the trainer's workers hold
+    the model roles alone, each step's batch is read from the dump, scored (its judge and reward-model scores
+    included), and ``max_staleness`` is that of the dumped run's ``trainer.rollout_mode``."""
 
 
 def placement_of(config) -> Placement:
-    """The ``Placement`` that ``config.trainer.rollout_mode`` names (``config``: a ``PPOConfig``)."""
+    """The ``Placement`` that ``config.trainer.rollout_mode`` names, or a replay's (``trainer.load_rollout_data_dir``
+    set: no engines; ``config``: a ``PPOConfig``)."""
     mode, data = config.trainer.rollout_mode, config.data
+    if config.trainer.load_rollout_data_dir is not None:  # a replay: the samples' staleness is the dumped run's
+        staleness = {"colocated": 0, "one_step_off": 1}.get(mode, config.trainer.max_staleness)
+        return Placement(False, staleness, data.rollout_batch_size, 0, engines=False)
     if mode == "colocated":
         return Placement(False, 0, data.rollout_batch_size, 0)
     devices = config.trainer.nnodes * (config.worker.rollout.n_gpus_per_node or 0)
@@ -73,3 +82,20 @@ def check_rollout_mode(config) -> None:
                           f"rounds, each a whole batch on the engines, which {key} cannot run beside the requests it "
                           "keeps in flight there: set worker.rollout.multi_turn.patience=null (each trajectory's "
                           "turns by request), or trainer.rollout_mode=colocated.")
+
+
+def check_replay(config) -> None:
+    """``config`` (a ``PPOConfig``) replaying a dump (``trainer.load_rollout_data_dir``) asks for no validation, which
+    needs the engines a replay does not build. ``ConfigError`` naming the keys to set."""
+    trainer = config.trainer
+    if trainer.load_rollout_data_dir is None:
+        return
+    asked = [f"trainer.{key}=true" for key in ("val_only",) if trainer.val_only]
+    if config.data.val_files:
+        asked += ["trainer.val_before_train=true"] * trainer.val_before_train
+        asked += [f"trainer.val_freq={trainer.val_freq}"] * (trainer.val_freq > 0)
+    if asked:
+        raise ConfigError(f"trainer.load_rollout_data_dir={trainer.load_rollout_data_dir} replays a dump without "
+                          f"rollout engines, which validation needs ({', '.join(asked)}): set data.val_files=null "
+                          "(or trainer.val_before_train=false and trainer.val_freq=-1), and validate the result "
+                          "apart (easyrl eval).")

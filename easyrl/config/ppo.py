@@ -134,10 +134,10 @@ class PPOConfig:
     def sync_check_threshold(self) -> Optional[float]:
         """``worker.actor.rollout_sync_threshold`` where the weight-sync check applies: vLLM's log-probs are kept and
         are of the distribution the actor scores (no :attr:`sampling_mismatches`) by the weights the actor holds
-        (``trainer.rollout_mode: colocated``; split they are older), and the actor computes log-probs to compare them
-        with (not ``algorithm.bypass_mode``); else None."""
+        (``trainer.rollout_mode: colocated``, also when a replay's dump was; split they are older), and the actor
+        computes log-probs to compare them with (not ``algorithm.bypass_mode``); else None."""
         rollout = self.worker.rollout
-        same_weights = not self.placement.split
+        same_weights = self.placement.max_staleness == 0  # a replay: as the dumped run's mode says
         compared = rollout.calculate_log_probs and not self.sampling_mismatches and not self.algorithm.bypass_mode
         return self.worker.actor.rollout_sync_threshold if compared and same_weights else None
 

@@ -12,6 +12,7 @@ NEUTRAL_KEYS: tuple[str, ...] = (
     # the run's names, outputs, logging, resume switches, length
     "trainer.project_name", "trainer.experiment_name", "trainer.runs_root", "trainer.run_dir", "trainer.logger",
     "trainer.wandb_*", "trainer.save_*", "trainer.load_checkpoint_path", "trainer.find_last_checkpoint",
+    "trainer.rollout_data_dir", "trainer.rollout_data_limit",
     "trainer.resume_mode", "trainer.best_metric*", "trainer.total_epochs", "trainer.max_steps",
     # validation
     "trainer.val_*", "data.val_files", "data.val_batch_size", "worker.rollout.val_override_config*",

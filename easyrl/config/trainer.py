@@ -107,6 +107,19 @@ class TrainerConfig:
     """What a rerun in the same run folder does: resume if its saved config trains the same way (``auto``), start
     afresh (``disable``), resume whatever changed (``force``), or resume ``load_checkpoint_path`` (``resume_path``);
     docs/config.md, "Running again"."""
+    rollout_data_dir: Optional[str] = None
+    """Write every step's scored batch into this folder after the step's update (verl's name; null: off): one parquet
+    file per step (prompt and response ids, masks, vLLM's log-probs, scores, uids, weight versions, the passes'
+    log-probs and advantages), for ``easyrl rollouts`` and a replay (``load_rollout_data_dir``); e.g.
+    ``<run_dir>/rollouts``. Format: docs/replay.md."""
+    rollout_data_limit: Annotated[int, POSITIVE_OR_OFF] = -1
+    """Keep the newest this many steps in ``rollout_data_dir``; -1 keeps all (on disk a step takes about 22 bytes per
+    prompt or response token it holds, padding aside: 64 samples of 2.7k tokens are 4 MB; docs/replay.md)."""
+    load_rollout_data_dir: Optional[str] = input_path()
+    """Replay a dump: train from the batches an earlier run wrote to its ``rollout_data_dir`` instead of generating
+    (slime's ``--load-debug-rollout-data``): no rollout engine is built, step N trains the dumped step N (scored; the
+    log-probs, values and advantages computed again). Resume the dumped run's ``global_step_<N-1>`` with
+    ``load_checkpoint_path`` under a new ``experiment_name`` (docs/replay.md)."""
     best_metric: str = "val/reward/overall"
     """The validation metric that ranks checkpoints (the best is never removed by ``save_limit``)."""
     best_metric_mode: Literal["max", "min"] = "max"
@@ -140,7 +153,8 @@ class TrainerConfig:
 
     def check(self) -> None:
         """The loggers named exist and are installed (``check_backends``); ``resume_mode: resume_path`` has its
-        ``load_checkpoint_path``; ``project_name`` and ``experiment_name`` are each one folder name, so that the run
+        ``load_checkpoint_path``; ``rollout_data_dir`` is not the ``load_rollout_data_dir`` a replay reads;
+        ``project_name`` and ``experiment_name`` are each one folder name, so that the run
         folder ``<runs_root>/<project_name>/<experiment_name>`` stays inside ``runs_root``: not empty, no ``/`` or
         ``\\``, not ``.`` or ``..``. Raises ``ConfigError`` naming the key."""
         check_backends(self.logger)
@@ -154,6 +168,11 @@ class TrainerConfig:
             if path and os.path.isfile(os.path.expanduser(path)):
                 raise ConfigError(f"trainer.{key}={path!r} is a file, where easyrl writes a folder: give a folder "
                                   "path (a new one is made), or move the file away.")
+        if self.rollout_data_dir is not None and self.load_rollout_data_dir is not None and \
+                os.path.abspath(self.rollout_data_dir) == os.path.abspath(self.load_rollout_data_dir):
+            raise ConfigError(f"trainer.rollout_data_dir and trainer.load_rollout_data_dir are the same folder "
+                              f"({self.rollout_data_dir!r}): the replay would write over the dump it reads. Give "
+                              "trainer.rollout_data_dir another folder, or null.")
         if self.resume_mode == "resume_path" and not self.load_checkpoint_path:
             raise ConfigError("trainer.resume_mode=resume_path resumes trainer.load_checkpoint_path, which is not set: "
                               "give it a global_step_N folder, or use resume_mode=auto.")

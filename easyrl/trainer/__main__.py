@@ -24,7 +24,9 @@ def build_trainer(config: PPOConfig, worker_cls: Optional[type] = None, startup=
     Raises a pre-flight ``UserError`` before Ray starts, ``RunFinished`` when the checkpoint is at the last step."""
     from easyrl.trainer.loggers import check_logger_credentials
     from easyrl.trainer.launch import StartupProfile, quiet_datasets, start_ray
+    from easyrl.trainer.checkpoint import Checkpointer
     from easyrl.trainer.preflight import prepare
+    from easyrl.trainer.rollout_dump import check_dumps
     from easyrl.trainer.run_folder import check_finished, check_resumable, check_run_folder
 
     startup = startup or StartupProfile(time.time())
@@ -35,8 +37,11 @@ def build_trainer(config: PPOConfig, worker_cls: Optional[type] = None, startup=
     # refuse another run's folder (or its bad tracker), or a changed config, before any model loads
     resume_from = check_run_folder(config.trainer, to_dict(config))
     ready = prepare(config)
-    check_finished(config.trainer, resume_from, config.training_steps(len(ready.train_dataset)))
+    training_steps = config.training_steps(len(ready.train_dataset))
+    check_finished(config.trainer, resume_from, training_steps)
     check_resumable(config)  # a truncated or mismatched checkpoint to resume, before anything starts
+    # a dump folder of another run, or a replay's dump that lacks steps or was made otherwise
+    check_dumps(config, Checkpointer.step_of(resume_from) if resume_from else 0, training_steps)
     startup.add("preflight", time.time() - began)
     from easyrl.trainer.ray_trainer import RayPPOTrainer  # after the checks, which need none of this
     from easyrl.workers.fsdp_worker import FSDPWorker

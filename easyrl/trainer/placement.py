@@ -1,6 +1,6 @@
 """Where the rollout engines run (a part the trainer holds, chosen once from ``config.placement``): ``Colocated`` on the
-trainer's workers, or ``Split`` on devices of their own. Each starts its worker groups and makes the rollout and the
-batch source (``easyrl.trainer.batch_source``) that fit it."""
+trainer's workers, ``Split`` on devices of their own, or nowhere: ``TrainOnly``, a replay of a rollout dump. Each starts
+its worker groups and makes the rollout and the batch source (``easyrl.trainer.batch_source``) that fit it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any, Callable, Union
 
 from easyrl.config import PPOConfig
 from easyrl.trainer.async_rollout import AheadBatches
-from easyrl.trainer.batch_source import BatchSource, OnPolicyBatches
+from easyrl.trainer.batch_source import BatchSource, OnPolicyBatches, ReplayBatches
 from easyrl.trainer.generation import Generator
 from easyrl.trainer.multi_turn import make_rollout
 from easyrl.trainer.request_stream import RequestStream, StreamingRollout
@@ -17,7 +17,7 @@ from easyrl.trainer.scoring import Scorer
 from easyrl.workers.fsdp_worker import FSDPWorker, Parts
 from easyrl.workers.group import WorkerGroup, gather
 
-__all__ = ["Colocated", "Split", "start_placement"]
+__all__ = ["Colocated", "NoRollout", "Split", "TrainOnly", "start_placement"]
 
 
 class Colocated:
@@ -101,10 +101,48 @@ class Split:
         self.close_stream()
 
 
+class NoRollout:
+    """The rollout of a placement without engines: nothing to generate with."""
+
+    engines = 1
+
+    def generate(self, prompts: Any, overrides: Any) -> tuple[Any, float]:
+        """Raises ``RuntimeError``: a replay has no engines (it reads its batches from the dump)."""
+        raise RuntimeError("a replay (trainer.load_rollout_data_dir) has no rollout engines to generate with")
+
+    def slot_occupancy(self) -> None:
+        """None: no decode slots."""
+        return None
+
+
+class TrainOnly:
+    """No engines (a replay of a rollout dump, ``trainer.load_rollout_data_dir``): the trainer's workers hold the
+    model roles alone (``Parts(engine=False)``), and each step's batch is read from the dump (``ReplayBatches``)."""
+
+    def __init__(self, config: PPOConfig, device: str, worker_cls: type, training_steps: int, pad_id: int):
+        self.config, self.pad_id = config, pad_id
+        self.workers = WorkerGroup(config, device, worker_cls=worker_cls, training_steps=training_steps,
+                                   parts=Parts(engine=False))
+        self.engines = None
+
+    def rollout(self, tokenizer: Any, dataset: Any) -> NoRollout:
+        """A rollout that cannot generate (``NoRollout``)."""
+        return NoRollout()
+
+    def batches(self, generator: Generator, scorer: Scorer, position: Callable[[], Any],
+                training_steps: int) -> BatchSource:
+        """The dump's batches, step by step (``ReplayBatches``)."""
+        return ReplayBatches(self.config.trainer.load_rollout_data_dir)
+
+    def close(self) -> None:
+        """Nothing of its own to stop."""
+
+
 def start_placement(config: PPOConfig, device: str, worker_cls: type = FSDPWorker, training_steps: int = 0,
-                    pad_id: int = 0) -> Union[Colocated, Split]:
+                    pad_id: int = 0) -> Union[Colocated, Split, TrainOnly]:
     """Start the workers of ``config.placement`` (``worker_cls``: ``FSDPWorker`` or a subclass; ``pad_id`` pads the
     rollout's responses)."""
-    cls = Split if config.placement.split else Colocated
+    placement = config.placement
+    cls = TrainOnly if not placement.engines else Split if placement.split else Colocated
     return cls(config, device, worker_cls, training_steps, pad_id)
 

@@ -5,11 +5,12 @@ Each step: generate -> reward -> old log-prob -> ref log-prob -> values (with a 
 workers (one Ray actor per device) hold the FSDP2 actor, the reference, the critic and a vLLM engine each.
 On-policy distillation adds the teacher's log-prob pass (``timing_s/teacher``) and its reverse KL to the advantage.
 
-Parts, each owning its state: the placement (``placement``: ``Colocated`` or ``Split``, which starts the worker
-groups), the batch source it chooses (``batch_source``: generated when the step starts, or ahead:
-``async_rollout``), ``Generator`` (``generation``) over a ``Rollout`` (``rollout``: prompts -> trajectories; also the
-padded layout), ``Scorer`` and ``ModelRewards`` (``scoring``), ``Validator`` (``validation``) and ``Checkpointer``
-(``checkpoint``); ``metrics`` holds the metric names and timers.
+Parts, each owning its state: the placement (``placement``: ``Colocated``, ``Split`` or a replay's ``TrainOnly``,
+which starts the worker groups), the batch source it chooses (``batch_source``: generated when the step starts, ahead:
+``async_rollout``, or read from a rollout dump), ``Generator`` (``generation``) over a ``Rollout`` (``rollout``:
+prompts -> trajectories; also the padded layout), ``Scorer`` and ``ModelRewards`` (``scoring``), ``Validator``
+(``validation``), ``Checkpointer`` (``checkpoint``) and, with ``trainer.rollout_data_dir``, the ``RolloutDump`` that
+writes each trained batch (``rollout_dump``, docs/replay.md); ``metrics`` holds the metric names and timers.
 """
 
 from __future__ import annotations
@@ -53,8 +54,9 @@ from easyrl.trainer.metrics import (
 from easyrl.trainer.agent_rollout import agent_metrics
 from easyrl.trainer.batch_source import BatchSource
 from easyrl.trainer.multi_turn import multi_turn_metrics
-from easyrl.trainer.placement import Colocated, Split, start_placement
+from easyrl.trainer.placement import Colocated, Split, TrainOnly, start_placement
 from easyrl.trainer.rollout import for_workers
+from easyrl.trainer.rollout_dump import RolloutDump
 from easyrl.trainer.run_folder import checkpoint_to_resume
 from easyrl.trainer.scoring import ModelRewards, Scorer
 from easyrl.trainer.validation import Validator
@@ -71,6 +73,8 @@ class RayPPOTrainer:
     """Runs GRPO-style RL (phases and parts: the module docstring); ``reward_fn`` and ``val_reward_fn`` may be the
     same object."""
 
+    rollout_dump: Optional[RolloutDump] = None  # trainer.rollout_data_dir: writes each trained batch (init_workers)
+
     def __init__(self, config: PPOConfig, tokenizer, train_dataset, val_dataset, reward_fn: RewardFunction,
                  val_reward_fn: Optional[RewardFunction] = None):
         self.config = config
@@ -85,7 +89,8 @@ class RayPPOTrainer:
         algo = config.algorithm
         self.kl_ctrl = make_kl_controller(algo.kl_type, algo.kl_coef, algo.kl_target, algo.kl_horizon)
         # the parts that need the workers are made with them (init_workers)
-        self.placement: Optional[Union[Colocated, Split]] = None  # where the engines run; holds the worker groups
+        # where the engines run (none in a replay); holds the worker groups
+        self.placement: Optional[Union[Colocated, Split, TrainOnly]] = None
         self.workers: Optional[WorkerGroup] = None  # the trainer's workers (the model roles)
         self.batches: Optional[BatchSource] = None  # where a step's batch comes from, chosen with the placement
         self.generator: Optional[Generator] = None
@@ -114,6 +119,8 @@ class RayPPOTrainer:
         self.validator = Validator(cfg, self.val_dataset, self.generator, self.scorer, self.tokenizer,
                                    self.model_rewards)
         self.checkpointer = Checkpointer(cfg.trainer, self.workers, run_identity(cfg))
+        self.rollout_dump = RolloutDump.create(  # the prompt stream's position a checkpoint would save
+            cfg, self.training_steps, lambda: self.batches.prompt_position() or self.train_dataloader.state_dict())
         # perf/mfu/*: the model's shape for the FLOPs formula and the devices' peak FLOP/s (None on the CPU: no MFU)
         model = cfg.worker.actor.model
         hf_config = AutoConfig.from_pretrained(model.model_path, trust_remote_code=model.trust_remote_code)
@@ -300,6 +307,8 @@ class RayPPOTrainer:
             metrics.update(compute_mfu_metrics(self.model_shape, batch["attention_mask"], batch["multi_modal_inputs"],
                                                timing, self.workers.world_size, self.peak_flops, ppo_epochs))
         self.batches.step_done(metrics)
+        if self.rollout_dump is not None:  # the trained batch and its metrics, for easyrl rollouts and a replay
+            self.rollout_dump.write(self.global_step, batch, metrics)
         self.last_batch = batch
         return metrics
 

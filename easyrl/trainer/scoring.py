@@ -199,8 +199,11 @@ class ModelRewards:
 
     @classmethod
     def create(cls, config: Any, scorer: Scorer, workers: Any) -> "ModelRewards":
-        """The phases ``config.worker.reward`` asks for, calling ``workers``; ``ConfigError`` for a bad judge prompt
-        template or parser."""
+        """The phases ``config.worker.reward`` asks for, calling ``workers``; none in a replay (no engines: the
+        dumped scores hold the judge's and reward model's already). ``ConfigError`` for a bad judge prompt template or
+        parser."""
+        if not config.placement.engines:
+            return cls(None, None, workers.world_size)
         reward = config.worker.reward
         judge = load_judge(reward.judge)  # None while worker.reward.judge.model_path is null
         judging = JudgePhase(judge, scorer, workers) if judge is not None else None
