@@ -1,4 +1,4 @@
-"""Config errors of ``worker.rollout.multi_turn`` (docs/errors.md, ids A..): one ``easyrl: config error:`` line
+"""Config errors of ``worker.rollout.multi_turn`` and ``worker.rollout.agent`` (docs/errors.md, ids A..): one ``easyrl: config error:`` line
 naming the key, before anything starts."""
 
 from __future__ import annotations
@@ -9,6 +9,8 @@ import pytest
 
 TOOLS = Path(__file__).parent / "agent_tools" / "tools.py"
 ON = "worker.rollout.multi_turn.enable=true"
+AGENT = "worker.rollout.agent.entry_point"
+AGENT_FILE = Path(__file__).parent / "agent_tools" / "openai_agent.py"
 
 CASES = [
     pytest.param([ON], ["worker.rollout.multi_turn.tools", "environment"], id="A01"),
@@ -25,6 +27,9 @@ CASES = [
                  id="A07"),
     pytest.param([ON, f"worker.rollout.multi_turn.tools=[{TOOLS}:add]", "worker.rollout.multi_turn.patience=-1"],
                  ["worker.rollout.multi_turn.patience", "0 or more", "inf"], id="A11"),
+    pytest.param([ON, f"worker.rollout.multi_turn.tools=[{TOOLS}:add]", f"{AGENT}={AGENT_FILE}:run"],
+                 [AGENT, "worker.rollout.multi_turn.enable=true", "an agent calls its tools itself"], id="A13"),
+    pytest.param([f"{AGENT}=missing/agent.py:run"], [AGENT, "no file"], id="A14"),
 ]
 
 
@@ -33,6 +38,16 @@ def test_multi_turn_config_error(expect_user_error, e2e_args, tmp_path, words, c
     from easyrl.config import load_config
 
     expect_user_error(lambda: load_config(e2e_args("qwen2_5", tmp_path, *words)), "config", *culprits)
+
+
+def test_an_agent_that_cannot_take_its_arguments_is_refused_before_ray(expect_user_error, e2e_args, tmp_path):  # A15
+    from easyrl.config import load_config
+    from easyrl.trainer.preflight import prepare
+
+    agent = tmp_path / "agent.py"
+    agent.write_text("def run(task):\n    return None\n")
+    config = load_config(e2e_args("qwen2_5", tmp_path, f"{AGENT}={agent}:run"))
+    expect_user_error(lambda: prepare(config), "config", AGENT, "run(task)", "base_url")
 
 
 def test_tool_without_schema_is_a_config_error_before_ray(expect_user_error, e2e_args, tmp_path):  # A08

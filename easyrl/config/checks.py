@@ -16,7 +16,7 @@ from easyrl.config.actor import check_distillation
 from easyrl.config.algorithm import check_bypass_mode
 from easyrl.config.judge import check_judge
 from easyrl.config.placement import check_replay, check_rollout_mode
-from easyrl.config.worker import check_multi_turn, check_reward_model
+from easyrl.config.worker import check_multi_turn, check_reward_model, check_spec
 from easyrl.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -157,12 +157,26 @@ def check_config(config: PPOConfig) -> None:
     check_combinations(config)
     check_greedy_groups(config)
     check_multi_turn(config.worker.rollout.multi_turn)
+    check_agent(config)
     check_judge(config.worker.reward.judge, config.worker.rollout.tensor_parallel_size)
     check_reward_model(config)
     check_distillation(config)
     check_bypass_mode(config)
     check_rollout_mode(config)
     check_replay(config)
+
+
+def check_agent(config) -> None:
+    """``worker.rollout.agent``: its file exists, and it is not combined with the built-in multi-turn rollout (the
+    agent runs its own turns). ``ConfigError`` naming the key."""
+    agent = config.worker.rollout.agent
+    if not agent.enabled:
+        return
+    if config.worker.rollout.multi_turn.enable:
+        raise ConfigError("worker.rollout.agent.entry_point and worker.rollout.multi_turn.enable=true both run the "
+                          "turns: an agent calls its tools itself. Keep one: set worker.rollout.multi_turn.enable="
+                          "false, or worker.rollout.agent.entry_point=null.")
+    check_spec("worker.rollout.agent.entry_point", agent.entry_point)
 
 
 class ConfigWarning(UserWarning):

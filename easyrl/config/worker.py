@@ -65,7 +65,7 @@ class MultiTurnConfig:
     trajectory is ready."""
 
 
-def _check_spec(key: str, spec: str) -> None:
+def check_spec(key: str, spec: str) -> None:
     """A ``path/to/file.py:function`` spec whose file exists."""
     if not isinstance(spec, str) or ":" not in spec or not spec.rsplit(":", 1)[1].isidentifier():
         raise ConfigError(f"{key}={spec!r} is not of the form path/to/file.py:function; write e.g. "
@@ -87,15 +87,15 @@ def check_multi_turn(config: MultiTurnConfig) -> None:
         if ":" not in config.format:
             raise ConfigError(f"{key}.format={config.format!r} is not one of: {', '.join(BUILTIN_FORMATS)}, "
                               "nor a parser path/to/file.py:function.")
-        _check_spec(f"{key}.format", config.format)
+        check_spec(f"{key}.format", config.format)
     for i, spec in enumerate(config.tools):
-        _check_spec(f"{key}.tools[{i}]", spec)
+        check_spec(f"{key}.tools[{i}]", spec)
     names = [spec.rsplit(":", 1)[1] for spec in config.tools]
     if len(set(names)) != len(names):
         raise ConfigError(f"{key}.tools names the function(s) {sorted({n for n in names if names.count(n) > 1})} "
                           "more than once: every tool needs its own function name.")
     if config.environment is not None:
-        _check_spec(f"{key}.environment", config.environment)
+        check_spec(f"{key}.environment", config.environment)
     if not config.tools and config.environment is None:
         raise ConfigError(f"{key}.enable=true with neither {key}.tools nor {key}.environment: give at least one "
                           f"tool (path/to/file.py:function) or an environment, or set {key}.enable=false.")

@@ -108,6 +108,7 @@ class AgentRollout:
             chat_template=config.data.override_chat_template,
             max_model_len=self.prompt_length + self.response_length, trust_remote_code=model.trust_remote_code)
         self._started = False
+        self.last_sessions: list[Any] = []  # the last rollout's sessions, in row order (their records: token-exact)
 
     def _requests(self) -> RequestStream:
         if self._shared is not None:
@@ -162,11 +163,13 @@ class AgentRollout:
             outcomes.append(outcome)
             results.append(result)
             rows.append(segment)
+        self.last_sessions = sessions
         batch = self._batch(prompts, rows)
         batch["agent_result"] = results
         batch["agent_stats"] = [{"outcome": outcome, "requests": len(session.records),
-                                 "segments": len(session.segments()), "http_errors": session.errors}
-                                for outcome, session in zip(outcomes, sessions)]
+                                 "segments": len(session.segments()), "http_errors": session.errors,
+                                 "trained_requests": row.requests if row is not None else []}
+                                for outcome, session, row in zip(outcomes, sessions, rows)]
         return batch, reshard
 
     def _batch(self, prompts: Batch, segments: list[Optional[Segment]]) -> Batch:

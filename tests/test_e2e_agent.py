@@ -1,0 +1,61 @@
+"""End to end with a black-box agent (``worker.rollout.agent``, issue #47): an agent written with the official
+``openai`` client (``tests/agent_tools/openai_agent.py``: three chat turns) talks to vLLM's own OpenAI serving layer
+on the rollout engines of the tiny text model and trains two GRPO steps. Every trained token is one the engine
+sampled for the session, with the engine's log-prob; the masks count the gap tokens as the records say; the agent was
+served the text of those tokens; one agent that raises is counted and the run goes on."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.e2e
+
+AGENT = Path(__file__).parent / "agent_tools" / "openai_agent.py"
+
+
+def test_an_openai_agent_trains_on_the_tokens_the_engine_sampled(e2e_text_config, trainer_on_ray, tmp_path):
+    config = e2e_text_config(tmp_path, "trainer.max_steps=2", "data.rollout_batch_size=2", "worker.rollout.n=2",
+                             f"worker.rollout.agent.entry_point={AGENT}:run", "worker.rollout.agent.timeout_s=120",
+                             "data.max_prompt_length=512", "algorithm.use_kl_loss=false")
+    with trainer_on_ray(config) as trainer:
+        trainer.fit()
+        rows = [json.loads(line) for line in (Path(config.trainer.run_dir) / "metrics.jsonl").read_text().splitlines()]
+        assert [row["agent/failed"] for row in rows] == [1.0, 0.0]  # the planted failure, once; the run went on
+        assert all(row["agent/trained"] + row["agent/failed"] == 4 for row in rows), rows
+        assert all(row["agent/requests/mean"] >= 2.25 and row["rollout/log_prob_diff_max"] < 2e-3 for row in rows)
+        print("AGENT broken sessions", [row["agent/broken_sessions"] for row in rows],
+              "segments/mean", [row["agent/segments/mean"] for row in rows])
+        batch, sessions = trainer.last_batch, trainer.generator.rollout.last_sessions
+        checked = 0
+        for i, session in enumerate(sessions):
+            stats = batch["agent_stats"][i]
+            assert stats["outcome"] == "trained" and len(session.records) == 3
+            records = [session.records[j] for j in stats["trained_requests"]]
+            mask = batch["response_mask"][i].bool()
+            length = int(batch["attention_mask"][i, -batch["responses"].shape[1]:].sum())
+            trained = batch["responses"][i][:length].tolist()
+            # the prompt is the first trained request's, as vLLM's renderer rendered it
+            prompt = batch["prompts"][i][batch["prompt_mask"][i].bool()].tolist()
+            assert prompt == records[0].prompt_ids
+            # by hand: each request's sampled tokens (mask 1), then the next prompt's new tokens (mask 0)
+            expected, expected_mask = [], []
+            for k, record in enumerate(records):
+                expected += record.response_ids
+                expected_mask += [1] * len(record.response_ids)
+                if k + 1 < len(records):
+                    gap = records[k + 1].prompt_ids[len(record.prompt_ids) + len(record.response_ids):]
+                    expected += gap
+                    expected_mask += [0] * len(gap)
+            assert trained == expected[:length] and mask[:length].tolist() == [bool(m) for m in expected_mask][:length]
+            sampled = torch.tensor([lp for record in records for lp in record.log_probs])[: int(mask.sum())]
+            assert torch.equal(batch["rollout_log_probs"][i][mask], sampled)
+            # the agent was served exactly the text of the tokens the engine sampled
+            result = batch["agent_result"][i]
+            assert result["replies"][-1] == trainer.tokenizer.decode(session.records[-1].response_ids,
+                                                                     skip_special_tokens=True)
+            checked += 1
+        assert checked == 4
