@@ -1,6 +1,6 @@
 """Mistakes a user can fix: one short message naming the culprit (key, file, row, column, rank) and what to do.
 
-Raise a :class:`UserError` (or a kind below; all are ``ValueError``\ s) where the cause is the user's input; the
+Raise a :class:`UserError` (or a kind below; all are ``ValueError`` subclasses) where the cause is the user's input; the
 commands print ``easyrl: <kind> error: <message>`` on stderr and exit with status 2, without a traceback
 (``EASYRL_DEBUG=1`` re-raises). Anything else keeps its traceback. ``docs/errors.md`` lists every message.
 """

@@ -5,10 +5,12 @@ dropped and worker progress bars turned off. ``EASYRL_VERBOSE=1`` keeps everythi
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import warnings
+from collections.abc import Iterator
 
 VERBOSE_ENV = "EASYRL_VERBOSE"
 
@@ -83,6 +85,21 @@ def quiet_libraries() -> None:
             target.addFilter(NoiseFilter(pattern))
     for pattern, category in WARNINGS:
         warnings.filterwarnings("ignore", message=pattern, category=category)
+
+
+@contextlib.contextmanager
+def root_levels_kept() -> Iterator[None]:
+    """Inside, a library may set the root logger's level and its handlers' levels; on leaving they are what they
+    were. vLLM's OpenAI app (its SageMaker routes, ``build_app``) imports ``model_hosting_container_standards``, which
+    sets them to ERROR (its ``SAGEMAKER_CONTAINER_LOG_LEVEL`` default): the calling process's warnings would go."""
+    root = logging.getLogger()
+    level, handlers = root.level, [(handler, handler.level) for handler in root.handlers]
+    try:
+        yield
+    finally:
+        root.setLevel(level)
+        for handler, handler_level in handlers:
+            handler.setLevel(handler_level)
 
 
 def setup_command_logging() -> None:

@@ -8,12 +8,15 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
+import logging
 import threading
 import time
 
 import pytest
 
 from easyrl.agents.segments import RequestRecord, Segment, assemble_segments
+
+ROOT_LEVEL_AT_IMPORT = logging.getLogger().level
 
 # ------------------------------------------------------------------------------------------ segment assembly
 
@@ -241,6 +244,11 @@ def rendered(endpoint, messages, tools=None):
     reply = httpx.post(f"{endpoint.url}/tokenize", json=body, timeout=60)
     assert reply.status_code == 200, reply.text
     return reply.json()["tokens"]
+
+
+def test_starting_the_endpoint_keeps_the_root_log_level(endpoint):
+    # vLLM's app imports model_hosting_container_standards, which sets the root logger to ERROR
+    assert logging.getLogger().level == ROOT_LEVEL_AT_IMPORT
 
 
 def test_chat_tool_loop_is_recorded_token_exact(endpoint, tokenizer):

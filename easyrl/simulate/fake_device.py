@@ -287,20 +287,24 @@ def fake_state(model: torch.nn.Module) -> tuple[dict, dict]:
     return state, {name: torch.empty(b.shape, dtype=b.dtype) for name, b in model.named_buffers()}
 
 
-def _stream(*args, **kwargs) -> mock.MagicMock:
-    """Stand-in for a ``torch.cuda.Stream`` / ``Event``: every method is a no-op (one simulated stream)."""
-    return mock.MagicMock(device=torch.device("cuda", 0))
+class _Stream:
+    """Stand-in for a ``torch.cuda.Stream`` / ``Event``: every method is a no-op (one simulated stream). A class,
+    so that a module imported meanwhile can still write ``torch.cuda.Stream | None`` in an annotation."""
+
+    def __new__(cls, *args, **kwargs) -> mock.MagicMock:
+        return mock.MagicMock(device=torch.device("cuda", 0))
 
 
 @contextlib.contextmanager
 def accelerator_standins(spec: DeviceSpec, fused_attention: bool = True) -> Iterator[None]:
     """Inside: the CUDA runtime calls (device, streams, events, memory queries) answer for one ``spec`` device
-    (``is_available`` stays False: initialisation would call the CUDA RNG); with ``fused_attention`` the device's
+    (``is_available`` answers False: initialisation would call the CUDA RNG, and torch's NVML-based check,
+    ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` as vLLM sets it, would read the patched ``device_count``); with ``fused_attention`` the device's
     attention kernels (``easyrl.simulate.attention.device_attention``)."""
     cuda = torch.cuda
     props = mock.Mock(total_memory=int(spec.memory_gib * GIB), name=spec.name)
-    patches = dict(current_device=lambda: 0, device_count=lambda: 1, set_device=lambda *a, **k: None,
-                   Stream=_stream, Event=_stream, current_stream=_stream, default_stream=_stream,
+    patches = dict(is_available=lambda: False, current_device=lambda: 0, device_count=lambda: 1, set_device=lambda *a, **k: None,
+                   Stream=_Stream, Event=_Stream, current_stream=_Stream, default_stream=_Stream,
                    stream=lambda *a, **k: contextlib.nullcontext(),
                    synchronize=lambda *a, **k: None, empty_cache=lambda: None,
                    get_device_properties=lambda *a, **k: props, get_device_name=lambda *a, **k: spec.name,

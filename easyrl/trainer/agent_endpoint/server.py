@@ -23,6 +23,7 @@ from typing import Any, Optional
 from urllib.parse import unquote
 
 from easyrl.agents.segments import RequestRecord, Segment, assemble_segments
+from easyrl.quiet import root_levels_kept
 from easyrl.trainer.agent_endpoint.engine import CURRENT_ROUTE, CURRENT_SESSION, Sample
 
 __all__ = ["AgentEndpoint", "Session"]
@@ -147,8 +148,9 @@ class AgentEndpoint:
         async def serve() -> None:
             import uvicorn
 
-            app = build_app(args, ("generate",))
-            await init_app_state(self.engine, app.state, args, ("generate",))
+            with root_levels_kept():
+                app = build_app(args, ("generate",))
+                await init_app_state(self.engine, app.state, args, ("generate",))
             config = uvicorn.Config(_SessionRouter(app, self), lifespan="off", log_level="warning",
                                     access_log=False, timeout_graceful_shutdown=2)
             server = uvicorn.Server(config)
