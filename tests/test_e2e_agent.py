@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # not yet run end to end: make test-slow (see the #47 note)
+pytestmark = pytest.mark.e2e
 
 AGENT = Path(__file__).parent / "agent_tools" / "openai_agent.py"
 

@@ -126,7 +126,8 @@ def runs(e2e_args, local_ray, tmp_path_factory):
     out: dict = {"root": root}
     local_ray()
     try:
-        config = load_config(e2e_args("qwen2_5", root / "a", *OVERRIDES))
+        config = load_config(e2e_args("qwen2_5", root / "a", *OVERRIDES,
+                                      f"trainer.rollout_data_dir={root / 'a' / 'rollouts'}"))  # every step dumped
         trainer = build_trainer(config)
         trainer.fit()
         out["a_dir"] = Path(config.trainer.run_dir)
@@ -143,6 +144,15 @@ def runs(e2e_args, local_ray, tmp_path_factory):
             trainer.fit()
         out["dead_worker"] = (str(err.value), time.perf_counter() - start, trainer.last_checkpoint)
         trainer.workers.shutdown()
+        # a replay of run A's step 5 from its checkpoint of step 4, without engines (issue #53)
+        replay = load_config(e2e_args("qwen2_5", root / "replay", *OVERRIDES, "data.val_files=null",
+                                      f"trainer.load_rollout_data_dir={root / 'a' / 'rollouts'}",
+                                      f"trainer.load_checkpoint_path={out['a_dir'] / 'global_step_4'}"))
+        replayer = build_trainer(replay)
+        replayer.fit()
+        out["replay"] = (Path(replay.trainer.run_dir), type(replayer.placement).__name__,
+                         replayer.workers.startup_seconds)
+        replayer.workers.shutdown()
     finally:
         ray.shutdown()
 
@@ -212,6 +222,26 @@ def test_tracker_retention_and_best(runs):
     kept = sorted(p.name for p in a_dir.glob("global_step_*"))
     assert kept == sorted({f"global_step_{s}" for s in (4, 5, best)})  # save_limit=2, plus the best
     assert not list(a_dir.glob(".global_step_*"))
+
+
+def test_a_dumped_step_replays_without_engines_to_the_same_weights(runs):
+    """Run A dumped every step (``trainer.rollout_data_dir``); its step 5 trained again from its checkpoint of step 4
+    on the dumped batch, with no vLLM engine, gives the same actor weights, bit for bit (fp32, colocated), and the
+    same step metrics but the measured ones."""
+    from easyrl.trainer.checkpoint import load_checkpoint_weights
+
+    replay_dir, placement, startup = runs["replay"]
+    assert placement == "TrainOnly" and "engine" not in startup  # no engine built
+    original = load_checkpoint_weights(str(runs["a_dir"] / "global_step_5" / "actor"))
+    replayed = load_checkpoint_weights(str(replay_dir / "global_step_5" / "actor"))
+    assert original.keys() == replayed.keys()
+    gap = max((original[k].double() - replayed[k].double()).abs().max().item() for k in original)
+    print(f"REPLAY step 5: largest weight difference {gap:g} over {len(original)} tensors")
+    assert all(torch.equal(original[k], replayed[k]) for k in original)
+    ignored = ("rollout/slot_occupancy", "val/")
+    a_row = {k: v for k, v in _comparable(_rows(runs["a_dir"])[5]).items() if not k.startswith(ignored)}
+    replay_row = {k: v for k, v in _comparable(_rows(replay_dir)[5]).items() if not k.startswith(ignored)}
+    assert {k: v for k, v in replay_row.items() if k in a_row} == {k: a_row[k] for k in replay_row if k in a_row}
 
 
 def test_dead_worker_stops_the_trainer(runs):

@@ -90,7 +90,8 @@ class AgentRollout:
     engines = 1  # the request stream spreads any number of sessions itself
 
     def __init__(self, workers, config, tokenizer, pad_id: int, stream: Optional[Callable[[], RequestStream]] = None):
-        from easyrl.trainer.agent_endpoint import AgentEndpoint, stream_sample
+        from easyrl.trainer.agent_endpoint.server import AgentEndpoint
+        from easyrl.trainer.agent_endpoint.stream import stream_sample
 
         agent = config.worker.rollout.agent
         self.workers, self.pad_id, self.tokenizer = workers, pad_id, tokenizer
