@@ -81,11 +81,11 @@ $(COMPAT)/.venv/synced: $(COMPAT)/uv.lock $(COMPAT)/pyproject.toml
 	touch $@
 
 # The end-to-end core on vLLM 0.23: the weight-update API choice and vLLM 0.23's in-process backend, the 2-rank weight
-# gather, a VL GRPO step with vLLM/actor parity, a killed run's exact resume, rollout TP=2, the agent endpoint (vLLM
-# 0.23's OpenAI serving layer over a scripted sample).
-COMPAT_TESTS := tests/test_vllm_compat.py tests/test_weight_sync.py tests/test_e2e_grpo.py tests/test_e2e_resume.py \
-	tests/test_e2e_text.py tests/test_agents_endpoint.py
-COMPAT_SELECT := vllm_compat or two_gloo_ranks or grpo_two_steps or vllm_matches_actor or resumes_exactly \
-	or tensor_parallel_2 or agents_endpoint
+# gather, a VL GRPO step with vLLM/actor parity, rollout TP=2, the agent endpoint (vLLM 0.23's OpenAI serving layer
+# over a scripted sample). The killed run's resume runs on the main line only (docs/vllm-versions.md: why).
+COMPAT_TESTS := tests/test_vllm_compat.py tests/test_weight_sync.py tests/test_e2e_grpo.py tests/test_e2e_text.py \
+	tests/test_agents_endpoint.py
+COMPAT_SELECT := vllm_compat or two_gloo_ranks or grpo_two_steps or vllm_matches_actor or tensor_parallel_2 \
+	or agents_endpoint
 test-compat: compat-setup
 	$(COMPAT)/.venv/bin/python -m pytest -q -p no:cacheprovider $(COMPAT_TESTS) -k "$(COMPAT_SELECT)"
