@@ -1,8 +1,8 @@
 """End to end with a black-box agent (``worker.rollout.agent``, issue #47): an agent written with the official
-``openai`` client (``tests/agent_tools/openai_agent.py``: three chat turns) talks to vLLM's own OpenAI serving layer
-on the rollout engines of the tiny text model and trains two GRPO steps. Every trained token is one the engine
-sampled for the session, with the engine's log-prob; the masks count the gap tokens as the records say; the agent was
-served the text of those tokens; one agent that raises is counted and the run goes on."""
+``openai`` client (``tests/agent_tools/openai_agent.py``: a tool-calling loop of three turns) talks to vLLM's own
+OpenAI serving layer on the rollout engines of the tiny text model and trains two GRPO steps. Every trained token is
+one the engine sampled for the session, with the engine's log-prob; the masks count the gap tokens as the records
+say; the agent was served the text of those tokens; one agent that raises is counted and the run goes on."""
 
 from __future__ import annotations
 

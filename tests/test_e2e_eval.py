@@ -1,6 +1,7 @@
-"""``easyrl eval`` end to end (Ray + vLLM + FSDP2 for real): validation of an exported Hugging Face folder without
-training data; prints the ``val/*`` metrics, writes them with the generations table to its own eval folder, and
-writes no checkpoint, export or run metrics."""
+"""``easyrl eval`` end to end (Ray + vLLM for real): validation of an exported Hugging Face folder without training
+data, on engines that read it themselves (no FSDP model); prints the ``val/*`` metrics, writes them with the
+generations table and the start-up profile to its own eval folder, and writes no checkpoint, export or run
+metrics."""
 
 from __future__ import annotations
 
@@ -34,6 +35,10 @@ def test_eval_of_an_exported_model_prints_metrics_and_writes_no_checkpoint(e2e_a
     assert row["step"] == 0 and 0.0 <= row["val/reward/overall"] <= 1.0 and row["val/response_length/mean"] > 0
     assert len(row["val/generations"]) == 2 and {"prompt", "response", "score"} <= set(row["val/generations"][0])
     assert f"val/reward/overall={row['val/reward/overall']:.4g}" in summary  # printed = written
+    # engines only: they read the folder themselves; no FSDP model was built (the start-up profile, seconds)
+    startup = {k.removeprefix("timing_s/startup/"): v for k, v in row.items() if k.startswith("timing_s/startup/")}
+    print("EVAL startup", {k: round(v, 1) for k, v in startup.items()})
+    assert startup["engine"] > 0 and startup["validation"] > 0 and "actor" not in startup
     # nothing else written: no checkpoint, no tracker, no run metrics, the model folder untouched
     assert not list(tmp_path.rglob("global_step_*")) and not list(tmp_path.rglob("checkpoint_tracker.json"))
     assert not (run_dir / "metrics.jsonl").exists()

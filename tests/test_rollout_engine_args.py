@@ -42,6 +42,21 @@ def test_accelerator_engine_starts_from_easyrl_dummy_weights(device):
     assert args["mm_processor_cache_gb"] == 0  # no processed-image cache growing over a run (#27)
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda", "npu"])
+def test_an_engine_that_nothing_syncs_reads_the_checkpoint(device):
+    """``easyrl eval``'s engines (no FSDP model beside them unless a reward model scores) read the model folder: no
+    dummy load format, whatever the device."""
+    from easyrl.config import PPOConfig
+    from easyrl.trainer.evaluation import eval_parts
+
+    args = engine_arguments("/models/m", RolloutConfig(), device, seed=0, vision=False, read_checkpoint=True)
+    assert "load_format" not in args and args["model"] == "/models/m"
+    plain = PPOConfig()
+    assert (eval_parts(plain).models, eval_parts(plain).engine_reads_checkpoint) == (False, True)
+    plain.worker.reward.reward_model.model_path = "rm"
+    assert plain.worker.reward.reward_model.enabled and eval_parts(plain).models
+
+
 def test_cpu_engine_starts_from_easyrl_dummy_weights():
     """vLLM-CPU too: the sync re-packs tied embedding heads (vllm_cpu_fixes.repack_cpu_embedding_heads) and
     tests/test_e2e_grpo.py's parity passed with it; the CPU has no custom all-reduce or sleep mode to switch."""
@@ -62,7 +77,8 @@ def test_first_use_syncs_weights(monkeypatch):
 
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the worker sets it; restored after the test
     assert FSDPWorker(PPOConfig(), rank=0, world_size=1, device="cpu").weights_dirty is True
-    assert "self.holds_weights = False" in inspect.getsource(VLLMRollout.__init__)
+    # an engine holds weights from the start only where it read the checkpoint (load_format not dummy)
+    assert "self.holds_weights = read_checkpoint" in inspect.getsource(VLLMRollout.__init__)
 
 
 def test_a_processor_built_with_a_tokenizer_takes_it_without_loading_another(tiny_model_path, monkeypatch):

@@ -1,6 +1,7 @@
 """Validation only (``easyrl eval``, ``trainer.val_only=true``): the trainer's ``Validator`` on ``data.val_files``
-with a frozen actor of ``worker.actor.model.model_path``, so the metrics and generations are a training run's
-validation's; they go to their own folder, ``<run_dir>/eval/<UTC time>``, never into a run folder."""
+over rollout engines that read ``worker.actor.model.model_path`` themselves (no FSDP model, unless a reward model
+scores), so the metrics and generations are a training run's validation's; they go to their own folder,
+``<run_dir>/eval/<UTC time>``, never into a run folder."""
 
 from __future__ import annotations
 
@@ -8,22 +9,37 @@ import logging
 import os
 import tempfile
 import time
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from easyrl.config import PPOConfig, to_dict
 from easyrl.errors import ModelError, RunStateError
 
+if TYPE_CHECKING:
+    from easyrl.workers.fsdp_worker import Parts
+
 logger = logging.getLogger("easyrl.eval")
+
+
+def eval_parts(config: PPOConfig) -> Parts:
+    """What the evaluation's workers hold: the engines alone, reading the model folder (``Parts(models=False,
+    engine_reads_checkpoint=True)``), unless ``worker.reward.reward_model`` scores the samples: an FSDP role, so the
+    workers hold the models too (a frozen actor synced into the engines, as in training)."""
+    from easyrl.workers.fsdp_worker import Parts
+
+    if config.worker.reward.reward_model.enabled:
+        return Parts()
+    return Parts(models=False, engine_reads_checkpoint=True)
 
 
 def evaluate(config: PPOConfig, step: int = 0, worker_cls: Optional[type] = None) -> tuple[dict[str, float], str]:
     """Validate ``worker.actor.model.model_path`` on ``data.val_files`` at ``step`` (a checkpoint's: it seeds the
-    sampling as that step's validation did); ``worker_cls``: None for ``FSDPWorker``, or a subclass. Returns
-    ``(metrics, folder)``; raises ``UserError`` from the pre-flight, before Ray starts."""
+    sampling as that step's validation did), on the workers :func:`eval_parts` says; ``worker_cls``: None for
+    ``FSDPWorker``, or a subclass. Returns ``(metrics, folder)``: ``metrics`` with the start-up profile
+    (``timing_s/startup/*``, seconds); raises ``UserError`` from the pre-flight, before Ray starts."""
     from omegaconf import OmegaConf
 
     from easyrl.trainer.generation import Generator
-    from easyrl.trainer.launch import quiet_datasets, start_ray
+    from easyrl.trainer.launch import StartupProfile, quiet_datasets, start_ray
     from easyrl.trainer.loggers import Tracker, check_logger_credentials
     from easyrl.trainer.multi_turn import make_rollout
     from easyrl.trainer.preflight import prepare
@@ -32,10 +48,12 @@ def evaluate(config: PPOConfig, step: int = 0, worker_cls: Optional[type] = None
     from easyrl.workers.fsdp_worker import FSDPWorker
     from easyrl.workers.group import WorkerGroup
 
-    config.trainer.val_only = True  # the workers build a frozen actor only (easyrl.workers.roles)
+    startup = StartupProfile(time.time())
+    config.trainer.val_only = True  # with the models: a frozen actor only (easyrl.workers.roles)
     config.worker.actor.model.lora.rank = 0  # the model is evaluated as given (an exported LoRA actor is merged)
     quiet_datasets()
     ready = prepare(config, train=False)
+    startup.add("preflight", time.time() - startup.start)
     check_logger_credentials(config.trainer)
     base = os.path.join(config.trainer.run_dir, "eval", time.strftime("%Y%m%d-%H%M%S", time.gmtime()))
     folder, n = base, 1
@@ -44,11 +62,15 @@ def evaluate(config: PPOConfig, step: int = 0, worker_cls: Optional[type] = None
         folder = f"{base}-{n}"
     os.makedirs(folder)
     OmegaConf.save(OmegaConf.structured(config), os.path.join(folder, "config.yaml"))
+    began = time.time()
     device = start_ray(config)
+    startup.add("ray", time.time() - began)
     tokenizer = ready.tokenizer
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     scorer = Scorer(config.worker.reward, tokenizer, ready.reward_fn)
-    workers = WorkerGroup(config, device, worker_cls=worker_cls or FSDPWorker)
+    workers = WorkerGroup(config, device, worker_cls=worker_cls or FSDPWorker, parts=eval_parts(config))
+    for phase, seconds in workers.startup_seconds.items():
+        startup.add(phase, seconds)
     tracker = None
     try:
         rollout = make_rollout(config, workers, tokenizer, pad_id, ready.val_dataset)
@@ -57,6 +79,8 @@ def evaluate(config: PPOConfig, step: int = 0, worker_cls: Optional[type] = None
         tracker = Tracker(config.trainer.logger, folder, config.trainer.project_name,
                           f"{config.trainer.experiment_name}-eval", to_dict(config), initial_step=step)
         metrics = validator.run(step)
+        startup.add("validation", metrics["timing_s/validation"])
+        metrics.update(startup.report({}))
         tracker.log(metrics, step=step, generations=validator.generations)
     finally:
         if tracker is not None:

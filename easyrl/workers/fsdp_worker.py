@@ -41,10 +41,13 @@ class Parts:
     """What every worker of a group holds: ``models``: the FSDP2 model roles, whose passes it runs
     (``WorkerGroup.run_split``, sequence-parallel groups of ``ulysses_size``); ``engine``: a vLLM engine. Both: the
     colocated placement (the engine sleeps while the models train, its weights synced in place); one of them: a side
-    of the split placement (the engine keeps its device and receives its weights, ``receive_weights``)."""
+    of the split placement (the engine keeps its device and receives its weights, ``receive_weights``).
+    ``engine_reads_checkpoint``: the engine loads the model folder's weights itself and keeps them (``easyrl eval``'s
+    engines, which nothing sends weights to); else it starts from dummy weights where ``dummy_load`` allows."""
 
     models: bool = True
     engine: bool = True
+    engine_reads_checkpoint: bool = False
 
 
 class FSDPWorker:
@@ -144,7 +147,8 @@ class FSDPWorker:
         with timed(self.startup_seconds, "vllm_import"):  # apart from the engine
             import vllm  # noqa: F401
         with timed(self.startup_seconds, "engine"):
-            self.rollout = VLLMRollout(cfg.actor.model.model_path, cfg.rollout, self.device, seed=seed)
+            self.rollout = VLLMRollout(cfg.actor.model.model_path, cfg.rollout, self.device, seed=seed,
+                                       read_checkpoint=self.parts.engine_reads_checkpoint)
         empty_cache(self.device)
 
     def close(self) -> None:

@@ -29,9 +29,11 @@ from easyrl.workers.weight_sync import reload_and_report, sleep_level
 logger = logging.getLogger("easyrl.rollout")
 
 
-def engine_arguments(model_path: str, config: RolloutConfig, device: str, seed: int, vision: bool) -> dict[str, Any]:
+def engine_arguments(model_path: str, config: RolloutConfig, device: str, seed: int, vision: bool,
+                     read_checkpoint: bool = False) -> dict[str, Any]:
     """The ``vllm.LLM`` keyword arguments of the colocated engine (a pure function of the settings):
-    ``load_format="easyrl_dummy"`` where ``dummy_load.load_format`` allows it; on GPU/NPU
+    ``load_format="easyrl_dummy"`` where ``dummy_load.load_format`` allows it and the engine is synced before use
+    (not ``read_checkpoint``: then vLLM reads ``model_path``'s weights); on GPU/NPU
     ``disable_custom_all_reduce=True`` (Ray shows each worker one device), ``gpu_memory_utilization`` and sleep mode;
     with TP > 1 the ``external_launcher`` executor. Why each: docs/vllm-versions.md."""
     max_model_len = config.prompt_length + config.response_length
@@ -59,7 +61,7 @@ def engine_arguments(model_path: str, config: RolloutConfig, device: str, seed: 
         engine_kwargs["mm_processor_kwargs"] = {"min_pixels": config.min_pixels, "max_pixels": config.max_pixels}
         # no processed-image cache: an RL run sees each image once an epoch, the cache only grows host memory
         engine_kwargs["mm_processor_cache_gb"] = 0
-    if (fmt := load_format(device, vllm_compat.vllm_version())) is not None:
+    if not read_checkpoint and (fmt := load_format(device, vllm_compat.vllm_version())) is not None:
         engine_kwargs["load_format"] = fmt
     if device != "cpu":
         engine_kwargs.update(gpu_memory_utilization=config.gpu_memory_utilization, enable_sleep_mode=True,
@@ -105,9 +107,10 @@ def reuse_passed_tokenizer() -> None:
 class VLLMRollout:
     """A vLLM ``LLM`` engine for sampling rollouts with the current actor weights. ``seed`` differs per engine and is
     the same on every rank of one tensor-parallel engine. With TP > 1 every rank of the TP group builds the engine at
-    once over the worker's process group, and must make every call with the same arguments."""
+    once over the worker's process group, and must make every call with the same arguments. ``read_checkpoint``: the
+    engine holds ``model_path``'s weights from the start (else it is synced before first use)."""
 
-    def __init__(self, model_path: str, config: RolloutConfig, device: str, seed: int):
+    def __init__(self, model_path: str, config: RolloutConfig, device: str, seed: int, read_checkpoint: bool = False):
         from transformers import AutoConfig
         from vllm import LLM
 
@@ -117,7 +120,8 @@ class VLLMRollout:
         hf_config = AutoConfig.from_pretrained(model_path, trust_remote_code=config.trust_remote_code)
         self.model_type = hf_config.model_type
         engine_kwargs = engine_arguments(model_path, config, device, seed,
-                                         vision=getattr(hf_config, "vision_config", None) is not None)
+                                         vision=getattr(hf_config, "vision_config", None) is not None,
+                                         read_checkpoint=read_checkpoint)
         if device == "cpu":
             # vLLM's CPU backend sizes its KV cache from this variable (GiB), not from gpu_memory_utilization.
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, math.ceil(config.cpu_kvcache_space_gib))))
@@ -129,8 +133,10 @@ class VLLMRollout:
         # a sampled image/video pad id in a response would break the actor's next forward: never sample one
         self.bad_words = forbidden_words(hf_config, self.llm.get_tokenizer())
         self.is_asleep = False
-        self.holds_weights = False  # the actor's weights are synced before first use (safe for load_format="dummy")
-        self.sleep()
+        # else the actor's weights are synced before first use (safe for load_format="dummy")
+        self.holds_weights = read_checkpoint
+        if not read_checkpoint:  # asleep until the first sync (a level-2 sleep would drop the checkpoint's weights)
+            self.sleep()
 
     def sleep(self) -> None:
         """Free the engine's device memory (weights and KV cache) while the actor trains. No-op on the CPU."""

@@ -1,11 +1,16 @@
 """The e2e test's agent (``tests/test_e2e_agent.py``), written with the official ``openai`` client as a user would:
-three chat turns (the second and third a user follow-up after the model's answer), and a session that raises (the
-first call in the process: counted, the run goes on). It returns what it was served, every reply's text, for the
-test to compare with the trained tokens."""
+a tool-calling loop of three turns (tools offered on every request; a tool call is answered with the tool's result,
+a reply without one with a user follow-up: the tiny random model never calls, so the follow-ups are what the e2e
+sees), and a session that raises (the first call in the process: counted, the run goes on). It returns what it was
+served, every reply's text, for the test to compare with the trained tokens."""
 
+import json
 import threading
 
 import openai
+
+TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add two integers.", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}]
 
 _LOCK = threading.Lock()
 _CALLS = [0]
@@ -22,8 +27,13 @@ def run(task: dict, base_url: str, api_key: str, model: str) -> dict:
     messages = [{"role": "user", "content": task["prompt"]}]
     replies = []
     for turn in range(3):
-        reply = client.chat.completions.create(model=model, messages=messages, max_tokens=6).choices[0].message
+        reply = client.chat.completions.create(model=model, messages=messages, tools=TOOLS,
+                                               max_tokens=6).choices[0].message
         replies.append(reply.content or "")
-        messages += [{"role": "assistant", "content": reply.content or ""},
-                     {"role": "user", "content": f"Check step {turn + 1} and go on."}]
+        messages.append(reply.model_dump(exclude_none=True))
+        for call in reply.tool_calls or []:
+            arguments = json.loads(call.function.arguments)
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": str(arguments["a"] + arguments["b"])})
+        if not reply.tool_calls:
+            messages.append({"role": "user", "content": f"Check step {turn + 1} and go on."})
     return {"answer": replies[-1], "replies": replies}
