@@ -3,7 +3,7 @@
 ``worker.env_vars``, before Ray starts (``easyrl.trainer.preflight.prepare``; table: docs/environment.md).
 
 A bad value is an :class:`EnvValueError` naming the variable, its value, where it was set, what is accepted and what
-to do (docs/errors.md, E01-E05). Switches accept ``1/0/true/false/yes/no/on/off`` in any case; empty means unset.
+to do (docs/errors.md, E01-E07). Switches accept ``1/0/true/false/yes/no/on/off`` in any case; empty means unset.
 This module imports nothing of easyrl: the core modules (``easyrl.errors``, ``easyrl.quiet``) read their switches
 here too, and ``easyrl.errors.run_cli`` prints an ``EnvValueError`` as one line like any user error.
 """
@@ -149,14 +149,16 @@ def rootinfo_subcomm(environ: Mapping[str, str]) -> bool:
     return bool(number and int(number.group()))
 
 
-READERS: dict[str, tuple[Callable[..., Any], bool]] = {
-    DEBUG: (debug, False), LOG_LEVEL: (log_level, False), PEAK_TFLOPS: (peak_tflops, False),
-    VERBOSE: (verbose, True), CHECK_COLLECTIVES: (check_collectives, True), OMP_THREADS: (omp_threads, True),
-    CPU_KVCACHE: (cpu_kvcache_gib, True), ROOTINFO_SUBCOMM: (rootinfo_subcomm, False),
+READERS: dict[str, tuple[Callable[..., Any], bool, bool]] = {
+    DEBUG: (debug, True, False), LOG_LEVEL: (log_level, True, False), PEAK_TFLOPS: (peak_tflops, True, False),
+    VERBOSE: (verbose, True, True), CHECK_COLLECTIVES: (check_collectives, True, True),
+    OMP_THREADS: (omp_threads, False, True), CPU_KVCACHE: (cpu_kvcache_gib, True, True),
+    ROOTINFO_SUBCOMM: (rootinfo_subcomm, False, False),
 }
-"""Each interpreted variable: its reader, and whether a worker reads a value that can be bad (then its
-``worker.env_vars`` value is read too; ``ROOTINFO_SUBCOMM_ENABLE`` has none). ``tests/test_errors_env.py`` checks that
-no other module of easyrl reads these names."""
+"""Each interpreted variable: its reader, whether the pre-flight reads this process's value, and whether it reads the
+``worker.env_vars`` value. ``OMP_NUM_THREADS`` only there (easyrl sets the workers' own; the command's may be an
+OpenMP list), ``ROOTINFO_SUBCOMM_ENABLE`` nowhere (every value means something to torch_npu).
+``tests/test_envvars.py`` checks that no other module of easyrl reads these names."""
 
 
 def overrides(config: Any, environ: Mapping[str, str]) -> list[str]:
@@ -183,12 +185,13 @@ def overrides(config: Any, environ: Mapping[str, str]) -> list[str]:
 
 
 def check_environment(config: Any, environ: Mapping[str, str]) -> list[str]:
-    """The pre-flight: every variable of :data:`READERS` read from ``environ`` (this process's environment), and from
-    ``config.worker.env_vars`` where a worker reads it, then one INFO line per override (:func:`overrides`), which
-    it returns. Raises ``EnvValueError`` for the first bad value."""
-    for name, (reader, in_workers) in READERS.items():
-        reader(environ)
-        if in_workers and name in config.worker.env_vars:
+    """The pre-flight: every variable of :data:`READERS` read from ``environ`` (this process's environment) and from
+    ``config.worker.env_vars`` as the table says, then one INFO line per override (:func:`overrides`), which it
+    returns. Raises ``EnvValueError`` for the first bad value."""
+    for name, (reader, in_environment, in_env_vars) in READERS.items():
+        if in_environment:
+            reader(environ)
+        if in_env_vars and name in config.worker.env_vars:
             reader(config.worker.env_vars, ENV_VARS)
     lines = overrides(config, environ)
     for line in lines:

@@ -151,7 +151,7 @@ class RolloutConfig:
     collectives, more transient device memory."""
     n_gpus_per_node: Optional[Annotated[int, POSITIVE]] = None
     """``trainer.rollout_mode: one_step_off`` or ``async`` only: devices per node of the rollout engines, apart from
-    the trainer's ``trainer.n_gpus_per_node`` (verl's ``actor_rollout_ref.rollout.n_gpus_per_node``); null:
+    the trainer's ``trainer.n_gpus_per_node`` (verl's ``rollout.n_gpus_per_node``); null:
     colocated."""
     enforce_eager: bool = False
     enable_chunked_prefill: bool = False
