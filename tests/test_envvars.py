@@ -60,6 +60,12 @@ def test_numbers_read():
     assert envvars.log_level({"EASYRL_LOG_LEVEL": "warning"}) == "WARNING" and envvars.log_level({}) == "INFO"
 
 
+def test_a_worker_number_is_read_in_worker_env_vars():
+    with pytest.raises(envvars.EnvValueError, match=re.escape("OMP_NUM_THREADS='four' is not a whole number >= 1 "
+                                                              "(threads per worker process), in worker.env_vars")):
+        envvars.check_environment(_config("worker.env_vars={OMP_NUM_THREADS: four}"), {})
+
+
 def test_no_override_without_a_variable_and_none_of_the_cpu_cache_on_gpus():
     assert envvars.check_environment(_config(), {}) == []
     config = _config("trainer.device=cuda", "trainer.check_collectives=true")

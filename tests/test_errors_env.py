@@ -28,8 +28,9 @@ CASES = [
     ("E02", {"EASYRL_PEAK_TFLOPS": "fast"}, [],
      ["EASYRL_PEAK_TFLOPS='fast' is not a number > 0 (one device's dense peak in TFLOP/s), in the environment; "
       "write e.g. EASYRL_PEAK_TFLOPS=1"]),
-    ("E03", {}, ["worker.env_vars={OMP_NUM_THREADS: four}"],
-     ["OMP_NUM_THREADS='four' is not a whole number >= 1 (threads per worker process), in worker.env_vars"]),
+    ("E03", {}, ["worker.env_vars={OMP_NUM_THREADS: '2', EASYRL_VERBOSE: loud}"],
+     ["EASYRL_VERBOSE='loud' is not a switch (1, true, yes, on / 0, false, no, off, in any case), in worker.env_vars; "
+      "write EASYRL_VERBOSE=1"]),
 ]
 
 
