@@ -175,7 +175,7 @@ def test_a_verl_key_is_answered_with_the_easyrl_key(word, says):
 
 def test_other_keys_of_a_verl_section_point_to_the_migration_page_and_typos_keep_their_hint():
     with pytest.raises(ConfigError, match=r"2 unknown config keys .*'actor_rollout_ref.rollout.mode' \(verl's key.*"
-                                          r"'actor_rollout_ref' \(actor_rollout_ref.model.path, a key of verl's config"):
+                       r"'actor_rollout_ref' \(actor_rollout_ref.model.path, a key of verl's config"):
         load_config(["actor_rollout_ref.rollout.mode=async", "actor_rollout_ref.model.path=x"])
     with pytest.raises(ConfigError, match=re.escape("Unknown config key 'data.rollout_bach_size' (from the command "
                                                     "line). Did you mean: data.rollout_batch_size")):

@@ -1,5 +1,6 @@
 """Everything checked before Ray starts (``prepare``): environment variables, models, tokenizer and processor, data,
-templates, tools and reward, in the order a user would fix them. Each failure is a ``UserError`` naming the key (docs/errors.md)."""
+templates, tools and reward, in the order a user would fix them. Each failure is a ``UserError`` naming the key
+(docs/errors.md)."""
 
 from __future__ import annotations
 

@@ -54,7 +54,8 @@ def open_group(address: str, port: int, rank: int, size: int, device: str, timeo
     for field, value in hccl_options(size, port, timeout, os.environ).items():
         setattr(options, field, value)
     group = ProcessGroupHCCL(store, rank, size, options)
-    with envvars.replaced(os.environ, RANK_TABLE_ENV, None):  # HCCL builds the communicator at the first collective: now, from root info
+    # HCCL builds the communicator at the first collective: now, from root info
+    with envvars.replaced(os.environ, RANK_TABLE_ENV, None):
         _broadcast(group, torch.zeros(1, device="npu"))
     return group
 
