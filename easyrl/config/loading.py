@@ -63,9 +63,10 @@ def _check_keys(user: dict, source: str, valid: dict[str, bool], autos: dict[str
             _check_keys(value, source, valid, autos, name + ".", found)
     if unknown is None and len(found) == 1:
         name, hint = found[0]
-        if hint and not hint.startswith("did you mean"):  # verl's key (easyrl.config.verl_keys)
-            raise ConfigError(f"Unknown config key '{name}' (from {source}): {hint}.")
-        raise ConfigError(f"Unknown config key '{name}' (from {source})." + (f" D{hint[1:]}" if hint else ""))
+        if hint.startswith("did you mean") or not hint:
+            raise ConfigError(f"Unknown config key '{name}' (from {source})." + (f" {hint[:1].upper()}{hint[1:]}"
+                                                                                 if hint else ""))
+        raise ConfigError(f"Unknown config key '{name}' (from {source}): {hint}.")  # verl's (easyrl.config.verl_keys)
     if unknown is None and found:
         listed = "; ".join(f"'{name}'" + (f" ({hint})" if hint else "") for name, hint in found)
         raise ConfigError(f"{len(found)} unknown config keys (from {source}): {listed}.")

@@ -98,6 +98,7 @@ def main(argv: Optional[list[str]] = None, prog: str = "python -m easyrl.trainer
     if any(word in ("-h", "--help", "help") for word in argv):
         print(USAGE.format(prog=prog), end="")
         return 0
+
     def run() -> int:
         setup_command_logging()  # inside run_cli: a bad EASYRL_LOG_LEVEL / EASYRL_VERBOSE is one line
         config = load_config(argv)  # first: a config mistake is reported before any heavy import
