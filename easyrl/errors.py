@@ -2,7 +2,8 @@
 
 Raise a :class:`UserError` (or a kind below; all are ``ValueError`` subclasses) where the cause is the user's input; the
 commands print ``easyrl: <kind> error: <message>`` on stderr and exit with status 2, without a traceback
-(``EASYRL_DEBUG=1`` re-raises). Anything else keeps its traceback. ``docs/errors.md`` lists every message.
+(``EASYRL_DEBUG=1`` re-raises). A bad environment variable (``easyrl.envvars.EnvValueError``, kind ``env``) is
+printed the same way. Anything else keeps its traceback. ``docs/errors.md`` lists every message.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import importlib.util
 import os
 import sys
 from types import ModuleType
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
+
+from easyrl import envvars
 
 
 class UserError(ValueError):
@@ -92,16 +95,25 @@ def import_user_file(path: str) -> Optional[ModuleType]:
     return sys.modules[name]
 
 
-def user_error_of(err: BaseException) -> Optional[UserError]:
-    """The :class:`UserError` behind ``err``: itself, a Ray task error's cause, or an explicit ``raise ... from``."""
+def user_error_of(err: BaseException) -> Optional[Union[UserError, envvars.EnvValueError]]:
+    """The :class:`UserError` (or bad environment variable) behind ``err``: itself, a Ray task error's cause, or an
+    explicit ``raise ... from``."""
     seen = 0
     while err is not None and seen < 8:
-        if isinstance(err, UserError) and type(err).__module__ != "ray.exceptions":
+        if isinstance(err, (UserError, envvars.EnvValueError)) and type(err).__module__ != "ray.exceptions":
             return err
         cause = getattr(err, "cause", None)  # ray.exceptions.RayTaskError keeps the remote exception here
         err = cause if isinstance(cause, BaseException) else err.__cause__
         seen += 1
     return None
+
+
+def _debugging() -> bool:
+    """Whether ``EASYRL_DEBUG`` is on; a bad value reads as off here, so that its own error is printed as one line."""
+    try:
+        return envvars.debug(os.environ)
+    except envvars.EnvValueError:
+        return False
 
 
 def run_cli(main: Callable[[], int]) -> int:
@@ -111,7 +123,7 @@ def run_cli(main: Callable[[], int]) -> int:
         return main()
     except Exception as err:
         user_error = user_error_of(err)
-        if user_error is None or os.environ.get("EASYRL_DEBUG", "").strip().lower() not in ("", "0", "false", "no"):
+        if user_error is None or _debugging():
             raise
         print(f"easyrl: {user_error.kind} error: {user_error.message}", file=sys.stderr)
         return 2

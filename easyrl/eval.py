@@ -37,9 +37,8 @@ def main(argv: Optional[list[str]] = None, prog: str = "python -m easyrl.eval") 
         return 0
     from easyrl.quiet import setup_command_logging
 
-    setup_command_logging()
-
     def run() -> int:
+        setup_command_logging()  # inside run_cli: a bad EASYRL_LOG_LEVEL / EASYRL_VERBOSE is one line
         from easyrl.trainer.evaluation import evaluate_command
 
         evaluate_command(argv)

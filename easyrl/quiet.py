@@ -12,7 +12,9 @@ import re
 import warnings
 from collections.abc import Iterator
 
-VERBOSE_ENV = "EASYRL_VERBOSE"
+from easyrl import envvars
+
+VERBOSE_ENV = envvars.VERBOSE
 
 # (logger name, message pattern matched from the start, why it is noise)
 NOISE: tuple[tuple[str, str, str], ...] = (
@@ -50,8 +52,9 @@ WARNINGS: tuple[tuple[str, type[Warning]], ...] = (
 
 
 def verbose() -> bool:
-    """Whether ``EASYRL_VERBOSE`` is set (to anything but 0/false/no/empty)."""
-    return os.environ.get(VERBOSE_ENV, "").strip().lower() not in ("", "0", "false", "no")
+    """Whether ``EASYRL_VERBOSE`` is on in this process (``easyrl.envvars.verbose``; raises ``EnvValueError`` for a
+    value that is no switch)."""
+    return envvars.verbose(os.environ)
 
 
 class NoiseFilter(logging.Filter):
@@ -103,13 +106,8 @@ def root_levels_kept() -> Iterator[None]:
 
 
 def setup_command_logging() -> None:
-    """A command's logging: ``EASYRL_LOG_LEVEL`` (default INFO; an unknown name warns and uses INFO) with timestamps,
-    and :func:`quiet_libraries`."""
-    given = os.environ.get("EASYRL_LOG_LEVEL", "INFO")
-    known = given.strip().upper() in logging.getLevelNamesMapping()
-    logging.basicConfig(level=given.strip().upper() if known else "INFO",
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if not known:
-        logging.getLogger("easyrl").warning("EASYRL_LOG_LEVEL=%r is not a log level (DEBUG, INFO, WARNING, ERROR): "
-                                            "INFO is used", given)
+    """A command's logging: ``EASYRL_LOG_LEVEL`` (default INFO, any case) with timestamps, and
+    :func:`quiet_libraries`. Raises ``EnvValueError`` for a level or ``EASYRL_VERBOSE`` easyrl cannot read (call it
+    inside ``easyrl.errors.run_cli``: one line)."""
+    logging.basicConfig(level=envvars.log_level(os.environ), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     quiet_libraries()

@@ -51,7 +51,7 @@ ALLOWED: dict[str, str] = {
     **{key: "verl's key in the migration table of docs/migrating.md" for key in (
         "data.train_batch_size", "data.gen_batch_size", "algorithm.kl_ctrl.type", "algorithm.filter_groups.enable",
         "trainer.total_training_steps", "trainer.test_freq", "trainer.default_local_dir",
-        "trainer.max_actor_ckpt_to_keep", "trainer.log_val_generations")},
+        "trainer.max_actor_ckpt_to_keep", "trainer.log_val_generations", "algorithm.rollout_correction.bypass_mode")},
 }
 
 CODE_SPAN = re.compile(r"`([^`\n]+)`")

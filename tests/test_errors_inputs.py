@@ -263,11 +263,11 @@ def test_settings_without_effect_are_warned_of_at_load(e2e_args, tmp_path, cid, 
     assert [w for w in caught if issubclass(w.category, ConfigWarning) and said in str(w.message)], said
 
 
-def test_log_level_in_any_case():  # W20
-    for level in ("verbose", "debug"):  # were: ValueError: Unknown level (a traceback before any check)
+def test_log_level_in_any_case():  # E04
+    for level, kind in (("verbose", "env"), ("debug", "config")):  # were: a traceback; then a warning and INFO
         proc = _command("train", "data.rollout_batch_size=0", env={"EASYRL_LOG_LEVEL": level})
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-        assert proc.stderr.strip().splitlines()[-1].startswith("easyrl: config error: ")
+        assert proc.stderr.strip().splitlines()[-1].startswith(f"easyrl: {kind} error: ")
         assert ("EASYRL_LOG_LEVEL='verbose' is not a log level" in proc.stderr) == (level == "verbose")
 
 

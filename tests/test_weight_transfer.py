@@ -11,6 +11,7 @@ from datetime import timedelta
 import pytest
 import torch
 
+from easyrl import envvars
 from easyrl.workers import weight_transfer
 
 # the fields torch_npu's _new_process_group_hccl_helper sets (torch_npu 2.10.0.post4, torch_npu/_init/registry/
@@ -43,11 +44,11 @@ def test_sub_communicators_derived_from_the_global_group_are_refused(value, refu
 
 def test_the_rank_table_is_unset_only_while_the_communicator_is_built(monkeypatch):
     monkeypatch.setenv(weight_transfer.RANK_TABLE_ENV, "/etc/hccl/rank_table.json")
-    with weight_transfer._unset(weight_transfer.RANK_TABLE_ENV):
+    with envvars.replaced(os.environ, weight_transfer.RANK_TABLE_ENV, None):  # as create_group does
         assert weight_transfer.RANK_TABLE_ENV not in os.environ
     assert os.environ[weight_transfer.RANK_TABLE_ENV] == "/etc/hccl/rank_table.json"
     monkeypatch.delenv(weight_transfer.RANK_TABLE_ENV)
-    with weight_transfer._unset(weight_transfer.RANK_TABLE_ENV):
+    with envvars.replaced(os.environ, weight_transfer.RANK_TABLE_ENV, None):
         pass
     assert weight_transfer.RANK_TABLE_ENV not in os.environ
 

@@ -20,23 +20,30 @@ from easyrl.config.aliases import MISSING, apply_aliases, get_key, pop_key, set_
 from easyrl.config.checks import check_config, warn_config_traps
 from easyrl.config.fields import auto_keys, expected, input_path_keys, valid_keys, validate
 from easyrl.config.ppo import PPOConfig
+from easyrl.config.verl_keys import VERL_SECTIONS, section_hint, verl_hints
 from easyrl.errors import ConfigError
 
 
 def _check_keys(user: dict, source: str, valid: dict[str, bool], autos: dict[str, str], prefix: str = "",
-                unknown: Optional[list[tuple[str, list[str]]]] = None) -> None:
+                unknown: Optional[list[tuple[str, str]]] = None) -> None:
     """Refuse the keys of one layer ``user`` (from ``source``) that are unknown (all of them in one error, each with
-    its "did you mean"), derived automatically, a section given a plain value or none, or a mapping given for a key
-    that holds one value (``data.max_prompt_length={a: 1}``)."""
-    found: list[tuple[str, list[str]]] = [] if unknown is None else unknown
+    its "did you mean", or for verl's keys what easyrl has instead: ``easyrl.config.verl_keys``), derived
+    automatically, a section given a plain value or none, or a mapping given for a key that holds one value
+    (``data.max_prompt_length={a: 1}``)."""
+    found: list[tuple[str, str]] = [] if unknown is None else unknown  # (key, its hint: "" or "did you mean: ...")
     for key, value in user.items():
         name = f"{prefix}{key}"
         if name not in valid:
-            settable = [k for k in valid if k not in autos]
-            close = difflib.get_close_matches(name, settable, n=3, cutoff=0.6)
-            leaf = [k for k in settable if k.rsplit(".", 1)[-1] == str(key)]
-            hint = close or leaf[:3]
-            found.append((name, hint))
+            verl, rest = verl_hints(name, value)
+            found.extend(verl)
+            if rest and name.split(".")[0] in VERL_SECTIONS:
+                found.append((name, section_hint(rest)))
+            elif rest:
+                settable = [k for k in valid if k not in autos]
+                close = difflib.get_close_matches(name, settable, n=3, cutoff=0.6)
+                leaf = [k for k in settable if k.rsplit(".", 1)[-1] == str(key)]
+                hint = close or leaf[:3]
+                found.append((name, f"did you mean: {', '.join(hint)}?" if hint else ""))
             continue
         if name in autos:
             raise ConfigError(
@@ -56,11 +63,12 @@ def _check_keys(user: dict, source: str, valid: dict[str, bool], autos: dict[str
             _check_keys(value, source, valid, autos, name + ".", found)
     if unknown is None and len(found) == 1:
         name, hint = found[0]
-        raise ConfigError(f"Unknown config key '{name}' (from {source})."
-                          + (f" Did you mean: {', '.join(hint)}?" if hint else ""))
+        if hint.startswith("did you mean") or not hint:
+            raise ConfigError(f"Unknown config key '{name}' (from {source})." + (f" {hint[:1].upper()}{hint[1:]}"
+                                                                                 if hint else ""))
+        raise ConfigError(f"Unknown config key '{name}' (from {source}): {hint}.")  # verl's (easyrl.config.verl_keys)
     if unknown is None and found:
-        listed = "; ".join(f"'{name}'" + (f" (did you mean: {', '.join(hint)}?)" if hint else "")
-                           for name, hint in found)
+        listed = "; ".join(f"'{name}'" + (f" ({hint})" if hint else "") for name, hint in found)
         raise ConfigError(f"{len(found)} unknown config keys (from {source}): {listed}.")
 
 

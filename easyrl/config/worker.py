@@ -151,7 +151,7 @@ class RolloutConfig:
     collectives, more transient device memory."""
     n_gpus_per_node: Optional[Annotated[int, POSITIVE]] = None
     """``trainer.rollout_mode: one_step_off`` or ``async`` only: devices per node of the rollout engines, apart from
-    the trainer's ``trainer.n_gpus_per_node`` (verl's ``actor_rollout_ref.rollout.n_gpus_per_node``); null:
+    the trainer's ``trainer.n_gpus_per_node`` (verl's ``rollout.n_gpus_per_node``); null:
     colocated."""
     enforce_eager: bool = False
     enable_chunked_prefill: bool = False
@@ -301,7 +301,8 @@ class WorkerConfig:
     env_vars: dict[str, str] = field(default_factory=dict)
     """Environment variables of every worker process, on every node (Ray's ``runtime_env.env_vars``), set before the
     process starts, so ``LD_PRELOAD`` works; they override easyrl's own worker settings of the same name
-    (docs/multinode.md)."""
+    (docs/multinode.md). Those easyrl reads (``OMP_NUM_THREADS``, ``VLLM_CPU_KVCACHE_SPACE``, ``EASYRL_*``) are
+    read before Ray starts, an override logged (``easyrl.envvars``, docs/environment.md)."""
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
     """The frozen teacher of on-policy distillation, built only when ``algorithm.needs_teacher``
     (``easyrl.config.actor``)."""

@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
+from easyrl import envvars
+
 
 @dataclass(frozen=True)
 class DeviceSpec:
@@ -40,14 +42,15 @@ SIMULATED = sorted(name for name, spec in DEVICES.items() if spec.memory_gib is 
 """The devices ``easyrl simulate --device`` offers (those with a known memory)."""
 DEFAULT_DEVICE = {"cuda": "h100", "npu": "910b", "auto": "h100", "cpu": "h100"}
 """``easyrl simulate``'s device for each ``trainer.device``."""
-PEAK_ENV = "EASYRL_PEAK_TFLOPS"
 
 
 def peak_flops(device_name: str) -> Optional[float]:
     """Peak FLOP/s of one device named ``device_name`` (``torch.cuda.get_device_name()``); ``EASYRL_PEAK_TFLOPS``
-    overrides; None when unknown (the CPU, unlisted accelerators): no MFU then."""
-    if os.environ.get(PEAK_ENV):
-        return float(os.environ[PEAK_ENV]) * 1e12
+    overrides (``easyrl.envvars.peak_tflops``, read before Ray); None when unknown (the CPU, unlisted accelerators):
+    no MFU then."""
+    stated = envvars.peak_tflops(os.environ)
+    if stated is not None:
+        return stated * 1e12
     for spec in sorted(DEVICES.values(), key=lambda s: len(s.marker), reverse=True):
         if spec.marker.lower() in device_name.lower():
             return spec.peak_tflops * 1e12

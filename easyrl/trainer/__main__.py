@@ -98,9 +98,9 @@ def main(argv: Optional[list[str]] = None, prog: str = "python -m easyrl.trainer
     if any(word in ("-h", "--help", "help") for word in argv):
         print(USAGE.format(prog=prog), end="")
         return 0
-    setup_command_logging()
 
     def run() -> int:
+        setup_command_logging()  # inside run_cli: a bad EASYRL_LOG_LEVEL / EASYRL_VERBOSE is one line
         config = load_config(argv)  # first: a config mistake is reported before any heavy import
         from easyrl.trainer.run_folder import RunFinished
 

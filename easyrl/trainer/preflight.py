@@ -1,13 +1,16 @@
-"""Everything checked before Ray starts (``prepare``): models, tokenizer and processor, data, templates, tools and
-reward, in the order a user would fix them. Each failure is a ``UserError`` naming the key (docs/errors.md)."""
+"""Everything checked before Ray starts (``prepare``): environment variables, models, tokenizer and processor, data,
+templates, tools and reward, in the order a user would fix them. Each failure is a ``UserError`` naming the key
+(docs/errors.md)."""
 
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from easyrl.data.prompts import load_format_prompt
+from easyrl.envvars import check_environment
 from easyrl.errors import ConfigError, DataError
 from easyrl.models.families import check_supported
 from easyrl.trainer.model_checks import (
@@ -123,7 +126,9 @@ def prepare(config: Any, train: bool = True) -> Prepared:
     """All pre-flight checks of a finalized ``PPOConfig``, cheap ones first (driver, paths, headers, data columns,
     templates, tool and reward files: no model loaded), then the model config and tokenizer against the settings, the
     datasets, and the reward function on one sample. ``train`` False (``easyrl eval``): no training set is loaded
-    and the reward is tried on a validation sample. Raises a ``UserError`` (docs/errors.md)."""
+    and the reward is tried on a validation sample. Raises a ``UserError``, or an ``EnvValueError`` for an
+    environment variable (or ``worker.env_vars`` value) easyrl cannot read (docs/errors.md)."""
+    check_environment(config, os.environ)  # first: each variable read once here, overrides logged
     if train and not config.data.train_files:
         raise ConfigError("data.train_files is not set: training needs a training set (only `easyrl eval` runs "
                           "without one).")

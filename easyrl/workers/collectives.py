@@ -19,9 +19,11 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from torch.utils._pytree import tree_leaves
 
+from easyrl import envvars
+
 __all__ = ["ENV", "CollectiveMismatch", "checked_call", "contract_on", "install", "method_end"]
 
-ENV = "EASYRL_CHECK_COLLECTIVES"
+ENV = envvars.CHECK_COLLECTIVES
 C10D_OPS = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single", "reduce_scatter",
             "reduce_scatter_tensor", "reduce_scatter_single", "broadcast", "reduce", "gather", "scatter",
             "all_to_all", "all_to_all_single", "barrier", "monitored_barrier", "all_gather_object",
@@ -42,8 +44,8 @@ class CollectiveMismatch(RuntimeError):
 
 def contract_on(config_switch: bool) -> bool:
     """Whether the contract is on: ``trainer.check_collectives`` (``config_switch``) or
-    ``EASYRL_CHECK_COLLECTIVES=1``."""
-    return bool(config_switch) or os.environ.get(ENV, "0") not in ("", "0")
+    ``EASYRL_CHECK_COLLECTIVES`` on in this process (``easyrl.envvars.check_collectives``: ``false`` is off)."""
+    return bool(config_switch) or envvars.check_collectives(os.environ)
 
 
 class _Contract:

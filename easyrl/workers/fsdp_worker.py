@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 import torch
 
+from easyrl import envvars
 from easyrl.batch import Batch
 from easyrl.config import PPOConfig
 from easyrl.device import collective_backend, device_name, empty_cache, memory_metrics, set_device, torch_device
@@ -97,7 +98,7 @@ class FSDPWorker:
         os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(self.rank),
                           WORLD_SIZE=str(self.world_size), LOCAL_RANK="0")
         # the host threads WorkerGroup gave this worker (group.worker_cpu_threads): no oversubscribed intra-op pool
-        torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
+        torch.set_num_threads(envvars.omp_threads(os.environ) or 1)
         set_device(self.device)
         self.torch_device = torch_device(self.device)
         dist.init_process_group(backend=collective_backend(self.device), rank=self.rank, world_size=self.world_size,

@@ -74,8 +74,8 @@ def worker_runtime_env(device: str, cpu_threads: int, user: dict[str, str]) -> d
     if device == "npu":
         # vllm-ascend refuses wake_up (and the ND-layout sync) in its default FRACTAL_NZ weight mode
         env["VLLM_ASCEND_ENABLE_NZ"] = "0"
-    if ENV in os.environ:  # the collective contract (easyrl.workers.collectives), also on where Ray started earlier
-        env[ENV] = os.environ[ENV]
+    if contract_on(False):  # the collective contract (easyrl.workers.collectives), also on where Ray started earlier
+        env[ENV] = "1"
     env.update({str(k): str(v) for k, v in user.items()})
     return env
 

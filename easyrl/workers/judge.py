@@ -5,10 +5,12 @@ on first use, then resident: vLLM's sleep mode would act on every engine of the 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from typing import Any, Optional
 
+from easyrl import envvars
 from easyrl.config.judge import JudgeConfig
 from easyrl.config.role import DTYPES
 from easyrl.quiet import verbose
@@ -38,16 +40,10 @@ class VLLMJudge:
 
         self.config = config
         kwargs = judge_engine_arguments(config, device, seed, enforce_eager)
-        previous = os.environ.get("VLLM_CPU_KVCACHE_SPACE")
-        if device == "cpu":  # read when the engine is built; the rollout engine's value is put back afterwards
-            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(config.cpu_kvcache_space_gib)))
-        try:
+        # on the CPU, read when the engine is built; the rollout engine's value is put back afterwards
+        space = str(max(1, math.ceil(config.cpu_kvcache_space_gib)))
+        with envvars.replaced(os.environ, envvars.CPU_KVCACHE, space) if device == "cpu" else contextlib.nullcontext():
             self.llm = LLM(**kwargs)
-        finally:
-            if device == "cpu":
-                os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
-                if previous is not None:
-                    os.environ["VLLM_CPU_KVCACHE_SPACE"] = previous
 
     def judge(self, messages: list[str]) -> list[Optional[str]]:
         """One verdict per judge prompt (``worker.reward.judge.max_tokens`` tokens at most, at its ``temperature``;

@@ -16,6 +16,7 @@ from typing import Any, Optional
 import torch
 from tqdm import tqdm
 
+from easyrl import envvars
 from easyrl.config import RolloutConfig
 from easyrl.config.role import DTYPES
 from easyrl.models.expert_layout import to_checkpoint_layout
@@ -122,9 +123,10 @@ class VLLMRollout:
         engine_kwargs = engine_arguments(model_path, config, device, seed,
                                          vision=getattr(hf_config, "vision_config", None) is not None,
                                          read_checkpoint=read_checkpoint)
-        if device == "cpu":
-            # vLLM's CPU backend sizes its KV cache from this variable (GiB), not from gpu_memory_utilization.
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, math.ceil(config.cpu_kvcache_space_gib))))
+        if device == "cpu" and envvars.cpu_kvcache_gib(os.environ) is None:
+            # vLLM's CPU backend sizes its KV cache from this variable (GiB), not from gpu_memory_utilization; one
+            # set in the environment or worker.env_vars wins (logged by the pre-flight, easyrl.envvars.overrides)
+            os.environ[envvars.CPU_KVCACHE] = str(max(1, math.ceil(config.cpu_kvcache_space_gib)))
         if engine_kwargs.get("load_format") == DUMMY_LOAD_FORMAT:
             register_dummy_loader()  # in this process, before the engine is built
         reuse_passed_tokenizer()

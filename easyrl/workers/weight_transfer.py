@@ -16,10 +16,8 @@ communicator from the cluster's rank table (torch_npu 2.10.0.post4, ``ProcessGro
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
-import re
 from collections.abc import Iterator, Mapping
 from datetime import timedelta
 from typing import Any, Optional
@@ -27,6 +25,7 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
+from easyrl import envvars
 from easyrl.workers.weight_sync import gather_bucket, plan_buckets
 
 Plan = list[list[tuple[str, list[int]]]]
@@ -55,7 +54,8 @@ def open_group(address: str, port: int, rank: int, size: int, device: str, timeo
     for field, value in hccl_options(size, port, timeout, os.environ).items():
         setattr(options, field, value)
     group = ProcessGroupHCCL(store, rank, size, options)
-    with _unset(RANK_TABLE_ENV):  # HCCL builds the communicator at the first collective: now, from root info
+    # HCCL builds the communicator at the first collective: now, from root info
+    with envvars.replaced(os.environ, RANK_TABLE_ENV, None):
         _broadcast(group, torch.zeros(1, device="npu"))
     return group
 
@@ -76,29 +76,12 @@ def hccl_options(size: int, port: int, timeout: timedelta, environ: Mapping[str,
     Raises:
         RuntimeError: ``ROOTINFO_SUBCOMM_ENABLE`` is on in ``environ`` (torch_npu would derive this group's
             communicator from the process's global group, of which the rollout ranks are no members)."""
-    if _env_flag(environ.get("ROOTINFO_SUBCOMM_ENABLE")):
+    if envvars.rootinfo_subcomm(environ):
         raise RuntimeError("ROOTINFO_SUBCOMM_ENABLE is on: torch_npu would derive the trainer-to-rollout transfer "
                            "group's HCCL communicator from this process's global group, whose ranks are not the "
                            "group's; unset it (or set 0) in worker.env_vars for the split rollout modes.")
     return {"is_high_priority_stream": False, "_timeout": timeout, "global_ranks_in_group": list(range(size)),
             "group_id": f"easyrl_transfer_{port}"}
-
-
-def _env_flag(value: Optional[str]) -> bool:
-    """torch_npu's reading of a 0/1 variable (``OptionsManager::GetBoolTypeOption``: strtol, non-zero is on)."""
-    number = re.match(r"\s*[+-]?\d+", value or "")
-    return bool(number and int(number.group()))
-
-
-@contextlib.contextmanager
-def _unset(name: str) -> Iterator[None]:
-    """Inside: environment variable ``name`` absent from this process (restored after)."""
-    saved = os.environ.pop(name, None)
-    try:
-        yield
-    finally:
-        if saved is not None:
-            os.environ[name] = saved
 
 
 def make_plan(state: dict[str, torch.Tensor], dtype: torch.dtype, bucket_bytes: int,
