@@ -94,6 +94,7 @@ def grpo_config(config: PPOConfig, output_dir: str):
         lr_scheduler_type="constant",
         warmup_steps=0,
         beta=0.0 if (algo.disable_kl or not algo.use_kl_loss) else algo.kl_coef,
+        use_bias_correction_kl=False,  # TRL >= 1.x multiplies k3 by the ratio by default; easyrl's low_var_kl does not
         epsilon=actor.clip_ratio_low,
         epsilon_high=actor.clip_ratio_high,
         loss_type="dapo",  # token-mean over the whole batch = easyrl's token-mean with one mini-batch
