@@ -18,6 +18,7 @@ from __future__ import annotations
 import shutil
 import sys
 from pathlib import Path
+from typing import Optional
 from unittest import mock
 
 import numpy as np
@@ -134,16 +135,16 @@ def easyrl_step(config, data: Batch) -> tuple[float, dict[str, torch.Tensor], di
     return metrics["actor/pg_loss"][0] + actor.kl_coef * metrics["actor/kl_loss"][0], grads, metrics
 
 
-def easyrl_batch(samples: dict, advantages: torch.Tensor, old: torch.Tensor, ref: torch.Tensor) -> Batch:
+def easyrl_batch(samples: dict, advantages: torch.Tensor, old: Optional[torch.Tensor], ref: torch.Tensor) -> Batch:
     """easyrl's batch of ``samples``: advantages ``(8,)`` broadcast to the response, ``old``/``ref`` log-probs
-    ``(8, RESP_LEN)``."""
+    ``(8, RESP_LEN)`` (``old`` None: an on-policy step, the update's own detached log-probs are the old ones)."""
     mask = samples["completion_mask"]
-    return Batch(TensorDict({
-        "input_ids": torch.cat([samples["prompt_ids"], samples["completion_ids"]], 1),
-        "attention_mask": torch.cat([samples["prompt_mask"], mask], 1),
-        "responses": samples["completion_ids"], "response_mask": mask,
-        "advantages": advantages[:, None] * mask, "old_log_probs": old * mask, "ref_log_probs": ref * mask,
-    }, batch_size=[len(mask)]), {"multi_modal_inputs": [{} for _ in range(len(mask))]})
+    tensors = {"input_ids": torch.cat([samples["prompt_ids"], samples["completion_ids"]], 1),
+               "attention_mask": torch.cat([samples["prompt_mask"], mask], 1), "responses": samples["completion_ids"],
+               "response_mask": mask, "advantages": advantages[:, None] * mask, "ref_log_probs": ref * mask}
+    if old is not None:
+        tensors["old_log_probs"] = old * mask
+    return Batch(TensorDict(tensors, batch_size=[len(mask)]), {"multi_modal_inputs": [{} for _ in range(len(mask))]})
 
 
 def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -154,9 +155,9 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 
 @pytest.fixture(scope="module")
 def parity(process_group, tiny_model_path, tmp_path_factory) -> dict:
-    """Both steps on the fixed batch: ``samples``, ``config``, TRL's ``trl_inputs``, ``old``/``ref`` log-probs
-    ``(8, RESP_LEN)``, ``easyrl`` and ``trl`` = ``(loss, grads)`` (TRL without the KL bias correction, as the bench),
-    ``trl_bias_corrected`` (TRL's default), ``metrics`` of easyrl's update. Both get TRL's advantages."""
+    """Both steps on the fixed batch: ``samples``, ``config``, TRL's ``trainer`` and ``trl_inputs``, ``old``/``ref``
+    log-probs ``(8, RESP_LEN)``, ``easyrl`` and ``trl`` = ``(loss, grads)`` (TRL without the KL bias correction, as the
+    bench), ``trl_bias_corrected`` (TRL's default), ``metrics`` of easyrl's update. Both get TRL's advantages."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder = tmp_path_factory.mktemp("parity_model")
@@ -180,8 +181,7 @@ def parity(process_group, tiny_model_path, tmp_path_factory) -> dict:
     inputs["old_per_token_logps"], inputs["ref_per_token_logps"] = old * mask, ref * mask
     out = {"samples": samples, "config": config, "trl_inputs": inputs, "old": old, "ref": ref,
            "trl": trl_step(trainer, inputs, bias_corrected_kl=False),
-           "trl_bias_corrected": trl_step(trainer, inputs, bias_corrected_kl=True)}
-    del trainer
+           "trl_bias_corrected": trl_step(trainer, inputs, bias_corrected_kl=True), "trainer": trainer}
     *out["easyrl"], out["metrics"] = easyrl_step(config, easyrl_batch(samples, inputs["advantages"], old, ref))
     return out
 
@@ -216,4 +216,23 @@ def test_trl_default_kl_is_bias_corrected(parity):
     (loss, grads), (trl_loss, trl_grads) = parity["easyrl"], parity["trl_bias_corrected"]
     print(f"TRL with use_bias_correction_kl: loss |diff| {abs(loss - trl_loss):.3g}, gradient max |diff| "
           f"{max_diff(grads, trl_grads):.3g}")
-    assert max_diff(grads, trl_grads) > 100 * ATOL
+    assert max_diff(grads, trl_grads) > 10 * ATOL
+
+
+def test_on_policy_kl_gradients(parity):
+    """The bench's step is on-policy (``num_iterations`` 1: no old log-probs on either side). There TRL's default
+    bias-corrected KL is easyrl's ``low_var_kl+`` (k3's value, k2's gradient), and without the correction (as
+    bench/trl_grpo.py sets it) easyrl's ``low_var_kl``."""
+    samples, ref, inputs = parity["samples"], parity["ref"], dict(parity["trl_inputs"])
+    del inputs["old_per_token_logps"]  # TRL then takes its own detached log-probs, as in the bench
+    data = easyrl_batch(samples, inputs["advantages"], None, ref)
+    easyrl = {estimator: easyrl_step(bench_config(parity["config"].worker.actor.model.model_path,
+                                                  f"algorithm.kl_penalty={estimator}"), data)[:2]
+              for estimator in ("low_var_kl", "low_var_kl+")}
+    trl = {corrected: trl_step(parity["trainer"], inputs, bias_corrected_kl=corrected) for corrected in (False, True)}
+    diffs = {(e, c): (abs(easyrl[e][0] - trl[c][0]), max_diff(easyrl[e][1], trl[c][1])) for e in easyrl for c in trl}
+    for (estimator, corrected), (loss, grad) in diffs.items():
+        print(f"on-policy, easyrl {estimator} vs TRL use_bias_correction_kl={corrected}: loss |diff| {loss:.3g}, "
+              f"gradient max |diff| {grad:.3g}")
+    assert max(diffs[("low_var_kl", False)]) < ATOL and max(diffs[("low_var_kl+", True)]) < ATOL
+    assert diffs[("low_var_kl", True)][1] > 10 * ATOL  # the bench before #53: TRL's KL gradient, not easyrl's
