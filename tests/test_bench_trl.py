@@ -28,6 +28,7 @@ def test_grpo_config_matches_the_easyrl_settings(tmp_path):
     assert trl.generation_batch_size == 32  # one rollout batch = one optimizer step, as easyrl's global batch
     assert (trl.max_completion_length, trl.temperature, trl.top_p) == (48, 1.0, 1.0)
     assert (trl.beta, trl.epsilon, trl.epsilon_high, trl.loss_type) == (0.04, 0.2, 0.28, "dapo")
+    assert not trl.use_bias_correction_kl  # easyrl's low_var_kl: k3, not ratio * k3 (tests/test_trl_parity.py)
     assert (trl.learning_rate, trl.weight_decay, trl.adam_beta1, trl.adam_beta2) == (3e-5, 0.0, 0.9, 0.999)
     assert (trl.max_grad_norm, trl.lr_scheduler_type, trl.num_iterations) == (1.0, "constant", 1)
     assert (trl.scale_rewards, trl.max_steps, trl.seed) == ("group", 16, 7)
