@@ -28,7 +28,8 @@ def test_an_openai_agent_trains_on_the_tokens_the_engine_sampled(e2e_text_config
         assert all(row["agent/trained"] + row["agent/failed"] == 4 for row in rows), rows
         assert all(row["agent/requests/mean"] >= 2.25 and row["rollout/log_prob_diff_max"] < 2e-3 for row in rows)
         print("AGENT broken sessions", [row["agent/broken_sessions"] for row in rows],
-              "segments/mean", [row["agent/segments/mean"] for row in rows])
+              "segments/mean", [row["agent/segments/mean"] for row in rows],
+              "timing_s", [{k[9:]: round(v, 1) for k, v in row.items() if k.startswith("timing_s/")} for row in rows])
         batch, sessions = trainer.last_batch, trainer.generator.rollout.last_sessions
         checked = 0
         for i, session in enumerate(sessions):
