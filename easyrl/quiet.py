@@ -93,8 +93,9 @@ def quiet_libraries() -> None:
 @contextlib.contextmanager
 def root_levels_kept() -> Iterator[None]:
     """Inside, a library may set the root logger's level and its handlers' levels; on leaving they are what they
-    were. vLLM's OpenAI app (its SageMaker routes, ``build_app``) imports ``model_hosting_container_standards``, which
-    sets them to ERROR (its ``SAGEMAKER_CONTAINER_LOG_LEVEL`` default): the calling process's warnings would go."""
+    were. vLLM's OpenAI app imports ``model_hosting_container_standards`` for its SageMaker routes (``build_app`` on
+    vLLM 0.32, the ``api_server`` module on 0.23), which sets them to ERROR (its ``SAGEMAKER_CONTAINER_LOG_LEVEL``
+    default): the calling process's warnings would go."""
     root = logging.getLogger()
     level, handlers = root.level, [(handler, handler.level) for handler in root.handlers]
     try:

@@ -129,7 +129,8 @@ class AgentEndpoint:
             return self.url
         from easyrl.workers import vllm_compat
 
-        make_arg_parser, validate_args, build_app, init_app_state = vllm_compat.openai_serving_api()
+        with root_levels_kept():  # vLLM 0.23's api_server imports model_hosting_container_standards here
+            make_arg_parser, validate_args, build_app, init_app_state = vllm_compat.openai_serving_api()
         from vllm.utils.argparse_utils import FlexibleArgumentParser
 
         args = make_arg_parser(FlexibleArgumentParser()).parse_args(self.argv)
