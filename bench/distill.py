@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> dict:
             if args.budget_s and time.time() - start > args.budget_s:
                 print(f"stopping after step {step}: --budget-s {args.budget_s} s spent", flush=True)
                 break
-        trainer.workers.shutdown()
+        trainer.close()
     finally:
         ray.shutdown()
     result["wall_s"] = time.time() - start

@@ -119,7 +119,7 @@ def main() -> None:
                   f"{medians['multi-turn, round barrier'] / medians['single-turn']:.2f}", flush=True)
     finally:
         if trainer is not None:
-            trainer.workers.shutdown()
+            trainer.close()
         ray.shutdown()
 
 

@@ -131,7 +131,8 @@ def local_ray() -> Iterator[Callable[[], None]]:
 def trainer_on_ray(local_ray) -> Callable:
     """Context-manager factory: ``with trainer_on_ray(config, worker_cls=None) as trainer:`` builds the trainer on the
     session's Ray (``local_ray``; ``easyrl.trainer.__main__.build_trainer``; ``worker_cls`` e.g.
-    ``easyrl.testing.worker.InspectableWorker``); on leaving the block its workers are shut down, or, when the block
+    ``easyrl.testing.worker.InspectableWorker``); on leaving the block it is closed (``RayPPOTrainer.close``: its
+    streams, tools, endpoint and workers), or, when the block
     raised, Ray itself (which ends them)."""
 
     @contextmanager
@@ -147,7 +148,7 @@ def trainer_on_ray(local_ray) -> Callable:
         except BaseException:
             ray.shutdown()
             raise
-        trainer.workers.shutdown()
+        trainer.close()
 
     return run
 

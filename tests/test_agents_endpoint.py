@@ -193,7 +193,7 @@ def tokenizer(tiny_path):
 def endpoint(tiny_path, tokenizer):
     """One endpoint for the module. Each session's ``data["replies"]``: the texts its requests sample, in order
     (``"<eos>"`` appended as <|im_end|>, ``"!raise"`` to fail); log-prob of the i-th token: -0.01 * (i + 1)."""
-    from easyrl.trainer.agent_endpoint import AgentEndpoint
+    from easyrl.trainer.agent_endpoint.server import AgentEndpoint
 
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     pool = concurrent.futures.ThreadPoolExecutor(16)

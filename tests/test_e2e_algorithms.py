@@ -69,7 +69,7 @@ def trainer(e2e_config, local_ray, tmp_path_factory):
     trainer = build_trainer(config, worker_cls=InspectableWorker)
     trainer.config.algorithm.adv_estimator = "grpo"
     yield trainer
-    trainer.workers.shutdown()
+    trainer.close()
 
 
 def _steps(trainer, count=2, estimator="grpo"):

@@ -39,7 +39,7 @@ def vl_trainer(local_ray, e2e_config, tmp_path_factory):
                         "data.max_response_length=16")  # the demo's 48 tokens: 3x the decoding, nothing more to see
     trainer = build_trainer(config, worker_cls=InspectableWorker)
     yield trainer
-    trainer.workers.shutdown()
+    trainer.close()
 
 
 def _max_abs_diff(a: dict, b: dict) -> float:

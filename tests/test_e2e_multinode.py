@@ -39,7 +39,7 @@ def test_two_nodes_one_worker_each_two_grpo_steps(e2e_text_config, tmp_path):
             ray.get_runtime_context().get_node_id(), __import__("os").environ.get("EASYRL_NODE_TEST")))
             for w in trainer.workers.workers])
         trainer.fit()
-        trainer.workers.shutdown()
+        trainer.close()
     finally:
         ray.shutdown()
         cluster.shutdown()

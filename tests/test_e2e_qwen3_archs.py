@@ -50,7 +50,7 @@ def test_one_step_vllm_matches_actor(arch, local_ray, e2e_config, tmp_path):
     try:
         metrics = trainer.train_step(trainer.prompt_stream())
     finally:
-        trainer.workers.shutdown()
+        trainer.close()
     print(f"ARCH_E2E {arch} parity max={metrics['rollout/log_prob_diff_max']:.3g} "
           f"probs_diff_mean={metrics['rollout/probs_diff_mean']:.3g}")
     assert all(math.isfinite(v) for v in metrics.values()), metrics

@@ -143,7 +143,7 @@ def runs(e2e_args, local_ray, tmp_path_factory):
         with pytest.raises(RuntimeError) as err:
             trainer.fit()
         out["dead_worker"] = (str(err.value), time.perf_counter() - start, trainer.last_checkpoint)
-        trainer.workers.shutdown()
+        trainer.close()
         # a replay of run A's step 5 from its checkpoint of step 4, without engines (issue #53)
         replay = load_config(e2e_args("qwen2_5", root / "replay", *OVERRIDES, "data.val_files=null",
                                       f"trainer.load_rollout_data_dir={root / 'a' / 'rollouts'}",
@@ -152,7 +152,7 @@ def runs(e2e_args, local_ray, tmp_path_factory):
         replayer.fit()
         out["replay"] = (Path(replay.trainer.run_dir), type(replayer.placement).__name__,
                          replayer.workers.startup_seconds)
-        replayer.workers.shutdown()
+        replayer.close()
     finally:
         ray.shutdown()
 

@@ -108,7 +108,7 @@ def _run(e2e_text_config, local_ray, runs_root, tp: int, *overrides: str, fit: b
                 trainer.global_step = step
                 trainer.train_step(stream)
     finally:
-        trainer.workers.shutdown()
+        trainer.close()
     # (FSDPWorker.close releases the TP group's shared memory, not left in /dev/shm by the killed workers)
     return {"groups": groups, "steps": steps, "batches": batches, "weights": weights, "sizes": sizes,
             "run_dir": Path(config.trainer.run_dir), "shm_left": set(os.listdir("/dev/shm")) - shm_before,

@@ -117,7 +117,7 @@ def main(argv: Optional[list[str]] = None, prog: str = "python -m easyrl.trainer
             print(f"easyrl: {done}")
             return 0
         trainer.fit()
-        trainer.workers.shutdown()  # workers release their shared memory (a failed run raised above: Ray kills them)
+        trainer.close()  # streams, tools, endpoint, workers' shared memory (a failed run raised above: Ray ends them)
         if trainer.stop_signal is not None:  # stopped by SIGTERM/SIGINT after saving a checkpoint
             return 128 + trainer.stop_signal
         return 0

@@ -114,6 +114,9 @@ class NoRollout:
         """None: no decode slots."""
         return None
 
+    def close(self) -> None:
+        """Nothing runs in the background."""
+
 
 class TrainOnly:
     """No engines (a replay of a rollout dump, ``trainer.load_rollout_data_dir``): the trainer's workers hold the

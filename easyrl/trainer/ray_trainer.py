@@ -130,6 +130,19 @@ class RayPPOTrainer:
             logger.warning("perf/mfu/* not reported: cannot count the weights of %s (%s)", model.model_path, e)
         self.peak_flops = peak_flops(self.workers.run_all(FSDPWorker.device_name)[0])
 
+    def close(self) -> None:
+        """End the run's parts, once (a second call does nothing): what generates ahead, the rollout's background
+        (request stream, tool processes, agent endpoint), the placement's shared stream, then the workers
+        (``WorkerGroup.shutdown``: their shared memory released, the actors killed)."""
+        if self.workers is None:
+            return
+        rollout = self.generator.rollout if self.generator is not None else None
+        for part in (self.batches, rollout, self.placement):  # None where init_workers stopped before it
+            if part is not None:
+                part.close()
+        self.workers.shutdown()
+        self.workers = None
+
     def _compute_advantage(self, batch: Batch) -> None:
         algo = self.config.algorithm
         advantages, returns = compute_advantage(algo.adv_estimator, AdvantageInputs(

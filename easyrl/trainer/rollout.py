@@ -101,6 +101,11 @@ class Rollout(Protocol):
         the engine steps since the last call (``rollout/slot_occupancy``); None when not measured."""
         ...
 
+    def close(self) -> None:
+        """Stop what it runs in the background (a request stream, tool processes, an agent endpoint); the trainer
+        calls it once, at its end (``RayPPOTrainer.close``)."""
+        ...
+
 
 class SingleTurnRollout:
     """One response per prompt from the ``workers``' vLLM engines, right-padded to ``response_length``."""
@@ -133,3 +138,6 @@ class SingleTurnRollout:
         """See :meth:`Rollout.slot_occupancy`."""
         (busy, offered), self._slots = self._slots, [0, 0]
         return busy / offered if offered else None
+
+    def close(self) -> None:
+        """Nothing runs in the background."""

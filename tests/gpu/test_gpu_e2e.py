@@ -28,7 +28,7 @@ def test_two_grpo_steps_with_sleep_mode(e2e_config, tmp_path):
         (worker,) = trainer.workers.workers
         assert ray.get(worker.__ray_call__.remote(lambda w: w.rollout.sleep_level)) == 2
         trainer.fit()
-        trainer.workers.shutdown()
+        trainer.close()
         lines = (Path(trainer.config.trainer.run_dir) / "metrics.jsonl").read_text().splitlines()
         rows = [json.loads(line) for line in lines]
         assert [r["step"] for r in rows] == [1, 2]
