@@ -228,9 +228,8 @@ def route_teachers(teachers: list[Teacher], sources: list[Any]) -> list[int]:
 def unserved_source(teachers: list[Teacher], source: Any, where: str) -> str:
     """The message for data source ``source`` (at ``where``: file and row) that no teacher of ``teachers`` serves."""
     named = ", ".join(f"{t.key}.data_sources={list(t.data_sources)}" for t in teachers)
-    return (f"{where} has data_source={source!r}, which no teacher serves ({named}) and no teacher is "
-            "worker.teachers.<name>.default=true: add it to one teacher's data_sources, or make one teacher the "
-            "default.")
+    return (f"{where} has data_source={source!r}, which no teacher serves ({named}), and there is no default "
+            "teacher: add it to one teacher's data_sources, or set worker.teachers.<name>.default=true for one.")
 
 
 def check_teachers(config: Any) -> None:
