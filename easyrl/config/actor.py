@@ -178,7 +178,8 @@ class Teacher:
     """One teacher of the run as the workers, the sizing and the checks read it (:func:`teachers_of`)."""
 
     name: str
-    """``teacher`` for ``worker.teacher``; the mapping key for ``worker.teachers.<name>`` (``distill/reverse_kl/<name>``)."""
+    """``teacher`` for ``worker.teacher``; the mapping key for ``worker.teachers.<name>`` (its metric
+    ``distill/reverse_kl/<name>``)."""
     key: str
     """Its config section: ``worker.teacher`` or ``worker.teachers.<name>`` (for messages)."""
     model: TeacherModelConfig
@@ -270,8 +271,9 @@ def check_teachers(config: Any) -> None:
 
 def check_distillation(config: Any) -> None:
     """The distillation settings of a finalized ``PPOConfig``: a teacher checkpoint when distillation is on
-    (``worker.teachers`` as :func:`check_teachers` says), and one way of mixing (the pure estimator ``on_policy_distill`` or a coefficient on another estimator, not both). Raises
-    ``ConfigError`` naming the key, the value and what to write instead."""
+    (``worker.teachers`` as :func:`check_teachers` says), and one way of mixing (the pure estimator
+    ``on_policy_distill`` or a coefficient on another estimator, not both). Raises ``ConfigError`` naming the key, the
+    value and what to write instead."""
     algo = config.algorithm
     pure = algo.estimator("needs_teacher")
     if pure and algo.distill_coef > 0:

@@ -1,8 +1,8 @@
 """The phases of one training step run with easyrl's own worker code as rank 0 of the config's world on simulated
 devices, each recording the device's peak memory: load and shard, the experience forwards at the config's token budget
-(reward model and each teacher too), the weight-sync gather, the checkpoint state dict, the export gather and the updates;
-a VL model's budget batch holds one image per prompt (docs/simulate.md). Rank 0 reads the (faked) checkpoint and holds
-the largest ``Shard(0)`` pieces."""
+(reward model and each teacher too), the weight-sync gather, the checkpoint state dict, the export gather and the
+updates; a VL model's budget batch holds one image per prompt (docs/simulate.md). Rank 0 reads the (faked) checkpoint
+and holds the largest ``Shard(0)`` pieces."""
 
 from __future__ import annotations
 

@@ -194,10 +194,11 @@ MORE_DEVICES = "more devices (trainer.n_gpus_per_node / trainer.nnodes: smaller 
 GATHERED = "devices with more memory (FSDP2 gathers the root group and whole layers, whatever the world size)"
 UPDATE = "worker.actor.micro_batch_size_per_device_for_update"
 ADVICE = {  # item name part -> what shrinks it (the first match wins); "offload" ones shrink with more devices too
+    "teacher ": "its worker.teachers.<name>.offload.offload_params=true",  # one of several: "teacher <name>" (first:
+    # a teacher's name may hold another item's word)
     "judge vLLM": "lower worker.reward.judge.gpu_memory_utilization",
     "vLLM": "lower worker.rollout.gpu_memory_utilization", "actor": "worker.actor.offload.offload_params=true",
     "reference": "worker.ref.offload.offload_params=true", "critic": "worker.critic.offload.offload_params=true",
-    "teacher ": "its worker.teachers.<name>.offload.offload_params=true",  # one of several: "teacher <name>"
     "teacher": "worker.teacher.offload.offload_params=true",
     "reward model": "worker.reward.reward_model.offload.offload_params=true",
     "logits": f"worker.actor.padding_free=true (no full logits) or a lower {UPDATE}",
