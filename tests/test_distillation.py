@@ -267,3 +267,33 @@ def test_a_worker_scores_only_its_rows_of_a_teacher_in_as_many_forwards_as_its_p
         monkeypatch.setattr(dist, "all_reduce", lambda t, op=None, n=peer: (real(t, op=op), t.fill_(n)))
         out = stub._score_responses(data, 2, score, rows=rows)
         assert forwards == expected and out[[0, 2]].eq(0).all() and out[1].eq(20.0 if rows else 0.0).all()
+
+
+def test_the_worker_gives_each_teacher_its_rows_and_joins_their_scores():
+    from types import SimpleNamespace
+
+    from tensordict import TensorDict
+
+    from easyrl.batch import Batch
+    from easyrl.workers.fsdp_worker import FSDPWorker
+
+    class Teacher:  # scores every row with its own constant, 0 outside its rows (as FSDPPolicy.compute_log_probs)
+        def __init__(self, value):
+            self.value, self.rows = value, []
+
+        def compute_log_probs(self, data, micro_batch_size, temperature, rows=None):
+            self.rows.append(rows)
+            out = torch.zeros(data["response_mask"].shape)
+            out[list(range(len(data))) if rows is None else rows] = self.value
+            return out
+
+    worker = FSDPWorker.__new__(FSDPWorker)  # the teacher pass alone
+    worker.config = _config(*TWO_TEACHERS)
+    worker.mm_stage = SimpleNamespace(attach=lambda data: data)
+    worker.teachers = [Teacher(-1.0), Teacher(-2.0)]
+    data = Batch(TensorDict({"response_mask": torch.ones(3, 2), "teacher_index": torch.tensor([1, 0, 1])},
+                            batch_size=[3]))
+    assert worker.compute_teacher_log_probs(data)[:, 0].tolist() == [-2.0, -1.0, -2.0]
+    assert [t.rows for t in worker.teachers] == [[[1]], [[0, 2]]]
+    worker.teachers = [Teacher(-3.0)]  # one teacher: the whole share, as before several teachers
+    assert worker.compute_teacher_log_probs(data)[:, 0].tolist() == [-3.0] * 3 and worker.teachers[0].rows == [None]
