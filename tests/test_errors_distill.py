@@ -1,6 +1,7 @@
-"""docs/errors.md, on-policy distillation entries (T..): a bad distillation setting or a teacher whose tokenizer does
-not read the student's token ids is refused with one ``easyrl: <kind> error:`` line before Ray or any worker starts
-(``load_config``, then ``easyrl.trainer.preflight.prepare`` / ``easyrl.trainer.model_checks``)."""
+"""docs/errors.md, on-policy distillation entries (T..): a bad distillation setting, a teacher whose tokenizer does
+not read the student's token ids, or (several teachers, ``worker.teachers``) a data source without its teacher is
+refused with one ``easyrl: <kind> error:`` line before Ray or any worker starts (``load_config``, then
+``easyrl.trainer.preflight.prepare`` / ``easyrl.trainer.model_checks``)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,25 @@ CONFIG_CASES = [
 ]
 
 
+MATH = ["algorithm.adv_estimator=on_policy_distill", "worker.teachers.math.model.model_path=t",
+        "worker.teachers.math.data_sources=[gsm8k]"]
+CHAT = ["worker.teachers.chat.model.model_path=u", "worker.teachers.chat.default=true"]
+CONFIG_CASES += [
+    ("T08", [*MATH, *CHAT, "worker.teachers.chat.data_sources=[gsm8k]"],
+     ["'gsm8k'", "worker.teachers.math.data_sources", "worker.teachers.chat.data_sources"]),
+    ("T09", [*MATH, "worker.teachers.chat.model.model_path=u"], ["worker.teachers.chat serves no data source",
+                                                                 "worker.teachers.chat.default=true"]),
+    ("T10", [*MATH[1:], "algorithm.adv_estimator=grpo"], ["worker.teachers (math)", "distillation is off",
+                                                          "algorithm.distill_coef"]),
+    ("T11", [*MATH, *CHAT, "worker.teachers.math.default=true"],
+     ["worker.teachers.math.default=true", "worker.teachers.chat.default=true", "at most one"]),
+    ("T12", [*MATH, "worker.teacher.model.model_path=t"], ["worker.teacher.model.model_path", "worker.teachers"]),
+    ("T13", [*MATH, "worker.teachers.chat.default=true"], ["worker.teachers.chat.model.model_path"]),
+    ("T14", [*MATH, "worker.teachers.math.modle.model_path=t"], ["worker.teachers.math.modle",
+                                                                 "worker.teachers.math.model"]),
+]
+
+
 @pytest.mark.parametrize("cid, overrides, culprits", CONFIG_CASES, ids=[case[0] for case in CONFIG_CASES])
 def test_distill_config_error(expect_user_error, cid, overrides, culprits):
     expect_user_error(lambda: load_config([*BASE, *overrides]), "config", *culprits)
@@ -37,7 +57,9 @@ def student() -> Path:
     return build_tiny_smollm2_student()
 
 
-def _prepare(student: Path, teacher: Path, tmp_path: Path):
+def _prepare(student: Path, teacher: Path, tmp_path: Path, *overrides: str):
+    """``prepare`` of a pure-distillation run of ``student`` on digit_addition with ``teacher`` as ``worker.teacher``
+    (``teacher`` None: ``overrides`` give the teachers)."""
     from easyrl.trainer.preflight import prepare
 
     data = REPO / "examples" / "data" / "digit_addition"
@@ -45,8 +67,8 @@ def _prepare(student: Path, teacher: Path, tmp_path: Path):
         f"config={REPO / 'examples/configs/smollm2_learn.yaml'}", f"worker.actor.model.model_path={student}",
         f"data.train_files={data / 'train.jsonl'}", f"data.val_files={data / 'val.jsonl'}",
         f"worker.reward.reward_function={REPO / 'examples/reward_function/last_number.py'}:compute_score",
-        "algorithm.adv_estimator=on_policy_distill", f"worker.teacher.model.model_path={teacher}",
-        f"trainer.runs_root={tmp_path}",
+        "algorithm.adv_estimator=on_policy_distill", f"trainer.runs_root={tmp_path}",
+        *([f"worker.teacher.model.model_path={teacher}"] if teacher is not None else []), *overrides,
     ])
     return lambda: prepare(config)
 
@@ -100,4 +122,45 @@ def test_compatible_teacher_passes(student, tmp_path):
     from easyrl.testing.smollm2 import smollm2_path
 
     prepared = _prepare(student, smollm2_path(), tmp_path)()  # the real SmolLM2-135M-Instruct over its tiny student
+    assert prepared.train_dataset is not None
+
+
+def _sourced_data(tmp_path: Path, sources: list[str]) -> Path:
+    """digit_addition's training rows with a ``data_source`` column cycling through ``sources``."""
+    rows = (REPO / "examples" / "data" / "digit_addition" / "train.jsonl").read_text().splitlines()
+    path = tmp_path / "sourced.jsonl"
+    path.write_text("".join(json.dumps({**json.loads(row), "data_source": sources[i % len(sources)]}) + "\n"
+                            for i, row in enumerate(rows)))
+    return path
+
+
+def test_each_of_several_teachers_is_checked(expect_user_error, student, tiny_model_path, tmp_path):  # T15
+    from easyrl.testing.smollm2 import smollm2_path
+
+    qwen = tiny_model_path("qwen2_5")  # the second teacher reads other token ids
+    line = expect_user_error(_prepare(student, None, tmp_path, f"worker.teachers.a.model.model_path={smollm2_path()}",
+                                      "worker.teachers.a.default=true", f"worker.teachers.b.model.model_path={qwen}",
+                                      "worker.teachers.b.data_sources=[other]"),
+                             "config", str(qwen), "(worker.teachers.b.model)", "different vocabularies")
+    assert "worker.actor.model" in line
+
+
+def test_data_source_no_teacher_serves(expect_user_error, student, tmp_path):  # T16
+    from easyrl.testing.smollm2 import smollm2_path
+
+    data = _sourced_data(tmp_path, ["add", "add", "sum"])
+    expect_user_error(_prepare(student, None, tmp_path, f"data.train_files={data}",
+                               f"worker.teachers.a.model.model_path={smollm2_path()}",
+                               "worker.teachers.a.data_sources=[add]"),
+                      "data", f"data.train_files='{data}', row 2,", "data_source='sum'",
+                      "worker.teachers.a.data_sources=['add']", "default")
+
+
+def test_several_teachers_covering_every_source_pass(student, tmp_path):
+    from easyrl.testing.smollm2 import smollm2_path
+
+    data = _sourced_data(tmp_path, ["add", "sum"])
+    prepared = _prepare(student, None, tmp_path, f"data.train_files={data}",
+                        f"worker.teachers.a.model.model_path={smollm2_path()}", "worker.teachers.a.data_sources=[add]",
+                        f"worker.teachers.b.model.model_path={smollm2_path()}", "worker.teachers.b.default=true")()
     assert prepared.train_dataset is not None

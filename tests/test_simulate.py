@@ -149,6 +149,34 @@ def test_teacher_and_reward_model_are_simulated_with_their_worker_code(tmp_path)
     assert phases["teacher forward"].peak_gib > phases["load teacher"].resident_gib
 
 
+def test_every_teacher_of_several_is_loaded_and_run(tmp_path):
+    """Several teachers (``worker.teachers``): all loaded first, as the workers build them, then each one's forward;
+    the resident one's shard stays (bf16 / 8), the offloaded one's does not."""
+    from easyrl.config import load_config
+    from easyrl.simulate.phases import simulate
+    from easyrl.sizing.anatomy import GIB
+
+    actor, big, small = (_small_qwen3(tmp_path / name) for name in ("actor", "big", "small"))
+    config = load_config(["config=" + str(ROOT / "config.yaml"), f"worker.actor.model.model_path={actor}",
+                          "data.max_prompt_length=128", "data.max_response_length=128",
+                          "algorithm.adv_estimator=on_policy_distill", f"worker.teachers.big.model.model_path={big}",
+                          "worker.teachers.big.offload.offload_params=false", "worker.teachers.big.default=true",
+                          f"worker.teachers.small.model.model_path={small}", "worker.teachers.small.data_sources=[x]"])
+    sim = simulate(config, DEVICES["h100"], log=lambda _: None, update=False)
+    names = [p.name for p in sim.phases]
+    teachers = ["load teacher big", "load teacher small", "teacher big forward", "teacher small forward"]
+    assert names[names.index("load teacher big"):][:4] == teachers
+    phases = {p.name: p for p in sim.phases}
+    with torch.device("meta"):
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        params = sum(p.numel() for p in AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(big)).parameters())
+    before = phases[names[names.index("load teacher big") - 1]].resident_gib
+    assert phases["load teacher big"].resident_gib - before == pytest.approx(2 * params / 8 / GIB, rel=0.05)
+    assert phases["load teacher small"].resident_gib == pytest.approx(phases["load teacher big"].resident_gib,
+                                                                      rel=0.01)
+
+
 def test_the_judge_engine_is_held_beside_every_phase():
     """The judge's vLLM engine has no sleep mode: a phase that fits alone but not beside the judge's claim fails,
     and judge weights larger than its claim fail before any phase (the estimate's check, as in the pre-flight)."""

@@ -5,10 +5,15 @@ Sources: GKD (Agarwal et al. 2024, arXiv:2306.13649, Sec. 3, on-policy fraction 
 sampled tokens as a per-token advantage, discount 0). The student's log-probs are the old log-probs, the teacher's
 those of the same tokens at the same temperature, both ``(bsz, resp_len)``. Pure distillation is
 ``adv_estimator: on_policy_distill``; ``algorithm.distill_coef: c > 0`` mixes ``-c * reverse_kl`` into another
-estimator's advantage (docs/distillation.md). Values are detached and 0 outside the response mask.
+estimator's advantage (docs/distillation.md). With several teachers each sample's teacher log-probs are its data
+source's teacher's (MOPD), and the reverse KL is also reported per teacher. Values are detached and 0 outside the
+response mask.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Optional
 
 import torch
 
@@ -48,6 +53,15 @@ def add_distillation(advantages: torch.Tensor, reverse_kl: torch.Tensor, coef: f
     return advantages - coef * reverse_kl.to(advantages.dtype)
 
 
-def reverse_kl_metrics(reverse_kl: torch.Tensor, response_mask: torch.Tensor) -> dict[str, float]:
-    """``distill/reverse_kl``: the mean reverse KL over the batch's response tokens (nats per token)."""
-    return {"distill/reverse_kl": masked_mean(reverse_kl, response_mask.to(reverse_kl.dtype)).item()}
+def reverse_kl_metrics(reverse_kl: torch.Tensor, response_mask: torch.Tensor,
+                       teacher_index: Optional[torch.Tensor] = None, names: Sequence[str] = ()) -> dict[str, float]:
+    """``distill/reverse_kl``: the mean reverse KL over the batch's response tokens (nats per token); with several
+    teachers (``names`` in index order, ``teacher_index`` ``(bsz,)`` each sample's) also ``distill/reverse_kl/<name>``
+    over each teacher's samples' tokens (absent for a teacher with no token this step)."""
+    mask = response_mask.to(reverse_kl.dtype)
+    metrics = {"distill/reverse_kl": masked_mean(reverse_kl, mask).item()}
+    for index, name in enumerate(names if teacher_index is not None else ()):
+        own = mask * (teacher_index == index).to(mask.dtype).unsqueeze(-1)
+        if own.sum() > 0:
+            metrics[f"distill/reverse_kl/{name}"] = masked_mean(reverse_kl, own).item()
+    return metrics

@@ -2,7 +2,9 @@
 terms, on top of ``TrainedRoleConfig``'s model, optimizer, FSDP, offloading and batch sizes), the frozen reference, and
 the frozen teacher of on-policy distillation (``algorithm.distill_coef``, ``algorithm.adv_estimator:
 on_policy_distill``; docs/distillation.md): a second checkpoint, sharded and offloaded like the reference policy,
-scoring the student's sampled tokens; and the checks of the distillation settings."""
+scoring the student's sampled tokens; ``worker.teachers``, several teachers each serving its data sources, and
+``teachers_of``, the one place ``worker.teacher`` becomes the one-teacher list; and the checks of the distillation
+settings."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from annotated_types import Gt
 
 from easyrl.config.fields import NON_NEGATIVE, POSITIVE, UNIT, auto, input_path, registered
 from easyrl.config.role import OffloadConfig, TrainedRoleConfig
-from easyrl.errors import ConfigError
+from easyrl.errors import ConfigError, DataError
 
 
 @dataclass
@@ -154,18 +156,134 @@ class TeacherConfig:
         "worker.actor.micro_batch_size_per_device_for_experience", 16)
 
 
+@dataclass
+class RoutedTeacherConfig:
+    """One teacher of ``worker.teachers`` (several teachers, docs/distillation.md "Several teachers"): a checkpoint and
+    its offloading as ``worker.teacher``'s, and the data sources whose samples it scores (a dataset row's
+    ``data_source`` column). Its micro-batch is ``worker.teacher.micro_batch_size_per_device_for_experience``."""
+
+    model: TeacherModelConfig = field(default_factory=TeacherModelConfig)
+    offload: OffloadConfig = field(default_factory=lambda: OffloadConfig(offload_params=True))
+    """As ``worker.teacher.offload``."""
+    data_sources: list[str] = field(default_factory=list)
+    """The ``data_source`` values of the rows this teacher scores (verl's per-teacher ``domain``, a list here); a
+    source is served by one teacher only."""
+    default: bool = False
+    """Also score every row whose source no teacher names (rows without a ``data_source`` column too); at most one
+    teacher is the default. Without one, every source of the training set must be named (checked before Ray)."""
+
+
+@dataclass(frozen=True)
+class Teacher:
+    """One teacher of the run as the workers, the sizing and the checks read it (:func:`teachers_of`)."""
+
+    name: str
+    """``teacher`` for ``worker.teacher``; the mapping key for ``worker.teachers.<name>`` (its metric
+    ``distill/reverse_kl/<name>``)."""
+    key: str
+    """Its config section: ``worker.teacher`` or ``worker.teachers.<name>`` (for messages)."""
+    model: TeacherModelConfig
+    offload: OffloadConfig
+    data_sources: tuple[str, ...] = ()
+    default: bool = True
+
+    @property
+    def label(self) -> str:
+        """How phases, memory items and metrics name it: ``teacher`` (``worker.teacher``), ``teacher <name>``
+        (``worker.teachers.<name>``)."""
+        return "teacher" if self.key == "worker.teacher" else f"teacher {self.name}"
+
+
+def teachers_of(worker: Any) -> list[Teacher]:
+    """The run's teachers in order, index = position (the one place the single teacher becomes a list):
+    ``worker.teachers``' entries, else ``worker.teacher`` as the one default teacher named ``teacher``; ``[]`` when
+    neither names a model. ``worker``: a ``WorkerConfig``."""
+    if worker.teachers:
+        return [Teacher(str(name), f"worker.teachers.{name}", t.model, t.offload, tuple(map(str, t.data_sources)),
+                        t.default) for name, t in worker.teachers.items()]
+    if worker.teacher.model.model_path:
+        return [Teacher("teacher", "worker.teacher", worker.teacher.model, worker.teacher.offload)]
+    return []
+
+
+def teacher_of_source(teachers: list[Teacher], source: Any) -> Optional[int]:
+    """Index in ``teachers`` of the teacher serving data source ``source`` (a row's ``data_source``, None for a row
+    without one): the teacher naming it, else the default teacher, else None (no teacher serves it)."""
+    for index, teacher in enumerate(teachers):
+        if source is not None and str(source) in teacher.data_sources:
+            return index
+    return next((index for index, teacher in enumerate(teachers) if teacher.default), None)
+
+
+def route_teachers(teachers: list[Teacher], sources: list[Any]) -> list[int]:
+    """Each row's teacher index (``(bsz,)`` ints into ``teachers``) from the rows' ``data_source`` values
+    (``sources``: ``(bsz,)``, None for a row without one). Raises ``DataError`` naming the first source no teacher
+    serves, the row and the keys to set (the training set is checked before Ray: ``easyrl.trainer.preflight``)."""
+    routed = [teacher_of_source(teachers, source) for source in sources]
+    for row, (source, index) in enumerate(zip(sources, routed)):
+        if index is None:
+            raise DataError(unserved_source(teachers, source, f"row {row}"))
+    return routed  # type: ignore[return-value]  # no None left
+
+
+def unserved_source(teachers: list[Teacher], source: Any, where: str) -> str:
+    """The message for data source ``source`` (at ``where``: file and row) that no teacher of ``teachers`` serves."""
+    named = ", ".join(f"{t.key}.data_sources={list(t.data_sources)}" for t in teachers)
+    return (f"{where} has data_source={source!r}, which no teacher serves ({named}), and there is no default "
+            "teacher: add it to one teacher's data_sources, or set worker.teachers.<name>.default=true for one.")
+
+
+def check_teachers(config: Any) -> None:
+    """``worker.teachers`` of a finalized ``PPOConfig``: only with distillation on and without ``worker.teacher``,
+    each with a model and at least one source (or the default), no source named by two teachers, at most one
+    default. Raises ``ConfigError`` naming the keys."""
+    worker, algo = config.worker, config.algorithm
+    if not worker.teachers:
+        return
+    names = f"worker.teachers ({', '.join(map(str, worker.teachers))})"
+    if not algo.needs_teacher:
+        raise ConfigError(f"{names} is set but distillation is off (algorithm.distill_coef=0, "
+                          f"algorithm.adv_estimator={algo.adv_estimator}): no teacher would be loaded. Set "
+                          "algorithm.distill_coef > 0 or algorithm.adv_estimator=on_policy_distill, or remove "
+                          "worker.teachers.")
+    if worker.teacher.model.model_path:
+        raise ConfigError(f"worker.teacher.model.model_path and {names} are both set: give one "
+                          "teacher as worker.teacher, or every teacher under worker.teachers.")
+    teachers = teachers_of(worker)
+    served: dict[str, str] = {}
+    for teacher in teachers:
+        if not teacher.model.model_path:
+            raise ConfigError(f"{teacher.key}.model.model_path is not set: give the teacher's hub id or local folder "
+                              "(it must share the actor's tokenizer).")
+        if not teacher.data_sources and not teacher.default:
+            raise ConfigError(f"{teacher.key} serves no data source: list the data_source values of its rows in "
+                              f"{teacher.key}.data_sources, or set {teacher.key}.default=true.")
+        for source in teacher.data_sources:
+            if source in served:
+                raise ConfigError(f"data_source {source!r} is served by two teachers ({served[source]}.data_sources "
+                                  f"and {teacher.key}.data_sources): name each source in one teacher only.")
+            served[source] = teacher.key
+    defaults = [t.key for t in teachers if t.default]
+    if len(defaults) > 1:
+        raise ConfigError(f"{' and '.join(f'{key}.default=true' for key in defaults)}: at most one teacher is the "
+                          "default for the sources no teacher names.")
+
+
 def check_distillation(config: Any) -> None:
-    """The distillation settings of a finalized ``PPOConfig``: a teacher checkpoint when distillation is on, and one way
-    of mixing (the pure estimator ``on_policy_distill`` or a coefficient on another estimator, not both). Raises
-    ``ConfigError`` naming the key, the value and what to write instead."""
-    algo, teacher = config.algorithm, config.worker.teacher
+    """The distillation settings of a finalized ``PPOConfig``: a teacher checkpoint when distillation is on
+    (``worker.teachers`` as :func:`check_teachers` says), and one way of mixing (the pure estimator
+    ``on_policy_distill`` or a coefficient on another estimator, not both). Raises ``ConfigError`` naming the key, the
+    value and what to write instead."""
+    algo = config.algorithm
     pure = algo.estimator("needs_teacher")
     if pure and algo.distill_coef > 0:
         raise ConfigError(
             f"algorithm.adv_estimator={algo.adv_estimator} is pure distillation (advantage = -reverse KL) and "
             f"algorithm.distill_coef={algo.distill_coef} would add the reverse KL a second time: set "
             "algorithm.distill_coef=0, or choose an RL estimator (e.g. grpo) to mix it with the RL advantage.")
-    if algo.needs_teacher and not teacher.model.model_path:
+    check_teachers(config)
+    if algo.needs_teacher and not teachers_of(config.worker):
         why = f"algorithm.adv_estimator={algo.adv_estimator}" if pure else f"algorithm.distill_coef={algo.distill_coef}"
         raise ConfigError(f"{why} distills from a teacher, but worker.teacher.model.model_path is not set: give the "
-                          "teacher's hub id or local folder (it must share the actor's tokenizer).")
+                          "teacher's hub id or local folder (it must share the actor's tokenizer), or several "
+                          "teachers as worker.teachers.<name> (docs/distillation.md).")

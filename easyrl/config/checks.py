@@ -12,7 +12,7 @@ from __future__ import annotations
 import warnings
 from typing import TYPE_CHECKING
 
-from easyrl.config.actor import check_distillation
+from easyrl.config.actor import check_distillation, teachers_of
 from easyrl.config.algorithm import check_bypass_mode
 from easyrl.config.judge import check_judge
 from easyrl.config.placement import check_replay, check_rollout_mode
@@ -254,10 +254,11 @@ def _no_effect_messages(config: PPOConfig) -> list[str]:
         messages.append("worker.teacher.model.model_path is set but distillation is off (algorithm.distill_coef=0, "
                         f"algorithm.adv_estimator={config.algorithm.adv_estimator}): no teacher is loaded. Set "
                         "algorithm.distill_coef > 0 or algorithm.adv_estimator=on_policy_distill to use it.")
-    if config.algorithm.needs_teacher and config.worker.teacher.model.model_path == config.worker.actor.model.model_path:
-        messages.append("worker.teacher.model.model_path is the student's own model (worker.actor.model.model_path): "
-                        "the reverse KL starts at 0 and distillation teaches nothing new. Give a larger model of the "
-                        "same family.")
+    for teacher in teachers_of(config.worker) if config.algorithm.needs_teacher else []:
+        if teacher.model.model_path == config.worker.actor.model.model_path:
+            messages.append(f"{teacher.key}.model.model_path is the student's own model (worker.actor.model."
+                            "model_path): the reverse KL starts at 0 and distillation teaches nothing new. Give a "
+                            "larger model of the same family.")
     data = config.data
     if data.prompt_key == data.answer_key:
         messages.append(f"data.prompt_key and data.answer_key both name the column {data.prompt_key!r}: the reward "

@@ -91,6 +91,21 @@ def auto_keys(cls: type) -> dict[str, str]:
     return {key: f.metadata["auto"] for key, f, _ in _fields(cls) if "auto" in f.metadata}
 
 
+@functools.cache
+def section_mappings(cls: type, prefix: str = "") -> dict[str, type]:
+    """Dotted names of the fields of ``cls`` (recursively) that map names to sections (``dict[str, <dataclass>]``,
+    e.g. ``worker.teachers``) -> the sections' class; each entry's keys are checked as that class's."""
+    found: dict[str, type] = {}
+    for name, hint in typing.get_type_hints(cls).items():
+        hint = _bare(hint)
+        args = typing.get_args(hint) if typing.get_origin(hint) is dict else ()
+        if len(args) == 2 and dataclasses.is_dataclass(args[1]):
+            found[prefix + name] = args[1]
+        elif dataclasses.is_dataclass(hint):
+            found.update(section_mappings(hint, f"{prefix}{name}."))
+    return found
+
+
 def valid_keys(cls: type) -> dict[str, bool]:
     """All dotted keys of ``cls`` -> whether the key holds a free-form dict (its children are not checked)."""
     return {key: not section and "dict" in str(f.type) for key, f, section in _fields(cls)}
@@ -152,6 +167,8 @@ def _hint(cls: type, loc: tuple) -> Any:
         hint = _bare(hint)
         if isinstance(part, int):
             hint = typing.get_args(hint)[part] if typing.get_origin(hint) is tuple else None
+        elif typing.get_origin(hint) is dict:  # a named entry of a mapping (worker.teachers.<name>)
+            hint = typing.get_args(hint)[1]
         elif dataclasses.is_dataclass(hint):
             hint = typing.get_type_hints(hint, include_extras=True).get(part)
         else:

@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from easyrl.config.aliases import MISSING, apply_aliases, get_key, pop_key, set_key
 from easyrl.config.checks import check_config, warn_config_traps
-from easyrl.config.fields import auto_keys, expected, input_path_keys, valid_keys, validate
+from easyrl.config.fields import auto_keys, expected, input_path_keys, section_mappings, valid_keys, validate
 from easyrl.config.ppo import PPOConfig
 from easyrl.config.verl_keys import VERL_SECTIONS, section_hint, verl_hints
 from easyrl.errors import ConfigError
@@ -31,8 +31,17 @@ def _check_keys(user: dict, source: str, valid: dict[str, bool], autos: dict[str
     automatically, a section given a plain value or none, or a mapping given for a key that holds one value
     (``data.max_prompt_length={a: 1}``)."""
     found: list[tuple[str, str]] = [] if unknown is None else unknown  # (key, its hint: "" or "did you mean: ...")
+    mappings = section_mappings(PPOConfig)
     for key, value in user.items():
         name = f"{prefix}{key}"
+        if name in mappings and isinstance(value, dict):  # named sections (worker.teachers.<name>): each one's keys
+            for entry, keys in value.items():
+                if not isinstance(keys, dict):
+                    raise ConfigError(f"'{name}.{entry}' (from {source}) is a section: give a mapping of its keys, "
+                                      f"got {keys!r}.")
+                entry_keys = {f"{name}.{entry}.{k}": v for k, v in valid_keys(mappings[name]).items()}
+                _check_keys(keys, source, {**valid, **entry_keys}, autos, f"{name}.{entry}.", found)
+            continue
         if name not in valid:
             verl, rest = verl_hints(name, value)
             found.extend(verl)
@@ -294,7 +303,12 @@ def resolve_config_paths(layer: dict[str, Any], config_file: str, cwd: Optional[
     role's model and tokenizer among them) of the YAML layer ``layer`` read from ``config_file``, in place (each item
     of a list, e.g. ``multi_turn.tools``); returns ``layer``."""
     folders = search_folders(config_file, cwd)
-    for key in input_path_keys(PPOConfig):
+    keys = list(input_path_keys(PPOConfig))
+    for mapping, cls in section_mappings(PPOConfig).items():  # each named section's paths (worker.teachers.<name>)
+        entries = get_key(layer, mapping)
+        keys += [f"{mapping}.{entry}.{key}" for entry in (entries if isinstance(entries, dict) else {})
+                 for key in input_path_keys(cls)]
+    for key in keys:
         value = get_key(layer, key)
         if isinstance(value, str):
             set_key(layer, key, resolve_path(value, folders))

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal, Optional
 
 from annotated_types import Ge
 
-from easyrl.config.actor import ActorConfig, RefConfig, TeacherConfig
+from easyrl.config.actor import ActorConfig, RefConfig, RoutedTeacherConfig, TeacherConfig
 from easyrl.config.fields import FRACTION, NON_NEGATIVE, POSITIVE, AllowInf, Note, auto, input_path, validate
 from easyrl.config.judge import JudgeConfig
 from easyrl.config.role import CriticConfig, Dtype, OffloadConfig
@@ -306,6 +306,9 @@ class WorkerConfig:
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
     """The frozen teacher of on-policy distillation, built only when ``algorithm.needs_teacher``
     (``easyrl.config.actor``)."""
+    teachers: dict[str, RoutedTeacherConfig] = field(default_factory=dict)
+    """Several teachers, by name, each scoring the samples of its data sources (multi-teacher on-policy distillation,
+    docs/distillation.md "Several teachers"); instead of ``worker.teacher``, which is the one-teacher case."""
 
     def check(self) -> None:
         """Every ``env_vars`` name is an environment variable name (letters, digits, ``_``; not starting with a

@@ -1,8 +1,8 @@
 """The phases of one training step run with easyrl's own worker code as rank 0 of the config's world on simulated
 devices, each recording the device's peak memory: load and shard, the experience forwards at the config's token budget
-(reward model and teacher too), the weight-sync gather, the checkpoint state dict, the export gather and the updates;
-a VL model's budget batch holds one image per prompt (docs/simulate.md). Rank 0 reads the (faked) checkpoint and holds
-the largest ``Shard(0)`` pieces."""
+(reward model and each teacher too), the weight-sync gather, the checkpoint state dict, the export gather and the
+updates; a VL model's budget batch holds one image per prompt (docs/simulate.md). Rank 0 reads the (faked) checkpoint
+and holds the largest ``Shard(0)`` pieces."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from easyrl.config import PPOConfig
+from easyrl.config.actor import teachers_of
 from easyrl.errors import ModelError
 from easyrl.simulate.attention import simulated_vl
 from easyrl.simulate.fake_device import (
@@ -203,11 +204,12 @@ def simulate(config: PPOConfig, spec: DeviceSpec, log: Callable[[str], None] = p
         phase("old log-probs (forward)", lambda: actor.compute_log_probs(batch, micro, cfg.actor.temperature))
         if ref is not None:
             phase("reference forward", lambda: ref.compute_log_probs(batch, micro, cfg.actor.temperature))
-        if config.algorithm.needs_teacher:
-            teacher = phase("load teacher", lambda: FSDPPolicy(model_folder(cfg.teacher.model.model_path),
-                                                               teacher_role_config(config), mesh, kind, device,
-                                                               trainable=False, offload=cfg.teacher.offload))
-            phase("teacher forward", lambda: teacher.compute_log_probs(
+        teachers = teachers_of(cfg) if config.algorithm.needs_teacher else []
+        loaded_teachers = [phase(f"load {t.label}", lambda t=t: FSDPPolicy(  # all built at start-up, as the workers
+            model_folder(t.model.model_path), teacher_role_config(config, t), mesh, kind, device, trainable=False,
+            offload=t.offload)) for t in teachers]
+        for t, teacher in zip(teachers, loaded_teachers):  # each at the full budget: an upper bound of its rows
+            phase(f"{t.label} forward", lambda teacher=teacher: teacher.compute_log_probs(
                 teacher_batch, cfg.teacher.micro_batch_size_per_device_for_experience, cfg.actor.temperature))
         if rm.enabled:
             def loaded(path, **kwargs):  # from_pretrained's model on rank 0: a fake state dict and buffers

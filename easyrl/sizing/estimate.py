@@ -5,10 +5,12 @@ context, NCCL buffers and fragmentation are not counted)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Callable
 
 from easyrl.config import PPOConfig
+from easyrl.config.actor import teachers_of
 from easyrl.errors import ConfigError
 from easyrl.sizing.anatomy import DTYPE_BYTES, GIB, ModelShape, model_anatomy, split_parameters
 from easyrl.sizing.experience import RoleModel, estimate_experience, experience_models
@@ -63,11 +65,12 @@ class MemoryEstimate:
 
 
 def estimate_memory(num_params: int, vocab_size: int, config: PPOConfig, capacity_gib: float,
-                    shape: ModelShape | None = None, reward_model_params: int = 0, teacher_params: int = 0,
-                    judge_params: int = 0) -> MemoryEstimate:
+                    shape: ModelShape | None = None, reward_model_params: int = 0,
+                    teacher_params: Sequence[int] = (), judge_params: int = 0) -> MemoryEstimate:
     """The per-device estimate for ``config``. ``num_params`` counts tied embeddings once; ``vocab_size`` is the
     logits width; ``capacity_gib`` one device's memory (GiB); ``shape`` None leaves the update's activations out (a
-    lower bound); ``reward_model_params``, ``teacher_params``, ``judge_params``: 0 for none."""
+    lower bound); ``reward_model_params``, ``judge_params``: 0 for none; ``teacher_params``: each teacher's, in
+    ``teachers_of`` order (each resident beside the actor unless offloaded, item ``<label>``)."""
     worker, actor, world = config.worker, config.worker.actor, config.world_size
     shard = num_params / world
     compute_bytes = DTYPE_BYTES[actor.fsdp.param_dtype]
@@ -91,9 +94,9 @@ def estimate_memory(num_params: int, vocab_size: int, config: PPOConfig, capacit
     critic = 12 * shard / GIB if critic_on_device else 0.0
     rm = worker.reward.reward_model  # frozen, in the compute dtype, resident unless offloaded
     rm_gib = DTYPE_BYTES[rm.param_dtype] * reward_model_params / world / GIB
-    teacher_on_device = config.algorithm.needs_teacher and not worker.teacher.offload.offload_params
-    teacher_gib = compute_bytes * teacher_params / world / GIB
-    beside = {"teacher": teacher_gib if teacher_on_device else 0.0} if config.algorithm.needs_teacher else {}
+    teachers = list(zip(teachers_of(worker), teacher_params)) if config.algorithm.needs_teacher else []
+    teacher_gib = {t.label: compute_bytes * n / world / GIB for t, n in teachers}  # each shard, compute dtype
+    beside = {t.label: 0.0 if t.offload.offload_params else teacher_gib[t.label] for t, _ in teachers}
     if worker.reward.judge.model_path is not None:  # the LLM judge's engine stays resident (no sleep mode)
         beside[JUDGE] = worker.reward.judge.gpu_memory_utilization * capacity_gib
     if reward_model_params:
@@ -119,7 +122,7 @@ def estimate_memory(num_params: int, vocab_size: int, config: PPOConfig, capacit
             "actor Adam states (offload_optimizer)": adam - adam_in_rollout,
             "reference": ref_gib if config.builds_reference and not ref_on_device else 0.0,
             "critic": 16 * shard / GIB if config.algorithm.needs_critic and not critic_on_device else 0.0,
-            "teacher": teacher_gib if config.algorithm.needs_teacher and not teacher_on_device else 0.0,
+            **{t.label: teacher_gib[t.label] for t, _ in teachers if t.offload.offload_params},
             "reward model": rm_gib if rm.offload.offload_params else 0.0}
     estimate.host = {name: gib * config.trainer.n_gpus_per_node for name, gib in host.items() if gib > 0}
     return estimate
@@ -135,7 +138,9 @@ def estimate_run(config: PPOConfig, capacity_gib: float, folder: Callable[[str],
     hf_config = AutoConfig.from_pretrained(folder(model.model_path), trust_remote_code=model.trust_remote_code)
     actor = RoleModel(*model_anatomy(hf_config, model.trust_remote_code))
     roles = experience_models(config, folder)
-    params = {f"{name}_params": role.params for name, role in roles.items() if role is not None}
+    params: dict = {"teacher_params": [teacher.params for teacher in roles["teachers"]]}
+    if roles["reward_model"] is not None:
+        params["reward_model_params"] = roles["reward_model"].params
     judge = config.worker.reward.judge.model_path
     if judge is not None:  # its engine's weights, checked against its claim
         params["judge_params"] = model_anatomy(AutoConfig.from_pretrained(folder(judge)))[0]
@@ -178,7 +183,7 @@ BUDGET = " (or worker.actor.max_token_len_per_device with dynamic_batching)"
 EXPERIENCE_SETTINGS = {
     "old log-probs (forward)": "worker.actor.micro_batch_size_per_device_for_experience" + BUDGET,
     "reference forward": "worker.actor.micro_batch_size_per_device_for_experience" + BUDGET,
-    "teacher forward": "worker.teacher.micro_batch_size_per_device_for_experience" + BUDGET,
+    "teacher": "worker.teacher.micro_batch_size_per_device_for_experience" + BUDGET,  # each teacher's forward
     "reward model forward": "worker.reward.reward_model.micro_batch_size_per_device / max_token_len_per_device / "
                             "max_length",
 }
@@ -189,6 +194,8 @@ MORE_DEVICES = "more devices (trainer.n_gpus_per_node / trainer.nnodes: smaller 
 GATHERED = "devices with more memory (FSDP2 gathers the root group and whole layers, whatever the world size)"
 UPDATE = "worker.actor.micro_batch_size_per_device_for_update"
 ADVICE = {  # item name part -> what shrinks it (the first match wins); "offload" ones shrink with more devices too
+    "teacher ": "its worker.teachers.<name>.offload.offload_params=true",  # one of several: "teacher <name>" (first:
+    # a teacher's name may hold another item's word)
     "judge vLLM": "lower worker.reward.judge.gpu_memory_utilization",
     "vLLM": "lower worker.rollout.gpu_memory_utilization", "actor": "worker.actor.offload.offload_params=true",
     "reference": "worker.ref.offload.offload_params=true", "critic": "worker.critic.offload.offload_params=true",
@@ -213,8 +220,9 @@ def advice(items: dict[str, float], excess_gib: float) -> str:
         covered += gib
         phase, _, item = name.rpartition(": ")
         step = next((a for part, a in ADVICE.items() if part in item), None)
-        if phase in EXPERIENCE_SETTINGS and step != GATHERED:  # the forward's own activations and inputs
-            step = f"a lower {EXPERIENCE_SETTINGS[phase]}"
+        setting = next((s for forward, s in EXPERIENCE_SETTINGS.items() if phase.startswith(forward)), None)
+        if setting and step != GATHERED:  # the forward's own activations and inputs
+            step = f"a lower {setting}"
         step = step or GATHERED
         devices |= "offload" in step
         steps += [step] if step not in steps else []

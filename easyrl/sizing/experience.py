@@ -1,12 +1,14 @@
-"""The experience forwards' memory (old log-probs, reference, teacher, reward model; vLLM asleep), each a phase:
+"""The experience forwards' memory (old log-probs, reference, each teacher, reward model; vLLM asleep), each a phase:
 what stays resident + the larger of the forward's peak and its start (docs/simulate.md, "Experience forwards")."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Sequence
+from typing import Any, Callable
 
 from easyrl.config import PPOConfig
+from easyrl.config.actor import teachers_of
 from easyrl.sizing.anatomy import (
     DTYPE_BYTES,
     GIB,
@@ -55,11 +57,12 @@ def forward_peak(config: PPOConfig, model: RoleModel, tokens: int, compute_bytes
 
 
 def estimate_experience(estimate: "MemoryEstimate", config: PPOConfig, actor: RoleModel,
-                        teacher: RoleModel | None = None,
+                        teachers: Sequence[RoleModel] = (),
                         reward_model: RoleModel | None = None) -> dict[str, dict[str, float]]:
     """Each experience forward's items (phase name -> GiB), also stored in ``estimate.experience``: what the
     trainer's devices hold between phases (``estimate.resident``) plus :func:`forward_peak` at its token budget.
-    ``teacher`` / ``reward_model``: None without one."""
+    ``teachers``: one per teacher in ``teachers_of`` order (each its own forward, ``<label> forward``);
+    ``reward_model``: None without one."""
     worker, data = config.worker, config.data
     length = data.max_prompt_length + data.max_response_length
     cb = DTYPE_BYTES[worker.actor.fsdp.param_dtype]
@@ -67,8 +70,9 @@ def estimate_experience(estimate: "MemoryEstimate", config: PPOConfig, actor: Ro
     runs = [("old log-probs (forward)", actor, actor_tokens, cb)]  # (phase, model, tokens, compute bytes)
     if config.builds_reference:
         runs.append(("reference forward", actor, actor_tokens, cb))
-    if teacher is not None and config.algorithm.needs_teacher:
-        runs.append(("teacher forward", teacher,
+    labels = [teacher.label for teacher in teachers_of(worker)] if config.algorithm.needs_teacher else []
+    for label, teacher in zip(labels, teachers):  # each at the teachers' one micro-batch
+        runs.append((f"{label} forward", teacher,
                      config.token_budget(worker.teacher.micro_batch_size_per_device_for_experience), cb))
     rm = worker.reward.reward_model
     if reward_model is not None and rm.enabled:
@@ -83,17 +87,17 @@ def estimate_experience(estimate: "MemoryEstimate", config: PPOConfig, actor: Ro
     return estimate.experience
 
 
-def experience_models(config: PPOConfig, folder: Callable[[str], str] = str) -> dict[str, RoleModel | None]:
-    """:func:`estimate_experience`'s ``teacher`` and ``reward_model`` (None without one), counted on the meta device
-    from ``folder(model_path)``'s ``config.json``."""
+def experience_models(config: PPOConfig, folder: Callable[[str], str] = str) -> dict[str, Any]:
+    """:func:`estimate_experience`'s ``teachers`` (a list, empty without distillation) and ``reward_model`` (None
+    without one), counted on the meta device from ``folder(model_path)``'s ``config.json``."""
     from transformers import AutoConfig
 
     worker = config.worker
-    models: dict[str, RoleModel | None] = {"teacher": None, "reward_model": None}
-    if config.algorithm.needs_teacher:
-        teacher = worker.teacher.model
-        hf_config = AutoConfig.from_pretrained(folder(teacher.model_path), trust_remote_code=teacher.trust_remote_code)
-        models["teacher"] = RoleModel(*model_anatomy(hf_config, teacher.trust_remote_code))
+    models: dict[str, Any] = {"teachers": [], "reward_model": None}
+    for teacher in teachers_of(worker) if config.algorithm.needs_teacher else []:
+        model = teacher.model
+        hf_config = AutoConfig.from_pretrained(folder(model.model_path), trust_remote_code=model.trust_remote_code)
+        models["teachers"].append(RoleModel(*model_anatomy(hf_config, model.trust_remote_code)))
     rm = worker.reward.reward_model
     if rm.enabled:
         hf_config = AutoConfig.from_pretrained(folder(rm.model_path), trust_remote_code=rm.trust_remote_code)

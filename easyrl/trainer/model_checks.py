@@ -1,5 +1,5 @@
 """Pre-flight checks of every model a run reads, before Ray starts: folder or hub id, weight-file headers, config,
-tokenizer, processor, chat template, and the teacher's tokenizer against the student's. Each failure names the config
+tokenizer, processor, chat template, and each teacher's tokenizer against the student's. Each failure names the config
 key (docs/errors.md, M and T rows)."""
 
 from __future__ import annotations
@@ -296,18 +296,19 @@ PROBE_MESSAGES = [{"role": "system", "content": "You are a helpful assistant."},
 SPECIAL_TOKENS = ("eos_token", "pad_token", "bos_token")
 
 
-def check_teacher(config: Any, student_tokenizer: Any) -> Any:
-    """Check ``worker.teacher`` against the student's tokenizer; returns the teacher's tokenizer. Raises ``ModelError``
-    (it cannot be loaded) or ``ConfigError`` (vocabularies, special tokens or chat templates differ)."""
+def check_teacher(config: Any, student_tokenizer: Any, teacher: Any) -> Any:
+    """Check ``teacher`` (an ``easyrl.config.actor.Teacher`` of ``config``: ``worker.teacher`` or one of
+    ``worker.teachers``) against the student's tokenizer; returns the teacher's tokenizer. Raises ``ModelError`` (it
+    cannot be loaded) or ``ConfigError`` (vocabularies, special tokens or chat templates differ), naming its key."""
     from transformers import AutoTokenizer
 
-    teacher = config.worker.teacher.model
-    teacher_tok_path = teacher.tokenizer_path or teacher.model_path
-    teacher_tok = load_part("worker.teacher.model.model_path", teacher_tok_path, "tokenizer",
-                            AutoTokenizer.from_pretrained, teacher.trust_remote_code)
+    model = teacher.model
+    teacher_tok_path = model.tokenizer_path or model.model_path
+    teacher_tok = load_part(f"{teacher.key}.model.model_path", teacher_tok_path, "tokenizer",
+                            AutoTokenizer.from_pretrained, model.trust_remote_code)
     actor = config.worker.actor.model
     student_path = actor.tokenizer_path or actor.model_path
-    both = f"the teacher {teacher_tok_path!r} (worker.teacher.model) and the student {student_path!r} " \
+    both = f"the teacher {teacher_tok_path!r} ({teacher.key}.model) and the student {student_path!r} " \
            "(worker.actor.model)"
     difference = vocabulary_difference(student_tokenizer, teacher_tok)
     if difference:

@@ -9,6 +9,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from easyrl.config.actor import Teacher, teacher_of_source, teachers_of, unserved_source
 from easyrl.data.prompts import load_format_prompt
 from easyrl.envvars import check_environment
 from easyrl.errors import ConfigError, DataError
@@ -137,15 +138,18 @@ def prepare(config: Any, train: bool = True) -> Prepared:
     check_model_sources(config.worker.actor.model)
     weight_headers("worker.actor.model.model_path", config.worker.actor.model.model_path)
     check_lora_targets(config.worker.actor.model)
-    if config.algorithm.needs_teacher:
-        key, teacher = "worker.teacher.model.model_path", config.worker.teacher.model
-        check_model_sources(teacher, "worker.teacher.model")
-        weight_headers(key, teacher.model_path)
-        check_head(key, teacher.model_path, scorer=False)
+    teachers = teachers_of(config.worker) if config.algorithm.needs_teacher else []
+    for teacher in teachers:
+        key = f"{teacher.key}.model.model_path"
+        check_model_sources(teacher.model, f"{teacher.key}.model")
+        weight_headers(key, teacher.model.model_path)
+        check_head(key, teacher.model.model_path, scorer=False)
     if config.data.override_chat_template is not None:
         read_chat_template(config.data.override_chat_template)
     keys = [("data.train_files", config.data.train_files)] * train + [("data.val_files", config.data.val_files)]
     rows = {key: read_rows(key, path, config.data) for key, path in keys if path}
+    if train and teachers:  # every training row's data_source has its teacher
+        check_data_sources(teachers, config.data.train_files, rows["data.train_files"])
     load_format_prompt(config.data.format_prompt)
     multi_turn = config.worker.rollout.multi_turn
     if multi_turn.enable:  # the tools, tool-call parser and environment load (ConfigError naming the key)
@@ -170,8 +174,8 @@ def prepare(config: Any, train: bool = True) -> Prepared:
     check_model_fits(config.worker.actor.model, hf_config, tokenizer,
                      config.data.max_prompt_length + config.data.max_response_length)
     warn_template_without_tools(tokenizer, config)
-    if config.algorithm.needs_teacher:  # on-policy distillation: the teacher must read the student's token ids
-        check_teacher(config, tokenizer)
+    for teacher in teachers:  # on-policy distillation: each teacher must read the student's token ids
+        check_teacher(config, tokenizer, teacher)
     sets = {key: load_dataset_for(key, path, config, tokenizer, processor, rows[key]) for key, path in keys if path}
     train_set, val = sets.get("data.train_files"), sets.get("data.val_files")
     if train_set is not None:
@@ -219,14 +223,25 @@ def check_sequence_parallel_heads(hf_config: Any, config: Any) -> None:
 
     size, algo, worker = config.worker.actor.ulysses_size, config.algorithm, config.worker
     configs = [hf_config]
-    for needed, model in ((algo.needs_critic, worker.critic.model), (algo.needs_teacher, worker.teacher.model)):
-        if size > 1 and needed and model.model_path != worker.actor.model.model_path:
+    models = [worker.critic.model] * algo.needs_critic + [t.model for t in teachers_of(worker)] * algo.needs_teacher
+    for model in models:
+        if size > 1 and model.model_path != worker.actor.model.model_path:
             configs.append(AutoConfig.from_pretrained(model.model_path, trust_remote_code=model.trust_remote_code))
     try:
         for each in configs:
             check_heads(each, size)
     except ValueError as err:
         raise ConfigError(str(err)) from None
+
+
+def check_data_sources(teachers: list[Teacher], path: str, rows: Any) -> None:
+    """Every row of the training set ``rows`` (read from ``path``, ``data.train_files``) has a teacher: its
+    ``data_source`` column's (a row without the column: the default teacher's). Raises ``DataError`` naming the
+    file, the first row whose source no teacher serves, the source and the keys to set."""
+    sources = rows["data_source"] if "data_source" in rows.column_names else [None] * len(rows)
+    for row, source in enumerate(sources):
+        if teacher_of_source(teachers, source) is None:
+            raise DataError(unserved_source(teachers, source, f"data.train_files={path!r}, row {row},"))
 
 
 def check_enough_prompts(config: Any, n_prompts: int) -> None:

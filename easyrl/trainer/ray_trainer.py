@@ -30,6 +30,7 @@ from easyrl.algorithms.distillation import add_distillation, reverse_kl_metrics,
 from easyrl.algorithms.kl import apply_kl_penalty, make_kl_controller
 from easyrl.batch import Batch
 from easyrl.config import PPOConfig, to_dict
+from easyrl.config.actor import route_teachers, teachers_of
 from easyrl.config.ppo import OldLogProbs
 from easyrl.data.dataset import collate_fn
 from easyrl.data.loader import PromptStream
@@ -55,7 +56,7 @@ from easyrl.trainer.agent_rollout import agent_metrics
 from easyrl.trainer.batch_source import BatchSource
 from easyrl.trainer.multi_turn import multi_turn_metrics
 from easyrl.trainer.placement import Colocated, Split, TrainOnly, start_placement
-from easyrl.trainer.rollout import for_workers
+from easyrl.trainer.rollout import data_sources, for_workers
 from easyrl.trainer.rollout_dump import RolloutDump
 from easyrl.trainer.run_folder import checkpoint_to_resume
 from easyrl.trainer.scoring import ModelRewards, Scorer
@@ -157,13 +158,17 @@ class RayPPOTrainer:
         batch["returns"] = returns
 
     def _distill(self, batch: Batch) -> dict[str, float]:
-        """``distill/reverse_kl``: mean per-token ``log pi_student - log pi_teacher`` over the response; with
-        ``algorithm.distill_coef > 0`` that times the coefficient is subtracted from the advantages."""
+        """``distill/reverse_kl``: mean per-token ``log pi_student - log pi_teacher`` over the response (with several
+        teachers also ``distill/reverse_kl/<name>``); with ``algorithm.distill_coef > 0`` that times the coefficient
+        is subtracted from the advantages."""
         algo = self.config.algorithm
         reverse_kl = token_reverse_kl(batch["old_log_probs"], batch["teacher_log_probs"], batch["response_mask"])
         if algo.distill_coef > 0:
             batch["advantages"] = add_distillation(batch["advantages"], reverse_kl, algo.distill_coef)
-        return reverse_kl_metrics(reverse_kl, batch["response_mask"])
+        names = [teacher.name for teacher in teachers_of(self.config.worker)]
+        if len(names) < 2:
+            return reverse_kl_metrics(reverse_kl, batch["response_mask"])
+        return reverse_kl_metrics(reverse_kl, batch["response_mask"], batch["teacher_index"], names)
 
     # ----------------------------------------------------------------------------------------------- the loop
     def fit(self) -> None:
@@ -271,7 +276,8 @@ class RayPPOTrainer:
                     check_weight_sync(metrics["rollout/log_prob_diff_median"], cfg.sync_check_threshold)
             if cfg.algorithm.needs_reference:  # a KL term (loss or in-reward) reads the reference's log-probs
                 forward("ref", FSDPWorker.compute_ref_log_probs, "ref_log_probs")
-            if cfg.algorithm.needs_teacher:  # on-policy distillation: the teacher scores the student's samples
+            if cfg.algorithm.needs_teacher:  # on-policy distillation: each sample's teacher scores it
+                batch["teacher_index"] = torch.tensor(route_teachers(teachers_of(cfg.worker), data_sources(batch)))
                 forward("teacher", FSDPWorker.compute_teacher_log_probs, "teacher_log_probs")
             if pending is not None:  # scored in the reward actor while the log-prob passes ran
                 with timer("reward", timing):

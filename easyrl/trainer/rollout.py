@@ -78,6 +78,13 @@ def for_workers(batch: Batch, staged: Optional[list[tuple[str, int]]] = None) ->
     return Batch(batch.tensors, extras)
 
 
+def data_sources(batch: Batch) -> list[Any]:
+    """Each sample's ``data_source`` column (``(bsz,)``; None where its row has none): what routes a sample to its
+    distillation teacher (``easyrl.config.actor.route_teachers``)."""
+    columns = batch["columns"] if "columns" in batch else [{}] * len(batch)
+    return [(row or {}).get("data_source") for row in columns]
+
+
 def for_rollout(prompts: Batch) -> Batch:
     """A prompt batch less ``multi_modal_inputs`` (vLLM takes the images) and ``columns`` (no copy)."""
     return Batch(prompts.tensors, {key: value for key, value in prompts.extras.items()

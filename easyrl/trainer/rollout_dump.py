@@ -45,8 +45,8 @@ MANIFEST = "dump.json"
 METADATA_KEY = b"easyrl"
 _STEP_FILE = re.compile(r"^step_(\d+)\.parquet$")
 
-RECOMPUTED = ("old_log_probs", "ref_log_probs", "teacher_log_probs", "values", "token_level_rewards", "advantages",
-              "returns")
+RECOMPUTED = ("old_log_probs", "ref_log_probs", "teacher_log_probs", "teacher_index", "values", "token_level_rewards",
+              "advantages", "returns")
 """The tensors a replayed step computes again (its log-prob, value and advantage passes) and so does not take from the
 dump: :func:`replay_inputs` drops them."""
 

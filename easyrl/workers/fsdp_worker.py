@@ -19,6 +19,7 @@ import torch
 from easyrl import envvars
 from easyrl.batch import Batch
 from easyrl.config import PPOConfig
+from easyrl.config.actor import teachers_of
 from easyrl.device import collective_backend, device_name, empty_cache, memory_metrics, set_device, torch_device
 from easyrl.models.hub_snapshot import local_model_path
 from easyrl.quiet import quiet_libraries
@@ -67,7 +68,8 @@ class FSDPWorker:
         self.config, self.rank, self.world_size, self.device = config, rank, world_size, device
         self.training_steps = training_steps
         self.parts = parts
-        self.actor = self.ref = self.critic = self.reward_model = self.teacher = None
+        self.actor = self.ref = self.critic = self.reward_model = None
+        self.teachers: list = []  # the distillation teachers (FSDPPolicy each, easyrl.workers.roles)
         self.rollout = None
         self.transfer = None  # split placement: the group to the rollout engines (easyrl.workers.weight_transfer)
         self.judge_engine = None  # the LLM judge's vLLM engine (easyrl.workers.judge.VLLMJudge), built by judge()
@@ -87,7 +89,8 @@ class FSDPWorker:
         process group exists, so a download waits under no collective timeout."""
         worker = self.config.worker
         reward_model = [worker.reward.reward_model] if worker.reward.reward_model.enabled else []
-        for model in (worker.actor.model, worker.critic.model, worker.teacher.model, *reward_model):
+        teachers = [teacher.model for teacher in teachers_of(worker)]
+        for model in (worker.actor.model, worker.critic.model, *teachers, *reward_model):
             model.model_path = local_model_path(model.model_path)
             model.tokenizer_path = local_model_path(model.tokenizer_path)
 
@@ -133,8 +136,8 @@ class FSDPWorker:
         init_sequence_parallel(cfg.actor.ulysses_size)  # the roles split packed rows over these groups
         roles = build_roles(self.config, mesh, self.device, self.torch_device, self.training_steps,
                             seconds=self.startup_seconds)
-        self.actor, self.ref, self.critic, self.reward_model, self.teacher = (
-            roles.actor, roles.ref, roles.critic, roles.reward_model, roles.teacher)
+        self.actor, self.ref, self.critic, self.reward_model, self.teachers = (
+            roles.actor, roles.ref, roles.critic, roles.reward_model, roles.teachers)
 
     def init_engine(self) -> None:
         """Build this rank's vLLM engine (``VLLMRollout``), timing ``vllm_import`` and ``engine``."""
@@ -445,9 +448,16 @@ class FSDPWorker:
         return scores
 
     def compute_teacher_log_probs(self, data: Batch) -> torch.Tensor:
-        """The distillation teacher's log-probs of the sampled response tokens, ``(bsz, resp_len)``, at the rollout
-        temperature (as the student's old log-probs; ``easyrl.algorithms.distillation``)."""
+        """Each sample's distillation teacher's log-probs of its sampled response tokens, ``(bsz, resp_len)``, at the
+        rollout temperature (as the student's old log-probs; ``easyrl.algorithms.distillation``). With several
+        teachers ``data["teacher_index"]`` ``(bsz,)`` names each sample's (``easyrl.config.actor.route_teachers``):
+        every rank runs every teacher, in order, on its rows of it only (none: filler forwards, as many as the
+        rank with the most, ``FSDPTrainable._score_responses``)."""
         cfg = self.config.worker
         data = self.mm_stage.attach(data)
-        return self.teacher.compute_log_probs(data, cfg.teacher.micro_batch_size_per_device_for_experience,
-                                              cfg.actor.temperature)
+        out = torch.zeros(data["response_mask"].shape, dtype=torch.float32)
+        for index, teacher in enumerate(self.teachers):
+            rows = None if len(self.teachers) == 1 else (data["teacher_index"] == index).nonzero().flatten().tolist()
+            out += teacher.compute_log_probs(data, cfg.teacher.micro_batch_size_per_device_for_experience,
+                                             cfg.actor.temperature, rows=rows)
+        return out

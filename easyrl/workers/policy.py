@@ -49,10 +49,14 @@ class FSDPPolicy(FSDPTrainable):
             model, inputs, temperature, with_entropy=with_entropy, entropy_grad=entropy_grad,
             fused_head=self.fused_head, router_aux=router_aux, sp=self.sp))
 
-    def compute_log_probs(self, data: Batch, micro_batch_size: int, temperature: float) -> torch.Tensor:
-        """Response log-probs under the current weights, ``(bsz, resp_len)`` on the host, 0 at padding."""
+    def compute_log_probs(self, data: Batch, micro_batch_size: int, temperature: float,
+                          rows: Optional[list[int]] = None) -> torch.Tensor:
+        """Response log-probs under the current weights, ``(bsz, resp_len)`` on the host, 0 at padding; ``rows``: of
+        these rows only, the others 0 (a collective call on every rank, each with its own rows, maybe none:
+        ``FSDPTrainable._score_responses``)."""
         return self._score_responses(data, micro_batch_size,
-                                     lambda micro: self._forward(micro, temperature, with_entropy=False).log_probs)
+                                     lambda micro: self._forward(micro, temperature, with_entropy=False).log_probs,
+                                     rows)
 
     def update_policy(self, data: Batch, mini_batch_size: int, micro_batch_size: int,
                       sync_threshold: Optional[float] = None) -> dict[str, list[float]]:

@@ -6,7 +6,8 @@ model sharded with FSDP2 over all workers:
   without LoRA (then the actor with its adapter off is the reference).
 * ``critic``: the value model (``FSDPCritic``); only for ``algorithm.adv_estimator: gae``.
 * ``reward_model``: a frozen ``FSDPRewardModel``; only with ``worker.reward.reward_model.model_path``.
-* ``teacher``: the frozen distillation teacher (``FSDPPolicy``); only when ``algorithm.needs_teacher``.
+* ``teachers``: the frozen distillation teachers (``FSDPPolicy`` each, in ``teachers_of`` order: one for
+  ``worker.teacher``, one per ``worker.teachers`` entry); only when ``algorithm.needs_teacher``.
 
 Built in this order on every rank together, so a role may start from an earlier one (``init_from``). Adding one:
 docs/architecture.md.
@@ -16,12 +17,13 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator, Optional
 
 import torch
 
 from easyrl.config import PPOConfig
+from easyrl.config.actor import Teacher, teachers_of
 
 
 if TYPE_CHECKING:  # the model classes import transformers' models: only the workers build them (in build_roles)
@@ -41,7 +43,8 @@ class Roles:
     critic: Optional[FSDPCritic] = None
     reward_model: Optional[FSDPRewardModel] = None
     """The discriminative reward model (``worker.reward.reward_model``, frozen), when its ``model_path`` is set."""
-    teacher: Optional[FSDPPolicy] = None
+    teachers: list[FSDPPolicy] = field(default_factory=list)
+    """The distillation teachers, in ``teachers_of`` order (empty without distillation)."""
 
 
 def build_roles(config: PPOConfig, mesh: DeviceMesh, device: str, torch_device: torch.device,
@@ -59,7 +62,8 @@ def build_roles(config: PPOConfig, mesh: DeviceMesh, device: str, torch_device: 
     with timed(seconds, "actor"):
         actor = FSDPPolicy(model_path, cfg.actor, mesh, device, torch_device, trainable=trainable,
                            offload=cfg.actor.offload, training_steps=training_steps)
-    ref = critic = teacher = reward_model = None
+    ref = critic = reward_model = None
+    teachers = []
     if trainable and config.builds_reference:
         with timed(seconds, "ref"):  # same checkpoint: copy the actor's shards (cast to the compute dtype)
             ref = FSDPPolicy(model_path, cfg.actor, mesh, device, torch_device, trainable=False,
@@ -75,11 +79,12 @@ def build_roles(config: PPOConfig, mesh: DeviceMesh, device: str, torch_device: 
         with timed(seconds, "reward_model"):
             reward_model = FSDPRewardModel(cfg.reward.reward_model, mesh, device, torch_device,
                                            padding_id(load_tokenizer(cfg.reward.reward_model)))
-    if trainable and config.algorithm.needs_teacher:  # its own checkpoint; the actor's sharding, never its LoRA
-        with timed(seconds, "teacher"):
-            teacher = FSDPPolicy(cfg.teacher.model.model_path, teacher_role_config(config), mesh, device,
-                                 torch_device, trainable=False, offload=cfg.teacher.offload)
-    return Roles(actor=actor, ref=ref, critic=critic, reward_model=reward_model, teacher=teacher)
+    if trainable and config.algorithm.needs_teacher:  # own checkpoints; the actor's sharding, never its LoRA
+        with timed(seconds, "teacher"):  # all teachers together
+            teachers = [FSDPPolicy(teacher.model.model_path, teacher_role_config(config, teacher), mesh, device,
+                                   torch_device, trainable=False, offload=teacher.offload)
+                        for teacher in teachers_of(cfg)]
+    return Roles(actor=actor, ref=ref, critic=critic, reward_model=reward_model, teachers=teachers)
 
 
 @contextmanager
@@ -90,14 +95,14 @@ def timed(seconds: dict[str, float], phase: str) -> Iterator[None]:
     seconds[phase] = time.time() - began
 
 
-def teacher_role_config(config: PPOConfig):
-    """The role settings the teacher's ``FSDPPolicy`` reads: ``worker.actor``'s (FSDP dtypes, padding-free, dynamic
-    batching) with ``worker.teacher.model.trust_remote_code``. The actor's LoRA settings apply to trained roles
-    only, so the frozen teacher never gets an adapter."""
+def teacher_role_config(config: PPOConfig, teacher: Teacher):
+    """The role settings ``teacher``'s ``FSDPPolicy`` reads: ``worker.actor``'s (FSDP dtypes, padding-free, dynamic
+    batching) with the teacher's ``model.trust_remote_code``. The actor's LoRA settings apply to trained roles
+    only, so a frozen teacher never gets an adapter."""
     import copy
 
     role = copy.copy(config.worker.actor)
     role.model = copy.copy(role.model)
-    role.model.trust_remote_code = config.worker.teacher.model.trust_remote_code
+    role.model.trust_remote_code = teacher.model.trust_remote_code
     role.router_aux_loss_coef = 0.0  # a dense teacher beside a MoE student is fine: the teacher is never trained
     return role

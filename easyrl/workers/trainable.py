@@ -96,17 +96,30 @@ class FSDPTrainable:
         if not self.config.dynamic_batching:
             return [(list(range(s, min(s + micro_batch_size, len(data)))), piece)
                     for s, piece in zip(range(0, len(data), micro_batch_size), data.split(micro_batch_size))]
-        return [(part, data.select(part)) for part in dynamic_micro_batches(lengths, count)]
+        # at most one piece per sample (a rank scoring only some rows may have fewer than the agreed count)
+        return [(part, data.select(part)) for part in dynamic_micro_batches(lengths, min(count, len(lengths)))]
 
     @torch.no_grad()
-    def _score_responses(self, data: Batch, micro_batch_size: int,
-                         score: Callable[[Batch], torch.Tensor]) -> torch.Tensor:
+    def _score_responses(self, data: Batch, micro_batch_size: int, score: Callable[[Batch], torch.Tensor],
+                         rows: Optional[list[int]] = None) -> torch.Tensor:
         """``score(micro)`` ``(micro_bsz, resp_len)`` of each micro-batch as one ``(bsz, resp_len)`` float32 host
-        tensor, 0 at padding."""
+        tensor, 0 at padding. ``rows``: score only these rows of ``data`` (the others stay 0; each rank its own, maybe
+        none) in as many forwards as the rank with the most: their count is agreed (a MAX all-reduce) and a rank
+        with fewer forwards ``data``'s first row again, its result dropped (FSDP2 all-gathers in every forward); no
+        rank with a row: no forward at all."""
         self.model.eval()
         out = torch.zeros(data["response_mask"].shape, dtype=torch.float32)
-        for indices, micro in self._micro_batches(data, micro_batch_size):
-            out[indices] = score(micro).float().cpu()
+        picked = data if rows is None else data.select(rows or [0])  # no rows: the filler row's micro-batch
+        pieces = self._micro_batches(picked, micro_batch_size)
+        if rows is not None:
+            pieces = [([rows[i] for i in indices], micro) for indices, micro in pieces] if rows else []
+            agreed = torch.tensor([len(pieces)], device=self.torch_device)
+            dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+            pieces += [([], data.select([0]))] * (int(agreed.item()) - len(pieces))
+        for indices, micro in pieces:
+            scores = score(micro).float().cpu()
+            if indices:
+                out[indices] = scores
         return out * data["response_mask"]
 
     def run_epochs(self, data: Batch, mini_batch_size: int, micro_batch_size: int,
