@@ -44,7 +44,8 @@ test: setup
 test-fast: setup
 	$(PY) -m pytest -q -m "not e2e and not slow"
 
-# `easyrl simulate` on every recipe in examples/ (minutes each on 2 cores: docs/simulate.md).
+# `easyrl simulate` on every recipe in examples/ (minutes each on 2 cores: docs/simulate.md), and the end-to-end runs kept
+# out of `make test` for its time (docs/development.md).
 test-slow: setup
 	$(PY) -m pytest -q -m slow
 

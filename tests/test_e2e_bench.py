@@ -17,7 +17,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 
-pytestmark = pytest.mark.e2e
+# under `make test-slow` (three libraries' start-up; no assertion on the pipeline itself: the suite's time, docs/development.md)
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 STEPS = 2
 

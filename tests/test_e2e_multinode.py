@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.e2e
+# under `make test-slow` (two Ray nodes' start-up: the suite's time, docs/development.md)
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def test_two_nodes_one_worker_each_two_grpo_steps(e2e_text_config, tmp_path):
