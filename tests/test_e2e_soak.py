@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.e2e
+# under `make test-slow` (~5 minutes on the 2-core machine: the suite's time, docs/development.md)
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 20
