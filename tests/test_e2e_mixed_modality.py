@@ -14,7 +14,8 @@ from PIL import Image
 
 from easyrl.workers.mm_staging import multi_modal_nbytes
 
-pytestmark = pytest.mark.e2e
+# under `make test-slow` (the suite's time, docs/development.md); tests/test_e2e_video.py keeps a video step in the suite
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -44,7 +44,13 @@ def test_planted_position_mistake_fails_the_parity(tiny_model_path, tmp_path, mo
     assert "packed_vs_padded" in failures and "transformers_export" in failures, failures
 
 
-@pytest.mark.parametrize("arch", TINY_VL_ARCHS)
+# two of the four under `make test-slow` (the suite's time, docs/development.md): InternVL and Idefics3 keep the
+# generic VL path (1-D positions) in the suite
+SLOW_VL = ("mistral3", "llava_onevision")
+
+
+@pytest.mark.parametrize("arch", [pytest.param(arch, marks=pytest.mark.slow) if arch in SLOW_VL else arch
+                                  for arch in TINY_VL_ARCHS])
 def test_vl_family_parity(arch, tmp_path):
     """A vision-language family beyond Qwen, with an image in every prompt (``easyrl.testing.image_batch``: the run's
     data path): vLLM, given one placeholder per image as in a rollout, expands it to the processor's ids, and its
