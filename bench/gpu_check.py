@@ -34,7 +34,7 @@ safetensors, tqdm, pillow, pyyaml; nothing can be downloaded there), one call of
 
 It should take about 5 minutes on an H100 (an estimate, never run there: random checkpoint ~1 min, the phases ~2,
 DCP ~1, offload ~1.5; the simulation runs beside them, ~2 min of one core); a section that fails is recorded
-(`errors` in the JSON) and the rest still run. On the CPU, the suite's toy run (tests/test_gpu_check.py, gloo, a
+(`errors` in the JSON) and the rest still run. On the CPU, the toy run (tests/test_gpu_check.py, `make test-slow`, gloo, a
 tiny Qwen2.5-VL): `python bench/gpu_check.py --device cpu --tiny --out DIR`.
 
 The wheels (WHEELS: what the actor path and the recipe's config loading import beyond that machine's image; all pure

@@ -14,6 +14,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
+import pytest
 from packaging.requirements import Requirement
 
 REPO = Path(__file__).resolve().parents[1]
@@ -68,6 +69,9 @@ def _device_site(folder: Path, allowed: set[str]) -> set[str]:
     return dropped
 
 
+# under `make test-slow` (~6 minutes here: its two CPU updates of the 3B-shaped toy take ~40 s each; the suite's time,
+# docs/development.md): run it before a `make gpu-check` on a lent device
+@pytest.mark.slow
 def test_toy_run_with_only_the_accelerator_machines_packages(tmp_path):
     """The whole check at toy size (gloo, the tiny Qwen2.5-VL, bf16), in a Python that sees only the packages of the
     accelerator machine's image and the carried wheels (``python -S`` over a filtered site-packages), its simulation
