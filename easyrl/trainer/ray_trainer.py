@@ -166,9 +166,8 @@ class RayPPOTrainer:
         if algo.distill_coef > 0:
             batch["advantages"] = add_distillation(batch["advantages"], reverse_kl, algo.distill_coef)
         names = [teacher.name for teacher in teachers_of(self.config.worker)]
-        if len(names) < 2:
-            return reverse_kl_metrics(reverse_kl, batch["response_mask"])
-        return reverse_kl_metrics(reverse_kl, batch["response_mask"], batch["teacher_index"], names)
+        per_teacher = batch["teacher_index"] if len(names) > 1 else None  # one teacher: its metric is the total
+        return reverse_kl_metrics(reverse_kl, batch["response_mask"], per_teacher, names)
 
     # ----------------------------------------------------------------------------------------------- the loop
     def fit(self) -> None:
