@@ -1,6 +1,6 @@
 """The model families easyrl runs: one registry (:data:`FAMILIES`), keyed by transformers' ``model_type``.
 
-Every family runs the same generic path; code branches on an entry's traits (``vision``, ``moe``, ``mrope``, ...) or
+Every family runs the same generic path; code branches on an entry's traits (``vision``, ``router``, ``mrope``, ...) or
 small hooks (``positions``: text positions as vLLM counts them; ``logit_scale``: the head's logit factor). A type
 missing here is refused before Ray (:func:`check_supported`); adding one: docs/models.md, "Adding a family".
 """
@@ -8,12 +8,13 @@ missing here is refused before Ray (:func:`check_supported`); adding one: docs/m
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 
 from easyrl.errors import ModelError
 from easyrl.models.packing import padded_text_positions
+from easyrl.models.router_replay import SOFTMAX_TOPK, TOPK_SOFTMAX, RouterKind
 
 __all__ = ["Family", "FAMILIES", "family", "check_supported", "attends_in_windows", "DOCS"]
 
@@ -78,8 +79,9 @@ class Family:
     """The family as users call it (docs/models.md's first column)."""
     vision: bool = False
     """Image-text model (a vision tower and placeholder tokens)."""
-    moe: bool = False
-    """Routed experts in its MLPs."""
+    router: Optional[RouterKind] = None
+    """Mixture of experts: how its router returns and weighs its top-k (``easyrl.models.router_replay``, what
+    routing replay follows); None: dense MLPs."""
     mrope: bool = False
     """Positions are Qwen-VL's multimodal rotary (3-D) ones; else 1-D rotary positions."""
     linear_attention: bool = False
@@ -114,6 +116,11 @@ class Family:
     """VL: the dimension along which several samples' processor outputs (``pixel_values``, ...) concatenate
     (Idefics3's ``(1, tiles, ...)``: 1); smaller trailing dimensions are zero-padded (Pixtral's ``image_sizes``)."""
 
+    @property
+    def moe(self) -> bool:
+        """Routed experts in its MLPs."""
+        return self.router is not None
+
 
 _QWEN_VL = dict(vision=True, mrope=True, halves_rotary=True)
 FAMILIES: dict[str, Family] = {
@@ -127,19 +134,19 @@ FAMILIES: dict[str, Family] = {
     "glm4": Family("GLM-4"),
     "granite": Family("Granite 3", halves_rotary=True, logit_scale=_granite_logit_scale),
     # text, mixture of experts
-    "qwen3_moe": Family("Qwen3-MoE", moe=True, halves_rotary=True),
-    "mixtral": Family("Mixtral", moe=True, halves_rotary=True, checkpoint_renames=((".mlp.", ".block_sparse_moe."),),
-                      per_expert_names=("w1", "w3", "w2")),
-    "olmoe": Family("OLMoE", moe=True, halves_rotary=True),
-    "granitemoe": Family("Granite 3 MoE", moe=True, halves_rotary=True, logit_scale=_granite_logit_scale),
+    "qwen3_moe": Family("Qwen3-MoE", router=SOFTMAX_TOPK, halves_rotary=True),
+    "mixtral": Family("Mixtral", router=SOFTMAX_TOPK, halves_rotary=True,
+                      checkpoint_renames=((".mlp.", ".block_sparse_moe."),), per_expert_names=("w1", "w3", "w2")),
+    "olmoe": Family("OLMoE", router=SOFTMAX_TOPK, halves_rotary=True),
+    "granitemoe": Family("Granite 3 MoE", router=TOPK_SOFTMAX, halves_rotary=True, logit_scale=_granite_logit_scale),
     # vision-language
     "qwen2_vl": Family("Qwen2-VL", **_QWEN_VL),
     "qwen2_5_vl": Family("Qwen2.5-VL", **_QWEN_VL),
     "qwen3_vl": Family("Qwen3-VL", **_QWEN_VL),
-    "qwen3_vl_moe": Family("Qwen3-VL-MoE", moe=True, **_QWEN_VL,
+    "qwen3_vl_moe": Family("Qwen3-VL-MoE", router=SOFTMAX_TOPK, **_QWEN_VL,
                            transposed_experts=("mlp.experts.gate_up_proj", "mlp.experts.down_proj")),
     "qwen3_5": Family("Qwen3.5", linear_attention=True, **_QWEN_VL),
-    "qwen3_5_moe": Family("Qwen3.5-MoE", moe=True, linear_attention=True, **_QWEN_VL),
+    "qwen3_5_moe": Family("Qwen3.5-MoE", router=SOFTMAX_TOPK, linear_attention=True, **_QWEN_VL),
     "internvl": Family("InternVL 3 (transformers format)", vision=True, blank_image=_tile_blank),
     "idefics3": Family("Idefics3", vision=True, blank_image=_idefics3_blank, image_dim=1),
     "mistral3": Family("Mistral 3 (Pixtral vision)", vision=True, blank_image=_pixtral_blank),

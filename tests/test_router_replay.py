@@ -1,0 +1,120 @@
+"""Routing replay (``easyrl.models.router_replay``) on the registry's MoE families at tiny size (2 decoder layers, 4
+experts, top-2, transformers' real classes, fp32): a replayed MoE block equals the block run with hand-computed
+weights over the replayed experts; replaying a model's own routing changes nothing, a shifted routing does."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from easyrl.models.families import FAMILIES
+from easyrl.models.router_replay import NO_EXPERT, RouterReplay
+from easyrl.testing.tiny_families import TINY_FAMILIES, tiny_family_config
+
+MOE_TYPES = [t for t in TINY_FAMILIES if FAMILIES[t].moe]
+
+
+def _model(model_type: str):
+    import transformers
+
+    torch.manual_seed(0)
+    config = tiny_family_config(model_type)
+    config.vocab_size = 512  # the routers do not care about the vocabulary
+    return getattr(transformers, TINY_FAMILIES[model_type].model_class)._from_config(config, dtype=torch.float32).eval()
+
+
+def _own_routing(model, input_ids) -> torch.Tensor:
+    """``(tokens, layers, k)`` of the routers' own choices in a plain forward."""
+    chosen = {}
+    kind = FAMILIES[model.config.model_type].router
+    routers = [m for m in model.modules() if type(m).__name__.endswith("TopKRouter")]
+    hooks = [m.register_forward_hook(lambda mod, a, out, i=i: chosen.__setitem__(i, dict(zip(kind.outputs, out))["experts"]))
+             for i, m in enumerate(routers)]
+    with torch.no_grad():
+        model(input_ids=input_ids)
+    for hook in hooks:
+        hook.remove()
+    return torch.stack([chosen[i] for i in sorted(chosen)], dim=1)
+
+
+def _hand_weights(model_type, router, hidden, experts):
+    """The replayed experts' weights as the family's modeling code would weigh them, written out."""
+    logits = hidden @ router.weight.T
+    if model_type == "granitemoe":
+        return torch.softmax(logits.gather(-1, experts), dim=-1)
+    probs = torch.softmax(logits, dim=-1).gather(-1, experts)
+    renormalised = {"qwen3_moe": True, "mixtral": True, "olmoe": False}[model_type]  # the tiny configs' norm_topk_prob
+    return probs / probs.sum(-1, keepdim=True) if renormalised else probs
+
+
+@pytest.mark.parametrize("model_type", MOE_TYPES)
+def test_replayed_block_equals_hand_computed_router(model_type):
+    model = _model(model_type)
+    replay = RouterReplay(model, FAMILIES[model_type].router)
+    assert replay.layers == [0, 1]
+    layer = model.model.layers[1]
+    block = layer.block_sparse_moe if model_type == "granitemoe" else layer.mlp
+    router = next(m for m in block.modules() if type(m).__name__.endswith("TopKRouter"))
+    torch.manual_seed(1)
+    hidden = torch.randn(1, 6, model.config.hidden_size)
+    experts = torch.tensor([[3, 0], [1, 2], [2, 3], [0, 1], [3, 1], [NO_EXPERT, NO_EXPERT]])
+    routing = torch.full((6, 2, 2), NO_EXPERT)
+    routing[:, 1] = experts
+    with torch.no_grad():
+        replay.arm(None)
+        plain = block(hidden)
+        replay.arm(routing)
+        replayed = block(hidden)
+        flat = hidden.reshape(6, -1)
+        own = _own_routing_of_block(model_type, router, flat)
+        used = torch.where(experts >= 0, experts, own)
+        weights = _hand_weights(model_type, router, flat, used)
+        expected = block.experts(flat, used, weights.to(flat.dtype)).reshape(1, 6, -1)
+    torch.testing.assert_close(replayed, expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(replayed[:, 5], plain[:, 5])  # NO_EXPERT: the router's own choice
+    assert not torch.allclose(replayed[:, :5], plain[:, :5])  # the replayed experts were not the router's
+
+
+def _own_routing_of_block(model_type, router, flat):
+    logits = flat @ router.weight.T
+    return logits.topk(router.top_k, dim=-1).indices  # softmax keeps the order: the same top-k either way
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "granitemoe"])
+def test_replaying_own_routing_is_exact_and_a_shift_is_not(model_type):
+    model = _model(model_type)
+    ids = torch.randint(0, 512, (1, 12))
+    own = _own_routing(model, ids)
+    replay = RouterReplay(model, FAMILIES[model_type].router)
+    with torch.no_grad():
+        plain = model(input_ids=ids).logits
+        replay.arm(own)
+        same = model(input_ids=ids).logits
+        assert replay.agreement() == 1.0
+        replay.arm(torch.roll(own, 1, dims=0))  # a planted off-by-one in the token positions
+        shifted = model(input_ids=ids).logits
+        assert replay.agreement() < 0.9
+    torch.testing.assert_close(same, plain, rtol=0, atol=0)
+    assert (shifted - plain).abs().max() > 1e-3
+
+
+def test_replay_keeps_the_routers_gradient_and_refuses_bad_shapes():
+    model = _model("qwen3_moe").train()
+    ids = torch.randint(0, 512, (1, 8))
+    replay = RouterReplay(model, FAMILIES["qwen3_moe"].router)
+    replay.arm(_own_routing(model, ids).flip(-1))  # the same experts, the other order
+    model(input_ids=ids).logits.sum().backward()
+    router = model.model.layers[0].mlp.gate
+    assert router.weight.grad is not None and router.weight.grad.abs().sum() > 0
+    replay.arm(torch.zeros(7, 2, 2, dtype=torch.long))
+    with pytest.raises(ValueError, match="saw 8 tokens"):
+        model(input_ids=ids)
+
+
+def test_a_dense_model_has_no_router_to_replay():
+    import transformers
+
+    config = tiny_family_config("qwen3")
+    config.vocab_size = 512
+    with pytest.raises(ValueError, match="mixture-of-experts"):
+        RouterReplay(transformers.Qwen3ForCausalLM(config), FAMILIES["qwen3_moe"].router)
