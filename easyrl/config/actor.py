@@ -19,6 +19,23 @@ from easyrl.errors import ConfigError, DataError
 
 
 @dataclass
+class RouterReplayConfig:
+    """Routing replay for a mixture-of-experts policy (``easyrl.models.router_replay``; docs/algorithms.md,
+    "Routing replay")."""
+
+    mode: Literal["disabled", "R3"] = "disabled"
+    """R3 (rollout routing replay, Ma et al. 2025, arXiv:2510.11370): vLLM records the experts its routers chose for
+    every token it ran, they travel with the batch (``routed_experts``), and the actor's log-prob and update passes
+    send each token to those experts, their weights from the actor's own router logits; disabled: every forward
+    routes by itself."""
+
+    @property
+    def replays_rollout(self) -> bool:
+        """The rollout records its routing and the actor replays it (R3)."""
+        return self.mode == "R3"
+
+
+@dataclass
 class ActorConfig(TrainedRoleConfig):
     """The trained policy: batch sizes (mini-batch in prompts, micro-batches in samples), policy loss, KL/entropy
     terms."""
@@ -83,6 +100,8 @@ class ActorConfig(TrainedRoleConfig):
     (and the teacher) then hold ~1/ulysses_size of a sequence's activations per device, and the batch is shared
     over ``world_size / ulysses_size`` data-parallel groups. Needs ``padding_free``; must divide the device count and
     the model's attention and key/value heads."""
+    router_replay: RouterReplayConfig = field(default_factory=RouterReplayConfig)
+    """Routing replay of an MoE policy (verl's ``actor.router_replay``)."""
     # copied from algorithm.*
     use_kl_loss: bool = auto("algorithm.use_kl_loss", True)
     kl_penalty: str = auto("algorithm.kl_penalty", "low_var_kl")

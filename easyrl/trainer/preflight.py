@@ -170,6 +170,7 @@ def prepare(config: Any, train: bool = True) -> Prepared:
                                                        chat_template=config.data.override_chat_template)
     check_supported("worker.actor.model.model_path", hf_config)  # a family easyrl runs (docs/models.md)
     check_rollout_split(hf_config, config.worker.rollout.tensor_parallel_size)
+    check_router_replay_model(hf_config, config)
     check_sequence_parallel_heads(hf_config, config)
     check_model_fits(config.worker.actor.model, hf_config, tokenizer,
                      config.data.max_prompt_length + config.data.max_response_length)
@@ -212,6 +213,27 @@ def check_rollout_split(hf_config: Any, tensor_parallel_size: int) -> None:
         check_heads_split(hf_config, tensor_parallel_size)
     except ValueError as err:
         raise ConfigError(str(err)) from None
+
+
+def check_router_replay_model(hf_config: Any, config: Any) -> None:
+    """``worker.actor.router_replay.mode: R3`` needs a mixture-of-experts family (a ``router`` in the registry) and
+    a vLLM that reports its routing: on the CPU easyrl's capture (``routing_capture.capture_supported``), on
+    devices vLLM's ``enable_return_routed_experts``. Else ``ConfigError``."""
+    from easyrl.models.families import family
+    from easyrl.workers import vllm_compat
+    from easyrl.workers.routing_capture import capture_supported
+
+    if not config.worker.actor.router_replay.replays_rollout:
+        return
+    key = "worker.actor.router_replay.mode=R3"
+    if family(hf_config).router is None:
+        raise ConfigError(f"{key}: {hf_config.model_type} is not a mixture of experts (no router to replay): set "
+                          "worker.actor.router_replay.mode=disabled")
+    reports = capture_supported() if config.trainer.device == "cpu" else vllm_compat.returns_routed_experts()
+    if not reports:
+        raise ConfigError(f"{key}: vLLM {vllm_compat.vllm_version()} does not report the experts it routed to on "
+                          f"trainer.device={config.trainer.device} (vLLM >= 0.32 does): upgrade vLLM or set "
+                          "worker.actor.router_replay.mode=disabled")
 
 
 def check_sequence_parallel_heads(hf_config: Any, config: Any) -> None:

@@ -9,7 +9,10 @@ the extras; a trajectory batch adds:
   a multi-turn rollout puts 0 on tool and environment tokens), 0 on padding;
 * ``input_ids`` / ``attention_mask`` ``(bsz, P + R)``: prompt and response side by side;
 * ``rollout_log_probs`` ``(bsz, R)``, with ``worker.rollout.calculate_log_probs``: the engine's log-probs of the
-  sampled tokens.
+  sampled tokens;
+* ``routed_experts`` ``(bsz, P + R, layers, top_k)`` int16, with routing replay (``worker.actor.router_replay``): the
+  experts the engine's routers chose for each token, laid out as ``input_ids``; ``-1`` at padding and where the
+  engine ran no forward (the last response token, a prefix served from its cache).
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from easyrl.batch import Batch
 from easyrl.workers.fsdp_worker import FSDPWorker
 from easyrl.workers.mm_staging import STAGE_KEY
 
-__all__ = ["Rollout", "SingleTurnRollout", "for_rollout", "for_workers", "left_pad", "right_pad", "trajectory_batch"]
+__all__ = ["Rollout", "SingleTurnRollout", "for_rollout", "for_workers", "left_pad", "right_pad", "trajectory_batch",
+           "routing_batch"]
 
 
 def left_pad(rows: list[list[int]], length: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,6 +71,29 @@ def trajectory_batch(prompts: Batch, response_ids: list[list[int]], length: int,
     if log_probs is not None:
         batch["rollout_log_probs"] = right_pad(log_probs, length, 0.0, torch.float32)[0]
     return batch
+
+
+def routing_batch(prompt_mask: torch.Tensor, response_length: int, routed: list[Any]) -> torch.Tensor:
+    """The ``routed_experts`` tensor ``(bsz, P + R, layers, top_k)`` int16 (``-1`` where none) of one engine routing
+    per sample, ``(positions, layers, top_k)`` over its prompt (``prompt_mask`` ``(bsz, P)``'s real tokens, the
+    prompt as the engine ran it, image pads expanded) then its response (cut at ``response_length`` = R). Raises
+    ``ValueError`` when a sample's routing has no row for some prompt token (engine and trainer saw other prompts)."""
+    bsz, width = prompt_mask.shape
+    shapes = [r.shape[1:] for r in routed if r is not None]
+    if not shapes:
+        raise ValueError("routing replay: the engines reported no routing for any sample")
+    shape = shapes[0]
+    out = torch.full((bsz, width + response_length, *shape), -1, dtype=torch.int16)
+    for i, rows in enumerate(routed):
+        if rows is None:
+            continue
+        prompt = int(prompt_mask[i].sum())
+        if len(rows) < prompt:
+            raise ValueError(f"sample {i}: the engine's routing covers {len(rows)} positions, its prompt has "
+                             f"{prompt} tokens")
+        rows = torch.from_numpy(rows[: prompt + response_length].astype("int16"))
+        out[i, width - prompt: width - prompt + len(rows)] = rows
+    return out
 
 
 def for_workers(batch: Batch, staged: Optional[list[tuple[str, int]]] = None) -> Batch:
@@ -137,6 +164,9 @@ class SingleTurnRollout:
             log_probs = [lp for out in outputs for lp in out["response_log_probs"]]
         batch = trajectory_batch(prompts, [ids for out in outputs for ids in out["response_ids"]],
                                  self.response_length, self.pad_id, log_probs)
+        if outputs[0].get("routed_experts") is not None:  # routing replay: the engines' experts per token
+            batch["routed_experts"] = routing_batch(prompts["prompt_mask"], self.response_length,
+                                                    [r for out in outputs for r in out["routed_experts"]])
         for out in outputs:
             self._slots = [self._slots[0] + out["busy"], self._slots[1] + out["offered"]]
         return batch, max(out["timing_s/reshard"] for out in outputs)

@@ -152,7 +152,8 @@ class FSDPWorker:
             import vllm  # noqa: F401
         with timed(self.startup_seconds, "engine"):
             self.rollout = VLLMRollout(cfg.actor.model.model_path, cfg.rollout, self.device, seed=seed,
-                                       read_checkpoint=self.parts.engine_reads_checkpoint)
+                                       read_checkpoint=self.parts.engine_reads_checkpoint,
+                                       record_routing=cfg.actor.router_replay.replays_rollout)
         empty_cache(self.device)
 
     def close(self) -> None:
@@ -259,7 +260,8 @@ class FSDPWorker:
         """Sample one response per prompt (already repeated ``n`` times); a per-sample ``max_tokens`` caps each
         response (a multi-turn rollout's remaining budget). ``keep_awake``: the engine stays awake with its weights
         for the next turn until ``sleep_rollout``. Returns ``{"response_ids": list[list[int]],
-        "response_log_probs": list[list[float]] | None, "timing_s/reshard": seconds spent syncing weights, "busy",
+        "response_log_probs": list[list[float]] | None, "routed_experts": per sample ``(positions, layers, top_k)``
+        or None (``VLLMRollout.generate``), "timing_s/reshard": seconds spent syncing weights, "busy",
         "offered": the engine's decode slots held and offered over its steps}``."""
         self.mm_stage.count(prompts)  # processor outputs sent along, if any (the trainer sends none: vLLM takes images)
         reshard = self._ensure_rollout_weights()
@@ -269,11 +271,12 @@ class FSDPWorker:
         max_tokens = prompts["max_tokens"] if "max_tokens" in prompts else None
         engine = self.rollout.engine
         busy, offered = engine.busy_steps, engine.slot_steps
-        response_ids, response_log_probs = self.rollout.generate(
+        response_ids, response_log_probs, routed_experts = self.rollout.generate(
             prompts["raw_prompt_ids"], prompts["images"], overrides, seeds=seeds, max_tokens=max_tokens, videos=videos)
         if not keep_awake:
             self.sleep_rollout()
-        return {"response_ids": response_ids, "response_log_probs": response_log_probs, "timing_s/reshard": reshard,
+        return {"response_ids": response_ids, "response_log_probs": response_log_probs,
+                "routed_experts": routed_experts, "timing_s/reshard": reshard,
                 "busy": engine.busy_steps - busy, "offered": engine.slot_steps - offered}
 
     def advance(self, keys: list[Any], prompts: Optional[Batch], overrides: Optional[dict[str, Any]] = None,

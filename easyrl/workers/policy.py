@@ -17,7 +17,9 @@ from easyrl.algorithms.rollout_correction import correct_rollout, log_prob_diff_
 from easyrl.batch import Batch
 from easyrl.config import ActorConfig
 from easyrl.errors import ConfigError
+from easyrl.models.families import family
 from easyrl.models.fused_head import FusedLogProbHead
+from easyrl.models.router_replay import RouterReplay
 from easyrl.workers.policy_forward import PolicyScores, response_scores
 from easyrl.workers.trainable import FSDPTrainable, token_share
 from easyrl.workers.weight_sync import check_weight_sync
@@ -39,6 +41,9 @@ class FSDPPolicy(FSDPTrainable):
                 )
         super().__init__(model_path, config, *args, **kwargs)
         self.fused_head = FusedLogProbHead(self.model) if config.padding_free else None
+        # the trained policy replays the rollout's routing (R3); the reference and teachers route by themselves
+        replays = self.optimizer is not None and config.router_replay.replays_rollout
+        self.router_replay = RouterReplay(self.model, family(self.model.config).router) if replays else None
 
     def _forward(self, micro: Batch, temperature: float, with_entropy: bool,
                  entropy_grad: bool = False, router_aux: bool = False) -> PolicyScores:
@@ -47,7 +52,7 @@ class FSDPPolicy(FSDPTrainable):
         ``easyrl.workers.policy_forward``)."""
         return self._run_model(micro, lambda model, inputs: response_scores(
             model, inputs, temperature, with_entropy=with_entropy, entropy_grad=entropy_grad,
-            fused_head=self.fused_head, router_aux=router_aux, sp=self.sp))
+            fused_head=self.fused_head, router_aux=router_aux, sp=self.sp, replay=self.router_replay))
 
     def compute_log_probs(self, data: Batch, micro_batch_size: int, temperature: float,
                           rows: Optional[list[int]] = None) -> torch.Tensor:
@@ -87,8 +92,17 @@ class FSDPPolicy(FSDPTrainable):
             check_weight_sync(gap.item(), sync_threshold)
 
         checks = on_policy and sync_threshold is not None and "rollout_log_probs" in data
-        return self.run_epochs(data, mini_batch_size, micro_batch_size, backward_micro, role="actor",
-                               before_step=check_sync if checks else None)
+        # the replayed experts the actor's routers would have chosen too, before its weights move: over this step's
+        # old-log-prob pass, or without one (on-policy: one optimizer step) over the update's forwards
+        agreement = self.router_replay.agreement() if self.router_replay is not None else None
+        metrics = self.run_epochs(data, mini_batch_size, micro_batch_size, backward_micro, role="actor",
+                                  before_step=check_sync if checks else None)
+        if self.router_replay is not None:
+            in_update = self.router_replay.agreement()
+            agreement = in_update if agreement is None else agreement
+        if agreement is not None:
+            metrics["moe/router_agreement"] = [agreement]
+        return metrics
 
     def _backward_micro(self, micro: Batch, policy_loss: Callable[[PolicyLossInputs], LossOut], agg_kwargs: dict,
                         step_metrics: dict[str, float]) -> torch.Tensor:

@@ -18,6 +18,7 @@ from easyrl.models.families import family
 from easyrl.models.fused_head import FusedLogProbHead
 from easyrl.models.packed_attention import PACKED_SDPA
 from easyrl.models.packing import pack_sequences
+from easyrl.models.router_replay import RouterReplay
 from easyrl.models.ulysses import SequenceParallel
 
 __all__ = ["ModelInputs", "PolicyScores", "response_scores", "response_values", "attention_implementation",
@@ -69,6 +70,9 @@ class ModelInputs(NamedTuple):
     mm_token_type_ids: Optional[torch.Tensor]
     """``(bsz, P + R)`` 1 at image tokens, 2 at video tokens, 0 elsewhere (Qwen-VL mRoPE), or None for text and for
     families with 1-D positions."""
+    routed_experts: Optional[torch.Tensor] = None
+    """``(bsz, P + R, layers, top_k)`` the experts the rollout engine routed each token to (``-1``: none), or None
+    (no routing replay)."""
 
 
 class PolicyScores(NamedTuple):
@@ -84,14 +88,18 @@ class PolicyScores(NamedTuple):
 
 def response_scores(model: torch.nn.Module, inputs: ModelInputs, temperature: float, with_entropy: bool,
                     entropy_grad: bool, fused_head: Optional[FusedLogProbHead] = None, router_aux: bool = False,
-                    sp: Optional[SequenceParallel] = None) -> PolicyScores:
+                    sp: Optional[SequenceParallel] = None, replay: Optional[RouterReplay] = None) -> PolicyScores:
     """Log-probs (and entropies, and an MoE router's load-balancing loss) of one micro-batch's response tokens, the
     logits divided by ``temperature``. ``fused_head`` given: the padding-free layout with this head on ``model`` (and
-    ``sp``, this rank's sequence-parallel group); None: the padded layout. Raises ``ValueError`` when ``router_aux``
-    and the model returned no ``aux_loss`` (not an MoE model)."""
+    ``sp``, this rank's sequence-parallel group); None: the padded layout. ``replay``: the model's routers replay
+    ``inputs.routed_experts`` (routing replay; their tokens laid out as this layout feeds them). Raises ``ValueError``
+    when ``router_aux`` and the model returned no ``aux_loss`` (not an MoE model)."""
     extra = {"output_router_logits": True} if router_aux else {}
     entropy = None
+    routed = inputs.routed_experts
     if fused_head is not None:
+        if replay is not None:  # the packed row: each sequence's real tokens, in order
+            replay.arm(None if routed is None else routed[inputs.attention_mask.bool()])
         packed = _pack(model, inputs)
         scores, output = _packed_forward(
             model, packed, inputs.multi_modal, sp, extra=extra,
@@ -101,6 +109,8 @@ def response_scores(model: torch.nn.Module, inputs: ModelInputs, temperature: fl
             entropy = packed.unpack(scores[:, 1])
             entropy = entropy if entropy_grad else entropy.detach()  # its column was built detached already
     else:
+        if replay is not None:  # every padded position, row by row
+            replay.arm(None if routed is None else routed.reshape(-1, *routed.shape[2:]))
         output = _padded_outputs(model, inputs, extra)
         logits = output.logits[:, :-1, :]  # position t predicts token t+1: drop the last of the R + 1 kept positions
         responses = inputs.input_ids[:, -inputs.response_mask.shape[1]:]

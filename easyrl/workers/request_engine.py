@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 __all__ = ["Finished", "RequestEngine"]
 
@@ -21,12 +21,14 @@ __all__ = ["Finished", "RequestEngine"]
 class Finished:
     """One finished request: ``token_ids`` the sampled tokens (EOS included when it stopped on it), ``log_probs``
     vLLM's log-prob of each (None unless asked for), ``versions`` the engine's weight version when each was
-    sampled (same length as ``token_ids``)."""
+    sampled (same length as ``token_ids``), ``routed_experts`` the experts vLLM's routers chose for each token it ran
+    (``(positions, layers, top_k)`` int, ``-1`` where none ran; None unless the engine records routing)."""
 
     key: Hashable
     token_ids: list[int] = field(default_factory=list)
     log_probs: Optional[list[float]] = None
     versions: list[int] = field(default_factory=list)
+    routed_experts: Any = None
 
 
 class RequestEngine:
@@ -34,14 +36,19 @@ class RequestEngine:
     runs one engine step (every admitted request advances by one token, prefills as the scheduler allows) and returns
     the requests that finished in it.
 
+    ``routing``: None, or for a routing-replay run the captured routing of finished request ids
+    (``routing_capture.take_routing`` through the engine), where vLLM's outputs do not carry ``routed_experts``.
+
     ``slot_steps`` / ``busy_steps`` count, over the steps run, the decode slots offered (``slots`` per step: the
     caller's capacity) and those holding a request: their ratio is the engine's slot occupancy (``rollout/
     slot_occupancy``).
     """
 
-    def __init__(self, llm: Any, version: int = 0):
+    def __init__(self, llm: Any, version: int = 0,
+                 routing: Optional[Callable[[list[str]], list[Any]]] = None):
         self.llm = llm
         self.version = version
+        self.routing = routing
         self._live: dict[str, Finished] = {}
         self._counter = 0
         self.slot_steps = 0
@@ -69,7 +76,7 @@ class RequestEngine:
         this step offers, for the occupancy counts (0: the requests in flight)."""
         self.busy_steps += self.in_flight
         self.slot_steps += max(slots, self.in_flight)
-        done = []
+        done, ids = [], []
         for output in self.llm.llm_engine.step():
             state = self._live.get(output.request_id)
             if state is None:
@@ -80,8 +87,14 @@ class RequestEngine:
             if state.log_probs is not None:
                 state.log_probs.extend(step[token].logprob for step, token in zip(sample.logprobs or [],
                                                                                   sample.token_ids))
+            if getattr(sample, "routed_experts", None) is not None:  # vLLM's own (its GPU model runner)
+                state.routed_experts = sample.routed_experts
             if output.finished:
                 done.append(self._live.pop(output.request_id))
+                ids.append(output.request_id)
+        if self.routing is not None and done:
+            for state, routed in zip(done, self.routing(ids)):
+                state.routed_experts = routed if state.routed_experts is None else state.routed_experts
         return done
 
     def run(self, slots: int = 0, progress: Any = None) -> list[Finished]:
@@ -102,6 +115,8 @@ class RequestEngine:
         ids = list(self._live)
         if ids:
             self.llm.llm_engine.abort_request(ids)
+            if self.routing is not None:
+                self.routing(ids)  # their captured routing is dropped
         self._live.clear()
         return len(ids)
 

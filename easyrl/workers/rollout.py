@@ -24,6 +24,7 @@ from easyrl.quiet import verbose
 from easyrl.workers import vllm_compat
 from easyrl.workers.dummy_load import DUMMY_LOAD_FORMAT, load_format, register_dummy_loader
 from easyrl.workers.request_engine import RequestEngine
+from easyrl.workers.routing_capture import start_capture, take_routing
 from easyrl.workers.vl_tokens import forbidden_words
 from easyrl.workers.weight_sync import reload_and_report, sleep_level
 
@@ -31,12 +32,13 @@ logger = logging.getLogger("easyrl.rollout")
 
 
 def engine_arguments(model_path: str, config: RolloutConfig, device: str, seed: int, vision: bool,
-                     read_checkpoint: bool = False) -> dict[str, Any]:
+                     read_checkpoint: bool = False, record_routing: bool = False) -> dict[str, Any]:
     """The ``vllm.LLM`` keyword arguments of the colocated engine (a pure function of the settings):
     ``load_format="easyrl_dummy"`` where ``dummy_load.load_format`` allows it and the engine is synced before use
     (not ``read_checkpoint``: then vLLM reads ``model_path``'s weights); on GPU/NPU
     ``disable_custom_all_reduce=True`` (Ray shows each worker one device), ``gpu_memory_utilization`` and sleep mode;
-    with TP > 1 the ``external_launcher`` executor. Why each: docs/vllm-versions.md."""
+    with TP > 1 the ``external_launcher`` executor; ``record_routing`` off the CPU: ``enable_return_routed_experts``
+    (routing replay; the CPU's is captured, ``easyrl.workers.routing_capture``). Why each: docs/vllm-versions.md."""
     max_model_len = config.prompt_length + config.response_length
     engine_kwargs: dict[str, Any] = dict(
         model=model_path,
@@ -64,6 +66,8 @@ def engine_arguments(model_path: str, config: RolloutConfig, device: str, seed: 
         engine_kwargs["mm_processor_cache_gb"] = 0
     if not read_checkpoint and (fmt := load_format(device, vllm_compat.vllm_version())) is not None:
         engine_kwargs["load_format"] = fmt
+    if record_routing and device != "cpu":
+        engine_kwargs["enable_return_routed_experts"] = True
     if device != "cpu":
         engine_kwargs.update(gpu_memory_utilization=config.gpu_memory_utilization, enable_sleep_mode=True,
                              disable_custom_all_reduce=True)
@@ -109,9 +113,11 @@ class VLLMRollout:
     """A vLLM ``LLM`` engine for sampling rollouts with the current actor weights. ``seed`` differs per engine and is
     the same on every rank of one tensor-parallel engine. With TP > 1 every rank of the TP group builds the engine at
     once over the worker's process group, and must make every call with the same arguments. ``read_checkpoint``: the
-    engine holds ``model_path``'s weights from the start (else it is synced before first use)."""
+    engine holds ``model_path``'s weights from the start (else it is synced before first use); ``record_routing``:
+    each finished request carries the experts its MoE routers chose (routing replay, R3)."""
 
-    def __init__(self, model_path: str, config: RolloutConfig, device: str, seed: int, read_checkpoint: bool = False):
+    def __init__(self, model_path: str, config: RolloutConfig, device: str, seed: int, read_checkpoint: bool = False,
+                 record_routing: bool = False):
         from transformers import AutoConfig
         from vllm import LLM
 
@@ -122,7 +128,7 @@ class VLLMRollout:
         self.model_type = hf_config.model_type
         engine_kwargs = engine_arguments(model_path, config, device, seed,
                                          vision=getattr(hf_config, "vision_config", None) is not None,
-                                         read_checkpoint=read_checkpoint)
+                                         read_checkpoint=read_checkpoint, record_routing=record_routing)
         if device == "cpu" and envvars.cpu_kvcache_gib(os.environ) is None:
             # vLLM's CPU backend sizes its KV cache from this variable (GiB), not from gpu_memory_utilization; one
             # set in the environment or worker.env_vars wins (logged by the pre-flight, easyrl.envvars.overrides)
@@ -131,7 +137,12 @@ class VLLMRollout:
             register_dummy_loader()  # in this process, before the engine is built
         reuse_passed_tokenizer()
         self.llm = LLM(**engine_kwargs)
-        self.engine = RequestEngine(self.llm)  # request by request (continuous batching)
+        self.record_routing = record_routing
+        routing = None
+        if record_routing and device == "cpu":  # vLLM's CPU runner returns no routing: easyrl captures it
+            self.llm.collective_rpc(start_capture)
+            routing = lambda ids: self.llm.collective_rpc(take_routing, args=(ids,))[0]  # noqa: E731
+        self.engine = RequestEngine(self.llm, routing=routing)  # request by request (continuous batching)
         # a sampled image/video pad id in a response would break the actor's next forward: never sample one
         self.bad_words = forbidden_words(hf_config, self.llm.get_tokenizer())
         self.is_asleep = False
@@ -194,20 +205,22 @@ class VLLMRollout:
     def generate(self, raw_prompt_ids: list[list[int]], images: list[list[Any]],
                  overrides: Optional[dict[str, Any]] = None, seeds: Optional[list[int]] = None,
                  max_tokens: Optional[list[int]] = None, videos: Optional[list[list[Any]]] = None,
-                 ) -> tuple[list[list[int]], Optional[list[list[float]]]]:
+                 ) -> tuple[list[list[int]], Optional[list[list[float]]], Optional[list[Any]]]:
         """Sample one response per request (arguments: :meth:`requests`), all admitted at once to the request-level
-        engine and collected as they finish. Returns ``(response_ids, response_log_probs)`` in request order: the
-        sampled tokens (EOS included when generation stopped on it) and vLLM's log-prob of each (None unless
-        ``calculate_log_probs``)."""
+        engine and collected as they finish. Returns ``(response_ids, response_log_probs, routed_experts)`` in
+        request order: the sampled tokens (EOS included when generation stopped on it), vLLM's log-prob of each
+        (None unless ``calculate_log_probs``), and the experts routed to at each position of prompt + response
+        (``Finished.routed_experts``; None unless ``record_routing``)."""
         requests = self.requests(raw_prompt_ids, images, overrides, seeds, max_tokens, videos)
         for i, (prompt, params) in enumerate(requests):
             self.engine.add(i, prompt, params)
         progress = None if self.config.disable_tqdm else tqdm(total=len(requests), desc="Processed prompts")
         done = sorted(self.engine.run(slots=len(requests), progress=progress), key=lambda sample: sample.key)
         response_ids = [sample.token_ids for sample in done]
+        routed = [sample.routed_experts for sample in done] if self.record_routing else None
         if not self.config.calculate_log_probs:
-            return response_ids, None
-        return response_ids, [sample.log_probs for sample in done]
+            return response_ids, None, routed
+        return response_ids, [sample.log_probs for sample in done], routed
 
 
 def _request(token_ids: list[int], images: list[Any], videos: Optional[list[Any]]) -> dict[str, Any]:

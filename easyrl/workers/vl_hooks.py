@@ -62,7 +62,8 @@ class VisionHooks:
         if self.has_vision:
             self.blank_passes = self.tower_passes - sum(key in multi_modal for key in MODALITY_KEYS)
         try:
-            yield ModelInputs(input_ids, attention_mask, response_mask, multi_modal, types)
+            routed = micro["routed_experts"].to(device) if "routed_experts" in micro else None
+            yield ModelInputs(input_ids, attention_mask, response_mask, multi_modal, types, routed)
         finally:
             self.blank_passes = 0
             self.stray_pads = None

@@ -30,6 +30,14 @@ def vllm_version() -> Optional[tuple[int, int]]:
     return None
 
 
+def returns_routed_experts() -> bool:
+    """Whether this vLLM's engine takes ``enable_return_routed_experts`` (its GPU model runner then returns each
+    request's experts, ``CompletionOutput.routed_experts``; vLLM 0.23 and 0.32)."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    return "enable_return_routed_experts" in EngineArgs.__dataclass_fields__
+
+
 # run vllm.LLM's engine core in the calling process (weights handed over as tensors); set before vLLM is imported.
 # vLLM 0.23, 0.32 and 0.33 alike.
 IN_PROCESS_ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
