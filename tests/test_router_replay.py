@@ -118,3 +118,61 @@ def test_a_dense_model_has_no_router_to_replay():
     config.vocab_size = 512
     with pytest.raises(ValueError, match="mixture-of-experts"):
         RouterReplay(transformers.Qwen3ForCausalLM(config), FAMILIES["qwen3_moe"].router)
+
+
+def test_routing_batch_lays_each_sample_out_as_input_ids():
+    import numpy as np
+
+    from easyrl.trainer.rollout import routing_batch
+
+    prompt_mask = torch.tensor([[0, 0, 1, 1], [0, 1, 1, 1]])
+    first = np.arange(4 * 2).reshape(4, 1, 2)  # 2 prompt tokens + 2 of its 3 response tokens (the last never ran)
+    second = np.arange(100, 100 + 6 * 2).reshape(6, 1, 2)  # 3 + 3: cut at R = 3
+    out = routing_batch(prompt_mask, 3, [first, second])
+    assert out.shape == (2, 7, 1, 2) and out.dtype == torch.int16
+    assert out[0, :2].eq(NO_EXPERT).all() and out[0, 6].eq(NO_EXPERT).all()
+    assert out[0, 2:6].flatten().tolist() == list(range(8))
+    assert out[1, 1:7].flatten().tolist() == list(range(100, 112))
+    with pytest.raises(ValueError, match="sample 1: the engine's routing covers 2 positions, its prompt has 3"):
+        routing_batch(prompt_mask, 3, [first, second[:2]])
+
+
+class _Runner:
+    """What ``routing_capture`` reads of vLLM's model runner in one step: the batch's requests, their token
+    offsets and positions."""
+
+    def __init__(self):
+        import numpy as np
+        from types import SimpleNamespace
+
+        self.input_batch = SimpleNamespace(num_reqs=0, req_ids=[], num_computed_tokens_cpu=np.zeros(4, dtype=int))
+        self.query_start_loc = SimpleNamespace(np=np.zeros(5, dtype=int))
+
+    def step(self, capture, requests: dict[str, tuple[int, list[int]]]) -> None:
+        """One forward: ``{request: (first position, experts of its tokens)}`` (one layer, top-1)."""
+        batch = self.input_batch
+        batch.num_reqs, batch.req_ids = len(requests), list(requests)
+        offsets = [0]
+        for i, (start, experts) in enumerate(requests.values()):
+            batch.num_computed_tokens_cpu[i] = start
+            offsets.append(offsets[-1] + len(experts))
+        self.query_start_loc.np[: len(offsets)] = offsets
+        ids = torch.tensor([e for _, experts in requests.values() for e in experts]).view(-1, 1)
+        capture.forward(lambda: capture.capture(0, ids))
+
+
+def test_capture_maps_each_forward_row_to_its_request_and_position():
+    from types import SimpleNamespace
+
+    from easyrl.workers.routing_capture import _Capture, take_routing
+
+    runner = _Runner()
+    capture = _Capture(runner, layers=2, top_k=1)
+    runner._easyrl_routing_capture = capture
+    runner.step(capture, {"easyrl-0-ab12cd34": (0, [3, 1, 2]), "easyrl-1-ef56ab78": (0, [0, 0])})  # prefills
+    runner.step(capture, {"easyrl-1-ef56ab78": (2, [1]), "easyrl-0-ab12cd34": (3, [2])})  # one decode step each
+    runner.step(capture, {"easyrl-0-ab12cd34": (0, [0, 0, 0, 0])})  # recomputed (preempted): the first run wins
+    first, second, never = take_routing(SimpleNamespace(model_runner=runner), ["easyrl-0", "easyrl-1", "easyrl-2"])
+    assert first[:, 0, 0].tolist() == [3, 1, 2, 2] and (first[:, 1] == NO_EXPERT).all()  # layer 1 is dense
+    assert second[:, 0, 0].tolist() == [0, 0, 1]
+    assert never is None and not capture.chunks  # taken routing is forgotten
