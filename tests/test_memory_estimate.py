@@ -61,6 +61,17 @@ def test_update_activations_of_a_seven_billion_model_by_hand():
         tokens * (28 * (5 * 18944 + 7 * 3584) + 18944 + 4 * 3584) * 2 / GIB)  # all 28 layers kept: 25.7
 
 
+def test_replayed_routing_of_a_micro_batch_by_hand():
+    """R3 on Qwen3-30B-A3B's widths (48 layers, top-8): 16384 tokens x 48 x 8 int16 ids, padded and packed: 24 MiB."""
+    shape = ModelShape(hidden_size=2048, num_layers=48, intermediate_size=8 * 768, tied=False, routed_width=8 * 2048)
+    words = ("data.max_response_length=2048", "worker.actor.micro_batch_size_per_device_for_update=4")
+    replayed = estimate_memory(30_000_000_000, 151_936, _config(*words, "worker.actor.router_replay.mode=R3"),
+                               capacity_gib=80.0, shape=shape)
+    assert replayed.training["replayed routing (R3)"] == pytest.approx(2 * 16384 * 48 * 8 * 2 / GIB)
+    plain = estimate_memory(30_000_000_000, 151_936, _config(*words), capacity_gib=80.0, shape=shape)
+    assert "replayed routing (R3)" not in plain.training
+
+
 def _text(folder) -> ModelShape:
     """The text widths of ``model_shape`` (the vision tower's: tests/test_simulate_images.py)."""
     import dataclasses
