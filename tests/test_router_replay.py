@@ -176,3 +176,36 @@ def test_capture_maps_each_forward_row_to_its_request_and_position():
     assert first[:, 0, 0].tolist() == [3, 1, 2, 2] and (first[:, 1] == NO_EXPERT).all()  # layer 1 is dense
     assert second[:, 0, 0].tolist() == [0, 0, 1]
     assert never is None and not capture.chunks  # taken routing is forgotten
+
+
+def test_padded_and_packed_forwards_replay_the_same_routing():
+    """``response_scores`` lays the batch's ``routed_experts`` out as each layout feeds its routers: a replay of
+    other experts than the model's own gives the same log-probs padded and packed."""
+    from easyrl.models.fused_head import FusedLogProbHead
+    from easyrl.models.packed_attention import PACKED_SDPA
+    from easyrl.workers.policy_forward import ModelInputs, response_scores
+
+    model = _model("qwen3_moe")
+    replay = RouterReplay(model, FAMILIES["qwen3_moe"].router)
+    prompt_lens, resp_lens, width_p, width_r = [3, 5], [4, 2], 5, 4
+    ids = torch.zeros(2, width_p + width_r, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    routed = torch.full((2, width_p + width_r, 2, 2), NO_EXPERT, dtype=torch.int16)
+    for i, (p, r) in enumerate(zip(prompt_lens, resp_lens)):
+        cols = list(range(width_p - p, width_p + r))
+        ids[i, cols] = torch.randint(3, 512, (len(cols),))
+        mask[i, cols] = 1
+        routed[i, cols] = torch.flip(_own_routing(model, ids[i:i + 1, cols]), dims=[0]).to(torch.int16)  # others'
+    response_mask = mask[:, width_p:]
+    inputs = ModelInputs(ids, mask, response_mask, {}, None, routed)
+    scores = {}
+    with torch.no_grad():
+        for layout in ("packed", "padded"):
+            model.set_attn_implementation(PACKED_SDPA if layout == "packed" else "sdpa")
+            head = FusedLogProbHead(model) if layout == "packed" else None
+            scores[layout] = response_scores(model, inputs, 1.0, False, False, fused_head=head, replay=replay)
+            scores[f"{layout} own"] = response_scores(model, inputs._replace(routed_experts=None), 1.0, False, False,
+                                                      fused_head=head, replay=replay)
+    torch.testing.assert_close(scores["packed"].log_probs, scores["padded"].log_probs, atol=1e-5, rtol=0)
+    torch.testing.assert_close(scores["packed own"].log_probs, scores["padded own"].log_probs, atol=1e-5, rtol=0)
+    assert (scores["packed"].log_probs - scores["packed own"].log_probs).abs().max() > 1e-3
