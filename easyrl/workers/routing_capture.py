@@ -27,12 +27,16 @@ _ATTR = "_easyrl_routing_capture"
 
 
 def capture_supported() -> bool:
-    """Whether this vLLM's MoE routers take a capture callback (``BaseRouter.set_capture_fn``, vLLM >= 0.32)."""
+    """Whether this vLLM's CPU MoE layers call their router's capture callback (``BaseRouter.set_capture_fn``):
+    vLLM >= 0.32. vLLM 0.23 has the callback, but its CPU MoE kernel is monolithic and routes without the router
+    (and fails outside a config context, measured 2026-12-02)."""
+    from easyrl.workers.vllm_compat import vllm_version
+
     try:
         from vllm.model_executor.layers.fused_moe.router.base_router import BaseRouter
     except ImportError:
         return False
-    return hasattr(BaseRouter, "set_capture_fn")
+    return (vllm_version() or (0, 0)) >= (0, 32) and hasattr(BaseRouter, "set_capture_fn")
 
 
 class _Capture:
