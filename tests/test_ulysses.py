@@ -18,7 +18,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 # measured (fp32): log-probs equal, entropies within 1e-6, gradients within 4e-7 (of ~0.3); breaking the all-to-all
 # moves the log-probs by ~0.7, dropping the sum's backward halves the gradients
-@pytest.mark.parametrize("arch", ["qwen2_5", "qwen3_vl"])  # Qwen3-VL: mRoPE, the vision tower, deepstack features
+# Qwen3-VL: mRoPE, the vision tower, deepstack features; Qwen3-MoE: routing replay, each rank its slice of the routing
+@pytest.mark.parametrize("arch", ["qwen2_5", "qwen3_vl", "qwen3_moe"])
 def test_sp2_equals_sp1_log_probs_entropies_and_gradients(tiny_model_path, tmp_path, arch):
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",

@@ -169,7 +169,7 @@ def check_config(config: PPOConfig) -> None:
 
 def check_router_replay(config: PPOConfig) -> None:
     """``worker.actor.router_replay.mode: R3`` runs where its routing travels today: one response per prompt from
-    colocated engines, without sequence parallelism (the model itself is checked by the pre-flight,
+    colocated engines (the model itself is checked by the pre-flight,
     ``easyrl.trainer.preflight.check_router_replay_model``). ``ConfigError`` naming what to set."""
     if not config.worker.actor.router_replay.replays_rollout:
         return
@@ -179,13 +179,12 @@ def check_router_replay(config: PPOConfig) -> None:
         "trainer.load_rollout_data_dir (a replay of a dump)": not config.placement.engines,
         "worker.rollout.multi_turn.enable=true": rollout.multi_turn.enable,
         "worker.rollout.agent": rollout.agent.enabled,
-        f"worker.actor.ulysses_size={config.worker.actor.ulysses_size}": config.worker.actor.ulysses_size > 1,
     }
     for key, used in unsupported.items():
         if used:
             raise ConfigError(f"worker.actor.router_replay.mode=R3 with {key} is not implemented yet (the rollout's "
-                              "routing reaches the actor from colocated single-turn rollouts, without sequence "
-                              "parallelism): set worker.actor.router_replay.mode=disabled, or drop that setting.")
+                              "routing reaches the actor from colocated single-turn rollouts): set "
+                              "worker.actor.router_replay.mode=disabled, or drop that setting.")
 
 
 def check_agent(config) -> None:

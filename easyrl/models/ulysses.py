@@ -140,6 +140,12 @@ class SequenceParallel:
             decoder.register_forward_pre_hook(_slice_decoder_inputs, with_kwargs=True)
             self._hooked.add(id(decoder))
 
+    def local_range(self, total: int) -> tuple[int, int]:
+        """``[start, end)`` of this rank's slice of a packed row of ``total`` tokens padded to a multiple of the
+        group size (what :meth:`sharded` gives the decoder)."""
+        local = -(-total // self.size)
+        return self.rank * local, (self.rank + 1) * local
+
     @contextmanager
     def sharded(self, input_ids: torch.Tensor, position_ids: torch.Tensor, keep: torch.Tensor,
                 labels: torch.Tensor) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor, "Gather"]]:
@@ -150,14 +156,13 @@ class SequenceParallel:
         scores into ``(n, c)``."""
         global _ACTIVE
         total = input_ids.shape[-1]
+        start, end = self.local_range(total)
         pad = -total % self.size
         if pad:
             # a dummy sequence (positions 0, 1, ...) at the end: its own attention block, never scored
             input_ids = torch.cat([input_ids, input_ids.new_zeros(1, pad)], dim=-1)
             extra = torch.arange(pad, device=position_ids.device, dtype=position_ids.dtype)
             position_ids = torch.cat([position_ids, extra.expand(*position_ids.shape[:-1], pad)], dim=-1)
-        local = (total + pad) // self.size
-        start, end = self.rank * local, (self.rank + 1) * local
         mine = (keep >= start) & (keep < end)
         text_positions = position_ids[0] if position_ids.dim() == 3 else position_ids
         _ACTIVE = _Shard(start, end, text_positions, self.group)

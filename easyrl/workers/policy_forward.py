@@ -18,7 +18,7 @@ from easyrl.models.families import family
 from easyrl.models.fused_head import FusedLogProbHead
 from easyrl.models.packed_attention import PACKED_SDPA
 from easyrl.models.packing import pack_sequences
-from easyrl.models.router_replay import RouterReplay
+from easyrl.models.router_replay import NO_EXPERT, RouterReplay
 from easyrl.models.ulysses import SequenceParallel
 
 __all__ = ["ModelInputs", "PolicyScores", "response_scores", "response_values", "attention_implementation",
@@ -98,8 +98,8 @@ def response_scores(model: torch.nn.Module, inputs: ModelInputs, temperature: fl
     entropy = None
     routed = inputs.routed_experts
     if fused_head is not None:
-        if replay is not None:  # the packed row: each sequence's real tokens, in order
-            replay.arm(None if routed is None else routed[inputs.attention_mask.bool()])
+        if replay is not None:  # the packed row: each sequence's real tokens, in order (this rank's slice of it)
+            replay.arm(None if routed is None else _packed_routing(routed[inputs.attention_mask.bool()], sp))
         packed = _pack(model, inputs)
         scores, output = _packed_forward(
             model, packed, inputs.multi_modal, sp, extra=extra,
@@ -150,6 +150,16 @@ def _padded_outputs(model, inputs: ModelInputs, extra=None):
         kwargs["position_ids"] = family(model.config).positions(inputs.attention_mask)  # as vLLM counts them
     return model(input_ids=inputs.input_ids, attention_mask=inputs.attention_mask, use_cache=False,
                  logits_to_keep=inputs.response_mask.shape[1] + 1, **kwargs)
+
+
+def _packed_routing(row: torch.Tensor, sp: Optional[SequenceParallel]) -> torch.Tensor:
+    """The packed row's routing ``(total, layers, top_k)``; with ``sp`` this rank's slice of it, the row padded as
+    ``SequenceParallel.sharded`` pads it (its dummy tokens keep their own routing)."""
+    if sp is None:
+        return row
+    start, end = sp.local_range(row.shape[0])
+    padded = sp.size * (end - start)
+    return torch.cat([row, row.new_full((padded - row.shape[0], *row.shape[1:]), NO_EXPERT)])[start:end]
 
 
 def _pack(model, inputs: ModelInputs):

@@ -3,6 +3,7 @@ differentiated twice (``torchrun --nproc_per_node 2 ulysses_ranks.py MODEL_DIR O
 parallelism (a text model: each rank half of the batch; a Qwen-VL model: each rank the whole batch with its images)
 and with Ulysses over both ranks (each rank the whole batch, half of each packed row; the vision tower on both).
 The loss also takes the critic's values (``response_values``, the output embedding's first column as a value head).
+A mixture of experts replays one fixed routing (not its routers' own) in both runs (``router_replay``).
 Rank 0 writes ``OUT_DIR/result.json``: the largest differences of the log-probs, entropies, values and full gradients
 between the two, and the largest gradient (a scale for them)."""
 
@@ -18,7 +19,9 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from transformers import AutoConfig, AutoProcessor
 
+from easyrl.models.families import family
 from easyrl.models.hf_folder import hf_model_class
+from easyrl.models.router_replay import RouterReplay
 from easyrl.models.fused_head import FusedLogProbHead
 from easyrl.models.packed_attention import PACKED_SDPA
 from easyrl.models.ulysses import attention_name, init_sequence_parallel
@@ -93,10 +96,19 @@ def main() -> None:
     else:
         ids, mask, response_mask, advantages = batch()
 
+    replay, routed = None, None
+    if family(hf_config).router is not None:  # MoE: both runs replay one routing (not the routers' own)
+        replay = RouterReplay(model, family(hf_config).router)
+        layers, k, experts = hf_config.num_hidden_layers, hf_config.num_experts_per_tok, hf_config.num_experts
+        position = torch.arange(ids.numel()).view(*ids.shape, 1, 1)
+        routed = (position + torch.arange(layers).view(1, 1, -1, 1) + torch.arange(k).view(1, 1, 1, -1)) % experts
+        routed = routed.masked_fill(~mask.bool()[..., None, None], -1).to(torch.int16)
+
     def run(rows: slice, group):
-        inputs = ModelInputs(ids[rows], mask[rows], response_mask[rows], mm, None if types is None else types[rows])
+        inputs = ModelInputs(ids[rows], mask[rows], response_mask[rows], mm, None if types is None else types[rows],
+                             None if routed is None else routed[rows])
         scores = response_scores(model, inputs, 1.0, with_entropy=True, entropy_grad=True, fused_head=head,
-                                 sp=group)
+                                 sp=group, replay=replay)
         # the trainer's token-mean: the local sum over the global token count (all-reduced) x the data-parallel size
         # the critic's path: the output embedding's first column as a value head (logits, no fused head)
         values = response_values(model, inputs, padding_free=True, sp=group)
