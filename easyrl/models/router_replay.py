@@ -88,13 +88,12 @@ class RouterReplay:
         next forwards, tokens in the order the routers see them; None: no replay."""
         self.routing = routing
 
-    def agreement(self, reset: bool = True) -> Optional[float]:
-        """The share of replayed experts the routers' own top-k also chose, since the last reset; None if none."""
+    def agreement(self) -> Optional[float]:
+        """The share of replayed experts the routers' own top-k also chose since the last call; None if none."""
         if self._counts is None:
             return None
         matched, replayed = self._counts.tolist()
-        if reset:
-            self._counts = None
+        self._counts = None
         return matched / replayed if replayed else None
 
     def _hook(self, layer: int) -> Callable[..., Any]:

@@ -22,6 +22,7 @@ from typing import Any, Optional, Protocol
 import torch
 
 from easyrl.batch import Batch
+from easyrl.models.router_replay import NO_EXPERT
 from easyrl.workers.fsdp_worker import FSDPWorker
 from easyrl.workers.mm_staging import STAGE_KEY
 
@@ -83,7 +84,7 @@ def routing_batch(prompt_mask: torch.Tensor, response_length: int, routed: list[
     if not shapes:
         raise ValueError("routing replay: the engines reported no routing for any sample")
     shape = shapes[0]
-    out = torch.full((bsz, width + response_length, *shape), -1, dtype=torch.int16)
+    out = torch.full((bsz, width + response_length, *shape), NO_EXPERT, dtype=torch.int16)
     for i, rows in enumerate(routed):
         if rows is None:
             continue

@@ -94,12 +94,12 @@ class FSDPPolicy(FSDPTrainable):
         checks = on_policy and sync_threshold is not None and "rollout_log_probs" in data
         # the replayed experts the actor's routers would have chosen too, before its weights move: over this step's
         # old-log-prob pass, or without one (on-policy: one optimizer step) over the update's forwards
-        agreement = self.router_replay.agreement() if self.router_replay is not None else None
+        replay = self.router_replay
+        before = replay.agreement() if replay is not None else None
         metrics = self.run_epochs(data, mini_batch_size, micro_batch_size, backward_micro, role="actor",
                                   before_step=check_sync if checks else None)
-        if self.router_replay is not None:
-            in_update = self.router_replay.agreement()
-            agreement = in_update if agreement is None else agreement
+        during = replay.agreement() if replay is not None else None
+        agreement = before if before is not None else during
         if agreement is not None:
             metrics["moe/router_agreement"] = [agreement]
         return metrics

@@ -94,7 +94,8 @@ class RequestEngine:
                 ids.append(output.request_id)
         if self.routing is not None and done:
             for state, routed in zip(done, self.routing(ids)):
-                state.routed_experts = routed if state.routed_experts is None else state.routed_experts
+                if state.routed_experts is None:  # vLLM's own wins
+                    state.routed_experts = routed
         return done
 
     def run(self, slots: int = 0, progress: Any = None) -> list[Finished]:
@@ -116,7 +117,7 @@ class RequestEngine:
         if ids:
             self.llm.llm_engine.abort_request(ids)
             if self.routing is not None:
-                self.routing(ids)  # their captured routing is dropped
+                self.routing(ids)  # taken, so their captured routing is forgotten
         self._live.clear()
         return len(ids)
 

@@ -21,7 +21,9 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-__all__ = ["start_capture", "take_routing", "drop_routing", "capture_supported"]
+from easyrl.models.router_replay import NO_EXPERT
+
+__all__ = ["start_capture", "take_routing", "capture_supported"]
 
 _ATTR = "_easyrl_routing_capture"
 
@@ -58,7 +60,7 @@ class _Capture:
         if requests and self.step:
             bounds = self.runner.query_start_loc.np[: requests + 1].tolist()
             starts = batch.num_computed_tokens_cpu[:requests].tolist()
-            rows = np.full((bounds[-1], self.layers, self.top_k), -1, dtype=np.int16)
+            rows = np.full((bounds[-1], self.layers, self.top_k), NO_EXPERT, dtype=np.int16)
             for layer, ids in self.step.items():
                 rows[:, layer] = ids[: bounds[-1]].to("cpu", torch.int16).numpy()
             for i, request in enumerate(batch.req_ids[:requests]):
@@ -74,7 +76,7 @@ class _Capture:
         if not chunks:
             return None
         length = max(start + len(rows) for start, rows in chunks)
-        out = np.full((length, self.layers, self.top_k), -1, dtype=np.int16)
+        out = np.full((length, self.layers, self.top_k), NO_EXPERT, dtype=np.int16)
         seen = np.zeros(length, dtype=bool)
         for start, rows in chunks:  # in forward order: the first forward of a position wins
             fresh = ~seen[start:start + len(rows)]
@@ -117,10 +119,3 @@ def take_routing(worker: Any, request_ids: list[str]) -> list[Optional[np.ndarra
         internal.setdefault(key, key)
         internal.setdefault(key.rsplit("-", 1)[0], key)
     return [capture.take(internal[r]) if r in internal else None for r in request_ids]
-
-
-def drop_routing(worker: Any) -> None:
-    """Forget every request's captured routing (requests aborted)."""
-    capture = getattr(worker.model_runner, _ATTR, None)
-    if capture is not None:
-        capture.chunks.clear()
