@@ -164,10 +164,11 @@ def test_no_entropy_gradient_at_coefficient_zero(process_group, tiny_model_path)
     for padding_free in (False, True):
         policy = _policy(path, padding_free, False)
         micro = data.select([0, 1])
-        log_probs, entropy, _ = policy._forward(micro, 1.0, with_entropy=True, entropy_grad=False)
+        scores = policy._forward(micro, 1.0, with_entropy=True, entropy_grad=False)
+        log_probs, entropy = scores.log_probs, scores.entropy
         assert log_probs.requires_grad and not entropy.requires_grad
         assert entropy.abs().sum() > 0
-        _, entropy, _ = policy._forward(micro, 1.0, with_entropy=True, entropy_grad=True)
+        entropy = policy._forward(micro, 1.0, with_entropy=True, entropy_grad=True).entropy
         assert entropy.requires_grad
         del policy
 

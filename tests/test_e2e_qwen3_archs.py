@@ -102,3 +102,54 @@ def test_one_step_vllm_matches_actor(arch, local_ray, e2e_config, tmp_path):
         assert metrics["actor/router_aux_loss"] > 0  # the packed forward returned the router's loss
     assert metrics["rollout/log_prob_diff_max"] < max_tol, metrics["rollout/log_prob_diff_max"]
     assert metrics["rollout/probs_diff_mean"] < mean_tol, metrics["rollout/probs_diff_mean"]
+
+
+def test_r3_on_a_rollout_device_of_its_own_with_tool_turns(trainer_on_ray, e2e_config, tmp_path):
+    """A tiny Qwen3-MoE (text, fp32) with R3 where the rollout has a device of its own (``one_step_off``: the
+    routing travels with each finished request of the request stream) and each trajectory makes a tool turn before
+    its last assistant turn: vLLM's experts reach the actor for the prompt and the assistant tokens, the tool tokens
+    keep the actor's own (``-1``), and the actor's routers agree with vLLM's on every replayed token (fp32). R2's
+    old-log-prob pass (``compute_log_probs_and_routing``, over Ray) records the actor's own routing: it agrees with
+    vLLM's at the positions vLLM ran."""
+    import json
+    from pathlib import Path
+
+    import torch
+
+    from easyrl.batch import Batch
+    from easyrl.trainer.rollout import for_workers
+    from easyrl.workers.fsdp_worker import FSDPWorker
+
+    tools = Path(__file__).resolve().parent / "agent_tools"
+    config = e2e_config("qwen3_moe", tmp_path, "data.val_files=null", "data.max_response_length=64",
+                        "worker.rollout.limit_images=0", "worker.rollout.calculate_log_probs=true",
+                        "trainer.rollout_mode=one_step_off", "worker.rollout.n_gpus_per_node=1",
+                        "trainer.n_gpus_per_node=1", "data.rollout_batch_size=2", "trainer.max_steps=1",
+                        "algorithm.use_kl_loss=false", "worker.rollout.multi_turn.enable=true",
+                        f"worker.rollout.multi_turn.tools=[{tools / 'tools.py'}:echo]",
+                        f"worker.rollout.multi_turn.format={tools / 'parser.py'}:every_turn",
+                        "worker.rollout.multi_turn.max_assistant_turns=2", "worker.rollout.multi_turn.max_turn_tokens=8",
+                        *_R3)
+    with trainer_on_ray(config) as trainer:
+        trainer.fit()
+        gaps = _replay_gaps(trainer)
+        batch = trainer.last_batch
+        own = Batch(batch.tensors.exclude("routed_experts"), batch.extras)
+        recorded = torch.cat([out["routed_experts"] for out in trainer.workers.run_split(
+            FSDPWorker.compute_log_probs_and_routing, for_workers(own))], dim=0)
+    [row] = [json.loads(line) for line in (Path(config.trainer.run_dir) / "metrics.jsonl").read_text().splitlines()]
+    routed, mask, width = batch["routed_experts"], batch["response_mask"], batch["prompts"].shape[1]
+    ran = (routed >= 0).all(-1).all(-1)  # (bsz, P + R) positions with vLLM's experts
+    same = (recorded == routed).all(-1).all(-1)[ran].float().mean().item()
+    print(f"ARCH_E2E qwen3_moe R3 split+tools router_agreement={row['moe/router_agreement']:.5f} replayed="
+          f"{gaps['replayed']:.3g} own={gaps['own']:.3g} R2-recorded = vLLM's at {same:.4f} of {int(ran.sum())}")
+    assert row["multi_turn/tool_calls"] > 0 and 0 < row["multi_turn/masked_token_share"] < 1
+    assert not ran[:, width:][mask == 0].any()  # tool tokens (and padding): the actor's own routing
+    # every assistant token but the last of a turn that no later request ran (its successor's forward predicts)
+    turns = torch.tensor([stats["assistant_turns"] for stats in batch["multi_turn_stats"]])
+    unrouted = ((mask == 1) & ~ran[:, width:]).sum(-1)
+    assert (unrouted <= turns).all() and (turns > 1).any(), (unrouted, turns)
+    assert (ran[:, :width] == batch["prompt_mask"].bool()).all()  # the whole prompt
+    assert row["moe/router_agreement"] >= 0.999, row["moe/router_agreement"]
+    assert gaps["replayed"] < 2e-3, gaps
+    assert same >= 0.999, same

@@ -155,6 +155,9 @@ CANNOT_WORK = [  # settings the model cannot take (M18, M19), then values that c
     ("C99", ["worker.actor.router_replay.mode=R3", f"worker.rollout.agent.entry_point={AGENT}:run"],
      ["worker.actor.router_replay.mode=R3 with worker.rollout.agent is not implemented yet"]),
     ("C100", ["worker.actor.router_replay.mode=R3"], ["router_replay.mode=R3: qwen2 is not a mixture of experts"]),
+    ("C101", ["worker.actor.router_replay.mode=R2", "algorithm.bypass_mode=true"],
+     ["worker.actor.router_replay.mode=R2 replays the routing of the old-log-prob pass, which this run does not make",
+      "algorithm.bypass_mode=true"]),
     ("J13", ["worker.reward.judge.model_path=/x", "worker.reward.judge.max_tokens=4096"],
      ["worker.reward.judge.max_tokens=4096", "max_model_len=4096"]),
 ]

@@ -116,6 +116,16 @@ def test_a_replay_into_the_dumped_runs_folder(expect_user_error, words, dump, tm
     expect_user_error(_replay(words, dump, into), "run", "over the dumped run's")
 
 
+def test_an_r3_replay_of_a_dump_without_routing(expect_user_error, words, dump):  # P10
+    r3 = "worker.actor.router_replay.mode=R3"
+    expect_user_error(_replay(words, dump, r3), "run", "holds no routed_experts", "router_replay.mode=R2 or disabled")
+    routed = _batch()
+    routed["routed_experts"] = torch.full((len(routed), 3, 2, 1), -1, dtype=torch.int16)
+    for step in (1, 2):
+        write_step(dump, step, routed)
+    _replay(words, dump, r3)()  # an R3 run's dump: replayed
+
+
 def test_a_dump_into_another_runs_dump(expect_user_error, words, dump):  # P08
     expect_user_error(lambda: check_dumps(_config(words(f"trainer.rollout_data_dir={dump}",
                                                         "trainer.experiment_name=other")), 0, 2), "run",

@@ -67,9 +67,9 @@ def test_replayed_routing_of_a_micro_batch_by_hand():
     words = ("data.max_response_length=2048", "worker.actor.micro_batch_size_per_device_for_update=4")
     replayed = estimate_memory(30_000_000_000, 151_936, _config(*words, "worker.actor.router_replay.mode=R3"),
                                capacity_gib=80.0, shape=shape)
-    assert replayed.training["replayed routing (R3)"] == pytest.approx(2 * 16384 * 48 * 8 * 2 / GIB)
+    assert replayed.training["replayed routing (R2/R3)"] == pytest.approx(2 * 16384 * 48 * 8 * 2 / GIB)
     plain = estimate_memory(30_000_000_000, 151_936, _config(*words), capacity_gib=80.0, shape=shape)
-    assert "replayed routing (R3)" not in plain.training
+    assert "replayed routing (R2/R3)" not in plain.training
 
 
 def _text(folder) -> ModelShape:

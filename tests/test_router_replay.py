@@ -209,3 +209,72 @@ def test_padded_and_packed_forwards_replay_the_same_routing():
     torch.testing.assert_close(scores["packed"].log_probs, scores["padded"].log_probs, atol=1e-5, rtol=0)
     torch.testing.assert_close(scores["packed own"].log_probs, scores["padded own"].log_probs, atol=1e-5, rtol=0)
     assert (scores["packed"].log_probs - scores["packed own"].log_probs).abs().max() > 1e-3
+
+
+def test_the_recorded_routing_replays_exactly_in_both_layouts():
+    """R2: the old-log-prob pass records the routers' choices (``record=True``), laid out as ``input_ids`` whatever
+    the layout; the update's replay of them gives the recording pass's log-probs exactly."""
+    from easyrl.models.fused_head import FusedLogProbHead
+    from easyrl.models.packed_attention import PACKED_SDPA
+    from easyrl.workers.policy_forward import ModelInputs, response_scores
+
+    model = _model("qwen3_moe")
+    replay = RouterReplay(model, FAMILIES["qwen3_moe"].router)
+    ids = torch.randint(3, 512, (2, 9))
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0  # a left-padded prompt
+    mask[1, -2:] = 0  # a short response
+    inputs = ModelInputs(ids, mask, mask[:, 5:], {}, None)
+    recorded = {}
+    with torch.no_grad():
+        for layout in ("packed", "padded"):
+            model.set_attn_implementation(PACKED_SDPA if layout == "packed" else "sdpa")
+            head = FusedLogProbHead(model) if layout == "packed" else None
+            old = response_scores(model, inputs, 1.0, False, False, fused_head=head, replay=replay, record=True)
+            recorded[layout] = old.routing
+            replayed = response_scores(model, inputs._replace(routed_experts=old.routing), 1.0, False, False,
+                                       fused_head=head, replay=replay)
+            assert replay.agreement() == 1.0
+            torch.testing.assert_close(replayed.log_probs, old.log_probs, rtol=0, atol=0)
+    assert recorded["packed"].shape == (2, 9, 2, 2) and recorded["packed"].dtype == torch.int16
+    torch.testing.assert_close(recorded["packed"], recorded["padded"], rtol=0, atol=0)
+    assert (recorded["packed"][mask == 0] == NO_EXPERT).all() and (recorded["packed"][mask == 1] >= 0).all()
+    replay.arm(None)
+    torch.testing.assert_close(recorded["packed"][1, :7], _own_routing(model, ids[1:, :7]).to(torch.int16))
+
+
+def test_a_trajectory_takes_each_positions_experts_from_the_first_turn_that_ran_it():
+    import numpy as np
+
+    from easyrl.trainer.multi_turn import trajectory_routing
+
+    first = np.array([[[0]], [[1]], [[2]]])  # turn 1: its prompt (2 tokens) and response (the last never ran)
+    second = np.array([[[9]], [[-1]], [[5]], [[6]], [[7]]])  # turn 2: prompt + turn 1 + tool token + response
+    merged = trajectory_routing([first, None, second], positions=6)
+    assert merged.dtype == np.int16
+    assert merged[:, 0, 0].tolist() == [0, 1, 2, 6, 7, -1]  # position 1: turn 2's prefix-cache hit keeps turn 1's
+    assert trajectory_routing([None], positions=3) is None
+
+
+def test_the_request_stream_rollout_lays_out_each_samples_routing():
+    """Split placements and partial rollouts: ``StreamingRollout`` places each finished sample's routing (the 4th
+    field of the stream's samples) like the colocated rollout does."""
+    import numpy as np
+    from tensordict import TensorDict
+
+    from easyrl.batch import Batch
+    from easyrl.trainer.request_stream import StreamingRollout
+
+    class Stream:  # the finished samples a RequestStream hands back: (ids, log_probs, versions, routing)
+        def submit(self, prompts, overrides):
+            return 0
+
+        def wait(self, sid):
+            return [([5, 6], None, [0, 1], np.arange(3).reshape(3, 1, 1)),
+                    ([7], None, [1], np.arange(2).reshape(2, 1, 1) + 10)]
+
+    prompts = Batch(TensorDict({"prompts": torch.tensor([[0, 1, 2], [0, 0, 3]]),
+                                "prompt_mask": torch.tensor([[0, 1, 1], [0, 0, 1]])}, batch_size=[2]),
+                    {"uid": ["a", "b"]})
+    batch, _ = StreamingRollout(Stream, response_length=2, pad_id=0).generate(prompts, None)
+    assert batch["routed_experts"][:, :, 0, 0].tolist() == [[-1, 0, 1, 2, -1], [-1, -1, 10, 11, -1]]

@@ -23,16 +23,27 @@ class RouterReplayConfig:
     """Routing replay for a mixture-of-experts policy (``easyrl.models.router_replay``; docs/algorithms.md,
     "Routing replay")."""
 
-    mode: Literal["disabled", "R3"] = "disabled"
+    mode: Literal["disabled", "R2", "R3"] = "disabled"
     """R3 (rollout routing replay, Ma et al. 2025, arXiv:2510.11370): vLLM records the experts its routers chose for
     every token it ran, they travel with the batch (``routed_experts``), and the actor's log-prob and update passes
-    send each token to those experts, their weights from the actor's own router logits; disabled: every forward
-    routes by itself."""
+    send each token to those experts; R2: the old-log-prob pass records the actor's own routing and the update
+    replays it (the update's ratio compares log-probs of the same experts); either way the replayed experts' weights
+    come from the actor's own router logits. disabled: every forward routes by itself."""
 
     @property
     def replays_rollout(self) -> bool:
         """The rollout records its routing and the actor replays it (R3)."""
         return self.mode == "R3"
+
+    @property
+    def records_old(self) -> bool:
+        """The old-log-prob pass records the actor's routing and the update replays it (R2)."""
+        return self.mode == "R2"
+
+    @property
+    def enabled(self) -> bool:
+        """The actor replays a routing (R2 or R3)."""
+        return self.mode != "disabled"
 
 
 @dataclass

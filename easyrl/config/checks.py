@@ -16,6 +16,7 @@ from easyrl.config.actor import check_distillation, teachers_of
 from easyrl.config.algorithm import check_bypass_mode
 from easyrl.config.judge import check_judge
 from easyrl.config.placement import check_replay, check_rollout_mode
+from easyrl.config.ppo import OldLogProbs
 from easyrl.config.worker import check_multi_turn, check_reward_model, check_spec
 from easyrl.errors import ConfigError
 
@@ -168,23 +169,21 @@ def check_config(config: PPOConfig) -> None:
 
 
 def check_router_replay(config: PPOConfig) -> None:
-    """``worker.actor.router_replay.mode: R3`` runs where its routing travels today: one response per prompt from
-    colocated engines (the model itself is checked by the pre-flight,
-    ``easyrl.trainer.preflight.check_router_replay_model``). ``ConfigError`` naming what to set."""
-    if not config.worker.actor.router_replay.replays_rollout:
-        return
-    rollout, trainer = config.worker.rollout, config.trainer
-    unsupported = {
-        f"trainer.rollout_mode={trainer.rollout_mode}": config.placement.split,
-        "trainer.load_rollout_data_dir (a replay of a dump)": not config.placement.engines,
-        "worker.rollout.multi_turn.enable=true": rollout.multi_turn.enable,
-        "worker.rollout.agent": rollout.agent.enabled,
-    }
-    for key, used in unsupported.items():
-        if used:
-            raise ConfigError(f"worker.actor.router_replay.mode=R3 with {key} is not implemented yet (the rollout's "
-                              "routing reaches the actor from colocated single-turn rollouts): set "
-                              "worker.actor.router_replay.mode=disabled, or drop that setting.")
+    """``worker.actor.router_replay.mode``: R2 needs an old-log-prob pass to record; R3 the rollout's routing, which
+    an agent's requests (through the OpenAI endpoint) do not carry yet (the model itself is checked by the pre-flight,
+    ``easyrl.trainer.preflight.check_router_replay_model``; a dump replay by ``rollout_dump.check_replay``).
+    ``ConfigError`` naming what to set."""
+    replay = config.worker.actor.router_replay
+    if replay.records_old and config.old_log_probs_source is not OldLogProbs.RECOMPUTE:
+        why = ("algorithm.bypass_mode=true takes vLLM's log-probs as the old ones" if config.algorithm.bypass_mode
+               else "the step is on-policy (one optimizer step), so the update's own routing is the old policy's")
+        raise ConfigError(f"worker.actor.router_replay.mode=R2 replays the routing of the old-log-prob pass, which "
+                          f"this run does not make ({why}): set worker.actor.router_replay.mode=R3 (the rollout's "
+                          "routing) or disabled.")
+    if replay.replays_rollout and config.worker.rollout.agent.enabled:
+        raise ConfigError("worker.actor.router_replay.mode=R3 with worker.rollout.agent is not implemented yet (an "
+                          "agent's requests through the endpoint carry no routing): set "
+                          "worker.actor.router_replay.mode=R2 or disabled, or drop worker.rollout.agent.")
 
 
 def check_agent(config) -> None:

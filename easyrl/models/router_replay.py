@@ -1,6 +1,6 @@
 """Routing replay for mixture-of-experts policies: the training forward sends each token to given experts instead of
-its router's own top-k (R3, "rollout routing replay": Ma et al. 2025, arXiv:2510.11370, Sec. 3, the experts the
-rollout engine chose).
+its router's own top-k (Ma et al. 2025, arXiv:2510.11370, Sec. 3: R3 replays the experts the rollout engine chose;
+R2 those the old policy's forward chose, which :meth:`RouterReplay.record` keeps).
 
 The router still computes its logits; only the choice of experts is replaced, and their weights are recomputed from
 the router's own logits over the replayed experts as the family's router computes them (:class:`RouterKind`), so the
@@ -61,7 +61,7 @@ _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 class RouterReplay:
     """Forward hooks on every router of ``model`` (modules whose class name ends in ``TopKRouter``, under a
     ``layers.<i>.`` decoder layer): while :meth:`arm` holds a routing tensor, each router's experts are replaced by
-    it; with None, the routers run as they are. Armed routing stays until the next :meth:`arm`: gradient
+    it; with None, the routers run as they are. After :meth:`record`, the experts used are kept. Armed routing stays until the next :meth:`arm`: gradient
     checkpointing re-runs the routers during the backward pass.
 
     ``agreement()`` counts, over the replayed (token, layer) pairs of the forwards outside a backward pass, the share
@@ -72,6 +72,7 @@ class RouterReplay:
     def __init__(self, model: torch.nn.Module, kind: RouterKind):
         self.kind = kind
         self.routing: Optional[torch.Tensor] = None
+        self._recorded: Optional[dict[int, torch.Tensor]] = None  # layer -> (tokens, k) int16, while recording
         self._counts: Optional[torch.Tensor] = None  # (matched, replayed), on the routers' device: no sync per layer
         self.layers: list[int] = []
         for name, module in model.named_modules():
@@ -88,6 +89,24 @@ class RouterReplay:
         next forwards, tokens in the order the routers see them; None: no replay."""
         self.routing = routing
 
+    def record(self) -> None:
+        """Keep the experts every router uses in the next forward (its own, or the replayed ones) for
+        :meth:`take_recorded`."""
+        self._recorded = {}
+
+    def take_recorded(self) -> torch.Tensor:
+        """The experts the routers used since :meth:`record`: ``(tokens, layers, top_k)`` int16 on their device,
+        ``layers`` up to the last routed decoder layer (``NO_EXPERT`` in a dense layer's row); recording stops.
+        Raises ``RuntimeError`` when no router ran since :meth:`record`."""
+        recorded, self._recorded = self._recorded, None
+        if not recorded:
+            raise RuntimeError("routing replay: no router ran since record()")
+        first = next(iter(recorded.values()))
+        out = first.new_full((first.shape[0], max(self.layers) + 1, first.shape[1]), NO_EXPERT)
+        for layer, experts in recorded.items():
+            out[:, layer] = experts
+        return out
+
     def agreement(self) -> Optional[float]:
         """The share of replayed experts the routers' own top-k also chose since the last call; None if none."""
         if self._counts is None:
@@ -99,6 +118,8 @@ class RouterReplay:
     def _hook(self, layer: int) -> Callable[..., Any]:
         def hook(router: torch.nn.Module, args: Any, output: tuple) -> Optional[tuple]:
             if self.routing is None:
+                if self._recorded is not None:
+                    self._recorded[layer] = dict(zip(self.kind.outputs, output))["experts"].to(torch.int16)
                 return None
             named = dict(zip(self.kind.outputs, output))
             own, logits = named["experts"], named["logits"]
@@ -117,5 +138,7 @@ class RouterReplay:
                 self._counts = counts if self._counts is None else self._counts + counts
             weights = self.kind.weights_of(router, logits, experts).to(named["weights"].dtype)
             named.update(experts=experts.to(own.dtype), weights=weights)
+            if self._recorded is not None:
+                self._recorded[layer] = experts.to(torch.int16)
             return tuple(named[key] for key in self.kind.outputs)
         return hook

@@ -174,8 +174,8 @@ def update_activations(num_params: int, vocab_size: int, config: PPOConfig, shap
     vision = vision_activations(config, shape.vision) if shape.vision is not None else {}
     # routing replay: the micro-batch's routed_experts, int16 per token x layer x top-k, padded and packed
     top_k = shape.routed_width // shape.hidden_size
-    routing = 2 * tokens * shape.num_layers * top_k * 2 if actor.router_replay.replays_rollout else 0
-    return ({"replayed routing (R3)": routing / GIB} if routing else {}) | {
+    routing = 2 * tokens * shape.num_layers * top_k * 2 if actor.router_replay.enabled else 0
+    return ({"replayed routing (R2/R3)": routing / GIB} if routing else {}) | {
             "activations (checkpointed inputs)":
             shape.num_layers * tokens * shape.hidden_size * cb / GIB if checkpointing else 0.0,
             "activations (layers in backward)": ((1 if checkpointing else shape.num_layers) * kept + transient) / GIB,

@@ -2,7 +2,9 @@
 (``easyrl.agents.trajectory.TurnLoop``), each round sending every ready trajectory to the workers' engines, which stay
 awake between rounds. Beyond the layout of ``easyrl.trainer.rollout`` the batch holds ``messages``, ``tool_calls``,
 ``multi_turn_stats`` and, for a VL model, ``tool_images``: each resized as a prompt image, its processor outputs
-appended to the prompt's ``multi_modal_inputs`` in the order of the image pads."""
+appended to the prompt's ``multi_modal_inputs`` in the order of the image pads. With routing replay its
+``routed_experts`` hold the engines' experts of the prompt and the assistant tokens; tool and environment tokens
+keep the actor's own routing (``-1``)."""
 
 from __future__ import annotations
 
@@ -23,11 +25,12 @@ from easyrl.agents.trajectory import Trajectory, TurnLoop
 from easyrl.batch import Batch
 from easyrl.data.images import process_image
 from easyrl.trainer.request_stream import RequestStream
-from easyrl.trainer.rollout import SingleTurnRollout, right_pad, trajectory_batch
+from easyrl.models.router_replay import NO_EXPERT
+from easyrl.trainer.rollout import SingleTurnRollout, right_pad, routing_batch, trajectory_batch
 from easyrl.workers.fsdp_worker import FSDPWorker
 
 __all__ = ["MultiTurnRollout", "VLToolImages", "make_rollout", "multi_turn_metrics", "token_versions",
-           "tool_images_for"]
+           "tool_images_for", "trajectory_routing"]
 
 _SEED_STRIDE = 1_000_003  # per turn, so that a sample's turns draw from different streams
 
@@ -122,9 +125,11 @@ class MultiTurnRollout:
         return share
 
     def _generate_round(self, prompts: Batch, trajectories: list[Trajectory], active: list[Trajectory],
-                        round_: int, overrides: Optional[dict[str, Any]], reshard: list[float]):
+                        round_: int, overrides: Optional[dict[str, Any]], reshard: list[float],
+                        routings: list[list[Any]]):
         """One assistant turn of every ``active`` trajectory, in one batch over the engines (padded to a multiple
-        of ``engines`` with one-token copies whose output is dropped)."""
+        of ``engines`` with one-token copies whose output is dropped); each turn's engine routing (routing replay)
+        is appended to its trajectory's ``routings``."""
         index = {id(t): i for i, t in enumerate(trajectories)}
         rows = [index[id(t)] for t in active]
         pad = (-len(rows)) % self.engines
@@ -137,6 +142,9 @@ class MultiTurnRollout:
         for out in outputs:
             self._slots = [self._slots[0] + out["busy"], self._slots[1] + out["offered"]]
         ids = [row for out in outputs for row in out["response_ids"]][: len(active)]
+        if outputs[0].get("routed_experts") is not None:
+            for row, routed in zip(rows, [r for out in outputs for r in out["routed_experts"]]):
+                routings[row].append(routed)
         if outputs[0]["response_log_probs"] is None:
             return [(row, None) for row in ids]
         log_probs = [row for out in outputs for row in out["response_log_probs"]][: len(active)]
@@ -149,16 +157,17 @@ class MultiTurnRollout:
             traj.prompt_images = len(images)
         reshard = [0.0]
         versions: Optional[list[list[int]]] = None
+        routings: list[list[Any]] = [[] for _ in trajectories]  # per trajectory, its turns' engine routing
         if self._shared is not None:  # split engines: nothing to wake or put to sleep; weights change in flight
-            versions = self._run_by_request(prompts, trajectories, overrides)
+            versions = self._run_by_request(prompts, trajectories, overrides, routings)
         else:
             try:
                 if self.patience is None:  # each trajectory on its own, request by request
                     reshard[0] = max(self.workers.run_all(FSDPWorker.wake_rollout))
-                    self._run_by_request(prompts, trajectories, overrides)
+                    self._run_by_request(prompts, trajectories, overrides, routings)
                 else:
                     self.loop.run(trajectories, lambda active, round_: self._generate_round(
-                        prompts, trajectories, active, round_, overrides, reshard), self.patience)
+                        prompts, trajectories, active, round_, overrides, reshard, routings), self.patience)
             finally:
                 self.workers.run_all(FSDPWorker.sleep_rollout)
         log_probs = [t.log_probs for t in trajectories] if self.calculate_log_probs else None
@@ -167,6 +176,12 @@ class MultiTurnRollout:
         batch["messages"] = [t.messages for t in trajectories]
         batch["tool_calls"] = [t.tool_calls for t in trajectories]
         batch["multi_turn_stats"] = [t.stats() for t in trajectories]
+        if any(routings):  # routing replay: the assistant tokens' experts; tool tokens keep the actor's own
+            positions = [len(t.prompt_ids) + len(t.response_ids) for t in trajectories]
+            routed = routing_batch(prompts["prompt_mask"], self.response_length,
+                                   [trajectory_routing(turns, n) for turns, n in zip(routings, positions)])
+            routed[:, prompts["prompt_mask"].shape[1]:][batch["response_mask"] == 0] = NO_EXPERT
+            batch["routed_experts"] = routed
         if versions is not None:  # each trained token's weight version, -1 on tool and environment tokens
             batch["token_versions"] = right_pad([token_versions(t.response_mask, v) for t, v in
                                                  zip(trajectories, versions)], self.response_length, -1,
@@ -178,11 +193,11 @@ class MultiTurnRollout:
                                            for inputs, t in zip(prompt_inputs, trajectories)]
         return batch, reshard[0]
 
-    def _run_by_request(self, prompts: Batch, trajectories: list[Trajectory],
-                        overrides: Optional[dict[str, Any]]) -> list[list[int]]:
+    def _run_by_request(self, prompts: Batch, trajectories: list[Trajectory], overrides: Optional[dict[str, Any]],
+                        routings: list[list[Any]]) -> list[list[int]]:
         """``scheduler.run_requests`` over the engines' request stream (one submission per assistant turn; the
         decode slots counted on a stream of its own: the trajectories per engine). Returns each trajectory's
-        assistant tokens' weight versions, in order."""
+        assistant tokens' weight versions, in order; appends each turn's engine routing to ``routings``."""
         if self._shared is not None:
             stream = self._shared()
         else:
@@ -203,10 +218,13 @@ class MultiTurnRollout:
 
         def collect(handles: list[int], timeout: Optional[float]) -> dict[int, tuple[list[int], Any]]:
             done = stream.collect(handles, timeout)
-            for sid, [(_, _, turn_versions)] in done.items():
-                versions[owner.pop(sid)] += turn_versions
+            for sid, [(_, _, turn_versions, routed)] in done.items():
+                i = owner.pop(sid)
+                versions[i] += turn_versions
+                if routed is not None:
+                    routings[i].append(routed)
             return {sid: (ids, log_probs if self.calculate_log_probs else None)
-                    for sid, [(ids, log_probs, _)] in done.items()}
+                    for sid, [(ids, log_probs, _, _)] in done.items()}
 
         scheduler.run_requests(self.loop, trajectories, submit, collect)
         return versions
@@ -227,6 +245,22 @@ class MultiTurnRollout:
         if self._stream is not None:
             self._stream.close()
             self._stream = None
+
+
+def trajectory_routing(turns: list[Any], positions: int) -> Optional[np.ndarray]:
+    """One trajectory's engine routing ``(positions, layers, top_k)`` (``-1`` where none) from its turns' requests,
+    in order, each ``(its prompt + response positions, layers, top_k)`` (the prompt of a turn: the trajectory so
+    far): a position's experts are those of the first turn whose request ran it (a later turn's request re-runs
+    it only when the engine's prefix cache dropped it). None without any turn's routing."""
+    turns = [np.asarray(rows) for rows in turns if rows is not None]
+    if not turns:
+        return None
+    out = np.full((positions, *turns[0].shape[1:]), NO_EXPERT, dtype=np.int16)
+    for rows in turns:
+        n = min(len(rows), positions)
+        fill = (out[:n] == NO_EXPERT).all(axis=(1, 2)) & (rows[:n] != NO_EXPERT).all(axis=(1, 2))
+        out[:n][fill] = rows[:n][fill]
+    return out
 
 
 def token_versions(response_mask: list[int], versions: list[int]) -> list[int]:

@@ -216,24 +216,28 @@ def check_rollout_split(hf_config: Any, tensor_parallel_size: int) -> None:
 
 
 def check_router_replay_model(hf_config: Any, config: Any) -> None:
-    """``worker.actor.router_replay.mode: R3`` needs a mixture-of-experts family (a ``router`` in the registry) and
-    a vLLM that reports its routing: on the CPU easyrl's capture (``routing_capture.capture_supported``), on
-    devices vLLM's ``enable_return_routed_experts``. Else ``ConfigError``."""
+    """``worker.actor.router_replay.mode`` R2 or R3 needs a mixture-of-experts family (a ``router`` in the
+    registry); R3 also a vLLM that reports its routing: on the CPU easyrl's capture
+    (``routing_capture.capture_supported``), on devices vLLM's ``enable_return_routed_experts``. Else
+    ``ConfigError``."""
     from easyrl.models.families import family
     from easyrl.workers import vllm_compat
     from easyrl.workers.routing_capture import capture_supported
 
-    if not config.worker.actor.router_replay.replays_rollout:
+    replay = config.worker.actor.router_replay
+    if not replay.enabled:
         return
-    key = "worker.actor.router_replay.mode=R3"
+    key = f"worker.actor.router_replay.mode={replay.mode}"
     if family(hf_config).router is None:
         raise ConfigError(f"{key}: {hf_config.model_type} is not a mixture of experts (no router to replay): set "
                           "worker.actor.router_replay.mode=disabled")
+    if not replay.replays_rollout:
+        return
     reports = capture_supported() if config.trainer.device == "cpu" else vllm_compat.returns_routed_experts()
     if not reports:
         raise ConfigError(f"{key}: vLLM {vllm_compat.vllm_version()} does not report the experts it routed to on "
-                          f"trainer.device={config.trainer.device} (vLLM >= 0.32 does): upgrade vLLM or set "
-                          "worker.actor.router_replay.mode=disabled")
+                          f"trainer.device={config.trainer.device} (vLLM >= 0.32 does): upgrade vLLM, or set "
+                          "worker.actor.router_replay.mode=R2 (the old policy's routing) or disabled")
 
 
 def check_sequence_parallel_heads(hf_config: Any, config: Any) -> None:

@@ -269,7 +269,14 @@ class RayPPOTrainer:
             if source is OldLogProbs.ROLLOUT:  # vLLM's log-probs are the old policy's: nothing to compare them with
                 batch["old_log_probs"] = batch["rollout_log_probs"]
             elif source is OldLogProbs.RECOMPUTE:
-                forward("old_log_prob", FSDPWorker.compute_log_probs, "old_log_probs")
+                if cfg.worker.actor.router_replay.records_old:  # R2: and the routing the update replays
+                    with timer("old_log_prob", timing):
+                        outs = self.workers.run_split(FSDPWorker.compute_log_probs_and_routing,
+                                                      for_workers(batch, staged))
+                    for key in ("old_log_probs", "routed_experts"):
+                        batch[key] = torch.cat([out[key] for out in outs], dim=0)
+                else:
+                    forward("old_log_prob", FSDPWorker.compute_log_probs, "old_log_probs")
                 if "rollout_log_probs" in batch:
                     metrics.update(rollout_mismatch_metrics(batch))
                     check_weight_sync(metrics["rollout/log_prob_diff_median"], cfg.sync_check_threshold)

@@ -23,14 +23,15 @@ import torch
 from tensordict import TensorDict
 
 from easyrl.batch import Batch
-from easyrl.trainer.rollout import for_rollout, right_pad, trajectory_batch
+from easyrl.trainer.rollout import for_rollout, right_pad, routing_batch, trajectory_batch
 from easyrl.workers.fsdp_worker import FSDPWorker
 from easyrl.workers.group import WorkerError, WorkerGroup
 
 __all__ = ["RequestStream", "StreamingRollout", "group_rows", "token_prompt"]
 
-Sample = tuple[list[int], Optional[list[float]], list[int]]
-"""A finished sample: ``(token_ids, log_probs | None, versions)`` (``RequestEngine``'s ``Finished``)."""
+Sample = tuple[list[int], Optional[list[float]], list[int], Any]
+"""A finished sample: ``(token_ids, log_probs | None, versions, routed_experts | None)`` (``RequestEngine``'s
+``Finished``)."""
 
 
 def group_rows(uids: list[str]) -> list[list[int]]:
@@ -236,8 +237,8 @@ class RequestStream:
         with self._cond:
             del self._calls[engine]
             self.returned += 1
-            for (sid, row), token_ids, log_probs, versions in result["finished"]:
-                self._submissions[sid].done[row] = (token_ids, log_probs, versions)
+            for (sid, row), *sample in result["finished"]:
+                self._submissions[sid].done[row] = tuple(sample)
                 self._live[engine] -= 1
             self._busy += result["busy"]
             self._offered += result["offered"]
@@ -250,7 +251,9 @@ class StreamingRollout:
     """A ``Rollout`` over a :class:`RequestStream` (made by ``make_stream`` when first needed, again after
     :meth:`close`): each call's samples are admitted at once and return as soon as the last of them finished, while
     other calls' samples keep the engines busy. Adds ``token_versions`` ``(bsz, R)`` (the weight version that sampled
-    each response token, -1 on padding) to the trajectory layout."""
+    each response token, -1 on padding) to the trajectory layout, and ``routed_experts`` where the engines record
+    routing (``easyrl.trainer.rollout.routing_batch``; a position's experts are those of the first forward that ran
+    it, so of the weights that sampled the token after it)."""
 
     engines = 1  # any number of prompts: the stream spreads their groups over the engines itself
 
@@ -276,6 +279,9 @@ class StreamingRollout:
                                  log_probs)
         batch["token_versions"] = right_pad([sample[2] for sample in samples], self.response_length, -1,
                                             torch.long)[0]
+        if samples[0][3] is not None:  # routing replay: the engines' experts per token
+            batch["routed_experts"] = routing_batch(prompts["prompt_mask"], self.response_length,
+                                                    [sample[3] for sample in samples])
         return batch, 0.0
 
     def paused(self) -> ContextManager[None]:

@@ -439,6 +439,12 @@ def check_replay(config, start_step: int, training_steps: int) -> None:
             f"(from {'its checkpoint at step ' + str(start_step) if start_step else 'the model, step 0'} to step "
             f"{training_steps}): {'step' if len(missing) == 1 else 'steps'} {describe_steps(missing)} "
             f"{'is' if len(missing) == 1 else 'are'} not in the dump. To replay, {hint}.")
+    r3 = config.worker.actor.router_replay.replays_rollout
+    if r3 and wanted and "routed_experts" not in step_info(folder, wanted[0])["tensors"]:
+        raise RunStateError(
+            f"{key} holds no routed_experts (its run sampled without worker.actor.router_replay.mode=R3), which "
+            "worker.actor.router_replay.mode=R3 replays: set worker.actor.router_replay.mode=R2 or disabled, or "
+            "replay a dump of an R3 run.")
     if (os.path.abspath(config.trainer.run_dir) == saved.get("run_dir")
             or os.path.abspath(config.trainer.save_checkpoint_path) == saved.get("checkpoint_dir")):
         raise RunStateError(

@@ -284,8 +284,9 @@ class FSDPWorker:
         """Drive the engine request by request (``easyrl.trainer.request_stream``): admit ``prompts`` (one sample
         per row, fields as ``generate_sequences``'; None: none) under ``keys``, then run engine steps until a request
         finishes or ``max_steps`` steps ran (every rank of a tensor-parallel engine makes the same calls, so all stop
-        alike). Returns ``{"finished": [(key, token_ids, log_probs | None, versions)], "busy": ..., "offered": ...}``:
-        the requests done, and the decode slots held and offered (``slots`` per step) over the steps run."""
+        alike). Returns ``{"finished": [(key, token_ids, log_probs | None, versions, routed_experts | None)], "busy":
+        ..., "offered": ...}``: the requests done (``Finished``'s fields), and the decode slots held and offered
+        (``slots`` per step) over the steps run."""
         engine = self.rollout.engine
         if prompts is not None and len(keys):
             if not self.rollout.holds_weights or (self.actor is not None and self.weights_dirty):
@@ -303,7 +304,7 @@ class FSDPWorker:
             if not engine.in_flight or done:
                 break
             done = engine.step(slots)
-        return {"finished": [(s.key, s.token_ids, s.log_probs, s.versions) for s in done],
+        return {"finished": [(s.key, s.token_ids, s.log_probs, s.versions, s.routed_experts) for s in done],
                 "busy": engine.busy_steps - busy, "offered": engine.slot_steps - offered}
 
     def wake_rollout(self) -> float:
@@ -340,6 +341,18 @@ class FSDPWorker:
         actor = self.config.worker.actor
         return self.actor.compute_log_probs(data, actor.micro_batch_size_per_device_for_experience, actor.temperature)
 
+    def compute_log_probs_and_routing(self, data: Batch) -> dict[str, torch.Tensor]:
+        """R2's old-log-prob pass: ``{"old_log_probs": (bsz, resp_len), "routed_experts": (bsz, P + R, layers,
+        top_k) int16}``, the actor's log-probs and the experts its routers chose (``FSDPPolicy.
+        compute_log_probs_and_routing``)."""
+        data = self.mm_stage.attach(data)
+        if "routed_experts" in data:  # the actor's own routing is recorded, not a dumped run's replayed
+            data = Batch(data.tensors.exclude("routed_experts"), data.extras)
+        actor = self.config.worker.actor
+        log_probs, routing = self.actor.compute_log_probs_and_routing(
+            data, actor.micro_batch_size_per_device_for_experience, actor.temperature)
+        return {"old_log_probs": log_probs, "routed_experts": routing}
+
     def compute_ref_log_probs(self, data: Batch) -> torch.Tensor:
         """Reference-policy log-probs, ``(bsz, resp_len)``: the reference model's, or with LoRA the actor's with its
         adapter switched off (the base weights)."""
@@ -349,6 +362,8 @@ class FSDPWorker:
         if self.config.uses_lora:
             from easyrl.models.lora import adapter_disabled
 
+            if "routed_experts" in data:  # the base weights route by themselves, as a reference model would
+                data = Batch(data.tensors.exclude("routed_experts"), data.extras)
             with adapter_disabled(self.actor.model):
                 return self.actor.compute_log_probs(data, micro, temperature)
         return self.ref.compute_log_probs(data, micro, temperature)

@@ -41,18 +41,38 @@ class FSDPPolicy(FSDPTrainable):
                 )
         super().__init__(model_path, config, *args, **kwargs)
         self.fused_head = FusedLogProbHead(self.model) if config.padding_free else None
-        # the trained policy replays the rollout's routing (R3); the reference and teachers route by themselves
-        replays = self.optimizer is not None and config.router_replay.replays_rollout
+        # the trained policy replays a routing (R2, R3); the reference and teachers route by themselves
+        replays = self.optimizer is not None and config.router_replay.enabled
         self.router_replay = RouterReplay(self.model, family(self.model.config).router) if replays else None
 
     def _forward(self, micro: Batch, temperature: float, with_entropy: bool,
-                 entropy_grad: bool = False, router_aux: bool = False) -> PolicyScores:
+                 entropy_grad: bool = False, router_aux: bool = False, record: bool = False) -> PolicyScores:
         """Log-probs (and entropies, and the MoE router's aux loss) of the response tokens of one micro-batch, each
         ``(micro_bsz, resp_len)``, padding-free or padded (``worker.actor.padding_free``, see
-        ``easyrl.workers.policy_forward``)."""
+        ``easyrl.workers.policy_forward``); ``record``: and the routing it used."""
         return self._run_model(micro, lambda model, inputs: response_scores(
             model, inputs, temperature, with_entropy=with_entropy, entropy_grad=entropy_grad,
-            fused_head=self.fused_head, router_aux=router_aux, sp=self.sp, replay=self.router_replay))
+            fused_head=self.fused_head, router_aux=router_aux, sp=self.sp, replay=self.router_replay,
+            record=record))
+
+    def compute_log_probs_and_routing(self, data: Batch, micro_batch_size: int,
+                                      temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """R2's old-log-prob pass: :meth:`compute_log_probs` and the experts the actor's routers chose for every
+        token, ``(bsz, P + R, layers, top_k)`` int16 on the host (``-1`` at padding), for the update to replay.
+        Raises ``ValueError`` when the policy replays no routing (``worker.actor.router_replay.mode=disabled``)."""
+        if self.router_replay is None:
+            raise ValueError("compute_log_probs_and_routing needs worker.actor.router_replay.mode=R2")
+        routing: list[Optional[torch.Tensor]] = [None] * len(data)
+        data = Batch(data.tensors.clone(recurse=False), data.extras)
+        data["row_index"] = torch.arange(len(data))
+
+        def score(micro: Batch) -> torch.Tensor:
+            scores = self._forward(micro, temperature, with_entropy=False, record=True)
+            for row, used in zip(micro["row_index"].tolist(), scores.routing.cpu()):
+                routing[row] = used
+            return scores.log_probs
+
+        return self._score_responses(data, micro_batch_size, score), torch.stack(routing)
 
     def compute_log_probs(self, data: Batch, micro_batch_size: int, temperature: float,
                           rows: Optional[list[int]] = None) -> torch.Tensor:
@@ -113,9 +133,9 @@ class FSDPPolicy(FSDPTrainable):
         mask = micro["response_mask"].to(dev)
         share = token_share(mask, agg_kwargs)  # token means of the micro-batch are weighted by it
         advantages = micro["advantages"].to(dev)
-        log_probs, entropy, router_aux_loss = self._forward(
-            micro, cfg.temperature, with_entropy=True, entropy_grad=cfg.entropy_coeff != 0,
-            router_aux=cfg.router_aux_loss_coef > 0)
+        scores = self._forward(micro, cfg.temperature, with_entropy=True, entropy_grad=cfg.entropy_coeff != 0,
+                               router_aux=cfg.router_aux_loss_coef > 0)
+        log_probs, entropy, router_aux_loss = scores.log_probs, scores.entropy, scores.router_aux_loss
         # on-policy (no old-log-prob pass): the weights have not moved yet, so old = current, detached
         old_log_probs = micro["old_log_probs"].to(dev) if "old_log_probs" in micro else log_probs.detach()
         tis_weights, loss_mask = None, mask

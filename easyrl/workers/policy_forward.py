@@ -84,19 +84,26 @@ class PolicyScores(NamedTuple):
     """``(bsz, R)`` float32 entropies, or None when not asked for."""
     router_aux_loss: Optional[torch.Tensor]
     """0-dim load-balancing loss of an MoE router over the micro-batch's tokens, or None when not asked for."""
+    routing: Optional[torch.Tensor] = None
+    """``(bsz, P + R, layers, top_k)`` int16 the experts the forward used per token (``-1`` at padding), laid out
+    as ``input_ids``; None unless asked for (``record``: R2's old-log-prob pass)."""
 
 
 def response_scores(model: torch.nn.Module, inputs: ModelInputs, temperature: float, with_entropy: bool,
                     entropy_grad: bool, fused_head: Optional[FusedLogProbHead] = None, router_aux: bool = False,
-                    sp: Optional[SequenceParallel] = None, replay: Optional[RouterReplay] = None) -> PolicyScores:
+                    sp: Optional[SequenceParallel] = None, replay: Optional[RouterReplay] = None,
+                    record: bool = False) -> PolicyScores:
     """Log-probs (and entropies, and an MoE router's load-balancing loss) of one micro-batch's response tokens, the
     logits divided by ``temperature``. ``fused_head`` given: the padding-free layout with this head on ``model`` (and
     ``sp``, this rank's sequence-parallel group); None: the padded layout. ``replay``: the model's routers replay
-    ``inputs.routed_experts`` (routing replay; their tokens laid out as this layout feeds them). Raises ``ValueError``
-    when ``router_aux`` and the model returned no ``aux_loss`` (not an MoE model)."""
+    ``inputs.routed_experts`` (routing replay; their tokens laid out as this layout feeds them); ``record``: and
+    ``replay`` returns the experts they used (``PolicyScores.routing``). Raises ``ValueError`` when ``router_aux``
+    and the model returned no ``aux_loss`` (not an MoE model)."""
     extra = {"output_router_logits": True} if router_aux else {}
     entropy = None
     routed = inputs.routed_experts
+    if record:
+        replay.record()
     if fused_head is not None:
         if replay is not None:  # the packed row: each sequence's real tokens, in order (this rank's slice of it)
             replay.arm(None if routed is None else _packed_routing(routed[inputs.attention_mask.bool()], sp))
@@ -124,7 +131,8 @@ def response_scores(model: torch.nn.Module, inputs: ModelInputs, temperature: fl
             f"worker.actor.router_aux_loss_coef > 0 but {type(output).__name__} carries no router aux_loss: the model "
             "is not a mixture of experts (set worker.actor.router_aux_loss_coef=0)"
         )
-    return PolicyScores(log_probs, entropy, aux.float() if router_aux else None)
+    used = _used_routing(replay.take_recorded(), inputs.attention_mask, fused_head is not None, sp) if record else None
+    return PolicyScores(log_probs, entropy, aux.float() if router_aux else None, used)
 
 
 def response_values(model: torch.nn.Module, inputs: ModelInputs, padding_free: bool,
@@ -160,6 +168,25 @@ def _packed_routing(row: torch.Tensor, sp: Optional[SequenceParallel]) -> torch.
     start, end = sp.local_range(row.shape[0])
     padded = sp.size * (end - start)
     return torch.cat([row, row.new_full((padded - row.shape[0], *row.shape[1:]), NO_EXPERT)])[start:end]
+
+
+def _used_routing(recorded: torch.Tensor, attention_mask: torch.Tensor, packed: bool,
+                  sp: Optional[SequenceParallel]) -> torch.Tensor:
+    """The recorded routing ``(tokens, layers, top_k)`` as the forward fed its routers (the packed row, this rank's
+    slice of it with ``sp``: gathered over the group; or every padded position) laid out as ``attention_mask``
+    ``(bsz, P + R)``: ``(bsz, P + R, layers, top_k)`` int16, ``-1`` at padding."""
+    bsz, width = attention_mask.shape
+    valid = attention_mask.bool().to(recorded.device)
+    if not packed:
+        return recorded.reshape(bsz, width, *recorded.shape[1:]).masked_fill(~valid[..., None, None], NO_EXPERT)
+    if sp is not None:  # each rank holds its slice of the padded row: all of them, in rank order (int32 for NCCL)
+        parts = recorded.to(torch.int32)
+        full = parts.new_empty((sp.size * parts.shape[0], *parts.shape[1:]))
+        torch.distributed.all_gather_into_tensor(full, parts, group=sp.group)
+        recorded = full[: int(valid.sum())].to(torch.int16)
+    out = recorded.new_full((bsz, width, *recorded.shape[1:]), NO_EXPERT)
+    out[valid] = recorded
+    return out
 
 
 def _pack(model, inputs: ModelInputs):

@@ -40,7 +40,7 @@ def stream_sample(stream: Callable[[], Any], response_length: int, *, follow_sam
 
         def run() -> tuple:
             requests = stream()
-            [(ids, log_probs, versions)] = requests.wait(requests.submit(prompt, overrides))
+            [(ids, log_probs, versions, _)] = requests.wait(requests.submit(prompt, overrides))
             return list(ids), log_probs, None, list(versions)
 
         return pool.submit(run)
