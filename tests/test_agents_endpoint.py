@@ -85,6 +85,28 @@ def test_side_conversation_does_not_break_the_main_one():
     assert [s.requests for s in assemble_segments(records)] == [[0, 1, 2]]
 
 
+def test_a_segments_routing_is_its_requests_and_its_gap_tokens_route_by_themselves():
+    """Routing replay through the endpoint: a segment keeps each request's engine routing; the batch takes each
+    position's from the first request that ran it, and the gap tokens (mask 0) the actor's own (-1)."""
+    import numpy as np
+    import torch
+    from tensordict import TensorDict
+
+    from easyrl.batch import Batch
+    from easyrl.trainer.rollout import turns_routing_batch
+
+    first = RequestRecord([1, 2], [3, 4], None, "stop", index=0, routed_experts=np.array([[[0]], [[1]], [[2]]]))
+    second = RequestRecord([1, 2, 3, 4, 9], [5], None, "stop", index=1,
+                           routed_experts=np.array([[[-1]], [[-1]], [[-1]], [[7]], [[8]]]))
+    [segment] = assemble_segments([first, second])
+    assert segment.response_mask == [1, 1, 0, 1] and len(segment.routings) == 2
+    batch = Batch(TensorDict({"prompt_mask": torch.tensor([[0, 1, 1]]),
+                              "response_mask": torch.tensor([segment.response_mask + [0]])}, batch_size=[1]), {})
+    routed = turns_routing_batch(batch, [segment.routings], [segment.sequence])
+    # the gap token 9 keeps its own (the engine's 8 dropped); the last sampled token never ran
+    assert routed[0, :, 0, 0].tolist() == [-1, 0, 1, 2, 7, -1, -1, -1]
+
+
 def test_missing_log_probs_and_versions_propagate():
     [segment] = assemble_segments([rec([1], [2], None, 0, [0]), rec([1, 2, 3], [4], [-0.1], 1, None)])
     assert segment.log_probs is None and segment.versions is None and segment.response_mask == [1, 0, 1]
@@ -108,7 +130,7 @@ class FakeStream:
     def wait(self, sid):
         prompts, _ = self.submitted[sid]
         n = prompts["max_tokens"][0]
-        return [(list(range(100, 100 + n)), [-1.0] * n, [7] * n)]
+        return [(list(range(100, 100 + n)), [-1.0] * n, [7] * n, None)]  # RequestStream's samples
 
 
 def test_stream_sample_submits_token_prompts():
@@ -123,7 +145,7 @@ def test_stream_sample_submits_token_prompts():
     session = SimpleNamespace(id="s0")
     params = SimpleNamespace(max_tokens=3, seed=5, temperature=0.2, top_p=0.9, top_k=4)
     assert stream_sample(lambda: stream, 8)(session, [1, 2], params).result(5) == (
-        [100, 101, 102], [-1.0] * 3, None, [7] * 3)
+        [100, 101, 102], [-1.0] * 3, None, [7] * 3, None)
     prompts, overrides = stream.submitted[0]
     assert overrides is None
     assert prompts["raw_prompt_ids"] == [[1, 2]] and prompts["uid"] == ["s0"] and prompts["images"] == [[]]

@@ -151,5 +151,40 @@ def test_r3_on_a_rollout_device_of_its_own_with_tool_turns(trainer_on_ray, e2e_c
     assert (unrouted <= turns).all() and (turns > 1).any(), (unrouted, turns)
     assert (ran[:, :width] == batch["prompt_mask"].bool()).all()  # the whole prompt
     assert row["moe/router_agreement"] >= 0.999, row["moe/router_agreement"]
+    assert row["moe/expert_load_max"] >= 1 and row["moe/routing_gib"] > 0, row
     assert gaps["replayed"] < 2e-3, gaps
     assert same >= 0.999, same
+
+
+def test_r3_through_the_agent_endpoint(trainer_on_ray, e2e_config, tmp_path):
+    """R3 for an agent written with the ``openai`` client (``tests/agent_tools/openai_agent.py``: three requests a
+    session, one planted failure) on the colocated engines of a tiny Qwen3-MoE: each request's routing comes back
+    with its tokens, a session's trained segment takes its requests' (the gap tokens of the later prompts keep the
+    actor's own), and the actor's routers agree with vLLM's on every replayed token."""
+    import json
+    from pathlib import Path
+
+    agent = Path(__file__).resolve().parent / "agent_tools" / "openai_agent.py"
+    config = e2e_config("qwen3_moe", tmp_path, "data.val_files=null", "data.max_response_length=64",
+                        "worker.rollout.limit_images=0", "worker.rollout.calculate_log_probs=true",
+                        "data.rollout_batch_size=2", "worker.rollout.n=2", "trainer.max_steps=1",
+                        f"worker.rollout.agent.entry_point={agent}:run", "worker.rollout.agent.timeout_s=120",
+                        "data.max_prompt_length=512", "algorithm.use_kl_loss=false", *_R3)
+    with trainer_on_ray(config) as trainer:
+        trainer.fit()
+        gaps = _replay_gaps(trainer)
+        batch = trainer.last_batch
+    [row] = [json.loads(line) for line in (Path(config.trainer.run_dir) / "metrics.jsonl").read_text().splitlines()]
+    routed, mask, width = batch["routed_experts"], batch["response_mask"], batch["prompts"].shape[1]
+    ran = (routed >= 0).all(-1).all(-1)
+    trained = [i for i, stats in enumerate(batch["agent_stats"]) if stats["outcome"] == "trained"]
+    print(f"ARCH_E2E qwen3_moe R3 agent router_agreement={row['moe/router_agreement']:.5f} replayed="
+          f"{gaps['replayed']:.3g} own={gaps['own']:.3g} trained sessions {len(trained)}")
+    assert row["agent/failed"] == 1 and len(trained) == 3
+    assert not ran[:, width:][mask == 0].any()  # gap tokens and padding: the actor's own routing
+    for i in trained:  # the prompt, and every sampled token but each request's last (its successor ran it or not)
+        assert (ran[i, :width] == batch["prompt_mask"][i].bool()).all()
+        unrouted = int(((mask[i] == 1) & ~ran[i, width:]).sum())
+        assert unrouted <= len(batch["agent_stats"][i]["trained_requests"]), (i, unrouted)
+    assert row["moe/router_agreement"] >= 0.999, row["moe/router_agreement"]
+    assert gaps["replayed"] < 2e-3, gaps

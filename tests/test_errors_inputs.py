@@ -18,7 +18,6 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 TOOLS = REPO / "tests/agent_tools/tools.py"
-AGENT = REPO / "tests/agent_tools/openai_agent.py"
 
 
 @pytest.fixture(scope="module")
@@ -152,8 +151,6 @@ CANNOT_WORK = [  # settings the model cannot take (M18, M19), then values that c
     ("V09", ["data.video_max_frames=1"], ["data.video_max_frames must be 2 or more"]),
     ("C97", ["trainer.logger=[console,jsonl,jsonl]"], ["trainer.logger names ['jsonl'] more than once"]),
     ("C98", ["worker.env_vars={VLLM_ENABLE_V1_MULTIPROCESSING: '1'}"], ["worker.env_vars sets VLLM_ENABLE_V1_"]),
-    ("C99", ["worker.actor.router_replay.mode=R3", f"worker.rollout.agent.entry_point={AGENT}:run"],
-     ["worker.actor.router_replay.mode=R3 with worker.rollout.agent is not implemented yet"]),
     ("C100", ["worker.actor.router_replay.mode=R3"], ["router_replay.mode=R3: qwen2 is not a mixture of experts"]),
     ("C101", ["worker.actor.router_replay.mode=R2", "algorithm.bypass_mode=true"],
      ["worker.actor.router_replay.mode=R2 replays the routing of the old-log-prob pass, which this run does not make",

@@ -246,7 +246,7 @@ def test_the_recorded_routing_replays_exactly_in_both_layouts():
 def test_a_trajectory_takes_each_positions_experts_from_the_first_turn_that_ran_it():
     import numpy as np
 
-    from easyrl.trainer.multi_turn import trajectory_routing
+    from easyrl.trainer.rollout import trajectory_routing
 
     first = np.array([[[0]], [[1]], [[2]]])  # turn 1: its prompt (2 tokens) and response (the last never ran)
     second = np.array([[[9]], [[-1]], [[5]], [[6]], [[7]]])  # turn 2: prompt + turn 1 + tool token + response
@@ -278,3 +278,18 @@ def test_the_request_stream_rollout_lays_out_each_samples_routing():
                     {"uid": ["a", "b"]})
     batch, _ = StreamingRollout(Stream, response_length=2, pad_id=0).generate(prompts, None)
     assert batch["routed_experts"][:, :, 0, 0].tolist() == [[-1, 0, 1, 2, -1], [-1, -1, 10, 11, -1]]
+
+
+def test_the_expert_load_of_a_collapsed_routing():
+    model = _model("qwen3_moe")
+    experts = model.config.num_experts
+    ids = torch.randint(0, 512, (1, 10))
+    replay = RouterReplay(model, FAMILIES["qwen3_moe"].router)
+    with torch.no_grad():
+        replay.arm(_own_routing(model, ids))
+        model(input_ids=ids)
+        assert 1.0 <= replay.expert_load() < experts / 2
+        assert replay.expert_load() is None  # reset by the read
+        replay.arm(torch.tensor([0, 1]).expand(10, 2, 2))  # every token to experts 0 and 1 in both layers
+        model(input_ids=ids)
+    assert replay.expert_load() == pytest.approx(experts / 2)

@@ -30,6 +30,7 @@ def test_sp2_equals_sp1_log_probs_entropies_and_gradients(tiny_model_path, tmp_p
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["log_prob_diff"] < 1e-5 and result["entropy_diff"] < 1e-4 and result["value_diff"] < 1e-5
     assert result["grad_diff"] < 1e-5 * max(1.0, result["grad_scale"])
+    assert result["routing_mismatch"] == 0  # R2's recorded routing: the same gathered over the group as alone
 
 
 def test_heads_not_divisible_are_refused_with_the_numbers():

@@ -8,7 +8,7 @@ sequences the trainer trains (docs/agents.md, "Bring your agent").
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 __all__ = ["RequestRecord", "Segment", "assemble_segments"]
 
@@ -23,7 +23,9 @@ class RequestRecord:
     (behaviour log-probs, nats; None when the engine returned none); ``finish_reason``: ``"stop"``, ``"length"`` or
     ``"abort"``, as the API reported it; ``route``: the API path that served it (``/v1/chat/completions``, ...);
     ``index``: its order of arrival in the session (0, 1, ...); ``versions``: the engine's weight version that
-    sampled each token (``RequestStream``'s token versions), when known."""
+    sampled each token (``RequestStream``'s token versions), when known; ``routed_experts``: with routing replay,
+    the experts the engine's routers chose at each position it ran (``(positions, layers, top_k)``, prompt then
+    response), else None."""
 
     prompt_ids: list[int]
     response_ids: list[int]
@@ -32,6 +34,7 @@ class RequestRecord:
     route: str = ""
     index: int = 0
     versions: Optional[list[int]] = None
+    routed_experts: Any = None
 
 
 @dataclass
@@ -41,7 +44,7 @@ class Segment:
     tokens the next prompt added after the previous response (tool results, environment and chat-template tokens:
     mask 0, log-prob 0.0). ``log_probs`` is None when a request of it had none; ``versions`` the weight version of
     each sampled token (-1 on mask 0), None when a request of it had none. ``requests``: the
-    :attr:`RequestRecord.index` of each request in it, in order."""
+    :attr:`RequestRecord.index` of each request in it, in order; ``routings`` their ``routed_experts``."""
 
     prompt_ids: list[int]
     response_ids: list[int] = field(default_factory=list)
@@ -49,6 +52,7 @@ class Segment:
     log_probs: Optional[list[float]] = field(default_factory=list)
     versions: Optional[list[int]] = field(default_factory=list)
     requests: list[int] = field(default_factory=list)
+    routings: list[Any] = field(default_factory=list)
     finish_reason: Optional[str] = None
     """The last request's."""
 
@@ -72,6 +76,7 @@ class Segment:
         self._append(gap, 0, None, None)
         self._append(record.response_ids, 1, record.log_probs, record.versions)
         self.requests.append(record.index)
+        self.routings.append(record.routed_experts)
         self.finish_reason = record.finish_reason
 
     def _append(self, ids: list[int], mask: int, log_probs: Optional[list[float]],

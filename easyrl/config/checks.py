@@ -169,10 +169,9 @@ def check_config(config: PPOConfig) -> None:
 
 
 def check_router_replay(config: PPOConfig) -> None:
-    """``worker.actor.router_replay.mode``: R2 needs an old-log-prob pass to record; R3 the rollout's routing, which
-    an agent's requests (through the OpenAI endpoint) do not carry yet (the model itself is checked by the pre-flight,
-    ``easyrl.trainer.preflight.check_router_replay_model``; a dump replay by ``rollout_dump.check_replay``).
-    ``ConfigError`` naming what to set."""
+    """``worker.actor.router_replay.mode: R2`` needs an old-log-prob pass to record (R3's model is checked by the
+    pre-flight, ``easyrl.trainer.preflight.check_router_replay_model``; a dump replay by
+    ``rollout_dump.check_replay``). ``ConfigError`` naming what to set."""
     replay = config.worker.actor.router_replay
     if replay.records_old and config.old_log_probs_source is not OldLogProbs.RECOMPUTE:
         why = ("algorithm.bypass_mode=true takes vLLM's log-probs as the old ones" if config.algorithm.bypass_mode
@@ -180,10 +179,6 @@ def check_router_replay(config: PPOConfig) -> None:
         raise ConfigError(f"worker.actor.router_replay.mode=R2 replays the routing of the old-log-prob pass, which "
                           f"this run does not make ({why}): set worker.actor.router_replay.mode=R3 (the rollout's "
                           "routing) or disabled.")
-    if replay.replays_rollout and config.worker.rollout.agent.enabled:
-        raise ConfigError("worker.actor.router_replay.mode=R3 with worker.rollout.agent is not implemented yet (an "
-                          "agent's requests through the endpoint carry no routing): set "
-                          "worker.actor.router_replay.mode=R2 or disabled, or drop worker.rollout.agent.")
 
 
 def check_agent(config) -> None:

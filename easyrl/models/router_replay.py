@@ -65,7 +65,8 @@ class RouterReplay:
     checkpointing re-runs the routers during the backward pass.
 
     ``agreement()`` counts, over the replayed (token, layer) pairs of the forwards outside a backward pass, the share
-    of replayed experts that the router's own top-k holds too (``moe/router_agreement``).
+    of replayed experts that the router's own top-k holds too (``moe/router_agreement``); ``expert_load()`` how
+    unevenly those forwards spread the tokens over the experts (``moe/expert_load_max``).
 
     Raises ``ValueError`` when ``model`` has no router (a dense model)."""
 
@@ -74,6 +75,7 @@ class RouterReplay:
         self.routing: Optional[torch.Tensor] = None
         self._recorded: Optional[dict[int, torch.Tensor]] = None  # layer -> (tokens, k) int16, while recording
         self._counts: Optional[torch.Tensor] = None  # (matched, replayed), on the routers' device: no sync per layer
+        self._load: dict[int, torch.Tensor] = {}  # layer -> tokens sent to each expert, (experts,)
         self.layers: list[int] = []
         for name, module in model.named_modules():
             match = _LAYER.search(name)
@@ -115,6 +117,15 @@ class RouterReplay:
         self._counts = None
         return matched / replayed if replayed else None
 
+    def expert_load(self) -> Optional[float]:
+        """The busiest expert's share of its layer's routed slots times the number of experts (1: balanced; the
+        number of experts: every token on one), the largest over the layers, over the replayed forwards outside a
+        backward pass since the last call; None if none."""
+        load, self._load = self._load, {}
+        if not load:
+            return None
+        return max((counts.max() / counts.float().mean()).item() for counts in load.values())
+
     def _hook(self, layer: int) -> Callable[..., Any]:
         def hook(router: torch.nn.Module, args: Any, output: tuple) -> Optional[tuple]:
             if self.routing is None:
@@ -136,6 +147,8 @@ class RouterReplay:
                 held = (own.unsqueeze(-1) == replay.unsqueeze(-2)).any(-1) & kept  # (tokens, k)
                 counts = torch.stack([held.sum(), kept.sum() * own.shape[-1]]).double()
                 self._counts = counts if self._counts is None else self._counts + counts
+                load = torch.bincount(experts.flatten(), minlength=logits.shape[-1])
+                self._load[layer] = load + self._load[layer] if layer in self._load else load
             weights = self.kind.weights_of(router, logits, experts).to(named["weights"].dtype)
             named.update(experts=experts.to(own.dtype), weights=weights)
             if self._recorded is not None:

@@ -1,8 +1,9 @@
 """The agent rollout (``worker.rollout.agent``; docs/agents.md, "Bring your agent"): each sample is one session of the
 user's agent against the OpenAI-compatible endpoint (``easyrl.trainer.agent_endpoint``) whose requests the engines
 sample request by request; its trajectory is the session's last segment (``easyrl.agents.segments``), token-exact:
-the prompt as vLLM's renderer rendered it, the sampled tokens (mask 1, the engine's log-probs and weight versions)
-and what the agent's later requests added between them (tool results, chat-template tokens: mask 0).
+the prompt as vLLM's renderer rendered it, the sampled tokens (mask 1, the engine's log-probs, weight versions and,
+with routing replay, routed experts) and what the agent's later requests added between them (tool results,
+chat-template tokens: mask 0, the actor's own routing).
 
 A session that fails (the agent raised, ran past ``timeout_s``, made no request, or its prompt does not fit
 ``data.max_prompt_length``) trains nothing: an empty response (mask 0) after the data's prompt, counted in
@@ -25,7 +26,7 @@ from easyrl.agents.specs import load_callable
 from easyrl.batch import Batch
 from easyrl.errors import ConfigError
 from easyrl.trainer.request_stream import RequestStream
-from easyrl.trainer.rollout import left_pad, right_pad, trajectory_batch
+from easyrl.trainer.rollout import left_pad, right_pad, trajectory_batch, turns_routing_batch
 from easyrl.workers.fsdp_worker import FSDPWorker
 
 __all__ = ["AgentRollout", "agent_metrics", "load_agent", "session_trajectory"]
@@ -189,6 +190,9 @@ class AgentRollout:
                                  log_probs, [row.response_mask for row in rows])
         batch["token_versions"] = right_pad([row.versions or [-1] * len(row.response_ids) for row in rows],
                                             self.response_length, -1, torch.long)[0]
+        if any(routed is not None for row in rows for routed in row.routings):  # routing replay (R3)
+            batch["routed_experts"] = turns_routing_batch(batch, [row.routings for row in rows],
+                                                          [row.sequence for row in rows])
         return batch
 
     def slot_occupancy(self) -> Optional[float]:

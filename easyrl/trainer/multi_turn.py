@@ -25,12 +25,11 @@ from easyrl.agents.trajectory import Trajectory, TurnLoop
 from easyrl.batch import Batch
 from easyrl.data.images import process_image
 from easyrl.trainer.request_stream import RequestStream
-from easyrl.models.router_replay import NO_EXPERT
-from easyrl.trainer.rollout import SingleTurnRollout, right_pad, routing_batch, trajectory_batch
+from easyrl.trainer.rollout import SingleTurnRollout, right_pad, trajectory_batch, turns_routing_batch
 from easyrl.workers.fsdp_worker import FSDPWorker
 
 __all__ = ["MultiTurnRollout", "VLToolImages", "make_rollout", "multi_turn_metrics", "token_versions",
-           "tool_images_for", "trajectory_routing"]
+           "tool_images_for"]
 
 _SEED_STRIDE = 1_000_003  # per turn, so that a sample's turns draw from different streams
 
@@ -177,11 +176,8 @@ class MultiTurnRollout:
         batch["tool_calls"] = [t.tool_calls for t in trajectories]
         batch["multi_turn_stats"] = [t.stats() for t in trajectories]
         if any(routings):  # routing replay: the assistant tokens' experts; tool tokens keep the actor's own
-            positions = [len(t.prompt_ids) + len(t.response_ids) for t in trajectories]
-            routed = routing_batch(prompts["prompt_mask"], self.response_length,
-                                   [trajectory_routing(turns, n) for turns, n in zip(routings, positions)])
-            routed[:, prompts["prompt_mask"].shape[1]:][batch["response_mask"] == 0] = NO_EXPERT
-            batch["routed_experts"] = routed
+            batch["routed_experts"] = turns_routing_batch(batch, routings,
+                                                          [t.prompt_ids + t.response_ids for t in trajectories])
         if versions is not None:  # each trained token's weight version, -1 on tool and environment tokens
             batch["token_versions"] = right_pad([token_versions(t.response_mask, v) for t, v in
                                                  zip(trajectories, versions)], self.response_length, -1,
@@ -245,22 +241,6 @@ class MultiTurnRollout:
         if self._stream is not None:
             self._stream.close()
             self._stream = None
-
-
-def trajectory_routing(turns: list[Any], positions: int) -> Optional[np.ndarray]:
-    """One trajectory's engine routing ``(positions, layers, top_k)`` (``-1`` where none) from its turns' requests,
-    in order, each ``(its prompt + response positions, layers, top_k)`` (the prompt of a turn: the trajectory so
-    far): a position's experts are those of the first turn whose request ran it (a later turn's request re-runs
-    it only when the engine's prefix cache dropped it). None without any turn's routing."""
-    turns = [np.asarray(rows) for rows in turns if rows is not None]
-    if not turns:
-        return None
-    out = np.full((positions, *turns[0].shape[1:]), NO_EXPERT, dtype=np.int16)
-    for rows in turns:
-        n = min(len(rows), positions)
-        fill = (out[:n] == NO_EXPERT).all(axis=(1, 2)) & (rows[:n] != NO_EXPERT).all(axis=(1, 2))
-        out[:n][fill] = rows[:n][fill]
-    return out
 
 
 def token_versions(response_mask: list[int], versions: list[int]) -> list[int]:

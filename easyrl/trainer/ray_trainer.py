@@ -323,6 +323,8 @@ class RayPPOTrainer:
         metrics.update(compute_data_metrics(batch, cfg.data.max_prompt_length, cfg.data.max_response_length))
         metrics.update(multi_turn_metrics(batch))
         metrics.update(agent_metrics(batch))
+        if "routed_experts" in batch:  # routing replay: what the step's replayed routing holds (int16)
+            metrics["moe/routing_gib"] = batch["routed_experts"].numel() * 2 / 2**30
         if "reshard" in timing:  # the weight sync is reported apart from the generation that waited for it
             timing["gen"] = max(timing["gen"] - timing["reshard"], 0.0)
         metrics.update({f"timing_s/{name}": seconds for name, seconds in timing.items()})

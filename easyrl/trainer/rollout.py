@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Protocol
 
+import numpy as np
 import torch
 
 from easyrl.batch import Batch
@@ -27,7 +28,7 @@ from easyrl.workers.fsdp_worker import FSDPWorker
 from easyrl.workers.mm_staging import STAGE_KEY
 
 __all__ = ["Rollout", "SingleTurnRollout", "for_rollout", "for_workers", "left_pad", "right_pad", "trajectory_batch",
-           "routing_batch"]
+           "routing_batch", "trajectory_routing", "turns_routing_batch"]
 
 
 def left_pad(rows: list[list[int]], length: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -95,6 +96,34 @@ def routing_batch(prompt_mask: torch.Tensor, response_length: int, routed: list[
         rows = torch.from_numpy(rows[: prompt + response_length].astype("int16"))
         out[i, width - prompt: width - prompt + len(rows)] = rows
     return out
+
+
+def trajectory_routing(turns: list[Any], positions: int) -> Optional[np.ndarray]:
+    """One trajectory's engine routing ``(positions, layers, top_k)`` (``-1`` where none) from its turns' requests,
+    in order, each ``(its prompt + response positions, layers, top_k)`` (the prompt of a turn: the trajectory so
+    far): a position's experts are those of the first turn whose request ran it (a later turn's request re-runs
+    it only when the engine's prefix cache dropped it). None without any turn's routing."""
+    turns = [np.asarray(rows) for rows in turns if rows is not None]
+    if not turns:
+        return None
+    out = np.full((positions, *turns[0].shape[1:]), NO_EXPERT, dtype=np.int16)
+    for rows in turns:
+        n = min(len(rows), positions)
+        fill = (out[:n] == NO_EXPERT).all(axis=(1, 2)) & (rows[:n] != NO_EXPERT).all(axis=(1, 2))
+        out[:n][fill] = rows[:n][fill]
+    return out
+
+
+def turns_routing_batch(batch: Batch, turns: list[list[Any]], sequences: list[list[int]]) -> torch.Tensor:
+    """The ``routed_experts`` of a batch of multi-request trajectories (multi-turn, agent sessions): each sample's
+    ``turns`` (its requests' engine routing, in order, None where none) merged over its ``sequences`` (prompt +
+    response ids, :func:`trajectory_routing`), laid out as ``batch``'s ``input_ids`` (:func:`routing_batch`), and
+    ``-1`` on the response tokens the policy is not trained on (``response_mask`` 0: tool, environment and
+    chat-template tokens keep the actor's own routing)."""
+    merged = [trajectory_routing(rows, len(sequence)) for rows, sequence in zip(turns, sequences)]
+    routed = routing_batch(batch["prompt_mask"], batch["response_mask"].shape[1], merged)
+    routed[:, batch["prompt_mask"].shape[1]:][batch["response_mask"] == 0] = NO_EXPERT
+    return routed
 
 
 def for_workers(batch: Batch, staged: Optional[list[tuple[str, int]]] = None) -> Batch:

@@ -115,13 +115,13 @@ class FSDPPolicy(FSDPTrainable):
         # the replayed experts the actor's routers would have chosen too, before its weights move: over this step's
         # old-log-prob pass, or without one (on-policy: one optimizer step) over the update's forwards
         replay = self.router_replay
-        before = replay.agreement() if replay is not None else None
+        before = (replay.agreement(), replay.expert_load()) if replay is not None else (None, None)
         metrics = self.run_epochs(data, mini_batch_size, micro_batch_size, backward_micro, role="actor",
                                   before_step=check_sync if checks else None)
-        during = replay.agreement() if replay is not None else None
-        agreement = before if before is not None else during
-        if agreement is not None:
-            metrics["moe/router_agreement"] = [agreement]
+        during = (replay.agreement(), replay.expert_load()) if replay is not None else (None, None)
+        for name, old, new in zip(("moe/router_agreement", "moe/expert_load_max"), before, during):
+            if (old if old is not None else new) is not None:
+                metrics[name] = [old if old is not None else new]
         return metrics
 
     def _backward_micro(self, micro: Batch, policy_loss: Callable[[PolicyLossInputs], LossOut], agg_kwargs: dict,

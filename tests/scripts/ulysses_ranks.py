@@ -3,7 +3,8 @@ differentiated twice (``torchrun --nproc_per_node 2 ulysses_ranks.py MODEL_DIR O
 parallelism (a text model: each rank half of the batch; a Qwen-VL model: each rank the whole batch with its images)
 and with Ulysses over both ranks (each rank the whole batch, half of each packed row; the vision tower on both).
 The loss also takes the critic's values (``response_values``, the output embedding's first column as a value head).
-A mixture of experts replays one fixed routing (not its routers' own) in both runs (``router_replay``).
+A mixture of experts replays one fixed routing (not its routers' own) in both runs (``router_replay``), and R2's
+recording of its routers' own choices (gathered over the group with Ulysses) is compared too.
 Rank 0 writes ``OUT_DIR/result.json``: the largest differences of the log-probs, entropies, values and full gradients
 between the two, and the largest gradient (a scale for them)."""
 
@@ -122,19 +123,30 @@ def main() -> None:
         model.zero_grad(set_to_none=True)
         return torch.stack([scores.log_probs, scores.entropy, values]).detach(), grads
 
+    def record(group):  # R2: the whole batch's own routing recorded, on each rank alone or over the group
+        with torch.no_grad():
+            return response_scores(model, ModelInputs(ids, mask, response_mask, mm, types, None), 1.0,
+                                   with_entropy=False, entropy_grad=False, fused_head=head, sp=group, replay=replay,
+                                   record=True).routing
+
     half = ids.shape[0] // world if not is_vl else 0  # a VL batch is not split: its images go with it whole
     scores_dp, grads_dp = run(slice(rank * half, (rank + 1) * half) if half else slice(None), None)
+    alone = record(None) if replay is not None else None  # before any sharded forward (its slicing hook stays)
     scores_sp, grads_sp = run(slice(None), sp)
     if half:  # (3, bsz / 2, R) per rank -> (3, bsz, R)
         parts = [torch.empty_like(scores_dp) for _ in range(world)]
         dist.all_gather(parts, scores_dp)
         scores_dp = torch.cat(parts, dim=1)
     diff = (scores_dp - scores_sp).abs().flatten(1).max(dim=1).values.tolist()
+    routing_mismatch = 0.0
+    if replay is not None:
+        shared = record(sp)
+        routing_mismatch = (alone != shared).float().mean().item() + float(bool((alone[mask == 1] < 0).any()))
     result = {
         "log_prob_diff": diff[0], "entropy_diff": diff[1], "value_diff": diff[2],
         "grad_diff": max((grads_dp[k] - grads_sp[k]).abs().max().item() for k in grads_dp),
         "grad_scale": max(g.abs().max().item() for g in grads_dp.values()),
-        "log_prob_scale": scores_dp[0].abs().max().item(),
+        "log_prob_scale": scores_dp[0].abs().max().item(), "routing_mismatch": routing_mismatch,
     }
     if rank == 0:
         with open(os.path.join(out, "result.json"), "w") as f:

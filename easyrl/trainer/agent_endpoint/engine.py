@@ -33,10 +33,11 @@ from easyrl.agents.segments import RequestRecord
 __all__ = ["SampleEngineClient", "Sample", "SampleResult", "CURRENT_SESSION", "CURRENT_ROUTE"]
 
 SampleResult = tuple
-"""``(token_ids, log_probs | None, finish_reason | None)``, or with a fourth item ``versions | None``: the sampled
-tokens (EOS included when the engine stopped on it), the engine's log-prob of each (nats), ``"stop"`` / ``"length"``
-/ ``"abort"`` or None (then the stop rule of :meth:`SampleEngineClient.generate` decides), and the weight version
-that sampled each token."""
+"""``(token_ids, log_probs | None, finish_reason | None)``, or with a fourth item ``versions | None`` and a fifth
+``routed_experts | None``: the sampled tokens (EOS included when the engine stopped on it), the engine's log-prob of
+each (nats), ``"stop"`` / ``"length"`` / ``"abort"`` or None (then the stop rule of
+:meth:`SampleEngineClient.generate` decides), the weight version that sampled each token, and the experts the
+engine's routers chose at each position it ran (routing replay: ``RequestRecord.routed_experts``)."""
 
 Sample = Callable[[Any, list[int], SamplingParams], Any]
 """``sample(session, prompt_token_ids, sampling_params)`` -> a :data:`SampleResult`, an awaitable of one, or a
@@ -139,7 +140,8 @@ class SampleEngineClient(EngineClient):
             params = request.sampling_params
             prompt_ids = list(request.prompt_token_ids)
             try:
-                token_ids, log_probs, reason, versions = await self._call_sample(rid, session, prompt_ids, params)
+                token_ids, log_probs, reason, versions, routed = await self._call_sample(rid, session, prompt_ids,
+                                                                                         params)
             except asyncio.CancelledError:
                 raise
             except Exception as err:
@@ -164,7 +166,7 @@ class SampleEngineClient(EngineClient):
                 prompt_ids=prompt_ids, response_ids=token_ids[:served],
                 log_probs=None if log_probs is None else log_probs[:served],
                 finish_reason=last.outputs[0].finish_reason if last is not None else None, route=route,
-                versions=None if versions is None else versions[:served]))
+                versions=None if versions is None else versions[:served], routed_experts=routed))
         finally:
             self._pending.pop(rid, None)
             if not finished:
@@ -197,14 +199,14 @@ class SampleEngineClient(EngineClient):
         if inspect.isawaitable(result):
             self._pending[rid] = result
             result = await result
-        token_ids, log_probs, reason, versions = (*result, None) if len(result) == 3 else result
+        token_ids, log_probs, reason, versions, routed = (*result, None, None)[:5]
         for name, values in (("log-probs", log_probs), ("versions", versions)):
             if values is not None and len(values) != len(token_ids):
                 raise ValueError(f"sample returned {len(token_ids)} tokens but {len(values)} {name}")
         if reason is not None and reason not in _FINISH:
             raise ValueError(f"sample returned finish_reason {reason!r}: expected one of {sorted(_FINISH)} or None")
         return (list(token_ids), None if log_probs is None else [float(x) for x in log_probs], reason,
-                None if versions is None else [int(v) for v in versions])
+                None if versions is None else [int(v) for v in versions], routed)
 
     async def abort(self, request_id: str | Iterable[str], internal: bool = False) -> None:
         """Forget the requests (their sampling goes on in the engine; its result is dropped)."""

@@ -18,7 +18,7 @@ def stream_sample(stream: Callable[[], Any], response_length: int, *, follow_sam
     """A ``sample`` for ``AgentEndpoint`` over the request stream ``stream()`` returns (called per request, so a
     stream re-made after ``close`` is picked up): submits ``token_prompt(prompt ids, budget, uid=session.id,
     seed=params.seed)`` and waits for it in ``executor`` (default: a thread pool of 256), returning a
-    ``concurrent.futures.Future`` of ``(ids, log_probs, None, versions)``.
+    ``concurrent.futures.Future`` of ``(ids, log_probs, None, versions, routed_experts)``.
 
     ``budget``: the request's ``max_tokens`` (vLLM's serving layer sets it, within the context) cut to
     ``response_length`` tokens. The engine samples with the trainer's ``worker.rollout`` settings (the policy being
@@ -40,8 +40,8 @@ def stream_sample(stream: Callable[[], Any], response_length: int, *, follow_sam
 
         def run() -> tuple:
             requests = stream()
-            [(ids, log_probs, versions, _)] = requests.wait(requests.submit(prompt, overrides))
-            return list(ids), log_probs, None, list(versions)
+            [(ids, log_probs, versions, routed)] = requests.wait(requests.submit(prompt, overrides))
+            return list(ids), log_probs, None, list(versions), routed
 
         return pool.submit(run)
 
