@@ -293,3 +293,17 @@ def test_the_expert_load_of_a_collapsed_routing():
         replay.arm(torch.tensor([0, 1]).expand(10, 2, 2))  # every token to experts 0 and 1 in both layers
         model(input_ids=ids)
     assert replay.expert_load() == pytest.approx(experts / 2)
+
+
+def test_a_rollout_dump_keeps_the_routing_for_an_r3_replay(tmp_path):
+    from tensordict import TensorDict
+
+    from easyrl.batch import Batch
+    from easyrl.trainer.rollout_dump import read_step, replay_inputs, write_step
+
+    routed = torch.randint(-1, 8, (4, 6, 3, 2), dtype=torch.int16)
+    batch = Batch(TensorDict({"routed_experts": routed, "response_mask": torch.ones(4, 3, dtype=torch.long)},
+                             batch_size=[4]), {"uid": list("aabb")})
+    write_step(str(tmp_path), 1, batch)
+    back = replay_inputs(read_step(str(tmp_path), 1))
+    assert back["routed_experts"].dtype == torch.int16 and torch.equal(back["routed_experts"], routed)
