@@ -50,6 +50,18 @@ def test_distill_config_error(expect_user_error, cid, overrides, culprits):
     expect_user_error(lambda: load_config([*BASE, *overrides]), "config", *culprits)
 
 
+def test_a_teacher_name_with_a_dot(expect_user_error, tmp_path):  # T17
+    from omegaconf import OmegaConf
+
+    config = OmegaConf.load(REPO / "examples/configs/cpu_demo.yaml")
+    OmegaConf.update(config, "worker.teachers", {"math.v2": {"model": {"model_path": "t"}, "default": True}},
+                     force_add=True)
+    OmegaConf.update(config, "algorithm.adv_estimator", "on_policy_distill")
+    OmegaConf.save(config, tmp_path / "dotted.yaml")
+    expect_user_error(lambda: load_config([f"config={tmp_path / 'dotted.yaml'}", "worker.actor.model.model_path=m"]),
+                      "config", "a teacher named 'math.v2'", "rename it, e.g. 'math_v2'")
+
+
 @pytest.fixture(scope="module")
 def student() -> Path:
     from easyrl.testing.tiny import build_tiny_smollm2_student

@@ -8,6 +8,8 @@ settings."""
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Optional
 
@@ -282,6 +284,11 @@ def check_teachers(config: Any) -> None:
     teachers = teachers_of(worker)
     served: dict[str, str] = {}
     for teacher in teachers:
+        if not re.fullmatch(r"[A-Za-z0-9_-]+", teacher.name):
+            raise ConfigError(f"worker.teachers has a teacher named {teacher.name!r}: a name is letters, digits, '_' "
+                              "and '-' (it is a key of dotted overrides, worker.teachers.<name>.model.model_path, "
+                              "and of the distill/reverse_kl/<name> metric): rename it, e.g. "
+                              f"{re.sub(r'[^A-Za-z0-9_-]', '_', teacher.name)!r}.")
         if not teacher.model.model_path:
             raise ConfigError(f"{teacher.key}.model.model_path is not set: give the teacher's hub id or local folder "
                               "(it must share the actor's tokenizer).")
