@@ -15,8 +15,10 @@ by tests/test_model_families.py.
   instead of the synced weights 0.7).
 * Both MoE models run with routing replay (R3, ``worker.actor.router_replay.mode``) and lr 0: ``moe/router_agreement``
   (1.0 in fp32; 0.9997 bf16 / fp32), and the last batch scored again with and without the replayed routing: max |diff|
-  0.0055 against 0.069 on Qwen3.5-MoE (docs/algorithms.md, "Routing replay"). A replay shifted by one position fails
-  the agreement (0.74).
+  0.0055 against 0.024-0.069 on Qwen3.5-MoE (docs/algorithms.md, "Routing replay"). A replay shifted by one position
+  fails the agreement (0.74).
+* R3 in the other rollout modes, on a tiny Qwen3-MoE (text, fp32): a rollout device of its own (``one_step_off``) with
+  tool turns, and an ``openai``-client agent through the endpoint, one step each (~57 s).
 """
 
 from __future__ import annotations
@@ -158,7 +160,7 @@ def test_r3_on_a_rollout_device_of_its_own_with_tool_turns(trainer_on_ray, e2e_c
 
 def test_r3_through_the_agent_endpoint(trainer_on_ray, e2e_config, tmp_path):
     """R3 for an agent written with the ``openai`` client (``tests/agent_tools/openai_agent.py``: three requests a
-    session, one planted failure) on the colocated engines of a tiny Qwen3-MoE: each request's routing comes back
+    session) on the colocated engines of a tiny Qwen3-MoE: each request's routing comes back
     with its tokens, a session's trained segment takes its requests' (the gap tokens of the later prompts keep the
     actor's own), and the actor's routers agree with vLLM's on every replayed token."""
     import json
@@ -180,7 +182,8 @@ def test_r3_through_the_agent_endpoint(trainer_on_ray, e2e_config, tmp_path):
     trained = [i for i, stats in enumerate(batch["agent_stats"]) if stats["outcome"] == "trained"]
     print(f"ARCH_E2E qwen3_moe R3 agent router_agreement={row['moe/router_agreement']:.5f} replayed="
           f"{gaps['replayed']:.3g} own={gaps['own']:.3g} trained sessions {len(trained)}")
-    assert row["agent/failed"] == 1 and len(trained) == 3
+    # the agent's planted failure is its first session in the process (this test's, or tests/test_e2e_agent.py's)
+    assert row["agent/failed"] + len(trained) == 4 and len(trained) >= 3
     assert not ran[:, width:][mask == 0].any()  # gap tokens and padding: the actor's own routing
     for i in trained:  # the prompt, and every sampled token but each request's last (its successor ran it or not)
         assert (ran[i, :width] == batch["prompt_mask"][i].bool()).all()
