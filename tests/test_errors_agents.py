@@ -50,6 +50,16 @@ def test_an_agent_that_cannot_take_its_arguments_is_refused_before_ray(expect_us
     expect_user_error(lambda: prepare(config), "config", AGENT, "run(task)", "base_url")
 
 
+def test_a_tool_call_parser_vllm_does_not_have_is_refused_before_ray(expect_user_error, e2e_args, tmp_path):  # A16
+    from easyrl.config import load_config
+    from easyrl.trainer.preflight import prepare
+
+    config = load_config(e2e_args("qwen2_5", tmp_path, f"{AGENT}={AGENT_FILE}:run",
+                                  "worker.rollout.agent.tool_call_parser=hermess"))
+    expect_user_error(lambda: prepare(config), "config", "worker.rollout.agent.tool_call_parser='hermess'",
+                      "did you mean hermes")
+
+
 def test_tool_without_schema_is_a_config_error_before_ray(expect_user_error, e2e_args, tmp_path):  # A08
     from easyrl.config import load_config
     from easyrl.trainer.preflight import prepare

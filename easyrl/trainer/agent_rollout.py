@@ -51,6 +51,25 @@ def load_agent(spec: str) -> Callable[..., Any]:
     return fn
 
 
+def check_tool_call_parser(name: Optional[str]) -> None:
+    """``worker.rollout.agent.tool_call_parser`` names one of this vLLM's tool-call parsers (or is null). Raises
+    ``ConfigError`` with the close names and the list, before the endpoint starts (vLLM's serving layer is imported
+    here: the endpoint imports it anyway)."""
+    if name is None:
+        return
+    import difflib
+
+    from vllm.tool_parsers import ToolParserManager
+
+    known = sorted(ToolParserManager.list_registered())
+    if name not in known:
+        close = difflib.get_close_matches(name, known, n=3)
+        hint = f"did you mean {', '.join(close)}? " if close else ""
+        raise ConfigError(f"worker.rollout.agent.tool_call_parser={name!r} is not a tool-call parser of this vLLM: "
+                          f"{hint}it has {', '.join(known)} (hermes for Qwen2.5/Qwen3); null: tool calls are not "
+                          "parsed.")
+
+
 def session_trajectory(segments: list[Segment], max_prompt_length: int) -> tuple[Optional[Segment], str]:
     """The segment a session trains (its last: the one holding the final answer) and why none: ``""`` (trained),
     ``"no_requests"``, ``"prompt_too_long"`` (longer than ``max_prompt_length`` tokens)."""

@@ -160,9 +160,10 @@ def prepare(config: Any, train: bool = True) -> Prepared:
         load_parser(multi_turn.format)
         load_environment(multi_turn.environment)
     if config.worker.rollout.agent.enabled:  # the agent's function loads and takes its four arguments
-        from easyrl.trainer.agent_rollout import load_agent
+        from easyrl.trainer.agent_rollout import check_tool_call_parser, load_agent
 
         load_agent(config.worker.rollout.agent.entry_point)
+        check_tool_call_parser(config.worker.rollout.agent.tool_call_parser)
     reward_fn = load_reward(config.worker.reward)
     check_judge_files(config.worker.reward.judge)
     check_head("worker.reward.reward_model.model_path", config.worker.reward.reward_model.model_path, scorer=True)
