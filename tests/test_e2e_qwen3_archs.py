@@ -160,9 +160,9 @@ def test_r3_on_a_rollout_device_of_its_own_with_tool_turns(trainer_on_ray, e2e_c
 
 def test_r3_through_the_agent_endpoint(trainer_on_ray, e2e_config, tmp_path):
     """R3 for an agent written with the ``openai`` client (``tests/agent_tools/openai_agent.py``: three requests a
-    session) on the colocated engines of a tiny Qwen3-MoE: each request's routing comes back
-    with its tokens, a session's trained segment takes its requests' (the gap tokens of the later prompts keep the
-    actor's own), and the actor's routers agree with vLLM's on every replayed token."""
+    session) on the colocated engines of a tiny Qwen3-MoE: each request's routing comes back with its tokens, a
+    session's trained segment takes its requests' (the gap tokens of the later prompts keep the actor's own), and the
+    actor's routers agree with vLLM's on every replayed token. Then one R2 step on the same workers."""
     import json
     from pathlib import Path
 
@@ -171,11 +171,21 @@ def test_r3_through_the_agent_endpoint(trainer_on_ray, e2e_config, tmp_path):
                         "worker.rollout.limit_images=0", "worker.rollout.calculate_log_probs=true",
                         "data.rollout_batch_size=2", "worker.rollout.n=2", "trainer.max_steps=1",
                         f"worker.rollout.agent.entry_point={agent}:run", "worker.rollout.agent.timeout_s=120",
-                        "data.max_prompt_length=512", "algorithm.use_kl_loss=false", *_R3)
+                        "data.max_prompt_length=512", "algorithm.use_kl_loss=false",
+                        # two mini-batches: the old-log-prob pass runs
+                        "worker.actor.global_batch_size=1", "worker.actor.micro_batch_size_per_device_for_update=1",
+                        "worker.actor.micro_batch_size_per_device_for_experience=1",
+                        *_R3)
     with trainer_on_ray(config) as trainer:
         trainer.fit()
         gaps = _replay_gaps(trainer)
         batch = trainer.last_batch
+        # R2 over the same workers (their routers are hooked for any replay): the driver's old-log-prob pass records
+        # the actor's routing, the update replays it; the weights do not move (lr 0), so it agrees everywhere
+        trainer.config.worker.actor.router_replay.mode = "R2"
+        trainer.global_step += 1
+        r2 = trainer.train_step(trainer.prompt_stream())
+        recorded, r2_valid = trainer.last_batch["routed_experts"], trainer.last_batch["attention_mask"].bool()
     [row] = [json.loads(line) for line in (Path(config.trainer.run_dir) / "metrics.jsonl").read_text().splitlines()]
     routed, mask, width = batch["routed_experts"], batch["response_mask"], batch["prompts"].shape[1]
     ran = (routed >= 0).all(-1).all(-1)
@@ -191,3 +201,5 @@ def test_r3_through_the_agent_endpoint(trainer_on_ray, e2e_config, tmp_path):
         assert unrouted <= len(batch["agent_stats"][i]["trained_requests"]), (i, unrouted)
     assert row["moe/router_agreement"] >= 0.999, row["moe/router_agreement"]
     assert gaps["replayed"] < 2e-3, gaps
+    print(f"ARCH_E2E qwen3_moe R2 router_agreement={r2['moe/router_agreement']:.5f}")
+    assert r2["moe/router_agreement"] == 1.0 and (recorded[r2_valid] >= 0).all() and (recorded[~r2_valid] < 0).all()
