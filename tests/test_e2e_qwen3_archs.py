@@ -130,7 +130,8 @@ def test_r3_on_a_rollout_device_of_its_own_with_tool_turns(trainer_on_ray, e2e_c
                         "algorithm.use_kl_loss=false", "worker.rollout.multi_turn.enable=true",
                         f"worker.rollout.multi_turn.tools=[{tools / 'tools.py'}:echo]",
                         f"worker.rollout.multi_turn.format={tools / 'parser.py'}:every_turn",
-                        "worker.rollout.multi_turn.max_assistant_turns=2", "worker.rollout.multi_turn.max_turn_tokens=8",
+                        "worker.rollout.multi_turn.max_assistant_turns=2",
+                        "worker.rollout.multi_turn.max_turn_tokens=8",
                         *_R3)
     with trainer_on_ray(config) as trainer:
         trainer.fit()

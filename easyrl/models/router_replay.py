@@ -61,8 +61,8 @@ _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 class RouterReplay:
     """Forward hooks on every router of ``model`` (modules whose class name ends in ``TopKRouter``, under a
     ``layers.<i>.`` decoder layer): while :meth:`arm` holds a routing tensor, each router's experts are replaced by
-    it; with None, the routers run as they are. After :meth:`record`, the experts used are kept. Armed routing stays until the next :meth:`arm`: gradient
-    checkpointing re-runs the routers during the backward pass.
+    it; with None, the routers run as they are. After :meth:`record`, the experts used are kept. Armed routing stays
+    until the next :meth:`arm`: gradient checkpointing re-runs the routers during the backward pass.
 
     ``agreement()`` counts, over the replayed (token, layer) pairs of the forwards outside a backward pass, the share
     of replayed experts that the router's own top-k holds too (``moe/router_agreement``); ``expert_load()`` how
