@@ -208,7 +208,8 @@ def _image_inputs(hf_config, data: Batch) -> dict[str, torch.Tensor]:
     return kwargs
 
 
-def family_parity(model_path: str | Path, workdir: str | Path, vllm: bool = True, images: bool = False) -> Parity:
+def family_parity(model_path: str | Path, workdir: str | Path, vllm: bool = True, images: bool = False,
+                  progress: Optional[dict] = None) -> Parity:
     """The four checks of one model folder (module docstring), in a one-rank gloo process group of its own.
 
     Args:
@@ -217,6 +218,8 @@ def family_parity(model_path: str | Path, workdir: str | Path, vllm: bool = True
         vllm: False: the actor and transformers checks only (seconds; the ``vllm_*`` and ``stale`` fields None).
         images: score prompts with an image each (``easyrl.testing.image_batch``, the run's data path; a VL model)
             instead of text.
+        progress: filled as the stages run (each stage's seconds under its name, each gap under its
+            :class:`Parity` field's name), so that a caller sees how far a run got when a stage raised.
 
     Returns:
         :class:`Parity` (``failures()`` lists what is off).
@@ -228,10 +231,10 @@ def family_parity(model_path: str | Path, workdir: str | Path, vllm: bool = True
 
     # the engine in this process (weights handed over as tensors), as the workers set it; environment restored after
     with mock.patch.dict(os.environ, IN_PROCESS_ENGINE_ENV), _one_rank_group(Path(workdir)):
-        return _checks(str(model_path), Path(workdir), vllm, images)
+        return _checks(str(model_path), Path(workdir), vllm, images, {} if progress is None else progress)
 
 
-def _checks(model_path: str, workdir: Path, vllm: bool, images: bool) -> Parity:
+def _checks(model_path: str, workdir: Path, vllm: bool, images: bool, progress: dict) -> Parity:
     from transformers import AutoConfig
 
     from easyrl.models.hf_folder import hf_model_class, write_hf_folder
@@ -243,7 +246,7 @@ def _checks(model_path: str, workdir: Path, vllm: bool, images: bool) -> Parity:
 
     def lap(name: str) -> None:
         nonlocal clock
-        seconds[name] = round(time.perf_counter() - clock, 2)
+        seconds[name] = progress[name] = round(time.perf_counter() - clock, 2)
         clock = time.perf_counter()
 
     if images:
@@ -259,6 +262,7 @@ def _checks(model_path: str, workdir: Path, vllm: bool, images: bool) -> Parity:
     padded_policy = _policy(model_path, padding_free=False, trainable=False, init_from=actor)
     padded = padded_policy.compute_log_probs(data, len(data), temperature=1.0)
     del padded_policy
+    progress["packed_vs_padded"] = _max_diff(packed, padded, response_mask)
     lap("actor")
 
     export = str(workdir / "export")
@@ -266,15 +270,17 @@ def _checks(model_path: str, workdir: Path, vllm: bool, images: bool) -> Parity:
     hf = hf_model_class(AutoConfig.from_pretrained(export)).from_pretrained(export, dtype=torch.float32)
     exported = _transformers_log_probs(hf.eval(), data)
     del hf
+    progress["transformers_export"] = _max_diff(exported, packed, response_mask)
     lap("export")
-    parity = Parity(packed_vs_padded=_max_diff(packed, padded, response_mask),
-                    transformers_export=_max_diff(exported, packed, response_mask), seconds=seconds)
+    parity = Parity(packed_vs_padded=progress["packed_vs_padded"],
+                    transformers_export=progress["transformers_export"], seconds=seconds)
     if not vllm:
         return parity
 
     engine = _engine(export)
     lap("vllm engine")
     from_export = _vllm_log_probs(engine, data)
+    progress["vllm_export"] = _max_diff(from_export, packed, response_mask)
     lap("vllm score")
     _perturb(actor.model, seed=2)
     moved = actor.compute_log_probs(data, len(data), temperature=1.0)
