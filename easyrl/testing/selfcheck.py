@@ -27,8 +27,8 @@ from easyrl.testing.cache import cache_root
 from easyrl.testing.parity import PACKED_ATOL as PACKED
 from easyrl.testing.parity import VLLM_ATOL as VLLM
 
-__all__ = ["Check", "SelfCheck", "CHECKS", "self_check", "cached_self_check", "cache_key", "cache_path",
-           "VERSION", "load_config"]
+__all__ = ["Check", "SelfCheck", "CHECKS", "self_check", "cached_self_check", "read_cached", "store", "cache_key",
+           "cache_path", "VERSION", "load_config", "main"]
 
 VERSION = 1  # bump when the twin's rules or the checks change: cached verdicts are then re-run
 CHILD_TIMEOUT_S = 600
@@ -170,8 +170,8 @@ def _verdict(model_type: str, progress: dict, error: Optional[BaseException], se
     """The rows from the parity's ``progress`` (stage seconds and gaps) and the exception a stage raised, if any."""
     rows, failed = [], None
     for check in CHECKS:
-        ran = all(stage in progress for stage in check.stages)
         gap = progress.get(check.name) if check.bound is not None else None
+        ran = all(stage in progress for stage in check.stages) and (check.bound is None or gap is not None)
         if failed is not None or (not ran and error is None):
             rows.append(Row(check.name, None))
             continue
@@ -192,8 +192,13 @@ def _verdict(model_type: str, progress: dict, error: Optional[BaseException], se
     return SelfCheck(model_type, failed is None, rows, failed, message, key, round(seconds, 1), versions())
 
 
-def self_check(hf_config: Any, workdir: str | Path | None = None) -> SelfCheck:
+def self_check(hf_config: Any, workdir: str | Path | None = None, vllm: bool = True) -> SelfCheck:
     """Run the self-check of ``hf_config`` in this process (no cache): build its twin, then the parity checks.
+
+    Args:
+        workdir: scratch folder (the twin and the export); None: a temporary one, removed after.
+        vllm: False: the twin and the actor/transformers checks only (seconds; the vLLM rows not run, and
+            ``passed`` says only that those checks passed: never cache such a verdict).
 
     Returns a :class:`SelfCheck`; a stage that raises fails its check (the exception's last line is kept), it does
     not propagate. Must run where no process group is initialized (``family_parity``); imports vLLM.
@@ -209,7 +214,7 @@ def self_check(hf_config: Any, workdir: str | Path | None = None) -> SelfCheck:
             clock = time.perf_counter()
             folder = write_twin(hf_config, work / "twin")
             progress["twin"] = round(time.perf_counter() - clock, 2)
-            parity = family_parity(folder, work / "parity", progress=progress)
+            parity = family_parity(folder, work / "parity", vllm=vllm, progress=progress)
             progress.update(vllm_synced=parity.vllm_synced, stale=parity.stale)
         except Exception as err:  # noqa: BLE001 - any stage's failure is the verdict
             error = err
@@ -231,25 +236,42 @@ def load_config(source: str) -> Any:
     raise ValueError(f"{source!r} is neither a model folder nor a transformers model_type")
 
 
-def cached_self_check(hf_config: Any, timeout_s: int = CHILD_TIMEOUT_S, run: bool = True) -> Optional[SelfCheck]:
-    """The cached verdict of ``hf_config`` (:func:`cache_key`), or (``run``) the self-check run in a child process
-    (``python -m easyrl.testing.selfcheck``, so that its engine and process group stay out of the caller's) and
-    cached; None when not cached and ``run`` is False. A child that dies or runs past ``timeout_s`` is a failed
-    verdict (not cached)."""
-    key = cache_key(hf_config)
-    path = cache_path(key)
-    if path.is_file():
-        try:
-            return SelfCheck.from_json(path.read_text())
-        except (ValueError, KeyError, TypeError):
-            path.unlink(missing_ok=True)  # a stale or partial file: run again
-    if not run:
+def read_cached(hf_config: Any) -> Optional[SelfCheck]:
+    """The cached verdict of ``hf_config`` (:func:`cache_key`), or None (a stale or unreadable file is removed)."""
+    path = cache_path(cache_key(hf_config))
+    if not path.is_file():
         return None
+    try:
+        return SelfCheck.from_json(path.read_text())
+    except (ValueError, KeyError, TypeError):
+        path.unlink(missing_ok=True)
+        return None
+
+
+def store(verdict: SelfCheck) -> Path:
+    """Write ``verdict`` under its key (atomically: a concurrent reader sees the old file or the new one)."""
+    path = cache_path(verdict.key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp-{os.getpid()}")
+    tmp.write_text(verdict.to_json())
+    os.replace(tmp, path)
+    return path
+
+
+def cached_self_check(hf_config: Any, timeout_s: int = CHILD_TIMEOUT_S) -> SelfCheck:
+    """The cached verdict of ``hf_config``, or the self-check run in a child process (``python -m
+    easyrl.testing.selfcheck``, so that its engine and process group stay out of the caller's) and cached. A child
+    that dies or runs past ``timeout_s`` gives a failed verdict (``twin`` failed, with the child's last line; not
+    cached)."""
+    cached = read_cached(hf_config)
+    if cached is not None:
+        return cached
+    key = cache_key(hf_config)
     with tempfile.TemporaryDirectory(prefix="easyrl-selfcheck-") as scratch:
         config_dir = Path(scratch) / "config"
         hf_config.save_pretrained(config_dir)
         out = Path(scratch) / "verdict.json"
-        command = [sys.executable, "-m", "easyrl.testing.selfcheck", str(config_dir), "--json", str(out)]
+        command = [sys.executable, "-m", "easyrl.testing.selfcheck", str(config_dir), "--json", str(out), "--no-cache"]
         start = time.perf_counter()
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
@@ -261,21 +283,34 @@ def cached_self_check(hf_config: Any, timeout_s: int = CHILD_TIMEOUT_S, run: boo
             return SelfCheck(hf_config.model_type, False, rows, CHECKS[0].name, tail[0][:400], key,
                              round(time.perf_counter() - start, 1), versions())
         verdict = SelfCheck.from_json(out.read_text())
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp-{os.getpid()}")
-    tmp.write_text(verdict.to_json())
-    os.replace(tmp, path)
+    verdict.key = key  # the caller's config, as it was before the round trip through the folder
+    store(verdict)
     return verdict
 
 
 def main(argv: Optional[list[str]] = None, prog: str = "python -m easyrl.testing.selfcheck") -> int:
-    """``SOURCE [--json OUT]``: run the self-check in this process, print its table; exit status 0 when it passed."""
-    parser = argparse.ArgumentParser(prog=prog, description="the self-check of one model config (in this process)")
-    parser.add_argument("source", help="a model folder, or a transformers model_type (its default config)")
+    """``easyrl check-model SOURCE [--no-cache] [--json OUT]``: the self-check's table (cached, else run in this
+    process and cached); exit status 0 when it passed, 1 when it failed, 2 for a bad SOURCE."""
+    parser = argparse.ArgumentParser(prog=prog, description="The self-check of a model family: its tiny random twin "
+                                     "through easyrl's parity checks (packed == padded, transformers' forward of an "
+                                     "export, vLLM before and after a weight sync, every weight name mapped).")
+    parser.add_argument("source", help="a model folder (its config.json), or a transformers model_type (its default "
+                        "config)")
+    parser.add_argument("--no-cache", action="store_true", help="run even when a verdict is cached; do not cache it")
     parser.add_argument("--json", default=None, help="also write the verdict here (JSON)")
     args = parser.parse_args(argv)
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    verdict = self_check(load_config(args.source))
+    try:
+        hf_config = load_config(args.source)
+    except ValueError as err:
+        parser.error(str(err))
+    verdict = None if args.no_cache else read_cached(hf_config)
+    if verdict is None:
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process
+        verdict = self_check(hf_config)
+        if not args.no_cache:
+            store(verdict)
+    else:
+        print(f"(cached: {cache_path(verdict.key)})")
     if args.json:
         Path(args.json).write_text(verdict.to_json())
     print(verdict.table())
