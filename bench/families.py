@@ -1,10 +1,10 @@
-"""The families matrix (issue #49): the self-check (``easyrl check-model``) of every ``model_type`` that transformers and
-vLLM both serve under the same architecture name, each on its default config, then docs/models.md's measured table.
+"""The families matrix (issue #49): the self-check (``easyrl check-model``) of every ``model_type`` that transformers
+and vLLM both serve under the same architecture name, each on its default config, then docs/models.md's measured table.
 
     python bench/families.py [--only T1,T2] [--timeout 420] [--results bench/results/families.json]
     python bench/families.py --table-only      # rewrite the table from the results file
 
-Each type runs in its own process (``python -m easyrl.testing.selfcheck TYPE``), under ``flock /tmp/easyrl-e2e.lock``
+Each type runs in its own process (``python -m easyrl.trainer.selfcheck TYPE``), under ``flock /tmp/easyrl-e2e.lock``
 (one vLLM at a time on the machine), with a per-type timeout; a failure or a timeout is recorded, never aborts the
 matrix. Verdicts are cached (``$EASYRL_CACHE/selfcheck/``), so a rerun costs only what changed. Results are written
 after every type (``--results``), and the table between the markers of docs/models.md is rewritten at the end.
@@ -65,7 +65,7 @@ def run_one(model_type: str, timeout_s: int) -> dict:
     with tempfile.TemporaryDirectory() as scratch:
         out = Path(scratch) / "verdict.json"
         command = ["flock", LOCK, "timeout", "-k", "10", str(timeout_s), sys.executable, "-m",
-                   "easyrl.testing.selfcheck", model_type, "--json", str(out)]
+                   "easyrl.trainer.selfcheck", model_type, "--json", str(out)]
         start = time.perf_counter()
         done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
         wall = round(time.perf_counter() - start, 1)

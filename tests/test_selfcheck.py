@@ -1,4 +1,4 @@
-"""The self-check of a model family (issue #49, ``easyrl.testing.selfcheck``): a planted wrong rotary, window or logit
+"""The self-check of a model family (issue #49, ``easyrl.trainer.selfcheck``): a planted wrong rotary, window or logit
 scale in an admitted family fails its self-check naming the check; the cache key follows the versions and the
 config's content, not its path; ``easyrl check-model`` prints the table of a tiny folder and caches the verdict.
 
@@ -21,7 +21,7 @@ def _config(model_type: str):
 
 
 def _failed_check(config, tmp_path) -> str:
-    from easyrl.testing.selfcheck import self_check
+    from easyrl.trainer.selfcheck import self_check
 
     verdict = self_check(config, tmp_path, vllm=False)
     assert not verdict.passed, verdict.table()
@@ -30,7 +30,7 @@ def _failed_check(config, tmp_path) -> str:
 
 def test_twin_keeps_the_layer_pattern_and_shrinks():
     """Gemma 3's twin keeps its 5 sliding + 1 global layer pattern (a window of 8 tokens), at width 256."""
-    from easyrl.testing.twin import twin_config
+    from easyrl.models.twin import twin_config
 
     twin = twin_config(_config("gemma3_text"))
     assert twin.layer_types == ["sliding_attention"] * 5 + ["full_attention"]
@@ -40,7 +40,7 @@ def test_twin_keeps_the_layer_pattern_and_shrinks():
 
 def test_the_planted_defects_pass_unplanted(tmp_path):
     """Without a planted defect the actor checks of Gemma 3's twin pass (so the failures below are the defects')."""
-    from easyrl.testing.selfcheck import self_check
+    from easyrl.trainer.selfcheck import self_check
 
     verdict = self_check(_config("gemma3_text"), tmp_path, vllm=False)
     assert verdict.passed, verdict.table()
@@ -80,7 +80,7 @@ def test_planted_wrong_logit_scale_fails_packed_vs_padded(tmp_path, monkeypatch)
 
 
 def test_cache_key_follows_versions_and_content_not_paths():
-    from easyrl.testing.selfcheck import cache_key, versions
+    from easyrl.trainer.selfcheck import cache_key, versions
 
     config, other = _config("llama"), _config("llama")
     other._name_or_path = "/somewhere/else"
@@ -95,7 +95,7 @@ def test_cache_key_follows_versions_and_content_not_paths():
 def test_verdict_names_the_failing_check_and_its_gap():
     """A failed verdict's reason names the check, the gap against its bound and the usual cause; the JSON round trip
     keeps it."""
-    from easyrl.testing.selfcheck import CHECKS, SelfCheck, _verdict
+    from easyrl.trainer.selfcheck import CHECKS, SelfCheck, _verdict
 
     progress = {"twin": 1.0, "actor": 2.0, "packed_vs_padded": 0.5}
     verdict = _verdict("foo", progress, None, 3.0, "foo-0")
@@ -109,7 +109,7 @@ def test_verdict_names_the_failing_check_and_its_gap():
 def test_check_model_prints_the_table_and_caches(tmp_path, monkeypatch, capsys):
     """``easyrl check-model FOLDER`` on a tiny Llama folder: every check passes; the second call reads the cache."""
     from easyrl.cli import main
-    from easyrl.testing.twin import write_twin
+    from easyrl.models.twin import write_twin
 
     folder = write_twin(_config("llama"), tmp_path / "tiny-llama")
     monkeypatch.setenv("EASYRL_CACHE", str(tmp_path / "cache"))

