@@ -2,7 +2,9 @@
 
 Every family runs the same generic path; code branches on an entry's traits (``vision``, ``router``, ``mrope``, ...) or
 small hooks (``positions``: text positions as vLLM counts them; ``logit_scale``: the head's logit factor). A type
-missing here is refused before Ray (:func:`check_supported`); adding one: docs/models.md, "Adding a family".
+missing here runs with the generic entry if its self-check passes (``easyrl.trainer.selfcheck``: a tiny twin through
+the parity checks, before Ray), and is refused otherwise (:func:`check_supported`); adding one: docs/models.md,
+"Adding a family".
 """
 
 from __future__ import annotations
@@ -158,8 +160,8 @@ _GENERIC = Family("unlisted")  # what the forward uses for a model_type the pre-
 
 
 def family(hf_config: Any) -> Family:
-    """The registry entry of a transformers config (its top-level ``model_type``); the generic text entry for a
-    type not listed (only the pre-flight refuses those: :func:`check_supported`)."""
+    """The registry entry of a transformers config (its top-level ``model_type``); the generic entry (default traits
+    and hooks) for a type not listed, what its self-check ran with (``easyrl.trainer.selfcheck``)."""
     return FAMILIES.get(getattr(hf_config, "model_type", None), _GENERIC)
 
 
@@ -174,9 +176,11 @@ def attends_in_windows(hf_config: Any) -> bool:
         getattr(text, "layer_types", None) or ())
 
 
-def check_supported(key: str, hf_config: Any) -> None:
-    """ModelError (naming ``key``, the ``model_type`` and docs/models.md) for a family not in :data:`FAMILIES`."""
+def check_supported(key: str, hf_config: Any, why: str = "") -> None:
+    """ModelError (naming ``key``, the ``model_type``, ``why`` and docs/models.md) for a family not in
+    :data:`FAMILIES`; the pre-flight asks the self-check first (``easyrl.trainer.selfcheck.admit``)."""
     model_type = getattr(hf_config, "model_type", None)
     if model_type not in FAMILIES:
         raise ModelError(f"{key}: model_type {model_type!r} is not a family easyrl runs (tested: "
-                         f"{', '.join(sorted(FAMILIES))}); see {DOCS} for the supported families and how to add one")
+                         f"{', '.join(sorted(FAMILIES))}){f' ({why})' if why else ''}; see {DOCS} for the supported "
+                         "families and how to add one")

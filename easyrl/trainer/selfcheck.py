@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -28,7 +29,9 @@ from easyrl.trainer.parity import PACKED_ATOL as PACKED
 from easyrl.trainer.parity import VLLM_ATOL as VLLM
 
 __all__ = ["Check", "SelfCheck", "CHECKS", "self_check", "cached_self_check", "read_cached", "store", "cache_key",
-           "cache_path", "VERSION", "load_config", "main"]
+           "cache_path", "VERSION", "load_config", "admit", "served_architecture", "main"]
+
+logger = logging.getLogger("easyrl")
 
 VERSION = 1  # bump when the twin's rules or the checks change: cached verdicts are then re-run
 CHILD_TIMEOUT_S = 600
@@ -132,10 +135,9 @@ class SelfCheck:
 def versions() -> dict[str, str]:
     """The versions a verdict depends on: transformers, vLLM, the self-check's own (:data:`VERSION`)."""
     import transformers
+    import vllm
 
-    from easyrl.workers.vllm_compat import vllm_version
-
-    return {"transformers": transformers.__version__, "vllm": str(vllm_version()), "selfcheck": str(VERSION)}
+    return {"transformers": transformers.__version__, "vllm": vllm.__version__, "selfcheck": str(VERSION)}
 
 
 _VOLATILE = ("_name_or_path", "transformers_version", "architectures", "dtype", "torch_dtype", "name_or_path")
@@ -286,6 +288,57 @@ def cached_self_check(hf_config: Any, timeout_s: int = CHILD_TIMEOUT_S) -> SelfC
     verdict.key = key  # the caller's config, as it was before the round trip through the folder
     store(verdict)
     return verdict
+
+
+def served_architecture(hf_config: Any) -> Optional[str]:
+    """The transformers class easyrl builds for the config (``easyrl.models.twin.model_class_name``) when vLLM serves
+    an architecture of that name; None otherwise."""
+    from vllm import ModelRegistry
+
+    from easyrl.models.twin import TwinError, model_class_name
+
+    try:
+        name = model_class_name(hf_config)
+    except TwinError:
+        return None
+    return name if name in ModelRegistry.get_supported_archs() else None
+
+
+def admit(key: str, hf_config: Any) -> Optional[SelfCheck]:
+    """The pre-flight's gate for the model at config key ``key``: a registered family passes (None); another
+    ``model_type`` that transformers and vLLM both serve passes if its self-check (:func:`cached_self_check`) does,
+    and its verdict is returned.
+
+    Raises:
+        ModelError: the type is served by only one library, or its twin cannot be built (the registry's refusal,
+            ``families.check_supported``, with the reason); or the self-check failed (naming the check, its gap and
+            the usual cause).
+    """
+    from easyrl.errors import ModelError
+    from easyrl.models.families import DOCS, FAMILIES, check_supported
+
+    if hf_config.model_type in FAMILIES:
+        return None
+    arch = served_architecture(hf_config)
+    if arch is None:
+        check_supported(key, hf_config, f"vLLM {versions()['vllm']} serves no architecture of the name transformers "
+                        "builds for it, so it cannot be self-checked")
+    verdict = cached_self_check(hf_config)
+    if verdict.passed:
+        logger.info("%s: model_type %r is not in easyrl's registry; admitted by its self-check (%s, %.0f s; "
+                    "`easyrl check-model` prints the table)", key, hf_config.model_type, arch, verdict.seconds)
+        return verdict
+    if verdict.failed == "twin":
+        check_supported(key, hf_config, f"its self-check could not build a tiny twin: {verdict.error}")
+    raise ModelError(f"{key}: model_type {hf_config.model_type!r} is not in easyrl's registry, and its self-check "
+                     f"failed: {verdict.reason()}. `easyrl check-model {key_hint(hf_config)}` prints the table; "
+                     f"see {DOCS}, \"Adding a family\"")
+
+
+def key_hint(hf_config: Any) -> str:
+    """What to pass ``easyrl check-model`` for this config: its folder, else its model_type."""
+    path = getattr(hf_config, "_name_or_path", "") or ""
+    return path if os.path.isdir(path) else hf_config.model_type
 
 
 def main(argv: Optional[list[str]] = None, prog: str = "python -m easyrl.trainer.selfcheck") -> int:
