@@ -127,14 +127,15 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> float:
     return (a - b).abs()[mask.bool()].max().item()
 
 
-def _engine(folder: str):
+def _engine(folder: str, images: bool = True):
     """An in-process vLLM engine (``VLLMRollout``, fp32, eager, 1 GiB KV cache) that reads ``folder``'s weights from
-    disk (the run's engine starts from random weights that the first sync overwrites: ``dummy_load``)."""
+    disk (the run's engine starts from random weights that the first sync overwrites: ``dummy_load``); ``images``
+    False: no image per prompt (vLLM then runs a VL model's language model alone, without its processor)."""
     from easyrl.config.worker import RolloutConfig
     from easyrl.workers import rollout
 
     config = RolloutConfig(dtype="fp32", enforce_eager=True, prompt_length=256, response_length=32,
-                           max_num_batched_tokens=256, cpu_kvcache_space_gib=1)
+                           max_num_batched_tokens=256, cpu_kvcache_space_gib=1, limit_images=int(images))
     with mock.patch.object(rollout, "load_format", lambda *args: None):  # read the exported folder
         return rollout.VLLMRollout(folder, config, "cpu", seed=0)
 
@@ -274,7 +275,7 @@ def _checks(model_path: str, workdir: Path, vllm: bool, data: Batch, progress: d
     if not vllm:
         return parity
 
-    engine = _engine(export)
+    engine = _engine(export, images="raw_prompt_ids" in data.extras)
     lap("vllm engine")
     from_export = _vllm_log_probs(engine, data)
     progress["vllm_export"] = _max_diff(from_export, packed, response_mask)
