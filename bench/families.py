@@ -104,7 +104,7 @@ def table(results: dict[str, dict]) -> str:
     for r in rows:
         verdict = "pass" if r.get("passed") else ("fail" if r["status"] == "ran" else "no verdict")
         cell = reason(r).replace("|", "\\|")
-        lines.append(f"| `{r['model_type']}` | {r['arch']} | {r['modality']} | {'MoE' if r['moe'] else 'dense'} | "
+        lines.append(f"| {r['model_type']} | {r['arch']} | {r['modality']} | {'MoE' if r['moe'] else 'dense'} | "
                      f"{verdict} | {r.get('seconds', r.get('wall', 0)):.0f} | {cell} |")
     return "\n".join(lines + ["", END])
 
