@@ -68,9 +68,11 @@ def _idefics3_blank(hf_config: Any) -> dict[str, Any]:
             "pixel_attention_mask": torch.ones(1, 1, side, side, dtype=torch.bool)}
 
 
-def _granite_logit_scale(hf_config: Any) -> float:
-    """Granite's ``logits = lm_head(hidden) / logits_scaling`` (``GraniteForCausalLM.forward``)."""
-    return 1.0 / getattr(hf_config.get_text_config(), "logits_scaling", 1.0)
+def config_logit_scale(hf_config: Any) -> float:
+    """The head's logit factor as the (text) config states it: Cohere's ``logits = lm_head(hidden) * logit_scale``
+    (``CohereForCausalLM.forward``), Granite's ``logits = lm_head(hidden) / logits_scaling``; 1.0 with neither."""
+    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    return (getattr(text, "logit_scale", None) or 1.0) / (getattr(text, "logits_scaling", None) or 1.0)
 
 
 @dataclass(frozen=True)
@@ -100,8 +102,9 @@ class Family:
     positions: Callable[[torch.Tensor], torch.Tensor] = padded_text_positions
     """Hook: ``(bsz, L)`` attention mask -> ``(bsz, L)`` text positions (0 at the first real token, no padding
     counted), as vLLM numbers the tokens."""
-    logit_scale: Callable[[Any], float] = lambda hf_config: 1.0
-    """Hook: the transformers config -> the factor the model's head multiplies its logits by."""
+    logit_scale: Callable[[Any], float] = config_logit_scale
+    """Hook: the transformers config -> the factor the model's head multiplies its logits by (default: what the
+    config's ``logit_scale`` / ``logits_scaling`` say)."""
     transposed_experts: tuple[str, ...] = ()
     """Name suffixes of the fused expert tensors the released checkpoints store transposed, ``(experts, in, out)``,
     as the weight sync and the export write them (``easyrl.models.expert_layout``, as the two fields below)."""
@@ -134,13 +137,13 @@ FAMILIES: dict[str, Family] = {
     "mistral": Family("Mistral", halves_rotary=True, sliding_window=True),
     "phi3": Family("Phi-3 / Phi-4", halves_rotary=True),
     "glm4": Family("GLM-4"),
-    "granite": Family("Granite 3", halves_rotary=True, logit_scale=_granite_logit_scale),
+    "granite": Family("Granite 3", halves_rotary=True),
     # text, mixture of experts
     "qwen3_moe": Family("Qwen3-MoE", router=SOFTMAX_TOPK, halves_rotary=True),
     "mixtral": Family("Mixtral", router=SOFTMAX_TOPK, halves_rotary=True,
                       checkpoint_renames=((".mlp.", ".block_sparse_moe."),), per_expert_names=("w1", "w3", "w2")),
     "olmoe": Family("OLMoE", router=SOFTMAX_TOPK, halves_rotary=True),
-    "granitemoe": Family("Granite 3 MoE", router=TOPK_SOFTMAX, halves_rotary=True, logit_scale=_granite_logit_scale),
+    "granitemoe": Family("Granite 3 MoE", router=TOPK_SOFTMAX, halves_rotary=True),
     # vision-language
     "qwen2_vl": Family("Qwen2-VL", **_QWEN_VL),
     "qwen2_5_vl": Family("Qwen2.5-VL", **_QWEN_VL),

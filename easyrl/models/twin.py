@@ -58,8 +58,15 @@ VISION_SIZES: dict[str, int] = {
 
 # model_type -> {attribute: value} applied last to the text config (a family whose config the generic rules get
 # wrong); grows by what the matrix (bench/families.py) finds
+_QWEN_VL_ROPE = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [8, 12, 12]}  # sums to 64 / 2
 OVERRIDES: dict[str, dict[str, Any]] = {
     "mamba2": {"num_heads": 8},  # SSM heads: hidden_size * expand == num_heads * head_dim
+    # mRoPE sections the config class leaves to the model's default (for head dim 128)
+    "qwen2_vl": {"rope_parameters": _QWEN_VL_ROPE},
+    "qwen2_5_vl": {"rope_parameters": _QWEN_VL_ROPE},
+    "glm4v_moe": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 6, 6],
+                                      "partial_rotary_factor": 0.5}},
+    "deepseek_v2": {"num_experts_per_tok": 2},  # the default config leaves it None with 64 routed experts
 }
 
 
@@ -190,6 +197,11 @@ def twin_config(hf_config: Any) -> Any:
     text = d[text_key] if text_key else d
     _shrink_text(text)
     text.update(OVERRIDES.get(model_type, {}))
+    for key, value in d.items():  # plain nested settings (DBRX's attn_config, ffn_config): their widths too
+        if key != text_key and isinstance(value, dict) and not value.get("model_type") and "hidden_size" in value:
+            for volatile in ("_name_or_path", "output_attentions", "transformers_version"):
+                value.pop(volatile, None)
+            _shrink_text(value)
     if text_key:
         # a composite's own widths follow its text model (projectors read text_config.hidden_size)
         for key, value in d.items():
