@@ -4,16 +4,19 @@ and vLLM both serve under the same architecture name, each on its default config
     python bench/families.py [--only T1,T2] [--timeout 420] [--results bench/results/families.json]
     python bench/families.py --table-only      # rewrite the table from the results file
 
-Each type runs in its own process (``python -m easyrl.trainer.selfcheck TYPE``), under ``flock /tmp/easyrl-e2e.lock``
-(one vLLM at a time on the machine), with a per-type timeout; a failure or a timeout is recorded, never aborts the
-matrix. Verdicts are cached (``$EASYRL_CACHE/selfcheck/``), so a rerun costs only what changed. Results are written
-after every type (``--results``), and the table between the markers of docs/models.md is rewritten at the end.
+First the twin and the actor/transformers checks of every type in one child process without vLLM (seconds each): a type
+failing those fails its self-check alike. Then each other type runs the whole self-check in its own process (``python
+-m easyrl.trainer.selfcheck TYPE``), under ``flock /tmp/easyrl-e2e.lock`` (one vLLM at a time on the machine), with a
+per-type timeout; a failure or a timeout is recorded, never aborts the matrix. Verdicts are cached
+(``$EASYRL_CACHE/selfcheck/``), so a rerun costs only what changed. Results are written after every type
+(``--results``), and the table between the markers of docs/models.md is rewritten at the end.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -76,6 +79,44 @@ def run_one(model_type: str, timeout_s: int) -> dict:
         return dict(model_type=model_type, status="error", passed=False, error=last[:400], wall=wall)
 
 
+def actor_phase(types: list[str], out: Path) -> None:
+    """The twin and the actor/transformers checks of each type, in this process, no vLLM (seconds each): a type that
+    fails one of them fails the whole self-check alike, without holding the engine lock. One JSON verdict per type in
+    folder ``out``, written as each finishes."""
+    import logging
+    import warnings
+
+    from easyrl.trainer.selfcheck import load_config, self_check
+
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    out.mkdir(parents=True, exist_ok=True)
+    for model_type in types:
+        if not (out / f"{model_type}.json").is_file():
+            (out / f"{model_type}.json").write_text(self_check(load_config(model_type), vllm=False).to_json())
+
+
+def run_actor_phase(types: list[str], out: Path, timeout_s: int) -> dict[str, dict]:
+    """:func:`actor_phase` in a child process, restarted past a type that kills it (its verdict: ``error``)."""
+    results: dict[str, dict] = {}
+    while True:
+        left = [t for t in types if t not in results and not (out / f"{t}.json").is_file()]
+        if not left:
+            break
+        command = [sys.executable, __file__, "--actor-phase", str(out), "--only", ",".join(left)]
+        done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=timeout_s * len(left),
+                              env=dict(os.environ, PYTHONPATH=str(ROOT)))  # this checkout's easyrl
+        if done.returncode != 0:  # the type it was on killed it
+            dead = next(t for t in left if not (out / f"{t}.json").is_file())
+            lines = (done.stderr or done.stdout).strip().splitlines()
+            results[dead] = dict(model_type=dead, status="error", passed=False, error=(lines or [""])[-1][:400],
+                                 wall=0.0)
+    for t in types:
+        if t not in results:
+            results[t] = dict(json.loads((out / f"{t}.json").read_text()), status="ran", wall=0.0)
+    return results
+
+
 def reason(result: dict) -> str:
     """The table's cell for one result: the failing check, its gap, the error's last line."""
     if result.get("passed"):
@@ -132,16 +173,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=int, default=420, help="seconds per type")
     parser.add_argument("--results", default=str(ROOT / "bench" / "results" / "families.json"))
     parser.add_argument("--table-only", action="store_true", help="rewrite docs/models.md from --results")
+    parser.add_argument("--actor-phase", default=None, help=argparse.SUPPRESS)  # internal: actor_phase's child
     args = parser.parse_args(argv)
+    if args.actor_phase:
+        actor_phase(args.only.split(","), Path(args.actor_phase))
+        return 0
     results_path = Path(args.results)
     results = json.loads(results_path.read_text()) if results_path.is_file() else {}
     if not args.table_only:
         served = served_types()
         types = args.only.split(",") if args.only else [t for t in FIRST if t in served] + sorted(
             t for t in served if t not in FIRST)
+        with tempfile.TemporaryDirectory() as scratch:
+            first = run_actor_phase(types, Path(scratch), args.timeout)
+        failed = sum(not r.get("passed") for r in first.values())
+        print(f"actor phase: {len(types) - failed} of {len(types)} pass the twin and actor checks", flush=True)
         for i, model_type in enumerate(types):
             modality, arch = served[model_type]
-            result = run_one(model_type, args.timeout)
+            result = run_one(model_type, args.timeout) if first[model_type].get("passed") else first[model_type]
             result.update(modality=modality, arch=arch, moe=is_moe(model_type))
             results[model_type] = result
             results_path.parent.mkdir(parents=True, exist_ok=True)
