@@ -17,6 +17,7 @@ raw ids below 5000, and engines only need one of the vocabulary's size.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,9 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "glm4v_moe": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 6, 6],
                                       "partial_rotary_factor": 0.5}},
     "deepseek_v2": {"num_experts_per_tok": 2},  # the default config leaves it None with 64 routed experts
+    # vLLM builds the router's e_score_correction_bias only for noaux_tc (the released configs say so; transformers
+    # 5.19 no longer writes the key)
+    "deepseek_v3": {"topk_method": "noaux_tc"},
 }
 
 
@@ -225,6 +229,10 @@ def twin_config(hf_config: Any) -> Any:
     except Exception as err:  # noqa: BLE001 - the config class's own validation, whatever it raises
         raise TwinError(f"model_type {model_type!r}: the shrunk config is refused by {type(hf_config).__name__}: "
                         f"{type(err).__name__}: {err}") from None
+    text_twin = twin.get_text_config()
+    if "head_dim" not in text_twin.to_dict() and isinstance(text_twin.to_dict().get("num_attention_heads"), int):
+        with contextlib.suppress(AttributeError):  # Falcon's is a property
+            text_twin.head_dim = HEAD_DIM  # what the model derives (hidden / heads); some vLLM models read it
     twin.architectures = [model_class_name(twin)]
     return twin
 
