@@ -38,9 +38,17 @@ def _feature_choice(hf_config: Any) -> dict[str, Any]:
 
 
 def _tile_blank(hf_config: Any) -> dict[str, Any]:
-    """InternVL: one tile of the tower's input size (``(1, 3, H, W)``)."""
-    height, width = hf_config.vision_config.image_size
+    """InternVL (and a CLIP / SigLIP-like tower): one image of the tower's input size (``(1, 3, H, W)``)."""
+    size = hf_config.vision_config.image_size
+    height, width = (size, size) if isinstance(size, int) else size
     return {"pixel_values": torch.ones(1, 3, height, width), **_feature_choice(hf_config)}
+
+
+def _generic_blank(hf_config: Any) -> dict[str, Any]:
+    """A family outside the registry: the flattened patch grid of a Qwen-VL-like tower (one with a
+    ``temporal_patch_size``), else one image of the tower's input size."""
+    vision = hf_config.vision_config
+    return _patch_grid_blank(hf_config) if hasattr(vision, "temporal_patch_size") else _tile_blank(hf_config)
 
 
 def _pixtral_blank(hf_config: Any) -> dict[str, Any]:
@@ -114,7 +122,7 @@ class Family:
     per_expert_names: tuple[str, ...] = ()
     """``(gate, up, down)``: vLLM takes this family's experts one tensor per expert under these names (Mixtral's
     ``w1``, ``w3``, ``w2``), split from transformers' fused ones; empty: vLLM takes the fused tensors."""
-    blank_image: Callable[[Any], dict[str, Any]] = _patch_grid_blank
+    blank_image: Callable[[Any], dict[str, Any]] = _generic_blank
     """VL hook: the transformers config -> ``get_image_features`` keyword arguments of one small blank image (the
     tower passes that keep the ranks' collectives equal, ``easyrl.workers.vl_hooks``)."""
     image_dim: int = 0
@@ -127,7 +135,7 @@ class Family:
         return self.router is not None
 
 
-_QWEN_VL = dict(vision=True, mrope=True, halves_rotary=True)
+_QWEN_VL = dict(vision=True, mrope=True, halves_rotary=True, blank_image=_patch_grid_blank)
 FAMILIES: dict[str, Family] = {
     # text, dense
     "qwen2": Family("Qwen2 / Qwen2.5", halves_rotary=True),
