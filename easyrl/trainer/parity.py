@@ -7,8 +7,8 @@ and what the self-check of a family outside the registry runs on its tiny twin (
    (the random init is near uniform; perturbed, the log-probs differ by token); its response log-probs of a fixed
    text batch are compared with a padded copy's (``padding_free=false``, the model's own head);
 2. the actor is exported (``gather_full_state_dict`` + ``write_hf_folder``, the export's path) in fp32; transformers
-   loads the folder and scores the padded batch with its own forward (its positions, masks and head: an independent
-   reference for the family's hooks);
+   loads the folder and scores each row (without its padding; an image batch as padded) with its own forward (its
+   positions, masks and head: an independent reference for the family's hooks);
 3. one in-process vLLM engine (``VLLMRollout``, eager, a small KV cache) is built from the exported folder, read from
    disk, and scores every row (prompt log-probs): the export loads in vLLM;
 4. the actor's weights are perturbed again and synced into that engine through the run's path
@@ -183,12 +183,19 @@ def _vllm_log_probs(engine, data: Batch) -> torch.Tensor:
 
 
 def _transformers_log_probs(model: torch.nn.Module, data: Batch) -> torch.Tensor:
-    """transformers' own forward of the padded batch (its positions, mask and head; nothing of easyrl's): ``(bsz, R)``
-    response log-probs."""
+    """transformers' own forward (its positions, mask and head; nothing of easyrl's): ``(bsz, R)`` response
+    log-probs. A text batch is scored row by row without its padding (a model with learned absolute positions, GPT-2,
+    counts left padding in its positions); an image batch as it is padded (its processor outputs merged)."""
     width_r = data["response_mask"].shape[1]
     kwargs = _image_inputs(model.config, data)
     with torch.no_grad():
-        logits = model(input_ids=data["input_ids"], attention_mask=data["attention_mask"], **kwargs).logits
+        if kwargs:
+            logits = model(input_ids=data["input_ids"], attention_mask=data["attention_mask"], **kwargs).logits
+        else:
+            logits = torch.zeros(*data["input_ids"].shape, model.config.get_text_config().vocab_size)
+            for i, (ids, mask) in enumerate(zip(data["input_ids"], data["attention_mask"])):
+                where = mask.bool()
+                logits[i, where] = model(input_ids=ids[where][None]).logits[0].float()
     log_probs = torch.log_softmax(logits[:, -width_r - 1:-1].float(), dim=-1)
     return log_probs.gather(-1, data["input_ids"][:, -width_r:, None])[..., 0] * data["response_mask"]
 
