@@ -1,15 +1,15 @@
 """A tiny random twin of any model config: the same transformers class, layer pattern, attention kind, rotary, windows,
 experts and vision tower, at widths a CPU runs in seconds (what ``easyrl.trainer.selfcheck`` checks).
 
-Shrinking is generic, over the standard config attributes (:data:`TEXT_SIZES`, :data:`VISION_SIZES`): widths to 256
-(4 heads of dim 64: vLLM's CPU backend refuses head dim 16; 2 KV heads, or 1 where the model has one, or as many as
-query heads where it has as many), MLPs to 512 (experts to 64: vLLM-CPU's MoE kernel takes multiples of 32), 4 routed
-experts with 2 per token, sliding windows and attention chunks to 8 tokens (shorter than the check's sequences, so
+Shrinking is generic, over the standard config attributes (:data:`TEXT_SIZES`, :data:`VISION_SIZES`): widths to 256 (4
+heads of dim 64: vLLM's CPU backend refuses head dim 16; 2 KV heads, or 1 where the model has one, or as many as query
+heads where it has as many), MLPs to 512 (experts to 64: vLLM-CPU's MoE kernel takes multiples of 32), 4 routed experts
+with 2 per token, dropout off, sliding windows and attention chunks to 8 tokens (shorter than the check's sequences, so
 they mask something), the vocabulary to 5120 ids (the special ids the config names renumbered from 5000). Depth keeps
-the layer pattern: the shortest prefix of the layers in which every kind of layer of the config occurs (every value of each
-per-layer list such as ``layer_types``; a period such as ``sliding_window_pattern`` or ``interleave_moe_layer_step``;
-``first_k_dense_replace`` dense layers cut to one), at most :data:`MAX_LAYERS`. Per-type corrections, where a family's
-config needs one, go in :data:`OVERRIDES`.
+the layer pattern: the shortest prefix of the layers in which every kind of layer of the config occurs (every value of
+each per-layer list such as ``layer_types``; a period such as ``sliding_window_pattern`` or
+``interleave_moe_layer_step``; ``first_k_dense_replace`` dense layers cut to one), at most :data:`MAX_LAYERS`. Per-type
+corrections, where a family's config needs one, go in :data:`OVERRIDES`.
 
 The twin's tokenizer is a word-level one of its own (:func:`twin_tokenizer`, ids ``t0``, ``t1``, ...): the checks score
 raw ids below 5000, and engines only need one of the vocabulary's size.
@@ -141,6 +141,9 @@ def _shrink_text(d: dict) -> None:
                      ("zero_expert_num", 2)):
         if isinstance(d.get(key), int) and d[key] > cap:
             d[key] = cap
+    for key, value in list(d.items()):  # dropout off, as RL runs it (GPT-BigCode's defaults are 0.1)
+        if isinstance(key, str) and ("dropout" in key or "pdrop" in key) and isinstance(value, float):
+            d[key] = 0.0
     for key in WINDOWS:
         if isinstance(d.get(key), int) and not isinstance(d.get(key), bool) and d[key] > WINDOW:
             d[key] = WINDOW
