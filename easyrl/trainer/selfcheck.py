@@ -52,9 +52,10 @@ class Check:
 CHECKS: tuple[Check, ...] = (
     Check("twin", None, ("twin",), "the config cannot be shrunk into a model transformers builds (a width the "
           "twin's rules do not know, a package the model class needs): easyrl.models.twin"),
-    Check("packed_vs_padded", PACKED, ("actor",), "positions (the family's positions hook), a window or a "
-          "linear-attention/state layer that crosses packed sequences, the fused head's logit scale or soft-cap "
-          "(logit_scale hook)"),
+    Check("packed_vs_padded", PACKED, ("actor",), "positions (the family's positions hook), a window, chunked "
+          "attention or a linear-attention/state layer that crosses packed sequences, the fused head's logit scale or "
+          "soft-cap (logit_scale hook); an error: a model transformers runs only with its eager attention (no SDPA), "
+          "or a head or tower easyrl's hooks do not know"),
     Check("transformers_export", PACKED, ("export",), "the export's names or layout (tied weights, "
           "checkpoint_renames, expert layout), or an easyrl hook (positions, logit scale) transformers' own forward "
           "does not share"),
@@ -205,8 +206,8 @@ def self_check(hf_config: Any, workdir: str | Path | None = None, vllm: bool = T
     Returns a :class:`SelfCheck`; a stage that raises fails its check (the exception's last line is kept), it does
     not propagate. Must run where no process group is initialized (``family_parity``); imports vLLM.
     """
-    from easyrl.trainer.parity import family_parity
     from easyrl.models.twin import write_twin
+    from easyrl.trainer.parity import family_parity
 
     key, progress, error = cache_key(hf_config), {}, None
     start = time.perf_counter()
