@@ -146,6 +146,23 @@ def test_model_family_that_fails_its_self_check(before_ray, expect_user_error, t
                       "data.rollout_batch_size=1000")
 
 
+def test_vl_family_outside_the_registry_with_images(e2e_args, expect_user_error, tiny_model_path, tmp_path,
+                                                    monkeypatch):  # M24
+    """A VL model outside the registry (the tiny Qwen2.5-VL's folder as GLM-4.1V, which transformers reads) on the
+    Geometry3K sample's images: refused before its self-check runs, which scores text prompts only."""
+    import easyrl.trainer.launch as launch
+    from easyrl.config import load_config
+    from easyrl.trainer.__main__ import build_trainer
+
+    folder = _model_copy(tiny_model_path, tmp_path, "glm4v", arch="qwen2_5_vl")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(dict(config, model_type="glm4v")))
+    monkeypatch.setattr(launch, "start_ray", lambda config: pytest.fail("reached Ray"))
+    words = e2e_args("qwen2_5_vl", tmp_path / "runs", f"worker.actor.model.model_path={folder}")
+    expect_user_error(lambda: build_trainer(load_config(words)), "model", "model_type 'glm4v'",
+                      "scores text prompts only", "data.image_key=null")
+
+
 def test_chat_template_that_drops_the_content(before_ray, expect_user_error, tmp_path):  # M21
     template = _write(tmp_path / "plain.jinja", "You are a helpful assistant.")
     expect_user_error(before_ray(f"data.override_chat_template={template}"), "config",

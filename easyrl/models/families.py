@@ -167,13 +167,24 @@ FAMILIES: dict[str, Family] = {
                               checkpoint_renames=(("vision_tower.", "vision_tower.vision_model."),)),
 }
 
-_GENERIC = Family("unlisted")  # what the forward uses for a model_type the pre-flight did not see (a test's model)
+_GENERIC = Family("unlisted")  # a model_type outside the registry (admitted by its self-check, or a test's model)
+_GENERIC_MROPE = Family("unlisted", mrope=True)
 
 
 def family(hf_config: Any) -> Family:
-    """The registry entry of a transformers config (its top-level ``model_type``); the generic entry (default traits
-    and hooks) for a type not listed, what its self-check ran with (``easyrl.trainer.selfcheck``)."""
-    return FAMILIES.get(getattr(hf_config, "model_type", None), _GENERIC)
+    """The registry entry of a transformers config (its top-level ``model_type``); for a type not listed, the generic
+    entry (default traits and hooks, what its self-check ran with: ``easyrl.trainer.selfcheck``), with ``mrope`` where
+    the config's text rotary has an ``mrope_section`` and the model numbers its 3-D positions itself (GLM-4.1V)."""
+    entry = FAMILIES.get(getattr(hf_config, "model_type", None))
+    if entry is not None:
+        return entry
+    return _GENERIC_MROPE if _has_mrope(hf_config) else _GENERIC
+
+
+def _has_mrope(hf_config: Any) -> bool:
+    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    rope = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {}
+    return isinstance(rope, dict) and "mrope_section" in rope and getattr(hf_config, "vision_config", None) is not None
 
 
 def attends_in_windows(hf_config: Any) -> bool:

@@ -60,13 +60,16 @@ VISION_SIZES: dict[str, int] = {
 # model_type -> {attribute: value} applied last to the text config (a family whose config the generic rules get
 # wrong); grows by what the matrix (bench/families.py) finds
 _QWEN_VL_ROPE = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [8, 12, 12]}  # sums to 64 / 2
+_GLM_V_ROPE = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 6, 6],  # half the head rotary
+               "partial_rotary_factor": 0.5}
 OVERRIDES: dict[str, dict[str, Any]] = {
     "mamba2": {"num_heads": 8},  # SSM heads: hidden_size * expand == num_heads * head_dim
     # mRoPE sections the config class leaves to the model's default (for head dim 128)
     "qwen2_vl": {"rope_parameters": _QWEN_VL_ROPE},
     "qwen2_5_vl": {"rope_parameters": _QWEN_VL_ROPE},
-    "glm4v_moe": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 6, 6],
-                                      "partial_rotary_factor": 0.5}},
+    "glm4v": {"rope_parameters": _GLM_V_ROPE},
+    "glm4v_moe": {"rope_parameters": _GLM_V_ROPE},
+    "glm_ocr": {"rope_parameters": _GLM_V_ROPE},
     "deepseek_v2": {"num_experts_per_tok": 2},  # the default config leaves it None with 64 routed experts
     # vLLM builds the router's e_score_correction_bias only for noaux_tc (the released configs say so; transformers
     # 5.19 no longer writes the key)

@@ -168,7 +168,9 @@ def prepare(config: Any, train: bool = True) -> Prepared:
     check_head("worker.reward.reward_model.model_path", config.worker.reward.reward_model.model_path, scorer=True)
     tokenizer, hf_config, processor = load_model_parts(config.worker.actor.model, sources_checked=True,
                                                        chat_template=config.data.override_chat_template)
-    admit("worker.actor.model.model_path", hf_config)  # a registered family, or one its self-check admits
+    media = [column for column in (config.data.image_key, config.data.video_key) if column]
+    images = any(column in table.column_names for table in rows.values() for column in media)
+    admit("worker.actor.model.model_path", hf_config, images)  # a registered family, or one its self-check admits
     check_rollout_split(hf_config, config.worker.rollout.tensor_parallel_size)
     check_router_replay_model(hf_config, config)
     check_sequence_parallel_heads(hf_config, config)

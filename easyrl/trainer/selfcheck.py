@@ -305,15 +305,15 @@ def served_architecture(hf_config: Any) -> Optional[str]:
     return name if name in ModelRegistry.get_supported_archs() else None
 
 
-def admit(key: str, hf_config: Any) -> Optional[SelfCheck]:
+def admit(key: str, hf_config: Any, images: bool = False) -> Optional[SelfCheck]:
     """The pre-flight's gate for the model at config key ``key``: a registered family passes (None); another
     ``model_type`` that transformers and vLLM both serve passes if its self-check (:func:`cached_self_check`) does,
-    and its verdict is returned.
+    and its verdict is returned. ``images``: the data holds images or videos (the self-check scores text only).
 
     Raises:
         ModelError: the type is served by only one library, or its twin cannot be built (the registry's refusal,
-            ``families.check_supported``, with the reason); or the self-check failed (naming the check, its gap and
-            the usual cause).
+            ``families.check_supported``, with the reason); a VL model outside the registry with ``images``; or the
+            self-check failed (naming the check, its gap and the usual cause).
     """
     from easyrl.errors import ModelError
     from easyrl.models.families import DOCS, FAMILIES, check_supported
@@ -324,6 +324,11 @@ def admit(key: str, hf_config: Any) -> Optional[SelfCheck]:
     if arch is None:
         check_supported(key, hf_config, f"vLLM {versions()['vllm']} serves no architecture of the name transformers "
                         "builds for it, so it cannot be self-checked")
+    if images and getattr(hf_config, "vision_config", None) is not None:
+        raise ModelError(f"{key}: model_type {hf_config.model_type!r} is not in easyrl's registry, and its self-check "
+                         "scores text prompts only, while the data holds images or videos (data.image_key, "
+                         "data.video_key): train it on text (data.image_key=null data.video_key=null), or add the "
+                         f"family to the registry with its image parity (see {DOCS}, \"Adding a family\")")
     verdict = cached_self_check(hf_config)
     if verdict.passed:
         logger.info("%s: model_type %r is not in easyrl's registry; admitted by its self-check (%s, %.0f s; "
