@@ -117,6 +117,16 @@ def run_actor_phase(types: list[str], out: Path, timeout_s: int) -> dict[str, di
     return results
 
 
+def drop_failed(types: list[str]) -> None:
+    """Remove the cached failed verdicts of ``types`` (their default configs'), so that they run again."""
+    from easyrl.trainer.selfcheck import cache_path, load_config, read_cached
+
+    for model_type in types:
+        verdict = read_cached(load_config(model_type))
+        if verdict is not None and not verdict.passed:
+            cache_path(verdict.key).unlink(missing_ok=True)
+
+
 def reason(result: dict) -> str:
     """The table's cell for one result: the failing check, its gap, the error's last line."""
     if result.get("passed"):
@@ -173,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=int, default=420, help="seconds per type")
     parser.add_argument("--results", default=str(ROOT / "bench" / "results" / "families.json"))
     parser.add_argument("--table-only", action="store_true", help="rewrite docs/models.md from --results")
+    parser.add_argument("--retry-failed", action="store_true", help="drop the cached failed verdicts first (after a "
+                        "fix to the twin's rules or a family's entry)")
     parser.add_argument("--actor-phase", default=None, help=argparse.SUPPRESS)  # internal: actor_phase's child
     args = parser.parse_args(argv)
     if args.actor_phase:
@@ -184,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
         served = served_types()
         types = args.only.split(",") if args.only else [t for t in FIRST if t in served] + sorted(
             t for t in served if t not in FIRST)
+        if args.retry_failed:
+            drop_failed(types)
         with tempfile.TemporaryDirectory() as scratch:
             first = run_actor_phase(types, Path(scratch), args.timeout)
         failed = sum(not r.get("passed") for r in first.values())
