@@ -15,6 +15,7 @@ per-type timeout; a failure or a timeout is recorded, never aborts the matrix. V
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import subprocess
@@ -63,12 +64,14 @@ def is_moe(model_type: str) -> bool:
                for c in (config, text) for key in EXPERT_KEYS)
 
 
-def run_one(model_type: str, timeout_s: int) -> dict:
-    """One type's verdict (its JSON), or a record of the process that gave none (``status`` ``error``)."""
+def run_one(model_type: str, timeout_s: int, locked: bool = False) -> dict:
+    """One type's verdict (its JSON), or a record of the process that gave none (``status`` ``error``); ``locked``:
+    the caller holds the engine lock (else the child takes it)."""
     with tempfile.TemporaryDirectory() as scratch:
         out = Path(scratch) / "verdict.json"
-        command = ["flock", LOCK, "timeout", "-k", "10", str(timeout_s), sys.executable, "-m",
-                   "easyrl.trainer.selfcheck", model_type, "--json", str(out)]
+        command = [] if locked else ["flock", LOCK]
+        command += ["timeout", "-k", "10", str(timeout_s), sys.executable, "-m", "easyrl.trainer.selfcheck",
+                    model_type, "--json", str(out)]
         start = time.perf_counter()
         done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
         wall = round(time.perf_counter() - start, 1)
@@ -183,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=int, default=420, help="seconds per type")
     parser.add_argument("--results", default=str(ROOT / "bench" / "results" / "families.json"))
     parser.add_argument("--table-only", action="store_true", help="rewrite docs/models.md from --results")
+    parser.add_argument("--hold-lock", action="store_true", help="take the engine lock once for all the vLLM runs "
+                        "(else once per type, letting other runs in between)")
     parser.add_argument("--retry-failed", action="store_true", help="drop the cached failed verdicts first (after a "
                         "fix to the twin's rules or a family's entry)")
     parser.add_argument("--actor-phase", default=None, help=argparse.SUPPRESS)  # internal: actor_phase's child
@@ -202,15 +207,21 @@ def main(argv: list[str] | None = None) -> int:
             first = run_actor_phase(types, Path(scratch), args.timeout)
         failed = sum(not r.get("passed") for r in first.values())
         print(f"actor phase: {len(types) - failed} of {len(types)} pass the twin and actor checks", flush=True)
+        lock = open(LOCK, "a") if args.hold_lock else None
+        if lock is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)
         for i, model_type in enumerate(types):
             modality, arch = served[model_type]
-            result = run_one(model_type, args.timeout) if first[model_type].get("passed") else first[model_type]
+            result = (run_one(model_type, args.timeout, locked=lock is not None) if first[model_type].get("passed")
+                      else first[model_type])
             result.update(modality=modality, arch=arch, moe=is_moe(model_type))
             results[model_type] = result
             results_path.parent.mkdir(parents=True, exist_ok=True)
             results_path.write_text(json.dumps(results, indent=1, sort_keys=True))
             print(f"[{i + 1}/{len(types)}] {model_type}: {'pass' if result.get('passed') else 'FAIL'} "
                   f"{reason(result)} ({result['wall']} s)", flush=True)
+        if lock is not None:
+            lock.close()  # the lock with it
     write_docs(results)
     passed = [r for r in results.values() if r.get("passed")]
     print(f"{len(passed)} of {len(results)} pass; MoE {sum(r['moe'] for r in passed)}, image-text "
