@@ -79,6 +79,20 @@ def test_planted_wrong_logit_scale_fails_packed_vs_padded(tmp_path, monkeypatch)
     assert verdict_check == "packed_vs_padded"
 
 
+def test_the_generic_entry_reads_its_traits_off_the_config():
+    """A type outside the registry: Cohere's logit_scale multiplies, Granite's logits_scaling divides (the default
+    hook), and a VL config whose rotary has an mrope_section (GLM-4.1V's twin) numbers 3-D positions."""
+    from easyrl.models.families import FAMILIES, family
+    from easyrl.models.twin import twin_config
+
+    cohere = _config("cohere")
+    assert "cohere" not in FAMILIES and family(cohere).logit_scale(cohere) == cohere.logit_scale == 0.0625
+    granite = _config("granite")
+    granite.logits_scaling = 8.0
+    assert family(granite).logit_scale(granite) == 1 / 8
+    assert family(twin_config(_config("glm4v"))).mrope and not family(_config("llama")).mrope
+
+
 def test_cache_key_follows_versions_and_content_not_paths():
     from easyrl.trainer.selfcheck import cache_key, versions
 
