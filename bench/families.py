@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # this checkout's easyrl (a second worktree's included)
 DOCS = ROOT / "docs" / "models.md"
 BEGIN, END = "<!-- families-matrix:begin -->", "<!-- families-matrix:end -->"
 LOCK = "/tmp/easyrl-e2e.lock"
