@@ -62,6 +62,9 @@ CHECKS: tuple[Check, ...] = (
     Check("vllm_export", VLLM, ("vllm engine", "vllm score"), "vLLM computes the family otherwise: windows, logit "
           "scale or soft-cap, rotary variant (interleaved, partial, per-layer), attention sinks, expert layout "
           "(transposed, per expert), a config field vLLM ignores; or vLLM cannot build it"),
+    Check("actor_beside_engine", None, ("actor again",), "the actor's forward once the engine runs in its process: "
+          "vLLM serves the family through its Transformers backend, which patches transformers' classes in the "
+          "process (the colocated actor's model no longer runs)"),
     Check("weight_names", None, ("vllm sync",), "a weight the sync did not write: experts vLLM takes "
           "per expert or transposed (per_expert_names, transposed_experts), a renamed module (checkpoint_renames), "
           "tied weights"),
