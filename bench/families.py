@@ -145,7 +145,7 @@ def reason(result: dict) -> str:
 
 def table(results: dict[str, dict]) -> str:
     """docs/models.md's measured section: counts, then one row per type."""
-    rows = sorted(results.values(), key=lambda r: r["model_type"])
+    rows = [dict(r, model_type=key) for key, r in sorted(results.items())]  # the key: gpt-sw3 is a GPT-2 config
     passed = [r for r in rows if r.get("passed")]
     count = lambda pred: sum(1 for r in passed if pred(r))  # noqa: E731
     lines = [BEGIN, "",
