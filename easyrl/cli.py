@@ -6,6 +6,7 @@
     easyrl plot RUN_DIR ...                       plot runs' metrics.jsonl (python -m easyrl.plot)
     easyrl simulate config=FILE.yaml [--device D] one step's memory on simulated devices (python -m easyrl.simulate)
     easyrl rollouts FOLDER [--step N]             a table of a rollout dump's step (python -m easyrl.rollouts)
+    easyrl check-model PATH|MODEL_TYPE            a family's self-check (python -m easyrl.trainer.selfcheck)
     easyrl --version
 
 Each command's ``--help`` names itself; bare ``easyrl`` prints the help. A new command is one entry of ``COMMANDS``.
@@ -29,6 +30,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                  "simulate config=FILE.yaml [--device h100|h200|a100-40|a100-80|910b] [--json]"),
     "rollouts": ("easyrl.rollouts", "a table of one step's samples of a rollout dump (trainer.rollout_data_dir): "
                  "easyrl rollouts FOLDER [--step N]"),
+    "check-model": ("easyrl.trainer.selfcheck", "a model family's self-check (its tiny random twin through the parity "
+                    "checks, cached): easyrl check-model PATH|MODEL_TYPE [--no-cache] [--json OUT]"),
 }
 
 

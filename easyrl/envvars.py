@@ -24,6 +24,7 @@ CHECK_COLLECTIVES = "EASYRL_CHECK_COLLECTIVES"
 OMP_THREADS = "OMP_NUM_THREADS"
 CPU_KVCACHE = "VLLM_CPU_KVCACHE_SPACE"
 ROOTINFO_SUBCOMM = "ROOTINFO_SUBCOMM_ENABLE"
+CACHE = "EASYRL_CACHE"
 
 ENVIRONMENT = "the environment"
 ENV_VARS = "worker.env_vars"
@@ -140,6 +141,14 @@ def cpu_kvcache_gib(environ: Mapping[str, str], source: str = ENVIRONMENT) -> Op
     vLLM's default), over ``worker.rollout.cpu_kvcache_space_gib``; None when unset. Raises ``EnvValueError``."""
     value = parse_number(CPU_KVCACHE, environ.get(CPU_KVCACHE), source, int, 0, "GiB of KV cache per vLLM engine")
     return None if value is None else int(value)
+
+
+def cache_dir(environ: Mapping[str, str]) -> str:
+    """``EASYRL_CACHE`` (default ``~/.cache/easyrl``): where easyrl keeps what it builds (tiny models, converted
+    checkpoints, self-check verdicts)."""
+    import os
+
+    return _given(environ, CACHE) or os.path.join(os.path.expanduser("~"), ".cache", "easyrl")
 
 
 def rootinfo_subcomm(environ: Mapping[str, str]) -> bool:

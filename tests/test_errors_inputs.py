@@ -110,11 +110,56 @@ def test_lora_adapter_or_run_folder_as_model(before_ray, expect_user_error, tmp_
 
 
 def test_model_family_easyrl_does_not_run(before_ray, expect_user_error, tiny_model_path, tmp_path):  # M22
+    """Helium: transformers knows it, vLLM serves no HeliumForCausalLM, so no self-check can admit it."""
+    folder = _model_copy(tiny_model_path, tmp_path, "helium")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(dict(config, model_type="helium")))  # transformers knows it
+    expect_user_error(before_ray(f"worker.actor.model.model_path={folder}"), "model",
+                      "model_type 'helium' is not a family easyrl runs", "vLLM 0.", "serves no architecture",
+                      "docs/models.md")
+
+
+def test_model_family_that_fails_its_self_check(before_ray, expect_user_error, tiny_model_path, tmp_path,
+                                                monkeypatch):  # M23
+    """OLMo 2 (served by both libraries, not in the registry) with a failed verdict in the self-check's cache: refused
+    naming the check and its gap; with a passing one, admitted (the pre-flight goes on to the next check)."""
+    from transformers import AutoConfig
+
+    from easyrl.trainer.selfcheck import Row, SelfCheck, cache_key, store, versions
+
+    monkeypatch.setenv("EASYRL_CACHE", str(tmp_path / "cache"))
     folder = _model_copy(tiny_model_path, tmp_path, "olmo2")
     config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps(dict(config, model_type="olmo2")))  # transformers knows it
-    expect_user_error(before_ray(f"worker.actor.model.model_path={folder}"), "model",
-                      "model_type 'olmo2' is not a family easyrl runs", "docs/models.md")
+    (folder / "config.json").write_text(json.dumps(dict(config, model_type="olmo2")))
+    key = cache_key(AutoConfig.from_pretrained(folder))
+    rows = [Row("twin", True), Row("packed_vs_padded", True, 1e-7), Row("transformers_export", True, 1e-7),
+            Row("vllm_export", False, 0.5), Row("weight_names", None), Row("vllm_synced", None), Row("stale", None)]
+    store(SelfCheck("olmo2", False, rows, "vllm_export", None, key, 30.0, versions()))
+    expect_user_error(before_ray(f"worker.actor.model.model_path={folder}"), "model", "model_type 'olmo2'",
+                      "self-check failed", "vllm_export failed gap 0.5 > 0.002", "usual cause",
+                      f"easyrl check-model {folder}")
+    rows = [Row(row.check, True, 1e-7 if row.gap is not None else None) for row in rows]
+    store(SelfCheck("olmo2", True, rows, None, None, key, 30.0, versions()))
+    # admitted: the pre-flight goes on, and the next mistake is the one reported
+    expect_user_error(before_ray(f"worker.actor.model.model_path={folder}", "data.rollout_batch_size=1000"), "data",
+                      "data.rollout_batch_size=1000")
+
+
+def test_vl_family_outside_the_registry_with_images(e2e_args, expect_user_error, tiny_model_path, tmp_path,
+                                                    monkeypatch):  # M24
+    """A VL model outside the registry (the tiny Qwen2.5-VL's folder as GLM-4.1V, which transformers reads) on the
+    Geometry3K sample's images: refused before its self-check runs, which scores text prompts only."""
+    import easyrl.trainer.launch as launch
+    from easyrl.config import load_config
+    from easyrl.trainer.__main__ import build_trainer
+
+    folder = _model_copy(tiny_model_path, tmp_path, "glm4v", arch="qwen2_5_vl")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(dict(config, model_type="glm4v")))
+    monkeypatch.setattr(launch, "start_ray", lambda config: pytest.fail("reached Ray"))
+    words = e2e_args("qwen2_5_vl", tmp_path / "runs", f"worker.actor.model.model_path={folder}")
+    expect_user_error(lambda: build_trainer(load_config(words)), "model", "model_type 'glm4v'",
+                      "scores text prompts only", "data.image_key=null")
 
 
 def test_chat_template_that_drops_the_content(before_ray, expect_user_error, tmp_path):  # M21

@@ -1,5 +1,5 @@
 """Model families beyond the Qwen ones (issue #37): per family, on its tiny random model (``easyrl.testing``), in one
-process without Ray (``easyrl.testing.parity.family_parity``): the FSDP2 actor's packed log-probs equal its padded
+process without Ray (``easyrl.trainer.parity.family_parity``): the FSDP2 actor's packed log-probs equal its padded
 ones, an exported checkpoint loads in transformers and in vLLM with the actor's log-probs, and after a perturbation and
 the weight sync vLLM's log-probs equal the actor's again (fp32, the Qwen tests' bounds). A planted position-id mistake
 in a family's hook makes the parity fail.
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.e2e
 @pytest.mark.parametrize("model_type", list(TINY_FAMILIES))
 def test_family_parity(model_type, tiny_model_path, tmp_path):
     from easyrl.models.families import FAMILIES
-    from easyrl.testing.parity import family_parity
+    from easyrl.trainer.parity import family_parity
 
     assert model_type in FAMILIES  # a tiny model of a family the pre-flight would refuse tests nothing
     parity = family_parity(tiny_model_path(model_type), tmp_path)
@@ -35,7 +35,7 @@ def test_planted_position_mistake_fails_the_parity(tiny_model_path, tmp_path, mo
     packed forward cuts every token into its own sequence, and transformers' own forward (which numbers the tokens
     itself, as vLLM does) disagrees with the actor. Without vLLM: the actor's checks fail already (seconds)."""
     from easyrl.models import families
-    from easyrl.testing.parity import family_parity
+    from easyrl.trainer.parity import family_parity
 
     entry = families.FAMILIES["llama"]
     monkeypatch.setitem(families.FAMILIES, "llama", dataclasses.replace(
@@ -56,9 +56,11 @@ def test_vl_family_parity(arch, tmp_path):
     data path): vLLM, given one placeholder per image as in a rollout, expands it to the processor's ids, and its
     log-probs equal the actor's (the same four checks)."""
     from easyrl.models.families import FAMILIES
-    from easyrl.testing.parity import family_parity
+    from easyrl.testing.image_batch import image_batch
+    from easyrl.trainer.parity import family_parity
 
     assert FAMILIES[arch].vision
-    parity = family_parity(build_tiny_vl(arch), tmp_path, images=True)
+    folder = build_tiny_vl(arch)
+    parity = family_parity(folder, tmp_path, data=image_batch(folder))
     print(f"FAMILY {arch} {parity}")
     assert not parity.failures(), parity

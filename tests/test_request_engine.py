@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from easyrl.testing.parity import _engine, vllm_score
+from easyrl.trainer.parity import _engine, vllm_score
 
 pytestmark = pytest.mark.e2e
 

@@ -2,7 +2,9 @@
 
 Every family runs the same generic path; code branches on an entry's traits (``vision``, ``router``, ``mrope``, ...) or
 small hooks (``positions``: text positions as vLLM counts them; ``logit_scale``: the head's logit factor). A type
-missing here is refused before Ray (:func:`check_supported`); adding one: docs/models.md, "Adding a family".
+missing here runs with the generic entry if its self-check passes (``easyrl.trainer.selfcheck``: a tiny twin through
+the parity checks, before Ray), and is refused otherwise (:func:`check_supported`); adding one: docs/models.md,
+"Adding a family".
 """
 
 from __future__ import annotations
@@ -36,9 +38,17 @@ def _feature_choice(hf_config: Any) -> dict[str, Any]:
 
 
 def _tile_blank(hf_config: Any) -> dict[str, Any]:
-    """InternVL: one tile of the tower's input size (``(1, 3, H, W)``)."""
-    height, width = hf_config.vision_config.image_size
+    """InternVL (and a CLIP / SigLIP-like tower): one image of the tower's input size (``(1, 3, H, W)``)."""
+    size = hf_config.vision_config.image_size
+    height, width = (size, size) if isinstance(size, int) else size
     return {"pixel_values": torch.ones(1, 3, height, width), **_feature_choice(hf_config)}
+
+
+def _generic_blank(hf_config: Any) -> dict[str, Any]:
+    """A family outside the registry: the flattened patch grid of a Qwen-VL-like tower (one with a
+    ``temporal_patch_size``), else one image of the tower's input size."""
+    vision = hf_config.vision_config
+    return _patch_grid_blank(hf_config) if hasattr(vision, "temporal_patch_size") else _tile_blank(hf_config)
 
 
 def _pixtral_blank(hf_config: Any) -> dict[str, Any]:
@@ -66,9 +76,11 @@ def _idefics3_blank(hf_config: Any) -> dict[str, Any]:
             "pixel_attention_mask": torch.ones(1, 1, side, side, dtype=torch.bool)}
 
 
-def _granite_logit_scale(hf_config: Any) -> float:
-    """Granite's ``logits = lm_head(hidden) / logits_scaling`` (``GraniteForCausalLM.forward``)."""
-    return 1.0 / getattr(hf_config.get_text_config(), "logits_scaling", 1.0)
+def config_logit_scale(hf_config: Any) -> float:
+    """The head's logit factor as the (text) config states it: Cohere's ``logits = lm_head(hidden) * logit_scale``
+    (``CohereForCausalLM.forward``), Granite's ``logits = lm_head(hidden) / logits_scaling``; 1.0 with neither."""
+    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    return (getattr(text, "logit_scale", None) or 1.0) / (getattr(text, "logits_scaling", None) or 1.0)
 
 
 @dataclass(frozen=True)
@@ -98,8 +110,9 @@ class Family:
     positions: Callable[[torch.Tensor], torch.Tensor] = padded_text_positions
     """Hook: ``(bsz, L)`` attention mask -> ``(bsz, L)`` text positions (0 at the first real token, no padding
     counted), as vLLM numbers the tokens."""
-    logit_scale: Callable[[Any], float] = lambda hf_config: 1.0
-    """Hook: the transformers config -> the factor the model's head multiplies its logits by."""
+    logit_scale: Callable[[Any], float] = config_logit_scale
+    """Hook: the transformers config -> the factor the model's head multiplies its logits by (default: what the
+    config's ``logit_scale`` / ``logits_scaling`` say)."""
     transposed_experts: tuple[str, ...] = ()
     """Name suffixes of the fused expert tensors the released checkpoints store transposed, ``(experts, in, out)``,
     as the weight sync and the export write them (``easyrl.models.expert_layout``, as the two fields below)."""
@@ -109,7 +122,7 @@ class Family:
     per_expert_names: tuple[str, ...] = ()
     """``(gate, up, down)``: vLLM takes this family's experts one tensor per expert under these names (Mixtral's
     ``w1``, ``w3``, ``w2``), split from transformers' fused ones; empty: vLLM takes the fused tensors."""
-    blank_image: Callable[[Any], dict[str, Any]] = _patch_grid_blank
+    blank_image: Callable[[Any], dict[str, Any]] = _generic_blank
     """VL hook: the transformers config -> ``get_image_features`` keyword arguments of one small blank image (the
     tower passes that keep the ranks' collectives equal, ``easyrl.workers.vl_hooks``)."""
     image_dim: int = 0
@@ -122,7 +135,7 @@ class Family:
         return self.router is not None
 
 
-_QWEN_VL = dict(vision=True, mrope=True, halves_rotary=True)
+_QWEN_VL = dict(vision=True, mrope=True, halves_rotary=True, blank_image=_patch_grid_blank)
 FAMILIES: dict[str, Family] = {
     # text, dense
     "qwen2": Family("Qwen2 / Qwen2.5", halves_rotary=True),
@@ -132,13 +145,13 @@ FAMILIES: dict[str, Family] = {
     "mistral": Family("Mistral", halves_rotary=True, sliding_window=True),
     "phi3": Family("Phi-3 / Phi-4", halves_rotary=True),
     "glm4": Family("GLM-4"),
-    "granite": Family("Granite 3", halves_rotary=True, logit_scale=_granite_logit_scale),
+    "granite": Family("Granite 3", halves_rotary=True),
     # text, mixture of experts
     "qwen3_moe": Family("Qwen3-MoE", router=SOFTMAX_TOPK, halves_rotary=True),
     "mixtral": Family("Mixtral", router=SOFTMAX_TOPK, halves_rotary=True,
                       checkpoint_renames=((".mlp.", ".block_sparse_moe."),), per_expert_names=("w1", "w3", "w2")),
     "olmoe": Family("OLMoE", router=SOFTMAX_TOPK, halves_rotary=True),
-    "granitemoe": Family("Granite 3 MoE", router=TOPK_SOFTMAX, halves_rotary=True, logit_scale=_granite_logit_scale),
+    "granitemoe": Family("Granite 3 MoE", router=TOPK_SOFTMAX, halves_rotary=True),
     # vision-language
     "qwen2_vl": Family("Qwen2-VL", **_QWEN_VL),
     "qwen2_5_vl": Family("Qwen2.5-VL", **_QWEN_VL),
@@ -154,13 +167,24 @@ FAMILIES: dict[str, Family] = {
                               checkpoint_renames=(("vision_tower.", "vision_tower.vision_model."),)),
 }
 
-_GENERIC = Family("unlisted")  # what the forward uses for a model_type the pre-flight did not see (a test's model)
+_GENERIC = Family("unlisted")  # a model_type outside the registry (admitted by its self-check, or a test's model)
+_GENERIC_MROPE = Family("unlisted", mrope=True)
 
 
 def family(hf_config: Any) -> Family:
-    """The registry entry of a transformers config (its top-level ``model_type``); the generic text entry for a
-    type not listed (only the pre-flight refuses those: :func:`check_supported`)."""
-    return FAMILIES.get(getattr(hf_config, "model_type", None), _GENERIC)
+    """The registry entry of a transformers config (its top-level ``model_type``); for a type not listed, the generic
+    entry (default traits and hooks, what its self-check ran with: ``easyrl.trainer.selfcheck``), with ``mrope`` where
+    the config's text rotary has an ``mrope_section`` and the model numbers its 3-D positions itself (GLM-4.1V)."""
+    entry = FAMILIES.get(getattr(hf_config, "model_type", None))
+    if entry is not None:
+        return entry
+    return _GENERIC_MROPE if _has_mrope(hf_config) else _GENERIC
+
+
+def _has_mrope(hf_config: Any) -> bool:
+    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    rope = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {}
+    return isinstance(rope, dict) and "mrope_section" in rope and getattr(hf_config, "vision_config", None) is not None
 
 
 def attends_in_windows(hf_config: Any) -> bool:
@@ -174,9 +198,11 @@ def attends_in_windows(hf_config: Any) -> bool:
         getattr(text, "layer_types", None) or ())
 
 
-def check_supported(key: str, hf_config: Any) -> None:
-    """ModelError (naming ``key``, the ``model_type`` and docs/models.md) for a family not in :data:`FAMILIES`."""
+def check_supported(key: str, hf_config: Any, why: str = "") -> None:
+    """ModelError (naming ``key``, the ``model_type``, ``why`` and docs/models.md) for a family not in
+    :data:`FAMILIES`; the pre-flight asks the self-check first (``easyrl.trainer.selfcheck.admit``)."""
     model_type = getattr(hf_config, "model_type", None)
     if model_type not in FAMILIES:
         raise ModelError(f"{key}: model_type {model_type!r} is not a family easyrl runs (tested: "
-                         f"{', '.join(sorted(FAMILIES))}); see {DOCS} for the supported families and how to add one")
+                         f"{', '.join(sorted(FAMILIES))}){f' ({why})' if why else ''}; see {DOCS} for the supported "
+                         "families and how to add one")

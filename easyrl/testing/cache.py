@@ -11,7 +11,9 @@ from typing import Callable
 
 def cache_root() -> Path:
     """``$EASYRL_CACHE`` (default ``~/.cache/easyrl``): where built and converted models are kept."""
-    return Path(os.environ.get("EASYRL_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "easyrl"))
+    from easyrl.envvars import cache_dir
+
+    return Path(cache_dir(os.environ))
 
 
 def build_atomically(final: Path, is_complete: Callable[[Path], bool], write: Callable[[Path], None]) -> Path:

@@ -1,5 +1,5 @@
 """A padded batch of prompts with images, made by the run's data path (``RLDataset``: the chat template, the image
-resize, the model's processor), for the VL families' parity (``easyrl.testing.parity``)."""
+resize, the model's processor), for the VL families' parity (``easyrl.trainer.parity``)."""
 
 from __future__ import annotations
 

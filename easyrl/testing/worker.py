@@ -16,7 +16,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.utils._pytree import tree_map_only
 
 from easyrl.config import PPOConfig
-from easyrl.testing.parity import vllm_score
+from easyrl.trainer.parity import vllm_score
 from easyrl.workers.checkpoint import _load_training_state, _training_state
 from easyrl.workers.fsdp_model import gather_full
 from easyrl.workers.fsdp_worker import FSDPWorker
@@ -73,7 +73,7 @@ class InspectableWorker(FSDPWorker):
 
     def rollout_score(self, token_ids: list[int], images: list[Any],
                       videos: Optional[list[Any]] = None) -> tuple[list[int], list[float]]:
-        """vLLM's log-probs of ``token_ids[1:]`` (weights synced first if stale); see ``parity.vllm_score``."""
+        """vLLM's log-probs of ``token_ids[1:]`` (weights synced first if stale); see ``easyrl.trainer.parity.vllm_score``."""
         self._ensure_rollout_weights()
         self.rollout.wake_up()
         scores = vllm_score(self.rollout, token_ids, images, videos)

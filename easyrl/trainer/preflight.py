@@ -13,7 +13,6 @@ from easyrl.config.actor import Teacher, teacher_of_source, teachers_of, unserve
 from easyrl.data.prompts import load_format_prompt
 from easyrl.envvars import check_environment
 from easyrl.errors import ConfigError, DataError
-from easyrl.models.families import check_supported
 from easyrl.trainer.model_checks import (
     check_head,
     check_lora_targets,
@@ -31,6 +30,7 @@ from easyrl.trainer.reward_checks import (
     check_reward_on_sample,
     load_reward,
 )
+from easyrl.trainer.selfcheck import admit
 
 logger = logging.getLogger("easyrl")
 
@@ -169,7 +169,9 @@ def prepare(config: Any, train: bool = True) -> Prepared:
     check_head("worker.reward.reward_model.model_path", config.worker.reward.reward_model.model_path, scorer=True)
     tokenizer, hf_config, processor = load_model_parts(config.worker.actor.model, sources_checked=True,
                                                        chat_template=config.data.override_chat_template)
-    check_supported("worker.actor.model.model_path", hf_config)  # a family easyrl runs (docs/models.md)
+    media = [column for column in (config.data.image_key, config.data.video_key) if column]
+    images = any(column in table.column_names for table in rows.values() for column in media)
+    admit("worker.actor.model.model_path", hf_config, images)  # a registered family, or one its self-check admits
     check_rollout_split(hf_config, config.worker.rollout.tensor_parallel_size)
     check_router_replay_model(hf_config, config)
     check_sequence_parallel_heads(hf_config, config)

@@ -137,6 +137,7 @@ class VLLMRollout:
             register_dummy_loader()  # in this process, before the engine is built
         reuse_passed_tokenizer()
         self.llm = LLM(**engine_kwargs)
+        vllm_compat.keep_transformers_classes_callable()  # the colocated actor's model still runs (OLMo 2, ...)
         self.record_routing = record_routing
         routing = None
         if record_routing and device == "cpu":  # vLLM's CPU runner returns no routing: easyrl captures it

@@ -172,3 +172,28 @@ def openai_serving_api() -> tuple[Callable[..., Any], Callable[..., Any], Callab
         from vllm.entrypoints.launchers.app import build_app
         from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
     return make_arg_parser, validate_parsed_serve_args, build_app, init_app_state
+
+
+def keep_transformers_classes_callable() -> int:
+    """vLLM's Transformers backend (the families its registry maps to ``TransformersForCausalLM``: OLMo 2, SmolLM3,
+    Arcee, ...) decorates transformers' own decoder class in place with ``support_torch_compile`` (vLLM 0.32:
+    ``TransformersBase._decorate_for_torch_compile``), whose ``__call__`` reads an instance attribute
+    ``do_not_compile`` that only instances built after the decoration have: the colocated actor's model, built before
+    the engine, then raises ``AttributeError`` in its next forward. Gives each decorated class the default
+    ``do_not_compile = True`` (such an instance runs its plain ``forward``; vLLM's own keeps its attribute). Call it
+    after the engine is built; returns the number of classes given the default."""
+    from transformers import PreTrainedModel
+
+    changed, seen, stack = 0, set(), [PreTrainedModel]
+    while stack:
+        for cls in stack.pop().__subclasses__():
+            if cls in seen:
+                continue
+            seen.add(cls)
+            stack.append(cls)
+            call = cls.__dict__.get("__call__")
+            names = getattr(getattr(call, "__code__", None), "co_names", ())
+            if "do_not_compile" in names and "do_not_compile" not in cls.__dict__:
+                cls.do_not_compile = True
+                changed += 1
+    return changed

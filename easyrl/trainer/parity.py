@@ -1,4 +1,5 @@
-"""One model family's parity, in one process without Ray: what ``tests/test_model_families.py`` asserts per family.
+"""One model family's parity, in one process without Ray: what ``tests/test_model_families.py`` asserts per family,
+and what the self-check of a family outside the registry runs on its tiny twin (``easyrl.trainer.selfcheck``).
 
 :func:`family_parity` takes a (tiny) model folder through the library's real parts, on one gloo rank in fp32:
 
@@ -6,8 +7,8 @@
    (the random init is near uniform; perturbed, the log-probs differ by token); its response log-probs of a fixed
    text batch are compared with a padded copy's (``padding_free=false``, the model's own head);
 2. the actor is exported (``gather_full_state_dict`` + ``write_hf_folder``, the export's path) in fp32; transformers
-   loads the folder and scores the padded batch with its own forward (its positions, masks and head: an independent
-   reference for the family's hooks);
+   loads the folder and scores each row (without its padding; an image batch as padded) with its own forward (its
+   positions, masks and head: an independent reference for the family's hooks);
 3. one in-process vLLM engine (``VLLMRollout``, eager, a small KV cache) is built from the exported folder, read from
    disk, and scores every row (prompt log-probs): the export loads in vLLM;
 4. the actor's weights are perturbed again and synced into that engine through the run's path
@@ -126,14 +127,15 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> float:
     return (a - b).abs()[mask.bool()].max().item()
 
 
-def _engine(folder: str):
+def _engine(folder: str, images: bool = True):
     """An in-process vLLM engine (``VLLMRollout``, fp32, eager, 1 GiB KV cache) that reads ``folder``'s weights from
-    disk (the run's engine starts from random weights that the first sync overwrites: ``dummy_load``)."""
+    disk (the run's engine starts from random weights that the first sync overwrites: ``dummy_load``); ``images``
+    False: no image per prompt (vLLM then runs a VL model's language model alone, without its processor)."""
     from easyrl.config.worker import RolloutConfig
     from easyrl.workers import rollout
 
     config = RolloutConfig(dtype="fp32", enforce_eager=True, prompt_length=256, response_length=32,
-                           max_num_batched_tokens=256, cpu_kvcache_space_gib=1)
+                           max_num_batched_tokens=256, cpu_kvcache_space_gib=1, limit_images=int(images))
     with mock.patch.object(rollout, "load_format", lambda *args: None):  # read the exported folder
         return rollout.VLLMRollout(folder, config, "cpu", seed=0)
 
@@ -181,12 +183,19 @@ def _vllm_log_probs(engine, data: Batch) -> torch.Tensor:
 
 
 def _transformers_log_probs(model: torch.nn.Module, data: Batch) -> torch.Tensor:
-    """transformers' own forward of the padded batch (its positions, mask and head; nothing of easyrl's): ``(bsz, R)``
-    response log-probs."""
+    """transformers' own forward (its positions, mask and head; nothing of easyrl's): ``(bsz, R)`` response
+    log-probs. A text batch is scored row by row without its padding (a model with learned absolute positions, GPT-2,
+    counts left padding in its positions); an image batch as it is padded (its processor outputs merged)."""
     width_r = data["response_mask"].shape[1]
     kwargs = _image_inputs(model.config, data)
     with torch.no_grad():
-        logits = model(input_ids=data["input_ids"], attention_mask=data["attention_mask"], **kwargs).logits
+        if kwargs:
+            logits = model(input_ids=data["input_ids"], attention_mask=data["attention_mask"], **kwargs).logits
+        else:
+            logits = torch.zeros(*data["input_ids"].shape, model.config.get_text_config().vocab_size)
+            for i, (ids, mask) in enumerate(zip(data["input_ids"], data["attention_mask"])):
+                where = mask.bool()
+                logits[i, where] = model(input_ids=ids[where][None]).logits[0].float()
     log_probs = torch.log_softmax(logits[:, -width_r - 1:-1].float(), dim=-1)
     return log_probs.gather(-1, data["input_ids"][:, -width_r:, None])[..., 0] * data["response_mask"]
 
@@ -208,15 +217,19 @@ def _image_inputs(hf_config, data: Batch) -> dict[str, torch.Tensor]:
     return kwargs
 
 
-def family_parity(model_path: str | Path, workdir: str | Path, vllm: bool = True, images: bool = False) -> Parity:
+def family_parity(model_path: str | Path, workdir: str | Path, vllm: bool = True, data: Optional[Batch] = None,
+                  progress: Optional[dict] = None) -> Parity:
     """The four checks of one model folder (module docstring), in a one-rank gloo process group of its own.
 
     Args:
-        model_path: a Hugging Face text model folder (e.g. ``easyrl.testing.tiny.build_tiny_model``).
+        model_path: a Hugging Face model folder (e.g. ``easyrl.testing.tiny.build_tiny_model``, or a self-check's
+            twin: ``easyrl.trainer.selfcheck``).
         workdir: scratch folder (the export is written under it).
         vllm: False: the actor and transformers checks only (seconds; the ``vllm_*`` and ``stale`` fields None).
-        images: score prompts with an image each (``easyrl.testing.image_batch``, the run's data path; a VL model)
-            instead of text.
+        data: the batch to score (None: :func:`text_batch`); prompts with an image each for a VL model
+            (``easyrl.testing.image_batch``, the run's data path).
+        progress: filled as the stages run (each stage's seconds under its name, each gap under its
+            :class:`Parity` field's name), so that a caller sees how far a run got when a stage raised.
 
     Returns:
         :class:`Parity` (``failures()`` lists what is off).
@@ -228,10 +241,11 @@ def family_parity(model_path: str | Path, workdir: str | Path, vllm: bool = True
 
     # the engine in this process (weights handed over as tensors), as the workers set it; environment restored after
     with mock.patch.dict(os.environ, IN_PROCESS_ENGINE_ENV), _one_rank_group(Path(workdir)):
-        return _checks(str(model_path), Path(workdir), vllm, images)
+        return _checks(str(model_path), Path(workdir), vllm, text_batch() if data is None else data,
+                       {} if progress is None else progress)
 
 
-def _checks(model_path: str, workdir: Path, vllm: bool, images: bool) -> Parity:
+def _checks(model_path: str, workdir: Path, vllm: bool, data: Batch, progress: dict) -> Parity:
     from transformers import AutoConfig
 
     from easyrl.models.hf_folder import hf_model_class, write_hf_folder
@@ -243,15 +257,9 @@ def _checks(model_path: str, workdir: Path, vllm: bool, images: bool) -> Parity:
 
     def lap(name: str) -> None:
         nonlocal clock
-        seconds[name] = round(time.perf_counter() - clock, 2)
+        seconds[name] = progress[name] = round(time.perf_counter() - clock, 2)
         clock = time.perf_counter()
 
-    if images:
-        from easyrl.testing.image_batch import image_batch
-
-        data = image_batch(model_path)
-    else:
-        data = text_batch()
     response_mask = data["response_mask"]
     actor = _policy(model_path, padding_free=True, trainable=True)
     _perturb(actor.model, seed=1)
@@ -259,6 +267,7 @@ def _checks(model_path: str, workdir: Path, vllm: bool, images: bool) -> Parity:
     padded_policy = _policy(model_path, padding_free=False, trainable=False, init_from=actor)
     padded = padded_policy.compute_log_probs(data, len(data), temperature=1.0)
     del padded_policy
+    progress["packed_vs_padded"] = _max_diff(packed, padded, response_mask)
     lap("actor")
 
     export = str(workdir / "export")
@@ -266,15 +275,17 @@ def _checks(model_path: str, workdir: Path, vllm: bool, images: bool) -> Parity:
     hf = hf_model_class(AutoConfig.from_pretrained(export)).from_pretrained(export, dtype=torch.float32)
     exported = _transformers_log_probs(hf.eval(), data)
     del hf
+    progress["transformers_export"] = _max_diff(exported, packed, response_mask)
     lap("export")
-    parity = Parity(packed_vs_padded=_max_diff(packed, padded, response_mask),
-                    transformers_export=_max_diff(exported, packed, response_mask), seconds=seconds)
+    parity = Parity(packed_vs_padded=progress["packed_vs_padded"],
+                    transformers_export=progress["transformers_export"], seconds=seconds)
     if not vllm:
         return parity
 
-    engine = _engine(export)
+    engine = _engine(export, images="raw_prompt_ids" in data.extras)
     lap("vllm engine")
     from_export = _vllm_log_probs(engine, data)
+    progress["vllm_export"] = _max_diff(from_export, packed, response_mask)
     lap("vllm score")
     _perturb(actor.model, seed=2)
     moved = actor.compute_log_probs(data, len(data), temperature=1.0)

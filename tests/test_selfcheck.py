@@ -1,0 +1,137 @@
+"""The self-check of a model family (issue #49, ``easyrl.trainer.selfcheck``): a planted wrong rotary, window or logit
+scale in an admitted family fails its self-check naming the check; the cache key follows the versions and the
+config's content, not its path; ``easyrl check-model`` prints the table of a tiny folder and caches the verdict.
+
+The planted defects run the twin and the actor/transformers checks only (no vLLM: seconds each); the command runs the
+whole check once (one in-process vLLM engine).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+
+def _config(model_type: str):
+    from transformers import CONFIG_MAPPING
+
+    return CONFIG_MAPPING[model_type]()
+
+
+def _failed_check(config, tmp_path) -> str:
+    from easyrl.trainer.selfcheck import self_check
+
+    verdict = self_check(config, tmp_path, vllm=False)
+    assert not verdict.passed, verdict.table()
+    return verdict.failed
+
+
+def test_twin_keeps_the_layer_pattern_and_shrinks():
+    """Gemma 3's twin keeps its 5 sliding + 1 global layer pattern (a window of 8 tokens), at width 256."""
+    from easyrl.models.twin import twin_config
+
+    twin = twin_config(_config("gemma3_text"))
+    assert twin.layer_types == ["sliding_attention"] * 5 + ["full_attention"]
+    assert (twin.num_hidden_layers, twin.hidden_size, twin.sliding_window, twin.head_dim) == (6, 256, 8, 64)
+    assert twin.vocab_size <= 5120 and twin.architectures == ["Gemma3ForCausalLM"]
+
+
+def test_the_planted_defects_pass_unplanted(tmp_path):
+    """Without a planted defect the actor checks of Gemma 3's twin pass (so the failures below are the defects')."""
+    from easyrl.trainer.selfcheck import self_check
+
+    verdict = self_check(_config("gemma3_text"), tmp_path, vllm=False)
+    assert verdict.passed, verdict.table()
+    assert [r.passed for r in verdict.rows[:3]] == [True, True, True]
+
+
+def test_planted_wrong_rotary_fails_packed_vs_padded(tmp_path, monkeypatch):
+    """Positions counted twice in the family's ``positions`` hook (the rotary sees other angles than transformers')."""
+    from easyrl.models import families
+
+    entry = families.FAMILIES["gemma3_text"]
+    monkeypatch.setitem(families.FAMILIES, "gemma3_text",
+                        dataclasses.replace(entry, positions=lambda mask: entry.positions(mask) * 2))
+    assert _failed_check(_config("gemma3_text"), tmp_path) == "packed_vs_padded"
+
+
+def test_planted_wrong_window_fails_packed_vs_padded(tmp_path, monkeypatch):
+    """The packed attention's band 4 tokens wider than the config's window."""
+    from easyrl.models import packed_attention
+
+    band = packed_attention._window_mask
+    monkeypatch.setattr(packed_attention, "_window_mask",
+                        lambda length, window, device: band(length, None if window is None else window + 4, device))
+    assert _failed_check(_config("gemma3_text"), tmp_path) == "packed_vs_padded"
+
+
+def test_planted_wrong_logit_scale_fails_packed_vs_padded(tmp_path, monkeypatch):
+    """Granite's ``logit_scale`` hook returning the factor instead of its inverse."""
+    from easyrl.models import families
+
+    monkeypatch.setitem(families.FAMILIES, "granite", dataclasses.replace(
+        families.FAMILIES["granite"], logit_scale=lambda config: config.logits_scaling))
+    config = _config("granite")
+    config.logits_scaling = 8.0
+    verdict_check = _failed_check(config, tmp_path)
+    assert verdict_check == "packed_vs_padded"
+
+
+def test_the_generic_entry_reads_its_traits_off_the_config():
+    """A type outside the registry: Cohere's logit_scale multiplies, Granite's logits_scaling divides (the default
+    hook), and a VL config whose rotary has an mrope_section (GLM-4.1V's twin) numbers 3-D positions."""
+    from easyrl.models.families import FAMILIES, family
+    from easyrl.models.twin import twin_config
+
+    cohere = _config("cohere")
+    assert "cohere" not in FAMILIES and family(cohere).logit_scale(cohere) == cohere.logit_scale == 0.0625
+    granite = _config("granite")
+    granite.logits_scaling = 8.0
+    assert family(granite).logit_scale(granite) == 1 / 8
+    assert family(twin_config(_config("glm4v"))).mrope and not family(_config("llama")).mrope
+
+
+def test_cache_key_follows_versions_and_content_not_paths():
+    from easyrl.trainer.selfcheck import cache_key, versions
+
+    config, other = _config("llama"), _config("llama")
+    other._name_or_path = "/somewhere/else"
+    assert cache_key(config) == cache_key(other)  # a copy of the same model elsewhere: the same verdict
+    other.rope_parameters = dict(other.rope_parameters, rope_theta=1.0)
+    assert cache_key(config) != cache_key(other)
+    newer = dict(versions(), vllm="99.0")
+    assert cache_key(config, newer) != cache_key(config)
+    assert cache_key(config).startswith("llama-")
+
+
+def test_verdict_names_the_failing_check_and_its_gap():
+    """A failed verdict's reason names the check, the gap against its bound and the usual cause; the JSON round trip
+    keeps it."""
+    from easyrl.trainer.selfcheck import CHECKS, SelfCheck, _verdict
+
+    progress = {"twin": 1.0, "actor": 2.0, "packed_vs_padded": 0.5}
+    verdict = _verdict("foo", progress, None, 3.0, "foo-0")
+    assert not verdict.passed and verdict.failed == "packed_vs_padded"
+    assert "packed_vs_padded failed gap 0.5 > 1e-05" in verdict.reason() and "positions" in verdict.reason()
+    assert SelfCheck.from_json(verdict.to_json()) == verdict
+    assert [r.check for r in verdict.rows] == [c.name for c in CHECKS]
+
+
+@pytest.mark.e2e
+def test_check_model_prints_the_table_and_caches(tmp_path, monkeypatch, capsys):
+    """``easyrl check-model FOLDER`` on a tiny Llama folder: every check passes; the second call reads the cache."""
+    from easyrl.cli import main
+    from easyrl.models.twin import write_twin
+
+    folder = write_twin(_config("llama"), tmp_path / "tiny-llama")
+    monkeypatch.setenv("EASYRL_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "verdict.json"
+    assert main(["check-model", str(folder), "--json", str(out)]) == 0
+    table = capsys.readouterr().out
+    for check in ("packed_vs_padded", "transformers_export", "vllm_export", "weight_names", "vllm_synced"):
+        assert check in table
+    assert "llama: PASS" in table and json.loads(out.read_text())["passed"]
+    assert main(["check-model", str(folder)]) == 0
+    assert "(cached:" in capsys.readouterr().out
