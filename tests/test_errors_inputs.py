@@ -119,8 +119,7 @@ def test_model_family_easyrl_does_not_run(before_ray, expect_user_error, tiny_mo
                       "docs/models.md")
 
 
-def test_model_family_that_fails_its_self_check(before_ray, expect_user_error, tiny_model_path, tmp_path,
-                                                monkeypatch):  # M23
+def test_family_failing_its_self_check(before_ray, expect_user_error, tiny_model_path, tmp_path, monkeypatch):  # M23
     """OLMo 2 (served by both libraries, not in the registry) with a failed verdict in the self-check's cache: refused
     naming the check and its gap; with a passing one, admitted (the pre-flight goes on to the next check)."""
     from transformers import AutoConfig
@@ -145,8 +144,7 @@ def test_model_family_that_fails_its_self_check(before_ray, expect_user_error, t
                       "data.rollout_batch_size=1000")
 
 
-def test_vl_family_outside_the_registry_with_images(e2e_args, expect_user_error, tiny_model_path, tmp_path,
-                                                    monkeypatch):  # M24
+def test_unregistered_vl_family_on_images(e2e_args, expect_user_error, tiny_model_path, tmp_path, monkeypatch):  # M24
     """A VL model outside the registry (the tiny Qwen2.5-VL's folder as GLM-4.1V, which transformers reads) on the
     Geometry3K sample's images: refused before its self-check runs, which scores text prompts only."""
     import easyrl.trainer.launch as launch
