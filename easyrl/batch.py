@@ -46,6 +46,10 @@ class Batch:
         idx = torch.as_tensor(indices, dtype=torch.long)
         return Batch(self.tensors[idx], {k: [v[i] for i in idx.tolist()] for k, v in self.extras.items()})
 
+    def without(self, *keys: str) -> "Batch":
+        """The same samples less the tensors ``keys`` (absent ones ignored; the rest shared, not copied)."""
+        return Batch(self.tensors.exclude(*keys), self.extras)
+
     def split(self, size: int) -> list["Batch"]:
         """Consecutive pieces of ``size`` samples (the last one may be shorter)."""
         return [self.select(list(range(s, min(s + size, len(self))))) for s in range(0, len(self), size)]

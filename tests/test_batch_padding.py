@@ -37,3 +37,15 @@ def test_padded_to_multiple_empty_batch_and_bad_k():
     assert empty.padded_to_multiple(4) is empty  # 0 is a multiple of every k
     with pytest.raises(ValueError, match="multiple of 0"):
         _batch(3).padded_to_multiple(0)
+
+
+def test_without_drops_tensors_and_shares_the_rest():
+    import torch
+    from tensordict import TensorDict
+
+    from easyrl.batch import Batch
+
+    batch = Batch(TensorDict({"a": torch.ones(2), "b": torch.zeros(2)}, batch_size=[2]), {"uid": ["x", "y"]})
+    less = batch.without("b", "absent")
+    assert list(less.tensors.keys()) == ["a"] and less["a"] is batch["a"] and less["uid"] == ["x", "y"]
+    assert "b" in batch  # the original keeps it

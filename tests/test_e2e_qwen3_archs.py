@@ -45,13 +45,12 @@ def _replay_gaps(trainer) -> dict[str, float]:
     (``replayed``) and routing by itself (``own``, the batch without ``routed_experts``)."""
     import torch
 
-    from easyrl.batch import Batch
     from easyrl.trainer.rollout import for_workers
     from easyrl.workers.fsdp_worker import FSDPWorker
 
     batch, gaps = trainer.last_batch, {}
     mask = batch["response_mask"].bool()
-    own = Batch(batch.tensors.exclude("routed_experts"), batch.extras)
+    own = batch.without("routed_experts")
     for name, data in (("replayed", batch), ("own", own)):
         log_probs = torch.cat(trainer.workers.run_split(FSDPWorker.compute_log_probs, for_workers(data)), dim=0)
         diff = (log_probs - batch["rollout_log_probs"]).abs()[mask]
@@ -118,7 +117,6 @@ def test_r3_on_a_rollout_device_of_its_own_with_tool_turns(trainer_on_ray, e2e_c
 
     import torch
 
-    from easyrl.batch import Batch
     from easyrl.trainer.rollout import for_workers
     from easyrl.workers.fsdp_worker import FSDPWorker
 
@@ -137,7 +135,7 @@ def test_r3_on_a_rollout_device_of_its_own_with_tool_turns(trainer_on_ray, e2e_c
         trainer.fit()
         gaps = _replay_gaps(trainer)
         batch = trainer.last_batch
-        own = Batch(batch.tensors.exclude("routed_experts"), batch.extras)
+        own = batch.without("routed_experts")
         recorded = torch.cat([out["routed_experts"] for out in trainer.workers.run_split(
             FSDPWorker.compute_log_probs_and_routing, for_workers(own))], dim=0)
     [row] = [json.loads(line) for line in (Path(config.trainer.run_dir) / "metrics.jsonl").read_text().splitlines()]

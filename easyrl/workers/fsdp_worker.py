@@ -346,8 +346,7 @@ class FSDPWorker:
         top_k) int16}``, the actor's log-probs and the experts its routers chose (``FSDPPolicy.
         compute_log_probs_and_routing``)."""
         data = self.mm_stage.attach(data)
-        if "routed_experts" in data:  # the actor's own routing is recorded, not a dumped run's replayed
-            data = Batch(data.tensors.exclude("routed_experts"), data.extras)
+        data = data.without("routed_experts")  # the actor's own routing is recorded, not a dumped run's replayed
         actor = self.config.worker.actor
         log_probs, routing = self.actor.compute_log_probs_and_routing(
             data, actor.micro_batch_size_per_device_for_experience, actor.temperature)
@@ -362,8 +361,7 @@ class FSDPWorker:
         if self.config.uses_lora:
             from easyrl.models.lora import adapter_disabled
 
-            if "routed_experts" in data:  # the base weights route by themselves, as a reference model would
-                data = Batch(data.tensors.exclude("routed_experts"), data.extras)
+            data = data.without("routed_experts")  # the base weights route by themselves, as a reference would
             with adapter_disabled(self.actor.model):
                 return self.actor.compute_log_probs(data, micro, temperature)
         return self.ref.compute_log_probs(data, micro, temperature)

@@ -120,8 +120,9 @@ class FSDPPolicy(FSDPTrainable):
                                   before_step=check_sync if checks else None)
         during = (replay.agreement(), replay.expert_load()) if replay is not None else (None, None)
         for name, old, new in zip(("moe/router_agreement", "moe/expert_load_max"), before, during):
-            if (old if old is not None else new) is not None:
-                metrics[name] = [old if old is not None else new]
+            value = old if old is not None else new
+            if value is not None:
+                metrics[name] = [value]
         return metrics
 
     def _backward_micro(self, micro: Batch, policy_loss: Callable[[PolicyLossInputs], LossOut], agg_kwargs: dict,
