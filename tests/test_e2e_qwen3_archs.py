@@ -71,8 +71,6 @@ def test_one_step_vllm_matches_actor(arch, local_ray, e2e_config, tmp_path):
         "data.val_files=null",
         "data.max_response_length=16",
         "worker.rollout.calculate_log_probs=true",
-        # vLLM: "Chunked prefill is required for mamba cache mode 'align'" (Qwen3.5's Gated DeltaNet layers)
-        "worker.rollout.enable_chunked_prefill=true",
         *overrides,
     )
     local_ray()

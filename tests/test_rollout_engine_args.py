@@ -100,3 +100,11 @@ def test_a_processor_built_with_a_tokenizer_takes_it_without_loading_another(tin
     assert processor.tokenizer is tokenizer and loads == []
     assert processor.image_processor.size["shortest_edge"] == 3136  # the other kwargs reach the image processor
     assert AutoProcessor.from_pretrained(path).tokenizer is not tokenizer and len(loads) == 1  # without: its own
+
+
+def test_a_model_with_state_layers_gets_chunked_prefill():
+    """vLLM caches the state layers (Mamba, Gated DeltaNet) of a model by prefix only with chunked prefill ("Chunked
+    prefill is required for mamba cache mode 'align'"): on for such a model whatever the setting, else the setting's."""
+    assert engine_arguments("/m", RolloutConfig(), "cpu", seed=0, vision=False, state_layers=True)[
+        "enable_chunked_prefill"] is True
+    assert engine_arguments("/m", RolloutConfig(), "cpu", seed=0, vision=False)["enable_chunked_prefill"] is False

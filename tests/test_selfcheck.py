@@ -135,3 +135,43 @@ def test_check_model_prints_the_table_and_caches(tmp_path, monkeypatch, capsys):
     assert "llama: PASS" in table and json.loads(out.read_text())["passed"]
     assert main(["check-model", str(folder)]) == 0
     assert "(cached:" in capsys.readouterr().out
+
+
+def test_a_bf16_only_engine_is_judged_by_its_median():
+    """vLLM-CPU runs Gated DeltaNet only in bf16 (Qwen3-Next, Qwen3.5): the parity engine is then bf16 and its gap
+    the median |diff| under ENGINE_ATOL["bf16"], so a few near-tie tokens pass and a family computed otherwise (most
+    tokens off) fails; the verdict shows that bound."""
+    import torch
+
+    from easyrl.trainer.parity import BF16_VLLM_ATOL, _engine_gap, engine_dtype
+    from easyrl.trainer.selfcheck import _verdict
+
+    assert engine_dtype(_config("qwen3_next")) == "bf16" and engine_dtype(_config("qwen3_5_text")) == "bf16"
+    assert engine_dtype(_config("llama")) == "fp32" and engine_dtype(_config("jamba")) == "fp32"  # Mamba: fp32 runs
+    mask = torch.ones(1, 10)
+    near_ties = torch.tensor([[0.4, 0.3] + [0.01] * 8])
+    assert _engine_gap(near_ties, torch.zeros(1, 10), mask, "bf16") <= BF16_VLLM_ATOL
+    assert _engine_gap(near_ties, torch.zeros(1, 10), mask, "fp32") == pytest.approx(0.4)
+    assert _engine_gap(torch.full((1, 10), 0.3), torch.zeros(1, 10), mask, "bf16") > BF16_VLLM_ATOL
+    progress = {"twin": 1.0, "actor": 1.0, "export": 1.0, "packed_vs_padded": 0.0, "transformers_export": 0.0,
+                "vllm engine": 1.0, "vllm score": 1.0, "vllm_export": 0.05, "engine_dtype": "bf16"}
+    verdict = _verdict("qwen3_next", progress, None, 3.0, "k")
+    assert next(r for r in verdict.rows if r.check == "vllm_export").passed and verdict.engine_dtype == "bf16"
+    assert "<= 0.1" in verdict.table() and "bf16" in verdict.table()
+    progress["engine_dtype"] = "fp32"
+    assert _verdict("llama", progress, None, 3.0, "k").failed == "vllm_export"
+
+
+def test_attention_sinks_run_the_models_own_eager_attention_per_sequence(tmp_path, monkeypatch):
+    """gpt-oss (attention sinks, no SDPA in transformers): its twin's actor checks pass with ``PACKED_EAGER`` (its own
+    eager attention, one call per packed sequence); the sinks dropped (SDPA per sequence instead) fail
+    packed_vs_padded."""
+    from transformers import AttentionInterface
+
+    from easyrl.models.packed_attention import PACKED_EAGER, packed_sdpa_attention
+    from easyrl.trainer.selfcheck import self_check
+
+    verdict = self_check(_config("gpt_oss"), tmp_path / "own", vllm=False)
+    assert verdict.passed, verdict.table()
+    monkeypatch.setitem(AttentionInterface._global_mapping, PACKED_EAGER, packed_sdpa_attention)
+    assert _failed_check(_config("gpt_oss"), tmp_path / "planted") == "packed_vs_padded"

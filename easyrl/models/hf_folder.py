@@ -30,6 +30,21 @@ def hf_model_class(hf_config) -> type:
     return AutoModelForImageTextToText if getattr(hf_config, "vision_config", None) is not None else AutoModelForCausalLM
 
 
+def supports_sdpa(hf_config) -> bool:
+    """Whether the transformers class built for the config (:func:`hf_model_class`'s) runs with SDPA
+    (``_supports_sdpa``); False for the classes that run only with their own eager attention (attention sinks:
+    gpt-oss, MiMo-V2-Flash, DeepSeek-V4, Granite SWA). True for a class the auto mapping does not hold (remote
+    code): what it states is read where it is built."""
+    from transformers.models.auto.auto_factory import _get_model_class
+
+    auto = hf_model_class(hf_config)
+    try:
+        cls = _get_model_class(hf_config, auto._model_mapping)
+    except (KeyError, ValueError):
+        return True
+    return bool(getattr(cls, "_supports_sdpa", True))
+
+
 def config_dtype(config: dict) -> torch.dtype:
     """The dtype a folder's ``config.json`` declares (``dtype`` or ``torch_dtype``; float32 if neither or ``auto``);
     ValueError for a dtype name this export does not write."""

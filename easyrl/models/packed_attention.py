@@ -4,22 +4,28 @@ transformers' ``sdpa`` runs a packed row ``(1, total)`` as ONE masked ``total x 
 for ``sum(len_i ** 2)`` needed, no flash kernel, ``(heads, total, total)`` weights kept). :data:`PACKED_SDPA`
 (registered with ``AttentionInterface`` / ``AttentionMaskInterface``) runs one causal, unmasked SDPA call per sequence,
 splitting where the text positions do not continue by +1 (transformers' rule). Masked, bidirectional or cached calls
-go to ``sdpa`` unchanged.
+go to ``sdpa`` unchanged. :data:`PACKED_EAGER` does the same with the model's own eager attention, for the models
+transformers runs without SDPA (attention sinks: gpt-oss, MiMo-V2-Flash, DeepSeek-V4, Granite SWA).
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Optional
 
 import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 
-__all__ = ["PACKED_SDPA", "sequence_lengths", "packed_lengths", "packed_sdpa_attention", "packed_sdpa_mask"]
+__all__ = ["PACKED_SDPA", "PACKED_EAGER", "sequence_lengths", "packed_lengths", "packed_sdpa_attention",
+           "packed_sdpa_mask", "packed_eager_attention", "packed_eager_mask"]
 
 PACKED_SDPA = "easyrl_packed_sdpa"
 """The ``attn_implementation`` name of the per-sequence attention."""
+PACKED_EAGER = "easyrl_packed_eager"
+"""The ``attn_implementation`` name of the per-sequence eager attention (a model class with ``_supports_sdpa``
+False)."""
 
 
 def sequence_lengths(position_ids: torch.Tensor) -> list[int]:
@@ -76,16 +82,60 @@ def packed_sdpa_attention(module: torch.nn.Module, query: torch.Tensor, key: tor
     return torch.cat(outputs, dim=1), None
 
 
-def _window_mask(length: int, window: Optional[int], device: torch.device) -> Optional[torch.Tensor]:
-    """``(1, 1, length, length)`` bool mask of a sliding-window layer: query ``i`` sees keys ``i - window < j <= i``
-    (transformers' ``sliding_window_overlay``, vLLM's window); None where the window covers the whole sequence (plain
-    causal attention, the flash kernel)."""
-    if window is None or length <= window:
-        return None
+def _causal_mask(length: int, window: Optional[int], device: torch.device) -> torch.Tensor:
+    """``(1, 1, length, length)`` bool mask: query ``i`` sees keys ``j <= i``, and with a ``window`` only
+    ``i - window < j`` (transformers' ``sliding_window_overlay``, vLLM's window)."""
     i = torch.arange(length, device=device)
     distance = i[:, None] - i[None, :]
-    return ((distance >= 0) & (distance < window))[None, None]
+    allowed = distance >= 0
+    if window is not None:
+        allowed &= distance < window
+    return allowed[None, None]
+
+
+def _window_mask(length: int, window: Optional[int], device: torch.device) -> Optional[torch.Tensor]:
+    """The bool mask of a sliding-window layer (:func:`_causal_mask`); None where the window covers the whole
+    sequence (plain causal attention, the flash kernel)."""
+    if window is None or length <= window:
+        return None
+    return _causal_mask(length, window, device)
+
+
+def packed_eager_mask(*args, **kwargs) -> Optional[torch.Tensor]:
+    """As :func:`packed_sdpa_mask`, with ``masking_utils.eager_mask`` (an additive float mask) for padded batches."""
+    if kwargs.get("attention_mask") is None and not args:
+        return None
+    return eager_mask(*args, **kwargs)
+
+
+def packed_eager_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                           attention_mask: Optional[torch.Tensor], dropout: float = 0.0,
+                           scaling: Optional[float] = None, is_causal: Optional[bool] = None,
+                           position_ids: Optional[torch.Tensor] = None, **kwargs) -> tuple[torch.Tensor, None]:
+    """:func:`packed_sdpa_attention` with the model's own ``eager_attention_forward`` (the function its modeling
+    module defines, what ``attn_implementation="eager"`` runs: attention sinks ``s_aux``, soft-caps and other terms
+    SDPA has no argument for): one call per sequence of a packed row with its additive causal (and window) mask; a
+    call that is not over one packed row goes to that function unchanged. Same shapes as
+    :func:`packed_sdpa_attention`. Raises ``TypeError`` for a module whose modeling module defines no
+    ``eager_attention_forward``."""
+    eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+    if eager is None:
+        raise TypeError(f"{type(module).__name__}: its modeling module has no eager_attention_forward for "
+                        f"{PACKED_EAGER}")
+    lengths = packed_lengths(module, query, key, attention_mask, is_causal, position_ids)
+    if lengths is None:
+        return eager(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)[0], None
+    window = kwargs.get("sliding_window")
+    floor = torch.finfo(query.dtype).min
+    outputs = []
+    for q, k, v in zip(query.split(lengths, dim=2), key.split(lengths, dim=2), value.split(lengths, dim=2)):
+        allowed = _causal_mask(q.shape[2], window, q.device)
+        additive = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill(~allowed, floor)
+        outputs.append(eager(module, q, k, v, additive, dropout=dropout, scaling=scaling, **kwargs)[0])
+    return torch.cat(outputs, dim=1), None
 
 
 AttentionInterface.register(PACKED_SDPA, packed_sdpa_attention)
 AttentionMaskInterface.register(PACKED_SDPA, packed_sdpa_mask)
+AttentionInterface.register(PACKED_EAGER, packed_eager_attention)
+AttentionMaskInterface.register(PACKED_EAGER, packed_eager_mask)

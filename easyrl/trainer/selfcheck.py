@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from easyrl.envvars import cache_dir
+from easyrl.trainer.parity import ENGINE_ATOL
 from easyrl.trainer.parity import PACKED_ATOL as PACKED
 from easyrl.trainer.parity import VLLM_ATOL as VLLM
 
@@ -33,7 +34,7 @@ __all__ = ["Check", "SelfCheck", "CHECKS", "self_check", "cached_self_check", "r
 
 logger = logging.getLogger("easyrl")
 
-VERSION = 1  # bump when the twin's rules or the checks change: cached verdicts are then re-run
+VERSION = 2  # bump when the twin's rules or the checks change: cached verdicts are then re-run
 CHILD_TIMEOUT_S = 600
 
 
@@ -47,6 +48,12 @@ class Check:
     hint: str
     above: bool = False
     """The gap must exceed the bound (``stale``: the sync had something to do) instead of stay under it."""
+    engine: bool = False
+    """A vLLM-against-actor gap: its bound is the engine dtype's (``parity.ENGINE_ATOL``), ``bound`` the fp32 one."""
+
+    def bound_for(self, engine_dtype: str) -> Optional[float]:
+        """The bound (nats) with the parity engine in ``engine_dtype`` (``"fp32"``/``"bf16"``)."""
+        return ENGINE_ATOL[engine_dtype] if self.engine else self.bound
 
 
 CHECKS: tuple[Check, ...] = (
@@ -61,7 +68,7 @@ CHECKS: tuple[Check, ...] = (
           "does not share"),
     Check("vllm_export", VLLM, ("vllm engine", "vllm score"), "vLLM computes the family otherwise: windows, logit "
           "scale or soft-cap, rotary variant (interleaved, partial, per-layer), attention sinks, expert layout "
-          "(transposed, per expert), a config field vLLM ignores; or vLLM cannot build it"),
+          "(transposed, per expert), a config field vLLM ignores; or vLLM cannot build it", engine=True),
     Check("actor_beside_engine", None, ("actor again",), "the actor's forward once the engine runs in its process: "
           "vLLM serves the family through its Transformers backend, which patches transformers' classes in the "
           "process (the colocated actor's model no longer runs)"),
@@ -69,7 +76,7 @@ CHECKS: tuple[Check, ...] = (
           "per expert or transposed (per_expert_names, transposed_experts), a renamed module (checkpoint_renames), "
           "tied weights"),
     Check("vllm_synced", VLLM, ("vllm score again",), "the in-place reload: an expert layout or a weight vLLM "
-          "repacks on load, tied embeddings"),
+          "repacks on load, tied embeddings", engine=True),
     Check("stale", 10 * VLLM, (), "the sync wrote nothing (the engine kept the exported weights)", above=True),
 )
 
@@ -99,6 +106,8 @@ class SelfCheck:
     key: str = ""
     seconds: float = 0.0
     versions: dict[str, str] = field(default_factory=dict)
+    engine_dtype: str = "fp32"
+    """The parity engine's dtype (``parity.engine_dtype``): bf16 where vLLM-CPU takes no other."""
 
     def reason(self) -> str:
         """One line: the failing check, its gap against its bound, the error if any, and the usual cause."""
@@ -106,8 +115,9 @@ class SelfCheck:
             return f"{self.model_type}: passed"
         check = next(c for c in CHECKS if c.name == self.failed)
         row = next(r for r in self.rows if r.check == self.failed)
-        gap = (f" gap {row.gap:.3g} {'<=' if check.above else '>'} {check.bound:g}"
-               if row.gap is not None and check.bound is not None else "")
+        bound = check.bound_for(self.engine_dtype)
+        gap = (f" gap {row.gap:.3g} {'<=' if check.above else '>'} {bound:g}"
+               if row.gap is not None and bound is not None else "")
         error = f" ({self.error})" if self.error else ""
         return f"{self.model_type}: {check.name} failed{gap}{error}; usual cause: {check.hint}"
 
@@ -118,9 +128,13 @@ class SelfCheck:
         for row in self.rows:
             check = bounds[row.check]
             gap = "" if row.gap is None else f"{row.gap:.3g}"
-            bound = "" if check.bound is None else f"{'>' if check.above else '<='} {check.bound:g}"
+            value = check.bound_for(self.engine_dtype)
+            bound = "" if value is None else f"{'>' if check.above else '<='} {value:g}"
             result = {True: "pass", False: "FAIL", None: "-"}[row.passed]
             lines.append(f"{row.check:<20} {gap:>11} {bound:>10} {result:>7} {row.seconds:>8.1f}")
+        if self.engine_dtype != "fp32":
+            lines.append(f"(the vLLM engine in {self.engine_dtype}, the only dtype vLLM-CPU runs this model in; the "
+                         "actor in fp32 on the same rounded weights)")
         lines.append(f"{self.model_type}: {'PASS' if self.passed else 'FAIL'} in {self.seconds:.0f} s"
                      + ("" if self.passed else f" -- {self.reason()}"))
         return "\n".join(lines)
@@ -175,6 +189,7 @@ def cache_path(key: str) -> Path:
 def _verdict(model_type: str, progress: dict, error: Optional[BaseException], seconds: float, key: str) -> SelfCheck:
     """The rows from the parity's ``progress`` (stage seconds and gaps) and the exception a stage raised, if any."""
     rows, failed = [], None
+    dtype = progress.get("engine_dtype", "fp32")
     for check in CHECKS:
         gap = progress.get(check.name) if check.bound is not None else None
         ran = all(stage in progress for stage in check.stages) and (check.bound is None or gap is not None)
@@ -186,7 +201,8 @@ def _verdict(model_type: str, progress: dict, error: Optional[BaseException], se
         elif check.bound is None:
             passed = True
         else:
-            passed = (gap > check.bound) if check.above else (gap <= check.bound)  # NaN fails
+            bound = check.bound_for(dtype)
+            passed = (gap > bound) if check.above else (gap <= bound)  # NaN fails
         seconds_ = sum(progress.get(stage, 0.0) for stage in check.stages)
         rows.append(Row(check.name, passed, gap, round(seconds_, 2)))
         if not passed:
@@ -195,7 +211,7 @@ def _verdict(model_type: str, progress: dict, error: Optional[BaseException], se
     if error is not None:
         last = str(error).strip().splitlines()
         message = f"{type(error).__name__}: {last[-1] if last else ''}"[:400]
-    return SelfCheck(model_type, failed is None, rows, failed, message, key, round(seconds, 1), versions())
+    return SelfCheck(model_type, failed is None, rows, failed, message, key, round(seconds, 1), versions(), dtype)
 
 
 def self_check(hf_config: Any, workdir: str | Path | None = None, vllm: bool = True) -> SelfCheck:

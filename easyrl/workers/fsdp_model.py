@@ -20,7 +20,7 @@ from torch.distributed.tensor import DTensor, Replicate
 from easyrl.config import ActorConfig, FSDPConfig, OffloadConfig
 from easyrl.config.role import DTYPES
 from easyrl.device import torch_device
-from easyrl.models.hf_folder import hf_model_class
+from easyrl.models.hf_folder import hf_model_class, supports_sdpa
 from easyrl.models.packed_linear_attention import split_linear_attention_at_sequences
 
 TORCH_DTYPES = {name: getattr(torch, spec.torch_name) for name, spec in DTYPES.items()}
@@ -57,8 +57,9 @@ def read_checkpoint(model_path: str, hf_config, trust_remote_code: bool, lora: A
     """Rank 0 only: the checkpoint's float32 state dict and the model's buffers (``name -> tensor``), on the host,
     read through ``from_pretrained`` so that names match this transformers' model class. With ``lora`` the model is
     wrapped first (peft's names, rank 0's fresh adapter with B = 0)."""
+    attn = "sdpa" if supports_sdpa(hf_config) else "eager"  # only the weights are read
     model = hf_model_class(hf_config).from_pretrained(model_path, dtype=torch.float32,
-                                                      trust_remote_code=trust_remote_code, attn_implementation="sdpa")
+                                                      trust_remote_code=trust_remote_code, attn_implementation=attn)
     if lora is not None:
         from easyrl.models.lora import apply_lora
 

@@ -16,7 +16,7 @@ import torch
 from easyrl.algorithms.token_ops import entropy_from_logits, log_probs_from_logits
 from easyrl.models.families import family
 from easyrl.models.fused_head import FusedLogProbHead
-from easyrl.models.packed_attention import PACKED_SDPA
+from easyrl.models.packed_attention import PACKED_EAGER, PACKED_SDPA
 from easyrl.models.packing import pack_sequences
 from easyrl.models.router_replay import NO_EXPERT, RouterReplay
 from easyrl.models.ulysses import SequenceParallel
@@ -28,7 +28,7 @@ ROPE_INDEX_KEYS = ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")
 
 
 def attention_implementation(device: str, padding_free: bool, param_dtype: str, flash_available: bool,
-                             windowed: bool) -> str:
+                             windowed: bool, sdpa: bool = True) -> str:
     """transformers' attention for the policy: ``flash_attention_2`` (varlen) for padding-free bf16/fp16 forwards on
     NPUs and on CUDA with ``flash_attn`` installed; ``PACKED_SDPA`` (one causal SDPA call per packed sequence, its
     sliding window applied) for other padding-free forwards; ``sdpa`` with the mask for padded ones.
@@ -36,7 +36,13 @@ def attention_implementation(device: str, padding_free: bool, param_dtype: str, 
     ``windowed``: the model has sliding-window layers (``families.attends_in_windows`` of its config). On NPUs those
     take ``PACKED_SDPA``: transformers' NPU ``flash_attn_varlen_func`` has no ``window_size`` parameter, so the flash
     path would attend over the whole sequence (transformers 5.5.4 and 5.19, ``integrations/npu_flash_attention.py``);
-    CUDA's flash-attn takes the window."""
+    CUDA's flash-attn takes the window.
+
+    ``sdpa`` False (the model class's ``_supports_sdpa``: transformers runs it only with its own eager attention, the
+    attention sinks of gpt-oss and its kin): ``PACKED_EAGER`` padding-free on every device (flash-attn 2 has no
+    sinks argument), ``eager`` padded."""
+    if not sdpa:
+        return PACKED_EAGER if padding_free else "eager"
     if not padding_free:
         return "sdpa"
     varlen = (device == "npu" and not windowed) or (device == "cuda" and flash_available)

@@ -32,13 +32,16 @@ logger = logging.getLogger("easyrl.rollout")
 
 
 def engine_arguments(model_path: str, config: RolloutConfig, device: str, seed: int, vision: bool,
-                     read_checkpoint: bool = False, record_routing: bool = False) -> dict[str, Any]:
+                     read_checkpoint: bool = False, record_routing: bool = False,
+                     state_layers: bool = False) -> dict[str, Any]:
     """The ``vllm.LLM`` keyword arguments of the colocated engine (a pure function of the settings):
     ``load_format="easyrl_dummy"`` where ``dummy_load.load_format`` allows it and the engine is synced before use
     (not ``read_checkpoint``: then vLLM reads ``model_path``'s weights); on GPU/NPU
     ``disable_custom_all_reduce=True`` (Ray shows each worker one device), ``gpu_memory_utilization`` and sleep mode;
     with TP > 1 the ``external_launcher`` executor; ``record_routing`` off the CPU: ``enable_return_routed_experts``
-    (routing replay; the CPU's is captured, ``easyrl.workers.routing_capture``). Why each: docs/vllm-versions.md."""
+    (routing replay; the CPU's is captured, ``easyrl.workers.routing_capture``); ``state_layers`` (a model with
+    state layers, ``vllm_compat.has_state_layers``): chunked prefill on, which vLLM requires of such a model with
+    prefix caching. Why each: docs/vllm-versions.md."""
     max_model_len = config.prompt_length + config.response_length
     engine_kwargs: dict[str, Any] = dict(
         model=model_path,
@@ -47,7 +50,7 @@ def engine_arguments(model_path: str, config: RolloutConfig, device: str, seed: 
         max_model_len=max_model_len,
         max_num_batched_tokens=max(config.max_num_batched_tokens, max_model_len),
         enforce_eager=config.enforce_eager,
-        enable_chunked_prefill=config.enable_chunked_prefill,
+        enable_chunked_prefill=config.enable_chunked_prefill or state_layers,
         trust_remote_code=config.trust_remote_code,
         limit_mm_per_prompt={"image": config.limit_images, "video": config.limit_videos},
         disable_log_stats=True,
@@ -126,9 +129,14 @@ class VLLMRollout:
         self.sleep_level = sleep_level(device)
         hf_config = AutoConfig.from_pretrained(model_path, trust_remote_code=config.trust_remote_code)
         self.model_type = hf_config.model_type
+        state_layers = any(vllm_compat.has_state_layers(name) for name in hf_config.architectures or ())
+        if state_layers and not config.enable_chunked_prefill:
+            logger.info("worker.rollout.enable_chunked_prefill: on for %s, whose state layers vLLM caches by prefix "
+                        "only with chunked prefill", self.model_type)
         engine_kwargs = engine_arguments(model_path, config, device, seed,
                                          vision=getattr(hf_config, "vision_config", None) is not None,
-                                         read_checkpoint=read_checkpoint, record_routing=record_routing)
+                                         read_checkpoint=read_checkpoint, record_routing=record_routing,
+                                         state_layers=state_layers)
         if device == "cpu" and envvars.cpu_kvcache_gib(os.environ) is None:
             # vLLM's CPU backend sizes its KV cache from this variable (GiB), not from gpu_memory_utilization; one
             # set in the environment or worker.env_vars wins (logged by the pre-flight, easyrl.envvars.overrides)

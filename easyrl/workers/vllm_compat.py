@@ -94,12 +94,43 @@ def in_process_transfer_engine() -> type:
     return InProcessWeightTransferEngine
 
 
-def reload_weights(worker: Any, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
+RELOAD_BY_COPY = {"GptOssForCausalLM": (".mlp.experts.", ".sinks")}
+"""vLLM class -> the name parts of the weights its ``load_weights`` copies into the parameters (``param.copy_``, the
+unquantized experts and the attention sinks), not through their weight loaders: vLLM's layer-wise reload puts meta
+tensors in their place and waits for the loaders, so those copies are lost and the engine keeps its old weights (read
+in vLLM 0.32 ``models/gpt_oss.py`` ``_load_weights_other``; the self-check's ``vllm_synced`` measured 2.6 nat)."""
+
+
+def reload_by_copy(model: Any, device: str) -> tuple[str, ...]:
+    """The :data:`RELOAD_BY_COPY` name parts of ``model`` (vLLM's model, inside its worker) on the CPU, whose packed
+    expert layouts are redone after a reload (``vllm_cpu_fixes.repack_cpu_moe_experts``); empty elsewhere: off the
+    CPU those layouts are the kernels' own, so only the layer-wise reload runs there, and the fail-closed sync check
+    is what stops a stale engine."""
+    return RELOAD_BY_COPY.get(type(model).__name__, ()) if device == "cpu" else ()
+
+
+def reload_weights(worker: Any, weights: Iterator[tuple[str, torch.Tensor]], by_copy: tuple[str, ...] = ()) -> None:
     """Overwrite the worker's model weights in place from ``(Hugging Face name, full tensor)`` pairs (inside the
     worker), through vLLM's layer-wise reload; parameters left out keep their old values. vLLM 0.23, 0.32 and 0.33
     GPU/CPU workers: ``reload_weights(weights_iterator=...)``. vllm-ascend 0.23 (no ``reload_weights``):
     ``start_weight_update(is_checkpoint_format=True)``, ``update_weights`` through :func:`weight_transfer_kwargs`'
-    backend, ``finish_weight_update()``. Raises ``RuntimeError`` when the worker has neither API."""
+    backend, ``finish_weight_update()``. ``by_copy`` (:func:`reload_by_copy`): the weights whose names hold one of
+    these parts are held back (copied: host memory for all of them) and loaded after the reload by the model's own
+    ``load_weights``, into the live parameters as at the first load (the caller re-packs what the CPU kernels pack).
+    Raises ``RuntimeError`` when the worker has neither API."""
+    if by_copy:
+        held: list[tuple[str, torch.Tensor]] = []
+
+        def rest() -> Iterator[tuple[str, torch.Tensor]]:
+            for name, tensor in weights:
+                if any(part in name for part in by_copy):
+                    held.append((name, tensor.clone()))  # a bucket's view: its buffer is reused
+                else:
+                    yield name, tensor
+
+        reload_weights(worker, rest())
+        worker.model_runner.get_model().load_weights(held)
+        return
     if hasattr(worker, "reload_weights"):
         worker.reload_weights(weights_iterator=weights)
         return
@@ -172,6 +203,19 @@ def openai_serving_api() -> tuple[Callable[..., Any], Callable[..., Any], Callab
         from vllm.entrypoints.launchers.app import build_app
         from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
     return make_arg_parser, validate_parsed_serve_args, build_app, init_app_state
+
+
+def has_state_layers(architecture: str) -> bool:
+    """Whether vLLM's class for ``architecture`` keeps a per-request state beside its KV cache (Mamba, Gated
+    DeltaNet, short-convolution layers: ``_ModelInfo.has_inner_state`` or ``is_hybrid``, the latter for the VL
+    classes of Qwen3.5; read from the registry without building the model; False for an architecture vLLM does not
+    list). Such a model takes prefix caching only with chunked
+    prefill (vLLM 0.32 ``MambaModelConfig``: "Chunked prefill is required for mamba cache mode 'align'")."""
+    from vllm import ModelRegistry
+
+    inspect = getattr(ModelRegistry, "_try_inspect_model_cls", None)
+    info = inspect(architecture) if inspect is not None else None
+    return bool(getattr(info, "has_inner_state", False) or getattr(info, "is_hybrid", False))
 
 
 def keep_transformers_classes_callable() -> int:

