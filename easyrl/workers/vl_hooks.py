@@ -39,11 +39,12 @@ class VisionHooks:
         self.stray_pads: Optional[tuple[torch.Tensor, torch.Tensor]] = None
         if self.has_vision:
             model.get_input_embeddings().register_forward_hook(self.blank_image_hook)
-            if hasattr(model.model, "get_placeholder_mask"):  # Idefics3 has none (vLLM forbids its pads anyway)
-                self._model_placeholder_mask = model.model.get_placeholder_mask
-                model.model.get_placeholder_mask = self.placeholder_mask
+            inner = getattr(model, "model", model)  # Llama 4 keeps its parts on the model itself
+            if hasattr(inner, "get_placeholder_mask"):  # Idefics3 has none (vLLM forbids its pads anyway)
+                self._model_placeholder_mask = inner.get_placeholder_mask
+                inner.get_placeholder_mask = self.placeholder_mask
             if self.family.mrope:
-                model.model.get_rope_index = text_after_vision(model.model.get_rope_index)  # vLLM's positions
+                inner.get_rope_index = text_after_vision(inner.get_rope_index)  # vLLM's positions
 
     @contextmanager
     def model_inputs(self, micro: Batch, device: torch.device) -> Iterator[ModelInputs]:
@@ -85,7 +86,7 @@ class VisionHooks:
         for _ in range(self.blank_passes):
             inputs = {key: value.to(embeds.device) if isinstance(value, torch.Tensor) else value
                       for key, value in self.family.blank_image(self.model.config).items()}
-            features = [t for t in tree_leaves(self.model.model.get_image_features(**inputs))
+            features = [t for t in tree_leaves(getattr(self.model, "model", self.model).get_image_features(**inputs))
                         if isinstance(t, torch.Tensor) and t.is_floating_point()]
             embeds = embeds + sum(t.sum() for t in features).to(embeds.dtype) * 0.0
         return embeds
