@@ -183,6 +183,22 @@ def test_format_prompt_that_drops_the_problem(before_ray, expect_user_error, tmp
                       "does not show the problem", "{{ content }}")
 
 
+def test_gated_deltanet_rolls_out_in_bf16_on_the_cpu():  # M25
+    """vLLM-CPU runs Gated DeltaNet only in bf16: an fp32 rollout of Qwen3-Next / Qwen3.5 on the CPU is answered before
+    Ray (the workers' engines would fail at start-up); bf16, another device, or a model without it pass."""
+    from transformers import LlamaConfig, Qwen3NextConfig
+
+    from easyrl.errors import ConfigError
+    from easyrl.trainer.preflight import check_cpu_rollout_dtype
+
+    with pytest.raises(ConfigError, match=r"worker.rollout.dtype=fp32: qwen3_next's Gated DeltaNet layers run only in "
+                                          r"bf16 in vLLM's CPU backend: set worker.rollout.dtype=bf16"):
+        check_cpu_rollout_dtype(Qwen3NextConfig(), "cpu", "fp32")
+    check_cpu_rollout_dtype(Qwen3NextConfig(), "cpu", "bf16")
+    check_cpu_rollout_dtype(Qwen3NextConfig(), "cuda", "fp32")
+    check_cpu_rollout_dtype(LlamaConfig(), "cpu", "fp32")
+
+
 CANNOT_WORK = [  # settings the model cannot take (M18, M19), then values that cannot work
     ("M18", ["data.max_prompt_length=40000", "data.max_response_length=40000"],
      ["data.max_prompt_length + data.max_response_length = 80000", "max_position_embeddings=32768"]),

@@ -18,7 +18,7 @@ from easyrl.errors import ModelError
 from easyrl.models.packing import padded_text_positions
 from easyrl.models.router_replay import SOFTMAX_TOPK, TOPK_SOFTMAX, RouterKind
 
-__all__ = ["Family", "FAMILIES", "family", "check_supported", "attends_in_windows", "DOCS"]
+__all__ = ["Family", "FAMILIES", "family", "check_supported", "attends_in_windows", "gated_deltanet", "DOCS"]
 
 DOCS = "docs/models.md"
 
@@ -196,6 +196,14 @@ def attends_in_windows(hf_config: Any) -> bool:
     text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
     return getattr(text, "sliding_window", None) is not None or "sliding_attention" in (
         getattr(text, "layer_types", None) or ())
+
+
+def gated_deltanet(hf_config: Any) -> bool:
+    """Whether the (text) model has Gated DeltaNet layers (its config has ``linear_num_value_heads``: Qwen3-Next,
+    Qwen3.5, OLMo-Hybrid), which vLLM-CPU runs only in bf16 ("CPU GDN attention requires BF16.", vLLM 0.32
+    ``mamba/ops/cpu/gdn_attention.py``)."""
+    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    return bool(getattr(text, "linear_num_value_heads", None))
 
 
 def check_supported(key: str, hf_config: Any, why: str = "") -> None:

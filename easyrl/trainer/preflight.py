@@ -173,6 +173,7 @@ def prepare(config: Any, train: bool = True) -> Prepared:
     images = any(column in table.column_names for table in rows.values() for column in media)
     admit("worker.actor.model.model_path", hf_config, images)  # a registered family, or one its self-check admits
     check_rollout_split(hf_config, config.worker.rollout.tensor_parallel_size)
+    check_cpu_rollout_dtype(hf_config, config.trainer.device, config.worker.rollout.dtype)
     check_router_replay_model(hf_config, config)
     check_sequence_parallel_heads(hf_config, config)
     check_model_fits(config.worker.actor.model, hf_config, tokenizer,
@@ -216,6 +217,22 @@ def check_rollout_split(hf_config: Any, tensor_parallel_size: int) -> None:
         check_heads_split(hf_config, tensor_parallel_size)
     except ValueError as err:
         raise ConfigError(str(err)) from None
+
+
+def check_cpu_rollout_dtype(hf_config: Any, device: str, dtype: str) -> None:
+    """A model with Gated DeltaNet layers (``families.gated_deltanet``) rolls out in bf16 on the CPU, the only dtype
+    vLLM-CPU runs them in (its workers would fail at start-up: "CPU GDN attention requires BF16."); ``auto`` counts
+    as the CPU where this process sees no GPU or NPU. Else ``ConfigError``."""
+    from easyrl.device import detect_device
+    from easyrl.models.families import gated_deltanet
+
+    cpu = device == "cpu" or (device == "auto" and detect_device() == "cpu")
+    if cpu and dtype != "bf16" and gated_deltanet(hf_config):
+        where = "" if device == "cpu" else " (trainer.device=auto: no GPU or NPU here; set trainer.device=cuda or npu " \
+            "where the workers have one)"
+        raise ConfigError(f"worker.rollout.dtype={dtype}: {hf_config.model_type}'s Gated DeltaNet layers run only in "
+                          f"bf16 in vLLM's CPU backend{where}: set worker.rollout.dtype=bf16 (the actor may stay "
+                          "fp32: worker.actor.fsdp.param_dtype)")
 
 
 def check_router_replay_model(hf_config: Any, config: Any) -> None:
