@@ -71,13 +71,13 @@ def test_earlier_segments_become_rows_padded_to_the_groups():
     assert batch["response_mask"][4].tolist() == [1, 1] + [0] * 6 and batch["response_mask"][5].tolist()[:2] == [1, 0]
     assert batch["rollout_log_probs"][4, :2].tolist() == [-0.5, -0.5] and batch["token_versions"][5, 0] == 3
     assert batch["response_mask"][6:].sum() == 0 and batch["attention_mask"][6:, P:].sum() == 0  # fillers
-    assert add_segment_rows(batch, 4, P, R, 0) is batch  # consumed: a replayed (dumped) batch passes through
 
 
-def test_a_batch_without_segments_is_unchanged():
+def test_a_batch_without_earlier_segments_keeps_its_rows():
     batch = _rollout_batch([assemble_segments([_record(0, [5], [6])])] * 2)
     out = add_segment_rows(batch, multiple=2, prompt_length=P, response_length=R, pad_id=0)
-    assert out is batch and scoring_view(out) is out and session_positions(out) is None
+    assert out is batch and out["scoring"] == [True, True] and scoring_view(out) is out
+    assert session_positions(out) is None
 
 
 def test_each_row_gets_its_sessions_scores_and_the_metrics_count_sessions():

@@ -13,7 +13,7 @@ nothing) up to a multiple of the data-parallel groups, which every pass splits t
   ``sessions``).
 
 :func:`scoring_view` and :func:`share_scores` are the reward phase's side of it, :func:`session_positions` the
-advantage's. A batch without ``agent_segments`` passes through unchanged: every row is its own sample.
+advantage's. In a batch without ``scoring`` (any other rollout) every row is its own sample.
 """
 
 from __future__ import annotations
@@ -36,9 +36,7 @@ def add_segment_rows(batch: Batch, multiple: int, prompt_length: int, response_l
     """The step's batch of an agent rollout's ``batch`` (module docstring): ``len(batch)`` session rows, then one row
     per earlier segment (laid out as ``segments_batch`` lays them out: ``prompt_length`` / ``response_length`` tokens,
     padded with ``pad_id``), then fillers up to a multiple of ``multiple`` rows; ``session`` and ``scoring`` on every
-    row. The extra ``agent_segments`` is consumed. ``batch`` itself when it has no ``agent_segments``."""
-    if "agent_segments" not in batch.extras:
-        return batch
+    row. The extra ``agent_segments`` is consumed (``KeyError`` without it)."""
     earlier = batch.extras.pop("agent_segments")
     n = len(batch)
     batch[SESSION], batch[SCORING] = list(range(n)), [True] * n
