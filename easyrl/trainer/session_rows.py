@@ -5,7 +5,8 @@ agent loops train theirs.
 :func:`add_segment_rows` turns the agent rollout's batch (one row per session, its earlier segments in the extra
 ``agent_segments``) into the step's batch: the sessions' rows first, as they were, then each earlier segment as a row
 of its own, then filler rows (the first row's prompt and an empty response, as a failed session's row: they train
-nothing) up to a multiple of the data-parallel groups, which every pass splits the batch into. Two extras name each row's session:
+nothing) up to a multiple of the data-parallel groups, which every pass splits the batch into. Two extras name each
+row's session:
 
 * ``session``: the session's row in the rollout's batch (its generation order; a label that moves with the row);
 * ``scoring``: True on the session's own row (its last segment), the one the reward function, the judge and the
