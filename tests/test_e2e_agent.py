@@ -3,8 +3,9 @@
 OpenAI serving layer on the rollout engines of the tiny text model and trains two GRPO steps. Every trained token is
 one the engine sampled for the session, with the engine's log-prob; the masks count the gap tokens as the records
 say; the agent was served the text of those tokens; one agent that raises is counted and the run goes on. The tiny
-random model's sessions break (its replies re-render to other ids), so their earlier segments train as rows of their
-own, token-exact too, each with its session's GRPO advantage computed over the sessions of its group."""
+random model's sessions break (some of its replies re-render to other ids, and the agent rewrites its history before
+its last request), so their earlier segments train as rows of their own, token-exact too, each with its session's
+GRPO advantage computed over the sessions of its group."""
 
 from __future__ import annotations
 
@@ -71,6 +72,7 @@ def test_an_openai_agent_trains_on_the_tokens_the_engine_sampled(e2e_text_config
             # a broken session's earlier segments are rows of their own: every sampled request trains in one row
             requests = {j for each in [stats["trained_requests"], *stats["segment_requests"]] for j in each}
             assert {j for j, record in enumerate(session.records) if record.response_ids} <= requests
+            assert stats["trained_requests"] == [2] and stats["segment_requests"]  # the agent's rewrite broke it
             for segment in stats["segment_requests"]:
                 assert batch["session"][segment_row] == i and not batch["scoring"][segment_row]
                 check_row(segment_row, [session.records[j] for j in segment])

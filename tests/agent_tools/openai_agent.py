@@ -1,8 +1,9 @@
 """The e2e test's agent (``tests/test_e2e_agent.py``), written with the official ``openai`` client as a user would:
 a tool-calling loop of three turns (tools offered on every request; a tool call is answered with the tool's result,
 a reply without one with a user follow-up: the tiny random model never calls, so the follow-ups are what the e2e
-sees), and a session that raises (the first call in the process: counted, the run goes on). It returns what it was
-served, every reply's text, for the test to compare with the trained tokens. ``echo_turns`` is
+sees; the first reply is replaced by a summary before the last request, so every session breaks there), and a
+session that raises (the first call in the process: counted, the run goes on). It returns what it was served, every
+reply's text, for the test to compare with the trained tokens. ``echo_turns`` is
 bench/multi_turn_speed.py's agent (``--workload agent``)."""
 
 import json
@@ -29,6 +30,8 @@ def run(task: dict, base_url: str, api_key: str, model: str) -> dict:
     messages = [{"role": "user", "content": task["prompt"]}]
     replies = []
     for turn in range(3):
+        if turn == 2:  # the history rewritten, as a framework that summarises it does: the session breaks here
+            messages[1] = {"role": "assistant", "content": "(summary of the first reply)"}
         reply = client.chat.completions.create(model=model, messages=messages, tools=TOOLS,
                                                max_tokens=6).choices[0].message
         replies.append(reply.content or "")
