@@ -255,8 +255,8 @@ class RayPPOTrainer:
         with timer("step", timing):
             batch, pending, generated, failures = self.batches.next_batch(prompt_stream, self.global_step, timing,
                                                                           metrics)  # gen, reward
-            if "agent_segments" in batch:  # an agent session's earlier segments: rows of their own, sharing its
-                batch = add_segment_rows(batch, self.workers.dp_size, cfg.data.max_prompt_length,  # reward, advantage
+            if "agent_segments" in batch:  # agent sessions' earlier segments: rows of their own (session_rows)
+                batch = add_segment_rows(batch, self.workers.dp_size, cfg.data.max_prompt_length,
                                          cfg.data.max_response_length, self.pad_id)
             occupancy = self.generator.rollout.slot_occupancy()
             if occupancy is not None:  # the share of the engines' decode slots that held a sequence
