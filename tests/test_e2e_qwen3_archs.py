@@ -186,7 +186,8 @@ def test_r3_through_the_agent_endpoint(trainer_on_ray, e2e_config, tmp_path):
     [row] = [json.loads(line) for line in (Path(config.trainer.run_dir) / "metrics.jsonl").read_text().splitlines()]
     routed, mask, width = batch["routed_experts"], batch["response_mask"], batch["prompts"].shape[1]
     ran = (routed >= 0).all(-1).all(-1)
-    trained = [i for i, stats in enumerate(batch["agent_stats"]) if stats["outcome"] == "trained"]
+    trained = [i for i, (stats, scoring) in enumerate(zip(batch["agent_stats"], batch["scoring"]))
+               if scoring and stats["outcome"] == "trained"]  # the sessions' own rows (not their earlier segments')
     print(f"ARCH_E2E qwen3_moe R3 agent router_agreement={row['moe/router_agreement']:.5f} replayed="
           f"{gaps['replayed']:.3g} own={gaps['own']:.3g} trained sessions {len(trained)}")
     # the agent's planted failure is its first session in the process (this test's, or tests/test_e2e_agent.py's)

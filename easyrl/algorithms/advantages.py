@@ -11,6 +11,7 @@ mean 0 and std 1. ``gae`` lives in :mod:`easyrl.algorithms.critic`.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -94,9 +95,32 @@ is the prompt's other samples, so ``n`` greedy samples make every advantage 0), 
 ``needs_teacher``, ``uses_reward``, ``needs_reward_baselines``, ``needs_sum_pi_squared``: the fields it reads."""
 
 
-def compute_advantage(name: str, inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run the estimator ``name``; ``ValueError`` for an unknown name (listing the valid ones)."""
-    return ADV_ESTIMATORS.get(name)(inputs)
+def compute_advantage(name: str, inputs: AdvantageInputs,
+                      sessions: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the estimator ``name``; ``ValueError`` for an unknown name (listing the valid ones).
+
+    ``sessions`` ``(bsz,)``: rows that are parts of one sample (an agent session's segments, docs/agents.md) name the
+    position of that sample's scoring row (its own on a scoring row); None: every row is a sample. A ``group``
+    estimator then runs on the scoring rows only, so that each session counts once in its group's statistics, and
+    every other row gets its session's advantage and return (those at the scoring row's first valid token: the same
+    on each of its tokens for every outcome estimator) on its own valid tokens. Any other estimator runs on every row,
+    each a trajectory of its own ending in the session's reward (verl's agent loop does the same for GAE)."""
+    estimator = ADV_ESTIMATORS.get(name)
+    if sessions is None or not ADV_ESTIMATORS.trait(name, "group"):
+        return estimator(inputs)
+    sessions = np.asarray(sessions)
+    scoring = np.flatnonzero(sessions == np.arange(len(sessions)))
+    picked = torch.as_tensor(scoring, dtype=torch.long)
+    advantages, returns = estimator(dataclasses.replace(inputs, index=inputs.index[scoring], **{
+        f.name: getattr(inputs, f.name)[picked] for f in dataclasses.fields(inputs)
+        if isinstance(getattr(inputs, f.name), torch.Tensor)}))
+    first = inputs.response_mask[picked].to(torch.long).argmax(-1, keepdim=True)  # 0 on an empty row (advantage 0)
+    slot = torch.as_tensor(np.searchsorted(scoring, sessions), dtype=torch.long)  # each row's session in `scoring`
+    out = [broadcast_to_tokens(values.gather(1, first).squeeze(1)[slot], inputs.response_mask)
+           for values in (advantages, returns)]
+    for full, values in zip(out, (advantages, returns)):
+        full[picked] = values.to(full.dtype)
+    return out[0], out[1]
 
 
 # ----------------------------------------------------------------------------------------------- helpers

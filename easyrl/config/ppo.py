@@ -77,10 +77,16 @@ class PPOConfig:
         longest = self.data.max_prompt_length + self.data.max_response_length
         return role.max_token_len_per_device or -(-micro * longest // self.worker.actor.ulysses_size)
 
-    def mini_batch_samples(self, role: str = "actor") -> int:
+    def mini_batch_samples(self, role: str = "actor", rows: Optional[int] = None) -> int:
         """Samples one data-parallel group takes per optimizer step of ``role`` (``"actor"`` or ``"critic"``):
         ``worker.<role>.global_batch_size * worker.rollout.n`` over the :attr:`dp_size` groups (the devices of a
-        sequence-parallel group share their samples)."""
+        sequence-parallel group share their samples). ``rows``: the group's share of this step's batch; its
+        ``data.rollout_batch_size / global_batch_size`` mini-batches are then cut from those rows (rounded up), so
+        that a batch with more rows than samples (an agent session's earlier segments, docs/agents.md) takes as many
+        optimizer steps as the configuration says; for a share of ``rollout_batch_size * n / dp_size`` rows that is
+        the same number."""
+        if rows is not None:
+            return -(-rows * getattr(self.worker, role).global_batch_size // self.data.rollout_batch_size)
         return getattr(self.worker, role).global_batch_size * self.worker.rollout.n // self.dp_size
 
     @property

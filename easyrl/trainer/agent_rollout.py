@@ -3,7 +3,8 @@ user's agent against the OpenAI-compatible endpoint (``easyrl.trainer.agent_endp
 sample request by request; its trajectory is the session's last segment (``easyrl.agents.segments``), token-exact:
 the prompt as vLLM's renderer rendered it, the sampled tokens (mask 1, the engine's log-probs, weight versions and,
 with routing replay, routed experts) and what the agent's later requests added between them (tool results,
-chat-template tokens: mask 0, the actor's own routing).
+chat-template tokens: mask 0, the actor's own routing). A broken session's earlier segments ride along in the extra
+``agent_segments`` and become rows of their own in the step (``easyrl.trainer.session_rows``).
 
 A session that fails (the agent raised, ran past ``timeout_s``, made no request, or its prompt does not fit
 ``data.max_prompt_length``) trains nothing: an empty response (mask 0) after the data's prompt, counted in
@@ -29,7 +30,7 @@ from easyrl.trainer.request_stream import RequestStream
 from easyrl.trainer.rollout import left_pad, right_pad, trajectory_batch, turns_routing_batch
 from easyrl.workers.fsdp_worker import FSDPWorker
 
-__all__ = ["AgentRollout", "agent_metrics", "load_agent", "session_trajectory"]
+__all__ = ["AgentRollout", "agent_metrics", "load_agent", "segments_batch", "session_trajectory"]
 
 logger = logging.getLogger("easyrl.agents")
 
@@ -70,26 +71,35 @@ def check_tool_call_parser(name: Optional[str]) -> None:
                           "parsed.")
 
 
-def session_trajectory(segments: list[Segment], max_prompt_length: int) -> tuple[Optional[Segment], str]:
-    """The segment a session trains (its last: the one holding the final answer) and why none: ``""`` (trained),
-    ``"no_requests"``, ``"prompt_too_long"`` (longer than ``max_prompt_length`` tokens)."""
+def session_trajectory(segments: list[Segment], max_prompt_length: int
+                       ) -> tuple[Optional[Segment], list[Segment], int, str]:
+    """What a session trains: ``(last, earlier, too_long, why)``. ``last``: the segment holding the final answer (its
+    last request), the session's scoring row, or None and ``why`` not: ``"no_requests"``, ``"prompt_too_long"`` (its
+    prompt is longer than ``max_prompt_length`` tokens; then nothing of the session trains). ``earlier``: the other
+    segments that train as samples of their own (docs/agents.md), in the order they started; those holding no
+    sampled token are left out, and those whose prompt is too long too (counted in ``too_long``)."""
     if not segments:
-        return None, "no_requests"
+        return None, [], 0, "no_requests"
     last = max(segments, key=lambda segment: segment.requests[-1])
     if len(last.prompt_ids) > max_prompt_length:
-        return None, "prompt_too_long"
-    return last, ""
+        return None, [], 0, "prompt_too_long"
+    others = [segment for segment in segments if segment is not last and segment.sampled_tokens]
+    earlier = [segment for segment in others if len(segment.prompt_ids) <= max_prompt_length]
+    return last, earlier, len(others) - len(earlier), ""
 
 
 def agent_metrics(batch: Batch) -> dict[str, float]:
-    """``agent/*`` of an agent batch ({} otherwise): sessions by outcome (``trained``, ``failed`` (raised),
-    ``timeouts``, ``no_requests``, ``prompt_too_long``), ``requests/mean``, ``segments/mean`` and
-    ``broken_sessions`` (sessions of several segments: a later prompt did not extend the earlier tokens, e.g. a chat
-    template that re-renders or drops earlier turns; only the last segment trains), ``http_errors`` (answers of
+    """``agent/*`` of an agent batch ({} otherwise), over its sessions (the scoring rows,
+    ``easyrl.trainer.session_rows``): sessions by outcome (``trained``, ``failed`` (raised), ``timeouts``,
+    ``no_requests``, ``prompt_too_long``), ``requests/mean``, ``segments/mean`` and ``broken_sessions`` (sessions of
+    several segments: a later prompt did not extend the earlier tokens, e.g. a chat template that re-renders or drops
+    earlier turns), ``segment_rows`` (earlier segments trained as rows of their own), ``segments/prompt_too_long``
+    (earlier segments not trained: prompt longer than ``data.max_prompt_length``), ``http_errors`` (answers of
     status >= 400 to its sessions)."""
     if "agent_stats" not in batch:
         return {}
-    stats = batch["agent_stats"]
+    scoring = batch["scoring"] if "scoring" in batch else [True] * len(batch)
+    stats = [s for s, scores in zip(batch["agent_stats"], scoring) if scores]
     counts = Counter(s["outcome"] for s in stats)
     requests, segments = [s["requests"] for s in stats], [s["segments"] for s in stats]
     sessions = max(len(stats), 1)
@@ -99,7 +109,35 @@ def agent_metrics(batch: Batch) -> dict[str, float]:
             "agent/prompt_too_long": float(counts["prompt_too_long"]),
             "agent/requests/mean": sum(requests) / sessions, "agent/segments/mean": sum(segments) / sessions,
             "agent/broken_sessions": float(sum(count > 1 for count in segments)),
+            "agent/segment_rows": float(sum(len(s["segment_requests"]) for s in stats)),
+            "agent/segments/prompt_too_long": float(sum(s["segments_too_long"] for s in stats)),
             "agent/http_errors": float(http_errors)}
+
+
+def segments_batch(prompts: Batch, segments: list[Optional[Segment]], prompt_length: int, response_length: int,
+                   pad_id: int) -> Batch:
+    """The trajectory batch of one segment per row of ``prompts`` (``easyrl.trainer.rollout``'s layout, ``P`` =
+    ``prompt_length``, ``R`` = ``response_length`` tokens): each row's prompt replaced by its segment's (as vLLM
+    rendered it), its response the segment's (cut at ``R``), ``token_versions`` ``(bsz, R)`` and, with routing replay,
+    ``routed_experts``; a row whose segment is None keeps the data's prompt and an empty response. Raises
+    ``ValueError`` for a segment prompt longer than ``P``."""
+    prompt_rows = [segment.prompt_ids if segment is not None else list(raw)
+                   for segment, raw in zip(segments, prompts["raw_prompt_ids"])]
+    ids, mask = left_pad(prompt_rows, prompt_length, pad_id)
+    rendered = Batch(prompts.tensors.clone(), dict(prompts.extras))
+    rendered["prompts"], rendered["prompt_mask"] = ids, mask
+    rendered["raw_prompt_ids"] = prompt_rows
+    empty = Segment(prompt_ids=[], log_probs=[], versions=[])
+    rows = [segment or empty for segment in segments]
+    log_probs = None if any(row.log_probs is None for row in rows) else [row.log_probs for row in rows]
+    batch = trajectory_batch(rendered, [row.response_ids for row in rows], response_length, pad_id,
+                             log_probs, [row.response_mask for row in rows])
+    batch["token_versions"] = right_pad([row.versions or [-1] * len(row.response_ids) for row in rows],
+                                        response_length, -1, torch.long)[0]
+    if any(routed is not None for row in rows for routed in row.routings):  # routing replay (R3)
+        batch["routed_experts"] = turns_routing_batch(batch, [row.routings for row in rows],
+                                                      [row.sequence for row in rows])
+    return batch
 
 
 class AgentRollout:
@@ -145,8 +183,10 @@ class AgentRollout:
 
     def generate(self, prompts: Batch, overrides: Optional[dict[str, Any]]) -> tuple[Batch, float]:
         """See ``Rollout.generate`` (``overrides``: the sampling of every request of these sessions, whatever the
-        agent asks for). Adds ``agent_result`` (what each agent returned, None where it failed) and ``agent_stats``
-        (its session's outcome, requests, segments, HTTP errors: ``agent_metrics``)."""
+        agent asks for). One row per session, its last segment; adds ``agent_result`` (what each agent returned, None
+        where it failed), ``agent_segments`` (its earlier segments that train, ``session_trajectory``) and
+        ``agent_stats`` (its session's outcome, requests, segments, HTTP errors, the requests of its trained segments:
+        ``agent_metrics``)."""
         if not self._started:
             self.endpoint.start()
             self._started = True
@@ -168,9 +208,9 @@ class AgentRollout:
                     self._stream.close()
                     self._stream = None
                 self.workers.run_all(FSDPWorker.sleep_rollout)
-        outcomes, results, rows = [], [], []
+        outcomes, results, rows, earlier, too_long = [], [], [], [], []
         for i, (future, session) in enumerate(zip(futures, sessions)):
-            outcome, result, segment = "trained", None, None
+            outcome, result, segment, others, dropped = "trained", None, None, [], 0
             if future not in done:
                 outcome = "timeout"
             elif future.exception() is not None:
@@ -179,40 +219,25 @@ class AgentRollout:
                                session.id, i, type(future.exception()).__name__, future.exception())
             else:
                 result = future.result()
-                segment, why = session_trajectory(session.segments(), self.prompt_length)
+                segment, others, dropped, why = session_trajectory(session.segments(), self.prompt_length)
                 outcome = why or outcome
             outcomes.append(outcome)
             results.append(result)
             rows.append(segment)
+            earlier.append(others)
+            too_long.append(dropped)
         self.last_sessions = sessions
-        batch = self._batch(prompts, rows)
+        batch = segments_batch(prompts, rows, self.prompt_length, self.response_length, self.pad_id)
         batch["agent_result"] = results
+        batch["agent_segments"] = earlier  # rows of their own in the step (easyrl.trainer.session_rows)
         batch["agent_stats"] = [{"outcome": outcome, "requests": len(session.records),
                                  "segments": len(session.segments()), "http_errors": session.errors,
-                                 "trained_requests": row.requests if row is not None else []}
-                                for outcome, session, row in zip(outcomes, sessions, rows)]
+                                 "trained_requests": row.requests if row is not None else [],
+                                 "segment_requests": [segment.requests for segment in others],
+                                 "segments_too_long": dropped}
+                                for outcome, session, row, others, dropped in zip(outcomes, sessions, rows, earlier,
+                                                                                  too_long)]
         return batch, reshard
-
-    def _batch(self, prompts: Batch, segments: list[Optional[Segment]]) -> Batch:
-        """The trajectory batch: each trained row's prompt replaced by its segment's (as vLLM rendered it), its
-        response the segment's; an untrained row keeps the data's prompt and an empty response."""
-        prompt_rows = [segment.prompt_ids if segment is not None else list(raw)
-                       for segment, raw in zip(segments, prompts["raw_prompt_ids"])]
-        ids, mask = left_pad(prompt_rows, self.prompt_length, self.pad_id)
-        rendered = Batch(prompts.tensors.clone(), dict(prompts.extras))
-        rendered["prompts"], rendered["prompt_mask"] = ids, mask
-        rendered["raw_prompt_ids"] = prompt_rows
-        empty = Segment(prompt_ids=[], log_probs=[], versions=[])
-        rows = [segment or empty for segment in segments]
-        log_probs = None if any(row.log_probs is None for row in rows) else [row.log_probs for row in rows]
-        batch = trajectory_batch(rendered, [row.response_ids for row in rows], self.response_length, self.pad_id,
-                                 log_probs, [row.response_mask for row in rows])
-        batch["token_versions"] = right_pad([row.versions or [-1] * len(row.response_ids) for row in rows],
-                                            self.response_length, -1, torch.long)[0]
-        if any(routed is not None for row in rows for routed in row.routings):  # routing replay (R3)
-            batch["routed_experts"] = turns_routing_batch(batch, [row.routings for row in rows],
-                                                          [row.sequence for row in rows])
-        return batch
 
     def slot_occupancy(self) -> Optional[float]:
         """See ``Rollout.slot_occupancy``."""

@@ -60,6 +60,7 @@ from easyrl.trainer.rollout import data_sources, for_workers
 from easyrl.trainer.rollout_dump import RolloutDump
 from easyrl.trainer.run_folder import checkpoint_to_resume
 from easyrl.trainer.scoring import ModelRewards, Scorer
+from easyrl.trainer.session_rows import SESSION, add_segment_rows, scoring_view, session_positions, share_scores
 from easyrl.trainer.validation import Validator
 from easyrl.workers.fsdp_worker import FSDPWorker
 from easyrl.workers.group import WorkerError, WorkerGroup
@@ -153,7 +154,7 @@ class RayPPOTrainer:
             **({"values": batch["values"], "lam": algo.lam} if algo.needs_critic else {}),
             **({"old_log_probs": batch["old_log_probs"], "teacher_log_probs": batch["teacher_log_probs"]}
                if algo.needs_teacher else {}),
-        ))
+        ), sessions=session_positions(batch))  # agent segment rows: their session's advantage
         batch["advantages"] = advantages
         batch["returns"] = returns
 
@@ -254,6 +255,9 @@ class RayPPOTrainer:
         with timer("step", timing):
             batch, pending, generated, failures = self.batches.next_batch(prompt_stream, self.global_step, timing,
                                                                           metrics)  # gen, reward
+            if "agent_segments" in batch:  # agent sessions' earlier segments: rows of their own (session_rows)
+                batch = add_segment_rows(batch, self.workers.dp_size, cfg.data.max_prompt_length,
+                                         cfg.data.max_response_length, self.pad_id)
             occupancy = self.generator.rollout.slot_occupancy()
             if occupancy is not None:  # the share of the engines' decode slots that held a sequence
                 metrics["rollout/slot_occupancy"] = occupancy
@@ -285,11 +289,13 @@ class RayPPOTrainer:
             if cfg.algorithm.needs_teacher:  # on-policy distillation: each sample's teacher scores it
                 batch["teacher_index"] = torch.tensor(route_teachers(teachers_of(cfg.worker), data_sources(batch)))
                 forward("teacher", FSDPWorker.compute_teacher_log_probs, "teacher_log_probs")
+            scored = scoring_view(batch)  # one row per agent session (the batch itself without segment rows)
             if pending is not None:  # scored in the reward actor while the log-prob passes ran
                 with timer("reward", timing):
-                    failures += self.scorer.wait(batch, pending, order)
-            self.model_rewards.run(batch, timing, metrics)  # the judge's and reward model's scores, into overall
-            metrics.update(reward_metrics(batch, generated, failures, self._check_reward_variance(batch)))
+                    failures += self.scorer.wait(scored, pending, scored[SESSION] if SESSION in scored else order)
+            self.model_rewards.run(scored, timing, metrics)  # the judge's and reward model's scores, into overall
+            share_scores(batch, scored)
+            metrics.update(reward_metrics(scored, generated, failures, self._check_reward_variance(scored)))
             if cfg.algorithm.needs_critic:
                 forward("values", FSDPWorker.compute_values, "values")
             with timer("adv", timing):

@@ -371,7 +371,7 @@ class FSDPWorker:
         without ``old_log_probs`` in ``data`` (an on-policy step) also ``"old_log_probs"``: the update's own
         pre-step log-probs ``(bsz, resp_len)``."""
         cfg = self.config
-        mini = cfg.mini_batch_samples("actor")
+        mini = cfg.mini_batch_samples("actor", len(data))
         data = self.mm_stage.attach(data)
         metrics: dict[str, Any] = self.actor.update_policy(
             data, mini, cfg.worker.actor.micro_batch_size_per_device_for_update, cfg.sync_check_threshold)
@@ -394,7 +394,7 @@ class FSDPWorker:
     def update_critic(self, data: Batch) -> dict[str, list[float]]:
         """Value-loss update of the critic on this worker's share (needs ``values`` and ``returns``)."""
         cfg = self.config
-        mini = cfg.mini_batch_samples("critic")
+        mini = cfg.mini_batch_samples("critic", len(data))
         data = self.mm_stage.attach(data)
         metrics = self.critic.update_critic(data, mini, cfg.worker.critic.micro_batch_size_per_device_for_update)
         empty_cache(self.device)
