@@ -54,7 +54,7 @@ PERIODS = ("sliding_window_pattern", "interleave_moe_layer_step", "no_rope_layer
            "moe_layer_freq", "full_attn_interval", "attn_layer_period", "expert_layer_period")
 VISION_SIZES: dict[str, int] = {
     "hidden_size": 64, "embed_dim": 64, "num_attention_heads": 2, "num_heads": 2, "intermediate_size": 128,
-    "depth": 2, "num_hidden_layers": 2, "num_layers": 2, "head_dim": 32,
+    "depth": 2, "num_hidden_layers": 2, "num_layers": 2, "head_dim": 32, "num_key_value_heads": 2,
 }
 
 # model_type -> {attribute: value} applied last to the text config (a family whose config the generic rules get
@@ -74,6 +74,14 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # vLLM builds the router's e_score_correction_bias only for noaux_tc (the released configs say so; transformers
     # 5.19 no longer writes the key)
     "deepseek_v3": {"topk_method": "noaux_tc"},
+}
+
+# model_type -> {attribute: (value, source)} that vLLM reads from the (text) config while transformers' default config
+# lacks it: the released checkpoints' value, set on the twin only where the config does not have the key (a released
+# folder's own value wins). Only values transformers' forward computes alike (the source says why).
+RELEASED: dict[str, dict[str, tuple[Any, str]]] = {
+    "qwen3_vl_moe": {"norm_topk_prob": (True, "Qwen/Qwen3-VL-30B-A3B-Instruct config.json (easyrl/model_configs); "
+                                        "transformers' Qwen3VLMoeTextTopKRouter always renormalises the top-k")},
 }
 
 
@@ -207,6 +215,8 @@ def twin_config(hf_config: Any) -> Any:
     text = d[text_key] if text_key else d
     _shrink_text(text)
     text.update(OVERRIDES.get(model_type, {}))
+    for key, (value, _source) in RELEASED.get(model_type, {}).items():
+        text.setdefault(key, value)
     for key, value in d.items():  # plain nested settings (DBRX's attn_config, ffn_config): their widths too
         if key != text_key and isinstance(value, dict) and not value.get("model_type") and "hidden_size" in value:
             for volatile in ("_name_or_path", "output_attentions", "transformers_version"):
