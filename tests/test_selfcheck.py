@@ -28,6 +28,17 @@ def _failed_check(config, tmp_path) -> str:
     return verdict.failed
 
 
+def test_twin_carries_the_released_keys_vllm_reads():
+    """vLLM's Qwen3-VL-MoE reads ``norm_topk_prob``, which transformers' default config lacks: the twin carries the
+    released value (``easyrl.models.twin.RELEASED``), and a config's own value wins."""
+    from easyrl.models.twin import twin_config
+
+    config = _config("qwen3_vl_moe")
+    assert twin_config(config).text_config.norm_topk_prob is True
+    config.text_config.norm_topk_prob = False
+    assert twin_config(config).text_config.norm_topk_prob is False
+
+
 def test_twin_keeps_the_layer_pattern_and_shrinks():
     """Gemma 3's twin keeps its 5 sliding + 1 global layer pattern (a window of 8 tokens), at width 256."""
     from easyrl.models.twin import twin_config
