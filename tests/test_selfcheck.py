@@ -28,15 +28,16 @@ def _failed_check(config, tmp_path) -> str:
     return verdict.failed
 
 
-def test_twin_carries_the_released_keys_vllm_reads():
-    """vLLM's Qwen3-VL-MoE reads ``norm_topk_prob``, which transformers' default config lacks: the twin carries the
-    released value (``easyrl.models.twin.RELEASED``), and a config's own value wins."""
+def test_a_bare_model_type_is_checked_with_the_released_values_vllm_reads():
+    """vLLM's Qwen3-VL-MoE reads ``norm_topk_prob`` (transformers' default config lacks it) and its GLM-4.1V
+    ``attention_bias`` (the default says False, transformers' attention has biases anyway): a bare model_type's config
+    carries the released values (``easyrl.models.twin.RELEASED``) into its twin; a folder's config is not touched."""
     from easyrl.models.twin import twin_config
+    from easyrl.trainer.selfcheck import load_config
 
-    config = _config("qwen3_vl_moe")
-    assert twin_config(config).text_config.norm_topk_prob is True
-    config.text_config.norm_topk_prob = False
-    assert twin_config(config).text_config.norm_topk_prob is False
+    assert twin_config(load_config("qwen3_vl_moe")).text_config.norm_topk_prob is True
+    assert twin_config(load_config("glm4v")).text_config.attention_bias is True
+    assert not hasattr(twin_config(_config("qwen3_vl_moe")).text_config, "norm_topk_prob")
 
 
 def test_twin_keeps_the_layer_pattern_and_shrinks():

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["twin_config", "write_twin", "twin_tokenizer", "model_class_name", "TwinError", "MAX_LAYERS"]
+__all__ = ["twin_config", "write_twin", "seed_released", "RELEASED", "twin_tokenizer", "model_class_name", "TwinError", "MAX_LAYERS"]
 
 MAX_LAYERS = 8
 MIN_VOCAB = 5120  # the check's ids are below 5000
@@ -76,13 +76,26 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "deepseek_v3": {"topk_method": "noaux_tc"},
 }
 
-# model_type -> {attribute: (value, source)} that vLLM reads from the (text) config while transformers' default config
-# lacks it: the released checkpoints' value, set on the twin only where the config does not have the key (a released
-# folder's own value wins). Only values transformers' forward computes alike (the source says why).
+# model_type -> {text-config key: (value, source)}: what the released checkpoints say (and transformers' forward computes)
+# where transformers' default config does not: a key vLLM reads that the default lacks, or one it holds otherwise than
+# the model computes. ``easyrl.trainer.selfcheck.load_config`` seeds a bare model_type's default config with them (what
+# the matrix checks: :func:`seed_released`); a model folder is checked as it is.
 RELEASED: dict[str, dict[str, tuple[Any, str]]] = {
     "qwen3_vl_moe": {"norm_topk_prob": (True, "Qwen/Qwen3-VL-30B-A3B-Instruct config.json (easyrl/model_configs); "
                                         "transformers' Qwen3VLMoeTextTopKRouter always renormalises the top-k")},
+    "glm4v": {"attention_bias": (True, "transformers' Glm4vTextAttention builds q/k/v with bias=True whatever the "
+                                 "config says (default False); vLLM's Glm4Attention reads attention_bias and builds "
+                                 "none, skipping the checkpoint's biases")},
 }
+
+
+def seed_released(hf_config: Any) -> Any:
+    """``hf_config`` (a default config of its type) with the :data:`RELEASED` values of its type set on its text
+    config; returned for chaining."""
+    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    for key, (value, _source) in RELEASED.get(hf_config.model_type, {}).items():
+        setattr(text, key, value)
+    return hf_config
 
 
 class TwinError(ValueError):
@@ -215,8 +228,6 @@ def twin_config(hf_config: Any) -> Any:
     text = d[text_key] if text_key else d
     _shrink_text(text)
     text.update(OVERRIDES.get(model_type, {}))
-    for key, (value, _source) in RELEASED.get(model_type, {}).items():
-        text.setdefault(key, value)
     for key, value in d.items():  # plain nested settings (DBRX's attn_config, ffn_config): their widths too
         if key != text_key and isinstance(value, dict) and not value.get("model_type") and "hidden_size" in value:
             for volatile in ("_name_or_path", "output_attentions", "transformers_version"):

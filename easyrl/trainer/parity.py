@@ -128,14 +128,18 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> float:
 
 
 def _engine(folder: str, images: bool = True):
-    """An in-process vLLM engine (``VLLMRollout``, fp32, eager, 1 GiB KV cache) that reads ``folder``'s weights from
+    """An in-process vLLM engine (``VLLMRollout``, fp32, eager, chunked prefill, 1 GiB KV cache) that reads ``folder``'s weights from
     disk (the run's engine starts from random weights that the first sync overwrites: ``dummy_load``); ``images``
     False: no image per prompt (vLLM then runs a VL model's language model alone, without its processor)."""
     from easyrl.config.worker import RolloutConfig
     from easyrl.workers import rollout
 
+    # chunked prefill: vLLM requires it for a model with recurrent-state layers (LFM2's convolutions, Gated DeltaNet:
+    # "Chunked prefill is required for mamba cache mode 'align'"); the checks' rows fit one chunk, so others compute
+    # the same
     config = RolloutConfig(dtype="fp32", enforce_eager=True, prompt_length=256, response_length=32,
-                           max_num_batched_tokens=256, cpu_kvcache_space_gib=1, limit_images=int(images))
+                           max_num_batched_tokens=256, cpu_kvcache_space_gib=1, limit_images=int(images),
+                           enable_chunked_prefill=True)
     with mock.patch.object(rollout, "load_format", lambda *args: None):  # read the exported folder
         return rollout.VLLMRollout(folder, config, "cpu", seed=0)
 
