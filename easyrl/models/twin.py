@@ -44,6 +44,7 @@ TEXT_SIZES: dict[str, int] = {
     "intermediate_size_mlp": MLP, "dense_intermediate_size": MLP, "expert_dim": EXPERT_MLP,
     "linear_key_head_dim": 64, "linear_value_head_dim": 64, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
     "q_lora_rank": 128, "expert_ffn_hidden_size": EXPERT_MLP, "hidden_size_per_layer_input": 64,
+    "block_dim": HIDDEN, "conv_dim": HIDDEN,  # LFM2's names of the width (easyrl.models.twin.RELEASED)
 }
 KV_HEADS = ("num_key_value_heads", "n_head_kv", "num_kv_heads", "multi_query_group_num", "n_kv_heads")
 EXPERT_COUNTS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "num_routed_experts")
@@ -76,13 +77,26 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "deepseek_v3": {"topk_method": "noaux_tc"},
 }
 
-# model_type -> {text-config key: (value, source)}: what the released checkpoints say (and transformers' forward computes)
+def _hidden_size(text: Any) -> int:
+    return text.hidden_size
+
+
+# model_type -> {text-config key, or ``sub_config.key``: (value, or a function of the text config, source)}: what the released checkpoints say (and transformers' forward computes)
 # where transformers' default config does not: a key vLLM reads that the default lacks, or one it holds otherwise than
 # the model computes. ``easyrl.trainer.selfcheck.load_config`` seeds a bare model_type's default config with them (what
 # the matrix checks: :func:`seed_released`); a model folder is checked as it is.
 RELEASED: dict[str, dict[str, tuple[Any, str]]] = {
     "qwen3_vl_moe": {"norm_topk_prob": (True, "Qwen/Qwen3-VL-30B-A3B-Instruct config.json (easyrl/model_configs); "
                                         "transformers' Qwen3VLMoeTextTopKRouter always renormalises the top-k")},
+    # its projector pools the tower's patch grid into mm_tokens_per_image (256 = 16 x 16) tokens; the default tower
+    # (224 / 16 = 14 patches a side) gives a zero pooling stride
+    **{model_type: {"vision_config.image_size": (896, "google/gemma-3-4b-it config.json (SigLIP at 896 px, patch "
+                                                      "14: 64 x 64 patches pooled 4 x 4 into 256 tokens)"),
+                    "vision_config.patch_size": (14, "google/gemma-3-4b-it config.json")}
+       for model_type in ("gemma3", "shieldgemma2")},
+    # LFM2's legacy width names, which vLLM 0.32's Lfm2 reads and transformers 5.19 folds into hidden_size
+    **{model_type: {key: (_hidden_size, "LiquidAI/LFM2 config.json files carry block_dim = conv_dim = hidden_size")
+                    for key in ("block_dim", "conv_dim")} for model_type in ("lfm2", "lfm2_vl")},
     "glm4v": {"attention_bias": (True, "transformers' Glm4vTextAttention builds q/k/v with bias=True whatever the "
                                  "config says (default False); vLLM's Glm4Attention reads attention_bias and builds "
                                  "none, skipping the checkpoint's biases")},
@@ -91,10 +105,11 @@ RELEASED: dict[str, dict[str, tuple[Any, str]]] = {
 
 def seed_released(hf_config: Any) -> Any:
     """``hf_config`` (a default config of its type) with the :data:`RELEASED` values of its type set on its text
-    config; returned for chaining."""
+    config (a key ``sub.key``: on its sub-config ``sub``); returned for chaining."""
     text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
     for key, (value, _source) in RELEASED.get(hf_config.model_type, {}).items():
-        setattr(text, key, value)
+        holder, _, name = key.rpartition(".")
+        setattr(getattr(hf_config, holder) if holder else text, name, value(text) if callable(value) else value)
     return hf_config
 
 
