@@ -37,6 +37,9 @@ def test_a_bare_model_type_is_checked_with_the_released_values_vllm_reads():
 
     assert twin_config(load_config("qwen3_vl_moe")).text_config.norm_topk_prob is True
     assert twin_config(load_config("glm4v")).text_config.attention_bias is True
+    gemma3 = twin_config(load_config("gemma3")).vision_config  # a sub-config's key; a width alias follows the twin's
+    assert (gemma3.image_size, gemma3.patch_size) == (896, 14)
+    assert twin_config(load_config("lfm2")).block_dim == 256
     assert not hasattr(twin_config(_config("qwen3_vl_moe")).text_config, "norm_topk_prob")
 
 

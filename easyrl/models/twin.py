@@ -97,6 +97,8 @@ RELEASED: dict[str, dict[str, tuple[Any, str]]] = {
     # LFM2's legacy width names, which vLLM 0.32's Lfm2 reads and transformers 5.19 folds into hidden_size
     **{model_type: {key: (_hidden_size, "LiquidAI/LFM2 config.json files carry block_dim = conv_dim = hidden_size")
                     for key in ("block_dim", "conv_dim")} for model_type in ("lfm2", "lfm2_vl")},
+    "glm4v_moe": {"use_qk_norm": (False, "transformers' Glm4vMoeTextAttention has no q/k norms (GLM-4.5V's config.json: "
+                                         "false); vLLM's Glm4MoeAttention reads the key")},
     "glm4v": {"attention_bias": (True, "transformers' Glm4vTextAttention builds q/k/v with bias=True whatever the "
                                  "config says (default False); vLLM's Glm4Attention reads attention_bias and builds "
                                  "none, skipping the checkpoint's biases")},
