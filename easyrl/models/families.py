@@ -122,17 +122,13 @@ def _generic_blank(hf_config: Any) -> dict[str, Any]:
     """A family outside the registry: the layout its ``get_image_features`` names (:data:`_BLANK_BY_PARAMETER`;
     ``image_sizes``: anyres tiles where the config has ``image_grid_pinpoints``, else Pixtral's any-size image), else
     one image of the tower's input size; only the keyword arguments the method names."""
-    parameters = _image_features_parameters(model_class_name_of(hf_config))
+    from easyrl.models.twin import model_class_name
+
+    parameters = _image_features_parameters(model_class_name(hf_config))
     blank = next((make for name, make in _BLANK_BY_PARAMETER if name in parameters), None)
     if blank is None and "image_sizes" in parameters:
         blank = _anyres_blank if getattr(hf_config, "image_grid_pinpoints", None) else _pixtral_blank
     return {key: value for key, value in (blank or _tile_blank)(hf_config).items() if key in parameters}
-
-
-def model_class_name_of(hf_config: Any) -> str:
-    from easyrl.models.twin import model_class_name
-
-    return model_class_name(hf_config)
 
 
 @functools.lru_cache(maxsize=None)
