@@ -24,7 +24,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["twin_config", "write_twin", "seed_released", "RELEASED", "twin_tokenizer", "model_class_name", "TwinError", "MAX_LAYERS"]
+__all__ = ["twin_config", "write_twin", "seed_released", "RELEASED", "twin_tokenizer", "model_class_name", "TwinError",
+           "MAX_LAYERS"]
 
 MAX_LAYERS = 8
 MIN_VOCAB = 5120  # the check's ids are below 5000
@@ -77,14 +78,16 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "deepseek_v3": {"topk_method": "noaux_tc"},
 }
 
+
 def _hidden_size(text: Any) -> int:
     return text.hidden_size
 
 
-# model_type -> {text-config key, or ``sub_config.key``: (value, or a function of the text config, source)}: what the released checkpoints say (and transformers' forward computes)
-# where transformers' default config does not: a key vLLM reads that the default lacks, or one it holds otherwise than
-# the model computes. ``easyrl.trainer.selfcheck.load_config`` seeds a bare model_type's default config with them (what
-# the matrix checks: :func:`seed_released`); a model folder is checked as it is.
+# model_type -> {text-config key, or ``sub_config.key``: (value, or a function of the text config, source)}: what the
+# released checkpoints say (and transformers' forward computes) where transformers' default config does not: a key vLLM
+# reads that the default lacks, or one it holds otherwise than the model computes.
+# ``easyrl.trainer.selfcheck.load_config`` seeds a bare model_type's default config with them (what the matrix checks:
+# :func:`seed_released`); a model folder is checked as it is.
 RELEASED: dict[str, dict[str, tuple[Any, str]]] = {
     "qwen3_vl_moe": {"norm_topk_prob": (True, "Qwen/Qwen3-VL-30B-A3B-Instruct config.json (easyrl/model_configs); "
                                         "transformers' Qwen3VLMoeTextTopKRouter always renormalises the top-k")},
@@ -97,8 +100,8 @@ RELEASED: dict[str, dict[str, tuple[Any, str]]] = {
     # LFM2's legacy width names, which vLLM 0.32's Lfm2 reads and transformers 5.19 folds into hidden_size
     **{model_type: {key: (_hidden_size, "LiquidAI/LFM2 config.json files carry block_dim = conv_dim = hidden_size")
                     for key in ("block_dim", "conv_dim")} for model_type in ("lfm2", "lfm2_vl")},
-    "glm4v_moe": {"use_qk_norm": (False, "transformers' Glm4vMoeTextAttention has no q/k norms (GLM-4.5V's config.json: "
-                                         "false); vLLM's Glm4MoeAttention reads the key")},
+    "glm4v_moe": {"use_qk_norm": (False, "transformers' Glm4vMoeTextAttention has no q/k norms (GLM-4.5V's "
+                                         "config.json: false); vLLM's Glm4MoeAttention reads the key")},
     "glm4v": {"attention_bias": (True, "transformers' Glm4vTextAttention builds q/k/v with bias=True whatever the "
                                  "config says (default False); vLLM's Glm4Attention reads attention_bias and builds "
                                  "none, skipping the checkpoint's biases")},

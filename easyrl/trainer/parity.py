@@ -128,9 +128,10 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> float:
 
 
 def _engine(folder: str, images: bool = True):
-    """An in-process vLLM engine (``VLLMRollout``, fp32, eager, chunked prefill, 1 GiB KV cache) that reads ``folder``'s weights from
-    disk (the run's engine starts from random weights that the first sync overwrites: ``dummy_load``); ``images``
-    False: no image per prompt (vLLM then runs a VL model's language model alone, without its processor)."""
+    """An in-process vLLM engine (``VLLMRollout``, fp32, eager, chunked prefill, 1 GiB KV cache) that reads
+    ``folder``'s weights from disk (the run's engine starts from random weights that the first sync overwrites:
+    ``dummy_load``); ``images`` False: no image per prompt (vLLM then runs a VL model's language model alone, without
+    its processor)."""
     from easyrl.config.worker import RolloutConfig
     from easyrl.workers import rollout
 

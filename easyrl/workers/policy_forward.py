@@ -206,9 +206,9 @@ def _pack(model, inputs: ModelInputs):
 
 
 def _packed_forward(model, packed, multi_modal, sp, scoring=None, extra=None):
-    """The model's ``(response tokens, c)`` outputs at ``packed.logit_indices`` (``scoring(labels)``: the fused
-    head's context for these labels and kept positions), and the output; with ``sp`` each rank of the group runs its slice of the row
-    (``easyrl.models.ulysses``)."""
+    """The model's ``(response tokens, c)`` outputs at ``packed.logit_indices`` (``scoring(labels, keep)``: the fused
+    head's context for these labels at those kept positions), and the output; with ``sp`` each rank of the group runs
+    its slice of the row (``easyrl.models.ulysses``)."""
     inputs = dict(input_ids=packed.input_ids, position_ids=packed.position_ids, logits_to_keep=packed.logit_indices)
     with sp.sharded(packed.input_ids, packed.position_ids, packed.logit_indices, packed.labels) if sp else \
             nullcontext((inputs, packed.labels, None)) as (inputs, labels, gather):
