@@ -32,17 +32,6 @@ LOCK = "/tmp/easyrl-e2e.lock"
 # the families users move to first (issue #49): checked first, so a short run still answers for them
 FIRST = ("gemma4_text", "gemma4", "gemma3_text", "gpt_oss", "deepseek_v3", "glm4_moe", "qwen3_next", "llama4_text",
          "llama4", "glm4v", "olmo2", "smollm3")
-# keys that vLLM reads, that the released config.json files carry, and that transformers' default configs lack (each
-# value what transformers' own modeling computes from the rest of the config): the matrix checks the default config
-# completed with them; a user's folder is checked as it is
-RELEASED_KEYS = {
-    # transformers' AfmoeTokenChoiceRouter: sigmoid scores, the top-k renormalized, no expert groups
-    "afmoe": lambda c: {"score_func": "sigmoid", "route_norm": True, "n_group": 1, "topk_group": 1},
-    "glm4_moe_lite": lambda c: {"first_k_dense_replace": _leading_dense(c)},
-    # MiniMaxM2's router: sigmoid scores (+ its correction bias); partial rotary as the released `rotary_dim`
-    "minimax_m2": lambda c: {"scoring_func": "sigmoid",
-                             "rotary_dim": int(c.head_dim * c.rope_parameters.get("partial_rotary_factor", 1.0))},
-}
 EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "num_routed_experts")
 
 
@@ -76,34 +65,14 @@ def is_moe(model_type: str) -> bool:
                for c in (config, text) for key in EXPERT_KEYS)
 
 
-def _leading_dense(config) -> int:
-    """The number of dense MLP layers before the first sparse one (``mlp_layer_types``): ``first_k_dense_replace``."""
-    kinds = list(config.mlp_layer_types)
-    return next((i for i, kind in enumerate(kinds) if kind != "dense"), len(kinds))
-
-
-def matrix_config(model_type: str):
-    """The config the matrix checks: the type's default, with its :data:`RELEASED_KEYS`."""
-    from easyrl.trainer.selfcheck import load_config
-
-    config = load_config(model_type)
-    for key, value in RELEASED_KEYS.get(model_type, lambda c: {})(config).items():
-        setattr(config, key, value)
-    return config
-
-
 def run_one(model_type: str, timeout_s: int, locked: bool = False) -> dict:
     """One type's verdict (its JSON), or a record of the process that gave none (``status`` ``error``); ``locked``:
     the caller holds the engine lock (else the child takes it)."""
     with tempfile.TemporaryDirectory() as scratch:
         out = Path(scratch) / "verdict.json"
-        source = model_type
-        if model_type in RELEASED_KEYS:
-            source = str(Path(scratch) / "config")
-            matrix_config(model_type).save_pretrained(source)
         command = [] if locked else ["flock", LOCK]
         command += ["timeout", "-k", "10", str(timeout_s), sys.executable, "-m", "easyrl.trainer.selfcheck",
-                    source, "--json", str(out)]
+                    model_type, "--json", str(out)]
         start = time.perf_counter()
         done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
         wall = round(time.perf_counter() - start, 1)
@@ -121,14 +90,14 @@ def actor_phase(types: list[str], out: Path) -> None:
     import logging
     import warnings
 
-    from easyrl.trainer.selfcheck import self_check
+    from easyrl.trainer.selfcheck import load_config, self_check
 
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
     out.mkdir(parents=True, exist_ok=True)
     for model_type in types:
         if not (out / f"{model_type}.json").is_file():
-            (out / f"{model_type}.json").write_text(self_check(matrix_config(model_type), vllm=False).to_json())
+            (out / f"{model_type}.json").write_text(self_check(load_config(model_type), vllm=False).to_json())
 
 
 def run_actor_phase(types: list[str], out: Path, timeout_s: int) -> dict[str, dict]:
@@ -154,10 +123,10 @@ def run_actor_phase(types: list[str], out: Path, timeout_s: int) -> dict[str, di
 
 def drop_failed(types: list[str]) -> None:
     """Remove the cached failed verdicts of ``types`` (their default configs'), so that they run again."""
-    from easyrl.trainer.selfcheck import cache_path, read_cached
+    from easyrl.trainer.selfcheck import cache_path, load_config, read_cached
 
     for model_type in types:
-        verdict = read_cached(matrix_config(model_type))
+        verdict = read_cached(load_config(model_type))
         if verdict is not None and not verdict.passed:
             cache_path(verdict.key).unlink(missing_ok=True)
 

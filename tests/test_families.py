@@ -93,3 +93,34 @@ def test_the_moe_trait_is_the_config_s_router():
 
     for model_type in TINY_FAMILIES:
         assert FAMILIES[model_type].moe == has_router(tiny_family_config(model_type)), model_type
+
+
+@pytest.mark.parametrize("model_type, layout", [
+    ("glm4v", {"pixel_values": (4, 1176), "image_grid_thw": (1, 3)}),  # Qwen-like patch grid (temporal patch 2)
+    ("hunyuan_vl", {"pixel_values": (4, 768), "image_grid_thw": (1, 3)}),  # patch grid, one frame
+    ("lfm2_vl", {"pixel_values": (1, 4, 768), "pixel_attention_mask": (1, 4), "spatial_shapes": (1, 2)}),  # NaFlex
+    ("minicpmv4_6", {"pixel_values": (1, 3, 16, 256), "target_sizes": (1, 2)}),  # patches in a row
+    ("smolvlm", {"pixel_values": (1, 1, 3, 64, 64), "pixel_attention_mask": (1, 1, 64, 64)}),  # one tile, merge 2
+    ("llava_next", {"pixel_values": (1, 3, 3, 336, 336), "image_sizes": (1, 2)}),  # anyres tiles
+    ("paligemma", {"pixel_values": (1, 3, 224, 224)}),  # one image of the tower's size
+])
+def test_generic_blank_image_is_the_layout_get_image_features_names(model_type, layout):
+    """A VL type outside the registry gets the blank image its ``get_image_features`` parameters name (the tower runs
+    on it for a text-only micro-batch: ``easyrl.workers.vl_hooks``), only with keyword arguments it takes."""
+    from transformers import CONFIG_MAPPING
+
+    config = CONFIG_MAPPING[model_type]()
+    blank = family(config).blank_image(config)
+    assert {key: tuple(value.shape) for key, value in blank.items() if isinstance(value, torch.Tensor)} == layout
+
+
+def test_pixtral_and_idefics3_blanks_fit_any_patch_grid():
+    """Mistral 3's blank is two merged tokens (with one, its projector squeezes the token axis away) and Idefics3's
+    one tile of ``merge x merge`` patches (transformers' default config: a 224 / 32 = 7-patch grid, which its pixel
+    shuffle by 2 cannot split)."""
+    from transformers import CONFIG_MAPPING
+
+    mistral3, idefics3 = CONFIG_MAPPING["mistral3"](), CONFIG_MAPPING["idefics3"]()
+    blank = FAMILIES["mistral3"].blank_image(mistral3)
+    assert blank["image_sizes"].tolist() == [[28, 56]] and blank["pixel_values"].shape == (1, 3, 28, 56)
+    assert FAMILIES["idefics3"].blank_image(idefics3)["pixel_values"].shape == (1, 1, 3, 64, 64)

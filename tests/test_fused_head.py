@@ -100,6 +100,22 @@ def test_hooks_turn_a_model_head_into_log_probs():
         model(ids)
 
 
+def test_kept_positions_are_taken_where_the_model_ignores_logits_to_keep():
+    """A forward that runs its head on every position (MiniCPM-V 4.6 drops ``logits_to_keep``): with ``keep`` the
+    head scores the labels at those positions only."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(50, 8), torch.nn.Linear(8, 50, bias=False))
+    model.get_output_embeddings = lambda: model[1]
+    head = FusedLogProbHead(model)
+    ids, keep = torch.randint(0, 50, (1, 7)), torch.tensor([1, 2, 5])
+    labels = torch.randint(0, 50, (3,))
+    ref = F.log_softmax(model(ids)[0, keep], -1).gather(-1, labels[:, None]).squeeze(-1)
+    with head.scoring(labels, temperature=1.0, keep=keep):
+        out = model(ids)
+    assert out.shape == (1, 3, 2)
+    torch.testing.assert_close(out[0, :, 0], ref, atol=1e-5, rtol=1e-5)
+
+
 def test_rejects_bad_shapes():
     h, w, labels = _data()
     with pytest.raises(ValueError, match="labels"):

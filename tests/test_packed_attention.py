@@ -15,6 +15,15 @@ ATOL = 1e-5
 LENGTHS = (7, 3, 12, 1, 9)
 
 
+def test_sequence_lengths_of_3d_mrope_positions_start_where_all_rows_are_zero():
+    """GLM-4.5V hands its layers the 3-D mRoPE rows: a 2x2 image's rows repeat (t) and jump (h, w) inside a sequence,
+    which the +1 rule would split; each sequence starts at (0, 0, 0)."""
+    t = [0, 1, 1, 1, 1, 3, 4, 0, 1, 2]  # a text token, the image (t=1, h and w 1..2), two text tokens; then 3 tokens
+    h = [0, 1, 1, 2, 2, 3, 4, 0, 1, 2]
+    w = [0, 1, 2, 1, 2, 3, 4, 0, 1, 2]
+    assert sequence_lengths(torch.tensor([t, h, w])[:, None]) == [7, 3]
+
+
 def test_sequence_lengths_follow_transformers_rule():
     positions = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2, 3, 0]])
     assert sequence_lengths(positions) == [3, 2, 4, 1]

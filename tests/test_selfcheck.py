@@ -28,6 +28,21 @@ def _failed_check(config, tmp_path) -> str:
     return verdict.failed
 
 
+def test_a_bare_model_type_is_checked_with_the_released_values_vllm_reads():
+    """vLLM's Qwen3-VL-MoE reads ``norm_topk_prob`` (transformers' default config lacks it) and its GLM-4.1V
+    ``attention_bias`` (the default says False, transformers' attention has biases anyway): a bare model_type's config
+    carries the released values (``easyrl.models.twin.RELEASED``) into its twin; a folder's config is not touched."""
+    from easyrl.models.twin import twin_config
+    from easyrl.trainer.selfcheck import load_config
+
+    assert twin_config(load_config("qwen3_vl_moe")).text_config.norm_topk_prob is True
+    assert twin_config(load_config("glm4v")).text_config.attention_bias is True
+    gemma3 = twin_config(load_config("gemma3")).vision_config  # a sub-config's key; a width alias follows the twin's
+    assert (gemma3.image_size, gemma3.patch_size) == (896, 14)
+    assert twin_config(load_config("lfm2")).block_dim == 256
+    assert not hasattr(twin_config(_config("qwen3_vl_moe")).text_config, "norm_topk_prob")
+
+
 def test_twin_keeps_the_layer_pattern_and_shrinks():
     """Gemma 3's twin keeps its 5 sliding + 1 global layer pattern (a window of 8 tokens), at width 256."""
     from easyrl.models.twin import twin_config

@@ -9,6 +9,7 @@ the parity checks, before Ray), and is refused otherwise (:func:`check_supported
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -23,11 +24,29 @@ __all__ = ["Family", "FAMILIES", "family", "check_supported", "attends_in_window
 DOCS = "docs/models.md"
 
 
-def _patch_grid_blank(hf_config: Any) -> dict[str, Any]:
-    """Qwen-VL / GLM-4V: one image of ``merge x merge`` flattened patches and its ``image_grid_thw``."""
+def _merge(hf_config: Any) -> int:
+    """The tower's token merge per side (patches of one output token along each axis): ``spatial_merge_size``
+    (Qwen-VL, Pixtral), ``scale_factor`` (Idefics3's pixel shuffle), ``downsample_factor`` (LFM2-VL); 1 with none."""
     vision = hf_config.vision_config
-    merge = vision.spatial_merge_size
-    patch_dim = vision.in_channels * vision.temporal_patch_size * vision.patch_size**2
+    for holder, key in ((vision, "spatial_merge_size"), (hf_config, "spatial_merge_size"), (hf_config, "scale_factor"),
+                        (hf_config, "downsample_factor")):
+        value = getattr(holder, key, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return 1
+
+
+def _channels(vision: Any) -> int:
+    return getattr(vision, "in_channels", None) or getattr(vision, "num_channels", None) or 3
+
+
+def _patch_grid_blank(hf_config: Any) -> dict[str, Any]:
+    """Qwen-VL / GLM-4V (a tower that takes flattened patches and their ``image_grid_thw``): one image of ``merge x
+    merge`` patches, each ``channels * temporal_patch_size * patch_size**2`` values (a tower without a temporal patch
+    takes one frame)."""
+    vision = hf_config.vision_config
+    merge = _merge(hf_config)
+    patch_dim = _channels(vision) * (getattr(vision, "temporal_patch_size", None) or 1) * vision.patch_size**2
     return {"pixel_values": torch.zeros(merge * merge, patch_dim), "image_grid_thw": torch.tensor([[1, merge, merge]])}
 
 
@@ -44,23 +63,17 @@ def _tile_blank(hf_config: Any) -> dict[str, Any]:
     return {"pixel_values": torch.ones(1, 3, height, width), **_feature_choice(hf_config)}
 
 
-def _generic_blank(hf_config: Any) -> dict[str, Any]:
-    """A family outside the registry: the flattened patch grid of a Qwen-VL-like tower (one with a
-    ``temporal_patch_size``), else one image of the tower's input size."""
-    vision = hf_config.vision_config
-    return _patch_grid_blank(hf_config) if hasattr(vision, "temporal_patch_size") else _tile_blank(hf_config)
-
-
 def _pixtral_blank(hf_config: Any) -> dict[str, Any]:
-    """Mistral 3 (Pixtral tower): one image of ``merge x merge`` patches and its ``image_sizes``."""
-    side = hf_config.vision_config.patch_size * hf_config.spatial_merge_size
-    return {"pixel_values": torch.ones(1, 3, side, side), "image_sizes": torch.tensor([[side, side]]),
+    """Mistral 3 (Pixtral tower, any image size with its ``image_sizes``): one image of ``merge x 2 merge`` patches,
+    two tokens (with one, Mistral 3's projector squeezes the token axis away: transformers 5.19)."""
+    side = hf_config.vision_config.patch_size * _merge(hf_config)
+    return {"pixel_values": torch.ones(1, 3, side, 2 * side), "image_sizes": torch.tensor([[side, 2 * side]]),
             **_feature_choice(hf_config)}
 
 
 def _anyres_blank(hf_config: Any) -> dict[str, Any]:
-    """LLaVA-OneVision: one image of the tower's input size, as its tiles (``(1, tiles, 3, S, S)``: the base one and
-    the grid's) and its ``image_sizes``."""
+    """LLaVA-NeXT / -OneVision: one image of the tower's input size, as its tiles (``(1, tiles, 3, S, S)``: the base
+    one and the grid's) and its ``image_sizes``."""
     from transformers.models.llava_onevision.modeling_llava_onevision import image_size_to_num_patches
 
     side = hf_config.vision_config.image_size
@@ -70,10 +83,71 @@ def _anyres_blank(hf_config: Any) -> dict[str, Any]:
 
 
 def _idefics3_blank(hf_config: Any) -> dict[str, Any]:
-    """Idefics3: one tile (``(1, 1, 3, S, S)`` with its pixel mask); ones, as an all-zero tile counts as padding."""
-    side = hf_config.vision_config.image_size
+    """Idefics3 / SmolVLM: one tile of ``merge x merge`` patches (``(1, 1, 3, S, S)`` with its pixel mask; the tower
+    positions a smaller tile's patches in its grid); ones, as an all-zero tile counts as padding. Not the tower's
+    ``image_size``: its patch grid need not divide by the pixel shuffle's scale (transformers' default config: 224 /
+    32 = 7 patches, scale 2)."""
+    side = hf_config.vision_config.patch_size * _merge(hf_config)
     return {"pixel_values": torch.ones(1, 1, 3, side, side),
             "pixel_attention_mask": torch.ones(1, 1, side, side, dtype=torch.bool)}
+
+
+def _naflex_blank(hf_config: Any) -> dict[str, Any]:
+    """A SigLIP 2 (NaFlex) tower (LFM2-VL): ``merge x merge`` flattened patches, their mask and ``spatial_shapes``."""
+    vision, merge = hf_config.vision_config, _merge(hf_config)
+    patch_dim = _channels(vision) * vision.patch_size**2
+    return {"pixel_values": torch.ones(1, merge * merge, patch_dim),
+            "pixel_attention_mask": torch.ones(1, merge * merge, dtype=torch.long),
+            "spatial_shapes": torch.tensor([[merge, merge]])}
+
+
+def _row_of_patches_blank(hf_config: Any) -> dict[str, Any]:
+    """MiniCPM-V 4.6: one image of ``4 x 4`` patches laid in one row (``(1, 3, P, 16 P)``) and its ``target_sizes``
+    (the grid in patches; the window kernel and the two 2x2 mergers divide it)."""
+    vision = hf_config.vision_config
+    patch = vision.patch_size
+    return {"pixel_values": torch.ones(1, _channels(vision), patch, 16 * patch), "target_sizes": torch.tensor([[4, 4]])}
+
+
+# the tower's input layout, by the parameter of ``get_image_features`` that names it (first match)
+_BLANK_BY_PARAMETER: tuple[tuple[str, Callable[[Any], dict[str, Any]]], ...] = (
+    ("image_grid_thw", _patch_grid_blank),
+    ("spatial_shapes", _naflex_blank),
+    ("target_sizes", _row_of_patches_blank),
+    ("pixel_attention_mask", _idefics3_blank),
+)
+
+
+def _generic_blank(hf_config: Any) -> dict[str, Any]:
+    """A family outside the registry: the layout its ``get_image_features`` names (:data:`_BLANK_BY_PARAMETER`;
+    ``image_sizes``: anyres tiles where the config has ``image_grid_pinpoints``, else Pixtral's any-size image), else
+    one image of the tower's input size; only the keyword arguments the method names."""
+    from easyrl.models.twin import model_class_name
+
+    parameters = _image_features_parameters(model_class_name(hf_config))
+    blank = next((make for name, make in _BLANK_BY_PARAMETER if name in parameters), None)
+    if blank is None and "image_sizes" in parameters:
+        blank = _anyres_blank if getattr(hf_config, "image_grid_pinpoints", None) else _pixtral_blank
+    return {key: value for key, value in (blank or _tile_blank)(hf_config).items() if key in parameters}
+
+
+@functools.lru_cache(maxsize=None)
+def _image_features_parameters(class_name: str) -> frozenset[str]:
+    """The named parameters of ``get_image_features`` of transformers class ``class_name``, or of its base model's
+    where the class only passes its arguments on (``*args, **kwargs``: MiniCPM-V)."""
+    import inspect
+    import sys
+
+    import transformers
+
+    cls = getattr(transformers, class_name)
+    candidates = [cls] + [value for value in vars(sys.modules[cls.__module__]).values()
+                          if isinstance(value, type) and "get_image_features" in vars(value)]
+    for candidate in candidates:
+        parameters = inspect.signature(candidate.get_image_features).parameters
+        if "pixel_values" in parameters:
+            return frozenset(parameters)
+    return frozenset(("pixel_values",))
 
 
 def config_logit_scale(hf_config: Any) -> float:

@@ -108,17 +108,21 @@ class FusedLogProbHead:
         self._temperature = 1.0
         self._entropy_grad = True
         self._hidden: Optional[torch.Tensor] = None
+        self._keep: Optional[torch.Tensor] = None
         head.register_forward_pre_hook(self._pre_hook)
         head.register_forward_hook(self._hook)
 
     @contextmanager
-    def scoring(self, labels: torch.Tensor, temperature: float, entropy_grad: bool = True) -> Iterator[None]:
-        """Within the block, the head scores ``labels`` (``(tokens,)``) at the kept positions."""
-        self._labels, self._temperature, self._entropy_grad = labels, temperature, entropy_grad
+    def scoring(self, labels: torch.Tensor, temperature: float, entropy_grad: bool = True,
+                keep: Optional[torch.Tensor] = None) -> Iterator[None]:
+        """Within the block, the head scores ``labels`` (``(tokens,)``) at the kept positions; ``keep``: their indices
+        in the row (the ``logits_to_keep`` passed), taken here where the model's forward ignores that argument and runs
+        its head on every position (MiniCPM-V 4.6)."""
+        self._labels, self._temperature, self._entropy_grad, self._keep = labels, temperature, entropy_grad, keep
         try:
             yield
         finally:
-            self._labels, self._hidden = None, None
+            self._labels, self._hidden, self._keep = None, None, None
 
     def _pre_hook(self, module, args):
         if self._labels is None:
@@ -131,6 +135,9 @@ class FusedLogProbHead:
         if self._labels is None:
             return None
         hidden, self._hidden = self._hidden, None
+        if (self._keep is not None and hidden.dim() == 3 and hidden.shape[1] != self._labels.shape[0]
+                and hidden.shape[1] > int(self._keep.max())):  # every position: the model ignored logits_to_keep
+            hidden = hidden[:, self._keep.to(hidden.device)]
         if hidden.shape[0] != 1 or hidden.shape[1] != self._labels.shape[0]:
             raise ValueError(f"FusedLogProbHead: {tuple(hidden.shape[:2])} kept positions for "
                              f"{self._labels.shape[0]} labels; pass logits_to_keep with one index per label")

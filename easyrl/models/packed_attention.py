@@ -30,7 +30,14 @@ False)."""
 
 def sequence_lengths(position_ids: torch.Tensor) -> list[int]:
     """The length of each sequence packed in ``position_ids`` ``(1, total)`` or ``(total,)``, in order (summing to
-    ``total``): a position that is not the previous one + 1 starts a sequence (transformers' rule)."""
+    ``total``): a position that is not the previous one + 1 starts a sequence (transformers' rule). mRoPE's 3-D
+    positions ``(3, 1, total)`` (what GLM-4.5V hands its decoder layers instead of the text row): a sequence starts
+    where all three rows are 0 (an image's rows repeat and jump, and every sequence starts at 0)."""
+    if position_ids.dim() == 3:
+        starts = (position_ids == 0).all(dim=0).reshape(-1)
+        starts[0] = True
+        edges = torch.nonzero(starts).flatten().tolist() + [starts.numel()]
+        return [end - start for start, end in zip(edges[:-1], edges[1:])]
     pos = position_ids.reshape(-1)
     starts = torch.ones_like(pos, dtype=torch.bool)
     starts[1:] = pos[1:] != pos[:-1] + 1

@@ -24,7 +24,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["twin_config", "write_twin", "twin_tokenizer", "model_class_name", "TwinError", "MAX_LAYERS"]
+__all__ = ["twin_config", "write_twin", "seed_released", "RELEASED", "twin_tokenizer", "model_class_name", "TwinError",
+           "MAX_LAYERS"]
 
 MAX_LAYERS = 8
 MIN_VOCAB = 5120  # the check's ids are below 5000
@@ -44,6 +45,7 @@ TEXT_SIZES: dict[str, int] = {
     "intermediate_size_mlp": MLP, "dense_intermediate_size": MLP, "expert_dim": EXPERT_MLP,
     "linear_key_head_dim": 64, "linear_value_head_dim": 64, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
     "q_lora_rank": 128, "expert_ffn_hidden_size": EXPERT_MLP, "hidden_size_per_layer_input": 64,
+    "block_dim": HIDDEN, "conv_dim": HIDDEN,  # LFM2's names of the width (easyrl.models.twin.RELEASED)
 }
 KV_HEADS = ("num_key_value_heads", "n_head_kv", "num_kv_heads", "multi_query_group_num", "n_kv_heads")
 EXPERT_COUNTS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "num_routed_experts")
@@ -54,7 +56,7 @@ PERIODS = ("sliding_window_pattern", "interleave_moe_layer_step", "no_rope_layer
            "moe_layer_freq", "full_attn_interval", "attn_layer_period", "expert_layer_period")
 VISION_SIZES: dict[str, int] = {
     "hidden_size": 64, "embed_dim": 64, "num_attention_heads": 2, "num_heads": 2, "intermediate_size": 128,
-    "depth": 2, "num_hidden_layers": 2, "num_layers": 2, "head_dim": 32,
+    "depth": 2, "num_hidden_layers": 2, "num_layers": 2, "head_dim": 32, "num_key_value_heads": 2,
 }
 
 # model_type -> {attribute: value} applied last to the text config (a family whose config the generic rules get
@@ -75,6 +77,64 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # 5.19 no longer writes the key)
     "deepseek_v3": {"topk_method": "noaux_tc"},
 }
+
+
+def _hidden_size(text: Any) -> int:
+    return text.hidden_size
+
+
+def _leading_dense(text: Any) -> int:
+    """The number of dense MLP layers before the first sparse one (``mlp_layer_types``): ``first_k_dense_replace``."""
+    kinds = list(text.mlp_layer_types)
+    return next((i for i, kind in enumerate(kinds) if kind != "dense"), len(kinds))
+
+
+def _rotary_dim(text: Any) -> int:
+    return int(text.head_dim * text.rope_parameters.get("partial_rotary_factor", 1.0))
+
+
+# model_type -> {text-config key, or ``sub_config.key``: (value, or a function of the text config, source)}: what the
+# released checkpoints say (and transformers' forward computes) where transformers' default config does not: a key vLLM
+# reads that the default lacks, or one it holds otherwise than the model computes.
+# ``easyrl.trainer.selfcheck.load_config`` seeds a bare model_type's default config with them (what the matrix checks:
+# :func:`seed_released`); a model folder is checked as it is.
+RELEASED: dict[str, dict[str, tuple[Any, str]]] = {
+    "qwen3_vl_moe": {"norm_topk_prob": (True, "Qwen/Qwen3-VL-30B-A3B-Instruct config.json (easyrl/model_configs); "
+                                        "transformers' Qwen3VLMoeTextTopKRouter always renormalises the top-k")},
+    # its projector pools the tower's patch grid into mm_tokens_per_image (256 = 16 x 16) tokens; the default tower
+    # (224 / 16 = 14 patches a side) gives a zero pooling stride
+    **{model_type: {"vision_config.image_size": (896, "google/gemma-3-4b-it config.json (SigLIP at 896 px, patch "
+                                                      "14: 64 x 64 patches pooled 4 x 4 into 256 tokens)"),
+                    "vision_config.patch_size": (14, "google/gemma-3-4b-it config.json")}
+       for model_type in ("gemma3", "shieldgemma2")},
+    # LFM2's legacy width names, which vLLM 0.32's Lfm2 reads and transformers 5.19 folds into hidden_size
+    **{model_type: {key: (_hidden_size, "LiquidAI/LFM2 config.json files carry block_dim = conv_dim = hidden_size")
+                    for key in ("block_dim", "conv_dim")} for model_type in ("lfm2", "lfm2_vl")},
+    "glm4v_moe": {"use_qk_norm": (False, "transformers' Glm4vMoeTextAttention has no q/k norms (GLM-4.5V's "
+                                         "config.json: false); vLLM's Glm4MoeAttention reads the key")},
+    "afmoe": {key: (value, "transformers' AfmoeTokenChoiceRouter: sigmoid scores, the top-k renormalised, no expert "
+                           "groups; vLLM's Afmoe reads these keys") for key, value in
+              (("score_func", "sigmoid"), ("route_norm", True), ("n_group", 1), ("topk_group", 1))},
+    "glm4_moe_lite": {"first_k_dense_replace": (_leading_dense, "the dense layers its mlp_layer_types open with, as "
+                                                "vLLM's Glm4MoeLite reads them")},
+    "minimax_m2": {"scoring_func": ("sigmoid", "transformers' MiniMaxM2 router: sigmoid scores (+ its correction "
+                                    "bias)"),
+                   "rotary_dim": (_rotary_dim, "the released config.json's legacy rotary_dim (transformers' "
+                                  "MiniMaxM2Config reads it as partial_rotary_factor x head_dim)")},
+    "glm4v": {"attention_bias": (True, "transformers' Glm4vTextAttention builds q/k/v with bias=True whatever the "
+                                 "config says (default False); vLLM's Glm4Attention reads attention_bias and builds "
+                                 "none, skipping the checkpoint's biases")},
+}
+
+
+def seed_released(hf_config: Any) -> Any:
+    """``hf_config`` (a default config of its type) with the :data:`RELEASED` values of its type set on its text
+    config (a key ``sub.key``: on its sub-config ``sub``); returned for chaining."""
+    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    for key, (value, _source) in RELEASED.get(hf_config.model_type, {}).items():
+        holder, _, name = key.rpartition(".")
+        setattr(getattr(hf_config, holder) if holder else text, name, value(text) if callable(value) else value)
+    return hf_config
 
 
 class TwinError(ValueError):

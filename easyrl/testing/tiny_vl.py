@@ -135,6 +135,8 @@ def _glm4v():
     text = {k: v for k, v in _TEXT.items() if k not in ("bos_token_id", "eos_token_id")}
     text["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 6, 6],
                                "partial_rotary_factor": 0.5}
+    text["attention_bias"] = True  # as released; transformers' attention has q/k/v biases whatever the config says,
+    # vLLM builds them only where it says so (easyrl.models.twin.RELEASED)
     vision = dict(depth=2, hidden_size=64, intermediate_size=128, num_heads=2, out_hidden_size=256, patch_size=14,
                   spatial_merge_size=2, temporal_patch_size=2, image_size=56)
     ids = ("image_start_token_id", "image_end_token_id", "image_token_id", "video_start_token_id",

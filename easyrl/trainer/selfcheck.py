@@ -246,15 +246,18 @@ def self_check(hf_config: Any, workdir: str | Path | None = None, vllm: bool = T
 
 def load_config(source: str) -> Any:
     """The transformers config of ``source``: a model folder (its ``config.json``), or a ``model_type`` name (its
-    default config, as the matrix checks it). Raises ``ValueError`` naming ``source`` for neither."""
+    default config, as the matrix checks it, seeded with the released values it lacks: ``easyrl.models.twin.RELEASED``).
+    Raises ``ValueError`` naming ``source`` for neither."""
     from transformers import CONFIG_MAPPING, AutoConfig
 
     if os.path.isdir(source):
         if not os.path.isfile(os.path.join(source, "config.json")):
             raise ValueError(f"{source}: no config.json in this folder (a Hugging Face model folder has one)")
         return AutoConfig.from_pretrained(source)
-    if source in CONFIG_MAPPING:
-        return CONFIG_MAPPING[source]()
+    if source in CONFIG_MAPPING:  # with the released values the default config lacks (easyrl.models.twin.RELEASED)
+        from easyrl.models.twin import seed_released
+
+        return seed_released(CONFIG_MAPPING[source]())
     raise ValueError(f"{source!r} is neither a model folder nor a transformers model_type")
 
 

@@ -116,7 +116,8 @@ def response_scores(model: torch.nn.Module, inputs: ModelInputs, temperature: fl
         packed = _pack(model, inputs)
         scores, output = _packed_forward(
             model, packed, inputs.multi_modal, sp, extra=extra,
-            scoring=lambda labels: fused_head.scoring(labels, temperature, entropy_grad=entropy_grad and with_entropy))
+            scoring=lambda labels, keep: fused_head.scoring(labels, temperature,
+                                                            entropy_grad=entropy_grad and with_entropy, keep=keep))
         log_probs = packed.unpack(scores[:, 0])
         if with_entropy:
             entropy = packed.unpack(scores[:, 1])
@@ -125,7 +126,9 @@ def response_scores(model: torch.nn.Module, inputs: ModelInputs, temperature: fl
         if replay is not None:  # every padded position, row by row
             replay.arm(None if routed is None else routed.reshape(-1, *routed.shape[2:]))
         output = _padded_outputs(model, inputs, extra)
-        logits = output.logits[:, :-1, :]  # position t predicts token t+1: drop the last of the R + 1 kept positions
+        # position t predicts token t+1: drop the last of the R + 1 kept positions (the last R + 1 of all positions
+        # where the model's forward ignores logits_to_keep: MiniCPM-V 4.6)
+        logits = output.logits[:, -inputs.response_mask.shape[1] - 1:-1, :]
         responses = inputs.input_ids[:, -inputs.response_mask.shape[1]:]
         log_probs = log_probs_from_logits(logits, responses, temperature=temperature) * inputs.response_mask
         if with_entropy:
@@ -151,7 +154,7 @@ def response_values(model: torch.nn.Module, inputs: ModelInputs, padding_free: b
         out, _ = _packed_forward(model, packed, inputs.multi_modal, sp)
         return packed.unpack(out[:, 0].float())
     out = _padded_outputs(model, inputs)
-    return out.logits[:, :-1, 0].float() * inputs.response_mask
+    return out.logits[:, -inputs.response_mask.shape[1] - 1:-1, 0].float() * inputs.response_mask
 
 
 def _padded_outputs(model, inputs: ModelInputs, extra=None):
@@ -209,14 +212,14 @@ def _pack(model, inputs: ModelInputs):
 
 
 def _packed_forward(model, packed, multi_modal, sp, scoring=None, extra=None):
-    """The model's ``(response tokens, c)`` outputs at ``packed.logit_indices`` (``scoring(labels)``: the fused
-    head's context for these labels), and the output; with ``sp`` each rank of the group runs its slice of the row
-    (``easyrl.models.ulysses``)."""
+    """The model's ``(response tokens, c)`` outputs at ``packed.logit_indices`` (``scoring(labels, keep)``: the fused
+    head's context for these labels at those kept positions), and the output; with ``sp`` each rank of the group runs
+    its slice of the row (``easyrl.models.ulysses``)."""
     inputs = dict(input_ids=packed.input_ids, position_ids=packed.position_ids, logits_to_keep=packed.logit_indices)
     with sp.sharded(packed.input_ids, packed.position_ids, packed.logit_indices, packed.labels) if sp else \
             nullcontext((inputs, packed.labels, None)) as (inputs, labels, gather):
         # attention_mask=None and use_cache=False: transformers then reads the sequence boundaries off the positions
-        with scoring(labels) if scoring else nullcontext():
+        with scoring(labels, inputs["logits_to_keep"]) if scoring else nullcontext():
             output = model(**inputs, attention_mask=None, use_cache=False, **multi_modal, **(extra or {}))
         scores = output.logits[0]
         return (gather(scores) if gather else scores), output
