@@ -122,7 +122,7 @@ def _generic_blank(hf_config: Any) -> dict[str, Any]:
     """A family outside the registry: the layout its ``get_image_features`` names (:data:`_BLANK_BY_PARAMETER`;
     ``image_sizes``: anyres tiles where the config has ``image_grid_pinpoints``, else Pixtral's any-size image), else
     one image of the tower's input size; only the keyword arguments the method names."""
-    from easyrl.models.twin import model_class_name
+    from easyrl.models.model_class import model_class_name
 
     parameters = _image_features_parameters(model_class_name(hf_config))
     blank = next((make for name, make in _BLANK_BY_PARAMETER if name in parameters), None)

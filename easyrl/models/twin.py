@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from easyrl.models.model_class import TwinError, model_class_name
+
 __all__ = ["twin_config", "write_twin", "seed_released", "RELEASED", "twin_tokenizer", "model_class_name", "TwinError",
            "MAX_LAYERS"]
 
@@ -135,10 +137,6 @@ def seed_released(hf_config: Any) -> Any:
         holder, _, name = key.rpartition(".")
         setattr(getattr(hf_config, holder) if holder else text, name, value(text) if callable(value) else value)
     return hf_config
-
-
-class TwinError(ValueError):
-    """The config cannot be shrunk into a model both transformers and vLLM build (the message says why)."""
 
 
 def _depth_key(d: dict) -> str | None:
@@ -301,25 +299,6 @@ def twin_config(hf_config: Any) -> Any:
             text_twin.head_dim = HEAD_DIM  # what the model derives (hidden / heads); some vLLM models read it
     twin.architectures = [model_class_name(twin)]
     return twin
-
-
-def model_class_name(hf_config: Any) -> str:
-    """The transformers class easyrl builds for the config (``hf_model_class``'s mapping: image-text where the config
-    has a ``vision_config``, else causal LM). Raises ``TwinError`` when transformers maps none."""
-    from transformers.models.auto.modeling_auto import (
-        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
-        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
-    )
-
-    vision = getattr(hf_config, "vision_config", None) is not None
-    mapping = MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES if vision else MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-    name = mapping.get(hf_config.model_type)
-    if isinstance(name, (list, tuple)):
-        name = name[0]
-    if name is None:
-        kind = "image-text-to-text" if vision else "causal LM"
-        raise TwinError(f"model_type {hf_config.model_type!r}: transformers maps no {kind} class to it")
-    return name
 
 
 def twin_tokenizer(vocab_size: int):
