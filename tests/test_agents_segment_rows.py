@@ -143,8 +143,9 @@ def test_mini_batches_are_cut_from_the_rows_so_the_optimizer_steps_stay_as_confi
     share = 4 * 2 // config.dp_size
     assert config.mini_batch_samples("actor", share) == config.mini_batch_samples("actor") == 2
     assert config.mini_batch_samples("actor", 7) == 4  # 7 rows: mini-batches of 4 and 3, still two optimizer steps
-    for rollout_batch, global_batch, n, world in [(r, g, n, w) for r in (2, 4, 8) for g in (1, 2, 4, 8) for n in (1, 2, 4)
-                                                  for w in (1, 2, 4) if r % g == 0 and g * n % w == 0]:
+    grid = [(r, g, n, w) for r in (2, 4, 8) for g in (1, 2, 4, 8) for n in (1, 2, 4) for w in (1, 2, 4)
+            if r % g == 0 and g * n % w == 0]
+    for rollout_batch, global_batch, n, world in grid:
         config.data.rollout_batch_size, config.worker.actor.global_batch_size = rollout_batch, global_batch
         config.worker.rollout.n, config.trainer.n_gpus_per_node = n, world
         assert config.mini_batch_samples("actor", rollout_batch * n // world) == config.mini_batch_samples("actor")

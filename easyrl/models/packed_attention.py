@@ -58,13 +58,18 @@ def packed_lengths(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
     return None
 
 
-def packed_sdpa_mask(*args, **kwargs) -> Optional[torch.Tensor]:
-    """transformers' mask-function signature (``masking_utils.sdpa_mask``'s arguments): no mask for a packed row
-    without a padding mask (``attention_mask`` None: :func:`packed_sdpa_attention` reads the sequence boundaries
-    off the position ids), else ``sdpa_mask``'s."""
+def _packed_mask(padded_mask, *args, **kwargs) -> Optional[torch.Tensor]:
+    """No mask for a packed row without a padding mask (``attention_mask`` None: the packed attention reads the
+    sequence boundaries off the position ids), else ``padded_mask``'s (a ``masking_utils`` mask function)."""
     if kwargs.get("attention_mask") is None and not args:
         return None
-    return sdpa_mask(*args, **kwargs)
+    return padded_mask(*args, **kwargs)
+
+
+def packed_sdpa_mask(*args, **kwargs) -> Optional[torch.Tensor]:
+    """transformers' mask-function signature (``masking_utils.sdpa_mask``'s arguments): :func:`_packed_mask` with
+    ``sdpa_mask``."""
+    return _packed_mask(sdpa_mask, *args, **kwargs)
 
 
 def packed_sdpa_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -110,9 +115,7 @@ def _window_mask(length: int, window: Optional[int], device: torch.device) -> Op
 
 def packed_eager_mask(*args, **kwargs) -> Optional[torch.Tensor]:
     """As :func:`packed_sdpa_mask`, with ``masking_utils.eager_mask`` (an additive float mask) for padded batches."""
-    if kwargs.get("attention_mask") is None and not args:
-        return None
-    return eager_mask(*args, **kwargs)
+    return _packed_mask(eager_mask, *args, **kwargs)
 
 
 def packed_eager_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

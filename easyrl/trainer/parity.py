@@ -15,8 +15,8 @@ and what the self-check of a family outside the registry runs on its tiny twin (
    (``weight_sync.sync_weights`` -> ``VLLMRollout.load_weights``), and vLLM scores the rows again.
 
 Every comparison is the max |difference| of the response tokens' log-probs against the actor's (nats; the median for an
-engine that vLLM-CPU runs only in bf16, :func:`engine_dtype`), returned in a :class:`Parity`; ``stale`` (the engine before the sync against the actor after the second perturbation) shows that
-the sync had something to do.
+engine that vLLM-CPU runs only in bf16, :func:`engine_dtype`), returned in a :class:`Parity`; ``stale`` (the engine
+before the sync against the actor after the second perturbation) shows that the sync had something to do.
 """
 
 from __future__ import annotations
@@ -155,8 +155,8 @@ def _engine_gap(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor, dtype: str
 
 
 def _engine(folder: str, images: bool = True, dtype: str = "fp32"):
-    """An in-process vLLM engine (``VLLMRollout``, ``dtype``, eager, 1 GiB KV cache) that reads ``folder``'s weights from
-    disk (the run's engine starts from random weights that the first sync overwrites: ``dummy_load``); ``images``
+    """An in-process vLLM engine (``VLLMRollout``, ``dtype``, eager, 1 GiB KV cache) that reads ``folder``'s weights
+    from disk (the run's engine starts from random weights that the first sync overwrites: ``dummy_load``); ``images``
     False: no image per prompt (vLLM then runs a VL model's language model alone, without its processor)."""
     from easyrl.config.worker import RolloutConfig
     from easyrl.workers import rollout

@@ -228,8 +228,8 @@ def check_cpu_rollout_dtype(hf_config: Any, device: str, dtype: str) -> None:
 
     cpu = device == "cpu" or (device == "auto" and detect_device() == "cpu")
     if cpu and dtype != "bf16" and gated_deltanet(hf_config):
-        where = "" if device == "cpu" else " (trainer.device=auto: no GPU or NPU here; set trainer.device=cuda or npu " \
-            "where the workers have one)"
+        where = "" if device == "cpu" else (" (trainer.device=auto: no GPU or NPU here; set trainer.device=cuda or "
+                                            "npu where the workers have one)")
         raise ConfigError(f"worker.rollout.dtype={dtype}: {hf_config.model_type}'s Gated DeltaNet layers run only in "
                           f"bf16 in vLLM's CPU backend{where}: set worker.rollout.dtype=bf16 (the actor may stay "
                           "fp32: worker.actor.fsdp.param_dtype)")
