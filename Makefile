@@ -34,15 +34,19 @@ demo-learn: setup
 # The whole suite: unit tests plus the real end-to-end runs (Ray + vLLM + FSDP2 on the CPU), on the locked vLLM 0.32 /
 # torch 2.13, then the end-to-end core on vLLM 0.23 / torch 2.11 (test-compat); ends with one line per vLLM/torch line.
 SUMMARY := .cache/test-summary.txt
+# The unit tests run in two processes (pytest-xdist, a module per process at a time: its fixtures built once), the
+# end-to-end runs one at a time (each holds both cores and ~8 GiB).
 test: setup
 	@mkdir -p .cache && rm -f $(SUMMARY)
-	EASYRL_TEST_SUMMARY=$(SUMMARY) $(PY) -m pytest -q -m "not slow"; main=$$?; \
+	EASYRL_TEST_SUMMARY=$(SUMMARY) EASYRL_TEST_PART="unit tests" $(PY) -m pytest -q -n 2 --dist loadfile \
+		-m "not e2e and not slow"; unit=$$?; \
+	EASYRL_TEST_SUMMARY=$(SUMMARY) EASYRL_TEST_PART="end to end" $(PY) -m pytest -q -m "e2e and not slow"; e2e=$$?; \
 	EASYRL_TEST_SUMMARY=$(SUMMARY) $(MAKE) --no-print-directory test-compat; compat=$$?; \
-	echo "== easyrl: vLLM/torch lines tested"; cat $(SUMMARY); test $$main -eq 0 -a $$compat -eq 0
+	echo "== easyrl: vLLM/torch lines tested"; cat $(SUMMARY); test $$unit -eq 0 -a $$e2e -eq 0 -a $$compat -eq 0
 
-# Unit tests only (seconds to a minute).
+# Unit tests only (~8 minutes on 2 cores).
 test-fast: setup
-	$(PY) -m pytest -q -m "not e2e and not slow"
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not e2e and not slow"
 
 # `easyrl simulate` on every recipe in examples/ (minutes each on 2 cores: docs/simulate.md), and the end-to-end runs kept
 # out of `make test` for its time (docs/development.md).

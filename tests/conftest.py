@@ -227,7 +227,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             continue
     counts = ", ".join(f"{len(terminalreporter.stats[key])} {key}" for key in
                        ("passed", "failed", "error", "skipped") if terminalreporter.stats.get(key))
-    line = f"vllm {vllm} / torch {torch.__version__.split('+')[0]}: {counts or 'no tests ran'}"
+    part = f" ({os.environ['EASYRL_TEST_PART']})" if os.environ.get("EASYRL_TEST_PART") else ""
+    line = f"vllm {vllm} / torch {torch.__version__.split('+')[0]}{part}: {counts or 'no tests ran'}"
     write_module_durations(terminalreporter)
     terminalreporter.write_line(line)
     if os.environ.get("EASYRL_TEST_SUMMARY"):

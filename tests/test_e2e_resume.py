@@ -12,8 +12,8 @@ checkpoint every step, validation every 2 steps:
 - run D, the same command: resumes and finishes (its progress bar starts at the resumed step). Every step logged
   after a resume equals run A's, except the metrics measured from the machine (the clock and memory:
   ``easyrl.trainer.metrics.MEASURED_PREFIXES``, e.g. ``timing_s/*``, ``perf/throughput``, ``perf/mfu/*``,
-  ``perf/cpu_memory_used_gb``). Run D is a fixture of its own (``finished``): ``make test-compat`` checks the resume
-  on vLLM 0.23 with runs A to C (``test_killed_and_stopped_run_resumes_exactly``), one trainer start-up fewer.
+  ``perf/cpu_memory_used_gb``). Run D is a fixture of its own (``finished``), under ``make test-slow`` only (one
+  trainer start-up fewer in ``make test``, whose runs A to C check the resume after both signals).
 
 Then a checkpoint of run A is exported with ``python -m easyrl.export`` and loaded in transformers and in vLLM.
 """
@@ -196,6 +196,7 @@ def test_killed_and_stopped_run_resumes_exactly(runs):
     assert steps[:runs["killed_at"]] == list(range(1, runs["killed_at"] + 1)) and len(steps) >= stopped
 
 
+@pytest.mark.slow  # `make test-slow` only (the suite's time): one trainer start-up (~90 s on 2 cores)
 def test_the_stopped_run_finishes_like_the_uninterrupted_one(runs, finished):
     """Run D: the steps after C's stop equal run A's too; its progress bar starts at the step it resumed from, and
     its summary lines follow."""

@@ -14,9 +14,11 @@ pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[1]
 
 
-# Qwen2-VL under `make test-slow` (the suite's time, docs/development.md): Qwen2.5-VL, the same vision tower with
-# windowed attention, is the demo's and test_e2e_grpo's model
-@pytest.mark.parametrize("arch", [pytest.param("qwen2_vl", marks=pytest.mark.slow), "qwen3_vl"])
+# Both under `make test-slow` (the suite's time, docs/development.md): Qwen2.5-VL, Qwen2-VL's vision tower with
+# windowed attention, is the demo's and test_e2e_grpo's model; Qwen3-VL-MoE (tests/test_e2e_qwen3_archs.py) has
+# Qwen3-VL's vision tower, DeepStack features and interleaved 3-D positions
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["qwen2_vl", "qwen3_vl"])
 def test_one_step_vllm_matches_actor(arch, e2e_config, trainer_on_ray, tmp_path):
     config = e2e_config(
         arch, tmp_path,
