@@ -1,5 +1,5 @@
 """Environment variables easyrl cannot read (``easyrl.envvars``), each answered before Ray starts with one line naming
-the variable, its value, where it was set, what is accepted and what to do (docs/errors.md, E01-E07)."""
+the variable, its value, where it was set, what is accepted and what to do (docs/errors.md, E01-E09)."""
 
 from __future__ import annotations
 
@@ -83,3 +83,42 @@ def test_an_override_says_so_in_one_line(caplog):  # E06
         "backend",
     ]
     assert [record.getMessage() for record in caplog.records if record.name == "easyrl"] == lines
+
+
+TRACKER_CASES = [
+    ("wandb", {"WANDB_MODE": "local"}, ["WANDB_MODE='local' is not a wandb mode", "'offline'", "WANDB_MODE=offline"]),
+    ("wandb", {"WANDB_MODE": "OFFLINE"}, ["WANDB_MODE='OFFLINE' is not a wandb mode"]),
+    ("swanlab", {"SWANLAB_MODE": "dryrun"}, ["SWANLAB_MODE='dryrun' is not a swanlab mode", "'local'"]),
+]
+
+
+@pytest.mark.parametrize("backend, environ, culprits", TRACKER_CASES, ids=["wandb-local", "wandb-upper", "swanlab"])
+def test_a_tracker_mode_its_library_refuses(backend, environ, culprits, monkeypatch, expect_user_error):  # E08
+    """A mode variable read by the tracker's own settings (as its ``init`` reads it), before any worker starts:
+    ``WANDB_MODE=local`` (swanlab's word) passed as offline before, then wandb refused it after Ray."""
+    from easyrl.trainer.loggers import check_logger_credentials
+
+    for name in ("WANDB_MODE", "WANDB_DISABLED", "SWANLAB_MODE", "WANDB_API_KEY", "SWANLAB_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    config = _config(f"trainer.logger=[console,{backend}]")
+    expect_user_error(lambda: check_logger_credentials(config.trainer), "env", *culprits)
+
+
+def test_wandb_disabled_which_wandb_does_not_read(monkeypatch, expect_user_error):  # E09
+    """``WANDB_DISABLED=true`` skipped the login check before, but wandb (0.31) reads only ``WANDB_MODE``: the run
+    would have logged online. Off (``false``), or beside ``WANDB_MODE=disabled``, it changes nothing."""
+    from easyrl.trainer.loggers import check_logger_credentials
+
+    monkeypatch.setenv("WANDB_API_KEY", "k" * 40)  # logged in: only the variable is at stake
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    config = _config("trainer.logger=[console,wandb]")
+    monkeypatch.setenv("WANDB_DISABLED", "True")
+    expect_user_error(lambda: check_logger_credentials(config.trainer), "env", "WANDB_DISABLED='True'",
+                      "WANDB_MODE=disabled")
+    monkeypatch.setenv("WANDB_DISABLED", "false")
+    check_logger_credentials(config.trainer)
+    monkeypatch.setenv("WANDB_DISABLED", "true")
+    monkeypatch.setenv("WANDB_MODE", "disabled")  # what it meant, said the way wandb reads it
+    check_logger_credentials(config.trainer)

@@ -147,15 +147,61 @@ class Tracker:
 
 
 WANDB_ID_FILE = "wandb_run_id"
-_OFFLINE = ("offline", "dryrun", "disabled", "local")
+# the modes in which each tracker writes to disk only (no login needed), as its own settings name them
+LOCAL_MODES = {"wandb": ("offline", "dryrun", "disabled"), "swanlab": ("offline", "local", "disabled")}
+MODE_VARIABLES = {"wandb": "WANDB_MODE", "swanlab": "SWANLAB_MODE"}
+ON_WORDS = ("1", "true", "yes", "on", "y", "t")  # what wandb's own switches read as on (strtobool)
+
+
+def tracker_mode(backend: str) -> str:
+    """The mode ``backend`` (``wandb`` or ``swanlab``) will run in, read from the environment by the library's own
+    settings as its ``init`` reads them (``wandb.Settings.update_from_env_vars``; ``swanlab.Settings()``, whose
+    pydantic settings read ``SWANLAB_*``), e.g. ``"online"``.
+
+    Raises:
+        EnvValueError: a mode variable the library refuses (``WANDB_MODE=local``; both libraries compare it as
+            written, so ``OFFLINE`` too), naming the values it takes, or another of its variables that it refuses;
+            ``WANDB_DISABLED`` set to on in an online run: wandb does not read it (0.31), so the run would log
+            online.
+    """
+    from pydantic import ValidationError
+
+    from easyrl.envvars import ENVIRONMENT, EnvValueError
+
+    variable = MODE_VARIABLES[backend]
+    try:
+        if backend == "swanlab":
+            import swanlab
+
+            return swanlab.Settings().mode
+        import wandb
+
+        settings = wandb.Settings()
+        settings.update_from_env_vars(dict(os.environ))
+        if settings.mode not in LOCAL_MODES["wandb"] and os.environ.get("WANDB_DISABLED", "").lower() in ON_WORDS:
+            raise EnvValueError("WANDB_DISABLED", os.environ["WANDB_DISABLED"], ENVIRONMENT,
+                                "read by wandb (it reads WANDB_MODE: this run would log online)",
+                                "write WANDB_MODE=disabled (no logging) or WANDB_MODE=offline (on disk), or drop "
+                                "wandb from trainer.logger")
+        return settings.mode
+    except ValidationError as err:
+        error = err.errors()[0]
+        field = "_".join(str(part) for part in error["loc"])
+        if field != "mode":  # another of the library's variables that it refuses: named by its settings field
+            raise EnvValueError(f"{backend}'s setting {field} (from a {variable.split('_')[0]}_* variable)",
+                                str(error.get("input")), ENVIRONMENT, f"valid ({error['msg']})",
+                                "fix or unset that variable") from None
+        raise EnvValueError(variable, os.environ.get(variable, ""), ENVIRONMENT, f"a {backend} mode ({error['msg']})",
+                            f"write e.g. {variable}=offline, or unset it (online)") from None
 
 
 def check_logger_credentials(trainer) -> None:
-    """Online wandb / swanlab in ``trainer.logger`` have a login (an API key variable or a netrc entry), checked
-    before any worker starts; else ``ConfigError`` naming the variable to set and the offline switch."""
+    """Online wandb / swanlab in ``trainer.logger`` (:func:`tracker_mode`) have a login (an API key variable or a
+    netrc entry), checked before any worker starts; else ``ConfigError`` naming the variable to set and the offline
+    switch. Raises ``EnvValueError`` from :func:`tracker_mode`."""
     backends = trainer.logger
-    if "wandb" in backends and os.environ.get("WANDB_MODE", "").lower() not in _OFFLINE \
-            and os.environ.get("WANDB_DISABLED", "").lower() not in ("true", "1") \
+    check_backends(backends)  # installed, before their settings are read
+    if "wandb" in backends and tracker_mode("wandb") not in LOCAL_MODES["wandb"] \
             and not os.environ.get("WANDB_API_KEY"):
         host = urlparse(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname or "api.wandb.ai"
         path = os.environ.get("NETRC") or os.path.join(os.path.expanduser("~"), ".netrc")
@@ -169,7 +215,7 @@ def check_logger_credentials(trainer) -> None:
                 f"~/.netrc): set WANDB_API_KEY or run `wandb login`, or set WANDB_MODE=offline to keep the run on disk "
                 f"(`wandb sync` uploads it later), or drop wandb from trainer.logger."
             )
-    if "swanlab" in backends and os.environ.get("SWANLAB_MODE", "").lower() not in _OFFLINE \
+    if "swanlab" in backends and tracker_mode("swanlab") not in LOCAL_MODES["swanlab"] \
             and not os.environ.get("SWANLAB_API_KEY"):
         root = os.environ.get("SWANLAB_ROOT") or os.environ.get("SWANLAB_SAVE_DIR") \
             or os.path.join(os.path.expanduser("~"), ".swanlab")

@@ -16,6 +16,7 @@ import ray
 from ray.util.placement_group import placement_group, placement_group_table
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from easyrl import envvars
 from easyrl.batch import Batch
 from easyrl.config import PPOConfig
 from easyrl.device import ray_actor_resources
@@ -74,7 +75,7 @@ def worker_runtime_env(device: str, cpu_threads: int, user: dict[str, str]) -> d
     if device == "npu":
         # vllm-ascend refuses wake_up (and the ND-layout sync) in its default FRACTAL_NZ weight mode
         env["VLLM_ASCEND_ENABLE_NZ"] = "0"
-    if contract_on(False):  # the collective contract (easyrl.workers.collectives), also on where Ray started earlier
+    if envvars.check_collectives(os.environ):  # the contract (easyrl.workers.collectives) on in the driver's process
         env[ENV] = "1"
     env.update({str(k): str(v) for k, v in user.items()})
     return env
