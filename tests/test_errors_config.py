@@ -78,6 +78,7 @@ CASES = [
      ["worker.critic.model.lora.rank", "worker.actor.model.lora"]),
     ("C95", ["algorithm.kl_type=fixd"], ["algorithm.kl_type='fixd' is not one of: fixed, adaptive.", "Did you mean: fixed?"]),
     ("C96", ["worker.actor.entropy_coeff=.nan"], ["worker.actor.entropy_coeff must be a finite number, got nan."]),
+    ("C99", ["worker.reward.timeout_s=0"], ["worker.reward.timeout_s must be a positive number (or null), got 0."]),
 ]
 
 

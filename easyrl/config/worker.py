@@ -268,7 +268,7 @@ class RewardConfig:
     on_error: Literal["raise", "zero"] = "raise"
     """When the function raises or times out on a sample: ``raise`` stops the run, naming the step, the sample and
     its response; ``zero`` scores that sample 0 on every name, logs it and counts it in ``reward/errors``."""
-    timeout_s: Optional[float] = 300.0
+    timeout_s: Optional[Annotated[float, POSITIVE]] = 300.0
     """Seconds one call of the function may take (a batch call, or one sample's call when ``sequential``); beyond
     it the call counts as an error. The function then runs in a helper process, which is killed and restarted on a
     timeout. null: no limit, the function runs in the trainer's process."""
