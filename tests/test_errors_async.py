@@ -25,6 +25,9 @@ CASES = [
              "data.mini_rollout_batch_size=3"],
      ["data.mini_rollout_batch_size=3 must divide", "trainer.rollout_mode=async"]),
     ("S08", [*SPLIT, "trainer.max_staleness=3"], ["trainer.max_staleness=3", "trainer.rollout_mode=async"]),
+    ("S09", ["trainer.rollout_mode=one_step_off", "trainer.n_gpus_per_node=1", "worker.rollout.n_gpus_per_node=2",
+             "worker.rollout.tensor_parallel_size=4"],
+     ["worker.rollout.tensor_parallel_size=4 must divide worker.rollout.n_gpus_per_node=2"]),
 ]
 
 
@@ -32,3 +35,23 @@ CASES = [
 def test_split_config_error(expect_user_error, cid, overrides, culprits):
     expect_user_error(lambda: load_config([*BASE, *overrides]), "config", *culprits)
 
+
+
+def test_split_engines_are_counted_on_their_own_devices():  # S09
+    """The rules of the split engines count the rollout devices, not the trainer's (were: refused by C55, C93 and
+    warned of by W15, each counting trainer.n_gpus_per_node)."""
+    import warnings
+
+    from easyrl.config.checks import ConfigWarning
+
+    fits = [["trainer.rollout_mode=one_step_off", "trainer.n_gpus_per_node=1", "worker.rollout.n_gpus_per_node=2",
+             "worker.rollout.tensor_parallel_size=2"],  # an engine of 2 rollout devices beside 1 trainer device
+            ["trainer.rollout_mode=async", "trainer.n_gpus_per_node=4", "worker.rollout.n_gpus_per_node=1",
+             "data.mini_rollout_batch_size=1", "worker.rollout.n=2",
+             "worker.actor.micro_batch_size_per_device_for_update=1"],  # a round of 2 samples: the stream spreads it
+            ["trainer.rollout_mode=one_step_off", "trainer.nnodes=2", "trainer.n_gpus_per_node=1",
+             "worker.rollout.n_gpus_per_node=2", "worker.rollout.tensor_parallel_size=2"]]  # engines within a node
+    for words in fits:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ConfigWarning)
+            load_config([*BASE, *words])

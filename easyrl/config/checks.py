@@ -39,10 +39,14 @@ def check_tensor_parallel(world_size: int, tensor_parallel_size: int) -> None:
 def check_divisibility(config: PPOConfig) -> None:
     """Batch sizes that must split evenly: rollout batch into mini-batches, mini-batch samples over the devices, a
     device's share into micro-batches (batch sizes in prompts, micro-batches in samples), for the actor and the
-    critic; a generation round's samples over the devices; and the devices into vLLM engines."""
+    critic; and, where the engines share the trainer's devices (``trainer.rollout_mode=colocated``), a generation
+    round's samples over those devices and the devices into vLLM engines (split engines are counted by
+    ``easyrl.config.placement.check_rollout_mode``, and take any number of prompts: the request stream spreads them)."""
     check_sequence_parallel(config)
     for role in ["actor"] + (["critic"] if config.algorithm.needs_critic else []):
         _check_batch_split(config, role)
+    if config.trainer.rollout_mode != "colocated":
+        return
     mini = config.data.mini_rollout_batch_size
     if mini is not None and mini * config.worker.rollout.n % config.world_size != 0:
         raise ConfigError(
@@ -294,7 +298,7 @@ def _no_effect_messages(config: PPOConfig) -> list[str]:
                         "update's own and turns off the weight-sync check (worker.actor.rollout_sync_threshold) and "
                         "the rollout/* metrics. Drop it unless that is meant.")
     tp, per_node = rollout.tensor_parallel_size, config.trainer.n_gpus_per_node
-    if config.trainer.nnodes > 1 and per_node % tp != 0:
+    if config.trainer.nnodes > 1 and per_node % tp != 0 and config.trainer.rollout_mode == "colocated":
         messages.append(f"worker.rollout.tensor_parallel_size={tp} does not divide trainer.n_gpus_per_node="
                         f"{per_node}: some vLLM engines span two nodes and all-reduce over the network at every "
                         "layer (slow). Choose a size that divides the devices of one node.")
