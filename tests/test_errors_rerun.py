@@ -63,6 +63,15 @@ def test_resume_with_a_changed_config_is_refused_naming_the_keys(tmp_path, expec
     assert "trainer.logger" not in line and "trainer.val_freq" not in line
 
 
+def test_resume_with_another_sequence_parallel_degree(tmp_path):  # K21
+    """worker.actor.ulysses_size lays a step out over the devices and trains the same samples with the same loss: a
+    resume with another degree continues the run (was: refused as a change of training, K05)."""
+    config = _config(tmp_path, "trainer.max_steps=5")
+    _finished_run(config)
+    again = _config(tmp_path, "trainer.max_steps=5", "worker.actor.ulysses_size=2", "worker.actor.padding_free=true")
+    assert check_run_folder(again.trainer, to_dict(again), 5) == os.path.join(config.trainer.run_dir, "global_step_2")
+
+
 def test_force_and_unchanged_configs_resume(tmp_path):
     config = _config(tmp_path, "trainer.max_steps=5")
     _finished_run(config)

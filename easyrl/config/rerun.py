@@ -27,6 +27,7 @@ NEUTRAL_KEYS: tuple[str, ...] = (
     "worker.reward.reward_model.micro_batch_size_per_device",
     "worker.rollout.limit_videos",  # vLLM's per-prompt capacity, raised from the data at start-up
     "worker.rollout.multi_turn.patience",  # which round a turn rides in, not what it samples (agents/scheduler.py)
+    "worker.actor.ulysses_size",  # how a sequence is split over a group's devices, not what a step trains
 )
 
 
