@@ -260,6 +260,27 @@ def test_model_in_the_wrong_role(before_ray, expect_user_error, tiny_model_path,
                       "worker.teacher.model.model_path=", "Qwen2ForSequenceClassification")
 
 
+def test_every_model_role_gets_the_folder_weight_and_head_checks(before_ray, expect_user_error, tiny_model_path,
+                                                                 reward_model, tmp_path):  # M26
+    """One pass over the FSDP roles (``preflight.model_roles``): the critic's folder (was: unchecked, after Ray; with
+    Ulysses an ``OSError`` traceback), the reward model's folder and weights (was: a ``HFValidationError`` traceback,
+    or after Ray), the actor's head (a sequence classifier as the actor: was accepted)."""
+    gae = ["algorithm.adv_estimator=gae", "worker.critic.global_batch_size=2"]
+    sp = ["worker.actor.ulysses_size=2", "worker.actor.padding_free=true", "worker.critic.padding_free=true"]
+    for words in ([], sp):
+        expect_user_error(before_ray(*gae, *words, f"worker.critic.model.model_path={tmp_path}/nope"), "model",
+                          f"worker.critic.model.model_path='{tmp_path}/nope' does not exist")
+    expect_user_error(before_ray(f"worker.reward.reward_model.model_path={tmp_path}/nope"), "model",
+                      f"worker.reward.reward_model.model_path='{tmp_path}/nope' does not exist")
+    empty = tmp_path / "rm"
+    empty.mkdir()
+    shutil.copy(reward_model / "config.json", empty / "config.json")
+    expect_user_error(before_ray(f"worker.reward.reward_model.model_path={empty}"), "model",
+                      f"worker.reward.reward_model.model_path='{empty}' holds no weights")
+    expect_user_error(before_ray(f"worker.actor.model.model_path={reward_model}"), "model",
+                      "worker.actor.model.model_path=", "Qwen2ForSequenceClassification", "...ForCausalLM")
+
+
 def test_reward_model_max_length_beyond_its_positions(before_ray, expect_user_error, reward_model):  # R39
     expect_user_error(before_ray(f"worker.reward.reward_model.model_path={reward_model}",
                                  "worker.reward.reward_model.max_length=100000"), "config",

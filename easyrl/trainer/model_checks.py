@@ -261,13 +261,14 @@ def check_lora_targets(model_cfg: Any) -> None:
 SCORE_HEADS = ("ForSequenceClassification", "ForTokenClassification", "ForRewardModel", "RewardModel")
 
 
-def check_head(key: str, path: Optional[str], scorer: bool) -> None:
+def check_head(key: str, path: Optional[str], scorer: Optional[bool]) -> None:
     """The model at ``path`` (config key ``key``) has its role's head, read from ``architectures`` in its
-    ``config.json``: a reward model (``scorer``) is a sequence classifier, a judge or teacher a language model. Raises
-    ``ModelError`` naming the key, the architecture and the role the model would fit."""
+    ``config.json``: a reward model (``scorer``) is a sequence classifier, the actor, a judge or teacher a language
+    model (``scorer`` None: either). Raises ``ModelError`` naming the key, the architecture and the role the model
+    would fit."""
     import json
 
-    if not path:
+    if not path or scorer is None:
         return
     file = os.path.join(os.path.expanduser(path), "config.json")
     if not os.path.isfile(file):

@@ -135,15 +135,12 @@ def prepare(config: Any, train: bool = True) -> Prepared:
                           "without one).")
     # cheap first (driver, paths, file headers, data columns, templates, tool files): a typo costs seconds
     check_cuda_driver(config.trainer.device)
-    check_model_sources(config.worker.actor.model)
-    weight_headers("worker.actor.model.model_path", config.worker.actor.model.model_path)
-    check_lora_targets(config.worker.actor.model)
     teachers = teachers_of(config.worker) if config.algorithm.needs_teacher else []
-    for teacher in teachers:
-        key = f"{teacher.key}.model.model_path"
-        check_model_sources(teacher.model, f"{teacher.key}.model")
-        weight_headers(key, teacher.model.model_path)
-        check_head(key, teacher.model.model_path, scorer=False)
+    for prefix, model, scorer in model_roles(config, teachers):
+        check_model_sources(model, prefix)
+        weight_headers(f"{prefix}.model_path", model.model_path)
+        check_head(f"{prefix}.model_path", model.model_path, scorer)
+    check_lora_targets(config.worker.actor.model)
     if config.data.override_chat_template is not None:
         read_chat_template(config.data.override_chat_template)
     keys = [("data.train_files", config.data.train_files)] * train + [("data.val_files", config.data.val_files)]
@@ -166,7 +163,6 @@ def prepare(config: Any, train: bool = True) -> Prepared:
         check_tool_call_parser(config.worker.rollout.agent.tool_call_parser)
     reward_fn = load_reward(config.worker.reward)
     check_judge_files(config.worker.reward.judge)
-    check_head("worker.reward.reward_model.model_path", config.worker.reward.reward_model.model_path, scorer=True)
     tokenizer, hf_config, processor = load_model_parts(config.worker.actor.model, sources_checked=True,
                                                        chat_template=config.data.override_chat_template)
     media = [column for column in (config.data.image_key, config.data.video_key) if column]
@@ -196,6 +192,21 @@ def prepare(config: Any, train: bool = True) -> Prepared:
     check_filter_key(config, check_reward_on_sample(reward_fn, sample), reward_fn.where)
     check_reward_model(config.worker.reward.reward_model)
     return Prepared(tokenizer, processor, train_set, val, reward_fn)
+
+
+def model_roles(config: Any, teachers: list[Teacher]) -> list[tuple[str, Any, Optional[bool]]]:
+    """``(key prefix, model section, scorer)`` of every FSDP model role the run loads: the actor, the critic (GAE, on
+    a checkpoint of its own), each teacher, the reward model; each gets the same folder, weight and head checks
+    (``scorer``: True a sequence classifier, False a language model, None either: a critic starts from a language
+    model or a reward model alike). The judge's are ``check_judge_files``'."""
+    worker = config.worker
+    roles: list[tuple[str, Any, Optional[bool]]] = [("worker.actor.model", worker.actor.model, False)]
+    if config.algorithm.needs_critic and worker.critic.model.model_path != worker.actor.model.model_path:
+        roles.append(("worker.critic.model", worker.critic.model, None))
+    roles += [(f"{teacher.key}.model", teacher.model, False) for teacher in teachers]
+    if worker.reward.reward_model.enabled:
+        roles.append(("worker.reward.reward_model", worker.reward.reward_model, True))
+    return roles
 
 
 def check_cuda_driver(device: str) -> None:
