@@ -260,8 +260,7 @@ def test_model_in_the_wrong_role(before_ray, expect_user_error, tiny_model_path,
                       "worker.teacher.model.model_path=", "Qwen2ForSequenceClassification")
 
 
-def test_every_model_role_gets_the_folder_weight_and_head_checks(before_ray, expect_user_error, tiny_model_path,
-                                                                 reward_model, tmp_path):  # M26
+def test_every_model_role_checked(before_ray, expect_user_error, reward_model, tmp_path):  # M26
     """One pass over the FSDP roles (``preflight.model_roles``): the critic's folder (was: unchecked, after Ray; with
     Ulysses an ``OSError`` traceback), the reward model's folder and weights (was: a ``HFValidationError`` traceback,
     or after Ray), the actor's head (a sequence classifier as the actor: was accepted)."""
