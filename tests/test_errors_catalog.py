@@ -7,14 +7,14 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-ROW = re.compile(r"^\| ([A-Z]\d\d) \|.*\| `(tests/test_[a-z_]+\.py)::([A-Za-z0-9_]+)(?:\[([A-Z]\d\d)\])?` \|$")
-ID_IN_TEST = re.compile(r"""(?:"|# )([A-Z]\d\d)\b""")
+ROW = re.compile(r"^\| ([A-Z]\d{2,3}) \|.*\| `(tests/test_[a-z_]+\.py)::([A-Za-z0-9_]+)(?:\[([A-Z]\d{2,3})\])?` \|$")
+ID_IN_TEST = re.compile(r"""(?:"|# )([A-Z]\d{2,3})\b""")
 
 
 def _rows() -> list[tuple[str, str, str, str | None]]:
     text = (REPO / "docs" / "errors.md").read_text()
     rows = [m.groups() for m in map(ROW.match, text.splitlines()) if m]
-    assert len(rows) == len(re.findall(r"^\| [A-Z]\d\d \|", text, re.M)), "a catalog row does not name its test"
+    assert len(rows) == len(re.findall(r"^\| [A-Z]\d{2,3} \|", text, re.M)), "a catalog row does not name its test"
     return rows
 
 
