@@ -20,6 +20,8 @@ CASES = [
     ("R31", ["algorithm.adv_estimator=remax"], ["worker.reward.reward_model.model_path", "remax"]),
     ("R32", ["worker.reward.reward_model.chat_template=' '"], ["worker.reward.reward_model.chat_template", "empty"]),
     ("R33", ["worker.reward.reward_model.max_length=-3"], ["worker.reward.reward_model.max_length", "-3"]),
+    ("R40", ["worker.reward.reward_model.chat_template=templates/rm.jinja"],
+     ["worker.reward.reward_model.chat_template", "templates/rm.jinja", "does not exist"]),
 ]
 
 

@@ -230,8 +230,8 @@ class RewardModelConfig:
 
 def check_reward_model(config: Any) -> None:
     """The reward model's settings of a ``PPOConfig`` (its checkpoint is checked by ``easyrl.trainer.preflight``).
-    Raises ``ConfigError`` naming the key: an empty ``chat_template``, or an estimator whose greedy baselines the rule
-    reward alone scores (ReMax)."""
+    Raises ``ConfigError`` naming the key: an empty ``chat_template`` or one naming a file that does not exist, or an
+    estimator whose greedy baselines the rule reward alone scores (ReMax)."""
     rm = config.worker.reward.reward_model
     if not rm.enabled:
         return
@@ -239,10 +239,21 @@ def check_reward_model(config: Any) -> None:
     if rm.chat_template is not None and not rm.chat_template.strip():
         raise ConfigError(f"{key}.chat_template is empty: give a Jinja template or a file holding one, or null for the "
                           "reward model tokenizer's own.")
+    if rm.chat_template is not None and _names_a_missing_file(rm.chat_template):
+        raise ConfigError(f"{key}.chat_template={rm.chat_template!r} names a file that does not exist (a template "
+                          "holds '{'; this value looks like a path): give the path of an existing Jinja file, the "
+                          "template itself, or null for the reward model tokenizer's own.")
     if config.algorithm.estimator("needs_reward_baselines"):
         raise ConfigError(f"{key}.model_path is set with algorithm.adv_estimator={config.algorithm.adv_estimator}: "
                           "its greedy baseline is scored by the rule reward only; use grpo (or another estimator) "
                           "with a reward model.")
+
+
+def _names_a_missing_file(value: str) -> bool:
+    """Whether a ``chat_template`` value reads as a file's path (it ends in ``.jinja``, ``.j2`` or ``.txt``, or holds
+    a path separator, and holds no ``{``, which every Jinja template does) that is no file."""
+    looks_like_path = value.strip().endswith((".jinja", ".j2", ".txt")) or "/" in value or os.sep in value
+    return looks_like_path and "{" not in value and not os.path.isfile(os.path.expanduser(value))
 
 
 def read_chat_template(value: Optional[str]) -> Optional[str]:
