@@ -129,3 +129,17 @@ def test_verl_style_kwargs_that_do_not_bind(expect_user_error):  # R20
     spec = f"{REPO / 'examples/reward_function/verl_style.py'}:compute_score"
     expect_user_error(lambda: load_reward(_reward(spec, {"fromat_score": 0.1})), "reward", "verl_style.py",
                       "verl's compute_score(data_source, solution_str, ground_truth, extra_info)", "fromat_score")
+
+
+def test_best_metric_that_the_validation_never_logs(expect_user_error, e2e_text_config, tmp_path):  # R14
+    """The pre-flight knows the validation's names from the reward's scores on a sample (letters.py: overall,
+    length)."""
+    from easyrl.trainer.preflight import prepare
+
+    config = e2e_text_config(tmp_path, "trainer.best_metric=val/reward/lenght")
+    expect_user_error(lambda: prepare(config), "config", "trainer.best_metric='val/reward/lenght'",
+                      "Did you mean 'val/reward/length'?", "val/reward/overall, val/reward/length")
+    config = e2e_text_config(tmp_path, "trainer.best_metric=val/acc")
+    expect_user_error(lambda: prepare(config), "config", "trainer.best_metric='val/acc'", "val/response_length/mean")
+    prepare(e2e_text_config(tmp_path, "trainer.best_metric=val/reward/length"))  # a name it logs, or one outside val/
+    prepare(e2e_text_config(tmp_path, "trainer.best_metric=reward/overall"))

@@ -24,6 +24,7 @@ from easyrl.trainer.model_checks import (
     weight_headers,
 )
 from easyrl.trainer.reward_checks import (
+    check_best_metric,
     check_filter_key,
     check_judge_files,
     check_reward_model,
@@ -189,7 +190,10 @@ def prepare(config: Any, train: bool = True) -> Prepared:
               "columns": source.reward_columns(first)}
     if multi_turn.enable:  # what a multi-turn rollout adds (easyrl.trainer.multi_turn)
         sample.update(messages=[{"role": "assistant", "content": response}], tool_calls=[])
-    check_filter_key(config, check_reward_on_sample(reward_fn, sample), reward_fn.where)
+    score_names = check_reward_on_sample(reward_fn, sample)
+    check_filter_key(config, score_names, reward_fn.where)
+    if train:  # `easyrl eval` saves no checkpoint to rank
+        check_best_metric(config, score_names)
     check_reward_model(config.worker.reward.reward_model)
     return Prepared(tokenizer, processor, train_set, val, reward_fn)
 

@@ -123,6 +123,29 @@ def check_filter_key(config: Any, score_names: list[str], where: str) -> None:
                           f"{score_names}")
 
 
+def check_best_metric(config: Any, score_names: list[str]) -> None:
+    """``trainer.best_metric``, when it names a validation metric (``val/...``), is one the validation logs:
+    ``val/reward/<name>`` of each score the reward function returned on the check sample (``score_names``, ``overall``
+    among them), ``val/reward/judge`` and ``val/reward/reward_model`` when those score, ``val/response_length/mean``,
+    and with ``worker.rollout.multi_turn`` any ``val/multi_turn/*`` (its names follow the trajectories' counts, so
+    they are not listed). A name outside ``val/`` ranks by a training-step metric, whose names are known only once
+    the step runs: not checked. Raises ``ConfigError`` with a did-you-mean and the names (the best checkpoint was
+    never marked: the metric is looked up at each save and was absent)."""
+    metric = config.trainer.best_metric
+    reward = config.worker.reward
+    extra = ["judge"] * (reward.judge.model_path is not None) + ["reward_model"] * reward.reward_model.enabled
+    logged = [f"val/reward/{name}" for name in dict.fromkeys([*score_names, *extra])] + ["val/response_length/mean"]
+    if not metric.startswith("val/") or metric in logged:
+        return
+    if config.worker.rollout.multi_turn.enable and metric.startswith("val/multi_turn/"):
+        return
+    close = difflib.get_close_matches(metric, logged, n=1, cutoff=0.6)
+    hint = f"Did you mean {close[0]!r}? " if close else ""
+    raise ConfigError(f"trainer.best_metric={metric!r} is not a metric the validation logs, so no checkpoint would be "
+                      f"ranked best. {hint}It logs {', '.join(logged)} (the reward function's scores as it "
+                      "returned them on a sample).")
+
+
 def check_reward_model(rm: Any) -> None:
     """``worker.reward.reward_model`` (when enabled): a sequence classifier with one output, a tokenizer, a chat
     template that renders a (prompt, response) pair. Raises ``ModelError`` (a missing model, a config or tokenizer
