@@ -48,6 +48,7 @@ ALLOWED: dict[str, str] = {
     "data.max_prompt_length.a": "the unknown key an earlier easyrl reported for a mapping value (errors.md C83)",
     "worker.model_runner.get_model": "vLLM's worker attribute path, not a config key (vllm-versions.md)",
     "actor/.metadata": "a checkpoint's file, named by the export's error (errors.md X07), not a metric",
+    "val/reward/lenght": "a deliberate typo: the example of a best metric the validation never logs (errors.md R14)",
     **{key: "verl's key in the migration table of docs/migrating.md" for key in (
         "data.train_batch_size", "data.gen_batch_size", "algorithm.kl_ctrl.type", "algorithm.filter_groups.enable",
         "trainer.total_training_steps", "trainer.test_freq", "trainer.default_local_dir",
