@@ -229,3 +229,13 @@ def test_text_only_model_with_image_data_warns_naming_the_column(vl, caplog):  #
     with caplog.at_level(logging.WARNING, logger="easyrl.data"):
         _load(vl, SAMPLE, "data.image_key=null", text_only=True)()
     assert "text-only" not in caplog.text
+
+
+def test_more_images_in_a_row_than_the_engine_takes(expect_user_error, vl, tmp_path):  # D35
+    """vLLM refuses a prompt with more images than ``worker.rollout.limit_images`` (was: after Ray, at the first
+    rollout); the row is named, and a limit that fits passes."""
+    two = {**ROW, "problem": "<image> and <image>: find x.", "images": [GOOD_IMAGE, GOOD_IMAGE]}
+    path = _jsonl(tmp_path / "train.jsonl", [ROW, two])
+    expect_user_error(_load(vl, path, "worker.rollout.limit_images=1"), "data", "data.train_files", "row 1 of",
+                      "2 images", "worker.rollout.limit_images=1", "worker.rollout.limit_images=2")
+    assert _load(vl, path, "worker.rollout.limit_images=2")().max_images == 2

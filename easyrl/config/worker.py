@@ -158,7 +158,8 @@ class RolloutConfig:
     max_num_batched_tokens: Annotated[int, POSITIVE] = 8192
     limit_images: Annotated[int, NON_NEGATIVE] = 1
     """Images per prompt at most (vLLM's ``limit_mm_per_prompt``); in a multi-turn rollout the prompt's and the tools'
-    images of one conversation (more tool images are dropped and counted, docs/agents.md "Tool images")."""
+    images of one conversation (more tool images are dropped and counted, docs/agents.md "Tool images"). A data row
+    with more images is refused before Ray (unlike ``limit_videos``, not raised from the data)."""
     calculate_log_probs: bool = True
     """Keep vLLM's sampled-token log-probs (``rollout_log_probs``): the weight-sync check
     (``worker.actor.rollout_sync_threshold``), ``rollout/*`` mismatch metrics, ``worker.actor.tis_cap``."""

@@ -170,6 +170,7 @@ class RLDataset(torch.utils.data.Dataset):
             view = view.cast_column(self.image_key, datasets.Image(decode=False))
         keep = []
         self.max_videos = 0  # videos in one row at most (vLLM's limit_mm_per_prompt)
+        self.max_images, self.max_images_row = 0, None  # images in one kept row at most, and the first such row
         for index, row in enumerate(view):
             try:
                 if is_missing_answer(row[self.answer_key]):
@@ -190,6 +191,8 @@ class RLDataset(torch.utils.data.Dataset):
                 raise DataError(f"row {index} of {self.data_path!r}: {err}") from err
             if length <= self.max_prompt_length or not filter_overlong:
                 keep.append(index)
+                if len(images) > self.max_images:
+                    self.max_images, self.max_images_row = len(images), index
         dropped = len(self.dataset) - len(keep)
         if dropped and not keep:
             raise DataError(

@@ -112,6 +112,7 @@ def load_dataset_for(key: str, path: str, config: Any, tokenizer: Any, processor
     except DataError as err:  # the message names the file; say which setting gave it
         raise DataError(f"{key}: {err}") from None
     raise_video_limit(config.worker.rollout, dataset.max_videos, key)
+    check_image_limit(config.worker.rollout, dataset, key)
     return dataset
 
 
@@ -122,6 +123,18 @@ def raise_video_limit(rollout: Any, max_videos: int, key: str) -> None:
         logger.info("%s has up to %d video(s) per prompt: worker.rollout.limit_videos raised from %d to %d", key,
                     max_videos, rollout.limit_videos, max_videos)
         rollout.limit_videos = max_videos
+
+
+def check_image_limit(rollout: Any, dataset: Any, key: str) -> None:
+    """A row holds no more images than ``worker.rollout.limit_images`` (vLLM refuses such a prompt after Ray). Refused
+    naming the row, not raised as ``limit_videos`` is: the images' limit is the user's (vLLM profiles memory for it,
+    and in a multi-turn rollout it bounds the prompt's and the tools' images of a conversation, so raising it would
+    change what is trained). Raises ``DataError``."""
+    if dataset.max_images > rollout.limit_images:
+        raise DataError(f"{key}: row {dataset.max_images_row} of {dataset.data_path!r} has {dataset.max_images} "
+                        f"images, more than worker.rollout.limit_images={rollout.limit_images} (vLLM's images per "
+                        f"prompt): set worker.rollout.limit_images={dataset.max_images} (or more), or drop the rows "
+                        "with more images.")
 
 
 def prepare(config: Any, train: bool = True) -> Prepared:
