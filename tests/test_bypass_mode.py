@@ -175,3 +175,20 @@ def test_the_same_step_without_bypass_recomputes_and_checks_the_gap():
     metrics, workers, _ = _step("algorithm.disable_kl=true", "worker.actor.rollout_sync_threshold=null")
     assert workers.passes == ["compute_log_probs", "update_actor"]
     assert "timing_s/old_log_prob" in metrics and metrics["rollout/log_prob_diff_median"] == pytest.approx(0.5)
+
+
+
+def test_a_sync_threshold_without_comparable_log_probs_is_warned_of_as_doing_nothing():  # W24
+    def threshold_warnings(*overrides):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            load_config([*BASE, *overrides])
+        return [str(w.message) for w in caught if str(w.message).startswith("worker.actor.rollout_sync_threshold")]
+
+    (message,) = threshold_warnings("worker.actor.rollout_sync_threshold=0.05", *BYPASS)
+    assert "=0.05 has no effect" in message and "algorithm.bypass_mode=true" in message and "null" in message
+    (message,) = threshold_warnings("worker.actor.rollout_sync_threshold=0.05",
+                                    "worker.rollout.calculate_log_probs=false")
+    assert "worker.rollout.calculate_log_probs=false" in message
+    assert threshold_warnings("worker.actor.rollout_sync_threshold=0.05") == []  # checked: colocated, untruncated
+    assert threshold_warnings(*BYPASS) == []  # the default: not the user's setting

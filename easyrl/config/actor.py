@@ -76,7 +76,9 @@ class ActorConfig(TrainedRoleConfig):
     """Weight-sync check: the run stops before the update when the median over the step's response tokens of
     ``|log p_vLLM - log p_actor|`` (``rollout/log_prob_diff_median``, nats) exceeds it; a correct sync stays far
     below (docs/metrics.md). Checked when vLLM's log-probs are kept (``worker.rollout.calculate_log_probs``) and it
-    samples the untruncated distribution (top_p 1, top_k off, temperature > 0); None: off."""
+    samples the untruncated distribution (top_p 1, top_k off, temperature > 0), colocated, without
+    ``algorithm.bypass_mode`` (``PPOConfig.sync_check_off``; a value set where it is not checked is warned of); None:
+    off."""
     clip_cov_ratio: Annotated[float, POSITIVE] = 2e-4
     """``loss_type: clip_cov``: fraction of the micro-batch's tokens whose gradient is detached."""
     clip_cov_lb: float = 1.0

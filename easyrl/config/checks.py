@@ -9,8 +9,9 @@ that name the keys and the reference setting.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from easyrl.config.actor import check_distillation, teachers_of
 from easyrl.config.algorithm import check_bypass_mode
@@ -297,12 +298,22 @@ def _no_effect_messages(config: PPOConfig) -> list[str]:
                         "pass runs anyway. It only makes vLLM's log-probs the ratio's denominator instead of the "
                         "update's own and turns off the weight-sync check (worker.actor.rollout_sync_threshold) and "
                         "the rollout/* metrics. Drop it unless that is meant.")
+    threshold = config.worker.actor.rollout_sync_threshold
+    if threshold not in (None, _default(config.worker.actor, "rollout_sync_threshold")) and config.sync_check_off:
+        messages.append(f"worker.actor.rollout_sync_threshold={threshold} has no effect: the weight-sync check it "
+                        "sets compares vLLM's sampled-token log-probs with the actor's, and here "
+                        f"{'; '.join(config.sync_check_off)}. Drop the key (or set it to null).")
     tp, per_node = rollout.tensor_parallel_size, config.trainer.n_gpus_per_node
     if config.trainer.nnodes > 1 and per_node % tp != 0 and config.trainer.rollout_mode == "colocated":
         messages.append(f"worker.rollout.tensor_parallel_size={tp} does not divide trainer.n_gpus_per_node="
                         f"{per_node}: some vLLM engines span two nodes and all-reduce over the network at every "
                         "layer (slow). Choose a size that divides the devices of one node.")
     return messages
+
+
+def _default(section: Any, name: str) -> Any:
+    """The dataclass default of field ``name`` of ``section`` (a value the user did not change is not warned of)."""
+    return next(f.default for f in dataclasses.fields(section) if f.name == name)
 
 
 def warn_config_traps(config: PPOConfig) -> list[str]:

@@ -137,15 +137,31 @@ class PPOConfig:
         return found
 
     @property
+    def sync_check_off(self) -> list[str]:
+        """Why the weight-sync check (``worker.actor.rollout_sync_threshold``) does not apply, one phrase per reason
+        ([]: it applies). It needs vLLM's log-probs kept, of the distribution the actor scores (no
+        :attr:`sampling_mismatches`), by the weights the actor holds (``trainer.rollout_mode: colocated``, also when a
+        replay's dump was; split they are older), and log-probs of the actor's to compare them with (not
+        ``algorithm.bypass_mode``)."""
+        rollout, reasons = self.worker.rollout, []
+        if not rollout.calculate_log_probs:
+            reasons.append("worker.rollout.calculate_log_probs=false keeps no vLLM log-probs to compare")
+        if self.algorithm.bypass_mode:
+            reasons.append("algorithm.bypass_mode=true takes vLLM's log-probs as the old ones: no actor pass computes "
+                           "log-probs to compare them with")
+        if self.placement.max_staleness != 0:  # a replay: as the dumped run's mode says
+            reasons.append(f"the rollout samples with weights up to {self.placement.max_staleness} step(s) older "
+                           f"than the actor's (trainer.rollout_mode={self.trainer.rollout_mode}, or the replayed "
+                           "dump's)")
+        reasons += [f"{mismatch}: vLLM's log-probs are of another distribution than the actor's"
+                    for mismatch in self.sampling_mismatches] if rollout.calculate_log_probs else []
+        return reasons
+
+    @property
     def sync_check_threshold(self) -> Optional[float]:
-        """``worker.actor.rollout_sync_threshold`` where the weight-sync check applies: vLLM's log-probs are kept and
-        are of the distribution the actor scores (no :attr:`sampling_mismatches`) by the weights the actor holds
-        (``trainer.rollout_mode: colocated``, also when a replay's dump was; split they are older), and the actor
-        computes log-probs to compare them with (not ``algorithm.bypass_mode``); else None."""
-        rollout = self.worker.rollout
-        same_weights = self.placement.max_staleness == 0  # a replay: as the dumped run's mode says
-        compared = rollout.calculate_log_probs and not self.sampling_mismatches and not self.algorithm.bypass_mode
-        return self.worker.actor.rollout_sync_threshold if compared and same_weights else None
+        """``worker.actor.rollout_sync_threshold`` where the weight-sync check applies (:attr:`sync_check_off` is
+        empty); else None."""
+        return None if self.sync_check_off else self.worker.actor.rollout_sync_threshold
 
     @property
     def world_size(self) -> int:
