@@ -280,6 +280,21 @@ def test_every_model_role_checked(before_ray, expect_user_error, reward_model, t
                       "worker.actor.model.model_path=", "Qwen2ForSequenceClassification", "...ForCausalLM")
 
 
+def test_a_model_role_of_an_unknown_type(before_ray, expect_user_error, tiny_model_path, tmp_path):  # M27
+    """A critic's or teacher's folder whose ``model_type`` transformers does not know (was: its worker failed after
+    Ray) is refused naming the role's key and its own trust_remote_code switch; the registry and self-check stay the
+    actor's (M22, M23)."""
+    folder = _model_copy(tiny_model_path, tmp_path, "qwen99")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(dict(config, model_type="qwen99")))
+    gae = ["algorithm.adv_estimator=gae", "worker.critic.global_batch_size=2"]
+    expect_user_error(before_ray(*gae, f"worker.critic.model.model_path={folder}"), "model",
+                      f"worker.critic.model.model_path='{folder}'", "qwen99", "worker.critic.model.trust_remote_code")
+    expect_user_error(before_ray("algorithm.distill_coef=0.5", f"worker.teacher.model.model_path={folder}"), "model",
+                      f"worker.teacher.model.model_path='{folder}'", "qwen99",
+                      "worker.teacher.model.trust_remote_code")
+
+
 def test_reward_model_max_length_beyond_its_positions(before_ray, expect_user_error, reward_model):  # R39
     expect_user_error(before_ray(f"worker.reward.reward_model.model_path={reward_model}",
                                  "worker.reward.reward_model.max_length=100000"), "config",

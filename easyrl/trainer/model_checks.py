@@ -143,21 +143,40 @@ def check_chat_template(tokenizer: Any, processor: Any, where: str) -> None:
                           "own chat_template.jinja), or null to keep the model's")
 
 
-def load_part(key: str, path: str, what: str, loader: Callable, trust_remote_code: bool) -> Any:
-    """``loader(path)``; any failure is a ``ModelError`` naming ``what``, ``key`` and what to write instead."""
+def check_model_type(prefix: str, model: Any) -> None:
+    """The model config of the role at ``prefix`` (a key of ``easyrl.trainer.preflight.model_roles``) loads: its
+    ``model_type`` is one transformers builds (or the folder ships its code, with the role's ``trust_remote_code``).
+    Else ``ModelError`` naming the role's key (M11's answer, for every role; was: a critic's or teacher's unknown type
+    failed in its worker, after Ray). Only this part of the family admission applies to every role: the registry or
+    the self-check (``easyrl.trainer.selfcheck.admit``, a subprocess scoring vLLM against transformers) admits the
+    actor alone, the one role vLLM serves; the other roles run in transformers, a type outside the registry with the
+    generic entry (``easyrl.models.families.family``)."""
+    from transformers import AutoConfig
+
+    load_part(f"{prefix}.model_path", model.model_path, "model config", AutoConfig.from_pretrained,
+              model.trust_remote_code)
+
+
+def load_part(key: str, path: str, what: str, loader: Callable, trust_remote_code: bool,
+              remote_key: Optional[str] = None) -> Any:
+    """``loader(path)``; any failure is a ``ModelError`` naming ``what``, ``key`` and what to write instead.
+    ``remote_key``: the role's trust-remote-code switch the hint names (None: ``key``'s sibling
+    ``trust_remote_code``; "": the role has none)."""
+    remote_key = f"{key.rsplit('.', 1)[0]}.trust_remote_code" if remote_key is None else remote_key
     try:
         return loader(path, trust_remote_code=trust_remote_code)
     except Exception as err:
         reason = " ".join(str(err).strip().split())[:300]
-        hint = " (set worker.actor.model.trust_remote_code=true if you trust it)" * ("trust_remote_code" in reason)
-        broken_config = _load_hint(key, path, str(err))
+        hint = f" (set {remote_key}=true if you trust it)" * ("trust_remote_code" in reason and bool(remote_key))
+        broken_config = _load_hint(key, path, str(err), remote_key)
         if broken_config:  # the library's first sentence, then what to write
             reason, hint = reason.split(". ")[0].rstrip("."), broken_config
         raise ModelError(f"cannot load the {what} of {key}={path!r}: {type(err).__name__}: {reason}{hint}") from None
 
 
-def _load_hint(key: str, path: str, reason: str) -> str:
-    """What to write instead, for a ``config.json`` that is not JSON or names an unknown type."""
+def _load_hint(key: str, path: str, reason: str, remote_key: str) -> str:
+    """What to write instead, for a ``config.json`` that is not JSON or names an unknown type (``remote_key``: the
+    role's trust-remote-code switch, "" for none)."""
     if "not a valid JSON file" in reason:
         return (f"; write {os.path.join(path, 'config.json')} as one JSON object (the file save_pretrained writes, "
                 f"e.g. {{\"model_type\": \"qwen2\", ...}}), or set {key} to a model folder or hub id that has one")
@@ -167,8 +186,8 @@ def _load_hint(key: str, path: str, reason: str) -> str:
 
         return (f"; set \"model_type\" in {os.path.join(path, 'config.json')} to a type transformers "
                 f"{transformers.__version__} knows (e.g. qwen2, qwen2_5_vl, qwen3_vl; not {found.group(1)!r}), "
-                "upgrade transformers, or set worker.actor.model.trust_remote_code=true for a model that ships its "
-                "own code")
+                + ("or upgrade transformers" if not remote_key else
+                   f"upgrade transformers, or set {remote_key}=true for a model that ships its own code"))
     return ""
 
 

@@ -18,6 +18,7 @@ from easyrl.trainer.model_checks import (
     check_lora_targets,
     check_model_fits,
     check_model_sources,
+    check_model_type,
     check_teacher,
     load_model_parts,
     read_chat_template,
@@ -150,7 +151,8 @@ def prepare(config: Any, train: bool = True) -> Prepared:
     # cheap first (driver, paths, file headers, data columns, templates, tool files): a typo costs seconds
     check_cuda_driver(config.trainer.device)
     teachers = teachers_of(config.worker) if config.algorithm.needs_teacher else []
-    for prefix, model, scorer in model_roles(config, teachers):
+    roles = model_roles(config, teachers)
+    for prefix, model, scorer in roles:
         check_model_sources(model, prefix)
         weight_headers(f"{prefix}.model_path", model.model_path)
         check_head(f"{prefix}.model_path", model.model_path, scorer)
@@ -182,6 +184,8 @@ def prepare(config: Any, train: bool = True) -> Prepared:
     media = [column for column in (config.data.image_key, config.data.video_key) if column]
     images = any(column in table.column_names for table in rows.values() for column in media)
     admit("worker.actor.model.model_path", hf_config, images)  # a registered family, or one its self-check admits
+    for prefix, model, _ in roles[1:]:  # every other role: a type transformers builds (the registry is the actor's)
+        check_model_type(prefix, model)
     check_rollout_split(hf_config, config.worker.rollout.tensor_parallel_size)
     check_cpu_rollout_dtype(hf_config, config.trainer.device, config.worker.rollout.dtype)
     check_router_replay_model(hf_config, config)
@@ -212,9 +216,10 @@ def prepare(config: Any, train: bool = True) -> Prepared:
 
 
 def model_roles(config: Any, teachers: list[Teacher]) -> list[tuple[str, Any, Optional[bool]]]:
-    """``(key prefix, model section, scorer)`` of every FSDP model role the run loads: the actor, the critic (GAE, on
-    a checkpoint of its own), each teacher, the reward model; each gets the same folder, weight and head checks
-    (``scorer``: True a sequence classifier, False a language model, None either: a critic starts from a language
+    """``(key prefix, model section, scorer)`` of every FSDP model role the run loads: the actor (first), the critic
+    (GAE, on a checkpoint of its own), each teacher, the reward model; each gets the same folder, weight and head
+    checks, and every role but the actor ``check_model_type`` (the actor's type is admitted by ``admit``).
+    ``scorer``: True a sequence classifier, False a language model, None either (a critic starts from a language
     model or a reward model alike). The judge's are ``check_judge_files``'."""
     worker = config.worker
     roles: list[tuple[str, Any, Optional[bool]]] = [("worker.actor.model", worker.actor.model, False)]

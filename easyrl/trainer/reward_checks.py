@@ -195,7 +195,8 @@ def check_judge_files(judge_cfg: Any) -> None:
         weight_headers(key, judge_cfg.model_path)
         from transformers import AutoConfig
 
-        text = load_part(key, judge_cfg.model_path, "model config", AutoConfig.from_pretrained, False).get_text_config()
+        text = load_part(key, judge_cfg.model_path, "model config", AutoConfig.from_pretrained, False,
+                         remote_key="").get_text_config()
         positions = getattr(text, "max_position_embeddings", None)
         if positions is not None and judge_cfg.max_model_len > positions:
             raise ConfigError(f"worker.reward.judge.max_model_len={judge_cfg.max_model_len} exceeds the judge's "
