@@ -3,7 +3,8 @@ SmolLM2-135M-Instruct (``easyrl.testing.smollm2``) scores the ``add_a`` rows, a 
 tokenizer (``easyrl.testing.tiny.build_tiny_smollm2_student`` with another seed) the ``add_b`` rows, teaching a tiny
 random-weight student with that tokenizer, pure distillation (``algorithm.adv_estimator=on_policy_distill``) through
 the real path: pre-flight (every teacher's tokenizer checked, every row's source served), Ray, the FSDP2 actor and
-teacher roles, vLLM sampling. One trainer for the module, one step; the reported ``distill/reverse_kl`` (overall and
+teacher roles on 2 ranks (a rank whose share holds one source's samples only still runs the other teacher beside its
+peer), vLLM sampling. One trainer for the module, one step; the reported ``distill/reverse_kl`` (overall and
 per teacher) and each sample's teacher log-probs are checked against its own source's teacher run directly with
 transformers on the step's samples. (An incompatible teacher is refused before the workers start:
 ``tests/test_errors_distill.py``.)"""
@@ -23,7 +24,10 @@ REPO = Path(__file__).resolve().parents[1]
 LOGPROB_TOL = 2e-3  # fp32: the workers' packed forward against transformers' padded one
 
 
-SOURCES = ("add_a", "add_b")  # the rows' data_source, alternating; add_a -> teacher a, add_b -> teacher b
+# the rows' data_source, two by two (rows 0-1 add_a, 2-3 add_b, ...); add_a -> teacher a, add_b -> teacher b: the
+# step's 8 samples in dispatch order are 4 of teacher a then 4 of teacher b, so each rank's share may hold one
+# teacher's samples only, and its peer still runs the other teacher (its FSDP gathers) with it
+SOURCES = ("add_a", "add_b")
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +41,7 @@ def distill_step(trainer_on_ray, tmp_path_factory):
     teachers = {"a": smollm2_path(), "b": build_tiny_smollm2_student(output_dir=tmp / "teacher_b", seed=1)}
     rows = (REPO / "examples" / "data" / "digit_addition" / "train.jsonl").read_text().splitlines()
     data = tmp / "train.jsonl"
-    data.write_text("".join(json.dumps({**json.loads(row), "data_source": SOURCES[i % 2]}) + "\n"
+    data.write_text("".join(json.dumps({**json.loads(row), "data_source": SOURCES[i // 2 % 2]}) + "\n"
                             for i, row in enumerate(rows)))
     config = load_config([
         f"config={REPO / 'examples/configs/smollm2_learn.yaml'}", f"worker.actor.model.model_path={student}",
@@ -47,10 +51,12 @@ def distill_step(trainer_on_ray, tmp_path_factory):
         f"data.train_files={data}", "data.shuffle=false",  # the step's 4 prompts: rows 0-3, both sources
         "data.val_files=null", "data.max_response_length=16",
         "data.rollout_batch_size=4", "worker.actor.global_batch_size=4", "worker.rollout.n=2",
-        "worker.actor.micro_batch_size_per_device_for_update=8",
+        "worker.actor.micro_batch_size_per_device_for_update=4",
+        "trainer.n_gpus_per_node=2", "trainer.cpu_threads_per_worker=1",  # 2 ranks: each holds both teachers
         "trainer.val_before_train=false", f"trainer.runs_root={tmp_path_factory.mktemp('runs')}",
     ])
     with trainer_on_ray(config) as trainer:
+        assert len(trainer.workers.workers) == 2
         trainer.global_step = 1
         metrics = trainer.train_step(iter(trainer.train_dataloader))
         yield metrics, trainer.last_batch, student, teachers
