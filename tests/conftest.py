@@ -216,6 +216,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
     import torch
 
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: its controller reports the run
+        return
+
     from easyrl.workers.vllm_compat import VLLM_DISTRIBUTIONS
 
     vllm = "none"
