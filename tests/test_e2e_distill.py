@@ -3,8 +3,8 @@ SmolLM2-135M-Instruct (``easyrl.testing.smollm2``) scores the ``add_a`` rows, a 
 tokenizer (``easyrl.testing.tiny.build_tiny_smollm2_student`` with another seed) the ``add_b`` rows, teaching a tiny
 random-weight student with that tokenizer, pure distillation (``algorithm.adv_estimator=on_policy_distill``) through
 the real path: pre-flight (every teacher's tokenizer checked, every row's source served), Ray, the FSDP2 actor and
-teacher roles on 2 ranks (a rank whose share holds one source's samples only still runs the other teacher beside its
-peer), vLLM sampling. One trainer for the module, one step; the reported ``distill/reverse_kl`` (overall and
+teacher roles on 2 ranks (each rank's share holds one source's samples only, and it still runs the other teacher
+beside its peer), vLLM sampling. One trainer for the module, one step; the reported ``distill/reverse_kl`` (overall and
 per teacher) and each sample's teacher log-probs are checked against its own source's teacher run directly with
 transformers on the step's samples. (An incompatible teacher is refused before the workers start:
 ``tests/test_errors_distill.py``.)"""
@@ -25,8 +25,8 @@ LOGPROB_TOL = 2e-3  # fp32: the workers' packed forward against transformers' pa
 
 
 # the rows' data_source, two by two (rows 0-1 add_a, 2-3 add_b, ...); add_a -> teacher a, add_b -> teacher b: the
-# step's 8 samples in dispatch order are 4 of teacher a then 4 of teacher b, so each rank's share may hold one
-# teacher's samples only, and its peer still runs the other teacher (its FSDP gathers) with it
+# step's 8 samples in dispatch order are 4 of teacher a then 4 of teacher b, so each rank's share holds one teacher's
+# samples only, and each rank still runs the other teacher (its FSDP gathers) beside its peer (filler forwards)
 SOURCES = ("add_a", "add_b")
 
 
@@ -53,6 +53,7 @@ def distill_step(trainer_on_ray, tmp_path_factory):
         "data.rollout_batch_size=4", "worker.actor.global_batch_size=4", "worker.rollout.n=2",
         "worker.actor.micro_batch_size_per_device_for_update=4",
         "trainer.n_gpus_per_node=2", "trainer.cpu_threads_per_worker=1",  # 2 ranks: each holds both teachers
+        "trainer.balance_batch=false",  # the dispatch order kept: rank 0 gets teacher a's samples, rank 1 b's
         "trainer.val_before_train=false", f"trainer.runs_root={tmp_path_factory.mktemp('runs')}",
     ])
     with trainer_on_ray(config) as trainer:
