@@ -160,6 +160,53 @@ def test_unregistered_vl_family_on_images(e2e_args, expect_user_error, tiny_mode
                       "scores text prompts only", "data.image_key=null")
 
 
+def test_vision_tower_freeze_on_a_tower_named_otherwise(before_ray, expect_user_error):  # M28
+    """``freeze_vision_tower`` freezes Qwen-VL's ``model.visual``; InternVL's tower is ``model.vision_tower``, read
+    from its meta-built skeleton (was: accepted, the tower trained)."""
+    from easyrl.testing.tiny_vl import build_tiny_vl
+
+    folder = build_tiny_vl("internvl")
+    expect_user_error(before_ray(f"worker.actor.model.model_path={folder}", "worker.actor.model.freeze_vision_tower=true"),
+                      "config", "worker.actor.model.freeze_vision_tower=true", "(internvl)",
+                      "its tower is model.vision_tower")
+
+
+def test_lora_targets_the_model_does_not_hold_as_layers(before_ray, expect_user_error, tiny_model_path):  # M29
+    """LoRA targets that name the checkpoint's per-expert weights: Qwen3-MoE's experts are fused parameters in memory
+    (peft adapts them as parameters, which easyrl's merge into vLLM cannot take: was a ValueError at the first weight
+    sync, after Ray), and Granite-MoE's ``input_linear`` is no module at all (was: accepted, only q_proj adapted)."""
+    lora = "worker.actor.model.lora.rank=4"
+    moe = before_ray(f"worker.actor.model.model_path={tiny_model_path('qwen3_moe')}", lora,
+                     "worker.actor.model.lora.target_modules=q_proj,gate_proj,up_proj,down_proj")
+    expect_user_error(moe, "config", "target_modules='q_proj,gate_proj,up_proj,down_proj'", "(qwen3_moe)",
+                      "mlp.experts.gate_up_proj", "k_proj, o_proj, q_proj, v_proj")
+    granite = before_ray(f"worker.actor.model.model_path={tiny_model_path('granitemoe')}", lora,
+                         "worker.actor.model.lora.target_modules=q_proj,input_linear")
+    expect_user_error(granite, "config", "(granitemoe)", "no linear layer named ['input_linear']",
+                      "block_sparse_moe.input_linear.weight", "k_proj, o_proj, q_proj, v_proj")
+
+
+def test_lora_default_exclude_on_a_tower_named_otherwise(before_ray, expect_user_error):  # M30
+    """LoRA's default ``exclude_modules`` (``.*visual.*``, Qwen-VL's tower) on Idefics3, whose tower is
+    ``model.vision_model``: refused with the pattern to write (was: the tower silently got adapters); the pattern
+    given passes, and so does null (adapters on the tower on purpose)."""
+    from transformers import AutoConfig
+
+    from easyrl.config.role import LoraConfig, ModelConfig
+    from easyrl.testing.tiny_vl import build_tiny_vl
+    from easyrl.trainer.model_parts import check_model_parts
+
+    folder = build_tiny_vl("idefics3")
+    line = expect_user_error(before_ray(f"worker.actor.model.model_path={folder}", "worker.actor.model.lora.rank=4"),
+                             "config", "exclude_modules='.*visual.*'", "(idefics3)", "tower is model.vision_model",
+                             "exclude_modules='.*(vision_model|connector).*'")
+    assert "of the tower's layers (e.g. model.vision_model." in line
+    hf_config = AutoConfig.from_pretrained(folder)
+    for pattern in (".*(vision_model|connector).*", None):
+        check_model_parts(ModelConfig(model_path=str(folder), lora=LoraConfig(rank=4, exclude_modules=pattern)),
+                          hf_config)
+
+
 def test_chat_template_that_drops_the_content(before_ray, expect_user_error, tmp_path):  # M21
     template = _write(tmp_path / "plain.jinja", "You are a helpful assistant.")
     expect_user_error(before_ray(f"data.override_chat_template={template}"), "config",

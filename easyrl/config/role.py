@@ -45,7 +45,8 @@ class LoraConfig:
     (``q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj``)."""
     exclude_modules: Optional[str] = ".*visual.*"
     """A regular expression of full module names left without adapter; by default the vision tower of Qwen-VL
-    models (``model.visual``). null: none."""
+    models (``model.visual``); a family whose tower is named otherwise is refused with its pattern before Ray
+    (docs/errors.md, M30). null: none."""
 
     def check(self, key: str) -> None:
         """When LoRA is on (``rank > 0``): some module names to target, and an exclude pattern that is a valid regular

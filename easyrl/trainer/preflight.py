@@ -24,6 +24,7 @@ from easyrl.trainer.model_checks import (
     read_chat_template,
     weight_headers,
 )
+from easyrl.trainer.model_parts import check_model_parts
 from easyrl.trainer.reward_checks import (
     check_best_metric,
     check_filter_key,
@@ -190,6 +191,7 @@ def prepare(config: Any, train: bool = True) -> Prepared:
     check_cpu_rollout_dtype(hf_config, config.trainer.device, config.worker.rollout.dtype)
     check_router_replay_model(hf_config, config)
     check_sequence_parallel_heads(hf_config, config)
+    check_model_parts(config.worker.actor.model, hf_config)  # options naming model parts, on its meta skeleton
     check_model_fits(config.worker.actor.model, hf_config, tokenizer,
                      config.data.max_prompt_length + config.data.max_response_length)
     warn_template_without_tools(tokenizer, config)
