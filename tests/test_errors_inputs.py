@@ -165,9 +165,9 @@ def test_vision_tower_freeze_on_a_tower_named_otherwise(before_ray, expect_user_
     from its meta-built skeleton (was: accepted, the tower trained)."""
     from easyrl.testing.tiny_vl import build_tiny_vl
 
-    folder = build_tiny_vl("internvl")
-    expect_user_error(before_ray(f"worker.actor.model.model_path={folder}", "worker.actor.model.freeze_vision_tower=true"),
-                      "config", "worker.actor.model.freeze_vision_tower=true", "(internvl)",
+    freeze = before_ray(f"worker.actor.model.model_path={build_tiny_vl('internvl')}",
+                        "worker.actor.model.freeze_vision_tower=true")
+    expect_user_error(freeze, "config", "worker.actor.model.freeze_vision_tower=true", "(internvl)",
                       "its tower is model.vision_tower")
 
 
