@@ -21,7 +21,6 @@ logger = logging.getLogger("easyrl")
 KEY = "worker.actor.model"
 TOWER = re.compile(r"visual|vision")  # a child of the model named as its vision tower
 PROJECTOR = re.compile(r"projector|connector")  # the tower's projector into the text model, beside it
-FROZEN_TOWER = "model.visual"  # the module easyrl.workers.fsdp_model.load_sharded_model freezes (Qwen-VL's)
 
 
 def check_model_parts(model_cfg: Any, hf_config: Any) -> None:
@@ -107,7 +106,9 @@ def check_tower_freeze(model_cfg: Any, hf_config: Any, model: Any, towers: list[
     """``freeze_vision_tower`` freezes ``model.visual`` (Qwen-VL's tower) only: on a model without it (a text model;
     InternVL, LLaVA-OneVision and Mistral 3's ``model.vision_tower``, Idefics3's ``model.vision_model``) it would
     freeze nothing. Raises ``ConfigError`` naming the key, the family and its tower (M28)."""
-    if not model_cfg.freeze_vision_tower or hasattr(getattr(model, "model", None), "visual"):
+    from easyrl.workers.fsdp_model import FROZEN_TOWER, frozen_tower
+
+    if not model_cfg.freeze_vision_tower or frozen_tower(model) is not None:
         return
     label, key = family_label(hf_config), f"{KEY}.freeze_vision_tower=true"
     if not towers:
@@ -176,6 +177,7 @@ def check_lora_tower(model_cfg: Any, hf_config: Any, model: Any, towers: list[st
     from peft.tuners.lora import LoraLayer
 
     from easyrl.config.role import LoraConfig
+    from easyrl.workers.fsdp_model import FROZEN_TOWER
 
     lora = model_cfg.lora
     if lora.exclude_modules != LoraConfig().exclude_modules or not towers:

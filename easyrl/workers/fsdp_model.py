@@ -42,6 +42,15 @@ def stored_dtype(fsdp: FSDPConfig, trainable: bool) -> torch.dtype:
     return TORCH_DTYPES[fsdp.torch_dtype] if fsdp.torch_dtype is not None else torch.float32
 
 
+FROZEN_TOWER = "model.visual"  # the module worker.actor.model.freeze_vision_tower freezes (Qwen-VL's vision tower)
+
+
+def frozen_tower(model: Any) -> Optional[Any]:
+    """The module ``freeze_vision_tower`` freezes (:data:`FROZEN_TOWER`), or None where the model has none (a text
+    model, a tower named otherwise: refused before Ray, ``easyrl.trainer.model_parts.check_tower_freeze``)."""
+    return getattr(getattr(model, "model", None), "visual", None)
+
+
 def build_empty_model(hf_config, dtype: torch.dtype, trust_remote_code: bool, attn_implementation: str,
                       device: str = "cpu"):
     """The model's modules on the meta device, parameters of ``dtype``. On ``npu`` MoE experts run transformers'
@@ -92,8 +101,8 @@ def load_sharded_model(model_path: str, hf_config, config: ActorConfig, mesh: De
     split_linear_attention_at_sequences(model)  # packed rows through Gated DeltaNet (Qwen3.5): one sequence at a time
     if trainable and config.fsdp.enable_gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if trainable and config.model.freeze_vision_tower and hasattr(model, "model") and hasattr(model.model, "visual"):
-        model.model.visual.requires_grad_(False)
+    if trainable and config.model.freeze_vision_tower and (tower := frozen_tower(model)) is not None:
+        tower.requires_grad_(False)
     if not trainable:
         model.requires_grad_(False)
     if lora is not None:
