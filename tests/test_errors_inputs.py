@@ -160,15 +160,11 @@ def test_unregistered_vl_family_on_images(e2e_args, expect_user_error, tiny_mode
                       "scores text prompts only", "data.image_key=null")
 
 
-def test_vision_tower_freeze_on_a_tower_named_otherwise(before_ray, expect_user_error):  # M28
-    """``freeze_vision_tower`` freezes Qwen-VL's ``model.visual``; InternVL's tower is ``model.vision_tower``, read
-    from its meta-built skeleton (was: accepted, the tower trained)."""
-    from easyrl.testing.tiny_vl import build_tiny_vl
-
-    freeze = before_ray(f"worker.actor.model.model_path={build_tiny_vl('internvl')}",
-                        "worker.actor.model.freeze_vision_tower=true")
-    expect_user_error(freeze, "config", "worker.actor.model.freeze_vision_tower=true", "(internvl)",
-                      "its tower is model.vision_tower")
+def test_vision_tower_freeze_on_a_text_model(before_ray, expect_user_error):  # M28
+    """``freeze_vision_tower`` on a model without a vision tower (the tiny Qwen2 text model) would freeze nothing;
+    on every VL family it freezes the registry's tower (``tests/test_families.py``)."""
+    expect_user_error(before_ray("worker.actor.model.freeze_vision_tower=true"), "config",
+                      "worker.actor.model.freeze_vision_tower=true", "(qwen2)", "has no vision tower")
 
 
 def test_lora_targets_the_model_does_not_hold_as_layers(before_ray, expect_user_error, tiny_model_path):  # M29
@@ -186,25 +182,49 @@ def test_lora_targets_the_model_does_not_hold_as_layers(before_ray, expect_user_
                       "block_sparse_moe.input_linear.weight", "k_proj, o_proj, q_proj, v_proj")
 
 
-def test_lora_default_exclude_on_a_tower_named_otherwise(before_ray, expect_user_error):  # M30
-    """LoRA's default ``exclude_modules`` (``.*visual.*``, Qwen-VL's tower) on Idefics3, whose tower is
-    ``model.vision_model``: refused with the pattern to write (was: the tower silently got adapters); the pattern
-    given passes, and so does null (adapters on the tower on purpose)."""
+def test_lora_default_exclude_keeps_the_family_s_own_tower_without_adapters(caplog):  # M30
+    """LoRA's default ``exclude_modules`` (``.*visual.*``, the vision tower) on Idefics3, whose tower is
+    ``model.vision_model`` and projector ``model.connector``: resolved through the registry, so neither gets an
+    adapter and the text model does (was: the tower silently got adapters), said in one line at the pre-flight; a
+    pattern of the user's own is taken as written."""
+    from peft.tuners.lora import LoraLayer
     from transformers import AutoConfig
 
     from easyrl.config.role import LoraConfig, ModelConfig
+    from easyrl.models.lora import apply_lora, excluded_modules
     from easyrl.testing.tiny_vl import build_tiny_vl
-    from easyrl.trainer.model_parts import check_model_parts
+    from easyrl.trainer.model_parts import check_model_parts, model_skeleton
 
     folder = build_tiny_vl("idefics3")
-    line = expect_user_error(before_ray(f"worker.actor.model.model_path={folder}", "worker.actor.model.lora.rank=4"),
-                             "config", "exclude_modules='.*visual.*'", "(idefics3)", "tower is model.vision_model",
-                             "exclude_modules='.*(vision_model|connector).*'")
-    assert "of the tower's layers (e.g. model.vision_model." in line
     hf_config = AutoConfig.from_pretrained(folder)
-    for pattern in (".*(vision_model|connector).*", None):
-        check_model_parts(ModelConfig(model_path=str(folder), lora=LoraConfig(rank=4, exclude_modules=pattern)),
-                          hf_config)
+    lora = LoraConfig(rank=4)
+    with caplog.at_level("INFO", logger="easyrl"):
+        check_model_parts(ModelConfig(model_path=str(folder), lora=lora), hf_config)
+    assert "'.*(vision_model|connector).*' for Idefics3 (idefics3)" in caplog.text
+    model = model_skeleton(hf_config, False)
+    assert excluded_modules(lora, model) == ".*(vision_model|connector).*"
+    apply_lora(model, lora)
+    adapted = [name for name, module in model.named_modules() if isinstance(module, LoraLayer)]
+    assert adapted and not [name for name in adapted if name.startswith(("model.vision_model.", "model.connector."))]
+    assert excluded_modules(LoraConfig(rank=4, exclude_modules=".*lm_head.*"), model) == ".*lm_head.*"
+    assert excluded_modules(LoraConfig(rank=4, exclude_modules=None), model) is None
+
+
+def test_lora_on_fused_experts_says_they_stay_untrained(caplog, tiny_model_path):  # W25
+    """LoRA on Qwen3-VL-MoE (experts held fused as parameters, which peft leaves as they are): accepted, with one
+    warning naming the experts that stay the base model's (was: silent; ``all-linear`` adapted attention and the
+    router only)."""
+    from transformers import AutoConfig
+
+    from easyrl.config.role import LoraConfig, ModelConfig
+    from easyrl.trainer.model_parts import check_model_parts
+
+    folder = tiny_model_path("qwen3_vl_moe")
+    with caplog.at_level("WARNING", logger="easyrl"):
+        check_model_parts(ModelConfig(model_path=str(folder), lora=LoraConfig(rank=4)),
+                          AutoConfig.from_pretrained(folder))
+    assert "Qwen3-VL-MoE (qwen3_vl_moe)" in caplog.text and "mlp.experts.gate_up_proj" in caplog.text
+    assert "stay untrained" in caplog.text
 
 
 def test_chat_template_that_drops_the_content(before_ray, expect_user_error, tmp_path):  # M21

@@ -124,3 +124,29 @@ def test_pixtral_and_idefics3_blanks_fit_any_patch_grid():
     blank = FAMILIES["mistral3"].blank_image(mistral3)
     assert blank["image_sizes"].tolist() == [[28, 56]] and blank["pixel_values"].shape == (1, 3, 28, 56)
     assert FAMILIES["idefics3"].blank_image(idefics3)["pixel_values"].shape == (1, 1, 3, 64, 64)
+
+
+@pytest.mark.parametrize("model_type", [name for name, entry in FAMILIES.items() if entry.vision])
+def test_vision_parts_are_the_registry_s_and_freezing_holds_to_the_tower(model_type):
+    """Every VL family's registry entry names a tower (and projector) its transformers model holds, which
+    ``freeze_vision_tower`` freezes and nothing else (was: only Qwen-VL's ``model.visual``, other towers refused); an
+    unlisted family's tower is found by name."""
+    from transformers import AutoConfig
+
+    from easyrl.models.families import vision_parts
+    from easyrl.testing.tiny import TINY_ARCHS, tiny_config
+    from easyrl.testing.tiny_vl import build_tiny_vl
+    from easyrl.workers.fsdp_model import build_empty_model, frozen_towers
+
+    config = (tiny_config(model_type) if model_type in TINY_ARCHS
+              else AutoConfig.from_pretrained(build_tiny_vl(model_type)))
+    entry = FAMILIES[model_type]
+    model = build_empty_model(config, torch.float32, False, "sdpa")
+    parts = ([entry.vision_tower], [entry.projector] if entry.projector else [])
+    assert vision_parts(model) == parts
+    for tower in frozen_towers(model):
+        tower.requires_grad_(False)
+    frozen = [name for name, param in model.named_parameters() if not param.requires_grad]
+    assert frozen and all(name.startswith(f"{entry.vision_tower}.") for name in frozen)
+    model.config.model_type = "unlisted_vl"  # the generic entry: the same parts, found by their names
+    assert family(model.config).name == "unlisted" and vision_parts(model) == parts

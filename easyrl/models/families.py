@@ -10,6 +10,7 @@ the parity checks, before Ray), and is refused otherwise (:func:`check_supported
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -19,7 +20,8 @@ from easyrl.errors import ModelError
 from easyrl.models.packing import padded_text_positions
 from easyrl.models.router_replay import SOFTMAX_TOPK, TOPK_SOFTMAX, RouterKind
 
-__all__ = ["Family", "FAMILIES", "family", "check_supported", "attends_in_windows", "gated_deltanet", "DOCS"]
+__all__ = ["Family", "FAMILIES", "family", "check_supported", "attends_in_windows", "gated_deltanet", "vision_parts",
+           "tower_exclude", "DOCS"]
 
 DOCS = "docs/models.md"
 
@@ -202,6 +204,13 @@ class Family:
     image_dim: int = 0
     """VL: the dimension along which several samples' processor outputs (``pixel_values``, ...) concatenate
     (Idefics3's ``(1, tiles, ...)``: 1); smaller trailing dimensions are zero-padded (Pixtral's ``image_sizes``)."""
+    vision_tower: str = ""
+    """VL: the vision tower's module path in transformers' model (Qwen-VL's ``model.visual``, its projector inside),
+    what ``freeze_vision_tower`` freezes and LoRA's default ``exclude_modules`` keeps without adapters; empty for an
+    unlisted family: found by name (:func:`vision_parts`)."""
+    projector: str = ""
+    """VL: the module path of the tower's projector where it sits beside the tower (``model.multi_modal_projector``),
+    kept without adapters with the tower; empty where it is inside the tower."""
 
     @property
     def moe(self) -> bool:
@@ -209,7 +218,8 @@ class Family:
         return self.router is not None
 
 
-_QWEN_VL = dict(vision=True, mrope=True, halves_rotary=True, blank_image=_patch_grid_blank)
+_QWEN_VL = dict(vision=True, mrope=True, halves_rotary=True, blank_image=_patch_grid_blank, vision_tower="model.visual")
+_LLAVA_PARTS = dict(vision=True, vision_tower="model.vision_tower", projector="model.multi_modal_projector")
 FAMILIES: dict[str, Family] = {
     # text, dense
     "qwen2": Family("Qwen2 / Qwen2.5", halves_rotary=True),
@@ -234,10 +244,11 @@ FAMILIES: dict[str, Family] = {
                            transposed_experts=("mlp.experts.gate_up_proj", "mlp.experts.down_proj")),
     "qwen3_5": Family("Qwen3.5", linear_attention=True, **_QWEN_VL),
     "qwen3_5_moe": Family("Qwen3.5-MoE", router=SOFTMAX_TOPK, linear_attention=True, **_QWEN_VL),
-    "internvl": Family("InternVL 3 (transformers format)", vision=True, blank_image=_tile_blank),
-    "idefics3": Family("Idefics3", vision=True, blank_image=_idefics3_blank, image_dim=1),
-    "mistral3": Family("Mistral 3 (Pixtral vision)", vision=True, blank_image=_pixtral_blank),
-    "llava_onevision": Family("LLaVA-OneVision", vision=True, blank_image=_anyres_blank,
+    "internvl": Family("InternVL 3 (transformers format)", blank_image=_tile_blank, **_LLAVA_PARTS),
+    "idefics3": Family("Idefics3", vision=True, blank_image=_idefics3_blank, image_dim=1,
+                       vision_tower="model.vision_model", projector="model.connector"),
+    "mistral3": Family("Mistral 3 (Pixtral vision)", blank_image=_pixtral_blank, **_LLAVA_PARTS),
+    "llava_onevision": Family("LLaVA-OneVision", blank_image=_anyres_blank, **_LLAVA_PARTS,
                               checkpoint_renames=(("vision_tower.", "vision_tower.vision_model."),)),
 }
 
@@ -259,6 +270,38 @@ def _has_mrope(hf_config: Any) -> bool:
     text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
     rope = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {}
     return isinstance(rope, dict) and "mrope_section" in rope and getattr(hf_config, "vision_config", None) is not None
+
+
+_TOWER = re.compile(r"visual|vision")  # an unlisted family's child of its inner model named as its vision tower
+_PROJECTOR = re.compile(r"projector|connector")  # ... and as the tower's projector beside it
+
+
+def vision_parts(model: Any) -> tuple[list[str], list[str]]:
+    """``(tower paths, projector paths)`` of a transformers model (any device, meta included): its registry entry's
+    :attr:`Family.vision_tower` / :attr:`Family.projector`; for an unlisted family, the children of its inner
+    ``model`` named like a tower (``vision_tower``, ``vision_model``, ``visual``) or a projector (``connector``,
+    ``multi_modal_projector``). Only paths the model holds; ``([], [])`` for a text model."""
+    entry = family(model.config)
+    if entry.vision_tower:
+        paths = ([entry.vision_tower], [entry.projector] if entry.projector else [])
+    else:
+        inner = getattr(model, "model", None)
+        names = [name for name, _ in inner.named_children()] if inner is not None else []
+        paths = ([f"model.{n}" for n in names if _TOWER.search(n)],
+                 [f"model.{n}" for n in names if _PROJECTOR.search(n)])
+    held = {name for name, _ in model.named_modules()}
+    return [p for p in paths[0] if p in held], [p for p in paths[1] if p in held]
+
+
+def tower_exclude(model: Any) -> Optional[str]:
+    """The ``lora.exclude_modules`` pattern that keeps the model's vision tower and its projector without adapters,
+    as ``.*visual.*`` does for Qwen-VL (``.*(vision_tower|multi_modal_projector).*`` for InternVL); None for a text
+    model."""
+    towers, projectors = vision_parts(model)
+    leaves = [path.rsplit(".", 1)[-1] for path in towers + projectors]
+    if not leaves:
+        return None
+    return f".*{leaves[0]}.*" if len(leaves) == 1 else f".*({'|'.join(leaves)}).*"
 
 
 def attends_in_windows(hf_config: Any) -> bool:

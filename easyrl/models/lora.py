@@ -26,15 +26,28 @@ def target_modules(spec: str) -> Any:
     return spec if spec == "all-linear" else [part.strip() for part in spec.split(",") if part.strip()]
 
 
-def peft_config(lora: Any, model_path: Optional[str] = None) -> Any:
-    """A ``peft.LoraConfig`` from ``worker.actor.model.lora`` (``rank``, ``alpha``, ``target_modules``,
-    ``exclude_modules``: a regular expression matched against full module names) on the base ``model_path``; dropout 0
-    (the log-probs of the update must equal the ones computed for the same weights), no bias training."""
+def excluded_modules(lora: Any, model: torch.nn.Module) -> Optional[str]:
+    """``lora.exclude_modules`` as peft gets it for ``model``: the default (``.*visual.*``, the vision tower) becomes
+    the family's own tower and projector (``easyrl.models.families.tower_exclude``: ``.*(vision_tower|
+    multi_modal_projector).*`` for InternVL; the default itself for Qwen-VL and text models); a pattern of the user's
+    own, or null (None: nothing excluded), as written."""
+    from easyrl.config.role import LoraConfig
+    from easyrl.models.families import tower_exclude
+
+    if lora.exclude_modules != LoraConfig().exclude_modules:
+        return lora.exclude_modules or None
+    return tower_exclude(model) or lora.exclude_modules
+
+
+def peft_config(lora: Any, model_path: Optional[str] = None, exclude: Optional[str] = None) -> Any:
+    """A ``peft.LoraConfig`` from ``worker.actor.model.lora`` (``rank``, ``alpha``, ``target_modules``) and
+    ``exclude`` (:func:`excluded_modules`: a regular expression matched against full module names) on the base
+    ``model_path``; dropout 0 (the log-probs of the update must equal the ones computed for the same weights), no bias
+    training."""
     from peft import LoraConfig
 
     return LoraConfig(r=lora.rank, lora_alpha=lora.alpha, target_modules=target_modules(lora.target_modules),
-                      exclude_modules=lora.exclude_modules or None, lora_dropout=0.0, bias="none",
-                      base_model_name_or_path=model_path)
+                      exclude_modules=exclude, lora_dropout=0.0, bias="none", base_model_name_or_path=model_path)
 
 
 def apply_lora(model: torch.nn.Module, lora: Any, model_path: Optional[str] = None) -> Any:
@@ -46,7 +59,7 @@ def apply_lora(model: torch.nn.Module, lora: Any, model_path: Optional[str] = No
 
     from easyrl.errors import ModelError
 
-    config = peft_config(lora, model_path)
+    config = peft_config(lora, model_path, excluded_modules(lora, model))
     with warnings.catch_warnings():  # the default exclude pattern (the vision tower) matches nothing on text models
         warnings.filterwarnings("ignore", message=".*no modules were excluded.*")
         try:
@@ -129,16 +142,18 @@ def merge_lora_stream(named: Iterable[tuple[str, torch.Tensor]], scale: float,
         raise ValueError(f"LoRA modules without a base weight or a matrix: {incomplete}")
 
 
-def save_adapter(state: dict[str, torch.Tensor], lora: Any, model_path: str, out: str) -> str:
+def save_adapter(state: dict[str, torch.Tensor], lora: Any, model_path: str, out: str,
+                 exclude: Optional[str] = None) -> str:
     """Write the adapter matrices of ``state`` (the actor's full state dict, peft names) in peft's format into folder
-    ``out``: ``adapter_config.json`` (``lora``: ``worker.actor.model.lora``, on the base ``model_path``) and
-    ``adapter_model.safetensors``, loadable with ``peft.PeftModel.from_pretrained(base_model, out)``."""
+    ``out``: ``adapter_config.json`` (``lora``: ``worker.actor.model.lora``, with the ``exclude`` pattern the model
+    was wrapped with, :func:`excluded_modules`, on the base ``model_path``) and ``adapter_model.safetensors``,
+    loadable with ``peft.PeftModel.from_pretrained(base_model, out)``."""
     from safetensors.torch import save_file
 
     from easyrl.models.hf_folder import open_to_umask
 
     os.makedirs(out, exist_ok=True)
-    peft_config(lora, model_path).save_pretrained(out)
+    peft_config(lora, model_path, exclude).save_pretrained(out)
     tensors = {f"base_model.model.{name.replace(f'.{ADAPTER_NAME}.', '.')}": t.contiguous()
                for name, t in state.items() if is_adapter_key(name)}
     save_file(tensors, os.path.join(out, "adapter_model.safetensors"), metadata={"format": "pt"})

@@ -1,9 +1,9 @@
 """Pre-flight checks of the options that name parts of the actor's model (``worker.actor.model``:
-``freeze_vision_tower``, ``lora.target_modules``, ``lora.exclude_modules``), written for Qwen, against the modules the
-model really holds: its skeleton built on the meta device as the worker builds it
-(``easyrl.workers.fsdp_model.build_empty_model``), LoRA inserted by the worker's own ``apply_lora``. Each refuses,
-before Ray, a setting that would do nothing on the family, naming the family and what it has instead
-(docs/errors.md, M28-M30). The worker's freezing and LoRA wrapping are not changed here."""
+``freeze_vision_tower``, ``lora.target_modules``, ``lora.exclude_modules``), resolved through the family's
+registry entry (``easyrl.models.families.vision_parts``), against the modules the model really holds: its skeleton
+built on the meta device as the worker builds it (``easyrl.workers.fsdp_model.build_empty_model``), LoRA inserted
+by the worker's own ``apply_lora``. Each refuses, before Ray, a setting that would do nothing on the family, naming
+the family and what it has instead, or says in one line what a setting resolves to (docs/errors.md, M28-M30, W25)."""
 
 from __future__ import annotations
 
@@ -14,19 +14,18 @@ import warnings
 from typing import Any
 
 from easyrl.errors import ConfigError
+from easyrl.models.families import vision_parts
 from easyrl.trainer.model_checks import weight_headers
 
 logger = logging.getLogger("easyrl")
 
 KEY = "worker.actor.model"
-TOWER = re.compile(r"visual|vision")  # a child of the model named as its vision tower
-PROJECTOR = re.compile(r"projector|connector")  # the tower's projector into the text model, beside it
 
 
 def check_model_parts(model_cfg: Any, hf_config: Any) -> None:
     """The actor's part-naming options against its meta-built skeleton, only when one is set
     (``freeze_vision_tower``, or LoRA with ``rank > 0``): :func:`check_tower_freeze`, then, with LoRA inserted,
-    :func:`check_lora_modules` and :func:`check_lora_tower`. A skeleton that cannot be built is left to the
+    :func:`check_lora_modules` and :func:`report_lora_tower`. A skeleton that cannot be built is left to the
     workers."""
     lora = model_cfg.lora
     if not model_cfg.freeze_vision_tower and lora.rank == 0:
@@ -34,8 +33,8 @@ def check_model_parts(model_cfg: Any, hf_config: Any) -> None:
     model = model_skeleton(hf_config, model_cfg.trust_remote_code)
     if model is None:
         return
-    towers = tower_paths(model)
-    check_tower_freeze(model_cfg, hf_config, model, towers)
+    towers, _ = vision_parts(model)
+    check_tower_freeze(model_cfg, hf_config, towers)
     if lora.rank == 0:
         return
     linear = linear_layers(model)
@@ -46,7 +45,8 @@ def check_model_parts(model_cfg: Any, hf_config: Any) -> None:
         apply_lora(model, lora)  # the worker's wrapping, on the throwaway skeleton (ModelError: peft refuses a target)
     shapes = weight_headers(f"{KEY}.model_path", model_cfg.model_path) or {}  # the checkpoint's names, for messages
     check_lora_modules(model_cfg, hf_config, model, linear, shapes, tuple(towers))
-    check_lora_tower(model_cfg, hf_config, model, towers)
+    report_lora_tower(model_cfg, hf_config, model)
+    report_untrained_experts(hf_config, model)
 
 
 def model_skeleton(hf_config: Any, trust_remote_code: bool) -> Any:
@@ -74,21 +74,6 @@ def family_label(hf_config: Any) -> str:
     return f"{name} ({model_type})" if name != "unlisted" else repr(model_type)
 
 
-def tower_paths(model: Any) -> list[str]:
-    """The vision tower's module path(s): the children of the model's inner ``model`` (or of the model) named like a
-    tower (``model.visual``, ``model.vision_tower``, ``model.vision_model``); empty for a text model."""
-    inner = getattr(model, "model", None)
-    holder, prefix = (inner, "model.") if inner is not None else (model, "")
-    return [prefix + name for name, _ in holder.named_children() if TOWER.search(name)]
-
-
-def projector_paths(model: Any) -> list[str]:
-    """The children of the model's inner ``model`` named as the tower's projector (``model.multi_modal_projector``,
-    Idefics3's ``model.connector``): what Qwen-VL holds inside its tower (``model.visual.merger``)."""
-    inner = getattr(model, "model", None)
-    return [f"model.{name}" for name, _ in inner.named_children() if PROJECTOR.search(name)] if inner else []
-
-
 def linear_layers(model: Any) -> list[str]:
     """The full names of the model's linear layers but the output head (before LoRA is inserted)."""
     import torch
@@ -102,29 +87,13 @@ def _matches(name: str, target: str) -> bool:
     return name == target or name.endswith(f".{target}")
 
 
-def check_tower_freeze(model_cfg: Any, hf_config: Any, model: Any, towers: list[str]) -> None:
-    """``freeze_vision_tower`` freezes ``model.visual`` (Qwen-VL's tower) only: on a model without it (a text model;
-    InternVL, LLaVA-OneVision and Mistral 3's ``model.vision_tower``, Idefics3's ``model.vision_model``) it would
-    freeze nothing. Raises ``ConfigError`` naming the key, the family and its tower (M28)."""
-    from easyrl.workers.fsdp_model import FROZEN_TOWER, frozen_tower
-
-    if not model_cfg.freeze_vision_tower or frozen_tower(model) is not None:
-        return
-    label, key = family_label(hf_config), f"{KEY}.freeze_vision_tower=true"
-    if not towers:
-        raise ConfigError(f"{key}: {label} has no vision tower (a text model), so nothing would be frozen; set "
-                          f"{KEY}.freeze_vision_tower=false")
-    raise ConfigError(f"{key} freezes Qwen-VL's vision tower ({FROZEN_TOWER}), which {label} does not have: its tower "
-                      f"is {', '.join(towers)}, and it would be trained with the rest. Set "
-                      f"{KEY}.freeze_vision_tower=false (to keep the tower's weights as they are, train with LoRA and "
-                      f"exclude it: {KEY}.lora.exclude_modules='{exclude_pattern(model, towers)}')")
-
-
-def exclude_pattern(model: Any, towers: list[str]) -> str:
-    """The ``lora.exclude_modules`` that keeps the family's tower and its projector without adapters, as
-    ``.*visual.*`` does for Qwen-VL: ``.*(vision_tower|multi_modal_projector).*``."""
-    leaves = [path.rsplit(".", 1)[-1] for path in towers + projector_paths(model)]
-    return f".*{leaves[0]}.*" if len(leaves) == 1 else f".*({'|'.join(leaves)}).*"
+def check_tower_freeze(model_cfg: Any, hf_config: Any, towers: list[str]) -> None:
+    """``freeze_vision_tower`` freezes the family's vision tower (``easyrl.models.families.vision_parts``); on a model
+    without one (a text model) it would freeze nothing. Raises ``ConfigError`` naming the key and the family
+    (M28)."""
+    if model_cfg.freeze_vision_tower and not towers:
+        raise ConfigError(f"{KEY}.freeze_vision_tower=true: {family_label(hf_config)} has no vision tower (a text "
+                          f"model), so nothing would be frozen; set {KEY}.freeze_vision_tower=false")
 
 
 def check_lora_modules(model_cfg: Any, hf_config: Any, model: Any, linear: list[str],
@@ -169,24 +138,27 @@ def check_lora_modules(model_cfg: Any, hf_config: Any, model: Any, linear: list[
                           f"{have} (or give all-linear)")
 
 
-def check_lora_tower(model_cfg: Any, hf_config: Any, model: Any, towers: list[str]) -> None:
-    """LoRA's default ``exclude_modules`` (``.*visual.*``) keeps adapters off Qwen-VL's tower (``model.visual``); on
-    a family whose tower is named otherwise (``model.vision_tower``, ``model.vision_model``) it excludes nothing and
-    the tower gets adapters. Raises ``ConfigError`` naming the family's tower and the pattern to write (M30); a
-    pattern of the user's own, or null, is taken as written."""
-    from peft.tuners.lora import LoraLayer
-
-    from easyrl.config.role import LoraConfig
-    from easyrl.workers.fsdp_model import FROZEN_TOWER
+def report_lora_tower(model_cfg: Any, hf_config: Any, model: Any) -> None:
+    """One line where LoRA's default ``exclude_modules`` (``.*visual.*``, the vision tower) is resolved to the
+    family's own tower and projector (``easyrl.models.lora.excluded_modules``: InternVL's ``model.vision_tower``,
+    ...), so that the pattern the adapter is made with is on the screen (M30)."""
+    from easyrl.models.lora import excluded_modules
 
     lora = model_cfg.lora
-    if lora.exclude_modules != LoraConfig().exclude_modules or not towers:
-        return
-    adapted = [name for name, module in model.named_modules() if isinstance(module, LoraLayer)
-               and any(name.startswith(f"{tower}.") for tower in towers)]
-    if adapted:
-        raise ConfigError(f"{KEY}.lora.exclude_modules={lora.exclude_modules!r} keeps adapters off Qwen-VL's vision "
-                          f"tower ({FROZEN_TOWER}); {family_label(hf_config)}'s tower is {', '.join(towers)}, which "
-                          f"it does not match, so LoRA would adapt {len(adapted)} of the tower's layers (e.g. "
-                          f"{adapted[0]}). Write {KEY}.lora.exclude_modules='{exclude_pattern(model, towers)}' to "
-                          "keep the tower and its projector without adapters, or null to adapt them")
+    exclude = excluded_modules(lora, model)
+    if exclude != lora.exclude_modules:
+        logger.info("%s.lora.exclude_modules=%r (the vision tower) is %r for %s: its tower and projector stay "
+                    "without adapters", KEY, lora.exclude_modules, exclude, family_label(hf_config))
+
+
+def report_untrained_experts(hf_config: Any, model: Any) -> None:
+    """One warning where LoRA is on for a model that holds its routed experts fused, as ``(experts, ...)``
+    parameters (``mlp.experts.gate_up_proj``, transformers 5): peft adapts linear layers, so the experts keep the
+    base model's weights while attention, the router and a shared expert train (W25)."""
+    fused = sorted({re.sub(r"\.\d+\.", ".N.", name) for name, param in model.named_parameters()
+                    if param.ndim == 3 and ".experts." in f".{name}"})
+    if fused:
+        logger.warning("%s.lora: %s holds its routed experts fused, as parameters (%s), which LoRA does not adapt: "
+                       "they stay untrained (the base model's weights); attention, the router and any shared expert "
+                       "train. Full fine-tuning (lora.rank=0) trains them", KEY, family_label(hf_config),
+                       ", ".join(fused[:2]))

@@ -42,13 +42,13 @@ def stored_dtype(fsdp: FSDPConfig, trainable: bool) -> torch.dtype:
     return TORCH_DTYPES[fsdp.torch_dtype] if fsdp.torch_dtype is not None else torch.float32
 
 
-FROZEN_TOWER = "model.visual"  # the module worker.actor.model.freeze_vision_tower freezes (Qwen-VL's vision tower)
+def frozen_towers(model: Any) -> list[Any]:
+    """The modules ``freeze_vision_tower`` freezes: the family's vision tower (``easyrl.models.families.vision_parts``:
+    ``model.visual`` for Qwen-VL, ``model.vision_tower`` for InternVL, ...); its projector beside it stays trained.
+    Empty for a text model (refused before Ray, ``easyrl.trainer.model_parts.check_tower_freeze``)."""
+    from easyrl.models.families import vision_parts
 
-
-def frozen_tower(model: Any) -> Optional[Any]:
-    """The module ``freeze_vision_tower`` freezes (:data:`FROZEN_TOWER`), or None where the model has none (a text
-    model, a tower named otherwise: refused before Ray, ``easyrl.trainer.model_parts.check_tower_freeze``)."""
-    return getattr(getattr(model, "model", None), "visual", None)
+    return [model.get_submodule(path) for path in vision_parts(model)[0]]
 
 
 def build_empty_model(hf_config, dtype: torch.dtype, trust_remote_code: bool, attn_implementation: str,
@@ -101,8 +101,9 @@ def load_sharded_model(model_path: str, hf_config, config: ActorConfig, mesh: De
     split_linear_attention_at_sequences(model)  # packed rows through Gated DeltaNet (Qwen3.5): one sequence at a time
     if trainable and config.fsdp.enable_gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if trainable and config.model.freeze_vision_tower and (tower := frozen_tower(model)) is not None:
-        tower.requires_grad_(False)
+    if trainable and config.model.freeze_vision_tower:
+        for tower in frozen_towers(model):
+            tower.requires_grad_(False)
     if not trainable:
         model.requires_grad_(False)
     if lora is not None:

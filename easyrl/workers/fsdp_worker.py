@@ -412,11 +412,12 @@ class FSDPWorker:
         sources = list(dict.fromkeys((model_cfg.model_path, model_cfg.tokenizer_path or model_cfg.model_path)))
         if not self.config.uses_lora:
             return write_hf_folder(state, sources, path, trust_remote_code=model_cfg.trust_remote_code)
-        from easyrl.models.lora import merge_lora_stream, save_adapter
+        from easyrl.models.lora import excluded_modules, merge_lora_stream, save_adapter
 
         merged = dict(merge_lora_stream(state.items(), self._lora_scale()))
         write_hf_folder(merged, sources, path, trust_remote_code=model_cfg.trust_remote_code)
-        save_adapter(state, model_cfg.lora, model_cfg.model_path, os.path.join(path, "lora_adapter"))
+        save_adapter(state, model_cfg.lora, model_cfg.model_path, os.path.join(path, "lora_adapter"),
+                     excluded_modules(model_cfg.lora, self.actor.model))
         return path
 
     def save_checkpoint(self, path: str) -> None:
