@@ -49,6 +49,11 @@ def test_default_config_has_no_warning():
     (["worker.rollout.calculate_log_probs=true", "worker.rollout.top_k=50"],
      ["worker.rollout.calculate_log_probs=true", "worker.rollout.top_k=-1"],
      ["top_k=50", "truncated"]),
+    (["trainer.save_freq=4"], ["trainer.save_freq=10"],  # W26: config.yaml validates every 5 steps
+     ["trainer.save_freq=4 is not a multiple of trainer.val_freq=5", "(step 4, ...) are not ranked",
+      "multiples of 20"]),
+    (["trainer.val_freq=-1", "trainer.best_metric=val/reward/accuracy"], ["trainer.val_freq=-1"],  # W26
+     ["trainer.best_metric='val/reward/accuracy'", "trainer.val_freq=-1", "no checkpoint is ranked"]),
 ])
 def test_each_trap_warns_with_keys_and_the_reference_setting(trap, fix, words):
     messages = _load(*trap)

@@ -10,6 +10,7 @@ that name the keys and the reference setting.
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
 from typing import TYPE_CHECKING, Any
 
@@ -311,6 +312,27 @@ def _no_effect_messages(config: PPOConfig) -> list[str]:
     return messages
 
 
+def _ranking_messages(config: PPOConfig) -> list[str]:
+    """``trainer.best_metric`` (a ``val/`` metric) ranks a checkpoint only where validation ran at its step: none
+    with ``val_freq=-1``, and not those saved between validations."""
+    t = config.trainer
+    if not t.best_metric.startswith("val/") or config.data.val_files is None or t.val_only:
+        return []
+    chosen = (t.best_metric, t.best_metric_mode) != (_default(t, "best_metric"), _default(t, "best_metric_mode"))
+    if t.val_freq == -1 and chosen:
+        return [f"trainer.best_metric={t.best_metric!r} ranks checkpoints by a validation metric, but "
+                "trainer.val_freq=-1 validates before training only: no checkpoint is ranked, and save_limit keeps "
+                "the newest. Set trainer.val_freq (a divisor of trainer.save_freq)."]
+    first_save = t.save_freq if t.max_steps is None or t.save_freq < t.max_steps else None
+    if t.val_freq > 0 and t.save_freq > 0 and first_save and t.save_freq % t.val_freq:
+        ranked = math.lcm(t.save_freq, t.val_freq)
+        return [f"trainer.save_freq={t.save_freq} is not a multiple of trainer.val_freq={t.val_freq}: the checkpoints "
+                f"saved without a validation (step {t.save_freq}, ...) are not ranked by trainer.best_metric="
+                f"{t.best_metric!r}, only those at multiples of {ranked} and the last step's. Set trainer.save_freq to "
+                "a multiple of trainer.val_freq."]
+    return []
+
+
 def _default(section: Any, name: str) -> Any:
     """The dataclass default of field ``name`` of ``section`` (a value the user did not change is not warned of)."""
     return next(f.default for f in dataclasses.fields(section) if f.name == name)
@@ -319,7 +341,8 @@ def _default(section: Any, name: str) -> Any:
 def warn_config_traps(config: PPOConfig) -> list[str]:
     """Warn (:class:`ConfigWarning`) of every trap the finalized ``config`` falls into, one message each naming the
     keys, their values and the paper's setting; returns the messages."""
-    messages = _loss_messages(config) + _sampling_messages(config) + _no_effect_messages(config)
+    messages = (_loss_messages(config) + _sampling_messages(config) + _no_effect_messages(config)
+                + _ranking_messages(config))
     for message in messages:
         warnings.warn(message, ConfigWarning, stacklevel=2)  # the caller's line (load_config's)
     return messages
