@@ -161,10 +161,14 @@ def test_unregistered_vl_family_on_images(e2e_args, expect_user_error, tiny_mode
 
 
 def test_vision_tower_freeze_on_a_text_model(before_ray, expect_user_error):  # M28
-    """``freeze_vision_tower`` on a model without a vision tower (the tiny Qwen2 text model) would freeze nothing;
-    on every VL family it freezes the registry's tower (``tests/test_families.py``)."""
+    """``freeze_vision_tower`` on a model without a vision tower (the tiny Qwen2 text model) would freeze nothing,
+    the actor's or the critic's (was: the critic's accepted); on every VL family it freezes the registry's tower
+    (``tests/test_families.py``)."""
     expect_user_error(before_ray("worker.actor.model.freeze_vision_tower=true"), "config",
                       "worker.actor.model.freeze_vision_tower=true", "(qwen2)", "has no vision tower")
+    critic = before_ray("algorithm.adv_estimator=gae", "worker.critic.global_batch_size=4",
+                        "worker.critic.model.freeze_vision_tower=true")
+    expect_user_error(critic, "config", "worker.critic.model.freeze_vision_tower=true", "has no vision tower")
 
 
 def test_lora_targets_the_model_does_not_hold_as_layers(before_ray, expect_user_error, tiny_model_path):  # M29

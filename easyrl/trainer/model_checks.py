@@ -143,7 +143,7 @@ def check_chat_template(tokenizer: Any, processor: Any, where: str) -> None:
                           "own chat_template.jinja), or null to keep the model's")
 
 
-def check_model_type(prefix: str, model: Any) -> None:
+def check_model_type(prefix: str, model: Any) -> Any:
     """The model config of the role at ``prefix`` (a key of ``easyrl.trainer.preflight.model_roles``) loads: its
     ``model_type`` is one transformers builds (or the folder ships its code, with the role's ``trust_remote_code``).
     Else ``ModelError`` naming the role's key (M11's answer, for every role; was: a critic's or teacher's unknown type

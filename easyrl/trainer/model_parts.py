@@ -22,11 +22,12 @@ logger = logging.getLogger("easyrl")
 KEY = "worker.actor.model"
 
 
-def check_model_parts(model_cfg: Any, hf_config: Any) -> None:
-    """The actor's part-naming options against its meta-built skeleton, only when one is set
-    (``freeze_vision_tower``, or LoRA with ``rank > 0``): :func:`check_tower_freeze`, then, with LoRA inserted,
-    :func:`check_lora_modules` and :func:`report_lora_tower`. A skeleton that cannot be built is left to the
-    workers."""
+def check_model_parts(model_cfg: Any, hf_config: Any, key: str = KEY) -> None:
+    """A trained role's part-naming options (``key``: the actor's ``worker.actor.model``, or the critic's) against
+    its meta-built skeleton, only when one is set (``freeze_vision_tower``, or LoRA with ``rank > 0``, the actor's
+    only: the critic's is refused at config load): :func:`check_tower_freeze`, then, with LoRA inserted,
+    :func:`check_lora_modules`, :func:`report_lora_tower` and :func:`report_untrained_experts`. A skeleton that
+    cannot be built is left to the workers."""
     lora = model_cfg.lora
     if not model_cfg.freeze_vision_tower and lora.rank == 0:
         return
@@ -34,7 +35,7 @@ def check_model_parts(model_cfg: Any, hf_config: Any) -> None:
     if model is None:
         return
     towers, _ = vision_parts(model)
-    check_tower_freeze(model_cfg, hf_config, towers)
+    check_tower_freeze(model_cfg, hf_config, towers, key)
     if lora.rank == 0:
         return
     linear = linear_layers(model)
@@ -87,13 +88,13 @@ def _matches(name: str, target: str) -> bool:
     return name == target or name.endswith(f".{target}")
 
 
-def check_tower_freeze(model_cfg: Any, hf_config: Any, towers: list[str]) -> None:
-    """``freeze_vision_tower`` freezes the family's vision tower (``easyrl.models.families.vision_parts``); on a model
-    without one (a text model) it would freeze nothing. Raises ``ConfigError`` naming the key and the family
+def check_tower_freeze(model_cfg: Any, hf_config: Any, towers: list[str], key: str = KEY) -> None:
+    """``<key>.freeze_vision_tower`` freezes the family's vision tower (``easyrl.models.families.vision_parts``); on
+    a model without one (a text model) it would freeze nothing. Raises ``ConfigError`` naming the key and the family
     (M28)."""
     if model_cfg.freeze_vision_tower and not towers:
-        raise ConfigError(f"{KEY}.freeze_vision_tower=true: {family_label(hf_config)} has no vision tower (a text "
-                          f"model), so nothing would be frozen; set {KEY}.freeze_vision_tower=false")
+        raise ConfigError(f"{key}.freeze_vision_tower=true: {family_label(hf_config)} has no vision tower (a text "
+                          f"model), so nothing would be frozen; set {key}.freeze_vision_tower=false")
 
 
 def check_lora_modules(model_cfg: Any, hf_config: Any, model: Any, linear: list[str],

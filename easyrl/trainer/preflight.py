@@ -185,13 +185,16 @@ def prepare(config: Any, train: bool = True) -> Prepared:
     media = [column for column in (config.data.image_key, config.data.video_key) if column]
     images = any(column in table.column_names for table in rows.values() for column in media)
     admit("worker.actor.model.model_path", hf_config, images)  # a registered family, or one its self-check admits
-    for prefix, model, _ in roles[1:]:  # every other role: a type transformers builds (the registry is the actor's)
-        check_model_type(prefix, model)
+    role_configs = {prefix: check_model_type(prefix, model)  # every other role: a type transformers builds (the
+                    for prefix, model, _ in roles[1:]}  # registry is the actor's)
     check_rollout_split(hf_config, config.worker.rollout.tensor_parallel_size)
     check_cpu_rollout_dtype(hf_config, config.trainer.device, config.worker.rollout.dtype)
     check_router_replay_model(hf_config, config)
     check_sequence_parallel_heads(hf_config, config)
     check_model_parts(config.worker.actor.model, hf_config)  # options naming model parts, on its meta skeleton
+    if config.algorithm.needs_critic:  # the critic's tower freeze (its LoRA is refused at config load)
+        critic = "worker.critic.model"
+        check_model_parts(config.worker.critic.model, role_configs.get(critic, hf_config), critic)
     check_model_fits(config.worker.actor.model, hf_config, tokenizer,
                      config.data.max_prompt_length + config.data.max_response_length)
     warn_template_without_tools(tokenizer, config)
