@@ -238,8 +238,10 @@ def test_split_placement_counts_each_side_alone():
     assert split.rollout_devices == 2 and colocated.rollout_devices == 0
     trainer, rollout = split.phases("trainer"), split.phases("rollout")
     assert all("vLLM (gpu_memory_utilization)" not in items for items in trainer.values()), trainer
-    assert rollout == {"The rollout phase": {"vLLM (gpu_memory_utilization)": pytest.approx(0.7 * 24.0)}}
-    assert split.rollout_gib == pytest.approx(colocated.rollout_gib - 12 * 7e9 / 8 / GIB)  # no params, no AdamW
+    bucket = 1.0  # worker.rollout.update_weights_bucket_megabytes (1024) arriving beside the engine (no shape given)
+    assert rollout == {"The rollout phase": {"vLLM (gpu_memory_utilization)": pytest.approx(0.7 * 24.0),
+                                             "weight transfer (a bucket + a layer's reload)": pytest.approx(bucket)}}
+    assert split.rollout_gib == pytest.approx(colocated.rollout_gib - 12 * 7e9 / 8 / GIB + bucket)  # no AdamW
     assert split.training == colocated.training and "The rollout phase" in colocated.phases("trainer")
     check_memory(split)  # the trainer's side
     check_memory(split, "rollout")
@@ -251,17 +253,36 @@ def test_split_placement_counts_each_side_alone():
         check_memory(big, "rollout")
 
 
+def test_the_rollout_side_holds_the_transfer_beside_the_claim():
+    """A split rollout device receives each bucket and reloads a layer beside vLLM's claim (device review S3-N10):
+    Qwen2.5-7B's shape (its 152064 x 3584 embedding, 1.0 GiB in bf16, is the largest tensor; a layer 233M
+    parameters) at gpu_memory_utilization 0.95 of 24 GiB leaves 1.2 GiB, less than the bucket and a layer: refused
+    with the bucket to lower; at 0.9 it fits."""
+    shape = ModelShape(hidden_size=3584, num_layers=28, intermediate_size=18944, tied=False,
+                       largest_tensor=152_064 * 3584, largest_layer=233_000_000)
+    high = estimate_memory(7_600_000_000, 152_064, _config("worker.rollout.gpu_memory_utilization=0.95", *SPLIT),
+                           capacity_gib=24.0, shape=shape)
+    transfer = high.rollout["weight transfer (a bucket + a layer's reload)"]
+    assert transfer == pytest.approx((152_064 * 3584 + 233_000_000) * 2 / GIB)
+    with pytest.raises(ConfigError, match=r"weight transfer \(a bucket \+ a layer's reload\) 1.4 GiB\): lower "
+                                          "worker.rollout.gpu_memory_utilization"):
+        check_memory(high, "rollout")
+    check_memory(estimate_memory(7_600_000_000, 152_064, _config("worker.rollout.gpu_memory_utilization=0.9", *SPLIT),
+                                 capacity_gib=24.0, shape=shape), "rollout")
+
+
 def test_the_preflight_checks_its_workers_side(tiny_model_path):
     """A RolloutWorker's pre-flight checks the engine alone, an FSDPWorker's the training state: on one trainer
-    device of 4 bytes per parameter the engine (2 bytes) fits in its 0.9 claim, AdamW training (16 bytes) does not."""
+    device of 6 bytes per parameter the engine (2 bytes) fits in its 0.5 claim with a whole model's transfer beside
+    it (a bucket larger than this model), AdamW training (16 bytes) does not."""
     from transformers import AutoConfig
 
     from easyrl.sizing.estimate import preflight
 
     path = tiny_model_path("qwen2_5")
     config = _config(f"worker.actor.model.model_path={path}", "trainer.n_gpus_per_node=1",
-                     "worker.rollout.gpu_memory_utilization=0.9", *SPLIT)
-    capacity = 4 * model_anatomy(AutoConfig.from_pretrained(path))[0] / GIB
+                     "worker.rollout.gpu_memory_utilization=0.5", *SPLIT)
+    capacity = 6 * model_anatomy(AutoConfig.from_pretrained(path))[0] / GIB
     preflight(config, capacity, "rollout")
     with pytest.raises(ConfigError, match="The training phase needs"):
         preflight(config, capacity, "trainer")

@@ -254,13 +254,16 @@ def test_the_docs_list_the_command():
 
 def test_a_split_config_reports_each_side_with_its_own_peak_and_verdict(tmp_path, capsys):
     """``trainer.rollout_mode=one_step_off`` with 2 rollout devices (the estimate only: the simulation runs the
-    trainer's phases, as in tests above): the trainer's 8 devices hold no engine, the rollout devices its claim."""
+    trainer's phases, as in tests above): the trainer's 8 devices hold no engine, the rollout devices its claim and
+    the weights arriving (the small model whole, its bucket, and a layer: a few MiB)."""
     path = _small_model(tmp_path / "model")
     argv = ["config=" + str(ROOT / "config.yaml"), f"worker.actor.model.model_path={path}", "data.val_files=null",
             "trainer.rollout_mode=one_step_off", "worker.rollout.n_gpus_per_node=2", "--estimate-only"]
     assert main(argv + ["--json"]) == 0
     sides = json.loads(capsys.readouterr().out)["sides"]
-    assert sides["rollout"] == {"devices": 2, "fits": True, "problem": None, "peak_gib": pytest.approx(0.6 * 79.2)}
+    rollout = sides["rollout"]
+    assert (rollout["devices"], rollout["fits"], rollout["problem"]) == (2, True, None)
+    assert 0 < rollout["peak_gib"] - 0.6 * 79.2 < 0.05
     assert sides["trainer"]["devices"] == 8 and sides["trainer"]["fits"] and sides["trainer"]["peak_gib"] < 1.0
     assert main(argv + ["worker.rollout.gpu_memory_utilization=0.2"]) == 0
     table = capsys.readouterr().out

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 
 from easyrl.config.role import DTYPES
@@ -59,6 +60,12 @@ class ModelShape:
     text_weights: int = 0
     """Matmul weights applied per text token (language model + LM head; the embedding lookup is not a matmul),
     counted by :func:`model_anatomy` (0: not counted)."""
+    largest_tensor: int = 0
+    """Elements of the model's largest parameter (the embedding, or fused experts ``(experts, 2 I, H)``), counted by
+    :func:`model_anatomy` (0: not counted)."""
+    largest_layer: int = 0
+    """Elements of the parameters of the largest decoder layer (a ``layers.N`` module), counted by
+    :func:`model_anatomy` (0: not counted)."""
 
 
 def model_shape(hf_config) -> ModelShape:
@@ -130,7 +137,8 @@ def vocab_size(hf_config) -> int:
 
 def model_anatomy(hf_config, trust_remote_code: bool = False) -> tuple[int, int, ModelShape]:
     """``(parameters, vocab size, shape)`` from one meta-device build: :func:`model_shape` with every matmul weight
-    counted as text, per-patch or per-merged-token (``merger``), and the attention width ``heads x head_dim``."""
+    counted as text, per-patch or per-merged-token (``merger``), the attention width ``heads x head_dim``, the largest
+    parameter and the largest decoder layer (elements)."""
     import torch
 
     model = meta_model(hf_config, trust_remote_code)
@@ -145,5 +153,12 @@ def model_anatomy(hf_config, trust_remote_code: bool = False) -> tuple[int, int,
     shape = model_shape(hf_config)
     vision = replace(shape.vision, patch_weights=counts["patch"], merge_weights=counts["merge"]) \
         if shape.vision is not None else None
-    shape = replace(shape, vision=vision, attn_width=int(heads * head_dim), text_weights=counts["text"])
+    layers: dict[str, int] = {}
+    for name, param in model.named_parameters():
+        layer = re.match(r"(.*\blayers\.\d+)\.", name)
+        if layer:
+            layers[layer[1]] = layers.get(layer[1], 0) + param.numel()
+    shape = replace(shape, vision=vision, attn_width=int(heads * head_dim), text_weights=counts["text"],
+                    largest_tensor=max(p.numel() for p in model.parameters()), largest_layer=max(layers.values(),
+                                                                                                default=0))
     return sum(p.numel() for p in model.parameters()), vocab_size(hf_config), shape

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from easyrl.config import PPOConfig
 from easyrl.config.actor import teachers_of
@@ -20,6 +20,7 @@ logger = logging.getLogger("easyrl.worker")
 
 VLLM = "vLLM (gpu_memory_utilization)"
 JUDGE = "judge vLLM (worker.reward.judge.gpu_memory_utilization)"
+TRANSFER = "weight transfer (a bucket + a layer's reload)"
 """The item of the LLM judge's engine, resident beside every phase (no sleep mode)."""
 
 
@@ -109,7 +110,7 @@ def estimate_memory(num_params: int, vocab_size: int, config: PPOConfig, capacit
         vllm_weights_gib=num_params * DTYPE_BYTES[worker.rollout.dtype] / GIB / worker.rollout.tensor_parallel_size,
         tensor_parallel_size=worker.rollout.tensor_parallel_size,
         vllm_claim_gib=claim,
-        rollout={VLLM: claim} | ({} if split else resident),
+        rollout={VLLM: claim} | ({TRANSFER: transfer_gib(num_params, shape, worker.rollout)} if split else resident),
         training={"actor params": params, "actor grads": 0.0 if lora else params, "actor Adam states": adam,
                   "reference": reference, "logits (one micro-batch)": logits,
                   "critic params + grads + Adam states": critic * 16 / 12, **update} | beside,
@@ -126,6 +127,18 @@ def estimate_memory(num_params: int, vocab_size: int, config: PPOConfig, capacit
             "reward model": rm_gib if rm.offload.offload_params else 0.0}
     estimate.host = {name: gib * config.trainer.n_gpus_per_node for name, gib in host.items() if gib > 0}
     return estimate
+
+
+def transfer_gib(num_params: int, shape: ModelShape | None, rollout: Any) -> float:
+    """GiB a split placement's rollout device holds beside vLLM's claim while new weights arrive
+    (``easyrl.workers.weight_transfer.receive``; device review 2026-12-02, S3-N10): the received flat bucket
+    (``rollout.update_weights_bucket_megabytes``, or the largest tensor where it is larger, since a bucket holds whole
+    tensors; at most the whole model) and one decoder layer's tensors, which vLLM's layer-wise reload materialises
+    in the load format, both in ``rollout.dtype``. ``shape`` None (not counted): the bucket alone."""
+    itemsize = DTYPE_BYTES[rollout.dtype]
+    largest, layer = (shape.largest_tensor, shape.largest_layer) if shape is not None else (0, 0)
+    bucket = min(num_params * itemsize, max(rollout.update_weights_bucket_megabytes * 2**20, largest * itemsize))
+    return (bucket + layer * itemsize) / GIB
 
 
 def estimate_run(config: PPOConfig, capacity_gib: float, folder: Callable[[str], str] = str) -> MemoryEstimate:
@@ -201,6 +214,8 @@ ADVICE = {  # item name part -> what shrinks it (the first match wins); "offload
     "teacher ": "its worker.teachers.<name>.offload.offload_params=true",  # one of several: "teacher <name>" (first:
     # a teacher's name may hold another item's word)
     "judge vLLM": "lower worker.reward.judge.gpu_memory_utilization",
+    "weight transfer": "a lower worker.rollout.update_weights_bucket_megabytes or "
+                       "worker.rollout.gpu_memory_utilization",
     "vLLM": "lower worker.rollout.gpu_memory_utilization", "actor": "worker.actor.offload.offload_params=true",
     "reference": "worker.ref.offload.offload_params=true", "critic": "worker.critic.offload.offload_params=true",
     "teacher": "worker.teacher.offload.offload_params=true",
