@@ -238,9 +238,9 @@ def test_split_placement_counts_each_side_alone():
     assert split.rollout_devices == 2 and colocated.rollout_devices == 0
     trainer, rollout = split.phases("trainer"), split.phases("rollout")
     assert all("vLLM (gpu_memory_utilization)" not in items for items in trainer.values()), trainer
-    bucket = 1.0  # worker.rollout.update_weights_bucket_megabytes (1024) arriving beside the engine (no shape given)
+    bucket = 2.0  # two buckets of 1024 MiB (update_weights_bucket_megabytes) arriving beside the engine (no shape)
     assert rollout == {"The rollout phase": {"vLLM (gpu_memory_utilization)": pytest.approx(0.7 * 24.0),
-                                             "weight transfer (a bucket + a layer's reload)": pytest.approx(bucket)}}
+                                             "weight transfer (buckets + a layer's reload)": pytest.approx(bucket)}}
     assert split.rollout_gib == pytest.approx(colocated.rollout_gib - 12 * 7e9 / 8 / GIB + bucket)  # no AdamW
     assert split.training == colocated.training and "The rollout phase" in colocated.phases("trainer")
     check_memory(split)  # the trainer's side
@@ -256,18 +256,18 @@ def test_split_placement_counts_each_side_alone():
 def test_the_rollout_side_holds_the_transfer_beside_the_claim():
     """A split rollout device receives each bucket and reloads a layer beside vLLM's claim (device review S3-N10):
     Qwen2.5-7B's shape (its 152064 x 3584 embedding, 1.0 GiB in bf16, is the largest tensor; a layer 233M
-    parameters) at gpu_memory_utilization 0.95 of 24 GiB leaves 1.2 GiB, less than the bucket and a layer: refused
-    with the bucket to lower; at 0.9 it fits."""
+    parameters) at gpu_memory_utilization 0.95 of 24 GiB leaves 1.2 GiB, less than two such buckets in flight and
+    a layer: refused; at 0.85 it fits."""
     shape = ModelShape(hidden_size=3584, num_layers=28, intermediate_size=18944, tied=False,
                        largest_tensor=152_064 * 3584, largest_layer=233_000_000)
     high = estimate_memory(7_600_000_000, 152_064, _config("worker.rollout.gpu_memory_utilization=0.95", *SPLIT),
                            capacity_gib=24.0, shape=shape)
-    transfer = high.rollout["weight transfer (a bucket + a layer's reload)"]
-    assert transfer == pytest.approx((152_064 * 3584 + 233_000_000) * 2 / GIB)
-    with pytest.raises(ConfigError, match=r"weight transfer \(a bucket \+ a layer's reload\) 1.4 GiB\): lower "
+    transfer = high.rollout["weight transfer (buckets + a layer's reload)"]
+    assert transfer == pytest.approx((2 * 152_064 * 3584 + 233_000_000) * 2 / GIB)
+    with pytest.raises(ConfigError, match=r"weight transfer \(buckets \+ a layer's reload\) 2.5 GiB\): lower "
                                           "worker.rollout.gpu_memory_utilization"):
         check_memory(high, "rollout")
-    check_memory(estimate_memory(7_600_000_000, 152_064, _config("worker.rollout.gpu_memory_utilization=0.9", *SPLIT),
+    check_memory(estimate_memory(7_600_000_000, 152_064, _config("worker.rollout.gpu_memory_utilization=0.85", *SPLIT),
                                  capacity_gib=24.0, shape=shape), "rollout")
 
 

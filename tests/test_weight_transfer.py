@@ -135,3 +135,40 @@ def test_a_plan_of_another_lora_setting_is_refused(process_group, tiny_model_pat
     plain_plan = weight_transfer.make_plan(state, torch.bfloat16, BUCKET)  # peft's names: no merge
     with pytest.raises(RuntimeError, match="base_layer.*another model or LoRA setting"):
         weight_transfer.send(None, state, plain_plan, torch.device("cpu"), torch.bfloat16, lora_scale=scale)
+
+
+class _RecordingGroup:
+    """A transfer group that records when each broadcast is posted and waited for (the schedule alone: the data
+    path runs over gloo in the tests above)."""
+
+    def __init__(self):
+        self.events: list[str] = []
+        self.posted = 0
+
+    def broadcast(self, tensors, options):
+        index, self.posted = self.posted, self.posted + 1
+        self.events.append(f"post {index}")
+        events = self.events
+
+        class Work:
+            def wait(self):
+                events.append(f"wait {index}")
+
+        return Work()
+
+
+def test_two_buckets_are_in_flight_on_each_side():  # device review S3-N9
+    """The trainer's rank 0 posts bucket b + 1's broadcast before waiting for bucket b's (its gather overlaps b's
+    broadcast); a rollout rank has b + 1 posted while the consumer reads b, and posts b + 2 only once b is read (two
+    flat buffers at most on each side)."""
+    state = {f"w{i}": torch.ones(4, 4) for i in range(4)}
+    plan = weight_transfer.make_plan(state, torch.float32, 64)  # one 4 x 4 float32 tensor per bucket
+    assert len(plan) == 4
+    sender = _RecordingGroup()
+    weight_transfer.send(sender, state, plan, torch.device("cpu"), torch.float32)
+    assert sender.events == ["post 0", "post 1", "wait 0", "post 2", "wait 1", "post 3", "wait 2", "wait 3"]
+    receiver = _RecordingGroup()
+    for name, _ in weight_transfer.receive(receiver, plan, torch.device("cpu"), torch.float32):
+        receiver.events.append(f"read {name}")
+    assert receiver.events == ["post 0", "post 1", "wait 0", "read w0", "post 2", "wait 1", "read w1", "post 3",
+                               "wait 2", "read w2", "wait 3", "read w3"]

@@ -125,6 +125,13 @@ class AgentConfig:
         return self.entry_point is not None
 
 
+TRANSFER_BUCKETS_IN_FLIGHT = 2
+"""Buckets of ``update_weights_bucket_megabytes`` a split placement's transfer holds at once on each side
+(``easyrl.workers.weight_transfer``; device review 2026-12-02, S3-N9): the trainer's rank 0 gathers bucket ``b + 1``
+while bucket ``b`` is broadcast, a rollout rank receives ``b + 1`` while vLLM loads ``b``; 1 would be one at a
+time. The rollout side's memory estimate counts them (``easyrl.sizing.estimate.transfer_gib``)."""
+
+
 @dataclass
 class RolloutConfig:
     """The colocated vLLM engine: sampling settings, memory, validation overrides."""
@@ -148,7 +155,8 @@ class RolloutConfig:
     """KV cache size on the CPU backend (GiB)."""
     update_weights_bucket_megabytes: Annotated[int, POSITIVE] = 1024
     """Weight sync: full-tensor MiB (in ``dtype``) gathered per collective and handed to vLLM at once; larger = fewer
-    collectives, more transient device memory."""
+    collectives, more transient device memory (a split placement holds :data:`TRANSFER_BUCKETS_IN_FLIGHT` of them on
+    each side)."""
     n_gpus_per_node: Optional[Annotated[int, POSITIVE]] = None
     """``trainer.rollout_mode: one_step_off`` or ``async`` only: devices per node of the rollout engines, apart from
     the trainer's ``trainer.n_gpus_per_node`` (verl's ``rollout.n_gpus_per_node``); null:

@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from easyrl.config import PPOConfig
 from easyrl.config.actor import teachers_of
+from easyrl.config.worker import TRANSFER_BUCKETS_IN_FLIGHT
 from easyrl.errors import ConfigError
 from easyrl.sizing.anatomy import DTYPE_BYTES, GIB, ModelShape, model_anatomy, split_parameters
 from easyrl.sizing.experience import RoleModel, estimate_experience, experience_models
@@ -20,7 +21,7 @@ logger = logging.getLogger("easyrl.worker")
 
 VLLM = "vLLM (gpu_memory_utilization)"
 JUDGE = "judge vLLM (worker.reward.judge.gpu_memory_utilization)"
-TRANSFER = "weight transfer (a bucket + a layer's reload)"
+TRANSFER = "weight transfer (buckets + a layer's reload)"
 """The item of the LLM judge's engine, resident beside every phase (no sleep mode)."""
 
 
@@ -131,14 +132,15 @@ def estimate_memory(num_params: int, vocab_size: int, config: PPOConfig, capacit
 
 def transfer_gib(num_params: int, shape: ModelShape | None, rollout: Any) -> float:
     """GiB a split placement's rollout device holds beside vLLM's claim while new weights arrive
-    (``easyrl.workers.weight_transfer.receive``; device review 2026-12-02, S3-N10): the received flat bucket
-    (``rollout.update_weights_bucket_megabytes``, or the largest tensor where it is larger, since a bucket holds whole
-    tensors; at most the whole model) and one decoder layer's tensors, which vLLM's layer-wise reload materialises
-    in the load format, both in ``rollout.dtype``. ``shape`` None (not counted): the bucket alone."""
+    (``easyrl.workers.weight_transfer.receive``; device review 2026-12-02, S3-N10): the received flat buckets
+    (``TRANSFER_BUCKETS_IN_FLIGHT`` of ``rollout.update_weights_bucket_megabytes``, or of the largest tensor where it
+    is larger, since a bucket holds whole tensors; at most the whole model) and one decoder layer's tensors, which
+    vLLM's layer-wise reload materialises in the load format, all in ``rollout.dtype``. ``shape`` None (not
+    counted): the buckets alone."""
     itemsize = DTYPE_BYTES[rollout.dtype]
     largest, layer = (shape.largest_tensor, shape.largest_layer) if shape is not None else (0, 0)
-    bucket = min(num_params * itemsize, max(rollout.update_weights_bucket_megabytes * 2**20, largest * itemsize))
-    return (bucket + layer * itemsize) / GIB
+    bucket = max(rollout.update_weights_bucket_megabytes * 2**20, largest * itemsize)
+    return (min(num_params * itemsize, TRANSFER_BUCKETS_IN_FLIGHT * bucket) + layer * itemsize) / GIB
 
 
 def estimate_run(config: PPOConfig, capacity_gib: float, folder: Callable[[str], str] = str) -> MemoryEstimate:

@@ -3,7 +3,8 @@ one_step_off`` or ``async``): the split-placement counterpart of ``easyrl.worker
 
 Per bucket of one ``plan`` (made by trainer rank 0, handed to both sides) the trainer ranks all-gather the full tensors
 and rank 0 broadcasts them as one flat buffer; the rollout ranks hand them to vLLM (one ``reload_weights``) and check
-every parameter was written. The transfer group (trainer rank 0, then rollout rank ``r`` as ``1 + r``) has its own
+every parameter was written. Two buckets are in flight (``easyrl.config.worker.TRANSFER_BUCKETS_IN_FLIGHT``): a
+bucket's broadcast overlaps the next one's gather and the previous one's load. The transfer group (trainer rank 0, then rollout rank ``r`` as ``1 + r``) has its own
 store, outside torch.distributed's registry, so the collective contract does not compare its two sides. With a LoRA
 adapter on the actor the plan's names and shapes are the merged model's and rank 0 sends ``W + scale * B @ A``, merged
 per bucket by the colocated sync's ``easyrl.models.lora.merge_lora_stream``.
@@ -16,8 +17,10 @@ communicator from the cluster's rank table (torch_npu 2.10.0.post4, ``ProcessGro
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
+from collections import deque
 from collections.abc import Iterator, Mapping
 from datetime import timedelta
 from typing import Any, Optional
@@ -26,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from easyrl import envvars
+from easyrl.config.worker import TRANSFER_BUCKETS_IN_FLIGHT
 from easyrl.workers.weight_sync import gather_bucket, plan_buckets
 
 Plan = list[list[tuple[str, list[int]]]]
@@ -116,10 +120,16 @@ def _sources(state: dict[str, torch.Tensor], lora_scale: Optional[float]) -> dic
     return merge_sources(state)
 
 
-def _broadcast(group: Any, flat: torch.Tensor) -> None:
+def _post_broadcast(group: Any, flat: torch.Tensor) -> Any:
+    """Start the broadcast of ``flat`` from the group's rank 0; returns its work (``wait()`` before reading or
+    freeing ``flat``: on NCCL / HCCL it also orders the current stream after the collective)."""
     options = dist.BroadcastOptions()
     options.rootRank, options.rootTensor = 0, 0
-    group.broadcast([flat], options).wait()
+    return group.broadcast([flat], options)
+
+
+def _broadcast(group: Any, flat: torch.Tensor) -> None:
+    _post_broadcast(group, flat).wait()
 
 
 def send(group: Optional[Any], state: dict[str, torch.Tensor], plan: Plan, device: torch.device,
@@ -129,12 +139,14 @@ def send(group: Optional[Any], state: dict[str, torch.Tensor], plan: Plan, devic
     other ranks) broadcasts it as one flat ``dtype`` buffer, the plan's tensors in its order. With ``lora_scale``
     (``alpha / rank``) a module's base weight and matrices are merged into ``W + scale * B @ A`` after the gather
     (``easyrl.models.lora.merge_lora_stream``, as the colocated sync); held at once: one bucket's gathered tensors,
-    its flat buffer and one merge's float32 temporaries.
+    ``TRANSFER_BUCKETS_IN_FLIGHT`` flat buffers (the one being filled, the ones still being broadcast) and one
+    merge's float32 temporaries.
 
     Raises:
         ValueError: with ``lora_scale``, a LoRA module without its base weight or matrices.
         RuntimeError: ``state`` does not give the bucket's plan names and sizes (a plan of another model or mode)."""
     sources = _sources(state, lora_scale)
+    in_flight: deque = deque()  # (work, flat) of the broadcasts posted and not yet waited for
     for bucket in plan:
         unknown = [name for name, _ in bucket if name not in sources]
         if unknown:
@@ -161,19 +173,36 @@ def send(group: Optional[Any], state: dict[str, torch.Tensor], plan: Plan, devic
         if slots:
             raise RuntimeError(f"weight transfer: the state gave none of the plan's {sorted(slots)}")
         if group is not None:
-            _broadcast(group, flat)
+            in_flight.append((_post_broadcast(group, flat), flat))
+            while len(in_flight) >= TRANSFER_BUCKETS_IN_FLIGHT:  # the next gather overlaps this broadcast
+                in_flight.popleft()[0].wait()
         del fulls, flat
+    while in_flight:
+        in_flight.popleft()[0].wait()
 
 
 def receive(group: Any, plan: Plan, device: torch.device, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
-    """A rollout rank: ``(HF name, full tensor)`` pairs of ``plan``, each bucket received (one broadcast) when the
-    consumer reaches it."""
-    for bucket in plan:
+    """A rollout rank: ``(HF name, full tensor)`` pairs of ``plan``, bucket by bucket (one broadcast each), the
+    next ``TRANSFER_BUCKETS_IN_FLIGHT - 1`` buckets already being received while the consumer reads one; a bucket's
+    tensors are views of its flat buffer, valid until the consumer asks for the next bucket's."""
+    posted: deque = deque()  # (bucket, work, flat) in plan order
+
+    def post(bucket: list[tuple[str, list[int]]]) -> None:
         flat = torch.empty(sum(math.prod(shape) for _, shape in bucket), dtype=dtype, device=device)
-        _broadcast(group, flat)
+        posted.append((bucket, _post_broadcast(group, flat), flat))
+
+    buckets = iter(plan)
+    for bucket in itertools.islice(buckets, TRANSFER_BUCKETS_IN_FLIGHT):
+        post(bucket)
+    while posted:
+        bucket, work, flat = posted.popleft()
+        work.wait()
         offset = 0
         for name, shape in bucket:
             numel = math.prod(shape)
             yield name, flat[offset: offset + numel].view(shape)
             offset += numel
         del flat
+        following = next(buckets, None)  # posted once the consumer is done with this bucket's views
+        if following is not None:
+            post(following)
