@@ -5,6 +5,7 @@ vLLM and the export get the merged ``W + scale * B @ A`` (why merged: docs/lora.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import warnings
@@ -31,10 +32,10 @@ def excluded_modules(lora: Any, model: torch.nn.Module) -> Optional[str]:
     the family's own tower and projector (``easyrl.models.families.tower_exclude``: ``.*(vision_tower|
     multi_modal_projector).*`` for InternVL; the default itself for Qwen-VL and text models); a pattern of the user's
     own, or null (None: nothing excluded), as written."""
-    from easyrl.config.role import LoraConfig
     from easyrl.models.families import tower_exclude
 
-    if lora.exclude_modules != LoraConfig().exclude_modules:
+    default = next(f.default for f in dataclasses.fields(lora) if f.name == "exclude_modules")  # LoraConfig's
+    if lora.exclude_modules != default:
         return lora.exclude_modules or None
     return tower_exclude(model) or lora.exclude_modules
 

@@ -4,10 +4,11 @@ one_step_off`` or ``async``): the split-placement counterpart of ``easyrl.worker
 Per bucket of one ``plan`` (made by trainer rank 0, handed to both sides) the trainer ranks all-gather the full tensors
 and rank 0 broadcasts them as one flat buffer; the rollout ranks hand them to vLLM (one ``reload_weights``) and check
 every parameter was written. Two buckets are in flight (``easyrl.config.worker.TRANSFER_BUCKETS_IN_FLIGHT``): a
-bucket's broadcast overlaps the next one's gather and the previous one's load. The transfer group (trainer rank 0, then rollout rank ``r`` as ``1 + r``) has its own
-store, outside torch.distributed's registry, so the collective contract does not compare its two sides. With a LoRA
-adapter on the actor the plan's names and shapes are the merged model's and rank 0 sends ``W + scale * B @ A``, merged
-per bucket by the colocated sync's ``easyrl.models.lora.merge_lora_stream``.
+bucket's broadcast overlaps the next one's gather and the previous one's load. The transfer group (trainer rank 0,
+then rollout rank ``r`` as ``1 + r``) has its own store, outside torch.distributed's registry, so the collective
+contract does not compare its two sides. With a LoRA adapter on the actor the plan's names and shapes are the merged
+model's and rank 0 sends ``W + scale * B @ A``, merged per bucket by the colocated sync's
+``easyrl.models.lora.merge_lora_stream``.
 
 On NPUs the group is a sub-group by torch_npu's rules (:func:`hccl_options`): with empty ``global_ranks_in_group``
 torch_npu makes a group the process's global one, and with ``RANK_TABLE_FILE`` set it builds such a group's
