@@ -286,3 +286,21 @@ def test_the_preflight_checks_its_workers_side(tiny_model_path):
     preflight(config, capacity, "rollout")
     with pytest.raises(ConfigError, match="The training phase needs"):
         preflight(config, capacity, "trainer")
+
+
+@pytest.mark.parametrize("model_type", ["gpt_oss", "gemma4_text", "gpt2"])
+def test_the_estimate_reads_families_admitted_by_their_self_check(model_type, tmp_path):  # issue #49
+    """Families outside the registry that pass their self-check get a memory estimate (was: a traceback in the
+    workers' pre-flight and ``easyrl simulate``): gpt-oss's class has no SDPA path (built eager), Gemma 4's
+    ``head_dim`` varies by layer (the widest counts), GPT-2 names its MLP width ``n_inner`` (None: 4 x hidden)."""
+    from transformers import AutoConfig
+
+    from easyrl.sizing.estimate import estimate_run
+
+    AutoConfig.for_model(model_type).save_pretrained(tmp_path)
+    estimate = estimate_run(_config(f"worker.actor.model.model_path={tmp_path}"), capacity_gib=80.0)
+    assert estimate.training_gib > 0
+    shape = model_anatomy(AutoConfig.from_pretrained(tmp_path))[2]
+    assert shape.attn_width == {"gpt_oss": 64 * 64, "gemma4_text": 8 * 512, "gpt2": 768}[model_type]
+    if model_type == "gpt2":
+        assert shape.intermediate_size == 4 * 768

@@ -68,13 +68,22 @@ class ModelShape:
     :func:`model_anatomy` (0: not counted)."""
 
 
+def mlp_width(text) -> int:
+    """A dense MLP's hidden width: ``intermediate_size`` as most configs name it, OPT's ``ffn_dim``, GPT-2's
+    ``n_inner`` (None there: ``4 x hidden_size``, as its MLP builds it)."""
+    for key in ("intermediate_size", "ffn_dim", "n_inner"):
+        if getattr(text, key, None):
+            return int(getattr(text, key))
+    return 4 * int(text.hidden_size)
+
+
 def model_shape(hf_config) -> ModelShape:
     """:class:`ModelShape` of a Hugging Face config (reads attributes only; no weight counts)."""
     text = getattr(hf_config, "text_config", None) or hf_config
     moe = getattr(text, "moe_intermediate_size", None)
     top_k = getattr(text, "num_experts_per_tok", None)
     width = moe * top_k + (getattr(text, "shared_expert_intermediate_size", None) or 0) if moe and top_k \
-        else text.intermediate_size
+        else mlp_width(text)
     tied = getattr(hf_config, "tie_word_embeddings", getattr(text, "tie_word_embeddings", False))
     routed = int(top_k) * int(text.hidden_size) if moe and top_k else 0
     heads, head_dim = getattr(text, "linear_num_value_heads", None), getattr(text, "linear_value_head_dim", None)
@@ -114,20 +123,31 @@ def split_parameters(params: int, vocab_size: int, shape: ModelShape, lm_head: b
     return root, max(params - root, 0) / shape.num_layers
 
 
+def layer_values(config, key: str) -> list:
+    """``key`` of the decoder layers: ``[value]`` where one value holds for all (None if the config has none), or
+    each layer's own where it varies by layer (transformers' per-layer configs, Gemma 4's ``head_dim``: reading the
+    global raises ``AmbiguousGlobalPerLayerAttributeError``, a ``RuntimeError``)."""
+    try:
+        return [getattr(config, key, None)]
+    except RuntimeError:
+        return [getattr(layer, key, None) for layer in config.per_layer_config]
+
+
 def meta_model(hf_config, trust_remote_code: bool = False, classifier: bool = False):
     """The model of ``hf_config`` on the meta device (``hf_model_class``, or with ``classifier`` a sequence
-    classifier)."""
+    classifier), with SDPA attention where the class has it, else eager (only parameters are read)."""
     import torch
 
-    from easyrl.models.hf_folder import hf_model_class
+    from easyrl.models.hf_folder import hf_model_class, supports_sdpa
 
     if classifier:
         from transformers import AutoModelForSequenceClassification as model_class
     else:
         model_class = hf_model_class(hf_config)
+    attn = "sdpa" if supports_sdpa(hf_config) else "eager"  # gpt-oss has no SDPA path (its attention sinks)
     with torch.device("meta"):
         return model_class.from_config(hf_config, dtype=torch.float32, trust_remote_code=trust_remote_code,
-                                       attn_implementation="sdpa")
+                                       attn_implementation=attn)
 
 
 def vocab_size(hf_config) -> int:
@@ -149,7 +169,7 @@ def model_anatomy(hf_config, trust_remote_code: bool = False) -> tuple[int, int,
             counts[kind] += module.weight.numel()
     text = getattr(hf_config, "text_config", None) or hf_config
     heads = text.num_attention_heads
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    head_dim = max([value for value in layer_values(text, "head_dim") if value] or [text.hidden_size // heads])
     shape = model_shape(hf_config)
     vision = replace(shape.vision, patch_weights=counts["patch"], merge_weights=counts["merge"]) \
         if shape.vision is not None else None
