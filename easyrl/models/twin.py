@@ -75,9 +75,6 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "glm4v_moe": {"rope_parameters": _GLM_V_ROPE},
     "glm_ocr": {"rope_parameters": _GLM_V_ROPE},
     "deepseek_v2": {"num_experts_per_tok": 2},  # the default config leaves it None with 64 routed experts
-    # vLLM builds the router's e_score_correction_bias only for noaux_tc (the released configs say so; transformers
-    # 5.19 no longer writes the key)
-    "deepseek_v3": {"topk_method": "noaux_tc"},
 }
 
 
@@ -123,6 +120,9 @@ RELEASED: dict[str, dict[str, tuple[Any, str]]] = {
                                     "bias)"),
                    "rotary_dim": (_rotary_dim, "the released config.json's legacy rotary_dim (transformers' "
                                   "MiniMaxM2Config reads it as partial_rotary_factor x head_dim)")},
+    "deepseek_v3": {"topk_method": ("noaux_tc", "deepseek-ai/DeepSeek-V3 config.json; vLLM builds the router's "
+                                    "e_score_correction_bias only for noaux_tc, and transformers 5.19 no longer "
+                                    "writes the key")},
     "glm4v": {"attention_bias": (True, "transformers' Glm4vTextAttention builds q/k/v with bias=True whatever the "
                                  "config says (default False); vLLM's Glm4Attention reads attention_bias and builds "
                                  "none, skipping the checkpoint's biases")},
