@@ -16,6 +16,10 @@ checkpoint every step, validation every 2 steps:
   trainer start-up fewer in ``make test``, whose runs A to C check the resume after both signals).
 
 Then a checkpoint of run A is exported with ``python -m easyrl.export`` and loaded in transformers and in vLLM.
+
+Run E, ``trainer.rollout_mode=async`` (one trainer rank, one engine generating ahead), one epoch of the 10 prompts in
+batches of 2, SIGKILLed (process group) once its tracker names step 2 and run again to the end: each prompt is trained
+once over the epoch (issue #46: nothing generated ahead of the checkpoint is lost or trained twice).
 """
 
 from __future__ import annotations
@@ -165,6 +169,43 @@ def runs(e2e_args, local_ray, tmp_path_factory):
                                              log=root / "c.log")
     out["stopped_at"] = _tracker_step(b_dir)
     return out
+
+
+ASYNC = ("trainer.rollout_mode=async", "trainer.n_gpus_per_node=1", "worker.rollout.n_gpus_per_node=1",
+         "trainer.max_staleness=2", "data.rollout_batch_size=2", "data.mini_rollout_batch_size=1",
+         "trainer.total_epochs=1", "trainer.max_steps=5", "trainer.save_freq=1", "data.val_files=null",
+         "worker.rollout.limit_images=0",
+         "data.max_response_length=24")
+
+
+@pytest.fixture(scope="module")
+def async_killed(e2e_args, tmp_path_factory) -> dict:
+    """Run E: async, SIGKILLed after its checkpoint of step 2, then the same command to the end (5 steps)."""
+    root = tmp_path_factory.mktemp("async_resume")
+    run_dir = root / "easyrl" / "cpu_demo"
+    args = e2e_args("qwen2_5", root, *ASYNC, f"trainer.rollout_data_dir={run_dir / 'rollouts'}")
+    _run_until(args, run_dir, 2, signal.SIGKILL, group=True, log=root / "e.log")
+    killed_at = _tracker_step(run_dir)
+    done = subprocess.run([sys.executable, "-m", "easyrl.trainer", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=400, start_new_session=True)
+    return {"run_dir": run_dir, "killed_at": killed_at, "done": done}
+
+
+def test_an_async_run_killed_mid_epoch_trains_each_prompt_once(async_killed):  # issue #46
+    """Run E: the epoch's 5 steps of 2 prompts, across the SIGKILL and the resume, train the 10 prompts once each
+    (each step's prompts read from its rollout dump)."""
+    from easyrl.trainer.rollout_dump import read_step
+
+    done, run_dir = async_killed["done"], async_killed["run_dir"]
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert 2 <= async_killed["killed_at"] < 5 and sorted(_rows(run_dir)) == [1, 2, 3, 4, 5]
+    steps = []
+    for step in range(1, 6):
+        prompts = read_step(str(run_dir / "rollouts"), step)["raw_prompt_ids"]
+        steps.append({tuple(p) for p in prompts})
+    print("ASYNC resume: prompts per step", [len(s) for s in steps], "killed after step", async_killed["killed_at"])
+    assert [len(s) for s in steps] == [2] * 5
+    assert len(set().union(*steps)) == 10  # none trained twice, none lost
 
 
 @pytest.fixture(scope="module")
