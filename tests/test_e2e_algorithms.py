@@ -40,10 +40,11 @@ AGG_MODES = ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-me
 # the first four agree on policy; the others change even the first (on-policy) mini-batch's update (clip_cov/kl_cov
 # act on high-covariance tokens, geo_mean averages per sequence, bypass_mode's ratio is against vLLM's log-probs)
 LOSS_TYPES = ["vanilla", "gspo", "cispo", "sapo"]
-NEW_LOSS_SETTINGS = {  # verl 0.9's losses (#24), with settings that make each visibly act on this small batch
+NEW_LOSS_SETTINGS = {  # verl 0.9's losses (#24), with settings that make each visibly act on this small batch; dppo_kl,
+    # dro and gpg, which agree on policy as dppo_tv does, are pinned to verl's numbers by tests/test_verl_parity.py
     "clip_cov": dict(clip_cov_ratio=0.2, clip_cov_lb=-10.0, clip_cov_ub=10.0),
     "kl_cov": dict(kl_cov_ratio=0.2, ppo_kl_coef=1.0),
-    "geo_mean": {}, "dppo_tv": {}, "dppo_kl": {}, "dro": dict(dro_beta=1.0), "gpg": {},
+    "geo_mean": {}, "dppo_tv": {},
     "bypass_mode": dict(bypass_loss_type="reinforce", rollout_is="token", rollout_is_threshold=1.01),
 }
 
@@ -246,7 +247,7 @@ def test_loss_types_agree_on_policy(loss_type_runs):
     """On-policy invariant: the first mini-batch sees r = 1, so nothing is clipped, ppo_kl ~ 0, and every loss type's
     gradient is the plain policy gradient (same norm)."""
     first = {loss: run["actor/grad_norm"][0] for loss, run in loss_type_runs.items()
-             if loss in LOSS_TYPES + ["dppo_tv", "dppo_kl", "dro", "gpg"]}
+             if loss in LOSS_TYPES + ["dppo_tv"]}
     for loss in first:
         assert first[loss] == pytest.approx(first["vanilla"], rel=1e-5), (loss, first)
     for loss in first:
