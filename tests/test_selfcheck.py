@@ -78,7 +78,8 @@ def test_planted_wrong_window_fails_packed_vs_padded(tmp_path, monkeypatch):
 
     band = packed_attention._window_mask
     monkeypatch.setattr(packed_attention, "_window_mask",
-                        lambda length, window, device: band(length, None if window is None else window + 4, device))
+                        lambda length, window, chunk, device: band(length, None if window is None else window + 4, chunk,
+                                                                   device))
     assert _failed_check(_config("gemma3_text"), tmp_path) == "packed_vs_padded"
 
 

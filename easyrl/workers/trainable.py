@@ -21,6 +21,7 @@ from easyrl.batch import Batch
 from easyrl.config import OffloadConfig, TrainedRoleConfig
 from easyrl.models.families import attends_in_windows
 from easyrl.models.hf_folder import supports_sdpa
+from easyrl.models.packed_attention import carry_positions
 from easyrl.models.ulysses import attention_name, sequence_parallel_group
 from easyrl.workers.fsdp_model import clip_grad_norm, load_sharded_model
 from easyrl.workers.optim import build_lr_scheduler, build_optimizer, move_optimizer_state, offloads_optimizer
@@ -62,6 +63,8 @@ class FSDPTrainable:
                                         adapt=self._adapt_model)
         if self.sp:
             self.sp.attach(self.model)
+        if config.padding_free:  # a packed row's boundaries reach attentions their layers give no positions (Llama 4)
+            carry_positions(self.model)
         self.vision = VisionHooks(self.model, hf_config)  # the blank image, stray pads, vLLM's positions
         self.optimizer: Optional[torch.optim.Optimizer] = None
         self.num_updates = 0
