@@ -88,9 +88,9 @@ def test_planted_wrong_window_fails_packed_vs_padded(tmp_path, monkeypatch):
     from easyrl.models import packed_attention
 
     band = packed_attention._window_mask
-    monkeypatch.setattr(packed_attention, "_window_mask",
-                        lambda length, window, chunk, device: band(length, None if window is None else window + 4, chunk,
-                                                                   device))
+    wider = lambda length, window, chunk, device: band(  # noqa: E731
+        length, None if window is None else window + 4, chunk, device)
+    monkeypatch.setattr(packed_attention, "_window_mask", wider)
     assert _failed_check(_config("gemma3_text"), tmp_path) == "packed_vs_padded"
 
 

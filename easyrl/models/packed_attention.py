@@ -4,8 +4,9 @@ transformers' ``sdpa`` runs a packed row ``(1, total)`` as ONE masked ``total x 
 for ``sum(len_i ** 2)`` needed, no flash kernel, ``(heads, total, total)`` weights kept). :data:`PACKED_SDPA`
 (registered with ``AttentionInterface`` / ``AttentionMaskInterface``) runs one causal, unmasked SDPA call per sequence,
 splitting where the text positions do not continue by +1 (transformers' rule), with each layer's sliding window or
-attention chunk applied within its sequence. Masked, bidirectional or cached calls go to ``sdpa`` unchanged. :data:`PACKED_EAGER` does the same with the model's own eager attention, for the models
-transformers runs without SDPA (attention sinks: gpt-oss, MiMo-V2-Flash, DeepSeek-V4, Granite SWA).
+attention chunk applied within its sequence. Masked, bidirectional or cached calls go to ``sdpa`` unchanged.
+:data:`PACKED_EAGER` does the same with the model's own eager attention, for the models transformers runs without SDPA
+(attention sinks: gpt-oss, MiMo-V2-Flash, DeepSeek-V4, Granite SWA).
 """
 
 from __future__ import annotations
