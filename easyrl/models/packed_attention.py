@@ -30,8 +30,9 @@ PACKED_EAGER = "easyrl_packed_eager"
 False)."""
 
 
-_LAYER_POSITIONS: ContextVar[Optional[torch.Tensor]] = ContextVar("easyrl_layer_positions", default=None)
-"""The ``position_ids`` of the decoder layer running now (:func:`carry_positions`); None outside one."""
+_LAYER_POSITIONS: ContextVar[tuple[Optional[torch.Tensor], ...]] = ContextVar("easyrl_layer_positions", default=())
+"""The ``position_ids`` of the decoder layers being called (:func:`carry_positions`), innermost last; per thread and
+context (the backward's recomputation may run in autograd's own thread)."""
 
 
 def carry_positions(model: torch.nn.Module) -> None:
@@ -50,16 +51,12 @@ def carry_positions(model: torch.nn.Module) -> None:
     decoder._easyrl_carries_positions = True
 
 
-_TOKENS: list = []  # the ContextVar tokens of the layers being called (nested: a stack)
-
-
 def _enter_layer(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
-    _TOKENS.append(_LAYER_POSITIONS.set(kwargs.get("position_ids")))
+    _LAYER_POSITIONS.set(_LAYER_POSITIONS.get() + (kwargs.get("position_ids"),))
 
 
 def _leave_layer(module: torch.nn.Module, args: tuple, output: Any) -> None:
-    if _TOKENS:
-        _LAYER_POSITIONS.reset(_TOKENS.pop())
+    _LAYER_POSITIONS.set(_LAYER_POSITIONS.get()[:-1])
 
 
 def sequence_lengths(position_ids: torch.Tensor) -> list[int]:
@@ -87,7 +84,8 @@ def packed_lengths(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
     decoder layer was given, :func:`carry_positions`); None for any other call. ``is_causal`` None: the module's
     ``is_causal`` (True when it has none)."""
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    position_ids = position_ids if position_ids is not None else _LAYER_POSITIONS.get()
+    if position_ids is None and _LAYER_POSITIONS.get():
+        position_ids = _LAYER_POSITIONS.get()[-1]
     if (attention_mask is None and position_ids is not None and query.shape[0] == 1 and causal
             and query.shape[2] == key.shape[2] == position_ids.shape[-1]):
         return sequence_lengths(position_ids)
