@@ -272,6 +272,19 @@ def test_attention_implementation_choice():
     assert choice("npu", True, "fp32", False) == PACKED_SDPA
     assert choice("cpu", True, "bf16", True) == PACKED_SDPA
     assert choice("cuda", True, "bf16", True, windowed=True) == "flash_attention_2"  # flash-attn takes window_size
+    # no flash kernel takes Llama 4's attention chunks (transformers refuses flash past one chunk)
+    assert attention_implementation("cuda", True, "bf16", True, False, chunked=True) == PACKED_SDPA
+    assert attention_implementation("npu", True, "bf16", False, False, chunked=True) == PACKED_SDPA
+    assert attention_implementation("cuda", False, "bf16", True, False, chunked=True) == "sdpa"
+
+
+def test_chunked_attention_as_transformers_reads_the_config():
+    from transformers import CONFIG_MAPPING
+
+    from easyrl.models.families import attends_in_chunks
+
+    assert attends_in_chunks(CONFIG_MAPPING["llama4_text"]()) and attends_in_chunks(CONFIG_MAPPING["llama4"]())
+    assert not attends_in_chunks(CONFIG_MAPPING["llama"]()) and not attends_in_chunks(CONFIG_MAPPING["gemma3_text"]())
 
 
 @pytest.mark.parametrize("model_type, windowed", [("gemma3_text", True), ("mistral", True), ("qwen3", False),

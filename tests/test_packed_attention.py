@@ -150,3 +150,57 @@ def test_qwen3_5_packed_row_in_one_varlen_call_matches_one_call_per_sequence(tin
         varlen = model(input_ids=ids, position_ids=_positions(lengths), use_cache=False).logits
     assert calls == [[0] * 5 + [1] * 7 + [2] * 4]  # one call for the row, each token's sequence index
     torch.testing.assert_close(varlen, split, atol=ATOL, rtol=0)
+
+
+def _llama4(gradient_checkpointing: bool = False):
+    """A tiny Llama 4 text model: three chunked-attention layers (chunks of 4 tokens) then a full NoPE one, whose
+    decoder layers do not pass ``position_ids`` on to their attention (transformers 5.19)."""
+    from transformers import Llama4ForCausalLM, Llama4TextConfig
+
+    from easyrl.models.packed_attention import carry_positions
+
+    config = Llama4TextConfig(vocab_size=64, hidden_size=64, intermediate_size=32, intermediate_size_mlp=128,
+                              num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                              num_local_experts=2, num_experts_per_tok=1, attention_chunk_size=4)
+    torch.manual_seed(0)
+    reference = Llama4ForCausalLM._from_config(config, attn_implementation="sdpa").eval()
+    packed = Llama4ForCausalLM._from_config(config, attn_implementation=PACKED_SDPA).eval()
+    packed.load_state_dict(reference.state_dict())
+    carry_positions(packed)
+    if gradient_checkpointing:
+        packed.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        packed.train()  # checkpointing recomputes only in training mode (dropout is 0)
+    return reference, packed
+
+
+def test_llama4_packed_row_keeps_its_chunks_and_boundaries_per_sequence():
+    """Llama 4's layers hand their attention no positions (:func:`carry_positions` brings the layer's own) and its
+    chunked layers see only their 4-token block of their own sequence: a packed row scores as the left-padded batch
+    (transformers' chunked mask counts the chunks past the padding), within 1e-5 (was 0.6-2.6 nats off)."""
+    reference, packed = _llama4()
+    g = torch.Generator().manual_seed(1)
+    rows = [torch.randint(1, 64, (n,), generator=g) for n in LENGTHS]
+    width = max(LENGTHS)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row):] = row
+        mask[i, width - len(row):] = 1
+    with torch.no_grad():
+        padded = reference(input_ids=ids, attention_mask=mask, position_ids=padded_text_positions(mask)).logits
+        row = packed(input_ids=torch.cat(rows)[None], position_ids=_positions(LENGTHS)).logits[0]
+    torch.testing.assert_close(row, padded[mask.bool()], atol=ATOL, rtol=0)
+
+
+def test_llama4_packed_gradients_survive_gradient_checkpointing():
+    """The backward recomputes each checkpointed layer outside the forward: its attention must see the sequence
+    boundaries again (the layer's hooks run on the recomputation too), so the gradients equal those without
+    checkpointing."""
+    ids = torch.randint(1, 64, (1, sum(LENGTHS)), generator=torch.Generator().manual_seed(2))
+    positions = _positions(LENGTHS)
+    grads = []
+    for checkpointing in (False, True):
+        _, packed = _llama4(gradient_checkpointing=checkpointing)
+        packed(input_ids=ids, position_ids=positions).logits.pow(2).mean().backward()
+        grads.append(packed.model.embed_tokens.weight.grad)
+    torch.testing.assert_close(grads[1], grads[0], atol=ATOL, rtol=0)

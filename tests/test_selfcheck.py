@@ -62,6 +62,17 @@ def test_the_planted_defects_pass_unplanted(tmp_path):
     assert [r.passed for r in verdict.rows[:3]] == [True, True, True]
 
 
+@pytest.mark.parametrize("model_type", ["llama4_text", "llama4"])
+def test_llama4_twin_scores_packed_as_padded(model_type, tmp_path):
+    """Llama 4's chunked layers (chunks of 8 in the twin) and its layers that give their attention no positions:
+    the packed row scores as the padded batch (packed_vs_padded was 2.64 nats); the VL wrapper's twin builds its
+    tower (the pixel-shuffle adapter's widths: ``twin.OVERRIDES``) and passes alike."""
+    from easyrl.trainer.selfcheck import load_config, self_check
+
+    verdict = self_check(load_config(model_type), tmp_path, vllm=False)
+    assert verdict.passed, verdict.table()
+
+
 def test_planted_wrong_rotary_fails_packed_vs_padded(tmp_path, monkeypatch):
     """Positions counted twice in the family's ``positions`` hook (the rotary sees other angles than transformers')."""
     from easyrl.models import families
@@ -77,8 +88,9 @@ def test_planted_wrong_window_fails_packed_vs_padded(tmp_path, monkeypatch):
     from easyrl.models import packed_attention
 
     band = packed_attention._window_mask
-    monkeypatch.setattr(packed_attention, "_window_mask",
-                        lambda length, window, device: band(length, None if window is None else window + 4, device))
+    wider = lambda length, window, chunk, device: band(  # noqa: E731
+        length, None if window is None else window + 4, chunk, device)
+    monkeypatch.setattr(packed_attention, "_window_mask", wider)
     assert _failed_check(_config("gemma3_text"), tmp_path) == "packed_vs_padded"
 
 

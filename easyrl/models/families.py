@@ -20,8 +20,8 @@ from easyrl.errors import ModelError
 from easyrl.models.packing import padded_text_positions
 from easyrl.models.router_replay import SOFTMAX_TOPK, TOPK_SOFTMAX, RouterKind
 
-__all__ = ["Family", "FAMILIES", "family", "check_supported", "attends_in_windows", "gated_deltanet", "vision_parts",
-           "tower_exclude", "DOCS"]
+__all__ = ["Family", "FAMILIES", "family", "check_supported", "attends_in_windows", "attends_in_chunks",
+           "gated_deltanet", "vision_parts", "tower_exclude", "DOCS"]
 
 DOCS = "docs/models.md"
 
@@ -312,6 +312,15 @@ def attends_in_windows(hf_config: Any) -> bool:
     answer errs towards the kernels that apply windows."""
     text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
     return getattr(text, "sliding_window", None) is not None or "sliding_attention" in (
+        getattr(text, "layer_types", None) or ())
+
+
+def attends_in_chunks(hf_config: Any) -> bool:
+    """Whether some attention layer of the (text) model attends only within fixed blocks of its sequence (chunked
+    attention: ``layer_types`` naming ``chunked_attention``, ``attention_chunk_size`` tokens each: Llama 4's local
+    layers), as transformers 5.19's ``create_chunked_causal_mask`` reads the config."""
+    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    return getattr(text, "attention_chunk_size", None) is not None and "chunked_attention" in (
         getattr(text, "layer_types", None) or ())
 
 

@@ -61,8 +61,9 @@ VISION_SIZES: dict[str, int] = {
     "depth": 2, "num_hidden_layers": 2, "num_layers": 2, "head_dim": 32, "num_key_value_heads": 2,
 }
 
-# model_type -> {attribute: value} applied last to the text config (a family whose config the generic rules get
-# wrong); grows by what the matrix (bench/families.py) finds
+# model_type -> {attribute: value} applied last to the text config, or ``sub_config.attribute`` to that sub-config
+# after its shrinking (a family whose config the generic rules get wrong); grows by what the matrix
+# (bench/families.py) finds
 _QWEN_VL_ROPE = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [8, 12, 12]}  # sums to 64 / 2
 _GLM_V_ROPE = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 6, 6],  # half the head rotary
                "partial_rotary_factor": 0.5}
@@ -75,6 +76,11 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "glm4v_moe": {"rope_parameters": _GLM_V_ROPE},
     "glm_ocr": {"rope_parameters": _GLM_V_ROPE},
     "deepseek_v2": {"num_experts_per_tok": 2},  # the default config leaves it None with 64 routed experts
+    # Llama 4's tower: the pixel-shuffle adapter's fc1 takes the shuffled patches (hidden / ratio^2 = 64 / 0.5^2) as
+    # `intermediate_size`, its fc2 maps projector_input_dim -> projector_output_dim square, and the projector takes
+    # vision_output_dim (the released configs: 5632 = 1408 / 0.5^2, 4096 each)
+    "llama4": {"vision_config.intermediate_size": 256, "vision_config.projector_input_dim": 256,
+               "vision_config.projector_output_dim": 256, "vision_config.vision_output_dim": 256},
 }
 
 
@@ -264,7 +270,8 @@ def twin_config(hf_config: Any) -> Any:
                     None)
     text = d[text_key] if text_key else d
     _shrink_text(text)
-    text.update(OVERRIDES.get(model_type, {}))
+    overrides = OVERRIDES.get(model_type, {})
+    text.update({key: value for key, value in overrides.items() if "." not in key})
     for key, value in d.items():  # plain nested settings (DBRX's attn_config, ffn_config): their widths too
         if key != text_key and isinstance(value, dict) and not value.get("model_type") and "hidden_size" in value:
             for volatile in ("_name_or_path", "output_attentions", "transformers_version"):
@@ -278,6 +285,10 @@ def twin_config(hf_config: Any) -> Any:
         for key in ("hidden_size",):
             if isinstance(d.get(key), int):
                 d[key] = text.get(key, HIDDEN)
+    for key, value in overrides.items():
+        holder, _, name = key.rpartition(".")
+        if holder:
+            d[holder][name] = value
     ids: dict[int, int] = {}
     _remap_token_ids(d, ids)
     vocab = max(MIN_VOCAB, FIRST_SPECIAL + len(ids))

@@ -97,8 +97,8 @@ def device_attention(kind: str) -> Iterator[None]:
     from easyrl.workers.policy_forward import attention_implementation
 
     def simulated_choice(device: str, padding_free: bool, param_dtype: str, flash_available: bool,
-                         windowed: bool, sdpa: bool = True) -> str:
-        attn = attention_implementation(kind, padding_free, param_dtype, True, windowed, sdpa)
+                         windowed: bool, sdpa: bool = True, chunked: bool = False) -> str:
+        attn = attention_implementation(kind, padding_free, param_dtype, True, windowed, sdpa, chunked)
         return SIMULATED_VARLEN if attn == "flash_attention_2" else attn
 
     with mock.patch.object(trainable, "attention_implementation", simulated_choice), \

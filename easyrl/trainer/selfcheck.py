@@ -34,7 +34,7 @@ __all__ = ["Check", "SelfCheck", "CHECKS", "self_check", "cached_self_check", "r
 
 logger = logging.getLogger("easyrl")
 
-VERSION = 2  # bump when the twin's rules or the checks change: cached verdicts are then re-run
+VERSION = 3  # bump when the twin's rules or the checks change: cached verdicts are then re-run
 CHILD_TIMEOUT_S = 600
 
 

@@ -28,7 +28,7 @@ ROPE_INDEX_KEYS = ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")
 
 
 def attention_implementation(device: str, padding_free: bool, param_dtype: str, flash_available: bool,
-                             windowed: bool, sdpa: bool = True) -> str:
+                             windowed: bool, sdpa: bool = True, chunked: bool = False) -> str:
     """transformers' attention for the policy: ``flash_attention_2`` (varlen) for padding-free bf16/fp16 forwards on
     NPUs and on CUDA with ``flash_attn`` installed; ``PACKED_SDPA`` (one causal SDPA call per packed sequence, its
     sliding window applied) for other padding-free forwards; ``sdpa`` with the mask for padded ones.
@@ -38,6 +38,10 @@ def attention_implementation(device: str, padding_free: bool, param_dtype: str, 
     path would attend over the whole sequence (transformers 5.5.4 and 5.19, ``integrations/npu_flash_attention.py``);
     CUDA's flash-attn takes the window.
 
+    ``chunked``: the model has chunked-attention layers (``families.attends_in_chunks``: Llama 4), which no flash
+    kernel takes (transformers' ``create_chunked_causal_mask`` refuses flash attention past one chunk): ``PACKED_SDPA``
+    on every device, its chunks applied per sequence.
+
     ``sdpa`` False (the model class's ``_supports_sdpa``: transformers runs it only with its own eager attention, the
     attention sinks of gpt-oss and its kin): ``PACKED_EAGER`` padding-free on every device (flash-attn 2 has no
     sinks argument), ``eager`` padded."""
@@ -45,6 +49,8 @@ def attention_implementation(device: str, padding_free: bool, param_dtype: str, 
         return PACKED_EAGER if padding_free else "eager"
     if not padding_free:
         return "sdpa"
+    if chunked:
+        return PACKED_SDPA
     varlen = (device == "npu" and not windowed) or (device == "cuda" and flash_available)
     if param_dtype in ("bf16", "fp16") and varlen:
         return "flash_attention_2"

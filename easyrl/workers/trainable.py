@@ -19,8 +19,9 @@ from transformers.utils import is_flash_attn_2_available
 
 from easyrl.batch import Batch
 from easyrl.config import OffloadConfig, TrainedRoleConfig
-from easyrl.models.families import attends_in_windows
+from easyrl.models.families import attends_in_chunks, attends_in_windows
 from easyrl.models.hf_folder import supports_sdpa
+from easyrl.models.packed_attention import carry_positions
 from easyrl.models.ulysses import attention_name, sequence_parallel_group
 from easyrl.workers.fsdp_model import clip_grad_norm, load_sharded_model
 from easyrl.workers.optim import build_lr_scheduler, build_optimizer, move_optimizer_state, offloads_optimizer
@@ -53,7 +54,8 @@ class FSDPTrainable:
         hf_config = AutoConfig.from_pretrained(model_path, trust_remote_code=config.model.trust_remote_code)
         flash = is_flash_attn_2_available()
         attn = attention_implementation(device, config.padding_free, config.fsdp.param_dtype, flash,
-                                        windowed=attends_in_windows(hf_config), sdpa=supports_sdpa(hf_config))
+                                        windowed=attends_in_windows(hf_config), sdpa=supports_sdpa(hf_config),
+                                        chunked=attends_in_chunks(hf_config))
         self.sp = sequence_parallel_group() if config.padding_free else None  # easyrl.models.ulysses
         attn = attention_name(attn) if self.sp else attn
         _warn_once(flash_attention_warning(device, config.padding_free, config.fsdp.param_dtype, flash))
@@ -62,6 +64,8 @@ class FSDPTrainable:
                                         adapt=self._adapt_model)
         if self.sp:
             self.sp.attach(self.model)
+        if config.padding_free:  # a packed row's boundaries reach attentions their layers give no positions (Llama 4)
+            carry_positions(self.model)
         self.vision = VisionHooks(self.model, hf_config)  # the blank image, stray pads, vLLM's positions
         self.optimizer: Optional[torch.optim.Optimizer] = None
         self.num_updates = 0
