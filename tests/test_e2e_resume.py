@@ -193,16 +193,15 @@ def async_killed(e2e_args, tmp_path_factory) -> dict:
 
 def test_an_async_run_killed_mid_epoch_trains_each_prompt_once(async_killed):  # issue #46
     """Run E: the epoch's 5 steps of 2 prompts, across the SIGKILL and the resume, train the 10 prompts once each
-    (each step's prompts read from its rollout dump)."""
+    (each step's problems read from its rollout dump)."""
     from easyrl.trainer.rollout_dump import read_step
 
     done, run_dir = async_killed["done"], async_killed["run_dir"]
     assert done.returncode == 0, done.stderr[-3000:]
     assert 2 <= async_killed["killed_at"] < 5 and sorted(_rows(run_dir)) == [1, 2, 3, 4, 5]
-    steps = []
+    steps = []  # each step's problems by their row id (prompt texts repeat in the sample: "Find x.")
     for step in range(1, 6):
-        prompts = read_step(str(run_dir / "rollouts"), step)["raw_prompt_ids"]
-        steps.append({tuple(p) for p in prompts})
+        steps.append({columns["id"] for columns in read_step(str(run_dir / "rollouts"), step)["columns"]})
     print("ASYNC resume: prompts per step", [len(s) for s in steps], "killed after step", async_killed["killed_at"])
     assert [len(s) for s in steps] == [2] * 5
     assert len(set().union(*steps)) == 10  # none trained twice, none lost
