@@ -135,3 +135,24 @@ def test_llava_onevision_tower_is_exported_and_synced_under_the_released_names(t
     reloaded = LlavaOnevisionForConditionalGeneration.from_pretrained(out, dtype=torch.float32).state_dict()
     assert sorted(reloaded) == sorted(state)
     assert all(torch.equal(reloaded[name], tensor) for name, tensor in state.items())
+
+
+def test_a_family_outside_the_registry_takes_transformers_released_per_expert_names():
+    """DeepSeek-V3's released checkpoints hold one tensor per expert (transformers' conversion fuses
+    ``mlp.experts.*.gate_proj/up_proj/down_proj``), and vLLM's DeepseekV2 loader takes only those names: the sync splits
+    the fused tensors so; gpt-oss is released fused and passes unchanged, as does a conversion with renames (MiniMax-M2)
+    and a listed family (its registry entry rules)."""
+    from easyrl.models.expert_layout import released_expert_names
+
+    assert "deepseek_v3" not in FAMILIES
+    assert released_expert_names("deepseek_v3") == ("gate_proj", "up_proj", "down_proj")
+    assert released_expert_names("gpt_oss") == () and released_expert_names("minimax_m2") == ()
+    gate_up, down = torch.randn(2, 6, 4), torch.randn(2, 4, 3)
+    out = dict(to_checkpoint_layout([("model.layers.1.mlp.experts.gate_up_proj", gate_up),
+                                     ("model.layers.1.mlp.experts.down_proj", down)], "deepseek_v3"))
+    assert sorted(out) == [f"model.layers.1.mlp.experts.{e}.{n}_proj.weight" for e in (0, 1)
+                           for n in ("down", "gate", "up")]
+    assert torch.equal(out["model.layers.1.mlp.experts.1.gate_proj.weight"], gate_up[1, :3])
+    assert torch.equal(out["model.layers.1.mlp.experts.1.up_proj.weight"], gate_up[1, 3:])
+    assert torch.equal(out["model.layers.1.mlp.experts.0.down_proj.weight"], down[0])
+    assert next(to_checkpoint_layout([(GATE_UP, gate_up)], "qwen3_moe"))[1] is gate_up

@@ -108,3 +108,34 @@ def test_a_model_with_state_layers_gets_chunked_prefill():
     assert engine_arguments("/m", RolloutConfig(), "cpu", seed=0, vision=False, state_layers=True)[
         "enable_chunked_prefill"] is True
     assert engine_arguments("/m", RolloutConfig(), "cpu", seed=0, vision=False)["enable_chunked_prefill"] is False
+
+
+def test_a_latent_attention_model_on_the_cpu_in_fp32_gets_vllm_reference_mla_backend():
+    """vLLM-CPU prefers its AMX MLA backend where the CPU has AMX tiles, which packs bf16/fp16 weights only; an fp32
+    engine of a DeepSeek-style model takes the reference CPU_MLA backend, a bf16 one or an accelerator vLLM's choice."""
+    from transformers import DeepseekV3Config, LlamaConfig
+
+    from easyrl.models.families import latent_attention
+
+    assert latent_attention(DeepseekV3Config()) and not latent_attention(LlamaConfig())
+    fp32 = engine_arguments("/m", RolloutConfig(dtype="fp32"), "cpu", seed=0, vision=False, mla=True)
+    assert fp32["attention_backend"] == "CPU_MLA"
+    for config, device in ((RolloutConfig(dtype="bf16"), "cpu"), (RolloutConfig(dtype="fp32"), "cuda")):
+        assert "attention_backend" not in engine_arguments("/m", config, device, seed=0, vision=False, mla=True)
+    assert "attention_backend" not in engine_arguments("/m", RolloutConfig(dtype="fp32"), "cpu", seed=0, vision=False)
+
+
+def test_an_attention_chunk_of_part_blocks_gets_cpu_blocks_that_divide_it():
+    """vLLM's chunked attention takes whole KV blocks ("attn_chunk_size 32 is not divisible by block_size 128"): on the
+    CPU a chunk that is no multiple of the 128-token block gets blocks of gcd(chunk, 128) tokens; Llama 4's released
+    8192 keeps vLLM's own, as does an accelerator."""
+    from transformers import Llama4TextConfig
+
+    from easyrl.models.families import attention_chunk
+
+    assert attention_chunk(Llama4TextConfig()) == 8192
+    assert attention_chunk(Llama4TextConfig(attention_chunk_size=None)) is None
+    assert engine_arguments("/m", RolloutConfig(), "cpu", seed=0, vision=False, attention_chunk=32)["block_size"] == 32
+    for chunk, device in ((8192, "cpu"), (32, "cuda"), (None, "cpu")):
+        assert "block_size" not in engine_arguments("/m", RolloutConfig(), device, seed=0, vision=False,
+                                                    attention_chunk=chunk)

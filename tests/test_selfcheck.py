@@ -64,9 +64,9 @@ def test_the_planted_defects_pass_unplanted(tmp_path):
 
 @pytest.mark.parametrize("model_type", ["llama4_text", "llama4"])
 def test_llama4_twin_scores_packed_as_padded(model_type, tmp_path):
-    """Llama 4's chunked layers (chunks of 8 in the twin) and its layers that give their attention no positions:
-    the packed row scores as the padded batch (packed_vs_padded was 2.64 nats); the VL wrapper's twin builds its
-    tower (the pixel-shuffle adapter's widths: ``twin.OVERRIDES``) and passes alike."""
+    """Llama 4's chunked layers (chunks of 32 in the twin, rows of up to 80 tokens) and its layers that give their
+    attention no positions: the packed row scores as the padded batch (packed_vs_padded was 2.64 nats); the VL wrapper's
+    twin builds its tower (the pixel-shuffle adapter's widths: ``twin.OVERRIDES``) and passes alike."""
     from easyrl.trainer.selfcheck import load_config, self_check
 
     verdict = self_check(load_config(model_type), tmp_path, vllm=False)
@@ -92,6 +92,23 @@ def test_planted_wrong_window_fails_packed_vs_padded(tmp_path, monkeypatch):
         length, None if window is None else window + 4, chunk, device)
     monkeypatch.setattr(packed_attention, "_window_mask", wider)
     assert _failed_check(_config("gemma3_text"), tmp_path) == "packed_vs_padded"
+
+
+def test_planted_wrong_chunk_fails_packed_vs_padded(tmp_path, monkeypatch):
+    """The packed attention's Llama 4 chunks 8 tokens longer than the config's: the check's rows are stretched past
+    two chunks of the twin's 32 tokens (``parity.row_stretch``), so the longer chunk masks something."""
+    from easyrl.models import packed_attention
+    from easyrl.models.twin import CHUNK, twin_config
+    from easyrl.trainer.parity import row_stretch
+    from easyrl.trainer.selfcheck import load_config
+
+    assert twin_config(load_config("llama4_text")).attention_chunk_size == CHUNK == 32
+    assert row_stretch(twin_config(load_config("llama4_text"))) == 4 and row_stretch(_config("llama")) == 1
+    band = packed_attention._window_mask
+    longer = lambda length, window, chunk, device: band(  # noqa: E731
+        length, window, None if chunk is None else chunk + 8, device)
+    monkeypatch.setattr(packed_attention, "_window_mask", longer)
+    assert _failed_check(load_config("llama4_text"), tmp_path) == "packed_vs_padded"
 
 
 def test_planted_wrong_logit_scale_fails_packed_vs_padded(tmp_path, monkeypatch):

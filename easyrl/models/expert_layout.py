@@ -3,12 +3,16 @@
 transformers holds routed experts fused in ``F.linear``'s layout, ``gate_up_proj`` ``(experts, 2 * moe_intermediate,
 hidden)`` and ``down_proj`` ``(experts, hidden, moe_intermediate)``; some released checkpoints (Qwen3-VL-MoE) store
 them transposed, and vLLM loads only that layout. The weight sync (``to_checkpoint_layout``) and the export
-(``save_pretrained_released``) write the released layout and names, per the family's registry entry; other families
-pass unchanged. Why (transformers' save, vLLM's loader): docs/models.md, "Layout notes".
+(``save_pretrained_released``) write the released layout and names, per the family's registry entry; a family outside
+the registry takes its per-expert names from transformers' own record of its released checkpoints
+(``released_expert_names``); other families pass unchanged. Why (transformers' save, vLLM's loader): docs/models.md,
+"Layout notes".
 """
 
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -18,8 +22,33 @@ from easyrl.models.families import FAMILIES, Family
 
 
 def _entry(model_type: str) -> Family:
-    """The registry entry of ``model_type``; an unlisted one has no layout difference (a default entry)."""
-    return FAMILIES.get(model_type) or Family(model_type)
+    """The registry entry of ``model_type``; an unlisted one: a default entry with :func:`released_expert_names`."""
+    return FAMILIES.get(model_type) or Family(model_type, per_expert_names=released_expert_names(model_type))
+
+
+_PER_EXPERT = re.compile(r"^mlp\.experts\.\*\.(\w+)\.weight$")
+
+
+@functools.cache
+def released_expert_names(model_type: str) -> tuple[str, ...]:
+    """``(gate, up, down)`` where transformers' checkpoint conversion of ``model_type``
+    (``conversion_mapping.get_checkpoint_conversion_mapping``) fuses released per-expert tensors
+    ``mlp.experts.<e>.<gate|up>.weight`` into ``mlp.experts.gate_up_proj`` and ``mlp.experts.<e>.<down>.weight`` into
+    ``mlp.experts.down_proj`` and renames nothing (DeepSeek-V3: ``gate_proj``, ``up_proj``, ``down_proj``); else ``()``
+    (fused as transformers holds them, or a layout with renames this reading does not follow)."""
+    from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+
+    conversions = get_checkpoint_conversion_mapping(model_type) or []
+    names: dict[str, list[str]] = {}
+    for conversion in conversions:
+        sources, targets = getattr(conversion, "source_patterns", []), getattr(conversion, "target_patterns", [])
+        if type(conversion).__name__ != "WeightConverter":
+            return ()  # a renaming
+        parts = [_PER_EXPERT.match(source) for source in sources]
+        if len(targets) == 1 and all(parts):
+            names[targets[0]] = [part.group(1) for part in parts]
+    gate_up, down = names.get("mlp.experts.gate_up_proj", []), names.get("mlp.experts.down_proj", [])
+    return (*gate_up, *down) if len(gate_up) == 2 and len(down) == 1 else ()
 
 
 def needs_transpose(name: str, model_type: str) -> bool:

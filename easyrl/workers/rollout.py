@@ -20,20 +20,24 @@ from easyrl import envvars
 from easyrl.config import RolloutConfig
 from easyrl.config.role import DTYPES
 from easyrl.models.expert_layout import to_checkpoint_layout
+from easyrl.models.families import attention_chunk, latent_attention
 from easyrl.quiet import verbose
 from easyrl.workers import vllm_compat
 from easyrl.workers.dummy_load import DUMMY_LOAD_FORMAT, load_format, register_dummy_loader
 from easyrl.workers.request_engine import RequestEngine
 from easyrl.workers.routing_capture import start_capture, take_routing
 from easyrl.workers.vl_tokens import forbidden_words
+from easyrl.workers.vllm_cpu_fixes import flatten_cpu_rotary_heads
 from easyrl.workers.weight_sync import reload_and_report, sleep_level
 
 logger = logging.getLogger("easyrl.rollout")
+CPU_BLOCK_SIZE = 128  # tokens: vLLM-CPU's KV block where none is asked for (``CpuPlatform.check_and_update_config``)
 
 
 def engine_arguments(model_path: str, config: RolloutConfig, device: str, seed: int, vision: bool,
                      read_checkpoint: bool = False, record_routing: bool = False,
-                     state_layers: bool = False) -> dict[str, Any]:
+                     state_layers: bool = False, mla: bool = False,
+                     attention_chunk: Optional[int] = None) -> dict[str, Any]:
     """The ``vllm.LLM`` keyword arguments of the colocated engine (a pure function of the settings):
     ``load_format="easyrl_dummy"`` where ``dummy_load.load_format`` allows it and the engine is synced before use
     (not ``read_checkpoint``: then vLLM reads ``model_path``'s weights); on GPU/NPU
@@ -41,7 +45,10 @@ def engine_arguments(model_path: str, config: RolloutConfig, device: str, seed: 
     with TP > 1 the ``external_launcher`` executor; ``record_routing`` off the CPU: ``enable_return_routed_experts``
     (routing replay; the CPU's is captured, ``easyrl.workers.routing_capture``); ``state_layers`` (a model with
     state layers, ``vllm_compat.has_state_layers``): chunked prefill on, which vLLM requires of such a model with
-    prefix caching. Why each: docs/vllm-versions.md."""
+    prefix caching; ``mla`` (``families.latent_attention``) on the CPU in fp32: vLLM's reference ``CPU_MLA``
+    attention, not its bf16-only AMX one; ``attention_chunk`` (tokens, Llama 4's ``attention_chunk_size``) on the CPU
+    and not a multiple of its 128-token KV block: blocks of ``gcd(chunk, 128)`` tokens (vLLM's chunked attention takes
+    whole blocks). Why each: docs/vllm-versions.md."""
     max_model_len = config.prompt_length + config.response_length
     engine_kwargs: dict[str, Any] = dict(
         model=model_path,
@@ -69,6 +76,10 @@ def engine_arguments(model_path: str, config: RolloutConfig, device: str, seed: 
         engine_kwargs["mm_processor_cache_gb"] = 0
     if not read_checkpoint and (fmt := load_format(device, vllm_compat.vllm_version())) is not None:
         engine_kwargs["load_format"] = fmt
+    if attention_chunk and device == "cpu" and attention_chunk % CPU_BLOCK_SIZE:
+        engine_kwargs["block_size"] = math.gcd(attention_chunk, CPU_BLOCK_SIZE)
+    if mla and device == "cpu" and config.dtype == "fp32":
+        engine_kwargs["attention_backend"] = "CPU_MLA"
     if record_routing and device != "cpu":
         engine_kwargs["enable_return_routed_experts"] = True
     if device != "cpu":
@@ -136,7 +147,8 @@ class VLLMRollout:
         engine_kwargs = engine_arguments(model_path, config, device, seed,
                                          vision=getattr(hf_config, "vision_config", None) is not None,
                                          read_checkpoint=read_checkpoint, record_routing=record_routing,
-                                         state_layers=state_layers)
+                                         state_layers=state_layers, mla=latent_attention(hf_config),
+                                         attention_chunk=attention_chunk(hf_config))
         if device == "cpu" and envvars.cpu_kvcache_gib(os.environ) is None:
             # vLLM's CPU backend sizes its KV cache from this variable (GiB), not from gpu_memory_utilization; one
             # set in the environment or worker.env_vars wins (logged by the pre-flight, easyrl.envvars.overrides)
@@ -144,6 +156,7 @@ class VLLMRollout:
         if engine_kwargs.get("load_format") == DUMMY_LOAD_FORMAT:
             register_dummy_loader()  # in this process, before the engine is built
         reuse_passed_tokenizer()
+        flatten_cpu_rotary_heads(device)
         self.llm = LLM(**engine_kwargs)
         vllm_compat.keep_transformers_classes_callable()  # the colocated actor's model still runs (OLMo 2, ...)
         self.record_routing = record_routing

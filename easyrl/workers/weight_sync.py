@@ -135,12 +135,19 @@ def check_all_loaded(expected: set[str], loaded: set[str]) -> None:
         )
 
 
+DERIVED_PARAMETERS = ("W_UK_T", "W_UV", "W_UK_T_dcp_qrep")
+"""Names (last part) of vLLM parameters that no checkpoint holds: multi-head latent attention's absorbed projections,
+which ``MLAAttention.process_weights_after_loading`` recomputes from the reloaded ``kv_b_proj`` (vLLM 0.32
+``layers/attention/mla_attention.py``; the layer-wise reload calls it once the layer's weights are in)."""
+
+
 def reload_and_report(worker: Any, weights_iterator: Iterator[tuple[str, torch.Tensor]],
                       device: str) -> list[list[str]]:
     """Inside vLLM's worker: ``vllm_compat.reload_weights`` recording the names ``load_weights`` loaded, then the
-    CPU backend's re-packs (``easyrl.workers.vllm_cpu_fixes``). Returns ``[expected, loaded]`` sorted vLLM names."""
+    CPU backend's re-packs (``easyrl.workers.vllm_cpu_fixes``). Returns ``[expected, loaded]`` sorted vLLM names,
+    ``expected`` without the :data:`DERIVED_PARAMETERS`."""
     model = worker.model_runner.get_model()
-    expected = sorted(name for name, _ in model.named_parameters())
+    expected = sorted(name for name, _ in model.named_parameters() if name.rsplit(".", 1)[-1] not in DERIVED_PARAMETERS)
     loaded: set[str] = set()
     load = model.load_weights
 
