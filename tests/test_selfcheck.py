@@ -219,3 +219,25 @@ def test_attention_sinks_run_the_models_own_eager_attention_per_sequence(tmp_pat
     assert verdict.passed, verdict.table()
     monkeypatch.setitem(AttentionInterface._global_mapping, PACKED_EAGER, packed_sdpa_attention)
     assert _failed_check(_config("gpt_oss"), tmp_path / "planted") == "packed_vs_padded"
+
+
+def test_llama4_query_temperature_follows_the_engine(tmp_path):
+    """vLLM 0.32 scales Llama 4's NoPE-layer queries only past a 32768-token context unless the generation config
+    says; transformers always does, counting the index in the row (a packed row's earlier sequences, a left pad).
+    The actor and the reference take the engine's setting, in memory only; another family is left as it is."""
+    import json as json_
+
+    from transformers import LlamaConfig, Llama4Config
+
+    from easyrl.workers.trainable import match_engine_temperature
+
+    config = Llama4Config()
+    assert config.get_text_config().attn_temperature_tuning is True  # transformers' default
+    assert match_engine_temperature(config, str(tmp_path), 4096) is False
+    assert config.get_text_config().attn_temperature_tuning is False
+    assert match_engine_temperature(config, str(tmp_path), 65536) is True
+    (tmp_path / "generation_config.json").write_text(json_.dumps({"attn_temperature_tuning": True}))
+    assert match_engine_temperature(config, str(tmp_path), 4096) is True
+    llama = LlamaConfig()
+    assert match_engine_temperature(llama, str(tmp_path), 4096) is None
+    assert not hasattr(llama, "attn_temperature_tuning")

@@ -187,6 +187,11 @@ class RolloutConfig:
     """Videos per prompt at most (vLLM's ``limit_mm_per_prompt``); raised at start-up to the most a row of the data
     has (a log line says so), so 0 is right for image and text data (vLLM then profiles no video)."""
 
+    @property
+    def max_model_len(self) -> int:
+        """Tokens of the engine's context, vLLM's ``max_model_len``: ``prompt_length + response_length``."""
+        return self.prompt_length + self.response_length
+
     def check(self) -> None:
         """``val_override_config`` names only ``VAL_OVERRIDES``, each in its field's range. Raises ``ConfigError``."""
         for name in self.val_override_config:

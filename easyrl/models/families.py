@@ -348,6 +348,22 @@ def attention_chunk(hf_config: Any) -> Optional[int]:
     return chunk if isinstance(chunk, int) and not isinstance(chunk, bool) and chunk > 0 else None
 
 
+ENGINE_TEMPERATURE_LEN = 32768
+"""Tokens: vLLM 0.32 turns Llama 4's NoPE-layer query temperature on only for a longer ``max_model_len``, unless the
+generation config says (``model_executor/models/llama4.py``)."""
+
+
+def engine_temperature_tuning(hf_config: Any, generation_config: dict, max_model_len: int) -> Optional[bool]:
+    """Whether vLLM scales the queries of Llama 4's layers without rotary (``attn_temperature_tuning``, a factor
+    ``1 + attn_scale * log(1 + floor((position + 1) / floor_scale))``; Llama 4 paper's long-context recipe) for an
+    engine of ``max_model_len`` tokens: the generation config's ``attn_temperature_tuning``, else ``max_model_len`` >
+    :data:`ENGINE_TEMPERATURE_LEN`. None for a config without the setting (not Llama 4)."""
+    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    if getattr(text, "attn_temperature_tuning", None) is None:
+        return None
+    return bool(generation_config.get("attn_temperature_tuning", max_model_len > ENGINE_TEMPERATURE_LEN))
+
+
 def check_supported(key: str, hf_config: Any, why: str = "") -> None:
     """ModelError (naming ``key``, the ``model_type``, ``why`` and docs/models.md) for a family not in
     :data:`FAMILIES`; the pre-flight asks the self-check first (``easyrl.trainer.selfcheck.admit``)."""

@@ -59,15 +59,16 @@ def build_roles(config: PPOConfig, mesh: DeviceMesh, device: str, torch_device: 
     model_path = cfg.actor.model.model_path
     seconds = {} if seconds is None else seconds
     trainable = not config.trainer.val_only  # easyrl eval: the policy generates only (its weights reach vLLM)
+    engine_len = cfg.rollout.max_model_len
     with timed(seconds, "actor"):
         actor = FSDPPolicy(model_path, cfg.actor, mesh, device, torch_device, trainable=trainable,
-                           offload=cfg.actor.offload, training_steps=training_steps)
+                           offload=cfg.actor.offload, training_steps=training_steps, engine_len=engine_len)
     ref = critic = reward_model = None
     teachers = []
     if trainable and config.builds_reference:
         with timed(seconds, "ref"):  # same checkpoint: copy the actor's shards (cast to the compute dtype)
             ref = FSDPPolicy(model_path, cfg.actor, mesh, device, torch_device, trainable=False,
-                             offload=cfg.ref.offload, init_from=actor)
+                             offload=cfg.ref.offload, init_from=actor, engine_len=engine_len)
     if trainable and config.algorithm.needs_critic:
         with timed(seconds, "critic"):
             critic = FSDPCritic(cfg.critic.model.model_path, cfg.critic, mesh, device, torch_device,

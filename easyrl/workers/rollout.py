@@ -49,7 +49,7 @@ def engine_arguments(model_path: str, config: RolloutConfig, device: str, seed: 
     attention, not its bf16-only AMX one; ``attention_chunk`` (tokens, Llama 4's ``attention_chunk_size``) on the CPU
     and not a multiple of its 128-token KV block: blocks of ``gcd(chunk, 128)`` tokens (vLLM's chunked attention takes
     whole blocks). Why each: docs/vllm-versions.md."""
-    max_model_len = config.prompt_length + config.response_length
+    max_model_len = config.max_model_len
     engine_kwargs: dict[str, Any] = dict(
         model=model_path,
         dtype=DTYPES[config.dtype].torch_name,

@@ -6,9 +6,12 @@ calls the same methods with equally sized batches (FSDP2 all-gathers collectivel
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import math
+import os
 from collections import defaultdict
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
@@ -19,7 +22,7 @@ from transformers.utils import is_flash_attn_2_available
 
 from easyrl.batch import Batch
 from easyrl.config import OffloadConfig, TrainedRoleConfig
-from easyrl.models.families import attends_in_chunks, attends_in_windows
+from easyrl.models.families import attends_in_chunks, attends_in_windows, engine_temperature_tuning
 from easyrl.models.hf_folder import supports_sdpa
 from easyrl.models.packed_attention import carry_positions
 from easyrl.models.ulysses import attention_name, sequence_parallel_group
@@ -41,17 +44,33 @@ def _warn_once(message: Optional[str]) -> None:
         logger.warning(message)
 
 
+def match_engine_temperature(hf_config: Any, model_path: str, engine_len: int) -> Optional[bool]:
+    """Set Llama 4's ``attn_temperature_tuning`` on ``hf_config`` (its text config; in memory: an export copies the
+    folder's) as vLLM sets it for an engine of ``engine_len`` tokens (``families.engine_temperature_tuning``, reading
+    ``model_path``'s ``generation_config.json``), so that the actor scores with the queries the engine sampled with.
+    Returns the value set, None for another family (nothing set)."""
+    path = os.path.join(model_path, "generation_config.json")
+    generation = json.loads(Path(path).read_text()) if os.path.isfile(path) else {}
+    tuning = engine_temperature_tuning(hf_config, generation, engine_len)
+    if tuning is not None:
+        text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+        text.attn_temperature_tuning = tuning
+    return tuning
+
+
 class FSDPTrainable:
     """A sharded model with, when trainable, an optimizer and its LR schedule (``training_steps`` long);
     micro-batching and the update loop. ``init_from``: a model of the same checkpoint whose shards to copy."""
 
     def __init__(self, model_path: str, config: TrainedRoleConfig, mesh: DeviceMesh, device: str,
                  torch_device: torch.device, trainable: bool, offload: OffloadConfig, training_steps: int = 0,
-                 init_from: Optional[FSDPTrainable] = None):
+                 init_from: Optional[FSDPTrainable] = None, engine_len: Optional[int] = None):
         self.config = config
         self.torch_device = torch_device
         self.dp_size = mesh.size()
         hf_config = AutoConfig.from_pretrained(model_path, trust_remote_code=config.model.trust_remote_code)
+        if engine_len is not None:  # the rollout engine's max_model_len: its Llama 4 query temperature
+            match_engine_temperature(hf_config, model_path, engine_len)
         flash = is_flash_attn_2_available()
         attn = attention_implementation(device, config.padding_free, config.fsdp.param_dtype, flash,
                                         windowed=attends_in_windows(hf_config), sdpa=supports_sdpa(hf_config),
