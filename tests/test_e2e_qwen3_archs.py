@@ -93,8 +93,9 @@ def test_one_step_vllm_matches_actor(arch, local_ray, e2e_config, tmp_path):
               f"{gaps['own_mean']:.3g})")
         assert agreement >= (0.999 if arch == "qwen3_vl_moe" else 0.95), agreement
         assert gaps["replayed"] < max_tol, gaps
-        if agreement < 1:
-            assert gaps["replayed"] < gaps["own"], gaps
+        # never wider than the actor's own routing; narrower only where a disagreeing token holds the largest gap
+        # (which tokens sit near a tie varies with the machine's bf16 kernels: docs/algorithms.md, "Routing replay")
+        assert gaps["replayed"] <= gaps["own"], gaps
     assert all(math.isfinite(v) for v in metrics.values()), metrics
     assert metrics["prompt_length/min"] > 40  # image tokens are part of the prompt
     if arch == "qwen3_vl_moe":
