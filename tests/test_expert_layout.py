@@ -137,16 +137,18 @@ def test_llava_onevision_tower_is_exported_and_synced_under_the_released_names(t
     assert all(torch.equal(reloaded[name], tensor) for name, tensor in state.items())
 
 
-def test_a_family_outside_the_registry_takes_transformers_released_per_expert_names():
+def test_a_family_outside_the_registry_takes_transformers_released_layout():
     """DeepSeek-V3's released checkpoints hold one tensor per expert (transformers' conversion fuses
     ``mlp.experts.*.gate_proj/up_proj/down_proj``), and vLLM's DeepseekV2 loader takes only those names: the sync splits
-    the fused tensors so; gpt-oss is released fused and passes unchanged, as does a conversion with renames (MiniMax-M2)
-    and a listed family (its registry entry rules)."""
-    from easyrl.models.expert_layout import released_expert_names
+    the fused tensors so. EXAONE-MoE's router bias is released outside ``mlp.gate`` (a renaming, reversed); gpt-oss
+    is released fused and passes unchanged, as does a conversion of regular expressions (Kimi-Linear) and a listed
+    family (its registry entry rules, and Mixtral's says what the conversion says)."""
+    from easyrl.models.expert_layout import released_layout
 
-    assert "deepseek_v3" not in FAMILIES
-    assert released_expert_names("deepseek_v3") == ("gate_proj", "up_proj", "down_proj")
-    assert released_expert_names("gpt_oss") == () and released_expert_names("minimax_m2") == ()
+    assert "deepseek_v3" not in FAMILIES and "exaone_moe" not in FAMILIES
+    assert released_layout("deepseek_v3") == ((), ("gate_proj", "up_proj", "down_proj"))
+    assert released_layout("gpt_oss") == released_layout("kimi_linear") == ((), ())
+    assert released_layout("mixtral") == (FAMILIES["mixtral"].checkpoint_renames, FAMILIES["mixtral"].per_expert_names)
     gate_up, down = torch.randn(2, 6, 4), torch.randn(2, 4, 3)
     out = dict(to_checkpoint_layout([("model.layers.1.mlp.experts.gate_up_proj", gate_up),
                                      ("model.layers.1.mlp.experts.down_proj", down)], "deepseek_v3"))
@@ -155,4 +157,7 @@ def test_a_family_outside_the_registry_takes_transformers_released_per_expert_na
     assert torch.equal(out["model.layers.1.mlp.experts.1.gate_proj.weight"], gate_up[1, :3])
     assert torch.equal(out["model.layers.1.mlp.experts.1.up_proj.weight"], gate_up[1, 3:])
     assert torch.equal(out["model.layers.1.mlp.experts.0.down_proj.weight"], down[0])
+    bias = torch.zeros(4)
+    assert next(to_checkpoint_layout([("model.layers.1.mlp.gate.e_score_correction_bias", bias)], "exaone_moe")) == (
+        "model.layers.1.mlp.e_score_correction_bias", bias)
     assert next(to_checkpoint_layout([(GATE_UP, gate_up)], "qwen3_moe"))[1] is gate_up

@@ -4,8 +4,8 @@ transformers holds routed experts fused in ``F.linear``'s layout, ``gate_up_proj
 hidden)`` and ``down_proj`` ``(experts, hidden, moe_intermediate)``; some released checkpoints (Qwen3-VL-MoE) store
 them transposed, and vLLM loads only that layout. The weight sync (``to_checkpoint_layout``) and the export
 (``save_pretrained_released``) write the released layout and names, per the family's registry entry; a family outside
-the registry takes its per-expert names from transformers' own record of its released checkpoints
-(``released_expert_names``); other families pass unchanged. Why (transformers' save, vLLM's loader): docs/models.md,
+the registry takes its per-expert names and renames from transformers' own record of its released checkpoints
+(``released_layout``); other families pass unchanged. Why (transformers' save, vLLM's loader): docs/models.md,
 "Layout notes".
 """
 
@@ -22,33 +22,44 @@ from easyrl.models.families import FAMILIES, Family
 
 
 def _entry(model_type: str) -> Family:
-    """The registry entry of ``model_type``; an unlisted one: a default entry with :func:`released_expert_names`."""
-    return FAMILIES.get(model_type) or Family(model_type, per_expert_names=released_expert_names(model_type))
+    """The registry entry of ``model_type``; an unlisted one: a default entry with :func:`released_layout`'s names."""
+    if model_type in FAMILIES:
+        return FAMILIES[model_type]
+    renames, per_expert = released_layout(model_type)
+    return Family(model_type, checkpoint_renames=renames, per_expert_names=per_expert)
 
 
-_PER_EXPERT = re.compile(r"^mlp\.experts\.\*\.(\w+)\.weight$")
+_PER_EXPERT = re.compile(r"^\.?(?:mlp\.)?experts\.\*\.(\w+)\.weight$")
+_PLAIN = re.compile(r"^[\w.]+$")
 
 
 @functools.cache
-def released_expert_names(model_type: str) -> tuple[str, ...]:
-    """``(gate, up, down)`` where transformers' checkpoint conversion of ``model_type``
-    (``conversion_mapping.get_checkpoint_conversion_mapping``) fuses released per-expert tensors
-    ``mlp.experts.<e>.<gate|up>.weight`` into ``mlp.experts.gate_up_proj`` and ``mlp.experts.<e>.<down>.weight`` into
-    ``mlp.experts.down_proj`` and renames nothing (DeepSeek-V3: ``gate_proj``, ``up_proj``, ``down_proj``); else ``()``
-    (fused as transformers holds them, or a layout with renames this reading does not follow)."""
+def released_layout(model_type: str) -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
+    """``(checkpoint_renames, per_expert_names)`` of ``model_type``'s released checkpoints as transformers' checkpoint
+    conversion records them (``conversion_mapping.get_checkpoint_conversion_mapping``), where it fuses released
+    per-expert tensors ``experts.<e>.<gate|up>.weight`` into ``experts.gate_up_proj`` and ``experts.<e>.<down>.weight``
+    into ``experts.down_proj``: ``(gate, up, down)`` (DeepSeek-V3: ``gate_proj``, ``up_proj``, ``down_proj``) and each
+    renaming of the conversion as ``(in-memory, released)`` (EXAONE-MoE's router bias loaded under ``mlp.gate``).
+    ``((), ())`` for a family whose experts are released fused (gpt-oss), or whose renamings are regular expressions
+    rather than names (not read here)."""
     from transformers.conversion_mapping import get_checkpoint_conversion_mapping
 
-    conversions = get_checkpoint_conversion_mapping(model_type) or []
     names: dict[str, list[str]] = {}
-    for conversion in conversions:
+    renames: list[tuple[str, str]] = []
+    for conversion in get_checkpoint_conversion_mapping(model_type) or []:
         sources, targets = getattr(conversion, "source_patterns", []), getattr(conversion, "target_patterns", [])
-        if type(conversion).__name__ != "WeightConverter":
-            return ()  # a renaming
+        if type(conversion).__name__ == "WeightRenaming":
+            if len(sources) != 1 or len(targets) != 1 or not all(map(_PLAIN.match, (*sources, *targets))):
+                return (), ()
+            renames.append((targets[0], sources[0]))
+            continue
         parts = [_PER_EXPERT.match(source) for source in sources]
-        if len(targets) == 1 and all(parts):
-            names[targets[0]] = [part.group(1) for part in parts]
-    gate_up, down = names.get("mlp.experts.gate_up_proj", []), names.get("mlp.experts.down_proj", [])
-    return (*gate_up, *down) if len(gate_up) == 2 and len(down) == 1 else ()
+        if len(targets) == 1 and parts and all(parts):
+            names[targets[0].lstrip(".").removeprefix("mlp.")] = [part.group(1) for part in parts]
+    gate_up, down = names.get("experts.gate_up_proj", []), names.get("experts.down_proj", [])
+    if len(gate_up) != 2 or len(down) != 1:
+        return (), ()
+    return tuple(renames), (*gate_up, *down)
 
 
 def needs_transpose(name: str, model_type: str) -> bool:
