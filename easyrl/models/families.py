@@ -320,8 +320,7 @@ def attends_in_chunks(hf_config: Any) -> bool:
     attention: ``layer_types`` naming ``chunked_attention``, ``attention_chunk_size`` tokens each: Llama 4's local
     layers), as transformers 5.19's ``create_chunked_causal_mask`` reads the config."""
     text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
-    return getattr(text, "attention_chunk_size", None) is not None and "chunked_attention" in (
-        getattr(text, "layer_types", None) or ())
+    return attention_chunk(hf_config) is not None and "chunked_attention" in (getattr(text, "layer_types", None) or ())
 
 
 def gated_deltanet(hf_config: Any) -> bool:
