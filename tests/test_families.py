@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from easyrl.errors import ModelError
-from easyrl.models.families import FAMILIES, check_supported, family
+from easyrl.models.families import FAMILIES, check_supported, family, text_config
 from easyrl.testing.tiny_families import TINY_FAMILIES, tiny_family_config
 from easyrl.testing.tiny_vl import TINY_VL_ARCHS
 
@@ -63,6 +63,18 @@ def test_unlisted_family_is_refused_with_the_docs_pointer():
         check_supported("worker.actor.model.model_path", Olmo2Config())
     check_supported("worker.actor.model.model_path", tiny_family_config("granite"))
     assert family(Olmo2Config()).positions is FAMILIES["llama"].positions  # the forward's generic entry
+
+
+def test_text_config_is_the_language_model_s_part():
+    """A VL config's ``text_config``, a text config itself, and an object without ``get_text_config`` itself."""
+    from types import SimpleNamespace
+
+    from transformers import Qwen2VLConfig
+
+    vl = Qwen2VLConfig()
+    assert text_config(vl) is vl.text_config and text_config(vl.text_config) is vl.text_config
+    plain = SimpleNamespace(sliding_window=8)
+    assert text_config(plain) is plain
 
 
 def test_granite_logit_scale_reaches_the_fused_head():

@@ -20,10 +20,16 @@ from easyrl.errors import ModelError
 from easyrl.models.packing import padded_text_positions
 from easyrl.models.router_replay import SOFTMAX_TOPK, TOPK_SOFTMAX, RouterKind
 
-__all__ = ["Family", "FAMILIES", "family", "check_supported", "attends_in_windows", "attends_in_chunks",
+__all__ = ["Family", "FAMILIES", "family", "text_config", "check_supported", "attends_in_windows", "attends_in_chunks",
            "gated_deltanet", "vision_parts", "tower_exclude", "DOCS"]
 
 DOCS = "docs/models.md"
+
+
+def text_config(hf_config: Any) -> Any:
+    """The language model's part of ``hf_config`` (a vision-language model's ``text_config``; a text model's config
+    itself, as transformers' ``get_text_config`` gives it); ``hf_config`` itself for an object without that method."""
+    return hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
 
 
 def _merge(hf_config: Any) -> int:
@@ -155,7 +161,7 @@ def _image_features_parameters(class_name: str) -> frozenset[str]:
 def config_logit_scale(hf_config: Any) -> float:
     """The head's logit factor as the (text) config states it: Cohere's ``logits = lm_head(hidden) * logit_scale``
     (``CohereForCausalLM.forward``), Granite's ``logits = lm_head(hidden) / logits_scaling``; 1.0 with neither."""
-    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    text = text_config(hf_config)
     return (getattr(text, "logit_scale", None) or 1.0) / (getattr(text, "logits_scaling", None) or 1.0)
 
 
@@ -267,7 +273,7 @@ def family(hf_config: Any) -> Family:
 
 
 def _has_mrope(hf_config: Any) -> bool:
-    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    text = text_config(hf_config)
     rope = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {}
     return isinstance(rope, dict) and "mrope_section" in rope and getattr(hf_config, "vision_config", None) is not None
 
@@ -310,7 +316,7 @@ def attends_in_windows(hf_config: Any) -> bool:
     and Qwen3 null it unless ``use_sliding_window``), or ``layer_types`` naming ``sliding_attention`` (Gemma 3). A
     config with a window on no layer (Qwen2 with ``max_window_layers`` = all layers) counts as windowed too: the
     answer errs towards the kernels that apply windows."""
-    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    text = text_config(hf_config)
     return getattr(text, "sliding_window", None) is not None or "sliding_attention" in (
         getattr(text, "layer_types", None) or ())
 
@@ -319,7 +325,7 @@ def attends_in_chunks(hf_config: Any) -> bool:
     """Whether some attention layer of the (text) model attends only within fixed blocks of its sequence (chunked
     attention: ``layer_types`` naming ``chunked_attention``, ``attention_chunk_size`` tokens each: Llama 4's local
     layers), as transformers 5.19's ``create_chunked_causal_mask`` reads the config."""
-    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    text = text_config(hf_config)
     return attention_chunk(hf_config) is not None and "chunked_attention" in (getattr(text, "layer_types", None) or ())
 
 
@@ -327,7 +333,7 @@ def gated_deltanet(hf_config: Any) -> bool:
     """Whether the (text) model has Gated DeltaNet layers (its config has ``linear_num_value_heads``: Qwen3-Next,
     Qwen3.5, OLMo-Hybrid), which vLLM-CPU runs only in bf16 ("CPU GDN attention requires BF16.", vLLM 0.32
     ``mamba/ops/cpu/gdn_attention.py``)."""
-    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    text = text_config(hf_config)
     return bool(getattr(text, "linear_num_value_heads", None))
 
 
@@ -336,13 +342,13 @@ def latent_attention(hf_config: Any) -> bool:
     Kimi-K2, GLM-4.7-Flash), which vLLM 0.32's CPU platform runs with its AMX MLA backend where the CPU has AMX
     tiles, in bf16/fp16 only ("expect weight to be bfloat16, float16, ...", ``v1/attention/backends/mla/amx_mla.py``);
     its reference ``CPU_MLA`` backend runs fp32 too."""
-    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    text = text_config(hf_config)
     return getattr(text, "kv_lora_rank", None) is not None
 
 
 def attention_chunk(hf_config: Any) -> Optional[int]:
     """The (text) model's attention chunk in tokens (Llama 4's ``attention_chunk_size``), or None."""
-    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    text = text_config(hf_config)
     chunk = getattr(text, "attention_chunk_size", None)
     return chunk if isinstance(chunk, int) and not isinstance(chunk, bool) and chunk > 0 else None
 
@@ -357,7 +363,7 @@ def engine_temperature_tuning(hf_config: Any, generation_config: dict, max_model
     ``1 + attn_scale * log(1 + floor((position + 1) / floor_scale))``; Llama 4 paper's long-context recipe) for an
     engine of ``max_model_len`` tokens: the generation config's ``attn_temperature_tuning``, else ``max_model_len`` >
     :data:`ENGINE_TEMPERATURE_LEN`. None for a config without the setting (not Llama 4)."""
-    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    text = text_config(hf_config)
     if getattr(text, "attn_temperature_tuning", None) is None:
         return None
     return bool(generation_config.get("attn_temperature_tuning", max_model_len > ENGINE_TEMPERATURE_LEN))

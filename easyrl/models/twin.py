@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from easyrl.models.families import text_config
 from easyrl.models.model_class import TwinError, model_class_name
 
 __all__ = ["twin_config", "write_twin", "seed_released", "RELEASED", "twin_tokenizer", "model_class_name", "TwinError",
@@ -147,7 +148,7 @@ RELEASED: dict[str, dict[str, tuple[Any, str]]] = {
 def seed_released(hf_config: Any) -> Any:
     """``hf_config`` (a default config of its type) with the :data:`RELEASED` values of its type set on its text
     config (a key ``sub.key``: on its sub-config ``sub``); returned for chaining."""
-    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    text = text_config(hf_config)
     for key, (value, _source) in RELEASED.get(hf_config.model_type, {}).items():
         holder, _, name = key.rpartition(".")
         setattr(getattr(hf_config, holder) if holder else text, name, value(text) if callable(value) else value)

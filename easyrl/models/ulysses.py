@@ -22,6 +22,8 @@ from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from easyrl.models.families import text_config
+
 __all__ = ["SequenceParallel", "attention_name", "check_heads", "sequence_parallel_group", "init_sequence_parallel"]
 
 _GROUP: Optional["SequenceParallel"] = None
@@ -110,7 +112,7 @@ def check_heads(hf_config: Any, size: int, key: str = "worker.actor.ulysses_size
     key/value heads divide by ``size`` and it has no linear-attention layers (their scan runs along the sequence)."""
     if size <= 1:
         return
-    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    text = text_config(hf_config)
     if "linear_attention" in (getattr(text, "layer_types", None) or []):
         raise ValueError(f"{key}={size}: {text.model_type} has linear-attention layers, which sequence parallelism "
                          "does not split; set it to 1")

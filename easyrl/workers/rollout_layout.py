@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence, TypeVar
 
 from easyrl.config.checks import check_tensor_parallel
+from easyrl.models.families import text_config
 
 T = TypeVar("T")
 
@@ -66,7 +67,7 @@ def split_head_counts(hf_config: Any) -> dict[str, int]:
     ``num_attention_heads`` / ``num_key_value_heads``, Gated DeltaNet's ``linear_num_key_heads`` /
     ``linear_num_value_heads``, the vision tower's ``num_heads``; those the config has."""
     counts: dict[str, int] = {}
-    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    text = text_config(hf_config)
     prefix = "text_config." if text is not hf_config else ""
     for name in ("num_attention_heads", "num_key_value_heads", "linear_num_key_heads", "linear_num_value_heads"):
         if isinstance(getattr(text, name, None), int):

@@ -22,7 +22,7 @@ from transformers.utils import is_flash_attn_2_available
 
 from easyrl.batch import Batch
 from easyrl.config import OffloadConfig, TrainedRoleConfig
-from easyrl.models.families import attends_in_chunks, attends_in_windows, engine_temperature_tuning
+from easyrl.models.families import attends_in_chunks, attends_in_windows, engine_temperature_tuning, text_config
 from easyrl.models.hf_folder import supports_sdpa
 from easyrl.models.packed_attention import carry_positions
 from easyrl.models.ulysses import attention_name, sequence_parallel_group
@@ -53,7 +53,7 @@ def match_engine_temperature(hf_config: Any, model_path: str, engine_len: int) -
     generation = json.loads(Path(path).read_text()) if os.path.isfile(path) else {}
     tuning = engine_temperature_tuning(hf_config, generation, engine_len)
     if tuning is not None:
-        text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+        text = text_config(hf_config)
         text.attn_temperature_tuning = tuning
     return tuning
 
