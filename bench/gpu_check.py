@@ -25,6 +25,11 @@ What it measures (one table printed, all of it in <out>/gpu_check.json, rewritte
 - the parameter-offload path (`worker.actor.offload.offload_params=true`: FSDP2's CPUOffloadPolicy, pinned host
   shards, AdamW on the host): one update's device peak beside its estimate.
 
+It passes (prints "ok", exits 0) when no section raised, the packed and padded log-probs agree within PARITY_TOL, the
+fused head within HEAD_TOL, the DCP round trip restores every tensor, and (on CUDA) every simulated phase's allocated
+peak is within MEMORY_TOL + MEMORY_SLACK_GIB of the simulation's (:func:`memory_verdict`); the MFU is printed, not
+gated.
+
 On the accelerator machine (its python3 has torch 2.11, transformers 5.17, peft, numpy, pyarrow, jinja2,
 safetensors, tqdm, pillow, pyyaml; nothing can be downloaded there), one call of the device tool, after
 `make gpu-wheels` here (about 4 MiB):
@@ -86,6 +91,10 @@ PARITY_TOL = 0.05
 """nats: packed vs padded bf16 log-probs, max |diff| (the bf16 reference copy's tolerance in tests/gpu)."""
 HEAD_TOL = 0.02
 """nats: fused vs plain head on the same bf16 inputs, max |diff| (the same bf16 logits, summed in another order)."""
+MEMORY_TOL = 0.10
+"""Share by which a phase's measured allocated peak may differ from ``easyrl simulate``'s (issue #48)."""
+MEMORY_SLACK_GIB = 0.25
+"""GiB allowed beyond ``MEMORY_TOL`` (the caching allocator's rounding: blocks of 2 MiB and up, per stream)."""
 PARITY_ROWS = 4
 HEAD_TOKENS = {False: 8192, True: 64}
 GIB = 2**30
@@ -561,11 +570,30 @@ class GpuCheck:
                     row["simulated_gib"] = peaks.get(row["name"])
             elif "simulation" not in self.result["errors"]:
                 self.result["errors"]["simulation"] = f"exit status {sim.returncode} (simulate.log)"
-        checks = [self.result.get(k, {}).get("ok") for k in ("parity", "head", "dcp")]
-        self.result["ok"] = not self.result["errors"] and all(checks)
+        memory = memory_verdict(self.result["phases"])
+        if memory is not None:
+            self.result["memory"] = memory
+        gates = ("parity", "head", "dcp") + (("memory",) if self.kind == "cuda" else ())  # the CPU has no device peak
+        self.result["ok"] = not self.result["errors"] and all(self.result.get(k, {}).get("ok") for k in gates)
         self.save()
         print(table(self.result), flush=True)
         return 0 if self.result["ok"] else 1
+
+
+def memory_verdict(phases: list[dict[str, Any]], tolerance: float = MEMORY_TOL,
+                   slack_gib: float = MEMORY_SLACK_GIB) -> Optional[dict[str, Any]]:
+    """The memory gate: every phase with both a measured allocated peak (``allocated_gib``) and a simulated one
+    (``simulated_gib``) must be within ``tolerance`` of the simulated peak plus ``slack_gib``. Returns ``compared``
+    (phases), ``worst`` (the phase farthest off), ``worst_share`` (its ``measured / simulated - 1``), ``tolerance``
+    and ``ok``; None when no phase has both (the CPU: no device peak)."""
+    rows = [row for row in phases if row.get("allocated_gib") is not None and row.get("simulated_gib")]
+    if not rows:
+        return None
+    worst = max(rows, key=lambda row: abs(row["allocated_gib"] - row["simulated_gib"]) / row["simulated_gib"])
+    ok = all(abs(row["allocated_gib"] - row["simulated_gib"]) <= tolerance * row["simulated_gib"] + slack_gib
+             for row in rows)
+    return {"compared": len(rows), "worst": worst["name"], "worst_share": worst["allocated_gib"] /
+            worst["simulated_gib"] - 1, "tolerance": tolerance, "slack_gib": slack_gib, "ok": ok}
 
 
 def scratch_root() -> str:
@@ -576,7 +604,9 @@ def scratch_root() -> str:
 
 
 SUMMARY = {  # one line per section below the phases (its values in the JSON under the same key)
-    "update": "\nupdate: {tokens} tokens ({samples} samples) in {seconds:.2f} s: {tokens_per_s:.0f} tokens/s, MFU "
+    "memory": "memory: {compared} phases' allocated peaks within {tolerance:.0%} (+ {slack_gib} GiB) of the simulated "
+              "ones, farthest {worst} ({worst_share:+.1%}): {verdict}",
+    "update": "update: {tokens} tokens ({samples} samples) in {seconds:.2f} s: {tokens_per_s:.0f} tokens/s, MFU "
               "{mfu_text}",
     "parity": "log-probs packed vs padded (bf16, {tokens} tokens): max |diff| {max_abs:.4f}, mean {mean_abs:.5f} "
               "nats (tolerance {tolerance}): {verdict}",
@@ -603,6 +633,7 @@ def table(result: dict[str, Any]) -> str:
         lines.append(f"{row['name']:34} {num(row['allocated_gib'])} {num(row['reserved_gib'], '8.1f')} "
                      f"{num(row.get('simulated_gib'), '9.1f')} {num(row.get('estimate_gib'), '8.1f')} "
                      f"{num(row['seconds'], '7.1f')}")
+    lines.append("")
     for key, text in SUMMARY.items():
         if key in result:
             values = result[key]

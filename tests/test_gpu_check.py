@@ -102,6 +102,26 @@ def test_toy_run_with_only_the_accelerator_machines_packages(tmp_path):
     assert "packed vs padded" in run.stdout and "DCP round trip" in run.stdout
 
 
+def test_memory_gate_holds_each_simulated_phase_to_ten_percent():
+    """``memory_verdict``: a phase 12% over its simulated peak fails the gate, 8% under passes; the farthest phase is
+    named; phases without a device peak (the CPU) or a simulated one are not compared."""
+    gpu_check = _gpu_check()
+    rows = [{"name": "load actor", "allocated_gib": 3.6, "simulated_gib": 3.9},
+            {"name": "actor update (fwd+bwd+AdamW)", "allocated_gib": 30.0, "simulated_gib": 31.0},
+            {"name": "actor update (first step)", "allocated_gib": 40.0, "simulated_gib": None}]
+    for row in rows:
+        row.update(reserved_gib=row["allocated_gib"], seconds=1.0)
+    verdict = gpu_check.memory_verdict(rows)
+    assert verdict["ok"] and verdict["compared"] == 2 and verdict["worst"] == "load actor"
+    rows[1]["allocated_gib"] = 31.0 * 1.12
+    verdict = gpu_check.memory_verdict(rows)
+    assert not verdict["ok"] and verdict["worst"] == "actor update (fwd+bwd+AdamW)"
+    assert abs(verdict["worst_share"] - 0.12) < 1e-9
+    assert gpu_check.memory_verdict([{"name": "load actor", "allocated_gib": None, "simulated_gib": 3.9}]) is None
+    line = gpu_check.table({"tiny": False, "date": "d", "phases": rows, "errors": {}, "memory": verdict, "ok": False})
+    assert "farthest actor update (fwd+bwd+AdamW) (+12.0%): FAILED" in line
+
+
 def test_carried_wheels_and_working_tree_fit_the_device_tools_limit():
     """The wheels (their recorded sizes, checked against the downloaded files when `make gpu-wheels` has run) plus
     what the device tool sends of this checkout (tracked and untracked-not-ignored files) stay under 64 MiB."""
