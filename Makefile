@@ -6,7 +6,7 @@ VERL_DIR := .cache/verl
 # the dashboards' libraries: the logger tests write real wandb/SwanLab/MLflow files (offline)
 LOGGER_EXTRAS := --extra wandb --extra swanlab --extra mlflow
 
-.PHONY: setup demo demo-learn test test-fast test-gpu gpu-wheels gpu-check compat-setup test-compat
+.PHONY: setup demo demo-learn test test-fast test-gpu gpu-check-multi gpu-wheels gpu-check compat-setup test-compat
 setup:
 	@command -v uv >/dev/null 2>&1 || python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet uv
 	@# --compile-bytecode: every module's .pyc written once here; a shell with PYTHONDONTWRITEBYTECODE=1 (CI, this
@@ -57,6 +57,11 @@ test-slow: setup
 # and Ray are installed (`uv sync --locked --extra gpu --extra dev --extra wandb`), 2 GRPO steps with sleep mode on.
 test-gpu:
 	$(PY) -m pytest -q -m gpu tests/gpu
+
+# On a machine of 2+ CUDA GPUs with vLLM and Ray (the gpu extra): rollout TP=2 colocated with the weight-sync check,
+# one_step_off's NCCL transfer, the collective contract on (tests/gpu/test_gpu_multi.py's header: what a pass says).
+gpu-check-multi:
+	$(PY) -m pytest -q -m gpu -rs tests/gpu/test_gpu_multi.py
 
 # The actor half of the 3B recipe on one accelerator, measured beside `easyrl simulate` and the estimate
 # (bench/gpu_check.py's header: the device tool's one command). `gpu-wheels` runs here, where the registries are
